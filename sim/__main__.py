@@ -1,0 +1,3 @@
+from sim.cli import main
+
+main()

@@ -1,0 +1,123 @@
+"""The `servesim` command line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from sim.config import load_scenario
+from sim.errors import InputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Simulate LLM serving: TTFT and inter-token latency before buying GPU hours.")
+console = Console()
+
+
+@app.command()
+def simulate(
+    scenario: Annotated[Path | None, typer.Argument(
+        help="scenario YAML; omit to run the embedded default scenario")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="directory for the result files [default: results/<scenario name>]")] = None,
+    seed: Annotated[int | None, typer.Option(help="override the scenario's seed")] = None,
+) -> None:
+    """Run one scenario; print its latency table; write results next to the resolved scenario."""
+    from sim.runner import run_scenario
+
+    loaded = load_scenario(scenario)
+    out_dir = out if out is not None else Path("results") / loaded.name
+    with _progress() as progress:
+        task = progress.add_task(f"simulating {loaded.name}", total=None)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        results = run_scenario(loaded, seed=seed, out_dir=out_dir, on_progress=advance)
+    console.print(summary_table(results.summary))
+    console.print(f"results: {out_dir}/ (requests.parquet, iterations.parquet, summary.json, "
+                  "scenario.yaml)")
+
+
+@app.command("list")
+def list_registered() -> None:
+    """List the schedulers, latency models, workload formats, models and GPUs known by name."""
+    from sim.config import FORMATS, GPUS, LATENCY_MODELS, MODELS, SCHEDULERS
+
+    table = Table(title="registered names")
+    table.add_column("kind")
+    table.add_column("names")
+    for registry in (SCHEDULERS, LATENCY_MODELS, FORMATS, MODELS, GPUS):
+        table.add_row(registry.kind, ", ".join(registry.names()))
+    console.print(table)
+
+
+LATENCY_ROWS = (  # summary key, label, scale to the unit in the label
+    ("ttft_s", "TTFT ms", 1e3),
+    ("tbt_s", "TBT ms (all gaps)", 1e3),
+    ("max_tbt_per_request_s", "worst TBT/req ms", 1e3),
+    ("tpot_s", "TPOT ms", 1e3),
+    ("e2e_s", "E2E s", 1.0),
+    ("scheduling_delay_s", "sched. delay ms", 1e3),
+)
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    """Latency percentiles, then outcomes, throughput and SLO attainment."""
+    run = summary["run"]
+    table = Table(title=f"{run['scenario']}: {run['model']} on {run['gpu']}, {run['scheduler']}, "
+                        f"{run['latency']} latency, seed {run['seed']}")
+    table.add_column("metric", no_wrap=True)
+    for col in ("P50", "P90", "P99", "max", "mean"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for key, label, scale in LATENCY_ROWS:
+        dist = summary[key]
+        table.add_row(label, *(_fmt(dist[k], scale) for k in ("p50", "p90", "p99", "max", "mean")))
+    req, thr = summary["requests"], summary["throughput"]
+    table.add_section()
+    table.add_row("requests", str(req["total"]), "finished", str(req["finished"]), "", "")
+    table.add_row("", "", "rejected", str(req["rejected"]), "", "")
+    table.add_row("", "", "unfinished", str(req["unfinished"]), "", "")
+    table.add_row("throughput", _fmt(thr["requests_per_s"]), "req/s",
+                  _fmt(thr["output_tokens_per_s"]), "tok/s", "")
+    for name, value in summary["slo"].items():
+        table.add_row(f"SLO {name.removesuffix('_attainment')}", _fmt(value), "met", "", "", "")
+    return table
+
+
+def _fmt(value: float | None, scale: float = 1.0) -> str:
+    if value is None:
+        return "-"
+    return f"{value * scale:,.4g}"
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}"
+                    "/{task.total} arrivals"), TimeElapsedColumn(), TimeRemainingColumn(),
+                    console=console, transient=True)
+
+
+def main() -> None:
+    """Entry point: input errors become one line on stderr and exit code 2."""
+    try:
+        app(standalone_mode=False)
+    except InputError as exc:
+        print(f"error: {exc.one_line()}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    except Exception as exc:  # click usage errors carry their own exit code
+        code = getattr(exc, "exit_code", None)
+        if code is None:
+            raise
+        show = getattr(exc, "show", None)
+        if show is not None:
+            show()
+        sys.exit(code)

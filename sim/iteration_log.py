@@ -1,0 +1,67 @@
+"""Per-iteration records, kept as compact columns (no object per iteration)."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+COLUMNS = {
+    "start_s": "d",
+    "duration_s": "d",
+    "num_prefill_tokens": "q",
+    "num_decode_tokens": "q",
+    "num_seqs": "q",
+    "num_kv_blocks_used": "q",
+    "num_preempted": "q",
+}
+
+
+class IterationLog:
+    """Columns of one replica's iterations; the index of a row is the iteration's number."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, array] = {name: array(code) for name, code in COLUMNS.items()}
+
+    def __len__(self) -> int:
+        return len(self.columns["start_s"])
+
+    def append(self, start_s: float, duration_s: float, num_prefill_tokens: int,
+               num_decode_tokens: int, num_seqs: int, num_kv_blocks_used: int,
+               num_preempted: int) -> int:
+        """Add one iteration; return its number."""
+        c = self.columns
+        index = len(c["start_s"])
+        c["start_s"].append(start_s)
+        c["duration_s"].append(duration_s)
+        c["num_prefill_tokens"].append(num_prefill_tokens)
+        c["num_decode_tokens"].append(num_decode_tokens)
+        c["num_seqs"].append(num_seqs)
+        c["num_kv_blocks_used"].append(num_kv_blocks_used)
+        c["num_preempted"].append(num_preempted)
+        return index
+
+    def extend_decodes(self, start_s: np.ndarray, duration_s: np.ndarray, num_seqs: int,
+                       num_kv_blocks_used: np.ndarray) -> int:
+        """Add a stretch of decode-only iterations; return the number of the first."""
+        c = self.columns
+        index = len(c["start_s"])
+        k = len(start_s)
+        c["start_s"].frombytes(np.ascontiguousarray(start_s, dtype=np.float64).tobytes())
+        c["duration_s"].frombytes(np.ascontiguousarray(duration_s, dtype=np.float64).tobytes())
+        c["num_prefill_tokens"].frombytes(bytes(8 * k))
+        c["num_decode_tokens"].frombytes(np.full(k, num_seqs, dtype=np.int64).tobytes())
+        c["num_seqs"].frombytes(np.full(k, num_seqs, dtype=np.int64).tobytes())
+        c["num_kv_blocks_used"].frombytes(
+            np.ascontiguousarray(num_kv_blocks_used, dtype=np.int64).tobytes())
+        c["num_preempted"].frombytes(bytes(8 * k))
+        return index
+
+    def end_s(self) -> np.ndarray:
+        """End time of every iteration (start plus duration, as the engine computed it)."""
+        return np.frombuffer(self.columns["start_s"], dtype=np.float64) + np.frombuffer(
+            self.columns["duration_s"], dtype=np.float64)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: np.frombuffer(col, dtype=np.float64 if col.typecode == "d" else np.int64)
+                for name, col in self.columns.items()}

@@ -1,0 +1,65 @@
+"""Paged KV-cache accounting: blocks of `block_size` token slots, allocated per chunk.
+
+Only block counts are tracked (which physical block holds what does not change latency), so the
+cost of an allocation does not depend on the number of tokens.
+"""
+
+from __future__ import annotations
+
+from sim.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Counts free blocks and the blocks each request holds."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_free_blocks = num_blocks
+        self._held: dict[int, int] = {}
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def num_held_blocks(self, request_id: int) -> int:
+        return self._held.get(request_id, 0)
+
+    def num_blocks_to_grow(self, req: Request, num_new_tokens: int) -> int:
+        """Blocks `req` must add to hold KV for `num_new_tokens` more computed tokens."""
+        needed = cdiv(req.num_computed_tokens + num_new_tokens, self.block_size)
+        return max(0, needed - self._held.get(req.request_id, 0))
+
+    def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0) -> bool:
+        """Grow `req` for its next `num_new_tokens`, keeping `num_reserved_blocks` free; else False."""
+        grow = self.num_blocks_to_grow(req, num_new_tokens)
+        if grow + num_reserved_blocks > self.num_free_blocks:
+            return False
+        if grow:
+            self.num_free_blocks -= grow
+            self._held[req.request_id] = self._held.get(req.request_id, 0) + grow
+        return True
+
+    def grow_blocks(self, request_id: int, num_blocks: int) -> None:
+        """Add blocks known to be free (used by the engine's decode fast-forward)."""
+        assert 0 <= num_blocks <= self.num_free_blocks
+        self.num_free_blocks -= num_blocks
+        self._held[request_id] = self._held.get(request_id, 0) + num_blocks
+
+    def free(self, req: Request) -> None:
+        self.num_free_blocks += self._held.pop(req.request_id, 0)
+
+    def check(self) -> None:
+        """Blocks are conserved: held plus free equals the total."""
+        assert self.num_free_blocks >= 0
+        assert sum(self._held.values()) + self.num_free_blocks == self.num_blocks

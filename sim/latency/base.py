@@ -1,0 +1,108 @@
+"""The latency-model interface: how long one iteration of a given shape takes.
+
+A model sees only the shape of a batch, a handful of sums over its requests, so the profiler's
+fitted models, the roofline and the test constant all plug in the same way. Fields of a
+`BatchShape` may be numpy arrays, one entry per iteration: the engine predicts a whole stretch of
+decode-only iterations with one vectorised call.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from sim.gpus import GPUSpec
+from sim.models import ModelShape
+from sim.plan import Plan
+from sim.registry import Registry
+from sim.request import Request
+
+Num = Any  # float, int, or a numpy array of one value per iteration
+
+
+@dataclass(slots=True)
+class BatchShape:
+    """What an iteration computes, summed over its requests."""
+
+    num_prefill_tokens: Num = 0  # tokens of prefill chunks
+    num_prefill_seqs: Num = 0  # requests with a prefill chunk
+    num_decode_tokens: Num = 0  # requests decoding (one token each)
+    num_sampled_tokens: Num = 0  # rows through the LM head: decodes plus final chunks
+    # Query-key pairs of prefill attention: a chunk of q tokens after p cached ones has
+    # q*p + q*(q+1)/2 of them (causal).
+    prefill_attn_pairs: Num = 0
+    prefill_kv_tokens: Num = 0  # KV tokens each chunk's attention reads: p + q per chunk
+    decode_kv_tokens: Num = 0  # KV tokens decode attention reads: context + 1 per decode
+
+    @property
+    def num_tokens(self) -> Num:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @classmethod
+    def from_plan(cls, plan: Plan, requests: Mapping[int, Request]) -> BatchShape:
+        shape = cls()
+        for request_id, num_tokens in plan.num_scheduled_tokens.items():
+            req = requests[request_id]
+            cached = req.num_computed_tokens
+            if req.is_decoding:
+                shape.num_decode_tokens += 1
+                shape.num_sampled_tokens += 1
+                shape.decode_kv_tokens += cached + 1
+                continue
+            shape.num_prefill_tokens += num_tokens
+            shape.num_prefill_seqs += 1
+            shape.prefill_attn_pairs += num_tokens * cached + num_tokens * (num_tokens + 1) // 2
+            shape.prefill_kv_tokens += cached + num_tokens
+            if cached + num_tokens == req.num_tokens:
+                shape.num_sampled_tokens += 1
+        return shape
+
+    @classmethod
+    def decode_only(cls, num_seqs: int, decode_kv_tokens: Num) -> BatchShape:
+        return cls(num_decode_tokens=num_seqs, num_sampled_tokens=num_seqs,
+                   decode_kv_tokens=decode_kv_tokens)
+
+
+class LatencyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: str
+
+
+class LatencyModel(ABC):
+    """Predicts the duration of an iteration from its shape."""
+
+    Config: ClassVar[type[LatencyConfig]] = LatencyConfig
+
+    @abstractmethod
+    def __init__(self, config: Any, model: ModelShape, gpu: GPUSpec) -> None:
+        """Build from the validated config and the replica's model and GPU."""
+
+    @abstractmethod
+    def iteration_time_s(self, shape: BatchShape) -> Num:
+        """Seconds for one iteration; element-wise if the shape's fields are arrays."""
+
+    def decode_stretch_s(self, num_seqs: int, decode_kv_tokens: int, num_steps: int) -> np.ndarray:
+        """Durations of `num_steps` decode-only iterations of `num_seqs` requests whose contexts
+        grow by one token per step, starting from `decode_kv_tokens` KV tokens read in total."""
+        kv = decode_kv_tokens + num_seqs * np.arange(num_steps, dtype=np.int64)
+        times = self.iteration_time_s(BatchShape.decode_only(num_seqs, kv))
+        return np.broadcast_to(np.asarray(times, dtype=np.float64), (num_steps,))
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for the run summary (e.g. extrapolation warnings)."""
+        return {}
+
+
+LATENCY_MODELS: Registry[type[LatencyModel]] = Registry("latency model")
+
+
+def maximum(a: Num, b: Num) -> Num:
+    """max() that also works element-wise on arrays (and stays a plain float on floats)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return a if a >= b else b

@@ -1,0 +1,24 @@
+"""Every iteration takes the same time: for tests, where timestamps must be exact."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from sim.gpus import GPUSpec
+from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
+from sim.models import ModelShape
+
+
+class ConstantConfig(LatencyConfig):
+    iteration_s: float = Field(0.01, gt=0)
+
+
+@LATENCY_MODELS.register("constant")
+class ConstantLatency(LatencyModel):
+    Config = ConstantConfig
+
+    def __init__(self, config: ConstantConfig, model: ModelShape, gpu: GPUSpec) -> None:
+        self.iteration_s = config.iteration_s
+
+    def iteration_time_s(self, shape: BatchShape) -> Num:
+        return self.iteration_s

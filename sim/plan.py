@@ -1,0 +1,30 @@
+"""The plan of one iteration: which requests run, and how many tokens each computes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Plan:
+    """What a scheduler decided for one iteration (cf. vLLM v1 `SchedulerOutput`).
+
+    Whether a request's tokens are prefill or decode is not stored: it falls out of the request's
+    `num_computed_tokens` catching up with its `num_tokens`.
+    """
+
+    # request_id -> tokens computed this iteration, in scheduling order.
+    num_scheduled_tokens: dict[int, int] = field(default_factory=dict)
+    # requests preempted (by recompute) while this plan was built, newest first.
+    preempted_ids: list[int] = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.num_scheduled_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.num_scheduled_tokens)

@@ -1,0 +1,87 @@
+"""A request's state as token counters (vLLM v1 naming).
+
+There is no prefill phase and no decode phase: a request holds `num_tokens` known tokens (prompt plus
+what it has generated) of which `num_computed_tokens` have KV in the cache. Each iteration computes
+some of the rest; when it catches up, one new token is sampled. A decode is a catch-up of one token.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued (new or preempted), holds no KV blocks
+    RUNNING = "running"  # admitted, holds KV blocks
+    FINISHED = "finished"
+    REJECTED = "rejected"  # can never be served; `reason` says why
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    request_id: int
+    arrival_s: float
+    num_prompt_tokens: int
+    # Output length taken from the trace: the request stops (as on EOS) after this many tokens.
+    num_target_output_tokens: int
+    # Prefix-block ids from traces that carry them (Mooncake); unused until prefix caching lands.
+    hash_ids: tuple[int, ...] | None = None
+
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_output_tokens: int = 0  # tokens sampled so far
+    status: Status = Status.WAITING
+    reason: str | None = None
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0  # KV tokens dropped by preemption and computed again
+    replica_id: int = -1
+    first_scheduled_s: float | None = None
+    finish_s: float | None = None
+    # Token times are kept as runs of consecutive iteration indices, not one object per token:
+    # `token_runs` holds closed (first_iter, end_iter) runs; the open run is
+    # [run_start_iter, last_token_iter + 1).
+    token_runs: list[tuple[int, int]] = field(default_factory=list)
+    run_start_iter: int = -1
+    last_token_iter: int = -2
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens: prompt plus output sampled so far."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens still to compute before the next token can be sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Has sampled at least once and needs exactly one token computed (its last sample)."""
+        return self.num_output_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1
+
+    @property
+    def num_remaining_output_tokens(self) -> int:
+        return self.num_target_output_tokens - self.num_output_tokens
+
+    @property
+    def num_max_kv_tokens(self) -> int:
+        """KV slots the request needs at its largest: the last sampled token is never computed."""
+        return self.num_prompt_tokens + self.num_target_output_tokens - 1
+
+    def record_token(self, iteration: int) -> None:
+        """Note that this request sampled a token at the end of iteration `iteration`."""
+        if iteration != self.last_token_iter + 1:
+            self.close_token_run()
+            self.run_start_iter = iteration
+        self.last_token_iter = iteration
+
+    def close_token_run(self) -> None:
+        if self.run_start_iter >= 0:
+            self.token_runs.append((self.run_start_iter, self.last_token_iter + 1))
+            self.run_start_iter = -1
+
+    def all_token_runs(self) -> list[tuple[int, int]]:
+        """Closed runs plus the open one."""
+        if self.run_start_iter >= 0:
+            return [*self.token_runs, (self.run_start_iter, self.last_token_iter + 1)]
+        return list(self.token_runs)

@@ -1,0 +1,6 @@
+"""Scheduling policies. Importing this package registers every built-in scheduler."""
+
+from sim.schedulers import chunked_prefill, prefill_first  # noqa: F401  (registration)
+from sim.schedulers.base import SCHEDULERS, Scheduler, SchedulerConfig
+
+__all__ = ["SCHEDULERS", "Scheduler", "SchedulerConfig"]

@@ -1,0 +1,137 @@
+"""The scheduler interface and the steps every policy shares.
+
+A scheduler is a pure policy: `schedule(state, now_s) -> Plan` decides one iteration and allocates
+its KV blocks (as vLLM's does); the replica state's `commit` applies it once the iteration has run.
+No SimPy, no clock, no torch here: the same objects can drive a real executor.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sim.kv_cache import KVCacheManager, cdiv
+from sim.plan import Plan
+from sim.registry import Registry
+from sim.request import Request, Status
+from sim.state import ReplicaState
+
+
+class SchedulerConfig(BaseModel):
+    """Parameters shared by every scheduler; each scheduler's config extends this."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    max_num_seqs: int = Field(256, gt=0, description="most requests running at once")
+    decode_reserve_tokens: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "KV slots kept free per running request for its future tokens when admitting new "
+            "work. None reserves all of them (Mini-SGLang's rule: no preemption if output "
+            "lengths are right); 0 reserves none (vLLM v1: admit while blocks last, preempt later)."
+        ),
+    )
+
+
+class Scheduler(ABC):
+    """Decides, iteration by iteration, which requests compute how many tokens."""
+
+    Config: ClassVar[type[SchedulerConfig]] = SchedulerConfig
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+        """Build the next iteration's plan; allocate its KV blocks; preempt if it must."""
+
+    def reject_reason(self, req: Request, kv: KVCacheManager) -> str | None:
+        """Why `req` can never be served on a replica with this KV cache, or None if it can."""
+        if req.num_max_kv_tokens > kv.capacity_tokens:
+            return (
+                f"needs {req.num_max_kv_tokens} KV slots, replica holds {kv.capacity_tokens}"
+            )
+        return None
+
+    def steady(self, state: ReplicaState, plan: Plan) -> bool:
+        """True if, until a request arrives, finishes or runs out of KV, every following plan would
+        be this one again as long as all its requests are decodes: nothing waits and every
+        running request computes one token. The engine then advances that stretch in one step
+        (after checking that each of them is indeed decoding)."""
+        return (
+            not state.waiting
+            and plan.num_seqs == len(state.running)
+            and plan.total_num_scheduled_tokens == plan.num_seqs
+        )
+
+
+SCHEDULERS: Registry[type[Scheduler]] = Registry("scheduler")
+
+
+def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:
+    """Give every decoding running request its one token, oldest first; return the running
+    requests that are still prefilling.
+
+    When a decode cannot get a block, the newest running request is preempted by recompute
+    (vLLM's rule), possibly the decode itself.
+    """
+    kv = state.kv
+    block_size = kv.block_size
+    scheduled = plan.num_scheduled_tokens
+    prefilling = []
+    for req in list(state.running):
+        if req.status is not Status.RUNNING:
+            continue  # preempted by an earlier decode of this loop
+        computed = req.num_computed_tokens
+        num_output = req.num_output_tokens
+        # Inlined `req.is_decoding`: this loop runs for every decode of every iteration.
+        if not num_output or computed != req.num_prompt_tokens + num_output - 1:
+            prefilling.append(req)
+            continue
+        # A block is needed only when the computed tokens exactly fill the blocks held.
+        while computed % block_size == 0 and not kv.try_allocate(req, 1):
+            victim = state.running[-1]
+            scheduled.pop(victim.request_id, None)
+            plan.preempted_ids.append(victim.request_id)
+            state.preempt(victim)
+            if victim is req:
+                break
+        else:
+            scheduled[req.request_id] = 1
+    return [req for req in prefilling if req.status is Status.RUNNING]
+
+
+def reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> int:
+    """Blocks running requests may still need for their future tokens (capped per request)."""
+    kv = state.kv
+    total = 0
+    for req in state.running:
+        future = req.num_max_kv_tokens
+        if reserve_tokens is not None:
+            future = min(future, req.num_computed_tokens + reserve_tokens)
+        total += max(0, cdiv(future, kv.block_size) - kv.num_held_blocks(req.request_id))
+    return total
+
+
+def try_admit(
+    state: ReplicaState, req: Request, num_tokens: int, reserve_tokens: int | None, reserved: int
+) -> int | None:
+    """Admit the head of the queue for a first chunk of `num_tokens` if it fits beside `reserved`
+    blocks and its own future tokens (the Mini-SGLang admission rule).
+
+    Returns the blocks it keeps in reserve for its own future (add them to `reserved` before the
+    next admission), or None if it was not admitted."""
+    kv = state.kv
+    after = req.num_computed_tokens + num_tokens
+    future = req.num_max_kv_tokens
+    if reserve_tokens is not None:
+        future = min(future, after + reserve_tokens)
+    own_future = max(0, cdiv(future, kv.block_size) - cdiv(after, kv.block_size))
+    if not kv.try_allocate(req, num_tokens, reserved + own_future):
+        return None
+    state.admit(req)
+    return own_future

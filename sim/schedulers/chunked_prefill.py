@@ -1,0 +1,83 @@
+"""Sarathi-Serve's stall-free batching: decodes first, then partial prefills, then new requests,
+all within a per-iteration token budget."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from sim.plan import Plan
+from sim.schedulers.base import (
+    SCHEDULERS,
+    Scheduler,
+    SchedulerConfig,
+    reserved_blocks,
+    schedule_decodes,
+    try_admit,
+)
+from sim.state import ReplicaState
+
+
+class ChunkedPrefillConfig(SchedulerConfig):
+    token_budget: int = Field(512, gt=0, description="most tokens (prefill + decode) an iteration")
+    chunk_size: int | None = Field(None, gt=0, description="largest prefill chunk; default budget")
+    max_num_partial_prefills: int = Field(1, gt=0, description="requests prefilling at once")
+
+    @model_validator(mode="after")
+    def _decodes_fit(self) -> ChunkedPrefillConfig:
+        # Stall-free batching promises every running decode a slot in every iteration.
+        if self.max_num_seqs > self.token_budget:
+            raise ValueError(
+                f"max_num_seqs ({self.max_num_seqs}) must not exceed token_budget "
+                f"({self.token_budget}), or some decodes would stall"
+            )
+        return self
+
+
+@SCHEDULERS.register("chunked_prefill")
+class ChunkedPrefill(Scheduler):
+    """Every running decode gets its token; the rest of the budget goes to prefill chunks, first
+    to requests already part-way through their prompt, then to new ones (FCFS). A request samples
+    its first token only at the end of its last chunk."""
+
+    Config = ChunkedPrefillConfig
+    config: ChunkedPrefillConfig
+
+    def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+        while True:
+            plan = self._build(state)
+            if plan or not state.running:
+                return plan
+            # Partial prefills hold all the blocks and none can grow: free the newest.
+            victim = state.running[-1]
+            state.preempt(victim)
+            plan.preempted_ids.append(victim.request_id)
+
+    def _build(self, state: ReplicaState) -> Plan:
+        cfg = self.config
+        chunk_size = cfg.chunk_size or cfg.token_budget
+        plan = Plan()
+        prefilling = schedule_decodes(state, plan)
+        budget = cfg.token_budget - plan.num_seqs
+
+        num_partial = len(prefilling)
+        for req in prefilling:  # continue partial prefills where they stopped
+            num_tokens = min(req.num_uncomputed_tokens, chunk_size, budget)
+            if num_tokens > 0 and state.kv.try_allocate(req, num_tokens):
+                plan.num_scheduled_tokens[req.request_id] = num_tokens
+                budget -= num_tokens
+
+        reserved = reserved_blocks(state, cfg.decode_reserve_tokens) if state.waiting else 0
+        while state.waiting and budget > 0 and len(state.running) < cfg.max_num_seqs:
+            req = state.waiting[0]
+            num_tokens = min(req.num_uncomputed_tokens, chunk_size, budget)
+            partial = num_tokens < req.num_uncomputed_tokens
+            if partial and num_partial >= cfg.max_num_partial_prefills:
+                break
+            own_reserve = try_admit(state, req, num_tokens, cfg.decode_reserve_tokens, reserved)
+            if own_reserve is None:
+                break
+            reserved += own_reserve
+            plan.num_scheduled_tokens[req.request_id] = num_tokens
+            budget -= num_tokens
+            num_partial += partial
+        return plan

@@ -1,0 +1,62 @@
+"""vLLM v0's default policy: waiting prompts are prefilled whole, and running decodes wait."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from sim.kv_cache import KVCacheManager
+from sim.plan import Plan
+from sim.request import Request
+from sim.schedulers.base import (
+    SCHEDULERS,
+    Scheduler,
+    SchedulerConfig,
+    reserved_blocks,
+    schedule_decodes,
+    try_admit,
+)
+from sim.state import ReplicaState
+
+
+class PrefillFirstConfig(SchedulerConfig):
+    max_num_batched_tokens: int | None = Field(
+        None, gt=0, description="most prompt tokens in one prefill iteration; None: no limit"
+    )
+
+
+@SCHEDULERS.register("prefill_first")
+class PrefillFirst(Scheduler):
+    """If any waiting prompt can be admitted, the iteration prefills admitted prompts whole (FCFS,
+    within max_num_seqs, max_num_batched_tokens and KV); otherwise every running request decodes."""
+
+    Config = PrefillFirstConfig
+    config: PrefillFirstConfig
+
+    def reject_reason(self, req: Request, kv: KVCacheManager) -> str | None:
+        budget = self.config.max_num_batched_tokens
+        # As vLLM v0 without chunking, max_num_batched_tokens acts as max_model_len: a preempted
+        # request's recompute (prompt plus output so far) must still fit one prefill.
+        if budget is not None and req.num_max_kv_tokens > budget:
+            return f"needs {req.num_max_kv_tokens} tokens, max_num_batched_tokens is {budget}"
+        return super().reject_reason(req, kv)
+
+    def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+        cfg = self.config
+        plan = Plan()
+        budget = cfg.max_num_batched_tokens
+        reserved = reserved_blocks(state, cfg.decode_reserve_tokens) if state.waiting else 0
+        while state.waiting and len(state.running) < cfg.max_num_seqs:
+            req = state.waiting[0]
+            num_tokens = req.num_uncomputed_tokens
+            if budget is not None and num_tokens > budget:
+                break
+            own_reserve = try_admit(state, req, num_tokens, cfg.decode_reserve_tokens, reserved)
+            if own_reserve is None:
+                break
+            reserved += own_reserve
+            plan.num_scheduled_tokens[req.request_id] = num_tokens
+            if budget is not None:
+                budget -= num_tokens
+        if not plan:
+            schedule_decodes(state, plan)
+        return plan

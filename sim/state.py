@@ -1,0 +1,84 @@
+"""What one replica holds: its queues and KV cache, and the mechanics of applying a plan.
+
+Schedulers read and update this state through `preempt` and the KV manager; `commit` applies the
+outcome of an iteration once the engine says it has ended. Nothing here knows about time sources.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from sim.kv_cache import KVCacheManager
+from sim.plan import Plan
+from sim.request import Request, Status
+
+
+class ReplicaState:
+    """Waiting queue (FCFS, preempted requests at the front), running list (admission order), KV."""
+
+    def __init__(self, kv: KVCacheManager) -> None:
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[int, Request] = {}  # every request this replica has held
+
+    def add(self, req: Request) -> None:
+        self.requests[req.request_id] = req
+        req.status = Status.WAITING
+        self.waiting.append(req)
+
+    def admit(self, req: Request) -> None:
+        """Move the head of the waiting queue to the running list (its blocks are allocated)."""
+        assert self.waiting[0] is req
+        self.waiting.popleft()
+        req.status = Status.RUNNING
+        self.running.append(req)
+
+    def preempt(self, req: Request) -> None:
+        """Preemption by recompute: drop the request's KV and put it back at the queue front."""
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_recomputed_tokens += req.num_computed_tokens
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.close_token_run()
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+
+    def commit(self, plan: Plan, iteration: int, start_s: float, end_s: float) -> list[Request]:
+        """Apply an iteration that ran from `start_s` to `end_s`; return the requests it finished."""
+        finished: list[Request] = []
+        requests = self.requests
+        for request_id, num_tokens in plan.num_scheduled_tokens.items():
+            req = requests[request_id]
+            if req.first_scheduled_s is None:
+                req.first_scheduled_s = start_s
+            req.num_computed_tokens += num_tokens
+            if req.num_computed_tokens == req.num_tokens:  # caught up: sample one token
+                req.num_output_tokens += 1
+                req.record_token(iteration)
+                if req.num_output_tokens == req.num_target_output_tokens:
+                    finished.append(req)
+        for req in finished:
+            self.finish(req, end_s)
+        return finished
+
+    def finish(self, req: Request, end_s: float) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.close_token_run()
+        req.status = Status.FINISHED
+        req.finish_s = end_s
+
+    @property
+    def num_outstanding(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def check(self) -> None:
+        """Invariants: KV conserved; nobody both waiting and running; nobody holds KV while waiting."""
+        self.kv.check()
+        running_ids = {r.request_id for r in self.running}
+        assert len(running_ids) == len(self.running)
+        assert not running_ids.intersection(r.request_id for r in self.waiting)
+        for req in self.waiting:
+            assert self.kv.num_held_blocks(req.request_id) == 0

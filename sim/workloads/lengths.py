@@ -1,0 +1,30 @@
+"""Length-only CSVs (Vidur's arXiv summarisation, Sarathi-Serve's ShareGPT):
+`num_prefill_tokens,num_decode_tokens,...` in file order, with generated arrivals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sim.workloads.base import (
+    FORMATS,
+    ArrivalsConfig,
+    Format,
+    Workload,
+    read_table,
+    resolve,
+    token_counts,
+)
+
+
+@FORMATS.register("lengths")
+class Lengths(Format):
+    Config = ArrivalsConfig
+
+    def load(self, config: ArrivalsConfig, base_dir: Path, rng: np.random.Generator) -> Workload:
+        path = resolve(base_dir, config.path)
+        df = read_table(path, "csv", "workload.path")
+        prompt = token_counts(df, "num_prefill_tokens", path)
+        output = token_counts(df, "num_decode_tokens", path)
+        return Workload(config.arrivals.sample(len(prompt), rng), prompt, output)

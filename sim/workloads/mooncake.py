@@ -1,0 +1,41 @@
+"""Mooncake FAST'25 traces: JSON lines of `timestamp` (ms), `input_length`, `output_length` and
+`hash_ids` (prefix blocks of 512 tokens), kept on each request for prefix-cache work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import InputError
+from sim.workloads.base import (
+    FORMATS,
+    Format,
+    TraceConfig,
+    Workload,
+    column,
+    read_table,
+    resolve,
+    seconds,
+    token_counts,
+)
+
+
+@FORMATS.register("mooncake")
+class Mooncake(Format):
+    Config = TraceConfig
+
+    def load(self, config: TraceConfig, base_dir: Path, rng: np.random.Generator) -> Workload:
+        path = resolve(base_dir, config.path)
+        df = read_table(path, "jsonl", "workload.path")
+        hash_ids = []
+        for row, ids in enumerate(column(df, "hash_ids", path)):
+            if not isinstance(ids, list):
+                raise InputError(path, f"hash_ids (row {row + 1})", ids, "must be a list of ints")
+            hash_ids.append(tuple(ids))
+        return Workload(
+            seconds(df, "timestamp", "ms", path),
+            token_counts(df, "input_length", path),
+            token_counts(df, "output_length", path),
+            hash_ids,
+        )

@@ -1,0 +1,98 @@
+"""Generated requests: arrivals from a process, lengths from distributions or a length file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sim.workloads.base import (
+    FORMATS,
+    ArrivalConfig,
+    Format,
+    Workload,
+    WorkloadConfig,
+    read_table,
+    resolve,
+    token_counts,
+)
+
+
+class TokenDist(BaseModel):
+    """fixed: `value`; uniform: integers in [`low`, `high`]; lognormal: `mean` and `std` of the
+    token count itself; every draw is rounded and clipped to [`min`, `max`]."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dist: Literal["fixed", "uniform", "lognormal"]
+    value: int | None = Field(None, ge=1)
+    low: int | None = Field(None, ge=1)
+    high: int | None = Field(None, ge=1)
+    mean: float | None = Field(None, gt=0)
+    std: float | None = Field(None, gt=0)
+    min: int = Field(1, ge=1)
+    max: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _params(self) -> TokenDist:
+        needed = {"fixed": ("value",), "uniform": ("low", "high"), "lognormal": ("mean", "std")}
+        missing = [name for name in needed[self.dist] if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"{self.dist} needs {', '.join(missing)}")
+        if self.dist == "uniform" and self.low > self.high:  # type: ignore[operator]
+            raise ValueError("low must not exceed high")
+        return self
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        if self.dist == "fixed":
+            draws = np.full(n, float(self.value))  # type: ignore[arg-type]
+        elif self.dist == "uniform":
+            draws = rng.integers(self.low, self.high, n, endpoint=True).astype(np.float64)  # type: ignore[arg-type]
+        else:
+            assert self.mean is not None and self.std is not None
+            sigma2 = np.log1p((self.std / self.mean) ** 2)
+            draws = rng.lognormal(np.log(self.mean) - sigma2 / 2, np.sqrt(sigma2), n)
+        return np.clip(np.rint(draws), self.min, self.max).astype(np.int64)
+
+
+class LengthsConfig(BaseModel):
+    """Either both token distributions, or a length CSV whose rows are drawn with replacement."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: TokenDist | None = None
+    output: TokenDist | None = None
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> LengthsConfig:
+        if (self.file is None) == (self.prompt is None or self.output is None):
+            raise ValueError("give either file, or both prompt and output")
+        return self
+
+
+class SyntheticConfig(WorkloadConfig):
+    num_requests: int = Field(gt=0)  # type: ignore[assignment]  # required here
+    arrivals: ArrivalConfig
+    lengths: LengthsConfig
+
+
+@FORMATS.register("synthetic")
+class Synthetic(Format):
+    Config = SyntheticConfig
+
+    def load(self, config: SyntheticConfig, base_dir: Path, rng: np.random.Generator) -> Workload:
+        n = config.num_requests
+        arrival = config.arrivals.sample(n, rng)
+        lengths = config.lengths
+        if lengths.file is not None:
+            path = resolve(base_dir, lengths.file)
+            df = read_table(path, "csv", "workload.lengths.file")
+            prompt_all = token_counts(df, "num_prefill_tokens", path)
+            output_all = token_counts(df, "num_decode_tokens", path)
+            rows = rng.integers(0, len(prompt_all), n)
+            return Workload(arrival, prompt_all[rows], output_all[rows])
+        assert lengths.prompt is not None and lengths.output is not None
+        return Workload(arrival, lengths.prompt.sample(n, rng), lengths.output.sample(n, rng))
