@@ -15,7 +15,7 @@ from sim.config import load_scenario
 from sim.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Simulate LLM serving: TTFT and inter-token latency before buying GPU hours.")
+                  help="Simulate LLM serving: TTFT and inter-token latency, before GPU hours.")
 console = Console()
 
 

@@ -122,7 +122,8 @@ def parse_scenario(data: Any, source: str | Path, base_dir: Path | None = None) 
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(part) for part in err["loc"]) or "<top level>"
-        raise InputError(source, field, err.get("input"), err["msg"]) from None
+        problem = err["msg"].removeprefix("Value error, ")
+        raise InputError(source, field, err.get("input"), problem) from None
     if base_dir is not None:
         scenario = _resolve_paths(scenario, base_dir)
     return scenario
@@ -137,7 +138,7 @@ def _resolve_paths(scenario: Scenario, base_dir: Path) -> Scenario:
         updates["path"] = (base_dir / path).resolve()
     lengths = getattr(workload, "lengths", None)
     file = getattr(lengths, "file", None)
-    if isinstance(file, Path) and not file.is_absolute():
+    if lengths is not None and isinstance(file, Path) and not file.is_absolute():
         updates["lengths"] = lengths.model_copy(update={"file": (base_dir / file).resolve()})
     if updates:
         scenario = scenario.model_copy(update={"workload": workload.model_copy(update=updates)})

@@ -62,7 +62,7 @@ class Replica:
                 continue
             plan = self.scheduler.schedule(state, self.clock_s)
             if not plan:
-                raise RuntimeError(f"replica {self.replica_id}: nothing to run with requests queued")
+                raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
             stretch = None
             if self.fast_forward and self.scheduler.steady(state, plan):
                 stretch = plan_stretch(state, self.latency, self.clock_s, self.horizon_s)

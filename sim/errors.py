@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,9 @@ class InputError(Exception):
 
 
 def _short(value: Any, limit: int = 80) -> str:
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar: show the plain number
+        with contextlib.suppress(TypeError, ValueError):
+            value = value.item()
     text = repr(value)
     text = " ".join(text.split())  # keep the message on one line
     return text if len(text) <= limit else text[: limit - 3] + "..."

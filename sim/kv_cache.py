@@ -41,7 +41,9 @@ class KVCacheManager:
         return max(0, needed - self._held.get(req.request_id, 0))
 
     def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0) -> bool:
-        """Grow `req` for its next `num_new_tokens`, keeping `num_reserved_blocks` free; else False."""
+        """Grow `req` for its next `num_new_tokens`, keeping `num_reserved_blocks` free.
+
+        Returns False, allocating nothing, if that does not fit."""
         grow = self.num_blocks_to_grow(req, num_new_tokens)
         if grow + num_reserved_blocks > self.num_free_blocks:
             return False

@@ -35,7 +35,8 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}") from None
+            known = ", ".join(self.names())
+            raise KeyError(f"unknown {self.kind} {name!r}; known: {known}") from None
 
     def names(self) -> list[str]:
         return sorted(self._entries)

@@ -1,8 +1,9 @@
 """A request's state as token counters (vLLM v1 naming).
 
-There is no prefill phase and no decode phase: a request holds `num_tokens` known tokens (prompt plus
-what it has generated) of which `num_computed_tokens` have KV in the cache. Each iteration computes
-some of the rest; when it catches up, one new token is sampled. A decode is a catch-up of one token.
+There is no prefill phase and no decode phase: a request holds `num_tokens` known tokens (prompt
+plus what it has generated) of which `num_computed_tokens` have KV in the cache. Each iteration
+computes some of the rest; when it catches up, one new token is sampled. A decode is a catch-up
+of one token.
 """
 
 from __future__ import annotations

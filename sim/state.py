@@ -46,7 +46,7 @@ class ReplicaState:
         self.waiting.appendleft(req)
 
     def commit(self, plan: Plan, iteration: int, start_s: float, end_s: float) -> list[Request]:
-        """Apply an iteration that ran from `start_s` to `end_s`; return the requests it finished."""
+        """Apply an iteration that ran from `start_s` to `end_s`; return those it finished."""
         finished: list[Request] = []
         requests = self.requests
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
@@ -75,7 +75,7 @@ class ReplicaState:
         return len(self.waiting) + len(self.running)
 
     def check(self) -> None:
-        """Invariants: KV conserved; nobody both waiting and running; nobody holds KV while waiting."""
+        """Invariants: KV conserved; nobody both waiting and running; no KV held while waiting."""
         self.kv.check()
         running_ids = {r.request_id for r in self.running}
         assert len(running_ids) == len(self.running)

@@ -27,7 +27,7 @@ class Workload:
     arrival_s: np.ndarray  # float64, seconds since the first arrival (before rate scaling)
     num_prompt_tokens: np.ndarray  # int64, >= 1
     num_output_tokens: np.ndarray  # int64, >= 1
-    hash_ids: list[tuple[int, ...]] | None = None  # prefix-block ids (Mooncake), if the trace has them
+    hash_ids: list[tuple[int, ...]] | None = None  # prefix-block ids (Mooncake), if any
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -126,11 +126,16 @@ def read_table(path: Path, kind: Literal["csv", "jsonl"], field: str) -> pd.Data
     if not path.is_file():
         raise InputError(path, field, str(path), "file not found")
     try:
-        if kind == "csv":
-            return pd.read_csv(path)
-        return pd.read_json(path, lines=True, dtype=False)
+        df = pd.read_csv(path) if kind == "csv" else pd.read_json(path, lines=True, dtype=False)
     except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise InputError(path, field, str(path), f"cannot parse as {kind}: {exc}") from None
+    df.attrs["first_line"] = 2 if kind == "csv" else 1  # file line of the first row
+    return df
+
+
+def where(df: pd.DataFrame, name: str, row: int) -> str:
+    """`name (line N)`: the field of a bad value, with its line in the file."""
+    return f"{name} (line {row + df.attrs.get('first_line', 1)})"
 
 
 def column(df: pd.DataFrame, name: str, path: Path) -> pd.Series:
@@ -146,7 +151,7 @@ def token_counts(df: pd.DataFrame, name: str, path: Path) -> np.ndarray:
     bad = ~np.isfinite(numeric) | (numeric != np.floor(numeric)) | (numeric < 1)
     if bad.any():
         row = int(np.argmax(bad))
-        raise InputError(path, f"{name} (row {row + 1})", values.iloc[row],
+        raise InputError(path, where(df, name, row), values.iloc[row],
                          "must be a positive integer number of tokens")
     return numeric.astype(np.int64)
 
@@ -165,11 +170,11 @@ def seconds(df: pd.DataFrame, name: str, unit: str, path: Path) -> np.ndarray:
         arrival = (numeric - numeric[0]) * scale if not bad.any() else None
     if arrival is None:
         row = int(np.argmax(bad))
-        raise InputError(path, f"{name} (row {row + 1})", values.iloc[row], "not a time")
+        raise InputError(path, where(df, name, row), values.iloc[row], "not a time")
     backwards = np.flatnonzero(np.diff(arrival) < 0)
     if backwards.size:
         row = int(backwards[0]) + 1
-        raise InputError(path, f"{name} (row {row + 1})", values.iloc[row],
+        raise InputError(path, where(df, name, row), values.iloc[row],
                          "arrival times must not decrease")
     return arrival
 

@@ -18,6 +18,7 @@ from sim.workloads.base import (
     resolve,
     seconds,
     token_counts,
+    where,
 )
 
 
@@ -31,7 +32,7 @@ class Mooncake(Format):
         hash_ids = []
         for row, ids in enumerate(column(df, "hash_ids", path)):
             if not isinstance(ids, list):
-                raise InputError(path, f"hash_ids (row {row + 1})", ids, "must be a list of ints")
+                raise InputError(path, where(df, "hash_ids", row), ids, "must be a list of ints")
             hash_ids.append(tuple(ids))
         return Workload(
             seconds(df, "timestamp", "ms", path),

@@ -1,0 +1,70 @@
+"""Shared test helpers: tiny factories, and the real traces in ../shared/traces."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sim.kv_cache import KVCacheManager
+from sim.plan import Plan
+from sim.request import Request, Status
+from sim.state import ReplicaState
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = Path(os.environ.get("SERVESIM_TRACES", REPO.parent / "shared" / "traces"))
+
+
+@pytest.fixture
+def traces() -> Path:
+    """The shared trace folder. CI sets SERVESIM_REQUIRE_TRACES=1 so that a missing folder fails."""
+    if not TRACES.is_dir():
+        if os.environ.get("SERVESIM_REQUIRE_TRACES"):
+            pytest.fail(f"trace folder {TRACES} is missing")
+        pytest.skip(f"trace folder {TRACES} is missing (set SERVESIM_TRACES)")
+    return TRACES
+
+
+def make_request(request_id: int, prompt: int, output: int, *, arrival_s: float = 0.0,
+                 generated: int = 0) -> Request:
+    """A request; with `generated` > 0 it has already prefilled and sampled that many tokens."""
+    req = Request(request_id, arrival_s, prompt, output)
+    if generated:
+        req.num_output_tokens = generated
+        req.num_computed_tokens = prompt + generated - 1
+    return req
+
+
+def make_state(num_blocks: int = 1000, block_size: int = 16, running: tuple[Request, ...] = (),
+               waiting: tuple[Request, ...] = ()) -> ReplicaState:
+    """A replica state with `running` requests already admitted (blocks allocated)."""
+    state = ReplicaState(KVCacheManager(num_blocks, block_size))
+    for req in running:
+        state.add(req)
+        assert state.kv.try_allocate(req, 0)  # blocks for the tokens it has computed
+        state.admit(req)
+    for req in waiting:
+        state.add(req)
+    return state
+
+
+class Stepper:
+    """Runs schedule/commit without SimPy, one unit of time per iteration."""
+
+    def __init__(self, scheduler, state: ReplicaState) -> None:
+        self.scheduler = scheduler
+        self.state = state
+        self.iteration = 0
+
+    def step(self) -> Plan:
+        plan = self.scheduler.schedule(self.state, float(self.iteration))
+        self.state.check()
+        self.state.commit(plan, self.iteration, float(self.iteration), float(self.iteration + 1))
+        self.state.check()
+        self.iteration += 1
+        return plan
+
+
+def is_finished(req: Request) -> bool:
+    return req.status is Status.FINISHED

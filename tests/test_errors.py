@@ -1,0 +1,117 @@
+"""Bad input: one line naming file, field and value; exit code 2; never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+
+VALID_TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,2\n0.5,20,3\n"
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["servesim", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    return exc.value.code, capsys.readouterr().err
+
+
+def scenario_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return path
+
+
+def trace_file(tmp_path: Path, text: str = VALID_TRACE) -> Path:
+    path = tmp_path / "trace.csv"
+    path.write_text(text)
+    return path
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def vidur(trace: Path, replica: str = "") -> str:
+    return f"workload: {{format: vidur, path: {trace}}}\n{replica}"
+
+
+CASES = {
+    "malformed yaml": ("workload: {format: vidur, path: x\nseed: [", ["<yaml>", "line"]),
+    "unknown top-level key": ("workload: {format: vidur, path: x.csv}\nsead: 3\n",
+                              ["sead", "Extra inputs"]),
+    "unknown scheduler key": (
+        "workload: {format: vidur, path: x.csv}\n"
+        "replica: {scheduler: {name: chunked_prefill, tokn_budget: 5}}\n",
+        ["replica.scheduler.tokn_budget", "5"]),
+    "unknown scheduler": ("workload: {format: vidur, path: x.csv}\n"
+                          "replica: {scheduler: {name: fancy}}\n",
+                          ["replica.scheduler", "fancy", "prefill_first"]),
+    "unknown format": ("workload: {format: parquetish, path: x}\n",
+                       ["workload", "parquetish", "azure"]),
+    "unknown model": ("workload: {format: vidur, path: x.csv}\nreplica: {model: gpt-9}\n",
+                      ["replica.model", "gpt-9", "llama-3-8b"]),
+    "budget below max_num_seqs": (
+        "workload: {format: vidur, path: x.csv}\n"
+        "replica: {scheduler: {name: chunked_prefill, token_budget: 64}}\n",
+        ["replica.scheduler", "max_num_seqs"]),
+    "negative seed": ("seed: -1\nworkload: {format: vidur, path: x.csv}\n", ["seed", "-1"]),
+    "not a mapping": ("- 1\n- 2\n", ["<top level>", "list"]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_scenario(tmp_path, monkeypatch, capsys, case):
+    text, needles = CASES[case]
+    path = scenario_file(tmp_path, text)
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
+    assert_one_line_error(code, err, str(path), *needles)
+
+
+def test_missing_scenario_file(tmp_path, monkeypatch, capsys):
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(tmp_path / "nope.yaml"))
+    assert_one_line_error(code, err, "nope.yaml", "file not found")
+
+
+def test_missing_trace_file(tmp_path, monkeypatch, capsys):
+    path = scenario_file(tmp_path, vidur(tmp_path / "absent.csv"))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
+    assert_one_line_error(code, err, "absent.csv", "workload.path", "file not found")
+
+
+@pytest.mark.parametrize("trace,needles", [
+    ("arrived_at,num_prefill_tokens\n0.0,10\n", ["column 'num_decode_tokens'", "missing"]),
+    (VALID_TRACE + "1.0,-5,3\n", ["num_prefill_tokens (line 4)", "=-5", "positive integer"]),
+    (VALID_TRACE + "1.0,12.5,3\n", ["num_prefill_tokens (line 4)", "=12.5:"]),
+    (VALID_TRACE + "1.0,12,abc\n", ["num_decode_tokens (line 4)", "'abc'"]),
+    (VALID_TRACE + "0.2,12,3\n", ["arrived_at (line 4)", "must not decrease"]),
+])
+def test_bad_trace_contents(tmp_path, monkeypatch, capsys, trace, needles):
+    trace_path = trace_file(tmp_path, trace)
+    path = scenario_file(tmp_path, vidur(trace_path))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
+    assert_one_line_error(code, err, str(trace_path), *needles)
+
+
+def test_model_that_does_not_fit_the_gpu(tmp_path, monkeypatch, capsys):
+    path = scenario_file(tmp_path, vidur(trace_file(tmp_path),
+                                         "replica: {kv_cache: {gpu_memory_utilization: 0.2}}\n"))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
+    assert_one_line_error(code, err, "replica.kv_cache", "no room for KV")
+
+
+def test_the_installed_command_reports_errors_the_same_way(tmp_path):
+    path = scenario_file(tmp_path, "workload: {format: vidur, path: x.csv}\nsead: 3\n")
+    proc = subprocess.run([sys.executable, "-m", "sim", "simulate", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc.returncode, proc.stderr, "sead")

@@ -1,0 +1,119 @@
+"""Invariants over random workloads and configurations (hypothesis)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim import run_scenario
+from sim.config import parse_scenario
+
+
+@st.composite
+def scenarios(draw):
+    block_size = draw(st.sampled_from([1, 4, 16]))
+    max_prompt = draw(st.integers(1, 800))
+    max_output = draw(st.integers(1, 80))
+    # Enough blocks for the largest request, sometimes barely (preemption), sometimes plenty.
+    min_blocks = -(-(max_prompt + max_output) // block_size)
+    num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
+    reserve = draw(st.sampled_from([None, 0, 8]))
+    if draw(st.booleans()):
+        budget = draw(st.integers(8, 1024))
+        scheduler = {"name": "chunked_prefill", "token_budget": budget,
+                     "max_num_seqs": draw(st.integers(1, min(budget, 64))),
+                     "chunk_size": draw(st.sampled_from([None, max(1, budget // 2)])),
+                     "max_num_partial_prefills": draw(st.integers(1, 3)),
+                     "decode_reserve_tokens": reserve}
+    else:
+        scheduler = {"name": "prefill_first", "max_num_seqs": draw(st.integers(1, 64)),
+                     "max_num_batched_tokens": draw(st.sampled_from([None, 2048])),
+                     "decode_reserve_tokens": reserve}
+    return {
+        "seed": draw(st.integers(0, 2**16)),
+        "workload": {
+            "format": "synthetic",
+            "num_requests": draw(st.integers(1, 40)),
+            "arrivals": {"process": "gamma", "qps": draw(st.floats(0.5, 200)),
+                         "cv": draw(st.floats(0.2, 4))},
+            "lengths": {"prompt": {"dist": "uniform", "low": 1, "high": max_prompt},
+                        "output": {"dist": "uniform", "low": 1, "high": max_output}},
+        },
+        "replica": {"scheduler": scheduler,
+                    "latency": draw(st.sampled_from([{"kind": "roofline"},
+                                                     {"kind": "constant", "iteration_s": 0.01}])),
+                    "kv_cache": {"block_size": block_size, "num_blocks": num_blocks}},
+        "horizon_s": draw(st.sampled_from([None, None, 0.5, 3.0])),
+        "record_token_times": True,
+    }
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_invariants(data):
+    scenario = parse_scenario(data, "hypothesis")
+    res = run_scenario(scenario)
+    req, it, tokens = res.requests, res.iterations, res.tokens
+
+    # Every request ends exactly once: finished, or with a reason.
+    assert req["request_id"].is_unique
+    assert set(req["status"]) <= {"finished", "rejected", "unfinished"}
+    assert ((req["status"] == "finished") == (req["reason"] == "")).all()
+    if data["horizon_s"] is None:
+        assert (req["status"] != "unfinished").all()
+    done = req[req["status"] == "finished"]
+    assert (done["num_generated_tokens"] == done["num_output_tokens"]).all()
+    assert (req.loc[req["status"] == "rejected", "num_generated_tokens"] == 0).all()
+
+    # Tokens are conserved: what iterations computed is what requests hold or recomputed.
+    computed = int(it["num_prefill_tokens"].sum() + it["num_decode_tokens"].sum())
+    assert computed == int((req["num_computed_tokens"] + req["num_recomputed_tokens"]).sum())
+    assert (done["num_computed_tokens"] == done["num_prompt_tokens"]
+            + done["num_output_tokens"] - 1).all()
+    assert len(tokens) == int(req["num_generated_tokens"].sum())
+
+    # Time moves forward: TBTs positive, latencies non-negative, iterations back to back.
+    times = tokens.groupby("request_id")["time_s"]
+    assert (times.diff().dropna() > 0).all()
+    assert (done["ttft_s"] >= 0).all() and (done["scheduling_delay_s"] >= 0).all()
+    assert (done["e2e_s"] >= done["ttft_s"]).all()
+    ends = (it["start_s"] + it["duration_s"]).to_numpy()
+    assert np.all(it["start_s"].to_numpy()[1:] >= ends[:-1])
+
+    # Budgets and capacity hold in every iteration.
+    sched = data["replica"]["scheduler"]
+    per_iteration = it["num_prefill_tokens"] + it["num_decode_tokens"]
+    if sched["name"] == "chunked_prefill":
+        assert (per_iteration <= sched["token_budget"]).all()
+    assert (it["num_seqs"] <= sched["max_num_seqs"]).all()
+    assert (it["num_kv_blocks_used"] <= data["replica"]["kv_cache"]["num_blocks"]).all()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_fast_forward_is_exact(data):
+    scenario = parse_scenario(data, "hypothesis")
+    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
+    assert fast.requests.equals(slow.requests)
+    assert fast.iterations.equals(slow.iterations)
+    assert fast.tokens.equals(slow.tokens)
+
+
+@settings(max_examples=10, deadline=None)
+@given(scenarios())
+def test_same_seed_gives_identical_files(data):
+    scenario = parse_scenario(data, "hypothesis")
+    with tempfile.TemporaryDirectory() as tmp:
+        first, second = Path(tmp, "first"), Path(tmp, "second")
+        run_scenario(scenario, out_dir=first)
+        run_scenario(scenario, out_dir=second)
+        names = sorted(p.name for p in first.iterdir())
+        assert names == sorted(p.name for p in second.iterdir())
+        assert {"requests.parquet", "iterations.parquet", "summary.json", "scenario.yaml",
+                "tokens.parquet"} == set(names)
+        for name in names:
+            assert (first / name).read_bytes() == (second / name).read_bytes(), name
