@@ -42,8 +42,9 @@ def request_frame(requests: Sequence[Request], owner: np.ndarray, times: np.ndar
     counts = np.bincount(owner, minlength=n)
     first_pos = np.cumsum(counts) - counts
     has_token = counts > 0
-    first_token = np.where(has_token, times[np.minimum(first_pos, len(times) - 1)], np.nan)
-    last_token = np.where(has_token, times[np.minimum(first_pos + counts - 1, len(times) - 1)],
+    padded = np.append(times, np.nan)  # requests without tokens index the NaN at the end
+    first_token = np.where(has_token, padded[np.where(has_token, first_pos, -1)], np.nan)
+    last_token = np.where(has_token, padded[np.where(has_token, first_pos + counts - 1, -1)],
                           np.nan)
     same = owner[1:] == owner[:-1]
     gaps = (times[1:] - times[:-1])[same]

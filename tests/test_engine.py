@@ -118,3 +118,15 @@ def test_fast_forward_matches_stepping_every_iteration(scheduler):
     if scheduler.get("decode_reserve_tokens") == 0:
         assert fast.summary["num_preemptions"] > 0
     assert np.isfinite(fast.requests["e2e_s"]).all()
+
+
+def test_horizon_before_any_token(tmp_path):
+    """Found by hypothesis: a run in which no request ever samples a token."""
+    res = run(three_requests(tmp_path, {"name": "chunked_prefill", "token_budget": 8,
+                                        "max_num_seqs": 1}, horizon_s=0.3))
+    assert (res.requests["num_generated_tokens"] == 0).all()
+    assert res.requests["ttft_s"].isna().all()
+    # A is part-way through its prompt, B waits behind it; C arrives after the horizon.
+    assert res.requests["reason"].tolist() == ["running at horizon", "queued at horizon"]
+    assert res.summary["requests"]["unfinished"] == 2
+    assert res.summary["requests"]["arrived_after_horizon"] == 1
