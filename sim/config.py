@@ -142,6 +142,12 @@ def _resolve_paths(scenario: Scenario, base_dir: Path) -> Scenario:
         updates["lengths"] = lengths.model_copy(update={"file": (base_dir / file).resolve()})
     if updates:
         scenario = scenario.model_copy(update={"workload": workload.model_copy(update=updates)})
+    latency = scenario.replica.latency
+    latency_path = getattr(latency, "path", None)
+    if isinstance(latency_path, Path) and not latency_path.is_absolute():
+        latency = latency.model_copy(update={"path": (base_dir / latency_path).resolve()})
+        replica = scenario.replica.model_copy(update={"latency": latency})
+        scenario = scenario.model_copy(update={"replica": replica})
     return scenario
 
 

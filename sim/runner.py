@@ -110,7 +110,8 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     env = simpy.Environment()
     scheduler = SCHEDULERS.get(cfg.scheduler.name)(cfg.scheduler)
     state = ReplicaState(kv_cache_for(cfg, model))
-    replica = Replica(env, 0, scheduler, latency_model_for(cfg), state,
+    latency = latency_model_for(cfg)
+    replica = Replica(env, 0, scheduler, latency, state,
                       horizon_s=horizon_s, fast_forward=fast_forward)
     simulate(env, requests, replica.submit, horizon_s, on_progress)
     state.check()
@@ -131,6 +132,7 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
         "kv_block_size": state.kv.block_size,
         "horizon_s": horizon_s,
     }
+    summary["latency_model"] = latency.describe()
     tokens = token_frame(requests, owner, times) if scenario.record_token_times else None
     results = Results(scenario, request_df, iteration_df, tokens, summary)
     if out_dir is not None:

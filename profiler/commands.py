@@ -1,0 +1,167 @@
+"""What `servesim profile`, `servesim profile --check` and `servesim fit` do."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from profiler.fit import errors, fit_profile, predict
+from profiler.measure import load
+from sim.errors import InputError
+from sim.latency.profile import load_fitted
+from sim.models import MODELS
+
+console = Console()
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("left"), TimeRemainingColumn(), console=console)
+
+
+def _torch_setup(device: str, threads: int | None):
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(None, "--device", device, "CUDA is not available on this machine")
+    if device == "cpu":
+        # One thread by default: steadier timings than a pool shared with the rest of the box.
+        torch.set_num_threads(threads or 1)
+    return torch, (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+
+
+def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, holdout: int,
+                seed: int, threads: int | None, max_tokens: int | None,
+                max_context: int | None, max_batch: int | None) -> None:
+    """Measure the grid and `holdout` random mixes; resume from `out` if it exists."""
+    from dataclasses import replace
+
+    from profiler.measure import default_grid, profile
+    from profiler.mixes import grid, random_mixes
+
+    if model not in MODELS:
+        raise InputError(None, "--model", model, f"unknown; known: {', '.join(MODELS.names())}")
+    torch, dtype = _torch_setup(device, threads)
+    shape = MODELS.get(model)
+    spec = default_grid(shape, device)
+    spec = replace(spec, max_tokens=max_tokens or spec.max_tokens,
+                   max_context=max_context or spec.max_context,
+                   max_batch=max_batch or spec.max_batch)
+    rng = np.random.default_rng(seed)
+    mixes = [(m, "train") for m in grid(spec, rng)]
+    mixes += [(m, "holdout") for m in random_mixes(spec, holdout, rng)]
+    command = shlex.join(["servesim", *sys.argv[1:]])
+    with _progress() as progress:
+        task = progress.add_task(f"profiling {model} on {device}", total=len(mixes))
+        df = profile(shape, device, out, spec, mixes, dtype=dtype, warmup=warmup, reps=reps,
+                     seed=seed, command=command,
+                     on_progress=lambda done, total: progress.update(task, completed=done,
+                                                                     total=total))
+    console.print(f"{len(df)} mixes measured -> {out}")
+
+
+def run_fit(profile_path: Path, out: Path | None) -> Path:
+    """Fit on the grid rows, report the error on held-out rows, write the latency file."""
+    if not profile_path.is_file():
+        raise InputError(profile_path, "PROFILE", str(profile_path), "file not found")
+    try:
+        df, meta = load(profile_path)
+    except Exception as exc:  # pyarrow raises several kinds for a file that is not parquet
+        raise InputError(profile_path, "PROFILE", str(profile_path),
+                         f"not a profile: {type(exc).__name__}") from None
+    missing = [c for c in ("split", "num_tokens", "median_s", "samples_s") if c not in df]
+    if missing or "model" not in meta:
+        raise InputError(profile_path, "columns", missing or "metadata", "not a servesim profile")
+    fitted = fit_profile(df, meta)
+    fitted["source"] = str(profile_path)
+    out = out or profile_path.with_suffix(".json")
+    out.write_text(json.dumps(fitted, indent=1, sort_keys=True) + "\n")
+    console.print(error_table(f"fit of {profile_path.name}", fitted))
+    console.print(f"latency model -> {out}  (scenario: latency: {{kind: profile, path: {out}}})")
+    return out
+
+
+def error_table(title: str, fitted: dict[str, Any]) -> Table:
+    table = Table(title=title)
+    for col in ("rows", "n", "MAPE %", "P95 %", "max %"):
+        table.add_column(col, justify="right")
+    for name in ("train", "holdout", "check"):
+        e = fitted.get(name)
+        if e:
+            table.add_row(name, str(e["n"]), f"{100 * e['mape']:.2f}", f"{100 * e['p95']:.2f}",
+                          f"{100 * e['max']:.2f}")
+    noise = fitted.get("noise")
+    if noise:
+        table.caption = (f"timing noise: median |t - median| / median "
+                         f"{100 * noise['median_rel_abs_dev']:.2f}%, P95 "
+                         f"{100 * noise['p95_rel_abs_dev']:.2f}%")
+    return table
+
+
+def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int | None,
+              plot: Path | None) -> dict[str, float]:
+    """Measure `num` fresh random mixes and score the fitted model on them."""
+    from dataclasses import fields
+
+    from profiler.measure import Timer, measure_mix, row
+    from profiler.mixes import GridSpec, random_mixes
+    from profiler.model import Decoder
+
+    fitted = load_fitted(fitted_path)
+    meta = fitted.get("measurement", {})
+    torch, dtype = _torch_setup(device, threads)
+    shape = MODELS.get(fitted["model"])
+    spec = GridSpec(**{f.name: meta["grid"][f.name] for f in fields(GridSpec)
+                       if f.name in meta.get("grid", {})})
+    rng = np.random.default_rng(seed + 1_000_003)  # a different draw from the profile's
+    mixes = random_mixes(spec, num, rng)
+    decoder = Decoder(shape, spec.max_kv_tokens, device=device, dtype=dtype, seed=seed)
+    timer = Timer(device)
+    rows = []
+    with _progress() as progress:
+        task = progress.add_task(f"checking {fitted_path.name} on {device}", total=num)
+        for mix in mixes:
+            samples = measure_mix(decoder, mix, timer, meta.get("warmup", 2),
+                                  meta.get("reps", 5), rng)
+            rows.append(row(mix, "check", samples))
+            progress.advance(task)
+    df = pd.DataFrame(rows)
+    result = errors(fitted, df)
+    console.print(error_table(f"held-out check of {fitted_path.name}", {**fitted,
+                                                                        "check": result}))
+    if plot is not None:
+        scatter(df["median_s"].to_numpy(), predict(fitted, df), plot,
+                f"{fitted['model']} on {meta.get('device_name', device)}: "
+                f"MAPE {100 * result['mape']:.1f}%, P95 {100 * result['p95']:.1f}%")
+        console.print(f"scatter plot -> {plot}")
+    return result
+
+
+def scatter(measured_s: np.ndarray, predicted_s: np.ndarray, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ms_measured, ms_predicted = 1e3 * measured_s, 1e3 * predicted_s
+    ax.scatter(ms_measured, ms_predicted, s=10, alpha=0.7)
+    top = float(max(ms_measured.max(), ms_predicted.max())) * 1.05
+    ax.plot([0, top], [0, top], color="grey", linewidth=1, label="predicted = measured")
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured iteration time (ms)",
+           ylabel="predicted iteration time (ms)", title=title)
+    ax.title.set_fontsize(9)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

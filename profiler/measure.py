@@ -1,0 +1,195 @@
+"""Time whole iterations of mixes on a device, resumably, and save them with their metadata."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from profiler.mixes import GridSpec, Mix
+from profiler.model import Decoder, SeqInput
+from sim.errors import InputError
+from sim.models import ModelShape
+
+METADATA_KEY = b"servesim"
+FEATURES = ("num_prefill_tokens", "num_prefill_seqs", "num_decode_tokens", "num_sampled_tokens",
+            "prefill_attn_pairs", "prefill_kv_tokens", "decode_kv_tokens")
+
+
+def default_grid(shape: ModelShape, device: str) -> GridSpec:
+    """CPU: a small grid a test can afford. CUDA: the serving range (8k tokens, 32k contexts,
+    256 decodes), with as many KV slots as fit beside the weights."""
+    if device == "cpu":
+        return GridSpec(max_tokens=512, max_context=4096, max_batch=64, max_kv_tokens=65536)
+    free = torch.cuda.mem_get_info()[0] - shape.weight_bytes
+    slots = int(0.7 * free / shape.kv_bytes_per_token)
+    return GridSpec(max_tokens=8192, max_context=32768, max_batch=256,
+                    max_kv_tokens=min(slots, 1_500_000))
+
+
+class Timer:
+    """Times one iteration: CUDA events after synchronising, or the wall clock on the CPU."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+
+def inputs_for(mix: Mix, vocab_size: int, num_slots: int, rng: np.random.Generator
+               ) -> list[SeqInput]:
+    """Each request gets its own stretch of KV slots, laid out one after another."""
+    seqs = []
+    offset = 0
+    parts = [(c.num_cached_tokens, c.num_new_tokens, c.samples) for c in mix.chunks]
+    parts += [(c, 1, True) for c in mix.decode_contexts]
+    for cached, new, samples in parts:
+        if offset + cached + new > num_slots:
+            offset = 0  # more KV than the pool: reuse slots (reads stay the stated length)
+        ids = torch.from_numpy(rng.integers(0, vocab_size, new))
+        seqs.append(SeqInput(offset, cached, ids, samples))
+        offset += cached + new
+    return seqs
+
+
+def measure_mix(decoder: Decoder, mix: Mix, timer: Timer, warmup: int, reps: int,
+                rng: np.random.Generator) -> np.ndarray:
+    seqs = inputs_for(mix, decoder.shape.vocab_size, decoder.k_pool[0].shape[0], rng)
+    for _ in range(warmup):
+        decoder.forward(seqs)
+    return np.array([timer(lambda: decoder.forward(seqs)) for _ in range(reps)])
+
+
+def row(mix: Mix, split: str, samples_s: np.ndarray) -> dict[str, Any]:
+    shape = mix.shape()
+    out: dict[str, Any] = {"key": mix.key, "tag": mix.tag, "split": split}
+    out.update({name: int(getattr(shape, name)) for name in FEATURES})
+    out.update({
+        "num_tokens": mix.num_tokens,
+        "median_s": float(np.median(samples_s)),
+        "mean_s": float(samples_s.mean()),
+        "std_s": float(samples_s.std()),
+        "min_s": float(samples_s.min()),
+        "p10_s": float(np.percentile(samples_s, 10)),
+        "p90_s": float(np.percentile(samples_s, 90)),
+        "max_s": float(samples_s.max()),
+        "samples_s": samples_s.tolist(),
+    })
+    return out
+
+
+def environment(device: str, dtype: torch.dtype, backend: str) -> dict[str, Any]:
+    """Facts recorded with every profile."""
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "attention_backend": backend,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host_cpu": _cpu_name(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device.startswith("cuda"):
+        info["device_name"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
+        info["driver"] = _driver_version()
+    else:
+        info["device_name"] = f"cpu: {_cpu_name()}"
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _driver_version() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def save(path: Path, rows: list[dict[str, Any]], metadata: dict[str, Any]) -> None:
+    """Write atomically, so an interrupted run keeps every measurement already saved."""
+    table = pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False)
+    schema_meta = dict(table.schema.metadata or {})
+    schema_meta[METADATA_KEY] = json.dumps(metadata, sort_keys=True).encode()
+    table = table.replace_schema_metadata(schema_meta)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    table = pq.read_table(path)
+    meta = json.loads((table.schema.metadata or {}).get(METADATA_KEY, b"{}"))
+    return table.to_pandas(), meta
+
+
+def profile(shape: ModelShape, device: str, out: Path, spec: GridSpec, mixes: list[tuple[Mix, str]],
+            *, dtype: torch.dtype, warmup: int, reps: int, seed: int, command: str,
+            on_progress: Callable[[int, int], None] | None = None,
+            save_every_s: float = 20.0) -> pd.DataFrame:
+    """Measure every mix not already in `out` (resume), saving as it goes."""
+    metadata = {"model": shape.name, "model_shape": asdict(shape), "grid": asdict(spec),
+                "warmup": warmup, "reps": reps, "seed": seed, "command": command,
+                **environment(device, dtype, "sdpa")}
+    rows: list[dict[str, Any]] = []
+    if out.exists():
+        previous, old_meta = load(out)
+        if old_meta.get("model") != shape.name:
+            raise InputError(out, "model", old_meta.get("model"),
+                             f"this profile is of another model; cannot resume it for {shape.name}")
+        rows = [{str(k): v for k, v in r.items()} for r in previous.to_dict("records")]
+        for r in rows:
+            r["samples_s"] = list(r["samples_s"])
+    done = {r["key"] for r in rows}
+    todo = [(m, split) for m, split in mixes if m.key not in done]
+    rng = np.random.default_rng(seed)
+    # Measure in random order: drift of the machine over the run (clocks, heat, neighbours)
+    # then spreads over all kinds of mix instead of biasing the last ones measured.
+    todo = [todo[i] for i in rng.permutation(len(todo))]
+    decoder = Decoder(shape, spec.max_kv_tokens, device=device, dtype=dtype, seed=seed)
+    timer = Timer(device)
+    last_save = time.monotonic()
+    for i, (mix, split) in enumerate(todo, start=1):
+        rows.append(row(mix, split, measure_mix(decoder, mix, timer, warmup, reps, rng)))
+        if on_progress is not None:
+            on_progress(len(rows), len(rows) + len(todo) - i)
+        if time.monotonic() - last_save > save_every_s:
+            save(out, rows, metadata)
+            last_save = time.monotonic()
+    save(out, rows, metadata)
+    return pd.DataFrame(rows)

@@ -1,0 +1,112 @@
+"""Latency fitted to measured iterations (see `profiler/`).
+
+    time = g(num_tokens) + sum_i coef_i * feature_i
+
+`g` is piecewise linear over token counts measured densely (the GEMMs, weight reads and the
+per-iteration overhead, tile-quantization steps included); the other terms follow attention and
+the LM head: prefill query-key pairs, KV tokens read by prefill chunks and by decodes, decode and
+prefill request counts, sampled rows. A prediction is one `np.interp` and a few multiply-adds.
+Shapes beyond the measured range are counted and reported in the run summary, never silently
+trusted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.errors import InputError
+from sim.gpus import GPUSpec
+from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
+from sim.models import ModelShape
+
+FORMAT = "servesim-latency-profile/1"
+TERMS = ("prefill_attn_pairs", "prefill_kv_tokens", "decode_kv_tokens", "num_decode_tokens",
+         "num_prefill_seqs", "num_sampled_tokens")
+RANGE_FEATURES = ("num_tokens", "prefill_attn_pairs", "decode_kv_tokens", "num_decode_tokens")
+
+
+def token_curve(num_tokens: Num, knots: np.ndarray, values: np.ndarray) -> Num:
+    """Piecewise-linear g(num_tokens), extended linearly past the last knot."""
+    slope = (values[-1] - values[-2]) / (knots[-1] - knots[-2])
+    beyond = np.maximum(np.asarray(num_tokens, dtype=np.float64) - knots[-1], 0.0)
+    return np.interp(num_tokens, knots, values) + beyond * slope
+
+
+def knot_basis(num_tokens: np.ndarray, knots: np.ndarray) -> np.ndarray:
+    """Columns whose weighted sum is `token_curve`: the fit is linear in the knot values."""
+    eye = np.eye(len(knots))
+    return np.stack([token_curve(num_tokens, knots, eye[j]) for j in range(len(knots))], axis=1)
+
+
+class ProfileConfig(LatencyConfig):
+    path: Path
+
+
+@LATENCY_MODELS.register("profile")
+class ProfileLatency(LatencyModel):
+    Config = ProfileConfig
+
+    def __init__(self, config: ProfileConfig, model: ModelShape, gpu: GPUSpec) -> None:
+        data = load_fitted(config.path)
+        if data["model"] != model.name:
+            raise InputError(config.path, "model", data["model"],
+                             f"profile was measured for {data['model']}, scenario runs "
+                             f"{model.name}")
+        self.knots = np.asarray(data["knots"], dtype=np.float64)
+        self.knot_s = np.asarray(data["knot_s"], dtype=np.float64)
+        self.coef = [float(data["coef"][name]) for name in TERMS]
+        self.limits = {name: float(data["range"][name]) for name in RANGE_FEATURES}
+        self.meta = {k: data.get(k) for k in ("model", "device_name", "holdout", "source")}
+        self.num_predicted = 0
+        self.num_extrapolated = 0
+
+    def iteration_time_s(self, shape: BatchShape) -> Num:
+        self._count_extrapolation(shape)
+        c = self.coef
+        return (token_curve(shape.num_tokens, self.knots, self.knot_s)
+                + c[0] * shape.prefill_attn_pairs + c[1] * shape.prefill_kv_tokens
+                + c[2] * shape.decode_kv_tokens + c[3] * shape.num_decode_tokens
+                + c[4] * shape.num_prefill_seqs + c[5] * shape.num_sampled_tokens)
+
+    def _count_extrapolation(self, shape: BatchShape) -> None:
+        beyond: Any = False
+        for name, limit in self.limits.items():
+            beyond = beyond | (np.asarray(getattr(shape, name)) > limit)
+        beyond = np.broadcast_to(beyond, np.shape(shape.decode_kv_tokens) or ())
+        self.num_predicted += max(1, int(np.size(shape.decode_kv_tokens)))
+        self.num_extrapolated += int(np.count_nonzero(beyond))
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.meta, "num_predicted_iterations": self.num_predicted,
+                "num_extrapolated_iterations": self.num_extrapolated}
+
+
+def load_fitted(path: Path) -> dict[str, Any]:
+    """Read and check a fitted latency file; errors name the file and field."""
+    if not Path(path).is_file():
+        raise InputError(path, "latency.path", str(path), "file not found")
+    try:
+        data = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(path, "<json>", str(exc).split(":")[0], "not a fitted profile") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        value = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise InputError(path, "format", value, f"expected {FORMAT} (run `servesim fit`)")
+    for field in ("model", "knots", "knot_s", "coef", "range"):
+        if field not in data:
+            raise InputError(path, field, None, "missing")
+    knots, values = data["knots"], data["knot_s"]
+    increasing = all(b > a for a, b in zip(knots, knots[1:], strict=False))
+    if len(knots) < 2 or len(knots) != len(values) or not increasing:
+        raise InputError(path, "knots", knots[:5], "need 2+ increasing knots, one value each")
+    for name in TERMS:
+        if not isinstance(data["coef"].get(name), int | float):
+            raise InputError(path, f"coef.{name}", data["coef"].get(name), "must be a number")
+    for name in RANGE_FEATURES:
+        if not isinstance(data["range"].get(name), int | float):
+            raise InputError(path, f"range.{name}", data["range"].get(name), "must be a number")
+    return data

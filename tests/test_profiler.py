@@ -1,0 +1,138 @@
+"""The profiler on the CPU: a tiny model measured, fitted and checked for real (torch, no mocks)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the profiler needs torch (pip install -e .[profile])")
+
+from profiler.fit import errors, fit_profile  # noqa: E402
+from profiler.measure import load  # noqa: E402
+from profiler.mixes import Chunk, GridSpec, Mix, grid, random_mixes  # noqa: E402
+from profiler.model import Decoder, SeqInput  # noqa: E402
+from sim.cli import main  # noqa: E402
+from sim.models import MODELS  # noqa: E402
+
+
+def cli(monkeypatch, *args: str) -> int:
+    monkeypatch.setattr(sys, "argv", ["servesim", *args])
+    try:
+        main()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def test_chunked_forward_equals_whole_prompt_and_reads_the_cache():
+    """A prompt computed in two chunks (the second attending to the first's KV, RoPE at the true
+    positions) gives the same logits as computed whole; a decode beside a chunk too."""
+    torch.manual_seed(0)
+    model = Decoder(MODELS.get("tiny"), 4096)
+    ids = torch.randint(0, 4096, (100,))
+    whole = model.forward([SeqInput(0, 0, ids, True)])
+    assert model.forward([SeqInput(1000, 0, ids[:60], False)]).numel() == 0  # no logits mid-prompt
+    second = model.forward([SeqInput(1000, 60, ids[60:], True)])
+    assert torch.allclose(whole, second, atol=1e-5)
+    nxt = torch.tensor([int(whole.argmax())])
+    alone = model.forward([SeqInput(0, 100, nxt, True)])
+    mixed = model.forward([SeqInput(3000, 0, ids[:7], True), SeqInput(1000, 100, nxt, True)])
+    assert torch.allclose(alone, mixed[1:], atol=1e-5)
+
+
+def test_mix_features_match_the_simulator_shape():
+    mix = Mix((Chunk(64, 128, samples=False), Chunk(40)), (99, 9))
+    shape = mix.shape()
+    assert (shape.num_prefill_tokens, shape.num_decode_tokens, mix.num_tokens) == (104, 2, 106)
+    assert shape.num_sampled_tokens == 3
+    assert shape.prefill_attn_pairs == 64 * 128 + 64 * 65 // 2 + 40 * 41 // 2
+    assert shape.decode_kv_tokens == 100 + 10
+    assert Mix.from_json(mix.to_json()) == Mix(mix.chunks, mix.decode_contexts)
+
+
+def test_grid_covers_what_matters():
+    spec = GridSpec(max_tokens=8192, max_context=32768, max_batch=256, max_kv_tokens=2_000_000)
+    mixes = grid(spec, np.random.default_rng(0))
+    tokens = {m.num_tokens for m in mixes if m.tag == "tokens"}
+    assert {128, 129, 256, 257, 8192} <= tokens  # both sides of tile boundaries
+    assert max(m.max_context for m in mixes) >= 32768
+    skewed = [m for m in mixes if m.tag == "decode_skewed" and len(m.decode_contexts) == 256]
+    assert skewed and all(np.std(m.decode_contexts) > 0 for m in skewed)
+    held = random_mixes(spec, 50, np.random.default_rng(1))
+    assert all(0 < m.num_tokens <= 8192 for m in held)
+    assert not {m.key for m in held} & {m.key for m in mixes}
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory):
+    """Profile and fit the tiny model on this CPU, through the CLI, as a user would."""
+    out = tmp_path_factory.mktemp("profile") / "tiny.parquet"
+    mp = pytest.MonkeyPatch()
+    try:
+        code = cli(mp, "profile", "--model", "tiny", "--device", "cpu", "--out", str(out),
+                   "--holdout", "60", "--reps", "5", "--warmup", "1", "--max-context", "2048")
+        assert code == 0
+        assert cli(mp, "fit", str(out)) == 0
+    finally:
+        mp.undo()
+    return out, out.with_suffix(".json")
+
+
+def test_profile_records_its_measurement_conditions(tiny_profile):
+    df, meta = load(tiny_profile[0])
+    for key in ("device_name", "torch", "dtype", "attention_backend", "model_shape", "date",
+                "command", "grid"):
+        assert meta.get(key), key
+    assert meta["model"] == "tiny" and "servesim profile" in meta["command"]
+    assert (df["split"] == "holdout").sum() == 60
+    assert (df["min_s"] <= df["median_s"]).all() and (df["median_s"] <= df["max_s"]).all()
+    assert df["samples_s"].map(len).eq(5).all()
+
+
+def test_fitted_model_error_on_held_out_mixes(tiny_profile):
+    """Bound: this VM's repeated timings of one mix deviate from their median by up to ~10% at
+    P95 (measured: 10.4-10.9%) and runs drift; the fitted model reached 9-11% MAPE on held-out
+    mixes measured interleaved with the grid. Allow 20%, or twice the P95 noise if this machine
+    is noisier. A model missing a term (attention, per-request cost) lands far above."""
+    fitted = json.loads(tiny_profile[1].read_text())
+    bound = max(0.20, 2 * fitted["noise"]["p95_rel_abs_dev"])
+    assert fitted["holdout"]["n"] == 60
+    assert fitted["holdout"]["mape"] <= bound, (fitted["holdout"], fitted["noise"])
+    assert all(v >= 0 for v in fitted["coef"].values())
+
+
+def test_fit_is_what_a_model_without_attention_terms_cannot_match(tiny_profile):
+    df, meta = load(tiny_profile[0])
+    fitted = fit_profile(df, meta)
+    blind = {**fitted, "coef": dict.fromkeys(fitted["coef"], 0.0)}
+    holdout = df[df["split"] == "holdout"]
+    assert errors(blind, holdout)["mape"] > 2 * errors(fitted, holdout)["mape"]
+
+
+def test_resume_keeps_measurements(tiny_profile, monkeypatch, tmp_path):
+    out = tmp_path / "again.parquet"
+    out.write_bytes(tiny_profile[0].read_bytes())
+    before, _ = load(out)
+    assert cli(monkeypatch, "profile", "--model", "tiny", "--out", str(out), "--holdout", "62",
+               "--reps", "5", "--warmup", "1", "--max-context", "2048") == 0
+    after, _ = load(out)
+    assert len(after) == len(before) + 2  # only the two new held-out mixes were measured
+    assert after["key"].iloc[: len(before)].tolist() == before["key"].tolist()
+
+
+def test_check_measures_fresh_mixes_and_plots(tiny_profile, monkeypatch, tmp_path):
+    plot = tmp_path / "check.png"
+    assert cli(monkeypatch, "profile", "--check", str(tiny_profile[1]), "--num", "12",
+               "--plot", str(plot)) == 0
+    assert plot.stat().st_size > 10_000
+
+
+def test_profile_of_another_model_is_not_resumed(tiny_profile, monkeypatch, capsys, tmp_path):
+    out = tmp_path / "p.parquet"
+    out.write_bytes(tiny_profile[0].read_bytes())
+    assert cli(monkeypatch, "profile", "--model", "llama-2-7b", "--out", str(out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "p.parquet: model='tiny'" in err
