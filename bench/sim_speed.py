@@ -1,10 +1,14 @@
 """Simulator speed: replay the whole Azure 2023 conversation trace (19,366 requests, about an
-hour) through each scheduler on one Llama-3-8B replica on an H100 (roofline latency).
+hour) on Llama-3-8B H100 replicas (roofline latency).
 
-Prints wall seconds, simulated requests and output tokens per wall second, iterations per second,
-peak RSS and P99 TBT per scheduler. Target: under 5 s per scheduler on one core.
+1. One replica, each scheduler: wall seconds, simulated requests and output tokens per wall
+   second, iterations per wall second, peak RSS, P99 TBT. Target: under 5 s per scheduler.
+2. Clusters at 4x the trace's rate: 4 colocated chunked-prefill replicas, and 2 prefill + 2
+   decode replicas.
+3. Scaling: cost against requests (first N of the trace) and against replicas (k replicas at k
+   times the rate, so the load per replica stays the same).
 
-    python bench/sim_speed.py [--trace PATH] [--rate-scale X]
+    python bench/sim_speed.py [--trace PATH] [--skip-scaling]
 """
 
 from __future__ import annotations
@@ -13,58 +17,89 @@ import argparse
 import resource
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from sim import Scenario, run_scenario
+from sim import Results, Scenario, run_scenario
 from sim.config import parse_scenario
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" /
                  "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv").resolve()
-
-SCHEDULERS = {
-    "prefill_first": {"name": "prefill_first"},
-    "chunked_prefill": {"name": "chunked_prefill", "token_budget": 512},
-}
+REPLICA = {"model": "llama-3-8b", "gpu": "h100-sxm", "latency": {"kind": "roofline"}}
+CHUNKED = {"name": "chunked_prefill", "token_budget": 512}
+console = Console(width=170)
 
 
-def scenario(trace: Path, scheduler: dict, rate_scale: float) -> Scenario:
-    return parse_scenario({
-        "name": f"bench-{scheduler['name']}",
-        "workload": {"format": "azure", "path": str(trace), "rate_scale": rate_scale},
-        "replica": {"model": "llama-3-8b", "gpu": "h100-sxm", "scheduler": scheduler,
-                    "latency": {"kind": "roofline"}},
-    }, "bench/sim_speed.py")
+def scenario(trace: Path, name: str, scheduler: dict[str, Any], *, rate_scale: float = 1.0,
+             cluster: dict[str, Any] | None = None, num_requests: int | None = None) -> Scenario:
+    workload: dict[str, Any] = {"format": "azure", "path": str(trace), "rate_scale": rate_scale}
+    if num_requests is not None:
+        workload["num_requests"] = num_requests
+    return parse_scenario({"name": name, "workload": workload,
+                           "replica": {**REPLICA, "scheduler": scheduler},
+                           "cluster": cluster or {}}, "bench/sim_speed.py")
+
+
+def timed(sc: Scenario) -> tuple[Results, float]:
+    t0 = time.perf_counter()
+    res = run_scenario(sc)
+    return res, time.perf_counter() - t0
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    parser.add_argument("--rate-scale", type=float, default=1.0)
-    args = parser.parse_args()
-
-    table = Table(title=f"{args.trace.name} x{args.rate_scale}, llama-3-8b on h100-sxm, roofline")
-    for col in ("scheduler", "wall s", "requests", "req/wall s", "out tok/wall s", "iterations",
+def speed_table(title: str, runs: list[tuple[str, Scenario]]) -> Table:
+    table = Table(title=title)
+    for col in ("case", "wall s", "requests", "req/wall s", "out tok/wall s", "iterations",
                 "iter/wall s", "peak RSS MB", "P99 TBT ms", "P99 TTFT s"):
         table.add_column(col, justify="right")
-    for name, sched in SCHEDULERS.items():
-        sc = scenario(args.trace, sched, args.rate_scale)
-        t0 = time.perf_counter()
-        res = run_scenario(sc)
-        wall = time.perf_counter() - t0
+    for label, sc in runs:
+        res, wall = timed(sc)
         s = res.summary
         tokens = int(res.requests["num_generated_tokens"].sum())
-        table.add_row(name, f"{wall:.2f}", str(s["requests"]["finished"]),
+        table.add_row(label, f"{wall:.2f}", str(s["requests"]["finished"]),
                       f"{s['requests']['finished'] / wall:,.0f}", f"{tokens / wall:,.0f}",
                       f"{s['num_iterations']:,}", f"{s['num_iterations'] / wall:,.0f}",
                       f"{peak_rss_mb():.0f}", f"{s['tbt_s']['p99'] * 1e3:.1f}",
                       f"{s['ttft_s']['p99']:.3f}")
-    Console(width=160).print(table)
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--skip-scaling", action="store_true")
+    args = parser.parse_args()
+    trace = args.trace
+
+    console.print(speed_table(f"one replica: {trace.name}, llama-3-8b on h100-sxm, roofline", [
+        ("prefill_first", scenario(trace, "pf", {"name": "prefill_first"})),
+        ("chunked_prefill", scenario(trace, "cp", CHUNKED)),
+    ]))
+    disagg = {"prefill": {"replicas": 2, "replica": {**REPLICA, "scheduler": {
+                  "name": "chunked_prefill", "token_budget": 2048, "max_num_seqs": 64}}},
+              "decode": {"replicas": 2, "replica": {**REPLICA, "scheduler": CHUNKED}},
+              "router": {"name": "least_kv_load"}}
+    console.print(speed_table("clusters at 4x the trace's rate", [
+        ("4 colocated chunked", scenario(trace, "c4", CHUNKED, rate_scale=4.0, cluster={
+            "replicas": 4, "router": {"name": "least_kv_load"}})),
+        ("2P+2D disaggregated", scenario(trace, "d4", CHUNKED, rate_scale=4.0, cluster=disagg)),
+    ]))
+    if args.skip_scaling:
+        return
+    console.print(speed_table("scaling with requests: one replica, chunked prefill", [
+        (f"first {n}", scenario(trace, f"n{n}", CHUNKED, num_requests=n))
+        for n in (2500, 5000, 10000, 19366)
+    ]))
+    console.print(speed_table("scaling with replicas: k replicas at k x the rate", [
+        (f"{k} replicas, {k}x", scenario(trace, f"k{k}", CHUNKED, rate_scale=float(k), cluster={
+            "replicas": k, "router": {"name": "least_kv_load"}}))
+        for k in (1, 2, 4, 8)
+    ]))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,48 @@ def simulate(
 
 
 @app.command()
+def compare(
+    comparison: Annotated[Path, typer.Argument(help="comparison YAML: base + variants")],
+    out: Annotated[Path | None, typer.Option(
+        help="directory for each variant's results [default: results/<name>]")] = None,
+) -> None:
+    """Run every variant of a comparison file on the same trace; print one table."""
+    from sim.compare import compare as run_all
+    from sim.compare import load_comparison
+
+    scenarios = load_comparison(comparison)
+    name = next(iter(scenarios.values())).name.split("/")[0]
+    out_dir = out if out is not None else Path("results") / name
+    with console.status(f"running {len(scenarios)} variants"):
+        table, _ = run_all(scenarios, out_dir)
+    Console(width=max(console.width, 150)).print(comparison_table(name, table))
+    console.print(f"results: {out_dir}/<variant>/ and {out_dir}/comparison.csv")
+
+
+def comparison_table(title: str, df: Any) -> Table:
+    table = Table(title=title)
+    columns = (("variant", None), ("pools", None), ("scheduler", None),
+               ("finished", None), ("ttft_p50_s", 1e3), ("ttft_p99_s", 1e3),
+               ("tbt_p50_s", 1e3), ("tbt_p99_s", 1e3), ("e2e_p99_s", 1.0),
+               ("output_tokens_per_s", 1.0), ("slo_attainment", 1.0), ("transfer_p99_s", 1e3))
+    labels = {"ttft_p50_s": "TTFT P50 ms", "ttft_p99_s": "TTFT P99 ms", "tbt_p50_s": "TBT P50 ms",
+              "tbt_p99_s": "TBT P99 ms", "e2e_p99_s": "E2E P99 s", "output_tokens_per_s": "tok/s",
+              "slo_attainment": "SLO met", "transfer_p99_s": "xfer P99 ms"}
+    for key, scale in columns:
+        table.add_column(labels.get(key, key), justify="left" if scale is None else "right")
+    for _, r in df.iterrows():
+        cells = []
+        for key, scale in columns:
+            value = r[key]
+            if scale is None:
+                cells.append(str(value))
+            else:
+                cells.append("-" if value is None or value != value else _fmt(value, scale))
+        table.add_row(*cells)
+    return table
+
+
+@app.command()
 def profile(
     model: Annotated[str, typer.Option(help="model shape to build (see `servesim list`)")] = "tiny",
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",

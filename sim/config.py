@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sim.errors import InputError
 from sim.gpus import GPUS
@@ -20,6 +28,7 @@ from sim.latency import LATENCY_MODELS
 from sim.latency.base import LatencyConfig
 from sim.models import MODELS
 from sim.registry import Registry
+from sim.routers import ROUTERS, RouterConfig
 from sim.schedulers import SCHEDULERS, SchedulerConfig
 from sim.workloads import FORMATS, WorkloadConfig
 
@@ -91,6 +100,60 @@ def _known(registry: Registry[Any], name: str) -> str:
     return name
 
 
+class PoolConfig(_Frozen):
+    """A pool of identical replicas."""
+
+    replicas: int = Field(1, gt=0)
+    replica: ReplicaConfig = Field(default_factory=ReplicaConfig)
+
+
+class LinkConfig(_Frozen):
+    """The network a prefill replica sends KV over. The default is InfiniBand-class: NDR
+    400 Gb/s = 50 GB/s per NIC with a few microseconds of latency. NVLink-class links inside one
+    node move about 450 GB/s per direction (H100 NVLink 4: 900 GB/s both ways together)."""
+
+    bandwidth_gb_s: float = Field(50.0, gt=0, description="GB/s (1e9 bytes/s)")
+    latency_s: float = Field(5e-6, ge=0, description="per transfer")
+
+
+class ClusterConfig(_Frozen):
+    """Colocated: `replicas` copies of the scenario's `replica`. Disaggregated: a `prefill` and
+    a `decode` pool, KV moving between them over `link`s (one per prefill replica)."""
+
+    replicas: int = Field(1, gt=0, description="colocated replicas")
+    router: SerializeAsAny[RouterConfig] = Field(
+        default_factory=lambda: ROUTERS.get("round_robin").Config(name="round_robin"))
+    prefill: PoolConfig | None = None
+    decode: PoolConfig | None = None
+    decode_router: SerializeAsAny[RouterConfig] = Field(
+        default_factory=lambda: ROUTERS.get("least_kv_load").Config(name="least_kv_load"),
+        description="picks the decode replica when a prefill ends")
+    link: LinkConfig = Field(default_factory=LinkConfig)
+    overlap_transfer: bool = Field(
+        False, description="stream KV layer by layer during the prefill; only what is left "
+                           "after it ends is exposed")
+
+    @field_validator("router", "decode_router", mode="before")
+    @classmethod
+    def _router(cls, value: Any) -> Any:
+        return _dispatch(ROUTERS, "name", value)
+
+    @model_validator(mode="after")
+    def _pools(self) -> ClusterConfig:
+        if (self.prefill is None) != (self.decode is None):
+            raise ValueError("a disaggregated cluster needs both a prefill and a decode pool")
+        if self.prefill is not None and self.decode is not None:
+            if self.prefill.replica.model != self.decode.replica.model:
+                raise ValueError("prefill and decode pools must serve the same model")
+            if self.replicas != 1:
+                raise ValueError("give replicas per pool (prefill.replicas, decode.replicas)")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None
+
+
 class SLOConfig(_Frozen):
     ttft_s: float | None = Field(None, gt=0, description="target time to first token")
     tbt_s: float | None = Field(None, gt=0, description="target gap between output tokens")
@@ -101,6 +164,7 @@ class Scenario(_Frozen):
     seed: int = Field(0, ge=0)
     workload: SerializeAsAny[WorkloadConfig]
     replica: ReplicaConfig = Field(default_factory=ReplicaConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     slo: SLOConfig = Field(default_factory=SLOConfig)
     horizon_s: float | None = Field(
         None, gt=0, description="stop here; requests not done are reported unfinished"
@@ -142,13 +206,22 @@ def _resolve_paths(scenario: Scenario, base_dir: Path) -> Scenario:
         updates["lengths"] = lengths.model_copy(update={"file": (base_dir / file).resolve()})
     if updates:
         scenario = scenario.model_copy(update={"workload": workload.model_copy(update=updates)})
-    latency = scenario.replica.latency
-    latency_path = getattr(latency, "path", None)
-    if isinstance(latency_path, Path) and not latency_path.is_absolute():
-        latency = latency.model_copy(update={"path": (base_dir / latency_path).resolve()})
-        replica = scenario.replica.model_copy(update={"latency": latency})
-        scenario = scenario.model_copy(update={"replica": replica})
+    scenario = scenario.model_copy(update={"replica": _resolve_latency(scenario.replica, base_dir)})
+    cluster = scenario.cluster
+    if cluster.prefill is not None and cluster.decode is not None:
+        pools = {name: pool.model_copy(update={"replica": _resolve_latency(pool.replica, base_dir)})
+                 for name, pool in (("prefill", cluster.prefill), ("decode", cluster.decode))}
+        scenario = scenario.model_copy(update={"cluster": cluster.model_copy(update=pools)})
     return scenario
+
+
+def _resolve_latency(replica: ReplicaConfig, base_dir: Path) -> ReplicaConfig:
+    latency = replica.latency
+    path = getattr(latency, "path", None)
+    if isinstance(path, Path) and not path.is_absolute():
+        latency = latency.model_copy(update={"path": (base_dir / path).resolve()})
+        replica = replica.model_copy(update={"latency": latency})
+    return replica
 
 
 def read_yaml(path: Path) -> Any:

@@ -14,6 +14,7 @@ COLUMNS = {
     "num_seqs": "q",
     "num_kv_blocks_used": "q",
     "num_preempted": "q",
+    "num_waiting": "q",  # queue length when the iteration was scheduled
 }
 
 
@@ -28,7 +29,7 @@ class IterationLog:
 
     def append(self, start_s: float, duration_s: float, num_prefill_tokens: int,
                num_decode_tokens: int, num_seqs: int, num_kv_blocks_used: int,
-               num_preempted: int) -> int:
+               num_preempted: int, num_waiting: int) -> int:
         """Add one iteration; return its number."""
         c = self.columns
         index = len(c["start_s"])
@@ -39,6 +40,7 @@ class IterationLog:
         c["num_seqs"].append(num_seqs)
         c["num_kv_blocks_used"].append(num_kv_blocks_used)
         c["num_preempted"].append(num_preempted)
+        c["num_waiting"].append(num_waiting)
         return index
 
     def extend_decodes(self, start_s: np.ndarray, duration_s: np.ndarray, num_seqs: int,
@@ -55,6 +57,7 @@ class IterationLog:
         c["num_kv_blocks_used"].frombytes(
             np.ascontiguousarray(num_kv_blocks_used, dtype=np.int64).tobytes())
         c["num_preempted"].frombytes(bytes(8 * k))
+        c["num_waiting"].frombytes(bytes(8 * k))  # a stretch runs only while nothing waits
         return index
 
     def end_s(self) -> np.ndarray:

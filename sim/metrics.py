@@ -87,3 +87,35 @@ def slo_attainment(requests: pd.DataFrame, tbt_gaps_s: np.ndarray, slo: SLOConfi
     if out:
         out["all_attainment"] = float(ok.mean())
     return out
+
+
+def replica_stats(iterations: pd.DataFrame, num_kv_blocks: dict[int, int], span_s: float
+                  ) -> list[dict[str, Any]]:
+    """Per replica: iterations, busy fraction, queue length and KV utilisation over its
+    iterations (time-weighted by iteration duration)."""
+    out = []
+    by_replica = dict(list(iterations.groupby("replica_id", sort=True)))
+    for replica_id in sorted(num_kv_blocks):
+        its = by_replica.get(replica_id, iterations.iloc[:0])
+        duration = its["duration_s"].to_numpy()
+        busy_s = float(duration.sum())
+        weights = duration / busy_s if busy_s > 0 else np.ones_like(duration)
+        kv = its["num_kv_blocks_used"].to_numpy() / num_kv_blocks[replica_id]
+        waiting = its["num_waiting"].to_numpy()
+        out.append({
+            "replica_id": replica_id,
+            "pool": str(its["pool"].iloc[0]) if len(its) else None,
+            "num_iterations": len(its),
+            "busy_fraction": busy_s / span_s if span_s > 0 else None,
+            "mean_queue_length": float((waiting * weights).sum()) if len(its) else None,
+            "max_queue_length": int(waiting.max()) if len(its) else 0,
+            "mean_kv_utilization": float((kv * weights).sum()) if len(its) else None,
+            "max_kv_utilization": float(kv.max()) if len(its) else None,
+        })
+    return out
+
+
+def transfer_stats(requests: pd.DataFrame) -> dict[str, Any]:
+    """Disaggregated serving: how long KV waited for decode capacity and how long it moved."""
+    return {"decode_wait_s": distribution(requests["decode_wait_s"]),
+            "transfer_s": distribution(requests["transfer_s"])}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 class Status(enum.Enum):
     WAITING = "waiting"  # queued (new or preempted), holds no KV blocks
     RUNNING = "running"  # admitted, holds KV blocks
+    TRANSFERRING = "transferring"  # prefilled on a prefill replica; KV on its way to a decode one
     FINISHED = "finished"
     REJECTED = "rejected"  # can never be served; `reason` says why
 
@@ -35,13 +36,18 @@ class Request:
     reason: str | None = None
     num_preemptions: int = 0
     num_recomputed_tokens: int = 0  # KV tokens dropped by preemption and computed again
-    replica_id: int = -1
+    replica_id: int = -1  # where it runs now (the decode replica, once transferred)
+    prefill_replica_id: int = -1  # where it arrived
     first_scheduled_s: float | None = None
     finish_s: float | None = None
+    # Disaggregated serving: prefill done, KV transfer started (decode blocks reserved) and done.
+    prefill_end_s: float | None = None
+    transfer_start_s: float | None = None
+    transfer_end_s: float | None = None
     # Token times are kept as runs of consecutive iteration indices, not one object per token:
-    # `token_runs` holds closed (first_iter, end_iter) runs; the open run is
-    # [run_start_iter, last_token_iter + 1).
-    token_runs: list[tuple[int, int]] = field(default_factory=list)
+    # `token_runs` holds closed (replica_id, first_iter, end_iter) runs; the open run, on
+    # `replica_id`, is [run_start_iter, last_token_iter + 1).
+    token_runs: list[tuple[int, int, int]] = field(default_factory=list)
     run_start_iter: int = -1
     last_token_iter: int = -2
 
@@ -78,11 +84,18 @@ class Request:
 
     def close_token_run(self) -> None:
         if self.run_start_iter >= 0:
-            self.token_runs.append((self.run_start_iter, self.last_token_iter + 1))
+            self.token_runs.append((self.replica_id, self.run_start_iter, self.last_token_iter + 1))
             self.run_start_iter = -1
 
-    def all_token_runs(self) -> list[tuple[int, int]]:
-        """Closed runs plus the open one."""
+    def move_to(self, replica_id: int) -> None:
+        """Continue on another replica, whose iterations are numbered apart."""
+        self.close_token_run()
+        self.replica_id = replica_id
+        self.last_token_iter = -2
+
+    def all_token_runs(self) -> list[tuple[int, int, int]]:
+        """Closed runs plus the open one, as (replica_id, first_iter, end_iter)."""
         if self.run_start_iter >= 0:
-            return [*self.token_runs, (self.run_start_iter, self.last_token_iter + 1)]
+            return [*self.token_runs,
+                    (self.replica_id, self.run_start_iter, self.last_token_iter + 1)]
         return list(self.token_runs)

@@ -15,16 +15,16 @@ UNFINISHED = "unfinished"
 
 def token_times(requests: Sequence[Request], logs: Sequence[IterationLog]
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Every sampled token's time, grouped by request in order: (request position, time_s)."""
+    """Every sampled token's time, grouped by request in order: (request position, time_s).
+    `logs[i]` is replica i's."""
     offsets = np.cumsum([0] + [len(log) for log in logs])
     end_s = np.concatenate([log.end_s() for log in logs]) if logs else np.zeros(0)
     starts: list[int] = []
     lengths: list[int] = []
     owners: list[int] = []
     for pos, req in enumerate(requests):
-        base = int(offsets[req.replica_id]) if req.replica_id >= 0 else 0
-        for first, end in req.all_token_runs():
-            starts.append(base + first)
+        for replica_id, first, end in req.all_token_runs():
+            starts.append(int(offsets[replica_id]) + first)
             lengths.append(end - first)
             owners.append(pos)
     lengths_a = np.asarray(lengths, dtype=np.int64)
@@ -59,7 +59,10 @@ def request_frame(requests: Sequence[Request], owner: np.ndarray, times: np.ndar
     status = [_status(r) for r in requests]
     frame = pd.DataFrame({
         "request_id": np.array([r.request_id for r in requests], dtype=np.int64),
-        "replica_id": np.array([r.replica_id for r in requests], dtype=np.int64),
+        "replica_id": np.array([r.prefill_replica_id for r in requests], dtype=np.int64),
+        "decode_replica_id": np.array(
+            [r.replica_id if r.transfer_end_s is not None else -1 for r in requests],
+            dtype=np.int64),
         "arrival_s": arrival,
         "num_prompt_tokens": np.array([r.num_prompt_tokens for r in requests], dtype=np.int64),
         "num_output_tokens": np.array([r.num_target_output_tokens for r in requests],
@@ -82,15 +85,28 @@ def request_frame(requests: Sequence[Request], owner: np.ndarray, times: np.ndar
     with np.errstate(invalid="ignore", divide="ignore"):
         frame["tpot_s"] = np.where(counts > 1, (last_token - first_token) / (counts - 1), np.nan)
     frame["max_tbt_s"] = max_gap
+    prefill_end = np.array([_nan(r.prefill_end_s) for r in requests])
+    transfer_start = np.array([_nan(r.transfer_start_s) for r in requests])
+    transfer_end = np.array([_nan(r.transfer_end_s) for r in requests])
+    frame["prefill_end_s"] = prefill_end
+    frame["transfer_start_s"] = transfer_start
+    frame["transfer_end_s"] = transfer_end
+    frame["decode_wait_s"] = transfer_start - prefill_end  # waiting for decode KV blocks
+    frame["transfer_s"] = transfer_end - transfer_start  # link queueing and wire time
     return frame, gaps
 
 
-def iteration_frame(logs: Sequence[IterationLog]) -> pd.DataFrame:
+POOLS = ["colocated", "prefill", "decode"]
+
+
+def iteration_frame(logs: Sequence[IterationLog], pools: Sequence[str]) -> pd.DataFrame:
+    """Every replica's iterations; `pools[i]` is replica i's pool."""
     parts = []
-    for replica_id, log in enumerate(logs):
+    for replica_id, (log, pool) in enumerate(zip(logs, pools, strict=True)):
         part = pd.DataFrame(log.arrays())
         part.insert(0, "replica_id", np.int64(replica_id))
-        part.insert(1, "iteration", np.arange(len(log), dtype=np.int64))
+        part.insert(1, "pool", pd.Series(pd.Categorical([pool] * len(log), categories=POOLS)))
+        part.insert(2, "iteration", np.arange(len(log), dtype=np.int64))
         parts.append(part)
     return pd.concat(parts, ignore_index=True)
 
@@ -117,6 +133,8 @@ def _reason(req: Request) -> str:
         return "queued at horizon"
     if req.status is Status.RUNNING:
         return "running at horizon"
+    if req.status is Status.TRANSFERRING:
+        return "transferring at horizon"
     return ""
 
 

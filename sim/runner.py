@@ -9,20 +9,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import simpy
 
+from sim.cluster import Cluster
 from sim.config import ReplicaConfig, Scenario, load_scenario, scenario_yaml
-from sim.engine import Progress, Replica, simulate
-from sim.errors import InputError
-from sim.gpus import GPUS
-from sim.kv_cache import KVCacheManager
-from sim.latency import LATENCY_MODELS, LatencyModel
-from sim.metrics import summarize
-from sim.models import MODELS, ModelShape
+from sim.engine import Progress
+from sim.metrics import replica_stats, summarize, transfer_stats
 from sim.request import Request
 from sim.results import iteration_frame, request_frame, token_frame, token_times
-from sim.schedulers import SCHEDULERS
-from sim.state import ReplicaState
 from sim.workloads import FORMATS, Workload, select
 
 
@@ -55,25 +48,12 @@ def load_workload(scenario: Scenario, base_dir: Path | None = None) -> Workload:
     return select(full, cfg)
 
 
-def kv_cache_for(cfg: ReplicaConfig, model: ModelShape) -> KVCacheManager:
-    """The replica's KV cache: the blocks given, or what GPU memory holds after the weights."""
-    kv = cfg.kv_cache
-    if kv.num_blocks is not None:
-        return KVCacheManager(kv.num_blocks, kv.block_size)
-    gpu = GPUS.get(cfg.gpu)
-    free_bytes = (gpu.memory_bytes * kv.gpu_memory_utilization - model.weight_bytes
-                  - kv.activation_reserve_gb * 1e9)
-    num_blocks = int(free_bytes // (kv.block_size * model.kv_bytes_per_token))
-    if num_blocks <= 0:
-        raise InputError(None, "replica.kv_cache", f"{cfg.model} on {cfg.gpu}",
-                         f"no room for KV: weights take {model.weight_bytes / 1e9:.1f} GB of "
-                         f"{gpu.memory_bytes * kv.gpu_memory_utilization / 1e9:.1f} GB usable")
-    return KVCacheManager(num_blocks, kv.block_size)
-
-
-def latency_model_for(cfg: ReplicaConfig) -> LatencyModel:
-    model, gpu = MODELS.get(cfg.model), GPUS.get(cfg.gpu)
-    return LATENCY_MODELS.get(cfg.latency.kind)(cfg.latency, model, gpu)
+def pool_configs(scenario: Scenario) -> dict[str, ReplicaConfig]:
+    """Each pool's replica configuration: one colocated pool, or prefill and decode."""
+    cluster = scenario.cluster
+    if cluster.prefill is not None and cluster.decode is not None:
+        return {"prefill": cluster.prefill.replica, "decode": cluster.decode.replica}
+    return {"colocated": scenario.replica}
 
 
 def make_requests(workload: Workload) -> list[Request]:
@@ -105,34 +85,35 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     if late:
         requests = requests[: len(requests) - len(late)]
 
-    cfg = scenario.replica
-    model = MODELS.get(cfg.model)
-    env = simpy.Environment()
-    scheduler = SCHEDULERS.get(cfg.scheduler.name)(cfg.scheduler)
-    state = ReplicaState(kv_cache_for(cfg, model))
-    latency = latency_model_for(cfg)
-    replica = Replica(env, 0, scheduler, latency, state,
-                      horizon_s=horizon_s, fast_forward=fast_forward)
-    simulate(env, requests, replica.submit, horizon_s, on_progress)
-    state.check()
+    cluster = Cluster(scenario, fast_forward=fast_forward)
+    cluster.run(requests, on_progress)
 
-    owner, times = token_times(requests, [replica.log])
+    logs = [replica.log for replica in cluster.replicas]
+    owner, times = token_times(requests, logs)
     request_df, gaps = request_frame(requests, owner, times)
-    iteration_df = iteration_frame([replica.log])
+    iteration_df = iteration_frame(logs, [r.pool for r in cluster.replicas])
     summary = summarize(request_df, iteration_df, gaps, scenario.slo)
     summary["requests"]["arrived_after_horizon"] = len(late)
+    capacity = {r.replica_id: r.state.kv.num_blocks for r in cluster.replicas}
+    summary["replicas"] = replica_stats(iteration_df, capacity, summary["throughput"]["span_s"])
+    if cluster.decode:
+        summary["transfer"] = transfer_stats(request_df)
+    pools = pool_configs(scenario)
+    first = cluster.replicas[0]
     summary["run"] = {
         "scenario": scenario.name,
         "seed": scenario.seed,
-        "model": cfg.model,
-        "gpu": cfg.gpu,
-        "scheduler": cfg.scheduler.name,
-        "latency": cfg.latency.kind,
-        "num_kv_blocks": state.kv.num_blocks,
-        "kv_block_size": state.kv.block_size,
+        "model": next(iter(pools.values())).model,
+        "gpu": "/".join(cfg.gpu for cfg in pools.values()),
+        "scheduler": "/".join(cfg.scheduler.name for cfg in pools.values()),
+        "latency": "/".join(cfg.latency.kind for cfg in pools.values()),
+        "pools": {pool: sum(r.pool == pool for r in cluster.replicas) for pool in pools},
+        "router": scenario.cluster.router.name,
+        "num_kv_blocks": first.state.kv.num_blocks,
+        "kv_block_size": first.state.kv.block_size,
         "horizon_s": horizon_s,
     }
-    summary["latency_model"] = latency.describe()
+    summary["latency_model"] = first.latency.describe()
     tokens = token_frame(requests, owner, times) if scenario.record_token_times else None
     results = Results(scenario, request_df, iteration_df, tokens, summary)
     if out_dir is not None:

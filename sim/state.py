@@ -16,11 +16,19 @@ from sim.request import Request, Status
 class ReplicaState:
     """Waiting queue (FCFS, preempted requests at the front), running list (admission order), KV."""
 
-    def __init__(self, kv: KVCacheManager) -> None:
+    def __init__(self, kv: KVCacheManager, prefill_only: bool = False) -> None:
         self.kv = kv
+        # A prefill replica of a disaggregated cluster: a request leaves `running` after its
+        # first token, keeping its KV blocks until the transfer to a decode replica is done.
+        self.prefill_only = prefill_only
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_transferring = 0  # handed off, KV still held here
         self.requests: dict[int, Request] = {}  # every request this replica has held
+
+    def num_kv_tokens_needed(self, req: Request) -> int:
+        """KV slots `req` needs here at its largest: its prompt on a prefill replica."""
+        return req.num_prompt_tokens if self.prefill_only else req.num_max_kv_tokens
 
     def add(self, req: Request) -> None:
         self.requests[req.request_id] = req
@@ -46,8 +54,9 @@ class ReplicaState:
         self.waiting.appendleft(req)
 
     def commit(self, plan: Plan, iteration: int, start_s: float, end_s: float) -> list[Request]:
-        """Apply an iteration that ran from `start_s` to `end_s`; return those it finished."""
-        finished: list[Request] = []
+        """Apply an iteration that ran from `start_s` to `end_s`; return the requests that left
+        the running list: finished, or (on a prefill replica) prefilled and handed off."""
+        done: list[Request] = []
         requests = self.requests
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
@@ -57,11 +66,22 @@ class ReplicaState:
             if req.num_computed_tokens == req.num_tokens:  # caught up: sample one token
                 req.num_output_tokens += 1
                 req.record_token(iteration)
-                if req.num_output_tokens == req.num_target_output_tokens:
-                    finished.append(req)
-        for req in finished:
-            self.finish(req, end_s)
-        return finished
+                if req.num_output_tokens == req.num_target_output_tokens or self.prefill_only:
+                    done.append(req)
+        for req in done:
+            if req.num_output_tokens == req.num_target_output_tokens:
+                self.finish(req, end_s)
+            else:
+                self.running.remove(req)
+                req.status = Status.TRANSFERRING
+                req.prefill_end_s = end_s
+                self.num_transferring += 1
+        return done
+
+    def release(self, req: Request) -> None:
+        """A handed-off request's KV has reached its decode replica: free its blocks here."""
+        self.kv.free(req)
+        self.num_transferring -= 1
 
     def finish(self, req: Request, end_s: float) -> None:
         self.running.remove(req)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from sim.kv_cache import KVCacheManager
 from sim.plan import Plan
@@ -68,3 +69,10 @@ class Stepper:
 
 def is_finished(req: Request) -> bool:
     return req.status is Status.FINISHED
+
+
+# CI runs the property tests on a fixed set of examples, so a pass or a failure repeats;
+# locally, hypothesis explores new examples on every run.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")

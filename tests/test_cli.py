@@ -12,6 +12,7 @@ import pytest
 
 from sim import Results, load_scenario, run_scenario
 from sim.cli import main
+from sim.compare import compare, load_comparison
 from tests.conftest import REPO
 
 
@@ -81,10 +82,70 @@ def test_python_api_returns_results():
     assert results.summary["run"]["seed"] == 7
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "scenarios").glob("*.yaml")), ids=lambda p: p.name)
+def first_requests(scenario, n: int = 300):
+    """Keep a test short: the first few hundred requests of a scenario."""
+    workload = scenario.workload.model_copy(update={"num_requests": n})
+    return scenario.model_copy(update={"workload": workload})
+
+
+SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if "variants:" not in p.read_text()],
+                         ids=lambda p: p.name)
 def test_shipped_scenarios_run(path: Path, traces):
-    scenario = load_scenario(path)
-    # Keep the test short: the first few hundred requests of each.
-    workload = scenario.workload.model_copy(update={"num_requests": 300})
-    results = run_scenario(scenario.model_copy(update={"workload": workload}))
+    results = run_scenario(first_requests(load_scenario(path)))
     assert results.summary["requests"]["finished"] + results.summary["requests"]["rejected"] == 300
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if "variants:" in p.read_text()],
+                         ids=lambda p: p.name)
+def test_shipped_comparisons_run(path: Path, traces, tmp_path):
+    scenarios = {k: first_requests(s) for k, s in load_comparison(path).items()}
+    table, results = compare(scenarios, tmp_path)
+    assert len(table) == len(scenarios) >= 3
+    assert (table["finished"] == 300).all()
+    assert (tmp_path / "comparison.csv").is_file()
+    for variant in scenarios:
+        assert (tmp_path / variant / "summary.json").is_file()
+
+
+COMPARISON = """
+name: cmp
+base:
+  workload:
+    format: synthetic
+    num_requests: 60
+    arrivals: {qps: 20}
+    lengths:
+      prompt: {dist: uniform, low: 100, high: 2000}
+      output: {dist: uniform, low: 5, high: 60}
+  replica: {scheduler: {name: chunked_prefill, token_budget: 256}}
+variants:
+  colocated: {cluster: {replicas: 2}}
+  first: {cluster: {replicas: 2}, replica: {scheduler: {name: prefill_first}}}
+  split: {cluster: {prefill: {replicas: 1}, decode: {replicas: 1}}}
+"""
+
+
+def test_compare_command_prints_one_table(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "cmp.yaml"
+    path.write_text(COMPARISON)
+    code, out = cli(monkeypatch, capsys, "compare", str(path), "--out", str(tmp_path / "r"))
+    assert code == 0
+    for text in ("colocated", "first", "split", "1P+1D", "TBT P99 ms", "xfer P99 ms"):
+        assert text in out
+    rows = pd.read_csv(tmp_path / "r" / "comparison.csv")
+    assert rows["scheduler"].tolist() == ["chunked_prefill", "prefill_first",
+                                          "chunked_prefill/chunked_prefill"]
+
+
+def test_bad_comparison_names_the_variant(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "cmp.yaml"
+    path.write_text(COMPARISON.replace("colocated: {cluster: {replicas: 2}}",
+                                       "colocated: {cluster: {replicas: 0}}"))
+    monkeypatch.setattr(sys, "argv", ["servesim", "compare", str(path)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    assert "variants.colocated.cluster.replicas=0" in capsys.readouterr().err

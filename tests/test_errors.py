@@ -115,3 +115,36 @@ def test_the_installed_command_reports_errors_the_same_way(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sim", "simulate", str(path)],
                           capture_output=True, text=True, timeout=120)
     assert_one_line_error(proc.returncode, proc.stderr, "sead")
+
+
+CLUSTER_CASES = {
+    "zero replicas in a pool": (
+        "cluster: {prefill: {replicas: 0}, decode: {replicas: 1}}\n",
+        ["cluster.prefill.replicas", "=0", "greater than 0"]),
+    "link without bandwidth": (
+        "cluster: {prefill: {replicas: 1}, decode: {replicas: 1}, link: {bandwidth_gb_s: 0}}\n",
+        ["cluster.link.bandwidth_gb_s", "=0"]),
+    "only a prefill pool": ("cluster: {prefill: {replicas: 1}}\n", ["cluster", "decode pool"]),
+    "unknown router": ("cluster: {replicas: 2, router: {name: fastest}}\n",
+                       ["cluster.router", "fastest", "least_kv_load"]),
+    "pools of different models": (
+        "cluster: {prefill: {replica: {model: llama-2-7b}}, decode: {replica: {model: tiny}}}\n",
+        ["cluster", "same model"]),
+}
+
+
+@pytest.mark.parametrize("case", CLUSTER_CASES)
+def test_bad_cluster(tmp_path, monkeypatch, capsys, case):
+    text, needles = CLUSTER_CASES[case]
+    path = scenario_file(tmp_path, vidur(trace_file(tmp_path), text))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
+    assert_one_line_error(code, err, str(path), *needles)
+
+
+def test_pool_model_that_does_not_fit_its_gpu(tmp_path, monkeypatch, capsys):
+    text = ("cluster:\n  prefill: {replicas: 1}\n"
+            "  decode: {replicas: 1, replica: {gpu: a100-80gb, kv_cache: "
+            "{gpu_memory_utilization: 0.2}}}\n")
+    path = scenario_file(tmp_path, vidur(trace_file(tmp_path), text))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
+    assert_one_line_error(code, err, "cluster.decode.replica.kv_cache", "no room for KV")

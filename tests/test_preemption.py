@@ -11,7 +11,7 @@ from tests.conftest import Stepper, is_finished, make_request, make_state
 
 
 def token_iterations(req) -> list[int]:
-    return [i for first, end in req.all_token_runs() for i in range(first, end)]
+    return [i for _, first, end in req.all_token_runs() for i in range(first, end)]
 
 
 def test_newest_request_is_preempted_by_recompute_and_resumes():
@@ -67,17 +67,18 @@ def test_mini_sglang_reservation_admits_only_what_can_finish():
 def test_request_that_can_never_fit_is_rejected_with_a_reason():
     kv = KVCacheManager(num_blocks=4, block_size=16)  # 64 slots
     sched = ChunkedPrefill(ChunkedPrefillConfig(name="chunked_prefill"))
-    assert sched.reject_reason(make_request(0, prompt=60, output=5), kv) is None
-    reason = sched.reject_reason(make_request(1, prompt=60, output=6), kv)
+    a, b = make_request(0, prompt=60, output=5), make_request(1, prompt=60, output=6)
+    assert sched.reject_reason(a, kv, a.num_max_kv_tokens) is None
+    reason = sched.reject_reason(b, kv, b.num_max_kv_tokens)
     assert reason is not None and "65" in reason and "64" in reason
 
 
 def test_prefill_first_rejects_prompts_over_its_batch_limit():
     kv = KVCacheManager(num_blocks=100, block_size=16)
     sched = PrefillFirst(PrefillFirstConfig(name="prefill_first", max_num_batched_tokens=512))
-    assert sched.reject_reason(make_request(0, prompt=500, output=13), kv) is None
+    assert sched.reject_reason(make_request(0, prompt=500, output=13), kv, 512) is None
     assert "max_num_batched_tokens" in sched.reject_reason(make_request(1, prompt=500, output=14),
-                                                            kv)
+                                                            kv, 513)
 
 
 def test_blocks_are_conserved_and_freed():

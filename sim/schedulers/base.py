@@ -49,12 +49,11 @@ class Scheduler(ABC):
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
         """Build the next iteration's plan; allocate its KV blocks; preempt if it must."""
 
-    def reject_reason(self, req: Request, kv: KVCacheManager) -> str | None:
-        """Why `req` can never be served on a replica with this KV cache, or None if it can."""
-        if req.num_max_kv_tokens > kv.capacity_tokens:
-            return (
-                f"needs {req.num_max_kv_tokens} KV slots, replica holds {kv.capacity_tokens}"
-            )
+    def reject_reason(self, req: Request, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
+        """Why `req`, needing `num_kv_tokens` KV slots at most, can never be served on a replica
+        with this KV cache; None if it can."""
+        if num_kv_tokens > kv.capacity_tokens:
+            return f"needs {num_kv_tokens} KV slots, replica holds {kv.capacity_tokens}"
         return None
 
     def steady(self, state: ReplicaState, plan: Plan) -> bool:
@@ -110,7 +109,7 @@ def reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> int:
     kv = state.kv
     total = 0
     for req in state.running:
-        future = req.num_max_kv_tokens
+        future = state.num_kv_tokens_needed(req)
         if reserve_tokens is not None:
             future = min(future, req.num_computed_tokens + reserve_tokens)
         total += max(0, cdiv(future, kv.block_size) - kv.num_held_blocks(req.request_id))
@@ -127,7 +126,7 @@ def try_admit(
     next admission), or None if it was not admitted."""
     kv = state.kv
     after = req.num_computed_tokens + num_tokens
-    future = req.num_max_kv_tokens
+    future = state.num_kv_tokens_needed(req)
     if reserve_tokens is not None:
         future = min(future, after + reserve_tokens)
     own_future = max(0, cdiv(future, kv.block_size) - cdiv(after, kv.block_size))

@@ -32,13 +32,13 @@ class PrefillFirst(Scheduler):
     Config = PrefillFirstConfig
     config: PrefillFirstConfig
 
-    def reject_reason(self, req: Request, kv: KVCacheManager) -> str | None:
+    def reject_reason(self, req: Request, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
         budget = self.config.max_num_batched_tokens
         # As vLLM v0 without chunking, max_num_batched_tokens acts as max_model_len: a preempted
         # request's recompute (prompt plus output so far) must still fit one prefill.
-        if budget is not None and req.num_max_kv_tokens > budget:
-            return f"needs {req.num_max_kv_tokens} tokens, max_num_batched_tokens is {budget}"
-        return super().reject_reason(req, kv)
+        if budget is not None and num_kv_tokens > budget:
+            return f"needs {num_kv_tokens} tokens, max_num_batched_tokens is {budget}"
+        return super().reject_reason(req, kv, num_kv_tokens)
 
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
         cfg = self.config

@@ -1,0 +1,48 @@
+"""The router interface: which replica of a pool gets a request. A pure policy, like a scheduler:
+it sees each replica's load as numbers, never SimPy or the clock."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from sim.registry import Registry
+from sim.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """A replica as a router sees it when a request arrives."""
+
+    num_outstanding: int  # requests queued, running, or on their way to it
+    num_load_tokens: int  # tokens of work queued (still to compute) or resident in its KV
+
+
+class RouterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+
+
+class Router(ABC):
+    Config: ClassVar[type[RouterConfig]] = RouterConfig
+
+    def __init__(self, config: RouterConfig, rng: np.random.Generator) -> None:
+        self.config = config
+        self.rng = rng
+
+    @abstractmethod
+    def choose(self, req: Request, loads: Sequence[ReplicaLoad]) -> int:
+        """Index of the replica (in `loads`) that gets `req`."""
+
+
+ROUTERS: Registry[type[Router]] = Registry("router")
+
+
+def argmin_first(values: Sequence[int]) -> int:
+    """Index of the smallest value; ties go to the lowest index (deterministic)."""
+    return min(range(len(values)), key=values.__getitem__)
