@@ -1,4 +1,4 @@
-"""Run a scenario end to end: load the workload, build the replica, simulate, collect, write."""
+"""Run a scenario end to end: load the workload, build the cluster, simulate, collect, write."""
 
 from __future__ import annotations
 
