@@ -41,16 +41,20 @@ def _torch_setup(device: str, threads: int | None):
 
 def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, holdout: int,
                 seed: int, threads: int | None, max_tokens: int | None,
-                max_context: int | None, max_batch: int | None) -> None:
+                max_context: int | None, max_batch: int | None,
+                attention: str | None = None) -> None:
     """Measure the grid and `holdout` random mixes; resume from `out` if it exists."""
     from dataclasses import replace
 
-    from profiler.measure import default_grid, profile
+    from profiler.measure import default_attention, default_grid, profile
     from profiler.mixes import grid, random_mixes
 
     if model not in MODELS:
         raise InputError(None, "--model", model, f"unknown; known: {', '.join(MODELS.names())}")
     torch, dtype = _torch_setup(device, threads)
+    attention = attention or default_attention(device)
+    if attention == "varlen" and not device.startswith("cuda"):
+        raise InputError(None, "--attention", attention, "varlen needs a CUDA device")
     shape = MODELS.get(model)
     spec = default_grid(shape, device)
     spec = replace(spec, max_tokens=max_tokens or spec.max_tokens,
@@ -63,7 +67,7 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
     with _progress() as progress:
         task = progress.add_task(f"profiling {model} on {device}", total=len(mixes))
         df = profile(shape, device, out, spec, mixes, dtype=dtype, warmup=warmup, reps=reps,
-                     seed=seed, command=command,
+                     seed=seed, command=command, attention=attention,
                      on_progress=lambda done, total: progress.update(task, completed=done,
                                                                      total=total))
     console.print(f"{len(df)} mixes measured -> {out}")
@@ -124,7 +128,8 @@ def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int 
                        if f.name in meta.get("grid", {})})
     rng = np.random.default_rng(seed + 1_000_003)  # a different draw from the profile's
     mixes = random_mixes(spec, num, rng)
-    decoder = Decoder(shape, spec.max_kv_tokens, device=device, dtype=dtype, seed=seed)
+    decoder = Decoder(shape, spec.max_kv_tokens, device=device, dtype=dtype, seed=seed,
+                      attention=meta.get("attention_backend", "sdpa"))
     timer = Timer(device)
     rows = []
     with _progress() as progress:

@@ -60,9 +60,10 @@ class Timer:
         return time.perf_counter() - t0
 
 
-def inputs_for(mix: Mix, vocab_size: int, num_slots: int, rng: np.random.Generator
-               ) -> list[SeqInput]:
-    """Each request gets its own stretch of KV slots, laid out one after another."""
+def inputs_for(mix: Mix, vocab_size: int, num_slots: int, rng: np.random.Generator,
+               block_size: int = 16) -> list[SeqInput]:
+    """Each request gets its own stretch of KV slots, laid out one after another from block
+    boundaries (as a paged cache would hold them)."""
     seqs = []
     offset = 0
     parts = [(c.num_cached_tokens, c.num_new_tokens, c.samples) for c in mix.chunks]
@@ -72,13 +73,14 @@ def inputs_for(mix: Mix, vocab_size: int, num_slots: int, rng: np.random.Generat
             offset = 0  # more KV than the pool: reuse slots (reads stay the stated length)
         ids = torch.from_numpy(rng.integers(0, vocab_size, new))
         seqs.append(SeqInput(offset, cached, ids, samples))
-        offset += cached + new
+        offset += -(-(cached + new) // block_size) * block_size
     return seqs
 
 
 def measure_mix(decoder: Decoder, mix: Mix, timer: Timer, warmup: int, reps: int,
                 rng: np.random.Generator) -> np.ndarray:
-    seqs = inputs_for(mix, decoder.shape.vocab_size, decoder.k_pool[0].shape[0], rng)
+    seqs = inputs_for(mix, decoder.shape.vocab_size, decoder.k_pool[0].shape[0], rng,
+                      decoder.block_size)
     for _ in range(warmup):
         decoder.forward(seqs)
     return np.array([timer(lambda: decoder.forward(seqs)) for _ in range(reps)])
@@ -158,14 +160,28 @@ def load(path: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     return table.to_pandas(), meta
 
 
+def default_attention(device: str) -> str:
+    """varlen (paged FlashAttention) on CUDA where this torch has it; sdpa elsewhere."""
+    if not device.startswith("cuda"):
+        return "sdpa"
+    try:
+        import inspect
+
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return "sdpa"
+    return "varlen" if "block_table" in inspect.signature(varlen_attn).parameters else "sdpa"
+
+
 def profile(shape: ModelShape, device: str, out: Path, spec: GridSpec, mixes: list[tuple[Mix, str]],
             *, dtype: torch.dtype, warmup: int, reps: int, seed: int, command: str,
+            attention: str = "sdpa",
             on_progress: Callable[[int, int], None] | None = None,
             save_every_s: float = 20.0) -> pd.DataFrame:
     """Measure every mix not already in `out` (resume), saving as it goes."""
     metadata = {"model": shape.name, "model_shape": asdict(shape), "grid": asdict(spec),
                 "warmup": warmup, "reps": reps, "seed": seed, "command": command,
-                **environment(device, dtype, "sdpa")}
+                **environment(device, dtype, attention)}
     rows: list[dict[str, Any]] = []
     if out.exists():
         previous, old_meta = load(out)
@@ -181,7 +197,8 @@ def profile(shape: ModelShape, device: str, out: Path, spec: GridSpec, mixes: li
     # Measure in random order: drift of the machine over the run (clocks, heat, neighbours)
     # then spreads over all kinds of mix instead of biasing the last ones measured.
     todo = [todo[i] for i in rng.permutation(len(todo))]
-    decoder = Decoder(shape, spec.max_kv_tokens, device=device, dtype=dtype, seed=seed)
+    decoder = Decoder(shape, spec.max_kv_tokens, device=device, dtype=dtype, seed=seed,
+                      attention=attention)
     timer = Timer(device)
     last_save = time.monotonic()
     for i, (mix, split) in enumerate(todo, start=1):

@@ -4,11 +4,20 @@ forward pass over a mixed batch of prefill chunks and decodes reading a shared K
 Latency does not depend on weight values, so nothing is downloaded. Every request's KV lives in
 its own stretch of slots of one pool per layer, `[slots, kv_heads, head_dim]`: attention reads
 exactly the stated number of cached tokens, and each iteration writes its new tokens' KV.
+
+Attention backends:
+- `sdpa`: one `scaled_dot_product_attention` call per request (bottom-right causal mask for
+  chunks). Portable (CPU and GPU) and the reference, but one launch per request per layer.
+- `varlen`: one call per layer for the whole batch, FlashAttention over the paged pool
+  (`torch.nn.attention.varlen.varlen_attn` with `block_table` and `seqused_k`), as vLLM runs
+  it. CUDA only; its batch metadata is tested on the CPU against `reference_varlen`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +44,18 @@ class Decoder:
     """Weights, KV pool and `forward`. Not a `nn.Module`: inference only, no autograd."""
 
     def __init__(self, shape: ModelShape, num_kv_slots: int, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+                 dtype: torch.dtype = torch.float32, seed: int = 0, attention: str = "sdpa",
+                 block_size: int = 16, varlen_fn: Callable[..., Any] | None = None
+                 ) -> None:
         self.shape = shape
+        self.attention = attention
+        self.block_size = block_size
+        if attention == "varlen" and varlen_fn is None:
+            from torch.nn.attention.varlen import varlen_attn
+
+            varlen_fn = varlen_attn
+        self.varlen_fn = varlen_fn
+        num_kv_slots = -(-num_kv_slots // block_size) * block_size
         self.device = torch.device(device)
         self.dtype = dtype
         gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -79,6 +98,7 @@ class Decoder:
                                         x.kv_offset + x.num_cached + x.num_new)
                            for x in seqs]).to(self.device)
         cos, sin = self._rope(positions)
+        meta = self._varlen_metadata(seqs) if self.attention == "varlen" else None
         hidden = self.embed[ids]
         for i, layer in enumerate(self.layers):
             x = _rms_norm(hidden, layer["norm1"])
@@ -88,7 +108,10 @@ class Decoder:
             k = _apply_rope(k.view(-1, s.num_kv_heads, s.head_dim), cos, sin)
             self.k_pool[i][slots] = k
             self.v_pool[i][slots] = v.view(-1, s.num_kv_heads, s.head_dim)
-            attn = self._attention(q, self.k_pool[i], self.v_pool[i], seqs)
+            if meta is not None:
+                attn = self._attention_varlen(q, self.k_pool[i], self.v_pool[i], meta)
+            else:
+                attn = self._attention(q, self.k_pool[i], self.v_pool[i], seqs)
             hidden = hidden + attn.reshape(-1, s.q_size) @ layer["o"].T
             x = _rms_norm(hidden, layer["norm2"])
             gate, up = (x @ layer["gate_up"].T).chunk(2, dim=-1)
@@ -125,6 +148,58 @@ class Decoder:
             out[start:start + n] = o[0].transpose(0, 1)
             start += n
         return out
+
+
+    def _varlen_metadata(self, seqs: list[SeqInput]) -> dict[str, Any]:
+        """Cumulative query lengths, KV lengths and block tables of the batch (built once per
+        iteration, shared by every layer). Each request's KV starts on a block boundary."""
+        bs = self.block_size
+        num_new = [x.num_new for x in seqs]
+        totals = [x.num_cached + x.num_new for x in seqs]
+        pages = [-(-t // bs) for t in totals]
+        table = torch.zeros(len(seqs), max(pages), dtype=torch.int32)
+        for row, (x, n) in enumerate(zip(seqs, pages, strict=True)):
+            assert x.kv_offset % bs == 0, "varlen needs block-aligned KV"
+            table[row, :n] = torch.arange(x.kv_offset // bs, x.kv_offset // bs + n)
+        cu_q = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+        cu_q[1:] = torch.cumsum(torch.tensor(num_new), 0)
+        return {"cu_seq_q": cu_q.to(self.device), "max_q": max(num_new), "max_k": max(totals),
+                "seqused_k": torch.tensor(totals, dtype=torch.int32, device=self.device),
+                "block_table": table.to(self.device)}
+
+    def _attention_varlen(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                          meta: dict[str, Any]) -> torch.Tensor:
+        assert self.varlen_fn is not None
+        s = self.shape
+        k_paged = k_pool.view(-1, self.block_size, s.num_kv_heads, s.head_dim)
+        v_paged = v_pool.view(-1, self.block_size, s.num_kv_heads, s.head_dim)
+        return self.varlen_fn(q, k_paged, v_paged, meta["cu_seq_q"], None, meta["max_q"],
+                              meta["max_k"], seqused_k=meta["seqused_k"],
+                              block_table=meta["block_table"], window_size=(-1, 0),
+                              enable_gqa=True)
+
+
+def reference_varlen(q: torch.Tensor, k_paged: torch.Tensor, v_paged: torch.Tensor,
+                     cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor | None, max_q: int,
+                     max_k: int, *, seqused_k: torch.Tensor, block_table: torch.Tensor,
+                     window_size: tuple[int, int], enable_gqa: bool) -> torch.Tensor:
+    """What `varlen_attn` computes over a paged KV pool, written with SDPA per request: the
+    CPU stand-in that checks the metadata the varlen backend builds."""
+    assert cu_seq_k is None and window_size == (-1, 0) and enable_gqa
+    out = torch.empty_like(q)
+    heads, dim = k_paged.shape[2], k_paged.shape[3]
+    for i in range(len(seqused_k)):
+        start, end = int(cu_seq_q[i]), int(cu_seq_q[i + 1])
+        total = int(seqused_k[i])
+        pages = block_table[i, : -(-total // k_paged.shape[1])].long()
+        k = k_paged[pages].reshape(-1, heads, dim)[:total].transpose(0, 1)[None]
+        v = v_paged[pages].reshape(-1, heads, dim)[:total].transpose(0, 1)[None]
+        qs = q[start:end].transpose(0, 1)[None]
+        n = end - start
+        mask = causal_lower_right(n, total) if n > 1 else None
+        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, enable_gqa=True)
+        out[start:end] = o[0].transpose(0, 1)
+    return out
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:

@@ -103,6 +103,9 @@ def profile(
     check: Annotated[Path | None, typer.Option(
         help="instead of profiling: measure fresh random mixes against this fitted file")] = None,
     num: Annotated[int, typer.Option(help="mixes for --check")] = 200,
+    attention: Annotated[str | None, typer.Option(
+        help="sdpa (portable) or varlen (paged FlashAttention, CUDA) [default: best here]")
+    ] = None,
     plot: Annotated[Path | None, typer.Option(help="scatter plot for --check (png/svg)")] = None,
 ) -> None:
     """Measure real iterations of a model on a device (needs torch), or --check a fitted model."""
@@ -113,7 +116,7 @@ def profile(
         return
     commands.run_profile(model, device, out, reps=reps, warmup=warmup, holdout=holdout,
                          seed=seed, threads=threads, max_tokens=max_tokens,
-                         max_context=max_context, max_batch=max_batch)
+                         max_context=max_context, max_batch=max_batch, attention=attention)
 
 
 @app.command()

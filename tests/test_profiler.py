@@ -136,3 +136,24 @@ def test_profile_of_another_model_is_not_resumed(tiny_profile, monkeypatch, caps
     assert cli(monkeypatch, "profile", "--model", "llama-2-7b", "--out", str(out)) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "p.parquet: model='tiny'" in err
+
+
+def test_varlen_backend_builds_the_right_paged_batch():
+    """The varlen path (CUDA's paged FlashAttention) builds cumulative lengths and block tables;
+    with the SDPA-based stand-in for the kernel it must give the reference path's logits."""
+    from profiler.measure import inputs_for
+    from profiler.model import reference_varlen
+
+    shape = MODELS.get("tiny")
+    sdpa = Decoder(shape, 8192, seed=3)
+    varlen = Decoder(shape, 8192, seed=3, attention="varlen", varlen_fn=reference_varlen)
+    mix = Mix((Chunk(37, 100), Chunk(20, 0, samples=False)), (5, 300, 16))
+    seqs = inputs_for(mix, shape.vocab_size, 8192, np.random.default_rng(0), block_size=16)
+    assert all(x.kv_offset % 16 == 0 for x in seqs)
+    expected = sdpa.forward(seqs)
+    got = varlen.forward(seqs)
+    assert got.shape == expected.shape == (4, shape.vocab_size)  # no row for the mid chunk
+    assert torch.allclose(got, expected, atol=1e-5)
+    meta = varlen._varlen_metadata(seqs)
+    assert meta["cu_seq_q"].tolist() == [0, 37, 57, 58, 59, 60]
+    assert meta["seqused_k"].tolist() == [137, 20, 6, 301, 17]
