@@ -40,6 +40,8 @@ def simulate(
 
         results = run_scenario(loaded, seed=seed, out_dir=out_dir, on_progress=advance)
     console.print(summary_table(results.summary))
+    if len(results.summary["replicas"]) > 1:
+        console.print(replica_table(results.summary))
     console.print(f"results: {out_dir}/ (requests.parquet, iterations.parquet, summary.json, "
                   "scenario.yaml)")
 
@@ -175,6 +177,30 @@ def summary_table(summary: dict[str, Any]) -> Table:
     for name, value in summary["slo"].items():
         table.add_row(f"SLO {name.removesuffix('_attainment')}", _fmt(value), "met", "", "", "")
     return table
+
+
+def replica_table(summary: dict[str, Any]) -> Table:
+    """Per replica: pool, iterations, busy fraction, queue and KV use; then transfers."""
+    table = Table(title="replicas")
+    for col in ("replica", "pool", "iterations", "busy", "mean queue", "max queue", "mean KV",
+                "max KV"):
+        table.add_column(col, justify="right")
+    for r in summary["replicas"]:
+        table.add_row(str(r["replica_id"]), str(r["pool"]), str(r["num_iterations"]),
+                      _pct(r["busy_fraction"]), _fmt(r["mean_queue_length"]),
+                      str(r["max_queue_length"]), _pct(r["mean_kv_utilization"]),
+                      _pct(r["max_kv_utilization"]))
+    transfer = summary.get("transfer")
+    if transfer:
+        wait, move = transfer["decode_wait_s"], transfer["transfer_s"]
+        table.caption = (f"KV transfer P50/P99: {_fmt(move['p50'], 1e3)}/{_fmt(move['p99'], 1e3)}"
+                         f" ms; waiting for decode KV P50/P99: {_fmt(wait['p50'], 1e3)}/"
+                         f"{_fmt(wait['p99'], 1e3)} ms")
+    return table
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def _fmt(value: float | None, scale: float = 1.0) -> str:
