@@ -89,6 +89,87 @@ def comparison_table(title: str, df: Any) -> Table:
 
 
 @app.command()
+def sweep(
+    sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP", help="sweep YAML")],
+    out: Annotated[Path | None, typer.Option(
+        help="sweep directory [default: results/<name>]")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="local worker processes")] = 1,
+    backend: Annotated[str, typer.Option(help="local or ray")] = "local",
+    address: Annotated[str | None, typer.Option(help="Ray cluster address")] = None,
+) -> None:
+    """Run every point of a sweep (cached: only new or changed points run); one table."""
+    from sim.sweep import load_sweep, run_sweep
+
+    if backend not in ("local", "ray"):
+        raise InputError(None, "--backend", backend, "must be local or ray")
+    name, runs = load_sweep(sweep_file)
+    out_dir = out if out is not None else Path("results") / name
+    with _progress("runs") as progress:
+        task = progress.add_task(f"sweep {name}", total=len(runs))
+        table = run_sweep(runs, out_dir, workers=workers, backend=backend, address=address,
+                          on_progress=lambda done, total: progress.update(
+                              task, completed=done, total=total))
+    shown = [c for c in table.columns if c not in ("key",)][:12]
+    wide = Console(width=max(console.width, 150))
+    wide.print(table[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    console.print(f"results: {out_dir}/results.parquet, results.csv, runs/<key>/")
+
+
+@app.command()
+def capacity(
+    scenario: Annotated[Path | None, typer.Argument(help="scenario YAML [default: embedded]")
+                        ] = None,
+    tbt_p99: Annotated[float | None, typer.Option(help="SLO: P99 TBT, seconds")] = None,
+    ttft_p90: Annotated[float | None, typer.Option(help="SLO: P90 TTFT, seconds")] = None,
+    sched_delay_p50: Annotated[float | None, typer.Option(
+        help="SLO: P50 scheduling delay, seconds")] = None,
+    seeds: Annotated[int, typer.Option(min=1, help="replications (seeds 0..N-1)")] = 1,
+    precision: Annotated[float, typer.Option(help="relative precision of the bisection")] = 0.02,
+) -> None:
+    """Largest arrival rate at which every given SLO holds (expand, then bisect)."""
+    from sim.capacity import SLOTargets
+    from sim.capacity import capacity as search
+
+    targets = SLOTargets(tbt_p99, ttft_p90, sched_delay_p50)
+    if targets == SLOTargets():
+        raise InputError(None, "--tbt-p99/--ttft-p90/--sched-delay-p50", None, "give an SLO")
+    loaded = load_scenario(scenario)
+    with console.status("searching"):
+        result = search(loaded, targets, list(range(seeds)), precision=precision)
+    table = Table(title=f"capacity of {loaded.name} ({result['knob']})")
+    for col in ("seed", "capacity (req/s)", "runs", "first violation above it"):
+        table.add_column(col, justify="right")
+    for c in result["per_seed"]:
+        failing = sorted((t for t in c.trials if not t.ok), key=lambda t: t.rate)
+        table.add_row(str(c.seed), _fmt(c.capacity_qps), str(len(c.trials)),
+                      "; ".join(failing[0].violations) if failing else "-")
+    low, high = result["ci95_qps"]
+    table.caption = (f"capacity {_fmt(result['capacity_qps'])} req/s, 95% CI "
+                     f"[{_fmt(low)}, {_fmt(high)}]")
+    Console(width=max(console.width, 150)).print(table)
+
+
+@app.command()
+def plot(
+    results: Annotated[Path, typer.Argument(help="a run's or a sweep's results directory")],
+    out: Annotated[Path | None, typer.Option(help="figure directory [default: RESULTS/plots]")
+                   ] = None,
+) -> None:
+    """Draw the figures the result files support (PNG and SVG)."""
+    from sim import plots
+
+    if (results / "results.parquet").is_file():
+        files = plots.plot_sweep(results, out)
+    elif (results / "requests.parquet").is_file():
+        files = plots.plot_run(results, out)
+    else:
+        raise InputError(results, "RESULTS", str(results), "no results.parquet or "
+                         "requests.parquet here")
+    for f in files:
+        console.print(str(f))
+
+
+@app.command()
 def profile(
     model: Annotated[str, typer.Option(help="model shape to build (see `servesim list`)")] = "tiny",
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",
@@ -209,9 +290,9 @@ def _fmt(value: float | None, scale: float = 1.0) -> str:
     return f"{value * scale:,.4g}"
 
 
-def _progress() -> Progress:
+def _progress(unit: str = "arrivals") -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}"
-                    "/{task.total} arrivals"), TimeElapsedColumn(), TimeRemainingColumn(),
+                    f"/{{task.total}} {unit}"), TimeElapsedColumn(), TimeRemainingColumn(),
                     console=console, transient=True)
 
 

@@ -63,7 +63,7 @@ CASES = {
                       ["replica.model", "gpt-9", "llama-3-8b"]),
     "budget below max_num_seqs": (
         "workload: {format: vidur, path: x.csv}\n"
-        "replica: {scheduler: {name: chunked_prefill, token_budget: 64}}\n",
+        "replica: {scheduler: {name: chunked_prefill, token_budget: 64, max_num_seqs: 65}}\n",
         ["replica.scheduler", "max_num_seqs"]),
     "negative seed": ("seed: -1\nworkload: {format: vidur, path: x.csv}\n", ["seed", "-1"]),
     "not a mapping": ("- 1\n- 2\n", ["<top level>", "list"]),

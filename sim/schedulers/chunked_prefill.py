@@ -3,6 +3,8 @@ all within a per-iteration token budget."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from sim.plan import Plan
@@ -21,6 +23,17 @@ class ChunkedPrefillConfig(SchedulerConfig):
     token_budget: int = Field(512, gt=0, description="most tokens (prefill + decode) an iteration")
     chunk_size: int | None = Field(None, gt=0, description="largest prefill chunk; default budget")
     max_num_partial_prefills: int = Field(1, gt=0, description="requests prefilling at once")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_max_num_seqs(cls, data: Any) -> Any:
+        # Unless given, as many running requests as the budget has room for decodes (at most
+        # vLLM's 256), so that small budgets (Sarathi-Serve sweeps down to 128) just work.
+        if isinstance(data, dict) and "max_num_seqs" not in data:
+            budget = data.get("token_budget", 512)
+            if isinstance(budget, int) and budget > 0:
+                data = {**data, "max_num_seqs": min(256, budget)}
+        return data
 
     @model_validator(mode="after")
     def _decodes_fit(self) -> ChunkedPrefillConfig:

@@ -1,0 +1,181 @@
+"""Sweeps, capacity search and plots."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.capacity import SLOTargets, capacity, queue_growing, violations, with_rate
+from sim.cli import main
+from sim.config import parse_scenario
+from sim.runner import run_scenario
+from sim.sweep import load_sweep, run_sweep
+
+BASE = """
+name: base
+workload:
+  format: synthetic
+  num_requests: 80
+  arrivals: {qps: 5}
+  lengths:
+    prompt: {dist: uniform, low: 50, high: 1500}
+    output: {dist: uniform, low: 5, high: 80}
+replica:
+  scheduler: {name: chunked_prefill, token_budget: 512}
+slo: {ttft_s: 2.0, tbt_s: 0.1}
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def sweep_file(tmp_path: Path, body: str) -> Path:
+    write(tmp_path, "base.yaml", BASE)
+    return write(tmp_path, "sweep.yaml", "name: sw\nbase: base.yaml\n" + body)
+
+
+def test_grid_zip_and_seeds_expand(tmp_path):
+    path = sweep_file(tmp_path, (
+        "seeds: [0, 1]\n"
+        "grid:\n  replica.scheduler.token_budget: [256, 512, 1024]\n"
+        "zip:\n  workload.arrivals.qps: [2, 8]\n  name: [slow, fast]\n"))
+    name, runs = load_sweep(path)
+    assert name == "sw" and len(runs) == 3 * 2 * 2
+    points = {(r.point["replica.scheduler.token_budget"], r.point["workload.arrivals.qps"],
+               r.point["name"], r.seed) for r in runs}
+    assert (256, 2, "slow", 0) in points and (1024, 8, "fast", 1) in points
+    assert (256, 2, "fast", 0) not in points  # zipped, not crossed
+    run = next(r for r in runs if r.point["name"] == "fast" and r.seed == 1)
+    assert run.scenario.workload.arrivals.qps == 8 and run.scenario.seed == 1
+    assert len({r.key for r in runs}) == len(runs)
+
+
+def test_cache_skips_runs_already_done_and_resumes(tmp_path):
+    path = sweep_file(tmp_path, "grid:\n  replica.scheduler.token_budget: [256, 1024]\n"
+                                "seeds: [0, 1]\n")
+    _, runs = load_sweep(path)
+    out = tmp_path / "out"
+    # An interrupted sweep: only the first run finished.
+    run_sweep(runs[:1], out)
+    calls = []
+    table = run_sweep(runs, out, on_progress=lambda done, total: calls.append(done))
+    assert calls[0] == 1 and calls[-1] == 4  # resumed after the one already done
+    assert len(table) == 4 and set(table["seed"]) == {0, 1}
+    mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
+    calls.clear()
+    run_sweep(runs, out, on_progress=lambda done, total: calls.append(done))
+    assert calls == [4]  # everything cached: nothing ran
+    assert mtimes == {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
+    assert (out / "results.csv").is_file()
+    assert pd.read_parquet(out / "results.parquet").equals(table)
+
+
+def test_parallel_workers_give_the_same_table(tmp_path):
+    path = sweep_file(tmp_path, "grid:\n  replica.scheduler.token_budget: [128, 256, 512]\n")
+    _, runs = load_sweep(path)
+    serial = run_sweep(runs, tmp_path / "serial")
+    parallel = run_sweep(runs, tmp_path / "parallel", workers=2)
+    assert serial.equals(parallel)
+
+
+@pytest.mark.parametrize("body,needles", [
+    ("grid:\n  replica.schedular.token_budget: [256]\n", ["replica.schedular", "Extra inputs"]),
+    ("grid:\n  replica.scheduler.token_budget: []\n", ["grid.replica.scheduler.token_budget",
+                                                     "non-empty"]),
+    ("zip:\n  seed: [1, 2]\n  name: [a]\n", ["zip", "same length"]),
+    ("grid:\n  replica.scheduler.token_budget: [-5]\n", ["replica.scheduler.token_budget",
+                                                       "-5"]),
+])
+def test_bad_sweep_files(tmp_path, monkeypatch, capsys, body, needles):
+    path = sweep_file(tmp_path, body)
+    monkeypatch.setattr(sys, "argv", ["servesim", "sweep", str(path)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1
+    for needle in needles:
+        assert needle in err
+
+
+def test_ray_backend_when_installed(tmp_path):
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'servesim[ray]'")
+    path = sweep_file(tmp_path, "grid:\n  replica.scheduler.token_budget: [256, 512]\n")
+    _, runs = load_sweep(path)
+    table = run_sweep(runs, tmp_path / "ray", backend="ray")
+    assert table.equals(run_sweep(runs, tmp_path / "local"))
+
+
+ONE_AT_A_TIME = {
+    # Requests of one prompt token and one output token, one at a time, 0.1 s each: the
+    # service time is 0.1 s, so the capacity is 10 requests/s. Arrivals nearly periodic.
+    "workload": {"format": "synthetic", "num_requests": 300,
+                 "arrivals": {"process": "gamma", "qps": 3.0, "cv": 0.02},
+                 "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                             "output": {"dist": "fixed", "value": 1}}},
+    "replica": {"scheduler": {"name": "prefill_first", "max_num_seqs": 1},
+                "latency": {"kind": "constant", "iteration_s": 0.1},
+                "kv_cache": {"num_blocks": 100}},
+}
+
+
+def test_capacity_of_one_request_at_a_time_is_one_over_service_time():
+    scenario = parse_scenario(ONE_AT_A_TIME, "test")
+    result = capacity(scenario, SLOTargets(sched_delay_p50_s=0.5), [0, 1], precision=0.01)
+    assert result["knob"] == "qps"
+    assert result["capacity_qps"] == pytest.approx(10.0, rel=0.03)
+    low, high = result["ci95_qps"]
+    assert low <= result["capacity_qps"] <= high
+    trials = result["per_seed"][0].trials
+    assert any(t.ok for t in trials) and any(not t.ok for t in trials)
+
+
+def test_saturation_is_a_violation_even_when_percentiles_pass():
+    scenario = parse_scenario(ONE_AT_A_TIME, "test")
+    over = run_scenario(with_rate(scenario, 12.0, 0))  # 20% over capacity: the queue grows
+    assert queue_growing(over.requests)
+    # TBT is trivially met (one output token each), yet the run must count as a violation.
+    assert violations(over, SLOTargets(tbt_p99_s=0.1)) == ["queue still growing at the end"]
+    under = run_scenario(with_rate(scenario, 8.0, 0))
+    assert not queue_growing(under.requests)
+    assert violations(under, SLOTargets(tbt_p99_s=0.1)) == []
+
+
+def test_capacity_command(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    path = write(tmp_path, "s.yaml", yaml.safe_dump(ONE_AT_A_TIME))
+    monkeypatch.setattr(sys, "argv", ["servesim", "capacity", str(path), "--sched-delay-p50",
+                                      "0.5", "--precision", "0.05"])
+    main()
+    out = capsys.readouterr().out
+    assert "capacity" in out and "95% CI" in out and "queue still growing" in out
+
+
+def test_plots_are_written_for_runs_and_sweeps(tmp_path, monkeypatch, capsys):
+    path = sweep_file(tmp_path, "grid:\n  workload.arrivals.qps: [2, 6]\n"
+                                "  replica.scheduler.token_budget: [256, 1024]\n")
+    _, runs = load_sweep(path)
+    out = tmp_path / "out"
+    run_sweep(runs, out)
+    monkeypatch.setattr(sys, "argv", ["servesim", "plot", str(out)])
+    main()
+    run_dir = next((out / "runs").iterdir())
+    monkeypatch.setattr(sys, "argv", ["servesim", "plot", str(run_dir)])
+    main()
+    for figure in ("p99_tbt_vs_load", "latency_vs_throughput"):
+        for suffix in (".png", ".svg"):
+            assert (out / "plots" / (figure + suffix)).stat().st_size > 5_000
+    for figure in ("cdf", "timeline"):
+        assert (run_dir / "plots" / (figure + ".png")).stat().st_size > 5_000
+    from sim.plots import capacity_bars
+
+    files = capacity_bars({"strict": {"chunked": 3.0, "prefill_first": 1.0},
+                           "relaxed": {"chunked": 5.0, "prefill_first": 4.0}},
+                          tmp_path / "cap")
+    assert all(f.stat().st_size > 5_000 for f in files)
