@@ -216,13 +216,13 @@ def fit(
 
 @app.command("list")
 def list_registered() -> None:
-    """List the schedulers, latency models, workload formats, models and GPUs known by name."""
-    from sim.config import FORMATS, GPUS, LATENCY_MODELS, MODELS, SCHEDULERS
+    """List the schedulers, latency models, workload formats, routers, models and GPUs."""
+    from sim.config import FORMATS, GPUS, LATENCY_MODELS, MODELS, ROUTERS, SCHEDULERS
 
     table = Table(title="registered names")
     table.add_column("kind")
     table.add_column("names")
-    for registry in (SCHEDULERS, LATENCY_MODELS, FORMATS, MODELS, GPUS):
+    for registry in (SCHEDULERS, LATENCY_MODELS, FORMATS, ROUTERS, MODELS, GPUS):
         table.add_row(registry.kind, ", ".join(registry.names()))
     console.print(table)
 

@@ -13,6 +13,7 @@ import pytest
 from sim import Results, load_scenario, run_scenario
 from sim.cli import main
 from sim.compare import compare, load_comparison
+from sim.sweep import Run, load_sweep, run_sweep
 from tests.conftest import REPO
 
 
@@ -91,14 +92,29 @@ def first_requests(scenario, n: int = 300):
 SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("path", [p for p in SHIPPED if "variants:" not in p.read_text()],
+def kind(path: Path) -> str:
+    text = path.read_text()
+    return "comparison" if "variants:" in text else "sweep" if "\ngrid:" in text else "scenario"
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if kind(p) == "scenario"],
                          ids=lambda p: p.name)
 def test_shipped_scenarios_run(path: Path, traces):
     results = run_scenario(first_requests(load_scenario(path)))
     assert results.summary["requests"]["finished"] + results.summary["requests"]["rejected"] == 300
 
 
-@pytest.mark.parametrize("path", [p for p in SHIPPED if "variants:" in p.read_text()],
+@pytest.mark.parametrize("path", [p for p in SHIPPED if kind(p) == "sweep"],
+                         ids=lambda p: p.name)
+def test_shipped_sweeps_run(path: Path, traces, tmp_path):
+    _, runs = load_sweep(path)
+    assert len(runs) >= 6
+    small = [Run(r.point, r.seed, first_requests(r.scenario, 200)) for r in runs[:3]]
+    table = run_sweep(small, tmp_path)
+    assert (table["finished"] == 200).all()
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if kind(p) == "comparison"],
                          ids=lambda p: p.name)
 def test_shipped_comparisons_run(path: Path, traces, tmp_path):
     scenarios = {k: first_requests(s) for k, s in load_comparison(path).items()}
