@@ -96,6 +96,10 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     summary["requests"]["arrived_after_horizon"] = len(late)
     capacity = {r.replica_id: r.state.kv.num_blocks for r in cluster.replicas}
     summary["replicas"] = replica_stats(iteration_df, capacity, summary["throughput"]["span_s"])
+    for stats, replica in zip(summary["replicas"], cluster.replicas, strict=True):
+        # Zero when every request is done: prefill blocks freed after each transfer, decode
+        # blocks at completion.
+        stats["kv_blocks_in_use_at_end"] = replica.state.kv.num_used_blocks
     if cluster.decode:
         summary["transfer"] = transfer_stats(request_df)
     pools = pool_configs(scenario)
