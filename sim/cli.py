@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -93,7 +94,8 @@ def sweep(
     sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP", help="sweep YAML")],
     out: Annotated[Path | None, typer.Option(
         help="sweep directory [default: results/<name>]")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="local worker processes")] = 1,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="local worker processes [default: one per CPU]")] = None,
     backend: Annotated[str, typer.Option(help="local or ray")] = "local",
     address: Annotated[str | None, typer.Option(help="Ray cluster address")] = None,
 ) -> None:
@@ -106,7 +108,8 @@ def sweep(
     out_dir = out if out is not None else Path("results") / name
     with _progress("runs") as progress:
         task = progress.add_task(f"sweep {name}", total=len(runs))
-        table = run_sweep(runs, out_dir, workers=workers, backend=backend, address=address,
+        table = run_sweep(runs, out_dir, workers=workers or os.cpu_count() or 1,
+                          backend=backend, address=address,
                           on_progress=lambda done, total: progress.update(
                               task, completed=done, total=total))
     shown = [c for c in table.columns if c not in ("key",)][:12]

@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
 
 
 def save(fig: Any, path: Path) -> list[Path]:
@@ -135,7 +136,10 @@ def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
         return []
     load = varied[0]
     group = varied[1] if len(varied) > 1 else "seed"
-    files = p99_tbt_vs_load(table, load, group, out_dir / "p99_tbt_vs_load")
+    scenario = yaml.safe_load((sweep_dir / "runs" / table["key"].iloc[0] / "scenario.yaml")
+                              .read_text())
+    slo_s = (scenario.get("slo") or {}).get("tbt_s")
+    files = p99_tbt_vs_load(table, load, group, out_dir / "p99_tbt_vs_load", slo_s=slo_s)
     files += latency_vs_throughput(table, group, out_dir / "latency_vs_throughput")
     return files
 
