@@ -63,7 +63,8 @@ class ReplicaState:
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = start_s
             req.num_computed_tokens += num_tokens
-            if req.num_computed_tokens == req.num_tokens:  # caught up: sample one token
+            # Caught up with prompt plus output (`num_tokens`, inlined: hot loop): sample one.
+            if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens:
                 req.num_output_tokens += 1
                 req.record_token(iteration)
                 if req.num_output_tokens == req.num_target_output_tokens or self.prefill_only:

@@ -49,7 +49,9 @@ class BatchShape:
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
             cached = req.num_computed_tokens
-            if req.is_decoding:
+            num_output = req.num_output_tokens
+            known = req.num_prompt_tokens + num_output
+            if num_output and cached == known - 1:  # `req.is_decoding`, inlined: hot loop
                 shape.num_decode_tokens += 1
                 shape.num_sampled_tokens += 1
                 shape.decode_kv_tokens += cached + 1
@@ -58,7 +60,7 @@ class BatchShape:
             shape.num_prefill_seqs += 1
             shape.prefill_attn_pairs += num_tokens * cached + num_tokens * (num_tokens + 1) // 2
             shape.prefill_kv_tokens += cached + num_tokens
-            if cached + num_tokens == req.num_tokens:
+            if cached + num_tokens == known:
                 shape.num_sampled_tokens += 1
         return shape
 
