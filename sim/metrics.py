@@ -115,6 +115,28 @@ def replica_stats(iterations: pd.DataFrame, num_kv_blocks: dict[int, int], span_
     return out
 
 
+def pool_stats(replicas: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per pool (colocated, prefill, decode): its replicas' figures averaged, maxima kept."""
+    out: dict[str, dict[str, Any]] = {}
+    for pool in sorted({r["pool"] for r in replicas if r["pool"] is not None}):
+        members = [r for r in replicas if r["pool"] == pool]
+
+        def mean(key: str, members: list[dict[str, Any]] = members) -> float | None:
+            values = [r[key] for r in members if r[key] is not None]
+            return float(np.mean(values)) if values else None
+
+        out[pool] = {
+            "num_replicas": len(members),
+            "num_iterations": sum(r["num_iterations"] for r in members),
+            "mean_busy_fraction": mean("busy_fraction"),
+            "mean_queue_length": mean("mean_queue_length"),
+            "max_queue_length": max(r["max_queue_length"] for r in members),
+            "mean_kv_utilization": mean("mean_kv_utilization"),
+            "max_kv_utilization": max((r["max_kv_utilization"] or 0.0) for r in members),
+        }
+    return out
+
+
 def transfer_stats(requests: pd.DataFrame) -> dict[str, Any]:
     """Disaggregated serving: how long KV waited for decode capacity and how long it moved."""
     return {"decode_wait_s": distribution(requests["decode_wait_s"]),

@@ -13,7 +13,7 @@ import pandas as pd
 from sim.cluster import Cluster
 from sim.config import ReplicaConfig, Scenario, load_scenario, scenario_yaml
 from sim.engine import Progress
-from sim.metrics import replica_stats, summarize, transfer_stats
+from sim.metrics import pool_stats, replica_stats, summarize, transfer_stats
 from sim.request import Request
 from sim.results import iteration_frame, request_frame, token_frame, token_times
 from sim.workloads import FORMATS, Workload, select
@@ -100,6 +100,7 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
         # Zero when every request is done: prefill blocks freed after each transfer, decode
         # blocks at completion.
         stats["kv_blocks_in_use_at_end"] = replica.state.kv.num_used_blocks
+    summary["pools"] = pool_stats(summary["replicas"])
     if cluster.decode:
         summary["transfer"] = transfer_stats(request_df)
     pools = pool_configs(scenario)

@@ -64,6 +64,12 @@ def test_one_prefill_one_decode_exact_timestamps(tmp_path):
     assert res.summary["transfer"]["transfer_s"]["max"] == pytest.approx(0.5)
     pools = {r["replica_id"]: r["pool"] for r in res.summary["replicas"]}
     assert pools == {0: "prefill", 1: "decode"}
+    prefill, decode = res.summary["pools"]["prefill"], res.summary["pools"]["decode"]
+    assert (prefill["num_replicas"], prefill["num_iterations"]) == (1, 2)
+    assert decode["num_iterations"] == 2  # [0.75, 1.0] and [1.0, 1.25]
+    # Busy 0.5 s of the 1.25 s from first arrival to last finish, on each side.
+    assert prefill["mean_busy_fraction"] == pytest.approx(0.4)
+    assert decode["mean_busy_fraction"] == pytest.approx(0.4)
 
 
 def test_transfers_from_one_prefill_replica_queue_on_its_link(tmp_path):
