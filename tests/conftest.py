@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
+from sim.cli import main
 from sim.kv_cache import KVCacheManager
 from sim.plan import Plan
 from sim.request import Request, Status
@@ -65,6 +67,23 @@ class Stepper:
         self.state.check()
         self.iteration += 1
         return plan
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["servesim", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    return exc.value.code, capsys.readouterr().err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
 
 
 def is_finished(req: Request) -> bool:

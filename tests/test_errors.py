@@ -8,16 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
+from tests.conftest import assert_one_line_error, run_cli
 
 VALID_TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,2\n0.5,20,3\n"
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["servesim", *args])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    return exc.value.code, capsys.readouterr().err
 
 
 def scenario_file(tmp_path: Path, text: str) -> Path:
@@ -30,16 +23,6 @@ def trace_file(tmp_path: Path, text: str = VALID_TRACE) -> Path:
     path = tmp_path / "trace.csv"
     path.write_text(text)
     return path
-
-
-def assert_one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ")
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
 
 
 def vidur(trace: Path, replica: str = "") -> str:

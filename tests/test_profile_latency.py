@@ -16,7 +16,7 @@ from sim.cli import main
 from sim.gpus import GPUS
 from sim.latency import LATENCY_MODELS, BatchShape
 from sim.models import MODELS
-from tests.conftest import REPO
+from tests.conftest import REPO, assert_one_line_error, run_cli
 
 PROFILES = sorted((REPO / "profiles").glob("*.json"))
 CPU_TINY = REPO / "profiles" / "cpu_tiny.json"
@@ -101,14 +101,9 @@ def test_bad_profiles_give_one_line_errors(tmp_path, monkeypatch, capsys, conten
         profile = tmp_path / "p.json"
         if content != "missing":
             profile.write_text(content)
-    monkeypatch.setattr(sys, "argv", ["servesim", "simulate",
-                                      scenario_with_profile(tmp_path, str(profile), model)])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    err = capsys.readouterr().err.strip()
-    assert exc.value.code == 2 and len(err.splitlines()) == 1
-    for needle in needles:
-        assert needle in err
+    code, err = run_cli(monkeypatch, capsys, "simulate",
+                        scenario_with_profile(tmp_path, str(profile), model))
+    assert_one_line_error(code, err, *needles)
 
 
 def test_fit_rejects_a_file_that_is_not_a_profile(tmp_path, monkeypatch, capsys):

@@ -13,6 +13,7 @@ from sim.cli import main
 from sim.config import parse_scenario
 from sim.runner import run_scenario
 from sim.sweep import load_sweep, run_sweep
+from tests.conftest import assert_one_line_error, run_cli
 
 BASE = """
 name: base
@@ -94,13 +95,8 @@ def test_parallel_workers_give_the_same_table(tmp_path):
 ])
 def test_bad_sweep_files(tmp_path, monkeypatch, capsys, body, needles):
     path = sweep_file(tmp_path, body)
-    monkeypatch.setattr(sys, "argv", ["servesim", "sweep", str(path)])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    err = capsys.readouterr().err.strip()
-    assert exc.value.code == 2 and len(err.splitlines()) == 1
-    for needle in needles:
-        assert needle in err
+    code, err = run_cli(monkeypatch, capsys, "sweep", str(path))
+    assert_one_line_error(code, err, str(path), *needles)
 
 
 def test_ray_backend_when_installed(tmp_path):
