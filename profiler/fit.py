@@ -9,7 +9,7 @@ import pandas as pd
 from scipy.optimize import nnls
 
 from sim.latency.base import BatchShape
-from sim.latency.profile import FORMAT, RANGE_FEATURES, TERMS, knot_basis, token_curve
+from sim.latency.profile import FORMAT, RANGE_FEATURES, TERMS, knot_basis, predict_s
 
 
 def fit(train: pd.DataFrame, knots: list[int] | None = None) -> dict[str, Any]:
@@ -39,10 +39,9 @@ def predict(fitted: dict[str, Any], df: pd.DataFrame) -> np.ndarray:
     shape = BatchShape(**{name: df[name].to_numpy(dtype=np.float64) for name in (
         "num_prefill_tokens", "num_prefill_seqs", "num_decode_tokens", "num_sampled_tokens",
         "prefill_attn_pairs", "prefill_kv_tokens", "decode_kv_tokens")})
-    c = fitted["coef"]
-    curve = token_curve(shape.num_tokens, np.asarray(fitted["knots"]),
-                        np.asarray(fitted["knot_s"]))
-    return curve + sum(c[name] * getattr(shape, name) for name in TERMS)
+    return predict_s(shape, np.asarray(fitted["knots"], dtype=np.float64),
+                     np.asarray(fitted["knot_s"], dtype=np.float64),
+                     [float(fitted["coef"][name]) for name in TERMS])
 
 
 def errors(fitted: dict[str, Any], df: pd.DataFrame) -> dict[str, float]:

@@ -77,7 +77,8 @@ class Cluster:
         """A request arrives: reject it if no decode replica could ever hold it, else route."""
         if self.decode:
             dec = self.decode[0]
-            reason = dec.scheduler.reject_reason(req, dec.state.kv, req.num_max_kv_tokens)
+            reason = dec.scheduler.reject_reason(req, dec.state.kv,
+                                                 dec.state.num_kv_tokens_needed(req))
             if reason is not None:
                 req.status, req.reason = Status.REJECTED, f"decode pool: {reason}"
                 return

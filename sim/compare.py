@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.config import Scenario, parse_scenario, read_yaml
+from sim.config import Scenario, parse_scenario, read_mapping
 from sim.errors import InputError
 from sim.runner import Results, run_scenario
 
@@ -35,10 +35,7 @@ def _renamed(old: dict[str, Any], new: dict[str, Any]) -> bool:
 def load_comparison(path: str | Path) -> dict[str, Scenario]:
     """Each variant of a comparison file as a full scenario, named `<name>/<variant>`."""
     path = Path(path)
-    data = read_yaml(path)
-    if not isinstance(data, dict) or set(data) - {"name", "base", "variants"}:
-        extra = sorted(set(data) - {"name", "base", "variants"}) if isinstance(data, dict) else data
-        raise InputError(path, "<top level>", extra, "a comparison has name, base and variants")
+    data = read_mapping(path, "comparison", {"name", "base", "variants"})
     base, variants = data.get("base"), data.get("variants")
     if not isinstance(base, dict):
         raise InputError(path, "base", base, "must be a scenario mapping")

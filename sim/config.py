@@ -236,6 +236,16 @@ def read_yaml(path: Path) -> Any:
         raise InputError(path, "<yaml>", where, f"malformed YAML: {problem}") from None
 
 
+def read_mapping(path: Path, kind: str, allowed: set[str]) -> dict[str, Any]:
+    """A YAML file that must be a mapping with only `allowed` top-level keys (sweeps,
+    comparisons)."""
+    data = read_yaml(path)
+    if not isinstance(data, dict) or set(data) - allowed:
+        extra = sorted(set(data) - allowed) if isinstance(data, dict) else data
+        raise InputError(path, "<top level>", extra, f"a {kind} has {', '.join(sorted(allowed))}")
+    return data
+
+
 def load_scenario(path: str | Path | None = None) -> Scenario:
     """Load a scenario file, or the embedded default scenario when `path` is None."""
     if path is None:

@@ -14,12 +14,11 @@ import numpy as np
 import simpy
 
 from sim.iteration_log import IterationLog
-from sim.kv_cache import KVCacheManager
 from sim.latency.base import BatchShape, LatencyModel
 from sim.plan import Plan
 from sim.request import Request, Status
 from sim.routers.base import ReplicaLoad
-from sim.schedulers.base import Scheduler, reserved_blocks
+from sim.schedulers.base import Scheduler, future_blocks, reserved_blocks
 from sim.state import ReplicaState
 from sim.stretch import Stretch, commit_stretch, plan_stretch
 
@@ -187,19 +186,13 @@ class Replica:
             if len(state.running) + len(self._incoming) >= cfg.max_num_seqs:
                 return
             reserve = reserved_blocks(state, cap)
-            reserve += sum(_future_blocks(kv, r, cap) for r in self._incoming.values())
-            own_future = _future_blocks(kv, req, cap) - kv.num_blocks_to_grow(req, 0)
+            reserve += sum(future_blocks(state, r, cap) for r in self._incoming.values())
+            own_future = future_blocks(state, req, cap) - kv.num_blocks_to_grow(req, 0)
             if not kv.try_allocate(req, 0, reserve + own_future):
                 return
             self._pending.popleft()
             self._incoming[req.request_id] = req
             event.succeed()
-
-
-def _future_blocks(kv: KVCacheManager, req: Request, cap: int | None) -> int:
-    """Blocks `req` still needs for its remaining output (at most `cap` tokens of it)."""
-    remaining = req.num_remaining_output_tokens
-    return kv.num_blocks_to_grow(req, remaining if cap is None else min(cap, remaining))
 
 
 def feed_arrivals(env: simpy.Environment, requests: list[Request], route: Hook,

@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from sim.config import Scenario, parse_scenario, read_yaml, scenario_yaml
+from sim.config import Scenario, parse_scenario, read_mapping, read_yaml, scenario_yaml
 from sim.errors import InputError
 
 
@@ -61,11 +61,7 @@ def set_path(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
 def load_sweep(path: str | Path) -> tuple[str, list[Run]]:
     """Expand a sweep file into its runs; one-line errors for bad files."""
     path = Path(path)
-    data = read_yaml(path)
-    allowed = {"name", "base", "seeds", "grid", "zip"}
-    if not isinstance(data, dict) or set(data) - allowed:
-        extra = sorted(set(data) - allowed) if isinstance(data, dict) else data
-        raise InputError(path, "<top level>", extra, f"a sweep has {', '.join(sorted(allowed))}")
+    data = read_mapping(path, "sweep", {"name", "base", "seeds", "grid", "zip"})
     base = data.get("base")
     base_dir = path.parent
     if isinstance(base, str):

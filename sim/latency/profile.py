@@ -13,6 +13,7 @@ trusted.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,16 @@ def knot_basis(num_tokens: np.ndarray, knots: np.ndarray) -> np.ndarray:
     return np.stack([token_curve(num_tokens, knots, eye[j]) for j in range(len(knots))], axis=1)
 
 
+def predict_s(shape: BatchShape, knots: np.ndarray, knot_s: np.ndarray,
+              coef: Sequence[float]) -> Num:
+    """The fitted model's time for `shape` (fields scalars or arrays); `coef` in TERMS order."""
+    c = coef
+    return (token_curve(shape.num_tokens, knots, knot_s)
+            + c[0] * shape.prefill_attn_pairs + c[1] * shape.prefill_kv_tokens
+            + c[2] * shape.decode_kv_tokens + c[3] * shape.num_decode_tokens
+            + c[4] * shape.num_prefill_seqs + c[5] * shape.num_sampled_tokens)
+
+
 class ProfileConfig(LatencyConfig):
     path: Path
 
@@ -66,11 +77,7 @@ class ProfileLatency(LatencyModel):
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
         self._count_extrapolation(shape)
-        c = self.coef
-        return (token_curve(shape.num_tokens, self.knots, self.knot_s)
-                + c[0] * shape.prefill_attn_pairs + c[1] * shape.prefill_kv_tokens
-                + c[2] * shape.decode_kv_tokens + c[3] * shape.num_decode_tokens
-                + c[4] * shape.num_prefill_seqs + c[5] * shape.num_sampled_tokens)
+        return predict_s(shape, self.knots, self.knot_s, self.coef)
 
     def _count_extrapolation(self, shape: BatchShape) -> None:
         beyond: Any = False

@@ -104,16 +104,18 @@ def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:
     return [req for req in prefilling if req.status is Status.RUNNING]
 
 
+def future_blocks(state: ReplicaState, req: Request, reserve_tokens: int | None) -> int:
+    """Blocks `req` may still add here for its future tokens (at most `reserve_tokens` more)."""
+    kv = state.kv
+    future = state.num_kv_tokens_needed(req)
+    if reserve_tokens is not None:
+        future = min(future, req.num_computed_tokens + reserve_tokens)
+    return max(0, cdiv(future, kv.block_size) - kv.num_held_blocks(req.request_id))
+
+
 def reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> int:
     """Blocks running requests may still need for their future tokens (capped per request)."""
-    kv = state.kv
-    total = 0
-    for req in state.running:
-        future = state.num_kv_tokens_needed(req)
-        if reserve_tokens is not None:
-            future = min(future, req.num_computed_tokens + reserve_tokens)
-        total += max(0, cdiv(future, kv.block_size) - kv.num_held_blocks(req.request_id))
-    return total
+    return sum(future_blocks(state, req, reserve_tokens) for req in state.running)
 
 
 def try_admit(
