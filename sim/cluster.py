@@ -16,7 +16,7 @@ import numpy as np
 import simpy
 
 from sim.config import ReplicaConfig, Scenario
-from sim.engine import Progress, Replica, simulate
+from sim.engine import Environment, Progress, Replica, simulate
 from sim.errors import InputError
 from sim.gpus import GPUS
 from sim.kv_cache import KVCacheManager
@@ -31,8 +31,10 @@ from sim.state import ReplicaState
 class Cluster:
     """Builds the replicas a scenario describes and routes requests to them."""
 
-    def __init__(self, scenario: Scenario, *, fast_forward: bool = True) -> None:
-        self.env = env = simpy.Environment()
+    def __init__(self, scenario: Scenario, *, fast_forward: bool = True,
+                 source: str = "<scenario>") -> None:
+        self.env = env = Environment()
+        self.source = source  # the scenario's file, named by errors found while building
         cfg = scenario.cluster
         self.horizon_s = scenario.horizon_s
         self.fast_forward = fast_forward
@@ -60,10 +62,12 @@ class Cluster:
         scheduler = SCHEDULERS.get(cfg.scheduler.name)(cfg.scheduler)
         latency = LATENCY_MODELS.get(cfg.latency.kind)(cfg.latency, model, GPUS.get(cfg.gpu))
         field = "replica" if pool == "colocated" else f"cluster.{pool}.replica"
-        state = ReplicaState(kv_cache_for(cfg, model, field), prefill_only=pool == "prefill")
+        state = ReplicaState(kv_cache_for(cfg, model, field, self.source),
+                             prefill_only=pool == "prefill")
         replica = Replica(self.env, len(self.replicas), scheduler, latency, state,
                           horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
-                          on_handoff=self._handoff if pool == "prefill" else None)
+                          on_handoff=self._handoff if pool == "prefill" else None,
+                          where=(self.source, f"{field}.latency"))
         self.replicas.append(replica)
         return replica
 
@@ -71,6 +75,8 @@ class Cluster:
         """Simulate the arrivals to completion (or the horizon); check every replica after."""
         simulate(self.env, requests, self.route, self.horizon_s, on_progress)
         for replica in self.replicas:
+            if self.horizon_s is not None:
+                replica.stop(self.horizon_s)
             replica.state.check()
 
     def route(self, req: Request) -> None:
@@ -80,7 +86,8 @@ class Cluster:
             reason = dec.scheduler.reject_reason(req, dec.state.kv,
                                                  dec.state.num_kv_tokens_needed(req))
             if reason is not None:
-                req.status, req.reason = Status.REJECTED, f"decode pool: {reason}"
+                kind, _, detail = reason.partition(": ")
+                req.status, req.reason = Status.REJECTED, f"{kind}: decode pool {detail}"
                 return
         index = self.router.choose(req, [r.load() for r in self.front])
         self.front[index].submit(req)
@@ -112,8 +119,8 @@ class Cluster:
         return self.link.latency_s + wire_s
 
 
-def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica"
-                 ) -> KVCacheManager:
+def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
+                 source: str = "<scenario>") -> KVCacheManager:
     """The replica's KV cache: the blocks given, or what GPU memory holds after the weights."""
     kv = cfg.kv_cache
     if kv.num_blocks is not None:
@@ -123,7 +130,7 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica"
                   - kv.activation_reserve_gb * 1e9)
     num_blocks = int(free_bytes // (kv.block_size * model.kv_bytes_per_token))
     if num_blocks <= 0:
-        raise InputError(None, f"{field}.kv_cache", f"{cfg.model} on {cfg.gpu}",
+        raise InputError(source, f"{field}.kv_cache", f"{cfg.model} on {cfg.gpu}",
                          f"no room for KV: weights take {model.weight_bytes / 1e9:.1f} GB of "
                          f"{gpu.memory_bytes * kv.gpu_memory_utilization / 1e9:.1f} GB usable")
     return KVCacheManager(num_blocks, kv.block_size)

@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SerializeAsAny,
     ValidationError,
     field_validator,
@@ -170,6 +171,12 @@ class Scenario(_Frozen):
         None, gt=0, description="stop here; requests not done are reported unfinished"
     )
     record_token_times: bool = Field(False, description="also write every token's time")
+    # The file the scenario came from, named by errors found while it runs (not a field).
+    _source: str = PrivateAttr("<scenario>")
+
+    @property
+    def source(self) -> str:
+        return self._source
 
     @field_validator("workload", mode="before")
     @classmethod
@@ -190,6 +197,7 @@ def parse_scenario(data: Any, source: str | Path, base_dir: Path | None = None) 
         raise InputError(source, field, err.get("input"), problem) from None
     if base_dir is not None:
         scenario = _resolve_paths(scenario, base_dir)
+    scenario._source = str(source)
     return scenario
 
 

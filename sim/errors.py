@@ -17,6 +17,10 @@ class InputError(Exception):
         self.problem = problem
         super().__init__(self.one_line())
 
+    def lines(self) -> list[str]:
+        """One line per problem (a file may have several)."""
+        return [self.one_line()]
+
     def one_line(self) -> str:
         value = _short(self.value)
         return f"{self.source}: {self.field}={value}: {self.problem}"

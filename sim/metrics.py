@@ -35,7 +35,8 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, tbt_gaps_s: np.n
     start_s = float(requests["arrival_s"].min()) if len(requests) else 0.0
     span_s = max(end_s - start_s, 0.0)
     counts = requests["status"].value_counts()
-    reasons = requests.loc[requests["reason"] != "", "reason"].value_counts()
+    # Reasons are `kind: detail`; count them by kind (one key per kind, not per number).
+    reasons = requests.loc[requests["reason"] != "", "reason"].str.split(":").str[0].value_counts()
     return {
         "requests": {
             "total": len(requests),
@@ -89,24 +90,27 @@ def slo_attainment(requests: pd.DataFrame, tbt_gaps_s: np.ndarray, slo: SLOConfi
     return out
 
 
-def replica_stats(iterations: pd.DataFrame, num_kv_blocks: dict[int, int], span_s: float
+def replica_stats(iterations: pd.DataFrame, num_kv_blocks: dict[int, int], end_s: float
                   ) -> list[dict[str, Any]]:
-    """Per replica: iterations, busy fraction, queue length and KV utilisation over its
-    iterations (time-weighted by iteration duration)."""
+    """Per replica: iterations, busy fraction of the run [0, end_s], queue length and KV
+    utilisation over its iterations (time-weighted by iteration duration)."""
     out = []
-    by_replica = dict(list(iterations.groupby("replica_id", sort=True)))
+    by_replica = dict(list(iterations.groupby("replica_id", sort=True, observed=True)))
     for replica_id in sorted(num_kv_blocks):
         its = by_replica.get(replica_id, iterations.iloc[:0])
         duration = its["duration_s"].to_numpy()
-        busy_s = float(duration.sum())
-        weights = duration / busy_s if busy_s > 0 else np.ones_like(duration)
+        # A replica's iterations never overlap, so the time they cover within the run is at
+        # most the run's length: busy fraction <= 1.
+        start = its["start_s"].to_numpy()
+        busy_s = float((np.minimum(start + duration, end_s) - np.minimum(start, end_s)).sum())
+        weights = duration / duration.sum() if duration.sum() > 0 else np.ones_like(duration)
         kv = its["num_kv_blocks_used"].to_numpy() / num_kv_blocks[replica_id]
         waiting = its["num_waiting"].to_numpy()
         out.append({
             "replica_id": replica_id,
             "pool": str(its["pool"].iloc[0]) if len(its) else None,
             "num_iterations": len(its),
-            "busy_fraction": busy_s / span_s if span_s > 0 else None,
+            "busy_fraction": busy_s / end_s if end_s > 0 else None,
             "mean_queue_length": float((waiting * weights).sum()) if len(its) else None,
             "max_queue_length": int(waiting.max()) if len(its) else 0,
             "mean_kv_utilization": float((kv * weights).sum()) if len(its) else None,
@@ -141,3 +145,77 @@ def transfer_stats(requests: pd.DataFrame) -> dict[str, Any]:
     """Disaggregated serving: how long KV waited for decode capacity and how long it moved."""
     return {"decode_wait_s": distribution(requests["decode_wait_s"]),
             "transfer_s": distribution(requests["transfer_s"])}
+
+
+MIN_REQUESTS_FOR_VERDICT = 40
+GROWTH_LIMIT = 0.01  # the queue grows by more than 1% of the arrival rate
+T_LIMIT = 3.0  # and by more than 3 standard errors
+
+
+def overload(requests: pd.DataFrame, end_s: float) -> dict[str, Any]:
+    """Is a queue still growing at the end of the run? `stable`, `overloaded`, or `unknown`
+    (too few requests to tell).
+
+    Queues: requests arrived but not yet scheduled, and (disaggregated) prefilled requests not
+    yet moving to a decode replica; a request never served counts as queued to the end. Each
+    is sampled at the arrival times of the last half of the arrivals; its slope against time
+    comes from 10 batch means of consecutive samples (so that correlated neighbours do not
+    shrink the standard error), with that standard error. Under overload a queue grows at the
+    arrival rate minus the service rate, so the slope over the arrival rate is the share of
+    arrivals the system falls behind by: overloaded when that share is above 1% and the slope
+    is more than 3 standard errors above zero."""
+    kept = requests[(requests["status"] != "rejected")
+                    & ~requests["reason"].str.startswith("after_horizon")]
+    arrival = np.sort(kept["arrival_s"].to_numpy())
+    queues = {"waiting": (kept["arrival_s"], kept["first_scheduled_s"]),
+              "waiting_for_decode": (kept["prefill_end_s"], kept["transfer_start_s"])}
+    worst: dict[str, Any] = {"verdict": "unknown", "detail": "fewer than "
+                             f"{MIN_REQUESTS_FOR_VERDICT} requests arrived"}
+    if len(arrival) < MIN_REQUESTS_FOR_VERDICT:
+        return worst
+    sample_s = arrival[len(arrival) // 2:]
+    for name, (enter, leave) in queues.items():
+        entered = enter.notna().to_numpy()
+        if not entered.any():
+            continue
+        into = np.sort(enter.to_numpy()[entered])
+        out = np.sort(np.where(leave.notna(), leave, np.inf)[entered])
+        length = (np.searchsorted(into, sample_s, side="right")
+                  - np.searchsorted(out, sample_s, side="right"))
+        found = _growth(name, sample_s, length.astype(np.float64))
+        if found["verdict"] == "overloaded" or worst["verdict"] == "unknown":
+            worst = found
+        if found["verdict"] == "overloaded":
+            break
+    return worst
+
+
+def _growth(queue: str, times_s: np.ndarray, length: np.ndarray) -> dict[str, Any]:
+    """Slope of `length` against `times_s` from batch means, with its standard error."""
+    span_s = float(times_s[-1] - times_s[0])
+    if span_s <= 0:
+        return {"verdict": "unknown", "detail": "the last half of the arrivals come at once"}
+    batches = np.array_split(np.arange(len(times_s)), 10)
+    x = np.array([times_s[b].mean() for b in batches])
+    y = np.array([length[b].mean() for b in batches])
+    dx = x - x.mean()
+    slope = float((dx * (y - y.mean())).sum() / (dx**2).sum())
+    residual = y - y.mean() - slope * dx
+    se = float(np.sqrt((residual**2).sum() / (len(x) - 2) / (dx**2).sum()))
+    rate = (len(times_s) - 1) / span_s  # arrivals per second over the window
+    share = slope / rate
+    t = slope / se if se > 0 else (np.inf if slope > 0 else 0.0)
+    overloaded = share > GROWTH_LIMIT and t > T_LIMIT
+    verb = "grows" if slope > 0 else "shrinks"
+    return {
+        "verdict": "overloaded" if overloaded else "stable",
+        "queue": queue,
+        "growth_requests_per_s": slope,
+        "growth_se": se,
+        "growth_share_of_arrivals": share,
+        "t": float(t),
+        "window_start_s": float(times_s[0]),
+        "detail": (f"{queue.replace('_', ' ')} queue {verb} by {abs(slope):.3g} requests/s "
+                   f"({100 * abs(share):.1f}% of arrivals; {t:.1f} s.e.) over the last half "
+                   "of the arrivals"),
+    }

@@ -83,15 +83,17 @@ class Request:
         self.last_token_iter = iteration
 
     def close_token_run(self) -> None:
+        """End the open run (preempted, finished, or moving): the next token opens a new one,
+        even if it comes in the very next iteration."""
         if self.run_start_iter >= 0:
             self.token_runs.append((self.replica_id, self.run_start_iter, self.last_token_iter + 1))
             self.run_start_iter = -1
+        self.last_token_iter = -2
 
     def move_to(self, replica_id: int) -> None:
         """Continue on another replica, whose iterations are numbered apart."""
         self.close_token_run()
         self.replica_id = replica_id
-        self.last_token_iter = -2
 
     def all_token_runs(self) -> list[tuple[int, int, int]]:
         """Closed runs plus the open one, as (replica_id, first_iter, end_iter)."""

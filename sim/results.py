@@ -126,16 +126,18 @@ def _status(req: Request) -> str:
     return UNFINISHED
 
 
+# Why a request is unfinished at the horizon, by where it was.
+AT_HORIZON = {Status.WAITING: "queued_at_horizon", Status.RUNNING: "running_at_horizon",
+              Status.TRANSFERRING: "transferring_at_horizon"}
+
+
 def _reason(req: Request) -> str:
-    if req.status is Status.REJECTED:
-        return req.reason or ""
-    if req.status is Status.WAITING:
-        return "queued at horizon"
-    if req.status is Status.RUNNING:
-        return "running at horizon"
-    if req.status is Status.TRANSFERRING:
-        return "transferring at horizon"
-    return ""
+    """`kind: detail` (or just `kind`); empty for a finished request. Summaries group by kind."""
+    if req.status is Status.FINISHED:
+        return ""
+    if req.reason:
+        return req.reason
+    return AT_HORIZON[req.status]
 
 
 def _nan(value: float | None) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,10 @@ import pandas as pd
 from sim.cluster import Cluster
 from sim.config import ReplicaConfig, Scenario, load_scenario, scenario_yaml
 from sim.engine import Progress
-from sim.metrics import pool_stats, replica_stats, summarize, transfer_stats
+from sim.iteration_log import IterationLog
+from sim.kv_cache import KVCacheManager
+from sim.metrics import overload, pool_stats, replica_stats, summarize, transfer_stats
+from sim.outdir import check_out_dir, write_dir
 from sim.request import Request
 from sim.results import iteration_frame, request_frame, token_frame, token_times
 from sim.workloads import FORMATS, Workload, select
@@ -30,15 +34,29 @@ class Results:
     summary: dict[str, Any]
 
     def write(self, out_dir: str | Path) -> Path:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        """Write the result files into `out_dir`, replacing an earlier run there whole: the
+        directory holds this run's complete files or, if interrupted, the previous ones."""
+        return write_dir(Path(out_dir), self.write_files)
+
+    def write_files(self, out: Path) -> None:
+        """The result files, into an existing directory (`write` makes it atomic)."""
         (out / "scenario.yaml").write_text(scenario_yaml(self.scenario))
         self.requests.to_parquet(out / "requests.parquet", index=False)
         self.iterations.to_parquet(out / "iterations.parquet", index=False)
         if self.tokens is not None:
             self.tokens.to_parquet(out / "tokens.parquet", index=False)
-        (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
-        return out
+        # Last: its presence marks a directory as a servesim run.
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True)
+                                          + "\n")
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    """What the results need of one replica once it has run."""
+
+    pool: str  # colocated, prefill or decode
+    log: IterationLog
+    kv: KVCacheManager
 
 
 def load_workload(scenario: Scenario, base_dir: Path | None = None) -> Workload:
@@ -66,45 +84,69 @@ def make_requests(workload: Workload) -> list[Request]:
     ]
 
 
+def mark_after_horizon(requests: Sequence[Request], horizon_s: float | None) -> list[Request]:
+    """The requests that arrive before the horizon; the others get their reason (they appear
+    in the results as unfinished, never dropped)."""
+    if horizon_s is None:
+        return list(requests)
+    arrived = []
+    for req in requests:
+        if req.arrival_s < horizon_s:
+            arrived.append(req)
+        else:
+            req.reason = f"after_horizon: arrives at {req.arrival_s:.6g} s"
+    return arrived
+
+
 def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | None = None,
                  out_dir: str | Path | None = None, fast_forward: bool = True,
                  on_progress: Progress | None = None) -> Results:
     """Simulate a scenario (a `Scenario`, a YAML path, or None for the embedded default).
 
-    `seed` overrides the scenario's; `out_dir`, if given, receives the result files.
-    `fast_forward=False` steps every iteration (slow; for checking the fast path).
-    `on_progress(arrived, total)` is called as requests arrive."""
+    `seed` overrides the scenario's; `out_dir`, if given, receives the result files (checked
+    before the simulation starts). `fast_forward=False` steps every iteration (slow; for
+    checking the fast path). `on_progress(arrived, total)` is called as requests arrive."""
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     if seed is not None:
         scenario = scenario.model_copy(update={"seed": seed})
-    workload = load_workload(scenario)
-    requests = make_requests(workload)
-    horizon_s = scenario.horizon_s
-    late = [r for r in requests if horizon_s is not None and r.arrival_s >= horizon_s]
-    if late:
-        requests = requests[: len(requests) - len(late)]
+    if out_dir is not None:
+        check_out_dir(Path(out_dir))
+    requests = make_requests(load_workload(scenario))
+    cluster = Cluster(scenario, fast_forward=fast_forward, source=scenario.source)
+    cluster.run(mark_after_horizon(requests, scenario.horizon_s), on_progress)
+    records = [ReplicaRecord(r.pool, r.log, r.state.kv) for r in cluster.replicas]
+    results = collect(scenario, requests, records, cluster.replicas[0].latency.describe())
+    if out_dir is not None:
+        results.write(out_dir)
+    return results
 
-    cluster = Cluster(scenario, fast_forward=fast_forward)
-    cluster.run(requests, on_progress)
 
-    logs = [replica.log for replica in cluster.replicas]
+def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[ReplicaRecord],
+            latency: dict[str, Any], end_s: float | None = None) -> Results:
+    """Turn requests and replica logs into result frames and the summary. `end_s` is when the
+    run stopped (default: the horizon, or the last thing that happened)."""
+    logs = [r.log for r in replicas]
     owner, times = token_times(requests, logs)
     request_df, gaps = request_frame(requests, owner, times)
-    iteration_df = iteration_frame(logs, [r.pool for r in cluster.replicas])
+    iteration_df = iteration_frame(logs, [r.pool for r in replicas])
+    if end_s is None:
+        end_s = scenario.horizon_s
+    if end_s is None:
+        last = [float(log.end_s()[-1]) for log in logs if len(log)]
+        end_s = max([*last, float(request_df["arrival_s"].max()) if len(request_df) else 0.0])
     summary = summarize(request_df, iteration_df, gaps, scenario.slo)
-    summary["requests"]["arrived_after_horizon"] = len(late)
-    capacity = {r.replica_id: r.state.kv.num_blocks for r in cluster.replicas}
-    summary["replicas"] = replica_stats(iteration_df, capacity, summary["throughput"]["span_s"])
-    for stats, replica in zip(summary["replicas"], cluster.replicas, strict=True):
+    summary["replicas"] = replica_stats(iteration_df, {i: r.kv.num_blocks
+                                                       for i, r in enumerate(replicas)}, end_s)
+    for stats, replica in zip(summary["replicas"], replicas, strict=True):
         # Zero when every request is done: prefill blocks freed after each transfer, decode
         # blocks at completion.
-        stats["kv_blocks_in_use_at_end"] = replica.state.kv.num_used_blocks
+        stats["kv_blocks_in_use_at_end"] = replica.kv.num_used_blocks
     summary["pools"] = pool_stats(summary["replicas"])
-    if cluster.decode:
+    if any(r.pool == "decode" for r in replicas):
         summary["transfer"] = transfer_stats(request_df)
+    summary["overload"] = overload(request_df, end_s)
     pools = pool_configs(scenario)
-    first = cluster.replicas[0]
     summary["run"] = {
         "scenario": scenario.name,
         "seed": scenario.seed,
@@ -112,15 +154,14 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
         "gpu": "/".join(cfg.gpu for cfg in pools.values()),
         "scheduler": "/".join(cfg.scheduler.name for cfg in pools.values()),
         "latency": "/".join(cfg.latency.kind for cfg in pools.values()),
-        "pools": {pool: sum(r.pool == pool for r in cluster.replicas) for pool in pools},
+        "pools": {pool: sum(r.pool == pool for r in replicas) for pool in pools},
         "router": scenario.cluster.router.name,
-        "num_kv_blocks": first.state.kv.num_blocks,
-        "kv_block_size": first.state.kv.block_size,
-        "horizon_s": horizon_s,
+        "num_kv_blocks": replicas[0].kv.num_blocks,
+        "kv_block_size": replicas[0].kv.block_size,
+        "horizon_s": scenario.horizon_s,
+        "end_s": end_s,
+        "complete": True,
     }
-    summary["latency_model"] = first.latency.describe()
+    summary["latency_model"] = latency
     tokens = token_frame(requests, owner, times) if scenario.record_token_times else None
-    results = Results(scenario, request_df, iteration_df, tokens, summary)
-    if out_dir is not None:
-        results.write(out_dir)
-    return results
+    return Results(scenario, request_df, iteration_df, tokens, summary)

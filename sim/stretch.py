@@ -4,6 +4,10 @@ When every running request decodes and nothing waits, each following iteration i
 until a request arrives, finishes, or needs a KV block that is not free. The stretch is computed
 with a few numpy operations whatever its length, and every token still gets its own time:
 the cost of a simulation follows its events, not its tokens. Pure: no SimPy, no clock.
+
+A stretch can be committed in pieces (whoever looks at the replica mid-stretch sees the
+iterations that have ended, as a step-by-step run would show them) and cut short after the
+iteration in progress (new work arrived).
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from sim.state import ReplicaState
 
 @dataclass(frozen=True)
 class Stretch:
-    """Up to `len(end_s)` decode iterations of the running requests, from `start_s`."""
+    """`len(end_s)` decode iterations of `requests`, the first starting at `start_s`; the first
+    iteration's KV blocks are allocated (as `schedule()` allocates a plan's)."""
 
     requests: list[Request]
     num_computed: np.ndarray  # each request's computed tokens before the stretch
@@ -33,14 +38,24 @@ class Stretch:
     def __len__(self) -> int:
         return len(self.end_s)
 
-    def steps_done_by(self, now_s: float) -> int:
-        """Iterations to commit if the stretch is cut at `now_s`: the one running then completes."""
-        return min(len(self.end_s), int(np.searchsorted(self.end_s, now_s, side="left")) + 1)
+    def num_ended_by(self, now_s: float, *, inclusive: bool = True) -> int:
+        """Iterations that have ended by `now_s` (at `now_s` too, if `inclusive`)."""
+        return int(np.searchsorted(self.end_s, now_s, side="right" if inclusive else "left"))
+
+    def cut_at(self, now_s: float, *, started_now: bool) -> Stretch | None:
+        """The stretch stopped after the iteration in progress at `now_s`; None if none is.
+        An iteration starting exactly now is in progress if `started_now` (the replica's
+        planning turn at this instant has come: a step-by-step run has planned it)."""
+        starts = np.concatenate(([self.start_s], self.end_s[:-1]))
+        keep = int(np.searchsorted(starts, now_s, side="right" if started_now else "left"))
+        if not keep:
+            return None
+        return replace(self, duration_s=self.duration_s[:keep], end_s=self.end_s[:keep])
 
     def extra_blocks(self, num_steps: int) -> np.ndarray:
-        """Blocks added by the end of each of the first `num_steps` iterations: a request needs
-        one more at step j when (computed + j - 1) is a multiple of the block size; the first
-        step's blocks were allocated by `schedule()`."""
+        """Blocks added by the start of each of the first `num_steps` iterations: a request
+        needs one more at step j when (computed + j) is a multiple of the block size; the first
+        step's blocks are already allocated."""
         bs = self.block_size
         residue_count = np.bincount(self.num_computed % bs, minlength=bs)
         new_blocks = residue_count[(-np.arange(num_steps)) % bs]
@@ -83,35 +98,46 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
     return replace(stretch, duration_s=duration, end_s=end)
 
 
-def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int,
-                   log: IterationLog) -> list[Request]:
-    """Apply the first `num_steps` iterations of `stretch`; return the requests they finished."""
+def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: IterationLog
+                   ) -> tuple[list[Request], Stretch | None]:
+    """Apply the first `num_steps` iterations of `stretch`. Returns the requests they finished
+    and the rest of the stretch (None if nothing is left). KV blocks grow to hold what the
+    committed iterations computed; the rest's first iteration allocates its own (as the
+    step-by-step run's `schedule()` would, when it plans that iteration)."""
     end = stretch.end_s[:num_steps]
     start = np.concatenate(([stretch.start_s], end[:-1]))
-    first_iter = log.extend_decodes(start, stretch.duration_s[:num_steps], len(stretch.requests),
-                                    stretch.num_used_blocks + stretch.extra_blocks(num_steps))
+    used = stretch.num_used_blocks + stretch.extra_blocks(num_steps + 1)
+    first_iter = log.extend_decodes(start, stretch.duration_s[:num_steps],
+                                    len(stretch.requests), used[:num_steps])
     kv = state.kv
-    bs = kv.block_size
-    computed = stretch.num_computed
-    # Blocks held cover computed + 1 tokens (the first step); grow them to computed + num_steps.
-    grow = (cdiv_array(computed + num_steps, bs) - cdiv_array(computed + 1, bs)).tolist()
     last_iter = first_iter + num_steps - 1
     finished = []
-    for req, num_blocks in zip(stretch.requests, grow, strict=True):
+    for req in stretch.requests:
         req.num_computed_tokens += num_steps
         req.num_output_tokens += num_steps
         req.record_token(first_iter)
         req.last_token_iter = last_iter
-        if num_blocks:
-            kv.grow_blocks(req.request_id, num_blocks)
+        grow = kv.num_blocks_to_grow(req, 0)
+        if grow:
+            kv.grow_blocks(req.request_id, grow)
         if req.num_output_tokens == req.num_target_output_tokens:
             finished.append(req)
     end_s = float(end[-1])
     for req in finished:
         state.finish(req, end_s)
-    return finished
+    if num_steps == len(stretch):
+        return finished, None
+    assert not finished, "a request finished inside a stretch"
+    return finished, replace(stretch, num_computed=stretch.num_computed + num_steps,
+                             start_s=end_s,
+                             duration_s=stretch.duration_s[num_steps:],
+                             end_s=stretch.end_s[num_steps:],
+                             num_used_blocks=int(used[num_steps]))
 
 
-def cdiv_array(a: np.ndarray, b: int) -> np.ndarray:
-    return -(-a // b)
-
+def allocate_first_step(state: ReplicaState, stretch: Stretch) -> None:
+    """KV blocks for the first iteration of `stretch` (as `schedule()` allocates a plan's)."""
+    for req in stretch.requests:
+        grow = state.kv.num_blocks_to_grow(req, 1)
+        if grow:
+            state.kv.grow_blocks(req.request_id, grow)

@@ -73,7 +73,7 @@ def test_horizon_reports_unfinished_requests(tmp_path):
     res = run(three_requests(tmp_path, {"name": "prefill_first"}, horizon_s=0.8))
     df = res.requests.set_index("request_id")
     assert df["status"].tolist() == ["unfinished", "finished", "unfinished"]
-    assert df["reason"][0] == "running at horizon"
+    assert df["reason"][0] == "running_at_horizon"
     assert df["num_generated_tokens"].tolist() == [2, 2, 0]
     assert res.summary["requests"]["unfinished"] == 2
     assert set(res.iterations["start_s"] + res.iterations["duration_s"]) <= {0.25, 0.5, 0.75}
@@ -127,6 +127,10 @@ def test_horizon_before_any_token(tmp_path):
     assert (res.requests["num_generated_tokens"] == 0).all()
     assert res.requests["ttft_s"].isna().all()
     # A is part-way through its prompt, B waits behind it; C arrives after the horizon.
-    assert res.requests["reason"].tolist() == ["running at horizon", "queued at horizon"]
-    assert res.summary["requests"]["unfinished"] == 2
-    assert res.summary["requests"]["arrived_after_horizon"] == 1
+    # Nothing is dropped: C is listed too, unfinished with its reason.
+    assert res.requests["reason"].tolist() == ["running_at_horizon", "queued_at_horizon",
+                                               "after_horizon: arrives at 0.625 s"]
+    assert res.requests["status"].tolist() == ["unfinished"] * 3
+    assert res.summary["requests"]["unfinished"] == 3
+    assert res.summary["requests"]["reasons"] == {"after_horizon": 1, "queued_at_horizon": 1,
+                                                  "running_at_horizon": 1}

@@ -37,6 +37,25 @@ def test_newest_request_is_preempted_by_recompute_and_resumes():
     assert state.kv.num_free_blocks == 6
 
 
+def test_preempted_and_recomputed_in_the_next_iteration_keeps_every_token():
+    """Regression: a request preempted while a plan is built and recomputed in the very next
+    iteration used to drop its next token (its token run was closed but looked contiguous)."""
+    req = make_request(0, prompt=8, output=6)
+    state = make_state(num_blocks=100, block_size=4, waiting=(req,))
+    config = ChunkedPrefillConfig(name="chunked_prefill", token_budget=64, max_num_seqs=4)
+    run = Stepper(ChunkedPrefill(config), state)
+    run.step()
+    run.step()  # iterations 0 and 1: prefill, one decode; tokens at 0 and 1
+    state.preempt(req)  # e.g. a newer decode needed its blocks
+    plan = run.step()  # iteration 2: the recompute (prompt + 2 outputs) samples the third token
+    assert plan.num_scheduled_tokens == {0: 10}
+    while not is_finished(req):
+        run.step()
+    assert token_iterations(req) == [0, 1, 2, 3, 4, 5]
+    assert len(token_iterations(req)) == req.num_output_tokens == 6
+    assert [run[1:] for run in req.all_token_runs()] == [(0, 2), (2, 6)]
+
+
 def test_prefill_first_preempts_newest_decode_too():
     a = make_request(0, prompt=8, output=10)
     b = make_request(1, prompt=8, output=10)

@@ -53,7 +53,8 @@ class Scheduler(ABC):
         """Why `req`, needing `num_kv_tokens` KV slots at most, can never be served on a replica
         with this KV cache; None if it can."""
         if num_kv_tokens > kv.capacity_tokens:
-            return f"needs {num_kv_tokens} KV slots, replica holds {kv.capacity_tokens}"
+            return (f"kv_capacity: needs {num_kv_tokens} KV slots, a replica holds "
+                    f"{kv.capacity_tokens}")
         return None
 
     def steady(self, state: ReplicaState, plan: Plan) -> bool:

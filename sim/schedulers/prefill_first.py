@@ -37,7 +37,8 @@ class PrefillFirst(Scheduler):
         # As vLLM v0 without chunking, max_num_batched_tokens acts as max_model_len: a preempted
         # request's recompute (prompt plus output so far) must still fit one prefill.
         if budget is not None and num_kv_tokens > budget:
-            return f"needs {num_kv_tokens} tokens, max_num_batched_tokens is {budget}"
+            return (f"max_num_batched_tokens: needs {num_kv_tokens} tokens in one prefill, "
+                    f"max_num_batched_tokens is {budget}")
         return super().reject_reason(req, kv, num_kv_tokens)
 
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:

@@ -1,0 +1,83 @@
+"""Result directories that are whole or absent: checked before a run starts, written into a
+temporary sibling, then swapped into place. An interrupt or a crash leaves the previous results
+(or nothing) and never a directory that mixes two runs or looks complete when it is not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from sim.errors import InputError
+
+# A directory holding this file is a servesim run and may be replaced by a new run.
+RUN_MARKER = "summary.json"
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / RUN_MARKER).is_file()
+
+
+def check_out_dir(out: Path, field: str = "--out") -> None:
+    """Fail now, before any simulation, if results could not be written to `out`: it is a file,
+    a directory that is not an earlier run (never replaced), or in a place we cannot write."""
+    if out.exists() and not out.is_dir():
+        raise InputError(out, field, str(out), "exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not is_run_dir(out):
+        raise InputError(out, field, str(out), f"exists, is not empty and holds no {RUN_MARKER} "
+                         "(not an earlier run); refusing to replace it: choose another directory")
+    parent = out.absolute().parent
+    existing = parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(out, field, str(out), f"{existing} is a file, not a directory")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(dir=parent, prefix=f".{out.name}.check-").cleanup()
+    except OSError as exc:
+        raise InputError(out, field, str(out), f"cannot write there: {exc.strerror}") from None
+
+
+def write_dir(out: Path, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` to fill a fresh temporary sibling of `out`, then put it in `out`'s place
+    (replacing an earlier run there whole). On any failure or interrupt `out` is unchanged."""
+    check_out_dir(out)
+    out.absolute().parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.absolute().parent, prefix=f".{out.name}.tmp-"))
+    try:
+        write(tmp)
+        with _interrupts_deferred():
+            if out.exists():
+                old = Path(tempfile.mkdtemp(dir=tmp.parent, prefix=f".{out.name}.old-"))
+                os.replace(out, old / "run")
+                os.replace(tmp, out)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C for the few renames that swap a directory in; re-raise it after."""
+    caught: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    except ValueError:  # not the main thread (a Ray worker, say): nothing to defer
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
