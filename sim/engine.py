@@ -222,7 +222,8 @@ class Replica:
                 yield from self._wait_for_work()
                 continue
             stretch = None
-            if self.fast_forward and self.scheduler.steady(state, plan):
+            if (self.fast_forward and not self.latency.sequential
+                    and self.scheduler.steady(state, plan)):
                 stretch = plan_stretch(state, self.latency, now, self.horizon_s)
             if stretch is not None:
                 self._check_durations(stretch.duration_s, stretch.end_s, now)

@@ -79,6 +79,9 @@ class LatencyModel(ABC):
     """Predicts the duration of an iteration from its shape."""
 
     Config: ClassVar[type[LatencyConfig]] = LatencyConfig
+    # True if predictions depend on the order of calls (e.g. durations replayed one by one from
+    # a recording): the engine then steps every iteration instead of fast-forwarding stretches.
+    sequential: ClassVar[bool] = False
 
     @abstractmethod
     def __init__(self, config: Any, model: ModelShape, gpu: GPUSpec) -> None:
