@@ -34,6 +34,9 @@ class Stretch:
     end_s: np.ndarray
     num_used_blocks: int  # KV blocks in use after the first iteration's allocation
     block_size: int
+    # KV tokens each request's blocks were sized for: computed + 1 once `schedule()` allocated
+    # the first iteration, computed after a partial commit (the next iteration allocates).
+    num_allocated: np.ndarray
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -80,7 +83,7 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
     num_computed = np.array(computed, dtype=np.int64)
     kv = state.kv
     stretch = Stretch(requests, num_computed, start_s, np.empty(0), np.empty(0),
-                      kv.num_used_blocks, kv.block_size)
+                      kv.num_used_blocks, kv.block_size, num_computed + 1)
     # Each request adds at most one block per `block_size` steps; only if that could exceed
     # the free blocks is the exact count needed.
     if len(requests) * ((max_steps - 1) // kv.block_size + 1) > kv.num_free_blocks:
@@ -110,16 +113,18 @@ def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: I
     first_iter = log.extend_decodes(start, stretch.duration_s[:num_steps],
                                     len(stretch.requests), used[:num_steps])
     kv = state.kv
+    computed = stretch.num_computed + num_steps
+    grow = (cdiv_array(computed, kv.block_size)
+            - cdiv_array(stretch.num_allocated, kv.block_size)).clip(0)
     last_iter = first_iter + num_steps - 1
     finished = []
-    for req in stretch.requests:
+    for req, num_blocks in zip(stretch.requests, grow.tolist(), strict=True):
         req.num_computed_tokens += num_steps
         req.num_output_tokens += num_steps
         req.record_token(first_iter)
         req.last_token_iter = last_iter
-        grow = kv.num_blocks_to_grow(req, 0)
-        if grow:
-            kv.grow_blocks(req.request_id, grow)
+        if num_blocks:
+            kv.grow_blocks(req.request_id, num_blocks)
         if req.num_output_tokens == req.num_target_output_tokens:
             finished.append(req)
     end_s = float(end[-1])
@@ -128,11 +133,15 @@ def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: I
     if num_steps == len(stretch):
         return finished, None
     assert not finished, "a request finished inside a stretch"
-    return finished, replace(stretch, num_computed=stretch.num_computed + num_steps,
-                             start_s=end_s,
+    return finished, replace(stretch, num_computed=computed, num_allocated=np.maximum(
+                                 computed, stretch.num_allocated), start_s=end_s,
                              duration_s=stretch.duration_s[num_steps:],
                              end_s=stretch.end_s[num_steps:],
                              num_used_blocks=int(used[num_steps]))
+
+
+def cdiv_array(a: np.ndarray, b: int) -> np.ndarray:
+    return -(-a // b)
 
 
 def allocate_first_step(state: ReplicaState, stretch: Stretch) -> None:

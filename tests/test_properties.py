@@ -24,10 +24,11 @@ def scenarios(draw):
     reserve = draw(st.sampled_from([None, 0, 8]))
     if draw(st.booleans()):
         budget = draw(st.integers(8, 1024))
+        max_num_seqs = draw(st.integers(1, min(budget, 64)))
         scheduler = {"name": "chunked_prefill", "token_budget": budget,
-                     "max_num_seqs": draw(st.integers(1, min(budget, 64))),
+                     "max_num_seqs": max_num_seqs,
                      "chunk_size": draw(st.sampled_from([None, max(1, budget // 2)])),
-                     "max_num_partial_prefills": draw(st.integers(1, 3)),
+                     "max_num_partial_prefills": draw(st.integers(1, min(3, max_num_seqs))),
                      "decode_reserve_tokens": reserve}
     else:
         scheduler = {"name": "prefill_first", "max_num_seqs": draw(st.integers(1, 64)),
@@ -52,6 +53,33 @@ def scenarios(draw):
     }
 
 
+def assert_nothing_lost(data, res):
+    """Every request appears once with a status and a reason; tokens are conserved (a request
+    generates exactly its output length, or fewer if unfinished); busy fractions within [0, 1]."""
+    req = res.requests
+    assert len(req) == data["workload"]["num_requests"]
+    assert req["request_id"].tolist() == list(range(len(req)))
+    assert set(req["status"]) <= {"finished", "rejected", "unfinished"}
+    assert ((req["status"] == "finished") == (req["reason"] == "")).all()
+    if data["horizon_s"] is None:
+        assert (req["status"] != "unfinished").all()
+    else:
+        late = req["arrival_s"] >= data["horizon_s"]
+        assert (req.loc[late, "reason"].str.startswith("after_horizon")).all()
+    done = req["status"] == "finished"
+    assert (req.loc[done, "num_generated_tokens"] == req.loc[done, "num_output_tokens"]).all()
+    assert (req["num_generated_tokens"] <= req["num_output_tokens"]).all()
+    if res.tokens is not None:
+        counts = res.tokens.groupby("request_id").size()
+        assert counts.reindex(req["request_id"], fill_value=0).tolist() == req[
+            "num_generated_tokens"].tolist()
+    summary = res.summary
+    assert summary["requests"]["total"] == len(req)
+    assert sum(summary["requests"]["reasons"].values()) == int((req["reason"] != "").sum())
+    for replica in summary["replicas"]:
+        assert replica["busy_fraction"] is None or 0 <= replica["busy_fraction"] <= 1 + 1e-12
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_invariants(data):
@@ -59,14 +87,9 @@ def test_invariants(data):
     res = run_scenario(scenario)
     req, it, tokens = res.requests, res.iterations, res.tokens
 
-    # Every request ends exactly once: finished, or with a reason.
-    assert req["request_id"].is_unique
-    assert set(req["status"]) <= {"finished", "rejected", "unfinished"}
-    assert ((req["status"] == "finished") == (req["reason"] == "")).all()
-    if data["horizon_s"] is None:
-        assert (req["status"] != "unfinished").all()
+    # Every request given ends exactly once: finished, or with a reason; none is dropped.
+    assert_nothing_lost(data, res)
     done = req[req["status"] == "finished"]
-    assert (done["num_generated_tokens"] == done["num_output_tokens"]).all()
     assert (req.loc[req["status"] == "rejected", "num_generated_tokens"] == 0).all()
 
     # Tokens are conserved: what iterations computed is what requests hold or recomputed.
@@ -144,6 +167,7 @@ def clusters(draw):
             "overlap_transfer": draw(st.booleans()),
             "router": {"name": draw(st.sampled_from(["round_robin", "least_kv_load"]))},
         }
+        del data["replica"]  # the pools say what their replicas are
     return data
 
 
@@ -152,12 +176,7 @@ def clusters(draw):
 def test_cluster_invariants(data):
     res = run_scenario(parse_scenario(data, "hypothesis"))
     req, tokens = res.requests, res.tokens
-    assert req["request_id"].is_unique  # every request ends exactly once
-    assert ((req["status"] == "finished") == (req["reason"] == "")).all()
-    if data["horizon_s"] is None:
-        assert (req["status"] != "unfinished").all()
-    done = req[req["status"] == "finished"]
-    assert (done["num_generated_tokens"] == done["num_output_tokens"]).all()
+    assert_nothing_lost(data, res)
     assert (tokens.groupby("request_id")["time_s"].diff().dropna() > 0).all()
     moved = req[req["transfer_end_s"].notna()]
     # Never in two replicas at once: prefill, then the transfer, then the decode replica.

@@ -1,50 +1,52 @@
-"""The `servesim` command line: one module per group of commands, registered on one typer app.
-
-`run` (simulate, list), `study` (compare, sweep, capacity, plot), `measure` (profile, fit).
-Commands import what they need inside their bodies, so `servesim --help` starts fast.
+"""The `servesim` command line: one module per group of commands, registered on one typer app
+(`sim/cli/app.py`): `run` (simulate, list), `study` (compare, sweep, capacity, plot), `measure`
+(profile, fit). Nothing heavy is imported before `main` runs, so a Ctrl-C at any moment is
+answered the same way, and `servesim --help` starts fast.
 """
 
 from __future__ import annotations
 
 import sys
-from importlib import import_module
-
-import typer
-
-from sim.cli.common import app
-from sim.errors import InputError
-
-for _group in ("run", "study", "measure"):  # registers the commands, in the order --help lists
-    import_module(f"sim.cli.{_group}")
-
-__all__ = ["app", "main"]
 
 
 def main() -> None:
     """Entry point: input errors become one line each on stderr and exit code 2; an interrupt
     exits 130 (the command says first what it kept)."""
     try:
-        code = app(standalone_mode=False)
+        code = _run()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    # Without standalone mode, typer returns the exit code of an interrupt (130) or of
+    # `typer.Exit(n)` instead of exiting.
+    if isinstance(code, int) and code:
+        sys.exit(code)
+
+
+def _run() -> object:
+    import typer
+
+    from sim.cli.app import app
+    from sim.errors import InputError
+
+    try:
+        return app(standalone_mode=False)
     except InputError as exc:
         for line in exc.lines():
             print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(1)
-    except Exception as exc:  # click usage errors carry their own exit code
-        code = getattr(exc, "exit_code", None)
-        if code is None:
+    except Exception as exc:  # click's errors (typer vendors its own click): a bad option
+        code, message = getattr(exc, "exit_code", None), getattr(exc, "format_message", None)
+        if code is None or message is None:
             raise
-        show = getattr(exc, "show", None)
-        if show is not None:
-            show()
-        sys.exit(code)
-    # Without standalone mode, typer returns the exit code of an interrupt (130) or of
-    # `typer.Exit(n)` instead of exiting.
-    if isinstance(code, int) and code:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            exc.show()  # type: ignore[attr-defined]  # `servesim` alone: the help
+        else:
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            print(f"error: {' '.join(message().split())}{hint}", file=sys.stderr)
         sys.exit(code)

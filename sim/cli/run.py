@@ -10,6 +10,7 @@ from rich.table import Table
 
 from sim.cli.common import app, console, fmt, pct
 from sim.config import load_scenario
+from sim.outdir import is_run_dir
 from sim.progress import ProgressReport
 
 
@@ -26,14 +27,29 @@ def simulate(
 
     loaded = load_scenario(scenario)
     out_dir = out if out is not None else Path("results") / loaded.name
-    with ProgressReport(f"simulating {loaded.name}", "arrivals") as progress:
-        results = run_scenario(loaded, seed=seed, out_dir=out_dir,
-                               on_progress=lambda done, total: progress.update(done, total))
+    try:
+        with ProgressReport(f"simulating {loaded.name}", "arrivals") as progress:
+            results = run_scenario(loaded, seed=seed, out_dir=out_dir,
+                                   on_progress=lambda done, total: progress.update(done, total))
+    except KeyboardInterrupt:
+        kept = "the previous run's files are" if is_run_dir(out_dir) else "nothing was"
+        console.print(f"interrupted: {kept} kept in {out_dir}/ (results are written whole "
+                      "or not at all)")
+        raise typer.Exit(130) from None
     console.print(summary_table(results.summary))
     if len(results.summary["replicas"]) > 1:
         console.print(replica_table(results.summary))
+    console.print(overload_line(results.summary["overload"]))
     console.print(f"results: {out_dir}/ (requests.parquet, iterations.parquet, summary.json, "
                   "scenario.yaml)")
+
+
+def overload_line(verdict: dict[str, Any]) -> str:
+    """The run's overload verdict, loud when it is overloaded."""
+    if verdict["verdict"] == "overloaded":
+        return (f"[bold red]OVERLOADED[/]: {verdict['detail']}; latencies grow with the "
+                "trace's length and do not describe a steady state")
+    return f"{verdict['verdict']}: {verdict['detail']}"
 
 
 @app.command("list")
@@ -85,11 +101,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
 def replica_table(summary: dict[str, Any]) -> Table:
     """Per replica: pool, iterations, busy fraction, queue and KV use; then transfers."""
     table = Table(title="replicas")
-    for col in ("replica", "pool", "iterations", "busy", "mean queue", "max queue", "mean KV",
+    for col in ("id", "pool", "iterations", "busy", "mean queue", "max queue", "mean KV",
                 "max KV"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=col in ("pool", "iterations"))
     for r in summary["replicas"]:
-        table.add_row(str(r["replica_id"]), str(r["pool"]), str(r["num_iterations"]),
+        table.add_row(str(r["replica_id"]), str(r["pool"]), f"{r['num_iterations']:,}",
                       pct(r["busy_fraction"]), fmt(r["mean_queue_length"]),
                       str(r["max_queue_length"]), pct(r["mean_kv_utilization"]),
                       pct(r["max_kv_utilization"]))

@@ -1,0 +1,56 @@
+"""The overload verdict every run carries: a queue still growing at the end, by a slope test with
+its standard error, checked on a queue whose capacity is known exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim import run_scenario
+from sim.config import parse_scenario
+
+SERVICE_S = 0.01  # one request per iteration of 10 ms: capacity 100 requests/s
+
+
+def single_server(qps: float, seed: int, num_requests: int = 2000):
+    """M/D/1: Poisson arrivals, one request at a time, each one iteration of SERVICE_S."""
+    return parse_scenario({
+        "seed": seed,
+        "workload": {"format": "synthetic", "num_requests": num_requests,
+                     "arrivals": {"process": "poisson", "qps": qps},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                 "output": {"dist": "fixed", "value": 1}}},
+        "replica": {"scheduler": {"name": "prefill_first", "max_num_seqs": 1},
+                    "latency": {"kind": "constant", "iteration_s": SERVICE_S},
+                    "kv_cache": {"num_blocks": 100}},
+    }, "test")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stable_below_capacity(seed):
+    verdict = run_scenario(single_server(80.0, seed)).summary["overload"]
+    assert verdict["verdict"] == "stable", verdict
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_overloaded_above_capacity_with_the_share_it_falls_behind(seed):
+    verdict = run_scenario(single_server(120.0, seed)).summary["overload"]
+    assert verdict["verdict"] == "overloaded", verdict
+    # The queue grows at arrival rate minus service rate: 1 - 100/120 of arrivals.
+    assert verdict["growth_share_of_arrivals"] == pytest.approx(1 - 100 / 120, abs=0.05)
+    assert verdict["t"] > 3
+
+
+def test_too_few_requests_to_tell():
+    verdict = run_scenario(single_server(500.0, 0, num_requests=30)).summary["overload"]
+    assert verdict["verdict"] == "unknown"
+
+
+def test_requests_never_served_by_the_horizon_count_as_queued():
+    """Cut by a horizon at 3x capacity: the requests still queued are part of the queue."""
+    scenario = single_server(300.0, 0, num_requests=3000)
+    scenario = scenario.model_copy(update={"horizon_s": 5.0})
+    results = run_scenario(scenario)
+    assert (results.requests["reason"] == "queued_at_horizon").sum() > 500
+    verdict = results.summary["overload"]
+    assert verdict["verdict"] == "overloaded"
+    assert verdict["growth_share_of_arrivals"] == pytest.approx(2 / 3, abs=0.05)

@@ -1,0 +1,125 @@
+"""`servesim simulate` and its result directory: checked before the run, written whole or not at
+all, an earlier run replaced whole, Ctrl-C exits 130 and keeps the previous results."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from sim.cli import main
+from tests.conftest import assert_one_line_error, run_cli
+
+SMALL = """\
+name: small
+record_token_times: {tokens}
+workload:
+  format: synthetic
+  num_requests: {n}
+  arrivals: {{qps: {qps}}}
+  lengths:
+    prompt: {{dist: uniform, low: 10, high: 900}}
+    output: {{dist: uniform, low: 1, high: 50}}
+"""
+
+
+def cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """Run the CLI in-process; its exit code and what it printed on stdout."""
+    monkeypatch.setattr(sys, "argv", ["servesim", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    return code, capsys.readouterr().out
+
+
+def scenario(tmp_path: Path, *, n: int = 50, qps: float = 4.0, tokens: bool = False) -> Path:
+    path = tmp_path / f"s{n}_{qps}_{tokens}.yaml"
+    path.write_text(SMALL.format(n=n, qps=qps, tokens=str(tokens).lower()))
+    return path
+
+
+def test_out_that_is_a_file_fails_before_running(tmp_path, monkeypatch, capsys):
+    target = tmp_path / "taken"
+    target.write_text("not a directory")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(scenario(tmp_path)), "--out",
+                        str(target))
+    assert_one_line_error(code, err, "--out", "not a directory")
+    assert target.read_text() == "not a directory"
+
+
+def test_out_that_holds_other_files_is_never_replaced(tmp_path, monkeypatch, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(scenario(tmp_path)), "--out",
+                        str(mine))
+    assert_one_line_error(code, err, "--out", "not an earlier run")
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_out_below_a_file_is_an_error(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(scenario(tmp_path)), "--out",
+                        str(tmp_path / "file" / "run"))
+    assert_one_line_error(code, err, "--out", "is a file")
+
+
+def test_negative_seed_is_an_error(tmp_path, monkeypatch, capsys):
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(scenario(tmp_path)), "--seed", "-1")
+    assert code == 2 and "Traceback" not in err and "--seed" in err
+
+
+def test_an_earlier_run_is_replaced_whole(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    code, _ = cli(monkeypatch, capsys, "simulate", str(scenario(tmp_path, tokens=True)),
+                  "--out", str(out))
+    assert code == 0 and (out / "tokens.parquet").is_file()
+    code, _ = cli(monkeypatch, capsys, "simulate", str(scenario(tmp_path, n=60)),
+                  "--out", str(out))
+    assert code == 0
+    # No stale tokens.parquet of the first run beside the second run's files.
+    assert sorted(p.name for p in out.iterdir()) == ["iterations.parquet", "requests.parquet",
+                                                     "scenario.yaml", "summary.json"]
+    assert len(pd.read_parquet(out / "requests.parquet")) == 60
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_overloaded_run_says_so(tmp_path, monkeypatch, capsys):
+    """A replica at many times its capacity: the table is followed by the verdict."""
+    monkeypatch.setenv("COLUMNS", "200")
+    path = scenario(tmp_path, n=400, qps=400.0)
+    code, out = cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "o"))
+    assert code == 0
+    assert "OVERLOADED" in out
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["overload"]["verdict"] == "overloaded"
+
+
+def test_interrupt_keeps_the_previous_run_and_exits_130(tmp_path):
+    """SIGINT while a long run simulates: exit 130, the earlier run's files untouched, no
+    temporary directory left behind."""
+    out = tmp_path / "run"
+    servesim = [sys.executable, "-m", "sim"]
+    first = subprocess.run([*servesim, "simulate", str(scenario(tmp_path)), "--out", str(out)],
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    long_run = scenario(tmp_path, n=200_000, qps=5.0)
+    proc = subprocess.Popen([*servesim, "simulate", str(long_run), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3.0)
+    assert proc.poll() is None, proc.communicate()
+    os.kill(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, (stdout, stderr)
+    assert "interrupted" in stdout + stderr and "Traceback" not in stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
