@@ -28,9 +28,12 @@ def _progress() -> Progress:
                     TextColumn("left"), TimeRemainingColumn(), console=console)
 
 
-def _torch_setup(device: str, threads: int | None):
+def torch_setup(device: str, threads: int | None) -> tuple[Any, Any]:
+    """torch, set up for `device` (threads on the CPU), and the dtype measured there."""
     import torch
 
+    if device != "cpu" and not device.startswith("cuda"):
+        raise InputError(None, "--device", device, "expected cpu, cuda or cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(None, "--device", device, "CUDA is not available on this machine")
     if device == "cpu":
@@ -51,7 +54,7 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
 
     if model not in MODELS:
         raise InputError(None, "--model", model, f"unknown; known: {', '.join(MODELS.names())}")
-    torch, dtype = _torch_setup(device, threads)
+    torch, dtype = torch_setup(device, threads)
     attention = attention or default_attention(device)
     if attention == "varlen" and not device.startswith("cuda"):
         raise InputError(None, "--attention", attention, "varlen needs a CUDA device")
@@ -73,8 +76,10 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
     console.print(f"{len(df)} mixes measured -> {out}")
 
 
-def run_fit(profile_path: Path, out: Path | None) -> Path:
-    """Fit on the grid rows, report the error on held-out rows, write the latency file."""
+def run_fit(profile_path: Path, out: Path | None, host_overhead_from: list[Path] | None = None
+            ) -> Path:
+    """Fit on the grid rows, report the error on held-out rows, write the latency file; with
+    replay directories, add their median host time per iteration as a per-iteration term."""
     if not profile_path.is_file():
         raise InputError(profile_path, "PROFILE", str(profile_path), "file not found")
     try:
@@ -87,6 +92,17 @@ def run_fit(profile_path: Path, out: Path | None) -> Path:
         raise InputError(profile_path, "columns", missing or "metadata", "not a servesim profile")
     fitted = fit_profile(df, meta)
     fitted["source"] = str(profile_path)
+    if host_overhead_from:
+        from profiler.fit import add_host_overhead
+        from profiler.validate import host_overhead
+
+        for run in host_overhead_from:
+            if not (run / "iterations.parquet").is_file():
+                raise InputError(run, "--host-overhead-from", str(run), "not a replay directory")
+        stats = host_overhead(list(host_overhead_from))
+        fitted = add_host_overhead(fitted, stats["median_s"], stats)
+        console.print(f"host overhead: {1e3 * stats['median_s']:.3g} ms per iteration (median "
+                      f"of {stats['num_iterations']} replayed iterations) added to g(tokens)")
     out = out or profile_path.with_suffix(".json")
     out.write_text(json.dumps(fitted, indent=1, sort_keys=True) + "\n")
     console.print(error_table(f"fit of {profile_path.name}", fitted))
@@ -122,7 +138,7 @@ def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int 
 
     fitted = load_fitted(fitted_path)
     meta = fitted.get("measurement", {})
-    torch, dtype = _torch_setup(device, threads)
+    torch, dtype = torch_setup(device, threads)
     shape = MODELS.get(fitted["model"])
     spec = GridSpec(**{f.name: meta["grid"][f.name] for f in fields(GridSpec)
                        if f.name in meta.get("grid", {})})

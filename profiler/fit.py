@@ -72,3 +72,18 @@ def fit_profile(df: pd.DataFrame, metadata: dict[str, Any]) -> dict[str, Any]:
     fitted["noise"] = noise(df)
     fitted["measurement"] = metadata
     return fitted
+
+
+def add_host_overhead(fitted: dict[str, Any], overhead_s: float,
+                      stats: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The fitted model plus a constant per-iteration host time (scheduling, input preparation,
+    commit, measured by `servesim replay` outside the forward pass). The file format is
+    unchanged: g(num_tokens) is the per-iteration curve, so the constant goes into every knot
+    value; `host_overhead_s` records how much was added."""
+    out = dict(fitted)
+    base = float(fitted.get("host_overhead_s", 0.0))
+    out["knot_s"] = [v - base + overhead_s for v in fitted["knot_s"]]
+    out["host_overhead_s"] = overhead_s
+    if stats is not None:
+        out["host_overhead"] = stats
+    return out

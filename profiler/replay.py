@@ -1,0 +1,315 @@
+"""`servesim replay`: serve a scenario's requests for real, in real time, on one replica.
+
+The wall-clock twin of `sim.engine.Replica.run`: the same scheduler class and config, the same
+`ReplicaState` and KV accounting, and the same results (`sim.runner.collect`); only time comes
+from the clock and each plan is executed by the profiler's decoder (`Executor`) instead of being
+priced by a latency model.
+
+Timing. An iteration starts when the loop asks the scheduler for a plan and ends when the next
+one could start, after its commit; so iterations tile the busy time and everything the loop does
+is in some iteration: `forward_s` (the forward pass) plus `host_s` (scheduling, input
+preparation, sampling, commit, progress). Arrivals are released at the loop's planning points,
+as in the simulator, where they wait for the iteration in progress. When idle, the loop sleeps
+until the next arrival and plans as of that arrival: the time it takes to wake is part of that
+iteration's host time (and recorded as `wake_s`). With these durations the simulator
+(`latency: {kind: recorded}`) sees exactly the same instants, so it must reproduce the plans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from profiler.executor import Executor
+from sim.cluster import kv_cache_for
+from sim.config import Scenario
+from sim.errors import InputError
+from sim.iteration_log import IterationLog
+from sim.latency.base import BatchShape
+from sim.metrics import distribution
+from sim.models import MODELS
+from sim.outdir import check_out_dir
+from sim.progress import ProgressReport
+from sim.request import Request, Status
+from sim.runner import (
+    ReplicaRecord,
+    Results,
+    collect,
+    load_workload,
+    make_requests,
+    mark_after_horizon,
+)
+from sim.schedulers import SCHEDULERS, Scheduler
+from sim.state import ReplicaState
+
+# Columns replay adds to iterations.parquet: the full shape of each iteration (the simulator's
+# log keeps only token counts), the forward pass, and what it measured around it.
+SHAPE_COLUMNS = ("num_prefill_seqs", "num_sampled_tokens", "prefill_attn_pairs",
+                 "prefill_kv_tokens", "decode_kv_tokens")
+MEASURED_COLUMNS = ("forward_s", "wake_s", "num_scattered_seqs")
+SPIN_S = 0.002  # sleep until this close to an arrival, then spin: wake-up within microseconds
+REPORT_EVERY_S = 0.5
+
+
+def check_replayable(scenario: Scenario) -> None:
+    """One colocated replica: what `replay` serves."""
+    cluster = scenario.cluster
+    if cluster.disaggregated:
+        raise InputError(scenario.source, "cluster.prefill", "disaggregated",
+                         "replay serves one colocated replica")
+    if cluster.replicas != 1:
+        raise InputError(scenario.source, "cluster.replicas", cluster.replicas,
+                         "replay serves one colocated replica")
+
+
+class ReplayLoop:
+    """Schedule, execute, commit, on the wall clock, until every request is done."""
+
+    def __init__(self, scheduler: Scheduler, state: ReplicaState, executor: Executor,
+                 arrivals: list[Request], horizon_s: float | None,
+                 progress: ProgressReport | None = None) -> None:
+        self.scheduler = scheduler
+        self.state = state
+        self.executor = executor
+        self.pending = arrivals  # in arrival order
+        self.horizon_s = horizon_s
+        self.progress = progress
+        self.log = IterationLog()
+        self.measured: dict[str, list[float]] = {name: [] for name in (*SHAPE_COLUMNS,
+                                                                         *MEASURED_COLUMNS)}
+        self.next = 0  # first request not yet released
+        self.num_done = 0
+        self.wake_s = 0.0
+        self.stop_requested = False
+        self._t0 = 0.0
+        self._last_report = -np.inf
+
+    def clock(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def run(self) -> float:
+        """Serve until done, the horizon, or a stop request; return the time it stopped."""
+        self._t0 = time.perf_counter()
+        now = 0.0  # the first planning point is t=0, the first arrival
+        while not self.stop_requested:
+            if self.horizon_s is not None and now >= self.horizon_s:
+                break
+            self._release(now)
+            if not self.state.running and not self.state.waiting:
+                if self.next >= len(self.pending):
+                    break
+                now = self._idle_until(self.pending[self.next].arrival_s)
+                continue
+            now = self._iteration(now)
+        return now
+
+    def _release(self, now: float) -> None:
+        """Arrivals up to `now` join the queue (or are rejected, as `Replica.submit` does)."""
+        state = self.state
+        while self.next < len(self.pending) and self.pending[self.next].arrival_s <= now:
+            req = self.pending[self.next]
+            self.next += 1
+            req.replica_id = req.prefill_replica_id = 0
+            reason = self.scheduler.reject_reason(req, state.kv, state.num_kv_tokens_needed(req))
+            if reason is not None:
+                req.status, req.reason = Status.REJECTED, reason
+                state.requests[req.request_id] = req
+                self.num_done += 1
+            else:
+                state.add(req)
+
+    def _idle_until(self, at_s: float) -> float:
+        """Nothing to do: wait for the arrival at `at_s`; the next plan is made as of then."""
+        while not self.stop_requested:
+            left = at_s - self.clock()
+            if left <= 0:
+                break
+            if left > SPIN_S:
+                time.sleep(min(left - SPIN_S, 0.05))
+                self._report(self.clock())
+        self.wake_s = max(0.0, self.clock() - at_s)
+        return at_s
+
+    def _iteration(self, start_s: float) -> float:
+        state = self.state
+        plan = self.scheduler.schedule(state, start_s)
+        if not plan:
+            raise RuntimeError("requests queued, none can run")
+        shape = BatchShape.from_plan(plan, state.requests)
+        num_used_blocks, num_waiting = state.kv.num_used_blocks, len(state.waiting)
+        forward_s = self.executor.run(plan, state.requests)
+        t = self.clock()
+        if self.horizon_s is not None and t >= self.horizon_s:
+            return t  # ends after the horizon: not committed, as in the simulator
+        index = self.log.append(start_s, t - start_s, shape.num_prefill_tokens,
+                                shape.num_decode_tokens, plan.num_seqs, num_used_blocks,
+                                len(plan.preempted_ids), num_waiting)
+        done = state.commit(plan, index, start_s, t)
+        self.executor.release(done)
+        self.num_done += len(done)
+        self._record(shape, forward_s)
+        self._report(t)
+        end_s = self.clock()
+        # The iteration ends now, after its commit: patch what was written with `t`.
+        self.log.columns["duration_s"][index] = end_s - start_s
+        for req in done:
+            req.finish_s = end_s
+        return end_s
+
+    def _record(self, shape: BatchShape, forward_s: float) -> None:
+        m = self.measured
+        for name in SHAPE_COLUMNS:
+            m[name].append(getattr(shape, name))
+        m["forward_s"].append(forward_s)
+        m["wake_s"].append(self.wake_s)
+        m["num_scattered_seqs"].append(self.executor.num_scattered)
+        self.wake_s = 0.0
+
+    def _report(self, now: float) -> None:
+        if self.progress is None or now - self._last_report < REPORT_EVERY_S:
+            return
+        self._last_report = now
+        waiting = self.state.waiting
+        lag = now - min(r.arrival_s for r in waiting) if waiting else 0.0
+        self.progress.update(self.num_done, len(self.pending),
+                             extra=f"queue {len(waiting)}, lag {lag:.2f} s")
+
+
+@contextlib.contextmanager
+def stop_on_interrupt(loop: ReplayLoop) -> Iterator[None]:
+    """Ctrl-C asks the loop to stop between iterations (never inside a commit)."""
+    def handler(signum: int, frame: Any) -> None:
+        loop.stop_requested = True
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: no handler to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = None,
+           attention: str | None = None, out_dir: Path | None = None,
+           progress: ProgressReport | None = None, command: str = "") -> Results:
+    """Serve `scenario` for real; write its results to `out_dir` (checked first) if given.
+    Interrupted (Ctrl-C), it keeps what ran: summary `run.complete` is False and every request
+    not done has the reason `interrupted`."""
+    from profiler.commands import torch_setup
+    from profiler.measure import default_attention, environment
+
+    check_replayable(scenario)
+    if out_dir is not None:
+        check_out_dir(out_dir)
+    torch, dtype = torch_setup(device, threads)
+    attention = attention or default_attention(device)
+    cfg = scenario.replica
+    model = MODELS.get(cfg.model)
+    kv = kv_cache_for(cfg, model, "replica", scenario.source)
+    _check_pool_fits(scenario, kv.num_blocks * kv.block_size, model, dtype, device)
+    requests = make_requests(load_workload(scenario))
+    arrivals = mark_after_horizon(requests, scenario.horizon_s)
+    scheduler = SCHEDULERS.get(cfg.scheduler.name)(cfg.scheduler)
+    state = ReplicaState(kv)
+    executor = Executor(model, kv, device=device, dtype=dtype, seed=scenario.seed,
+                        attention=attention)
+    executor.warm_up(_largest_iteration(scenario), cfg.scheduler.max_num_seqs)
+    loop = ReplayLoop(scheduler, state, executor, arrivals, scenario.horizon_s, progress)
+    if progress is not None:
+        progress.note(f"replaying {len(arrivals)} requests of {scenario.name} on {device} "
+                      f"({torch.get_num_threads()} thread(s)); Ctrl-C stops and keeps what ran")
+    gc.collect()
+    gc.freeze()  # the setup's objects: later collections scan only what the loop creates
+    try:
+        with stop_on_interrupt(loop):
+            stop_s = loop.run()
+    finally:
+        gc.unfreeze()
+    interrupted = loop.stop_requested
+    if interrupted:
+        _mark_interrupted(requests, stop_s)
+    else:
+        state.check()
+    env = environment(device, dtype, attention)
+    results = collect(scenario, requests, [ReplicaRecord("colocated", loop.log, kv)],
+                      {"kind": "replay", "device": device, **env},
+                      end_s=stop_s if interrupted else None)
+    _add_measurements(results, loop, env, command, interrupted, stop_s)
+    if out_dir is not None:
+        results.write(out_dir)
+    return results
+
+
+def _largest_iteration(scenario: Scenario) -> int:
+    sched = scenario.replica.scheduler
+    for name in ("token_budget", "max_num_batched_tokens"):
+        value = getattr(sched, name, None)
+        if isinstance(value, int):
+            return value
+    return 512
+
+
+def _check_pool_fits(scenario: Scenario, num_slots: int, model: Any, dtype: Any,
+                     device: str) -> None:
+    """The KV pool is allocated for real: refuse one that cannot fit in memory."""
+    itemsize = 2 if "16" in str(dtype) else 4
+    pool_bytes = num_slots * 2 * model.num_layers * model.kv_size * itemsize
+    if device.startswith("cuda"):
+        import torch
+
+        limit = 0.8 * torch.cuda.mem_get_info()[0]
+    else:
+        limit = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if pool_bytes > limit:
+        raise InputError(scenario.source, "replica.kv_cache.num_blocks", num_slots // max(
+            1, scenario.replica.kv_cache.block_size), f"a KV pool of {pool_bytes / 1e9:.1f} GB "
+            f"does not fit in {limit / 1e9:.1f} GB here: give fewer blocks")
+
+
+def _mark_interrupted(requests: list[Request], stop_s: float) -> None:
+    for req in requests:
+        if req.status in (Status.FINISHED, Status.REJECTED) or req.reason:
+            continue  # done, or already has its reason (after the horizon)
+        if req.replica_id < 0:
+            req.reason = f"interrupted: arrives at {req.arrival_s:.3f} s, after the stop"
+        else:
+            req.reason = f"interrupted: {req.status.value} at {stop_s:.3f} s"
+
+
+def _add_measurements(results: Results, loop: ReplayLoop, env: dict[str, Any], command: str,
+                      interrupted: bool, stop_s: float) -> None:
+    """Per iteration: the full shape, forward and host seconds; in the summary, what replay
+    measured and where."""
+    its = results.iterations
+    for name, values in loop.measured.items():
+        dtype = np.float64 if name.endswith("_s") else np.int64
+        its[name] = np.asarray(values, dtype=dtype)
+    its["host_s"] = its["duration_s"] - its["forward_s"]
+    summary = results.summary
+    summary["run"]["latency"] = "replay"
+    summary["run"]["gpu"] = env["device_name"]  # what served it, not the scenario's `gpu`
+    summary["run"]["complete"] = not interrupted
+    duration = its["duration_s"].to_numpy()
+    busy_s = float(duration.sum())
+    wakes = its["wake_s"].to_numpy()
+    summary["replay"] = {
+        **env,
+        "command": command,
+        "forward_s": distribution(its["forward_s"]),
+        "host_s": distribution(its["host_s"]),
+        "host_share": float(its["host_s"].sum()) / busy_s if busy_s > 0 else None,
+        "wake_s": distribution(wakes[wakes > 0]),
+        "num_scattered_seq_iterations": int(its["num_scattered_seqs"].sum()),
+        "interrupted_at_s": stop_s if interrupted else None,
+    }

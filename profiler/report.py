@@ -1,0 +1,162 @@
+"""What `servesim validate` prints and draws: an 80-column table, the goals met or not, a figure.
+Everything is read from the error frames (`errors.csv`, `iterations.csv`) and `meta.json`."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+SHORT = {"replay_2": "replay 2", "recorded": "recorded", "recorded_forward": "rec. fwd",
+         "profile": "profile", "profile_host": "prof+host", "roofline": "roofline"}
+TABLE_METRICS = {"ttft_p50": "TTFT50", "ttft_p99": "TTFT99", "tbt_p50": "TBT50",
+                 "tbt_p99": "TBT99", "e2e_p50": "E2E50", "e2e_p99": "E2E99",
+                 "sched_delay_p50": "wait50", "throughput": "tok/s"}
+GOAL_METRICS = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99")
+FIGURE_COMPARED = ("replay_2", "recorded", "profile", "profile_host")
+WIDTH = 80
+
+
+def wrap(lines: list[str]) -> list[str]:
+    """Lines of at most 80 characters (long ones continue indented)."""
+    out = []
+    for line in lines:
+        out += textwrap.wrap(line, WIDTH, subsequent_indent="    ", break_on_hyphens=False,
+                             drop_whitespace=True) or [""]
+    return out
+
+
+def signed_pct(value: Any) -> str:
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return "-"
+    pct = 100 * float(value)
+    return f"{pct:+.1f}" if abs(pct) < 1000 else f"{pct:+.0f}"
+
+
+def header_lines(meta: dict[str, Any]) -> list[str]:
+    m, p = meta["machine"], meta["profile"]
+    hold = p.get("holdout") or {}
+    when = "measured in this sitting" if p["measured_now"] else "given"
+    lines = [f"servesim validate, {meta['date']}",
+             f"machine: {m['device_name']}, {m['cpu_count']} cores, torch {m['torch']}, "
+             f"{m['torch_threads']} thread(s); load avg {m['loadavg_start'][0]:.1f} at start, "
+             f"{meta['loadavg_end'][0]:.1f} at end",
+             f"profile: {p['source']} ({when}; held-out MAPE "
+             f"{100 * hold.get('mape', float('nan')):.1f}%)",
+             f"host overhead (replays 2+): median {1e3 * meta['host']['median_s']:.2f} ms, "
+             f"mean {1e3 * meta['host']['mean_s']:.2f} ms per iteration"]
+    lines += [f"WARNING: profile {flag}" for flag in p["flags"]]
+    for label, cap in meta["capacity"].items():
+        lines.append(f"capacity {label}: {cap['requests_per_s']:.3g} req/s ({cap['how']})")
+    lines.append(f"command: {meta['command']}")
+    return wrap(lines)
+
+
+def error_table(errors: pd.DataFrame) -> list[str]:
+    """Signed relative error (%) of each comparison against replay 1, per scheduler and load."""
+    lines = ["", "signed error vs replay 1, % (replay 2: run-to-run variation, the floor)",
+             f"{'sched':<6}{'load':>5} {'vs':<10}"
+             + "".join(f"{name:>7}" for name in TABLE_METRICS.values())]
+    last = None
+    for _, row in errors.iterrows():
+        key = (row["scheduler"], row["load"])
+        head = (f"{str(row['scheduler'])[:6]:<6}{row['load']:>5.2f} " if key != last
+                else " " * 12)
+        last = key
+        lines.append(head + f"{SHORT.get(row['compared'], row['compared'])[:10]:<10}"
+                     + "".join(f"{signed_pct(row[m]):>7}" for m in TABLE_METRICS))
+    return lines
+
+
+def iteration_table(iters: pd.DataFrame) -> list[str]:
+    """Latency models on the iterations that ran: median signed / mean absolute error (%)."""
+    lines = ["", "per-iteration error on replay 1's shapes, % (median signed / mean abs)",
+             f"{'sched':<6}{'load':>5}{'iters':>6}{'host ms':>8}{'host%':>6}"
+             f"{'prof/fwd':>12}{'prof/dur':>12}{'p+host/dur':>12}{'roof/dur':>12}"]
+    for _, r in iters.iterrows():
+        cells = []
+        for name in ("profile_vs_forward", "profile_vs_duration", "profile_host_vs_duration",
+                     "roofline_vs_duration"):
+            cells.append(f"{signed_pct(r[f'{name}_median_signed'])}/"
+                         f"{100 * r[f'{name}_mape']:.0f}")
+        lines.append(f"{str(r['scheduler'])[:6]:<6}{r['load']:>5.2f}{r['num_iterations']:>6}"
+                     f"{r['host_ms_median']:>8.2f}{100 * r['host_share']:>6.1f}"
+                     + "".join(f"{c:>12}" for c in cells))
+    return lines
+
+
+def floor(errors: pd.DataFrame, scheduler: str, load: float, metric: str) -> float | None:
+    """Largest |replay k vs replay 1| difference of a metric at a point."""
+    rows = errors[(errors["scheduler"] == scheduler) & (errors["load"] == load)
+                  & errors["compared"].str.startswith("replay_")]
+    values = rows[metric].dropna().abs()
+    return float(values.max()) if len(values) else None
+
+
+def goal_lines(errors: pd.DataFrame) -> list[str]:
+    """The issue's goals, point by point: recorded reproduces replay (same plans, per-request
+    timestamps within 1%); prof+host within twice the replay-vs-replay floor."""
+    lines = ["", "goals"]
+    for (sched, load), rows in errors.groupby(["scheduler", "load"], sort=False):
+        rec = rows[rows["compared"] == "recorded"].iloc[0]
+        worst = max(rec["max_request_ttft_error"] or 0.0, rec["max_request_e2e_error"] or 0.0)
+        ok = bool(rec["same_plans"]) and worst <= 0.01
+        lines.append(f"{str(sched)[:6]:<6}{load:>5.2f} recorded: plans "
+                     f"{'identical' if rec['same_plans'] else 'differ'}, worst request "
+                     f"{100 * worst:.2g}% -> {'met' if ok else 'NOT met'}")
+        prof = rows[rows["compared"] == "profile_host"].iloc[0]
+        misses = []
+        for metric in GOAL_METRICS:
+            bound = floor(errors, str(sched), float(load), metric)  # type: ignore[arg-type]
+            value = prof[metric]
+            if bound is None or value is None or not np.isfinite(value):
+                misses.append(f"{TABLE_METRICS[metric]} ?")
+            elif abs(value) > 2 * bound:
+                misses.append(f"{TABLE_METRICS[metric]} {signed_pct(value)} > 2x{100 * bound:.1f}")
+        verdict = "met" if not misses else "NOT met: " + ", ".join(misses)
+        lines += wrap([f"{'':<11} prof+host within 2x floor -> {verdict}"])
+    return lines
+
+
+def figure(errors: pd.DataFrame, meta: dict[str, Any], path: Path) -> None:
+    """Error vs load, per scheduler (rows) and metric (columns); grey: twice the floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    schedulers = list(dict.fromkeys(errors["scheduler"]))
+    fig, axes = plt.subplots(len(schedulers), len(GOAL_METRICS), squeeze=False,
+                             figsize=(3.2 * len(GOAL_METRICS), 2.8 * len(schedulers) + 0.8))
+    for i, sched in enumerate(schedulers):
+        rows = errors[errors["scheduler"] == sched]
+        loads = sorted(rows["load"].unique())
+        for j, metric in enumerate(GOAL_METRICS):
+            ax = axes[i][j]
+            band = [2 * 100 * (floor(errors, sched, x, metric) or 0.0) for x in loads]
+            ax.fill_between(loads, [-b for b in band], band, color="0.85",
+                            label="2x replay-vs-replay")
+            for name in FIGURE_COMPARED:
+                sel = rows[rows["compared"] == name].sort_values("load")
+                if len(sel):
+                    ax.plot(sel["load"], 100 * sel[metric].astype(float), marker="o",
+                            label=SHORT[name])
+            ax.axhline(0, color="black", linewidth=0.6)
+            ax.set_title(f"{sched}: {TABLE_METRICS[metric]}", fontsize=9)
+            ax.set_xlabel("load (fraction of capacity)", fontsize=8)
+            ax.set_ylabel("error vs replay 1 (%)", fontsize=8)
+            ax.tick_params(labelsize=7)
+    axes[0][0].legend(fontsize=7)
+    m = meta["machine"]
+    fig.suptitle(f"simulator vs replay: {meta['model']} on {m['device_name']}, "
+                 f"{m['torch_threads']} thread(s), {meta['date']}\nprofile: "
+                 f"{Path(meta['profile']['source']).name} "
+                 f"({'this sitting' if meta['profile']['measured_now'] else 'given'}); "
+                 "roofline off-scale, see table", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,364 @@
+"""`servesim validate`: replay, then simulate the same requests, and say how far apart they are.
+
+For each scenario (one scheduler each) and load, in one sitting:
+1. the profile: measured now on a grid sized from the scenarios (or given, and flagged if it was
+   measured on another machine or day);
+2. the capacity loads are fractions of: measured by a saturated replay (or given);
+3. every point replayed `repeats` times, repeat by repeat, so that replay-vs-replay differences
+   include the drift of the machine over the sitting: the floor for any simulator error;
+4. simulations of replay 1's requests: `recorded` (replay's own durations: only scheduling and
+   queueing can differ), `recorded_forward` (forward passes only: what host time is worth), the
+   fitted profile without and with the host overhead measured in the other replays, and the
+   roofline;
+5. the table: signed relative errors against replay 1, and each latency model's per-iteration
+   error on the shapes replay 1 really ran.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profiler.agreement import compare_runs, iteration_error
+from profiler.replay import _largest_iteration, check_replayable, replay
+from sim.capacity import rate_knob, trace_qps, with_rate
+from sim.config import Scenario, scenario_yaml
+from sim.errors import InputError
+from sim.gpus import GPUS
+from sim.latency import LATENCY_MODELS, BatchShape
+from sim.latency.profile import load_fitted
+from sim.models import MODELS
+from sim.progress import ProgressReport
+from sim.runner import load_workload, run_scenario
+
+SIMULATIONS = {  # name -> latency config (paths filled in per point)
+    "recorded": {"kind": "recorded", "column": "duration_s"},
+    "recorded_forward": {"kind": "recorded", "column": "forward_s"},
+    "profile": {"kind": "profile"},
+    "profile_host": {"kind": "profile"},
+    "roofline": {"kind": "roofline"},
+}
+SATURATED_RPS = 1e6  # arrivals a microsecond apart: all at once
+STALE_PROFILE_H = 12.0
+
+
+@dataclass
+class Options:
+    device: str = "cpu"
+    loads: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.95])
+    profile: Path | None = None
+    capacity_rps: float | None = None
+    capacity_requests: int | None = None
+    repeats: int = 2
+    threads: int | None = None
+    profile_max_tokens: int | None = None
+    profile_reps: int = 5
+    profile_holdout: int = 60
+    reuse: bool = False
+    command: str = ""
+
+
+@dataclass
+class Point:
+    label: str  # the scheduler (or scenario) name
+    load: float
+    rps: float  # arrival rate, requests/s
+    scenario: Scenario
+    dir: Path
+
+    def replay_dir(self, repeat: int) -> Path:
+        return self.dir / f"replay_{repeat}"
+
+
+def labels_for(scenarios: list[Scenario]) -> list[str]:
+    names = [s.replica.scheduler.name for s in scenarios]
+    return names if len(set(names)) == len(names) else [s.name for s in scenarios]
+
+
+def check_inputs(scenarios: list[Scenario], opts: Options) -> str:
+    """One model, one colocated replica each, distinct labels; returns the model."""
+    for scn in scenarios:
+        check_replayable(scn)
+    models = {s.replica.model for s in scenarios}
+    if len(models) > 1:
+        raise InputError(scenarios[0].source, "replica.model", sorted(models),
+                         "validate needs every scenario to serve the same model")
+    if len(set(labels_for(scenarios))) < len(scenarios):
+        raise InputError(scenarios[0].source, "name", [s.name for s in scenarios],
+                         "give each scenario its own scheduler or name")
+    if not opts.loads or any(not 0 < x <= 2 for x in opts.loads):
+        raise InputError(None, "--loads", opts.loads, "fractions of capacity in (0, 2]")
+    return models.pop()
+
+
+def machine(device: str) -> dict[str, Any]:
+    """What ran it: the profiler's environment facts plus cores and load averages."""
+    import torch
+
+    from profiler.measure import default_attention, environment
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    info = environment(device, dtype, default_attention(device))
+    info["cpu_count"] = os.cpu_count()
+    info["loadavg_start"] = list(os.getloadavg())
+    return info
+
+
+def obtain_profile(scenarios: list[Scenario], model: str, opts: Options, out: Path,
+                   here: dict[str, Any], say: Any) -> tuple[Path, dict[str, Any]]:
+    """The fitted profile to validate: given (checked, flagged if stale) or measured now."""
+    if opts.profile is not None:
+        fitted = load_fitted(opts.profile)
+        if fitted["model"] != model:
+            raise InputError(opts.profile, "model", fitted["model"],
+                             f"profile was measured for {fitted['model']}, the scenarios run "
+                             f"{model}")
+        return opts.profile, {"source": str(opts.profile), "measured_now": False,
+                              "flags": profile_flags(fitted, here),
+                              "holdout": fitted.get("holdout"), "noise": fitted.get("noise")}
+    return measure_profile(scenarios, model, opts, out / "profile", say)
+
+
+def profile_flags(fitted: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """Why a given profile may not describe this machine now."""
+    meas = fitted.get("measurement", {})
+    flags = []
+    if meas.get("device_name") != here.get("device_name"):
+        flags.append(f"measured on {meas.get('device_name')}, not {here.get('device_name')}")
+    if meas.get("torch_threads") not in (None, here.get("torch_threads")):
+        flags.append(f"measured with {meas.get('torch_threads')} torch threads")
+    try:
+        then = dt.datetime.strptime(meas["date"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+        age_h = (dt.datetime.now(dt.UTC) - then).total_seconds() / 3600
+        if age_h > STALE_PROFILE_H:
+            flags.append(f"measured {age_h:.0f} h ago ({meas['date']}), not in this sitting")
+    except (KeyError, ValueError):
+        flags.append("no measurement date")
+    return flags
+
+
+def profile_spec(scenarios: list[Scenario], opts: Options) -> Any:
+    """A grid covering what the scenarios run: their largest iteration, longest context and
+    largest batch (a reduced grid on a CPU: minutes, not hours)."""
+    from profiler.mixes import GridSpec
+
+    tokens = max(_largest_iteration(s) for s in scenarios)
+    if opts.profile_max_tokens is not None:
+        tokens = min(tokens, opts.profile_max_tokens)
+    context = 256
+    for scn in scenarios:
+        w = load_workload(scn)
+        context = max(context, int((w.num_prompt_tokens + w.num_output_tokens).max()))
+    context = min(-(-context // 256) * 256, 16384)
+    batch = min(128, max(s.replica.scheduler.max_num_seqs for s in scenarios))
+    return GridSpec(max_tokens=tokens, max_context=context, max_batch=batch,
+                    max_kv_tokens=max(65536, 2 * context))
+
+
+def measure_profile(scenarios: list[Scenario], model: str, opts: Options, where: Path,
+                    say: Any) -> tuple[Path, dict[str, Any]]:
+    from profiler.commands import torch_setup
+    from profiler.fit import fit_profile
+    from profiler.measure import default_attention, load
+    from profiler.measure import profile as measure
+    from profiler.mixes import grid, random_mixes
+
+    fitted_path = where / "profile.json"
+    parquet = where / "profile.parquet"
+    if not (opts.reuse and fitted_path.is_file()):
+        if where.exists():
+            shutil.rmtree(where)  # measured afresh: this sitting's machine, not an earlier one
+        _, dtype = torch_setup(opts.device, opts.threads)
+        spec = profile_spec(scenarios, opts)
+        rng = np.random.default_rng(0)
+        mixes = [(m, "train") for m in grid(spec, rng)]
+        mixes += [(m, "holdout") for m in random_mixes(spec, opts.profile_holdout, rng)]
+        say(f"profiling {model} on {opts.device}: {len(mixes)} mixes, grid {spec}")
+        with ProgressReport(f"profiling {model}", "mixes", total=len(mixes)) as progress:
+            measure(MODELS.get(model), opts.device, parquet, spec, mixes, dtype=dtype, warmup=1,
+                    reps=opts.profile_reps, seed=0, command=opts.command,
+                    attention=default_attention(opts.device),
+                    on_progress=lambda done, total: progress.update(done, total))
+        df, meta = load(parquet)
+        fitted = fit_profile(df, meta)
+        fitted["source"] = str(parquet)
+        fitted_path.write_text(json.dumps(fitted, indent=1, sort_keys=True) + "\n")
+    fitted = load_fitted(fitted_path)
+    return fitted_path, {"source": str(fitted_path), "measured_now": True, "flags": [],
+                         "grid": fitted["measurement"]["grid"], "holdout": fitted["holdout"],
+                         "noise": fitted["noise"]}
+
+
+def at_rate(scenario: Scenario, rps: float, num_requests: int | None = None) -> Scenario:
+    """The scenario with arrivals at `rps` requests/s (and only the first N requests)."""
+    if num_requests is not None:
+        workload = scenario.workload.model_copy(update={"num_requests": num_requests})
+        scenario = scenario.model_copy(update={"workload": workload})
+    if rate_knob(scenario) == "qps":
+        return with_rate(scenario, rps, scenario.seed)
+    return with_rate(scenario, rps / trace_qps(scenario), scenario.seed)
+
+
+def run_replay(scenario: Scenario, out: Path, opts: Options, title: str) -> dict[str, Any]:
+    """Replay into `out` (or reuse a complete replay of the same scenario there)."""
+    if opts.reuse and _complete(out, scenario):
+        return json.loads((out / "summary.json").read_text())
+    with ProgressReport(title, "requests") as progress:
+        results = replay(scenario, device=opts.device, threads=opts.threads, out_dir=out,
+                         progress=progress, command=opts.command)
+    if not results.summary["run"]["complete"]:
+        raise KeyboardInterrupt  # the replay kept what it measured in `out`
+    return results.summary
+
+
+def _complete(out: Path, scenario: Scenario) -> bool:
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+        same = (out / "scenario.yaml").read_text() == scenario_yaml(scenario)
+    except OSError:
+        return False
+    return same and summary["run"].get("complete", False)
+
+
+def measure_capacity(scenario: Scenario, label: str, opts: Options, runs: Path
+                     ) -> dict[str, Any]:
+    """Requests/s one replica serves when it never waits for work: the first K requests all
+    arrive at once; capacity = K / time to finish them all (the drain at the end included)."""
+    n = len(load_workload(scenario))
+    k = min(n, opts.capacity_requests or max(16, n // 2))
+    saturated = at_rate(scenario, SATURATED_RPS, num_requests=k)
+    summary = run_replay(saturated, runs / label / "capacity", opts,
+                         f"{label}: capacity (saturated replay)")
+    makespan = summary["throughput"]["span_s"]
+    rps = summary["requests"]["finished"] / makespan
+    return {"requests_per_s": rps, "how": f"saturated replay: the first {k} requests arriving "
+            f"at once, all finished in {makespan:.2f} s", "dir": str(runs / label / "capacity")}
+
+
+def host_overhead(dirs: list[Path]) -> dict[str, Any]:
+    """Host time per iteration (outside the forward pass) in these replays."""
+    host = np.concatenate([pd.read_parquet(d / "iterations.parquet")["host_s"].to_numpy()
+                           for d in dirs])
+    return {"median_s": float(np.median(host)), "mean_s": float(host.mean()),
+            "p10_s": float(np.percentile(host, 10)), "p90_s": float(np.percentile(host, 90)),
+            "num_iterations": int(host.size), "replays": [str(d) for d in dirs]}
+
+
+def simulate_point(point: Point, profiles: dict[str, Path]) -> None:
+    """The simulations of replay 1's requests, each beside it."""
+    reference = point.replay_dir(1)
+    for name, spec in SIMULATIONS.items():
+        cfg: dict[str, Any] = dict(spec)
+        if cfg["kind"] == "recorded":
+            cfg["path"] = reference
+        elif cfg["kind"] == "profile":
+            cfg["path"] = profiles[name]
+        latency = LATENCY_MODELS.get(cfg["kind"]).Config.model_validate(cfg)
+        replica = point.scenario.replica.model_copy(update={"latency": latency})
+        run_scenario(point.scenario.model_copy(update={"replica": replica}),
+                     out_dir=point.dir / f"sim_{name}")
+
+
+def point_rows(point: Point, repeats: int) -> list[dict[str, Any]]:
+    """One row per comparison with replay 1: later replays (the floor), then simulations."""
+    reference = point.replay_dir(1)
+    others = [(f"replay_{r}", point.replay_dir(r)) for r in range(2, repeats + 1)]
+    others += [(name, point.dir / f"sim_{name}") for name in SIMULATIONS]
+    return [{"scheduler": point.label, "load": point.load, "rate_rps": point.rps,
+             "compared": name, **compare_runs(reference, other)} for name, other in others]
+
+
+def iteration_rows(point: Point, profiles: dict[str, Path]) -> list[dict[str, Any]]:
+    """Each latency model's error on the iterations replay 1 ran (their exact shapes)."""
+    its = pd.read_parquet(point.replay_dir(1) / "iterations.parquet")
+    shape = BatchShape(**{name: its[name].to_numpy(dtype=np.float64) for name in (
+        "num_prefill_tokens", "num_prefill_seqs", "num_decode_tokens", "num_sampled_tokens",
+        "prefill_attn_pairs", "prefill_kv_tokens", "decode_kv_tokens")})
+    cfg = point.scenario.replica
+    model, gpu = MODELS.get(cfg.model), GPUS.get(cfg.gpu)
+    models = {name: LATENCY_MODELS.get(SIMULATIONS[name]["kind"])(
+        LATENCY_MODELS.get(SIMULATIONS[name]["kind"]).Config.model_validate(
+            {**SIMULATIONS[name], **({"path": profiles[name]} if name in profiles else {})}),
+        model, gpu) for name in ("profile", "profile_host", "roofline")}
+    row: dict[str, Any] = {"scheduler": point.label, "load": point.load,
+                           "num_iterations": len(its),
+                           "forward_ms_median": 1e3 * float(its["forward_s"].median()),
+                           "host_ms_median": 1e3 * float(its["host_s"].median()),
+                           "host_share": float(its["host_s"].sum() / its["duration_s"].sum()),
+                           "wake_ms_max": 1e3 * float(its["wake_s"].max()),
+                           "num_scattered_seqs": int(its["num_scattered_seqs"].sum())}
+    for name, latency in models.items():
+        predicted = np.broadcast_to(np.asarray(latency.iteration_time_s(shape), dtype=float),
+                                    (len(its),))
+        targets = ["duration_s"] + (["forward_s"] if name == "profile" else [])
+        for target in targets:
+            err = iteration_error(its[target].to_numpy(), predicted)
+            for key, value in err.items():
+                if key != "n":
+                    row[f"{name}_vs_{target.removesuffix('_s')}_{key}"] = value
+    return [row]
+
+
+def run_validation(scenarios: list[Scenario], opts: Options, out: Path, say: Any
+                   ) -> dict[str, Any]:
+    """The whole sitting; writes errors.csv, iterations.csv, meta.json, table.txt and
+    validation.png into `out` (runs in `out/runs`); returns the meta with the table lines."""
+    from profiler.commands import torch_setup
+    from profiler.fit import add_host_overhead
+    from profiler.report import error_table, figure, goal_lines, header_lines, iteration_table
+
+    model = check_inputs(scenarios, opts)
+    torch_setup(opts.device, opts.threads)
+    here = machine(opts.device)
+    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    out.mkdir(parents=True, exist_ok=True)
+    runs = out / "runs"
+    profile_path, profile_info = obtain_profile(scenarios, model, opts, out, here, say)
+    for flag in profile_info["flags"]:
+        say(f"warning: profile {profile_path} {flag}")
+    labels = labels_for(scenarios)
+    capacity: dict[str, dict[str, Any]] = {}
+    for label, scn in zip(labels, scenarios, strict=True):
+        capacity[label] = ({"requests_per_s": opts.capacity_rps, "how": "given (--capacity)"}
+                           if opts.capacity_rps else measure_capacity(scn, label, opts, runs))
+        say(f"{label}: capacity {capacity[label]['requests_per_s']:.3g} req/s "
+            f"({capacity[label]['how']})")
+    points = [Point(label, load, load * capacity[label]["requests_per_s"],
+                    at_rate(scn, load * capacity[label]["requests_per_s"]),
+                    runs / label / f"load_{load:.2f}")
+              for label, scn in zip(labels, scenarios, strict=True) for load in opts.loads]
+    for repeat in range(1, opts.repeats + 1):  # repeat by repeat: replays 1 and 2 far apart
+        for p in points:
+            run_replay(p.scenario, p.replay_dir(repeat), opts,
+                       f"{p.label} load {p.load:.2f}: replay {repeat}/{opts.repeats}")
+    later = [p.replay_dir(r) for p in points for r in range(2, opts.repeats + 1)]
+    host = host_overhead(later or [p.replay_dir(1) for p in points])
+    profiles = {"profile": profile_path, "profile_host": out / "profile_host.json"}
+    fitted = load_fitted(profile_path)
+    profiles["profile_host"].write_text(json.dumps(
+        add_host_overhead(fitted, host["median_s"], host), indent=1, sort_keys=True) + "\n")
+    for p in points:
+        simulate_point(p, profiles)
+    errors = pd.DataFrame([row for p in points for row in point_rows(p, opts.repeats)])
+    iters = pd.DataFrame([row for p in points for row in iteration_rows(p, profiles)])
+    meta = {"date": date, "model": model, "machine": here, "loadavg_end": list(os.getloadavg()),
+            "command": opts.command, "profile": profile_info, "capacity": capacity,
+            "host": host, "loads": opts.loads, "repeats": opts.repeats,
+            "scenarios": [s.source for s in scenarios]}
+    errors.to_csv(out / "errors.csv", index=False)
+    iters.to_csv(out / "iterations.csv", index=False)
+    (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
+    lines = (header_lines(meta) + error_table(errors) + iteration_table(iters)
+             + goal_lines(errors))
+    (out / "table.txt").write_text("\n".join(lines) + "\n")
+    figure(errors, meta, out / "validation.png")
+    meta["lines"] = lines
+    return meta

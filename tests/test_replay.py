@@ -1,0 +1,222 @@
+"""`servesim replay` on the CPU with the tiny model (real torch, no mocks): the simulator with
+the `recorded` latency must make the very same plans and timestamps."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch", reason="replay needs torch (pip install -e .[profile])")
+
+from profiler.agreement import PLAN_COLUMNS  # noqa: E402
+from profiler.blocks import BlockMap  # noqa: E402
+from profiler.executor import Executor  # noqa: E402
+from profiler.model import Decoder, SeqInput  # noqa: E402
+from profiler.replay import replay  # noqa: E402
+from sim.config import load_scenario, parse_scenario  # noqa: E402
+from sim.kv_cache import KVCacheManager  # noqa: E402
+from sim.models import MODELS  # noqa: E402
+from sim.plan import Plan  # noqa: E402
+from sim.runner import Results, run_scenario  # noqa: E402
+from tests.conftest import assert_one_line_error, make_request, run_cli  # noqa: E402
+
+CHUNKED = "{name: chunked_prefill, token_budget: 64, max_num_seqs: 16}"
+PREFILL_FIRST = "{name: prefill_first, max_num_batched_tokens: 256, max_num_seqs: 16}"
+
+
+def trace_scenario(tmp_path: Path, rows: list[tuple[float, int, int]], scheduler: str = CHUNKED,
+                   num_blocks: int = 64, extra: str = "") -> Path:
+    """A Vidur-format trace of exactly these (arrival, prompt, output) rows, on the tiny model."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                     + "".join(f"{t},{p},{o}\n" for t, p, o in rows))
+    path = tmp_path / "scenario.yaml"
+    path.write_text(f"name: replay_test\nworkload: {{format: vidur, path: {trace}}}\n"
+                    f"replica: {{model: tiny, scheduler: {scheduler}, "
+                    f"kv_cache: {{block_size: 16, num_blocks: {num_blocks}}}}}\n{extra}")
+    return path
+
+
+ROWS = [(0.0, 40, 6), (0.002, 90, 4), (0.004, 7, 9), (0.03, 130, 3), (0.031, 20, 5),
+        (0.2, 33, 4)]  # bursts (queueing, batching), then an idle gap
+
+
+def recorded_twin(path: Path, replay_dir: Path) -> Results:
+    """The scenario simulated with the durations its replay measured."""
+    data = load_scenario(path).model_dump(mode="json")
+    data["replica"]["latency"] = {"kind": "recorded", "path": str(replay_dir)}
+    return run_scenario(parse_scenario(data, path))
+
+
+def assert_same_run(a: Results, b: Results) -> None:
+    ra, rb = a.requests, b.requests
+    assert ra["status"].tolist() == rb["status"].tolist()
+    assert ra["num_generated_tokens"].tolist() == rb["num_generated_tokens"].tolist()
+    assert ra["num_preemptions"].tolist() == rb["num_preemptions"].tolist()
+    for col in PLAN_COLUMNS:
+        assert a.iterations[col].tolist() == b.iterations[col].tolist(), col
+    for col in ("first_scheduled_s", "first_token_s", "finish_s"):
+        np.testing.assert_allclose(ra[col], rb[col], rtol=1e-9, atol=1e-12, err_msg=col)
+
+
+@pytest.mark.parametrize("scheduler", [CHUNKED, PREFILL_FIRST], ids=["chunked", "prefill_first"])
+def test_replay_is_reproduced_by_the_simulator_with_its_recorded_durations(tmp_path, scheduler):
+    path = trace_scenario(tmp_path, ROWS, scheduler)
+    out = tmp_path / "replay"
+    served = replay(load_scenario(path), out_dir=out)
+    assert (served.requests["status"] == "finished").all()
+    assert (served.requests["num_generated_tokens"] == served.requests["num_output_tokens"]).all()
+    its = served.iterations
+    assert (its["forward_s"] > 0).all() and (its["host_s"] > 0).all()
+    np.testing.assert_allclose(its["forward_s"] + its["host_s"], its["duration_s"])
+    # Iterations tile the busy time: each starts when the previous ended, or at an arrival.
+    ends = (its["start_s"] + its["duration_s"]).to_numpy()
+    gaps = its["start_s"].to_numpy()[1:] - ends[:-1]
+    assert (gaps >= -1e-12).all() and np.isin(its["start_s"][1:][gaps > 1e-9],
+                                                served.requests["arrival_s"]).all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"]["complete"] and summary["run"]["latency"] == "replay"
+    assert summary["replay"]["host_s"]["count"] == len(its)
+
+    twin = recorded_twin(path, out)
+    assert_same_run(served, twin)
+    described = twin.summary["latency_model"]
+    assert described["num_mismatched_iterations"] == 0
+    assert described["num_asked_iterations"] == described["num_recorded_iterations"] == len(its)
+
+
+def test_preemption_happens_in_replay_as_in_simulation(tmp_path):
+    """A KV budget too tight for every decode: the newest request is preempted, recomputed,
+    and the simulator does the same at the same iterations."""
+    rows = [(0.0, 60, 40), (0.0, 60, 40), (0.0, 60, 40)]
+    scheduler = "{name: chunked_prefill, token_budget: 256, max_num_seqs: 8, " \
+                "decode_reserve_tokens: 0}"
+    path = trace_scenario(tmp_path, rows, scheduler, num_blocks=14)
+    served = replay(load_scenario(path), out_dir=tmp_path / "replay")
+    assert served.requests["num_preemptions"].sum() > 0
+    assert (served.requests["status"] == "finished").all()
+    assert served.summary["replicas"][0]["kv_blocks_in_use_at_end"] == 0
+    assert_same_run(served, recorded_twin(path, tmp_path / "replay"))
+
+
+def test_a_prompt_that_cannot_fit_is_rejected_the_same_way(tmp_path):
+    rows = [(0.0, 30, 3), (0.001, 2000, 2), (0.002, 25, 4)]
+    path = trace_scenario(tmp_path, rows, num_blocks=32)  # 512 KV slots
+    served = replay(load_scenario(path), out_dir=tmp_path / "replay")
+    simulated = run_scenario(load_scenario(path))  # its own (roofline) latency
+    assert served.requests["status"].tolist() == ["finished", "rejected", "finished"]
+    assert served.requests["reason"].tolist() == simulated.requests["reason"].tolist()
+    assert served.requests["reason"][1].startswith("kv_capacity: needs 2001 KV slots")
+    assert_same_run(served, recorded_twin(path, tmp_path / "replay"))
+
+
+def test_recomputation_after_preemption_gives_the_decodes_logits():
+    """The executor recomputes the very same token ids at the same positions: the recompute's
+    last row gives what the decode it replaces gave."""
+    kv = KVCacheManager(64, 16)
+    ex = Executor(MODELS.get("tiny"), kv, seed=3)
+    req = make_request(0, prompt=20, output=5)
+    requests = {0: req}
+    logits = []
+
+    def step(num_tokens: int) -> None:
+        plan = Plan({0: num_tokens})
+        assert kv.try_allocate(req, num_tokens)
+        seqs = ex.prepare(plan, requests)
+        out = ex.decoder.forward(seqs)
+        ex.sample(plan, requests, out)
+        logits.append(out)
+        req.num_computed_tokens += num_tokens
+        req.num_output_tokens += 1
+
+    step(20)  # prefill: first token
+    step(1)
+    step(1)  # two decodes: the third token's logits in logits[2]
+    kv.free(req)  # preempted: blocks gone
+    ex.release_id(0)
+    req.num_computed_tokens, req.num_output_tokens = 0, 2
+    step(22)  # recompute prompt + 2 outputs: samples the third token again
+    assert torch.allclose(logits[2], logits[3], atol=1e-4)
+
+
+def test_scattered_blocks_read_like_a_contiguous_stretch():
+    shape = MODELS.get("tiny")
+    model = Decoder(shape, 64 * 16, seed=1)
+    ids = torch.randint(0, shape.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+    whole = model.forward([SeqInput(0, 0, ids, True)])
+    blocks = torch.tensor([9, 3, 30])  # 40 tokens over three scattered blocks
+    model.forward([SeqInput(0, 0, ids[:25], False, blocks)])
+    paged = model.forward([SeqInput(0, 25, ids[25:], True, blocks)])
+    assert torch.allclose(whole, paged, atol=1e-5)
+
+
+def test_block_map_keeps_requests_contiguous_and_in_step():
+    blocks = BlockMap(10, 16)
+    blocks.grow(0, 1, 4)  # claims room for 4 blocks
+    blocks.grow(1, 1, 3)  # goes beyond that room
+    blocks.grow(0, 4, 4)
+    assert blocks.blocks[0] == [0, 1, 2, 3] and blocks.contiguous(0)
+    assert blocks.blocks[1] == [4]
+    blocks.release(0)
+    assert blocks.num_used_blocks == 1
+    blocks.grow(2, 6, 9)  # the largest run left is 5 blocks: then it must jump
+    assert blocks.num_held(2) == 6 and not blocks.contiguous(2)
+    assert blocks.num_used_blocks == 7
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, monkeypatch, capsys):
+    path = trace_scenario(tmp_path, ROWS, extra="cluster: {replicas: 2}\n")
+    code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "cluster.replicas=2", "one colocated replica")
+    path = trace_scenario(tmp_path, ROWS)
+    if not torch.cuda.is_available():
+        code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--device", "cuda")
+        assert_one_line_error(code, err, "--device='cuda'", "CUDA is not available")
+    code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--device", "tpu")
+    assert_one_line_error(code, err, "--device='tpu'")
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "torch", None)  # as if torch were not installed
+        code, err = run_cli(m, capsys, "replay", str(path))
+        assert_one_line_error(code, err, "needs torch")
+
+
+def test_interrupt_keeps_what_ran_marked_incomplete(tmp_path):
+    """SIGINT mid-replay: exit 130, results written, run.complete false, every request kept,
+    those not done with the reason `interrupted`."""
+    rows = [(0.05 * i, 50, 30) for i in range(400)]  # 20 s of arrivals
+    path = trace_scenario(tmp_path, rows, num_blocks=512)
+    out = tmp_path / "replay"
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "replay", str(path), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    assert proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    deadline, seen = time.monotonic() + 120, ""
+    while "replaying" not in seen and time.monotonic() < deadline and proc.poll() is None:
+        if sel.select(timeout=1.0):
+            seen += proc.stderr.readline()
+    assert "replaying" in seen, seen
+    time.sleep(1.5)
+    os.kill(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (stdout, stderr)
+    assert "Traceback" not in stderr and "interrupted" in stdout + stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"]["complete"] is False
+    requests = pd.read_parquet(out / "requests.parquet")
+    assert len(requests) == 400
+    assert (requests["status"] == "finished").sum() > 0
+    unfinished = requests[requests["status"] != "finished"]
+    assert len(unfinished) and unfinished["reason"].str.startswith("interrupted").all()
+    assert summary["requests"]["reasons"] == {"interrupted": len(unfinished)}

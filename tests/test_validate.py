@@ -1,0 +1,185 @@
+"""`servesim validate`: the error table's arithmetic on hand-made result folders, the `recorded`
+latency kind, the host-overhead term, and one small sitting end to end (CPU, tiny model)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from profiler.agreement import compare_runs, iteration_error, relative_error
+from profiler.fit import add_host_overhead
+from sim.cli import main
+from sim.errors import InputError
+from sim.gpus import GPUS
+from sim.latency import LATENCY_MODELS, BatchShape
+from sim.latency.profile import TERMS, load_fitted, predict_s
+from sim.models import MODELS
+from tests.conftest import REPO, assert_one_line_error, run_cli
+
+
+def dist(p50: float | None, p90: float | None = None, p99: float | None = None) -> dict:
+    return {"p50": p50, "p90": p90, "p99": p99}
+
+
+def hand_made_run(path: Path, *, ttft: tuple, tbt: tuple, e2e: tuple, delay: float | None,
+                  tokens_per_s: float, iterations: list[tuple[int, int, int, int]],
+                  requests: list[tuple[str, int, float, float]]) -> Path:
+    """A result folder with only what the table reads."""
+    path.mkdir()
+    summary = {"ttft_s": dist(*ttft), "tbt_s": dist(*tbt), "e2e_s": dist(*e2e),
+               "scheduling_delay_s": dist(delay), "throughput": {"output_tokens_per_s":
+                                                                 tokens_per_s}}
+    (path / "summary.json").write_text(json.dumps(summary))
+    pd.DataFrame(iterations, columns=["num_prefill_tokens", "num_decode_tokens", "num_seqs",
+                                      "num_preempted"]).to_parquet(path / "iterations.parquet")
+    pd.DataFrame([{"request_id": i, "status": s, "num_generated_tokens": n, "ttft_s": t,
+                   "e2e_s": e} for i, (s, n, t, e) in enumerate(requests)]
+                 ).to_parquet(path / "requests.parquet")
+    return path
+
+
+def test_error_table_arithmetic_on_hand_made_runs(tmp_path):
+    ref = hand_made_run(tmp_path / "replay", ttft=(0.100, 0.2, 0.400), tbt=(0.010, 0.02, 0.050),
+                        e2e=(1.0, 2.0, 4.0), delay=0.0, tokens_per_s=200.0,
+                        iterations=[(64, 0, 1, 0), (0, 1, 1, 0), (10, 2, 3, 0)],
+                        requests=[("finished", 3, 0.1, 1.0), ("finished", 2, 0.2, 2.0),
+                                  ("rejected", 0, np.nan, np.nan)])
+    sim = hand_made_run(tmp_path / "sim", ttft=(0.110, 0.2, 0.300), tbt=(0.010, None, 0.055),
+                        e2e=(0.9, 2.5, 4.0), delay=0.002, tokens_per_s=210.0,
+                        iterations=[(64, 0, 1, 0), (0, 1, 1, 0), (10, 2, 2, 1)],
+                        requests=[("finished", 3, 0.104, 1.0), ("finished", 2, 0.19, 2.5),
+                                  ("rejected", 0, np.nan, np.nan)])
+    got = compare_runs(ref, sim)
+    assert got["ttft_p50"] == pytest.approx(0.10)
+    assert got["ttft_p90"] == pytest.approx(0.0)
+    assert got["ttft_p99"] == pytest.approx(-0.25)
+    assert got["tbt_p50"] == pytest.approx(0.0) and got["tbt_p90"] is None  # missing: no number
+    assert got["tbt_p99"] == pytest.approx(0.10)
+    assert got["e2e_p50"] == pytest.approx(-0.10) and got["e2e_p90"] == pytest.approx(0.25)
+    assert got["sched_delay_p50"] is None  # relative to a zero reference: undefined, not inf
+    assert got["throughput"] == pytest.approx(0.05)
+    assert got["same_plans"] is False and got["first_divergence"] == 2
+    assert got["same_outcomes"] is True
+    assert got["max_request_ttft_error"] == pytest.approx(0.05)  # |0.19 - 0.2| / 0.2
+    assert got["max_request_e2e_error"] == pytest.approx(0.25)
+    assert compare_runs(ref, ref)["same_plans"] is True
+    assert relative_error(2.0, 3.0) == 0.5 and relative_error(None, 1.0) is None
+
+
+def test_iteration_error_is_signed_and_relative():
+    err = iteration_error(np.array([1.0, 2.0, 4.0]), np.array([1.5, 2.0, 2.0]))
+    assert err["median_signed"] == pytest.approx(0.0)
+    assert err["mape"] == pytest.approx((0.5 + 0 + 0.5) / 3)
+    assert err["total_signed"] == pytest.approx(5.5 / 7 - 1)
+
+
+def recording(tmp_path: Path) -> Path:
+    pd.DataFrame({"replica_id": [0, 0], "num_prefill_tokens": [8, 0],
+                  "num_decode_tokens": [0, 1], "num_prefill_seqs": [1, 0],
+                  "duration_s": [0.02, 0.005], "forward_s": [0.018, 0.004]}
+                 ).to_parquet(tmp_path / "iterations.parquet")
+    return tmp_path
+
+
+def recorded(path: Path, **extra):
+    kind = LATENCY_MODELS.get("recorded")
+    return kind(kind.Config.model_validate({"kind": "recorded", "path": path, **extra}),
+                MODELS.get("tiny"), GPUS.get("h100-sxm"))
+
+
+def test_recorded_latency_replays_durations_and_reports_divergence(tmp_path):
+    model = recorded(recording(tmp_path))
+    assert model.sequential
+    assert model.iteration_time_s(BatchShape(num_prefill_tokens=8, num_prefill_seqs=1)) == 0.02
+    assert model.iteration_time_s(BatchShape(num_decode_tokens=2)) == 0.005  # not what ran
+    assert model.iteration_time_s(BatchShape(num_decode_tokens=1)) == pytest.approx(0.0125)
+    facts = model.describe()
+    assert facts["num_mismatched_iterations"] == 1 and facts["num_beyond_recording"] == 1
+    assert facts["first_mismatch"] == {"iteration": 1,
+                                       "num_decode_tokens": {"asked": 2, "recorded": 1}}
+    forward = recorded(tmp_path / "iterations.parquet", column="forward_s")
+    assert forward.iteration_time_s(BatchShape(num_prefill_tokens=8, num_prefill_seqs=1)) == 0.018
+    with pytest.raises(InputError, match="latency.column=.*no such column"):
+        recorded(tmp_path, column="host_ms")
+    with pytest.raises(InputError, match="not found"):
+        recorded(tmp_path / "nowhere")
+
+
+def test_host_overhead_is_a_per_iteration_term_in_the_same_format(tmp_path):
+    fitted = load_fitted(REPO / "profiles" / "cpu_tiny.json")
+    with_host = add_host_overhead(fitted, 0.0005, {"median_s": 0.0005})
+    shape = BatchShape(num_prefill_tokens=100, num_prefill_seqs=1, num_sampled_tokens=1,
+                       prefill_attn_pairs=5050, prefill_kv_tokens=100)
+
+    def predict(data):
+        return predict_s(shape, np.asarray(data["knots"]), np.asarray(data["knot_s"]),
+                         [data["coef"][k] for k in TERMS])
+
+    assert predict(with_host) - predict(fitted) == pytest.approx(0.0005)
+    again = add_host_overhead(with_host, 0.0002)  # replaces, never stacks
+    assert predict(again) - predict(fitted) == pytest.approx(0.0002)
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(with_host))
+    assert load_fitted(path)["host_overhead_s"] == 0.0005
+
+
+def small_scenario(tmp_path: Path, scheduler: str) -> Path:
+    path = tmp_path / f"{scheduler}.yaml"
+    sched = ("{name: chunked_prefill, token_budget: 64, max_num_seqs: 8}"
+             if scheduler == "chunked_prefill"
+             else "{name: prefill_first, max_num_batched_tokens: 192, max_num_seqs: 8}")
+    path.write_text(
+        f"name: small_{scheduler}\nseed: 2\n"
+        "workload: {format: synthetic, num_requests: 8, arrivals: {qps: 10},\n"
+        "  lengths: {prompt: {dist: uniform, low: 10, high: 90},\n"
+        "            output: {dist: uniform, low: 2, high: 12}}}\n"
+        f"replica: {{model: tiny, scheduler: {sched}, kv_cache: {{num_blocks: 64}}}}\n")
+    return path
+
+
+def test_a_small_sitting_end_to_end(tmp_path, monkeypatch, capsys):
+    """Profile measured in the sitting (a reduced grid), capacity by a saturated replay, two
+    schedulers, one load, two replays each; the recorded simulation reproduces replay 1."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("COLUMNS", "80")
+    out = tmp_path / "v"
+    monkeypatch.setattr(sys, "argv", [
+        "servesim", "validate", str(small_scenario(tmp_path, "chunked_prefill")),
+        str(small_scenario(tmp_path, "prefill_first")), "--loads", "0.6", "--out", str(out),
+        "--profile-max-tokens", "64", "--profile-reps", "2", "--profile-holdout", "8",
+        "--capacity-requests", "6"])
+    main()  # returns: exit code 0
+    printed = capsys.readouterr().out
+    errors = pd.read_csv(out / "errors.csv")
+    assert set(errors["compared"]) == {"replay_2", "recorded", "recorded_forward", "profile",
+                                       "profile_host", "roofline"}
+    rec = errors[errors["compared"] == "recorded"]
+    assert rec["same_plans"].all() and rec["same_outcomes"].all()
+    assert (rec["max_request_e2e_error"] < 1e-6).all()
+    iters = pd.read_csv(out / "iterations.csv")
+    assert len(iters) == 2 and (iters["host_share"] > 0).all()
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["profile"]["measured_now"] and meta["profile"]["grid"]["max_tokens"] == 64
+    assert "saturated replay" in meta["capacity"]["chunked_prefill"]["how"]
+    assert load_fitted(out / "profile_host.json")["host_overhead_s"] == meta["host"]["median_s"]
+    table = (out / "table.txt").read_text().splitlines()
+    assert all(len(line) <= 80 for line in table), [x for x in table if len(x) > 80]
+    assert "recorded: plans identical" in printed
+    assert (out / "validation.png").stat().st_size > 10_000
+
+
+def test_a_profile_of_another_model_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    other = json.loads((REPO / "profiles" / "cpu_tiny.json").read_text())
+    other["model"] = "llama-3-8b"
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(other))
+    code, err = run_cli(monkeypatch, capsys, "validate",
+                        str(small_scenario(tmp_path, "chunked_prefill")), "--profile", str(path),
+                        "--out", str(tmp_path / "v"))
+    assert_one_line_error(code, err, "other.json: model='llama-3-8b'", "scenarios run tiny")
