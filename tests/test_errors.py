@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
+import threading
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from sim.errors import InputError
 from tests.conftest import assert_one_line_error, run_cli
 
 VALID_TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,2\n0.5,20,3\n"
@@ -131,3 +135,46 @@ def test_pool_model_that_does_not_fit_its_gpu(tmp_path, monkeypatch, capsys):
     path = scenario_file(tmp_path, vidur(trace_file(tmp_path), text))
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
     assert_one_line_error(code, err, "cluster.decode.replica.kv_cache", "no room for KV")
+
+
+def test_an_input_error_holds_several_problems_one_line_each():
+    exc = InputError.many("s.yaml", [("seed", True, "must be a number"),
+                                     ("workload.qps", float("nan"), "must be finite")])
+    assert exc.lines() == ["s.yaml: seed=True: must be a number",
+                           "s.yaml: workload.qps=nan: must be finite"]
+    assert exc.one_line() == exc.lines()[0]
+    assert (exc.field, exc.value, exc.problem) == ("seed", True, "must be a number")
+    moved = exc.moved("cmp.yaml", lambda field: f"variants.a.{field}")
+    assert moved.lines()[1] == "cmp.yaml: variants.a.workload.qps=nan: must be finite"
+
+
+@pytest.mark.parametrize("value", [3, "text", [1, 2], threading.Lock(), (x for x in ()),
+                                   lambda: None])
+def test_input_errors_survive_pickling_with_any_value(value):
+    exc = InputError.many(Path("t.csv"), [("col (line 3)", value, "bad"), ("x", 1, "worse")])
+    back = pickle.loads(pickle.dumps(exc))
+    assert isinstance(back, InputError)
+    assert back.lines() == exc.lines() and back.source == "t.csv"
+    single = InputError(None, "--seed", value, "bad")
+    assert pickle.loads(pickle.dumps(single)).lines() == single.lines()
+
+
+def test_several_problems_in_a_sweep_worker_come_back_whole(tmp_path):
+    # A worker process raises; the error crosses the process boundary pickled.
+    with ProcessPoolExecutor(1) as pool:
+        future = pool.submit(raise_input_error, str(tmp_path / "s.yaml"))
+        with pytest.raises(InputError) as caught:
+            future.result(timeout=60)
+    assert caught.value.lines() == [f"{tmp_path / 's.yaml'}: a=<lambda>: first",
+                                    f"{tmp_path / 's.yaml'}: b=2: second"]
+
+
+def raise_input_error(source: str) -> None:
+    class Unpicklable:
+        def __repr__(self) -> str:
+            return "<lambda>"
+
+        def __reduce__(self):
+            raise TypeError("cannot pickle")
+
+    raise InputError.many(source, [("a", Unpicklable(), "first"), ("b", 2, "second")])

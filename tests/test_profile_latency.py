@@ -114,3 +114,57 @@ def test_fit_rejects_a_file_that_is_not_a_profile(tmp_path, monkeypatch, capsys)
         main()
     assert exc.value.code == 2
     assert "not a servesim profile" in capsys.readouterr().err
+
+
+def broken(change):
+    """The committed tiny profile with `change(data)` applied."""
+    data = json.loads(CPU_TINY.read_text())
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize("change,needles", [
+    (lambda d: d.pop("knots"), ["knots=<missing>: required"]),
+    (lambda d: d["range"].pop("num_tokens"), ["range.num_tokens=<missing>"]),
+    (lambda d: d.update(knots="abc"), ["knots='abc'", "list"]),
+    (lambda d: d.update(coef=[1, 2]), ["coef=[1, 2]", "mapping"]),
+    (lambda d: d["coef"].update(decode_kv_tokens="1e-6"), ["coef.decode_kv_tokens='1e-6'", "text"]),
+    (lambda d: d["coef"].update(num_sampled_tokens=True), ["coef.num_sampled_tokens=True",
+                                                           "boolean"]),
+    (lambda d: d["coef"].update(decode_kv_tokens=-1e-6), ["coef.decode_kv_tokens=-1e-06",
+                                                          "greater than or equal to 0"]),
+    (lambda d: d["knot_s"].__setitem__(2, -0.5), ["knot_s.2=-0.5"]),
+    (lambda d: d["knot_s"].__setitem__(2, float("nan")), ["knot_s.2=nan", "finite"]),
+    (lambda d: d["coef"].update(prefill_kv_tokens=float("inf")), ["coef.prefill_kv_tokens=inf"]),
+    (lambda d: d["knots"].__setitem__(3, 1.0), ["knots.3=1.0", "increase"]),
+    (lambda d: d["knot_s"].pop(), ["knot_s=", "one per knot"]),
+    (lambda d: d["range"].update(num_tokens=-5), ["range.num_tokens=-5"]),
+])
+def test_a_broken_fitted_profile_names_its_field(tmp_path, monkeypatch, capsys, change, needles):
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(broken(change)))  # NaN and Infinity as Python's json writes
+    code, err = run_cli(monkeypatch, capsys, "simulate",
+                        scenario_with_profile(tmp_path, str(profile)))
+    assert_one_line_error(code, err, str(profile), *needles)
+
+
+def test_every_problem_of_a_fitted_profile_at_once(tmp_path, monkeypatch, capsys):
+    def change(d):
+        d.pop("model")
+        d["coef"]["num_decode_tokens"] = -1.0
+        d["knots"][5] = 0.5
+
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(broken(change)))
+    code, err = run_cli(monkeypatch, capsys, "simulate",
+                        scenario_with_profile(tmp_path, str(profile)))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 2, err  # knot order is checked once the fields are valid
+    assert lines[0].startswith(f"error: {profile}: model=<missing>")
+    assert lines[1].startswith(f"error: {profile}: coef.num_decode_tokens=-1.0")
+
+
+def test_a_directory_given_as_the_profile(tmp_path, monkeypatch, capsys):
+    code, err = run_cli(monkeypatch, capsys, "simulate",
+                        scenario_with_profile(tmp_path, str(tmp_path)))
+    assert_one_line_error(code, err, "latency.path", "is a directory")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
 
 from sim.config import parse_scenario
 from sim.runner import load_workload
+from tests.conftest import assert_one_line_error, run_cli
 
 
 def workload(spec: dict, seed: int = 0):
@@ -127,3 +129,119 @@ def test_mooncake_style_jsonl_written_here_round_trips(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     w = workload({"format": "mooncake", "path": str(path)})
     assert w.arrival_s.tolist() == [0.0, 1.5] and w.hash_ids == [(1, 2), (3,)]
+
+
+# Bad traces and selections: one line naming the file, the field (with the row's line) and the
+# value, exit code 2.
+
+VIDUR_HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+CSV_COLUMNS = "columns: {prompt_tokens: p, output_tokens: o}, arrivals: {qps: 1}"
+
+
+def simulate_trace(tmp_path, monkeypatch, capsys, name: str, content: str, workload: str):
+    """Write `content` to `name`, run a scenario whose workload is `workload` (it may say
+    {path}), return the exit code, stderr and the paths."""
+    trace = tmp_path / name
+    trace.write_text(content)
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("workload: {" + workload.replace("{path}", str(trace)) + "}\n"
+                        "replica: {latency: {kind: constant, iteration_s: 0.01}}\n")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(scenario),
+                        "--out", str(tmp_path / "o"))
+    return code, err, trace, scenario
+
+
+@pytest.mark.parametrize("name,content,workload", [
+    ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n", "format: azure, path: {path}"),
+    ("v.csv", VIDUR_HEADER, "format: vidur, path: {path}"),
+    ("m.jsonl", "\n\n", "format: mooncake, path: {path}"),
+    ("m.jsonl", "", "format: mooncake, path: {path}"),
+    ("l.csv", "num_prefill_tokens,num_decode_tokens\n",
+     "format: lengths, path: {path}, arrivals: {qps: 1}"),
+    ("g.csv", "p,o\n", "format: csv, path: {path}, " + CSV_COLUMNS),
+    ("g.jsonl", "", "format: jsonl, path: {path}, " + CSV_COLUMNS),
+    ("l.csv", "num_prefill_tokens,num_decode_tokens\n",
+     "format: synthetic, num_requests: 5, arrivals: {qps: 1}, lengths: {file: {path}}"),
+])
+def test_a_trace_without_rows_is_a_one_line_error(tmp_path, monkeypatch, capsys, name, content,
+                                                  workload):
+    code, err, trace, _ = simulate_trace(tmp_path, monkeypatch, capsys, name, content, workload)
+    assert_one_line_error(code, err, str(trace), "workload.")
+    assert "no rows" in err or "empty file" in err
+
+
+@pytest.mark.parametrize("row,needles", [
+    ("0.5,1e30,3", ["num_prefill_tokens (line 3)", "=1e+30", "1e+09 tokens"]),
+    (f"0.5,{2**63},3", ["num_prefill_tokens (line 3)", str(2**63)]),
+    (f"0.5,5,{10**9 + 1}", ["num_decode_tokens (line 3)", str(10**9 + 1)]),
+    ("0.5,5,True", ["num_decode_tokens (line 3)", "positive integer"]),
+])
+def test_absurd_token_counts_are_refused_with_their_line(tmp_path, monkeypatch, capsys, row,
+                                                         needles):
+    code, err, trace, _ = simulate_trace(tmp_path, monkeypatch, capsys, "v.csv",
+                                         VIDUR_HEADER + "0.0,10,2\n" + row + "\n",
+                                         "format: vidur, path: {path}")
+    assert_one_line_error(code, err, str(trace), *needles)
+
+
+MOONCAKE_ROW = '{"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [1]}\n'
+
+
+@pytest.mark.parametrize("lines,needles", [
+    ([MOONCAKE_ROW, "\n", '{"timestamp": 5, "input_length": 5\n'], ["line 3=", "not JSON"]),
+    ([MOONCAKE_ROW, "[1, 2]\n"], ["line 2=[1, 2]", "JSON object"]),
+    ([MOONCAKE_ROW, "\n", MOONCAKE_ROW.replace("5", "true")], ["input_length (line 3)=True"]),
+    ([MOONCAKE_ROW, MOONCAKE_ROW.replace("[1]", '["x"]')], ["hash_ids (line 2)"]),
+])
+def test_jsonl_errors_give_the_line_number(tmp_path, monkeypatch, capsys, lines, needles):
+    code, err, trace, _ = simulate_trace(tmp_path, monkeypatch, capsys, "m.jsonl",
+                                         "".join(lines), "format: mooncake, path: {path}")
+    assert_one_line_error(code, err, str(trace), *needles)
+
+
+@pytest.mark.parametrize("selection,needles", [
+    ("num_requests: 5", ["workload.num_requests=5", "only 2 requests in the trace"]),
+    ("start_s: 0.2, num_requests: 2", ["workload.num_requests=2", "only 1 requests in the window"]),
+    ("start_s: 100", ["workload.start_s=100.0", "holds no request", "0 to 0.5 s"]),
+    ("start_s: 0.1, end_s: 0.3", ["workload.end_s=0.3", "[0.1, 0.3) s holds no request"]),
+    ("rate_scale: 1.0e-10", ["workload.rate_scale=1e-10", "arrivals span 5e+09 s", "2**32"]),
+])
+def test_selections_that_cannot_be_run_are_refused(tmp_path, monkeypatch, capsys, selection,
+                                                   needles):
+    code, err, _, scenario = simulate_trace(tmp_path, monkeypatch, capsys, "v.csv",
+                                            VIDUR_HEADER + "0.0,10,2\n0.5,20,3\n",
+                                            "format: vidur, path: {path}, " + selection)
+    assert_one_line_error(code, err, str(scenario), *needles)
+
+
+def test_far_apart_arrivals_in_a_trace_are_refused(tmp_path, monkeypatch, capsys):
+    code, err, _, scenario = simulate_trace(tmp_path, monkeypatch, capsys, "v.csv",
+                                            VIDUR_HEADER + "0.0,10,2\n1e300,20,3\n",
+                                            "format: vidur, path: {path}")
+    assert_one_line_error(code, err, str(scenario), "workload.rate_scale=1.0", "1e+300 s")
+
+
+SYNTHETIC = ("format: synthetic, num_requests: {n}, arrivals: {{qps: {qps}}}, lengths: "
+             "{{prompt: {{dist: fixed, value: 5}}, output: {{dist: fixed, value: 2}}}}")  # .format
+
+
+@pytest.mark.parametrize("n,qps,needles", [
+    ("1000000000000", "1", ["workload.num_requests=1000000000000", "10000000"]),
+    ("1.0e+12", "1", ["workload.num_requests=1000000000000.0", "integer"]),
+    ("100", "1.0e-9", ["workload.arrivals.qps=1e-09", "arrivals span", "2**32"]),
+    ("100", "5.0e-324", ["workload.arrivals.qps=5e-324", "arrivals span inf s"]),
+])
+def test_synthetic_workloads_too_large_to_simulate(tmp_path, monkeypatch, capsys, n, qps,
+                                                   needles):
+    start = time.perf_counter()
+    code, err, _, scenario = simulate_trace(tmp_path, monkeypatch, capsys, "unused", "",
+                                            SYNTHETIC.format(n=n, qps=qps))
+    assert time.perf_counter() - start < 10  # refused before allocating anything
+    assert_one_line_error(code, err, str(scenario), *needles)
+
+
+def test_a_directory_given_as_a_trace(tmp_path, monkeypatch, capsys):
+    (tmp_path / "dir.csv").mkdir()
+    code, err, _, _ = simulate_trace(tmp_path, monkeypatch, capsys, "x", "",
+                                     f"format: vidur, path: {tmp_path / 'dir.csv'}")
+    assert_one_line_error(code, err, "dir.csv", "workload.path", "is a directory")

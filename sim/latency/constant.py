@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from sim.errors import INPUT_MODEL
 from sim.gpus import GPUSpec
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
 from sim.models import ModelShape
 
 
 class ConstantConfig(LatencyConfig):
+    model_config = INPUT_MODEL  # finite: an infinite iteration would finish nothing
+
     iteration_s: float = Field(0.01, gt=0)
 
 

@@ -18,8 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    ValidationError,
+    model_validator,
+)
 
-from sim.errors import InputError
+from sim.errors import INPUT_MODEL, InputError, Problem, invalid
 from sim.gpus import GPUSpec
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
 from sim.models import ModelShape
@@ -54,7 +63,9 @@ def predict_s(shape: BatchShape, knots: np.ndarray, knot_s: np.ndarray,
 
 
 class ProfileConfig(LatencyConfig):
-    path: Path
+    model_config = INPUT_MODEL
+
+    path: Path = Field(strict=False)  # a string in YAML
 
 
 @LATENCY_MODELS.register("profile")
@@ -92,8 +103,58 @@ class ProfileLatency(LatencyModel):
                 "num_extrapolated_iterations": self.num_extrapolated}
 
 
+class _Coef(BaseModel):
+    """Seconds per unit of each term; the fit is non-negative least squares."""
+
+    model_config = INPUT_MODEL
+    prefill_attn_pairs: NonNegativeFloat
+    prefill_kv_tokens: NonNegativeFloat
+    decode_kv_tokens: NonNegativeFloat
+    num_decode_tokens: NonNegativeFloat
+    num_prefill_seqs: NonNegativeFloat
+    num_sampled_tokens: NonNegativeFloat
+
+
+class _Range(BaseModel):
+    """The largest value of each feature measured: beyond it, predictions extrapolate."""
+
+    model_config = INPUT_MODEL
+    num_tokens: NonNegativeFloat
+    prefill_attn_pairs: NonNegativeFloat
+    decode_kv_tokens: NonNegativeFloat
+    num_decode_tokens: NonNegativeFloat
+
+
+class _Fitted(BaseModel):
+    """The fields of a fitted profile the simulator reads (others, e.g. metadata, pass)."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)  # other keys are kept
+    model: str
+    knots: list[PositiveFloat] = Field(min_length=2)  # token counts, increasing
+    knot_s: list[NonNegativeFloat] = Field(min_length=2)  # g at each knot, seconds
+    coef: _Coef
+    range: _Range
+
+    @model_validator(mode="after")
+    def _curve(self) -> _Fitted:
+        problems: list[Problem] = []
+        if len(self.knot_s) != len(self.knots):
+            problems.append(("knot_s", f"{len(self.knot_s)} values",
+                             f"need one per knot ({len(self.knots)})"))
+        back = next((i for i in range(1, len(self.knots))
+                     if self.knots[i] <= self.knots[i - 1]), None)
+        if back is not None:
+            problems.append((f"knots.{back}", self.knots[back], "knots must increase"))
+        if problems:
+            raise invalid(*problems)
+        return self
+
+
 def load_fitted(path: Path) -> dict[str, Any]:
-    """Read and check a fitted latency file; errors name the file and field."""
+    """Read and check a fitted latency file: every problem found, one line each, naming the
+    file and field. Returns the file's mapping."""
+    if Path(path).is_dir():
+        raise InputError(path, "latency.path", str(path), "is a directory, not a file")
     if not Path(path).is_file():
         raise InputError(path, "latency.path", str(path), "file not found")
     try:
@@ -103,17 +164,8 @@ def load_fitted(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         value = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise InputError(path, "format", value, f"expected {FORMAT} (run `servesim fit`)")
-    for field in ("model", "knots", "knot_s", "coef", "range"):
-        if field not in data:
-            raise InputError(path, field, None, "missing")
-    knots, values = data["knots"], data["knot_s"]
-    increasing = all(b > a for a, b in zip(knots, knots[1:], strict=False))
-    if len(knots) < 2 or len(knots) != len(values) or not increasing:
-        raise InputError(path, "knots", knots[:5], "need 2+ increasing knots, one value each")
-    for name in TERMS:
-        if not isinstance(data["coef"].get(name), int | float):
-            raise InputError(path, f"coef.{name}", data["coef"].get(name), "must be a number")
-    for name in RANGE_FEATURES:
-        if not isinstance(data["range"].get(name), int | float):
-            raise InputError(path, f"range.{name}", data["range"].get(name), "must be a number")
+    try:
+        _Fitted.model_validate(data)
+    except ValidationError as exc:
+        raise InputError.from_validation(path, exc) from None
     return data

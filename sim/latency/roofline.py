@@ -13,15 +13,18 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
+from sim.errors import INPUT_MODEL
 from sim.gpus import GPUSpec
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num, maximum
 from sim.models import ModelShape
 
 
 class RooflineConfig(LatencyConfig):
+    model_config = INPUT_MODEL  # finite numbers only
+
     mfu: float = Field(0.6, gt=0, le=1, description="fraction of peak FLOP/s reached by GEMMs")
     mbu: float = Field(0.8, gt=0, le=1, description="fraction of peak bandwidth reached")
-    overhead_s: float = Field(0.002, ge=0, description="fixed cost per iteration")
+    overhead_s: float = Field(0.002, ge=0, le=1, description="fixed cost per iteration (< 1 s)")
 
 
 @LATENCY_MODELS.register("roofline")

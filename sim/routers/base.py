@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
+from sim.errors import INPUT_MODEL
 from sim.registry import Registry
 from sim.request import Request
 
@@ -24,7 +25,7 @@ class ReplicaLoad:
 
 
 class RouterConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = INPUT_MODEL
     name: str
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from sim.errors import INPUT_MODEL
 from sim.kv_cache import KVCacheManager, cdiv
 from sim.plan import Plan
 from sim.registry import Registry
@@ -22,7 +23,7 @@ from sim.state import ReplicaState
 class SchedulerConfig(BaseModel):
     """Parameters shared by every scheduler; each scheduler's config extends this."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = INPUT_MODEL
 
     name: str
     max_num_seqs: int = Field(256, gt=0, description="most requests running at once")

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from sim.errors import invalid
 from sim.plan import Plan
 from sim.schedulers.base import (
     SCHEDULERS,
@@ -31,18 +32,23 @@ class ChunkedPrefillConfig(SchedulerConfig):
         # vLLM's 256), so that small budgets (Sarathi-Serve sweeps down to 128) just work.
         if isinstance(data, dict) and "max_num_seqs" not in data:
             budget = data.get("token_budget", 512)
-            if isinstance(budget, int) and budget > 0:
+            if type(budget) is int and budget > 0:  # not a bool: strict validation refuses it
                 data = {**data, "max_num_seqs": min(256, budget)}
         return data
 
     @model_validator(mode="after")
-    def _decodes_fit(self) -> ChunkedPrefillConfig:
+    def _consistent(self) -> ChunkedPrefillConfig:
+        problems = []
         # Stall-free batching promises every running decode a slot in every iteration.
         if self.max_num_seqs > self.token_budget:
-            raise ValueError(
-                f"max_num_seqs ({self.max_num_seqs}) must not exceed token_budget "
-                f"({self.token_budget}), or some decodes would stall"
-            )
+            problems.append(("max_num_seqs", self.max_num_seqs, f"must not exceed token_budget "
+                             f"({self.token_budget}), or some decodes would stall"))
+        # A chunk never exceeds what is left of the budget: a larger chunk_size would be ignored.
+        if self.chunk_size is not None and self.chunk_size > self.token_budget:
+            problems.append(("chunk_size", self.chunk_size,
+                             f"must not exceed token_budget ({self.token_budget})"))
+        if problems:
+            raise invalid(*problems)
         return self
 
 

@@ -7,6 +7,7 @@ A new format is one file with a config class, a `load` function and one registry
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +15,21 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
-from sim.errors import InputError
+from sim.errors import INPUT_MODEL, InputError, invalid
 from sim.registry import Registry
+
+# Tokens in one request's prompt or output. The longest contexts served today are about 10**7
+# tokens; 10**9 leaves room while a chunk's causal attention pairs (about q**2 / 2) and every
+# token sum stay far inside int64.
+MAX_TOKENS = 10**9
+# Requests in one run: the simulator keeps a Python object per request (a few hundred bytes
+# with its token runs), so 10**7 requests already take gigabytes and hours.
+MAX_REQUESTS = 10_000_000
+# Simulated times are float64 seconds since the first arrival: below 2**32 s (136 years) they
+# resolve 2**-20 s, about a microsecond, so TTFT and TBT keep their resolution.
+MAX_SPAN_S = float(2**32)
 
 
 @dataclass(frozen=True)
@@ -43,23 +55,40 @@ class Workload:
 class WorkloadConfig(BaseModel):
     """Fields every format has: which format, and which part of its requests to take."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = INPUT_MODEL
 
     format: str
     start_s: float = Field(0.0, ge=0, description="skip requests arriving before this time")
     end_s: float | None = Field(None, gt=0, description="drop requests arriving at or after it")
-    num_requests: int | None = Field(None, gt=0, description="then keep the first N")
+    num_requests: int | None = Field(None, gt=0, le=MAX_REQUESTS,
+                                     description="then keep the first N")
     rate_scale: float = Field(1.0, gt=0, description="2.0 replays the arrivals at twice the rate")
+    # The scenario file, named by errors of the selection (set by `parse_scenario`).
+    _source: str = PrivateAttr("<scenario>")
+
+    @model_validator(mode="after")
+    def _window(self) -> WorkloadConfig:
+        if self.end_s is not None and self.end_s <= self.start_s:
+            raise invalid(("end_s", self.end_s, f"must be after start_s ({self.start_s:g})"))
+        return self
 
 
 class ArrivalConfig(BaseModel):
     """Generated arrivals: Poisson, or Gamma inter-arrival times with a given CV (burstier > 1)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = INPUT_MODEL
 
     process: Literal["poisson", "gamma"] = "poisson"
     qps: float = Field(gt=0)
-    cv: float = Field(1.0, gt=0, description="coefficient of variation of inter-arrival times")
+    # Gamma's shape is 1/cv**2: the bounds keep it a normal float.
+    cv: float = Field(1.0, ge=1e-3, le=1e3,
+                      description="coefficient of variation of inter-arrival times (gamma)")
+
+    @model_validator(mode="after")
+    def _cv_is_gamma(self) -> ArrivalConfig:
+        if self.process == "poisson" and self.cv != 1.0:
+            raise invalid(("cv", self.cv, "Poisson arrivals have cv 1: use process: gamma"))
+        return self
 
     def sample(self, num_requests: int, rng: np.random.Generator) -> np.ndarray:
         mean_gap_s = 1.0 / self.qps
@@ -86,7 +115,7 @@ FORMATS: Registry[type[Format]] = Registry("workload format")
 
 
 class TraceConfig(WorkloadConfig):
-    path: Path
+    path: Path = Field(strict=False)  # a string in YAML
 
 
 class ArrivalsConfig(TraceConfig):
@@ -96,7 +125,7 @@ class ArrivalsConfig(TraceConfig):
 
 
 class ColumnsConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = INPUT_MODEL
 
     arrival: str | None = None
     prompt_tokens: str
@@ -114,6 +143,8 @@ class GenericConfig(TraceConfig):
     def _one_arrival_source(self) -> GenericConfig:
         if (self.columns.arrival is None) == (self.arrivals is None):
             raise ValueError("give exactly one of columns.arrival and arrivals")
+        if self.arrivals is not None and self.time_unit != "s":
+            raise invalid(("time_unit", self.time_unit, "has no effect on generated arrivals"))
         return self
 
 
@@ -122,20 +153,55 @@ def resolve(base_dir: Path, path: Path) -> Path:
 
 
 def read_table(path: Path, kind: Literal["csv", "jsonl"], field: str) -> pd.DataFrame:
-    """Read a CSV or JSON-lines file; errors name the file."""
+    """Read a CSV or JSON-lines file with at least one row; errors name the file."""
+    if path.is_dir():
+        raise InputError(path, field, str(path), "is a directory, not a file")
     if not path.is_file():
         raise InputError(path, field, str(path), "file not found")
+    if path.stat().st_size == 0:
+        raise InputError(path, field, str(path), "empty file")
     try:
-        df = pd.read_csv(path) if kind == "csv" else pd.read_json(path, lines=True, dtype=False)
-    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        if kind == "jsonl":
+            df = _read_jsonl(path)
+        else:
+            df = pd.read_csv(path)
+            df.attrs["first_line"] = 2  # the header is line 1
+    except (ValueError, pd.errors.ParserError) as exc:
         raise InputError(path, field, str(path), f"cannot parse as {kind}: {exc}") from None
-    df.attrs["first_line"] = 2 if kind == "csv" else 1  # file line of the first row
+    except UnicodeDecodeError:
+        raise InputError(path, field, str(path), "not UTF-8 text") from None
+    if df.empty:
+        raise InputError(path, field, str(path), "holds no requests (no rows)")
+    return df
+
+
+def _read_jsonl(path: Path) -> pd.DataFrame:
+    """One JSON object per line (blank lines skipped); errors give the line number."""
+    rows, lines = [], []
+    with path.open(encoding="utf-8") as file:
+        for number, line in enumerate(file, start=1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(path, f"line {number}", line,
+                                 f"not JSON: {exc.msg} (column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise InputError(path, f"line {number}", row, "must be a JSON object")
+            rows.append(row)
+            lines.append(number)
+    df = pd.DataFrame.from_records(rows)
+    df.attrs["lines"] = lines
     return df
 
 
 def where(df: pd.DataFrame, name: str, row: int) -> str:
     """`name (line N)`: the field of a bad value, with its line in the file."""
-    return f"{name} (line {row + df.attrs.get('first_line', 1)})"
+    lines = df.attrs.get("lines")
+    line = lines[row] if lines is not None else row + df.attrs.get("first_line", 1)
+    return f"{name} (line {line})"
 
 
 def column(df: pd.DataFrame, name: str, path: Path) -> pd.Series:
@@ -145,16 +211,31 @@ def column(df: pd.DataFrame, name: str, path: Path) -> pd.Series:
 
 
 def token_counts(df: pd.DataFrame, name: str, path: Path) -> np.ndarray:
-    """A column of token counts, each a positive integer; errors name the first bad row."""
+    """A column of token counts, each an integer in [1, MAX_TOKENS]; errors name the first bad
+    row."""
     values = column(df, name, path)
     numeric = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(numeric) | (numeric != np.floor(numeric)) | (numeric < 1)
+    bad |= _booleans(values)
     if bad.any():
         row = int(np.argmax(bad))
         raise InputError(path, where(df, name, row), values.iloc[row],
                          "must be a positive integer number of tokens")
+    too_many = numeric > MAX_TOKENS
+    if too_many.any():
+        row = int(np.argmax(too_many))
+        raise InputError(path, where(df, name, row), values.iloc[row],
+                         f"more than {MAX_TOKENS:.0e} tokens in one request")
     return numeric.astype(np.int64)
 
+
+def _booleans(values: pd.Series) -> np.ndarray:
+    """Which values are booleans (true/false are not token counts)."""
+    if values.dtype == bool:
+        return np.ones(len(values), dtype=bool)
+    if values.dtype == object:
+        return np.fromiter((isinstance(v, bool | np.bool_) for v in values), bool, len(values))
+    return np.zeros(len(values), dtype=bool)
 
 def seconds(df: pd.DataFrame, name: str, unit: str, path: Path) -> np.ndarray:
     """An arrival-time column as seconds since its first value, checked non-decreasing."""
@@ -165,7 +246,7 @@ def seconds(df: pd.DataFrame, name: str, unit: str, path: Path) -> np.ndarray:
         arrival = (times - times.iloc[0]).dt.total_seconds().to_numpy() if not bad.any() else None
     else:
         numeric = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
-        bad = ~np.isfinite(numeric)
+        bad = ~np.isfinite(numeric) | _booleans(values)
         scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[unit]
         arrival = (numeric - numeric[0]) * scale if not bad.any() else None
     if arrival is None:
@@ -180,17 +261,44 @@ def seconds(df: pd.DataFrame, name: str, unit: str, path: Path) -> np.ndarray:
 
 
 def select(workload: Workload, config: WorkloadConfig) -> Workload:
-    """Apply the time window, then the first N, then the rate scale."""
+    """Apply the time window, then the first N, then the rate scale. A selection that keeps no
+    request, asks for more than there are, or spans too long to simulate is an error."""
     arrival = workload.arrival_s
     keep = arrival >= config.start_s
     if config.end_s is not None:
         keep &= arrival < config.end_s
     chosen = workload.take(np.flatnonzero(keep))
+    source, last_s = config._source, float(arrival[-1]) if len(arrival) else 0.0
+    if not len(chosen):
+        field, value = ("end_s", config.end_s) if config.end_s is not None else (
+            "start_s", config.start_s)
+        end = "end" if config.end_s is None else f"{config.end_s:g}"
+        raise InputError(source, f"workload.{field}", value,
+                         f"the window [{config.start_s:g}, {end}) s holds no request "
+                         f"(arrivals span 0 to {last_s:g} s)")
     if config.num_requests is not None:
+        if config.num_requests > len(chosen):
+            windowed = config.start_s > 0 or config.end_s is not None
+            raise InputError(source, "workload.num_requests", config.num_requests,
+                             f"only {len(chosen)} requests "
+                             f"{'in the window' if windowed else 'in the trace'}")
         chosen = chosen.take(slice(0, config.num_requests))
-    if len(chosen):
-        # Time restarts at the first kept arrival, then compresses by the rate scale.
-        shifted = (chosen.arrival_s - chosen.arrival_s[0]) / config.rate_scale
-        chosen = Workload(shifted, chosen.num_prompt_tokens, chosen.num_output_tokens,
-                          chosen.hash_ids)
-    return chosen
+    # Time restarts at the first kept arrival, then compresses by the rate scale.
+    shifted = (chosen.arrival_s - chosen.arrival_s[0]) / config.rate_scale
+    _check_span(shifted, config)
+    return Workload(shifted, chosen.num_prompt_tokens, chosen.num_output_tokens, chosen.hash_ids)
+
+
+def _check_span(arrival_s: np.ndarray, config: WorkloadConfig) -> None:
+    """Arrival times must be finite and span less than MAX_SPAN_S; the error names the knob
+    that set them: the rate scale, or the rate of generated arrivals."""
+    span_s = float(arrival_s[-1]) if np.isfinite(arrival_s).all() else float("inf")
+    if span_s < MAX_SPAN_S:
+        return
+    field, value = "workload.rate_scale", config.rate_scale
+    arrivals = getattr(config, "arrivals", None)
+    if isinstance(arrivals, ArrivalConfig) and config.rate_scale == 1.0:
+        field, value = "workload.arrivals.qps", arrivals.qps
+    raise InputError(config._source, field, value,
+                     f"arrivals span {span_s:.3g} s; simulated times keep microsecond "
+                     f"resolution only below 2**32 s (136 years)")

@@ -31,7 +31,7 @@ class Mooncake(Format):
         df = read_table(path, "jsonl", "workload.path")
         hash_ids = []
         for row, ids in enumerate(column(df, "hash_ids", path)):
-            if not isinstance(ids, list):
+            if not isinstance(ids, list) or not all(type(i) is int for i in ids):
                 raise InputError(path, where(df, "hash_ids", row), ids, "must be a list of ints")
             hash_ids.append(tuple(ids))
         return Workload(

@@ -6,10 +6,13 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
+from sim.errors import INPUT_MODEL, Problem, invalid
 from sim.workloads.base import (
     FORMATS,
+    MAX_REQUESTS,
+    MAX_TOKENS,
     ArrivalConfig,
     Format,
     Workload,
@@ -19,31 +22,49 @@ from sim.workloads.base import (
     token_counts,
 )
 
+PARAMS = {"fixed": ("value",), "uniform": ("low", "high"), "lognormal": ("mean", "std")}
+
 
 class TokenDist(BaseModel):
     """fixed: `value`; uniform: integers in [`low`, `high`]; lognormal: `mean` and `std` of the
-    token count itself; every draw is rounded and clipped to [`min`, `max`]."""
+    token count itself; every draw is rounded and clipped to [`min`, `max`] (`max` defaults to
+    MAX_TOKENS, the most one request may have)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = INPUT_MODEL
 
     dist: Literal["fixed", "uniform", "lognormal"]
-    value: int | None = Field(None, ge=1)
-    low: int | None = Field(None, ge=1)
-    high: int | None = Field(None, ge=1)
-    mean: float | None = Field(None, gt=0)
-    std: float | None = Field(None, gt=0)
-    min: int = Field(1, ge=1)
-    max: int | None = Field(None, ge=1)
+    value: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    low: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    high: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    mean: float | None = Field(None, ge=1, le=MAX_TOKENS)
+    std: float | None = Field(None, gt=0, le=MAX_TOKENS)
+    min: int = Field(1, ge=1, le=MAX_TOKENS)
+    max: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _params(self) -> TokenDist:
-        needed = {"fixed": ("value",), "uniform": ("low", "high"), "lognormal": ("mean", "std")}
-        missing = [name for name in needed[self.dist] if getattr(self, name) is None]
+        needed = PARAMS[self.dist]
+        missing = [name for name in needed if getattr(self, name) is None]
         if missing:
             raise ValueError(f"{self.dist} needs {', '.join(missing)}")
-        if self.dist == "uniform" and self.low > self.high:  # type: ignore[operator]
-            raise ValueError("low must not exceed high")
+        problems = [(name, getattr(self, name), f"not a parameter of {self.dist}")
+                    for names in PARAMS.values() for name in names
+                    if name not in needed and getattr(self, name) is not None]
+        problems += self._clipping()
+        if problems:
+            raise invalid(*problems)
         return self
+
+    def _clipping(self) -> list[Problem]:
+        """Bounds that would silently change the distribution asked for."""
+        top = MAX_TOKENS if self.max is None else self.max
+        if self.min > top:
+            return [("min", self.min, f"above max ({top})")]
+        if self.dist == "uniform" and self.low > self.high:  # type: ignore[operator]
+            return [("low", self.low, f"above high ({self.high})")]
+        exact = {"fixed": ("value",), "uniform": ("low", "high")}.get(self.dist, ())
+        return [(name, getattr(self, name), f"outside [min, max] = [{self.min}, {top}]")
+                for name in exact if not self.min <= getattr(self, name) <= top]
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         if self.dist == "fixed":
@@ -54,27 +75,30 @@ class TokenDist(BaseModel):
             assert self.mean is not None and self.std is not None
             sigma2 = np.log1p((self.std / self.mean) ** 2)
             draws = rng.lognormal(np.log(self.mean) - sigma2 / 2, np.sqrt(sigma2), n)
-        return np.clip(np.rint(draws), self.min, self.max).astype(np.int64)
+        top = MAX_TOKENS if self.max is None else self.max
+        return np.clip(np.rint(draws), self.min, top).astype(np.int64)
 
 
 class LengthsConfig(BaseModel):
     """Either both token distributions, or a length CSV whose rows are drawn with replacement."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = INPUT_MODEL
 
     prompt: TokenDist | None = None
     output: TokenDist | None = None
-    file: Path | None = None
+    file: Path | None = Field(None, strict=False)  # a string in YAML
 
     @model_validator(mode="after")
     def _one_source(self) -> LengthsConfig:
-        if (self.file is None) == (self.prompt is None or self.output is None):
+        if self.file is not None and (self.prompt is not None or self.output is not None):
+            raise ValueError("give either file, or prompt and output, not both")
+        if self.file is None and (self.prompt is None or self.output is None):
             raise ValueError("give either file, or both prompt and output")
         return self
 
 
 class SyntheticConfig(WorkloadConfig):
-    num_requests: int = Field(gt=0)  # type: ignore[assignment]  # required here
+    num_requests: int = Field(gt=0, le=MAX_REQUESTS)  # type: ignore[assignment]  # required here
     arrivals: ArrivalConfig
     lengths: LengthsConfig
 
