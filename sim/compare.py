@@ -7,6 +7,8 @@ replaces."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,10 @@ import pandas as pd
 
 from sim.config import Scenario, parse_scenario, read_mapping
 from sim.errors import InputError
+from sim.outdir import check_out_dir, is_run_dir
 from sim.runner import Results, run_scenario
+
+TABLE = "comparison.csv"
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -50,22 +55,43 @@ def load_comparison(path: str | Path) -> dict[str, Scenario]:
         try:
             scenarios[str(variant)] = parse_scenario(merged, path, path.parent)
         except InputError as exc:
-            raise InputError(path, f"variants.{variant}.{exc.field}", exc.value,
-                             exc.problem) from None
+            prefix = f"variants.{variant}."
+            raise exc.moved(path, prefix.__add__) from None  # each field, within its variant
     return scenarios
 
 
-def compare(scenarios: dict[str, Scenario], out_dir: Path | None = None
+def compare(scenarios: dict[str, Scenario], out_dir: Path | None = None, *,
+            on_variant: Callable[[str, Results], None] | None = None
             ) -> tuple[pd.DataFrame, dict[str, Results]]:
-    """Run every variant; one row per variant with its headline numbers."""
+    """Run every variant (`on_variant(name, results)` after each); one row per variant with
+    its overload verdict and headline numbers. With `out_dir`, each variant's results go to
+    `out_dir/<variant>/` and the table to `comparison.csv`, written only once every variant
+    is done (an earlier table is removed first: it would look current)."""
+    if out_dir is not None:
+        check_comparison_dir(out_dir, scenarios)
+        (out_dir / TABLE).unlink(missing_ok=True)
     results = {}
     for variant, scenario in scenarios.items():
         results[variant] = run_scenario(
             scenario, out_dir=None if out_dir is None else out_dir / variant)
+        if on_variant is not None:
+            on_variant(variant, results[variant])
     table = pd.DataFrame([row(variant, res) for variant, res in results.items()])
     if out_dir is not None:
-        table.to_csv(out_dir / "comparison.csv", index=False)
+        tmp = out_dir / f".{TABLE}.tmp"
+        table.to_csv(tmp, index=False)
+        os.replace(tmp, out_dir / TABLE)
     return table, results
+
+
+def check_comparison_dir(out_dir: Path, variants: Iterable[str]) -> None:
+    """Fail before any run if a variant's results could not be written (`out_dir` a file, a
+    single run's directory, a variant's directory holding something else, unwritable)."""
+    if is_run_dir(out_dir):
+        raise InputError(out_dir, "--out", str(out_dir), "holds a single run's results; "
+                         "choose another directory for a comparison")
+    for variant in variants:
+        check_out_dir(out_dir / variant)
 
 
 def row(variant: str, res: Results) -> dict[str, Any]:
@@ -76,6 +102,7 @@ def row(variant: str, res: Results) -> dict[str, Any]:
         "pools": "+".join(f"{n}{p[0].upper()}" if p != "colocated" else f"{n}x"
                           for p, n in s["run"]["pools"].items()),
         "scheduler": s["run"]["scheduler"],
+        "overload": (s.get("overload") or {}).get("verdict"),
         "finished": s["requests"]["finished"],
         "ttft_p50_s": s["ttft_s"]["p50"],
         "ttft_p99_s": s["ttft_s"]["p99"],

@@ -1,6 +1,7 @@
 """Sweeps: one base scenario, axes of values for any of its fields (dotted paths), run in
-parallel, cached by a hash of each resolved scenario (re-running a sweep runs only what changed;
-an interrupted sweep resumes), gathered into one table.
+parallel, cached under a key of everything that changes each point's answer (`sim.fingerprint`:
+the resolved scenario, the content of its input files, the servesim code), gathered into one
+table. Re-running a sweep runs only new or changed points; an interrupted sweep resumes.
 
 A sweep file::
 
@@ -12,38 +13,50 @@ A sweep file::
     zip:                          # varied together, position by position
       workload.rate_scale: [1.0, 2.0]
       name: [slow, fast]
+
+A sweep directory holds `sweep.json` (its marker), `runs/<key>/` (one run's result files and
+`inputs.json`, each written whole or not at all) and, once every run is done, `results.parquet`
+and `results.csv` (never written from a partial set).
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
+import os
+import shutil
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
-from sim.config import Scenario, parse_scenario, read_mapping, read_yaml, scenario_yaml
+from sim.config import Scenario, parse_scenario, read_mapping, read_yaml
 from sim.errors import InputError
+from sim.fingerprint import input_files, inputs_record, scenario_key
+from sim.outdir import is_run_dir
+from sim.sweep_workers import Job, SweepFailed, run_jobs
+
+SWEEP_MARKER = "sweep.json"
+TABLES = ("results.parquet", "results.csv")
 
 
 @dataclass(frozen=True)
 class Run:
-    """One point of a sweep: the values it varies, its seed and its resolved scenario."""
+    """One point of a sweep: the values it varies, its seed, its resolved scenario and, by
+    field, its input files' paths as the user wrote them (recorded beside its results)."""
 
     point: dict[str, Any]
     seed: int
     scenario: Scenario
+    given_paths: dict[str, str] = field(default_factory=dict, compare=False)
 
-    @property
+    @cached_property
     def key(self) -> str:
-        """Hash of the resolved scenario: same scenario, same results, so run once."""
-        return hashlib.sha256(scenario_yaml(self.scenario).encode()).hexdigest()[:16]
+        """Same key, same answer (`sim.fingerprint.scenario_key`): such a point runs once."""
+        return scenario_key(self.scenario)
 
 
 def set_path(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
@@ -70,15 +83,16 @@ def load_sweep(path: str | Path) -> tuple[str, list[Run]]:
     if not isinstance(base, dict):
         raise InputError(path, "base", base, "must be a scenario file or mapping")
     seeds = data.get("seeds", [base.get("seed", 0)])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
-        raise InputError(path, "seeds", seeds, "must be a non-empty list of integers")
+    if not isinstance(seeds, list) or not seeds or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise InputError(path, "seeds", seeds, "must be a non-empty list of integers >= 0")
     grid, zipped = data.get("grid") or {}, data.get("zip") or {}
     for section, axes in (("grid", grid), ("zip", zipped)):
         if not isinstance(axes, dict):
             raise InputError(path, section, axes, "must map field paths to lists of values")
-        for field, values in axes.items():
+        for name, values in axes.items():
             if not isinstance(values, list) or not values:
-                raise InputError(path, f"{section}.{field}", values, "must be a non-empty list")
+                raise InputError(path, f"{section}.{name}", values, "must be a non-empty list")
     lengths = {len(v) for v in zipped.values()}
     if len(lengths) > 1:
         raise InputError(path, "zip", {k: len(v) for k, v in zipped.items()},
@@ -92,80 +106,145 @@ def load_sweep(path: str | Path) -> tuple[str, list[Run]]:
     for g, z, seed in itertools.product(grid_points, zip_points, seeds):
         point = {**g, **z}
         scenario_data = dict(base)
-        for field, value in point.items():
-            scenario_data = set_path(scenario_data, field, value)
+        for dotted, value in point.items():
+            scenario_data = set_path(scenario_data, dotted, value)
         scenario_data["seed"] = seed
         scenario_data.setdefault("name", name)
         try:
             scenario = parse_scenario(scenario_data, path, base_dir)
-        except InputError as exc:
-            where = next((f for f in point if exc.field.startswith(f)), exc.field)
-            raise InputError(path, where, exc.value, exc.problem) from None
-        runs.append(Run(point, seed, scenario))
+        except InputError as exc:  # named by the sweep axis that set the field, if one did
+            raise exc.moved(path, partial(_axis_of, point)) from None
+        runs.append(Run(point, seed, scenario, _given_paths(scenario, scenario_data)))
     return name, runs
 
 
-def _run_one(scenario_yaml_text: str, out_dir: str) -> dict[str, Any]:
-    """Run one scenario in a worker process and write its results; return its summary."""
-    from sim.runner import run_scenario
-
-    scenario = parse_scenario(yaml.safe_load(scenario_yaml_text), "sweep")
-    return run_scenario(scenario, out_dir=out_dir).summary
+def _axis_of(point: dict[str, Any], field: str) -> str:
+    return next((axis for axis in point if field.startswith(axis)), field)
 
 
-def run_sweep(runs: list[Run], out_dir: Path, *, workers: int = 1, backend: str = "local",
-              address: str | None = None,
+def _given_paths(scenario: Scenario, data: dict[str, Any]) -> dict[str, str]:
+    """Each input file's path as written in the sweep or its base (not resolved)."""
+    given = {}
+    for dotted in input_files(scenario):
+        value: Any = data
+        for part in dotted.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, str):
+            given[dotted] = value
+    return given
+
+
+def is_sweep_dir(path: Path) -> bool:
+    """A sweep's directory: its marker, or (written before there was one) a `runs/` folder."""
+    return (path / SWEEP_MARKER).is_file() or ((path / "runs").is_dir() and not is_run_dir(path))
+
+
+def check_sweep_dir(out: Path, field: str = "--out") -> None:
+    """Fail before any run if `out` is a file or a non-empty directory of something else (a
+    single run's results, say): a sweep never writes into it."""
+    if out.exists() and not out.is_dir():
+        raise InputError(out, field, str(out), "exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not is_sweep_dir(out):
+        what = "a single run's results" if is_run_dir(out) else "not a sweep's directory"
+        raise InputError(out, field, str(out), f"is {what} (no {SWEEP_MARKER}) and not empty; "
+                         "refusing to write a sweep there: choose another directory")
+
+
+def is_cached(run_dir: Path) -> bool:
+    """A point whose results and input record are both there (written together, whole)."""
+    return is_run_dir(run_dir) and (run_dir / "inputs.json").is_file()
+
+
+def runs_kept(runs: list[Run], out_dir: Path) -> int:
+    """How many of `runs` have their results in `out_dir` (e.g. after an interrupt)."""
+    return sum(is_cached(out_dir / "runs" / run.key) for run in runs)
+
+
+def run_sweep(runs: list[Run], out_dir: str | Path, *, workers: int = 1, backend: str = "local",
+              address: str | None = None, force: bool = False,
               on_progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """Run every run not already cached under `out_dir/runs/<key>`; return the results table
-    (also written as `out_dir/results.parquet` and `.csv`)."""
-    todo = [r for r in runs if not (out_dir / "runs" / r.key / "summary.json").is_file()]
-    done = len(runs) - len(todo)
+    """Run every run not already done under `out_dir/runs/<key>` (every run with `force`);
+    return the results table, also written as `out_dir/results.parquet` and `.csv`.
 
-    def one_more() -> None:
+    Input problems met by the runs end the sweep as one `InputError` (a line each); queued runs
+    are cancelled and running ones stopped, as on an interrupt; finished runs are kept."""
+    out_dir = Path(out_dir)
+    check_sweep_dir(out_dir)
+    keys = _keys(runs)
+    _mark(out_dir, len(runs))
+    todo = {key: run for key, run in zip(keys, runs, strict=True)
+            if force or not is_cached(out_dir / "runs" / key)}
+    if todo:
+        for name in TABLES:  # a table from an earlier set of runs would look current
+            (out_dir / name).unlink(missing_ok=True)
+    runs_per_key = {key: keys.count(key) for key in todo}
+    done = len(runs) - sum(runs_per_key.values())
+
+    def finished(job: Job) -> None:
         nonlocal done
-        done += 1
+        done += runs_per_key[Path(job.out_dir).name]
         if on_progress is not None:
             on_progress(done, len(runs))
 
     if on_progress is not None:
         on_progress(done, len(runs))
-    # Identical runs (same key) are run once.
-    jobs = list({r.key: (scenario_yaml(r.scenario), str(out_dir / "runs" / r.key))
-                 for r in todo}.values())
-    if backend == "ray":
-        _run_ray(jobs, address, one_more)
-    elif workers <= 1:
-        for job in jobs:
-            _run_one(*job)
-            one_more()
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for future in as_completed([pool.submit(_run_one, *job) for job in jobs]):
-                future.result()
-                one_more()
+    jobs = [Job(run.scenario, str(out_dir / "runs" / key),
+                inputs_record(run.scenario, run.given_paths)) for key, run in todo.items()]
+    try:
+        run_jobs(jobs, workers=workers, backend=backend, address=address, on_done=finished)
+    except BaseException:
+        _remove_partial(out_dir / "runs", set(todo))
+        raise
     table = results_table(runs, out_dir)
-    table.to_parquet(out_dir / "results.parquet", index=False)
-    table.to_csv(out_dir / "results.csv", index=False)
+    _write_tables(table, out_dir)
     return table
 
 
-def _run_ray(jobs: list[tuple[str, str]], address: str | None, tick: Callable[[], None]) -> None:
-    """The same runs as Ray tasks, on an existing cluster (`address`) or a local one."""
+def _keys(runs: list[Run]) -> list[str]:
+    """Every run's key; the input files that cannot be read, all reported at once."""
+    keys, problems = [], []
+    for run in runs:
+        try:
+            keys.append(run.key)
+        except InputError as exc:
+            problems += exc.lines()
+    if problems:
+        raise SweepFailed(problems)
+    return keys
+
+
+def _remove_partial(runs_dir: Path, keys: set[str]) -> None:
+    """The temporary directories of runs stopped part-way (`.<key>.tmp-...`): a worker killed
+    mid-write cannot remove its own."""
+    for entry in runs_dir.iterdir():
+        if entry.name.startswith(".") and entry.name[1:].split(".")[0] in keys:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _mark(out_dir: Path, num_runs: int) -> None:
+    """Create the sweep directory with its marker: also the check that it can be written."""
     try:
-        import ray
-    except ImportError:
-        raise InputError(None, "--backend", "ray", "Ray is not installed: pip install "
-                         "'servesim[ray]'") from None
-    ray.init(address=address, ignore_reinit_error=True, include_dashboard=False)
-    remote = ray.remote(_run_one)
-    pending = [remote.remote(*job) for job in jobs]
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        ray.get(ready)
-        tick()
+        (out_dir / "runs").mkdir(parents=True, exist_ok=True)
+        (out_dir / SWEEP_MARKER).write_text(json.dumps({"kind": "servesim sweep",
+                                                        "runs": num_runs}) + "\n")
+    except OSError as exc:
+        raise InputError(out_dir, "--out", str(out_dir),
+                         f"cannot write there: {exc.strerror}") from None
+
+
+def _write_tables(table: pd.DataFrame, out_dir: Path) -> None:
+    """Each table written aside, then renamed into place: present means complete."""
+    for name in TABLES:
+        tmp = out_dir / f".{name}.tmp"
+        if name.endswith(".parquet"):
+            table.to_parquet(tmp, index=False)
+        else:
+            table.to_csv(tmp, index=False)
+        os.replace(tmp, out_dir / name)
 
 
 METRICS = {  # column -> path in summary.json
+    "overload": ("overload", "verdict"),
     "finished": ("requests", "finished"), "rejected": ("requests", "rejected"),
     "unfinished": ("requests", "unfinished"),
     "ttft_p50_s": ("ttft_s", "p50"), "ttft_p90_s": ("ttft_s", "p90"),
@@ -179,8 +258,20 @@ METRICS = {  # column -> path in summary.json
 }
 
 
+def short_value(value: Any) -> str:
+    """A varied value for a narrow column or a legend: a mapping (JSON text in the table) by
+    its values, e.g. `chunked_prefill 256`."""
+    if isinstance(value, str) and value.startswith("{"):
+        try:
+            return " ".join(str(v) for v in json.loads(value).values())
+        except ValueError:
+            pass
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def results_table(runs: list[Run], out_dir: Path) -> pd.DataFrame:
-    """One row per run: the varied fields, the seed, the run's key and its headline metrics."""
+    """One row per run: the varied fields, the seed, the run's key, its overload verdict
+    (`stable`, `overloaded` or `unknown`) and its headline metrics."""
     rows = []
     for run in runs:
         summary = json.loads((out_dir / "runs" / run.key / "summary.json").read_text())
@@ -188,7 +279,7 @@ def results_table(runs: list[Run], out_dir: Path) -> pd.DataFrame:
         point = {k: v if isinstance(v, int | float | str | bool) or v is None
                  else json.dumps(v, sort_keys=True) for k, v in run.point.items()}
         row: dict[str, Any] = {**point, "seed": run.seed, "key": run.key}
-        for column, (section, field) in METRICS.items():
-            row[column] = summary.get(section, {}).get(field)
+        for column, (section, name) in METRICS.items():
+            row[column] = (summary.get(section) or {}).get(name)
         rows.append(row)
     return pd.DataFrame(rows)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.capacity import SLOTargets, capacity, queue_growing, violations, with_rate
+from sim.capacity import SLOTargets, capacity, violations, with_rate
 from sim.cli import main
 from sim.config import parse_scenario
 from sim.runner import run_scenario
@@ -131,14 +131,15 @@ def test_capacity_of_one_request_at_a_time_is_one_over_service_time():
     assert any(t.ok for t in trials) and any(not t.ok for t in trials)
 
 
-def test_saturation_is_a_violation_even_when_percentiles_pass():
+def test_overload_is_a_violation_even_when_percentiles_pass():
     scenario = parse_scenario(ONE_AT_A_TIME, "test")
     over = run_scenario(with_rate(scenario, 12.0, 0))  # 20% over capacity: the queue grows
-    assert queue_growing(over.requests)
+    assert over.summary["overload"]["verdict"] == "overloaded"
     # TBT is trivially met (one output token each), yet the run must count as a violation.
-    assert violations(over, SLOTargets(tbt_p99_s=0.1)) == ["queue still growing at the end"]
+    found = violations(over, SLOTargets(tbt_p99_s=0.1))
+    assert len(found) == 1 and found[0].startswith("overloaded: "), found
     under = run_scenario(with_rate(scenario, 8.0, 0))
-    assert not queue_growing(under.requests)
+    assert under.summary["overload"]["verdict"] == "stable"
     assert violations(under, SLOTargets(tbt_p99_s=0.1)) == []
 
 
@@ -147,10 +148,11 @@ def test_capacity_command(tmp_path, monkeypatch, capsys):
 
     path = write(tmp_path, "s.yaml", yaml.safe_dump(ONE_AT_A_TIME))
     monkeypatch.setattr(sys, "argv", ["servesim", "capacity", str(path), "--sched-delay-p50",
-                                      "0.5", "--precision", "0.05"])
+                                      "0.5", "--precision", "0.05", "--out",
+                                      str(tmp_path / "cap")])
     main()
     out = capsys.readouterr().out
-    assert "capacity" in out and "95% CI" in out and "queue still growing" in out
+    assert "capacity" in out and "95% CI" in out and "overloaded" in out
 
 
 def test_plots_are_written_for_runs_and_sweeps(tmp_path, monkeypatch, capsys):

@@ -1,0 +1,132 @@
+"""What a run's answer depends on, as hashes: the cache key of a sweep point.
+
+A key covers the resolved scenario with each input file (a trace, a lengths file, a fitted
+latency profile) replaced by the sha256 of its content, plus the servesim version and a hash of
+the `sim` package's source. So editing a trace or a profile, or upgrading or editing servesim,
+re-runs; moving the checkout (absolute paths change, contents do not) re-uses the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cache, lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from sim.config import Scenario
+from sim.errors import InputError
+
+CHUNK_BYTES = 1 << 20
+
+
+def input_files(scenario: Scenario) -> dict[str, Path]:
+    """Every file the scenario reads, by dotted field (e.g. `workload.path`,
+    `cluster.decode.replica.latency.path`): the path-valued fields of its models."""
+    found: dict[str, Path] = {}
+
+    def walk(value: Any, field: str) -> None:
+        if isinstance(value, Path):
+            found[field] = value
+        elif isinstance(value, BaseModel):
+            for name in type(value).model_fields:
+                walk(getattr(value, name), f"{field}.{name}" if field else name)
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                walk(item, f"{field}.{i}")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{field}.{key}")
+
+    walk(scenario, "")
+    return found
+
+
+def file_sha256(path: Path, *, source: str | None = None, field: str = "<file>") -> str:
+    """The sha256 of a file's content; each file is read once per process (memoised on its
+    path, size and modification time, so an edited file is hashed again)."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        raise InputError(source, field, str(path), "file not found") from None
+    except OSError as exc:
+        raise InputError(source, field, str(path), f"cannot read it: {exc.strerror}") from None
+    if path.is_dir():
+        raise InputError(source, field, str(path), "is a directory, not a file")
+    try:
+        return _sha256(str(path.absolute()), stat.st_size, stat.st_mtime_ns)
+    except OSError as exc:
+        raise InputError(source, field, str(path), f"cannot read it: {exc.strerror}") from None
+
+
+@lru_cache(maxsize=1024)
+def _sha256(path: str, size_bytes: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@cache
+def code_fingerprint() -> str:
+    """`<servesim version>+<hash of the sim package's source files>`, computed once per
+    process: results depend on the code, and an editable install changes without a version."""
+    import sim
+
+    try:
+        version = metadata.version("servesim")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    root = Path(sim.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in {".py", ".yaml", ".json"} and "__pycache__" not in path.parts:
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return f"{version}+{digest.hexdigest()[:16]}"
+
+
+def inputs_record(scenario: Scenario, given: dict[str, str] | None = None
+                  ) -> list[dict[str, Any]]:
+    """Each input file: its field, its path as the user gave it (`given`, by field; else the
+    resolved path), its size and sha256. Written beside a sweep point's results."""
+    given = given or {}
+    record = []
+    for field, path in input_files(scenario).items():
+        sha = file_sha256(path, source=scenario.source, field=field)
+        record.append({"field": field, "path": given.get(field, str(path)),
+                       "size_bytes": path.stat().st_size, "sha256": sha})
+    return record
+
+
+def scenario_key(scenario: Scenario) -> str:
+    """16 hex digits that change whenever the answer could: the scenario with input paths
+    replaced by their content hashes (no absolute path in it), and the code fingerprint."""
+    data = scenario.model_dump(mode="json")
+    hashes = {}
+    for field, path in input_files(scenario).items():
+        hashes[field] = file_sha256(path, source=scenario.source, field=field)
+        _replace(data, field, "sha256:" + hashes[field])
+    text = json.dumps({"scenario": data, "inputs": hashes, "code": code_fingerprint()},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _replace(data: Any, dotted: str, value: Any) -> None:
+    """Put `value` at `dotted` in a dumped scenario. Should a field be dumped under another
+    name, its path stays: a moved checkout then re-runs, which is slow but never wrong (the
+    content hashes are in the key either way)."""
+    *parents, last = dotted.split(".")
+    try:
+        for part in parents:
+            data = data[int(part)] if isinstance(data, list) else data[part]
+        if isinstance(data, list):
+            data[int(last)] = value
+        elif last in data:
+            data[last] = value
+    except (KeyError, IndexError, TypeError, ValueError):
+        pass
