@@ -33,11 +33,12 @@ from sim.registry import Registry
 from sim.routers import ROUTERS, RouterConfig
 from sim.schedulers import SCHEDULERS, SchedulerConfig
 from sim.workloads import FORMATS, WorkloadConfig
+from sim.yaml_input import read_mapping, read_yaml
+
+__all__ = ["Scenario", "load_scenario", "merge_mappings", "parse_scenario", "read_mapping",
+           "read_yaml", "scenario_yaml"]
 
 DEFAULT_SCENARIO = "default.yaml"
-# A scenario has about a hundred YAML nodes, a sweep a few thousand. Counting them with aliases
-# expanded stops an alias bomb ("billion laughs") before it is built in memory.
-MAX_YAML_NODES = 100_000
 MAX_REPLICAS = 10_000  # per pool: each is a SimPy process with its own queues and KV state
 # `name` becomes the directory results/<name>; comparisons name their runs `<name>/<variant>`.
 _NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=-]*")
@@ -145,7 +146,8 @@ class LinkConfig(_Frozen):
 
 class ClusterConfig(_Frozen):
     """Colocated: `replicas` copies of the scenario's `replica`. Disaggregated: a `prefill` and
-    a `decode` pool, KV moving between them over `link`s (one per prefill replica)."""
+    a `decode` pool, KV moving between them over `link`s (one per prefill replica); each pool's
+    replica is the scenario's `replica` changed by what the pool gives."""
 
     replicas: int = Field(1, gt=0, le=MAX_REPLICAS, description="colocated replicas")
     router: SerializeAsAny[RouterConfig] = Field(
@@ -233,7 +235,7 @@ def parse_scenario(data: Any, source: str | Path, base_dir: Path | None = None) 
     if not isinstance(data, dict):
         raise InputError(source, "<top level>", type(data).__name__, "a scenario must be a mapping")
     try:
-        scenario = Scenario.model_validate(data)
+        scenario = Scenario.model_validate(_pools_inherit(data))
     except ValidationError as exc:
         raise InputError.from_validation(source, exc) from None
     if base_dir is not None:
@@ -241,6 +243,38 @@ def parse_scenario(data: Any, source: str | Path, base_dir: Path | None = None) 
     scenario._source = str(source)
     scenario.workload._source = str(source)
     return scenario
+
+
+def merge_mappings(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`base` changed by `override`: mappings merge key by key, except that a mapping naming
+    another registry entry (`name`, `kind` or `format`: another scheduler, say) replaces the
+    base's whole; anything else replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        old = out.get(key)
+        if isinstance(value, dict) and isinstance(old, dict) and not _renamed(old, value):
+            out[key] = merge_mappings(old, value)
+        else:
+            out[key] = value
+    return out
+
+
+def _renamed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    return any(k in new and new[k] != old.get(k) for k in ("name", "kind", "format"))
+
+
+def _pools_inherit(data: dict[str, Any]) -> dict[str, Any]:
+    """The pools of a disaggregated cluster start from the scenario's `replica` and change what
+    they give (so the top-level `replica` is never silently ignored)."""
+    cluster, replica = data.get("cluster"), data.get("replica")
+    if not isinstance(cluster, dict) or not isinstance(replica, dict):
+        return data
+    pools = {}
+    for name in ("prefill", "decode"):
+        pool = cluster.get(name)
+        if isinstance(pool, dict) and isinstance(pool.get("replica", {}), dict):
+            pools[name] = {**pool, "replica": merge_mappings(replica, pool.get("replica", {}))}
+    return {**data, "cluster": {**cluster, **pools}} if pools else data
 
 
 def _resolve_paths(scenario: Scenario, base_dir: Path) -> Scenario:
@@ -278,94 +312,6 @@ def _resolve_latency(replica: ReplicaConfig, base_dir: Path) -> ReplicaConfig:
         latency = latency.model_copy(update={"path": _absolute(base_dir, path)})
         replica = replica.model_copy(update={"latency": latency})
     return replica
-
-
-def read_yaml(path: Path) -> Any:
-    """A YAML file's single document; one-line errors for anything else."""
-    if path.is_dir():
-        raise InputError(path, "<file>", str(path), "is a directory, not a YAML file")
-    if not path.exists():
-        raise InputError(path, "<file>", str(path), "file not found")
-    if not path.is_file():
-        raise InputError(path, "<file>", str(path), "not a regular file")
-    try:
-        data = _load_bounded(path.read_text())
-    except OSError as exc:
-        raise InputError(path, "<file>", str(path), f"cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise InputError(path, "<file>", str(path), "not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(path, "<yaml>", where, f"malformed YAML: {problem}") from None
-    except _TooBig:
-        raise InputError(path, "<yaml>", f"more than {MAX_YAML_NODES} nodes",
-                         "too large once aliases are expanded (an alias bomb?)") from None
-    if data is None:
-        raise InputError(path, "<file>", str(path), "empty: holds no YAML document")
-    return data
-
-
-class _TooBig(Exception):
-    """The document expands past MAX_YAML_NODES nodes."""
-
-
-def _load_bounded(text: str) -> Any:
-    """`yaml.safe_load`, refusing documents past MAX_YAML_NODES nodes with aliases expanded.
-    The node graph shares aliased nodes, so it is small even when its expansion is not."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        if _expanded_size(node, MAX_YAML_NODES) > MAX_YAML_NODES:
-            raise _TooBig
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def _expanded_size(root: yaml.Node, limit: int) -> int:
-    """Nodes in the document once every alias is expanded (limit + 1 once past `limit`, or if
-    an alias contains itself). Each distinct node is sized once; no recursion."""
-    sizes: dict[int, int] = {}
-    on_path: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        key = id(node)
-        children = _children(node)
-        if children_done:
-            on_path.discard(key)
-            sizes[key] = 1 + sum(sizes[id(child)] for child in children)
-            if sizes[key] > limit:
-                return limit + 1
-        elif key in on_path:
-            return limit + 1  # recursive alias: infinite once expanded
-        elif key not in sizes:
-            on_path.add(key)
-            stack.append((node, True))
-            stack.extend((child, False) for child in children if id(child) not in sizes)
-    return sizes[id(root)]
-
-
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    if isinstance(node, yaml.MappingNode):
-        return [part for pair in node.value for part in pair]
-    return []
-
-
-def read_mapping(path: Path, kind: str, allowed: set[str]) -> dict[str, Any]:
-    """A YAML file that must be a mapping with only `allowed` top-level keys (sweeps,
-    comparisons)."""
-    data = read_yaml(path)
-    if not isinstance(data, dict) or set(data) - allowed:
-        extra = sorted(set(data) - allowed) if isinstance(data, dict) else data
-        raise InputError(path, "<top level>", extra, f"a {kind} has {', '.join(sorted(allowed))}")
-    return data
 
 
 def load_scenario(path: str | Path | None = None) -> Scenario:

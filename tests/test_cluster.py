@@ -152,3 +152,30 @@ def test_random_router_is_seeded(tmp_path):
     assert set(a) == {0, 1, 2, 3}
     expected = np.random.default_rng(np.random.SeedSequence(5).spawn(2)[0]).integers(0, 4, 40)
     assert a == expected.tolist()
+
+
+def test_pools_start_from_the_scenarios_replica():
+    """A disaggregated cluster's pools inherit the top-level replica and change what they give;
+    the top-level replica is never silently ignored."""
+    scenario = parse_scenario({
+        "workload": {"format": "synthetic", "num_requests": 5, "arrivals": {"qps": 1},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 10},
+                                 "output": {"dist": "fixed", "value": 3}}},
+        "replica": {"gpu": "h200", "scheduler": {"name": "chunked_prefill", "token_budget": 256},
+                    "kv_cache": {"num_blocks": 500}},
+        "cluster": {"prefill": {"replicas": 1, "replica": {"scheduler": {"token_budget": 1024}}},
+                    "decode": {"replicas": 1,
+                               "replica": {"gpu": "a100-80gb",
+                                           "scheduler": {"name": "prefill_first"}}}},
+    }, "test")
+    prefill, decode = scenario.cluster.prefill.replica, scenario.cluster.decode.replica
+    assert (prefill.gpu, prefill.scheduler.name, prefill.scheduler.token_budget) == (
+        "h200", "chunked_prefill", 1024)
+    assert prefill.kv_cache.num_blocks == decode.kv_cache.num_blocks == 500
+    assert (decode.gpu, decode.scheduler.name) == ("a100-80gb", "prefill_first")
+    # The resolved scenario reads back to the same one.
+    import yaml
+
+    from sim.config import scenario_yaml
+    again = parse_scenario(yaml.safe_load(scenario_yaml(scenario)), "again")
+    assert scenario_yaml(again) == scenario_yaml(scenario)
