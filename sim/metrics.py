@@ -153,48 +153,53 @@ T_LIMIT = 3.0  # and by more than 3 standard errors
 
 
 def overload(requests: pd.DataFrame, end_s: float) -> dict[str, Any]:
-    """Is a queue still growing at the end of the run? `stable`, `overloaded`, or `unknown`
-    (too few requests to tell).
+    """Did a queue grow, and not drain, over the run? `stable`, `overloaded`, or `unknown` (too
+    few requests to tell).
 
     Queues: requests arrived but not yet scheduled, and (disaggregated) prefilled requests not
     yet moving to a decode replica; a request never served counts as queued to the end. Each
-    is sampled at the arrival times of the last half of the arrivals; its slope against time
-    comes from 10 batch means of consecutive samples (so that correlated neighbours do not
-    shrink the standard error), with that standard error. Under overload a queue grows at the
-    arrival rate minus the service rate, so the slope over the arrival rate is the share of
-    arrivals the system falls behind by: overloaded when that share is above 1% and the slope
-    is more than 3 standard errors above zero."""
+    is sampled at the arrival times, over the last half of the arrivals (still growing at the
+    end?) and over all of them (grown over the run, never drained: a backlog built early and
+    carried to the end is overload too). Its slope against time comes from 10 batch means of
+    consecutive samples (so correlated neighbours do not shrink the standard error), with that
+    standard error. Under overload a queue grows at the arrival rate minus the service rate,
+    so the slope over the arrival rate is the share of arrivals the system falls behind by:
+    overloaded when that share is above 1% and the slope is more than 3 standard errors above
+    zero. (A stable queue whose arrival rate rises grows far more slowly than 1% of arrivals.)"""
     kept = requests[(requests["status"] != "rejected")
                     & ~requests["reason"].str.startswith("after_horizon")]
     arrival = np.sort(kept["arrival_s"].to_numpy())
+    if len(arrival) < MIN_REQUESTS_FOR_VERDICT:
+        return {"verdict": "unknown",
+                "detail": f"fewer than {MIN_REQUESTS_FOR_VERDICT} requests arrived"}
     queues = {"waiting": (kept["arrival_s"], kept["first_scheduled_s"]),
               "waiting_for_decode": (kept["prefill_end_s"], kept["transfer_start_s"])}
-    worst: dict[str, Any] = {"verdict": "unknown", "detail": "fewer than "
-                             f"{MIN_REQUESTS_FOR_VERDICT} requests arrived"}
-    if len(arrival) < MIN_REQUESTS_FOR_VERDICT:
-        return worst
-    sample_s = arrival[len(arrival) // 2:]
-    for name, (enter, leave) in queues.items():
+    windows = {"the last half of the arrivals": arrival[len(arrival) // 2:],
+               "the whole run": arrival[len(arrival) // 10:]}
+    found: list[dict[str, Any]] = []
+    for queue, (enter, leave) in queues.items():
         entered = enter.notna().to_numpy()
         if not entered.any():
             continue
         into = np.sort(enter.to_numpy()[entered])
         out = np.sort(np.where(leave.notna(), leave, np.inf)[entered])
-        length = (np.searchsorted(into, sample_s, side="right")
-                  - np.searchsorted(out, sample_s, side="right"))
-        found = _growth(name, sample_s, length.astype(np.float64))
-        if found["verdict"] == "overloaded" or worst["verdict"] == "unknown":
-            worst = found
-        if found["verdict"] == "overloaded":
-            break
-    return worst
+        for window, sample_s in windows.items():
+            length = (np.searchsorted(into, sample_s, side="right")
+                      - np.searchsorted(out, sample_s, side="right"))
+            found.append(_growth(queue, window, sample_s, length.astype(np.float64)))
+    for verdict in ("overloaded", "stable", "unknown"):
+        matching = [f for f in found if f["verdict"] == verdict]
+        if matching:  # the queue and window closest to (or deepest in) overload
+            return max(matching, key=lambda f: f.get("t", 0.0))
+    return {"verdict": "unknown", "detail": "no queue to test"}
 
 
-def _growth(queue: str, times_s: np.ndarray, length: np.ndarray) -> dict[str, Any]:
+def _growth(queue: str, window: str, times_s: np.ndarray, length: np.ndarray
+            ) -> dict[str, Any]:
     """Slope of `length` against `times_s` from batch means, with its standard error."""
     span_s = float(times_s[-1] - times_s[0])
     if span_s <= 0:
-        return {"verdict": "unknown", "detail": "the last half of the arrivals come at once"}
+        return {"verdict": "unknown", "detail": f"all arrivals of {window} come at once"}
     batches = np.array_split(np.arange(len(times_s)), 10)
     x = np.array([times_s[b].mean() for b in batches])
     y = np.array([length[b].mean() for b in batches])
@@ -215,7 +220,7 @@ def _growth(queue: str, times_s: np.ndarray, length: np.ndarray) -> dict[str, An
         "growth_share_of_arrivals": share,
         "t": float(t),
         "window_start_s": float(times_s[0]),
+        "window": window,
         "detail": (f"{queue.replace('_', ' ')} queue {verb} by {abs(slope):.3g} requests/s "
-                   f"({100 * abs(share):.1f}% of arrivals; {t:.1f} s.e.) over the last half "
-                   "of the arrivals"),
+                   f"({100 * abs(share):.1f}% of arrivals; {t:.1f} s.e.) over {window}"),
     }

@@ -3,6 +3,8 @@ its standard error, checked on a queue whose capacity is known exactly."""
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from sim import run_scenario
@@ -54,3 +56,20 @@ def test_requests_never_served_by_the_horizon_count_as_queued():
     verdict = results.summary["overload"]
     assert verdict["verdict"] == "overloaded"
     assert verdict["growth_share_of_arrivals"] == pytest.approx(2 / 3, abs=0.05)
+
+
+def test_a_backlog_built_early_and_never_drained_is_overload(tmp_path):
+    """Arrivals at 1.5x capacity for 10 s, then exactly at capacity: the queue stops growing
+    in the second half but never drains (a user would see TTFT of seconds to the end)."""
+    first = np.arange(1500) / 150.0
+    second = 10.0 + np.arange(1500) / 100.0
+    trace = tmp_path / "trace.csv"
+    pd.DataFrame({"arrived_at": np.concatenate([first, second]), "num_prefill_tokens": 1,
+                  "num_decode_tokens": 1}).to_csv(trace, index=False)
+    scenario = single_server(1.0, 0).model_dump()
+    scenario["workload"] = {"format": "vidur", "path": str(trace)}
+    results = run_scenario(parse_scenario(scenario, "test"))
+    assert results.requests["scheduling_delay_s"].iloc[-100:].min() > 4.0
+    verdict = results.summary["overload"]
+    assert verdict["verdict"] == "overloaded", verdict
+    assert verdict["window"] == "the whole run"
