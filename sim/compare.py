@@ -14,27 +14,12 @@ from typing import Any
 
 import pandas as pd
 
-from sim.config import Scenario, parse_scenario, read_mapping
+from sim.config import Scenario, merge_mappings, parse_scenario, read_mapping
 from sim.errors import InputError
 from sim.outdir import check_out_dir, is_run_dir
 from sim.runner import Results, run_scenario
 
 TABLE = "comparison.csv"
-
-
-def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in override.items():
-        old = out.get(key)
-        if isinstance(value, dict) and isinstance(old, dict) and not _renamed(old, value):
-            out[key] = merge(old, value)
-        else:
-            out[key] = value
-    return out
-
-
-def _renamed(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    return any(k in new and new[k] != old.get(k) for k in ("name", "kind", "format"))
 
 
 def load_comparison(path: str | Path) -> dict[str, Scenario]:
@@ -51,7 +36,7 @@ def load_comparison(path: str | Path) -> dict[str, Scenario]:
     for variant, change in variants.items():
         if not isinstance(change, dict):
             raise InputError(path, f"variants.{variant}", change, "must be a mapping")
-        merged = merge(base, {**change, "name": f"{name}/{variant}"})
+        merged = merge_mappings(base, {**change, "name": f"{name}/{variant}"})
         try:
             scenarios[str(variant)] = parse_scenario(merged, path, path.parent)
         except InputError as exc:
