@@ -134,7 +134,7 @@ class ReplayLoop:
                 break
             if left > SPIN_S:
                 time.sleep(min(left - SPIN_S, 0.05))
-                self._report(self.clock())
+                self.report(self.clock())
         self.wake_s = max(0.0, self.clock() - at_s)
         return at_s
 
@@ -156,7 +156,7 @@ class ReplayLoop:
         self.executor.release(done)
         self.num_done += len(done)
         self._record(shape, forward_s)
-        self._report(t)
+        self.report(t)
         end_s = self.clock()
         # The iteration ends now, after its commit: patch what was written with `t`.
         self.log.columns["duration_s"][index] = end_s - start_s
@@ -173,8 +173,9 @@ class ReplayLoop:
         m["num_scattered_seqs"].append(self.executor.num_scattered)
         self.wake_s = 0.0
 
-    def _report(self, now: float) -> None:
-        if self.progress is None or now - self._last_report < REPORT_EVERY_S:
+    def report(self, now: float, final: bool = False) -> None:
+        """Requests done, and how far service lags behind arrivals (the oldest queued wait)."""
+        if self.progress is None or (now - self._last_report < REPORT_EVERY_S and not final):
             return
         self._last_report = now
         waiting = self.state.waiting
@@ -229,6 +230,7 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
     if progress is not None:
         progress.note(f"replaying {len(arrivals)} requests of {scenario.name} on {device} "
                       f"({torch.get_num_threads()} thread(s)); Ctrl-C stops and keeps what ran")
+    loadavg_start = os.getloadavg()[0]
     gc.collect()
     gc.freeze()  # the setup's objects: later collections scan only what the loop creates
     try:
@@ -236,6 +238,7 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
             stop_s = loop.run()
     finally:
         gc.unfreeze()
+    loop.report(stop_s, final=True)
     interrupted = loop.stop_requested
     if interrupted:
         _mark_interrupted(requests, stop_s)
@@ -245,6 +248,7 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
     results = collect(scenario, requests, [ReplicaRecord("colocated", loop.log, kv)],
                       {"kind": "replay", "device": device, **env},
                       end_s=stop_s if interrupted else None)
+    env["loadavg_1m"] = [loadavg_start, os.getloadavg()[0]]  # others sharing the machine
     _add_measurements(results, loop, env, command, interrupted, stop_s)
     if out_dir is not None:
         results.write(out_dir)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-SHORT = {"replay_2": "replay 2", "recorded": "recorded", "recorded_forward": "rec. fwd",
+SHORT = {"replay_2": "replay 2", "replay_3": "replay 3", "recorded": "recorded",
          "profile": "profile", "profile_host": "prof+host", "roofline": "roofline"}
 TABLE_METRICS = {"ttft_p50": "TTFT50", "ttft_p99": "TTFT99", "tbt_p50": "TBT50",
                  "tbt_p99": "TBT99", "e2e_p50": "E2E50", "e2e_p99": "E2E99",
@@ -36,15 +36,23 @@ def signed_pct(value: Any) -> str:
     return f"{pct:+.1f}" if abs(pct) < 1000 else f"{pct:+.0f}"
 
 
+def failed(row: Any) -> bool:
+    """The simulation of this row failed (validate said why)."""
+    return str(row.get("failed")) == "True"
+
+
 def header_lines(meta: dict[str, Any]) -> list[str]:
     m, p = meta["machine"], meta["profile"]
     hold = p.get("holdout") or {}
     when = "measured in this sitting" if p["measured_now"] else "given"
+    r = meta["replays"]
+    load = (f"load avg {r['loadavg_1m'][0]:.1f}-{r['loadavg_1m'][1]:.1f} during them"
+            if r.get("loadavg_1m") else "")
     lines = [f"servesim validate, {meta['date']}",
              f"machine: {m['device_name']}, {m['cpu_count']} cores, torch {m['torch']}, "
-             f"{m['torch_threads']} thread(s); load avg {m['loadavg_start'][0]:.1f} at start, "
-             f"{meta['loadavg_end'][0]:.1f} at end",
-             f"profile: {p['source']} ({when}; held-out MAPE "
+             f"{m['torch_threads']} thread(s)",
+             f"replays: {r['num']}, {r['first_date']} to {r['last_date']}; {load}",
+             f"profile: {p['source']} ({when}, {p.get('date')}; held-out MAPE "
              f"{100 * hold.get('mape', float('nan')):.1f}%)",
              f"host overhead (replays 2+): median {1e3 * meta['host']['median_s']:.2f} ms, "
              f"mean {1e3 * meta['host']['mean_s']:.2f} ms per iteration"]
@@ -66,8 +74,11 @@ def error_table(errors: pd.DataFrame) -> list[str]:
         head = (f"{str(row['scheduler'])[:6]:<6}{row['load']:>5.2f} " if key != last
                 else " " * 12)
         last = key
-        lines.append(head + f"{SHORT.get(row['compared'], row['compared'])[:10]:<10}"
-                     + "".join(f"{signed_pct(row[m]):>7}" for m in TABLE_METRICS))
+        name = f"{SHORT.get(row['compared'], row['compared'])[:10]:<10}"
+        if failed(row):
+            lines.append(head + name + "  (simulation failed; see the log)")
+            continue
+        lines.append(head + name + "".join(f"{signed_pct(row[m]):>7}" for m in TABLE_METRICS))
     return lines
 
 
@@ -102,12 +113,15 @@ def goal_lines(errors: pd.DataFrame) -> list[str]:
     lines = ["", "goals"]
     for (sched, load), rows in errors.groupby(["scheduler", "load"], sort=False):
         rec = rows[rows["compared"] == "recorded"].iloc[0]
+        prof = rows[rows["compared"] == "profile_host"].iloc[0]
+        if failed(rec) or failed(prof):
+            lines.append(f"{str(sched)[:6]:<6}{load:>5.2f} a simulation failed: no verdict")
+            continue
         worst = max(rec["max_request_ttft_error"] or 0.0, rec["max_request_e2e_error"] or 0.0)
         ok = bool(rec["same_plans"]) and worst <= 0.01
         lines.append(f"{str(sched)[:6]:<6}{load:>5.2f} recorded: plans "
                      f"{'identical' if rec['same_plans'] else 'differ'}, worst request "
                      f"{100 * worst:.2g}% -> {'met' if ok else 'NOT met'}")
-        prof = rows[rows["compared"] == "profile_host"].iloc[0]
         misses = []
         for metric in GOAL_METRICS:
             bound = floor(errors, str(sched), float(load), metric)  # type: ignore[arg-type]

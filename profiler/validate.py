@@ -7,9 +7,8 @@ For each scenario (one scheduler each) and load, in one sitting:
 3. every point replayed `repeats` times, repeat by repeat, so that replay-vs-replay differences
    include the drift of the machine over the sitting: the floor for any simulator error;
 4. simulations of replay 1's requests: `recorded` (replay's own durations: only scheduling and
-   queueing can differ), `recorded_forward` (forward passes only: what host time is worth), the
-   fitted profile without and with the host overhead measured in the other replays, and the
-   roofline;
+   queueing can differ), the fitted profile without and with the host overhead measured in the
+   other replays (the difference is what host time is worth), and the roofline;
 5. the table: signed relative errors against replay 1, and each latency model's per-iteration
    error on the shapes replay 1 really ran.
 """
@@ -41,7 +40,6 @@ from sim.runner import load_workload, run_scenario
 
 SIMULATIONS = {  # name -> latency config (paths filled in per point)
     "recorded": {"kind": "recorded", "column": "duration_s"},
-    "recorded_forward": {"kind": "recorded", "column": "forward_s"},
     "profile": {"kind": "profile"},
     "profile_host": {"kind": "profile"},
     "roofline": {"kind": "roofline"},
@@ -122,6 +120,7 @@ def obtain_profile(scenarios: list[Scenario], model: str, opts: Options, out: Pa
                              f"profile was measured for {fitted['model']}, the scenarios run "
                              f"{model}")
         return opts.profile, {"source": str(opts.profile), "measured_now": False,
+                              "date": fitted.get("measurement", {}).get("date"),
                               "flags": profile_flags(fitted, here),
                               "holdout": fitted.get("holdout"), "noise": fitted.get("noise")}
     return measure_profile(scenarios, model, opts, out / "profile", say)
@@ -193,6 +192,7 @@ def measure_profile(scenarios: list[Scenario], model: str, opts: Options, where:
         fitted_path.write_text(json.dumps(fitted, indent=1, sort_keys=True) + "\n")
     fitted = load_fitted(fitted_path)
     return fitted_path, {"source": str(fitted_path), "measured_now": True, "flags": [],
+                         "date": fitted["measurement"]["date"],
                          "grid": fitted["measurement"]["grid"], "holdout": fitted["holdout"],
                          "noise": fitted["noise"]}
 
@@ -243,6 +243,15 @@ def measure_capacity(scenario: Scenario, label: str, opts: Options, runs: Path
             f"at once, all finished in {makespan:.2f} s", "dir": str(runs / label / "capacity")}
 
 
+def replay_facts(dirs: list[Path]) -> dict[str, Any]:
+    """When the replays ran and how loaded the machine was meanwhile (1-minute load average)."""
+    reps = [json.loads((d / "summary.json").read_text())["replay"] for d in dirs]
+    loads = [x for r in reps for x in r.get("loadavg_1m", [])]
+    return {"num": len(reps), "first_date": min(r["date"] for r in reps),
+            "last_date": max(r["date"] for r in reps),
+            "loadavg_1m": [min(loads), max(loads)] if loads else None}
+
+
 def host_overhead(dirs: list[Path]) -> dict[str, Any]:
     """Host time per iteration (outside the forward pass) in these replays."""
     host = np.concatenate([pd.read_parquet(d / "iterations.parquet")["host_s"].to_numpy()
@@ -252,8 +261,9 @@ def host_overhead(dirs: list[Path]) -> dict[str, Any]:
             "num_iterations": int(host.size), "replays": [str(d) for d in dirs]}
 
 
-def simulate_point(point: Point, profiles: dict[str, Path]) -> None:
-    """The simulations of replay 1's requests, each beside it."""
+def simulate_point(point: Point, profiles: dict[str, Path], say: Any) -> None:
+    """The simulations of replay 1's requests, each beside it. One that fails (e.g. a given
+    profile extrapolating to a negative time) is reported and left out of the table."""
     reference = point.replay_dir(1)
     for name, spec in SIMULATIONS.items():
         cfg: dict[str, Any] = dict(spec)
@@ -263,8 +273,13 @@ def simulate_point(point: Point, profiles: dict[str, Path]) -> None:
             cfg["path"] = profiles[name]
         latency = LATENCY_MODELS.get(cfg["kind"]).Config.model_validate(cfg)
         replica = point.scenario.replica.model_copy(update={"latency": latency})
-        run_scenario(point.scenario.model_copy(update={"replica": replica}),
-                     out_dir=point.dir / f"sim_{name}")
+        out = point.dir / f"sim_{name}"
+        try:
+            run_scenario(point.scenario.model_copy(update={"replica": replica}), out_dir=out)
+        except Exception as exc:  # one simulation's failure must not lose the sitting
+            shutil.rmtree(out, ignore_errors=True)
+            say(f"warning: {point.label} load {point.load:.2f}: the {name} simulation failed: "
+                f"{type(exc).__name__}: {exc}")
 
 
 def point_rows(point: Point, repeats: int) -> list[dict[str, Any]]:
@@ -273,7 +288,9 @@ def point_rows(point: Point, repeats: int) -> list[dict[str, Any]]:
     others = [(f"replay_{r}", point.replay_dir(r)) for r in range(2, repeats + 1)]
     others += [(name, point.dir / f"sim_{name}") for name in SIMULATIONS]
     return [{"scheduler": point.label, "load": point.load, "rate_rps": point.rps,
-             "compared": name, **compare_runs(reference, other)} for name, other in others]
+             "compared": name, **(compare_runs(reference, other) if (other / "summary.json")
+                                  .is_file() else {"failed": True})}
+            for name, other in others]
 
 
 def iteration_rows(point: Point, profiles: dict[str, Path]) -> list[dict[str, Any]]:
@@ -346,10 +363,12 @@ def run_validation(scenarios: list[Scenario], opts: Options, out: Path, say: Any
     profiles["profile_host"].write_text(json.dumps(
         add_host_overhead(fitted, host["median_s"], host), indent=1, sort_keys=True) + "\n")
     for p in points:
-        simulate_point(p, profiles)
+        simulate_point(p, profiles, say)
     errors = pd.DataFrame([row for p in points for row in point_rows(p, opts.repeats)])
     iters = pd.DataFrame([row for p in points for row in iteration_rows(p, profiles)])
     meta = {"date": date, "model": model, "machine": here, "loadavg_end": list(os.getloadavg()),
+            "replays": replay_facts([p.replay_dir(r) for p in points
+                                     for r in range(1, opts.repeats + 1)]),
             "command": opts.command, "profile": profile_info, "capacity": capacity,
             "host": host, "loads": opts.loads, "repeats": opts.repeats,
             "scenarios": [s.source for s in scenarios]}

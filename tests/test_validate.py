@@ -156,8 +156,8 @@ def test_a_small_sitting_end_to_end(tmp_path, monkeypatch, capsys):
     main()  # returns: exit code 0
     printed = capsys.readouterr().out
     errors = pd.read_csv(out / "errors.csv")
-    assert set(errors["compared"]) == {"replay_2", "recorded", "recorded_forward", "profile",
-                                       "profile_host", "roofline"}
+    assert set(errors["compared"]) == {"replay_2", "recorded", "profile", "profile_host",
+                                       "roofline"}
     rec = errors[errors["compared"] == "recorded"]
     assert rec["same_plans"].all() and rec["same_outcomes"].all()
     assert (rec["max_request_e2e_error"] < 1e-6).all()
