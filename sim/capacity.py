@@ -26,6 +26,7 @@ import pandas as pd
 
 from sim.config import Scenario
 from sim.errors import InputError
+from sim.outdir import check_writable_dir
 from sim.runner import Results, load_workload, run_scenario
 
 # target field -> (command-line option, label, summary section, percentile)
@@ -214,8 +215,7 @@ class CapacityLog:
     """A capacity search on disk: `trials.csv` after each trial, `capacity.json` at the end."""
 
     def __init__(self, out_dir: Path) -> None:
-        if out_dir.exists() and not out_dir.is_dir():
-            raise InputError(out_dir, "--out", str(out_dir), "exists and is not a directory")
+        check_writable_dir(out_dir)
         if out_dir.is_dir() and any(out_dir.iterdir()) and not is_capacity_dir(out_dir):
             raise InputError(out_dir, "--out", str(out_dir), "exists, is not empty and holds "
                              f"no {TRIALS_FILE} (not a capacity search); choose another "

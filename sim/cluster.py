@@ -67,7 +67,8 @@ class Cluster:
         replica = Replica(self.env, len(self.replicas), scheduler, latency, state,
                           horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
                           on_handoff=self._handoff if pool == "prefill" else None,
-                          where=(self.source, f"{field}.latency"))
+                          where=(self.source, f"{field}.latency",
+                                 str(getattr(cfg.latency, "path", "")) or cfg.latency.kind))
         self.replicas.append(replica)
         return replica
 

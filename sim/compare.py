@@ -16,7 +16,7 @@ import pandas as pd
 
 from sim.config import Scenario, merge_mappings, parse_scenario, read_mapping
 from sim.errors import InputError
-from sim.outdir import check_out_dir, is_run_dir
+from sim.outdir import check_out_dir, check_writable_dir, is_run_dir
 from sim.runner import Results, run_scenario
 
 TABLE = "comparison.csv"
@@ -72,6 +72,7 @@ def compare(scenarios: dict[str, Scenario], out_dir: Path | None = None, *,
 def check_comparison_dir(out_dir: Path, variants: Iterable[str]) -> None:
     """Fail before any run if a variant's results could not be written (`out_dir` a file, a
     single run's directory, a variant's directory holding something else, unwritable)."""
+    check_writable_dir(out_dir)
     if is_run_dir(out_dir):
         raise InputError(out_dir, "--out", str(out_dir), "holds a single run's results; "
                          "choose another directory for a comparison")

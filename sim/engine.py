@@ -100,8 +100,8 @@ class Replica:
     def __init__(self, env: Environment, replica_id: int, scheduler: Scheduler,
                  latency: LatencyModel, state: ReplicaState, *, horizon_s: float | None = None,
                  fast_forward: bool = True, pool: str = "colocated",
-                 on_handoff: Hook | None = None, where: tuple[str, str] = ("<scenario>",
-                                                                         "replica.latency")
+                 on_handoff: Hook | None = None,
+                 where: tuple[str, str, Any] = ("<scenario>", "replica.latency", None)
                  ) -> None:
         self.env = env
         self.replica_id = replica_id
@@ -113,7 +113,8 @@ class Replica:
         self.fast_forward = fast_forward
         self.pool = pool
         self.on_handoff = on_handoff
-        self.where = where  # (file, field) named by errors about this replica's latency model
+        # (file, field, value) named by errors about this replica's latency model.
+        self.where = where
         self.log = IterationLog()
         self._poke: simpy.Event | None = None
         # Work planned and not yet committed: one iteration, or a decode stretch.
@@ -295,11 +296,12 @@ class Replica:
         if bad.any():
             i = int(np.argmax(bad))
             value = float(duration_s[i])
-            problem = ("the latency model must give every iteration a finite, positive time"
+            problem = (f"predicted {value:.3g} s for an iteration at t={starts[i]:.6g} s: every "
+                       "iteration must take a finite, positive time"
                        if not (math.isfinite(value) and value > 0) else
                        f"an iteration of {value:.3g} s starting at t={starts[i]:.6g} s does not "
                        "move the clock (float64 resolution): the run spans too long")
-            raise InputError(self.where[0], self.where[1], value, problem)
+            raise InputError(*self.where, problem)
 
     def _admit_pending(self) -> None:
         state, kv = self.state, self.state.kv

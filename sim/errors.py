@@ -32,6 +32,12 @@ class InputError(Exception):
         self.problems: list[Problem] = [(field, value, problem), *more]
         self.field, self.value, self.problem = field, value, problem
         super().__init__("\n".join(self.lines()))
+        # The constructor's arguments, as SimPy rebuilds an exception raised in a process with
+        # `type(exc)(*exc.args)` before raising it from `env.run`.
+        self.args = (self.source, field, value, problem, tuple(self.problems[1:]))
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
 
     @classmethod
     def many(cls, source: str | Path | None, problems: Iterable[Problem]) -> InputError:

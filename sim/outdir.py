@@ -26,11 +26,20 @@ def is_run_dir(path: Path) -> bool:
 def check_out_dir(out: Path, field: str = "--out") -> None:
     """Fail now, before any simulation, if results could not be written to `out`: it is a file,
     a directory that is not an earlier run (never replaced), or in a place we cannot write."""
-    if out.exists() and not out.is_dir():
-        raise InputError(out, field, str(out), "exists and is not a directory")
+    check_writable_dir(out, field)
     if out.is_dir() and any(out.iterdir()) and not is_run_dir(out):
         raise InputError(out, field, str(out), f"exists, is not empty and holds no {RUN_MARKER} "
                          "(not an earlier run); refusing to replace it: choose another directory")
+
+
+def check_writable_dir(out: Path, field: str = "--out") -> None:
+    """`out` can be a directory we write in: not empty, not the current directory or one above
+    it, not a file or below one, and writable (its parents are created)."""
+    if str(out) in ("", ".") or Path(os.path.abspath(out)) in (Path.cwd(), *Path.cwd().parents):
+        raise InputError(out, field, str(out), "is the current directory or above it: name a "
+                         "directory of its own")
+    if out.exists() and not out.is_dir():
+        raise InputError(out, field, str(out), "exists and is not a directory")
     parent = out.absolute().parent
     existing = parent
     while not existing.exists():

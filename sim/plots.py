@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from sim.errors import InputError  # noqa: E402
+from sim.outdir import check_writable_dir  # noqa: E402
 from sim.result_files import (  # noqa: E402
     directory_kind,
     read_csv,
@@ -276,6 +277,8 @@ def plot_comparison(compare_dir: Path, out_dir: Path | None = None) -> list[Path
 
 def plot_results(dirs: Sequence[Path], out_dir: Path | None = None) -> list[Path]:
     """Draw what the directories' own kind supports; several only for capacity searches."""
+    if out_dir is not None:
+        check_writable_dir(out_dir)
     kinds = [directory_kind(d) for d in dirs]
     if len(dirs) > 1 and set(kinds) != {"capacity"}:
         raise InputError(None, "RESULTS", [str(d) for d in dirs],

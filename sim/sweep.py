@@ -36,7 +36,7 @@ import pandas as pd
 from sim.config import Scenario, parse_scenario, read_mapping, read_yaml
 from sim.errors import InputError
 from sim.fingerprint import input_files, inputs_record, scenario_key
-from sim.outdir import is_run_dir
+from sim.outdir import check_writable_dir, is_run_dir
 from sim.sweep_workers import Job, SweepFailed, run_jobs
 
 SWEEP_MARKER = "sweep.json"
@@ -142,17 +142,27 @@ def is_sweep_dir(path: Path) -> bool:
 def check_sweep_dir(out: Path, field: str = "--out") -> None:
     """Fail before any run if `out` is a file or a non-empty directory of something else (a
     single run's results, say): a sweep never writes into it."""
-    if out.exists() and not out.is_dir():
-        raise InputError(out, field, str(out), "exists and is not a directory")
+    check_writable_dir(out, field)
     if out.is_dir() and any(out.iterdir()) and not is_sweep_dir(out):
         what = "a single run's results" if is_run_dir(out) else "not a sweep's directory"
         raise InputError(out, field, str(out), f"is {what} (no {SWEEP_MARKER}) and not empty; "
                          "refusing to write a sweep there: choose another directory")
 
 
+CACHED_FILES = ("inputs.json", "requests.parquet", "iterations.parquet")
+
+
 def is_cached(run_dir: Path) -> bool:
-    """A point whose results and input record are both there (written together, whole)."""
-    return is_run_dir(run_dir) and (run_dir / "inputs.json").is_file()
+    """A point whose results and input record are all there and whose summary reads back as a
+    complete run (written together, whole; anything else, e.g. a file deleted or damaged by
+    hand, is run again)."""
+    if not is_run_dir(run_dir) or not all((run_dir / f).is_file() for f in CACHED_FILES):
+        return False
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("run", {}).get("complete") is True
 
 
 def runs_kept(runs: list[Run], out_dir: Path) -> int:
@@ -177,6 +187,12 @@ def run_sweep(runs: list[Run], out_dir: str | Path, *, workers: int = 1, backend
     if todo:
         for name in TABLES:  # a table from an earlier set of runs would look current
             (out_dir / name).unlink(missing_ok=True)
+        for key in todo:
+            run_dir = out_dir / "runs" / key
+            if run_dir.is_dir() and not is_run_dir(run_dir):
+                # Damaged by hand (summary gone): the sweep owns runs/, so clear it for the new
+                # run; a whole earlier run stays until the new one replaces it atomically.
+                shutil.rmtree(run_dir, ignore_errors=True)
     runs_per_key = {key: keys.count(key) for key in todo}
     done = len(runs) - sum(runs_per_key.values())
 

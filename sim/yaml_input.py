@@ -37,6 +37,11 @@ def read_yaml(path: Path) -> Any:
     except _TooBig:
         raise InputError(path, "<yaml>", f"more than {MAX_YAML_NODES} nodes",
                          "too large once aliases are expanded (an alias bomb?)") from None
+    except _DuplicateKey as exc:
+        field, line = exc.args
+        raise InputError(path, f"{field} (line {line})", field.rsplit(".", 1)[-1],
+                         "given twice in one mapping (YAML would silently keep the "
+                         "last)") from None
     if data is None:
         raise InputError(path, "<file>", str(path), "empty: holds no YAML document")
     return data
@@ -44,6 +49,10 @@ def read_yaml(path: Path) -> Any:
 
 class _TooBig(Exception):
     """The document expands past MAX_YAML_NODES nodes."""
+
+
+class _DuplicateKey(Exception):
+    """A mapping gives one key twice: (key, line)."""
 
 
 def _load_bounded(text: str) -> Any:
@@ -56,6 +65,7 @@ def _load_bounded(text: str) -> Any:
             return None
         if _expanded_size(node, MAX_YAML_NODES) > MAX_YAML_NODES:
             raise _TooBig
+        _check_unique_keys(node)
         return loader.construct_document(node)
     finally:
         loader.dispose()
@@ -101,3 +111,24 @@ def read_mapping(path: Path, kind: str, allowed: set[str]) -> dict[str, Any]:
         extra = sorted(set(data) - allowed) if isinstance(data, dict) else data
         raise InputError(path, "<top level>", extra, f"a {kind} has {', '.join(sorted(allowed))}")
     return data
+
+
+def _check_unique_keys(root: yaml.Node) -> None:
+    """Every mapping gives each key once (`<<` merges aside); each distinct node is read once."""
+    seen_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, where = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[str] = set()
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+                if name in keys and name != "<<":
+                    raise _DuplicateKey(f"{where}{name}", key.start_mark.line + 1)
+                keys.add(name)
+                stack.append((value, f"{where}{name}."))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{where}{i}.") for i, item in enumerate(node.value))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sim.errors import InputError
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import REPO, assert_one_line_error, run_cli
 
 VALID_TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,2\n0.5,20,3\n"
 
@@ -178,3 +179,57 @@ def raise_input_error(source: str) -> None:
             raise TypeError("cannot pickle")
 
     raise InputError.many(source, [("a", Unpicklable(), "first"), ("b", 2, "second")])
+
+
+def test_a_key_given_twice_is_an_error(tmp_path, monkeypatch, capsys):
+    path = scenario_file(tmp_path, vidur(trace_file(tmp_path),
+                                         "replica:\n  scheduler: {name: chunked_prefill, "
+                                         "token_budget: 256, token_budget: 2048}\n"))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
+    assert_one_line_error(code, err, "replica.scheduler.token_budget", "line 3", "twice")
+
+
+def test_a_latency_model_predicting_no_time_is_an_error(tmp_path, monkeypatch, capsys):
+    """A fitted profile whose every term is zero passes its file checks; the engine refuses
+    its first zero-second iteration (raised inside a SimPy process, still one line)."""
+    fitted = json.loads((REPO / "profiles" / "cpu_tiny.json").read_text())
+    fitted["knot_s"] = [0.0] * len(fitted["knot_s"])
+    fitted["coef"] = dict.fromkeys(fitted["coef"], 0.0)
+    profile = tmp_path / "zero.json"
+    profile.write_text(json.dumps(fitted))
+    path = scenario_file(tmp_path, vidur(trace_file(tmp_path),
+                                         f"replica: {{model: tiny, latency: {{kind: profile, "
+                                         f"path: {profile}}}, kv_cache: {{num_blocks: 100}}}}\n"))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
+    assert_one_line_error(code, err, "replica.latency", "zero.json", "finite, positive time")
+
+
+@pytest.mark.parametrize("out", ["", ".", ".."])
+def test_out_that_is_the_working_directory_is_refused(tmp_path, monkeypatch, capsys, out):
+    path = scenario_file(tmp_path, vidur(trace_file(tmp_path)))
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out", out)
+    assert_one_line_error(code, err, "--out", "current directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "trace.csv"]
+
+
+def test_plot_out_that_is_a_file_is_an_error(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    code, _ = run_cli_ok(monkeypatch, capsys, "simulate",
+                         str(scenario_file(tmp_path, vidur(trace_file(tmp_path)))),
+                         "--out", str(run))
+    assert code == 0
+    (tmp_path / "figures").write_text("")
+    code, err = run_cli(monkeypatch, capsys, "plot", str(run), "--out", str(tmp_path / "figures"))
+    assert_one_line_error(code, err, "--out", "not a directory")
+
+
+def run_cli_ok(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["servesim", *args])
+    from sim.cli import main
+
+    try:
+        main()
+    except SystemExit as exc:
+        return exc.code or 0, capsys.readouterr().err
+    return 0, capsys.readouterr().err

@@ -116,6 +116,24 @@ def test_a_run_without_its_input_record_is_not_cached(tmp_path):
     assert calls[0] == 3
 
 
+@pytest.mark.parametrize("damage", ["corrupt summary", "no summary", "no requests"])
+def test_a_damaged_run_is_run_again(tmp_path, damage):
+    """A run directory damaged by hand is neither trusted nor a traceback: it runs again."""
+    sweep, out = make_inputs(tmp_path / "in"), tmp_path / "out"
+    _, keys = sweep_again(sweep, out)
+    run = out / "runs" / keys["b.csv@4"]
+    if damage == "corrupt summary":
+        (run / "summary.json").write_text("{not json")
+    elif damage == "no summary":
+        (run / "summary.json").unlink()
+    else:
+        (run / "requests.parquet").unlink()
+    calls, _ = sweep_again(sweep, out)
+    assert calls[0] == 3
+    assert json.loads((run / "summary.json").read_text())["run"]["complete"] is True
+    assert (run / "requests.parquet").is_file()
+
+
 @pytest.mark.parametrize("seeds", ["[true]", "[-1]", "[]", "3"])
 def test_bad_seeds_are_refused(tmp_path, monkeypatch, capsys, seeds):
     sweep = make_inputs(tmp_path / "in")

@@ -111,7 +111,7 @@ def test_sweep_out_must_be_a_sweep_directory(tmp_path, monkeypatch, capsys):
     other.mkdir()
     (other / "notes.txt").write_text("mine")
     for out, needle in ((a_file, "not a directory"), (run_dir, "single run"),
-                        (other, "not a sweep"), (a_file / "sub", "cannot write")):
+                        (other, "not a sweep"), (a_file / "sub", "is a file")):
         code, err = run_cli(monkeypatch, capsys, "sweep", str(sweep), "--out", str(out))
         assert_one_line_error(code, err, "--out", needle)
     assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
