@@ -163,14 +163,15 @@ def figure(errors: pd.DataFrame, meta: dict[str, Any], path: Path) -> None:
             ax.set_xlabel("load (fraction of capacity)", fontsize=8)
             ax.set_ylabel("error vs replay 1 (%)", fontsize=8)
             ax.tick_params(labelsize=7)
-    axes[0][0].legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
     m = meta["machine"]
     fig.suptitle(f"simulator vs replay: {meta['model']} on {m['device_name']}, "
                  f"{m['torch_threads']} thread(s), {meta['date']}\nprofile: "
                  f"{Path(meta['profile']['source']).name} "
                  f"({'this sitting' if meta['profile']['measured_now'] else 'given'}); "
                  "roofline off-scale, see table", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
