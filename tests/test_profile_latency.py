@@ -15,6 +15,7 @@ from sim import load_scenario, run_scenario
 from sim.cli import main
 from sim.gpus import GPUS
 from sim.latency import LATENCY_MODELS, BatchShape
+from sim.latency.profile import token_curve
 from sim.models import MODELS
 from tests.conftest import REPO, assert_one_line_error, run_cli
 
@@ -168,3 +169,24 @@ def test_a_directory_given_as_the_profile(tmp_path, monkeypatch, capsys):
     code, err = run_cli(monkeypatch, capsys, "simulate",
                         scenario_with_profile(tmp_path, str(tmp_path)))
     assert_one_line_error(code, err, "latency.path", "is a directory")
+
+
+def test_beyond_the_measured_tokens_the_curve_never_turns_down():
+    """The committed CPU profile's last segment slopes down (timing noise over 16 tokens);
+    extended along it, a 4,352-token prefill was predicted at -18.7 ms and stopped a run."""
+    fitted = json.loads((REPO / "profiles" / "cpu_tiny.json").read_text())
+    knots, values = np.asarray(fitted["knots"]), np.asarray(fitted["knot_s"])
+    assert values[-1] < values[-2]  # the noisy last segment this guards against
+    tokens = np.array([knots[-1], 1024, 4352, 100_000])
+    curve = token_curve(tokens, knots, values)
+    assert (np.diff(curve) > 0).all() and curve[0] == values[-1]
+    model = LATENCY_MODELS.get("profile")(
+        LATENCY_MODELS.get("profile").Config(kind="profile", path=REPO / "profiles" /
+                                             "cpu_tiny.json"), MODELS.get("tiny"),
+        GPUS.get("h100-sxm"))
+    q = 4352
+    shape = BatchShape(num_prefill_tokens=q, num_prefill_seqs=1, num_sampled_tokens=1,
+                       prefill_attn_pairs=q * (q + 1) // 2, prefill_kv_tokens=q)
+    assert model.iteration_time_s(shape) > model.iteration_time_s(
+        BatchShape(num_prefill_tokens=512, num_prefill_seqs=1, num_sampled_tokens=1,
+                   prefill_attn_pairs=512 * 513 // 2, prefill_kv_tokens=512)) > 0

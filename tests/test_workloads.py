@@ -97,6 +97,27 @@ def test_window_first_n_and_rate_scale(traces):
     assert np.array_equal(part.num_prompt_tokens, full.num_prompt_tokens[first:first + 500])
 
 
+def test_token_scale_shrinks_lengths_keeping_arrivals(traces):
+    path = str(traces / "azure_llm_2023/AzureLLMInferenceTrace_conv.csv")
+    full = workload({"format": "azure", "path": path, "num_requests": 300})
+    small = workload({"format": "azure", "path": path, "num_requests": 300,
+                      "token_scale": 0.25})
+    assert np.array_equal(small.arrival_s, full.arrival_s)
+    for scaled, whole in ((small.num_prompt_tokens, full.num_prompt_tokens),
+                          (small.num_output_tokens, full.num_output_tokens)):
+        assert np.array_equal(scaled, np.maximum(1, np.rint(whole * 0.25)).astype(np.int64))
+    assert small.num_prompt_tokens.min() >= 1 and small.num_output_tokens.min() >= 1
+
+
+def test_token_scale_past_the_token_cap_is_refused(tmp_path, monkeypatch, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,2000000,5\n")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(f"workload: {{format: vidur, path: {trace}, token_scale: 1000}}\n")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(scenario))
+    assert_one_line_error(code, err, "workload.token_scale", "tokens")
+
+
 @pytest.mark.parametrize("process,cv", [("poisson", 1.0), ("gamma", 3.0), ("gamma", 0.5)])
 def test_synthetic_arrivals_have_the_rate_and_burstiness_asked_for(process, cv):
     w = workload({"format": "synthetic", "num_requests": 20000,

@@ -40,8 +40,12 @@ RANGE_FEATURES = ("num_tokens", "prefill_attn_pairs", "decode_kv_tokens", "num_d
 
 
 def token_curve(num_tokens: Num, knots: np.ndarray, values: np.ndarray) -> Num:
-    """Piecewise-linear g(num_tokens), extended linearly past the last knot."""
-    slope = (values[-1] - values[-2]) / (knots[-1] - knots[-2])
+    """Piecewise-linear g(num_tokens), extended past the last knot along the slope of its upper
+    half (from the first knot at or above half the last one), never downwards: the last
+    segment alone can be a few tokens wide and noisy, and once sloped down it would predict
+    negative times for large iterations. (Fits use only the measured range.)"""
+    j = min(int(np.searchsorted(knots, knots[-1] / 2)), len(knots) - 2)
+    slope = max(0.0, float((values[-1] - values[j]) / (knots[-1] - knots[j])))
     beyond = np.maximum(np.asarray(num_tokens, dtype=np.float64) - knots[-1], 0.0)
     return np.interp(num_tokens, knots, values) + beyond * slope
 

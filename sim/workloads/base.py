@@ -63,6 +63,10 @@ class WorkloadConfig(BaseModel):
     num_requests: int | None = Field(None, gt=0, le=MAX_REQUESTS,
                                      description="then keep the first N")
     rate_scale: float = Field(1.0, gt=0, description="2.0 replays the arrivals at twice the rate")
+    token_scale: float = Field(
+        1.0, gt=0, le=1000,
+        description="multiply prompt and output lengths (rounded, at least 1 token): a trace's "
+                    "shape served by a smaller model or machine (e.g. replay on a CPU)")
     # The scenario file, named by errors of the selection (set by `parse_scenario`).
     _source: str = PrivateAttr("<scenario>")
 
@@ -286,7 +290,19 @@ def select(workload: Workload, config: WorkloadConfig) -> Workload:
     # Time restarts at the first kept arrival, then compresses by the rate scale.
     shifted = (chosen.arrival_s - chosen.arrival_s[0]) / config.rate_scale
     _check_span(shifted, config)
-    return Workload(shifted, chosen.num_prompt_tokens, chosen.num_output_tokens, chosen.hash_ids)
+    prompt, output = chosen.num_prompt_tokens, chosen.num_output_tokens
+    if config.token_scale != 1.0:
+        prompt, output = (_scaled(n, config) for n in (prompt, output))
+    return Workload(shifted, prompt, output, chosen.hash_ids)
+
+
+def _scaled(num_tokens: np.ndarray, config: WorkloadConfig) -> np.ndarray:
+    """Token counts times `token_scale`, rounded, at least 1, at most MAX_TOKENS."""
+    scaled = np.maximum(1.0, np.rint(num_tokens * config.token_scale))
+    if scaled.max() > MAX_TOKENS:
+        raise InputError(config._source, "workload.token_scale", config.token_scale,
+                         f"makes a request of {scaled.max():.3g} tokens (at most {MAX_TOKENS:.0e})")
+    return scaled.astype(np.int64)
 
 
 def _check_span(arrival_s: np.ndarray, config: WorkloadConfig) -> None:
