@@ -159,7 +159,7 @@ class ReplayLoop:
         self.report(t)
         end_s = self.clock()
         # The iteration ends now, after its commit: patch what was written with `t`.
-        self.log.columns["duration_s"][index] = end_s - start_s
+        self.log.set_duration(index, end_s - start_s)
         for req in done:
             req.finish_s = end_s
         return end_s

@@ -230,10 +230,12 @@ def _complete(out: Path, scenario: Scenario) -> bool:
 
 def measure_capacity(scenario: Scenario, label: str, opts: Options, runs: Path
                      ) -> dict[str, Any]:
-    """Requests/s one replica serves when it never waits for work: the first K requests all
-    arrive at once; capacity = K / time to finish them all (the drain at the end included)."""
+    """Requests/s one replica serves when it never waits for work: the first K requests (by
+    default all of them: a part of a trace can be lighter than the whole, and loads must be
+    fractions of what the whole slice needs) arrive at once; capacity = K / time to finish them
+    all (the drain at the end included)."""
     n = len(load_workload(scenario))
-    k = min(n, opts.capacity_requests or max(16, n // 2))
+    k = min(n, opts.capacity_requests or n)
     saturated = at_rate(scenario, SATURATED_RPS, num_requests=k)
     summary = run_replay(saturated, runs / label / "capacity", opts,
                          f"{label}: capacity (saturated replay)")

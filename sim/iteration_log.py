@@ -43,6 +43,11 @@ class IterationLog:
         c["num_waiting"].append(num_waiting)
         return index
 
+    def set_duration(self, index: int, duration_s: float) -> None:
+        """Correct an iteration's duration once its end is known (a replay ends an iteration
+        after committing it)."""
+        self.columns["duration_s"][index] = duration_s
+
     def extend_decodes(self, start_s: np.ndarray, duration_s: np.ndarray, num_seqs: int,
                        num_kv_blocks_used: np.ndarray) -> int:
         """Add a stretch of decode-only iterations; return the number of the first."""

@@ -137,7 +137,7 @@ def validate(
         min=1e-9, help="requests/s that loads are fractions of [default: measure "
                                    "it by a saturated replay]")] = None,
     capacity_requests: Annotated[int | None, typer.Option(
-        min=1, help="requests in the saturated replay [default: half the scenario's]")] = None,
+        min=1, help="requests in the saturated replay [default: all the scenario's]")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="replays per point (2+: the floor)")] = 2,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads (default 1)")] = None,
     out: Annotated[Path | None, typer.Option(
