@@ -17,12 +17,9 @@ iteration's host time (and recorded as `wake_s`). With these durations the simul
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
-import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +29,7 @@ from profiler.executor import Executor
 from sim.cluster import kv_cache_for
 from sim.config import Scenario
 from sim.errors import InputError
+from sim.interrupts import on_sigint
 from sim.iteration_log import IterationLog
 from sim.latency.base import BatchShape
 from sim.metrics import distribution
@@ -184,23 +182,6 @@ class ReplayLoop:
                              extra=f"queue {len(waiting)}, lag {lag:.2f} s")
 
 
-@contextlib.contextmanager
-def stop_on_interrupt(loop: ReplayLoop) -> Iterator[None]:
-    """Ctrl-C asks the loop to stop between iterations (never inside a commit)."""
-    def handler(signum: int, frame: Any) -> None:
-        loop.stop_requested = True
-
-    try:
-        previous = signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread: no handler to install
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = None,
            attention: str | None = None, out_dir: Path | None = None,
            progress: ProgressReport | None = None, command: str = "") -> Results:
@@ -234,7 +215,8 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
     gc.collect()
     gc.freeze()  # the setup's objects: later collections scan only what the loop creates
     try:
-        with stop_on_interrupt(loop):
+        # Ctrl-C asks the loop to stop between iterations (never inside a commit).
+        with on_sigint(lambda: setattr(loop, "stop_requested", True)):
             stop_s = loop.run()
     finally:
         gc.unfreeze()

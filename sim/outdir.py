@@ -8,12 +8,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.interrupts import on_sigint
 
 # A directory holding this file is a servesim run and may be replaced by a new run.
 RUN_MARKER = "summary.json"
@@ -78,15 +78,8 @@ def write_dir(out: Path, write: Callable[[Path], None]) -> Path:
 @contextlib.contextmanager
 def _interrupts_deferred() -> Iterator[None]:
     """Hold Ctrl-C for the few renames that swap a directory in; re-raise it after."""
-    caught: list[int] = []
-    try:
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    except ValueError:  # not the main thread (a Ray worker, say): nothing to defer
+    caught: list[bool] = []
+    with on_sigint(lambda: caught.append(True)):
         yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
     if caught:
         raise KeyboardInterrupt

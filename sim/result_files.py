@@ -4,7 +4,7 @@ JSON, with a one-line `InputError` for a file that is missing, corrupt or lacks 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,19 +61,20 @@ def _columns(df: pd.DataFrame, path: Path, columns: Sequence[str]) -> pd.DataFra
 
 def read_parquet(path: Path, columns: Sequence[str] = (), missing: str | None = None
                  ) -> pd.DataFrame:
-    _exists(path, missing)
-    try:
-        df = pd.read_parquet(path)
-    except UNREADABLE as exc:
-        raise InputError(path, "<file>", str(path), _problem(exc, path)) from None
-    return _columns(df, path, columns)
+    return _read_table(pd.read_parquet, path, columns, missing)
 
 
 def read_csv(path: Path, columns: Sequence[str] = (), missing: str | None = None
              ) -> pd.DataFrame:
+    return _read_table(pd.read_csv, path, columns, missing)
+
+
+def _read_table(reader: Callable[[Path], pd.DataFrame], path: Path, columns: Sequence[str],
+                missing: str | None) -> pd.DataFrame:
+    """A result table with the `columns` asked for; every failure one line naming the file."""
     _exists(path, missing)
     try:
-        df = pd.read_csv(path)
+        df = reader(path)
     except UNREADABLE as exc:
         raise InputError(path, "<file>", str(path), _problem(exc, path)) from None
     return _columns(df, path, columns)

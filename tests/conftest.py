@@ -76,6 +76,17 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     return exc.value.code, capsys.readouterr().err
 
 
+def run_cli_out(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """Run the CLI in-process: its exit code (0 if it returned) and what it printed on stdout."""
+    monkeypatch.setattr(sys, "argv", ["servesim", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    return code, capsys.readouterr().out
+
+
 def assert_one_line_error(code: int, err: str, *needles: str) -> None:
     assert code == 2
     lines = err.strip().splitlines()

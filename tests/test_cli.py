@@ -15,16 +15,7 @@ from sim.cli import main
 from sim.compare import compare, load_comparison
 from sim.sweep import Run, load_sweep, run_sweep
 from tests.conftest import REPO
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["servesim", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    return code, capsys.readouterr().out
+from tests.conftest import run_cli_out as cli
 
 
 def test_simulate_default_scenario(tmp_path, monkeypatch, capsys):

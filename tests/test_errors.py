@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sim.errors import InputError
-from tests.conftest import REPO, assert_one_line_error, run_cli
+from tests.conftest import REPO, assert_one_line_error, run_cli, run_cli_out
 
 VALID_TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,2\n0.5,20,3\n"
 
@@ -215,7 +215,7 @@ def test_out_that_is_the_working_directory_is_refused(tmp_path, monkeypatch, cap
 
 def test_plot_out_that_is_a_file_is_an_error(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
-    code, _ = run_cli_ok(monkeypatch, capsys, "simulate",
+    code, _ = run_cli_out(monkeypatch, capsys, "simulate",
                          str(scenario_file(tmp_path, vidur(trace_file(tmp_path)))),
                          "--out", str(run))
     assert code == 0
@@ -223,13 +223,3 @@ def test_plot_out_that_is_a_file_is_an_error(tmp_path, monkeypatch, capsys):
     code, err = run_cli(monkeypatch, capsys, "plot", str(run), "--out", str(tmp_path / "figures"))
     assert_one_line_error(code, err, "--out", "not a directory")
 
-
-def run_cli_ok(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["servesim", *args])
-    from sim.cli import main
-
-    try:
-        main()
-    except SystemExit as exc:
-        return exc.code or 0, capsys.readouterr().err
-    return 0, capsys.readouterr().err

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.cli import main
 from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import run_cli_out as cli
 
 SMALL = """\
 name: small
@@ -27,17 +27,6 @@ workload:
     prompt: {{dist: uniform, low: 10, high: 900}}
     output: {{dist: uniform, low: 1, high: 50}}
 """
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """Run the CLI in-process; its exit code and what it printed on stdout."""
-    monkeypatch.setattr(sys, "argv", ["servesim", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    return code, capsys.readouterr().out
 
 
 def scenario(tmp_path: Path, *, n: int = 50, qps: float = 4.0, tokens: bool = False) -> Path:
