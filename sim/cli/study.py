@@ -114,7 +114,7 @@ def sweep(
     console.print(sweep_table(name, table))
     over = int((table["overload"] == "overloaded").sum())
     if over:
-        console.print(f"{over} of {len(table)} runs overloaded: a queue still grows at the end, "
+        console.print(f"{over} of {len(table)} runs overloaded: a queue grew and did not drain, "
                       "their latencies depend on the trace's length")
     console.print(f"results: {out_dir}/results.parquet, results.csv, runs/<key>/",
                   soft_wrap=True)
