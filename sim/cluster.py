@@ -31,10 +31,9 @@ from sim.state import ReplicaState
 class Cluster:
     """Builds the replicas a scenario describes and routes requests to them."""
 
-    def __init__(self, scenario: Scenario, *, fast_forward: bool = True,
-                 source: str = "<scenario>") -> None:
+    def __init__(self, scenario: Scenario, *, fast_forward: bool = True) -> None:
         self.env = env = Environment()
-        self.source = source  # the scenario's file, named by errors found while building
+        self.source = scenario.source  # the scenario's file, named by errors found while building
         cfg = scenario.cluster
         self.horizon_s = scenario.horizon_s
         self.fast_forward = fast_forward

@@ -113,7 +113,7 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     if out_dir is not None:
         check_out_dir(Path(out_dir))
     requests = make_requests(load_workload(scenario))
-    cluster = Cluster(scenario, fast_forward=fast_forward, source=scenario.source)
+    cluster = Cluster(scenario, fast_forward=fast_forward)
     cluster.run(mark_after_horizon(requests, scenario.horizon_s), on_progress)
     records = [ReplicaRecord(r.pool, r.log, r.state.kv) for r in cluster.replicas]
     results = collect(scenario, requests, records, cluster.replicas[0].latency.describe())
