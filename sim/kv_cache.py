@@ -40,10 +40,19 @@ class KVCacheManager:
         needed = cdiv(req.num_computed_tokens + num_new_tokens, self.block_size)
         return max(0, needed - self._held.get(req.request_id, 0))
 
-    def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0) -> bool:
+    def prefix_hit_tokens(self, req: Request) -> int:
+        """Tokens of `req` (which holds no blocks) whose KV is cached here and could be reused:
+        0 without prefix caching."""
+        return 0
+
+    def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0,
+                     num_cached_tokens: int = 0) -> bool:
         """Grow `req` for its next `num_new_tokens`, keeping `num_reserved_blocks` free.
+        `num_cached_tokens` (a request holding no blocks: at most `prefix_hit_tokens(req)`)
+        first takes that cached prefix as its own, shared: the new tokens follow it.
 
         Returns False, allocating nothing, if that does not fit."""
+        assert num_cached_tokens == 0, "prefix caching is off"
         grow = self.num_blocks_to_grow(req, num_new_tokens)
         if grow + num_reserved_blocks > self.num_free_blocks:
             return False

@@ -27,8 +27,11 @@ class Request:
     num_prompt_tokens: int
     # Output length taken from the trace: the request stops (as on EOS) after this many tokens.
     num_target_output_tokens: int
-    # Prefix-block ids from traces that carry them (Mooncake); unused until prefix caching lands.
+    # Prefix-block ids (Mooncake `hash_ids`, or generated): block i stands for tokens
+    # [i * hash_block_tokens, (i + 1) * hash_block_tokens) and requests sharing leading ids share
+    # that prefix. They may run past the prompt (a generator knows the answer's blocks too).
     hash_ids: tuple[int, ...] | None = None
+    hash_block_tokens: int = 0
 
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_output_tokens: int = 0  # tokens sampled so far
@@ -36,6 +39,8 @@ class Request:
     reason: str | None = None
     num_preemptions: int = 0
     num_recomputed_tokens: int = 0  # KV tokens dropped by preemption and computed again
+    # Prompt tokens found in the prefix cache when first admitted (vLLM's `num_cached_tokens`).
+    num_cached_tokens: int = 0
     replica_id: int = -1  # where it runs now (the decode replica, once transferred)
     prefill_replica_id: int = -1  # where it arrived
     first_scheduled_s: float | None = None

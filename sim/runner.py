@@ -76,8 +76,10 @@ def pool_configs(scenario: Scenario) -> dict[str, ReplicaConfig]:
 
 def make_requests(workload: Workload) -> list[Request]:
     hash_ids = workload.hash_ids
+    hash_block_tokens = workload.hash_block_tokens
     return [
-        Request(i, float(t), int(p), int(o), hash_ids[i] if hash_ids is not None else None)
+        Request(i, float(t), int(p), int(o), hash_ids[i] if hash_ids is not None else None,
+                hash_block_tokens if hash_ids is not None else 0)
         for i, (t, p, o) in enumerate(zip(workload.arrival_s.tolist(),
                                           workload.num_prompt_tokens.tolist(),
                                           workload.num_output_tokens.tolist(), strict=True))

@@ -35,10 +35,15 @@ class ReplicaState:
         req.status = Status.WAITING
         self.waiting.append(req)
 
-    def admit(self, req: Request) -> None:
-        """Move the head of the waiting queue to the running list (its blocks are allocated)."""
+    def admit(self, req: Request, num_cached_tokens: int = 0) -> None:
+        """Move the head of the waiting queue to the running list (its blocks are allocated);
+        its first `num_cached_tokens` came from the prefix cache and count as computed."""
         assert self.waiting[0] is req
         self.waiting.popleft()
+        if num_cached_tokens:
+            req.num_computed_tokens += num_cached_tokens
+            if not req.num_preemptions:  # vLLM reports the hit of the first admission
+                req.num_cached_tokens = num_cached_tokens
         req.status = Status.RUNNING
         self.running.append(req)
 

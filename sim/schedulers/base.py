@@ -43,8 +43,10 @@ class Scheduler(ABC):
 
     Config: ClassVar[type[SchedulerConfig]] = SchedulerConfig
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, *, max_model_len: int | None = None) -> None:
         self.config = config
+        # The model's context window on this replica (prompt plus output); None: no limit.
+        self.max_model_len = max_model_len
 
     @abstractmethod
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
@@ -53,6 +55,11 @@ class Scheduler(ABC):
     def reject_reason(self, req: Request, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
         """Why `req`, needing `num_kv_tokens` KV slots at most, can never be served on a replica
         with this KV cache; None if it can."""
+        limit = self.max_model_len
+        # vLLM refuses a request whose prompt plus max_tokens exceeds the context window.
+        if limit is not None and req.num_prompt_tokens + req.num_target_output_tokens > limit:
+            return (f"max_model_len: prompt {req.num_prompt_tokens} + output "
+                    f"{req.num_target_output_tokens} tokens exceed max_model_len {limit}")
         if num_kv_tokens > kv.capacity_tokens:
             return (f"kv_capacity: needs {num_kv_tokens} KV slots, a replica holds "
                     f"{kv.capacity_tokens}")
@@ -121,20 +128,23 @@ def reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> int:
 
 
 def try_admit(
-    state: ReplicaState, req: Request, num_tokens: int, reserve_tokens: int | None, reserved: int
+    state: ReplicaState, req: Request, num_tokens: int, reserve_tokens: int | None, reserved: int,
+    num_cached_tokens: int = 0,
 ) -> int | None:
     """Admit the head of the queue for a first chunk of `num_tokens` if it fits beside `reserved`
-    blocks and its own future tokens (the Mini-SGLang admission rule).
+    blocks and its own future tokens (the Mini-SGLang admission rule). `num_cached_tokens` (at
+    most `state.kv.prefix_hit_tokens(req)`) are taken from the prefix cache first: the chunk
+    follows them, and they count as computed.
 
     Returns the blocks it keeps in reserve for its own future (add them to `reserved` before the
     next admission), or None if it was not admitted."""
     kv = state.kv
-    after = req.num_computed_tokens + num_tokens
+    after = req.num_computed_tokens + num_cached_tokens + num_tokens
     future = state.num_kv_tokens_needed(req)
     if reserve_tokens is not None:
         future = min(future, after + reserve_tokens)
     own_future = max(0, cdiv(future, kv.block_size) - cdiv(after, kv.block_size))
-    if not kv.try_allocate(req, num_tokens, reserved + own_future):
+    if not kv.try_allocate(req, num_tokens, reserved + own_future, num_cached_tokens):
         return None
-    state.admit(req)
+    state.admit(req, num_cached_tokens)
     return own_future

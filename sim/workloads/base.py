@@ -39,7 +39,10 @@ class Workload:
     arrival_s: np.ndarray  # float64, seconds since the first arrival (before rate scaling)
     num_prompt_tokens: np.ndarray  # int64, >= 1
     num_output_tokens: np.ndarray  # int64, >= 1
-    hash_ids: list[tuple[int, ...]] | None = None  # prefix-block ids (Mooncake), if any
+    # Prefix-block ids (Mooncake, or generated), if any: requests sharing leading ids share a
+    # prefix; each id stands for `hash_block_tokens` tokens (512 for Mooncake).
+    hash_ids: list[tuple[int, ...]] | None = None
+    hash_block_tokens: int = 0
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -49,7 +52,7 @@ class Workload:
         if self.hash_ids is not None:
             hash_ids = [self.hash_ids[i] for i in np.arange(len(self))[index]]
         return Workload(self.arrival_s[index], self.num_prompt_tokens[index],
-                        self.num_output_tokens[index], hash_ids)
+                        self.num_output_tokens[index], hash_ids, self.hash_block_tokens)
 
 
 class WorkloadConfig(BaseModel):
@@ -291,9 +294,13 @@ def select(workload: Workload, config: WorkloadConfig) -> Workload:
     shifted = (chosen.arrival_s - chosen.arrival_s[0]) / config.rate_scale
     _check_span(shifted, config)
     prompt, output = chosen.num_prompt_tokens, chosen.num_output_tokens
+    hash_block_tokens = chosen.hash_block_tokens
     if config.token_scale != 1.0:
         prompt, output = (_scaled(n, config) for n in (prompt, output))
-    return Workload(shifted, prompt, output, chosen.hash_ids)
+        # Prefix blocks shrink with the tokens they stand for (approximately, once rounded).
+        hash_block_tokens = max(1, round(hash_block_tokens * config.token_scale))
+    return Workload(shifted, prompt, output, chosen.hash_ids,
+                    hash_block_tokens if chosen.hash_ids is not None else 0)
 
 
 def _scaled(num_tokens: np.ndarray, config: WorkloadConfig) -> np.ndarray:

@@ -22,6 +22,10 @@ from sim.workloads.base import (
 )
 
 
+# Each Mooncake hash id stands for a block of 512 tokens (the trace's README).
+HASH_BLOCK_TOKENS = 512
+
+
 @FORMATS.register("mooncake")
 class Mooncake(Format):
     Config = TraceConfig
@@ -39,4 +43,5 @@ class Mooncake(Format):
             token_counts(df, "input_length", path),
             token_counts(df, "output_length", path),
             hash_ids,
+            HASH_BLOCK_TOKENS,
         )
