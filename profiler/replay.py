@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from profiler.executor import Executor
-from sim.cluster import kv_cache_for
+from sim.cluster import kv_cache_for, make_scheduler
 from sim.config import Scenario
 from sim.errors import InputError
 from sim.interrupts import on_sigint
@@ -45,7 +45,7 @@ from sim.runner import (
     make_requests,
     mark_after_horizon,
 )
-from sim.schedulers import SCHEDULERS, Scheduler
+from sim.schedulers import Scheduler
 from sim.state import ReplicaState
 
 # Columns replay adds to iterations.parquet: the full shape of each iteration (the simulator's
@@ -66,6 +66,10 @@ def check_replayable(scenario: Scenario) -> None:
     if cluster.replicas != 1:
         raise InputError(scenario.source, "cluster.replicas", cluster.replicas,
                          "replay serves one colocated replica")
+    if scenario.replica.prefix_caching:
+        # The executor's block tables are per request: shared prefix blocks are not built.
+        raise InputError(scenario.source, "replica.prefix_caching", True,
+                         "replay does not share KV between requests yet")
 
 
 class ReplayLoop:
@@ -198,11 +202,11 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
     attention = attention or default_attention(device)
     cfg = scenario.replica
     model = MODELS.get(cfg.model)
+    scheduler = make_scheduler(cfg)
     kv = kv_cache_for(cfg, model, "replica", scenario.source)
     _check_pool_fits(scenario, kv.num_blocks * kv.block_size, model, dtype, device)
     requests = make_requests(load_workload(scenario))
     arrivals = mark_after_horizon(requests, scenario.horizon_s)
-    scheduler = SCHEDULERS.get(cfg.scheduler.name)(cfg.scheduler)
     state = ReplicaState(kv)
     executor = Executor(model, kv, device=device, dtype=dtype, seed=scenario.seed,
                         attention=attention)

@@ -22,9 +22,10 @@ from sim.gpus import GPUS
 from sim.kv_cache import KVCacheManager
 from sim.latency import LATENCY_MODELS
 from sim.models import MODELS, ModelShape
+from sim.prefix_cache import Eviction, PrefixCachingKVManager
 from sim.request import Request, Status
 from sim.routers import ROUTERS
-from sim.schedulers import SCHEDULERS
+from sim.schedulers import SCHEDULERS, Scheduler
 from sim.state import ReplicaState
 
 
@@ -58,10 +59,11 @@ class Cluster:
 
     def _replica(self, cfg: ReplicaConfig, pool: str) -> Replica:
         model = MODELS.get(cfg.model)
-        scheduler = SCHEDULERS.get(cfg.scheduler.name)(cfg.scheduler)
+        scheduler = make_scheduler(cfg)
         latency = LATENCY_MODELS.get(cfg.latency.kind)(cfg.latency, model, GPUS.get(cfg.gpu))
         field = "replica" if pool == "colocated" else f"cluster.{pool}.replica"
-        state = ReplicaState(kv_cache_for(cfg, model, field, self.source),
+        state = ReplicaState(kv_cache_for(cfg, model, field, self.source,
+                                          eviction=type(scheduler).prefix_cache_eviction),
                              prefill_only=pool == "prefill")
         replica = Replica(self.env, len(self.replicas), scheduler, latency, state,
                           horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
@@ -89,7 +91,8 @@ class Cluster:
                 kind, _, detail = reason.partition(": ")
                 req.status, req.reason = Status.REJECTED, f"{kind}: decode pool {detail}"
                 return
-        index = self.router.choose(req, [r.load() for r in self.front])
+        asked = req if self.router.needs_prefix_hits else None
+        index = self.router.choose(req, [r.load(asked) for r in self.front])
         self.front[index].submit(req)
 
     def _handoff(self, req: Request) -> None:
@@ -119,12 +122,19 @@ class Cluster:
         return self.link.latency_s + wire_s
 
 
+def make_scheduler(cfg: ReplicaConfig) -> Scheduler:
+    """The replica's scheduler, knowing the context window in force."""
+    return SCHEDULERS.get(cfg.scheduler.name)(cfg.scheduler, max_model_len=cfg.context_len)
+
+
 def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
-                 source: str = "<scenario>") -> KVCacheManager:
-    """The replica's KV cache: the blocks given, or what GPU memory holds after the weights."""
+                 source: str = "<scenario>", eviction: Eviction = "lru_block"
+                 ) -> KVCacheManager:
+    """The replica's KV cache: the blocks given, or what GPU memory holds after the weights;
+    with prefix caching, evicting unused prefixes by `eviction`."""
     kv = cfg.kv_cache
     if kv.num_blocks is not None:
-        return KVCacheManager(kv.num_blocks, kv.block_size)
+        return _manager(cfg, kv.num_blocks, eviction)
     gpu = GPUS.get(cfg.gpu)
     free_bytes = (gpu.memory_bytes * kv.gpu_memory_utilization - model.weight_bytes
                   - kv.activation_reserve_gb * 1e9)
@@ -133,4 +143,10 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
         raise InputError(source, f"{field}.kv_cache", f"{cfg.model} on {cfg.gpu}",
                          f"no room for KV: weights take {model.weight_bytes / 1e9:.1f} GB of "
                          f"{gpu.memory_bytes * kv.gpu_memory_utilization / 1e9:.1f} GB usable")
-    return KVCacheManager(num_blocks, kv.block_size)
+    return _manager(cfg, num_blocks, eviction)
+
+
+def _manager(cfg: ReplicaConfig, num_blocks: int, eviction: Eviction) -> KVCacheManager:
+    if cfg.prefix_caching:
+        return PrefixCachingKVManager(num_blocks, cfg.kv_cache.block_size, eviction)
+    return KVCacheManager(num_blocks, cfg.kv_cache.block_size)

@@ -100,6 +100,16 @@ class ReplicaConfig(_Frozen):
         default_factory=lambda: LATENCY_MODELS.get("roofline").Config(kind="roofline")
     )
     kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig)
+    max_model_len: int | None = Field(
+        None, gt=0, le=10**9,
+        description="context window (prompt plus output) in tokens; None: the model's")
+    prefix_caching: bool = Field(
+        False, description="share and keep the KV of prefixes named by the requests' hash ids")
+
+    @property
+    def context_len(self) -> int | None:
+        """The context window in force: `max_model_len`, else the model's."""
+        return self.max_model_len or MODELS.get(self.model).max_model_len
 
     @field_validator("model")
     @classmethod

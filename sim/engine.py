@@ -30,7 +30,7 @@ from sim.latency.base import BatchShape, LatencyModel
 from sim.plan import Plan
 from sim.request import Request, Status
 from sim.routers.base import ReplicaLoad
-from sim.schedulers.base import Scheduler, future_blocks, reserved_blocks
+from sim.schedulers.base import Scheduler
 from sim.state import ReplicaState
 from sim.stretch import Stretch, allocate_first_step, commit_stretch, plan_stretch
 
@@ -119,9 +119,9 @@ class Replica:
         self._poke: simpy.Event | None = None
         # Work planned and not yet committed: one iteration, or a decode stretch.
         self._inflight: Iteration | Stretch | None = None
-        # Decode side: requests waiting for KV blocks here, and those whose KV is on its way.
+        # Decode side: requests waiting for KV blocks here (their KV on its way is in
+        # `state.incoming`), with the events their transfers wait on.
         self._pending: deque[tuple[Request, simpy.Event]] = deque()
-        self._incoming: dict[int, Request] = {}
         self.process = env.process(self.run())
 
     # -- what the rest of the cluster sees and does --------------------------------------------
@@ -150,7 +150,7 @@ class Replica:
 
     def join(self, req: Request) -> None:
         """Decode side: `req`'s KV has arrived; it decodes here from now on."""
-        del self._incoming[req.request_id]
+        del self.state.incoming[req.request_id]
         req.move_to(self.replica_id)
         req.status = Status.RUNNING
         self.state.requests[req.request_id] = req
@@ -162,16 +162,18 @@ class Replica:
         self.state.release(req)
         self._wake()
 
-    def load(self) -> ReplicaLoad:
-        """Requests in flight here, and tokens of work queued or resident, as of now."""
+    def load(self, req: Request | None = None) -> ReplicaLoad:
+        """Requests in flight here, and tokens of work queued or resident, as of now; with
+        `req`, also how many of its tokens are cached here."""
         self.sync()
         state = self.state
         tokens = sum(r.num_uncomputed_tokens for r in state.waiting)
         tokens += sum(r.num_tokens for r in state.running)
-        tokens += sum(r.num_tokens for r in self._incoming.values())
+        tokens += sum(r.num_tokens for r in state.incoming.values())
         tokens += sum(r.num_tokens for r, _ in self._pending)
-        num_outstanding = state.num_outstanding + len(self._incoming) + len(self._pending)
-        return ReplicaLoad(num_outstanding, tokens)
+        num_outstanding = state.num_outstanding + len(state.incoming) + len(self._pending)
+        hit = state.kv.prefix_hit_tokens(req) if req is not None else 0
+        return ReplicaLoad(num_outstanding, tokens, hit)
 
     def sync(self, *, before_s: float | None = None) -> None:
         """Commit the planned work that has ended by now (or strictly before `before_s`): the
@@ -190,15 +192,21 @@ class Replica:
             return
         num_steps = work.num_ended_by(now, inclusive=inclusive)
         if num_steps:
-            done, self._inflight = commit_stretch(self.state, work, num_steps, self.log)
+            done, work = commit_stretch(self.state, work, num_steps, self.log)
+            self._inflight = work
             self._left_running(done)
+        # With prefix caching, the blocks the iteration in progress allocated may have evicted
+        # cached prefixes, which a router reads: allocate them as a step-by-step run has.
+        if work is not None and self.state.kv.caches_prefixes and inclusive and (
+                work.start_s < now or self.env.reached(self.turn)):
+            self._inflight = allocate_first_step(self.state, work)
 
     def stop(self, horizon_s: float) -> None:
         """The clock stopped at `horizon_s`: commit what ended before it; the iteration in
         progress holds the KV blocks it was planned with, as in a step-by-step run."""
         self.sync(before_s=horizon_s)
         if isinstance(self._inflight, Stretch):
-            allocate_first_step(self.state, self._inflight)
+            self._inflight = allocate_first_step(self.state, self._inflight)
 
     # -- the replica's own process ---------------------------------------------------------
 
@@ -214,7 +222,7 @@ class Replica:
             now = self.env.now
             plan = self.scheduler.schedule(state, now)
             if not plan:
-                if state.running or not (state.num_transferring or self._incoming):
+                if state.running or not (state.num_transferring or state.incoming):
                     raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
                 # KV held by transfers (out of a prefill replica, or into a decode one) fills
                 # this replica: wait until one completes (or a request arrives).
@@ -304,20 +312,13 @@ class Replica:
             raise InputError(*self.where, problem)
 
     def _admit_pending(self) -> None:
-        state, kv = self.state, self.state.kv
-        cfg = self.scheduler.config
-        cap = cfg.decode_reserve_tokens
+        """Decode side: the scheduler takes transfers FCFS while its policy admits them."""
         while self._pending:
             req, event = self._pending[0]
-            if len(state.running) + len(self._incoming) >= cfg.max_num_seqs:
-                return
-            reserve = reserved_blocks(state, cap)
-            reserve += sum(future_blocks(state, r, cap) for r in self._incoming.values())
-            own_future = future_blocks(state, req, cap) - kv.num_blocks_to_grow(req, 0)
-            if not kv.try_allocate(req, 0, reserve + own_future):
+            if not self.scheduler.admit_transfer(self.state, req):
                 return
             self._pending.popleft()
-            self._incoming[req.request_id] = req
+            self.state.incoming[req.request_id] = req
             event.succeed()
 
 

@@ -16,6 +16,9 @@ def cdiv(a: int, b: int) -> int:
 class KVCacheManager:
     """Counts free blocks and the blocks each request holds."""
 
+    caches_prefixes = False  # see `sim.prefix_cache.PrefixCachingKVManager`
+    num_evicted_blocks = 0
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")

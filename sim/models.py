@@ -23,6 +23,8 @@ class ModelShape:
     vocab_size: int
     tie_embeddings: bool = False
     dtype_bytes: int = 2  # bf16
+    # Context window, prompt plus output (`max_position_embeddings`, vLLM's default max_model_len).
+    max_model_len: int | None = None
     source: str = ""
 
     @property
@@ -65,13 +67,17 @@ def _add(shape: ModelShape) -> None:
     MODELS.register(shape.name)(shape)
 
 
-_add(ModelShape("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256,
+_add(ModelShape("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256, max_model_len=8192,
                 source="meta-llama/Meta-Llama-3-8B config.json"))
-_add(ModelShape("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000,
+# Llama-3.1: the same shape with a 128k context (RoPE scaling), for long-context traces.
+_add(ModelShape("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, max_model_len=131072,
+                source="meta-llama/Llama-3.1-8B config.json"))
+_add(ModelShape("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000, max_model_len=4096,
                 source="meta-llama/Llama-2-7b-hf config.json"))
-_add(ModelShape("mistral-7b", 32, 4096, 32, 8, 128, 14336, 32000,
+_add(ModelShape("mistral-7b", 32, 4096, 32, 8, 128, 14336, 32000, max_model_len=32768,
                 source="mistralai/Mistral-7B-v0.1 config.json"))
-_add(ModelShape("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936,
+_add(ModelShape("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, max_model_len=40960,
                 source="Qwen/Qwen3-8B config.json"))
 # A model small enough to profile on a CPU in seconds; the shape of a Llama, scaled down.
-_add(ModelShape("tiny", 4, 256, 4, 2, 64, 688, 4096, source="servesim test model"))
+_add(ModelShape("tiny", 4, 256, 4, 2, 64, 688, 4096, max_model_len=32768,
+                source="servesim test model"))

@@ -73,6 +73,7 @@ def request_frame(requests: Sequence[Request], owner: np.ndarray, times: np.ndar
         "finish_s": np.array([_nan(r.finish_s) for r in requests]),
         "num_computed_tokens": np.array([r.num_computed_tokens for r in requests],
                                         dtype=np.int64),
+        "num_cached_tokens": np.array([r.num_cached_tokens for r in requests], dtype=np.int64),
         "num_preemptions": np.array([r.num_preemptions for r in requests], dtype=np.int64),
         "num_recomputed_tokens": np.array([r.num_recomputed_tokens for r in requests],
                                           dtype=np.int64),

@@ -124,6 +124,24 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     return results
 
 
+def prefix_cache_stats(request_df: pd.DataFrame, kvs: Sequence[KVCacheManager]
+                       ) -> dict[str, Any]:
+    """Hit rates over the requests that were admitted (their prompt tokens, and how many of
+    them hit at all), and what eviction took."""
+    admitted = request_df[request_df["first_scheduled_s"].notna()]
+    num_prompt = int(admitted["num_prompt_tokens"].sum())
+    num_cached = int(admitted["num_cached_tokens"].sum())
+    num_evicted = sum(kv.num_evicted_blocks for kv in kvs)
+    return {
+        "hit_rate_tokens": num_cached / num_prompt if num_prompt else None,
+        "hit_rate_requests": float((admitted["num_cached_tokens"] > 0).mean())
+        if len(admitted) else None,
+        "num_cached_tokens": num_cached,
+        "num_evicted_blocks": num_evicted,
+        "num_evicted_tokens": num_evicted * kvs[0].block_size,
+    }
+
+
 def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[ReplicaRecord],
             latency: dict[str, Any], end_s: float | None = None) -> Results:
     """Turn requests and replica logs into result frames and the summary. `end_s` is when the
@@ -148,6 +166,8 @@ def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[
     if any(r.pool == "decode" for r in replicas):
         summary["transfer"] = transfer_stats(request_df)
     summary["overload"] = overload(request_df, end_s)
+    if any(r.kv.caches_prefixes for r in replicas):
+        summary["prefix_cache"] = prefix_cache_stats(request_df, [r.kv for r in replicas])
     pools = pool_configs(scenario)
     summary["run"] = {
         "scenario": scenario.name,

@@ -24,6 +24,8 @@ class ReplicaState:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_transferring = 0  # handed off, KV still held here
+        # Decode side: requests whose blocks are allocated here and whose KV is on its way.
+        self.incoming: dict[int, Request] = {}
         self.requests: dict[int, Request] = {}  # every request this replica has held
 
     def num_kv_tokens_needed(self, req: Request) -> int:

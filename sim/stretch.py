@@ -144,9 +144,13 @@ def cdiv_array(a: np.ndarray, b: int) -> np.ndarray:
     return -(-a // b)
 
 
-def allocate_first_step(state: ReplicaState, stretch: Stretch) -> None:
-    """KV blocks for the first iteration of `stretch` (as `schedule()` allocates a plan's)."""
+def allocate_first_step(state: ReplicaState, stretch: Stretch) -> Stretch:
+    """KV blocks for the first iteration of `stretch` (as `schedule()` allocates a plan's), if
+    not allocated yet; the stretch, knowing they are."""
+    if stretch.num_allocated[0] > stretch.num_computed[0]:
+        return stretch
     for req in stretch.requests:
         grow = state.kv.num_blocks_to_grow(req, 1)
         if grow:
             state.kv.grow_blocks(req.request_id, grow)
+    return replace(stretch, num_allocated=stretch.num_computed + 1)

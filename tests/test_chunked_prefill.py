@@ -92,3 +92,19 @@ def test_kv_blocks_are_allocated_per_chunk():
 def test_max_num_seqs_above_budget_is_rejected():
     with pytest.raises(ValidationError, match="max_num_seqs"):
         ChunkedPrefillConfig(name="chunked_prefill", token_budget=64, max_num_seqs=128)
+
+
+def test_min_chunk_tokens_keeps_small_chunks_waiting_unless_they_finish_the_prompt():
+    """Background 002's min_chunk_size: a chunk smaller than the minimum waits for an iteration
+    with more budget left, unless it completes its prompt."""
+    decoding = tuple(make_request(i, prompt=10, output=50, generated=1) for i in range(3))
+    short = make_request(3, prompt=60, output=2)  # one chunk of 60 < 64 finishes it: admitted
+    long_prompt = make_request(4, prompt=400, output=2)
+    state = make_state(running=decoding, waiting=(short, long_prompt))
+    run = Stepper(chunked(token_budget=100, max_num_seqs=8, max_num_partial_prefills=2,
+                          min_chunk_tokens=64), state)
+    # 37 tokens are left for the long prompt: below the minimum, it waits.
+    assert run.step().num_scheduled_tokens == {0: 1, 1: 1, 2: 1, 3: 60}
+    assert run.step().num_scheduled_tokens == {0: 1, 1: 1, 2: 1, 3: 1, 4: 96}
+    with pytest.raises(ValidationError, match="min_chunk_tokens"):
+        chunked(token_budget=40, max_num_seqs=8, min_chunk_tokens=41)

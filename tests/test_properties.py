@@ -22,32 +22,75 @@ def scenarios(draw):
     min_blocks = -(-(max_prompt + max_output) // block_size)
     num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
     reserve = draw(st.sampled_from([None, 0, 8]))
-    if draw(st.booleans()):
+    policy = draw(st.sampled_from(["chunked_prefill", "prefill_first", "vllm_v1", "sglang"]))
+    if policy == "chunked_prefill":
         budget = draw(st.integers(8, 1024))
         max_num_seqs = draw(st.integers(1, min(budget, 64)))
         scheduler = {"name": "chunked_prefill", "token_budget": budget,
                      "max_num_seqs": max_num_seqs,
                      "chunk_size": draw(st.sampled_from([None, max(1, budget // 2)])),
                      "max_num_partial_prefills": draw(st.integers(1, min(3, max_num_seqs))),
+                     "min_chunk_tokens": draw(st.sampled_from([None, max(1, budget // 4)])),
                      "decode_reserve_tokens": reserve}
-    else:
+    elif policy == "prefill_first":
         scheduler = {"name": "prefill_first", "max_num_seqs": draw(st.integers(1, 64)),
                      "max_num_batched_tokens": draw(st.sampled_from([None, 2048])),
                      "decode_reserve_tokens": reserve}
+    elif policy == "vllm_v1":
+        budget = draw(st.integers(8, 1024))
+        chunking = draw(st.booleans())
+        threshold = draw(st.sampled_from([0, max(1, budget // 3)])) if chunking else 0
+        scheduler = {"name": "vllm_v1", "max_num_batched_tokens": budget,
+                     "max_num_seqs": draw(st.integers(1, min(budget, 64))),
+                     "enable_chunked_prefill": chunking,
+                     "decode_reserve_tokens": draw(st.sampled_from([0, 0, None, 8]))}
+        if threshold:
+            scheduler["long_prefill_token_threshold"] = threshold
+            scheduler["max_num_partial_prefills"] = draw(st.sampled_from([None, 1, 2]))
+        if chunking:
+            scheduler["min_chunk_tokens"] = draw(st.sampled_from(
+                [None, max(1, min(budget, threshold or budget) // 4)]))
+    else:
+        scheduler = {"name": "sglang", "chunked_prefill_size": draw(st.integers(8, 1024)),
+                     "max_num_seqs": draw(st.integers(1, 64)),
+                     "mixed_chunk": draw(st.booleans()),
+                     "decode_reserve_tokens": reserve}
+    num_requests = draw(st.integers(1, 40))
+    arrivals = {"process": "gamma", "qps": draw(st.floats(0.5, 200)),
+                "cv": draw(st.floats(0.2, 4))}
+    if draw(st.booleans()):
+        workload = {"format": "synthetic", "num_requests": num_requests, "arrivals": arrivals,
+                    "lengths": {"prompt": {"dist": "uniform", "low": 1, "high": max_prompt},
+                                "output": {"dist": "uniform", "low": 1, "high": max_output}}}
+    else:
+        # Shared system prompts and multi-turn conversations: prefixes a cache can reuse.
+        system = draw(st.sampled_from([0, 40, 200]))
+        hash_block = draw(st.sampled_from([4, 16, 24, 32]))
+        workload = {"format": "prefix", "num_conversations": num_requests,
+                    "arrivals": arrivals,
+                    "question_tokens": {"dist": "uniform", "low": 1,
+                                        "high": max(1, max_prompt // 4)},
+                    "output_tokens": {"dist": "uniform", "low": 1, "high": max_output},
+                    "hash_block_tokens": hash_block}
+        if system >= hash_block:
+            workload.update(system_prompt_tokens=system,
+                            num_groups=draw(st.integers(1, 3)))
+        turns = draw(st.integers(1, 3))
+        if turns > 1:
+            workload.update(num_turns=turns, think_time_s=draw(st.sampled_from([0.0, 0.05, 1.0])))
+        workload["num_requests"] = num_requests
+        # The longest prompt: every turn's question and answer, after the system prompt.
+        max_prompt = system + turns * (max(1, max_prompt // 4) + max_output)
+        min_blocks = -(-(max_prompt + max_output) // block_size)
+        num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
     return {
         "seed": draw(st.integers(0, 2**16)),
-        "workload": {
-            "format": "synthetic",
-            "num_requests": draw(st.integers(1, 40)),
-            "arrivals": {"process": "gamma", "qps": draw(st.floats(0.5, 200)),
-                         "cv": draw(st.floats(0.2, 4))},
-            "lengths": {"prompt": {"dist": "uniform", "low": 1, "high": max_prompt},
-                        "output": {"dist": "uniform", "low": 1, "high": max_output}},
-        },
+        "workload": workload,
         "replica": {"scheduler": scheduler,
                     "latency": draw(st.sampled_from([{"kind": "roofline"},
                                                      {"kind": "constant", "iteration_s": 0.01}])),
-                    "kv_cache": {"block_size": block_size, "num_blocks": num_blocks}},
+                    "kv_cache": {"block_size": block_size, "num_blocks": num_blocks},
+                    "prefix_caching": draw(st.booleans())},
         "horizon_s": draw(st.sampled_from([None, None, 0.5, 3.0])),
         "record_token_times": True,
     }
@@ -92,9 +135,16 @@ def test_invariants(data):
     done = req[req["status"] == "finished"]
     assert (req.loc[req["status"] == "rejected", "num_generated_tokens"] == 0).all()
 
-    # Tokens are conserved: what iterations computed is what requests hold or recomputed.
+    # Tokens are conserved: what iterations computed is what requests hold or recomputed, less
+    # what came from the prefix cache.
     computed = int(it["num_prefill_tokens"].sum() + it["num_decode_tokens"].sum())
-    assert computed == int((req["num_computed_tokens"] + req["num_recomputed_tokens"]).sum())
+    held = int((req["num_computed_tokens"] + req["num_recomputed_tokens"]).sum())
+    if data["replica"]["prefix_caching"]:
+        assert computed <= held and computed >= held - int(
+            req["num_prompt_tokens"].sum() * (1 + req["num_preemptions"].max()))
+        assert (req["num_cached_tokens"] < req["num_prompt_tokens"]).all()
+    else:
+        assert computed == held and (req["num_cached_tokens"] == 0).all()
     assert (done["num_computed_tokens"] == done["num_prompt_tokens"]
             + done["num_output_tokens"] - 1).all()
     assert len(tokens) == int(req["num_generated_tokens"].sum())
@@ -112,6 +162,12 @@ def test_invariants(data):
     per_iteration = it["num_prefill_tokens"] + it["num_decode_tokens"]
     if sched["name"] == "chunked_prefill":
         assert (per_iteration <= sched["token_budget"]).all()
+    if sched["name"] == "vllm_v1":
+        assert (per_iteration <= sched["max_num_batched_tokens"]).all()
+    if sched["name"] == "sglang":
+        assert (it["num_prefill_tokens"] <= sched["chunked_prefill_size"]).all()
+        if not sched["mixed_chunk"]:  # prefill and decode batches are separate iterations
+            assert ((it["num_prefill_tokens"] == 0) | (it["num_decode_tokens"] == 0)).all()
     assert (it["num_seqs"] <= sched["max_num_seqs"]).all()
     assert (it["num_kv_blocks_used"] <= data["replica"]["kv_cache"]["num_blocks"]).all()
 
@@ -154,7 +210,8 @@ def clusters(draw):
     if draw(st.booleans()):
         data["cluster"] = {"replicas": draw(st.integers(1, 3)),
                            "router": {"name": draw(st.sampled_from(
-                               ["round_robin", "least_outstanding", "least_kv_load", "random"]))}}
+                               ["round_robin", "least_outstanding", "least_kv_load", "random",
+                                "prefix_affinity"]))}}
     else:
         decode = {**replica, "kv_cache": {**replica["kv_cache"]}}
         decode["kv_cache"]["num_blocks"] = replica["kv_cache"]["num_blocks"] + draw(
@@ -165,7 +222,8 @@ def clusters(draw):
             "link": {"bandwidth_gb_s": draw(st.sampled_from([0.001, 0.1, 50.0])),
                      "latency_s": draw(st.sampled_from([0.0, 1e-3]))},
             "overlap_transfer": draw(st.booleans()),
-            "router": {"name": draw(st.sampled_from(["round_robin", "least_kv_load"]))},
+            "router": {"name": draw(st.sampled_from(["round_robin", "least_kv_load",
+                                                     "prefix_affinity"]))},
         }
         del data["replica"]  # the pools say what their replicas are
     return data

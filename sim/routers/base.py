@@ -22,6 +22,8 @@ class ReplicaLoad:
 
     num_outstanding: int  # requests queued, running, or on their way to it
     num_load_tokens: int  # tokens of work queued (still to compute) or resident in its KV
+    # Tokens of the arriving request cached there (only for routers that ask for them).
+    num_prefix_hit_tokens: int = 0
 
 
 class RouterConfig(BaseModel):
@@ -31,6 +33,8 @@ class RouterConfig(BaseModel):
 
 class Router(ABC):
     Config: ClassVar[type[RouterConfig]] = RouterConfig
+    # Whether `choose` reads `ReplicaLoad.num_prefix_hit_tokens` (a cache lookup per replica).
+    needs_prefix_hits: ClassVar[bool] = False
 
     def __init__(self, config: RouterConfig, rng: np.random.Generator) -> None:
         self.config = config

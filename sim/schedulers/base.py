@@ -8,7 +8,7 @@ No SimPy, no clock, no torch here: the same objects can drive a real executor.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
@@ -42,6 +42,9 @@ class Scheduler(ABC):
     """Decides, iteration by iteration, which requests compute how many tokens."""
 
     Config: ClassVar[type[SchedulerConfig]] = SchedulerConfig
+    # Which unused cached prefixes go first when prefix caching needs room (see
+    # `sim.prefix_cache`): vLLM's block LRU unless the policy's engine does otherwise.
+    prefix_cache_eviction: ClassVar[Literal["lru_block", "lru_leaf"]] = "lru_block"
 
     def __init__(self, config: SchedulerConfig, *, max_model_len: int | None = None) -> None:
         self.config = config
@@ -55,15 +58,38 @@ class Scheduler(ABC):
     def reject_reason(self, req: Request, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
         """Why `req`, needing `num_kv_tokens` KV slots at most, can never be served on a replica
         with this KV cache; None if it can."""
+        reason = self.context_reason(req)
+        if reason is None and num_kv_tokens > kv.capacity_tokens:
+            reason = (f"kv_capacity: needs {num_kv_tokens} KV slots, a replica holds "
+                      f"{kv.capacity_tokens}")
+        return reason
+
+    def context_reason(self, req: Request) -> str | None:
+        """Why `req` exceeds the model's context window; None if it fits. vLLM refuses a request
+        whose prompt plus max_tokens exceeds max_model_len."""
         limit = self.max_model_len
-        # vLLM refuses a request whose prompt plus max_tokens exceeds the context window.
         if limit is not None and req.num_prompt_tokens + req.num_target_output_tokens > limit:
             return (f"max_model_len: prompt {req.num_prompt_tokens} + output "
                     f"{req.num_target_output_tokens} tokens exceed max_model_len {limit}")
-        if num_kv_tokens > kv.capacity_tokens:
-            return (f"kv_capacity: needs {num_kv_tokens} KV slots, a replica holds "
-                    f"{kv.capacity_tokens}")
         return None
+
+    def admit_transfer(self, state: ReplicaState, req: Request) -> bool:
+        """Decode side of a disaggregated cluster: take `req`, whose prompt KV is to arrive by
+        transfer, now? If so, allocate blocks for its prompt and return True (the caller then
+        counts it in `state.incoming`). Called FCFS on the requests waiting for a decode slot.
+
+        The default is this policy's admission rule for a prompt already computed: a running
+        slot (`max_num_seqs`, counting the requests on their way) and blocks for the prompt
+        beside `decode_reserve_tokens` of future tokens for every request here and on its way
+        (vLLM v1, reserving 0, allocates while blocks last; Mini-SGLang reserves every future
+        token)."""
+        if len(state.running) + len(state.incoming) >= self.config.max_num_seqs:
+            return False
+        cap = self.config.decode_reserve_tokens
+        reserve = reserved_blocks(state, cap)
+        reserve += sum(future_blocks(state, r, cap) for r in state.incoming.values())
+        own_future = future_blocks(state, req, cap) - state.kv.num_blocks_to_grow(req, 0)
+        return state.kv.try_allocate(req, 0, reserve + own_future)
 
     def steady(self, state: ReplicaState, plan: Plan) -> bool:
         """True if, until a request arrives, finishes or runs out of KV, every following plan would

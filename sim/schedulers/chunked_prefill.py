@@ -1,5 +1,14 @@
 """Sarathi-Serve's stall-free batching: decodes first, then partial prefills, then new requests,
-all within a per-iteration token budget."""
+all within a per-iteration token budget.
+
+How it differs from `vllm_v1` (vLLM's own unified scheduler): here every running decode is
+guaranteed its token before any prefill (Sarathi-Serve's "stall-free" promise, so
+`max_num_seqs` may not exceed the budget), a prompt's chunk is capped by `chunk_size`, and new
+work is admitted only while blocks for running requests' future tokens stay free
+(`decode_reserve_tokens`, default all of them); `vllm_v1` walks running requests in order with
+one budget (an unfinished prefill may take it before later decodes), reserves nothing, and
+preempts when blocks run out.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +33,10 @@ class ChunkedPrefillConfig(SchedulerConfig):
     token_budget: int = Field(512, gt=0, description="most tokens (prefill + decode) an iteration")
     chunk_size: int | None = Field(None, gt=0, description="largest prefill chunk; default budget")
     max_num_partial_prefills: int = Field(1, gt=0, description="requests prefilling at once")
+    min_chunk_tokens: int | None = Field(
+        None, gt=0,
+        description="smallest chunk that does not finish its prompt (background 002's "
+                    "min_chunk_size): a smaller one waits for the next iteration")
 
     @model_validator(mode="before")
     @classmethod
@@ -47,6 +60,11 @@ class ChunkedPrefillConfig(SchedulerConfig):
         if self.chunk_size is not None and self.chunk_size > self.token_budget:
             problems.append(("chunk_size", self.chunk_size,
                              f"must not exceed token_budget ({self.token_budget})"))
+        # A minimum above the largest chunk would keep every long prompt waiting forever.
+        largest = self.chunk_size or self.token_budget
+        if self.min_chunk_tokens is not None and self.min_chunk_tokens > largest:
+            problems.append(("min_chunk_tokens", self.min_chunk_tokens,
+                             f"must not exceed the largest chunk ({largest})"))
         if problems:
             raise invalid(*problems)
         return self
@@ -62,14 +80,17 @@ class ChunkedPrefill(Scheduler):
     config: ChunkedPrefillConfig
 
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+        preempted: list[int] = []
         while True:
             plan = self._build(state)
+            preempted += plan.preempted_ids
             if plan or not state.running:
+                plan.preempted_ids = preempted
                 return plan
             # Partial prefills hold all the blocks and none can grow: free the newest.
             victim = state.running[-1]
             state.preempt(victim)
-            plan.preempted_ids.append(victim.request_id)
+            preempted.append(victim.request_id)
 
     def _build(self, state: ReplicaState) -> Plan:
         cfg = self.config
@@ -81,6 +102,8 @@ class ChunkedPrefill(Scheduler):
         num_partial = len(prefilling)
         for req in prefilling:  # continue partial prefills where they stopped
             num_tokens = min(req.num_uncomputed_tokens, chunk_size, budget)
+            if self._too_small(num_tokens, req.num_uncomputed_tokens):
+                continue
             if num_tokens > 0 and state.kv.try_allocate(req, num_tokens):
                 plan.num_scheduled_tokens[req.request_id] = num_tokens
                 budget -= num_tokens
@@ -88,11 +111,15 @@ class ChunkedPrefill(Scheduler):
         reserved = reserved_blocks(state, cfg.decode_reserve_tokens) if state.waiting else 0
         while state.waiting and budget > 0 and len(state.running) < cfg.max_num_seqs:
             req = state.waiting[0]
-            num_tokens = min(req.num_uncomputed_tokens, chunk_size, budget)
-            partial = num_tokens < req.num_uncomputed_tokens
-            if partial and num_partial >= cfg.max_num_partial_prefills:
+            hit = state.kv.prefix_hit_tokens(req)
+            num_uncomputed = req.num_uncomputed_tokens - hit
+            num_tokens = min(num_uncomputed, chunk_size, budget)
+            partial = num_tokens < num_uncomputed
+            if partial and (num_partial >= cfg.max_num_partial_prefills
+                            or self._too_small(num_tokens, num_uncomputed)):
                 break
-            own_reserve = try_admit(state, req, num_tokens, cfg.decode_reserve_tokens, reserved)
+            own_reserve = try_admit(state, req, num_tokens, cfg.decode_reserve_tokens, reserved,
+                                    hit)
             if own_reserve is None:
                 break
             reserved += own_reserve
@@ -100,3 +127,8 @@ class ChunkedPrefill(Scheduler):
             budget -= num_tokens
             num_partial += partial
         return plan
+
+    def _too_small(self, num_tokens: int, num_uncomputed: int) -> bool:
+        """A chunk below `min_chunk_tokens` that does not finish its prompt waits."""
+        least = self.config.min_chunk_tokens
+        return least is not None and num_tokens < min(least, num_uncomputed)

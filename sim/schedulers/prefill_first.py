@@ -20,8 +20,9 @@ from sim.state import ReplicaState
 
 class PrefillFirstConfig(SchedulerConfig):
     max_num_batched_tokens: int | None = Field(
-        None, gt=0, description="most prompt tokens in one prefill iteration; None: no limit"
-    )
+        None, gt=0,
+        description="most prompt tokens in one prefill iteration; None: vLLM v0's default "
+                    "without chunking, max(max_model_len, 2048)")
 
 
 @SCHEDULERS.register("prefill_first")
@@ -32,8 +33,17 @@ class PrefillFirst(Scheduler):
     Config = PrefillFirstConfig
     config: PrefillFirstConfig
 
+    def __init__(self, config: PrefillFirstConfig, *, max_model_len: int | None = None) -> None:
+        super().__init__(config, max_model_len=max_model_len)
+        budget = config.max_num_batched_tokens
+        if budget is None and max_model_len is not None:
+            budget = max(max_model_len, 2048)  # vLLM v0 `SchedulerConfig`, chunking off
+        self.max_num_batched_tokens = budget
+
     def reject_reason(self, req: Request, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
-        budget = self.config.max_num_batched_tokens
+        budget = self.max_num_batched_tokens
+        if (reason := self.context_reason(req)) is not None:
+            return reason
         # As vLLM v0 without chunking, max_num_batched_tokens acts as max_model_len: a preempted
         # request's recompute (prompt plus output so far) must still fit one prefill.
         if budget is not None and num_kv_tokens > budget:
@@ -44,14 +54,16 @@ class PrefillFirst(Scheduler):
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
         cfg = self.config
         plan = Plan()
-        budget = cfg.max_num_batched_tokens
+        budget = self.max_num_batched_tokens
         reserved = reserved_blocks(state, cfg.decode_reserve_tokens) if state.waiting else 0
         while state.waiting and len(state.running) < cfg.max_num_seqs:
             req = state.waiting[0]
-            num_tokens = req.num_uncomputed_tokens
+            hit = state.kv.prefix_hit_tokens(req)
+            num_tokens = req.num_uncomputed_tokens - hit
             if budget is not None and num_tokens > budget:
                 break
-            own_reserve = try_admit(state, req, num_tokens, cfg.decode_reserve_tokens, reserved)
+            own_reserve = try_admit(state, req, num_tokens, cfg.decode_reserve_tokens, reserved,
+                                    hit)
             if own_reserve is None:
                 break
             reserved += own_reserve

@@ -21,7 +21,6 @@ from sim.workloads.base import (
     where,
 )
 
-
 # Each Mooncake hash id stands for a block of 512 tokens (the trace's README).
 HASH_BLOCK_TOKENS = 512
 

@@ -1,0 +1,174 @@
+"""SGLang's scheduler (and Mini-SGLang's, its teaching copy): prefill batches of at most
+`chunked_prefill_size` new tokens run before decode batches; a prompt that does not fit is chunked
+and finished first; a request is admitted only if its prompt and its whole output fit in KV.
+
+Sources: SGLang `python/sglang/srt/managers/scheduler.py` (`get_next_batch_to_run`,
+`_get_new_batch_prefill_raw`, `update_running_batch`) and `schedule_policy.py` (`PrefillAdder`:
+`add_chunked_req`, `add_one_req`, `rem_total_tokens`, `new_token_ratio`); Mini-SGLang
+`python/minisgl/scheduler/{scheduler,prefill,decode,config}.py` (`PrefillAdder`,
+`PrefillManager`, `DecodeManager.inflight_tokens`, `max_extend_tokens`); background document 001
+(Mini-SGLang's chunked-prefill page).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from sim.errors import invalid
+from sim.plan import Plan
+from sim.request import Request
+from sim.schedulers.base import (
+    SCHEDULERS,
+    Scheduler,
+    SchedulerConfig,
+    reserved_blocks,
+    schedule_decodes,
+    try_admit,
+)
+from sim.state import ReplicaState
+
+
+class SGLangConfig(SchedulerConfig):
+    """SGLang's server arguments that shape scheduling. `max_running_requests` (SGLang's name) is
+    accepted for `max_num_seqs`; the resolved scenario spells it `max_num_seqs`."""
+
+    chunked_prefill_size: int = Field(
+        8192, gt=0,
+        description=("most new tokens in one prefill (extend) batch; SGLang's default on "
+                     "A100/H100/H200 (2048 below 35 GB, 16384 on B200/MI300); Mini-SGLang's "
+                     "max_extend_tokens"),
+    )
+    mixed_chunk: bool = Field(
+        False,
+        description=("--enable-mixed-chunk: running decodes join each prefill batch, one token "
+                     "each, counted against chunked_prefill_size"),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _max_running_requests(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "max_running_requests" not in data:
+            return data
+        data = dict(data)
+        value = data.pop("max_running_requests")
+        if type(value) is not int or value <= 0:  # not a bool: strict validation refuses it
+            raise invalid(("max_running_requests", value, "must be a positive integer"))
+        if data.setdefault("max_num_seqs", value) != value:
+            raise invalid(("max_running_requests", value, "is SGLang's name for max_num_seqs "
+                           f"({data['max_num_seqs']}): give one of them"))
+        return data
+
+    @property
+    def max_running_requests(self) -> int:
+        return self.max_num_seqs
+
+
+@SCHEDULERS.register("sglang")
+class SGLang(Scheduler):
+    """SGLang's rules, each with where it comes from:
+
+    1. Prefill before decode, in separate iterations. If a prefill batch can be formed, it runs;
+       otherwise every running decode gets one token (`get_next_batch_to_run`: "Run prefill
+       first if possible", else `update_running_batch`; Mini-SGLang `_schedule_next_batch`:
+       prefill manager `or` decode manager). Decodes wait while prefills run (doc 001).
+    2. Budget: a prefill batch computes at most `chunked_prefill_size` new tokens
+       (`PrefillAdder.rem_chunk_tokens`; Mini-SGLang `token_budget` = `max_extend_tokens`).
+    3. Chunking: the request that does not fit what is left of the budget takes the rest of it
+       and becomes *the* chunked request; it samples only after its last chunk (doc 001,
+       `ChunkedReq`; SGLang `add_one_req` sets `new_chunked_req`). At most one is in progress.
+    4. The chunked request continues first, ahead of the waiting queue, in the very next
+       iteration: `_get_new_batch_prefill_raw` skips its early exits while `self.chunked_req`
+       is set and calls `add_chunked_req` before the waiting queue, so the next batch is a
+       prefill again and running decodes wait through every chunk of a long prompt (doc 001's
+       40,000-token document: five prefill iterations, then decodes). Only when its next chunk
+       gets no KV does the iteration fall back to decodes (`add_chunked_req` adds nothing).
+    5. Admission, first come first served (SGLang's default `schedule_policy` fcfs), stopping at
+       the first request refused (`_get_new_batch_prefill_raw`: `add_one_req` not CONTINUE,
+       break): a request is admitted only if its extend tokens plus its output fit beside what
+       running requests may still need (doc 001 and Mini-SGLang
+       `PrefillAdder._try_allocate_one`: `extend_len + output_len + reserved_size <=
+       available_size`, `reserved_size` = `DecodeManager.inflight_tokens`, their remaining
+       tokens; SGLang `add_one_req`: extend + min(max_new_tokens, 4096) within
+       `rem_total_tokens`). The default `decode_reserve_tokens: None` reserves every future
+       token, as Mini-SGLang does. NOT modelled: SGLang counts running requests' remaining
+       outputs (clipped at 4096) times `new_token_ratio` (0.7, decaying to 0.098 over 600 decode
+       steps, raised again by `retract_decode`) and retracts decodes when that was optimistic;
+       with a trace's true output lengths the full reservation never preempts. An integer
+       `decode_reserve_tokens` reserves less (4096 ~ SGLang's clip at ratio 1).
+    6. Prefix cache: a waiting request's cached prefix (`match_prefix`; `prefix_hit_tokens`
+       here, 0 without caching) is reused, and only the rest is chunked and computed.
+    7. `max_running_requests` (= `max_num_seqs`) caps running requests, the chunked one
+       included (`get_num_allocatable_reqs`); SGLang derives its default from memory, 256 here.
+    8. `mixed_chunk`: running decodes join a prefill batch (`mix_with_running`) and the budget
+       shrinks by their number (`PrefillAdder(num_mixed_decode_tokens=running_bs)`); with no
+       prefill to run the iteration is decodes only, as without it.
+    9. KV shortfall: a decode without a block preempts the newest running request by recompute
+       (base `schedule_decodes`; SGLang's `retract_decode` takes the one with the fewest
+       outputs and longest prompt instead). If nothing at all can run while requests hold KV
+       (only with `decode_reserve_tokens` set), the newest running request is preempted.
+
+    Not modelled: `max_prefill_tokens` (16384, not binding under the 8192 chunk),
+    `--prefill-decode-interval` (default 0), page rounding (SGLang's page size is 1), priorities.
+    """
+
+    Config = SGLangConfig
+    config: SGLangConfig
+    prefix_cache_eviction = "lru_leaf"  # SGLang's RadixCache evicts least recently used leaves
+
+    def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+        preempted: list[int] = []
+        while True:
+            plan = self._build(state)
+            preempted += plan.preempted_ids
+            # Rebuild after freeing KV: the newest running request, or everyone (then the
+            # queue can start again).
+            if plan or not (state.running or plan.preempted_ids):
+                break
+            if state.running:
+                victim = state.running[-1]
+                state.preempt(victim)
+                preempted.append(victim.request_id)
+        plan.preempted_ids = preempted
+        return plan
+
+    def _build(self, state: ReplicaState) -> Plan:
+        cfg = self.config
+        plan = Plan()
+        if cfg.mixed_chunk:
+            prefilling = schedule_decodes(state, plan)
+        else:
+            prefilling = [req for req in state.running if not req.is_decoding]
+        self._prefill(state, plan, prefilling, cfg.chunked_prefill_size - plan.num_seqs)
+        if not plan:
+            schedule_decodes(state, plan)
+        return plan
+
+    def _prefill(self, state: ReplicaState, plan: Plan, prefilling: list[Request],
+                 budget: int) -> None:
+        """Continue the chunked request, then admit waiting requests, within `budget` tokens."""
+        cfg = self.config
+        scheduled = plan.num_scheduled_tokens
+        if budget <= 0:  # mixed decodes took the whole budget
+            return
+        for req in prefilling:  # the chunked request (one, unless the engine made more)
+            num_tokens = min(req.num_uncomputed_tokens, budget)
+            if num_tokens <= 0 or not state.kv.try_allocate(req, num_tokens):
+                return  # it keeps its place at the front: nobody is admitted past it
+            scheduled[req.request_id] = num_tokens
+            budget -= num_tokens
+
+        reserve = cfg.decode_reserve_tokens
+        reserved = reserved_blocks(state, reserve) if state.waiting else 0
+        while state.waiting and budget > 0 and len(state.running) < cfg.max_num_seqs:
+            req = state.waiting[0]
+            hit = state.kv.prefix_hit_tokens(req)
+            num_tokens = min(req.num_uncomputed_tokens - hit, budget)
+            own_reserve = try_admit(state, req, num_tokens, reserve, reserved, hit)
+            if own_reserve is None:
+                break
+            reserved += own_reserve
+            scheduled[req.request_id] = num_tokens
+            budget -= num_tokens
+        assert budget >= 0

@@ -1,0 +1,264 @@
+"""vLLM v1's unified scheduler (`vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`): no
+prefill phase and no decode phase, one token budget, running requests first, then the queue.
+
+Each rule, and where it comes from (vLLM files as read on vLLM's main branch; "doc 00N" is
+`../shared/background/00N_*.txt`):
+
+1. One budget. Every iteration computes at most `max_num_batched_tokens` tokens, prefill chunks
+   and decode tokens together (`schedule`: `token_budget = self.max_num_scheduled_tokens`,
+   asserted at its end). At most `max_num_seqs` requests run (`max_num_running_reqs`).
+2. Running requests first, in running order (oldest admission first), while budget is left:
+   each gets min(its uncomputed tokens, `long_prefill_token_threshold` if > 0, the budget left)
+   (`schedule`, "First, schedule the RUNNING requests"). So a decode gets its one token and an
+   unfinished prefill its next chunk; a prefill that takes the rest of the budget leaves nothing
+   for running requests behind it, as in vLLM.
+3. KV slots are allocated for exactly the tokens scheduled, nothing kept for future tokens
+   (`KVCacheManager.allocate_slots` in `vllm/v1/core/kv_cache_manager.py`; lookahead slots only
+   serve speculative decoding). Hence `decode_reserve_tokens` defaults to 0 here.
+4. Preemption by recompute. When a running request cannot get its blocks, the last running
+   request is preempted (FCFS policy: `self.running.pop()`), its KV freed, its computed tokens
+   dropped and it goes back to the front of the queue (`_preempt_request`); repeat until the
+   blocks fit; if the request itself was the victim, the running pass ends. vLLM takes a
+   victim's already scheduled tokens back out of the step (its priority policy can pick one);
+   under FCFS the last running request is never scheduled yet, so that gives nothing back.
+5. The queue, FCFS, only if nothing was preempted in this step (`if not preempted_reqs`), while
+   budget is left and fewer than `max_num_seqs` run. For the head: its prefix-cache hit first
+   (`get_computed_blocks`, only for a request with nothing computed: here
+   `KVCacheManager.prefix_hit_tokens`, 0 without caching; vLLM's hit is at most
+   `num_tokens - 1`), then num_new = tokens still to compute, capped by the threshold; chunking
+   off and num_new over the budget left: the queue stops (the prompt waits whole); otherwise
+   capped by the budget left. If its blocks do not fit, the queue stops. Nothing is reserved
+   for running requests' future tokens (a user-set `decode_reserve_tokens` is honoured as in
+   `chunked_prefill`).
+6. Chunking off. `SchedulerConfig.verify_max_model_len` (`vllm/config/scheduler.py`) requires
+   `max_num_batched_tokens >= max_model_len` then, so a request whose recompute (prompt plus
+   output) cannot fit one budget is refused here (`reject_reason`, as `prefill_first` does).
+   A threshold would still cut prompts (rule 5's order): refused with chunking off, like every
+   setting here that chunking off would make meaningless.
+7. Concurrent partial prefills. vLLM v1 does not limit them: `max_num_partial_prefills` and
+   `max_long_partial_prefills` exist in `vllm/config/scheduler.py` (default 1) but the v1
+   scheduler never reads them, and `EngineArgs._is_v1_supported_oracle`
+   (`vllm/engine/arg_utils.py`) refuses other values ("Concurrent Partial Prefill is not
+   supported"; issue #14003; PR #15419 added `long_prefill_token_threshold` instead; PRs #41399
+   and #49075 to enforce them are unmerged). So by default (None) nothing limits them, as in v1:
+   with a threshold, several long prompts advance side by side. Set, they limit admission as in
+   vLLM v0 (`PartialPrefillMetadata`, `vllm/core/scheduler.py`): a queued request whose chunk
+   would leave it part-way through its prefill is admitted only while fewer than
+   `max_num_partial_prefills` requests would be part-way after this iteration, and, if long
+   (tokens still to prefill > threshold), fewer than `max_long_partial_prefills` long ones.
+   Unlike v0 the queue stops there (no queue jumping), and the budget is not split among them.
+8. Minimum chunk (`min_chunk_tokens`, doc 002's `_schedule_prefills` `min_chunk_size`; vLLM's
+   own scheduler has none; off by default). A chunk smaller than it that would not finish the
+   request's catch-up (prompt, or prompt plus output after a preemption) is not scheduled: a
+   queued request waits and the queue stops (doc 002: `break`); a running one is skipped this
+   iteration, keeping its blocks (as vLLM skips a running request given 0 tokens).
+9. A step that preempted every running request schedules nothing in vLLM; the next step admits
+   from the queue. A simulated iteration cannot be empty, so that next step is planned at once.
+
+Not modelled: speculative decoding and lookahead slots, encoder inputs, async scheduling, the
+priority policy, KV connectors, structured output, LoRA limits, Mamba or deterministic-caching
+chunk alignment, the running pass's max_model_len cap (such requests are rejected on arrival).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from sim.errors import invalid
+from sim.kv_cache import KVCacheManager
+from sim.plan import Plan
+from sim.request import Request
+from sim.schedulers.base import SCHEDULERS, Scheduler, SchedulerConfig, reserved_blocks, try_admit
+from sim.state import ReplicaState
+
+# vLLM `EngineArgs.get_batch_defaults` (vllm/engine/arg_utils.py): an OpenAI-compatible server on
+# a GPU of 70 GiB or more other than an A100 (H100, H200, MI300x; servesim's default GPU is an
+# H100) gets 8192; other GPUs 2048 (the `SchedulerConfig` fallback, "mainly for testing").
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+class VllmV1Config(SchedulerConfig):
+    max_num_batched_tokens: int = Field(
+        DEFAULT_MAX_NUM_BATCHED_TOKENS, gt=0,
+        description="most tokens (prefill + decode) an iteration; vLLM serving default on H100")
+    enable_chunked_prefill: bool = Field(True, description="False: prompts are prefilled whole")
+    long_prefill_token_threshold: int = Field(
+        0, ge=0, description="largest chunk a request computes per iteration; 0: no cap")
+    max_num_partial_prefills: int | None = Field(
+        None, gt=0, description="requests part-way through prefill at once; None: no limit (v1)")
+    max_long_partial_prefills: int | None = Field(
+        None, gt=0, description="of those, longer than the threshold; None: no limit (v1)")
+    min_chunk_tokens: int | None = Field(
+        None, gt=0, description="smallest chunk that does not finish a prefill; None: any")
+    decode_reserve_tokens: int | None = Field(
+        0, ge=0, description="KV slots kept per running request when admitting: 0 as in vLLM")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_max_num_seqs(cls, data: Any) -> Any:
+        # Unless given, no more running requests than the budget has tokens (vLLM requires it),
+        # so that a small budget alone just works.
+        if isinstance(data, dict) and "max_num_seqs" not in data:
+            budget = data.get("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
+            if type(budget) is int and budget > 0:  # not a bool: strict validation refuses it
+                data = {**data, "max_num_seqs": min(DEFAULT_MAX_NUM_SEQS, budget)}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VllmV1Config:
+        budget, threshold = self.max_num_batched_tokens, self.long_prefill_token_threshold
+        problems = []
+        if self.max_num_seqs > budget:  # vLLM's verify_max_model_len refuses it too
+            problems.append(("max_num_seqs", self.max_num_seqs,
+                             f"must not exceed max_num_batched_tokens ({budget})"))
+        if not self.enable_chunked_prefill:
+            problems += [(name, value, "needs enable_chunked_prefill") for name, value in (
+                ("long_prefill_token_threshold", threshold or None),
+                ("max_num_partial_prefills", self.max_num_partial_prefills),
+                ("max_long_partial_prefills", self.max_long_partial_prefills),
+                ("min_chunk_tokens", self.min_chunk_tokens)) if value is not None]
+        if self.max_long_partial_prefills is not None and not threshold:
+            problems.append(("max_long_partial_prefills", self.max_long_partial_prefills,
+                             "needs long_prefill_token_threshold to say what is long"))
+        most, most_long = self.max_num_partial_prefills, self.max_long_partial_prefills
+        if most is not None and most_long is not None and most_long > most:
+            problems.append(("max_long_partial_prefills", most_long,
+                             f"must not exceed max_num_partial_prefills ({most})"))
+        # A minimum above every chunk a long prompt can get would stall it for ever.
+        largest_chunk = min(budget, threshold) if threshold else budget
+        if self.min_chunk_tokens is not None and self.min_chunk_tokens > largest_chunk:
+            problems.append(("min_chunk_tokens", self.min_chunk_tokens,
+                             f"must not exceed the largest chunk ({largest_chunk}: "
+                             "max_num_batched_tokens or long_prefill_token_threshold)"))
+        if problems:
+            raise invalid(*problems)
+        return self
+
+
+@SCHEDULERS.register("vllm_v1")
+class VllmV1(Scheduler):
+    """vLLM v1's policy (rules in the module docstring): running requests catch up first, in
+    running order, preempting the newest when KV runs out; then the queue is admitted FCFS with
+    what is left of the budget, prompts cut into chunks when chunking is on."""
+
+    Config = VllmV1Config
+    config: VllmV1Config
+
+    def reject_reason(self, req: Request, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
+        reason = super().reject_reason(req, kv, num_kv_tokens)
+        budget = self.config.max_num_batched_tokens
+        # Rule 6: without chunking a prefill, or a recompute after preemption, is one iteration.
+        if reason is None and not self.config.enable_chunked_prefill and num_kv_tokens > budget:
+            reason = (f"max_num_batched_tokens: needs {num_kv_tokens} tokens in one prefill, "
+                      f"max_num_batched_tokens is {budget} and chunked prefill is off")
+        return reason
+
+    def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+        plan = self._step(state)
+        if not plan and plan.preempted_ids:  # rule 9: everyone was preempted
+            assert not state.running
+            preempted = plan.preempted_ids
+            plan = self._step(state)
+            plan.preempted_ids[:0] = preempted
+        cfg = self.config
+        assert plan.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
+        assert len(state.running) <= cfg.max_num_seqs
+        return plan
+
+    def _step(self, state: ReplicaState) -> Plan:
+        plan = Plan()
+        budget = self._schedule_running(state, plan, self.config.max_num_batched_tokens)
+        if not plan.preempted_ids:
+            self._schedule_waiting(state, plan, budget)
+        return plan
+
+    def _chunk(self, num_uncomputed: int, budget: int) -> int:
+        """Tokens a request with `num_uncomputed` tokens to catch up gets now (0: none)."""
+        cfg = self.config
+        num_tokens = num_uncomputed
+        if 0 < cfg.long_prefill_token_threshold < num_tokens:
+            num_tokens = cfg.long_prefill_token_threshold
+        num_tokens = min(num_tokens, budget)
+        minimum = cfg.min_chunk_tokens
+        if minimum is not None and num_tokens < min(minimum, num_uncomputed):
+            return 0  # rule 8: too small a chunk that does not finish
+        return num_tokens
+
+    def _schedule_running(self, state: ReplicaState, plan: Plan, budget: int) -> int:
+        """Rules 2-4; returns the budget left."""
+        kv, scheduled = state.kv, plan.num_scheduled_tokens
+        index = 0
+        while index < len(state.running) and budget > 0:
+            req = state.running[index]
+            index += 1
+            num_tokens = self._chunk(req.num_uncomputed_tokens, budget)
+            if not num_tokens:
+                continue
+            while not kv.try_allocate(req, num_tokens):
+                victim = state.running[-1]
+                budget += scheduled.pop(victim.request_id, 0)
+                plan.preempted_ids.append(victim.request_id)
+                state.preempt(victim)
+                if victim is req:
+                    return budget
+            scheduled[req.request_id] = num_tokens
+            budget -= num_tokens
+        return budget
+
+    def _schedule_waiting(self, state: ReplicaState, plan: Plan, budget: int) -> None:
+        """Rules 5-8: admit the head of the queue while it fits."""
+        cfg = self.config
+        kv, scheduled = state.kv, plan.num_scheduled_tokens
+        reserve = cfg.decode_reserve_tokens
+        reserved = reserved_blocks(state, reserve) if state.waiting and reserve != 0 else 0
+        partial = self._num_partial(state, plan) if state.waiting else (0, 0)
+        num_partial, num_long = partial
+        # Requests whose KV is on its way here (decode side) hold running slots already.
+        while (state.waiting and budget > 0
+               and len(state.running) + len(state.incoming) < cfg.max_num_seqs):
+            req = state.waiting[0]
+            num_cached = kv.prefix_hit_tokens(req) if req.num_computed_tokens == 0 else 0
+            num_new = req.num_uncomputed_tokens - num_cached
+            assert num_new > 0, "a prefix hit must leave the last token to compute"
+            if not cfg.enable_chunked_prefill and num_new > budget:
+                break  # the prompt waits whole
+            num_tokens = self._chunk(num_new, budget)
+            if not num_tokens:
+                break
+            is_partial = num_tokens < num_new
+            is_long = 0 < cfg.long_prefill_token_threshold < num_new
+            if is_partial and not self._may_add_partial(num_partial, num_long, is_long):
+                break
+            own_reserve = try_admit(state, req, num_tokens, reserve, reserved, num_cached)
+            if own_reserve is None:
+                break
+            reserved += own_reserve
+            scheduled[req.request_id] = num_tokens
+            budget -= num_tokens
+            num_partial += is_partial
+            num_long += is_partial and is_long
+
+    def _num_partial(self, state: ReplicaState, plan: Plan) -> tuple[int, int]:
+        """Running requests part-way through their prefill after this plan, and the long ones
+        among them (rule 7; counted only when a limit is set)."""
+        cfg = self.config
+        if cfg.max_num_partial_prefills is None and cfg.max_long_partial_prefills is None:
+            return 0, 0
+        threshold = cfg.long_prefill_token_threshold
+        num_partial = num_long = 0
+        for req in state.running:
+            left = req.num_uncomputed_tokens - plan.num_scheduled_tokens.get(req.request_id, 0)
+            if left > 0 and not req.is_decoding:
+                num_partial += 1
+                num_long += 0 < threshold < req.num_uncomputed_tokens
+        return num_partial, num_long
+
+    def _may_add_partial(self, num_partial: int, num_long: int, is_long: bool) -> bool:
+        cfg = self.config
+        if cfg.max_num_partial_prefills is not None and num_partial >= cfg.max_num_partial_prefills:
+            return False
+        limit = cfg.max_long_partial_prefills
+        return not (is_long and limit is not None and num_long >= limit)

@@ -1,0 +1,225 @@
+"""Prefix caching (sim/prefix_cache.py), model context limits, and the prefix-affinity router."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from sim import run_scenario
+from sim.config import parse_scenario
+from sim.prefix_cache import PrefixCachingKVManager
+from sim.request import Request
+from sim.routers.base import ReplicaLoad
+from sim.routers.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from sim.schedulers.chunked_prefill import ChunkedPrefill, ChunkedPrefillConfig
+from sim.schedulers.prefill_first import PrefillFirst, PrefillFirstConfig
+from sim.state import ReplicaState
+from tests.conftest import Stepper
+
+
+def hashed(request_id: int, prompt: int, output: int, ids: tuple[int, ...], unit: int = 32
+           ) -> Request:
+    return Request(request_id, 0.0, prompt, output, ids, unit)
+
+
+def cached_state(num_blocks: int = 64, block_size: int = 16, eviction: str = "lru_block"
+                 ) -> ReplicaState:
+    return ReplicaState(PrefixCachingKVManager(num_blocks, block_size, eviction))
+
+
+def serve(state: ReplicaState, req: Request) -> int:
+    """Admit `req` for its whole prompt (after its hit) and finish it; return the hit."""
+    kv = state.kv
+    state.add(req)
+    hit = kv.prefix_hit_tokens(req)
+    assert kv.try_allocate(req, req.num_prompt_tokens - hit, 0, hit)
+    state.admit(req, hit)
+    req.num_computed_tokens = req.num_prompt_tokens
+    state.finish(req, 0.0)
+    kv.check()
+    return hit
+
+
+def test_a_shared_prefix_is_computed_once_and_its_blocks_shared():
+    state = cached_state()
+    kv = state.kv
+    first = hashed(0, prompt=100, output=5, ids=(7, 8, 9, 10))
+    second = hashed(1, prompt=80, output=5, ids=(7, 8, 11))
+    for req in (first, second):
+        state.add(req)
+    assert kv.prefix_hit_tokens(first) == 0
+    assert kv.try_allocate(first, 100)
+    state.admit(first)
+    assert kv.num_used_blocks == 7  # ceil(100 / 16)
+    # The first 64 tokens (units 7 and 8, two blocks each) are cached as soon as allocated.
+    assert kv.prefix_hit_tokens(second) == 64
+    assert kv.try_allocate(second, 16, 0, 64)
+    state.admit(second, 64)
+    assert second.num_computed_tokens == 64 and second.num_cached_tokens == 64
+    # Shared, not duplicated: the second request adds only the block for its own 16 tokens.
+    assert kv.num_used_blocks == 8
+    assert kv.num_held_blocks(1) == 5
+    kv.check()
+    for req in (first, second):
+        req.num_computed_tokens = req.num_prompt_tokens
+        state.finish(req, 1.0)
+    # Cached units nobody uses are free (and evictable), as in vLLM's free queue.
+    assert kv.num_used_blocks == 0 and kv.num_cached_blocks == 6
+    kv.check()
+
+
+def test_a_hit_leaves_the_last_token_to_compute_and_follows_unit_boundaries():
+    state = cached_state()
+    assert serve(state, hashed(0, prompt=64, output=2, ids=(1, 2))) == 0
+    # Same 64 tokens again: a full hit would leave nothing to compute, so only unit 1 (32).
+    again = hashed(1, prompt=64, output=2, ids=(1, 2))
+    assert serve(state, again) == 32
+    # Units that are not a multiple of the block size own the blocks whose last token they
+    # hold: 24-token units over 16-token blocks own 1, 2, 1, 2 ... blocks.
+    odd = cached_state()
+    serve(odd, hashed(2, prompt=100, output=2, ids=(5, 6, 7), unit=24))
+    assert odd.kv.num_cached_blocks == 4  # 72 tokens: blocks 0..3 end inside units 0..2
+    assert odd.kv.prefix_hit_tokens(hashed(3, prompt=100, output=2, ids=(5, 6, 9), unit=24)) == 48
+
+
+def test_lru_block_evicts_the_least_recently_freed_tail_first():
+    # 8 blocks of 16; units of 32 tokens (2 blocks).
+    state = cached_state(num_blocks=8)
+    kv = state.kv
+    serve(state, hashed(0, prompt=64, output=1, ids=(1, 2)))  # caches 1 -> 2
+    serve(state, hashed(1, prompt=64, output=1, ids=(3, 4)))  # caches 3 -> 4
+    assert kv.num_cached_blocks == 8 and kv.num_free_blocks == 8
+    # Two blocks needed: the oldest freed unit goes, and request 0 freed its tail (2) first.
+    req = hashed(2, prompt=20, output=1, ids=(9,))
+    state.add(req)
+    assert kv.try_allocate(req, 20)
+    assert kv.num_evicted_blocks == 2
+    assert kv.prefix_hit_tokens(hashed(3, prompt=90, output=1, ids=(1, 2, 5))) == 32
+    assert kv.prefix_hit_tokens(hashed(4, prompt=90, output=1, ids=(3, 4, 5))) == 64
+    kv.check()
+
+
+def test_an_evicted_prefix_is_computed_and_cached_again():
+    state = cached_state(num_blocks=8)
+    kv = state.kv
+    serve(state, hashed(0, prompt=65, output=1, ids=(1, 2, 3)))  # caches 1 -> 2 (4 blocks)
+    filler = hashed(1, prompt=128, output=1, ids=(8, 8, 8, 8))
+    serve(state, filler)  # needs all 8 blocks: evicts 2, then 1
+    assert kv.num_evicted_blocks == 4
+    again = hashed(2, prompt=65, output=1, ids=(1, 2, 3))
+    assert kv.prefix_hit_tokens(again) == 0
+    serve(state, again)
+    assert kv.prefix_hit_tokens(hashed(3, prompt=100, output=1, ids=(1, 2, 4))) == 64
+
+
+def test_lru_leaf_evicts_only_leaves_least_recently_used_first():
+    state = cached_state(num_blocks=8, eviction="lru_leaf")
+    kv = state.kv
+    serve(state, hashed(0, prompt=97, output=1, ids=(1, 2, 3, 4)))  # 1 -> 2 -> 3 (6 blocks)
+    serve(state, hashed(1, prompt=33, output=1, ids=(5, 6)))  # 5 (2 blocks), used later
+    req = hashed(2, prompt=40, output=1, ids=(7, 7))
+    state.add(req)
+    assert kv.try_allocate(req, 40)  # 3 blocks: leaf 3 (oldest), then its parent 2
+    assert kv.num_evicted_blocks == 4
+    assert kv.prefix_hit_tokens(hashed(3, prompt=200, output=1, ids=(1, 2, 3, 4))) == 32
+    assert kv.prefix_hit_tokens(hashed(4, prompt=200, output=1, ids=(5, 6))) == 32
+    kv.check()
+
+
+def test_a_prefix_hit_makes_the_first_iteration_shorter():
+    """Two requests with a shared 512-token prefix: the second computes only its own part."""
+    state = cached_state(num_blocks=200)
+    sched = ChunkedPrefill(ChunkedPrefillConfig(name="chunked_prefill", token_budget=1024))
+    run = Stepper(sched, state)
+    first = hashed(0, prompt=600, output=2, ids=(1, 2), unit=512)
+    state.add(first)
+    assert run.step().num_scheduled_tokens == {0: 600}
+    second = hashed(1, prompt=600, output=2, ids=(1, 3), unit=512)
+    state.add(second)
+    plan = run.step()
+    assert plan.num_scheduled_tokens == {0: 1, 1: 88}  # 600 - 512 cached
+    assert second.num_cached_tokens == 512
+    state.kv.check()
+
+
+def test_prefill_first_default_budget_is_vllm_v0s():
+    config = PrefillFirstConfig(name="prefill_first")
+    assert PrefillFirst(config, max_model_len=8192).max_num_batched_tokens == 8192
+    assert PrefillFirst(config, max_model_len=1024).max_num_batched_tokens == 2048
+    assert PrefillFirst(config).max_num_batched_tokens is None
+
+
+def scenario(**replica) -> dict:
+    return {
+        "name": "limits",
+        "workload": {"format": "synthetic", "num_requests": 3,
+                     "arrivals": {"process": "poisson", "qps": 1.0},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 7800},
+                                 "output": {"dist": "fixed", "value": 500}}},
+        "replica": {"scheduler": {"name": "prefill_first"}, **replica},
+    }
+
+
+def test_a_request_beyond_the_context_window_is_rejected_with_that_reason():
+    res = run_scenario(parse_scenario(scenario(model="llama-3-8b"), "limits.yaml"))
+    req = res.requests
+    assert (req["status"] == "rejected").all()
+    assert req["reason"].iloc[0] == ("max_model_len: prompt 7800 + output 500 tokens exceed "
+                                     "max_model_len 8192")
+    assert res.summary["requests"]["reasons"] == {"max_model_len": 3}
+    # The same model with a longer window (or a replica override) serves them.
+    for replica in ({"model": "llama-3.1-8b"}, {"model": "llama-3-8b", "max_model_len": 9000}):
+        res = run_scenario(parse_scenario(scenario(**replica), "limits.yaml"))
+        assert (res.requests["status"] == "finished").all()
+
+
+def test_prefix_affinity_follows_the_cache_unless_loads_are_out_of_balance():
+    router = PrefixAffinity(PrefixAffinityConfig(name="prefix_affinity"), None)
+    req = hashed(0, prompt=1000, output=1, ids=(1,))
+    loads = [ReplicaLoad(5, 9000, 0), ReplicaLoad(9, 20000, 600), ReplicaLoad(2, 100, 300)]
+    assert router.choose(req, loads) == 1  # 60% cached there
+    # Too little cached anywhere (below 30%): the least KV load.
+    loads = [ReplicaLoad(5, 9000, 0), ReplicaLoad(9, 20000, 200), ReplicaLoad(2, 100, 0)]
+    assert router.choose(req, loads) == 2
+    # Out of balance (max - min > 64 and max > 1.5 min): the fewest in flight.
+    loads = [ReplicaLoad(10, 9000, 0), ReplicaLoad(90, 20000, 900), ReplicaLoad(20, 100, 0)]
+    assert router.choose(req, loads) == 0
+
+
+def mooncake(traces, **replica) -> dict:
+    return {
+        "name": "mooncake_cache",
+        "workload": {"format": "mooncake",
+                     "path": str(traces / "mooncake_fast25" / "conversation_trace.jsonl"),
+                     "num_requests": 400},
+        "replica": {"model": "llama-3.1-8b", "gpu": "h200",
+                    "scheduler": {"name": "chunked_prefill", "token_budget": 2048},
+                    "kv_cache": {"num_blocks": 100_000}, **replica},
+        "cluster": {"replicas": 2, "router": {"name": "prefix_affinity"}},
+    }
+
+
+@pytest.mark.parametrize("scheduler", ["chunked_prefill", "prefill_first"])
+def test_mooncake_hits_are_real_and_fast_forward_equals_stepping(traces, scheduler):
+    data = mooncake(traces, prefix_caching=True,
+                    scheduler={"name": scheduler} if scheduler == "prefill_first" else
+                    {"name": scheduler, "token_budget": 2048})
+    sc = parse_scenario(data, "mooncake.yaml")
+    fast = run_scenario(sc)
+    slow = run_scenario(sc, fast_forward=False)
+    pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    pd.testing.assert_frame_equal(fast.iterations, slow.iterations)
+    assert fast.summary == slow.summary
+    req = fast.requests
+    stats = fast.summary["prefix_cache"]
+    assert 0.05 < stats["hit_rate_tokens"] < 1 and stats["num_evicted_blocks"] > 0
+    assert (req["num_cached_tokens"] <= req["num_prompt_tokens"] - 1).all()
+    assert (req["num_cached_tokens"] % 512 == 0).all()  # whole Mooncake blocks
+    # The same trace without caching computes every prompt token: more prefill work.
+    off = run_scenario(parse_scenario({**data, "replica": {**data["replica"],
+                                                           "prefix_caching": False}}, "m.yaml"))
+    assert "prefix_cache" not in off.summary and (off.requests["num_cached_tokens"] == 0).all()
+    saved = off.iterations["num_prefill_tokens"].sum() - fast.iterations["num_prefill_tokens"].sum()
+    recomputed = fast.requests["num_recomputed_tokens"].sum() - off.requests[
+        "num_recomputed_tokens"].sum()
+    assert saved == req["num_cached_tokens"].sum() - recomputed
