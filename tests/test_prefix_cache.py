@@ -223,3 +223,51 @@ def test_mooncake_hits_are_real_and_fast_forward_equals_stepping(traces, schedul
     recomputed = fast.requests["num_recomputed_tokens"].sum() - off.requests[
         "num_recomputed_tokens"].sum()
     assert saved == req["num_cached_tokens"].sum() - recomputed
+
+
+def test_an_unbounded_cache_finds_exactly_the_reuse_in_the_trace(traces):
+    """One replica whose KV never runs out hits every prompt block seen before (whole 512-token
+    blocks, at least one token left to compute): the share computed offline from the file."""
+    path = traces / "mooncake_fast25" / "conversation_trace.jsonl"
+    rows = pd.read_json(path, lines=True).head(1500)
+    seen: set[tuple[int, ...]] = set()
+    expected = 0
+    for ids, prompt in zip(rows["hash_ids"], rows["input_length"], strict=True):
+        chain, hit = (), 0
+        for i, key in enumerate(ids):
+            chain = (*chain, key)
+            if chain not in seen or (i + 1) * 512 > prompt - 1:
+                break
+            hit = (i + 1) * 512
+        expected += hit
+        chain = ()
+        for key in ids[: prompt // 512]:  # full blocks only are cached
+            chain = (*chain, key)
+            seen.add(chain)
+    data = mooncake(traces, prefix_caching=True, kv_cache={"num_blocks": 2_000_000})
+    data["workload"]["num_requests"] = 1500
+    data["cluster"] = {"replicas": 1}
+    res = run_scenario(parse_scenario(data, "mooncake.yaml"))
+    assert res.summary["prefix_cache"]["num_evicted_blocks"] == 0
+    assert res.requests["num_cached_tokens"].sum() == expected > 0
+
+
+def test_admitting_a_transferred_request_is_each_policys_own_decision():
+    """Decode side of a disaggregated cluster: vLLM v1 takes the KV while blocks last; SGLang
+    (Mini-SGLang's rule) keeps room for every future token of the requests already there."""
+    from sim.kv_cache import KVCacheManager
+    from sim.schedulers.sglang import SGLang, SGLangConfig
+    from sim.schedulers.vllm_v1 import VllmV1, VllmV1Config
+
+    for scheduler, admitted in ((VllmV1(VllmV1Config(name="vllm_v1")), True),
+                                (SGLang(SGLangConfig(name="sglang")), False)):
+        state = ReplicaState(KVCacheManager(num_blocks=10, block_size=16))
+        running = Request(0, 0.0, 64, 64)  # 4 blocks now, 8 at its end
+        running.num_computed_tokens, running.num_output_tokens = 64, 1
+        state.add(running)
+        assert state.kv.try_allocate(running, 0)
+        state.admit(running)
+        arriving = Request(1, 0.0, 64, 2)
+        arriving.num_computed_tokens, arriving.num_output_tokens = 64, 1
+        assert scheduler.admit_transfer(state, arriving) is admitted
+        assert state.kv.num_held_blocks(1) == (4 if admitted else 0)
