@@ -69,8 +69,8 @@ class PrefixCachingKVManager(KVCacheManager):
         super().__init__(num_blocks, block_size)
         self.eviction = eviction
         self.root = Unit(-1, None, 0)
-        self._units: dict[int, list[Unit]] = {}  # request id -> the units it shares, in order
-        self._num_shared: dict[int, int] = {}  # request id -> blocks of those units
+        # request id -> the units it shares, in order; its other held blocks are its own.
+        self._units: dict[int, list[Unit]] = {}
         self._num_cached_blocks = 0  # blocks held by cached units, reachable or not
         self._num_evictable_blocks = 0  # of those, blocks of units nobody uses
         self._lru: OrderedDict[Unit, None] = OrderedDict()  # lru_block: evictable, oldest first
@@ -129,7 +129,6 @@ class PrefixCachingKVManager(KVCacheManager):
             return False
         if hit:
             self._units[rid] = hit
-            self._num_shared[rid] = num_cached_tokens // self.block_size
             for unit in hit:
                 self._use(unit)
             self._held[rid] = self._held.get(rid, 0) + num_cached_tokens // self.block_size
@@ -153,8 +152,7 @@ class PrefixCachingKVManager(KVCacheManager):
         if req.hash_ids:
             self._cache_units(req, req.num_computed_tokens)  # its answer's units, if named
         units = self._units.pop(rid, [])
-        num_shared = self._num_shared.pop(rid, 0)
-        self.num_free_blocks += self._held.pop(rid) - num_shared
+        self.num_free_blocks += self._held.pop(rid) - sum(u.num_blocks for u in units)
         for unit in reversed(units):  # tail first: the prefix is evicted last
             self._release(unit)
 
@@ -188,7 +186,6 @@ class PrefixCachingKVManager(KVCacheManager):
                 self._use(unit)
                 self.num_free_blocks += num_blocks
             units.append(unit)
-            self._num_shared[rid] = self._num_shared.get(rid, 0) + num_blocks
             parent = unit
 
     def _touch(self, unit: Unit) -> None:
@@ -258,11 +255,12 @@ class PrefixCachingKVManager(KVCacheManager):
     def check(self) -> None:
         """Blocks are conserved: private blocks of requests, cached units (each counted once)
         and the blocks that are free and hold nothing add up to the total."""
-        num_private = sum(self._held.values()) - sum(self._num_shared.values())
+        num_private = sum(self._held.values()) - sum(
+            u.num_blocks for units in self._units.values() for u in units)
         num_uncached_free = self.num_free_blocks - self._num_evictable_blocks
         assert num_private >= 0 and num_uncached_free >= 0
         assert 0 <= self._num_evictable_blocks <= self._num_cached_blocks
         assert num_private + self._num_cached_blocks + num_uncached_free == self.num_blocks
         for rid, units in self._units.items():
             assert all(u.num_users > 0 for u in units)
-            assert self._num_shared.get(rid, 0) == sum(u.num_blocks for u in units)
+            assert sum(u.num_blocks for u in units) <= self._held[rid]

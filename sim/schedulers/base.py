@@ -58,11 +58,15 @@ class Scheduler(ABC):
     def reject_reason(self, req: Request, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
         """Why `req`, needing `num_kv_tokens` KV slots at most, can never be served on a replica
         with this KV cache; None if it can."""
-        reason = self.context_reason(req)
-        if reason is None and num_kv_tokens > kv.capacity_tokens:
-            reason = (f"kv_capacity: needs {num_kv_tokens} KV slots, a replica holds "
-                      f"{kv.capacity_tokens}")
-        return reason
+        return self.context_reason(req) or self.capacity_reason(kv, num_kv_tokens)
+
+    def capacity_reason(self, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
+        """Why a request needing `num_kv_tokens` KV slots at most never fits this replica; a
+        policy whose iterations bound a prefill adds that bound here."""
+        if num_kv_tokens > kv.capacity_tokens:
+            return (f"kv_capacity: needs {num_kv_tokens} KV slots, a replica holds "
+                    f"{kv.capacity_tokens}")
+        return None
 
     def context_reason(self, req: Request) -> str | None:
         """Why `req` exceeds the model's context window; None if it fits. vLLM refuses a request

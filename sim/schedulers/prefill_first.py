@@ -6,7 +6,6 @@ from pydantic import Field
 
 from sim.kv_cache import KVCacheManager
 from sim.plan import Plan
-from sim.request import Request
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
@@ -40,16 +39,14 @@ class PrefillFirst(Scheduler):
             budget = max(max_model_len, 2048)  # vLLM v0 `SchedulerConfig`, chunking off
         self.max_num_batched_tokens = budget
 
-    def reject_reason(self, req: Request, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
+    def capacity_reason(self, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
         budget = self.max_num_batched_tokens
-        if (reason := self.context_reason(req)) is not None:
-            return reason
         # As vLLM v0 without chunking, max_num_batched_tokens acts as max_model_len: a preempted
         # request's recompute (prompt plus output so far) must still fit one prefill.
         if budget is not None and num_kv_tokens > budget:
             return (f"max_num_batched_tokens: needs {num_kv_tokens} tokens in one prefill, "
                     f"max_num_batched_tokens is {budget}")
-        return super().reject_reason(req, kv, num_kv_tokens)
+        return super().capacity_reason(kv, num_kv_tokens)
 
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
         cfg = self.config

@@ -32,7 +32,7 @@ Each rule, and where it comes from (vLLM files as read on vLLM's main branch; "d
    `chunked_prefill`).
 6. Chunking off. `SchedulerConfig.verify_max_model_len` (`vllm/config/scheduler.py`) requires
    `max_num_batched_tokens >= max_model_len` then, so a request whose recompute (prompt plus
-   output) cannot fit one budget is refused here (`reject_reason`, as `prefill_first` does).
+   output) cannot fit one budget is refused here (`capacity_reason`, as `prefill_first` does).
    A threshold would still cut prompts (rule 5's order): refused with chunking off, like every
    setting here that chunking off would make meaningless.
 7. Concurrent partial prefills. vLLM v1 does not limit them: `max_num_partial_prefills` and
@@ -69,7 +69,6 @@ from pydantic import Field, model_validator
 from sim.errors import invalid
 from sim.kv_cache import KVCacheManager
 from sim.plan import Plan
-from sim.request import Request
 from sim.schedulers.base import SCHEDULERS, Scheduler, SchedulerConfig, reserved_blocks, try_admit
 from sim.state import ReplicaState
 
@@ -147,8 +146,8 @@ class VllmV1(Scheduler):
     Config = VllmV1Config
     config: VllmV1Config
 
-    def reject_reason(self, req: Request, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
-        reason = super().reject_reason(req, kv, num_kv_tokens)
+    def capacity_reason(self, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
+        reason = super().capacity_reason(kv, num_kv_tokens)
         budget = self.config.max_num_batched_tokens
         # Rule 6: without chunking a prefill, or a recompute after preemption, is one iteration.
         if reason is None and not self.config.enable_chunked_prefill and num_kv_tokens > budget:
