@@ -1,21 +1,15 @@
 """A cluster in SimPy: replicas behind a router, colocated or split into prefill and decode
-pools joined by KV-transfer links.
-
-Links: each prefill replica sends KV through its own NIC, a `simpy.Resource` of capacity one, so
-its transfers queue FIFO at full bandwidth while different replicas' transfers run in parallel.
-FIFO rather than fair sharing because an RDMA NIC works through its send queue in order; for
-equal transfers both give the same throughput and FIFO gives earlier first completions.
-"""
+pools joined by KV-transfer links (`sim.disaggregation`)."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any
+from collections.abc import Sequence
+from typing import overload
 
 import numpy as np
-import simpy
 
 from sim.config import ReplicaConfig, Scenario
+from sim.disaggregation import Disaggregation
 from sim.engine import Environment, Progress, Replica, simulate
 from sim.errors import InputError
 from sim.gpus import GPUS
@@ -25,6 +19,7 @@ from sim.models import MODELS, ModelShape
 from sim.prefix_cache import Eviction, PrefixCachingKVManager
 from sim.request import Request, Status
 from sim.routers import ROUTERS
+from sim.routers.base import ReplicaLoad
 from sim.schedulers import SCHEDULERS, Scheduler
 from sim.state import ReplicaState
 
@@ -45,17 +40,18 @@ class Cluster:
             self.front = [self._replica(scenario.replica, "colocated")
                           for _ in range(cfg.replicas)]
             self.decode: list[Replica] = []
+            self.disaggregation: Disaggregation | None = None
             return
         self.front = [self._replica(cfg.prefill.replica, "prefill")
                       for _ in range(cfg.prefill.replicas)]
         self.decode = [self._replica(cfg.decode.replica, "decode")
                        for _ in range(cfg.decode.replicas)]
-        self.decode_router = ROUTERS.get(cfg.decode_router.name)(
+        decode_router = ROUTERS.get(cfg.decode_router.name)(
             cfg.decode_router, np.random.default_rng(seeds[1]))
-        self.links = {r.replica_id: simpy.Resource(env, capacity=1) for r in self.front}
-        self.link = cfg.link
-        self.overlap = cfg.overlap_transfer
-        self.model = MODELS.get(cfg.prefill.replica.model)
+        self.disaggregation = Disaggregation(
+            env, self.front, self.decode, decode_router, cfg.link, cfg.overlap_transfer,
+            MODELS.get(cfg.prefill.replica.model), lambda replicas: Loads(replicas, None),
+            self.horizon_s)
 
     def _replica(self, cfg: ReplicaConfig, pool: str) -> Replica:
         model = MODELS.get(cfg.model)
@@ -67,11 +63,18 @@ class Cluster:
                              prefill_only=pool == "prefill")
         replica = Replica(self.env, len(self.replicas), scheduler, latency, state,
                           horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
-                          on_handoff=self._handoff if pool == "prefill" else None,
+                          quiet_until=self._next_arrival if pool == "colocated" else None,
                           where=(self.source, f"{field}.latency",
                                  str(getattr(cfg.latency, "path", "")) or cfg.latency.kind))
         self.replicas.append(replica)
         return replica
+
+    def _next_arrival(self) -> float:
+        """A colocated replica is read or changed only when a request arrives (the router reads
+        every replica's load), never by another replica; nothing happens from the horizon on."""
+        horizon = self.horizon_s
+        arrival = self.env.next_arrival_s
+        return arrival if horizon is None or arrival < horizon else horizon
 
     def run(self, requests: list[Request], on_progress: Progress | None = None) -> None:
         """Simulate the arrivals to completion (or the horizon); check every replica after."""
@@ -83,43 +86,43 @@ class Cluster:
 
     def route(self, req: Request) -> None:
         """A request arrives: reject it if no decode replica could ever hold it, else route."""
-        if self.decode:
-            dec = self.decode[0]
-            reason = dec.scheduler.reject_reason(req, dec.state.kv,
-                                                 dec.state.num_kv_tokens_needed(req))
+        if self.disaggregation is not None:
+            reason = self.disaggregation.reject_reason(req)
             if reason is not None:
-                kind, _, detail = reason.partition(": ")
-                req.status, req.reason = Status.REJECTED, f"{kind}: decode pool {detail}"
+                req.status, req.reason = Status.REJECTED, reason
                 return
-        asked = req if self.router.needs_prefix_hits else None
-        index = self.router.choose(req, [r.load(asked) for r in self.front])
-        self.front[index].submit(req)
+        front = self.front
+        index = 0 if len(front) == 1 else self.router.choose(
+            req, Loads(front, req if self.router.needs_prefix_hits else None))
+        front[index].submit(req)
 
-    def _handoff(self, req: Request) -> None:
-        self.env.process(self._transfer(req))
 
-    def _transfer(self, req: Request) -> Generator[simpy.Event, Any, None]:
-        """Wait for blocks on a decode replica (KV stays on the prefill side meanwhile), then
-        move the prompt's KV over the prefill replica's link."""
-        source = self.replicas[req.prefill_replica_id]
-        target = self.decode[self.decode_router.choose(req, [r.load() for r in self.decode])]
-        yield target.reserve(req)
-        req.transfer_start_s = self.env.now
-        with self.links[source.replica_id].request() as slot:
-            yield slot
-            yield self.env.timeout(self.transfer_time_s(req))
-        source.release(req)
-        req.transfer_end_s = self.env.now
-        target.join(req)
+class Loads(Sequence[ReplicaLoad]):
+    """The replicas' loads as a router reads them, each taken when first read: reading a
+    replica's load commits the work it has finished (`Replica.sync`), which a router that does
+    not look (round robin, random) need not pay for."""
 
-    def transfer_time_s(self, req: Request) -> float:
-        """Link latency plus the prompt's KV bytes over the bandwidth; with overlap, only the
-        part not already streamed while the prefill ran."""
-        num_bytes = req.num_prompt_tokens * self.model.kv_bytes_per_token
-        wire_s = num_bytes / (self.link.bandwidth_gb_s * 1e9)
-        if self.overlap and req.first_scheduled_s is not None and req.prefill_end_s is not None:
-            wire_s = max(0.0, wire_s - (req.prefill_end_s - req.first_scheduled_s))
-        return self.link.latency_s + wire_s
+    def __init__(self, replicas: list[Replica], req: Request | None) -> None:
+        self.replicas = replicas
+        self.req = req
+        self.loads: list[ReplicaLoad | None] = [None] * len(replicas)
+
+    def __len__(self) -> int:
+        return len(self.replicas)
+
+    @overload
+    def __getitem__(self, index: int) -> ReplicaLoad: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[ReplicaLoad]: ...
+
+    def __getitem__(self, index: int | slice) -> ReplicaLoad | Sequence[ReplicaLoad]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        load = self.loads[index]
+        if load is None:
+            load = self.loads[index] = self.replicas[index].load(self.req)
+        return load
 
 
 def make_scheduler(cfg: ReplicaConfig) -> Scheduler:

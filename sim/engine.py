@@ -15,7 +15,6 @@ SimPy is imported here and in `sim/cluster.py`, nowhere else in `sim/`.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from heapq import heappush
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from sim.disaggregation import DecodeInbox
 from sim.errors import InputError
 from sim.iteration_log import IterationLog
 from sim.latency.base import BatchShape, LatencyModel
@@ -32,7 +32,7 @@ from sim.request import Request, Status
 from sim.routers.base import ReplicaLoad
 from sim.schedulers.base import Scheduler
 from sim.state import ReplicaState
-from sim.stretch import Stretch, allocate_first_step, commit_stretch, plan_stretch
+from sim.stretch import Stretch, allocate_first_step, commit_stretch, is_steady, plan_stretch
 
 Hook = Callable[[Request], None]
 NORMAL = simpy.events.NORMAL
@@ -48,6 +48,7 @@ class Environment(simpy.Environment):
         super().__init__()
         self._phase_s = -math.inf  # the instant `_phase` belongs to
         self._phase = 0  # the highest priority processed at that instant so far
+        self.next_arrival_s = math.inf  # when the next request not yet routed arrives
 
     def schedule_at(self, event: simpy.Event, priority: int, at_s: float) -> None:
         assert at_s >= self._now
@@ -93,14 +94,14 @@ class Iteration:
 class Replica:
     """One model instance: a scheduler, a latency model and a KV cache, run as a SimPy process.
 
-    In a disaggregated cluster a prefill replica hands each request off after its first token
-    (`on_handoff`), and a decode replica takes requests whose KV arrives by transfer
-    (`reserve`, then `join`)."""
+    In a disaggregated cluster (`sim.disaggregation`) a prefill replica hands each request off
+    after its first token (`on_handoff`), and a decode replica's `inbox` holds the requests whose
+    KV is to arrive by transfer."""
 
     def __init__(self, env: Environment, replica_id: int, scheduler: Scheduler,
                  latency: LatencyModel, state: ReplicaState, *, horizon_s: float | None = None,
                  fast_forward: bool = True, pool: str = "colocated",
-                 on_handoff: Hook | None = None,
+                 quiet_until: Callable[[], float] | None = None,
                  where: tuple[str, str, Any] = ("<scenario>", "replica.latency", None)
                  ) -> None:
         self.env = env
@@ -112,16 +113,19 @@ class Replica:
         self.horizon_s = horizon_s
         self.fast_forward = fast_forward
         self.pool = pool
-        self.on_handoff = on_handoff
+        self.on_handoff: Hook | None = None
+        self.inbox: DecodeInbox | None = None
+        # The earliest time anything outside this replica may read or change it, asked when it
+        # plans: its iterations ending before then commit without an event each. By default
+        # the next event of any kind; never for a prefill replica, whose hand-offs start
+        # transfers at the instant an iteration ends.
+        self.quiet_until = _never if pool == "prefill" else quiet_until or env.peek
         # (file, field, value) named by errors about this replica's latency model.
         self.where = where
         self.log = IterationLog()
         self._poke: simpy.Event | None = None
         # Work planned and not yet committed: one iteration, or a decode stretch.
         self._inflight: Iteration | Stretch | None = None
-        # Decode side: requests waiting for KV blocks here (their KV on its way is in
-        # `state.incoming`), with the events their transfers wait on.
-        self._pending: deque[tuple[Request, simpy.Event]] = deque()
         self.process = env.process(self.run())
 
     # -- what the rest of the cluster sees and does --------------------------------------------
@@ -136,31 +140,13 @@ class Replica:
             self.state.requests[req.request_id] = req
             return
         self.state.add(req)
-        self._wake()
+        self.wake()
 
-    def reserve(self, req: Request) -> simpy.Event:
-        """Decode side: an event that fires once KV blocks for `req`'s prompt are allocated here
-        (FCFS, with room kept for the running requests' future tokens)."""
-        done = self.env.event()
-        self._pending.append((req, done))
-        # Blocks are taken when the replica plans (a stretch in progress is cut), so every
-        # iteration's plan sees the KV it was scheduled with.
-        self._wake()
-        return done
-
-    def join(self, req: Request) -> None:
-        """Decode side: `req`'s KV has arrived; it decodes here from now on."""
-        del self.state.incoming[req.request_id]
-        req.move_to(self.replica_id)
-        req.status = Status.RUNNING
-        self.state.requests[req.request_id] = req
-        self.state.running.append(req)
-        self._wake()
-
-    def release(self, req: Request) -> None:
-        """Prefill side: `req`'s KV has been sent; its blocks here are free again."""
-        self.state.release(req)
-        self._wake()
+    def wake(self) -> None:
+        """Something changed here (work arrived, KV was freed): plan again, at this replica's
+        turn now, cutting a stretch in progress after its current iteration."""
+        if self._poke is not None and not self._poke.triggered:
+            self._poke.succeed()
 
     def load(self, req: Request | None = None) -> ReplicaLoad:
         """Requests in flight here, and tokens of work queued or resident, as of now; with
@@ -169,9 +155,10 @@ class Replica:
         state = self.state
         tokens = sum(r.num_uncomputed_tokens for r in state.waiting)
         tokens += sum(r.num_tokens for r in state.running)
-        tokens += sum(r.num_tokens for r in state.incoming.values())
-        tokens += sum(r.num_tokens for r, _ in self._pending)
-        num_outstanding = state.num_outstanding + len(state.incoming) + len(self._pending)
+        num_outstanding = state.num_outstanding
+        if self.inbox is not None:
+            tokens += self.inbox.num_tokens
+            num_outstanding += self.inbox.num_requests
         hit = state.kv.prefix_hit_tokens(req) if req is not None else 0
         return ReplicaLoad(num_outstanding, tokens, hit)
 
@@ -201,6 +188,16 @@ class Replica:
                 work.start_s < now or self.env.reached(self.turn)):
             self._inflight = allocate_first_step(self.state, work)
 
+    def next_commit_s(self) -> float:
+        """The earliest time this replica may commit work (and, on a prefill replica, hand a
+        request off): when its work in progress ends; now if it has work and none in progress
+        (it plans at this instant, or waits for KV); never while it is idle."""
+        work = self._inflight
+        if work is not None:
+            return work.end_s if isinstance(work, Iteration) else float(work.end_s[0])
+        state = self.state
+        return self.env.now if state.waiting or state.running else math.inf
+
     def stop(self, horizon_s: float) -> None:
         """The clock stopped at `horizon_s`: commit what ended before it; the iteration in
         progress holds the KV blocks it was planned with, as in a step-by-step run."""
@@ -212,31 +209,49 @@ class Replica:
 
     def run(self) -> Generator[simpy.Event, Any, None]:
         state = self.state
+        # The replica's own clock: ahead of the environment's while it runs ahead (below).
+        now = self.env.now
         while True:
             self.sync()
-            if self._pending:
-                self._admit_pending()
-            if not state.running and not state.waiting:
-                yield from self._wait_for_work()
-                continue
-            now = self.env.now
-            plan = self.scheduler.schedule(state, now)
+            if self.inbox is not None and self.inbox.pending:
+                if now > self.env.now:  # admitting a transfer starts it: be on the clock
+                    yield At(self.env, now, self.turn)
+                self.inbox.admit()
+            plan = self.scheduler.schedule(state, now) if state.running or state.waiting else None
             if not plan:
-                if state.running or not (state.num_transferring or state.incoming):
+                if plan is not None and (state.running or not (
+                        state.num_transferring or state.incoming)):
                     raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
-                # KV held by transfers (out of a prefill replica, or into a decode one) fills
-                # this replica: wait until one completes (or a request arrives).
+                # Idle, or KV held by transfers (out of a prefill replica, or into a decode one)
+                # fills this replica: wait until a request arrives or a transfer completes.
+                if now > self.env.now:
+                    yield At(self.env, now, self.turn)
                 yield from self._wait_for_work()
+                now = self.env.now
                 continue
+            # Nothing outside this replica can look at it or change it before `quiet_s`, so
+            # the iterations that end before then are committed at once, with no event each:
+            # what a step-by-step run computes, in the same order, without the event loop.
+            quiet_s = self.quiet_until() if self.fast_forward else -math.inf
             stretch = None
-            if (self.fast_forward and not self.latency.sequential
-                    and self.scheduler.steady(state, plan)):
+            if self.fast_forward and not self.latency.sequential and is_steady(state, plan):
                 stretch = plan_stretch(state, self.latency, now, self.horizon_s)
             if stretch is not None:
                 self._check_durations(stretch.duration_s, stretch.end_s, now)
+                if stretch.end_s[-1] < quiet_s:
+                    self._left_running(commit_stretch(state, stretch, len(stretch), self.log)[0])
+                    now = float(stretch.end_s[-1])
+                    continue
                 yield from self._run_stretch(stretch)
             else:
-                yield from self._run_iteration(plan)
+                it = self._plan_iteration(plan, now)
+                if it.end_s < quiet_s:
+                    self._commit(it)
+                    now = it.end_s
+                    continue
+                self._inflight = it
+                yield At(self.env, it.end_s, self.turn)
+            now = self.env.now
 
     def _wait_for_work(self) -> Generator[simpy.Event, Any, None]:
         self._poke = self.env.event()
@@ -244,27 +259,31 @@ class Replica:
         self._poke = None
         yield At(self.env, self.env.now, self.turn)  # plan after all else at this instant
 
-    def _run_iteration(self, plan: Plan) -> Generator[simpy.Event, Any, None]:
+    def _plan_iteration(self, plan: Plan, start_s: float) -> Iteration:
         state = self.state
         shape = BatchShape.from_plan(plan, state.requests)
-        start_s = self.env.now
         duration_s = float(self.latency.iteration_time_s(shape))
         end_s = start_s + duration_s
         if not start_s < end_s < math.inf:  # NaN fails too
             self._check_durations(np.array([duration_s]), np.array([end_s]), start_s)
-        self._inflight = Iteration(plan, shape, start_s, duration_s, end_s,
-                                   state.kv.num_used_blocks,
-                                   len(state.waiting))
-        yield At(self.env, end_s, self.turn)
+        return Iteration(plan, shape, start_s, duration_s, end_s, state.kv.num_used_blocks,
+                         len(state.waiting))
 
     def _run_stretch(self, stretch: Stretch) -> Generator[simpy.Event, Any, None]:
         """Decode-only iterations until the first completion or KV shortfall, or new work."""
         self._inflight = stretch
-        end = At(self.env, float(stretch.end_s[-1]), self.turn)
         poke = self._poke = self.env.event()
-        yield end | poke
+        # The stretch's end pokes too (a callback, cheaper than waiting on `end | poke`); a
+        # stale end, of a stretch already cut, finds its poke triggered.
+        end = At(self.env, float(stretch.end_s[-1]), self.turn)
+        def on_end(_: simpy.Event) -> None:
+            if not poke.triggered:
+                poke.succeed(_ENDED)
+
+        end.callbacks.append(on_end)
+        ended = yield poke
         self._poke = None
-        if end.processed:
+        if ended is _ENDED:
             return  # the stretch has ended; this is the replica's turn to plan
         # New work: stop after the iteration in progress, then plan with it at that turn. An
         # iteration starting now is in progress only if this replica's planning turn at this
@@ -289,16 +308,13 @@ class Replica:
             if req.status is Status.TRANSFERRING and self.on_handoff is not None:
                 self.on_handoff(req)
 
-    def _wake(self) -> None:
-        if self._poke is not None and not self._poke.triggered:
-            self._poke.succeed()
-
     def _check_durations(self, duration_s: np.ndarray, end_s: np.ndarray, start_s: float
                          ) -> None:
         """Every iteration must take a finite, positive time that moves the clock forward."""
-        if duration_s.min() > 0 and start_s < end_s[0] and end_s[-1] < math.inf and (
-                end_s[1:] > end_s[:-1]).all():
-            return  # NaN fails the comparisons too
+        # Each end is the previous one plus a duration: ends strictly increasing from the start
+        # mean every duration is positive and moves the clock (NaN fails the comparisons too).
+        if end_s[-1] < math.inf and (np.diff(end_s, prepend=start_s) > 0).all():
+            return
         starts = np.concatenate(([start_s], end_s[:-1]))
         bad = ~(np.isfinite(duration_s) & (duration_s > 0) & (end_s > starts))
         if bad.any():
@@ -311,15 +327,12 @@ class Replica:
                        "move the clock (float64 resolution): the run spans too long")
             raise InputError(*self.where, problem)
 
-    def _admit_pending(self) -> None:
-        """Decode side: the scheduler takes transfers FCFS while its policy admits them."""
-        while self._pending:
-            req, event = self._pending[0]
-            if not self.scheduler.admit_transfer(self.state, req):
-                return
-            self._pending.popleft()
-            self.state.incoming[req.request_id] = req
-            event.succeed()
+
+_ENDED = object()  # what a stretch's own end pokes with
+
+
+def _never() -> float:
+    return -math.inf
 
 
 def feed_arrivals(env: Environment, requests: list[Request], route: Hook,
@@ -330,10 +343,12 @@ def feed_arrivals(env: Environment, requests: list[Request], route: Hook,
     every = max(1, total // 200)
     for i, req in enumerate(requests):
         if req.arrival_s > env.now:
+            env.next_arrival_s = req.arrival_s
             yield At(env, req.arrival_s, NORMAL)
         route(req)
         if on_progress is not None and (i + 1) % every == 0:
             on_progress(i + 1, total)
+    env.next_arrival_s = math.inf
 
 
 Progress = Callable[[int, int], None]

@@ -10,14 +10,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ConfigDict, ValidationError
-from pydantic_core import ErrorDetails, PydanticCustomError
+if TYPE_CHECKING:  # pydantic is imported where models are defined, not here: the CLI imports
+    # InputError to catch it, and `servesim --help` starts without pydantic.
+    from pydantic import ConfigDict, ValidationError
+    from pydantic_core import ErrorDetails
 
 # Strict: a bool or a string is never taken for a number (ints are still accepted for floats);
-# NaN and infinities are refused by every float field.
-INPUT_MODEL = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+# NaN and infinities are refused by every float field. (A ConfigDict is a plain dict.)
+INPUT_MODEL: ConfigDict = {"extra": "forbid", "frozen": True, "strict": True,
+                           "allow_inf_nan": False}
 
 Problem = tuple[str, Any, str]  # field, value, what is wrong with it
 
@@ -115,6 +118,9 @@ def _number_hint(text: str) -> str:
 def invalid(*problems: Problem) -> ValidationError:
     """A validation error located at fields of the model being checked, for cross-field checks
     in a model validator: raise it and pydantic reports each problem at `outer.path.field`."""
+    from pydantic import ValidationError
+    from pydantic_core import PydanticCustomError
+
     return ValidationError.from_exception_data("input", [
         {"type": PydanticCustomError("invalid", "{problem}", {"problem": problem}),
          "loc": tuple(field.split(".")), "input": value}

@@ -54,13 +54,13 @@ class IterationLog:
         c = self.columns
         index = len(c["start_s"])
         k = len(start_s)
-        c["start_s"].frombytes(np.ascontiguousarray(start_s, dtype=np.float64).tobytes())
-        c["duration_s"].frombytes(np.ascontiguousarray(duration_s, dtype=np.float64).tobytes())
-        c["num_prefill_tokens"].frombytes(bytes(8 * k))
-        c["num_decode_tokens"].frombytes(np.full(k, num_seqs, dtype=np.int64).tobytes())
-        c["num_seqs"].frombytes(np.full(k, num_seqs, dtype=np.int64).tobytes())
-        c["num_kv_blocks_used"].frombytes(
-            np.ascontiguousarray(num_kv_blocks_used, dtype=np.int64).tobytes())
+        c["start_s"].frombytes(start_s.astype(np.float64, copy=False).tobytes())
+        c["duration_s"].frombytes(duration_s.astype(np.float64, copy=False).tobytes())
+        c["num_prefill_tokens"].extend(array("q", bytes(8 * k)))
+        seqs = array("q", (num_seqs,)) * k
+        c["num_decode_tokens"].extend(seqs)
+        c["num_seqs"].extend(seqs)
+        c["num_kv_blocks_used"].frombytes(num_kv_blocks_used.astype(np.int64, copy=False).tobytes())
         c["num_preempted"].frombytes(bytes(8 * k))
         c["num_waiting"].frombytes(bytes(8 * k))  # a stretch runs only while nothing waits
         return index

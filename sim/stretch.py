@@ -17,22 +17,26 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sim.iteration_log import IterationLog
-from sim.latency.base import LatencyModel
+from sim.latency.base import BatchShape, LatencyModel
+from sim.plan import Plan
 from sim.request import Request
 from sim.state import ReplicaState
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Stretch:
-    """`len(end_s)` decode iterations of `requests`, the first starting at `start_s`; the first
-    iteration's KV blocks are allocated (as `schedule()` allocates a plan's)."""
+    """`len(end_s)` decode iterations of `requests`; the first iteration's KV blocks are
+    allocated (as `schedule()` allocates a plan's). Per-iteration arrays are computed once, when
+    the stretch is planned; committing or cutting it takes slices."""
 
     requests: list[Request]
     num_computed: np.ndarray  # each request's computed tokens before the stretch
-    start_s: float
+    starts_s: np.ndarray  # each iteration's start
     duration_s: np.ndarray
     end_s: np.ndarray
-    num_used_blocks: int  # KV blocks in use after the first iteration's allocation
+    # KV blocks in use during each iteration (its blocks allocated), and after the last one's
+    # successor allocates: one entry more than iterations.
+    num_used_blocks: np.ndarray
     block_size: int
     # KV tokens each request's blocks were sized for: computed + 1 once `schedule()` allocated
     # the first iteration, computed after a partial commit (the next iteration allocates).
@@ -40,6 +44,10 @@ class Stretch:
 
     def __len__(self) -> int:
         return len(self.end_s)
+
+    @property
+    def start_s(self) -> float:
+        return float(self.starts_s[0])
 
     def num_ended_by(self, now_s: float, *, inclusive: bool = True) -> int:
         """Iterations that have ended by `now_s` (at `now_s` too, if `inclusive`)."""
@@ -49,21 +57,32 @@ class Stretch:
         """The stretch stopped after the iteration in progress at `now_s`; None if none is.
         An iteration starting exactly now is in progress if `started_now` (the replica's
         planning turn at this instant has come: a step-by-step run has planned it)."""
-        starts = np.concatenate(([self.start_s], self.end_s[:-1]))
-        keep = int(np.searchsorted(starts, now_s, side="right" if started_now else "left"))
+        keep = int(np.searchsorted(self.starts_s, now_s, side="right" if started_now else "left"))
         if not keep:
             return None
-        return replace(self, duration_s=self.duration_s[:keep], end_s=self.end_s[:keep])
+        return Stretch(self.requests, self.num_computed, self.starts_s[:keep],
+                       self.duration_s[:keep], self.end_s[:keep],
+                       self.num_used_blocks[:keep + 1], self.block_size, self.num_allocated)
 
-    def extra_blocks(self, num_steps: int) -> np.ndarray:
-        """Blocks added by the start of each of the first `num_steps` iterations: a request
-        needs one more at step j when (computed + j) is a multiple of the block size; the first
-        step's blocks are already allocated."""
-        bs = self.block_size
-        residue_count = np.bincount(self.num_computed % bs, minlength=bs)
-        new_blocks = residue_count[(-np.arange(num_steps)) % bs]
-        new_blocks[0] = 0
-        return np.cumsum(new_blocks)
+
+def extra_blocks(num_computed: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
+    """Blocks added by the start of each of the first `num_steps` decode iterations of requests
+    with `num_computed` tokens: a request needs one more at step j when (computed + j) is a
+    multiple of the block size; the first step's blocks are already allocated."""
+    residue_count = np.bincount(num_computed % block_size, minlength=block_size)
+    new_blocks = residue_count[(-np.arange(num_steps)) % block_size]
+    new_blocks[0] = 0
+    return np.cumsum(new_blocks)
+
+
+def is_steady(state: ReplicaState, plan: Plan) -> bool:
+    """Whether, until a request arrives, finishes or needs a KV block that is not free, every
+    following plan repeats `plan`, whatever the policy: nothing waits, so there is nothing to
+    admit or to choose between, and every running request computes one token, which (checked by
+    `plan_stretch`) is its decode. Any policy that schedules each running decode while nothing
+    waits, as every engine does, gets the fast-forward without knowing of it."""
+    return (not state.waiting and plan.num_seqs == len(state.running)
+            and plan.total_num_scheduled_tokens == plan.num_seqs)
 
 
 def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
@@ -74,31 +93,37 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
     computed = []
     max_steps = 1 << 62
     for r in requests:  # a plain loop: a few requests, called once per stretch
-        c, out = r.num_computed_tokens, r.num_output_tokens
-        if not out or c != r.num_prompt_tokens + out - 1:
+        if not r.is_decoding:
             return None
-        computed.append(c)
+        computed.append(r.num_computed_tokens)
         # The iteration in which a request samples its last token ends the stretch.
-        max_steps = min(max_steps, r.num_target_output_tokens - out)
+        max_steps = min(max_steps, r.num_target_output_tokens - r.num_output_tokens)
     num_computed = np.array(computed, dtype=np.int64)
     kv = state.kv
-    stretch = Stretch(requests, num_computed, start_s, np.empty(0), np.empty(0),
-                      kv.num_used_blocks, kv.block_size, num_computed + 1)
-    # Each request adds at most one block per `block_size` steps; only if that could exceed
-    # the free blocks is the exact count needed.
-    if len(requests) * ((max_steps - 1) // kv.block_size + 1) > kv.num_free_blocks:
-        extra = stretch.extra_blocks(max_steps)
+    # Blocks in use at each iteration: one more for a request at step j when (computed + j) is
+    # a multiple of the block size. The stretch stops before the blocks run out.
+    extra = extra_blocks(num_computed, kv.block_size, max_steps + 1)
+    if extra[-1] > kv.num_free_blocks:
         max_steps = min(max_steps, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
+    used = kv.num_used_blocks + extra
 
-    first_kv_tokens = sum(computed) + len(requests)
-    duration = latency.decode_stretch_s(len(requests), first_kv_tokens, max_steps)
+    # One call on arrays of shapes: a latency model is element-wise, so this is exactly what
+    # `max_steps` calls on one shape each would give.
+    num_seqs = len(requests)
+    kv_tokens = np.arange(sum(computed) + num_seqs, sum(computed) + num_seqs * (max_steps + 1),
+                          num_seqs, dtype=np.int64)
+    duration = latency.iteration_time_s(BatchShape.decode_only(num_seqs, kv_tokens))
+    if not isinstance(duration, np.ndarray) or duration.shape != (max_steps,):
+        duration = np.broadcast_to(np.asarray(duration, dtype=np.float64), (max_steps,))
     # Sequential accumulation, so each end equals start + duration exactly as one step would be.
-    end = np.add.accumulate(np.concatenate(([start_s], duration)))[1:]
-    if horizon_s is not None:
+    bounds = np.add.accumulate(np.concatenate(([start_s], duration)))
+    starts, end = bounds[:-1], bounds[1:]
+    if horizon_s is not None and end[-1] > horizon_s:
         # Iterations after the horizon never complete; keep one so the engine can wait for it.
-        keep = max(1, int(np.searchsorted(end, horizon_s, side="right")))
-        duration, end = duration[:keep], end[:keep]
-    return replace(stretch, duration_s=duration, end_s=end)
+        max_steps = max(1, int(np.searchsorted(end, horizon_s, side="right")))
+        starts, duration, end = starts[:max_steps], duration[:max_steps], end[:max_steps]
+    return Stretch(requests, num_computed, starts, duration, end, used[:max_steps + 1],
+                   kv.block_size, num_computed + 1)
 
 
 def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: IterationLog
@@ -107,41 +132,34 @@ def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: I
     and the rest of the stretch (None if nothing is left). KV blocks grow to hold what the
     committed iterations computed; the rest's first iteration allocates its own (as the
     step-by-step run's `schedule()` would, when it plans that iteration)."""
-    end = stretch.end_s[:num_steps]
-    start = np.concatenate(([stretch.start_s], end[:-1]))
-    used = stretch.num_used_blocks + stretch.extra_blocks(num_steps + 1)
-    first_iter = log.extend_decodes(start, stretch.duration_s[:num_steps],
-                                    len(stretch.requests), used[:num_steps])
-    kv = state.kv
-    computed = stretch.num_computed + num_steps
-    grow = (cdiv_array(computed, kv.block_size)
-            - cdiv_array(stretch.num_allocated, kv.block_size)).clip(0)
+    first_iter = log.extend_decodes(stretch.starts_s[:num_steps], stretch.duration_s[:num_steps],
+                                    len(stretch.requests), stretch.num_used_blocks[:num_steps])
+    bs = stretch.block_size
+    grow_blocks = state.kv.grow_blocks
     last_iter = first_iter + num_steps - 1
     finished = []
-    for req, num_blocks in zip(stretch.requests, grow.tolist(), strict=True):
-        req.num_computed_tokens += num_steps
+    # A plain loop over the batch: each request's counters, token run and block growth.
+    for req, allocated in zip(stretch.requests, stretch.num_allocated.tolist(), strict=True):
+        computed = req.num_computed_tokens = req.num_computed_tokens + num_steps
         req.num_output_tokens += num_steps
         req.record_token(first_iter)
         req.last_token_iter = last_iter
-        if num_blocks:
-            kv.grow_blocks(req.request_id, num_blocks)
+        num_blocks = -(-computed // bs) + (-allocated // bs)  # held: allocated tokens' blocks
+        if num_blocks > 0:
+            grow_blocks(req.request_id, num_blocks)
         if req.num_output_tokens == req.num_target_output_tokens:
             finished.append(req)
-    end_s = float(end[-1])
+    end_s = float(stretch.end_s[num_steps - 1])
     for req in finished:
         state.finish(req, end_s)
     if num_steps == len(stretch):
         return finished, None
     assert not finished, "a request finished inside a stretch"
-    return finished, replace(stretch, num_computed=computed, num_allocated=np.maximum(
-                                 computed, stretch.num_allocated), start_s=end_s,
-                             duration_s=stretch.duration_s[num_steps:],
-                             end_s=stretch.end_s[num_steps:],
-                             num_used_blocks=int(used[num_steps]))
-
-
-def cdiv_array(a: np.ndarray, b: int) -> np.ndarray:
-    return -(-a // b)
+    computed_now = stretch.num_computed + num_steps
+    return finished, Stretch(stretch.requests, computed_now, stretch.starts_s[num_steps:],
+                             stretch.duration_s[num_steps:], stretch.end_s[num_steps:],
+                             stretch.num_used_blocks[num_steps:], bs,
+                             np.maximum(computed_now, stretch.num_allocated))
 
 
 def allocate_first_step(state: ReplicaState, stretch: Stretch) -> Stretch:

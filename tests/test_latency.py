@@ -69,9 +69,23 @@ def test_shape_from_plan_separates_chunks_and_decodes():
 
 @pytest.mark.parametrize("kind", ["roofline", "constant"])
 def test_stretch_prediction_equals_step_by_step(kind):
+    """The engine predicts a decode stretch with one call on arrays of shapes: each entry must be
+    what a call on that shape alone gives, bit for bit (the only fast-path rule a latency model
+    follows)."""
     cls = LATENCY_MODELS.get(kind)
     model = cls(cls.Config(kind=kind), MODELS.get("mistral-7b"), GPUS.get("a100-80gb"))
-    stretch = model.decode_stretch_s(7, 7000, 50)
+    kv = 7000 + 7 * np.arange(50, dtype=np.int64)
+    stretch = np.broadcast_to(model.iteration_time_s(BatchShape.decode_only(7, kv)), (50,))
     steps = [model.iteration_time_s(BatchShape.decode_only(7, 7000 + 7 * j)) for j in range(50)]
     assert stretch.tolist() == steps  # bit for bit
     assert np.all(np.diff(stretch) >= 0)
+    mixed = BatchShape(num_prefill_tokens=np.array([0, 64, 512]), num_prefill_seqs=np.array(
+        [0, 1, 2]), num_decode_tokens=np.array([3, 3, 0]), num_sampled_tokens=np.array([3, 4, 1]),
+        prefill_attn_pairs=np.array([0, 64 * 65 // 2, 9000]),
+        prefill_kv_tokens=np.array([0, 64, 600]), decode_kv_tokens=np.array([90, 93, 0]))
+    each = [model.iteration_time_s(BatchShape(**{k: int(getattr(mixed, k)[i]) for k in (
+        "num_prefill_tokens", "num_prefill_seqs", "num_decode_tokens", "num_sampled_tokens",
+        "prefill_attn_pairs", "prefill_kv_tokens", "decode_kv_tokens")})) for i in range(3)]
+    assert np.broadcast_to(model.iteration_time_s(mixed), (3,)).tolist() == each
+
+

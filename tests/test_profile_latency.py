@@ -53,7 +53,8 @@ def test_simulator_prediction_equals_the_fit():
         "prefill_attn_pairs", "prefill_kv_tokens", "decode_kv_tokens")}))
         for _, r in rows.iterrows()]
     assert np.allclose(one_by_one, predict(fitted, rows), rtol=1e-12)
-    stretch = model.decode_stretch_s(8, 800, 40)
+    kv = 800 + 8 * np.arange(40, dtype=np.int64)
+    stretch = np.broadcast_to(model.iteration_time_s(BatchShape.decode_only(8, kv)), (40,))
     steps = [model.iteration_time_s(BatchShape.decode_only(8, 800 + 8 * j)) for j in range(40)]
     assert stretch.tolist() == [float(s) for s in steps]
 

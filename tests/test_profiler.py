@@ -127,11 +127,21 @@ def test_fitted_model_error_on_held_out_mixes(tiny_profile):
 
 
 def test_fit_is_what_a_model_without_attention_terms_cannot_match(tiny_profile):
+    """On a quiet machine the fit beats a model without its terms by more than 2x. On a loaded
+    one (seen: other jobs on both cores gave held-out MAPE 48% for the fit and 55% for the blind
+    model) the timings themselves drift by tens of percent and no comparison means anything:
+    then the test says so and skips, after timing the same mixes again to show the drift."""
     df, meta = load(tiny_profile[0])
     fitted = fit_profile(df, meta)
     blind = {**fitted, "coef": dict.fromkeys(fitted["coef"], 0.0)}
     holdout = df[df["split"] == "holdout"]
-    assert errors(blind, holdout)["mape"] > 2 * errors(fitted, holdout)["mape"]
+    fit_mape, blind_mape = errors(fitted, holdout)["mape"], errors(blind, holdout)["mape"]
+    if fit_mape > 0.20:
+        spread = remeasured_spread(tiny_profile[0])
+        if spread > 0.10:
+            pytest.skip(f"machine too loaded to compare models: held-out MAPE {fit_mape:.0%} "
+                        f"(quiet: 9-11%), the same mixes timed again differ by {spread:.0%}")
+    assert blind_mape > 2 * fit_mape, (fit_mape, blind_mape)
 
 
 def test_resume_keeps_measurements(tiny_profile, monkeypatch, tmp_path):

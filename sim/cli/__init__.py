@@ -6,12 +6,17 @@ answered the same way, and `servesim --help` starts fast.
 
 from __future__ import annotations
 
+import os
 import sys
 
 
 def main() -> None:
     """Entry point: input errors become one line each on stderr and exit code 2; an interrupt
     exits 130 (the command says first what it kept)."""
+    # numpy's OpenBLAS starts a thread per core at import, and it spins: on a busy 2-core VM that
+    # took 40-60 ms from every start-up. servesim has no BLAS work worth threads (torch uses MKL),
+    # and sweep workers, one per core, are better off without them. A user's setting wins.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         code = _run()
     except KeyboardInterrupt:

@@ -9,9 +9,6 @@ import typer
 from rich.table import Table
 
 from sim.cli.common import app, console, fmt, pct
-from sim.config import load_scenario
-from sim.outdir import is_run_dir
-from sim.progress import ProgressReport
 
 
 @app.command()
@@ -23,6 +20,9 @@ def simulate(
     seed: Annotated[int | None, typer.Option(min=0, help="override the scenario's seed")] = None,
 ) -> None:
     """Run one scenario; print its latency table; write results next to the resolved scenario."""
+    from sim.config import load_scenario
+    from sim.outdir import is_run_dir
+    from sim.progress import ProgressReport
     from sim.runner import run_scenario
 
     loaded = load_scenario(scenario)
@@ -55,7 +55,13 @@ def overload_line(verdict: dict[str, Any]) -> str:
 @app.command("list")
 def list_registered() -> None:
     """List the schedulers, latency models, workload formats, routers, models and GPUs."""
-    from sim.config import FORMATS, GPUS, LATENCY_MODELS, MODELS, ROUTERS, SCHEDULERS
+    # From the packages that fill them, not sim.config: no scenario model is built to list names.
+    from sim.gpus import GPUS
+    from sim.latency import LATENCY_MODELS
+    from sim.models import MODELS
+    from sim.routers import ROUTERS
+    from sim.schedulers import SCHEDULERS
+    from sim.workloads import FORMATS
 
     table = Table(title="registered names")
     table.add_column("kind")

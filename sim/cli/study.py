@@ -16,9 +16,6 @@ from rich import box
 from rich.table import Table
 
 from sim.cli.common import app, console, fmt, pct
-from sim.config import load_scenario
-from sim.errors import InputError
-from sim.progress import ProgressReport
 
 
 def interrupted(kept: str) -> typer.Exit:
@@ -36,6 +33,7 @@ def compare(
     """Run every variant of a comparison file on the same trace; print one table."""
     from sim.compare import compare as run_all
     from sim.compare import load_comparison
+    from sim.progress import ProgressReport
 
     scenarios = load_comparison(comparison)
     name = next(iter(scenarios.values())).name.split("/")[0]
@@ -96,6 +94,8 @@ def sweep(
         "--force", help="re-run every point, even those already done")] = False,
 ) -> None:
     """Run every point of a sweep (cached: only new or changed points run); one table."""
+    from sim.errors import InputError
+    from sim.progress import ProgressReport
     from sim.sweep import check_sweep_dir, load_sweep, run_sweep, runs_kept
 
     if backend not in ("local", "ray"):
@@ -165,6 +165,8 @@ def capacity(
     """Largest arrival rate at which every given SLO holds (expand, then bisect)."""
     from sim.capacity import CapacityLog, SLOTargets, check_options
     from sim.capacity import capacity as search
+    from sim.config import load_scenario
+    from sim.progress import ProgressReport
 
     targets = SLOTargets(tbt_p99, ttft_p90, sched_delay_p50)
     check_options(targets, precision)

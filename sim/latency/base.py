@@ -49,9 +49,7 @@ class BatchShape:
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
             cached = req.num_computed_tokens
-            num_output = req.num_output_tokens
-            known = req.num_prompt_tokens + num_output
-            if num_output and cached == known - 1:  # `req.is_decoding`, inlined: hot loop
+            if req.is_decoding:
                 shape.num_decode_tokens += 1
                 shape.num_sampled_tokens += 1
                 shape.decode_kv_tokens += cached + 1
@@ -60,7 +58,7 @@ class BatchShape:
             shape.num_prefill_seqs += 1
             shape.prefill_attn_pairs += num_tokens * cached + num_tokens * (num_tokens + 1) // 2
             shape.prefill_kv_tokens += cached + num_tokens
-            if cached + num_tokens == known:
+            if cached + num_tokens == req.num_tokens:
                 shape.num_sampled_tokens += 1
         return shape
 
@@ -89,14 +87,9 @@ class LatencyModel(ABC):
 
     @abstractmethod
     def iteration_time_s(self, shape: BatchShape) -> Num:
-        """Seconds for one iteration; element-wise if the shape's fields are arrays."""
-
-    def decode_stretch_s(self, num_seqs: int, decode_kv_tokens: int, num_steps: int) -> np.ndarray:
-        """Durations of `num_steps` decode-only iterations of `num_seqs` requests whose contexts
-        grow by one token per step, starting from `decode_kv_tokens` KV tokens read in total."""
-        kv = decode_kv_tokens + num_seqs * np.arange(num_steps, dtype=np.int64)
-        times = self.iteration_time_s(BatchShape.decode_only(num_seqs, kv))
-        return np.broadcast_to(np.asarray(times, dtype=np.float64), (num_steps,))
+        """Seconds for one iteration; element-wise if the shape's fields are arrays, giving for
+        each entry exactly (bit for bit) what a call with that entry alone gives: the engine
+        predicts a stretch of decode iterations with one call."""
 
     def describe(self) -> dict[str, Any]:
         """Facts for the run summary (e.g. extrapolation warnings)."""

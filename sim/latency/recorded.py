@@ -10,16 +10,18 @@ is asked about against the shape that ran, and `describe()` reports the first di
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from pydantic import Field
 
 from sim.errors import InputError
 from sim.gpus import GPUSpec
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
 from sim.models import ModelShape
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Shape fields compared when the recording has them (the simulator's log has the first two).
 CHECKED = ("num_prefill_tokens", "num_decode_tokens", "num_prefill_seqs", "num_sampled_tokens",
@@ -88,6 +90,8 @@ def _read(file: Path) -> pd.DataFrame:
     if not file.is_file():
         raise InputError(file, "latency.path", str(file),
                          "not found: give a replay's result directory or its iterations.parquet")
+    import pandas as pd  # here, not at the top: `servesim --help` starts without pandas
+
     try:
         frame = pd.read_parquet(file)
     except Exception as exc:  # pyarrow raises several kinds for a file that is not parquet

@@ -10,7 +10,6 @@ per-iteration overhead (scheduling, launches, sampling). Uncalibrated: `mfu`, `m
 
 from __future__ import annotations
 
-import numpy as np
 from pydantic import Field
 
 from sim.errors import INPUT_MODEL
@@ -45,17 +44,6 @@ class RooflineLatency(LatencyModel):
         self.kv_token_s = kv_token_bytes / bytes_s
         self.lm_head_weights_s = m.vocab_size * m.hidden_size * m.dtype_bytes / bytes_s
         self.lm_head_token_s = 2 * m.vocab_size * m.hidden_size / flops_s
-
-    def decode_stretch_s(self, num_seqs: int, decode_kv_tokens: int, num_steps: int
-                         ) -> np.ndarray:
-        """Closed form of `iteration_time_s` for decode-only iterations, bit for bit: both
-        attention terms are linear through zero, so their maximum is the steeper slope's."""
-        kv = decode_kv_tokens + num_seqs * np.arange(num_steps, dtype=np.int64)
-        fixed = self.overhead_s + maximum(self.linear_token_s * num_seqs, self.linear_weights_s)
-        fixed = fixed + 0.0  # no prefill attention, added in the same order as one step
-        lm_head = maximum(self.lm_head_token_s * num_seqs,
-                          self.lm_head_weights_s * (num_seqs > 0))
-        return (fixed + maximum(self.attn_pair_s, self.kv_token_s) * kv) + lm_head
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
         linear = maximum(self.linear_token_s * shape.num_tokens, self.linear_weights_s)

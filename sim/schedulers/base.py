@@ -95,17 +95,6 @@ class Scheduler(ABC):
         own_future = future_blocks(state, req, cap) - state.kv.num_blocks_to_grow(req, 0)
         return state.kv.try_allocate(req, 0, reserve + own_future)
 
-    def steady(self, state: ReplicaState, plan: Plan) -> bool:
-        """True if, until a request arrives, finishes or runs out of KV, every following plan would
-        be this one again as long as all its requests are decodes: nothing waits and every
-        running request computes one token. The engine then advances that stretch in one step
-        (after checking that each of them is indeed decoding)."""
-        return (
-            not state.waiting
-            and plan.num_seqs == len(state.running)
-            and plan.total_num_scheduled_tokens == plan.num_seqs
-        )
-
 
 SCHEDULERS: Registry[type[Scheduler]] = Registry("scheduler")
 
@@ -124,12 +113,10 @@ def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:
     for req in list(state.running):
         if req.status is not Status.RUNNING:
             continue  # preempted by an earlier decode of this loop
-        computed = req.num_computed_tokens
-        num_output = req.num_output_tokens
-        # Inlined `req.is_decoding`: this loop runs for every decode of every iteration.
-        if not num_output or computed != req.num_prompt_tokens + num_output - 1:
+        if not req.is_decoding:
             prefilling.append(req)
             continue
+        computed = req.num_computed_tokens
         # A block is needed only when the computed tokens exactly fill the blocks held.
         while computed % block_size == 0 and not kv.try_allocate(req, 1):
             victim = state.running[-1]

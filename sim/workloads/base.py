@@ -11,14 +11,16 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from sim.errors import INPUT_MODEL, InputError, invalid
 from sim.registry import Registry
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Tokens in one request's prompt or output. The longest contexts served today are about 10**7
 # tokens; 10**9 leaves room while a chunk's causal attention pairs (about q**2 / 2) and every
@@ -167,6 +169,8 @@ def read_table(path: Path, kind: Literal["csv", "jsonl"], field: str) -> pd.Data
         raise InputError(path, field, str(path), "file not found")
     if path.stat().st_size == 0:
         raise InputError(path, field, str(path), "empty file")
+    import pandas as pd  # here, not at the top: the command line starts without pandas
+
     try:
         if kind == "jsonl":
             df = _read_jsonl(path)
@@ -184,6 +188,8 @@ def read_table(path: Path, kind: Literal["csv", "jsonl"], field: str) -> pd.Data
 
 def _read_jsonl(path: Path) -> pd.DataFrame:
     """One JSON object per line (blank lines skipped); errors give the line number."""
+    import pandas as pd
+
     rows, lines = [], []
     with path.open(encoding="utf-8") as file:
         for number, line in enumerate(file, start=1):
@@ -220,6 +226,8 @@ def column(df: pd.DataFrame, name: str, path: Path) -> pd.Series:
 def token_counts(df: pd.DataFrame, name: str, path: Path) -> np.ndarray:
     """A column of token counts, each an integer in [1, MAX_TOKENS]; errors name the first bad
     row."""
+    import pandas as pd
+
     values = column(df, name, path)
     numeric = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(numeric) | (numeric != np.floor(numeric)) | (numeric < 1)
@@ -246,6 +254,8 @@ def _booleans(values: pd.Series) -> np.ndarray:
 
 def seconds(df: pd.DataFrame, name: str, unit: str, path: Path) -> np.ndarray:
     """An arrival-time column as seconds since its first value, checked non-decreasing."""
+    import pandas as pd
+
     values = column(df, name, path)
     if unit == "datetime":
         times = pd.to_datetime(values, format="ISO8601", errors="coerce")

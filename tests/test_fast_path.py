@@ -1,0 +1,102 @@
+"""The fast path needs nothing from a policy or a latency model: a scheduler and a latency model
+written here, knowing nothing of stretches or run-ahead, get both, and the results equal a
+step-by-step run to the last bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sim.engine
+from sim import run_scenario
+from sim.config import parse_scenario
+from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
+from sim.plan import Plan
+from sim.schedulers.base import SCHEDULERS, Scheduler, schedule_decodes, try_admit
+from sim.state import ReplicaState
+
+
+class NewPolicy(Scheduler):
+    """Decodes first, then admits whole prompts FCFS while blocks last: a policy as a new
+    contributor would write it, with no fast-path code."""
+
+    def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+        plan = Plan()
+        schedule_decodes(state, plan)
+        while state.waiting and len(state.running) < self.config.max_num_seqs:
+            req = state.waiting[0]
+            num_tokens = req.num_uncomputed_tokens
+            if try_admit(state, req, num_tokens, None, 0) is None:
+                break
+            plan.num_scheduled_tokens[req.request_id] = num_tokens
+        return plan
+
+
+class NewLatency(LatencyModel):
+    """A made-up model with a non-linear decode term, element-wise on arrays."""
+
+    def __init__(self, config: LatencyConfig, model: object, gpu: object) -> None:
+        pass
+
+    def iteration_time_s(self, shape: BatchShape) -> Num:
+        return 0.004 + 1e-5 * shape.num_prefill_tokens + 3e-8 * np.sqrt(
+            shape.decode_kv_tokens * 1.0) * shape.num_decode_tokens
+
+
+@pytest.fixture
+def registered():
+    SCHEDULERS.register("new_policy")(NewPolicy)
+    LATENCY_MODELS.register("new_latency")(NewLatency)
+    yield
+    del SCHEDULERS._entries["new_policy"], LATENCY_MODELS._entries["new_latency"]
+
+
+def count_events(monkeypatch) -> list[int]:
+    """How many SimPy events the runs process (appended to the returned list)."""
+    counts = [0]
+    step = sim.engine.Environment.step
+
+    def counting(env):
+        counts[0] += 1
+        step(env)
+
+    monkeypatch.setattr(sim.engine.Environment, "step", counting)
+    return counts
+
+
+@pytest.mark.parametrize("cluster", [
+    {"replicas": 2, "router": {"name": "least_kv_load"}},
+    {"prefill": {"replicas": 1, "replica": None}, "decode": {"replicas": 2, "replica": None},
+     "router": {"name": "round_robin"}},
+])
+def test_a_new_policy_and_latency_model_get_the_fast_path(registered, monkeypatch, cluster):
+    replica = {"scheduler": {"name": "new_policy", "max_num_seqs": 24},
+               "latency": {"kind": "new_latency"},
+               "kv_cache": {"block_size": 16, "num_blocks": 400}}
+    data = {"seed": 3, "record_token_times": True,
+            "workload": {"format": "synthetic", "num_requests": 300,
+                         "arrivals": {"process": "poisson", "qps": 20},
+                         "lengths": {"prompt": {"dist": "uniform", "low": 20, "high": 400},
+                                     "output": {"dist": "uniform", "low": 1, "high": 200}}},
+            "cluster": cluster}
+    if "prefill" in cluster:
+        cluster["prefill"]["replica"] = cluster["decode"]["replica"] = replica
+    else:
+        data["replica"] = replica
+    scenario = parse_scenario(data, "test")
+    events = count_events(monkeypatch)
+    fast = run_scenario(scenario)
+    num_fast = events[0]
+    slow = run_scenario(scenario, fast_forward=False)
+    num_slow = events[0] - num_fast
+    assert fast.requests.equals(slow.requests)
+    assert fast.iterations.equals(slow.iterations)
+    assert fast.tokens.equals(slow.tokens)
+    assert fast.summary == slow.summary
+    assert fast.summary["requests"]["finished"] == 300
+    # Most iterations need no event of their own. Seen: colocated 1,370 events against 9,120
+    # stepping; disaggregated 5,458 against 12,454 (prefill replicas step: their hand-offs are
+    # events), so the bound is half.
+    num_iterations = fast.summary["num_iterations"]
+    assert num_slow > num_iterations
+    assert num_fast < num_slow / 2, (num_fast, num_slow, num_iterations)

@@ -1,0 +1,78 @@
+"""Start-up of the command line: which modules `servesim --help`, `servesim list` and a command's
+`--help` import. Structural, not timed (`python bench/startup.py` times them): pandas, pyarrow,
+matplotlib, scipy, ray, torch and the profiler are imported only inside the functions that use
+them, and the top-level help builds no scenario model (no sim.config, so no numpy either).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+HEAVY = ("pandas", "matplotlib", "scipy", "pyarrow", "ray", "torch", "profiler")
+# What the top-level help needs none of: sim.config brings numpy, pydantic and every model.
+NOT_FOR_HELP = (*HEAVY, "numpy", "sim.config")
+
+
+def probe(code: str, expression: str, env: dict[str, str] | None = None) -> object:
+    """The value of `expression` in a fresh interpreter after it runs `code`."""
+    program = f"{code}\nimport os, sys\nprint('PROBE', repr({expression}))"
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          cwd=REPO, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("PROBE "), proc.stdout
+    return ast.literal_eval(last.removeprefix("PROBE "))
+
+
+def imported_by(code: str, watched: tuple[str, ...]) -> list[str]:
+    """Which of `watched` a fresh interpreter has imported after running `code`."""
+    found = probe(code, f"sorted(m for m in {watched!r} if m in sys.modules)")
+    assert isinstance(found, list)
+    return found
+
+
+def cli(*args: str) -> str:
+    """Code that runs `servesim ARGS` through its entry point and requires exit code 0."""
+    return (f"import sys\nsys.argv = ['servesim', *{list(args)!r}]\nfrom sim.cli import main\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n")
+
+
+def test_importing_the_app_imports_nothing_heavy():
+    assert imported_by("import sim.cli.app", NOT_FOR_HELP) == []
+
+
+def test_top_level_help_imports_nothing_heavy():
+    assert imported_by(cli("--help"), NOT_FOR_HELP) == []
+
+
+@pytest.mark.parametrize("args", [("list",), ("simulate", "--help"), ("sweep", "--help"),
+                                  ("profile", "--help"), ("plot", "--help")],
+                         ids=" ".join)
+def test_commands_start_without_heavy_imports(args):
+    assert imported_by(cli(*args), HEAVY) == []
+
+
+def test_list_builds_no_scenario_model():
+    assert imported_by(cli("list"), ("sim.config", *HEAVY)) == []
+
+
+def test_the_probe_sees_an_import():
+    """The checks can fail: code that does import pandas is seen doing so."""
+    assert "pandas" in imported_by("import sim.runner", HEAVY)
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("3", "3")])
+def test_numpy_blas_threads(given, expected):
+    """The command line starts numpy's OpenBLAS with one thread (its spinning threads cost a busy
+    2-core VM 40-60 ms per start-up), unless the user chose a number."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    assert probe(cli("list"), "os.environ.get('OPENBLAS_NUM_THREADS')", env) == expected
