@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from sim.request import Request, Status
+from sim.request import Request
 from sim.routers.base import ReplicaLoad, Router
 
 if TYPE_CHECKING:
@@ -41,12 +41,15 @@ class DecodeInbox:
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
         self.pending: deque[tuple[Request, simpy.Event]] = deque()
+        # Known tokens of the requests waiting here or on their way: the KV they bring.
+        self.num_tokens = 0
 
     def reserve(self, req: Request) -> simpy.Event:
         """An event that fires once the replica's scheduler has taken `req` and allocated
         blocks for its prompt's KV."""
         done = self.replica.env.event()
         self.pending.append((req, done))
+        self.num_tokens += req.num_tokens
         # Blocks are taken when the replica plans (a stretch in progress is cut), so every
         # iteration's plan sees the KV it was scheduled with.
         self.replica.wake()
@@ -67,12 +70,9 @@ class DecodeInbox:
     def join(self, req: Request) -> None:
         """`req`'s KV has arrived: it decodes on this replica from now on."""
         replica = self.replica
-        state = replica.state
-        del state.incoming[req.request_id]
         req.move_to(replica.replica_id)
-        req.status = Status.RUNNING
-        state.requests[req.request_id] = req
-        state.running.append(req)
+        replica.state.join(req)
+        self.num_tokens -= req.num_tokens
         replica.wake()
 
     @property
@@ -80,11 +80,6 @@ class DecodeInbox:
         """Requests waiting here for blocks or on their way (blocks allocated)."""
         return len(self.pending) + len(self.replica.state.incoming)
 
-    @property
-    def num_tokens(self) -> int:
-        """Their known tokens: the KV they bring."""
-        return (sum(r.num_tokens for r, _ in self.pending)
-                + sum(r.num_tokens for r in self.replica.state.incoming.values()))
 
 
 class Disaggregation:

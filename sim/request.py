@@ -69,7 +69,8 @@ class Request:
     @property
     def is_decoding(self) -> bool:
         """Has sampled at least once and needs exactly one token computed (its last sample)."""
-        return self.num_output_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1
+        out = self.num_output_tokens  # `num_tokens` written out: called for every decode
+        return out > 0 and self.num_computed_tokens == self.num_prompt_tokens + out - 1
 
     @property
     def num_remaining_output_tokens(self) -> int:

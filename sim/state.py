@@ -27,6 +27,11 @@ class ReplicaState:
         # Decode side: requests whose blocks are allocated here and whose KV is on its way.
         self.incoming: dict[int, Request] = {}
         self.requests: dict[int, Request] = {}  # every request this replica has held
+        # Kept as requests move, so a router reads a replica's load without a pass over its
+        # queues (`check` recounts them): tokens still to compute of the waiting requests, and
+        # known tokens (prompt plus output) of the running ones.
+        self.num_waiting_tokens = 0
+        self.num_running_tokens = 0
 
     def num_kv_tokens_needed(self, req: Request) -> int:
         """KV slots `req` needs here at its largest: its prompt on a prefill replica."""
@@ -36,12 +41,15 @@ class ReplicaState:
         self.requests[req.request_id] = req
         req.status = Status.WAITING
         self.waiting.append(req)
+        self.num_waiting_tokens += req.num_uncomputed_tokens
 
     def admit(self, req: Request, num_cached_tokens: int = 0) -> None:
         """Move the head of the waiting queue to the running list (its blocks are allocated);
         its first `num_cached_tokens` came from the prefix cache and count as computed."""
         assert self.waiting[0] is req
         self.waiting.popleft()
+        self.num_waiting_tokens -= req.num_uncomputed_tokens
+        self.num_running_tokens += req.num_tokens
         if num_cached_tokens:
             req.num_computed_tokens += num_cached_tokens
             if not req.num_preemptions:  # vLLM reports the hit of the first admission
@@ -49,9 +57,18 @@ class ReplicaState:
         req.status = Status.RUNNING
         self.running.append(req)
 
+    def join(self, req: Request) -> None:
+        """Decode side: `req`, prefilled elsewhere, has its KV here and runs from now on."""
+        del self.incoming[req.request_id]
+        self.requests[req.request_id] = req
+        req.status = Status.RUNNING
+        self.running.append(req)
+        self.num_running_tokens += req.num_tokens
+
     def preempt(self, req: Request) -> None:
         """Preemption by recompute: drop the request's KV and put it back at the queue front."""
         self.running.remove(req)
+        self.num_running_tokens -= req.num_tokens
         self.kv.free(req)
         req.num_recomputed_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
@@ -59,6 +76,7 @@ class ReplicaState:
         req.close_token_run()
         req.status = Status.WAITING
         self.waiting.appendleft(req)
+        self.num_waiting_tokens += req.num_uncomputed_tokens
 
     def commit(self, plan: Plan, iteration: int, start_s: float, end_s: float) -> list[Request]:
         """Apply an iteration that ran from `start_s` to `end_s`; return the requests that left
@@ -73,6 +91,7 @@ class ReplicaState:
             # Caught up with prompt plus output (`num_tokens`, inlined: hot loop): sample one.
             if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens:
                 req.num_output_tokens += 1
+                self.num_running_tokens += 1
                 req.record_token(iteration)
                 if req.num_output_tokens == req.num_target_output_tokens or self.prefill_only:
                     done.append(req)
@@ -81,6 +100,7 @@ class ReplicaState:
                 self.finish(req, end_s)
             else:
                 self.running.remove(req)
+                self.num_running_tokens -= req.num_tokens
                 req.status = Status.TRANSFERRING
                 req.prefill_end_s = end_s
                 self.num_transferring += 1
@@ -91,8 +111,13 @@ class ReplicaState:
         self.kv.free(req)
         self.num_transferring -= 1
 
+    def decoded(self, num_tokens: int) -> None:
+        """Running requests sampled `num_tokens` tokens in all (a decode stretch)."""
+        self.num_running_tokens += num_tokens
+
     def finish(self, req: Request, end_s: float) -> None:
         self.running.remove(req)
+        self.num_running_tokens -= req.num_tokens
         self.kv.free(req)
         req.close_token_run()
         req.status = Status.FINISHED
@@ -110,3 +135,5 @@ class ReplicaState:
         assert not running_ids.intersection(r.request_id for r in self.waiting)
         for req in self.waiting:
             assert self.kv.num_held_blocks(req.request_id) == 0
+        assert self.num_waiting_tokens == sum(r.num_uncomputed_tokens for r in self.waiting)
+        assert self.num_running_tokens == sum(r.num_tokens for r in self.running)

@@ -170,7 +170,8 @@ def runs_kept(runs: list[Run], out_dir: Path) -> int:
     return sum(is_cached(out_dir / "runs" / run.key) for run in runs)
 
 
-def run_sweep(runs: list[Run], out_dir: str | Path, *, workers: int = 1, backend: str = "local",
+def run_sweep(runs: list[Run], out_dir: str | Path, *, workers: int | None = 1,
+              backend: str = "local",
               address: str | None = None, force: bool = False,
               on_progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Run every run not already done under `out_dir/runs/<key>` (every run with `force`);

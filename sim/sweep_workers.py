@@ -55,9 +55,10 @@ class SweepCrashed(RuntimeError):
     """A run failed for a reason other than its input (a bug): the worker's traceback."""
 
 
-def run_jobs(jobs: list[Job], *, workers: int = 1, backend: str = "local",
+def run_jobs(jobs: list[Job], *, workers: int | None = 1, backend: str = "local",
              address: str | None = None, on_done: Callable[[Job], None] | None = None) -> None:
-    """Run `jobs`, calling `on_done(job)` as each finishes; raise at the first failure."""
+    """Run `jobs`, calling `on_done(job)` as each finishes; raise at the first failure.
+    `workers`: processes (local), or Ray tasks at once (None: as many as the cluster runs)."""
     if not jobs:
         return
 
@@ -70,8 +71,8 @@ def run_jobs(jobs: list[Job], *, workers: int = 1, backend: str = "local",
             on_done(job)
 
     if backend == "ray":
-        _run_ray(jobs, address, finished)
-    elif workers <= 1 or len(jobs) == 1:
+        _run_ray(jobs, address, workers, finished)
+    elif workers is None or workers <= 1 or len(jobs) == 1:
         for job in jobs:
             finished(job, run_one(job))
     else:
@@ -176,9 +177,10 @@ def _stop(pool: ProcessPoolExecutor) -> None:
             process.join()
 
 
-def _run_ray(jobs: list[Job], address: str | None,
+def _run_ray(jobs: list[Job], address: str | None, workers: int | None,
              finished: Callable[[Job, dict[str, Any]], None]) -> None:
-    """The same runs as Ray tasks, on an existing cluster (`address`) or a local one."""
+    """The same runs as Ray tasks, on an existing cluster (`address`) or a local one (of
+    `workers` CPUs), at most `workers` at once."""
     try:
         import ray
     except ImportError:
@@ -187,11 +189,16 @@ def _run_ray(jobs: list[Job], address: str | None,
     import logging
 
     ray.init(address=address, ignore_reinit_error=True, include_dashboard=False,
-             logging_level=logging.ERROR, log_to_driver=False)
+             logging_level=logging.ERROR, log_to_driver=False,
+             num_cpus=workers if address is None else None)
     remote = ray.remote(max_retries=0)(run_one)
-    pending = {remote.remote(job): job for job in jobs}
+    queue = list(reversed(jobs))
+    pending: dict[Any, Job] = {}
     try:
-        while pending:
+        while queue or pending:
+            while queue and (workers is None or len(pending) < workers):
+                job = queue.pop()
+                pending[remote.remote(job)] = job
             ready, _ = ray.wait(list(pending), num_returns=1)
             finished(pending.pop(ready[0]), ray.get(ready[0]))
     except BaseException:

@@ -166,7 +166,10 @@ def test_invariants(data):
         assert (per_iteration <= sched["max_num_batched_tokens"]).all()
     if sched["name"] == "sglang":
         assert (it["num_prefill_tokens"] <= sched["chunked_prefill_size"]).all()
-        if not sched["mixed_chunk"]:  # prefill and decode batches are separate iterations
+        # Prefill and decode batches are separate iterations; with prefix caching a re-admitted
+        # preempted request may extend one token, which the log counts as a decode (see
+        # tests/test_sglang.py).
+        if not sched["mixed_chunk"] and not data["replica"]["prefix_caching"]:
             assert ((it["num_prefill_tokens"] == 0) | (it["num_decode_tokens"] == 0)).all()
     assert (it["num_seqs"] <= sched["max_num_seqs"]).all()
     assert (it["num_kv_blocks_used"] <= data["replica"]["kv_cache"]["num_blocks"]).all()

@@ -87,8 +87,10 @@ def sweep(
     out: Annotated[Path | None, typer.Option(
         help="sweep directory [default: results/<name>]")] = None,
     workers: Annotated[int | None, typer.Option(
-        min=1, help="local worker processes [default: one per CPU]")] = None,
-    backend: Annotated[str, typer.Option(help="local or ray")] = "local",
+        min=1, help="worker processes, or Ray tasks at once [default: one per CPU; on Ray, "
+                    "the cluster's CPUs]")] = None,
+    backend: Annotated[str, typer.Option(metavar="local|ray", help="where runs execute")
+                       ] = "local",
     address: Annotated[str | None, typer.Option(help="Ray cluster address")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="re-run every point, even those already done")] = False,
@@ -105,7 +107,9 @@ def sweep(
     check_sweep_dir(out_dir)
     try:
         with ProgressReport(f"sweep {name}", "runs", total=len(runs)) as progress:
-            table = run_sweep(runs, out_dir, workers=workers or os.cpu_count() or 1,
+            if backend == "local" and workers is None:
+                workers = os.cpu_count() or 1
+            table = run_sweep(runs, out_dir, workers=workers,
                               backend=backend, address=address, force=force,
                               on_progress=lambda done, total: progress.update(done, total))
     except KeyboardInterrupt:
