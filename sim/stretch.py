@@ -34,9 +34,7 @@ class Stretch:
     starts_s: np.ndarray  # each iteration's start
     duration_s: np.ndarray
     end_s: np.ndarray
-    # KV blocks in use during each iteration (its blocks allocated), and after the last one's
-    # successor allocates: one entry more than iterations.
-    num_used_blocks: np.ndarray
+    num_used_blocks: int  # KV blocks in use during the first iteration (its blocks allocated)
     block_size: int
     # KV tokens each request's blocks were sized for: computed + 1 once `schedule()` allocated
     # the first iteration, computed after a partial commit (the next iteration allocates).
@@ -61,20 +59,22 @@ class Stretch:
         if not keep:
             return None
         return Stretch(self.requests, self.num_computed, self.starts_s[:keep],
-                       self.duration_s[:keep], self.end_s[:keep],
-                       self.num_used_blocks[:keep + 1], self.block_size, self.num_allocated)
+                       self.duration_s[:keep], self.end_s[:keep], self.num_used_blocks,
+                       self.block_size, self.num_allocated)
 
 
 def extra_blocks(num_computed: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
     """Blocks added by the start of each of the first `num_steps` decode iterations of requests
     with `num_computed` tokens: a request needs one more at step j when (computed + j) is a
     multiple of the block size; the first step's blocks are already allocated."""
-    residue_count = np.bincount(num_computed % block_size, minlength=block_size)
-    new_blocks = residue_count[(-np.arange(num_steps)) % block_size]
-    new_blocks[0] = 0
-    return np.cumsum(new_blocks)
-
-
+    # Blocks added at steps 1..block_size (one period): a request whose residue is r adds one
+    # at step (block_size - r), or block_size for r = 0; every later period adds one each.
+    steps_to_block = block_size - num_computed % block_size
+    period = np.bincount(steps_to_block, minlength=block_size + 1)[1:].cumsum()
+    steps = np.arange(num_steps)
+    whole, part = np.divmod(steps, block_size)
+    extra = whole * len(num_computed) + np.concatenate(([0], period[:-1]))[part]
+    return extra
 def is_steady(state: ReplicaState, plan: Plan) -> bool:
     """Whether, until a request arrives, finishes or needs a KV block that is not free, every
     following plan repeats `plan`, whatever the policy: nothing waits, so there is nothing to
@@ -100,12 +100,13 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
         max_steps = min(max_steps, r.num_target_output_tokens - r.num_output_tokens)
     num_computed = np.array(computed, dtype=np.int64)
     kv = state.kv
-    # Blocks in use at each iteration: one more for a request at step j when (computed + j) is
-    # a multiple of the block size. The stretch stops before the blocks run out.
-    extra = extra_blocks(num_computed, kv.block_size, max_steps + 1)
-    if extra[-1] > kv.num_free_blocks:
+    # The stretch stops before the blocks run out. Each request adds at most one block per
+    # `block_size` steps; only if that could exceed the free blocks is the exact count needed
+    # (the log's per-iteration counts are taken when iterations are committed: most stretches
+    # are cut short by new work).
+    if len(requests) * ((max_steps - 1) // kv.block_size + 1) > kv.num_free_blocks:
+        extra = extra_blocks(num_computed, kv.block_size, max_steps)
         max_steps = min(max_steps, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
-    used = kv.num_used_blocks + extra
 
     # One call on arrays of shapes: a latency model is element-wise, so this is exactly what
     # `max_steps` calls on one shape each would give.
@@ -122,7 +123,7 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
         # Iterations after the horizon never complete; keep one so the engine can wait for it.
         max_steps = max(1, int(np.searchsorted(end, horizon_s, side="right")))
         starts, duration, end = starts[:max_steps], duration[:max_steps], end[:max_steps]
-    return Stretch(requests, num_computed, starts, duration, end, used[:max_steps + 1],
+    return Stretch(requests, num_computed, starts, duration, end, kv.num_used_blocks,
                    kv.block_size, num_computed + 1)
 
 
@@ -132,9 +133,10 @@ def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: I
     and the rest of the stretch (None if nothing is left). KV blocks grow to hold what the
     committed iterations computed; the rest's first iteration allocates its own (as the
     step-by-step run's `schedule()` would, when it plans that iteration)."""
-    first_iter = log.extend_decodes(stretch.starts_s[:num_steps], stretch.duration_s[:num_steps],
-                                    len(stretch.requests), stretch.num_used_blocks[:num_steps])
     bs = stretch.block_size
+    used = stretch.num_used_blocks + extra_blocks(stretch.num_computed, bs, num_steps + 1)
+    first_iter = log.extend_decodes(stretch.starts_s[:num_steps], stretch.duration_s[:num_steps],
+                                    len(stretch.requests), used[:num_steps])
     grow_blocks = state.kv.grow_blocks
     last_iter = first_iter + num_steps - 1
     finished = []
@@ -159,7 +161,7 @@ def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: I
     computed_now = stretch.num_computed + num_steps
     return finished, Stretch(stretch.requests, computed_now, stretch.starts_s[num_steps:],
                              stretch.duration_s[num_steps:], stretch.end_s[num_steps:],
-                             stretch.num_used_blocks[num_steps:], bs,
+                             int(used[num_steps]), bs,
                              np.maximum(computed_now, stretch.num_allocated))
 
 
