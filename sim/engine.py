@@ -151,9 +151,21 @@ class Replica:
     def load(self, req: Request | None = None) -> ReplicaLoad:
         """Requests in flight here, and tokens of work queued or resident, as of now; with
         `req`, also how many of its tokens are cached here."""
-        self.sync()
         state = self.state
-        tokens = state.num_waiting_tokens + state.num_running_tokens
+        work = self._inflight
+        decoded = 0
+        if isinstance(work, Stretch) and req is None:
+            # A decode stretch in progress: the counts its ended iterations add, read without
+            # committing them (a router reads every replica at every arrival). No request
+            # leaves before the stretch's last iteration, which `sync` commits.
+            num_ended = work.num_ended_by(self.env.now)
+            if num_ended < len(work):
+                decoded = num_ended * len(work.requests)
+            else:
+                self.sync()
+        else:
+            self.sync()  # prefix hits read the cache as the ended iterations left it
+        tokens = state.num_waiting_tokens + state.num_running_tokens + decoded
         num_outstanding = state.num_outstanding
         if self.inbox is not None:
             tokens += self.inbox.num_tokens
