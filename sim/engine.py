@@ -156,10 +156,10 @@ class Replica:
         decoded = 0
         if isinstance(work, Stretch) and req is None:
             # A decode stretch in progress: the counts its ended iterations add, read without
-            # committing them (a router reads every replica at every arrival). No request
-            # leaves before the stretch's last iteration, which `sync` commits.
+            # committing them (a router reads every replica at every arrival), until a request
+            # has left (then `sync` commits).
             num_ended = work.num_ended_by(self.env.now)
-            if num_ended < len(work):
+            if num_ended <= work.num_steps_without_finish():
                 decoded = num_ended * len(work.requests)
             else:
                 self.sync()
@@ -246,7 +246,11 @@ class Replica:
             quiet_s = self.quiet_until() if self.fast_forward else -math.inf
             stretch = None
             if self.fast_forward and not self.latency.sequential and is_steady(state, plan):
-                stretch = plan_stretch(state, self.latency, now, self.horizon_s)
+                # Past finishes only where freeing blocks decides nothing: no prefix cache (which
+                # frees into its eviction order) and no transfer waiting for a decode slot.
+                stretch = plan_stretch(state, self.latency, now, self.horizon_s,
+                                       through_finishes=not state.kv.caches_prefixes and not (
+                                           self.inbox is not None and self.inbox.pending))
             if stretch is not None:
                 self._check_durations(stretch.starts_s, stretch.duration_s, stretch.end_s)
                 if stretch.end_s[-1] < quiet_s:

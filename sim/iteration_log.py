@@ -48,7 +48,8 @@ class IterationLog:
         after committing it)."""
         self.columns["duration_s"][index] = duration_s
 
-    def extend_decodes(self, start_s: np.ndarray, duration_s: np.ndarray, num_seqs: int,
+    def extend_decodes(self, start_s: np.ndarray, duration_s: np.ndarray,
+                       num_seqs: int | np.ndarray,
                        num_kv_blocks_used: np.ndarray) -> int:
         """Add a stretch of decode-only iterations; return the number of the first."""
         c = self.columns
@@ -57,7 +58,10 @@ class IterationLog:
         c["start_s"].frombytes(start_s.astype(np.float64, copy=False).tobytes())
         c["duration_s"].frombytes(duration_s.astype(np.float64, copy=False).tobytes())
         c["num_prefill_tokens"].extend(array("q", bytes(8 * k)))
-        seqs = array("q", (num_seqs,)) * k
+        if isinstance(num_seqs, np.ndarray):  # requests leave the batch as they finish
+            seqs = array("q", num_seqs.astype(np.int64, copy=False).tobytes())
+        else:
+            seqs = array("q", (num_seqs,)) * k
         c["num_decode_tokens"].extend(seqs)
         c["num_seqs"].extend(seqs)
         c["num_kv_blocks_used"].frombytes(num_kv_blocks_used.astype(np.int64, copy=False).tobytes())

@@ -1,9 +1,10 @@
 """Decode fast-forward: advance a stretch of identical decode-only iterations in one step.
 
 When every running request decodes and nothing waits, each following iteration is the same plan
-until a request arrives, finishes, or needs a KV block that is not free. The stretch is computed
-with a few numpy operations whatever its length, and every token still gets its own time:
-the cost of a simulation follows its events, not its tokens. Pure: no SimPy, no clock.
+(less the requests that have finished) until a request arrives or needs a KV block that is not
+free. The stretch is computed with a few numpy operations whatever its length, and every token
+still gets its own time: the cost of a simulation follows its events, not its tokens. Pure: no
+SimPy, no clock.
 
 A stretch can be committed in pieces (whoever looks at the replica mid-stretch sees the
 iterations that have ended, as a step-by-step run would show them) and cut short after the
@@ -12,7 +13,8 @@ iteration in progress (new work arrived).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +41,9 @@ class Stretch:
     # KV tokens each request's blocks were sized for: computed + 1 once `schedule()` allocated
     # the first iteration, computed after a partial commit (the next iteration allocates).
     num_allocated: np.ndarray
+    # Iterations of the stretch each request is in: it samples its last token in the last one
+    # (at least `len(self)` for a request that does not finish in the stretch).
+    num_steps_left: np.ndarray
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -60,7 +65,11 @@ class Stretch:
             return None
         return Stretch(self.requests, self.num_computed, self.starts_s[:keep],
                        self.duration_s[:keep], self.end_s[:keep], self.num_used_blocks,
-                       self.block_size, self.num_allocated)
+                       self.block_size, self.num_allocated, self.num_steps_left)
+
+    def num_steps_without_finish(self) -> int:
+        """Iterations from the start in which no request samples its last token."""
+        return int(self.num_steps_left.min()) - 1
 
 
 def extra_blocks(num_computed: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
@@ -86,33 +95,36 @@ def is_steady(state: ReplicaState, plan: Plan) -> bool:
 
 
 def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
-                 horizon_s: float | None) -> Stretch | None:
+                 horizon_s: float | None, *, through_finishes: bool = False) -> Stretch | None:
     """The longest stretch from `start_s`, after `schedule()` allocated its first iteration for
-    every running request; None unless every running request is decoding."""
+    every running request; None unless every running request is decoding. It ends when the
+    first request finishes, or, `through_finishes`, when the last does (the batch shrinks as
+    requests leave: with nothing waiting, nothing takes their place until work arrives)."""
     requests = list(state.running)
     computed = []
-    max_steps = 1 << 62
+    left = []
     for r in requests:  # a plain loop: a few requests, called once per stretch
         if not r.is_decoding:
             return None
         computed.append(r.num_computed_tokens)
-        # The iteration in which a request samples its last token ends the stretch.
-        max_steps = min(max_steps, r.num_target_output_tokens - r.num_output_tokens)
+        # The iteration in which a request samples its last token is its last.
+        left.append(r.num_target_output_tokens - r.num_output_tokens)
     num_computed = np.array(computed, dtype=np.int64)
+    num_steps_left = np.array(left, dtype=np.int64)
+    max_steps = max(left) if through_finishes else min(left)
     kv = state.kv
-    # The stretch stops before the blocks run out. Each request adds at most one block per
-    # `block_size` steps; only if that could exceed the free blocks is the exact count needed
-    # (the log's per-iteration counts are taken when iterations are committed: most stretches
-    # are cut short by new work).
+    # The stretch stops before the blocks run out, counting every request's growth as if none
+    # finished (freed blocks are not counted on: the stretch may stop early, never late). Each
+    # request adds at most one block per `block_size` steps; only if that could exceed the
+    # free blocks is the exact count needed (the log's per-iteration counts are taken when
+    # iterations are committed: most stretches are cut short by new work).
     if len(requests) * ((max_steps - 1) // kv.block_size + 1) > kv.num_free_blocks:
         extra = extra_blocks(num_computed, kv.block_size, max_steps)
         max_steps = min(max_steps, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
 
     # One call on arrays of shapes: a latency model is element-wise, so this is exactly what
     # `max_steps` calls on one shape each would give.
-    num_seqs = len(requests)
-    kv_tokens = np.arange(sum(computed) + num_seqs, sum(computed) + num_seqs * (max_steps + 1),
-                          num_seqs, dtype=np.int64)
+    num_seqs, kv_tokens = batch_sizes(num_computed, num_steps_left, max_steps)
     duration = latency.iteration_time_s(BatchShape.decode_only(num_seqs, kv_tokens))
     if not isinstance(duration, np.ndarray) or duration.shape != (max_steps,):
         duration = np.broadcast_to(np.asarray(duration, dtype=np.float64), (max_steps,))
@@ -124,45 +136,88 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
         max_steps = max(1, int(np.searchsorted(end, horizon_s, side="right")))
         starts, duration, end = starts[:max_steps], duration[:max_steps], end[:max_steps]
     return Stretch(requests, num_computed, starts, duration, end, kv.num_used_blocks,
-                   kv.block_size, num_computed + 1)
+                   kv.block_size, num_computed + 1, num_steps_left)
+
+
+def batch_sizes(num_computed: np.ndarray, num_steps_left: np.ndarray, num_steps: int
+                ) -> tuple[Any, np.ndarray]:
+    """Requests decoding in each of `num_steps` iterations (one number if none leaves before
+    the last), and the KV tokens their attention reads: each request's computed tokens + 1 at
+    step 0, one more each step, while it is in the batch."""
+    n = len(num_computed)
+    steps = np.arange(num_steps, dtype=np.int64)
+    if num_steps_left.min() >= num_steps:
+        first = int(num_computed.sum()) + n
+        return n, np.arange(first, first + n * num_steps, n, dtype=np.int64)
+    order = np.argsort(num_steps_left, kind="stable")
+    # Requests gone by step j: those whose last step is before j.
+    gone = np.searchsorted(num_steps_left[order], steps, side="right")
+    computed_after = np.concatenate((np.cumsum(num_computed[order][::-1])[::-1], [0]))
+    num_seqs = n - gone
+    return num_seqs, computed_after[gone] + num_seqs * (steps + 1)
 
 
 def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: IterationLog
                    ) -> tuple[list[Request], Stretch | None]:
     """Apply the first `num_steps` iterations of `stretch`. Returns the requests they finished
-    and the rest of the stretch (None if nothing is left). KV blocks grow to hold what the
-    committed iterations computed; the rest's first iteration allocates its own (as the
-    step-by-step run's `schedule()` would, when it plans that iteration)."""
+    (in the order a step-by-step run finishes them) and the rest of the stretch (None if
+    nothing is left). KV blocks grow to hold what the committed iterations computed; the
+    rest's first iteration allocates its own (as the step-by-step run's `schedule()` would,
+    when it plans that iteration)."""
     bs = stretch.block_size
-    used = stretch.num_used_blocks + extra_blocks(stretch.num_computed, bs, num_steps + 1)
+    left = stretch.num_steps_left
+    computed0 = stretch.num_computed
+    if left.min() > num_steps:  # nobody leaves in these iterations
+        num_seqs: Any = len(stretch.requests)
+        used = stretch.num_used_blocks + extra_blocks(computed0, bs, num_steps + 1)
+    else:
+        # Blocks held during each iteration j (after its allocation): a request in the batch
+        # holds those of computed + j + 1 tokens; one that has left, none.
+        steps = np.arange(num_steps + 1, dtype=np.int64)
+        start_blocks = -(-(computed0 + 1) // bs)
+        held = -(-(computed0[:, None] + steps[None, :] + 1) // bs)
+        inside = steps[None, :] < left[:, None]
+        used = stretch.num_used_blocks + np.where(
+            inside, held - start_blocks[:, None], -start_blocks[:, None]).sum(axis=0)
+        num_seqs = inside[:, :num_steps].sum(axis=0)
     first_iter = log.extend_decodes(stretch.starts_s[:num_steps], stretch.duration_s[:num_steps],
-                                    len(stretch.requests), used[:num_steps])
+                                    num_seqs, used[:num_steps])
     grow_blocks = state.kv.grow_blocks
-    last_iter = first_iter + num_steps - 1
-    finished = []
+    finished: list[tuple[int, int, Request]] = []
+    rest: list[int] = []
+    num_decoded = 0
     # A plain loop over the batch: each request's counters, token run and block growth.
-    for req, allocated in zip(stretch.requests, stretch.num_allocated.tolist(), strict=True):
-        computed = req.num_computed_tokens = req.num_computed_tokens + num_steps
-        req.num_output_tokens += num_steps
+    for pos, (req, allocated, steps_left) in enumerate(zip(
+            stretch.requests, stretch.num_allocated.tolist(), left.tolist(), strict=True)):
+        steps_in = min(num_steps, steps_left)
+        num_decoded += steps_in
+        computed = req.num_computed_tokens = req.num_computed_tokens + steps_in
+        req.num_output_tokens += steps_in
         req.record_token(first_iter)
-        req.last_token_iter = last_iter
+        req.last_token_iter = first_iter + steps_in - 1
+        # Blocks to hold what it computed (a finishing request's too: with prefix caching, what
+        # it frees is cached). The plan counted every request's growth, so they fit.
         num_blocks = -(-computed // bs) + (-allocated // bs)  # held: allocated tokens' blocks
         if num_blocks > 0:
             grow_blocks(req.request_id, num_blocks)
-        if req.num_output_tokens == req.num_target_output_tokens:
-            finished.append(req)
-    state.decoded(num_steps * len(stretch.requests))
-    end_s = float(stretch.end_s[num_steps - 1])
-    for req in finished:
-        state.finish(req, end_s)
+        if steps_left <= num_steps:
+            finished.append((steps_left, pos, req))
+        else:
+            rest.append(pos)
+    state.decoded(num_decoded)
+    finished.sort()  # by the iteration that ends it, then running order, as stepping does
+    for steps_left, _, req in finished:
+        state.finish(req, float(stretch.end_s[steps_left - 1]))
+    done = [req for _, _, req in finished]
     if num_steps == len(stretch):
-        return finished, None
-    assert not finished, "a request finished inside a stretch"
-    computed_now = stretch.num_computed + num_steps
-    return finished, Stretch(stretch.requests, computed_now, stretch.starts_s[num_steps:],
-                             stretch.duration_s[num_steps:], stretch.end_s[num_steps:],
-                             int(used[num_steps]), bs,
-                             np.maximum(computed_now, stretch.num_allocated))
+        return done, None
+    keep = np.array(rest, dtype=np.int64)
+    computed_now = computed0[keep] + num_steps
+    return done, Stretch([stretch.requests[i] for i in rest], computed_now,
+                         stretch.starts_s[num_steps:], stretch.duration_s[num_steps:],
+                         stretch.end_s[num_steps:], int(used[num_steps]), bs,
+                         np.maximum(computed_now, stretch.num_allocated[keep]),
+                         left[keep] - num_steps)
 
 
 def allocate_first_step(state: ReplicaState, stretch: Stretch) -> Stretch:
@@ -174,4 +229,5 @@ def allocate_first_step(state: ReplicaState, stretch: Stretch) -> Stretch:
         grow = state.kv.num_blocks_to_grow(req, 1)
         if grow:
             state.kv.grow_blocks(req.request_id, grow)
-    return replace(stretch, num_allocated=stretch.num_computed + 1)
+    stretch.num_allocated = stretch.num_computed + 1
+    return stretch
