@@ -100,3 +100,24 @@ def test_a_new_policy_and_latency_model_get_the_fast_path(registered, monkeypatc
     num_iterations = fast.summary["num_iterations"]
     assert num_slow > num_iterations
     assert num_fast < num_slow / 2, (num_fast, num_slow, num_iterations)
+
+
+@pytest.mark.parametrize("scheduler", [{"name": "chunked_prefill", "token_budget": 512},
+                                       {"name": "vllm_v1"}, {"name": "sglang"},
+                                       {"name": "prefill_first"}])
+def test_fast_path_equals_stepping_on_a_real_trace(traces, scheduler):
+    """The first 1,500 requests of the Azure conversation trace (long stretches, finishes
+    inside them, arrivals cutting them): every result file equals a step-by-step run."""
+    data = {"seed": 0, "record_token_times": True,
+            "workload": {"format": "azure", "num_requests": 1500,
+                         "path": str(traces / "azure_llm_2023" /
+                                     "AzureLLMInferenceTrace_conv.csv")},
+            "replica": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "scheduler": scheduler,
+                        "latency": {"kind": "roofline"}}}
+    scenario = parse_scenario(data, "test")
+    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
+    assert fast.summary["requests"]["finished"] == 1500
+    assert fast.requests.equals(slow.requests)
+    assert fast.iterations.equals(slow.iterations)
+    assert fast.tokens.equals(slow.tokens)
+    assert fast.summary == slow.summary
