@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -12,8 +13,40 @@ from sim.config import SLOConfig
 PERCENTILES = (50, 90, 99)
 
 
-def distribution(values: np.ndarray | pd.Series) -> dict[str, float | int | None]:
-    """Count, mean, P50/P90/P99 and max of the finite values (None where there are none)."""
+@dataclass(frozen=True)
+class WeightedSample:
+    """A sample kept as values with counts: `values[i]` occurs `counts[i]` times (the pooled
+    TBT gaps, whose expansion would hold one entry per generated token)."""
+
+    values: np.ndarray  # float64
+    counts: np.ndarray  # int64, >= 0
+
+    @classmethod
+    def of(cls, values: np.ndarray | pd.Series | WeightedSample) -> WeightedSample:
+        if isinstance(values, WeightedSample):
+            return values
+        arr = np.asarray(values, dtype=np.float64)
+        return cls(arr, np.ones(arr.shape, dtype=np.int64))
+
+    @property
+    def size(self) -> int:
+        return int(self.counts.sum())
+
+    def fraction_at_most(self, limit: float) -> float | None:
+        """Share of the sample <= limit, as `(expanded <= limit).mean()` gives it."""
+        total = self.size
+        return int(self.counts[self.values <= limit].sum()) / total if total else None
+
+
+def distribution(values: np.ndarray | pd.Series | WeightedSample
+                 ) -> dict[str, float | int | None]:
+    """Count, mean, P50/P90/P99 and max of the finite values (None where there are none).
+
+    A `WeightedSample` gives what its expansion would: the same count, percentiles and max
+    (numpy's default 'linear' percentiles, exactly), and the mean up to rounding (summed as
+    value times count, not one value at a time)."""
+    if isinstance(values, WeightedSample):
+        return _weighted_distribution(values)
     arr = np.asarray(values, dtype=np.float64)
     arr = arr[np.isfinite(arr)]
     out: dict[str, float | int | None] = {"count": int(arr.size)}
@@ -27,11 +60,74 @@ def distribution(values: np.ndarray | pd.Series) -> dict[str, float | int | None
     return out
 
 
-def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, tbt_gaps_s: np.ndarray,
-              slo: SLOConfig) -> dict[str, Any]:
-    """Latency distributions, throughput, outcome counts and SLO attainment of one run."""
-    finished = requests[requests["status"] == "finished"]
-    end_s = float(np.nanmax(requests["finish_s"])) if len(finished) else 0.0
+def _weighted_distribution(sample: WeightedSample) -> dict[str, float | int | None]:
+    values = np.asarray(sample.values, dtype=np.float64)
+    counts = np.asarray(sample.counts, dtype=np.int64)
+    keep = np.isfinite(values) & (counts > 0)
+    if not keep.all():
+        values, counts = values[keep], counts[keep]
+    del keep
+    total = int(counts.sum())
+    out: dict[str, float | int | None] = {"count": total}
+    if total == 0:
+        out.update({"mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None})
+        return out
+    out["mean"] = float((values * counts).sum() / total)
+    order = np.argsort(values)  # equal values are interchangeable: any order of ties
+    values, counts = values[order], counts[order]
+    del order
+    np.cumsum(counts, out=counts)
+    for p, q in zip(PERCENTILES, weighted_percentile(values, counts, PERCENTILES),
+                    strict=True):
+        out[f"p{p}"] = float(q)
+    out["max"] = float(values[-1])
+    return out
+
+
+def weighted_percentile(sorted_values: np.ndarray, cumulative_counts: np.ndarray,
+                        percentiles: tuple[int, ...]) -> np.ndarray:
+    """`np.percentile(expanded, percentiles)` (method 'linear') of the sample in which
+    `sorted_values[i]` (ascending) occurs `cumulative_counts[i] - cumulative_counts[i - 1]`
+    times, without expanding it: the same order statistics, interpolated by the same float
+    operations (numpy/lib/_function_base_impl.py: `_quantile`, `_get_indexes`, `_lerp`)."""
+    n = int(cumulative_counts[-1])
+    quantiles = np.true_divide(np.asarray(percentiles), 100)
+    virtual = (n - 1) * quantiles
+    previous = np.floor(virtual)
+    following = previous + 1
+    above = virtual >= n - 1  # numpy takes the largest value (index -1) for both
+    previous[above] = -1
+    following[above] = -1
+    below = virtual < 0
+    previous[below] = 0
+    following[below] = 0
+    gamma = virtual - previous.astype(np.intp)
+
+    def order_statistic(index: np.ndarray) -> np.ndarray:
+        position = np.where(index < 0, n + index, index).astype(np.int64)
+        return sorted_values[np.searchsorted(cumulative_counts, position, side="right")]
+
+    a, b = order_statistic(previous), order_statistic(following)
+    diff_b_a = b - a
+    result = np.add(a, diff_b_a * gamma)
+    np.subtract(b, diff_b_a * (1 - gamma), out=result, where=gamma >= 0.5)
+    return result
+
+
+# The request columns that the summary's distributions read, of finished requests only.
+FINISHED_COLUMNS = ["ttft_s", "max_tbt_s", "tpot_s", "e2e_s", "scheduling_delay_s"]
+
+
+def summarize(requests: pd.DataFrame, iterations: pd.DataFrame | int,
+              tbt_gaps_s: np.ndarray | WeightedSample, slo: SLOConfig) -> dict[str, Any]:
+    """Latency distributions, throughput, outcome counts and SLO attainment of one run.
+    `iterations`: the iteration frame, or just its length; `tbt_gaps_s`: every gap between
+    consecutive tokens of a request, pooled (or as values with counts)."""
+    done = (requests["status"] == "finished").to_numpy()
+    # Only the columns it reads, of finished requests (not a copy of the whole frame).
+    finished = {col: requests[col].to_numpy()[done] for col in FINISHED_COLUMNS}
+    num_finished = int(done.sum())
+    end_s = float(np.nanmax(requests["finish_s"])) if num_finished else 0.0
     start_s = float(requests["arrival_s"].min()) if len(requests) else 0.0
     span_s = max(end_s - start_s, 0.0)
     counts = requests["status"].value_counts()
@@ -53,19 +149,19 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, tbt_gaps_s: np.n
         "scheduling_delay_s": distribution(finished["scheduling_delay_s"]),
         "throughput": {
             "span_s": span_s,
-            "requests_per_s": len(finished) / span_s if span_s > 0 else None,
+            "requests_per_s": num_finished / span_s if span_s > 0 else None,
             "output_tokens_per_s": (
                 float(requests["num_generated_tokens"].sum()) / span_s if span_s > 0 else None
             ),
         },
-        "num_iterations": len(iterations),
+        "num_iterations": iterations if isinstance(iterations, int) else len(iterations),
         "num_preemptions": int(requests["num_preemptions"].sum()),
         "slo": slo_attainment(requests, tbt_gaps_s, slo),
     }
 
 
-def slo_attainment(requests: pd.DataFrame, tbt_gaps_s: np.ndarray, slo: SLOConfig
-                   ) -> dict[str, float | None]:
+def slo_attainment(requests: pd.DataFrame, tbt_gaps_s: np.ndarray | WeightedSample,
+                   slo: SLOConfig) -> dict[str, float | None]:
     """Fraction of all requests meeting each target; a request not finished meets none."""
     total = len(requests)
     if total == 0:
@@ -81,9 +177,7 @@ def slo_attainment(requests: pd.DataFrame, tbt_gaps_s: np.ndarray, slo: SLOConfi
         worst = requests["max_tbt_s"].to_numpy()
         tbt_ok = finished & ~(worst > slo.tbt_s)  # a one-token request has no gap: it meets it
         out["tbt_attainment"] = float(tbt_ok.mean())
-        out["tbt_gap_attainment"] = (
-            float((tbt_gaps_s <= slo.tbt_s).mean()) if tbt_gaps_s.size else None
-        )
+        out["tbt_gap_attainment"] = WeightedSample.of(tbt_gaps_s).fraction_at_most(slo.tbt_s)
         ok &= tbt_ok
     if out:
         out["all_attainment"] = float(ok.mean())
@@ -94,27 +188,38 @@ def replica_stats(iterations: pd.DataFrame, num_kv_blocks: dict[int, int], end_s
                   ) -> list[dict[str, Any]]:
     """Per replica: iterations, busy fraction of the run [0, end_s], queue length and KV
     utilisation over its iterations (time-weighted by iteration duration)."""
+    # Each replica's rows as slices of the columns read (the frame's rows come grouped by
+    # replica; otherwise they are grouped here, in order within each replica).
+    replica_id = iterations["replica_id"].to_numpy()
+    names = ["start_s", "duration_s", "num_kv_blocks_used", "num_waiting"]
+    columns = {name: iterations[name].to_numpy() for name in names}
+    pool = iterations["pool"]
+    if (replica_id[1:] < replica_id[:-1]).any():
+        order = np.argsort(replica_id, kind="stable")
+        replica_id = replica_id[order]
+        columns = {name: col[order] for name, col in columns.items()}
+        pool = pool.iloc[order]
     out = []
-    by_replica = dict(list(iterations.groupby("replica_id", sort=True, observed=True)))
-    for replica_id in sorted(num_kv_blocks):
-        its = by_replica.get(replica_id, iterations.iloc[:0])
-        duration = its["duration_s"].to_numpy()
+    for replica_id_ in sorted(num_kv_blocks):
+        lo, hi = np.searchsorted(replica_id, [replica_id_, replica_id_ + 1])
+        n = int(hi - lo)
+        duration = columns["duration_s"][lo:hi]
         # A replica's iterations never overlap, so the time they cover within the run is at
         # most the run's length: busy fraction <= 1.
-        start = its["start_s"].to_numpy()
+        start = columns["start_s"][lo:hi]
         busy_s = float((np.minimum(start + duration, end_s) - np.minimum(start, end_s)).sum())
         weights = duration / duration.sum() if duration.sum() > 0 else np.ones_like(duration)
-        kv = its["num_kv_blocks_used"].to_numpy() / num_kv_blocks[replica_id]
-        waiting = its["num_waiting"].to_numpy()
+        kv = columns["num_kv_blocks_used"][lo:hi] / num_kv_blocks[replica_id_]
+        waiting = columns["num_waiting"][lo:hi]
         out.append({
-            "replica_id": replica_id,
-            "pool": str(its["pool"].iloc[0]) if len(its) else None,
-            "num_iterations": len(its),
+            "replica_id": replica_id_,
+            "pool": str(pool.iloc[lo]) if n else None,
+            "num_iterations": n,
             "busy_fraction": busy_s / end_s if end_s > 0 else None,
-            "mean_queue_length": float((waiting * weights).sum()) if len(its) else None,
-            "max_queue_length": int(waiting.max()) if len(its) else 0,
-            "mean_kv_utilization": float((kv * weights).sum()) if len(its) else None,
-            "max_kv_utilization": float(kv.max()) if len(its) else None,
+            "mean_queue_length": float((waiting * weights).sum()) if n else None,
+            "max_queue_length": int(waiting.max()) if n else 0,
+            "mean_kv_utilization": float((kv * weights).sum()) if n else None,
+            "max_kv_utilization": float(kv.max()) if n else None,
         })
     return out
 
@@ -166,8 +271,10 @@ def overload(requests: pd.DataFrame, end_s: float) -> dict[str, Any]:
     so the slope over the arrival rate is the share of arrivals the system falls behind by:
     overloaded when that share is above 1% and the slope is more than 3 standard errors above
     zero. (A stable queue whose arrival rate rises grows far more slowly than 1% of arrivals.)"""
-    kept = requests[(requests["status"] != "rejected")
-                    & ~requests["reason"].str.startswith("after_horizon")]
+    columns = ["arrival_s", "first_scheduled_s", "prefill_end_s", "transfer_start_s"]
+    kept = requests.loc[((requests["status"] != "rejected")
+                         & ~requests["reason"].str.startswith("after_horizon")).to_numpy(),
+                        columns]  # only the columns read
     arrival = np.sort(kept["arrival_s"].to_numpy())
     if len(arrival) < MIN_REQUESTS_FOR_VERDICT:
         return {"verdict": "unknown",

@@ -2,114 +2,226 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from sim.iteration_log import IterationLog
+from sim.iteration_log import COLUMNS, IterationLog
+from sim.metrics import WeightedSample
 from sim.request import Request, Status
 
 UNFINISHED = "unfinished"
 
 
+@dataclass(frozen=True)
+class TokenRuns:
+    """Every request's token runs, flattened in request order (each request's in time order):
+    run k belongs to request position `owner[k]` and sampled one token at the end of each
+    iteration in [start[k], end[k]), numbered in the replica logs laid end to end."""
+
+    owner: np.ndarray  # int64, non-decreasing
+    start: np.ndarray  # int64
+    end: np.ndarray  # int64, > start
+    num_runs: np.ndarray  # int64 per request
+
+    @property
+    def first_run(self) -> np.ndarray:
+        """Each request's first run (meaningful where it has one)."""
+        return np.cumsum(self.num_runs) - self.num_runs
+
+
+def token_runs(requests: Sequence[Request], logs: Sequence[IterationLog]) -> TokenRuns:
+    """The requests' token runs as arrays (one row per run, never one per token); `logs[i]` is
+    replica i's."""
+    offsets = np.cumsum([0] + [len(log) for log in logs]).astype(np.int64)
+    flat = array("q")
+    num_runs = array("q")
+    extend, count = flat.extend, num_runs.append
+    for req in requests:
+        runs = req.all_token_runs()
+        count(len(runs))
+        for run in runs:
+            extend(run)
+    triples = np.frombuffer(flat, dtype=np.int64).reshape(-1, 3)
+    per_request = np.frombuffer(num_runs, dtype=np.int64)
+    base = offsets[triples[:, 0]] if len(triples) else np.zeros(0, dtype=np.int64)
+    start, end = base + triples[:, 1], base + triples[:, 2]
+    owner = np.repeat(np.arange(len(requests), dtype=np.int64), per_request)
+    if (end <= start).any():  # a run always holds a token; drop any that does not
+        keep = end > start
+        owner, start, end = owner[keep], start[keep], end[keep]
+        per_request = np.bincount(owner, minlength=len(requests)).astype(np.int64)
+    return TokenRuns(owner, start, end, per_request.copy())
+
+
+def end_times(logs: Sequence[IterationLog]) -> np.ndarray:
+    """Every iteration's end time, the replica logs laid end to end."""
+    return np.concatenate([log.end_s() for log in logs]) if logs else np.zeros(0)
+
+
 def token_times(requests: Sequence[Request], logs: Sequence[IterationLog]
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Every sampled token's time, grouped by request in order: (request position, time_s).
-    `logs[i]` is replica i's."""
-    offsets = np.cumsum([0] + [len(log) for log in logs])
-    end_s = np.concatenate([log.end_s() for log in logs]) if logs else np.zeros(0)
-    starts: list[int] = []
-    lengths: list[int] = []
-    owners: list[int] = []
-    for pos, req in enumerate(requests):
-        for replica_id, first, end in req.all_token_runs():
-            starts.append(int(offsets[replica_id]) + first)
-            lengths.append(end - first)
-            owners.append(pos)
-    lengths_a = np.asarray(lengths, dtype=np.int64)
-    total = int(lengths_a.sum())
-    run_begin = np.cumsum(lengths_a) - lengths_a
-    index = (np.arange(total, dtype=np.int64) - np.repeat(run_begin, lengths_a)
-             + np.repeat(np.asarray(starts, dtype=np.int64), lengths_a))
-    return np.repeat(np.asarray(owners, dtype=np.int64), lengths_a), end_s[index]
+    One entry per token: only for the tokens frame (`record_token_times`)."""
+    runs = token_runs(requests, logs)
+    lengths = runs.end - runs.start
+    total = int(lengths.sum())
+    run_begin = np.cumsum(lengths) - lengths
+    index = (np.arange(total, dtype=np.int64) - np.repeat(run_begin, lengths)
+             + np.repeat(runs.start, lengths))
+    return np.repeat(runs.owner, lengths), end_times(logs)[index]
 
 
-def request_frame(requests: Sequence[Request], owner: np.ndarray, times: np.ndarray
-                  ) -> tuple[pd.DataFrame, np.ndarray]:
-    """Per-request records with derived latencies, and the pooled TBT gaps of all requests."""
-    n = len(requests)
-    counts = np.bincount(owner, minlength=n)
-    first_pos = np.cumsum(counts) - counts
-    has_token = counts > 0
-    padded = np.append(times, np.nan)  # requests without tokens index the NaN at the end
-    first_token = np.where(has_token, padded[np.where(has_token, first_pos, -1)], np.nan)
-    last_token = np.where(has_token, padded[np.where(has_token, first_pos + counts - 1, -1)],
-                          np.nan)
-    same = owner[1:] == owner[:-1]
-    gaps = (times[1:] - times[:-1])[same]
+@dataclass(frozen=True)
+class TokenStats:
+    """What the results need of the token times, computed from runs (no per-token arrays)."""
+
+    num_tokens: np.ndarray  # int64 per request
+    first_token_s: np.ndarray  # NaN without tokens
+    last_token_s: np.ndarray  # NaN without tokens
+    max_gap_s: np.ndarray  # largest gap between consecutive tokens; NaN with fewer than two
+    gaps: WeightedSample  # the gaps between consecutive tokens of every request, pooled
+
+
+def token_stats(runs: TokenRuns, end_s: np.ndarray) -> TokenStats:
+    """Per-request token figures and the pooled gaps, in O(iterations + runs) memory.
+
+    Within a run the gaps are the differences of consecutive iteration ends: gap j (iteration
+    j's end less iteration j-1's) belongs to the runs with start < j < end. Between two runs of
+    a request the gap is from the end of the first's last iteration to the second's first."""
+    n = len(runs.num_runs)
+    has = runs.num_runs > 0
+    first_run = runs.first_run
+    last_run = first_run + runs.num_runs - 1
+    lengths = runs.end - runs.start
+    cum = np.concatenate([[0], np.cumsum(lengths)])
+    num_tokens = (cum[first_run + runs.num_runs] - cum[first_run]).astype(np.int64)
+    first_token = np.full(n, np.nan)
+    last_token = np.full(n, np.nan)
+    first_token[has] = end_s[runs.start[first_run[has]]]
+    last_token[has] = end_s[runs.end[last_run[has]] - 1]
+
+    # gap[j] = end_s[j] - end_s[j - 1]; gap[0] (no previous) and gap[T] (a sentinel, so that
+    # run ends index inside the array) are never inside a range.
+    num_iterations = len(end_s)
+    gap = np.empty(num_iterations + 1)
+    gap[0] = gap[-1] = -np.inf
+    np.subtract(end_s[1:], end_s[:-1], out=gap[1:num_iterations])
+
+    # Largest gap inside each run of two tokens or more: ranges [start + 1, end). reduceat
+    # reduces every interleaved [start + 1, end) and [end, next start + 1) pair; sorted by
+    # start, the second kind are disjoint, so the work is the tokens plus the iterations.
+    run_max = np.full(len(lengths), -np.inf)
+    long_runs = np.flatnonzero(lengths >= 2)
+    if long_runs.size:
+        long_runs = long_runs[np.argsort(runs.start[long_runs], kind="stable")]
+        bounds = np.empty(2 * long_runs.size, dtype=np.int64)
+        bounds[0::2] = runs.start[long_runs] + 1
+        bounds[1::2] = runs.end[long_runs]
+        run_max[long_runs] = np.maximum.reduceat(gap, bounds)[0::2]
+
+    # Gaps between consecutive runs of one request (preempted, or moved between replicas).
+    follows = np.flatnonzero(runs.owner[1:] == runs.owner[:-1]) + 1  # runs after another
+    cross = end_s[runs.start[follows]] - end_s[runs.end[follows - 1] - 1]
+    run_max[follows] = np.maximum(run_max[follows], cross)
     max_gap = np.full(n, np.nan)
-    if gaps.size:
-        gap_owner = owner[1:][same]
-        max_gap_found = np.full(n, -np.inf)
-        np.maximum.at(max_gap_found, gap_owner, gaps)
-        max_gap = np.where(np.isfinite(max_gap_found), max_gap_found, np.nan)
+    if has.any():
+        found = np.maximum.reduceat(run_max, first_run[has])
+        max_gap[has] = np.where(np.isfinite(found), found, np.nan)
+
+    # Pooled: gap j counted once per run covering it (a difference array over the runs).
+    covering = np.bincount(runs.start + 1, minlength=num_iterations + 2)
+    covering -= np.bincount(runs.end, minlength=num_iterations + 2)
+    np.cumsum(covering, out=covering)
+    used = covering[:num_iterations] > 0
+    num_used = int(np.count_nonzero(used))
+    values = np.empty(num_used + len(cross))
+    weights = np.ones(num_used + len(cross), dtype=np.int64)
+    np.compress(used, gap[:num_iterations], out=values[:num_used])
+    np.compress(used, covering[:num_iterations], out=weights[:num_used])
+    values[num_used:] = cross
+    gaps = WeightedSample(values, weights)
+    return TokenStats(num_tokens, first_token, last_token, max_gap, gaps)
+
+
+def request_frame(requests: Sequence[Request], logs: Sequence[IterationLog]
+                  ) -> tuple[pd.DataFrame, WeightedSample]:
+    """Per-request records with derived latencies, and the pooled TBT gaps of all requests
+    (as distinct values with counts). `logs[i]` is replica i's. The frame is made once from
+    its finished columns (no copy, no column added afterwards)."""
+    tokens = token_stats(token_runs(requests, logs), end_times(logs))
+    counts = tokens.num_tokens
+    first_token, last_token = tokens.first_token_s, tokens.last_token_s
+
+    def ints(values: list[int]) -> np.ndarray:
+        return np.array(values, dtype=np.int64)
 
     arrival = np.array([r.arrival_s for r in requests], dtype=np.float64)
-    status = [_status(r) for r in requests]
-    frame = pd.DataFrame({
-        "request_id": np.array([r.request_id for r in requests], dtype=np.int64),
-        "replica_id": np.array([r.prefill_replica_id for r in requests], dtype=np.int64),
-        "decode_replica_id": np.array(
-            [r.replica_id if r.transfer_end_s is not None else -1 for r in requests],
-            dtype=np.int64),
-        "arrival_s": arrival,
-        "num_prompt_tokens": np.array([r.num_prompt_tokens for r in requests], dtype=np.int64),
-        "num_output_tokens": np.array([r.num_target_output_tokens for r in requests],
-                                      dtype=np.int64),
-        "num_generated_tokens": counts.astype(np.int64),
-        "first_scheduled_s": np.array([_nan(r.first_scheduled_s) for r in requests]),
-        "first_token_s": first_token,
-        "finish_s": np.array([_nan(r.finish_s) for r in requests]),
-        "num_computed_tokens": np.array([r.num_computed_tokens for r in requests],
-                                        dtype=np.int64),
-        "num_cached_tokens": np.array([r.num_cached_tokens for r in requests], dtype=np.int64),
-        "num_preemptions": np.array([r.num_preemptions for r in requests], dtype=np.int64),
-        "num_recomputed_tokens": np.array([r.num_recomputed_tokens for r in requests],
-                                          dtype=np.int64),
-        "status": status,
-        "reason": [_reason(r) for r in requests],
-    })
-    frame["scheduling_delay_s"] = frame["first_scheduled_s"] - arrival
-    frame["ttft_s"] = first_token - arrival
-    frame["e2e_s"] = frame["finish_s"] - arrival
+    first_scheduled = np.array([_nan(r.first_scheduled_s) for r in requests])
+    finish = np.array([_nan(r.finish_s) for r in requests])
     with np.errstate(invalid="ignore", divide="ignore"):
-        frame["tpot_s"] = np.where(counts > 1, (last_token - first_token) / (counts - 1), np.nan)
-    frame["max_tbt_s"] = max_gap
+        tpot = np.where(counts > 1, (last_token - first_token) / (counts - 1), np.nan)
     prefill_end = np.array([_nan(r.prefill_end_s) for r in requests])
     transfer_start = np.array([_nan(r.transfer_start_s) for r in requests])
     transfer_end = np.array([_nan(r.transfer_end_s) for r in requests])
-    frame["prefill_end_s"] = prefill_end
-    frame["transfer_start_s"] = transfer_start
-    frame["transfer_end_s"] = transfer_end
-    frame["decode_wait_s"] = transfer_start - prefill_end  # waiting for decode KV blocks
-    frame["transfer_s"] = transfer_end - transfer_start  # link queueing and wire time
-    return frame, gaps
+    frame = pd.DataFrame({
+        "request_id": ints([r.request_id for r in requests]),
+        "replica_id": ints([r.prefill_replica_id for r in requests]),
+        "decode_replica_id": ints(
+            [r.replica_id if r.transfer_end_s is not None else -1 for r in requests]),
+        "arrival_s": arrival,
+        "num_prompt_tokens": ints([r.num_prompt_tokens for r in requests]),
+        "num_output_tokens": ints([r.num_target_output_tokens for r in requests]),
+        "num_generated_tokens": counts.astype(np.int64),
+        "first_scheduled_s": first_scheduled,
+        "first_token_s": first_token,
+        "finish_s": finish,
+        "num_computed_tokens": ints([r.num_computed_tokens for r in requests]),
+        "num_cached_tokens": ints([r.num_cached_tokens for r in requests]),
+        "num_preemptions": ints([r.num_preemptions for r in requests]),
+        "num_recomputed_tokens": ints([r.num_recomputed_tokens for r in requests]),
+        "status": [_status(r) for r in requests],
+        "reason": [_reason(r) for r in requests],
+        "scheduling_delay_s": first_scheduled - arrival,
+        "ttft_s": first_token - arrival,
+        "e2e_s": finish - arrival,
+        "tpot_s": tpot,
+        "max_tbt_s": tokens.max_gap_s,
+        "prefill_end_s": prefill_end,
+        "transfer_start_s": transfer_start,
+        "transfer_end_s": transfer_end,
+        "decode_wait_s": transfer_start - prefill_end,  # waiting for decode KV blocks
+        "transfer_s": transfer_end - transfer_start,  # link queueing and wire time
+    }, copy=False)
+    return frame, tokens.gaps
 
 
 POOLS = ["colocated", "prefill", "decode"]
 
 
 def iteration_frame(logs: Sequence[IterationLog], pools: Sequence[str]) -> pd.DataFrame:
-    """Every replica's iterations; `pools[i]` is replica i's pool."""
-    parts = []
-    for replica_id, (log, pool) in enumerate(zip(logs, pools, strict=True)):
-        part = pd.DataFrame(log.arrays())
-        part.insert(0, "replica_id", np.int64(replica_id))
-        part.insert(1, "pool", pd.Series(pd.Categorical([pool] * len(log), categories=POOLS)))
-        part.insert(2, "iteration", np.arange(len(log), dtype=np.int64))
-        parts.append(part)
-    return pd.concat(parts, ignore_index=True)
+    """Every replica's iterations; `pools[i]` is replica i's. Each column is built once, the
+    logs laid end to end (no frame per replica, no second copy to join them)."""
+    sizes = np.array([len(log) for log in logs], dtype=np.int64)
+    codes = np.array([POOLS.index(pool) for pool in pools], dtype=np.int8)
+    if len(codes) != len(sizes):
+        raise ValueError(f"{len(logs)} logs but {len(pools)} pools")
+    ends = np.cumsum(sizes)
+    columns: dict[str, Any] = {
+        "replica_id": np.repeat(np.arange(len(logs), dtype=np.int64), sizes),
+        "pool": pd.Categorical.from_codes(np.repeat(codes, sizes), categories=pd.Index(POOLS)),
+        "iteration": np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+        - np.repeat(ends - sizes, sizes),
+    }
+    arrays = [log.arrays() for log in logs]
+    for name, code in COLUMNS.items():
+        columns[name] = np.concatenate([a[name] for a in arrays]) if arrays else np.zeros(
+            0, dtype=np.float64 if code == "d" else np.int64)
+    return pd.DataFrame(columns, copy=False)
 
 
 def token_frame(requests: Sequence[Request], owner: np.ndarray, times: np.ndarray

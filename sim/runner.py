@@ -128,14 +128,15 @@ def prefix_cache_stats(request_df: pd.DataFrame, kvs: Sequence[KVCacheManager]
                        ) -> dict[str, Any]:
     """Hit rates over the requests that were admitted (their prompt tokens, and how many of
     them hit at all), and what eviction took."""
-    admitted = request_df[request_df["first_scheduled_s"].notna()]
-    num_prompt = int(admitted["num_prompt_tokens"].sum())
-    num_cached = int(admitted["num_cached_tokens"].sum())
+    admitted = request_df["first_scheduled_s"].notna().to_numpy()
+    prompt = request_df["num_prompt_tokens"].to_numpy()[admitted]
+    cached = request_df["num_cached_tokens"].to_numpy()[admitted]
+    num_prompt = int(prompt.sum())
+    num_cached = int(cached.sum())
     num_evicted = sum(kv.num_evicted_blocks for kv in kvs)
     return {
         "hit_rate_tokens": num_cached / num_prompt if num_prompt else None,
-        "hit_rate_requests": float((admitted["num_cached_tokens"] > 0).mean())
-        if len(admitted) else None,
+        "hit_rate_requests": float((cached > 0).mean()) if len(cached) else None,
         "num_cached_tokens": num_cached,
         "num_evicted_blocks": num_evicted,
         "num_evicted_tokens": num_evicted * kvs[0].block_size,
@@ -147,15 +148,19 @@ def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[
     """Turn requests and replica logs into result frames and the summary. `end_s` is when the
     run stopped (default: the horizon, or the last thing that happened)."""
     logs = [r.log for r in replicas]
-    owner, times = token_times(requests, logs)
-    request_df, gaps = request_frame(requests, owner, times)
+    # From each request's token runs: nothing here holds one entry per token (a million
+    # requests generate some 200 million), unless the tokens frame is asked for.
+    request_df, gaps = request_frame(requests, logs)
+    # The summary before the iteration frame exists, and the gaps dropped before it is made:
+    # the peak memory is the two frames, with nothing beside them.
+    summary = summarize(request_df, sum(len(log) for log in logs), gaps, scenario.slo)
+    del gaps
     iteration_df = iteration_frame(logs, [r.pool for r in replicas])
     if end_s is None:
         end_s = scenario.horizon_s
     if end_s is None:
         last = [float(log.end_s()[-1]) for log in logs if len(log)]
         end_s = max([*last, float(request_df["arrival_s"].max()) if len(request_df) else 0.0])
-    summary = summarize(request_df, iteration_df, gaps, scenario.slo)
     summary["replicas"] = replica_stats(iteration_df, {i: r.kv.num_blocks
                                                        for i, r in enumerate(replicas)}, end_s)
     for stats, replica in zip(summary["replicas"], replicas, strict=True):
@@ -185,5 +190,7 @@ def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[
         "complete": True,
     }
     summary["latency_model"] = latency
-    tokens = token_frame(requests, owner, times) if scenario.record_token_times else None
+    tokens = None
+    if scenario.record_token_times:
+        tokens = token_frame(requests, *token_times(requests, logs))
     return Results(scenario, request_df, iteration_df, tokens, summary)

@@ -8,9 +8,18 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.config import SLOConfig
-from sim.metrics import distribution, slo_attainment, summarize
+from sim.metrics import (
+    PERCENTILES,
+    WeightedSample,
+    distribution,
+    slo_attainment,
+    summarize,
+    weighted_percentile,
+)
 
 
 def frame(rows):
@@ -51,6 +60,59 @@ def test_summary_counts_and_throughput():
 
 def test_distribution_of_nothing():
     assert distribution(np.array([np.nan]))["p99"] is None
+
+
+# Values with many ties (as TBT gaps of a decode stretch, or a constant latency model) and
+# ones one ulp apart; counts include zero.
+VALUES = st.one_of(st.sampled_from([0.01, 0.010000000000000002, 0.02, 1e-3, 0.5, 3.0, 0.0]),
+                   st.floats(0, 1e3, allow_nan=False, allow_infinity=False))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(VALUES, st.integers(0, 6)), min_size=1, max_size=30))
+def test_weighted_distribution_is_the_expanded_one(pairs):
+    values = np.array([v for v, _ in pairs])
+    counts = np.array([c for _, c in pairs], dtype=np.int64)
+    expanded = np.repeat(values, counts)
+    got = distribution(WeightedSample(values, counts))
+    want = distribution(expanded)
+    # Exactly what np.percentile gives on the expansion; the mean up to rounding.
+    mean, expected_mean = got.pop("mean"), want.pop("mean")
+    assert mean == (None if expected_mean is None else pytest.approx(expected_mean, rel=1e-12))
+    assert got == want
+    if expanded.size:
+        order = np.argsort(values)
+        assert weighted_percentile(values[order], np.cumsum(counts[order]),
+                                   PERCENTILES).tolist() == np.percentile(
+            expanded, PERCENTILES).tolist()
+        for limit in (0.01, 0.5, float(values[0])):
+            assert WeightedSample(values, counts).fraction_at_most(limit) == float(
+                (expanded <= limit).mean())
+
+
+def test_weighted_percentile_of_large_counts():
+    values = np.array([0.001, 0.0125, 0.0126, 0.2])
+    counts = np.array([1_000_003, 7, 5_000_011, 13], dtype=np.int64)
+    expanded = np.repeat(values, counts)
+    assert weighted_percentile(values, np.cumsum(counts), (0, 1, 17, 50, 90, 99, 100)
+                               ).tolist() == np.percentile(expanded, (0, 1, 17, 50, 90, 99,
+                                                                      100)).tolist()
+
+
+def test_weighted_sample_skips_what_is_not_finite():
+    sample = WeightedSample(np.array([np.nan, 0.1, np.inf, 0.3]), np.array([2, 1, 1, 3]))
+    got, want = distribution(sample), distribution(np.repeat(sample.values, sample.counts))
+    assert got.pop("mean") == pytest.approx(want.pop("mean"), rel=1e-15)
+    assert got == want
+    assert distribution(WeightedSample(np.array([np.nan]), np.array([4])))["p50"] is None
+
+
+def test_slo_attainment_from_counts():
+    gaps = WeightedSample(np.array([0.05, 0.2, 0.1]), np.array([2, 1, 1]))
+    assert slo_attainment(REQUESTS, gaps, SLOConfig(tbt_s=0.1)) == slo_attainment(
+        REQUESTS, np.array([0.05, 0.05, 0.2, 0.1]), SLOConfig(tbt_s=0.1))
+    empty = WeightedSample(np.zeros(0), np.zeros(0, dtype=np.int64))
+    assert slo_attainment(REQUESTS, empty, SLOConfig(tbt_s=0.1))["tbt_gap_attainment"] is None
 
 
 def test_sim_runs_without_torch():
