@@ -54,7 +54,7 @@ def ray_child(workers: int, out: Path) -> None:
              log_to_driver=False)
     t1 = time.perf_counter()
     _, runs = load_sweep(SWEEP)
-    run_sweep(runs, out, backend="ray", force=True)
+    run_sweep(runs, out, workers=workers, backend="ray", force=True)
     t2 = time.perf_counter()
     ray.shutdown()
     t3 = time.perf_counter()

@@ -170,12 +170,13 @@ def runs_kept(runs: list[Run], out_dir: Path) -> int:
     return sum(is_cached(out_dir / "runs" / run.key) for run in runs)
 
 
-def run_sweep(runs: list[Run], out_dir: str | Path, *, workers: int | None = 1,
+def run_sweep(runs: list[Run], out_dir: str | Path, *, workers: int | None = None,
               backend: str = "local",
               address: str | None = None, force: bool = False,
               on_progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Run every run not already done under `out_dir/runs/<key>` (every run with `force`);
-    return the results table, also written as `out_dir/results.parquet` and `.csv`.
+    return the results table, also written as `out_dir/results.parquet` and `.csv`. `workers`:
+    local processes (None: one, in this process) or Ray tasks at once (None: no cap).
 
     Input problems met by the runs end the sweep as one `InputError` (a line each); queued runs
     are cancelled and running ones stopped, as on an interrupt; finished runs are kept."""

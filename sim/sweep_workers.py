@@ -55,10 +55,11 @@ class SweepCrashed(RuntimeError):
     """A run failed for a reason other than its input (a bug): the worker's traceback."""
 
 
-def run_jobs(jobs: list[Job], *, workers: int | None = 1, backend: str = "local",
+def run_jobs(jobs: list[Job], *, workers: int | None = None, backend: str = "local",
              address: str | None = None, on_done: Callable[[Job], None] | None = None) -> None:
     """Run `jobs`, calling `on_done(job)` as each finishes; raise at the first failure.
-    `workers`: processes (local), or Ray tasks at once (None: as many as the cluster runs)."""
+    `workers`: processes (local; None: one, in this process), or Ray tasks at once (None: as
+    many as the cluster runs)."""
     if not jobs:
         return
 
