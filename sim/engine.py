@@ -9,7 +9,7 @@ fast-forwards a stretch of them, so both give identical results:
 3. last, replicas plan their next iteration, in replica order (priority `PLAN + replica_id`),
    having seen everything else that happened at that instant.
 
-SimPy is imported here and in `sim/cluster.py`, nowhere else in `sim/`.
+SimPy is imported here and in `sim/disaggregation.py`, nowhere else in `sim/`.
 """
 
 from __future__ import annotations

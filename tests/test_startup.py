@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -76,3 +77,19 @@ def test_numpy_blas_threads(given, expected):
     if given is not None:
         env["OPENBLAS_NUM_THREADS"] = given
     assert probe(cli("list"), "os.environ.get('OPENBLAS_NUM_THREADS')", env) == expected
+
+
+def test_simpy_and_torch_stay_where_the_architecture_puts_them():
+    """SimPy only in the engine and the disaggregation module; torch nowhere under sim/."""
+    sim_dir = pathlib.Path(__file__).resolve().parents[1] / "sim"
+    found: dict[str, set[str]] = {"simpy": set(), "torch": set()}
+    for path in sim_dir.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top in found:
+                    found[top].add(path.relative_to(sim_dir.parent).as_posix())
+    assert found["simpy"] == {"sim/engine.py", "sim/disaggregation.py"}
+    assert not found["torch"]
