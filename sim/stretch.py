@@ -145,10 +145,10 @@ def batch_sizes(num_computed: np.ndarray, num_steps_left: np.ndarray, num_steps:
     the last), and the KV tokens their attention reads: each request's computed tokens + 1 at
     step 0, one more each step, while it is in the batch."""
     n = len(num_computed)
-    steps = np.arange(num_steps, dtype=np.int64)
     if num_steps_left.min() >= num_steps:
         first = int(num_computed.sum()) + n
         return n, np.arange(first, first + n * num_steps, n, dtype=np.int64)
+    steps = np.arange(num_steps, dtype=np.int64)
     order = np.argsort(num_steps_left, kind="stable")
     # Requests gone by step j: those whose last step is before j.
     gone = np.searchsorted(num_steps_left[order], steps, side="right")

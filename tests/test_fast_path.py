@@ -121,3 +121,20 @@ def test_fast_path_equals_stepping_on_a_real_trace(traces, scheduler):
     assert fast.iterations.equals(slow.iterations)
     assert fast.tokens.equals(slow.tokens)
     assert fast.summary == slow.summary
+
+
+def test_batch_sizes_follow_the_requests_left():
+    """A shrinking stretch's batch sizes and KV reads, against a request-by-request count."""
+    from sim.stretch import batch_sizes
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 12))
+        computed = rng.integers(1, 5000, size=n)
+        left = rng.integers(1, 60, size=n)
+        num_steps = int(rng.integers(1, int(left.max()) + 1))
+        seqs, kv = batch_sizes(computed, left, num_steps)
+        for j in range(num_steps):
+            inside = left > j
+            assert np.broadcast_to(seqs, (num_steps,))[j] == inside.sum()
+            assert kv[j] == int((computed[inside] + j + 1).sum())
