@@ -51,7 +51,7 @@ class Cluster:
         self.disaggregation = Disaggregation(
             env, self.front, self.decode, decode_router, cfg.link, cfg.overlap_transfer,
             MODELS.get(cfg.prefill.replica.model), lambda replicas: Loads(replicas, None),
-            self.horizon_s)
+            self._next_arrival)
 
     def _replica(self, cfg: ReplicaConfig, pool: str) -> Replica:
         model = MODELS.get(cfg.model)
@@ -70,8 +70,9 @@ class Cluster:
         return replica
 
     def _next_arrival(self) -> float:
-        """A colocated replica is read or changed only when a request arrives (the router reads
-        every replica's load), never by another replica; nothing happens from the horizon on."""
+        """When the next request arrives, or the horizon if sooner (nothing happens from then
+        on). A colocated replica is read or changed only by arrivals (the router reads every
+        replica's load), never by another replica."""
         horizon = self.horizon_s
         arrival = self.env.next_arrival_s
         return arrival if horizon is None or arrival < horizon else horizon

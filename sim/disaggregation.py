@@ -88,7 +88,7 @@ class Disaggregation:
     def __init__(self, env: Environment, prefill: list[Replica], decode: list[Replica],
                  decode_router: Router, link: LinkConfig, overlap_transfer: bool,
                  model: ModelShape, loads: Callable[[list[Replica]], Sequence[ReplicaLoad]],
-                 horizon_s: float | None = None) -> None:
+                 next_arrival: Callable[[], float]) -> None:
         self.env = env
         self.prefill = prefill
         self.decode = decode
@@ -97,7 +97,8 @@ class Disaggregation:
         self.overlap = overlap_transfer
         self.model = model
         self.loads = loads  # the replicas' loads as a router reads them
-        self.horizon_s = math.inf if horizon_s is None else horizon_s
+        # When the next request arrives (or the horizon, if sooner): the cluster's answer.
+        self.next_arrival = next_arrival
         # When each transfer on a link will have arrived (request id -> time).
         self._arrival_due_s: dict[int, float] = {}
         self.sources = {r.replica_id: r for r in prefill}
@@ -120,8 +121,7 @@ class Disaggregation:
 
         def quiet_until() -> float:
             now = env.now
-            bound = min(env.next_arrival_s, self.horizon_s,
-                        min(due.values(), default=math.inf))
+            bound = min(self.next_arrival(), min(due.values(), default=math.inf))
             for source in prefill:
                 bound = min(bound, source.next_commit_s())
             for request_id in incoming:

@@ -206,33 +206,23 @@ def test_invariants_and_fast_forward_on_random_clusters(data):
     assert fast.tokens.equals(slow.tokens)
     it = fast.iterations
     prefill, decode = it["num_prefill_tokens"], it["num_decode_tokens"]
-    sizes = {s["chunked_prefill_size"] for s in find_schedulers(data)}
-    mixed = any(s["mixed_chunk"] for s in find_schedulers(data))
+    sizes = {s["chunked_prefill_size"] for s in find_configs(data, "scheduler")}
+    mixed = any(s["mixed_chunk"] for s in find_configs(data, "scheduler"))
     assert (prefill <= max(sizes)).all()
     # A preempted request re-admitted with all but one token in the prefix cache extends one
     # token: the log counts it as a decode (counters cannot tell it from one, and its work is
     # a decode's), so with caching a prefill batch may show decode tokens (seen: seed 341).
-    caching = any(r.get("prefix_caching") for r in find_replicas(data))
+    caching = any(r.get("prefix_caching") for r in find_configs(data, "replica"))
     if not mixed and not caching:
         assert not ((prefill > 0) & (decode > 0)).any()
 
 
-def find_schedulers(data: dict) -> list[dict]:
+def find_configs(data: dict, key: str) -> list[dict]:
+    """Every `key` mapping in a scenario, at any depth (e.g. each pool's scheduler)."""
     found = []
-    for key, value in data.items():
-        if key == "scheduler":
+    for name, value in data.items():
+        if name == key and isinstance(value, dict):
             found.append(value)
         elif isinstance(value, dict):
-            found += find_schedulers(value)
-    return found
-
-
-def find_replicas(data: dict) -> list[dict]:
-    """Every replica configuration in a scenario (colocated, or each pool's)."""
-    found = []
-    for key, value in data.items():
-        if key == "replica" and isinstance(value, dict):
-            found.append(value)
-        elif isinstance(value, dict):
-            found += find_replicas(value)
+            found += find_configs(value, key)
     return found
