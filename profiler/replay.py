@@ -33,7 +33,6 @@ from sim.interrupts import on_sigint
 from sim.iteration_log import IterationLog
 from sim.latency.base import BatchShape
 from sim.metrics import distribution
-from sim.models import MODELS
 from sim.outdir import check_out_dir
 from sim.progress import ProgressReport
 from sim.request import Request, Status
@@ -66,6 +65,10 @@ def check_replayable(scenario: Scenario) -> None:
     if cluster.replicas != 1:
         raise InputError(scenario.source, "cluster.replicas", cluster.replicas,
                          "replay serves one colocated replica")
+    if scenario.replica.parallelism.num_gpus > 1:
+        raise InputError(scenario.source, "replica.parallelism",
+                         scenario.replica.parallelism.model_dump(),
+                         "replay runs the model on one device")
     if scenario.replica.prefix_caching:
         # The executor's block tables are per request: shared prefix blocks are not built.
         raise InputError(scenario.source, "replica.prefix_caching", True,
@@ -201,7 +204,7 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
     torch, dtype = torch_setup(device, threads)
     attention = attention or default_attention(device)
     cfg = scenario.replica
-    model = MODELS.get(cfg.model)
+    model = cfg.model_shape
     scheduler = make_scheduler(cfg)
     kv = kv_cache_for(cfg, model, "replica", scenario.source)
     _check_pool_fits(scenario, kv.num_blocks * kv.block_size, model, dtype, device)

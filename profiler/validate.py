@@ -31,10 +31,9 @@ from profiler.replay import _largest_iteration, check_replayable, replay
 from sim.capacity import rate_knob, trace_qps, with_rate
 from sim.config import Scenario, scenario_yaml
 from sim.errors import InputError
-from sim.gpus import GPUS
 from sim.latency import LATENCY_MODELS, BatchShape
 from sim.latency.profile import load_fitted
-from sim.models import MODELS
+from sim.models import resolve_model
 from sim.progress import ProgressReport
 from sim.runner import load_workload, run_scenario
 
@@ -85,7 +84,7 @@ def check_inputs(scenarios: list[Scenario], opts: Options) -> str:
     """One model, one colocated replica each, distinct labels; returns the model."""
     for scn in scenarios:
         check_replayable(scn)
-    models = {s.replica.model for s in scenarios}
+    models = {str(s.replica.model) for s in scenarios}
     if len(models) > 1:
         raise InputError(scenarios[0].source, "replica.model", sorted(models),
                          "validate needs every scenario to serve the same model")
@@ -182,7 +181,7 @@ def measure_profile(scenarios: list[Scenario], model: str, opts: Options, where:
         mixes += [(m, "holdout") for m in random_mixes(spec, opts.profile_holdout, rng)]
         say(f"profiling {model} on {opts.device}: {len(mixes)} mixes, grid {spec}")
         with ProgressReport(f"profiling {model}", "mixes", total=len(mixes)) as progress:
-            measure(MODELS.get(model), opts.device, parquet, spec, mixes, dtype=dtype, warmup=1,
+            measure(resolve_model(model), opts.device, parquet, spec, mixes, dtype=dtype, warmup=1,
                     reps=opts.profile_reps, seed=0, command=opts.command,
                     attention=default_attention(opts.device),
                     on_progress=lambda done, total: progress.update(done, total))
@@ -302,7 +301,7 @@ def iteration_rows(point: Point, profiles: dict[str, Path]) -> list[dict[str, An
         "num_prefill_tokens", "num_prefill_seqs", "num_decode_tokens", "num_sampled_tokens",
         "prefill_attn_pairs", "prefill_kv_tokens", "decode_kv_tokens")})
     cfg = point.scenario.replica
-    model, gpu = MODELS.get(cfg.model), GPUS.get(cfg.gpu)
+    model, gpu = cfg.model_shape, cfg.gpu_spec
     models = {name: LATENCY_MODELS.get(SIMULATIONS[name]["kind"])(
         LATENCY_MODELS.get(SIMULATIONS[name]["kind"]).Config.model_validate(
             {**SIMULATIONS[name], **({"path": profiles[name]} if name in profiles else {})}),

@@ -27,7 +27,7 @@ import pandas as pd
 from sim.config import Scenario
 from sim.errors import InputError
 from sim.outdir import check_writable_dir
-from sim.runner import Results, load_workload, run_scenario
+from sim.runner import Results, cluster_gpus, load_workload, run_scenario
 
 # target field -> (command-line option, label, summary section, percentile)
 TARGETS = {
@@ -74,6 +74,7 @@ class Trial:
     violations: list[str]
     verdict: str = "unknown"  # the run's overload verdict
     metrics_s: dict[str, float | None] = field(default_factory=dict)  # by target field
+    cost: dict[str, Any] = field(default_factory=dict)  # the run's summary["cost"]
 
     def line(self, targets: SLOTargets) -> str:
         """E.g. `seed 0, rate 12.5 req/s: violates P99 TBT 0.061 > 0.05`."""
@@ -148,7 +149,7 @@ def search_seed(scenario: Scenario, targets: SLOTargets, seed: int, *, precision
         bad = violations(results, targets)
         verdict = (results.summary.get("overload") or {}).get("verdict", "unknown")
         trials.append(Trial(seed, rate, rate * qps_per_unit, not bad, bad, verdict,
-                            measured(results)))
+                            measured(results), results.summary.get("cost") or {}))
         if on_trial is not None:
             on_trial(trials[-1])
         return not bad
@@ -199,9 +200,26 @@ def capacity(scenario: Scenario, targets: SLOTargets, seeds: list[int], *,
         from scipy.stats import t
 
         half = float(t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
+    num_gpus = cluster_gpus(scenario)
     return {"knob": rate_knob(scenario), "capacity_qps": mean, "ci95_qps": [mean - half,
                                                                               mean + half],
-            "per_seed": per_seed}
+            "per_seed": per_seed, "num_gpus": num_gpus,
+            "capacity_qps_per_gpu": mean / num_gpus,
+            **{key: _mean_at_capacity(per_seed, key)
+               for key in ("usd_per_million_tokens", "usd_per_million_output_tokens")}}
+
+
+def _mean_at_capacity(per_seed: list[SeedCapacity], key: str) -> float | None:
+    """Mean over seeds of `key` of the cost in the run at each seed's capacity (the fastest
+    rate that held); None if a seed has no such run or no price."""
+    values = []
+    for c in per_seed:
+        held = [t for t in c.trials if t.ok and t.rate == c.capacity]
+        value = held[0].cost.get(key) if held else None
+        if value is None:
+            return None
+        values.append(value)
+    return float(np.mean(values)) if values else None
 
 
 TRIALS_FILE, RESULT_FILE = "trials.csv", "capacity.json"
@@ -252,6 +270,9 @@ class CapacityLog:
                           "capacity_qps": c.capacity_qps, "trials": len(c.trials)}
                          for c in result["per_seed"]],
             "capacity_qps": result["capacity_qps"], "ci95_qps": result["ci95_qps"],
+            **{key: result[key] for key in ("num_gpus", "capacity_qps_per_gpu",
+                                            "usd_per_million_tokens",
+                                            "usd_per_million_output_tokens")},
         }
         path = self.out_dir / RESULT_FILE
         _replace(path, json.dumps(data, indent=2) + "\n")

@@ -3,6 +3,7 @@ pools joined by KV-transfer links (`sim.disaggregation`)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import overload
 
@@ -12,10 +13,10 @@ from sim.config import ReplicaConfig, Scenario
 from sim.disaggregation import Disaggregation
 from sim.engine import Environment, Progress, Replica, simulate
 from sim.errors import InputError
-from sim.gpus import GPUS
 from sim.kv_cache import KVCacheManager
 from sim.latency import LATENCY_MODELS
-from sim.models import MODELS, ModelShape
+from sim.latency.base import LatencyModel
+from sim.models import ModelShape
 from sim.prefix_cache import Eviction, PrefixCachingKVManager
 from sim.request import Request, Status
 from sim.routers import ROUTERS
@@ -50,14 +51,14 @@ class Cluster:
             cfg.decode_router, np.random.default_rng(seeds[1]))
         self.disaggregation = Disaggregation(
             env, self.front, self.decode, decode_router, cfg.link, cfg.overlap_transfer,
-            MODELS.get(cfg.prefill.replica.model), lambda replicas: Loads(replicas, None),
+            cfg.prefill.replica.model_shape, lambda replicas: Loads(replicas, None),
             self._next_arrival)
 
     def _replica(self, cfg: ReplicaConfig, pool: str) -> Replica:
-        model = MODELS.get(cfg.model)
+        model = cfg.model_shape
         scheduler = make_scheduler(cfg)
-        latency = LATENCY_MODELS.get(cfg.latency.kind)(cfg.latency, model, GPUS.get(cfg.gpu))
         field = "replica" if pool == "colocated" else f"cluster.{pool}.replica"
+        latency = make_latency(cfg, model, self.source, field)
         state = ReplicaState(kv_cache_for(cfg, model, field, self.source,
                                           eviction=type(scheduler).prefix_cache_eviction),
                              prefill_only=pool == "prefill")
@@ -126,6 +127,20 @@ class Loads(Sequence[ReplicaLoad]):
         return load
 
 
+def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
+                 field: str = "replica") -> LatencyModel:
+    """The replica's latency model. A split replica's parallelism is passed only to models
+    that take it: one written for a single GPU is refused for a split, not run as if whole."""
+    cls = LATENCY_MODELS.get(cfg.latency.kind)
+    if cfg.parallelism.num_gpus == 1:
+        return cls(cfg.latency, model, cfg.gpu_spec)
+    if "parallelism" not in inspect.signature(cls.__init__).parameters:
+        raise InputError(source, f"{field}.parallelism", cfg.parallelism.model_dump(),
+                         f"latency model {cfg.latency.kind!r} does not model a replica split "
+                         "over GPUs")
+    return cls(cfg.latency, model, cfg.gpu_spec, parallelism=cfg.parallelism)
+
+
 def make_scheduler(cfg: ReplicaConfig) -> Scheduler:
     """The replica's scheduler, knowing the context window in force."""
     return SCHEDULERS.get(cfg.scheduler.name)(cfg.scheduler, max_model_len=cfg.context_len)
@@ -135,18 +150,26 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
                  source: str = "<scenario>", eviction: Eviction = "lru_block"
                  ) -> KVCacheManager:
     """The replica's KV cache: the blocks given, or what GPU memory holds after the weights;
-    with prefix caching, evicting unused prefixes by `eviction`."""
+    with prefix caching, evicting unused prefixes by `eviction`. Memory is counted per GPU, as
+    vLLM does: each holds its share of the weights and of every token's KV, so the most loaded
+    GPU bounds the replica."""
     kv = cfg.kv_cache
     if kv.num_blocks is not None:
         return _manager(cfg, kv.num_blocks, eviction)
-    gpu = GPUS.get(cfg.gpu)
-    free_bytes = (gpu.memory_bytes * kv.gpu_memory_utilization - model.weight_bytes
-                  - kv.activation_reserve_gb * 1e9)
-    num_blocks = int(free_bytes // (kv.block_size * model.kv_bytes_per_token))
+    gpu, par = cfg.gpu_spec, cfg.parallelism
+    usable_bytes = gpu.memory_bytes * kv.gpu_memory_utilization
+    weight_bytes = model.weight_bytes / par.num_gpus
+    free_bytes = usable_bytes - weight_bytes - kv.activation_reserve_gb * 1e9
+    num_blocks = int(free_bytes // (kv.block_size * par.kv_bytes_per_token_per_gpu(model)))
     if num_blocks <= 0:
-        raise InputError(source, f"{field}.kv_cache", f"{cfg.model} on {cfg.gpu}",
-                         f"no room for KV: weights take {model.weight_bytes / 1e9:.1f} GB of "
-                         f"{gpu.memory_bytes * kv.gpu_memory_utilization / 1e9:.1f} GB usable")
+        split = f" split {par.num_gpus} ways (TP{par.tensor} x PP{par.pipeline})" \
+            if par.num_gpus > 1 else ""
+        raise InputError(source, f"{field}.kv_cache", f"{model.name} on {gpu.name}",
+                         f"no room for KV: weights{split} need {weight_bytes / 2**30:.1f} GiB "
+                         f"per GPU plus {kv.activation_reserve_gb:g} GB for activations, "
+                         f"{usable_bytes / 2**30:.1f} GiB usable of {gpu.memory_bytes / 2**30:.1f}"
+                         f" GiB (gpu_memory_utilization {kv.gpu_memory_utilization:g}); "
+                         "raise parallelism.tensor or pick a larger GPU")
     return _manager(cfg, num_blocks, eviction)
 
 

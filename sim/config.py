@@ -25,10 +25,11 @@ from pydantic import (
 )
 
 from sim.errors import INPUT_MODEL, InputError, invalid
-from sim.gpus import GPUS
+from sim.gpus import GPUS, GPUSpec, GPUSpecInput
 from sim.latency import LATENCY_MODELS
 from sim.latency.base import LatencyConfig
-from sim.models import MODELS
+from sim.models import MODELS, ModelShape, resolve_model
+from sim.parallelism import Parallelism
 from sim.registry import Registry
 from sim.routers import ROUTERS, RouterConfig
 from sim.schedulers import SCHEDULERS, SchedulerConfig
@@ -91,8 +92,12 @@ def _changed(model: BaseModel, *names: str) -> list[tuple[str, Any]]:
 
 
 class ReplicaConfig(_Frozen):
-    model: str = "llama-3-8b"
-    gpu: str = "h100-sxm"
+    model: str | Path = Field(
+        "llama-3-8b", description="a registered model, or the path of a Hugging Face "
+                                  "config.json (relative to the scenario)")
+    gpu: str | GPUSpecInput = Field(
+        "h100-sxm", description="a registered GPU, or a mapping of its figures")
+    parallelism: Parallelism = Field(default_factory=Parallelism)
     scheduler: SerializeAsAny[SchedulerConfig] = Field(
         default_factory=lambda: SCHEDULERS.get("chunked_prefill").Config(name="chunked_prefill")
     )
@@ -109,17 +114,42 @@ class ReplicaConfig(_Frozen):
     @property
     def context_len(self) -> int | None:
         """The context window in force: `max_model_len`, else the model's."""
-        return self.max_model_len or MODELS.get(self.model).max_model_len
+        return self.max_model_len or self.model_shape.max_model_len
 
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, name: str) -> str:
-        return _known(MODELS, name)
+    @property
+    def model_shape(self) -> ModelShape:
+        """The model's shape (a config.json is read once per process)."""
+        return resolve_model(str(self.model))
 
-    @field_validator("gpu")
+    @property
+    def gpu_spec(self) -> GPUSpec:
+        return self.gpu.to_spec() if isinstance(self.gpu, GPUSpecInput) else GPUS.get(self.gpu)
+
+    @property
+    def gpu_name(self) -> str:
+        return self.gpu if isinstance(self.gpu, str) else self.gpu.name
+
+    @property
+    def model_name(self) -> str:
+        """The registered name, or a config.json's folder (`.../Llama-3.1-70B/config.json`)
+        or file name."""
+        if isinstance(self.model, str):
+            return self.model
+        return self.model.parent.name if self.model.name == "config.json" else self.model.stem
+
+    @field_validator("model", mode="before")
     @classmethod
-    def _known_gpu(cls, name: str) -> str:
-        return _known(GPUS, name)
+    def _model(cls, value: Any) -> Any:
+        """A registered name stays a name; anything else is a config.json's path (read once
+        paths are resolved against the scenario's directory)."""
+        if isinstance(value, str) and (value in MODELS or not _looks_like_path(value)):
+            return _known(MODELS, value)
+        return Path(value) if isinstance(value, str) else value
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu(cls, value: Any) -> Any:
+        return _known(GPUS, value) if isinstance(value, str) else value
 
     @field_validator("scheduler", mode="before")
     @classmethod
@@ -130,6 +160,10 @@ class ReplicaConfig(_Frozen):
     @classmethod
     def _latency(cls, value: Any) -> Any:
         return _dispatch(LATENCY_MODELS, "kind", value)
+
+
+def _looks_like_path(value: str) -> bool:
+    return value.endswith(".json") or "/" in value or os.sep in value
 
 
 def _known(registry: Registry[Any], name: str) -> str:
@@ -250,6 +284,8 @@ def parse_scenario(data: Any, source: str | Path, base_dir: Path | None = None) 
         raise InputError.from_validation(source, exc) from None
     if base_dir is not None:
         scenario = _resolve_paths(scenario, base_dir)
+    if problems := _replica_problems(scenario):
+        raise InputError.many(source, problems)
     scenario._source = str(source)
     scenario.workload._source = str(source)
     return scenario
@@ -316,12 +352,36 @@ def _absolute(base_dir: Path, path: Path) -> Path:
 
 
 def _resolve_latency(replica: ReplicaConfig, base_dir: Path) -> ReplicaConfig:
+    """The replica's file paths (its model's config.json, its latency model's inputs: a
+    profile, measured communication tables) made absolute."""
     latency = replica.latency
-    path = getattr(latency, "path", None)
-    if isinstance(path, Path):
-        latency = latency.model_copy(update={"path": _absolute(base_dir, path)})
-        replica = replica.model_copy(update={"latency": latency})
+    paths = {name: _absolute(base_dir, value) for name in type(latency).model_fields
+             if isinstance(value := getattr(latency, name), Path)}
+    if paths:
+        replica = replica.model_copy(update={"latency": latency.model_copy(update=paths)})
+    if isinstance(replica.model, Path):
+        replica = replica.model_copy(update={"model": _absolute(base_dir, replica.model)})
     return replica
+
+
+def _replica_problems(scenario: Scenario) -> list[tuple[str, Any, str]]:
+    """What each replica's model and split get wrong, found once paths are resolved: a
+    config.json that does not read, a split its heads or layers do not allow."""
+    cluster = scenario.cluster
+    replicas = [("replica", scenario.replica)]
+    if cluster.prefill is not None and cluster.decode is not None:
+        replicas = [("cluster.prefill.replica", cluster.prefill.replica),
+                    ("cluster.decode.replica", cluster.decode.replica)]
+    problems: list[tuple[str, Any, str]] = []
+    for field, replica in replicas:
+        try:
+            shape = replica.model_shape
+        except ValueError as exc:
+            problems.append((f"{field}.model", str(replica.model), str(exc)))
+            continue
+        problems += [(f"{field}.parallelism.{name}", value, why)
+                     for name, value, why in replica.parallelism.problems(shape)]
+    return problems
 
 
 def load_scenario(path: str | Path | None = None) -> Scenario:

@@ -66,6 +66,62 @@ def load_workload(scenario: Scenario, base_dir: Path | None = None) -> Workload:
     return select(full, cfg)
 
 
+def _split_name(cfg: ReplicaConfig) -> str:
+    """`TP4`, `TP2xPP2`, `TP8xEP8`: the replica's split, as people write it (`TP1` alone)."""
+    par = cfg.parallelism
+    parts = [f"TP{par.tensor}"]
+    parts += [f"PP{par.pipeline}"] if par.pipeline > 1 else []
+    parts += [f"EP{par.expert}"] if par.expert > 1 else []
+    return "x".join(parts)
+
+
+def cost_stats(summary: dict[str, Any], request_df: pd.DataFrame,
+               pools: dict[str, ReplicaConfig], replicas: Sequence[ReplicaRecord]
+               ) -> dict[str, Any]:
+    """GPUs the cluster occupies, what they cost an hour, and per GPU and per million tokens
+    what the run's throughput makes of it (Vidur-Search's measures). Cost is None where a GPU
+    has no price."""
+    num_gpus = 0
+    usd_per_hour: float | None = 0.0
+    for pool, cfg in pools.items():
+        n = sum(r.pool == pool for r in replicas) * cfg.parallelism.num_gpus
+        num_gpus += n
+        price = cfg.gpu_spec.cost_per_gpu_hour
+        usd_per_hour = None if price is None or usd_per_hour is None else usd_per_hour + n * price
+    thr = summary["throughput"]
+    span_s = thr["span_s"]
+    done = (request_df["status"] == "finished").to_numpy()
+    num_tokens = float(request_df["num_prompt_tokens"].to_numpy()[done].sum()
+                       + request_df["num_generated_tokens"].sum())
+    output_per_s = thr["output_tokens_per_s"]
+    tokens_per_s = num_tokens / span_s if span_s > 0 else None
+
+    def per_million(rate: float | None) -> float | None:
+        if usd_per_hour is None or not rate:
+            return None
+        return usd_per_hour / (rate * 3600) * 1e6
+
+    return {
+        "num_gpus": num_gpus,
+        "usd_per_hour": usd_per_hour,
+        "requests_per_s_per_gpu": (thr["requests_per_s"] / num_gpus
+                                   if thr["requests_per_s"] is not None else None),
+        "output_tokens_per_s_per_gpu": (output_per_s / num_gpus
+                                        if output_per_s is not None else None),
+        "usd_per_million_output_tokens": per_million(output_per_s),
+        "usd_per_million_tokens": per_million(tokens_per_s),
+    }
+
+
+def cluster_gpus(scenario: Scenario) -> int:
+    """GPUs the scenario's cluster occupies: replicas times GPUs per replica, every pool."""
+    cluster = scenario.cluster
+    if cluster.prefill is not None and cluster.decode is not None:
+        return sum(pool.replicas * pool.replica.parallelism.num_gpus
+                   for pool in (cluster.prefill, cluster.decode))
+    return cluster.replicas * scenario.replica.parallelism.num_gpus
+
+
 def pool_configs(scenario: Scenario) -> dict[str, ReplicaConfig]:
     """Each pool's replica configuration: one colocated pool, or prefill and decode."""
     cluster = scenario.cluster
@@ -177,8 +233,9 @@ def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[
     summary["run"] = {
         "scenario": scenario.name,
         "seed": scenario.seed,
-        "model": next(iter(pools.values())).model,
-        "gpu": "/".join(cfg.gpu for cfg in pools.values()),
+        "model": next(iter(pools.values())).model_name,
+        "gpu": "/".join(cfg.gpu_name for cfg in pools.values()),
+        "parallelism": "/".join(_split_name(cfg) for cfg in pools.values()),
         "scheduler": "/".join(cfg.scheduler.name for cfg in pools.values()),
         "latency": "/".join(cfg.latency.kind for cfg in pools.values()),
         "pools": {pool: sum(r.pool == pool for r in replicas) for pool in pools},
@@ -189,6 +246,7 @@ def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[
         "end_s": end_s,
         "complete": True,
     }
+    summary["cost"] = cost_stats(summary, request_df, pools, replicas)
     summary["latency_model"] = latency
     tokens = None
     if scenario.record_token_times:

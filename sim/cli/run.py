@@ -53,8 +53,13 @@ def overload_line(verdict: dict[str, Any]) -> str:
 
 
 @app.command("list")
-def list_registered() -> None:
-    """List the schedulers, latency models, workload formats, routers, models and GPUs."""
+def list_registered(
+    params: Annotated[bool, typer.Option(
+        "--params", help="also each scheduler's, latency model's and router's parameters, "
+                         "with defaults")] = False,
+) -> None:
+    """List the schedulers, latency models, workload formats, routers, models and GPUs; then the
+    GPUs' and models' figures."""
     # From the packages that fill them, not sim.config: no scenario model is built to list names.
     from sim.gpus import GPUS
     from sim.latency import LATENCY_MODELS
@@ -69,6 +74,98 @@ def list_registered() -> None:
     for registry in (SCHEDULERS, LATENCY_MODELS, FORMATS, ROUTERS, MODELS, GPUS):
         table.add_row(registry.kind, ", ".join(registry.names()))
     console.print(table)
+    console.print(gpu_table([GPUS.get(name) for name in GPUS]))
+    console.print(model_table([MODELS.get(name) for name in MODELS]))
+    if params:
+        from sim.latency.base import LatencyConfig
+        from sim.routers.base import RouterConfig
+        from sim.schedulers.base import SchedulerConfig
+
+        for shown in params_tables([("scheduler", SCHEDULERS, SchedulerConfig),
+                                    ("latency model", LATENCY_MODELS, LatencyConfig),
+                                    ("router", ROUTERS, RouterConfig)]):
+            console.print(shown)
+
+
+def gpu_table(gpus: list[Any]) -> Table:
+    """Each GPU's datasheet figures and price (their sources and dates are in sim/gpus.py)."""
+    table = Table(title="GPUs", caption_justify="left",
+                  caption="TFLOP/s: dense bf16, no sparsity; link: per GPU, one direction, over "
+                          "the tensor-parallel fabric; $: on-demand list price per GPU-hour "
+                          "(sources and dates: sim/gpus.py)")
+    table.add_column("gpu", no_wrap=True)
+    for col in ("bf16\nTFLOP/s", "memory\nGB/s", "memory\nGiB", "link\nGB/s"):
+        table.add_column(col, justify="right")
+    table.add_column("fabric", no_wrap=True)
+    table.add_column("$/GPU\n-hour", justify="right")
+    for g in gpus:
+        cost = getattr(g, "cost_per_gpu_hour", None)
+        link = getattr(g, "interconnect_bandwidth_bytes_s", None)
+        table.add_row(g.name, f"{g.peak_bf16_flops / 1e12:,.0f}",
+                      f"{g.memory_bandwidth_bytes_s / 1e9:,.0f}", f"{g.memory_bytes / 2**30:,.0f}",
+                      "-" if link is None else f"{link / 1e9:,.0f}",
+                      getattr(g, "interconnect", "-"), "-" if cost is None else f"{cost:.2f}")
+    return table
+
+
+def model_table(models: list[Any]) -> Table:
+    """Each model's size and shape: parameters (total and active per token), layers, KV bytes
+    per token, context window, experts."""
+    table = Table(title="models", caption_justify="left",
+                  caption="params: billions, total / active per token where they differ; KV: "
+                          "K and V of every layer for one token; experts: routed / per token")
+    table.add_column("model", no_wrap=True)
+    for col in ("params\nbillions", "layers", "KV KiB\nper token", "context\ntokens",
+                "experts"):
+        table.add_column(col, justify="right")
+    for m in models:
+        total = m.num_params
+        active = getattr(m, "num_active_params", total)
+        num_experts = getattr(m, "num_experts", 0) or 0
+        per_token = getattr(m, "num_experts_per_token", 0) or 0
+        size = (f"{total / 1e9:.3g}" if active == total
+                else f"{total / 1e9:.3g} / {active / 1e9:.3g}")
+        table.add_row(m.name, size, str(m.num_layers), f"{m.kv_bytes_per_token / 1024:,.4g}",
+                      "-" if m.max_model_len is None else f"{m.max_model_len:,}",
+                      f"{num_experts} / {per_token}" if num_experts else "-")
+    return table
+
+
+def params_tables(groups: list[tuple[str, Any, Any]]) -> list[Table | str]:
+    """For each (kind, registry, base config class): the parameters every entry shares, then each
+    entry's own (new, or with another default or meaning), with defaults and descriptions from
+    the pydantic Configs."""
+    from pydantic_core import PydanticUndefined
+
+    def table(title: str, fields: dict[str, Any]) -> Table:
+        out = Table(title=title, title_justify="left")
+        out.add_column("parameter", no_wrap=True)
+        out.add_column("default", no_wrap=True)
+        out.add_column("meaning")
+        for key, info in fields.items():
+            default = info.get_default(call_default_factory=True)
+            out.add_row(key, "(required)" if default is PydanticUndefined else str(default),
+                        info.description or "")
+        return out
+
+    shown: list[Table | str] = []
+    for kind, registry, base in groups:
+        common = {k: v for k, v in base.model_fields.items() if k not in ("name", "kind")}
+        if common:
+            shown.append(table(f"every {kind}", common))
+        bare = []
+        for name in registry.names():
+            fields = registry.get(name).Config.model_fields
+            own = {k: v for k, v in fields.items() if k not in ("name", "kind") and (
+                k not in common or (v.default, v.description) != (common[k].default,
+                                                                   common[k].description))}
+            if own:
+                shown.append(table(f"{kind} {name}", own))
+            else:
+                bare.append(name)
+        if bare:
+            shown.append(f"{kind}s with no parameters of their own: {', '.join(bare)}")
+    return shown
 
 
 LATENCY_ROWS = (  # summary key, label, scale to the unit in the label
@@ -84,7 +181,9 @@ LATENCY_ROWS = (  # summary key, label, scale to the unit in the label
 def summary_table(summary: dict[str, Any]) -> Table:
     """Latency percentiles, then outcomes, throughput and SLO attainment."""
     run = summary["run"]
-    table = Table(title=f"{run['scenario']}: {run['model']} on {run['gpu']}, {run['scheduler']}, "
+    split = run.get("parallelism", "TP1")
+    on = run["gpu"] if split == "TP1" else f"{split} {run['gpu']}"
+    table = Table(title=f"{run['scenario']}: {run['model']} on {on}, {run['scheduler']}, "
                         f"{run['latency']} latency, seed {run['seed']}")
     table.add_column("metric", no_wrap=True)
     for col in ("P50", "P90", "P99", "max", "mean"):
@@ -99,6 +198,13 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_row("", "", "unfinished", str(req["unfinished"]), "", "")
     table.add_row("throughput", fmt(thr["requests_per_s"]), "req/s",
                   fmt(thr["output_tokens_per_s"]), "tok/s", "")
+    cost = summary.get("cost")
+    if cost:
+        table.add_row(f"per GPU ({cost['num_gpus']})", fmt(cost["requests_per_s_per_gpu"]),
+                      "req/s", fmt(cost["output_tokens_per_s_per_gpu"]), "tok/s", "")
+        if cost["usd_per_million_tokens"] is not None:
+            table.add_row("cost $/M tokens", fmt(cost["usd_per_million_tokens"]), "all",
+                          fmt(cost["usd_per_million_output_tokens"]), "output", "")
     for name, value in summary["slo"].items():
         table.add_row(f"SLO {name.removesuffix('_attainment')}", fmt(value), "met", "", "", "")
     return table

@@ -206,7 +206,12 @@ def capacity_table(name: str, result: dict[str, Any]) -> Table:
         table.add_row(str(c.seed), fmt(c.capacity_qps), str(len(c.trials)), "; ".join(shown))
     low, high = result["ci95_qps"]
     table.caption = (f"capacity {fmt(result['capacity_qps'])} req/s, 95% CI "
-                     f"[{fmt(low)}, {fmt(high)}]")
+                     f"[{fmt(low)}, {fmt(high)}]; {fmt(result['capacity_qps_per_gpu'])} req/s "
+                     f"per GPU ({result['num_gpus']} GPUs)")
+    if result.get("usd_per_million_tokens") is not None:
+        table.caption += (f"; ${fmt(result['usd_per_million_tokens'])} per million tokens "
+                          f"(${fmt(result['usd_per_million_output_tokens'])} per million "
+                          "output tokens) at capacity")
     return table
 
 

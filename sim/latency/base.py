@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sim.gpus import GPUSpec
 from sim.models import ModelShape
+from sim.parallelism import SINGLE_GPU, Parallelism
 from sim.plan import Plan
 from sim.registry import Registry
 from sim.request import Request
@@ -82,8 +83,10 @@ class LatencyModel(ABC):
     sequential: ClassVar[bool] = False
 
     @abstractmethod
-    def __init__(self, config: Any, model: ModelShape, gpu: GPUSpec) -> None:
-        """Build from the validated config and the replica's model and GPU."""
+    def __init__(self, config: Any, model: ModelShape, gpu: GPUSpec,
+                 parallelism: Parallelism = SINGLE_GPU) -> None:
+        """Build from the validated config and the replica's model, GPU and split over GPUs
+        (a model that cannot predict a split raises an InputError saying so)."""
 
     @abstractmethod
     def iteration_time_s(self, shape: BatchShape) -> Num:

@@ -8,6 +8,7 @@ from sim.errors import INPUT_MODEL
 from sim.gpus import GPUSpec
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
 from sim.models import ModelShape
+from sim.parallelism import SINGLE_GPU, Parallelism
 
 
 class ConstantConfig(LatencyConfig):
@@ -20,7 +21,8 @@ class ConstantConfig(LatencyConfig):
 class ConstantLatency(LatencyModel):
     Config = ConstantConfig
 
-    def __init__(self, config: ConstantConfig, model: ModelShape, gpu: GPUSpec) -> None:
+    def __init__(self, config: ConstantConfig, model: ModelShape, gpu: GPUSpec,
+                 parallelism: Parallelism = SINGLE_GPU) -> None:
         self.iteration_s = config.iteration_s
 
     def iteration_time_s(self, shape: BatchShape) -> Num:

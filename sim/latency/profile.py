@@ -32,6 +32,7 @@ from sim.errors import INPUT_MODEL, InputError, Problem, invalid
 from sim.gpus import GPUSpec
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
 from sim.models import ModelShape
+from sim.parallelism import SINGLE_GPU, Parallelism
 
 FORMAT = "servesim-latency-profile/1"
 TERMS = ("prefill_attn_pairs", "prefill_kv_tokens", "decode_kv_tokens", "num_decode_tokens",
@@ -76,7 +77,13 @@ class ProfileConfig(LatencyConfig):
 class ProfileLatency(LatencyModel):
     Config = ProfileConfig
 
-    def __init__(self, config: ProfileConfig, model: ModelShape, gpu: GPUSpec) -> None:
+    def __init__(self, config: ProfileConfig, model: ModelShape, gpu: GPUSpec,
+                 parallelism: Parallelism = SINGLE_GPU) -> None:
+        if parallelism.num_gpus > 1:
+            raise InputError(config.path, "parallelism", parallelism.model_dump(),
+                             "a profile times one whole model on one GPU; use the roofline "
+                             "for a split replica (profiling one tensor-parallel shard is not "
+                             "implemented yet)")
         data = load_fitted(config.path)
         if data["model"] != model.name:
             raise InputError(config.path, "model", data["model"],

@@ -19,6 +19,7 @@ from sim.errors import InputError
 from sim.gpus import GPUSpec
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
 from sim.models import ModelShape
+from sim.parallelism import SINGLE_GPU, Parallelism
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,7 +39,8 @@ class RecordedLatency(LatencyModel):
     Config = RecordedConfig
     sequential = True  # the i-th call gets the i-th duration: no fast-forward
 
-    def __init__(self, config: RecordedConfig, model: ModelShape, gpu: GPUSpec) -> None:
+    def __init__(self, config: RecordedConfig, model: ModelShape, gpu: GPUSpec,
+                 parallelism: Parallelism = SINGLE_GPU) -> None:
         self.path = Path(config.path)
         file = self.path / "iterations.parquet" if self.path.is_dir() else self.path
         frame = _read(file)

@@ -1,61 +1,269 @@
-"""Roofline estimate from datasheet figures: each part of an iteration takes the longer of its
-FLOPs at the achievable compute rate and its bytes at the achievable memory bandwidth.
+"""Roofline estimate of one iteration on one replica, per GPU of a tensor/pipeline-parallel split.
 
-Parts, timed separately because different kernels run them: the linear layers (GEMMs: weights
-read once, 2 FLOPs per parameter per token), prefill attention (FLOPs from query-key pairs),
-decode attention (bytes of KV read), and the LM head on the sampled rows; plus a fixed
-per-iteration overhead (scheduling, launches, sampling). Uncalibrated: `mfu`, `mbu` and
-`overhead_s` are guesses until a profile replaces them.
+Parts, timed separately because different kernels run them:
+
+- the linear layers: every GEMM of a layer (QKV and output projections, the MLP or the MoE
+  layer's router, routed and shared experts) and the LM head on the sampled rows, each at its
+  per-GPU shard shape. `linear: calibrated` (default) times a GEMM with `sim.latency.gemm`'s
+  model fitted to public H100/A100 GEMM measurements; `linear: naive` takes the longer of its
+  FLOPs at `mfu` of peak and its weight bytes at `mbu` of the bandwidth (the datasheet roofline;
+  its single-GPU predictions are exactly those of servesim before parallelism existed).
+- MoE layers: under uniform routing a batch of m tokens reaches E(1 - (1 - k/E)^m) of E
+  experts in expectation (k per token); only their weights are read, each with m*k/that many
+  tokens. `expert_imbalance` (>= 1) stretches the routed experts' time: the busiest expert
+  (or GPU, under expert parallelism) sets the pace.
+- attention: prefill FLOPs from query-key pairs, decode bytes of KV read, per GPU (heads split
+  over the tensor group; KV heads replicated where fewer than GPUs).
+- communication: two all-reduces of the activations per layer for tensor parallelism and a
+  hand-off between pipeline stages (`sim.latency.comm`: measured NCCL tables or bandwidth).
+- a fixed per-iteration overhead (scheduling, launches, sampling).
+
+Pipeline parallelism holds one batch in flight: an iteration runs through every stage in turn,
+so it takes the sum of the stages plus P-1 hand-offs. Engines that keep P batches in flight
+(vLLM's virtual engines, Vidur's pipeline stages) overlap them; that overlap is not modelled,
+so the throughput of P > 1 is a lower bound.
+
+Terms that depend only on the number of tokens (the GEMMs and communication) are tabulated
+once per token count, so a prediction is a lookup and a few multiply-adds, the same on a scalar
+as on each entry of an array.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
 from pydantic import Field
 
 from sim.errors import INPUT_MODEL
 from sim.gpus import GPUSpec
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num, maximum
+from sim.latency.comm import BandwidthCollectives, MessageTable, read_table
 from sim.models import ModelShape
+from sim.parallelism import SINGLE_GPU, Parallelism
+
+TABLE_BLOCK = 4096  # token counts tabulated at a time; tables grow by whole blocks
 
 
 class RooflineConfig(LatencyConfig):
     model_config = INPUT_MODEL  # finite numbers only
 
-    mfu: float = Field(0.6, gt=0, le=1, description="fraction of peak FLOP/s reached by GEMMs")
+    linear: Literal["calibrated", "naive"] = Field(
+        "calibrated", description="GEMM times: fitted to measurements, or datasheet max()")
+    mfu: float = Field(0.6, gt=0, le=1, description="fraction of peak FLOP/s reached by "
+                                                   "attention (and GEMMs when naive)")
     mbu: float = Field(0.8, gt=0, le=1, description="fraction of peak bandwidth reached")
     overhead_s: float = Field(0.002, ge=0, le=1, description="fixed cost per iteration (< 1 s)")
+    expert_imbalance: float = Field(
+        1.0, ge=1, le=1000, description="busiest expert's load over the mean (MoE)")
+    all_reduce_table: Path | None = Field(
+        None, strict=False, description="measured all-reduce CSV (Vidur layout); None: from "
+                                        "the GPU's interconnect bandwidth")
+    send_recv_table: Path | None = Field(
+        None, strict=False, description="measured send/recv CSV for pipeline hand-offs")
+    interconnect_efficiency: float = Field(
+        0.75, gt=0, le=1, description="fraction of link bandwidth collectives reach")
+    all_reduce_latency_s: float = Field(25e-6, ge=0, le=1, description="start-up per all-reduce")
+    send_recv_latency_s: float = Field(8e-6, ge=0, le=1, description="start-up per hand-off")
 
 
 @LATENCY_MODELS.register("roofline")
 class RooflineLatency(LatencyModel):
     Config = RooflineConfig
 
-    def __init__(self, config: RooflineConfig, model: ModelShape, gpu: GPUSpec) -> None:
+    def __init__(self, config: RooflineConfig, model: ModelShape, gpu: GPUSpec,
+                 parallelism: Parallelism = SINGLE_GPU) -> None:
+        self.tables = _tables(config, model, gpu, parallelism)
         flops_s = gpu.peak_bf16_flops * config.mfu
         bytes_s = gpu.memory_bandwidth_bytes_s * config.mbu
-        m = model
+        m, t = model, parallelism.tensor
         self.overhead_s = config.overhead_s
         # Seconds per unit of each feature, precomputed so a prediction is a few multiply-adds.
-        linear_params = m.num_layers * m.num_linear_params_per_layer
-        self.linear_weights_s = linear_params * m.dtype_bytes / bytes_s
-        self.linear_token_s = 2 * linear_params / flops_s
-        self.attn_pair_s = 4 * m.num_layers * m.q_size / flops_s
-        kv_token_bytes = m.kv_bytes_per_token
-        self.kv_token_s = kv_token_bytes / bytes_s
-        self.lm_head_weights_s = m.vocab_size * m.hidden_size * m.dtype_bytes / bytes_s
-        self.lm_head_token_s = 2 * m.vocab_size * m.hidden_size / flops_s
+        self.attn_pair_s = m.num_layers * m.attn_flops_per_pair_per_layer / t / flops_s
+        self.kv_token_s = parallelism.kv_bytes_per_token_per_gpu(m) * parallelism.pipeline \
+            / bytes_s if t > 1 or parallelism.pipeline > 1 else m.kv_bytes_per_token / bytes_s
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
-        linear = maximum(self.linear_token_s * shape.num_tokens, self.linear_weights_s)
+        linear = self.tables.tokens_s(shape.num_tokens)
+        lm_head = self.tables.sampled_s(shape.num_sampled_tokens)
         prefill_attn = maximum(
             self.attn_pair_s * shape.prefill_attn_pairs, self.kv_token_s * shape.prefill_kv_tokens
         )
         decode_attn = maximum(
             self.attn_pair_s * shape.decode_kv_tokens, self.kv_token_s * shape.decode_kv_tokens
         )
-        # The LM head's weights are read only if some row samples.
-        lm_head = maximum(
-            self.lm_head_token_s * shape.num_sampled_tokens,
-            self.lm_head_weights_s * (shape.num_sampled_tokens > 0),
-        )
         return self.overhead_s + linear + prefill_attn + decode_attn + lm_head
+
+
+class _Table:
+    """f(n) for integer n >= 0, computed by blocks of TABLE_BLOCK on first use: a list for
+    scalar look-ups (plain floats) and an array for vectorised ones, holding the same values."""
+
+    def __init__(self, f: object) -> None:
+        self.f = f
+        self.values: list[float] = []
+        self.array = np.zeros(0)
+
+    def grow(self, n: int) -> None:
+        while len(self.values) <= n:
+            start = len(self.values)
+            block = self.f(np.arange(start, start + TABLE_BLOCK, dtype=np.float64))  # type: ignore[operator]
+            self.array = np.concatenate([self.array, block])
+            self.values.extend(block.tolist())
+
+    def __call__(self, n: Num) -> Num:
+        if isinstance(n, np.ndarray):
+            index = n.astype(np.intp, copy=False)
+            if index.size and int(index.max()) >= len(self.values):
+                self.grow(int(index.max()))
+            return self.array[index]
+        n = int(n)
+        if n >= len(self.values):
+            self.grow(n)
+        return self.values[n]
+
+
+class _Tables:
+    """The token-count terms of one (config, model, GPU, split): linear layers, MoE and
+    communication by tokens in the batch; the LM head by rows sampled."""
+
+    def __init__(self, config: RooflineConfig, model: ModelShape, gpu: GPUSpec,
+                 parallelism: Parallelism) -> None:
+        self.config, self.model, self.gpu, self.parallelism = config, model, gpu, parallelism
+        self.gemm = _gemm_model(config, gpu)
+        self.comm = _collectives(config, gpu, parallelism)
+        self.tokens_s = _Table(self._tokens_s)
+        self.sampled_s = _Table(self._sampled_s)
+
+    def _tokens_s(self, m: np.ndarray) -> np.ndarray:
+        model, par, gemm = self.model, self.parallelism, self.gemm
+        if self.config.linear == "naive" and par.num_gpus == 1 and not model.num_experts:
+            return _naive_single_gpu(self.config, model, self.gpu, m)
+        t, h = par.tensor, model.hidden_size
+        time = model.num_layers * self._attention_gemms_s(m)
+        if model.num_dense_layers:
+            i = model.intermediate_size // t
+            time = time + model.num_dense_layers * (gemm(m, h, 2 * i) + gemm(m, i, h))
+        if model.num_moe_layers:
+            time = time + model.num_moe_layers * self._moe_s(m)
+        if t > 1:
+            act_bytes = m * h * model.dtype_bytes
+            time = time + 2 * model.num_layers * self.comm.all_reduce(act_bytes)
+        if par.pipeline > 1:
+            time = time + (par.pipeline - 1) * self.comm.send_recv(m * h * model.dtype_bytes)
+        return time
+
+    def _attention_gemms_s(self, m: np.ndarray) -> np.ndarray:
+        model, par, gemm, h = self.model, self.parallelism, self.gemm, self.model.hidden_size
+        t = par.tensor
+        if getattr(model, "kv_lora_rank", 0):
+            # MLA: its projections as one GEMM of the same parameter count (an approximation).
+            return gemm(m, h, model.attn_params_per_layer // (h * t))
+        q = model.num_heads // t * model.head_dim
+        kv = par.kv_heads_per_gpu(model) * model.head_dim
+        return gemm(m, h, q + 2 * kv) + gemm(m, q, h)
+
+    def _moe_s(self, m: np.ndarray) -> np.ndarray:
+        model, par, gemm, h = self.model, self.parallelism, self.gemm, self.model.hidden_size
+        t, e = par.tensor, par.expert
+        num_experts, k = model.num_experts, model.num_experts_per_token
+        time = gemm(m, h, num_experts)  # the router, replicated
+        # Experts reached by m tokens choosing k of num_experts each, uniformly (expected).
+        reached = num_experts * -np.expm1(m * np.log1p(-k / num_experts))
+        per_expert = np.divide(m * k, reached, out=np.zeros_like(m), where=reached > 0)
+        width = model.moe_intermediate_size * e // t  # each expert split over t/e GPUs
+        routed = reached / e * (gemm(per_expert, h, 2 * width) + gemm(per_expert, width, h))
+        time = time + self.config.expert_imbalance * routed
+        if model.shared_expert_intermediate_size:
+            s = model.shared_expert_intermediate_size // t
+            time = time + gemm(m, h, 2 * s) + gemm(m, s, h)
+        return time
+
+    def _sampled_s(self, s: np.ndarray) -> np.ndarray:
+        model, par = self.model, self.parallelism
+        if self.config.linear == "naive" and par.num_gpus == 1:
+            return _naive_lm_head(self.config, model, self.gpu, s)
+        return self.gemm(s, model.hidden_size, model.vocab_size // par.tensor)
+
+
+def _naive_single_gpu(config: RooflineConfig, m: ModelShape, gpu: GPUSpec,
+                      num_tokens: np.ndarray) -> np.ndarray:
+    """The datasheet roofline of a dense model's linear layers on one GPU, as servesim computed
+    it before parallelism (one max over all layers' weights)."""
+    flops_s = gpu.peak_bf16_flops * config.mfu
+    bytes_s = gpu.memory_bandwidth_bytes_s * config.mbu
+    linear_params = m.num_layers * m.num_linear_params_per_layer
+    weights_s = linear_params * m.dtype_bytes / bytes_s
+    token_s = 2 * linear_params / flops_s
+    return np.where(num_tokens > 0, np.maximum(token_s * num_tokens, weights_s), 0.0)
+
+
+def _naive_lm_head(config: RooflineConfig, m: ModelShape, gpu: GPUSpec,
+                   num_sampled: np.ndarray) -> np.ndarray:
+    flops_s = gpu.peak_bf16_flops * config.mfu
+    bytes_s = gpu.memory_bandwidth_bytes_s * config.mbu
+    weights_s = m.vocab_size * m.hidden_size * m.dtype_bytes / bytes_s
+    token_s = 2 * m.vocab_size * m.hidden_size / flops_s
+    return np.maximum(token_s * num_sampled, weights_s * (num_sampled > 0))
+
+
+class _NaiveGemm:
+    """max(FLOPs at mfu of peak, weight bytes at mbu of bandwidth) for one GEMM."""
+
+    def __init__(self, config: RooflineConfig, gpu: GPUSpec, dtype_bytes: int = 2) -> None:
+        self.flops_s = gpu.peak_bf16_flops * config.mfu
+        self.bytes_s = gpu.memory_bandwidth_bytes_s * config.mbu
+        self.dtype_bytes = dtype_bytes
+
+    def __call__(self, m: np.ndarray, k: int, n: int) -> np.ndarray:
+        compute = 2.0 * m * k * n / self.flops_s
+        weights = k * n * self.dtype_bytes / self.bytes_s
+        return np.where(m > 0, np.maximum(compute, weights), 0.0)
+
+
+def _gemm_model(config: RooflineConfig, gpu: GPUSpec):  # type: ignore[no-untyped-def]
+    if config.linear == "naive":
+        return _NaiveGemm(config, gpu)
+    from sim.latency.gemm import GemmModel
+
+    model = GemmModel.for_gpu(gpu)
+    return lambda m, k, n: np.where(m > 0, model.time_s(m, k, n), 0.0)
+
+
+class _Collectives:
+    def __init__(self, config: RooflineConfig, gpu: GPUSpec, parallelism: Parallelism) -> None:
+        self.num_gpus = parallelism.tensor
+        self.bandwidth = BandwidthCollectives(
+            gpu.interconnect_bandwidth_bytes_s, config.interconnect_efficiency,
+            config.all_reduce_latency_s, config.send_recv_latency_s)
+        self.all_reduce_table: MessageTable | None = None
+        self.send_recv_table: MessageTable | None = None
+        if config.all_reduce_table is not None and parallelism.tensor > 1:
+            self.all_reduce_table = read_table(config.all_reduce_table, "all_reduce",
+                                               parallelism.tensor, "latency.all_reduce_table")
+        if config.send_recv_table is not None and parallelism.pipeline > 1:
+            self.send_recv_table = read_table(config.send_recv_table, "send_recv", 2,
+                                              "latency.send_recv_table")
+
+    def all_reduce(self, num_bytes: np.ndarray) -> np.ndarray:
+        if self.all_reduce_table is not None:
+            return self.all_reduce_table(num_bytes)
+        return self.bandwidth.all_reduce_s(num_bytes, self.num_gpus)
+
+    def send_recv(self, num_bytes: np.ndarray) -> np.ndarray:
+        if self.send_recv_table is not None:
+            return self.send_recv_table(num_bytes)
+        return self.bandwidth.send_recv_s(num_bytes)
+
+
+def _collectives(config: RooflineConfig, gpu: GPUSpec, parallelism: Parallelism) -> _Collectives:
+    return _Collectives(config, gpu, parallelism)
+
+
+@lru_cache(maxsize=64)
+def _tables(config: RooflineConfig, model: ModelShape, gpu: GPUSpec,
+            parallelism: Parallelism) -> _Tables:
+    """Shared by every replica of one kind (a sweep builds many), growing as they ask."""
+    return _Tables(config, model, gpu, parallelism)

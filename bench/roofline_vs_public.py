@@ -1,0 +1,103 @@
+"""servesim's roofline against public measurements of Llama-3 8B and 70B on H100s.
+
+Reads `bench/public_llama_h100.csv` (each row a published figure with its source and quote),
+keeps the bf16/fp16 rows of a batch shape we can reproduce, and for each simulates that batch
+as the benchmark ran it: `batch_size` requests of `input_tokens` arriving at once, each
+generating `output_tokens`, on one replica at the row's tensor-parallel degree, scheduled
+prefill-first as vLLM 0.5's default (whole prompts, up to the model's context length of tokens
+per iteration). The figure compared is the row's metric: the batch's end-to-end latency, the
+time to its first tokens, or decode tokens per second of a batch of one.
+
+    python bench/roofline_vs_public.py [--markdown]
+
+Prints predicted/measured per row for the calibrated roofline (the default) and the naive one
+(datasheet max of compute and memory), with the all-reduce either from Vidur's measured H100
+NCCL table (where ../shared/profiles is present) or from the NVLink bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sim.config import parse_scenario  # noqa: E402
+from sim.runner import run_scenario  # noqa: E402
+
+TABLE = REPO.parent / "shared" / "profiles" / "vidur" / "network" / "h100_dgx" / "all_reduce.csv"
+MODELS = {"Meta-Llama-3-8B": "llama-3-8b", "Meta-Llama-3.1-8B": "llama-3.1-8b",
+          "Meta-Llama-3-70B": "llama-3.1-70b"}  # 3.1-70B: Llama-3-70B's shape, longer context
+
+
+def usable(row: dict[str, str]) -> bool:
+    return (row["dtype"] in ("fp16", "bf16") and row["model"] in MODELS
+            and row["batch_size"] != "" and row["metric"] in
+            ("e2e_latency_s", "ttft_ms", "output_tokens_per_s"))
+
+
+def predict(row: dict[str, str], linear: str, workdir: Path) -> float:
+    batch = int(row["batch_size"])
+    prompt = int(row["input_tokens"]) if row["input_tokens"] else 1
+    output = int(row["output_tokens"])
+    trace = workdir / f"b{batch}_p{prompt}_o{output}.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                     + "".join(f"0.0,{prompt},{output}\n" for _ in range(batch)))
+    latency: dict[str, object] = {"kind": "roofline", "linear": linear}
+    tensor = int(row["tensor_parallel"])
+    if tensor > 1 and TABLE.is_file():
+        latency["all_reduce_table"] = str(TABLE)
+    scenario = parse_scenario({
+        "name": "public", "workload": {"format": "vidur", "path": str(trace)},
+        "replica": {"model": MODELS[row["model"]], "gpu": "h100-sxm",
+                    "parallelism": {"tensor": tensor},
+                    "scheduler": {"name": "prefill_first", "max_num_batched_tokens": 8192},
+                    "latency": latency}}, "<bench>")
+    results = run_scenario(scenario)
+    req = results.requests
+    if row["metric"] == "e2e_latency_s":
+        return float(req["finish_s"].max())
+    if row["metric"] == "ttft_ms":
+        return 1e3 * float((req["arrival_s"] + req["ttft_s"]).max())
+    # Decode tokens per second of one request: output tokens after the first, over their time.
+    return float((output - 1) / (req["finish_s"].max() - req["ttft_s"].max()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--markdown", action="store_true", help="a README table")
+    parser.add_argument("--csv", type=Path, default=REPO / "bench" / "public_llama_h100.csv")
+    args = parser.parse_args()
+    with open(args.csv, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if usable(r)]
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for row in rows:
+            measured = float(row["value"])
+            got = {linear: predict(row, linear, Path(tmp)) for linear in ("calibrated", "naive")}
+            out.append((row, measured, got))
+    if args.markdown:
+        print("| model | TP | engine | batch | in/out | metric | measured | calibrated "
+              "| ratio | naive | ratio |")
+        print("|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|")
+    for row, measured, got in out:
+        cal, naive = got["calibrated"], got["naive"]
+        engine = row["engine"].split(" ")[0]
+        shape = f"{row['input_tokens'] or '-'}/{row['output_tokens']}"
+        if args.markdown:
+            print(f"| {row['model']} | {row['tensor_parallel']} | {engine} | "
+                  f"{row['batch_size']} | {shape} | {row['metric']} | {measured:.4g} | "
+                  f"{cal:.4g} | {cal / measured:.2f} | {naive:.4g} | {naive / measured:.2f} |")
+        else:
+            print(f"{row['model']:<18} TP{row['tensor_parallel']} {engine:<13} "
+                  f"b{row['batch_size']:<3} {shape:>10} {row['metric']:<20} "
+                  f"measured {measured:9.4g}  calibrated {cal:9.4g} ({cal / measured:.2f})  "
+                  f"naive {naive:9.4g} ({naive / measured:.2f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Communication of a parallel replica: tensor-parallel all-reduces and pipeline hand-offs.
+
+Two sources, chosen per scenario:
+
+- measured tables (`all_reduce_table`, `send_recv_table`): CSV files in the layout Vidur
+  publishes its NCCL measurements in (columns `size` in bytes, `num_workers`,
+  `devices_per_node`, `time_stats.<collective>.median` in milliseconds), e.g. the H100 DGX
+  tables under `../shared/profiles/vidur/network/h100_dgx/`. The rows for the replica's group
+  size are made non-decreasing in message size (pool-adjacent-violators: single medians are
+  noisy, a larger message never really takes less time) and interpolated linearly; beyond the
+  largest message the last tenth of the table's bandwidth carries on.
+- the GPU's interconnect (`GPUSpec.interconnect_bandwidth_bytes_s`, one direction): a ring
+  all-reduce of B bytes over n GPUs moves 2(n-1)/n * B per GPU, a send moves B, each at
+  `interconnect_efficiency` of the link plus a fixed start-up. The defaults (25 us, 8 us, 0.75)
+  are least-squares fits to the H100 DGX tables above (NCCL medians: all-reduce over 2/4/8 GPUs
+  starts at 24-35 us and reaches 0.68-0.81 of 450 GB/s; an intra-node send starts at 8 us and
+  reaches 0.80).
+
+Neither models vLLM's custom all-reduce kernel, which finishes small messages (decode
+batches) in under 10 us on NVLink: NCCL start-up makes decode of a deep TP model slower here.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import InputError
+
+Array = np.ndarray
+
+
+@dataclass(frozen=True)
+class MessageTable:
+    """Measured seconds by message size, non-decreasing, interpolated linearly."""
+
+    sizes_bytes: Array
+    times_s: Array
+    tail_s_per_byte: float
+
+    def __call__(self, num_bytes: Array) -> Array:
+        x = np.asarray(num_bytes, dtype=np.float64)
+        inside = np.interp(x, self.sizes_bytes, self.times_s)
+        beyond = self.times_s[-1] + (x - self.sizes_bytes[-1]) * self.tail_s_per_byte
+        out: Array = np.where(x > self.sizes_bytes[-1], beyond, inside)
+        return np.where(x > 0, out, 0.0)
+
+
+def read_table(path: Path, collective: str, num_workers: int, field: str) -> MessageTable:
+    """The rows of `path` for `num_workers` GPUs (all on one node where the table has that)."""
+    column = f"time_stats.{collective}.median"
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as exc:
+        raise InputError(path, field, str(path), f"cannot read it: {exc.strerror}") from None
+    if not rows or any(c not in rows[0] for c in (column, "size", "num_workers")):
+        raise InputError(path, field, str(path),
+                         f"needs columns size, num_workers and {column} (Vidur's layout)")
+    try:
+        picked = [r for r in rows if int(r["num_workers"]) == num_workers]
+        if picked and "devices_per_node" in picked[0]:
+            # Prefer the group inside one node: tensor parallelism stays on NVLink.
+            best = max(int(r["devices_per_node"]) for r in picked)
+            picked = [r for r in picked if int(r["devices_per_node"]) == best]
+        pairs = sorted((float(r["size"]), float(r[column]) / 1e3) for r in picked)
+    except ValueError as exc:
+        raise InputError(path, field, str(path), f"a value is not a number: {exc}") from None
+    if len(pairs) < 2:
+        have = sorted({r["num_workers"] for r in rows}, key=int)
+        raise InputError(path, field, str(path), f"has no rows for {num_workers} GPUs "
+                                                 f"(num_workers: {', '.join(have)})")
+    if any(not (math.isfinite(s) and math.isfinite(t) and s > 0 and t > 0) for s, t in pairs):
+        raise InputError(path, field, str(path), "sizes and times must be positive and finite")
+    sizes = np.array([s for s, _ in pairs])
+    times = _non_decreasing(np.array([t for _, t in pairs]))
+    sizes, index = np.unique(sizes, return_index=True)
+    times = times[index]
+    if len(sizes) < 2:
+        raise InputError(path, field, str(path), "needs at least two message sizes")
+    start = int(len(sizes) * 0.9)
+    start = min(start, len(sizes) - 2)
+    slope = (times[-1] - times[start]) / (sizes[-1] - sizes[start])
+    return MessageTable(sizes, times, max(float(slope), 0.0))
+
+
+def _non_decreasing(y: Array) -> Array:
+    """The least-squares non-decreasing fit of `y` (pool adjacent violators)."""
+    values: list[float] = []
+    weights: list[int] = []
+    for v in y.tolist():
+        values.append(v)
+        weights.append(1)
+        while len(values) > 1 and values[-2] > values[-1]:
+            w = weights[-2] + weights[-1]
+            values[-2] = (values[-2] * weights[-2] + values[-1] * weights[-1]) / w
+            weights[-2] = w
+            values.pop()
+            weights.pop()
+    return np.repeat(values, weights)
+
+
+@dataclass(frozen=True)
+class BandwidthCollectives:
+    """Ring all-reduce and point-to-point times from a link's bandwidth and a start-up."""
+
+    bandwidth_bytes_s: float
+    efficiency: float
+    all_reduce_latency_s: float
+    send_recv_latency_s: float
+
+    def all_reduce_s(self, num_bytes: Array, num_gpus: int) -> Array:
+        x = np.asarray(num_bytes, dtype=np.float64)
+        moved = 2 * (num_gpus - 1) / num_gpus * x
+        t = self.all_reduce_latency_s + moved / (self.bandwidth_bytes_s * self.efficiency)
+        return np.where(x > 0, t, 0.0)
+
+    def send_recv_s(self, num_bytes: Array) -> Array:
+        x = np.asarray(num_bytes, dtype=np.float64)
+        t = self.send_recv_latency_s + x / (self.bandwidth_bytes_s * self.efficiency)
+        return np.where(x > 0, t, 0.0)

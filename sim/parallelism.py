@@ -1,0 +1,81 @@
+"""How one replica is split over GPUs: tensor, pipeline and expert parallelism.
+
+A replica spans `tensor * pipeline` GPUs. Tensor parallelism (Megatron style, as vLLM shards a
+decoder) splits every layer's heads and MLP width over `tensor` GPUs and all-reduces the
+activations twice per layer; pipeline parallelism gives each of `pipeline` stages a contiguous
+run of layers and hands the activations on between stages; expert parallelism places whole
+routed experts of an MoE layer on `expert` of the tensor-parallel GPUs instead of slicing every
+expert (vLLM's `enable_expert_parallel` inside the tensor-parallel group).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, Field
+
+from sim.errors import INPUT_MODEL
+
+if TYPE_CHECKING:
+    from sim.models import ModelShape
+
+MAX_GPUS_PER_REPLICA = 1024
+
+
+class Parallelism(BaseModel):
+    """`parallelism: {tensor: T, pipeline: P, expert: E}` of a replica."""
+
+    model_config = INPUT_MODEL
+
+    tensor: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA,
+                        description="GPUs splitting each layer (heads, MLP width)")
+    pipeline: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA,
+                          description="stages, each a contiguous run of layers")
+    expert: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA,
+                        description="GPUs of the tensor group holding whole routed experts")
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs one replica occupies."""
+        return self.tensor * self.pipeline
+
+    def problems(self, model: ModelShape) -> list[tuple[str, int, str]]:
+        """What does not divide: (field, value, why) for each, empty if the split is valid.
+        The rules are vLLM's: heads divide evenly over the tensor group (KV heads may be
+        replicated when there are fewer of them than GPUs), every stage gets a layer."""
+        found = []
+        t, p, e = self.tensor, self.pipeline, self.expert
+        if model.num_heads % t:
+            found.append(("tensor", t, f"{model.name} has {model.num_heads} attention heads, "
+                                       "not divisible by it"))
+        kv = model.num_kv_heads
+        if found:
+            pass  # the heads' problem says it
+        elif t <= kv and kv % t or t > kv and t % kv:
+            found.append(("tensor", t, f"{model.name}'s {kv} KV heads neither divide over it "
+                                       "nor replicate evenly"))
+        if p > model.num_layers:
+            found.append(("pipeline", p, f"more stages than {model.name}'s "
+                                         f"{model.num_layers} layers"))
+        if e > 1 and not getattr(model, "num_experts", 0):
+            found.append(("expert", e, f"{model.name} is dense: it has no experts to place"))
+        elif e > 1 and (t % e or getattr(model, "num_experts", 0) % e):
+            found.append(("expert", e, f"must divide tensor ({t}) and {model.name}'s "
+                                       f"{getattr(model, 'num_experts', 0)} experts"))
+        return found
+
+    def kv_heads_per_gpu(self, model: ModelShape) -> int:
+        """KV heads each GPU of the tensor group stores (replicated if fewer than GPUs)."""
+        return max(1, model.num_kv_heads // self.tensor)
+
+    def kv_bytes_per_token_per_gpu(self, model: ModelShape) -> float:
+        """KV bytes one token takes on each GPU: its stage's layers, its share of the heads
+        (an MLA latent is not split by heads: every tensor-parallel GPU keeps all of it)."""
+        per_layer = model.kv_bytes_per_token / model.num_layers
+        if not getattr(model, "kv_lora_rank", 0):
+            per_layer = per_layer * self.kv_heads_per_gpu(model) / model.num_kv_heads
+        # The busiest stage holds the most layers; it bounds the replica's KV capacity.
+        return per_layer * -(-model.num_layers // self.pipeline)
+
+
+SINGLE_GPU = Parallelism()

@@ -1,0 +1,235 @@
+"""The GEMM time model (`sim.latency.gemm`): calibration file, exactness of arrays against
+scalar calls, shape of the curve, and its error against Vidur's public H100/A100 measurements
+(../shared/profiles/vidur, skipped where that folder is absent)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.gpus import GPUS, GPUSpec
+from sim.latency.gemm import (
+    CALIBRATION_PATH,
+    REFERENCE_GPU,
+    GemmModel,
+    GemmParams,
+    load_calibration,
+)
+
+VIDUR = Path(__file__).resolve().parents[2] / "shared" / "profiles" / "vidur"
+MEASURED = ("h100-sxm", "a100-80gb")
+# (k, n): Llama-2-7B's QKV and down projections, Llama-2-70B's gate+up at TP8, a tiny one, and
+# a wide LM head.
+SHAPES = [(4096, 12288), (11008, 4096), (8192, 7168), (512, 4096), (8192, 128256)]
+CUSTOM = GPUSpec("custom-gpu", 400e12, 2e12, 48 * 2**30, "test")
+
+
+def models() -> list[GemmModel]:
+    out = [GemmModel.for_gpu(GPUS.get(name)) for name in GPUS.names()]
+    out += [GemmModel.for_gpu(CUSTOM), GemmModel.for_gpu(GPUS.get("h100-sxm"), calibrated=False)]
+    return out
+
+
+def test_calibration_file_has_every_measured_gpu() -> None:
+    data = load_calibration(CALIBRATION_PATH)
+    assert data["source"]["vidur_commit"] == "7d47513363ec447a741ac5e47241580b47724fbf"
+    assert set(MEASURED) <= set(data["gpus"]) and data["reference_gpu"] == REFERENCE_GPU
+    for name in MEASURED:
+        entry = data["gpus"][name]
+        model = GemmModel.for_gpu(GPUS.get(name))
+        assert model.form == "calibrated" and not model.extrapolated
+        p = model.params
+        assert 0 < p.launch_s < 50e-6 and 0 <= p.overlap <= 4 and p.m_tile == 64
+        spec = GPUS.get(name)
+        # Physical: no more than the datasheet's FLOP/s and bandwidth, and not far below.
+        assert 0.5 * spec.peak_bf16_flops < p.flops_s <= spec.peak_bf16_flops
+        assert 0.5 * spec.memory_bandwidth_bytes_s < p.bytes_s <= spec.memory_bandwidth_bytes_s
+        assert entry["fit"]["rows"] > 1000 and entry["fit"]["median_abs_error"] < 0.06
+
+
+def test_other_gpus_are_extrapolated_from_the_h100_by_datasheet_ratios() -> None:
+    h100 = GemmModel.for_gpu(GPUS.get("h100-sxm")).params
+    for spec in [GPUS.get("h200"), CUSTOM]:
+        model = GemmModel.for_gpu(spec)
+        assert model.extrapolated and "extrapolated" in model.describe()["gemm_source"]
+        p = model.params
+        assert p.flops_s == pytest.approx(
+            h100.flops_s * spec.peak_bf16_flops / GPUS.get("h100-sxm").peak_bf16_flops)
+        assert p.bytes_s == pytest.approx(
+            h100.bytes_s * spec.memory_bandwidth_bytes_s
+            / GPUS.get("h100-sxm").memory_bandwidth_bytes_s)
+        assert (p.launch_s, p.overlap, p.m_tile) == (h100.launch_s, h100.overlap, h100.m_tile)
+    # The H200 has the H100's math and more bandwidth: never slower, faster where memory-bound.
+    h200 = GemmModel.for_gpu(GPUS.get("h200"))
+    h100m = GemmModel.for_gpu(GPUS.get("h100-sxm"))
+    m = np.arange(1, 8193)
+    assert np.all(h200.time_s(m, 8192, 8192) <= h100m.time_s(m, 8192, 8192))
+    assert h200.time_s(1, 8192, 8192) < 0.8 * h100m.time_s(1, 8192, 8192)
+
+
+def test_arrays_equal_scalar_calls_bit_for_bit() -> None:
+    m_int: np.ndarray = np.r_[np.arange(0, 300), np.arange(300, 20000, 97), [2**20 - 1, 2**20]]
+    # fractions: MoE's expected tokens per expert
+    m_float: np.ndarray = np.r_[0.0, 0.25, 0.5, 63.5, 64.0, 64.001, 127.9, 1000.3]
+    for model in models():
+        for k, n in SHAPES[:3]:
+            for m in (m_int, m_float):
+                arr = model.time_s(m, k, n)
+                assert arr.dtype == np.float64 and arr.shape == m.shape
+                scalars = np.array([model.time_s(v.item(), k, n) for v in m])
+                assert np.array_equal(arr, scalars), (model.gpu, model.form, k, n)
+                assert all(isinstance(model.time_s(v, k, n), float) for v in m[:3])
+        # long arrays (evaluated in chunks) and 2-D arrays: the same floats again
+        long = np.arange(12289)
+        arr = model.time_s(long, 4096, 12288)
+        idx = np.r_[np.arange(0, 12289, 37), 4095, 4096, 4097, 8191, 8192, 12288]
+        assert np.array_equal(arr[idx], [model.time_s(int(i), 4096, 12288) for i in idx])
+        grid = model.time_s(long[:12288].reshape(3, 4096), 4096, 12288)
+        assert grid.shape == (3, 4096) and np.array_equal(grid.ravel(), arr[:12288])
+        # numpy scalars and other integer dtypes give the same floats
+        assert model.time_s(np.int32(77), 4096, 4096) == model.time_s(77, 4096, 4096)
+        assert np.array_equal(model.time_s(np.arange(50, dtype=np.int32), 4096, 4096),
+                              model.time_s(np.arange(50), 4096, 4096))
+
+
+def test_zero_tokens_take_no_time() -> None:
+    for model in models():
+        for k, n in SHAPES:
+            assert model.time_s(0, k, n) == 0.0
+            assert model.time_s(np.zeros(3, dtype=np.int64), k, n).tolist() == [0.0] * 3
+            assert model.time_s(1, k, n) > 0
+        assert model.time_s(5, 0, 4096) == 0.0
+    with pytest.raises(ValueError, match=">= 0"):
+        models()[0].time_s(np.array([3, -1]), 4096, 4096)
+    with pytest.raises(ValueError):
+        models()[0].time_s(float("nan"), 4096, 4096)
+
+
+def test_time_is_non_decreasing_in_tokens() -> None:
+    """Non-decreasing over 1..16384 tokens, with steps at whole tiles of 64 rows (the form has no
+    wave steps); large batches approach the fitted FLOP/s."""
+    m = np.arange(1, 16385)
+    for model in models():
+        for k, n in SHAPES:
+            t = model.time_s(m, k, n)
+            assert np.all(np.diff(t) >= 0), (model.gpu, model.form, k, n)
+        if model.form != "naive":
+            k, n = 8192, 28672
+            big = model.time_s(16384, k, n)
+            assert 2 * 16384 * k * n / big == pytest.approx(model.params.flops_s, rel=0.1)
+
+
+def test_vectorised_evaluation_is_cheap() -> None:
+    """A 16,385-entry table for one shape is a handful of numpy passes (timed in
+    bench/calibrate_gemm.py's report, not here); check it gives one float per token count."""
+    t = GemmModel.for_gpu(GPUS.get("h100-sxm")).time_s(np.arange(16385), 4096, 12288)
+    assert t.shape == (16385,) and t[0] == 0.0 and np.all(np.isfinite(t))
+
+
+def test_params_out_of_range_are_refused() -> None:
+    with pytest.raises(ValueError):
+        GemmParams(1e-6, 1e14, 1e12, 5.0)
+    with pytest.raises(ValueError):
+        GemmParams(1e-6, 0.0, 1e12, 1.0)
+
+
+def test_a_broken_calibration_file_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "gemm.json"
+    bad.write_text(json.dumps({"gpus": {"h100-sxm": {"params": {"launch_s": 1e-6}}}}))
+    with pytest.raises(RuntimeError, match="gemm.json"):
+        load_calibration(bad)
+
+
+# --- against the measurements -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def measured():  # type: ignore[no-untyped-def]
+    if not (VIDUR / "compute").is_dir():
+        pytest.skip(f"Vidur profiles not found at {VIDUR} (../shared/profiles/vidur)")
+    from bench.calibrate_gemm import OPS, load_rows, predict
+
+    rows = load_rows(VIDUR)
+    assert len(OPS) == 4 and set(rows.gpu.tolist()) == set(MEASURED)
+    out = {}
+    for gpu in MEASURED:
+        sub = rows.select(rows.gpu == gpu)
+        spec = GPUS.get(gpu)
+        meas = sub.median_s.sum(axis=1)
+        after = predict(GemmModel.for_gpu(spec), sub)
+        before = predict(GemmModel.for_gpu(spec, calibrated=False), sub)
+        out[gpu] = (sub, after.sum(axis=1) / meas, before.sum(axis=1) / meas, after)
+    return out
+
+
+def test_measurement_shapes_are_what_the_gemms_compute(measured) -> None:  # type: ignore[no-untyped-def]
+    """The (m, k, n) worked out from the shape columns: at 4096 tokens a GEMM's time is about
+    proportional to its FLOPs (within the 2x that kernel efficiencies differ by), and halving a
+    shard (TP 1 -> 2 -> 4 -> 8) about halves it."""
+    for gpu, (rows, *_rest) in measured.items():
+        big = rows.m == 4096
+        flops = 2 * rows.m[big, None] * rows.kn[big, :, 0] * rows.kn[big, :, 1]
+        rate = flops / rows.median_s[big]
+        assert rate.max() / rate.min() < 2.5, gpu
+        for model in set(rows.model.tolist()):
+            sel = big & (rows.model == model)
+            by_tp = {int(tp): rows.median_s[sel & (rows.tp == tp)][0] for tp in (1, 2, 4, 8)}
+            for lo, hi in ((1, 2), (2, 4), (4, 8)):
+                ratio = by_tp[lo] / by_tp[hi]
+                assert np.all((ratio > 1.5) & (ratio < 2.6)), (gpu, model, lo, ratio)
+
+
+def test_calibrated_linear_layers_against_measurements(measured) -> None:  # type: ignore[no-untyped-def]
+    """The four-GEMM sum of a layer, every row with 1-4096 tokens of every model and TP degree.
+
+    What holds: the calibrated error is far below the naive roofline's (which is off by up to
+    3x); 94% of A100 and 83% of H100 rows are within 10%; every row is within 24% (A100) and 38%
+    (H100); each series' median is within 5%. The 10%-on-every-row target does not hold (see the
+    xfail below)."""
+    data = load_calibration(CALIBRATION_PATH)["gpus"]
+    limits = {"a100-80gb": (0.92, 0.24), "h100-sxm": (0.80, 0.38)}  # within 10%, worst
+    for gpu, (rows, after, before, _) in measured.items():
+        err_after = np.abs(np.log(after))
+        err_before = np.abs(np.log(before))
+        assert err_after.max() < 0.5 * err_before.max(), gpu
+        assert np.mean(np.abs(after - 1) <= 0.1) > np.mean(np.abs(before - 1) <= 0.1) + 0.3
+        within, worst = limits[gpu]
+        assert np.mean(np.abs(after - 1) <= 0.1) >= within, gpu
+        assert np.abs(after - 1).max() <= worst, gpu
+        for model in set(rows.model.tolist()):
+            for tp in (1, 2, 4, 8):
+                sel = (rows.model == model) & (rows.tp == tp)
+                assert abs(np.median(after[sel]) - 1) < 0.05, (gpu, model, tp)
+        # The file's figures are those of the committed parameters on these measurements.
+        fit = data[gpu]["fit"]
+        assert fit["rows"] == len(after)
+        assert fit["max_abs_error"] == pytest.approx(np.abs(after - 1).max(), rel=1e-9)
+        assert fit["rows_within_10pct"] == pytest.approx(np.mean(np.abs(after - 1) <= 0.1))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Not reachable by a non-decreasing model: the measured four-GEMM sums drop by up to 32% as "
+    "tokens grow (cuBLAS switching kernels at tile and wave boundaries, e.g. H100 CodeLlama-34B "
+    "TP2 from 544 to 568 tokens), so in 11 of 28 series even the best non-decreasing curve "
+    "misses some row by more than 10% (bench/calibrate_gemm.py prints the bound per series)"))
+def test_every_row_within_ten_percent(measured) -> None:  # type: ignore[no-untyped-def]
+    for gpu, (_rows, after, _before, _) in measured.items():
+        assert np.abs(after - 1).max() <= 0.1, gpu
+
+
+def test_no_monotone_model_meets_ten_percent_everywhere(measured) -> None:  # type: ignore[no-untyped-def]
+    """The reason for the xfail above, computed: the best max error any non-decreasing curve in
+    tokens can reach, per GPU, model and TP degree, exceeds 10% for several series."""
+    from bench.calibrate_gemm import monotone_bound
+
+    over = 0
+    for rows, *_rest in measured.values():
+        meas = rows.median_s.sum(axis=1)
+        for model in set(rows.model.tolist()):
+            for tp in (1, 2, 4, 8):
+                sel = (rows.model == model) & (rows.tp == tp)
+                over += monotone_bound(rows.m[sel], meas[sel]) > 0.1
+    assert over == 11

@@ -1,0 +1,251 @@
+"""Replicas split over GPUs: the roofline's per-GPU compute and communication, MoE weight
+traffic, memory per GPU, GPU counts and cost, and models given as a config.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.config import load_scenario
+from sim.fingerprint import input_files
+from sim.gpus import GPUS
+from sim.latency import LATENCY_MODELS
+from sim.latency.base import BatchShape
+from sim.latency.comm import _non_decreasing, read_table
+from sim.models import MODELS
+from sim.parallelism import Parallelism
+from sim.runner import run_scenario
+from tests.conftest import REPO, assert_one_line_error, run_cli
+
+NETWORK = REPO.parent / "shared" / "profiles" / "vidur" / "network"
+
+
+def roofline(model: str, gpu: str = "h100-sxm", tensor: int = 1, pipeline: int = 1,
+             expert: int = 1, **params):
+    cls = LATENCY_MODELS.get("roofline")
+    return cls(cls.Config(kind="roofline", **params), MODELS.get(model), GPUS.get(gpu),
+               Parallelism(tensor=tensor, pipeline=pipeline, expert=expert))
+
+
+def old_roofline_s(shape: BatchShape, model: str, gpu: str) -> float:
+    """servesim's roofline before parallelism, written out as it was (mfu 0.6, mbu 0.8)."""
+    m, g = MODELS.get(model), GPUS.get(gpu)
+    flops_s, bytes_s = g.peak_bf16_flops * 0.6, g.memory_bandwidth_bytes_s * 0.8
+    linear_params = m.num_layers * m.num_linear_params_per_layer
+    linear = max(2 * linear_params / flops_s * shape.num_tokens,
+                 linear_params * m.dtype_bytes / bytes_s)
+    attn_pair_s = 4 * m.num_layers * m.q_size / flops_s
+    kv_token_s = m.kv_bytes_per_token / bytes_s
+    prefill = max(attn_pair_s * shape.prefill_attn_pairs, kv_token_s * shape.prefill_kv_tokens)
+    decode = max(attn_pair_s * shape.decode_kv_tokens, kv_token_s * shape.decode_kv_tokens)
+    head = max(2 * m.vocab_size * m.hidden_size / flops_s * shape.num_sampled_tokens,
+               m.vocab_size * m.hidden_size * m.dtype_bytes / bytes_s
+               * (shape.num_sampled_tokens > 0))
+    return 0.002 + linear + prefill + decode + head
+
+
+def shapes(seed: int, n: int = 200) -> list[BatchShape]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        prefill = int(rng.integers(0, 4000))
+        decodes = int(rng.integers(0 if prefill else 1, 256))
+        cached = int(rng.integers(0, 4000))
+        out.append(BatchShape(
+            num_prefill_tokens=prefill, num_prefill_seqs=int(prefill > 0),
+            num_decode_tokens=decodes, num_sampled_tokens=decodes + int(rng.integers(0, 2)),
+            prefill_attn_pairs=prefill * cached + prefill * (prefill + 1) // 2,
+            prefill_kv_tokens=(cached + prefill) * (prefill > 0),
+            decode_kv_tokens=decodes * int(rng.integers(1, 8000))))
+    return out
+
+
+def test_one_gpu_naive_roofline_is_unchanged_bit_for_bit():
+    for model, gpu in (("llama-3-8b", "h100-sxm"), ("mistral-7b", "a100-80gb")):
+        latency = roofline(model, gpu, linear="naive")
+        for shape in shapes(1):
+            assert latency.iteration_time_s(shape) == old_roofline_s(shape, model, gpu)
+
+
+def test_tensor_parallel_halves_compute_per_gpu_and_adds_two_all_reduces_per_layer():
+    model = MODELS.get("llama-3.1-8b")
+    one = roofline("llama-3.1-8b", linear="naive")
+    two = roofline("llama-3.1-8b", tensor=2, linear="naive")
+    gpu = GPUS.get("h100-sxm")
+    m = 8192  # compute-bound: every GEMM's FLOPs outlast its weight bytes
+    shape = BatchShape(num_prefill_tokens=m, num_prefill_seqs=1, prefill_attn_pairs=m * m,
+                       prefill_kv_tokens=m)
+    flops_s = gpu.peak_bf16_flops * 0.6
+    linear_tp1 = 2 * m * model.num_layers * model.num_linear_params_per_layer / flops_s
+    act_bytes = m * model.hidden_size * model.dtype_bytes
+    # Ring all-reduce over 2 GPUs: 2(n-1)/n of the bytes at 75% of the link, 25 us to start.
+    all_reduce_s = 25e-6 + act_bytes / (gpu.interconnect_bandwidth_bytes_s * 0.75)
+    attn_tp1 = 4 * model.num_layers * model.q_size / flops_s * m * m
+    assert one.iteration_time_s(shape) == pytest.approx(0.002 + linear_tp1 + attn_tp1, rel=1e-12)
+    expected_tp2 = (0.002 + linear_tp1 / 2 + 2 * model.num_layers * all_reduce_s
+                    + attn_tp1 / 2)
+    assert two.iteration_time_s(shape) == pytest.approx(expected_tp2, rel=1e-12)
+
+
+def test_measured_all_reduce_table_is_read_for_the_group_size_and_smoothed():
+    if not NETWORK.is_dir():
+        pytest.skip(f"{NETWORK} is missing")
+    table = read_table(NETWORK / "h100_dgx" / "all_reduce.csv", "all_reduce", 4, "t")
+    assert np.all(np.diff(table.times_s) >= 0) and np.all(np.diff(table.sizes_bytes) > 0)
+    # 64 MiB over 4 H100s: NCCL's median in the file is about 0.5 ms; sizes beyond carry on.
+    assert 0.3e-3 < float(table(np.array([64 * 2**20]))[0]) < 0.8e-3
+    assert float(table(np.array([2**28]))[0]) > float(table(np.array([2**27]))[0])
+    with pytest.raises(Exception, match="no rows for 3 GPUs"):
+        read_table(NETWORK / "h100_dgx" / "all_reduce.csv", "all_reduce", 3, "t")
+    latency = roofline("llama-3.1-70b", tensor=4, all_reduce_table=NETWORK / "h100_dgx" /
+                       "all_reduce.csv")
+    bandwidth = roofline("llama-3.1-70b", tensor=4)
+    decode = BatchShape.decode_only(32, 32 * 1000)
+    # The tables' small messages take ~30 us like the bandwidth model's start-up: both close.
+    assert latency.iteration_time_s(decode) == pytest.approx(
+        bandwidth.iteration_time_s(decode), rel=0.25)
+
+
+def test_pool_adjacent_violators_gives_the_non_decreasing_least_squares_fit():
+    assert _non_decreasing(np.array([1.0, 3.0, 2.0, 4.0])).tolist() == [1.0, 2.5, 2.5, 4.0]
+    assert _non_decreasing(np.array([3.0, 2.0, 1.0])).tolist() == [2.0, 2.0, 2.0]
+
+
+def test_moe_decode_of_one_token_reads_only_the_active_experts():
+    model = MODELS.get("mixtral-8x7b")
+    gpu = GPUS.get("h100-sxm")
+    latency = roofline("mixtral-8x7b", linear="naive", tensor=2)
+    bytes_s = gpu.memory_bandwidth_bytes_s * 0.8
+    h, t = model.hidden_size, 2
+    # One token: weight-bound everywhere. Per layer: QKV and output shards, the router, and
+    # num_experts_per_token experts' gate, up and down shards; nothing of the other experts.
+    q = model.num_heads // t * model.head_dim
+    kv = model.num_kv_heads // t * model.head_dim
+    attn = h * (q + 2 * kv) + q * h
+    experts = model.num_experts_per_token * 3 * h * (model.moe_intermediate_size // t)
+    per_layer_bytes = (attn + h * model.num_experts + experts) * model.dtype_bytes
+    weights_s = model.num_layers * per_layer_bytes / bytes_s
+    tables = latency.tables
+    got = tables.tokens_s(1) - 2 * model.num_layers * tables.comm.all_reduce(
+        np.array([h * model.dtype_bytes]))[0]
+    assert got == pytest.approx(weights_s, rel=1e-9)
+    all_experts_s = model.num_layers * model.num_experts * 3 * h * (
+        model.moe_intermediate_size // t) * model.dtype_bytes / bytes_s
+    assert got < all_experts_s / 2
+    # A large batch reaches every expert.
+    many = tables.tokens_s(4096) - 2 * model.num_layers * tables.comm.all_reduce(
+        np.array([4096 * h * model.dtype_bytes]))[0]
+    assert many > all_experts_s
+
+
+def test_predictions_on_arrays_equal_scalar_calls_for_split_replicas():
+    for kwargs in ({"tensor": 4}, {"tensor": 2, "pipeline": 2}, {"tensor": 1, "pipeline": 4}):
+        latency = roofline("llama-3.1-70b", **kwargs)
+        nums = np.array([1, 7, 64, 255, 5000, 9000])
+        kv = nums * 1000
+        vector = latency.iteration_time_s(BatchShape.decode_only(nums, kv))
+        for i, n in enumerate(nums.tolist()):
+            assert vector[i] == latency.iteration_time_s(BatchShape.decode_only(n, int(kv[i])))
+    moe = roofline("qwen3-30b-a3b", tensor=2, expert=2)
+    nums = np.array([1, 3, 200, 4097])
+    vector = moe.iteration_time_s(BatchShape.decode_only(nums, nums * 10))
+    assert [moe.iteration_time_s(BatchShape.decode_only(n, n * 10)) for n in nums.tolist()] \
+        == vector.tolist()
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return path
+
+
+SYNTH = """\
+name: split
+workload:
+  format: synthetic
+  num_requests: 40
+  arrivals: {qps: 2}
+  lengths:
+    prompt: {dist: uniform, low: 100, high: 2000}
+    output: {dist: uniform, low: 5, high: 60}
+"""
+
+
+def test_a_70b_model_on_one_h100_is_refused_with_the_memory_it_needs(tmp_path, monkeypatch,
+                                                                      capsys):
+    path = write(tmp_path, SYNTH + "replica: {model: llama-3.1-70b, gpu: h100-sxm}\n")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                        str(tmp_path / "out"))
+    assert_one_line_error(code, err, "replica.kv_cache", "no room for KV")
+    assert "131.4 GiB per GPU" in err and "72.0 GiB usable of 80.0 GiB" in err
+
+
+def test_tp4_fits_and_counts_kv_per_gpu_and_gpus_and_cost(tmp_path):
+    path = write(tmp_path, SYNTH + "replica: {model: llama-3.1-70b, gpu: h100-sxm, "
+                                  "parallelism: {tensor: 4}}\ncluster: {replicas: 2}\n")
+    scenario = load_scenario(path)
+    results = run_scenario(scenario)
+    model, gpu = MODELS.get("llama-3.1-70b"), GPUS.get("h100-sxm")
+    free = gpu.memory_bytes * 0.9 - model.weight_bytes / 4 - 2e9
+    # Each GPU holds 2 of the 8 KV heads of every layer.
+    assert results.summary["run"]["num_kv_blocks"] == int(
+        free // (16 * model.kv_bytes_per_token / 4))
+    cost = results.summary["cost"]
+    assert cost["num_gpus"] == 8
+    assert cost["usd_per_hour"] == pytest.approx(8 * gpu.cost_per_gpu_hour)
+    thr = results.summary["throughput"]
+    assert cost["requests_per_s_per_gpu"] == pytest.approx(thr["requests_per_s"] / 8)
+    assert cost["usd_per_million_output_tokens"] == pytest.approx(
+        8 * gpu.cost_per_gpu_hour / (thr["output_tokens_per_s"] * 3600) * 1e6)
+    assert results.summary["run"]["parallelism"] == "TP4"
+
+
+@pytest.mark.parametrize(("split", "field", "words"), [
+    ("{tensor: 3}", "replica.parallelism.tensor", "not divisible"),
+    ("{pipeline: 200}", "replica.parallelism.pipeline", "more stages"),
+    ("{expert: 2}", "replica.parallelism.expert", "dense"),
+    ("{tensor: true}", "replica.parallelism.tensor", "boolean"),
+])
+def test_splits_the_model_does_not_allow_are_refused(tmp_path, monkeypatch, capsys, split,
+                                                     field, words):
+    path = write(tmp_path, SYNTH + f"replica: {{model: llama-3.1-8b, parallelism: {split}}}\n")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                        str(tmp_path / "out"))
+    assert_one_line_error(code, err, field, words)
+
+
+def test_a_config_json_beside_the_scenario_is_a_model_and_an_input(tmp_path):
+    config = json.loads((REPO / "sim" / "data" / "models" / "llama-3.1-8b.json").read_text())
+    config["num_hidden_layers"] = 16  # a half-depth Llama: a shape no registry has
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "half.json").write_text(json.dumps(config))
+    path = write(tmp_path, SYNTH + "replica: {model: models/half.json}\n")
+    scenario = load_scenario(path)
+    assert scenario.replica.model == tmp_path / "models" / "half.json"
+    assert scenario.replica.model_shape.num_layers == 16
+    assert input_files(scenario)["replica.model"] == tmp_path / "models" / "half.json"
+    half = run_scenario(scenario).summary
+    full = run_scenario(load_scenario(write(tmp_path, SYNTH + "replica: {model: llama-3.1-8b}\n")))
+    assert half["e2e_s"]["mean"] < full.summary["e2e_s"]["mean"]
+
+
+def test_a_missing_config_json_is_one_line(tmp_path, monkeypatch, capsys):
+    path = write(tmp_path, SYNTH + "replica: {model: nowhere/config.json}\n")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                        str(tmp_path / "out"))
+    assert_one_line_error(code, err, "replica.model", "config.json")
+
+
+def test_a_custom_gpu_mapping_runs_and_prices(tmp_path):
+    gpu = ("{name: my-gpu, peak_bf16_flops: 4.0e+14, memory_bandwidth_bytes_s: 2.0e+12, "
+           "memory_bytes: 48000000000, interconnect_bandwidth_bytes_s: 3.2e+10, "
+           "cost_per_gpu_hour: 1.5}")
+    path = write(tmp_path, SYNTH + f"replica: {{model: llama-3.1-8b, gpu: {gpu}}}\n")
+    summary = run_scenario(load_scenario(path)).summary
+    assert summary["run"]["gpu"] == "my-gpu"
+    assert summary["cost"]["usd_per_hour"] == 1.5
+    assert math.isfinite(summary["cost"]["usd_per_million_tokens"])
