@@ -149,6 +149,10 @@ class ReplicaConfig(_Frozen):
     @field_validator("gpu", mode="before")
     @classmethod
     def _gpu(cls, value: Any) -> Any:
+        """A name, or a mapping checked as a `GPUSpecInput` here (so its problems are reported
+        at their own fields, not once per member of the union)."""
+        if isinstance(value, dict):
+            return GPUSpecInput.model_validate(value)
         return _known(GPUS, value) if isinstance(value, str) else value
 
     @field_validator("scheduler", mode="before")

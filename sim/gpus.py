@@ -41,7 +41,7 @@ from typing import Any
 # pydantic, for `GPUSpecInput`: this module is not on the path of `servesim --help` (sim.cli.app
 # does not import it; tests/test_gpus.py checks), and everything that imports it (the scenario
 # models, the latency models, `servesim list`) loads pydantic anyway.
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from sim.errors import INPUT_MODEL
 from sim.registry import Registry
@@ -164,9 +164,13 @@ class GPUSpecInput(BaseModel):
               cost_per_gpu_hour: 1.5}
 
     Units as `GPUSpec`'s. Every figure is a positive finite number (not text, not a boolean)
-    below a bound that catches unit slips."""
+    below a bound that catches unit slips. With `base`, a registered GPU gives every figure not
+    given, e.g. your own price: `gpu: {base: h100-sxm, cost_per_gpu_hour: 2.49}` (named
+    `h100-sxm-custom` unless `name` says otherwise)."""
 
     model_config = INPUT_MODEL
+
+    base: str | None = Field(None, description="a registered GPU giving the figures not given")
 
     name: str = Field(pattern=_NAME, max_length=64,
                       description="a name for results; not a registered GPU's")
@@ -184,6 +188,28 @@ class GPUSpecInput(BaseModel):
                                             description="USD per GPU-hour; None: unknown")
     source: str = Field("custom GPU given in the scenario", max_length=500)
     cost_source: str = Field("given in the scenario", max_length=500)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_base(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("base") is None:
+            return data
+        base = data["base"]
+        if not isinstance(base, str) or base not in GPUS:
+            raise ValueError(f"base={base!r}: not a registered GPU; known: "
+                             f"{', '.join(GPUS.names())}")
+        spec = GPUS.get(base)
+        given = {k: v for k, v in data.items() if v is not None}
+        defaults: dict[str, Any] = {
+            "name": f"{base}-custom", "peak_bf16_flops": spec.peak_bf16_flops,
+            "memory_bandwidth_bytes_s": spec.memory_bandwidth_bytes_s,
+            "memory_bytes": spec.memory_bytes,
+            "interconnect_bandwidth_bytes_s": spec.interconnect_bandwidth_bytes_s,
+            "interconnect": spec.interconnect, "source": f"{spec.source} (changed in the scenario)"}
+        if "cost_per_gpu_hour" not in given and spec.cost_per_gpu_hour is not None:
+            defaults |= {"cost_per_gpu_hour": spec.cost_per_gpu_hour,
+                         "cost_source": spec.cost_source}
+        return defaults | given
 
     @field_validator("name")
     @classmethod

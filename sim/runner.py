@@ -110,6 +110,8 @@ def cost_stats(summary: dict[str, Any], request_df: pd.DataFrame,
                                         if output_per_s is not None else None),
         "usd_per_million_output_tokens": per_million(output_per_s),
         "usd_per_million_tokens": per_million(tokens_per_s),
+        "usd_per_request": (per_million(thr["requests_per_s"]) / 1e6
+                            if per_million(thr["requests_per_s"]) is not None else None),
     }
 
 

@@ -201,6 +201,8 @@ def test_tp4_fits_and_counts_kv_per_gpu_and_gpus_and_cost(tmp_path):
     assert cost["requests_per_s_per_gpu"] == pytest.approx(thr["requests_per_s"] / 8)
     assert cost["usd_per_million_output_tokens"] == pytest.approx(
         8 * gpu.cost_per_gpu_hour / (thr["output_tokens_per_s"] * 3600) * 1e6)
+    assert cost["usd_per_request"] == pytest.approx(
+        8 * gpu.cost_per_gpu_hour / (thr["requests_per_s"] * 3600))
     assert results.summary["run"]["parallelism"] == "TP4"
 
 
@@ -249,3 +251,16 @@ def test_a_custom_gpu_mapping_runs_and_prices(tmp_path):
     assert summary["run"]["gpu"] == "my-gpu"
     assert summary["cost"]["usd_per_hour"] == 1.5
     assert math.isfinite(summary["cost"]["usd_per_million_tokens"])
+
+
+def test_a_registered_gpu_with_your_own_price(tmp_path, monkeypatch, capsys):
+    path = write(tmp_path, SYNTH + "replica: {gpu: {base: h100-sxm, cost_per_gpu_hour: 2.49}}\n")
+    scenario = load_scenario(path)
+    spec = scenario.replica.gpu_spec
+    h100 = GPUS.get("h100-sxm")
+    assert (spec.name, spec.cost_per_gpu_hour) == ("h100-sxm-custom", 2.49)
+    assert (spec.peak_bf16_flops, spec.memory_bytes) == (h100.peak_bf16_flops, h100.memory_bytes)
+    assert run_scenario(scenario).summary["cost"]["usd_per_hour"] == 2.49
+    bad = write(tmp_path, SYNTH + "replica: {gpu: {base: h100, cost_per_gpu_hour: 2.49}}\n")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(bad), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "replica.gpu", "not a registered GPU")
