@@ -18,7 +18,7 @@ from profiler.fit import errors, fit_profile, predict
 from profiler.measure import load
 from sim.errors import InputError
 from sim.latency.profile import load_fitted
-from sim.models import MODELS
+from sim.models import MODELS, ModelShape
 
 console = Console()
 
@@ -45,8 +45,9 @@ def torch_setup(device: str, threads: int | None) -> tuple[Any, Any]:
 def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, holdout: int,
                 seed: int, threads: int | None, max_tokens: int | None,
                 max_context: int | None, max_batch: int | None,
-                attention: str | None = None) -> None:
-    """Measure the grid and `holdout` random mixes; resume from `out` if it exists."""
+                attention: str | None = None, tensor_parallel: int = 1) -> None:
+    """Measure the grid and `holdout` random mixes; resume from `out` if it exists. With
+    `tensor_parallel` T > 1: one GPU's shard of a T-way tensor-parallel replica."""
     from dataclasses import replace
 
     from profiler.measure import default_attention, default_grid, profile
@@ -54,12 +55,13 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
 
     if model not in MODELS:
         raise InputError(None, "--model", model, f"unknown; known: {', '.join(MODELS.names())}")
+    check_tensor_parallel(MODELS.get(model), tensor_parallel)
     torch, dtype = torch_setup(device, threads)
     attention = attention or default_attention(device)
     if attention == "varlen" and not device.startswith("cuda"):
         raise InputError(None, "--attention", attention, "varlen needs a CUDA device")
     shape = MODELS.get(model)
-    spec = default_grid(shape, device)
+    spec = default_grid(shape, device, tensor_parallel)
     spec = replace(spec, max_tokens=max_tokens or spec.max_tokens,
                    max_context=max_context or spec.max_context,
                    max_batch=max_batch or spec.max_batch)
@@ -67,13 +69,27 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
     mixes = [(m, "train") for m in grid(spec, rng)]
     mixes += [(m, "holdout") for m in random_mixes(spec, holdout, rng)]
     command = shlex.join(["servesim", *sys.argv[1:]])
+    what = f"{model} (one shard of TP{tensor_parallel})" if tensor_parallel > 1 else model
     with _progress() as progress:
-        task = progress.add_task(f"profiling {model} on {device}", total=len(mixes))
+        task = progress.add_task(f"profiling {what} on {device}", total=len(mixes))
         df = profile(shape, device, out, spec, mixes, dtype=dtype, warmup=warmup, reps=reps,
                      seed=seed, command=command, attention=attention,
+                     tensor_parallel=tensor_parallel,
                      on_progress=lambda done, total: progress.update(task, completed=done,
                                                                      total=total))
     console.print(f"{len(df)} mixes measured -> {out}")
+
+
+def check_tensor_parallel(shape: ModelShape, tensor_parallel: int) -> None:
+    """One line, exit 2, where the model's heads do not split `tensor_parallel` ways."""
+    from sim.parallelism import MAX_GPUS_PER_REPLICA, Parallelism
+
+    if not 1 <= tensor_parallel <= MAX_GPUS_PER_REPLICA:
+        raise InputError(None, "--tensor-parallel", tensor_parallel,
+                         f"must be between 1 and {MAX_GPUS_PER_REPLICA}")
+    problems = Parallelism(tensor=tensor_parallel).problems(shape)
+    if problems:
+        raise InputError(None, "--tensor-parallel", tensor_parallel, problems[0][2])
 
 
 def run_fit(profile_path: Path, out: Path | None, host_overhead_from: list[Path] | None = None
@@ -128,8 +144,9 @@ def error_table(title: str, fitted: dict[str, Any]) -> Table:
 
 
 def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int | None,
-              plot: Path | None) -> dict[str, float]:
-    """Measure `num` fresh random mixes and score the fitted model on them."""
+              plot: Path | None, tensor_parallel: int | None = None) -> dict[str, float]:
+    """Measure `num` fresh random mixes and score the fitted model on them (on the shard the
+    profile measured: its `tensor_parallel`)."""
     from dataclasses import fields
 
     from profiler.measure import Timer, measure_mix, row
@@ -138,6 +155,11 @@ def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int 
 
     fitted = load_fitted(fitted_path)
     meta = fitted.get("measurement", {})
+    fitted_tp = int(fitted.get("tensor_parallel", 1))
+    if tensor_parallel is not None and tensor_parallel != fitted_tp:
+        raise InputError(fitted_path, "tensor_parallel", fitted_tp,
+                         f"the profile times a shard of TP{fitted_tp}, --tensor-parallel is "
+                         f"{tensor_parallel} (leave it out with --check)")
     torch, dtype = torch_setup(device, threads)
     shape = MODELS.get(fitted["model"])
     spec = GridSpec(**{f.name: meta["grid"][f.name] for f in fields(GridSpec)
@@ -145,7 +167,8 @@ def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int 
     rng = np.random.default_rng(seed + 1_000_003)  # a different draw from the profile's
     mixes = random_mixes(spec, num, rng)
     decoder = Decoder(shape, spec.max_kv_tokens, device=device, dtype=dtype, seed=seed,
-                      attention=meta.get("attention_backend", "sdpa"))
+                      attention=meta.get("attention_backend", "sdpa"),
+                      tensor_parallel=fitted_tp)
     timer = Timer(device)
     rows = []
     with _progress() as progress:

@@ -67,6 +67,7 @@ def fit_profile(df: pd.DataFrame, metadata: dict[str, Any]) -> dict[str, Any]:
     fitted = fit(train)
     fitted["model"] = metadata.get("model")
     fitted["device_name"] = metadata.get("device_name")
+    fitted["tensor_parallel"] = int(metadata.get("tensor_parallel", 1))  # absent: whole model
     fitted["train"] = errors(fitted, train)
     fitted["holdout"] = errors(fitted, holdout) if len(holdout) else None
     fitted["noise"] = noise(df)

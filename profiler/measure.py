@@ -23,19 +23,22 @@ from profiler.mixes import GridSpec, Mix
 from profiler.model import Decoder, SeqInput
 from sim.errors import InputError
 from sim.models import ModelShape
+from sim.parallelism import Parallelism
 
 METADATA_KEY = b"servesim"
 FEATURES = ("num_prefill_tokens", "num_prefill_seqs", "num_decode_tokens", "num_sampled_tokens",
             "prefill_attn_pairs", "prefill_kv_tokens", "decode_kv_tokens")
 
 
-def default_grid(shape: ModelShape, device: str) -> GridSpec:
+def default_grid(shape: ModelShape, device: str, tensor_parallel: int = 1) -> GridSpec:
     """CPU: a small grid a test can afford. CUDA: the serving range (8k tokens, 32k contexts,
-    256 decodes), with as many KV slots as fit beside the weights."""
+    256 decodes), with as many KV slots as fit beside the weights (of one tensor-parallel
+    shard: its share of the weights and of each token's KV)."""
     if device == "cpu":
         return GridSpec(max_tokens=512, max_context=4096, max_batch=64, max_kv_tokens=65536)
-    free = torch.cuda.mem_get_info()[0] - shape.weight_bytes
-    slots = int(0.7 * free / shape.kv_bytes_per_token)
+    split = Parallelism(tensor=tensor_parallel)
+    free = torch.cuda.mem_get_info()[0] - shape.weight_bytes / tensor_parallel
+    slots = int(0.7 * free / split.kv_bytes_per_token_per_gpu(shape))
     return GridSpec(max_tokens=8192, max_context=32768, max_batch=256,
                     max_kv_tokens=min(slots, 1_500_000))
 
@@ -175,19 +178,24 @@ def default_attention(device: str) -> str:
 
 def profile(shape: ModelShape, device: str, out: Path, spec: GridSpec, mixes: list[tuple[Mix, str]],
             *, dtype: torch.dtype, warmup: int, reps: int, seed: int, command: str,
-            attention: str = "sdpa",
+            attention: str = "sdpa", tensor_parallel: int = 1,
             on_progress: Callable[[int, int], None] | None = None,
             save_every_s: float = 20.0) -> pd.DataFrame:
-    """Measure every mix not already in `out` (resume), saving as it goes."""
+    """Measure every mix not already in `out` (resume), saving as it goes. With
+    `tensor_parallel` T > 1, one GPU's shard of a T-way tensor-parallel replica."""
     metadata = {"model": shape.name, "model_shape": asdict(shape), "grid": asdict(spec),
                 "warmup": warmup, "reps": reps, "seed": seed, "command": command,
-                **environment(device, dtype, attention)}
+                "tensor_parallel": tensor_parallel, **environment(device, dtype, attention)}
     rows: list[dict[str, Any]] = []
     if out.exists():
         previous, old_meta = load(out)
         if old_meta.get("model") != shape.name:
             raise InputError(out, "model", old_meta.get("model"),
                              f"this profile is of another model; cannot resume it for {shape.name}")
+        if old_meta.get("tensor_parallel", 1) != tensor_parallel:
+            raise InputError(out, "tensor_parallel", old_meta.get("tensor_parallel", 1),
+                             f"this profile is of another shard; cannot resume it with "
+                             f"--tensor-parallel {tensor_parallel}")
         rows = [{str(k): v for k, v in r.items()} for r in previous.to_dict("records")]
         for r in rows:
             r["samples_s"] = list(r["samples_s"])
@@ -198,7 +206,7 @@ def profile(shape: ModelShape, device: str, out: Path, spec: GridSpec, mixes: li
     # then spreads over all kinds of mix instead of biasing the last ones measured.
     todo = [todo[i] for i in rng.permutation(len(todo))]
     decoder = Decoder(shape, spec.max_kv_tokens, device=device, dtype=dtype, seed=seed,
-                      attention=attention)
+                      attention=attention, tensor_parallel=tensor_parallel)
     timer = Timer(device)
     last_save = time.monotonic()
     for i, (mix, split) in enumerate(todo, start=1):

@@ -1,7 +1,12 @@
 """A Llama/Mistral/Qwen-style decoder built from its shape alone, with random weights, and one
 forward pass over a mixed batch of prefill chunks and decodes reading a shared KV pool.
 
-Latency does not depend on weight values, so nothing is downloaded. Every request's KV lives in
+Latency does not depend on weight values, so nothing is downloaded. With `tensor_parallel` T > 1
+it builds what one GPU of a Megatron-style tensor-parallel group holds (as vLLM shards a
+decoder): num_heads/T query heads, num_kv_heads/T KV heads (one, replicated, where T exceeds
+them), intermediate_size/T of the MLP and vocab_size/T rows of the LM head; the hidden size, the
+embedding lookup and the norms are whole. No communication runs: the all-reduces a real group
+adds are the latency model's (`sim.latency.profile`). Every request's KV lives in
 its own stretch of slots of one pool per layer, `[slots, kv_heads, head_dim]`: attention reads
 exactly the stated number of cached tokens, and each iteration writes its new tokens' KV. A
 request's KV is one stretch of slots (`kv_offset`), or the blocks a paged cache gave it
@@ -26,6 +31,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from sim.models import ModelShape
+from sim.parallelism import Parallelism
 
 
 @dataclass
@@ -56,9 +62,20 @@ class Decoder:
 
     def __init__(self, shape: ModelShape, num_kv_slots: int, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, seed: int = 0, attention: str = "sdpa",
-                 block_size: int = 16, varlen_fn: Callable[..., Any] | None = None
-                 ) -> None:
+                 block_size: int = 16, varlen_fn: Callable[..., Any] | None = None,
+                 tensor_parallel: int = 1) -> None:
+        problems = Parallelism(tensor=tensor_parallel).problems(shape)
+        if problems:
+            raise ValueError(f"tensor_parallel={tensor_parallel}: {problems[0][2]}")
         self.shape = shape
+        self.tensor_parallel = t = tensor_parallel
+        # This GPU's shard (the whole model when t == 1).
+        self.num_heads = shape.num_heads // t
+        self.num_kv_heads = Parallelism(tensor=t).kv_heads_per_gpu(shape)
+        self.q_size = self.num_heads * shape.head_dim
+        self.kv_size = self.num_kv_heads * shape.head_dim
+        self.intermediate_size = -(-shape.intermediate_size // t)
+        self.lm_head_rows = -(-shape.vocab_size // t)
         self.attention = attention
         self.block_size = block_size
         if attention == "varlen" and varlen_fn is None:
@@ -70,7 +87,7 @@ class Decoder:
         self.device = torch.device(device)
         self.dtype = dtype
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        h, q, kv, inter = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
+        h, q, kv, inter = shape.hidden_size, self.q_size, self.kv_size, self.intermediate_size
 
         def weight(*size: int) -> torch.Tensor:
             w = torch.randn(*size, generator=gen) * 0.02
@@ -87,8 +104,10 @@ class Decoder:
             for _ in range(shape.num_layers)
         ]
         self.final_norm = torch.ones(h, device=self.device, dtype=dtype)
-        self.lm_head = self.embed if shape.tie_embeddings else weight(shape.vocab_size, h)
-        pool = (num_kv_slots, shape.num_kv_heads, shape.head_dim)
+        # Tied: the first rows of the embedding (a view, as contiguous as a weight of its own).
+        self.lm_head = self.embed[:self.lm_head_rows] if shape.tie_embeddings \
+            else weight(self.lm_head_rows, h)
+        pool = (num_kv_slots, self.num_kv_heads, shape.head_dim)
         self.k_pool = [torch.randn(pool, generator=gen).to(self.device, dtype)
                        for _ in range(shape.num_layers)]
         self.v_pool = [torch.randn(pool, generator=gen).to(self.device, dtype)
@@ -113,16 +132,16 @@ class Decoder:
         for i, layer in enumerate(self.layers):
             x = _rms_norm(hidden, layer["norm1"])
             qkv = x @ layer["qkv"].T
-            q, k, v = qkv.split([s.q_size, s.kv_size, s.kv_size], dim=-1)
-            q = _apply_rope(q.view(-1, s.num_heads, s.head_dim), cos, sin)
-            k = _apply_rope(k.view(-1, s.num_kv_heads, s.head_dim), cos, sin)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = _apply_rope(q.view(-1, self.num_heads, s.head_dim), cos, sin)
+            k = _apply_rope(k.view(-1, self.num_kv_heads, s.head_dim), cos, sin)
             self.k_pool[i][slots] = k
-            self.v_pool[i][slots] = v.view(-1, s.num_kv_heads, s.head_dim)
+            self.v_pool[i][slots] = v.view(-1, self.num_kv_heads, s.head_dim)
             if meta is not None:
                 attn = self._attention_varlen(q, self.k_pool[i], self.v_pool[i], meta)
             else:
                 attn = self._attention(q, self.k_pool[i], self.v_pool[i], seqs)
-            hidden = hidden + attn.reshape(-1, s.q_size) @ layer["o"].T
+            hidden = hidden + attn.reshape(-1, self.q_size) @ layer["o"].T
             x = _rms_norm(hidden, layer["norm2"])
             gate, up = (x @ layer["gate_up"].T).chunk(2, dim=-1)
             hidden = hidden + (F.silu(gate) * up) @ layer["down"].T
@@ -188,8 +207,8 @@ class Decoder:
                           meta: dict[str, Any]) -> torch.Tensor:
         assert self.varlen_fn is not None
         s = self.shape
-        k_paged = k_pool.view(-1, self.block_size, s.num_kv_heads, s.head_dim)
-        v_paged = v_pool.view(-1, self.block_size, s.num_kv_heads, s.head_dim)
+        k_paged = k_pool.view(-1, self.block_size, self.num_kv_heads, s.head_dim)
+        v_paged = v_pool.view(-1, self.block_size, self.num_kv_heads, s.head_dim)
         return self.varlen_fn(q, k_paged, v_paged, meta["cu_seq_q"], None, meta["max_q"],
                               meta["max_k"], seqused_k=meta["seqused_k"],
                               block_table=meta["block_table"], window_size=(-1, 0),

@@ -101,6 +101,7 @@ def cost_stats(summary: dict[str, Any], request_df: pd.DataFrame,
             return None
         return usd_per_hour / (rate * 3600) * 1e6
 
+    per_request = per_million(thr["requests_per_s"])
     return {
         "num_gpus": num_gpus,
         "usd_per_hour": usd_per_hour,
@@ -110,8 +111,7 @@ def cost_stats(summary: dict[str, Any], request_df: pd.DataFrame,
                                         if output_per_s is not None else None),
         "usd_per_million_output_tokens": per_million(output_per_s),
         "usd_per_million_tokens": per_million(tokens_per_s),
-        "usd_per_request": (per_million(thr["requests_per_s"]) / 1e6
-                            if per_million(thr["requests_per_s"]) is not None else None),
+        "usd_per_request": None if per_request is None else per_request / 1e6,
     }
 
 

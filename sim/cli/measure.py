@@ -49,17 +49,22 @@ def profile(
         help="sdpa (portable) or varlen (paged FlashAttention, CUDA) [default: best here]")
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="scatter plot for --check (png/svg)")] = None,
+    tensor_parallel: Annotated[int | None, typer.Option(
+        "--tensor-parallel", help="measure one GPU's shard of a T-way tensor-parallel replica "
+        "(heads, MLP width and LM head divided by T); --check reads it from the file "
+        "[default: 1]")] = None,
 ) -> None:
     """Measure real iterations of a model on a device (needs torch), or --check a fitted model."""
     require_torch(device)
     from profiler import commands
 
     if check is not None:
-        commands.run_check(check, device, num, seed, threads, plot)
+        commands.run_check(check, device, num, seed, threads, plot, tensor_parallel)
         return
     commands.run_profile(model, device, out, reps=reps, warmup=warmup, holdout=holdout,
                          seed=seed, threads=threads, max_tokens=max_tokens,
-                         max_context=max_context, max_batch=max_batch, attention=attention)
+                         max_context=max_context, max_batch=max_batch, attention=attention,
+                         tensor_parallel=1 if tensor_parallel is None else tensor_parallel)
 
 
 @app.command()

@@ -26,12 +26,21 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.errors import InputError
 
+if TYPE_CHECKING:
+    from sim.parallelism import Parallelism
+
 Array = np.ndarray
+
+# The defaults of the latency models' knobs (fits to the H100 DGX tables, see above).
+INTERCONNECT_EFFICIENCY = 0.75
+ALL_REDUCE_LATENCY_S = 25e-6
+SEND_RECV_LATENCY_S = 8e-6
 
 
 @dataclass(frozen=True)
@@ -123,3 +132,35 @@ class BandwidthCollectives:
         x = np.asarray(num_bytes, dtype=np.float64)
         t = self.send_recv_latency_s + x / (self.bandwidth_bytes_s * self.efficiency)
         return np.where(x > 0, t, 0.0)
+
+
+class Collectives:
+    """The communication of one split replica, as the latency models charge it: measured tables
+    where given (`all_reduce_table` read for the tensor group's size when tensor > 1,
+    `send_recv_table` for a pair when pipeline > 1), the link's bandwidth otherwise."""
+
+    def __init__(self, bandwidth: BandwidthCollectives, parallelism: Parallelism,
+                 all_reduce_table: Path | None = None, send_recv_table: Path | None = None,
+                 field_prefix: str = "latency") -> None:
+        self.num_gpus = parallelism.tensor
+        self.bandwidth = bandwidth
+        self.all_reduce_table: MessageTable | None = None
+        self.send_recv_table: MessageTable | None = None
+        if all_reduce_table is not None and parallelism.tensor > 1:
+            self.all_reduce_table = read_table(all_reduce_table, "all_reduce", parallelism.tensor,
+                                               f"{field_prefix}.all_reduce_table")
+        if send_recv_table is not None and parallelism.pipeline > 1:
+            self.send_recv_table = read_table(send_recv_table, "send_recv", 2,
+                                              f"{field_prefix}.send_recv_table")
+
+    def all_reduce(self, num_bytes: Array) -> Array:
+        """Seconds to all-reduce `num_bytes` over the tensor group."""
+        if self.all_reduce_table is not None:
+            return self.all_reduce_table(num_bytes)
+        return self.bandwidth.all_reduce_s(num_bytes, self.num_gpus)
+
+    def send_recv(self, num_bytes: Array) -> Array:
+        """Seconds to hand `num_bytes` on from one pipeline stage to the next."""
+        if self.send_recv_table is not None:
+            return self.send_recv_table(num_bytes)
+        return self.bandwidth.send_recv_s(num_bytes)

@@ -8,6 +8,13 @@ the LM head: prefill query-key pairs, KV tokens read by prefill chunks and by de
 prefill request counts, sampled rows. A prediction is one `np.interp` and a few multiply-adds.
 Shapes beyond the measured range are counted and reported in the run summary, never silently
 trusted.
+
+A profile measured with `servesim profile --tensor-parallel T` times one GPU's shard of a
+tensor-parallel replica (its heads, KV heads, MLP width and LM-head rows divided by T) and
+records `tensor_parallel: T`; it predicts replicas with `parallelism: {tensor: T}` only, adding
+the communication the shard did not do, as the roofline charges it (`sim.latency.comm`): two
+all-reduces of the activations per layer, from a measured table (`all_reduce_table`) or the
+GPU's interconnect bandwidth (`interconnect_efficiency`, `all_reduce_latency_s`).
 """
 
 from __future__ import annotations
@@ -31,8 +38,15 @@ from pydantic import (
 from sim.errors import INPUT_MODEL, InputError, Problem, invalid
 from sim.gpus import GPUSpec
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
+from sim.latency.comm import (
+    ALL_REDUCE_LATENCY_S,
+    INTERCONNECT_EFFICIENCY,
+    SEND_RECV_LATENCY_S,
+    BandwidthCollectives,
+    Collectives,
+)
 from sim.models import ModelShape
-from sim.parallelism import SINGLE_GPU, Parallelism
+from sim.parallelism import MAX_GPUS_PER_REPLICA, SINGLE_GPU, Parallelism
 
 FORMAT = "servesim-latency-profile/1"
 TERMS = ("prefill_attn_pairs", "prefill_kv_tokens", "decode_kv_tokens", "num_decode_tokens",
@@ -71,6 +85,15 @@ class ProfileConfig(LatencyConfig):
     model_config = INPUT_MODEL
 
     path: Path = Field(strict=False)  # a string in YAML
+    # Communication of a tensor-parallel profile (tensor_parallel > 1), as the roofline's.
+    all_reduce_table: Path | None = Field(
+        None, strict=False, description="measured all-reduce CSV (Vidur layout); None: from "
+                                        "the GPU's interconnect bandwidth")
+    interconnect_efficiency: float = Field(
+        INTERCONNECT_EFFICIENCY, gt=0, le=1,
+        description="fraction of link bandwidth collectives reach")
+    all_reduce_latency_s: float = Field(ALL_REDUCE_LATENCY_S, ge=0, le=1,
+                                        description="start-up per all-reduce")
 
 
 @LATENCY_MODELS.register("profile")
@@ -79,16 +102,31 @@ class ProfileLatency(LatencyModel):
 
     def __init__(self, config: ProfileConfig, model: ModelShape, gpu: GPUSpec,
                  parallelism: Parallelism = SINGLE_GPU) -> None:
-        if parallelism.num_gpus > 1:
+        if parallelism.pipeline > 1 or parallelism.expert > 1:
             raise InputError(config.path, "parallelism", parallelism.model_dump(),
-                             "a profile times one whole model on one GPU; use the roofline "
-                             "for a split replica (profiling one tensor-parallel shard is not "
-                             "implemented yet)")
+                             "a profile times one GPU of a tensor-parallel replica; pipeline "
+                             "and expert parallelism are not modelled by it (use the roofline)")
         data = load_fitted(config.path)
         if data["model"] != model.name:
             raise InputError(config.path, "model", data["model"],
                              f"profile was measured for {data['model']}, scenario runs "
                              f"{model.name}")
+        self.tensor_parallel = int(data.get("tensor_parallel", 1))
+        if self.tensor_parallel != parallelism.tensor:
+            raise InputError(config.path, "tensor_parallel", self.tensor_parallel,
+                             f"profile times one shard of tensor parallelism "
+                             f"{self.tensor_parallel}, the replica has parallelism.tensor "
+                             f"{parallelism.tensor} (measure it with `servesim profile "
+                             f"--tensor-parallel {parallelism.tensor}`)")
+        self.comm: Collectives | None = None
+        if self.tensor_parallel > 1:
+            bandwidth = BandwidthCollectives(
+                gpu.interconnect_bandwidth_bytes_s, config.interconnect_efficiency,
+                config.all_reduce_latency_s, SEND_RECV_LATENCY_S)
+            self.comm = Collectives(bandwidth, parallelism, config.all_reduce_table)
+            self.all_reduces = 2 * model.num_layers  # per iteration: after attention, after MLP
+            self.activation_bytes = model.hidden_size * model.dtype_bytes  # per token
+        self._comm_by_tokens: dict[Num, float] = {}
         self.knots = np.asarray(data["knots"], dtype=np.float64)
         self.knot_s = np.asarray(data["knot_s"], dtype=np.float64)
         self.coef = [float(data["coef"][name]) for name in TERMS]
@@ -99,7 +137,28 @@ class ProfileLatency(LatencyModel):
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
         self._count_extrapolation(shape)
-        return predict_s(shape, self.knots, self.knot_s, self.coef)
+        time = predict_s(shape, self.knots, self.knot_s, self.coef)
+        if self.comm is not None:
+            time = time + self.communication_s(shape.num_tokens)
+        return time
+
+    def communication_s(self, num_tokens: Num) -> Num:
+        """The all-reduces a tensor-parallel shard's iteration adds (0 for one GPU): a float
+        for a scalar, an array for an array, element for element the same values."""
+        if self.comm is None:
+            return 0.0
+        if isinstance(num_tokens, np.ndarray):
+            return self._communication_s(num_tokens)
+        # Scalars (one call per stepped iteration): computed once per token count.
+        cached = self._comm_by_tokens.get(num_tokens)
+        if cached is None:
+            cached = self._comm_by_tokens[num_tokens] = float(self._communication_s(num_tokens))
+        return cached
+
+    def _communication_s(self, num_tokens: Num) -> np.ndarray:
+        assert self.comm is not None
+        return self.all_reduces * self.comm.all_reduce(
+            np.asarray(num_tokens, dtype=np.float64) * self.activation_bytes)
 
     def _count_extrapolation(self, shape: BatchShape) -> None:
         beyond: Any = False
@@ -110,7 +169,8 @@ class ProfileLatency(LatencyModel):
         self.num_extrapolated += int(np.count_nonzero(beyond))
 
     def describe(self) -> dict[str, Any]:
-        return {**self.meta, "num_predicted_iterations": self.num_predicted,
+        return {**self.meta, "tensor_parallel": self.tensor_parallel,
+                "num_predicted_iterations": self.num_predicted,
                 "num_extrapolated_iterations": self.num_extrapolated}
 
 
@@ -145,6 +205,8 @@ class _Fitted(BaseModel):
     knot_s: list[NonNegativeFloat] = Field(min_length=2)  # g at each knot, seconds
     coef: _Coef
     range: _Range
+    # GPUs of the tensor-parallel group whose one shard was measured (absent: 1, a whole model).
+    tensor_parallel: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA)
 
     @model_validator(mode="after")
     def _curve(self) -> _Fitted:

@@ -40,7 +40,7 @@ from pydantic import Field
 from sim.errors import INPUT_MODEL
 from sim.gpus import GPUSpec
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num, maximum
-from sim.latency.comm import BandwidthCollectives, MessageTable, read_table
+from sim.latency.comm import BandwidthCollectives, Collectives
 from sim.models import ModelShape
 from sim.parallelism import SINGLE_GPU, Parallelism
 
@@ -232,34 +232,11 @@ def _gemm_model(config: RooflineConfig, gpu: GPUSpec):  # type: ignore[no-untype
     return lambda m, k, n: np.where(m > 0, model.time_s(m, k, n), 0.0)
 
 
-class _Collectives:
-    def __init__(self, config: RooflineConfig, gpu: GPUSpec, parallelism: Parallelism) -> None:
-        self.num_gpus = parallelism.tensor
-        self.bandwidth = BandwidthCollectives(
-            gpu.interconnect_bandwidth_bytes_s, config.interconnect_efficiency,
-            config.all_reduce_latency_s, config.send_recv_latency_s)
-        self.all_reduce_table: MessageTable | None = None
-        self.send_recv_table: MessageTable | None = None
-        if config.all_reduce_table is not None and parallelism.tensor > 1:
-            self.all_reduce_table = read_table(config.all_reduce_table, "all_reduce",
-                                               parallelism.tensor, "latency.all_reduce_table")
-        if config.send_recv_table is not None and parallelism.pipeline > 1:
-            self.send_recv_table = read_table(config.send_recv_table, "send_recv", 2,
-                                              "latency.send_recv_table")
-
-    def all_reduce(self, num_bytes: np.ndarray) -> np.ndarray:
-        if self.all_reduce_table is not None:
-            return self.all_reduce_table(num_bytes)
-        return self.bandwidth.all_reduce_s(num_bytes, self.num_gpus)
-
-    def send_recv(self, num_bytes: np.ndarray) -> np.ndarray:
-        if self.send_recv_table is not None:
-            return self.send_recv_table(num_bytes)
-        return self.bandwidth.send_recv_s(num_bytes)
-
-
-def _collectives(config: RooflineConfig, gpu: GPUSpec, parallelism: Parallelism) -> _Collectives:
-    return _Collectives(config, gpu, parallelism)
+def _collectives(config: RooflineConfig, gpu: GPUSpec, parallelism: Parallelism) -> Collectives:
+    bandwidth = BandwidthCollectives(
+        gpu.interconnect_bandwidth_bytes_s, config.interconnect_efficiency,
+        config.all_reduce_latency_s, config.send_recv_latency_s)
+    return Collectives(bandwidth, parallelism, config.all_reduce_table, config.send_recv_table)
 
 
 @lru_cache(maxsize=64)
