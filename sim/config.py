@@ -142,9 +142,13 @@ class ReplicaConfig(_Frozen):
     def _model(cls, value: Any) -> Any:
         """A registered name stays a name; anything else is a config.json's path (read once
         paths are resolved against the scenario's directory)."""
-        if isinstance(value, str) and (value in MODELS or not _looks_like_path(value)):
+        if isinstance(value, Path):
+            return value
+        if not isinstance(value, str):
+            raise ValueError("must be a registered model's name or a config.json's path")
+        if value in MODELS or not _looks_like_path(value):
             return _known(MODELS, value)
-        return Path(value) if isinstance(value, str) else value
+        return Path(value).expanduser()
 
     @field_validator("gpu", mode="before")
     @classmethod
@@ -153,7 +157,11 @@ class ReplicaConfig(_Frozen):
         at their own fields, not once per member of the union)."""
         if isinstance(value, dict):
             return GPUSpecInput.model_validate(value)
-        return _known(GPUS, value) if isinstance(value, str) else value
+        if isinstance(value, GPUSpecInput):
+            return value
+        if not isinstance(value, str):
+            raise ValueError("must be a registered GPU's name or a mapping of its figures")
+        return _known(GPUS, value)
 
     @field_validator("scheduler", mode="before")
     @classmethod

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sim.models import ModelShape
 
 MAX_GPUS_PER_REPLICA = 1024
+GPUS_PER_NODE = 8  # an NVLink domain (HGX/DGX); larger groups would cross slower links
 
 
 class Parallelism(BaseModel):
@@ -54,28 +55,50 @@ class Parallelism(BaseModel):
         elif t <= kv and kv % t or t > kv and t % kv:
             found.append(("tensor", t, f"{model.name}'s {kv} KV heads neither divide over it "
                                        "nor replicate evenly"))
+        if t > GPUS_PER_NODE:
+            found.append(("tensor", t, f"a tensor-parallel group spans one node's NVLink "
+                                       f"domain here (at most {GPUS_PER_NODE} GPUs); add "
+                                       "pipeline stages across nodes instead"))
+        if not found:
+            found += [("tensor", t, f"{model.name}'s {what} ({size}) does not split evenly "
+                                    "over it") for what, size in _uneven_widths(model, t, e)]
         if p > model.num_layers:
             found.append(("pipeline", p, f"more stages than {model.name}'s "
                                          f"{model.num_layers} layers"))
-        if e > 1 and not getattr(model, "num_experts", 0):
+        if e > 1 and not model.num_experts:
             found.append(("expert", e, f"{model.name} is dense: it has no experts to place"))
-        elif e > 1 and (t % e or getattr(model, "num_experts", 0) % e):
+        elif e > 1 and (t % e or model.num_experts % e):
             found.append(("expert", e, f"must divide tensor ({t}) and {model.name}'s "
-                                       f"{getattr(model, 'num_experts', 0)} experts"))
+                                       f"{model.num_experts} experts"))
         return found
 
     def kv_heads_per_gpu(self, model: ModelShape) -> int:
         """KV heads each GPU of the tensor group stores (replicated if fewer than GPUs)."""
         return max(1, model.num_kv_heads // self.tensor)
 
-    def kv_bytes_per_token_per_gpu(self, model: ModelShape) -> float:
-        """KV bytes one token takes on each GPU: its stage's layers, its share of the heads
-        (an MLA latent is not split by heads: every tensor-parallel GPU keeps all of it)."""
+    def kv_bytes_per_layer_token_per_gpu(self, model: ModelShape) -> float:
+        """KV bytes one token takes in one layer on each GPU of the tensor group: its share of
+        the KV heads (an MLA latent is not split by heads: every GPU keeps all of it)."""
         per_layer = model.kv_bytes_per_token / model.num_layers
-        if not getattr(model, "kv_lora_rank", 0):
-            per_layer = per_layer * self.kv_heads_per_gpu(model) / model.num_kv_heads
-        # The busiest stage holds the most layers; it bounds the replica's KV capacity.
-        return per_layer * -(-model.num_layers // self.pipeline)
+        if model.is_mla:
+            return per_layer
+        return per_layer * self.kv_heads_per_gpu(model) / model.num_kv_heads
+
+    def kv_bytes_per_token_per_gpu(self, model: ModelShape) -> float:
+        """KV bytes one token takes on the busiest GPU (its stage's layers), which bounds the
+        replica's KV capacity."""
+        return (self.kv_bytes_per_layer_token_per_gpu(model)
+                * -(-model.num_layers // self.pipeline))
+
+
+def _uneven_widths(model: ModelShape, t: int, e: int) -> list[tuple[str, int]]:
+    """The widths tensor parallelism slices that leave a remainder (vLLM refuses those; the
+    vocabulary it pads instead). Under expert parallelism each expert is split t/e ways."""
+    widths = [("intermediate_size", model.intermediate_size, t)] if model.num_dense_layers else []
+    if model.num_experts:
+        ways = t // e if t % e == 0 else t  # an e not dividing t is reported on its own
+        widths.append(("moe_intermediate_size", model.moe_intermediate_size, ways))
+    return [(what, size) for what, size, ways in widths if size % ways]
 
 
 SINGLE_GPU = Parallelism()

@@ -90,9 +90,10 @@ def cost_stats(summary: dict[str, Any], request_df: pd.DataFrame,
         usd_per_hour = None if price is None or usd_per_hour is None else usd_per_hour + n * price
     thr = summary["throughput"]
     span_s = thr["span_s"]
-    done = (request_df["status"] == "finished").to_numpy()
-    num_tokens = float(request_df["num_prompt_tokens"].to_numpy()[done].sum()
-                       + request_df["num_generated_tokens"].sum())
+    # Tokens served: the prompts prefilled (a first token came out) and every token generated.
+    generated = request_df["num_generated_tokens"].to_numpy()
+    num_tokens = float(request_df["num_prompt_tokens"].to_numpy()[generated > 0].sum()
+                       + generated.sum())
     output_per_s = thr["output_tokens_per_s"]
     tokens_per_s = num_tokens / span_s if span_s > 0 else None
 

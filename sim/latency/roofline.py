@@ -30,9 +30,10 @@ as on each entry of an array.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -82,8 +83,10 @@ class RooflineLatency(LatencyModel):
         self.overhead_s = config.overhead_s
         # Seconds per unit of each feature, precomputed so a prediction is a few multiply-adds.
         self.attn_pair_s = m.num_layers * m.attn_flops_per_pair_per_layer / t / flops_s
-        self.kv_token_s = parallelism.kv_bytes_per_token_per_gpu(m) * parallelism.pipeline \
-            / bytes_s if t > 1 or parallelism.pipeline > 1 else m.kv_bytes_per_token / bytes_s
+        # An iteration runs every stage in turn: KV of all layers, each GPU its share of heads.
+        self.kv_token_s = (parallelism.kv_bytes_per_layer_token_per_gpu(m) * m.num_layers
+                           / bytes_s if t > 1 or parallelism.pipeline > 1
+                           else m.kv_bytes_per_token / bytes_s)
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
         linear = self.tables.tokens_s(shape.num_tokens)
@@ -95,6 +98,20 @@ class RooflineLatency(LatencyModel):
             self.attn_pair_s * shape.decode_kv_tokens, self.kv_token_s * shape.decode_kv_tokens
         )
         return self.overhead_s + linear + prefill_attn + decode_attn + lm_head
+
+    def describe(self) -> dict[str, Any]:
+        """How GEMMs and communication are timed (e.g. a GEMM curve extrapolated from the
+        H100's to another GPU)."""
+        tables = self.tables
+        facts: dict[str, Any] = {"linear": tables.config.linear, **tables.gemm.describe()}
+        if tables.parallelism.num_gpus > 1:
+            facts["parallelism"] = tables.parallelism.model_dump()
+            facts["communication"] = {
+                "all_reduce": "measured table" if tables.comm.all_reduce_table is not None
+                else "link bandwidth",
+                "send_recv": "measured table" if tables.comm.send_recv_table is not None
+                else "link bandwidth"}
+        return facts
 
 
 class _Table:
@@ -158,7 +175,7 @@ class _Tables:
     def _attention_gemms_s(self, m: np.ndarray) -> np.ndarray:
         model, par, gemm, h = self.model, self.parallelism, self.gemm, self.model.hidden_size
         t = par.tensor
-        if getattr(model, "kv_lora_rank", 0):
+        if model.is_mla:
             # MLA: its projections as one GEMM of the same parameter count (an approximation).
             return gemm(m, h, model.attn_params_per_layer // (h * t))
         q = model.num_heads // t * model.head_dim
@@ -171,10 +188,18 @@ class _Tables:
         num_experts, k = model.num_experts, model.num_experts_per_token
         time = gemm(m, h, num_experts)  # the router, replicated
         # Experts reached by m tokens choosing k of num_experts each, uniformly (expected).
-        reached = num_experts * -np.expm1(m * np.log1p(-k / num_experts))
+        # math.pow entry by entry: libm's, as a scalar would get it, on every CPU (numpy's
+        # vectorised pow/expm1 may round differently where SIMD versions exist).
+        missed = np.array([math.pow(1 - k / num_experts, x) for x in m.tolist()])
+        reached = np.where(m > 0, num_experts * (1 - missed), 0.0)
         per_expert = np.divide(m * k, reached, out=np.zeros_like(m), where=reached > 0)
         width = model.moe_intermediate_size * e // t  # each expert split over t/e GPUs
-        routed = reached / e * (gemm(per_expert, h, 2 * width) + gemm(per_expert, width, h))
+        # A fused MoE kernel (vLLM's) runs all experts of a layer in two launches, so the
+        # fixed cost of a GEMM is paid twice per layer, not twice per expert.
+        launch = gemm.launch_s
+        per_expert_s = (gemm(per_expert, h, 2 * width) + gemm(per_expert, width, h)
+                        - 2 * launch * (per_expert > 0))
+        routed = reached / e * per_expert_s + 2 * launch * (m > 0)
         time = time + self.config.expert_imbalance * routed
         if model.shared_expert_intermediate_size:
             s = model.shared_expert_intermediate_size // t
@@ -217,19 +242,35 @@ class _NaiveGemm:
         self.bytes_s = gpu.memory_bandwidth_bytes_s * config.mbu
         self.dtype_bytes = dtype_bytes
 
+    launch_s = 0.0
+
     def __call__(self, m: np.ndarray, k: int, n: int) -> np.ndarray:
         compute = 2.0 * m * k * n / self.flops_s
         weights = k * n * self.dtype_bytes / self.bytes_s
         return np.where(m > 0, np.maximum(compute, weights), 0.0)
 
+    def describe(self) -> dict[str, Any]:
+        return {"gemm_form": "naive"}
 
-def _gemm_model(config: RooflineConfig, gpu: GPUSpec):  # type: ignore[no-untyped-def]
-    if config.linear == "naive":
-        return _NaiveGemm(config, gpu)
-    from sim.latency.gemm import GemmModel
 
-    model = GemmModel.for_gpu(gpu)
-    return lambda m, k, n: np.where(m > 0, model.time_s(m, k, n), 0.0)
+class _CalibratedGemm:
+    """`sim.latency.gemm`'s fitted GEMM time (0 for no tokens)."""
+
+    def __init__(self, gpu: GPUSpec) -> None:
+        from sim.latency.gemm import GemmModel
+
+        self.model = GemmModel.for_gpu(gpu)
+        self.launch_s = self.model.params.launch_s
+
+    def __call__(self, m: np.ndarray, k: int, n: int) -> np.ndarray:
+        return np.where(m > 0, self.model.time_s(m, k, n), 0.0)
+
+    def describe(self) -> dict[str, Any]:
+        return self.model.describe()
+
+
+def _gemm_model(config: RooflineConfig, gpu: GPUSpec) -> _NaiveGemm | _CalibratedGemm:
+    return _NaiveGemm(config, gpu) if config.linear == "naive" else _CalibratedGemm(gpu)
 
 
 def _collectives(config: RooflineConfig, gpu: GPUSpec, parallelism: Parallelism) -> Collectives:
