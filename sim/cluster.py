@@ -17,6 +17,7 @@ from sim.kv_cache import KVCacheManager
 from sim.latency import LATENCY_MODELS
 from sim.latency.base import LatencyModel
 from sim.models import ModelShape
+from sim.noise import IterationNoise
 from sim.prefix_cache import Eviction, PrefixCachingKVManager
 from sim.request import Request, Status
 from sim.routers import ROUTERS
@@ -34,6 +35,7 @@ class Cluster:
         cfg = scenario.cluster
         self.horizon_s = scenario.horizon_s
         self.fast_forward = fast_forward
+        self.seed = scenario.seed
         seeds = np.random.SeedSequence(scenario.seed).spawn(2)
         self.router = ROUTERS.get(cfg.router.name)(cfg.router, np.random.default_rng(seeds[0]))
         self.replicas: list[Replica] = []
@@ -66,9 +68,23 @@ class Cluster:
                           horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
                           quiet_until=self._next_arrival if pool == "colocated" else None,
                           where=(self.source, f"{field}.latency",
-                                 str(getattr(cfg.latency, "path", "")) or cfg.latency.kind))
+                                 str(getattr(cfg.latency, "path", "")) or cfg.latency.kind),
+                          noise=self._noise(cfg, latency, len(self.replicas), field))
         self.replicas.append(replica)
         return replica
+
+    def _noise(self, cfg: ReplicaConfig, latency: LatencyModel, replica_id: int,
+               field: str) -> IterationNoise | None:
+        """The replica's jitter stream (seeded by the scenario's seed and the replica)."""
+        noise = cfg.latency.noise
+        if not noise.enabled:
+            return None
+        quantiles = latency.noise_quantiles()
+        if noise.kind == "empirical" and not quantiles:
+            raise InputError(self.source, f"{field}.latency.noise.kind", "empirical",
+                             f"latency model {cfg.latency.kind!r} keeps no measured ratios; "
+                             "use a profile, or lognormal noise with a sigma")
+        return IterationNoise(noise, self.seed, replica_id, quantiles)
 
     def _next_arrival(self) -> float:
         """When the next request arrives, or the horizon if sooner (nothing happens from then

@@ -98,5 +98,7 @@ def row(variant: str, res: Results) -> dict[str, Any]:
         "output_tokens_per_s": s["throughput"]["output_tokens_per_s"],
         "slo_attainment": s["slo"].get("all_attainment"),
         "transfer_p99_s": transfer.get("p99"),
+        "num_gpus": (s.get("cost") or {}).get("num_gpus"),
+        "usd_per_million_tokens": (s.get("cost") or {}).get("usd_per_million_tokens"),
         "num_preemptions": s["num_preemptions"],
     }

@@ -27,6 +27,7 @@ from sim.disaggregation import DecodeInbox
 from sim.errors import InputError
 from sim.iteration_log import IterationLog
 from sim.latency.base import BatchShape, LatencyModel
+from sim.noise import IterationNoise
 from sim.plan import Plan
 from sim.request import Request, Status
 from sim.routers.base import ReplicaLoad
@@ -102,13 +103,16 @@ class Replica:
                  latency: LatencyModel, state: ReplicaState, *, horizon_s: float | None = None,
                  fast_forward: bool = True, pool: str = "colocated",
                  quiet_until: Callable[[], float] | None = None,
-                 where: tuple[str, str, Any] = ("<scenario>", "replica.latency", None)
-                 ) -> None:
+                 where: tuple[str, str, Any] = ("<scenario>", "replica.latency", None),
+                 noise: IterationNoise | None = None) -> None:
         self.env = env
         self.replica_id = replica_id
         self.turn = PLAN + replica_id
         self.scheduler = scheduler
         self.latency = latency
+        # Per-iteration jitter by iteration index (`sim.noise`): the i-th iteration of this
+        # replica gets its i-th factor, stepped or in a stretch alike.
+        self.noise = noise
         self.state = state
         self.horizon_s = horizon_s
         self.fast_forward = fast_forward
@@ -250,7 +254,8 @@ class Replica:
                 # frees into its eviction order) and no transfer waiting for a decode slot.
                 stretch = plan_stretch(state, self.latency, now, self.horizon_s,
                                        through_finishes=not state.kv.caches_prefixes and not (
-                                           self.inbox is not None and self.inbox.pending))
+                                           self.inbox is not None and self.inbox.pending),
+                                       noise=self.noise, first_index=len(self.log))
             if stretch is not None:
                 self._check_durations(stretch.starts_s, stretch.duration_s, stretch.end_s)
                 if stretch.end_s[-1] < quiet_s:
@@ -278,6 +283,9 @@ class Replica:
         state = self.state
         shape = BatchShape.from_plan(plan, state.requests)
         duration_s = float(self.latency.iteration_time_s(shape))
+        if self.noise is not None:
+            duration_s = duration_s * self.noise.factor(
+                len(self.log), shape.num_prefill_tokens, shape.num_decode_tokens)
         end_s = start_s + duration_s
         if not start_s < end_s < math.inf:  # NaN fails too
             self._check_durations(np.array([start_s]), np.array([duration_s]),

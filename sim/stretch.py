@@ -20,6 +20,7 @@ import numpy as np
 
 from sim.iteration_log import IterationLog
 from sim.latency.base import BatchShape, LatencyModel
+from sim.noise import IterationNoise
 from sim.plan import Plan
 from sim.request import Request
 from sim.state import ReplicaState
@@ -95,7 +96,8 @@ def is_steady(state: ReplicaState, plan: Plan) -> bool:
 
 
 def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
-                 horizon_s: float | None, *, through_finishes: bool = False) -> Stretch | None:
+                 horizon_s: float | None, *, through_finishes: bool = False,
+                 noise: IterationNoise | None = None, first_index: int = 0) -> Stretch | None:
     """The longest stretch from `start_s`, after `schedule()` allocated its first iteration for
     every running request; None unless every running request is decoding. It ends when the
     first request finishes, or, `through_finishes`, when the last does (the batch shrinks as
@@ -128,6 +130,8 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
     duration = latency.iteration_time_s(BatchShape.decode_only(num_seqs, kv_tokens))
     if not isinstance(duration, np.ndarray) or duration.shape != (max_steps,):
         duration = np.broadcast_to(np.asarray(duration, dtype=np.float64), (max_steps,))
+    if noise is not None:  # iteration `first_index + j`'s own factor, as a step would get it
+        duration = duration * noise.factors_from(first_index, max_steps, 0, num_seqs)
     # Sequential accumulation, so each end equals start + duration exactly as one step would be.
     bounds = np.add.accumulate(np.concatenate(([start_s], duration)))
     starts, end = bounds[:-1], bounds[1:]

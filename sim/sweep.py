@@ -273,6 +273,9 @@ METRICS = {  # column -> path in summary.json
     "requests_per_s": ("throughput", "requests_per_s"),
     "output_tokens_per_s": ("throughput", "output_tokens_per_s"),
     "slo_attainment": ("slo", "all_attainment"),
+    "num_gpus": ("cost", "num_gpus"),
+    "requests_per_s_per_gpu": ("cost", "requests_per_s_per_gpu"),
+    "usd_per_million_tokens": ("cost", "usd_per_million_tokens"),
 }
 
 
@@ -281,9 +284,14 @@ def short_value(value: Any) -> str:
     its values, e.g. `chunked_prefill 256`."""
     if isinstance(value, str) and value.startswith("{"):
         try:
-            return " ".join(str(v) for v in json.loads(value).values())
+            mapping = json.loads(value)
         except ValueError:
-            pass
+            mapping = None
+        if isinstance(mapping, dict) and ("peak_bf16_flops" in mapping or "base" in mapping):
+            # A GPU described in the scenario: its figures would fill the column; its name.
+            return str(mapping.get("name") or f"{mapping.get('base')}-custom")
+        if isinstance(mapping, dict):
+            return " ".join(str(v) for v in mapping.values())
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 

@@ -305,3 +305,20 @@ def test_uneven_widths_and_groups_beyond_a_node_are_refused():
     llama = MODELS.get("llama-3.1-70b")
     assert [p[0] for p in Parallelism(tensor=16).problems(llama)] == ["tensor"]
     assert Parallelism(tensor=8, pipeline=2).problems(llama) == []
+
+
+def test_a_sweep_over_splits_and_gpus_reports_gpus_and_cost_per_point(tmp_path):
+    from sim.sweep import load_sweep, run_sweep, short_value
+
+    base = SYNTH + "replica: {model: llama-3.1-8b}\n"
+    (tmp_path / "base.yaml").write_text(base)
+    (tmp_path / "sweep.yaml").write_text(
+        "name: splits\nbase: base.yaml\ngrid:\n  replica.parallelism.tensor: [1, 2]\n"
+        "  replica.gpu: [h100-sxm, {base: h100-sxm, cost_per_gpu_hour: 2.0}]\n")
+    _, runs = load_sweep(tmp_path / "sweep.yaml")
+    table = run_sweep(runs, tmp_path / "out")
+    assert sorted(table["num_gpus"]) == [1, 1, 2, 2]
+    cheap = table["replica.gpu"] != "h100-sxm"
+    assert (table.loc[cheap, "usd_per_million_tokens"].to_numpy()
+            < table.loc[~cheap, "usd_per_million_tokens"].to_numpy()).all()
+    assert {short_value(v) for v in table["replica.gpu"]} == {"h100-sxm", "h100-sxm-custom"}

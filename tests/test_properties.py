@@ -87,8 +87,14 @@ def scenarios(draw):
         "seed": draw(st.integers(0, 2**16)),
         "workload": workload,
         "replica": {"scheduler": scheduler,
-                    "latency": draw(st.sampled_from([{"kind": "roofline"},
-                                                     {"kind": "constant", "iteration_s": 0.01}])),
+                    "latency": {**draw(st.sampled_from([{"kind": "roofline"},
+                                                        {"kind": "constant",
+                                                         "iteration_s": 0.01}])),
+                                # Jitter sometimes: fast-forward must still equal stepping.
+                                "noise": draw(st.sampled_from([
+                                    {"kind": "none"}, {"kind": "none"},
+                                    {"kind": "lognormal", "sigma": 0.3},
+                                    {"kind": "lognormal", "sigma": 0.1, "correlation": 0.8}]))},
                     "kv_cache": {"block_size": block_size, "num_blocks": num_blocks},
                     "prefix_caching": draw(st.booleans())},
         "horizon_s": draw(st.sampled_from([None, None, 0.5, 3.0])),

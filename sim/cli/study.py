@@ -62,7 +62,7 @@ def comparison_table(title: str, df: Any) -> Table:
     rows = (("pools", None), ("scheduler", None), ("overload", None), ("finished", None),
             ("ttft_p50_s", 1e3), ("ttft_p99_s", 1e3), ("tbt_p50_s", 1e3), ("tbt_p99_s", 1e3),
             ("e2e_p99_s", 1.0), ("output_tokens_per_s", 1.0), ("slo_attainment", 1.0),
-            ("transfer_p99_s", 1e3))
+            ("transfer_p99_s", 1e3), ("num_gpus", None), ("usd_per_million_tokens", 1.0))
     table = Table(title=title)
     table.add_column("variant")
     for variant in df["variant"]:
@@ -78,7 +78,8 @@ def comparison_table(title: str, df: Any) -> Table:
 
 LABELS = {"ttft_p50_s": "TTFT P50 ms", "ttft_p99_s": "TTFT P99 ms", "tbt_p50_s": "TBT P50 ms",
           "tbt_p99_s": "TBT P99 ms", "e2e_p99_s": "E2E P99 s", "output_tokens_per_s": "tok/s",
-          "slo_attainment": "SLO met", "transfer_p99_s": "xfer P99 ms"}
+          "slo_attainment": "SLO met", "transfer_p99_s": "xfer P99 ms", "num_gpus": "GPUs",
+          "usd_per_million_tokens": "$/M tokens"}
 
 
 @app.command()

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from sim.gpus import GPUSpec
 from sim.models import ModelShape
+from sim.noise import NoiseConfig
 from sim.parallelism import SINGLE_GPU, Parallelism
 from sim.plan import Plan
 from sim.registry import Registry
@@ -72,6 +73,8 @@ class BatchShape:
 class LatencyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: str
+    noise: NoiseConfig = Field(default_factory=NoiseConfig,
+                               description="per-iteration jitter (sim.noise)")
 
 
 class LatencyModel(ABC):
@@ -97,6 +100,12 @@ class LatencyModel(ABC):
     def describe(self) -> dict[str, Any]:
         """Facts for the run summary (e.g. extrapolation warnings)."""
         return {}
+
+    def noise_quantiles(self) -> dict[str, np.ndarray] | None:
+        """Measured/predicted ratios by regime ("decode", "mixed", "prefill"), as quantile
+        functions of mean 1 on an even grid, for `noise: {kind: empirical}`; None where the
+        model carries no measurements."""
+        return None
 
 
 LATENCY_MODELS: Registry[type[LatencyModel]] = Registry("latency model")
