@@ -1,14 +1,37 @@
-"""Capacity under SLOs: the largest arrival rate at which every given SLO holds.
+"""Capacity under SLOs: the largest arrival rate at which every given SLO holds, as an interval.
 
 As Sarathi-Serve's capacity search: start from the scenario's rate, double it while the SLOs
-hold (halve it while they don't), then bisect to the stated precision. Each seed is searched on
-its own; the capacity is their mean with a 95% confidence interval. A run whose overload verdict
-(`summary["overload"]`, a slope test on the queues, see `sim.metrics.overload`) is `overloaded`
-violates, whatever the percentiles say: near saturation a finite trace hides an unbounded queue.
+hold (halve it while they fail), then bisect to the stated precision. What is new is how one
+rate is decided. Each probed rate runs up to R replications (seeds `scenario.seed + 0..R-1`,
+the same seeds at every rate: common random numbers), one at a time, and stops as soon as a
+sequential test decides (`decide`):
 
-`CapacityLog` keeps the search on disk as it goes: `trials.csv` (rewritten after each trial, so
-an interrupted search keeps its trials) and, at the end, `capacity.json` (targets, per-seed
-capacities, mean and CI), which `servesim plot` draws.
+- *fails* at once when a run is overloaded (`summary["overload"]`, a slope test on the queues,
+  see `sim.metrics.overload`: near saturation a finite trace hides an unbounded queue, so a
+  growing queue violates whatever the percentiles say), or has no value for a target;
+- otherwise, from two runs on, each target's metric (the run's P99 TBT, say) is averaged over
+  the runs so far: the rate *holds* when the one-sided upper confidence bound of that mean is
+  at most the target for every target, and *fails* when the lower bound of one is above its
+  target. Bounds are Student t; the level is Bonferroni-corrected for the up to R - 1 looks
+  (each look at (1 - confidence) / (R - 1)), so a decision is wrong with probability at most
+  1 - confidence (under normality of the per-run metric);
+- after R runs with neither, the rate is *unsure*: inside the statistical resolution of R
+  replications.
+
+The search keeps every decision and brackets the knee from both sides: the lower end is the
+highest rate that holds, the upper end the lowest rate that fails (unsure rates lie between),
+each end bisected to the precision. The capacity is that interval; `capacity_qps` is its lower
+end (a rate shown to hold). Where the upper end failed by overload (the knee is saturation),
+the lower end is lowered by the overload test's resolution (`GROWTH_LIMIT`, 1%): a finite run
+does not call a queue that grows by less than that overloaded, so a rate that held may be that
+far past saturation. A deterministic scenario (a replayed trace without latency noise or random
+routing) runs once per rate: one run decides, and the interval's width is the bisection
+precision (plus that resolution at a saturation knee), nothing more.
+
+`CapacityLog` keeps the search on disk as it goes: `trials.csv` (one row per run, rewritten
+after each, so an interrupted search keeps its runs) and, at the end, `capacity.json` (targets,
+each probed rate with its runs, decision and reason, the interval), which `servesim plot`
+draws.
 """
 
 from __future__ import annotations
@@ -16,7 +39,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +49,18 @@ import pandas as pd
 
 from sim.config import Scenario
 from sim.errors import InputError
+from sim.metrics import GROWTH_LIMIT
 from sim.outdir import check_writable_dir
+from sim.replications import (
+    CONFIDENCE,
+    check_replicable,
+    replication_seeds,
+    t_bounds,
+    variation_sources,
+)
 from sim.runner import Results, cluster_gpus, load_workload, run_scenario
+
+DEFAULT_REPLICATIONS = 5  # up to this many runs per rate, where seeds make runs differ
 
 # target field -> (command-line option, label, summary section, percentile)
 TARGETS = {
@@ -89,11 +122,26 @@ class Trial:
 
 
 @dataclass
-class SeedCapacity:
-    seed: int
-    capacity: float  # in the knob's unit
-    capacity_qps: float
+class RateDecision:
+    """One probed rate: its runs (replications, in seed order), the decision and why."""
+
+    rate: float  # the knob's value
+    qps: float
+    decision: str  # holds | fails | unsure
+    reason: str
     trials: list[Trial] = field(default_factory=list)
+    # by target field: mean over the runs and its one-sided bounds (None where not computed)
+    stats_s: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+    def line(self) -> str:
+        """E.g. `rate 12.5 req/s: fails after 2 runs: P99 TBT mean 0.061 > 0.05 (...)`."""
+        runs = f"{len(self.trials)} run{'s' if len(self.trials) != 1 else ''}"
+        return f"rate {self.qps:.4g} req/s: {self.decision} after {runs}: {self.reason}"
+
+    def record(self) -> dict[str, Any]:
+        return {"rate": self.rate, "qps": self.qps, "runs": len(self.trials),
+                "seeds": [t.seed for t in self.trials], "decision": self.decision,
+                "reason": self.reason, "metrics_s": self.stats_s}
 
 
 def rate_knob(scenario: Scenario) -> str:
@@ -134,49 +182,126 @@ def violations(results: Results, targets: SLOTargets) -> list[str]:
     return out
 
 
-def search_seed(scenario: Scenario, targets: SLOTargets, seed: int, *, precision: float = 0.02,
-                max_steps: int = 40, run: Callable[[Scenario], Results] = run_scenario,
-                on_trial: Callable[[Trial], None] | None = None) -> SeedCapacity:
-    """Expand, then bisect, the rate for one seed; `on_trial` sees each trial as it ends."""
+def decide(trials: list[Trial], targets: SLOTargets, replications: int, *,
+           deterministic: bool, confidence: float = CONFIDENCE
+           ) -> tuple[str, str, dict[str, dict[str, float | None]]] | None:
+    """The sequential test after each run at one rate (see the module): (decision, reason,
+    per-target statistics), or None to run the next replication."""
+    given = targets.given()
+    last = trials[-1]
+    if last.verdict == "overloaded":
+        return "fails", f"overloaded in the run of seed {last.seed} (a queue grows)", {}
+    missing = [TARGETS[n][1] for n in given
+               if last.metrics_s.get(n) is None and n != "tbt_p99_s"]
+    if missing:
+        return "fails", f"no {', '.join(missing)} in the run of seed {last.seed}", {}
+    values = {n: [t.metrics_s.get(n) or 0.0 for t in trials] for n in given}
+    if replications == 1:
+        stats: dict[str, dict[str, float | None]] = {
+            n: {"mean": v[0], "lower": None, "upper": None} for n, v in values.items()}
+        why = ("deterministic: one run decides" if deterministic
+               else f"one replication (seed {last.seed}): its run decides, no confidence")
+        if last.ok:
+            name = max(given, key=lambda n: values[n][0] / given[n])
+            return "holds", (f"{why}; {TARGETS[name][1]} {values[name][0]:.4g} <= "
+                             f"{given[name]:g}"), stats
+        return "fails", f"{why}; {'; '.join(last.violations)}", stats
+    if len(trials) < 2:
+        return None
+    # Bonferroni over the looks at 2..R runs: each decision wrong with probability <= 1 - conf.
+    level = 1 - (1 - confidence) / (replications - 1)
+    bounds = {name: t_bounds(vals, level) for name, vals in values.items()}  # mean, lower, upper
+    stats = {name: {"mean": m, "lower": lo, "upper": up} for name, (m, lo, up) in bounds.items()}
+    shown = f"{100 * confidence:g}%"
+    above = [n for n in given if bounds[n][1] > given[n]]
+    if above:
+        name = max(above, key=lambda n: bounds[n][1] / given[n])
+        mean, lower, _ = bounds[name]
+        return "fails", (f"{TARGETS[name][1]} mean {mean:.4g} > {given[name]:g} "
+                         f"({shown} lower bound {lower:.4g})"), stats
+    if all(bounds[n][2] <= given[n] for n in given):
+        name = max(given, key=lambda n: bounds[n][2] / given[n])
+        mean, _, upper = bounds[name]
+        return "holds", (f"{TARGETS[name][1]} mean {mean:.4g} <= {given[name]:g} "
+                         f"({shown} upper bound {upper:.4g})"), stats
+    if len(trials) < replications:
+        return None
+    return "unsure", "; ".join(
+        f"{TARGETS[n][1]} mean {bounds[n][0]:.4g}, {shown} bounds "
+        f"[{bounds[n][1]:.4g}, {bounds[n][2]:.4g}] contain {given[n]:g}"
+        for n in given if bounds[n][2] > given[n]), stats
+
+
+def search(scenario: Scenario, targets: SLOTargets, seeds: list[int], *,
+           deterministic: bool = False, precision: float = 0.02, max_steps: int = 40,
+           confidence: float = CONFIDENCE, run: Callable[[Scenario], Results] = run_scenario,
+           on_trial: Callable[[Trial], None] | None = None,
+           on_rate: Callable[[RateDecision], None] | None = None) -> list[RateDecision]:
+    """Expand, then bisect both ends of the knee; every probed rate, in the order probed."""
     knob = rate_knob(scenario)
     start = (scenario.workload.arrivals.qps if knob == "qps"  # type: ignore[attr-defined]
              else scenario.workload.rate_scale)
     qps_per_unit = 1.0 if knob == "qps" else trace_qps(scenario)
-    trials: list[Trial] = []
+    probed: dict[float, RateDecision] = {}
 
-    def ok(rate: float) -> bool:
-        results = run(with_rate(scenario, rate, seed))
-        bad = violations(results, targets)
-        verdict = (results.summary.get("overload") or {}).get("verdict", "unknown")
-        trials.append(Trial(seed, rate, rate * qps_per_unit, not bad, bad, verdict,
-                            measured(results), results.summary.get("cost") or {}))
-        if on_trial is not None:
-            on_trial(trials[-1])
-        return not bad
+    def probe(rate: float) -> str:
+        if rate in probed:
+            return probed[rate].decision
+        trials: list[Trial] = []
+        decided = None
+        for seed in seeds:
+            results = run(with_rate(scenario, rate, seed))
+            bad = violations(results, targets)
+            verdict = (results.summary.get("overload") or {}).get("verdict", "unknown")
+            trials.append(Trial(seed, rate, rate * qps_per_unit, not bad, bad, verdict,
+                                measured(results), results.summary.get("cost") or {}))
+            if on_trial is not None:
+                on_trial(trials[-1])
+            decided = decide(trials, targets, len(seeds), deterministic=deterministic,
+                             confidence=confidence)
+            if decided is not None:
+                break
+        assert decided is not None  # the last replication always decides
+        probed[rate] = RateDecision(rate, rate * qps_per_unit, decided[0], decided[1], trials,
+                                    decided[2])
+        if on_rate is not None:
+            on_rate(probed[rate])
+        return decided[0]
 
-    lo, hi = 0.0, start
-    if ok(hi):
-        lo = hi
-        for _ in range(max_steps):
-            hi = lo * 2
-            if not ok(hi):
-                break
-            lo = hi
-    else:
-        for _ in range(max_steps):
-            if ok(hi / 2):
-                lo = hi / 2
-                break
-            hi = hi / 2
-    for _ in range(max_steps):
-        if hi - lo <= precision * hi:
+    first = probe(start)
+    rate = start
+    for _ in range(max_steps if first != "fails" else 0):  # up to a rate that fails
+        rate *= 2
+        if probe(rate) == "fails":
             break
-        mid = (lo + hi) / 2
-        if ok(mid):
-            lo = mid
+    rate = start
+    for _ in range(max_steps if first != "holds" else 0):  # down to a rate that holds
+        rate /= 2
+        if probe(rate) == "holds":
+            break
+    for _ in range(2 * max_steps):
+        lo, hi = _ends(probed)
+        if hi is None or lo == 0.0:
+            break
+        hi_lo = min(r for r, d in probed.items() if r > lo and d.decision != "holds")
+        lo_hi = max(r for r, d in probed.items() if r < hi and d.decision != "fails")
+        if hi_lo - lo > precision * hi_lo:  # bisect the lower end: last hold, first other
+            probe((lo + hi_lo) / 2)
+        elif hi - lo_hi > precision * hi:  # the upper end: last other, first fail
+            probe((lo_hi + hi) / 2)
         else:
-            hi = mid
-    return SeedCapacity(seed, lo, lo * qps_per_unit, trials)
+            break
+    return list(probed.values())
+
+
+def _ends(probed: dict[float, RateDecision]) -> tuple[float, float | None]:
+    """(highest rate that holds below the first that fails, or 0; first that fails, or
+    None)."""
+    fails = [r for r, d in probed.items() if d.decision == "fails"]
+    hi = min(fails) if fails else None
+    lo = max((r for r, d in probed.items() if d.decision == "holds" and (hi is None or r < hi)),
+             default=0.0)
+    return lo, hi
 
 
 def trace_qps(scenario: Scenario) -> float:
@@ -186,40 +311,83 @@ def trace_qps(scenario: Scenario) -> float:
     return (len(arrivals) - 1) / arrivals[-1] if len(arrivals) > 1 and arrivals[-1] > 0 else 0.0
 
 
-def capacity(scenario: Scenario, targets: SLOTargets, seeds: list[int], *,
-             precision: float = 0.02, run: Callable[[Scenario], Results] = run_scenario,
-             on_trial: Callable[[Trial], None] | None = None) -> dict[str, Any]:
-    """Capacity per seed, their mean and a 95% confidence interval (Student t)."""
-    check_options(targets, precision)
-    per_seed = [search_seed(scenario, targets, seed, precision=precision, run=run,
-                            on_trial=on_trial) for seed in seeds]
-    values = np.array([c.capacity_qps for c in per_seed])
-    mean = float(values.mean())
-    half = 0.0
-    if len(values) > 1:
-        from scipy.stats import t
+def default_replications(scenario: Scenario) -> int:
+    """DEFAULT_REPLICATIONS where seeds make runs differ; 1 for a deterministic replay."""
+    return DEFAULT_REPLICATIONS if variation_sources(scenario) else 1
 
-        half = float(t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
+
+def capacity(scenario: Scenario, targets: SLOTargets,
+             replications: int | Sequence[int] | None = None, *, precision: float = 0.02,
+             confidence: float = CONFIDENCE, max_steps: int = 40,
+             run: Callable[[Scenario], Results] = run_scenario,
+             on_trial: Callable[[Trial], None] | None = None,
+             on_rate: Callable[[RateDecision], None] | None = None) -> dict[str, Any]:
+    """The capacity interval. `replications`: up to how many runs per rate (seeds
+    `scenario.seed + 0..R-1`), or the seeds themselves; None: `default_replications`. More than
+    one of a deterministic scenario is refused (they would be identical)."""
+    check_options(targets, precision)
+    if replications is None:
+        replications = default_replications(scenario)
+    if isinstance(replications, int):
+        seeds = replication_seeds(scenario, replications)
+    else:
+        seeds = list(replications)
+    check_replicable(scenario, len(seeds))
+    sources = variation_sources(scenario)
+    deterministic = not sources
+    rates = search(scenario, targets, seeds, deterministic=deterministic, precision=precision,
+                   max_steps=max_steps, confidence=confidence, run=run, on_trial=on_trial,
+                   on_rate=on_rate)
+    probed = {d.rate: d for d in rates}
+    held, hi = _ends(probed)
+    # A knee at saturation (the upper end failed by overload) is seen only to the overload
+    # test's resolution: a finite run does not call a queue growing by less than GROWTH_LIMIT
+    # of the arrivals overloaded, so a rate that held may be up to that much past saturation.
+    saturated = hi is not None and any(t.verdict == "overloaded" for t in probed[hi].trials)
+    lo = held * (1 - GROWTH_LIMIT) if saturated else held
+    qps_per_unit = rates[0].qps / rates[0].rate if rates[0].rate else 1.0
+    lo_qps, hi_qps = lo * qps_per_unit, None if hi is None else hi * qps_per_unit
     num_gpus = cluster_gpus(scenario)
-    return {"knob": rate_knob(scenario), "capacity_qps": mean, "ci95_qps": [mean - half,
-                                                                              mean + half],
-            "per_seed": per_seed, "num_gpus": num_gpus,
-            "capacity_qps_per_gpu": mean / num_gpus,
-            **{key: _mean_at_capacity(per_seed, key)
+    num_runs = sum(len(d.trials) for d in rates)
+    if deterministic:
+        meaning = ("deterministic scenario (a replayed trace, no latency noise or random "
+                   "routing): one run per rate decides; the interval is exact for this trace "
+                   f"and its width is the bisection precision ({precision:g}), nothing more")
+    elif len(seeds) == 1:
+        meaning = (f"one replication per rate (seed {seeds[0]}): the interval holds for that "
+                   "seed's draws only; no confidence is stated")
+    else:
+        meaning = (f"lower: the highest rate whose SLO metrics' means are below their targets "
+                   f"with {100 * confidence:g}% confidence; upper: the lowest rate above them "
+                   f"with {100 * confidence:g}% confidence, or overloaded (one-sided Student "
+                   f"t over up to {len(seeds)} replications per rate, Bonferroni over the "
+                   f"looks; runs differ by {', '.join(sources)}); rates in between are unsure")
+    if saturated:
+        meaning += (f"; the upper end failed by overload, and a finite run does not call a "
+                    f"queue growing by less than {100 * GROWTH_LIMIT:g}% of arrivals "
+                    f"overloaded, so the lower end is the highest rate that held "
+                    f"({held * qps_per_unit:.4g} req/s) less {100 * GROWTH_LIMIT:g}%")
+    runs_held = probed[held].trials if held in probed else []
+    return {"knob": rate_knob(scenario), "capacity": lo, "capacity_qps": lo_qps,
+            "highest_held": held, "highest_held_qps": held * qps_per_unit,
+            "saturation_knee": saturated,
+            "interval": [lo, hi], "interval_qps": [lo_qps, hi_qps],
+            "ci95_qps": [lo_qps, lo_qps if hi_qps is None else hi_qps],
+            "interval_meaning": meaning, "confidence": confidence,
+            "replications": len(seeds), "seeds": seeds, "deterministic": deterministic,
+            "varies_by": sources, "num_runs": num_runs, "rates": rates,
+            "num_gpus": num_gpus, "capacity_qps_per_gpu": lo_qps / num_gpus,
+            **{key: _mean_cost(runs_held, key)
                for key in ("usd_per_million_tokens", "usd_per_million_output_tokens")}}
 
 
-def _mean_at_capacity(per_seed: list[SeedCapacity], key: str) -> float | None:
-    """Mean over seeds of `key` of the cost in the run at each seed's capacity (the fastest
-    rate that held); None if a seed has no such run or no price."""
-    values = []
-    for c in per_seed:
-        held = [t for t in c.trials if t.ok and t.rate == c.capacity]
-        value = held[0].cost.get(key) if held else None
-        if value is None:
-            return None
-        values.append(value)
-    return float(np.mean(values)) if values else None
+def _mean_cost(trials: list[Trial], key: str) -> float | None:
+    """Mean over the runs at the highest rate that held of `key` of their cost; None if there
+    is no such run or no price."""
+    values = [t.cost.get(key) for t in trials]
+    if not values or any(v is None for v in values):
+        return None
+    return float(np.mean([float(v) for v in values if v is not None]))
 
 
 TRIALS_FILE, RESULT_FILE = "trials.csv", "capacity.json"
@@ -230,7 +398,7 @@ def is_capacity_dir(path: Path) -> bool:
 
 
 class CapacityLog:
-    """A capacity search on disk: `trials.csv` after each trial, `capacity.json` at the end."""
+    """A capacity search on disk: `trials.csv` after each run, `capacity.json` at the end."""
 
     def __init__(self, out_dir: Path) -> None:
         check_writable_dir(out_dir)
@@ -266,10 +434,14 @@ class CapacityLog:
         data = {
             "scenario": scenario.name, "source": scenario.source, "knob": result["knob"],
             "targets_s": targets.given(), "precision": precision,
-            "per_seed": [{"seed": c.seed, "capacity": c.capacity,
-                          "capacity_qps": c.capacity_qps, "trials": len(c.trials)}
-                         for c in result["per_seed"]],
-            "capacity_qps": result["capacity_qps"], "ci95_qps": result["ci95_qps"],
+            "capacity": result["capacity"], "capacity_qps": result["capacity_qps"],
+            "interval": result["interval"], "interval_qps": result["interval_qps"],
+            "ci95_qps": result["ci95_qps"], "interval_meaning": result["interval_meaning"],
+            **{key: result[key] for key in ("highest_held", "highest_held_qps",
+                                            "saturation_knee", "confidence", "replications",
+                                            "seeds", "deterministic", "varies_by",
+                                            "num_runs")},
+            "rates": [d.record() for d in sorted(result["rates"], key=lambda d: d.rate)],
             **{key: result[key] for key in ("num_gpus", "capacity_qps_per_gpu",
                                             "usd_per_million_tokens",
                                             "usd_per_million_output_tokens")},

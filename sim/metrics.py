@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from sim.config import SLOConfig
+from sim.workloads.base import ArrivalConfig
 
 PERCENTILES = (50, 90, 99)
 
@@ -118,11 +119,22 @@ def weighted_percentile(sorted_values: np.ndarray, cumulative_counts: np.ndarray
 FINISHED_COLUMNS = ["ttft_s", "max_tbt_s", "tpot_s", "e2e_s", "scheduling_delay_s"]
 
 
+FINISHED = "finished"  # the population of the headline distributions
+
+
+def finished_distribution(values: np.ndarray) -> dict[str, Any]:
+    """`distribution` of finished requests' values, saying so (`population: finished`): with a
+    horizon or rejections that is not every request (see `arrived_stats`)."""
+    return {**distribution(values), "population": FINISHED}
+
+
 def summarize(requests: pd.DataFrame, iterations: pd.DataFrame | int,
               tbt_gaps_s: np.ndarray | WeightedSample, slo: SLOConfig) -> dict[str, Any]:
     """Latency distributions, throughput, outcome counts and SLO attainment of one run.
     `iterations`: the iteration frame, or just its length; `tbt_gaps_s`: every gap between
-    consecutive tokens of a request, pooled (or as values with counts)."""
+    consecutive tokens of a request, pooled (or as values with counts). The per-request
+    distributions are over finished requests (`population: finished`); `arrived_stats` adds
+    them over every arrived request, and `warmup_stats` trimmed of the start-up transient."""
     done = (requests["status"] == "finished").to_numpy()
     # Only the columns it reads, of finished requests (not a copy of the whole frame).
     finished = {col: requests[col].to_numpy()[done] for col in FINISHED_COLUMNS}
@@ -141,12 +153,12 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame | int,
             "unfinished": int(counts.get("unfinished", 0)),
             "reasons": {str(k): int(v) for k, v in sorted(reasons.items())},
         },
-        "ttft_s": distribution(finished["ttft_s"]),
+        "ttft_s": finished_distribution(finished["ttft_s"]),
         "tbt_s": distribution(tbt_gaps_s),
-        "max_tbt_per_request_s": distribution(finished["max_tbt_s"]),
-        "tpot_s": distribution(finished["tpot_s"]),
-        "e2e_s": distribution(finished["e2e_s"]),
-        "scheduling_delay_s": distribution(finished["scheduling_delay_s"]),
+        "max_tbt_per_request_s": finished_distribution(finished["max_tbt_s"]),
+        "tpot_s": finished_distribution(finished["tpot_s"]),
+        "e2e_s": finished_distribution(finished["e2e_s"]),
+        "scheduling_delay_s": finished_distribution(finished["scheduling_delay_s"]),
         "throughput": {
             "span_s": span_s,
             "requests_per_s": num_finished / span_s if span_s > 0 else None,
@@ -331,3 +343,207 @@ def _growth(queue: str, window: str, times_s: np.ndarray, length: np.ndarray
         "detail": (f"{queue.replace('_', ' ')} queue {verb} by {abs(slope):.3g} requests/s "
                    f"({100 * abs(share):.1f}% of arrivals; {t:.1f} s.e.) over {window}"),
     }
+
+
+# Censoring: latencies over every arrived request, unfinished ones as lower bounds.
+
+# For each latency, the event that ends it; a request without the event by the end of the run
+# contributes its time so far (end of run - arrival), a lower bound.
+ARRIVED_LATENCIES = {"ttft_s": "first_token_s", "e2e_s": "finish_s",
+                     "scheduling_delay_s": "first_scheduled_s"}
+ARRIVED = "arrived"  # every request that arrived before the end of the run and was not rejected
+
+
+def arrived_mask(requests: pd.DataFrame) -> np.ndarray:
+    """The requests that arrived (before the horizon) and were not rejected: finished ones, and
+    unfinished ones queued or in progress at the end. Rejected requests (never admitted: too
+    long for the KV cache, or refused) are counted apart, in `requests.rejected`, as vLLM's
+    benchmark counts failed requests apart; requests after the horizon never arrived."""
+    return ((requests["status"] != "rejected").to_numpy()
+            & ~requests["reason"].str.startswith("after_horizon").to_numpy())
+
+
+def arrived_latencies(requests: pd.DataFrame, end_s: float, arrived: np.ndarray | None = None
+                      ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per latency of ARRIVED_LATENCIES, over the arrived requests in frame order (`arrived`:
+    `arrived_mask`, if already made): (values, censored), where a censored value is a lower
+    bound (the event had not happened by `end_s`; the value is the time from arrival to
+    `end_s`)."""
+    if arrived is None:
+        arrived = arrived_mask(requests)
+    arrival = requests["arrival_s"].to_numpy()[arrived]
+    so_far = np.maximum(end_s - arrival, 0.0)
+    out = {}
+    for key, event in ARRIVED_LATENCIES.items():
+        censored = np.isnan(requests[event].to_numpy()[arrived])
+        out[key] = (np.where(censored, so_far, requests[key].to_numpy()[arrived]), censored)
+    return out
+
+
+def censored_distribution(values: np.ndarray, censored: np.ndarray) -> dict[str, Any]:
+    """`distribution` of a sample in which `values[censored]` are lower bounds (the true value
+    is at least that), with how many there are and which statistics are lower bounds.
+
+    The true sample is this one with some entries raised, so each of its order statistics, and
+    hence each percentile, mean and max, is at least the one shown. A percentile is interpolated
+    from the order statistics at ranks floor(h) and ceil(h), h = (n - 1) p / 100 (numpy's
+    'linear'): raising values above both leaves it as it is. So it is exact when every
+    censored value lies above the higher of the two, and marked a lower bound when one lies at
+    or below it (that value, raised, could move past it). The mean and max are lower bounds
+    whenever any value is.
+
+    `at_most` bounds each percentile from above: its value were every lower bound infinite
+    (None where that makes it infinite too); the true percentile lies between the two."""
+    arr = np.asarray(values, dtype=np.float64)
+    keep = np.isfinite(arr)
+    arr, cens = arr[keep], np.asarray(censored, dtype=bool)[keep]
+    out: dict[str, Any] = dict(distribution(arr))
+    num_censored = int(cens.sum())
+    out["num_lower_bounds"] = num_censored
+    flags = dict.fromkeys(["mean", *(f"p{p}" for p in PERCENTILES), "max"], num_censored > 0)
+    at_most: dict[str, float | None] = {f"p{p}": out[f"p{p}"] for p in PERCENTILES}
+    if num_censored:
+        virtual = (arr.size - 1) * np.true_divide(np.asarray(PERCENTILES), 100)
+        upper = np.minimum(np.ceil(virtual).astype(np.intp), arr.size - 1)
+        lowest = float(arr[cens].min())
+        ordered = np.sort(arr)
+        # The sample with every lower bound infinite, as far as a percentile reads it: the
+        # order statistics up to `upper` (the rest, at the largest value, are read only with
+        # weight 0). Infinite where `upper` reaches a lower bound.
+        worst = np.percentile(np.where(cens, arr.max(), arr), PERCENTILES)
+        num_exact = arr.size - num_censored
+        for p, rank, high in zip(PERCENTILES, upper, worst, strict=True):
+            flags[f"p{p}"] = lowest <= float(ordered[rank])
+            at_most[f"p{p}"] = float(high) if rank < num_exact else None
+    out["is_lower_bound"] = flags
+    out["at_most"] = at_most
+    return out
+
+
+def arrived_stats(requests: pd.DataFrame, end_s: float) -> dict[str, Any]:
+    """`ttft_all_arrived_s`, `e2e_all_arrived_s` and `scheduling_delay_all_arrived_s`: over every
+    arrived request (see `arrived_mask`), a request that had not reached the event by the end
+    of the run (`end_s`) counted at its time so far, a lower bound. The headline distributions
+    (`ttft_s`, ...) are over finished requests only, and so biased low when a horizon cuts a
+    queue: these are not."""
+    return {f"{key.removesuffix('_s')}_all_arrived_s": {
+        **censored_distribution(values, censored), "population": ARRIVED}
+        for key, (values, censored) in arrived_latencies(requests, end_s).items()}
+
+
+# Warm-up: MSER-5 on scheduling delay, for generated arrivals.
+
+MSER_BATCH = 5  # observations per batch mean (MSER-5)
+# The last batches are never chosen: MSER(d) falls to 0 at d = k - 1 and rests on a few batch
+# means near it, so a quiet stretch at the end of a spiky series (scheduling delays: mostly
+# small, with bursts) wins by chance. Left out: the last 5% of batches, at least 5 (kim-
+# convergence's `mser_m` leaves out 5 by default; with 5 only, stable runs of the default
+# scenario were found without steady state for 3 seeds in 10, with 5% for 1).
+MSER_IGNORE_END_MIN = 5
+MSER_IGNORE_END_FRACTION = 0.05
+MIN_REQUESTS_FOR_WARMUP = 50  # 10 batches
+# The distributions reported trimmed: summary key -> request column (finished requests).
+TRIMMED = {"ttft_s": "ttft_s", "e2e_s": "e2e_s", "scheduling_delay_s": "scheduling_delay_s",
+           "max_tbt_per_request_s": "max_tbt_s", "tpot_s": "tpot_s"}
+
+
+def mser(series: np.ndarray, batch: int = MSER_BATCH, ignore_end: int | None = None
+         ) -> tuple[int, int]:
+    """MSER-m truncation (White 1997; MSER-5 with batch = 5, Spratt 1998, Franklin & White
+    2008): (d*, k), the batch index d* minimising the MSER statistic, and the number of
+    batches k.
+
+    The series (n observations) becomes k = n // batch batch means Z_0..Z_{k-1} of consecutive
+    observations (the last n % batch dropped). For each truncation d,
+        MSER(d) = 1 / (k - d)**2 * sum_{j >= d} (Z_j - mean(Z_d..Z_{k-1}))**2,
+    the squared half-width of the mean's marginal confidence interval after dropping the
+    first d batches. d* = argmin over 0 <= d < k - ignore_end (the first minimum on ties; the
+    last batches are left out, by default the last 5% and at least 5: the statistic falls to 0
+    at d = k - 1). The caller accepts d* (truncating d* * batch observations) when it lies in
+    the first half, d* <= k / 2; in the second half, no steady state was found (the run is too
+    short, or still changing)."""
+    k = len(series) // batch
+    if k == 0:
+        return 0, 0
+    if ignore_end is None:
+        ignore_end = max(MSER_IGNORE_END_MIN, int(MSER_IGNORE_END_FRACTION * k))
+    z = np.asarray(series[:k * batch], dtype=np.float64).reshape(k, batch).mean(axis=1)
+    z = z - z.mean()  # the statistic is shift-invariant; centred sums lose fewer digits
+    remaining = np.arange(k, 0, -1, dtype=np.float64)  # k - d
+    tail_sum = np.cumsum(z[::-1])[::-1]
+    tail_sq = np.cumsum((z * z)[::-1])[::-1]
+    stat = (tail_sq - tail_sum**2 / remaining) / remaining**2
+    last = max(k - ignore_end, 1)
+    return int(np.argmin(stat[:last])), k
+
+
+def generated_arrivals(workload: Any) -> bool:
+    """Arrivals drawn from a process (synthetic, lengths, prefix, csv/jsonl with `arrivals`),
+    rather than replayed from a trace."""
+    return isinstance(getattr(workload, "arrivals", None), ArrivalConfig)
+
+
+def warmup_stats(requests: pd.DataFrame, end_s: float, verdict: dict[str, Any],
+                 generated: bool) -> dict[str, Any]:
+    """`warmup` (where the run's start-up transient ends), `trimmed` (the headline
+    distributions over the finished requests arriving after it; None where no warm-up is
+    assumed or no steady state was found) and `overload` (`verdict`, with a line added when no
+    steady state was found; `verdict` itself is left as it is).
+
+    With generated arrivals the run starts with empty queues, not in its steady state: MSER-5
+    (`mser`) on
+    the scheduling delay of the arrived requests (`arrived_mask`) in arrival order, a request
+    never scheduled counted at its time so far, finds how many to trim. A trace's start is its
+    own (replayed as it was, no warm-up assumed): nothing is trimmed. No steady state when the
+    overload verdict says `overloaded`, or MSER-5's truncation lands in the second half; the
+    latter, for a run not found overloaded, is added to the verdict's detail and
+    `steady_state: false`, without changing the verdict: the slope test on the queues decides
+    overload (calibrated: a growth of 1% of arrivals, 3 standard errors), and a late truncation
+    also comes from a long transient that drains, or slow swings of a loaded but stable queue:
+    it says to run longer, not that the system cannot keep up."""
+    info: dict[str, Any] = {"method": "MSER-5", "applies": generated,
+                            "steady_state": None, "num_trimmed_requests": None,
+                            "trimmed_until_s": None}
+    out: dict[str, Any] = {"warmup": info, "trimmed": None, "overload": verdict}
+    if not generated:
+        info["reason"] = ("replayed trace: its start is its own (no warm-up assumed); nothing "
+                          "trimmed")
+        return out
+    arrived = arrived_mask(requests)
+    arrival = requests["arrival_s"].to_numpy()[arrived]
+    delay, _ = arrived_latencies(requests, end_s, arrived)["scheduling_delay_s"]
+    order = np.argsort(arrival, kind="stable")
+    n = len(order)
+    info["num_requests"] = n
+    if n < MIN_REQUESTS_FOR_WARMUP:
+        info["reason"] = f"fewer than {MIN_REQUESTS_FOR_WARMUP} requests arrived"
+        return out
+    d, k = mser(delay[order])
+    cut = d * MSER_BATCH
+    info["mser_truncation_requests"] = cut
+    late = d > k / 2
+    if verdict.get("verdict") == "overloaded":
+        info["steady_state"] = False
+        info["reason"] = "overloaded: queues grow, latencies have no steady state"
+        return out
+    if late:
+        info["steady_state"] = False
+        info["reason"] = (f"no steady state: MSER-5 truncates at request {cut} of {n}, in the "
+                          "second half (run longer)")
+        out["overload"] = {**verdict, "steady_state": False,
+                           "detail": f"{verdict.get('detail', '')}; {info['reason']}"}
+        return out
+    info["steady_state"] = True
+    info["num_trimmed_requests"] = cut
+    info["trimmed_until_s"] = float(arrival[order[cut]])
+    info["reason"] = (f"MSER-5 on scheduling delay trims the first {cut} of {n} arrived "
+                      "requests")
+    # The finished requests arriving after the cut, by arrival rank (ties at the cut time
+    # split as the ranks do).
+    kept = np.zeros(len(requests), dtype=bool)
+    kept[np.flatnonzero(arrived)[order[cut:]]] = True
+    kept &= (requests["status"] == "finished").to_numpy()
+    out["trimmed"] = {key: {**distribution(requests[col].to_numpy()[kept]),
+                            "population": "finished, after warm-up"}
+                      for key, col in TRIMMED.items()}
+    return out

@@ -16,7 +16,16 @@ from sim.config import ReplicaConfig, Scenario, load_scenario, scenario_yaml
 from sim.engine import Progress
 from sim.iteration_log import IterationLog
 from sim.kv_cache import KVCacheManager
-from sim.metrics import overload, pool_stats, replica_stats, summarize, transfer_stats
+from sim.metrics import (
+    arrived_stats,
+    generated_arrivals,
+    overload,
+    pool_stats,
+    replica_stats,
+    summarize,
+    transfer_stats,
+    warmup_stats,
+)
 from sim.outdir import check_out_dir, write_dir
 from sim.request import Request
 from sim.results import iteration_frame, request_frame, token_frame, token_times
@@ -230,6 +239,9 @@ def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[
     if any(r.pool == "decode" for r in replicas):
         summary["transfer"] = transfer_stats(request_df)
     summary["overload"] = overload(request_df, end_s)
+    summary.update(arrived_stats(request_df, end_s))
+    summary.update(warmup_stats(request_df, end_s, summary["overload"],
+                                generated_arrivals(scenario.workload)))
     if any(r.kv.caches_prefixes for r in replicas):
         summary["prefix_cache"] = prefix_cache_stats(request_df, [r.kv for r in replicas])
     pools = pool_configs(scenario)

@@ -72,7 +72,7 @@ def test_capacity_writes_its_trials_and_plot_draws_them(tmp_path, monkeypatch, c
                      "--precision", "0.1", "--seeds", "2", "--out", str(cap))
     trials = pd.read_csv(cap / "trials.csv")
     result = json.loads((cap / "capacity.json").read_text())
-    assert len(trials) == sum(s["trials"] for s in result["per_seed"]) == len(
+    assert len(trials) == result["num_runs"] == sum(r["runs"] for r in result["rates"]) == len(
         [line for line in log.splitlines() if line.startswith("seed ")])
     assert set(trials["seed"]) == {0, 1} and trials["ok"].any() and not trials["ok"].all()
     assert "overloaded" in set(trials["overload"])
@@ -80,7 +80,7 @@ def test_capacity_writes_its_trials_and_plot_draws_them(tmp_path, monkeypatch, c
     assert result["targets_s"] == {"sched_delay_p50_s": 0.5}
     assert result["capacity_qps"] == pytest.approx(10.0, rel=0.1)
     low, high = result["ci95_qps"]
-    assert low <= result["capacity_qps"] <= high
+    assert low <= 10.0 <= high and result["replications"] == 2  # --seeds 2: --replications 2
     succeed(monkeypatch, capsys, "plot", str(cap))
     for figure in ("capacity", "capacity_trials"):
         assert (cap / "plots" / f"{figure}.png").stat().st_size > 5_000

@@ -18,6 +18,11 @@ def simulate(
     out: Annotated[Path | None, typer.Option(
         help="directory for the result files [default: results/<scenario name>]")] = None,
     seed: Annotated[int | None, typer.Option(min=0, help="override the scenario's seed")] = None,
+    replications: Annotated[int, typer.Option(
+        min=1, help="independent replications (seeds SEED+0..N-1), each in OUT/rep<k>/; "
+                    "every headline metric with a 95% confidence interval")] = 1,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="replications: worker processes [default: one per CPU]")] = None,
 ) -> None:
     """Run one scenario; print its latency table; write results next to the resolved scenario."""
     from sim.config import load_scenario
@@ -27,6 +32,44 @@ def simulate(
 
     loaded = load_scenario(scenario)
     out_dir = out if out is not None else Path("results") / loaded.name
+    if replications > 1:
+        import os
+
+        from sim.replications import (
+            RESULT_FILE,
+            check_replicable,
+            check_replications_dir,
+            replications_table,
+            run_replications,
+        )
+
+        if seed is not None:
+            loaded = loaded.model_copy(update={"seed": seed})
+        check_replicable(loaded, replications)
+        check_replications_dir(out_dir)
+        try:
+            with ProgressReport(f"simulating {loaded.name}", "replications",
+                                total=replications) as progress:
+                finished: list[int] = []
+
+                def done(k: int, summary: dict[str, Any]) -> None:
+                    finished.append(k)
+                    progress.update(len(finished))
+                    progress.note(f"rep{k} (seed {loaded.seed + k}): "
+                                  f"{summary['overload']['verdict']}")
+
+                data = run_replications(loaded, replications, out_dir, workers=min(
+                    workers or os.cpu_count() or 1, replications), on_done=done)
+        except KeyboardInterrupt:
+            kept = ("the previous results are" if is_run_dir(out_dir)
+                    or (out_dir / RESULT_FILE).is_file() else "nothing was")
+            console.print(f"interrupted: {kept} kept in {out_dir}/ (replications are written "
+                          "whole or not at all)")
+            raise typer.Exit(130) from None
+        console.print(replications_table(data))
+        console.print(f"results: {out_dir}/{RESULT_FILE}, {out_dir}/rep<k>/ (one run each)",
+                      soft_wrap=True)
+        return
     try:
         with ProgressReport(f"simulating {loaded.name}", "arrivals") as progress:
             results = run_scenario(loaded, seed=seed, out_dir=out_dir,
@@ -179,18 +222,67 @@ LATENCY_ROWS = (  # summary key, label, scale to the unit in the label
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
-    """Latency percentiles, then outcomes, throughput and SLO attainment."""
+    """Latency percentiles, then outcomes, throughput and SLO attainment; TTFT over finished
+    requests and, where some arrived but did not finish, over every arrival; in the caption,
+    whether a warm-up was trimmed."""
+
+    def warmup_line() -> str | None:
+        """Whether the run's start-up transient was trimmed (`summary["warmup"]`)."""
+        warmup, trimmed = summary.get("warmup"), summary.get("trimmed")
+        if not warmup:
+            return None
+        if not warmup["applies"]:
+            return "warm-up: none assumed (replayed trace); nothing trimmed"
+        head = f"warm-up ({warmup['method']}): "
+        if warmup["steady_state"] is None:
+            return head + f"not checked ({warmup['reason']})"
+        if not warmup["steady_state"]:
+            why = ("overloaded" if warmup["reason"].startswith("overloaded") else
+                   f"truncation at request {warmup['mser_truncation_requests']:,} of "
+                   f"{warmup['num_requests']:,}: run longer")
+            return head + f"no steady state ({why}); nothing trimmed"
+        cut = warmup["num_trimmed_requests"]
+        if not cut or not trimmed:
+            return head + "none found; nothing trimmed"
+        ttft = trimmed["ttft_s"]
+        return (head + f"first {cut:,} of {warmup['num_requests']:,} requests trimmed "
+                f"(arrivals before {warmup['trimmed_until_s']:,.4g} s); after them TTFT "
+                f"P50/P99 {fmt(ttft['p50'], 1e3)}/{fmt(ttft['p99'], 1e3)} ms")
+
+    def at_least(value: float | None, scale: float) -> str:
+        """">=" and the value, in as many digits as fit the width of `fmt`'s (9)."""
+        if value is None:
+            return "-"
+        x = value * scale
+        shown = [fmt(value, scale), f"{x:,.0f}", f"{x:.3g}", f"{x:.2g}"]
+        return ">=" + next((t for t in shown if len(t) <= 7), f"{x:.0e}")
+
     run = summary["run"]
     split = run.get("parallelism", "TP1")
     on = run["gpu"] if split == "TP1" else f"{split} {run['gpu']}"
+    # No padding at the table's edges: a 17-character label, five 9-character numbers (fmt's
+    # widest) and "unfinished" fit 80 columns.
     table = Table(title=f"{run['scenario']}: {run['model']} on {on}, {run['scheduler']}, "
-                        f"{run['latency']} latency, seed {run['seed']}")
+                        f"{run['latency']} latency, seed {run['seed']}", pad_edge=False)
     table.add_column("metric", no_wrap=True)
     for col in ("P50", "P90", "P99", "max", "mean"):
         table.add_column(col, justify="right", no_wrap=True)
+    stats = ("p50", "p90", "p99", "max", "mean")
+    arrived = summary.get("ttft_all_arrived_s")
     for key, label, scale in LATENCY_ROWS:
         dist = summary[key]
-        table.add_row(label, *(fmt(dist[k], scale) for k in ("p50", "p90", "p99", "max", "mean")))
+        if key == "ttft_s" and "population" in dist:  # the rows of finished requests only
+            label = f"{label}, {dist['population']}"
+        table.add_row(label, *(fmt(dist[k], scale) for k in stats))
+        if key == "ttft_s" and arrived and arrived["count"] != dist["count"]:
+            # Every arrived request, one not served by the end at its wait so far: ">=" marks
+            # a lower bound (the true figure is at least that).
+            bound = arrived.get("is_lower_bound", {})
+            table.add_row("TTFT ms, arrived", *(
+                at_least(arrived[k], scale) if bound.get(k) else fmt(arrived[k], scale)
+                for k in stats))
+    table.caption = warmup_line()
+    table.caption_justify = "left"
     req, thr = summary["requests"], summary["throughput"]
     table.add_section()
     table.add_row("requests", str(req["total"]), "finished", str(req["finished"]), "", "")

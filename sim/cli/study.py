@@ -29,6 +29,11 @@ def compare(
     comparison: Annotated[Path, typer.Argument(help="comparison YAML: base + variants")],
     out: Annotated[Path | None, typer.Option(
         help="directory for each variant's results [default: results/<name>]")] = None,
+    replications: Annotated[int, typer.Option(
+        min=1, help="run each variant N times (seeds SEED+0..N-1, the same for every "
+                    "variant); each number with a 95% confidence interval")] = 1,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="replications: worker processes [default: one per CPU]")] = None,
 ) -> None:
     """Run every variant of a comparison file on the same trace; print one table."""
     from sim.compare import compare as run_all
@@ -38,6 +43,9 @@ def compare(
     scenarios = load_comparison(comparison)
     name = next(iter(scenarios.values())).name.split("/")[0]
     out_dir = out if out is not None else Path("results") / name
+    if replications > 1:
+        compare_replicated(name, scenarios, replications, out_dir, workers)
+        return
     done: list[str] = []
     try:
         with ProgressReport(f"compare {name}", "variants", total=len(scenarios)) as progress:
@@ -73,6 +81,64 @@ def comparison_table(title: str, df: Any) -> Table:
         if key == "overload":
             cells = [f"[red]{c}[/]" if c == "overloaded" else c for c in cells]
         table.add_row(LABELS.get(key, key), *cells)
+    return table
+
+
+def compare_replicated(name: str, scenarios: dict[str, Any], replications: int, out_dir: Path,
+                       workers: int | None) -> None:
+    """`compare --replications N`: each variant N times; estimates with 95% intervals."""
+    from sim.progress import ProgressReport
+    from sim.replications import COMPARISON_FILE, compare_replications
+
+    done: list[str] = []
+    try:
+        with ProgressReport(f"compare {name}, {replications} replications each", "variants",
+                            total=len(scenarios)) as progress:
+            def advance(variant: str, data: dict[str, Any]) -> None:
+                done.append(variant)
+                progress.update(len(done))
+                over = sum(v == "overloaded" for v in data["overload"]["verdicts"])
+                progress.note(f"{variant}: done ({over} of {replications} overloaded)")
+
+            results = compare_replications(scenarios, replications, out_dir, workers=min(
+                workers or os.cpu_count() or 1, replications), on_variant=advance)
+    except KeyboardInterrupt:
+        raise interrupted(f"{len(done)} of {len(scenarios)} variants complete and kept in "
+                          f"{out_dir}/<variant>/ ({', '.join(done) or 'none'}); "
+                          f"{COMPARISON_FILE} not written: run the comparison again") from None
+    console.print(replicated_comparison_table(name, results))
+    console.print(f"results: {out_dir}/<variant>/rep<k>/, replications.json and "
+                  f"{out_dir}/{COMPARISON_FILE}", soft_wrap=True)
+
+
+def replicated_comparison_table(title: str, results: dict[str, dict[str, Any]]) -> Table:
+    """One column per variant; each cell the estimate over the 95% interval `[lo, hi]`."""
+    from sim.replications import COMPARED
+
+    first = next(iter(results.values()))
+    table = Table(title=f"{title}: {first['replications']} replications per variant, seeds "
+                        f"{first['seeds'][0]}..{first['seeds'][-1]}", caption_justify="left",
+                  caption="estimate, then its 95% CI \\[lo, hi]: Student t for throughput and "
+                          "SLO; for percentiles the mean of the replications' percentiles, "
+                          "expanded percentile bootstrap at least as wide as t")
+    table.add_column("metric", no_wrap=True)
+    for variant in results:
+        table.add_column(variant, justify="right", overflow="fold")
+    for _, (section, key), label, scale in COMPARED:
+        cells = []
+        for data in results.values():
+            metric = data["metrics"][section].get(key)
+            if metric is None or metric["estimate"] is None:
+                cells.append("-")
+                continue
+            lo, hi = metric["ci95"]
+            interval = "" if lo is None else f"\n[{fmt(lo, scale)}, {fmt(hi, scale)}]"
+            cells.append(f"{fmt(metric['estimate'], scale)}{interval}")
+        table.add_row(label, *cells)
+    overloaded = [sum(v == "overloaded" for v in d["overload"]["verdicts"])
+                  for d in results.values()]
+    table.add_row("overloaded", *(f"[red]{n} of {first['replications']}[/]" if n
+                                  else f"0 of {first['replications']}" for n in overloaded))
     return table
 
 
@@ -160,33 +226,49 @@ def capacity(
     ttft_p90: Annotated[float | None, typer.Option(help="SLO: P90 TTFT, seconds")] = None,
     sched_delay_p50: Annotated[float | None, typer.Option(
         help="SLO: P50 scheduling delay, seconds")] = None,
-    seeds: Annotated[int, typer.Option(min=1, help="replications (seeds 0..N-1)")] = 1,
+    replications: Annotated[int | None, typer.Option(
+        min=1, help="up to this many runs per probed rate (seeds SEED+0..N-1), stopping "
+                    "early once a rate clearly holds or fails [default: 5 where seeds make "
+                    "runs differ, 1 for a deterministic replay]")] = None,
+    seeds: Annotated[int | None, typer.Option(
+        min=1, help="the older name of --replications (the same number)")] = None,
     precision: Annotated[float, typer.Option(
         help="relative precision of the bisection, in (0, 1)")] = 0.02,
     out: Annotated[Path | None, typer.Option(
         help="directory for trials.csv and capacity.json "
              "[default: results/<scenario name>-capacity]")] = None,
 ) -> None:
-    """Largest arrival rate at which every given SLO holds (expand, then bisect)."""
-    from sim.capacity import CapacityLog, SLOTargets, check_options
+    """Largest arrival rate at which every given SLO holds, as an interval: expand, then bisect;
+    each rate decided by a sequential test over replications."""
+    from sim.capacity import CapacityLog, SLOTargets, check_options, default_replications
     from sim.capacity import capacity as search
     from sim.config import load_scenario
+    from sim.errors import InputError
     from sim.progress import ProgressReport
+    from sim.replications import check_replicable
 
     targets = SLOTargets(tbt_p99, ttft_p90, sched_delay_p50)
     check_options(targets, precision)
+    if seeds is not None and replications is not None and seeds != replications:
+        raise InputError(None, "--seeds", seeds, f"is the older name of --replications "
+                         f"({replications}): give one of them")
     loaded = load_scenario(scenario)
+    wanted = replications if replications is not None else seeds
+    if wanted is not None:
+        check_replicable(loaded, wanted, "--replications" if replications else "--seeds")
     out_dir = out if out is not None else Path("results") / f"{loaded.name}-capacity"
     log = CapacityLog(out_dir)
     try:
-        with ProgressReport(f"capacity of {loaded.name}", "trials") as progress:
+        with ProgressReport(f"capacity of {loaded.name}", "runs") as progress:
             def trial_done(trial: Any) -> None:
                 log.add(trial)
                 progress.update(len(log.trials))
                 progress.note(trial.line(targets))
 
-            result = search(loaded, targets, list(range(seeds)), precision=precision,
-                            on_trial=trial_done)
+            result = search(loaded, targets, wanted if wanted is not None
+                            else default_replications(loaded), precision=precision,
+                            on_trial=trial_done,
+                            on_rate=lambda decision: progress.note(decision.line()))
     except KeyboardInterrupt:
         raise interrupted(f"{len(log.trials)} trials kept in {out_dir}/trials.csv; no "
                           "capacity.json (the search did not finish): run it again") from None
@@ -197,22 +279,45 @@ def capacity(
 
 
 def capacity_table(name: str, result: dict[str, Any]) -> Table:
-    table = Table(title=f"capacity of {name} ({result['knob']})")
-    for col in ("seed", "capacity (req/s)", "runs"):
-        table.add_column(col, justify="right")
-    table.add_column("first violation above it")
-    for c in result["per_seed"]:
-        failing = sorted((t for t in c.trials if not t.ok), key=lambda t: t.rate)
-        shown = [v.split(":")[0] for v in failing[0].violations] if failing else ["-"]
-        table.add_row(str(c.seed), fmt(c.capacity_qps), str(len(c.trials)), "; ".join(shown))
-    low, high = result["ci95_qps"]
-    table.caption = (f"capacity {fmt(result['capacity_qps'])} req/s, 95% CI "
-                     f"[{fmt(low)}, {fmt(high)}]; {fmt(result['capacity_qps_per_gpu'])} req/s "
-                     f"per GPU ({result['num_gpus']} GPUs)")
+    """Each probed rate: its runs, decision and why; the interval in the caption."""
+    table = Table(title=f"capacity of {name} ({result['knob']})", caption_justify="left")
+    table.add_column("req/s", justify="right", no_wrap=True)
+    if result["knob"] != "qps":
+        table.add_column("scale", justify="right", no_wrap=True)
+    table.add_column("runs", justify="right", no_wrap=True)
+    table.add_column("decision", no_wrap=True)
+    table.add_column("why")
+    colour = {"holds": "green", "fails": "red", "unsure": "yellow"}
+    for d in sorted(result["rates"], key=lambda d: d.rate):
+        cells = [fmt(d.qps)] + ([fmt(d.rate)] if result["knob"] != "qps" else [])
+        table.add_row(*cells, str(len(d.trials)), f"[{colour[d.decision]}]{d.decision}[/]",
+                      d.reason)
+    low, high = result["interval_qps"]
+    level = f"{100 * result['confidence']:g}%"
+    runs = (f"{result['num_runs']} runs, up to {result['replications']} per rate"
+            if result["replications"] > 1 else f"{result['num_runs']} runs, one per rate")
+    if high is None:
+        caption = f"capacity at least {fmt(low)} req/s: no rate probed failed ({runs})"
+    else:
+        caption = f"capacity in [{fmt(low)}, {fmt(high)}] req/s ({runs})"
+    if result["deterministic"]:
+        caption += "; deterministic: one run decides a rate, the width is the bisection precision"
+    elif result["replications"] == 1:
+        caption += f"; one replication per rate: seed {result['seeds'][0]} only, no confidence"
+    else:
+        caption += (f"; each end decided with {level} confidence (sequential one-sided t over "
+                    f"replications differing by {', '.join(result['varies_by'])})")
+    if result.get("saturation_knee"):
+        caption += (f"; the upper end overloaded: lower end = {fmt(result['highest_held_qps'])} "
+                    "req/s, the highest that held, less the overload test's 1% resolution")
+    gpus = result["num_gpus"]
+    caption += (f"; {fmt(result['capacity_qps_per_gpu'])} req/s per GPU at the lower end "
+                f"({gpus} GPU{'s' if gpus != 1 else ''})")
     if result.get("usd_per_million_tokens") is not None:
-        table.caption += (f"; ${fmt(result['usd_per_million_tokens'])} per million tokens "
-                          f"(${fmt(result['usd_per_million_output_tokens'])} per million "
-                          "output tokens) at capacity")
+        caption += (f"; ${fmt(result['usd_per_million_tokens'])} per million tokens "
+                    f"(${fmt(result['usd_per_million_output_tokens'])} per million output "
+                    "tokens) at the highest rate that held")
+    table.caption = caption
     return table
 
 

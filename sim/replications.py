@@ -1,0 +1,389 @@
+"""Independent replications of one scenario, and 95% confidence intervals from them.
+
+Replication k runs the scenario with seed `scenario.seed + k`: generated arrivals (and
+lengths) are drawn again, latency noise streams are drawn again, a random router draws again.
+A replayed trace with no noise and no random router is deterministic: every replication would
+be the same run, and an interval from them would be zero-width and fake, so it is refused
+(`check_replicable`).
+
+Each replication is one run, whole (`rep<k>/` holds a single run's files); its summary gives one
+value per headline metric, and the replications are the independent observations:
+
+- Means (mean TTFT, TBT, E2E; throughput; SLO attainment): the mean of the replications' values,
+  with a Student t interval (N - 1 degrees of freedom) -- the classical method of independent
+  replications. SLO attainment's interval is clipped to [0, 1].
+- Percentiles (P50/P90/P99 of TTFT, TBT, E2E): the estimate is the mean over replications of
+  each replication's percentile. Its interval is an *expanded percentile bootstrap* over the
+  replications (Hesterberg 2015, "What teachers should know about the bootstrap"): the N
+  replications' values are resampled with replacement `BOOTSTRAP_RESAMPLES` times, the mean
+  recomputed each time, and the interval read at the percentiles alpha'/2 and 1 - alpha'/2 of
+  those means, where Phi^-1(alpha'/2) = -sqrt(N / (N - 1)) t_{alpha/2, N-1} -- widened, where it
+  is narrower, to the Student t interval on the same values (the union of the two).
+
+  Why this statistic: a run's P99 is what one run of this length reports; the replications are
+  independent while the requests inside one are not (they share queues), so the replication is
+  the unit to resample; and it needs only each run's summary (pooling every token gap of every
+  replication does not scale to million-request runs, and the gaps are not kept). Why the
+  bootstrap: a short run's P99 is skewed (bounded below, a long right tail under load), and the
+  bootstrap's ends follow that skew where a t interval is symmetric. Why expanded: the plain
+  percentile bootstrap uses the divide-by-N spread and normal quantiles, too narrow for few
+  replications. Why the t floor: a bootstrap cannot leave the range of the replications'
+  values, so with few replications even the expanded one is too short. Measured on M/D/1
+  waiting times (rho 0.7, 1,000 requests a run, 1,000 intervals each, target the mean of a
+  run's percentile): the expanded bootstrap alone covered P50/P90/P99 72-76% of the time with
+  3 replications, 87-88% with 4, 91-92% with 5, 92-94% with 10; the t interval alone 93-94%,
+  94%, 94-95%, 92-95%; their union 93-94%, 94-95%, 94-96%, 93-95% (wider than t by 0-3.5%).
+  The bootstrap's generator is seeded with a constant: the same replications give the same
+  interval, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.config import Scenario
+from sim.errors import InputError
+from sim.outdir import check_writable_dir, is_run_dir
+
+CONFIDENCE = 0.95
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0x5EED_B007  # fixed: identical replications, identical intervals
+RESULT_FILE = "replications.json"
+DETERMINISTIC = ("replications of a deterministic replay are identical; an interval would be "
+                 "fake: add latency.noise or use generated arrivals")
+
+# (summary section, label in tables, scale to the label's unit)
+DISTRIBUTIONS = (("ttft_s", "TTFT", "ms", 1e3), ("tbt_s", "TBT", "ms", 1e3),
+                 ("e2e_s", "E2E", "s", 1.0))
+PERCENTILES = ("p50", "p90", "p99")
+SLO_ORDER = ("ttft_attainment", "tbt_attainment", "tbt_gap_attainment", "all_attainment")
+THROUGHPUT = (("requests_per_s", "throughput req/s"), ("output_tokens_per_s", "throughput tok/s"))
+
+MEAN_METHOD = "student-t over the replications' values"
+PERCENTILE_METHOD = ("mean over replications of each replication's percentile; interval: "
+                     "expanded percentile bootstrap (Hesterberg 2015), "
+                     f"{BOOTSTRAP_RESAMPLES:,} resamples of the replications, fixed seed, "
+                     "widened to at least the Student t interval on the same values")
+
+
+# -- what makes replications differ ------------------------------------------------------------
+
+def variation_sources(scenario: Scenario) -> list[str]:
+    """What differs between seeds: generated arrivals, latency noise, a random router; empty
+    for a deterministic replay."""
+    sources = []
+    if getattr(scenario.workload, "arrivals", None) is not None:
+        sources.append("generated arrivals")
+    cluster = scenario.cluster
+    if cluster.prefill is not None and cluster.decode is not None:
+        pools = [(cluster.prefill.replica, cluster.prefill.replicas, cluster.router),
+                 (cluster.decode.replica, cluster.decode.replicas, cluster.decode_router)]
+    else:
+        pools = [(scenario.replica, cluster.replicas, cluster.router)]
+    noise = sorted({replica.latency.noise.kind for replica, _, _ in pools
+                    if replica.latency.noise.enabled})
+    if noise:
+        sources.append(f"latency noise ({', '.join(noise)})")
+    if any(router.name == "random" and count > 1 for _, count, router in pools):
+        sources.append("random routing")
+    return sources
+
+
+def check_replicable(scenario: Scenario, replications: int,
+                     field: str = "--replications") -> None:
+    """One-line refusal of more than one replication of a deterministic scenario."""
+    if replications > 1 and not variation_sources(scenario):
+        raise InputError(scenario.source, field, replications, DETERMINISTIC)
+
+
+def replication_seeds(scenario: Scenario, replications: int) -> list[int]:
+    return [scenario.seed + k for k in range(replications)]
+
+
+# -- intervals ---------------------------------------------------------------------------------
+
+def t_quantile(p: float, df: int) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(p, df))
+
+
+def t_interval(values: Sequence[float], confidence: float = CONFIDENCE
+               ) -> tuple[float, float | None, float | None]:
+    """Mean and two-sided Student t interval; no interval from fewer than two values."""
+    x = np.asarray(values, dtype=np.float64)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, None, None
+    half = t_quantile(0.5 + confidence / 2, len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return mean, mean - half, mean + half
+
+
+def t_bounds(values: Sequence[float], confidence: float) -> tuple[float, float, float]:
+    """Mean and the one-sided `confidence` lower and upper bounds of the mean (Student t); from
+    fewer than two values the bounds are infinite."""
+    x = np.asarray(values, dtype=np.float64)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, -math.inf, math.inf
+    half = t_quantile(confidence, len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return mean, mean - half, mean + half
+
+
+def bootstrap_interval(values: Sequence[float], confidence: float = CONFIDENCE, *,
+                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+                       ) -> tuple[float, float | None, float | None]:
+    """The mean of `values` and its expanded percentile bootstrap interval (see the module)."""
+    x = np.asarray(values, dtype=np.float64)
+    n = len(x)
+    mean = float(x.mean())
+    if n < 2:
+        return mean, None, None
+    from scipy.stats import norm
+
+    z = math.sqrt(n / (n - 1)) * t_quantile(0.5 + confidence / 2, n - 1)
+    tail = float(norm.sf(z))  # alpha'/2
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, n, (resamples, n))].mean(axis=1)
+    lo, hi = np.quantile(means, [tail, 1 - tail])
+    return mean, float(lo), float(hi)
+
+
+def estimate(values: Sequence[float | None], method: str,
+             clip: tuple[float, float] | None = None) -> dict[str, Any]:
+    """One metric over replications: estimate, 95% interval, method, the values themselves.
+    Replications without the value (None: e.g. no request produced two tokens) are left out."""
+    given = [float(v) for v in values if v is not None]
+    out: dict[str, Any] = {"estimate": None, "ci95": [None, None], "method": method,
+                           "n": len(given), "per_replication": list(values)}
+    if not given:
+        return out
+    mean, lo, hi = t_interval(given)
+    if method == "bootstrap" and lo is not None and hi is not None:
+        _, boot_lo, boot_hi = bootstrap_interval(given)
+        out["ci95_t"], out["ci95_bootstrap"] = [lo, hi], [boot_lo, boot_hi]
+        lo, hi = min(lo, boot_lo), max(hi, boot_hi)  # type: ignore[type-var]
+    if clip is not None and lo is not None and hi is not None:
+        lo, hi = max(lo, clip[0]), min(hi, clip[1])
+    out["estimate"], out["ci95"] = mean, [lo, hi]
+    return out
+
+
+def summarize(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Every headline metric over the replications' summaries (in replication order)."""
+    metrics: dict[str, Any] = {}
+    for key, *_ in DISTRIBUTIONS:
+        dists = [s[key] for s in summaries]
+        section = {pct: estimate([d.get(pct) for d in dists], "bootstrap") for pct in PERCENTILES}
+        section["mean"] = estimate([d.get("mean") for d in dists], "t")
+        metrics[key] = section
+    metrics["throughput"] = {key: estimate([s["throughput"].get(key) for s in summaries], "t")
+                             for key, _ in THROUGHPUT}
+    given = {name for s in summaries for name in s.get("slo", {})}
+    names = [n for n in SLO_ORDER if n in given] + sorted(given - set(SLO_ORDER))
+    metrics["slo"] = {name: estimate([s["slo"].get(name) for s in summaries], "t", (0.0, 1.0))
+                      for name in names}
+    return metrics
+
+
+# -- running -----------------------------------------------------------------------------------
+
+def is_replications_dir(path: Path) -> bool:
+    return (path / RESULT_FILE).is_file()
+
+
+def check_replications_dir(out: Path, field: str = "--out") -> None:
+    """`out` may receive replications: absent, empty, an earlier run or earlier replications
+    (replaced whole); anything else is refused before any run."""
+    check_writable_dir(out, field)
+    if (out.is_dir() and any(out.iterdir()) and not is_run_dir(out)
+            and not is_replications_dir(out)):
+        raise InputError(out, field, str(out), f"exists, is not empty and holds no "
+                         f"{RESULT_FILE} or summary.json (not earlier results); refusing to "
+                         "replace it: choose another directory")
+
+
+def run_replications(scenario: Scenario, replications: int, out_dir: Path, *,
+                     workers: int | None = None,
+                     on_done: Callable[[int, dict[str, Any]], None] | None = None
+                     ) -> dict[str, Any]:
+    """Run the replications (on `workers` local processes; None or 1: in this process) into a
+    fresh sibling of `out_dir`, then put it in `out_dir`'s place whole: `rep<k>/` per
+    replication (a single run's files and its inputs record) and `replications.json`. Returns
+    what `replications.json` holds. `on_done(k, summary)` as each replication finishes."""
+    from sim.fingerprint import inputs_record
+    from sim.sweep_workers import Job, run_jobs
+
+    check_replicable(scenario, replications)
+    check_replications_dir(out_dir)
+    seeds = replication_seeds(scenario, replications)
+    out_dir.absolute().parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.absolute().parent, prefix=f".{out_dir.name}.tmp-"))
+    try:
+        inputs = inputs_record(scenario)
+        jobs = [Job(scenario.model_copy(update={"seed": seed}), str(tmp / f"rep{k}"), inputs)
+                for k, seed in enumerate(seeds)]
+        index = {job.out_dir: k for k, job in enumerate(jobs)}
+        summaries: dict[int, dict[str, Any]] = {}
+
+        def done(job: Job) -> None:
+            k = index[job.out_dir]
+            summaries[k] = json.loads((Path(job.out_dir) / "summary.json").read_text())
+            if on_done is not None:
+                on_done(k, summaries[k])
+
+        run_jobs(jobs, workers=workers, on_done=done)
+        ordered = [summaries[k] for k in range(replications)]
+        data = {
+            "scenario": scenario.name, "source": scenario.source,
+            "replications": replications, "seeds": seeds,
+            "varies_by": variation_sources(scenario), "confidence": CONFIDENCE,
+            "methods": {"mean": MEAN_METHOD, "percentile": PERCENTILE_METHOD},
+            "metrics": summarize(ordered),
+            "overload": {"verdicts": [s.get("overload", {}).get("verdict", "unknown")
+                                      for s in ordered]},
+            "runs": [f"rep{k}" for k in range(replications)],
+        }
+        (tmp / RESULT_FILE).write_text(json.dumps(data, indent=2) + "\n")
+        _swap_in(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return data
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Put the filled `tmp` in `out`'s place; Ctrl-C waits for the renames."""
+    from sim.interrupts import on_sigint
+
+    caught: list[bool] = []
+    with on_sigint(lambda: caught.append(True)):
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=tmp.parent, prefix=f".{out.name}.old-"))
+            os.replace(out, old / "run")
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    if caught:
+        raise KeyboardInterrupt
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+def table_rows(data: dict[str, Any]) -> list[tuple[str, dict[str, Any], float, str]]:
+    """(label, metric, scale, kind) for each row: kind t or boot."""
+    rows = []
+    metrics = data["metrics"]
+    for key, name, unit, scale in DISTRIBUTIONS:
+        for stat in (*PERCENTILES, "mean"):
+            rows.append((f"{name} {stat.upper() if stat != 'mean' else 'mean'} {unit}",
+                         metrics[key][stat], scale, stat))
+    for key, label in THROUGHPUT:
+        rows.append((label, metrics["throughput"][key], 1.0, "mean"))
+    for name, metric in metrics["slo"].items():
+        rows.append((f"SLO {name.removesuffix('_attainment')} met", metric, 100.0, "share"))
+    return rows
+
+
+def replications_table(data: dict[str, Any]) -> Any:
+    """Each headline metric: estimate, 95% interval `[lo, hi]`, its half-width relative to the
+    estimate, and the method; fits 80 columns."""
+    from rich.table import Table
+
+    from sim.cli.common import fmt
+
+    seeds = data["seeds"]
+    table = Table(title=f"{data['scenario']}: {data['replications']} replications, seeds "
+                        f"{seeds[0]}..{seeds[-1]}", caption_justify="left")
+    table.add_column("metric", no_wrap=True)
+    table.add_column("estimate", justify="right", no_wrap=True)
+    table.add_column("95% CI", justify="right", no_wrap=True)
+    table.add_column("±", justify="right", no_wrap=True)
+    table.add_column("CI", no_wrap=True)
+    previous = None
+    for label, metric, scale, kind in table_rows(data):
+        group = label.split(" ")[0]
+        if previous is not None and group != previous:
+            table.add_section()
+        previous = group
+        est, (lo, hi) = metric["estimate"], metric["ci95"]
+        if kind == "share":
+            shown = "-" if est is None else f"{100 * est:.1f}%"
+            ci = "-" if lo is None or hi is None else f"[{100 * lo:.1f}, {100 * hi:.1f}]"
+        else:
+            shown = fmt(est, scale)
+            ci = "-" if lo is None or hi is None else f"[{fmt(lo, scale)}, {fmt(hi, scale)}]"
+        half = ("-" if est in (None, 0) or lo is None or hi is None
+                else f"{100 * (hi - lo) / 2 / abs(est):.1f}%")
+        table.add_row(label, shown, ci, half, "boot" if metric["method"] == "bootstrap" else "t")
+    verdicts = data["overload"]["verdicts"]
+    over = sum(v == "overloaded" for v in verdicts)
+    table.caption = (f"varies by: {', '.join(data['varies_by'])}. Overloaded in {over} of "
+                     f"{len(verdicts)} replications. CI: t = Student t over the replications' "
+                     "values; boot = expanded percentile bootstrap (fixed seed) of the mean of "
+                     "the replications' percentiles, at least as wide as t.")
+    return table
+
+
+# -- comparisons -------------------------------------------------------------------------------
+
+COMPARISON_FILE = "comparison_replications.csv"
+# (column, metric path in `summarize`'s output, label, scale)
+COMPARED = (("ttft_p50_s", ("ttft_s", "p50"), "TTFT P50 ms", 1e3),
+            ("ttft_p99_s", ("ttft_s", "p99"), "TTFT P99 ms", 1e3),
+            ("tbt_p50_s", ("tbt_s", "p50"), "TBT P50 ms", 1e3),
+            ("tbt_p99_s", ("tbt_s", "p99"), "TBT P99 ms", 1e3),
+            ("e2e_p99_s", ("e2e_s", "p99"), "E2E P99 s", 1.0),
+            ("output_tokens_per_s", ("throughput", "output_tokens_per_s"), "tok/s", 1.0),
+            ("slo_attainment", ("slo", "all_attainment"), "SLO met %", 100.0))
+
+
+def compare_replications(scenarios: dict[str, Scenario], replications: int, out_dir: Path, *,
+                         workers: int | None = None,
+                         on_variant: Callable[[str, dict[str, Any]], None] | None = None
+                         ) -> dict[str, dict[str, Any]]:
+    """Every variant of a comparison, `replications` times each (the same seeds for every
+    variant), into `out_dir/<variant>/`; then `comparison_replications.csv` (estimate and
+    interval of each headline number, one row per variant), written once every variant is
+    done. Refused before any run where a variant is deterministic or a directory is taken."""
+    import pandas as pd
+
+    check_writable_dir(out_dir)
+    if is_run_dir(out_dir) or is_replications_dir(out_dir):
+        raise InputError(out_dir, "--out", str(out_dir), "holds a single scenario's results; "
+                         "choose another directory for a comparison")
+    for variant, scenario in scenarios.items():
+        check_replicable(scenario, replications)
+        check_replications_dir(out_dir / variant)
+    (out_dir / COMPARISON_FILE).unlink(missing_ok=True)
+    done: dict[str, dict[str, Any]] = {}
+    for variant, scenario in scenarios.items():
+        done[variant] = run_replications(scenario, replications, out_dir / variant,
+                                         workers=workers)
+        if on_variant is not None:
+            on_variant(variant, done[variant])
+    rows = []
+    for variant, data in done.items():
+        row: dict[str, Any] = {"variant": variant, "replications": replications}
+        for column, (section, key), _, _ in COMPARED:
+            metric = data["metrics"][section].get(key) or {"estimate": None,
+                                                           "ci95": [None, None]}
+            row[column] = metric["estimate"]
+            row[f"{column}_lo"], row[f"{column}_hi"] = metric["ci95"]
+        verdicts = data["overload"]["verdicts"]
+        row["overloaded_replications"] = sum(v == "overloaded" for v in verdicts)
+        rows.append(row)
+    tmp = out_dir / f".{COMPARISON_FILE}.tmp"
+    pd.DataFrame(rows).to_csv(tmp, index=False)
+    os.replace(tmp, out_dir / COMPARISON_FILE)
+    return done
