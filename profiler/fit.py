@@ -1,4 +1,6 @@
-"""Fit the profile latency model to measurements, and score it on held-out mixes. numpy only."""
+"""Fit the profile latency model to measurements, score it on held-out mixes, and keep what it
+leaves unexplained (measured/predicted ratios by regime, their correlation in run order) for
+`latency.noise: {kind: empirical}`. numpy and scipy only."""
 
 from __future__ import annotations
 
@@ -7,9 +9,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
+from scipy.special import ndtri
+from scipy.stats import rankdata
 
 from sim.latency.base import BatchShape
 from sim.latency.profile import FORMAT, RANGE_FEATURES, TERMS, knot_basis, predict_s
+from sim.noise import REGIMES, regime_index
+
+NUM_QUANTILES = 101  # quantiles kept per regime: every percentile, min and max included
+MIN_REGIME_SAMPLES = 20  # timed repetitions a regime needs for ratios of its own ...
+MIN_REGIME_MIXES = 5  # ... from this many mixes (five repetitions of one shape are one shape)
+MIN_PAIRS = 10  # consecutive pairs a correlation needs
+MAX_CORRELATION = 0.99  # `latency.noise.correlation` must stay below 1
 
 
 def fit(train: pd.DataFrame, knots: list[int] | None = None) -> dict[str, Any]:
@@ -61,6 +72,150 @@ def noise(df: pd.DataFrame) -> dict[str, float]:
             "p95_rel_abs_dev": float(rel_mad.quantile(0.95))}
 
 
+def sample_ratios(fitted: dict[str, Any], df: pd.DataFrame) -> pd.DataFrame:
+    """One row per timed repetition, in run order: `servesim profile` appends a mix's row as
+    soon as it is measured (mixes in random order, a resumed run after the rows it kept) and
+    times its repetitions back to back after the warm-up, so the frame's row order then the
+    order within `samples_s` is the order the forward passes ran. Columns: `mix` (row
+    position), `rep`, `split`, `regime` (0 decode-only, 1 mixed, 2 prefill-only) and `ratio`,
+    measured over the fitted model's prediction for the mix."""
+    predicted = predict(fitted, df)
+    samples = (df["samples_s"] if "samples_s" in df
+               else df["median_s"].map(lambda t: [t]))
+    counts = samples.map(len).to_numpy()
+    measured = np.concatenate([np.asarray(s, dtype=np.float64) for s in samples])
+    mix = np.repeat(np.arange(len(df)), counts)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = measured / predicted[mix]
+    out = pd.DataFrame({
+        "mix": mix,
+        "rep": np.concatenate([np.arange(c) for c in counts]),
+        "split": np.repeat(df["split"].to_numpy(), counts),
+        "regime": np.repeat(regime_index(df["num_prefill_tokens"].to_numpy(),
+                                         df["num_decode_tokens"].to_numpy()), counts),
+        "ratio": ratio,
+    })
+    # A shape predicted to take no time (all its terms fitted to 0) has no ratio.
+    return out[np.isfinite(out["ratio"]) & (out["ratio"] > 0)]
+
+
+def _enough(s: pd.DataFrame) -> bool:
+    return len(s) >= MIN_REGIME_SAMPLES and s["mix"].nunique() >= MIN_REGIME_MIXES
+
+
+def _regime_ratios(ratios: pd.DataFrame, source: str) -> dict[str, Any]:
+    r = ratios["ratio"].to_numpy()
+    return {"quantiles": np.quantile(r, np.linspace(0, 1, NUM_QUANTILES)).tolist(),
+            "count": int(r.size), "num_mixes": int(ratios["mix"].nunique()), "source": source,
+            "log_std": float(np.log(r).std())}
+
+
+def _lag1(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Pearson correlation of paired values (None: too few pairs, or no spread)."""
+    if a.size < MIN_PAIRS or a.std() == 0 or b.std() == 0:
+        return None
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def normal_scores(values: np.ndarray, regime: np.ndarray) -> np.ndarray:
+    """Each value's normal score within its regime: Phi^-1((rank - 1/2) / n)."""
+    z = np.empty(len(values))
+    for r in range(len(REGIMES)):
+        mask = regime == r
+        if mask.any():
+            z[mask] = ndtri((rankdata(values[mask]) - 0.5) / mask.sum())
+    return z
+
+
+def lag1_correlation(values: np.ndarray, regime: np.ndarray) -> float | None:
+    """The lag-1 correlation of a series' normal scores (`ratio_correlation`'s measure, for a
+    series with no gaps, e.g. a replay's iterations)."""
+    z = normal_scores(values, regime)
+    return _lag1(z[:-1], z[1:])
+
+
+def _pairs(ratios: pd.DataFrame) -> dict[str, Any]:
+    """Lag-1 correlations of the normal scores of `ratios` (a subset of `sample_ratios`, in run
+    order): over consecutive repetitions of a mix, and over mixes adjacent in the run (each
+    mix's mean score; both mixes in the subset)."""
+    z = normal_scores(ratios["ratio"].to_numpy(), ratios["regime"].to_numpy())
+    mix = ratios["mix"].to_numpy()
+    same = mix[1:] == mix[:-1]
+    per_mix = pd.Series(z).groupby(mix).mean()
+    ids = per_mix.index.to_numpy()
+    adjacent = np.flatnonzero(np.diff(ids) == 1)
+    values = per_mix.to_numpy()
+    return {"repetition_pairs": int(same.sum()),
+            "consecutive_repetitions": _lag1(z[:-1][same], z[1:][same]),
+            "mix_pairs": int(adjacent.size),
+            "consecutive_mixes": _lag1(values[adjacent], values[adjacent + 1])}
+
+
+def ratio_correlation(ratios: pd.DataFrame) -> dict[str, Any]:
+    """The AR(1) coefficient of `sim.noise` fitted to the profile: each ratio becomes its normal
+    score within its regime (the Gaussian copula's z, so that regimes' different levels and
+    spreads are not mistaken for correlation, and a few outliers do not decide it), and the
+    coefficient is the lag-1 correlation of z over consecutive repetitions of one mix, back-to-
+    back forward passes as a serving engine's consecutive iterations are (of similar shapes, so
+    the model's error on a shape persists over them as well as the machine's jitter). Mixes
+    adjacent in the run are a fallback only, for profiles with one repetition per mix: a
+    warm-up pass and a random change of shape separate them, unlike serving iterations. Held-
+    out mixes where they give enough pairs: the fit pulls a training mix's ratios towards 1
+    (a knot's mix, to its own median), which hides the persistent part."""
+    held = ratios[ratios["split"] == "holdout"]
+    options = [(held, "holdout"), (ratios, "all")] if len(held) else [(ratios, "all")]
+    raw, used, detail = 0.0, "none: too few consecutive pairs; no correlation assumed", {}
+    for subset, mixes in options:
+        detail = {"mixes": mixes, **_pairs(subset)}
+        if detail["consecutive_repetitions"] is not None:
+            raw, used = detail["consecutive_repetitions"], "consecutive repetitions of a mix"
+            break
+        if detail["consecutive_mixes"] is not None:
+            raw, used = (detail["consecutive_mixes"],
+                         "consecutive mixes (the profile has one repetition per mix)")
+            break
+    return {"correlation": round(min(max(raw, 0.0), MAX_CORRELATION), 4),
+            "correlation_from": used, "correlation_detail": detail}
+
+
+def measured_noise(fitted: dict[str, Any], df: pd.DataFrame) -> dict[str, Any]:
+    """What the fitted model leaves unexplained, for `latency.noise: {kind: empirical}`: by
+    regime, the quantiles of measured/predicted over every timed repetition (held-out mixes
+    where the regime has enough of them, as a fresh shape is; else all its mixes, training ones
+    included, whose ratios the fit pulled towards 1; else the ratios of every regime pooled),
+    and their lag-1 correlation in run order (`ratio_correlation`)."""
+    ratios = sample_ratios(fitted, df)
+    if ratios.empty:
+        return {"ratios_note": "no measured/predicted ratios (no positive prediction)"}
+    holdout = ratios[ratios["split"] == "holdout"]
+    pooled_from = (holdout, "holdout") if _enough(holdout) else (ratios, "all")
+    regimes: dict[str, Any] = {}
+    for r, name in enumerate(REGIMES):
+        held, every = holdout[holdout["regime"] == r], ratios[ratios["regime"] == r]
+        if _enough(held):
+            regimes[name] = _regime_ratios(held, "holdout")
+        elif _enough(every):
+            regimes[name] = _regime_ratios(every, "all")
+        else:
+            regimes[name] = {**_regime_ratios(*pooled_from), "source": f"pooled_{pooled_from[1]}",
+                             "own_count": int(len(every)),
+                             "note": f"fewer than {MIN_REGIME_SAMPLES} timings from "
+                                     f"{MIN_REGIME_MIXES} mixes of this regime: the ratios of "
+                                     f"every regime pooled"}
+    return {
+        "regimes": regimes,
+        "ratios_note": "measured/predicted per timed repetition, by regime (decode: no prefill "
+                       "tokens; mixed; prefill: no decodes); quantiles on an even grid of "
+                       f"{NUM_QUANTILES} in [0, 1]; source holdout: held-out mixes, all: "
+                       "every mix, pooled_*: every regime's",
+        **ratio_correlation(ratios),
+        "correlation_note": "lag-1 autocorrelation of the ratios' normal scores (sim.noise's "
+                            "AR(1) coefficient on z), clipped to [0, 0.99]: set "
+                            "`latency.noise: {kind: empirical, correlation: <this>}` for "
+                            "jitter that persists over consecutive iterations as measured",
+    }
+
+
 def fit_profile(df: pd.DataFrame, metadata: dict[str, Any]) -> dict[str, Any]:
     """Fit on the grid rows; score on the held-out rows; keep the facts of the measurement."""
     train, holdout = df[df["split"] == "train"], df[df["split"] == "holdout"]
@@ -70,7 +225,7 @@ def fit_profile(df: pd.DataFrame, metadata: dict[str, Any]) -> dict[str, Any]:
     fitted["tensor_parallel"] = int(metadata.get("tensor_parallel", 1))  # absent: whole model
     fitted["train"] = errors(fitted, train)
     fitted["holdout"] = errors(fitted, holdout) if len(holdout) else None
-    fitted["noise"] = noise(df)
+    fitted["noise"] = {**noise(df), **measured_noise(fitted, df)}
     fitted["measurement"] = metadata
     return fitted
 

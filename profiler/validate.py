@@ -8,9 +8,12 @@ For each scenario (one scheduler each) and load, in one sitting:
    include the drift of the machine over the sitting: the floor for any simulator error;
 4. simulations of replay 1's requests: `recorded` (replay's own durations: only scheduling and
    queueing can differ), the fitted profile without and with the host overhead measured in the
-   other replays (the difference is what host time is worth), and the roofline;
+   other replays (the difference is what host time is worth), the latter again with the
+   profile's own measured jitter (`host+noise`: `noise: {kind: empirical, correlation: <the
+   profile's>}`, so the table shows P99 TBT with noise off and on), and the roofline;
 5. the table: signed relative errors against replay 1, and each latency model's per-iteration
-   error on the shapes replay 1 really ran.
+   error on the shapes replay 1 really ran (iterations.csv adds the spread and lag-1
+   correlation of replay 1's measured/predicted ratios, beside the profile's).
 """
 
 from __future__ import annotations
@@ -37,12 +40,16 @@ from sim.models import resolve_model
 from sim.progress import ProgressReport
 from sim.runner import load_workload, run_scenario
 
-SIMULATIONS = {  # name -> latency config (paths filled in per point)
+SIMULATIONS: dict[str, dict[str, Any]] = {  # name -> latency config (paths: per point)
     "recorded": {"kind": "recorded", "column": "duration_s"},
     "profile": {"kind": "profile"},
     "profile_host": {"kind": "profile"},
+    # The profile with host overhead, times the ratios its fit left unexplained; correlation
+    # filled in from the profile (`noise.correlation`).
+    "host+noise": {"kind": "profile", "noise": {"kind": "empirical"}},
     "roofline": {"kind": "roofline"},
 }
+PROFILE_OF = {"profile": "profile", "profile_host": "profile_host", "host+noise": "profile_host"}
 SATURATED_RPS = 1e6  # arrivals a microsecond apart: all at once
 STALE_PROFILE_H = 12.0
 
@@ -121,7 +128,7 @@ def obtain_profile(scenarios: list[Scenario], model: str, opts: Options, out: Pa
         return opts.profile, {"source": str(opts.profile), "measured_now": False,
                               "date": fitted.get("measurement", {}).get("date"),
                               "flags": profile_flags(fitted, here),
-                              "holdout": fitted.get("holdout"), "noise": fitted.get("noise")}
+                              "holdout": fitted.get("holdout"), "noise": noise_facts(fitted)}
     return measure_profile(scenarios, model, opts, out / "profile", say)
 
 
@@ -193,7 +200,26 @@ def measure_profile(scenarios: list[Scenario], model: str, opts: Options, where:
     return fitted_path, {"source": str(fitted_path), "measured_now": True, "flags": [],
                          "date": fitted["measurement"]["date"],
                          "grid": fitted["measurement"]["grid"], "holdout": fitted["holdout"],
-                         "noise": fitted["noise"]}
+                         "noise": noise_facts(fitted)}
+
+
+def noise_facts(fitted: dict[str, Any]) -> dict[str, Any] | None:
+    """The profile's `noise` section for meta.json: the quantile lists left out."""
+    noise = fitted.get("noise")
+    if not isinstance(noise, dict):
+        return None
+    out = {k: v for k, v in noise.items() if k != "regimes"}
+    if isinstance(noise.get("regimes"), dict):
+        out["regimes"] = {name: {k: v for k, v in r.items() if k != "quantiles"}
+                          for name, r in noise["regimes"].items()}
+    return out
+
+
+def noise_correlation(profile: Path) -> float | None:
+    """The correlation fitted with the profile's ratios; None if it keeps no ratios (fitted
+    before they were kept)."""
+    noise = load_fitted(profile).get("noise") or {}
+    return float(noise.get("correlation") or 0.0) if noise.get("regimes") else None
 
 
 def at_rate(scenario: Scenario, rps: float, num_requests: int | None = None) -> Scenario:
@@ -271,7 +297,12 @@ def simulate_point(point: Point, profiles: dict[str, Path], say: Any) -> None:
         if cfg["kind"] == "recorded":
             cfg["path"] = reference
         elif cfg["kind"] == "profile":
-            cfg["path"] = profiles[name]
+            cfg["path"] = profiles[PROFILE_OF[name]]
+        if cfg.get("noise", {}).get("kind") == "empirical":
+            correlation = noise_correlation(cfg["path"])
+            if correlation is None:  # a profile fitted before ratios were kept (said once)
+                continue
+            cfg["noise"] = {**cfg["noise"], "correlation": correlation}
         latency = LATENCY_MODELS.get(cfg["kind"]).Config.model_validate(cfg)
         replica = point.scenario.replica.model_copy(update={"latency": latency})
         out = point.dir / f"sim_{name}"
@@ -322,7 +353,42 @@ def iteration_rows(point: Point, profiles: dict[str, Path]) -> list[dict[str, An
             for key, value in err.items():
                 if key != "n":
                     row[f"{name}_vs_{target.removesuffix('_s')}_{key}"] = value
+        if name == "profile":  # the jitter the noise variant draws, against replay's own
+            row.update(ratio_spread(its["forward_s"].to_numpy(), predicted, its, latency))
     return [row]
+
+
+def ratio_spread(measured_s: np.ndarray, predicted_s: np.ndarray, its: pd.DataFrame,
+                 latency: Any) -> dict[str, float | None]:
+    """Replay 1's forward time over the profile's prediction, iteration by iteration: the
+    std of its log and its lag-1 correlation (consecutive iterations; normal scores within
+    regimes, as the profile's correlation is fitted), beside the same of the
+    profile's measured ratios (`noise.regimes`, pooled by how many iterations of each regime
+    replay 1 ran; its `noise.correlation`), which `host+noise` draws from."""
+    from profiler.fit import lag1_correlation
+    from sim.noise import REGIMES, regime_index
+
+    regime = regime_index(its["num_prefill_tokens"].to_numpy(),
+                          its["num_decode_tokens"].to_numpy())
+    ok = (measured_s > 0) & (predicted_s > 0)
+    log = np.log(measured_s[ok] / predicted_s[ok])
+    out: dict[str, float | None] = {
+        "replay_ratio_log_std": float(log.std()) if log.size else None,
+        "replay_ratio_lag1": lag1_correlation(log, regime[ok]),
+        "profile_ratio_log_std": None, "profile_correlation": None}
+    quantiles = latency.noise_quantiles()
+    if quantiles:
+        weights = np.bincount(regime, minlength=len(REGIMES)) / max(1, len(regime))
+        # Each regime's factor at a uniform u (linear between quantiles), as log-moments.
+        u = np.linspace(0, 1, 4097)
+        logs = [np.log(np.interp(u, np.linspace(0, 1, len(quantiles[r])), quantiles[r]))
+                for r in REGIMES]
+        mean = sum(w * x.mean() for w, x in zip(weights, logs, strict=True))
+        second = sum(w * (x * x).mean() for w, x in zip(weights, logs, strict=True))
+        out["profile_ratio_log_std"] = float(np.sqrt(max(second - mean * mean, 0.0)))
+        out["profile_correlation"] = (latency.describe().get("measured_noise")
+                                      or {}).get("correlation")
+    return out
 
 
 def run_validation(scenarios: list[Scenario], opts: Options, out: Path, say: Any
@@ -361,6 +427,9 @@ def run_validation(scenarios: list[Scenario], opts: Options, out: Path, say: Any
     host = host_overhead(later or [p.replay_dir(1) for p in points])
     profiles = {"profile": profile_path, "profile_host": out / "profile_host.json"}
     fitted = load_fitted(profile_path)
+    if noise_correlation(profile_path) is None:
+        say(f"warning: profile {profile_path} keeps no measured ratios (fitted before they "
+            "were kept): no host+noise simulation; fit it again with `servesim fit`")
     profiles["profile_host"].write_text(json.dumps(
         add_host_overhead(fitted, host["median_s"], host), indent=1, sort_keys=True) + "\n")
     for p in points:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from profiler.agreement import compare_runs, iteration_error, relative_error
 from profiler.fit import add_host_overhead
@@ -157,19 +158,33 @@ def test_a_small_sitting_end_to_end(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     errors = pd.read_csv(out / "errors.csv")
     assert set(errors["compared"]) == {"replay_2", "recorded", "profile", "profile_host",
-                                       "roofline"}
+                                       "host+noise", "roofline"}
     rec = errors[errors["compared"] == "recorded"]
     assert rec["same_plans"].all() and rec["same_outcomes"].all()
     assert (rec["max_request_e2e_error"] < 1e-6).all()
+    # The profile with its measured jitter ran beside the noise-free one (P99 TBT off and on).
+    noisy = errors[errors["compared"] == "host+noise"]
+    assert len(noisy) == 2 and noisy["tbt_p99"].notna().all()
+    assert "failed" not in errors or not errors["failed"].eq(True).any()
     iters = pd.read_csv(out / "iterations.csv")
     assert len(iters) == 2 and (iters["host_share"] > 0).all()
+    assert (iters["replay_ratio_log_std"] > 0).all() and (iters["profile_ratio_log_std"] > 0).all()
     meta = json.loads((out / "meta.json").read_text())
     assert meta["profile"]["measured_now"] and meta["profile"]["grid"]["max_tokens"] == 64
+    noise = meta["profile"]["noise"]
+    assert 0 <= noise["correlation"] < 1 and "quantiles" not in noise["regimes"]["decode"]
+    assert iters["profile_correlation"].eq(noise["correlation"]).all()
+    ran = yaml.safe_load((out / "runs" / "chunked_prefill" / "load_0.60" / "sim_host+noise"
+                          / "scenario.yaml").read_text())["replica"]["latency"]
+    assert ran["noise"] == {"kind": "empirical", "sigma": None,
+                            "correlation": noise["correlation"]}
+    assert ran["path"] == str(out / "profile_host.json")
     assert "saturated replay" in meta["capacity"]["chunked_prefill"]["how"]
     assert load_fitted(out / "profile_host.json")["host_overhead_s"] == meta["host"]["median_s"]
     table = (out / "table.txt").read_text().splitlines()
     assert all(len(line) <= 80 for line in table), [x for x in table if len(x) > 80]
     assert "recorded: plans identical" in printed
+    assert any(line.split()[:1] == ["host+noise"] or " host+noise " in line for line in table)
     assert (out / "validation.png").stat().st_size > 10_000
 
 

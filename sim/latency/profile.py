@@ -15,6 +15,11 @@ records `tensor_parallel: T`; it predicts replicas with `parallelism: {tensor: T
 the communication the shard did not do, as the roofline charges it (`sim.latency.comm`): two
 all-reduces of the activations per layer, from a measured table (`all_reduce_table`) or the
 GPU's interconnect bandwidth (`interconnect_efficiency`, `all_reduce_latency_s`).
+
+A profile fitted by this version also keeps what the fit leaves unexplained (`noise.regimes`:
+quantiles of measured/predicted by regime; `noise.correlation`: their lag-1 correlation in run
+order, see `profiler.fit.measured_noise`), for `latency.noise: {kind: empirical}`; an older one
+has none, and empirical noise is refused with it.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from sim.latency.comm import (
     Collectives,
 )
 from sim.models import ModelShape
+from sim.noise import REGIMES, mean_one_quantiles
 from sim.parallelism import MAX_GPUS_PER_REPLICA, SINGLE_GPU, Parallelism
 
 FORMAT = "servesim-latency-profile/1"
@@ -132,6 +138,17 @@ class ProfileLatency(LatencyModel):
         self.coef = [float(data["coef"][name]) for name in TERMS]
         self.limits = {name: float(data["range"][name]) for name in RANGE_FEATURES}
         self.meta = {k: data.get(k) for k in ("model", "device_name", "holdout", "source")}
+        noise = data.get("noise") or {}
+        regimes = noise.get("regimes")
+        self._noise_quantiles = None if regimes is None else {
+            name: mean_one_quantiles(np.asarray(regimes[name]["quantiles"], dtype=np.float64))
+            for name in REGIMES}
+        self.measured_noise: dict[str, Any] | None = None if regimes is None else {
+            "correlation": noise.get("correlation"),
+            "ratios": {name: {"count": regimes[name]["count"],
+                              "source": regimes[name].get("source")} for name in REGIMES},
+            "use": f"latency.noise: {{kind: empirical, correlation: "
+                   f"{noise.get('correlation') or 0.0}}}"}
         self.num_predicted = 0
         self.num_extrapolated = 0
 
@@ -169,9 +186,17 @@ class ProfileLatency(LatencyModel):
         self.num_extrapolated += int(np.count_nonzero(beyond))
 
     def describe(self) -> dict[str, Any]:
+        """`measured_noise`: the profile's ratios and the correlation fitted to them (None for
+        a profile fitted before they were kept); its `use` is the setting that applies both."""
         return {**self.meta, "tensor_parallel": self.tensor_parallel,
                 "num_predicted_iterations": self.num_predicted,
-                "num_extrapolated_iterations": self.num_extrapolated}
+                "num_extrapolated_iterations": self.num_extrapolated,
+                "measured_noise": self.measured_noise}
+
+    def noise_quantiles(self) -> dict[str, np.ndarray] | None:
+        """The profile's measured/predicted ratios by regime, each rescaled to mean 1 (None
+        for a profile fitted before they were kept)."""
+        return self._noise_quantiles
 
 
 class _Coef(BaseModel):
@@ -196,6 +221,39 @@ class _Range(BaseModel):
     num_decode_tokens: NonNegativeFloat
 
 
+class _RegimeRatios(BaseModel):
+    """Measured/predicted ratios of one regime: their quantiles on an even grid of [0, 1]."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)  # other keys (notes) pass
+    quantiles: list[PositiveFloat] = Field(min_length=2)
+    count: int = Field(ge=1)  # timed repetitions they summarise
+
+    @model_validator(mode="after")
+    def _increasing(self) -> _RegimeRatios:
+        back = next((i for i in range(1, len(self.quantiles))
+                     if self.quantiles[i] < self.quantiles[i - 1]), None)
+        if back is not None:
+            raise invalid((f"quantiles.{back}", self.quantiles[back],
+                           "quantiles must not decrease"))
+        return self
+
+
+class _Regimes(BaseModel):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+    decode: _RegimeRatios
+    mixed: _RegimeRatios
+    prefill: _RegimeRatios
+
+
+class _Noise(BaseModel):
+    """What the fit leaves unexplained; both parts absent in a profile fitted before them (its
+    timing-spread statistics, kept beside them, pass unchecked)."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+    regimes: _Regimes | None = None
+    correlation: float | None = Field(None, ge=0, lt=1)  # lag-1, of the ratios in run order
+
+
 class _Fitted(BaseModel):
     """The fields of a fitted profile the simulator reads (others, e.g. metadata, pass)."""
 
@@ -207,6 +265,7 @@ class _Fitted(BaseModel):
     range: _Range
     # GPUs of the tensor-parallel group whose one shard was measured (absent: 1, a whole model).
     tensor_parallel: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA)
+    noise: _Noise | None = None
 
     @model_validator(mode="after")
     def _curve(self) -> _Fitted:
