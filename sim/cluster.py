@@ -81,9 +81,11 @@ class Cluster:
             return None
         quantiles = latency.noise_quantiles()
         if noise.kind == "empirical" and not quantiles:
+            fix = ("fit the profile again (profiles fitted before servesim kept ratios have "
+                   "none)" if cfg.latency.kind == "profile" else "use a profile")
             raise InputError(self.source, f"{field}.latency.noise.kind", "empirical",
                              f"latency model {cfg.latency.kind!r} keeps no measured ratios; "
-                             "use a profile, or lognormal noise with a sigma")
+                             f"{fix}, or lognormal noise with a sigma")
         return IterationNoise(noise, self.seed, replica_id, quantiles)
 
     def _next_arrival(self) -> float:

@@ -90,9 +90,11 @@ class IterationNoise:
         self.quantiles = [np.asarray(quantiles[r]) for r in REGIMES] if quantiles else None
         self.z_last = 0.0
         self.num_drawn = 0
-        # One array per regime (lognormal: the same one thrice), and a list each for scalars.
-        self.factors: list[np.ndarray] = [np.zeros(0)] * 3
-        self.lists: list[list[float]] = [[], [], []]
+        # Block b holds factors b*BLOCK .. (b+1)*BLOCK - 1: per regime an array (lognormal:
+        # the same one thrice) and a list for scalar look-ups. Blocks are appended, never
+        # copied, so drawing n factors costs O(n).
+        self.blocks: list[list[np.ndarray]] = []
+        self.block_lists: list[list[list[float]]] = []
 
     def _grow(self, n: int) -> None:
         """Draw whole blocks until index n exists."""
@@ -118,10 +120,10 @@ class IterationNoise:
                 # Phi(z) with libm's erfc, entry by entry: the same on every CPU.
                 u = np.array([0.5 * math.erfc(-x / math.sqrt(2)) for x in z.tolist()])
                 blocks = [np.interp(u, np.linspace(0, 1, len(q)), q) for q in self.quantiles]
-            self.factors = [np.concatenate([f, b]) for f, b in zip(self.factors, blocks,
-                                                                   strict=True)]
-            for values, block in zip(self.lists, blocks, strict=True):
-                values.extend(block.tolist())
+            self.blocks.append(blocks)
+            lists = [b.tolist() for b in blocks[:1]] * 3 if blocks[0] is blocks[1] else [
+                b.tolist() for b in blocks]
+            self.block_lists.append(lists)
             self.num_drawn += BLOCK
 
     def factor(self, index: int, num_prefill_tokens: int, num_decode_tokens: int) -> float:
@@ -129,7 +131,7 @@ class IterationNoise:
         if index >= self.num_drawn:
             self._grow(index)
         regime = 0 if not num_prefill_tokens else 1 if num_decode_tokens else 2
-        return self.lists[regime][index]
+        return self.block_lists[index // BLOCK][regime][index % BLOCK]
 
     def factors_from(self, start: int, n: int, num_prefill_tokens: Any,
                      num_decode_tokens: Any) -> np.ndarray:
@@ -137,11 +139,15 @@ class IterationNoise:
         scalars for all)."""
         if start + n - 1 >= self.num_drawn:
             self._grow(start + n - 1)
-        index = np.arange(start, start + n)
+        first, last = start // BLOCK, (start + n - 1) // BLOCK
+        offset = start - first * BLOCK
+        # The blocks the range spans, joined (a stretch spans one or two).
+        span = [np.concatenate([self.blocks[b][r] for b in range(first, last + 1)])
+                if last > first else self.blocks[first][r] for r in range(3)]
         regime = np.broadcast_to(regime_index(num_prefill_tokens, num_decode_tokens), (n,))
         out = np.empty(n)
         for r in range(3):
             mask = regime == r
             if mask.any():
-                out[mask] = self.factors[r][index[mask]]
+                out[mask] = span[r][offset:offset + n][mask]
         return out
