@@ -79,6 +79,10 @@ class Cluster:
         noise = cfg.latency.noise
         if not noise.enabled:
             return None
+        if not latency.accepts_noise:
+            raise InputError(self.source, f"{field}.latency.noise.kind", noise.kind,
+                             f"latency model {cfg.latency.kind!r} replays measured durations, "
+                             "which carry their own jitter: noise on them would count it twice")
         quantiles = latency.noise_quantiles()
         if noise.kind == "empirical" and not quantiles:
             fix = ("fit the profile again (profiles fitted before servesim kept ratios have "

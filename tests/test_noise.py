@@ -118,3 +118,16 @@ def test_bad_noise_settings_are_one_line(tmp_path, monkeypatch, capsys, noise, f
     path.write_text(SCENARIO.format(seed=0, noise=noise))
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "o"))
     assert_one_line_error(code, err, f"replica.latency.noise.{field}")
+
+
+def test_noise_on_recorded_durations_is_refused(tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    pd.DataFrame({"replica_id": [0, 0], "num_prefill_tokens": [8, 0],
+                  "num_decode_tokens": [0, 1], "num_prefill_seqs": [1, 0],
+                  "duration_s": [0.02, 0.005]}).to_parquet(tmp_path / "iterations.parquet")
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO.format(seed=0, noise="{kind: lognormal, sigma: 0.1}").replace(
+        "kind: roofline,", f"kind: recorded, path: {tmp_path},"))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "replica.latency.noise.kind", "count it twice")

@@ -84,6 +84,8 @@ class LatencyModel(ABC):
     # True if predictions depend on the order of calls (e.g. durations replayed one by one from
     # a recording): the engine then steps every iteration instead of fast-forwarding stretches.
     sequential: ClassVar[bool] = False
+    # False for measured durations (a recording), which already carry their jitter.
+    accepts_noise: ClassVar[bool] = True
 
     @abstractmethod
     def __init__(self, config: Any, model: ModelShape, gpu: GPUSpec,

@@ -38,6 +38,7 @@ class RecordedConfig(LatencyConfig):
 class RecordedLatency(LatencyModel):
     Config = RecordedConfig
     sequential = True  # the i-th call gets the i-th duration: no fast-forward
+    accepts_noise = False  # measured durations carry their own jitter
 
     def __init__(self, config: RecordedConfig, model: ModelShape, gpu: GPUSpec,
                  parallelism: Parallelism = SINGLE_GPU) -> None:
