@@ -13,8 +13,17 @@ sequential test decides (`decide`):
   the runs so far: the rate *holds* when the one-sided upper confidence bound of that mean is
   at most the target for every target, and *fails* when the lower bound of one is above its
   target. Bounds are Student t; the level is Bonferroni-corrected for the up to R - 1 looks
-  (each look at (1 - confidence) / (R - 1)), so a decision is wrong with probability at most
-  1 - confidence (under normality of the per-run metric);
+  and the k targets (each at (1 - confidence) / ((R - 1) k)), so a decision is wrong with
+  probability at most 1 - confidence (under normality of the per-run metric). The confidence
+  is that of each rate's decision, not a joint coverage of the interval. Where the runs so far
+  all give the same value (no spread: a constant iteration time gives every run the same
+  token gap), no bound is drawn from it: the rate runs on to R, and there is decided by the
+  value, as deterministic as the model. A run without a P99 TBT (no request with two tokens)
+  has no gap to miss the target, and is left out of its mean;
+- TTFT and scheduling-delay targets are judged over every arrived request (the summary's
+  `*_all_arrived_s`), not only the finished: where requests unfinished at a horizon make a
+  percentile a lower bound, "holds" uses its worst case (`at_most`, unbounded where it is)
+  and "fails" its lower bound, so a rate holds only when its targets are met for certain;
 - after R runs with neither, the rate is *unsure*: inside the statistical resolution of R
   replications.
 
@@ -103,11 +112,15 @@ class Trial:
     seed: int
     rate: float  # the knob's value (qps, or the trace's rate scale)
     qps: float
-    ok: bool
-    violations: list[str]
+    ok: bool  # every target met for certain, and not overloaded
+    violations: list[str]  # what keeps it from `ok` (certain misses; censored maybes)
     verdict: str = "unknown"  # the run's overload verdict
-    metrics_s: dict[str, float | None] = field(default_factory=dict)  # by target field
+    # by target field: the value judged: exact, or, where requests left unfinished by the
+    # horizon make it a lower bound, its worst case (`at_most`; inf where unbounded)
+    metrics_s: dict[str, float | None] = field(default_factory=dict)
     cost: dict[str, Any] = field(default_factory=dict)  # the run's summary["cost"]
+    # by target field, only where the value is censored: its lower bound (the best case)
+    lower_s: dict[str, float] = field(default_factory=dict)
 
     def line(self, targets: SLOTargets) -> str:
         """E.g. `seed 0, rate 12.5 req/s: violates P99 TBT 0.061 > 0.05`."""
@@ -118,7 +131,10 @@ class Trial:
         name = max(given, key=lambda n: (self.metrics_s.get(n) or 0.0) / given[n])
         value = self.metrics_s.get(name)
         shown = "-" if value is None else f"{value:.4g}"
-        return f"{head}: meets {TARGETS[name][1]} {shown} <= {given[name]:g} ({self.verdict})"
+        worst = (" (at most; requests unfinished at the horizon: met in the worst case)"
+                 if name in self.lower_s else "")
+        return (f"{head}: meets {TARGETS[name][1]} {shown} <= {given[name]:g}{worst} "
+                f"({self.verdict})")
 
 
 @dataclass
@@ -159,27 +175,75 @@ def with_rate(scenario: Scenario, rate: float, seed: int) -> Scenario:
     return scenario.model_copy(update={"workload": workload, "seed": seed})
 
 
-def measured(results: Results) -> dict[str, float | None]:
-    """The value of each target's metric in a run."""
+# Targets judged over every arrived request where the summary has that distribution (see
+# `sim.metrics.arrived_stats`): over finished requests only, a horizon that cuts a queue hides
+# the longest waits and biases them low.
+ARRIVED = {"ttft_p90_s": "ttft_all_arrived_s",
+           "sched_delay_p50_s": "scheduling_delay_all_arrived_s"}
+
+
+def measures(results: Results) -> dict[str, tuple[float | None, float | None]]:
+    """Each target's metric in a run as (worst case, best case): equal where exact. Over every
+    arrival where the summary has it; where requests unfinished at the horizon make the
+    percentile a lower bound, the best case is that bound and the worst its `at_most` (inf
+    where unbounded): a rate holds only when its targets are met for certain."""
     s = results.summary
-    return {name: s[section][pct] for name, (_, _, section, pct) in TARGETS.items()}
+    out: dict[str, tuple[float | None, float | None]] = {}
+    for name, (_, _, section, pct) in TARGETS.items():
+        arrived = s.get(ARRIVED.get(name, ""))
+        if arrived and arrived.get(pct) is not None:
+            value = float(arrived[pct])
+            if (arrived.get("is_lower_bound") or {}).get(pct):
+                worst = (arrived.get("at_most") or {}).get(pct)
+                out[name] = (math.inf if worst is None else float(worst), value)
+            else:
+                out[name] = (value, value)
+        else:
+            out[name] = (s[section][pct], s[section][pct])
+    return out
+
+
+def measured(results: Results) -> dict[str, float | None]:
+    """The value of each target's metric in a run: exact, or its worst case (see
+    `measures`)."""
+    return {name: worst for name, (worst, _) in measures(results).items()}
+
+
+def censored(results: Results) -> dict[str, float]:
+    """The best case of each target's metric that is censored (a lower bound) in a run."""
+    return {name: best for name, (worst, best) in measures(results).items()
+            if best is not None and worst != best}
 
 
 def violations(results: Results, targets: SLOTargets) -> list[str]:
-    """What the run misses: each target exceeded, and an overloaded verdict."""
+    """What keeps the run from meeting its targets for certain: each target exceeded, each
+    censored one whose range contains its target, and an overloaded verdict."""
     out = []
-    values = measured(results)
+    values = measures(results)
     for name, target in targets.given().items():
-        value = values[name]
-        if value is None and name == "tbt_p99_s":
+        worst, best = values[name]
+        label = TARGETS[name][1]
+        if best is None and name == "tbt_p99_s":
             continue  # no request produced two tokens: no gap to miss the target
-        if value is None or value > target:
-            shown = "none" if value is None else f"{value:.4g}"
-            out.append(f"{TARGETS[name][1]} {shown} > {target:g}")
+        if best is None or worst is None:
+            out.append(f"{label} none > {target:g}")
+        elif worst == best and worst > target:
+            out.append(f"{label} {worst:.4g} > {target:g}")
+        elif best > target:
+            out.append(f"{label} >= {best:.4g} > {target:g} (a lower bound decided: requests "
+                       "unfinished at the horizon)")
+        elif worst > target:
+            top = "unbounded" if math.isinf(worst) else f"{worst:.4g}"
+            out.append(f"{label} in [{best:.4g}, {top}] may exceed {target:g} (requests "
+                       "unfinished at the horizon: a lower bound)")
     overload = results.summary.get("overload") or {}
     if overload.get("verdict") == "overloaded":
         out.append(f"overloaded: {overload.get('detail', '')}")
     return out
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
 
 
 def decide(trials: list[Trial], targets: SLOTargets, replications: int, *,
@@ -195,41 +259,104 @@ def decide(trials: list[Trial], targets: SLOTargets, replications: int, *,
                if last.metrics_s.get(n) is None and n != "tbt_p99_s"]
     if missing:
         return "fails", f"no {', '.join(missing)} in the run of seed {last.seed}", {}
-    values = {n: [t.metrics_s.get(n) or 0.0 for t in trials] for n in given}
+    # Per target, each run's worst case (judged for "holds") and best case (for "fails"); equal
+    # where exact. A run without a P99 TBT (no request with two tokens) has no gap to miss the
+    # target: it is left out, never averaged in as a fake 0.
+    worst = {n: [v for t in trials if (v := t.metrics_s.get(n)) is not None] for n in given}
+    best = {n: [t.lower_s.get(n, v) for t in trials if (v := t.metrics_s.get(n)) is not None]
+            for n in given}
+    cut = {n for n in given if any(n in t.lower_s for t in trials)}
+    note = {n: " (lower bounds: requests unfinished at the horizon)" if n in cut else ""
+            for n in given}
+    gapless = [n for n in given if not worst[n]]  # only tbt_p99_s can be empty here
     if replications == 1:
         stats: dict[str, dict[str, float | None]] = {
-            n: {"mean": v[0], "lower": None, "upper": None} for n, v in values.items()}
+            n: {"mean": _finite(worst[n][0]) if worst[n] else None, "lower": None,
+                "upper": None} for n in given}
         why = ("deterministic: one run decides" if deterministic
                else f"one replication (seed {last.seed}): its run decides, no confidence")
         if last.ok:
-            name = max(given, key=lambda n: values[n][0] / given[n])
-            return "holds", (f"{why}; {TARGETS[name][1]} {values[name][0]:.4g} <= "
-                             f"{given[name]:g}"), stats
-        return "fails", f"{why}; {'; '.join(last.violations)}", stats
+            name = max(given, key=lambda n: (worst[n][0] if worst[n] else 0.0) / given[n])
+            shown = f"{worst[name][0]:.4g}" if worst[name] else "none (no gap)"
+            return "holds", (f"{why}; {TARGETS[name][1]} {shown} <= "
+                             f"{given[name]:g}{note[name]}"), stats
+        if any(best[n] and best[n][0] > given[n] for n in given):
+            return "fails", f"{why}; {'; '.join(last.violations)}", stats
+        return "unsure", f"{why}; {'; '.join(last.violations)}", stats
     if len(trials) < 2:
         return None
-    # Bonferroni over the looks at 2..R runs: each decision wrong with probability <= 1 - conf.
-    level = 1 - (1 - confidence) / (replications - 1)
-    bounds = {name: t_bounds(vals, level) for name, vals in values.items()}  # mean, lower, upper
-    stats = {name: {"mean": m, "lower": lo, "upper": up} for name, (m, lo, up) in bounds.items()}
+    # Bonferroni over the looks at 2..R runs and over the k targets (a rate holds when all k
+    # upper bounds are below their targets, fails when one lower bound is above): each
+    # decision wrong with probability <= 1 - confidence.
+    level = 1 - (1 - confidence) / ((replications - 1) * len(given))
+    at_end = len(trials) >= replications
     shown = f"{100 * confidence:g}%"
-    above = [n for n in given if bounds[n][1] > given[n]]
+    stats = {}
+    lower: dict[str, float] = {}
+    upper: dict[str, float] = {}
+    equal: set[str] = set()
+    for n in given:
+        if not worst[n]:  # no gap in any run: nothing can miss the target
+            lower[n], upper[n] = -math.inf, -math.inf
+            stats[n] = {"mean": None, "lower": None, "upper": None}
+            continue
+        hi_vals, lo_vals = np.asarray(worst[n]), np.asarray(best[n])
+        same = len(hi_vals) > 1 and bool((hi_vals == hi_vals[0]).all()
+                                         and (lo_vals == hi_vals[0]).all())
+        if same or len(hi_vals) < 2:
+            # No spread (a constant iteration time gives every run the same token gap), or a
+            # single value: nothing to bound a mean with. Keep running; after all R runs,
+            # decide by the values themselves, as deterministic as the model.
+            if at_end:
+                equal.add(n)
+                lower[n], upper[n] = float(lo_vals.min()), float(hi_vals.max())
+            else:
+                lower[n], upper[n] = -math.inf, math.inf
+        else:
+            upper[n] = (math.inf if not np.isfinite(hi_vals).all()
+                        else t_bounds(hi_vals.tolist(), level)[2])
+            lower[n] = t_bounds(lo_vals.tolist(), level)[1]
+        mean = float(hi_vals.mean())
+        stats[n] = {"mean": _finite(mean), "lower": _finite(lower[n]),
+                    "upper": _finite(upper[n])}
+        if n in cut:
+            stats[n]["mean_lower_bound"] = float(lo_vals.mean())
+
+    def describe(n: str, side: str) -> str:
+        mean = stats[n]["mean"]
+        m = "unbounded" if mean is None else f"{mean:.4g}"
+        if n in equal:
+            count = len(worst[n])
+            what = (f"all {count} runs equal" if count > 1 else "one run with a value")
+            return (f"{TARGETS[n][1]} {m} {side} {given[n]:g} ({what}: no spread to bound, "
+                    f"decided by the value, as deterministic as the model){note[n]}")
+        bound = lower[n] if side == ">" else upper[n]
+        b = "unbounded" if math.isinf(bound) else f"{bound:.4g}"
+        which = "lower" if side == ">" else "upper"
+        return (f"{TARGETS[n][1]} mean {m} {side} {given[n]:g} ({shown} {which} bound "
+                f"{b}){note[n]}")
+
+    above = [n for n in given if lower[n] > given[n]]
     if above:
-        name = max(above, key=lambda n: bounds[n][1] / given[n])
-        mean, lower, _ = bounds[name]
-        return "fails", (f"{TARGETS[name][1]} mean {mean:.4g} > {given[name]:g} "
-                         f"({shown} lower bound {lower:.4g})"), stats
-    if all(bounds[n][2] <= given[n] for n in given):
-        name = max(given, key=lambda n: bounds[n][2] / given[n])
-        mean, _, upper = bounds[name]
-        return "holds", (f"{TARGETS[name][1]} mean {mean:.4g} <= {given[name]:g} "
-                         f"({shown} upper bound {upper:.4g})"), stats
-    if len(trials) < replications:
+        name = max(above, key=lambda n: lower[n] / given[n])
+        return "fails", describe(name, ">"), stats
+    if all(upper[n] <= given[n] for n in given):
+        judged = [n for n in given if n not in gapless] or list(given)
+        name = max(judged, key=lambda n: upper[n] / given[n])
+        if name in gapless:
+            return "holds", (f"{TARGETS[name][1]}: no request produced two tokens in any "
+                             "run, no gap to miss the target"), stats
+        return "holds", describe(name, "<="), stats
+    if not at_end:
         return None
+
+    def number(x: float | None) -> str:
+        return "unbounded" if x is None or math.isinf(x) else f"{x:.4g}"
+
     return "unsure", "; ".join(
-        f"{TARGETS[n][1]} mean {bounds[n][0]:.4g}, {shown} bounds "
-        f"[{bounds[n][1]:.4g}, {bounds[n][2]:.4g}] contain {given[n]:g}"
-        for n in given if bounds[n][2] > given[n]), stats
+        f"{TARGETS[n][1]} mean {number(stats[n]['mean'])}, {shown} bounds "
+        f"[{number(lower[n])}, {number(upper[n])}] contain {given[n]:g}{note[n]}"
+        for n in given if upper[n] > given[n]), stats
 
 
 def search(scenario: Scenario, targets: SLOTargets, seeds: list[int], *,
@@ -254,7 +381,8 @@ def search(scenario: Scenario, targets: SLOTargets, seeds: list[int], *,
             bad = violations(results, targets)
             verdict = (results.summary.get("overload") or {}).get("verdict", "unknown")
             trials.append(Trial(seed, rate, rate * qps_per_unit, not bad, bad, verdict,
-                                measured(results), results.summary.get("cost") or {}))
+                                measured(results), results.summary.get("cost") or {},
+                                censored(results)))
             if on_trial is not None:
                 on_trial(trials[-1])
             decided = decide(trials, targets, len(seeds), deterministic=deterministic,
@@ -361,18 +489,25 @@ def capacity(scenario: Scenario, targets: SLOTargets,
                    f"with {100 * confidence:g}% confidence; upper: the lowest rate above them "
                    f"with {100 * confidence:g}% confidence, or overloaded (one-sided Student "
                    f"t over up to {len(seeds)} replications per rate, Bonferroni over the "
-                   f"looks; runs differ by {', '.join(sources)}); rates in between are unsure")
+                   f"looks and the {len(targets.given())} target(s); runs differ by "
+                   f"{', '.join(sources)}); rates in between are unsure. The confidence is "
+                   "per probed rate (each end's own decision), not a joint coverage of the "
+                   "interval")
     if saturated:
         meaning += (f"; the upper end failed by overload, and a finite run does not call a "
                     f"queue growing by less than {100 * GROWTH_LIMIT:g}% of arrivals "
                     f"overloaded, so the lower end is the highest rate that held "
                     f"({held * qps_per_unit:.4g} req/s) less {100 * GROWTH_LIMIT:g}%")
+    if hi is None:
+        meaning += (f"; no rate probed failed within {max_steps} doublings: the upper end is "
+                    "unbounded (null)")
     runs_held = probed[held].trials if held in probed else []
     return {"knob": rate_knob(scenario), "capacity": lo, "capacity_qps": lo_qps,
             "highest_held": held, "highest_held_qps": held * qps_per_unit,
             "saturation_knee": saturated,
             "interval": [lo, hi], "interval_qps": [lo_qps, hi_qps],
-            "ci95_qps": [lo_qps, lo_qps if hi_qps is None else hi_qps],
+            # the upper end None: unbounded, no rate probed failed within max_steps
+            "ci95_qps": [lo_qps, hi_qps],
             "interval_meaning": meaning, "confidence": confidence,
             "replications": len(seeds), "seeds": seeds, "deterministic": deterministic,
             "varies_by": sources, "num_runs": num_runs, "rates": rates,

@@ -17,19 +17,34 @@ from sim.interrupts import on_sigint
 
 # A directory holding this file is a servesim run and may be replaced by a new run.
 RUN_MARKER = "summary.json"
+# ... and one holding this, replications of a run (`sim.replications.RESULT_FILE`): replaced
+# whole by a single run too, as a run is by replications.
+REPLICATIONS_MARKER = "replications.json"
+
+
+class SwappedInterrupt(KeyboardInterrupt):
+    """Ctrl-C that arrived while new results were being swapped in: the swap was finished
+    first, so the new results are in place and whole (not the previous ones)."""
 
 
 def is_run_dir(path: Path) -> bool:
     return (path / RUN_MARKER).is_file()
 
 
+def is_earlier_results(path: Path) -> bool:
+    """A single run's or replications' directory: what a new run may replace whole."""
+    return is_run_dir(path) or (path / REPLICATIONS_MARKER).is_file()
+
+
 def check_out_dir(out: Path, field: str = "--out") -> None:
     """Fail now, before any simulation, if results could not be written to `out`: it is a file,
-    a directory that is not an earlier run (never replaced), or in a place we cannot write."""
+    a directory that is not an earlier run or earlier replications (never replaced), or in a
+    place we cannot write."""
     check_writable_dir(out, field)
-    if out.is_dir() and any(out.iterdir()) and not is_run_dir(out):
+    if out.is_dir() and any(out.iterdir()) and not is_earlier_results(out):
         raise InputError(out, field, str(out), f"exists, is not empty and holds no {RUN_MARKER} "
-                         "(not an earlier run); refusing to replace it: choose another directory")
+                         f"or {REPLICATIONS_MARKER} (not an earlier run); refusing to replace "
+                         "it: choose another directory")
 
 
 def check_writable_dir(out: Path, field: str = "--out") -> None:
@@ -61,25 +76,33 @@ def write_dir(out: Path, write: Callable[[Path], None]) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.absolute().parent, prefix=f".{out.name}.tmp-"))
     try:
         write(tmp)
-        with _interrupts_deferred():
-            if out.exists():
-                old = Path(tempfile.mkdtemp(dir=tmp.parent, prefix=f".{out.name}.old-"))
-                os.replace(out, old / "run")
-                os.replace(tmp, out)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, out)
+        swap_in(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
+def swap_in(tmp: Path, out: Path) -> None:
+    """Put the filled directory `tmp` (a sibling of `out`) in `out`'s place, replacing what is
+    there whole. Ctrl-C waits for the renames, then raises `SwappedInterrupt`: the new results
+    are in place."""
+    with _interrupts_deferred():
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=tmp.parent, prefix=f".{out.name}.old-"))
+            os.replace(out, old / "run")
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+
+
 @contextlib.contextmanager
 def _interrupts_deferred() -> Iterator[None]:
-    """Hold Ctrl-C for the few renames that swap a directory in; re-raise it after."""
+    """Hold Ctrl-C for the few renames that swap a directory in; after them, raise
+    `SwappedInterrupt` (the swap is done)."""
     caught: list[bool] = []
     with on_sigint(lambda: caught.append(True)):
         yield
     if caught:
-        raise KeyboardInterrupt
+        raise SwappedInterrupt

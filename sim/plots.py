@@ -139,7 +139,8 @@ def _cdf(ax: Any, values: np.ndarray, label: str) -> None:
 
 
 def capacity_bars(capacities: dict[str, dict[str, float]], path: Path,
-                  ci95: dict[str, dict[str, tuple[float, float]]] | None = None) -> list[Path]:
+                  ci95: dict[str, dict[str, tuple[float, float | None]]] | None = None
+                  ) -> list[Path]:
     """Capacity per scheduler under each SLO (Sarathi-Serve's figure): {slo: {scheduler: qps}},
     with 95% confidence intervals as error bars where `ci95` has them."""
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -149,7 +150,8 @@ def capacity_bars(capacities: dict[str, dict[str, float]], path: Path,
     for j, scheduler in enumerate(schedulers):
         values = np.array([capacities[slo].get(scheduler, 0.0) for slo in slos])
         spans = [(ci95 or {}).get(slo, {}).get(scheduler) for slo in slos]
-        err = np.array([[v - s[0], s[1] - v] if s else [0.0, 0.0]
+        # an upper end None is unbounded (no rate probed failed): no upper whisker
+        err = np.array([[v - s[0], 0.0 if s[1] is None else s[1] - v] if s else [0.0, 0.0]
                         for v, s in zip(values, spans, strict=True)]).T
         x = np.arange(len(slos)) + (j - (len(schedulers) - 1) / 2) * width
         ax.bar(x, values, width, label=scheduler, yerr=err if ci95 else None, capsize=4)
@@ -181,6 +183,8 @@ def capacity_trials(trials: pd.DataFrame, result: dict[str, Any], path: Path) ->
         ax.scatter(rate[~ok], ratio[~ok], color=f"C{i}", label=f"{label}: SLO missed")
         _mark_overloaded(ax, rate, ratio, _overloaded(trials).to_numpy(dtype=bool), labelled)
     low, high = result["ci95_qps"]
+    if high is None:  # unbounded: no rate probed failed; shade up to the highest probed
+        high = max(float(rate.max()) if len(rate) else low, low)
     ax.axvspan(low, high, color="grey", alpha=0.2)
     ax.axvline(result["capacity_qps"], color="black", linestyle="--",
                label=f"capacity {result['capacity_qps']:.3g} req/s")
@@ -248,7 +252,7 @@ def plot_capacity(dirs: Sequence[Path], out_dir: Path | None = None) -> list[Pat
     for one search, its trials."""
     out_dir = out_dir or dirs[0] / "plots"
     means: dict[str, dict[str, float]] = {}
-    spans: dict[str, dict[str, tuple[float, float]]] = {}
+    spans: dict[str, dict[str, tuple[float, float | None]]] = {}
     results = [read_json(d / "capacity.json", missing="the capacity search has not finished")
                for d in dirs]
     for d, result in zip(dirs, results, strict=True):

@@ -11,7 +11,11 @@ value per headline metric, and the replications are the independent observations
 
 - Means (mean TTFT, TBT, E2E; throughput; SLO attainment): the mean of the replications' values,
   with a Student t interval (N - 1 degrees of freedom) -- the classical method of independent
-  replications. SLO attainment's interval is clipped to [0, 1].
+  replications. Every interval is clipped to the values its metric can take: latencies,
+  throughput and counts at 0, SLO attainment to [0, 1]. Where all N replications give the same
+  value (a constant iteration time gives every run the same token gap), no interval is stated
+  (`ci95: null`, `note: "all N replications equal"`): a zero-width interval would claim a
+  certainty that zero spread does not show.
 - Percentiles (P50/P90/P99 of TTFT, TBT, E2E): the estimate is the mean over replications of
   each replication's percentile. Its interval is an *expanded percentile bootstrap* over the
   replications (Hesterberg 2015, "What teachers should know about the bootstrap"): the N
@@ -41,7 +45,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -52,7 +55,7 @@ import numpy as np
 
 from sim.config import Scenario
 from sim.errors import InputError
-from sim.outdir import check_writable_dir, is_run_dir
+from sim.outdir import check_writable_dir, is_earlier_results, is_run_dir, swap_in
 
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 10_000
@@ -67,6 +70,9 @@ DISTRIBUTIONS = (("ttft_s", "TTFT", "ms", 1e3), ("tbt_s", "TBT", "ms", 1e3),
 PERCENTILES = ("p50", "p90", "p99")
 SLO_ORDER = ("ttft_attainment", "tbt_attainment", "tbt_gap_attainment", "all_attainment")
 THROUGHPUT = (("requests_per_s", "throughput req/s"), ("output_tokens_per_s", "throughput tok/s"))
+
+ALL_EQUAL = "all {n} replications equal"
+EQUAL_RTOL = 1e-9  # equal but for floating-point rounding (a mean of equal gaps, say)
 
 MEAN_METHOD = "student-t over the replications' values"
 PERCENTILE_METHOD = ("mean over replications of each replication's percentile; interval: "
@@ -119,10 +125,11 @@ def t_quantile(p: float, df: int) -> float:
 
 def t_interval(values: Sequence[float], confidence: float = CONFIDENCE
                ) -> tuple[float, float | None, float | None]:
-    """Mean and two-sided Student t interval; no interval from fewer than two values."""
+    """Mean and two-sided Student t interval; no interval from fewer than two values, nor from
+    values all equal (zero spread is no evidence of a zero-width interval)."""
     x = np.asarray(values, dtype=np.float64)
     mean = float(x.mean())
-    if len(x) < 2:
+    if len(x) < 2 or float(x.max() - x.min()) <= EQUAL_RTOL * float(np.abs(x).max()):
         return mean, None, None
     half = t_quantile(0.5 + confidence / 2, len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
     return mean, mean - half, mean + half
@@ -158,21 +165,33 @@ def bootstrap_interval(values: Sequence[float], confidence: float = CONFIDENCE, 
     return mean, float(lo), float(hi)
 
 
+
+
 def estimate(values: Sequence[float | None], method: str,
-             clip: tuple[float, float] | None = None) -> dict[str, Any]:
+             clip: tuple[float, float] = (0.0, math.inf)) -> dict[str, Any]:
     """One metric over replications: estimate, 95% interval, method, the values themselves.
-    Replications without the value (None: e.g. no request produced two tokens) are left out."""
+    Replications without the value (None: e.g. no request produced two tokens) are left out.
+
+    The interval is clipped to `clip`, the values the metric can take (latencies, throughput
+    and counts are not negative; a share lies in [0, 1]). Where every replication gives the
+    same value (to rounding), its spread is zero and so would be a t interval's width: that is
+    no evidence of certainty (a constant iteration time gives every run the same token gap),
+    so no interval is given (`ci95: null`) and `note` says why."""
     given = [float(v) for v in values if v is not None]
     out: dict[str, Any] = {"estimate": None, "ci95": [None, None], "method": method,
                            "n": len(given), "per_replication": list(values)}
     if not given:
         return out
     mean, lo, hi = t_interval(given)
+    if len(given) > 1 and max(given) - min(given) <= EQUAL_RTOL * max(map(abs, given)):
+        out["estimate"], out["ci95"] = mean, None
+        out["note"] = ALL_EQUAL.format(n=len(given))
+        return out
     if method == "bootstrap" and lo is not None and hi is not None:
         _, boot_lo, boot_hi = bootstrap_interval(given)
         out["ci95_t"], out["ci95_bootstrap"] = [lo, hi], [boot_lo, boot_hi]
         lo, hi = min(lo, boot_lo), max(hi, boot_hi)  # type: ignore[type-var]
-    if clip is not None and lo is not None and hi is not None:
+    if lo is not None and hi is not None:
         lo, hi = max(lo, clip[0]), min(hi, clip[1])
     out["estimate"], out["ci95"] = mean, [lo, hi]
     return out
@@ -193,6 +212,21 @@ def summarize(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     metrics["slo"] = {name: estimate([s["slo"].get(name) for s in summaries], "t", (0.0, 1.0))
                       for name in names}
     return metrics
+
+
+def censoring(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per replication, what the horizon left unfinished: the number of arrived requests
+    counted at their wait so far in TTFT over every arrival (`ttft_all_arrived_s`), and which of
+    its percentiles are then lower bounds. The headline TTFT (finished requests only) is biased
+    low in a replication with any."""
+    arrived = [s.get("ttft_all_arrived_s") or {} for s in summaries]
+    marks = [a.get("is_lower_bound") or {} for a in arrived]
+    return {"ttft_all_arrived_s": {
+        "num_lower_bounds": [a.get("num_lower_bounds") for a in arrived],
+        "is_lower_bound": {pct: [bool(m.get(pct, False)) for m in marks]
+                           for pct in PERCENTILES},
+        "p99": [a.get("p99") for a in arrived],
+        "at_most_p99": [(a.get("at_most") or {}).get("p99") for a in arrived]}}
 
 
 # -- running -----------------------------------------------------------------------------------
@@ -249,33 +283,17 @@ def run_replications(scenario: Scenario, replications: int, out_dir: Path, *,
             "varies_by": variation_sources(scenario), "confidence": CONFIDENCE,
             "methods": {"mean": MEAN_METHOD, "percentile": PERCENTILE_METHOD},
             "metrics": summarize(ordered),
+            "censoring": censoring(ordered),
             "overload": {"verdicts": [s.get("overload", {}).get("verdict", "unknown")
                                       for s in ordered]},
             "runs": [f"rep{k}" for k in range(replications)],
         }
         (tmp / RESULT_FILE).write_text(json.dumps(data, indent=2) + "\n")
-        _swap_in(tmp, out_dir)
+        swap_in(tmp, out_dir)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return data
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Put the filled `tmp` in `out`'s place; Ctrl-C waits for the renames."""
-    from sim.interrupts import on_sigint
-
-    caught: list[bool] = []
-    with on_sigint(lambda: caught.append(True)):
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=tmp.parent, prefix=f".{out.name}.old-"))
-            os.replace(out, old / "run")
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    if caught:
-        raise KeyboardInterrupt
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -316,13 +334,16 @@ def replications_table(data: dict[str, Any]) -> Any:
         if previous is not None and group != previous:
             table.add_section()
         previous = group
-        est, (lo, hi) = metric["estimate"], metric["ci95"]
+        est = metric["estimate"]
+        lo, hi = metric["ci95"] or (None, None)
         if kind == "share":
             shown = "-" if est is None else f"{100 * est:.1f}%"
             ci = "-" if lo is None or hi is None else f"[{100 * lo:.1f}, {100 * hi:.1f}]"
         else:
             shown = fmt(est, scale)
             ci = "-" if lo is None or hi is None else f"[{fmt(lo, scale)}, {fmt(hi, scale)}]"
+        if metric["ci95"] is None:
+            ci = "all equal"
         half = ("-" if est in (None, 0) or lo is None or hi is None
                 else f"{100 * (hi - lo) / 2 / abs(est):.1f}%")
         table.add_row(label, shown, ci, half, "boot" if metric["method"] == "bootstrap" else "t")
@@ -331,7 +352,15 @@ def replications_table(data: dict[str, Any]) -> Any:
     table.caption = (f"varies by: {', '.join(data['varies_by'])}. Overloaded in {over} of "
                      f"{len(verdicts)} replications. CI: t = Student t over the replications' "
                      "values; boot = expanded percentile bootstrap (fixed seed) of the mean of "
-                     "the replications' percentiles, at least as wide as t.")
+                     "the replications' percentiles, at least as wide as t. Intervals are "
+                     "clipped to the values a metric can take; all equal: every replication "
+                     "gave the same value, no interval (its spread says nothing).")
+    cut = [n for n in data.get("censoring", {}).get("ttft_all_arrived_s", {})
+           .get("num_lower_bounds", []) if n]
+    if cut:
+        table.caption += (f" TTFT is over finished requests: in {len(cut)} of {len(verdicts)} "
+                          "replications the horizon left requests waiting, so it is biased low "
+                          "(replications.json: censoring).")
     return table
 
 
@@ -348,42 +377,74 @@ COMPARED = (("ttft_p50_s", ("ttft_s", "p50"), "TTFT P50 ms", 1e3),
             ("slo_attainment", ("slo", "all_attainment"), "SLO met %", 100.0))
 
 
+COMPARISON_TABLES = ("comparison.csv", COMPARISON_FILE)  # a plain comparison's, and this one's
+PLOTS_DIR = "plots"  # what `servesim plot` draws into
+
+
+def check_comparison_dir(out_dir: Path, variants: Sequence[str]) -> None:
+    """`out_dir` may receive a replicated comparison, which replaces it whole: absent, empty, or
+    an earlier comparison (each entry a run's or replications' directory, a comparison table,
+    or its plots); anything else is refused before any run."""
+    check_writable_dir(out_dir)
+    if is_run_dir(out_dir) or is_replications_dir(out_dir):
+        raise InputError(out_dir, "--out", str(out_dir), "holds a single scenario's results; "
+                         "choose another directory for a comparison")
+    for variant in variants:
+        check_replications_dir(out_dir / variant)
+    if not out_dir.is_dir():
+        return
+    for entry in out_dir.iterdir():
+        if entry.name.startswith(".") or entry.name in COMPARISON_TABLES:
+            continue
+        if entry.is_dir() and (entry.name == PLOTS_DIR or is_earlier_results(entry)):
+            continue
+        raise InputError(out_dir, "--out", str(out_dir), f"holds {entry.name}, which is not "
+                         "part of an earlier comparison; a replicated comparison replaces the "
+                         "directory whole: choose another directory")
+
+
 def compare_replications(scenarios: dict[str, Scenario], replications: int, out_dir: Path, *,
                          workers: int | None = None,
                          on_variant: Callable[[str, dict[str, Any]], None] | None = None
                          ) -> dict[str, dict[str, Any]]:
     """Every variant of a comparison, `replications` times each (the same seeds for every
     variant), into `out_dir/<variant>/`; then `comparison_replications.csv` (estimate and
-    interval of each headline number, one row per variant), written once every variant is
-    done. Refused before any run where a variant is deterministic or a directory is taken."""
+    interval of each headline number, one row per variant). Refused before any run where a
+    variant is deterministic or a directory is taken.
+
+    The whole comparison is built in a fresh sibling of `out_dir` and put in its place once
+    every variant is done, replacing an earlier comparison there whole (its variants, tables
+    and plots): an interrupted comparison leaves the earlier one as it was, never a mix of
+    variants from two comparisons or a stale table beside new runs."""
     import pandas as pd
 
-    check_writable_dir(out_dir)
-    if is_run_dir(out_dir) or is_replications_dir(out_dir):
-        raise InputError(out_dir, "--out", str(out_dir), "holds a single scenario's results; "
-                         "choose another directory for a comparison")
-    for variant, scenario in scenarios.items():
+    for scenario in scenarios.values():
         check_replicable(scenario, replications)
-        check_replications_dir(out_dir / variant)
-    (out_dir / COMPARISON_FILE).unlink(missing_ok=True)
-    done: dict[str, dict[str, Any]] = {}
-    for variant, scenario in scenarios.items():
-        done[variant] = run_replications(scenario, replications, out_dir / variant,
-                                         workers=workers)
-        if on_variant is not None:
-            on_variant(variant, done[variant])
-    rows = []
-    for variant, data in done.items():
-        row: dict[str, Any] = {"variant": variant, "replications": replications}
-        for column, (section, key), _, _ in COMPARED:
-            metric = data["metrics"][section].get(key) or {"estimate": None,
-                                                           "ci95": [None, None]}
-            row[column] = metric["estimate"]
-            row[f"{column}_lo"], row[f"{column}_hi"] = metric["ci95"]
-        verdicts = data["overload"]["verdicts"]
-        row["overloaded_replications"] = sum(v == "overloaded" for v in verdicts)
-        rows.append(row)
-    tmp = out_dir / f".{COMPARISON_FILE}.tmp"
-    pd.DataFrame(rows).to_csv(tmp, index=False)
-    os.replace(tmp, out_dir / COMPARISON_FILE)
+    check_comparison_dir(out_dir, list(scenarios))
+    out_dir.absolute().parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.absolute().parent, prefix=f".{out_dir.name}.tmp-"))
+    try:
+        done: dict[str, dict[str, Any]] = {}
+        for variant, scenario in scenarios.items():
+            done[variant] = run_replications(scenario, replications, tmp / variant,
+                                             workers=workers)
+            if on_variant is not None:
+                on_variant(variant, done[variant])
+        rows = []
+        for variant, data in done.items():
+            row: dict[str, Any] = {"variant": variant, "replications": replications}
+            for column, (section, key), _, _ in COMPARED:
+                metric = data["metrics"][section].get(key) or {"estimate": None,
+                                                               "ci95": [None, None]}
+                row[column] = metric["estimate"]
+                # all replications equal: no interval (NaN in the table), see `estimate`
+                row[f"{column}_lo"], row[f"{column}_hi"] = metric["ci95"] or (None, None)
+            verdicts = data["overload"]["verdicts"]
+            row["overloaded_replications"] = sum(v == "overloaded" for v in verdicts)
+            rows.append(row)
+        pd.DataFrame(rows).to_csv(tmp / COMPARISON_FILE, index=False)
+        swap_in(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     return done

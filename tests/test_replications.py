@@ -16,11 +16,21 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.capacity import SLOTargets, capacity
+from sim.capacity import (
+    CapacityLog,
+    SLOTargets,
+    Trial,
+    capacity,
+    censored,
+    decide,
+    measured,
+    violations,
+)
 from sim.config import parse_scenario
 from sim.replications import (
     DETERMINISTIC,
     bootstrap_interval,
+    estimate,
     t_interval,
     variation_sources,
 )
@@ -79,7 +89,10 @@ def test_intervals_are_reproducible_and_sensible():
     _, blo, bhi = bootstrap_interval(values)
     assert min(values) <= blo < mean < bhi <= max(values)
     assert t_interval([3.0]) == (3.0, None, None)  # no interval from one value
-    assert t_interval([3.0, 3.0]) == (3.0, 3.0, 3.0)
+    assert t_interval([3.0, 3.0]) == (3.0, None, None)  # zero spread: no interval, and why:
+    same = estimate([3.0, 3.0], "t")
+    assert same["estimate"] == 3.0 and same["ci95"] is None
+    assert same["note"] == "all 2 replications equal"
 
 
 def csv_replay(tmp_path: Path, *, noise: bool = False) -> Path:
@@ -137,7 +150,8 @@ def test_table_has_intervals_and_repeats_byte_for_byte(tmp_path, monkeypatch, ca
     for label in ("TTFT P50 ms", "TTFT P99 ms", "TBT P99 ms", "E2E mean s", "throughput req/s",
                   "SLO ttft met"):
         row = next(line for line in first.splitlines() if label in line)
-        assert "[" in row and "]" in row, row
+        assert ("[" in row and "]" in row) or "all equal" in row, row
+    assert "[" in next(line for line in first.splitlines() if "TTFT P99 ms" in line)
     data = json.loads(saved)
     assert data["seeds"] == [0, 1, 2] and data["runs"] == ["rep0", "rep1", "rep2"]
     p99 = data["metrics"]["ttft_s"]["p99"]
@@ -211,3 +225,256 @@ def test_compare_with_replications(tmp_path, monkeypatch, capsys):
     for variant in ("chunked", "first"):
         data = json.loads((out / variant / "replications.json").read_text())
         assert data["seeds"] == [0, 1, 2] and (out / variant / "rep2" / "summary.json").is_file()
+
+
+# -- review fixes ------------------------------------------------------------------------------
+
+def constant_latency(tmp_path: Path) -> Path:
+    """`small` with a constant iteration time: every run's token gaps are the same 10 ms."""
+    data = yaml.safe_load(small(tmp_path).read_text())
+    data["replica"] = {"latency": {"kind": "constant", "iteration_s": 0.01}}
+    path = tmp_path / "syn.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_intervals_are_clipped_and_equal_replications_give_none():
+    spread = estimate([0.001, 0.5], "bootstrap")  # a wide t interval would go below 0
+    assert spread["ci95"][0] == 0.0 and spread["ci95"][1] > 0.5
+    share = estimate([0.5, 1.0], "t", (0.0, 1.0))
+    assert share["ci95"][0] >= 0.0 and share["ci95"][1] == 1.0
+    same = estimate([0.01, 0.01, 0.01 * (1 + 1e-13)], "bootstrap")  # equal to rounding
+    assert same["ci95"] is None and same["note"] == "all 3 replications equal"
+    assert same["estimate"] == pytest.approx(0.01)
+    assert estimate([None, 0.2, None], "t")["ci95"] == [None, None]  # one value: no interval
+
+
+def test_constant_latency_replications_print_all_equal(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "reps"
+    code, printed = cli(monkeypatch, capsys, "simulate", str(constant_latency(tmp_path)),
+                        "--replications", "2", "--workers", "1", "--out", str(out))
+    assert code == 0
+    data = json.loads((out / "replications.json").read_text())
+    tbt = data["metrics"]["tbt_s"]["p50"]
+    assert tbt["ci95"] is None and tbt["note"] == "all 2 replications equal"
+    for section in ("ttft_s", "tbt_s", "e2e_s"):
+        for metric in data["metrics"][section].values():
+            assert metric["ci95"] is None or metric["ci95"][0] >= 0.0
+    for metric in data["metrics"]["throughput"].values():
+        assert metric["ci95"] is None or metric["ci95"][0] >= 0.0
+    for metric in data["metrics"]["slo"].values():
+        assert metric["ci95"] is None or 0.0 <= metric["ci95"][0] <= metric["ci95"][1] <= 1.0
+    row = next(line for line in printed.splitlines() if "TBT P50 ms" in line)
+    assert "all equal" in row and "[" not in row
+    marks = data["censoring"]["ttft_all_arrived_s"]
+    assert marks["num_lower_bounds"] == [0, 0] and marks["is_lower_bound"]["p99"] == [False] * 2
+
+
+def test_a_single_run_and_replications_replace_each_other(tmp_path, monkeypatch, capsys):
+    path, out = small(tmp_path), tmp_path / "out"
+    reps = ("simulate", str(path), "--replications", "3", "--workers", "1", "--out", str(out))
+    assert cli(monkeypatch, capsys, *reps)[0] == 0
+    assert cli(monkeypatch, capsys, "simulate", str(path), "--out", str(out))[0] == 0
+    assert (out / "summary.json").is_file() and not (out / "replications.json").exists()
+    assert cli(monkeypatch, capsys, *reps)[0] == 0
+    assert (out / "replications.json").is_file() and not (out / "summary.json").exists()
+
+
+def comparison(tmp_path: Path) -> Path:
+    base = yaml.safe_load(small(tmp_path).read_text())
+    path = tmp_path / "cmp.yaml"
+    path.write_text(yaml.safe_dump({"name": "cmp", "base": base, "variants": {
+        "chunked": {}, "first": {"replica": {"scheduler": {"name": "prefill_first"}}}}}))
+    return path
+
+
+def test_compare_plain_and_replicated_replace_each_other(tmp_path, monkeypatch, capsys):
+    path, out = comparison(tmp_path), tmp_path / "out"
+    replicated = ("compare", str(path), "--replications", "2", "--workers", "1", "--out",
+                  str(out))
+    assert cli(monkeypatch, capsys, *replicated)[0] == 0
+    assert cli(monkeypatch, capsys, "compare", str(path), "--out", str(out))[0] == 0
+    assert (out / "comparison.csv").is_file()
+    assert not (out / "comparison_replications.csv").exists()  # stale: removed
+    assert (out / "first" / "summary.json").is_file()
+    assert cli(monkeypatch, capsys, *replicated)[0] == 0
+    assert (out / "comparison_replications.csv").is_file()
+    assert not (out / "comparison.csv").exists()
+    assert (out / "first" / "replications.json").is_file()
+    (out / "notes.txt").write_text("mine")  # not a comparison's: never replaced
+    code, err = run_cli(monkeypatch, capsys, *replicated)
+    assert_one_line_error(code, err, "notes.txt")
+
+
+def test_interrupted_replicated_compare_leaves_the_earlier_one(tmp_path, monkeypatch, capsys):
+    import sim.replications as reps
+
+    path, out = comparison(tmp_path), tmp_path / "out"
+    args = ("compare", str(path), "--replications", "2", "--workers", "1", "--out", str(out))
+    assert cli(monkeypatch, capsys, *args)[0] == 0
+    before = {p.relative_to(out): p.stat().st_mtime_ns for p in out.rglob("*")}
+    real, calls = reps.run_replications, []
+
+    def second_interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(reps, "run_replications", second_interrupted)
+    code, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 130 and "nothing changed" in err
+    assert {p.relative_to(out): p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []
+
+
+def test_interrupt_during_the_swap_says_the_new_results_are_in(tmp_path, monkeypatch, capsys):
+    import sim.replications as reps
+    from sim.outdir import SwappedInterrupt, swap_in
+
+    def swap_then_interrupt(tmp, out):
+        swap_in(tmp, out)
+        raise SwappedInterrupt
+
+    monkeypatch.setattr(reps, "swap_in", swap_then_interrupt)
+    out = tmp_path / "out"
+    code, printed = cli(monkeypatch, capsys, "simulate", str(small(tmp_path)),
+                        "--replications", "2", "--workers", "1", "--out", str(out))
+    assert code == 130 and "new results are in" in printed and "previous" not in printed
+    assert (out / "replications.json").is_file()
+
+
+def test_interrupt_during_a_single_runs_swap_says_it_is_in(tmp_path, monkeypatch, capsys):
+    import sim.outdir as outdir
+
+    real = outdir.swap_in
+
+    def swap_then_interrupt(tmp, out):
+        real(tmp, out)
+        raise outdir.SwappedInterrupt
+
+    monkeypatch.setattr(outdir, "swap_in", swap_then_interrupt)
+    out = tmp_path / "out"
+    code, printed = cli(monkeypatch, capsys, "simulate", str(small(tmp_path)), "--out", str(out))
+    assert code == 130 and "its files are in" in printed and "previous" not in printed
+    assert (out / "summary.json").is_file()
+
+
+# -- capacity: decisions -----------------------------------------------------------------------
+
+def trial(seed: int, **metrics) -> Trial:
+    lower = metrics.pop("lower", {})
+    return Trial(seed, 1.0, 1.0, True, [], "stable", metrics, {}, lower)
+
+
+def test_zero_spread_runs_on_to_r_and_then_decides_by_the_value():
+    targets = SLOTargets(tbt_p99_s=0.05)
+    runs = [trial(k, tbt_p99_s=0.01) for k in range(3)]
+    assert decide(runs[:2], targets, 3, deterministic=False) is None  # no 95% from no spread
+    decision, reason, stats = decide(runs, targets, 3, deterministic=False)
+    assert decision == "holds" and "all 3 runs equal" in reason
+    assert "as deterministic as the model" in reason
+    high = [trial(k, tbt_p99_s=0.07) for k in range(3)]
+    assert decide(high[:2], targets, 3, deterministic=False) is None
+    assert decide(high, targets, 3, deterministic=False)[0] == "fails"
+
+
+def test_a_missing_tbt_p99_is_no_gap_not_a_zero():
+    targets = SLOTargets(tbt_p99_s=0.05)
+    runs = [trial(0, tbt_p99_s=None), trial(1, tbt_p99_s=0.02), trial(2, tbt_p99_s=0.03)]
+    decided = decide(runs, targets, 3, deterministic=False)
+    assert decided is not None
+    assert decided[2]["tbt_p99_s"]["mean"] == pytest.approx(0.025)  # over the two with a gap
+    none = [trial(k, tbt_p99_s=None) for k in range(2)]
+    decision, reason, _ = decide(none, targets, 2, deterministic=False)
+    assert decision == "holds" and "no gap" in reason
+
+
+def test_bonferroni_over_targets():
+    from sim.capacity import decide
+    from sim.replications import t_bounds
+
+    targets = SLOTargets(tbt_p99_s=1.0, ttft_p90_s=1.0)
+    values = [0.5, 0.6, 0.55]
+    runs = [trial(k, tbt_p99_s=v, ttft_p90_s=v) for k, v in enumerate(values)]
+    _, _, stats = decide(runs, targets, 3, deterministic=False)
+    level = 1 - 0.05 / (2 * 2)  # 2 looks, 2 targets
+    assert stats["ttft_p90_s"]["upper"] == pytest.approx(t_bounds(values, level)[2])
+    assert stats["tbt_p99_s"]["lower"] == pytest.approx(t_bounds(values, level)[1])
+
+
+def fake_results(summary_extra: dict, p90: float = 0.1) -> object:
+    from types import SimpleNamespace
+
+    summary = {"ttft_s": {"p90": p90}, "tbt_s": {"p99": 0.01},
+               "scheduling_delay_s": {"p50": 0.0}, "overload": {"verdict": "stable"},
+               **summary_extra}
+    return SimpleNamespace(summary=summary)
+
+
+def arrived(p90: float, lower: bool, at_most: float | None) -> dict:
+    return {"ttft_all_arrived_s": {"p90": p90, "num_lower_bounds": 3 if lower else 0,
+                                   "is_lower_bound": {"p90": lower},
+                                   "at_most": {"p90": at_most}}}
+
+
+def test_censored_ttft_is_judged_at_its_worst_case():
+    targets = SLOTargets(ttft_p90_s=0.5)
+    exact = fake_results(arrived(0.3, False, 0.3), p90=0.1)
+    assert measured(exact)["ttft_p90_s"] == 0.3 and censored(exact) == {}  # over arrivals
+    assert violations(exact, targets) == []
+    maybe = fake_results(arrived(0.3, True, None), p90=0.1)  # finished-only P90 says 0.1
+    assert measured(maybe)["ttft_p90_s"] == math.inf and censored(maybe) == {"ttft_p90_s": 0.3}
+    (found,) = violations(maybe, targets)
+    assert "may exceed" in found and "lower bound" in found and "unbounded" in found
+    sure = fake_results(arrived(0.7, True, None))
+    (found,) = violations(sure, targets)
+    assert ">= 0.7 > 0.5" in found and "a lower bound decided" in found
+    bounded = fake_results(arrived(0.3, True, 0.4))
+    assert measured(bounded)["ttft_p90_s"] == 0.4 and violations(bounded, targets) == []
+
+
+def test_censored_runs_hold_only_when_guaranteed():
+    targets = SLOTargets(ttft_p90_s=0.5)
+    unbounded = [trial(k, ttft_p90_s=math.inf, lower={"ttft_p90_s": 0.1 + 0.01 * k})
+                 for k in range(3)]
+    decision, reason, stats = decide(unbounded, targets, 3, deterministic=False)
+    assert decision == "unsure" and "unbounded" in reason and "unfinished" in reason
+    assert stats["ttft_p90_s"]["upper"] is None  # JSON-safe: no Infinity
+    failing = [trial(k, ttft_p90_s=math.inf, lower={"ttft_p90_s": 2.0 + 0.01 * k})
+               for k in range(2)]
+    decision, reason, _ = decide(failing, targets, 3, deterministic=False)
+    assert decision == "fails" and "unfinished at the horizon" in reason
+    one = [trial(0, ttft_p90_s=math.inf, lower={"ttft_p90_s": 0.1})]
+    one[0].ok = False
+    assert decide(one, targets, 1, deterministic=True)[0] == "unsure"
+
+
+def test_capacity_with_no_failing_rate_has_an_unbounded_upper_end(tmp_path, monkeypatch,
+                                                                   capsys):
+    from sim.cli.study import capacity_table
+    from sim.plots import plot_capacity
+    from tests.test_sweep import ONE_AT_A_TIME
+
+    scenario = parse_scenario(ONE_AT_A_TIME, "test")
+    draws = iter(np.random.default_rng(0).uniform(0.01, 0.02, 1000))
+
+    def run(s):
+        return fake_results({}, p90=float(next(draws)))
+
+    log = CapacityLog(tmp_path / "cap")
+    targets = SLOTargets(ttft_p90_s=1.0)
+    result = capacity(scenario, targets, 3, max_steps=2, run=run, on_trial=log.add)
+    assert result["interval_qps"][1] is None and result["ci95_qps"][1] is None
+    assert result["ci95_qps"][0] == result["capacity_qps"] > 0
+    assert "unbounded" in result["interval_meaning"]
+    assert "per probed rate" in result["interval_meaning"]
+    log.finish(scenario, targets, 0.02, result)
+    saved = json.loads((tmp_path / "cap" / "capacity.json").read_text())
+    assert saved["ci95_qps"][1] is None
+    capsys.readouterr()
+    from sim.cli.common import console
+    console.print(capacity_table("test", result))
+    assert "unbounded" in " ".join(capsys.readouterr().out.split())
+    files = plot_capacity([tmp_path / "cap"])
+    assert any(f.name == "capacity.png" for f in files)

@@ -26,7 +26,7 @@ def simulate(
 ) -> None:
     """Run one scenario; print its latency table; write results next to the resolved scenario."""
     from sim.config import load_scenario
-    from sim.outdir import is_run_dir
+    from sim.outdir import SwappedInterrupt, is_earlier_results
     from sim.progress import ProgressReport
     from sim.runner import run_scenario
 
@@ -60,9 +60,13 @@ def simulate(
 
                 data = run_replications(loaded, replications, out_dir, workers=min(
                     workers or os.cpu_count() or 1, replications), on_done=done)
+        except SwappedInterrupt:
+            console.print(f"interrupted after the replications were complete: the new results "
+                          f"are in {out_dir}/ whole")
+            raise typer.Exit(130) from None
         except KeyboardInterrupt:
-            kept = ("the previous results are" if is_run_dir(out_dir)
-                    or (out_dir / RESULT_FILE).is_file() else "nothing was")
+            kept = ("the previous results are" if is_earlier_results(out_dir)
+                    else "nothing was")
             console.print(f"interrupted: {kept} kept in {out_dir}/ (replications are written "
                           "whole or not at all)")
             raise typer.Exit(130) from None
@@ -74,8 +78,13 @@ def simulate(
         with ProgressReport(f"simulating {loaded.name}", "arrivals") as progress:
             results = run_scenario(loaded, seed=seed, out_dir=out_dir,
                                    on_progress=lambda done, total: progress.update(done, total))
+    except SwappedInterrupt:
+        console.print(f"interrupted after the run was complete: its files are in {out_dir}/ "
+                      "whole")
+        raise typer.Exit(130) from None
     except KeyboardInterrupt:
-        kept = "the previous run's files are" if is_run_dir(out_dir) else "nothing was"
+        kept = ("the previous results are" if is_earlier_results(out_dir)
+                else "nothing was")
         console.print(f"interrupted: {kept} kept in {out_dir}/ (results are written whole "
                       "or not at all)")
         raise typer.Exit(130) from None

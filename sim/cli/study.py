@@ -46,6 +46,12 @@ def compare(
     if replications > 1:
         compare_replicated(name, scenarios, replications, out_dir, workers)
         return
+    from sim.compare import check_comparison_dir
+    from sim.replications import COMPARISON_FILE
+
+    check_comparison_dir(out_dir, scenarios)
+    # An earlier replicated comparison's table would look current beside these runs.
+    (out_dir / COMPARISON_FILE).unlink(missing_ok=True)
     done: list[str] = []
     try:
         with ProgressReport(f"compare {name}", "variants", total=len(scenarios)) as progress:
@@ -87,6 +93,7 @@ def comparison_table(title: str, df: Any) -> Table:
 def compare_replicated(name: str, scenarios: dict[str, Any], replications: int, out_dir: Path,
                        workers: int | None) -> None:
     """`compare --replications N`: each variant N times; estimates with 95% intervals."""
+    from sim.outdir import SwappedInterrupt
     from sim.progress import ProgressReport
     from sim.replications import COMPARISON_FILE, compare_replications
 
@@ -102,10 +109,14 @@ def compare_replicated(name: str, scenarios: dict[str, Any], replications: int, 
 
             results = compare_replications(scenarios, replications, out_dir, workers=min(
                 workers or os.cpu_count() or 1, replications), on_variant=advance)
+    except SwappedInterrupt:
+        raise interrupted(f"after the comparison was complete: its results are in {out_dir}/ "
+                          f"(<variant>/ and {COMPARISON_FILE})") from None
     except KeyboardInterrupt:
-        raise interrupted(f"{len(done)} of {len(scenarios)} variants complete and kept in "
-                          f"{out_dir}/<variant>/ ({', '.join(done) or 'none'}); "
-                          f"{COMPARISON_FILE} not written: run the comparison again") from None
+        raise interrupted(f"{len(done)} of {len(scenarios)} variants had finished; nothing "
+                          f"changed in {out_dir}/ (a replicated comparison is put in place "
+                          "whole once every variant is done): run the comparison again"
+                          ) from None
     console.print(replicated_comparison_table(name, results))
     console.print(f"results: {out_dir}/<variant>/rep<k>/, replications.json and "
                   f"{out_dir}/{COMPARISON_FILE}", soft_wrap=True)
@@ -120,7 +131,8 @@ def replicated_comparison_table(title: str, results: dict[str, dict[str, Any]]) 
                         f"{first['seeds'][0]}..{first['seeds'][-1]}", caption_justify="left",
                   caption="estimate, then its 95% CI \\[lo, hi]: Student t for throughput and "
                           "SLO; for percentiles the mean of the replications' percentiles, "
-                          "expanded percentile bootstrap at least as wide as t")
+                          "expanded percentile bootstrap at least as wide as t; all equal: "
+                          "every replication gave the same value, no interval")
     table.add_column("metric", no_wrap=True)
     for variant in results:
         table.add_column(variant, justify="right", overflow="fold")
@@ -131,8 +143,9 @@ def replicated_comparison_table(title: str, results: dict[str, dict[str, Any]]) 
             if metric is None or metric["estimate"] is None:
                 cells.append("-")
                 continue
-            lo, hi = metric["ci95"]
-            interval = "" if lo is None else f"\n[{fmt(lo, scale)}, {fmt(hi, scale)}]"
+            lo, hi = metric["ci95"] or (None, None)
+            interval = ("\n(all equal)" if metric["ci95"] is None else "" if lo is None
+                        else f"\n[{fmt(lo, scale)}, {fmt(hi, scale)}]")
             cells.append(f"{fmt(metric['estimate'], scale)}{interval}")
         table.add_row(label, *cells)
     overloaded = [sum(v == "overloaded" for v in d["overload"]["verdicts"])
@@ -297,7 +310,8 @@ def capacity_table(name: str, result: dict[str, Any]) -> Table:
     runs = (f"{result['num_runs']} runs, up to {result['replications']} per rate"
             if result["replications"] > 1 else f"{result['num_runs']} runs, one per rate")
     if high is None:
-        caption = f"capacity at least {fmt(low)} req/s: no rate probed failed ({runs})"
+        caption = (f"capacity at least {fmt(low)} req/s, upper end unbounded: no rate probed "
+                   f"failed ({runs})")
     else:
         caption = f"capacity in [{fmt(low)}, {fmt(high)}] req/s ({runs})"
     if result["deterministic"]:
@@ -305,8 +319,9 @@ def capacity_table(name: str, result: dict[str, Any]) -> Table:
     elif result["replications"] == 1:
         caption += f"; one replication per rate: seed {result['seeds'][0]} only, no confidence"
     else:
-        caption += (f"; each end decided with {level} confidence (sequential one-sided t over "
-                    f"replications differing by {', '.join(result['varies_by'])})")
+        caption += (f"; each end decided with {level} confidence, per probed rate, not a "
+                    f"joint coverage (sequential one-sided t over replications differing by "
+                    f"{', '.join(result['varies_by'])}, Bonferroni over looks and targets)")
     if result.get("saturation_knee"):
         caption += (f"; the upper end overloaded: lower end = {fmt(result['highest_held_qps'])} "
                     "req/s, the highest that held, less the overload test's 1% resolution")
