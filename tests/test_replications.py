@@ -356,7 +356,7 @@ def test_interrupt_during_a_single_runs_swap_says_it_is_in(tmp_path, monkeypatch
     monkeypatch.setattr(outdir, "swap_in", swap_then_interrupt)
     out = tmp_path / "out"
     code, printed = cli(monkeypatch, capsys, "simulate", str(small(tmp_path)), "--out", str(out))
-    assert code == 130 and "its files are in" in printed and "previous" not in printed
+    assert code == 130 and "the new results are in" in printed and "previous" not in printed
     assert (out / "summary.json").is_file()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,7 +28,6 @@ def simulate(
 ) -> None:
     """Run one scenario; print its latency table; write results next to the resolved scenario."""
     from sim.config import load_scenario
-    from sim.outdir import SwappedInterrupt, is_earlier_results
     from sim.progress import ProgressReport
     from sim.runner import run_scenario
 
@@ -47,53 +48,52 @@ def simulate(
             loaded = loaded.model_copy(update={"seed": seed})
         check_replicable(loaded, replications)
         check_replications_dir(out_dir)
-        try:
-            with ProgressReport(f"simulating {loaded.name}", "replications",
-                                total=replications) as progress:
-                finished: list[int] = []
+        with interrupt_exits(out_dir, "the replications were", "replications are"), \
+                ProgressReport(f"simulating {loaded.name}", "replications",
+                               total=replications) as progress:
+            finished: list[int] = []
 
-                def done(k: int, summary: dict[str, Any]) -> None:
-                    finished.append(k)
-                    progress.update(len(finished))
-                    progress.note(f"rep{k} (seed {loaded.seed + k}): "
-                                  f"{summary['overload']['verdict']}")
+            def done(k: int, summary: dict[str, Any]) -> None:
+                finished.append(k)
+                progress.update(len(finished))
+                progress.note(f"rep{k} (seed {loaded.seed + k}): "
+                              f"{summary['overload']['verdict']}")
 
-                data = run_replications(loaded, replications, out_dir, workers=min(
-                    workers or os.cpu_count() or 1, replications), on_done=done)
-        except SwappedInterrupt:
-            console.print(f"interrupted after the replications were complete: the new results "
-                          f"are in {out_dir}/ whole")
-            raise typer.Exit(130) from None
-        except KeyboardInterrupt:
-            kept = ("the previous results are" if is_earlier_results(out_dir)
-                    else "nothing was")
-            console.print(f"interrupted: {kept} kept in {out_dir}/ (replications are written "
-                          "whole or not at all)")
-            raise typer.Exit(130) from None
+            data = run_replications(loaded, replications, out_dir, workers=min(
+                workers or os.cpu_count() or 1, replications), on_done=done)
         console.print(replications_table(data))
         console.print(f"results: {out_dir}/{RESULT_FILE}, {out_dir}/rep<k>/ (one run each)",
                       soft_wrap=True)
         return
-    try:
-        with ProgressReport(f"simulating {loaded.name}", "arrivals") as progress:
-            results = run_scenario(loaded, seed=seed, out_dir=out_dir,
-                                   on_progress=lambda done, total: progress.update(done, total))
-    except SwappedInterrupt:
-        console.print(f"interrupted after the run was complete: its files are in {out_dir}/ "
-                      "whole")
-        raise typer.Exit(130) from None
-    except KeyboardInterrupt:
-        kept = ("the previous results are" if is_earlier_results(out_dir)
-                else "nothing was")
-        console.print(f"interrupted: {kept} kept in {out_dir}/ (results are written whole "
-                      "or not at all)")
-        raise typer.Exit(130) from None
+    with interrupt_exits(out_dir, "the run was", "results are"), \
+            ProgressReport(f"simulating {loaded.name}", "arrivals") as progress:
+        results = run_scenario(loaded, seed=seed, out_dir=out_dir,
+                               on_progress=lambda done, total: progress.update(done, total))
     console.print(summary_table(results.summary))
     if len(results.summary["replicas"]) > 1:
         console.print(replica_table(results.summary))
     console.print(overload_line(results.summary["overload"]))
     console.print(f"results: {out_dir}/ (requests.parquet, iterations.parquet, summary.json, "
                   "scenario.yaml)")
+
+
+@contextlib.contextmanager
+def interrupt_exits(out_dir: Path, done: str, written: str) -> Iterator[None]:
+    """Ctrl-C exits 130 with what is on disk: the new results whole if the swap had begun
+    (`done`: "the run was"), else the previous ones or nothing (`written`: "results are")."""
+    from sim.outdir import SwappedInterrupt, is_earlier_results
+
+    try:
+        yield
+    except SwappedInterrupt:
+        console.print(f"interrupted after {done} complete: the new results are in {out_dir}/ "
+                      "whole")
+        raise typer.Exit(130) from None
+    except KeyboardInterrupt:
+        kept = "the previous results are" if is_earlier_results(out_dir) else "nothing was"
+        console.print(f"interrupted: {kept} kept in {out_dir}/ ({written} written whole or "
+                      "not at all)")
+        raise typer.Exit(130) from None
 
 
 def overload_line(verdict: dict[str, Any]) -> str:
