@@ -3,12 +3,15 @@
 Reads `compute/{h100,a100}/<org>/<model>/mlp.csv` under the Vidur profile folder (default
 ../shared/profiles/vidur, next to the repository; never copied into it), works out each row's
 four linear-layer GEMMs as (m, k, n) from the shape columns, fits the four parameters of each
-GPU, writes sim/data/gemm_calibration.json and prints how the model fares:
+GPU and then its efficiency correction (a factor of tokens shared by all its shapes), writes
+sim/data/gemm_calibration.json and prints how the model fares:
 
 - per GPU x model x tensor-parallel degree: min/median/max of predicted/measured for the
-  linear-layer time of one layer (the sum of its four GEMMs), before (the naive datasheet
-  roofline, mfu 0.6 and mbu 0.8 as in sim/latency/roofline.py) and after (calibrated), over the
-  rows with 1 <= num_tokens <= 4096, and how many rows miss 10%;
+  linear-layer time of one layer (the sum of its four GEMMs): the naive datasheet roofline (mfu
+  0.6 and mbu 0.8 as in sim/latency/roofline.py), the smooth (monotone) form, the form with the
+  correction, and held out (the correction fitted on the GPU's other models, leave-one-model-
+  out), over the rows with 1 <= num_tokens <= 4096, and how many rows miss 10%; per GPU the
+  rows within 10% and the worst rows of each;
 - per GPU x GEMM: the same for each GEMM alone;
 - the rows that miss 10%, with the measurement's own min..max spread, and per series the best
   any non-decreasing model could do (the measured sums drop by up to a third as tokens grow,
@@ -23,7 +26,9 @@ mlp_up_proj [m x h] @ [h x 2i/t] (gate and up fused; i/t if not gated), mlp_down
 
 Fit: per GPU, least squares of log(predicted / measured) of the four-GEMM sum over all rows of
 1-4096 tokens (every model and TP degree equally, each row once), with the FLOP/s and the
-bandwidth bounded by the datasheet's (scipy.optimize.least_squares).
+bandwidth bounded by the datasheet's (scipy.optimize.least_squares). Then the correction:
+log(factor) piecewise linear on CORRECTION_KNOTS, linear least squares of log(measured /
+smooth) of the same sums plus SMOOTHNESS x the squared second differences of log(factor).
 
     python bench/calibrate_gemm.py [VIDUR_DIR] [--markdown] [--rows out.csv] [--no-write]
 """
@@ -60,6 +65,10 @@ GPU_DIRS = {"h100": "h100-sxm", "a100": "a100-80gb"}  # Vidur's folder -> serves
 OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 MAX_TOKENS = 4096  # the acceptance range: 1 <= num_tokens <= 4096
 M_TILE = 64
+# The efficiency correction's knots: 1, 2, 4, 8, then every 16 tokens to 4096 (the measured
+# token counts are every 8 to 1024, every 16 to 2048, every 32 to 4096); constant beyond.
+CORRECTION_KNOTS = np.r_[1.0, 2.0, 4.0, 8.0, np.arange(16.0, MAX_TOKENS + 1, 16.0)]
+SMOOTHNESS = 1.0  # weight of the squared second differences of log(factor) between knots
 NAIVE_MFU, NAIVE_MBU = 0.6, 0.8  # RooflineConfig's defaults
 
 
@@ -173,6 +182,41 @@ def fit_gpu(gpu: str, rows: Rows) -> GemmParams:
     return GemmParams(x[0], x[1], x[2], x[3], M_TILE)
 
 
+Correction = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+def fit_correction(gpu: str, params: GemmParams, rows: Rows) -> Correction:
+    """The GPU's efficiency factor vs tokens: log(factor) piecewise linear on CORRECTION_KNOTS,
+    least squares of log(measured / smooth form) of the four-GEMM sums of `rows` (every model
+    and TP degree of the GPU, one factor for all shapes) plus SMOOTHNESS times the squared
+    second differences of log(factor) (keeps it from chasing noise, and fills knots without
+    rows). Factors kept to 4 digits, as the file keeps them."""
+    knots = CORRECTION_KNOTS
+    base = predict(GemmModel(params, gpu, "calibrated"), rows).sum(axis=1)
+    r = np.log(rows.median_s.sum(axis=1) / base)
+    eye = np.eye(len(knots))
+    w = np.stack([np.interp(rows.m.astype(np.float64), knots, e) for e in eye], axis=1)
+    d = np.diff(eye, 2, axis=0) * np.sqrt(SMOOTHNESS)
+    v = np.linalg.lstsq(np.vstack([w, d]), np.r_[r, np.zeros(len(d))], rcond=None)[0]
+    factors = tuple(float(f"{f:.4g}") for f in np.exp(v))
+    return tuple(float(k) for k in knots), factors
+
+
+def leave_one_model_out(gpu: str, params: GemmParams, rows: Rows) -> np.ndarray:
+    """(rows,): predicted / measured of each row's four-GEMM sum with the correction fitted on
+    the GPU's other models only (the smooth form's four parameters kept: they are fitted on
+    every model)."""
+    meas = rows.median_s.sum(axis=1)
+    out = np.empty(len(meas))
+    for model in sorted(set(rows.model.tolist())):
+        held = rows.model == model
+        corr = fit_correction(gpu, params, rows.select(~held))
+        sub = rows.select(held)
+        out[held] = predict(GemmModel(params, gpu, "calibrated", correction=corr),
+                            sub).sum(axis=1) / meas[held]
+    return out
+
+
 def monotone_bound(m: np.ndarray, t: np.ndarray) -> float:
     """The smallest e such that some non-decreasing pred(m) has |pred / t - 1| <= e on every
     row: (D - 1) / (D + 1), D the largest factor by which t drops as m grows (rows at the same m
@@ -191,46 +235,76 @@ def _stats(r: np.ndarray) -> str:
     return f"{r.min():5.2f} {np.median(r):5.2f} {r.max():5.2f}"
 
 
-def report(rows: Rows, before: np.ndarray, after: np.ndarray, markdown: bool) -> list[str]:
-    """The tables; returns the lines printed."""
+def report(rows: Rows, before: np.ndarray, mono: np.ndarray, after: np.ndarray,
+           lomo: np.ndarray, markdown: bool) -> list[str]:
+    """The tables; returns the lines printed. `before`, `mono`, `after`: (rows, 4) GEMM times of
+    the naive roofline, the smooth form alone and with the correction; `lomo`: (rows,) ratio of
+    the corrected sum with the correction fitted leaving the row's model out."""
     lines: list[str] = []
     meas = rows.median_s.sum(axis=1)
-    rb, ra = before.sum(axis=1) / meas, after.sum(axis=1) / meas
+    rb, rm, ra = before.sum(axis=1) / meas, mono.sum(axis=1) / meas, after.sum(axis=1) / meas
     series = sorted(set(zip(rows.gpu.tolist(), rows.model.tolist(), rows.tp.tolist(),
                             strict=True)))
+
+    def off(r: np.ndarray) -> int:
+        return int(np.sum(np.abs(r - 1) > 0.1))
+
+    def trip(r: np.ndarray) -> str:
+        return " / ".join(f"{v:.2f}" for v in _triple(r))
+
     if markdown:
-        lines += ["| GPU | model | TP | rows | naive min / median / max | calibrated min / "
-                  "median / max | rows off > 10% | best monotone |",
-                  "|---|---|---:|---:|---|---|---:|---:|"]
+        lines += ["| GPU | model | TP | rows | naive min / med / max | smooth min / med / max | "
+                  "corrected min / med / max | held-out min / med / max | rows off > 10%: "
+                  "smooth / corrected / held-out | best monotone |",
+                  "|---|---|---:|---:|---|---|---|---|---:|---:|"]
     else:
-        lines += ["Linear-layer time of one layer (four GEMMs), predicted / measured, "
-                  f"1 <= tokens <= {MAX_TOKENS}; >10%: rows off by more than 10% (calibrated); "
-                  "bound: the smallest max |predicted/measured - 1| any non-decreasing curve in "
-                  "tokens could reach on that series",
-                  f"{'GPU':10} {'model':26} {'TP':>2} {'rows':>4}   {'naive min med max':17}   "
-                  f"{'calibrated min med max':22} {'>10%':>5} {'bound':>6}"]
+        lines += ["Linear-layer time of one layer (four GEMMs), predicted / measured (min med "
+                  f"max), 1 <= tokens <= {MAX_TOKENS}: naive roofline, smooth (monotone) form, "
+                  "corrected (smooth x the GPU's efficiency factor of tokens), held-out (the "
+                  "correction fitted leaving the row's model out); >10%: rows off by more than "
+                  "10% (smooth / corrected / held-out); bound: the smallest max |predicted/"
+                  "measured - 1| any non-decreasing curve in tokens could reach on that series",
+                  f"{'GPU':10} {'model':26} {'TP':>2} {'rows':>4}   {'naive':17}   "
+                  f"{'smooth':17}   {'corrected':17}   {'held-out':17} {'>10%':>12} "
+                  f"{'bound':>6}"]
     for gpu, model, tp in series:
         sel = (rows.gpu == gpu) & (rows.model == model) & (rows.tp == tp)
-        miss = int(np.sum(np.abs(ra[sel] - 1) > 0.1))
         bound = monotone_bound(rows.m[sel], meas[sel])
+        misses = f"{off(rm[sel])} / {off(ra[sel])} / {off(lomo[sel])}"
         if markdown:
-            lines.append(f"| {gpu} | {model} | {tp} | {sel.sum()} | "
-                         f"{' / '.join(f'{v:.2f}' for v in _triple(rb[sel]))} | "
-                         f"{' / '.join(f'{v:.2f}' for v in _triple(ra[sel]))} | {miss} | "
+            lines.append(f"| {gpu} | {model} | {tp} | {sel.sum()} | {trip(rb[sel])} | "
+                         f"{trip(rm[sel])} | {trip(ra[sel])} | {trip(lomo[sel])} | {misses} | "
                          f"{bound:.1%} |")
         else:
             lines.append(f"{gpu:10} {model:26} {tp:>2} {sel.sum():>4}   {_stats(rb[sel]):17}   "
-                         f"{_stats(ra[sel]):22} {miss:>5} {bound:>6.1%}")
+                         f"{_stats(rm[sel]):17}   {_stats(ra[sel]):17}   "
+                         f"{_stats(lomo[sel]):17} {misses:>12} {bound:>6.1%}")
     for gpu in sorted(set(rows.gpu.tolist())):
         sel = rows.gpu == gpu
-        miss = np.abs(ra[sel] - 1) > 0.1
+        misses = f"{off(rm[sel])} / {off(ra[sel])} / {off(lomo[sel])}"
         if markdown:
-            lines.append(f"| {gpu} | all | | {sel.sum()} | "
-                         f"{' / '.join(f'{v:.2f}' for v in _triple(rb[sel]))} | "
-                         f"{' / '.join(f'{v:.2f}' for v in _triple(ra[sel]))} | {miss.sum()} | |")
+            lines.append(f"| {gpu} | all | | {sel.sum()} | {trip(rb[sel])} | {trip(rm[sel])} | "
+                         f"{trip(ra[sel])} | {trip(lomo[sel])} | {misses} | |")
         else:
             lines.append(f"{gpu:10} {'all':26} {'':>2} {sel.sum():>4}   {_stats(rb[sel]):17}   "
-                         f"{_stats(ra[sel]):22} {miss.sum():>5}")
+                         f"{_stats(rm[sel]):17}   {_stats(ra[sel]):17}   "
+                         f"{_stats(lomo[sel]):17} {misses:>12}")
+    if markdown:
+        lines += ["", "| GPU | rows | within 10%: naive / smooth / corrected / held-out | "
+                  "worst (min, max): smooth | corrected | held-out |",
+                  "|---|---:|---|---|---|---|"]
+    else:
+        lines += ["", "Per GPU: rows within 10% (naive / smooth / corrected / held-out) and the "
+                  "worst rows (min, max of predicted / measured):"]
+    for gpu in sorted(set(rows.gpu.tolist())):
+        sel = rows.gpu == gpu
+        within = " / ".join(f"{np.mean(np.abs(r[sel] - 1) <= 0.1):.1%}"
+                            for r in (rb, rm, ra, lomo))
+        worst = " | ".join(f"{r[sel].min():.2f}, {r[sel].max():.2f}" for r in (rm, ra, lomo))
+        if markdown:
+            lines.append(f"| {gpu} | {sel.sum()} | {within} | {worst} |")
+        else:
+            lines.append(f"  {gpu:10} {sel.sum():>4} rows: within 10% {within}; worst {worst}")
     if markdown:
         return lines
     lines += ["", "Each GEMM alone, predicted / measured (min median max), rows within 10%:"]
@@ -239,19 +313,19 @@ def report(rows: Rows, before: np.ndarray, after: np.ndarray, markdown: bool) ->
         for j, op in enumerate(OPS):
             b = before[sel, j] / rows.median_s[sel, j]
             a = after[sel, j] / rows.median_s[sel, j]
-            lines.append(f"{gpu:10} {op:15} naive {_stats(b)}   calibrated {_stats(a)}   "
+            lines.append(f"{gpu:10} {op:15} naive {_stats(b)}   corrected {_stats(a)}   "
                          f"within 10%: {np.mean(np.abs(a - 1) <= 0.1):.0%}")
     spread = (rows.max_s.sum(axis=1) - rows.min_s.sum(axis=1)) / meas
     missed = np.flatnonzero(np.abs(ra - 1) > 0.1)
-    lines += ["", f"Rows off by more than 10% (calibrated): {len(missed)} of {len(ra)}; the "
+    lines += ["", f"Rows off by more than 10% (corrected): {len(missed)} of {len(ra)}; the "
               "measurement's own (max - min) / median of the four-GEMM sum is "
               f"{np.median(spread):.1%} at the median row, {np.max(spread):.1%} at most.",
-              "Worst 20 (GPU, model, TP, tokens: predicted / measured, measured min..max "
-              "relative to median):"]
+              "Worst 20 (GPU, model, TP, tokens: corrected predicted / measured (smooth), "
+              "measured min..max relative to median):"]
     for i in missed[np.argsort(-np.abs(np.log(ra[missed])))][:20]:
         lo, hi = rows.min_s[i].sum() / meas[i], rows.max_s[i].sum() / meas[i]
         lines.append(f"  {rows.gpu[i]:10} {rows.model[i]:26} TP{rows.tp[i]} {rows.m[i]:>5}: "
-                     f"{ra[i]:.2f}   measured {lo:.3f}..{hi:.3f}")
+                     f"{ra[i]:.2f} ({rm[i]:.2f})   measured {lo:.3f}..{hi:.3f}")
     return lines
 
 
@@ -284,10 +358,19 @@ def write_rows(path: Path, rows: Rows, before: np.ndarray, after: np.ndarray) ->
                            f"{after[i, j] / rows.median_s[i, j]:.4f}")])
 
 
+def _fit_figures(ratio: np.ndarray) -> dict[str, float]:
+    err = np.abs(ratio - 1)
+    return {"max_abs_error": float(err.max()), "median_abs_error": float(np.median(err)),
+            "ratio_min": float(ratio.min()), "ratio_max": float(ratio.max()),
+            "rows_within_10pct": float(np.mean(err <= 0.1))}
+
+
 def calibration_json(vidur: Path, rows: Rows, params: dict[str, GemmParams],
-                     after: np.ndarray) -> dict[str, Any]:
+                     corrections: dict[str, Correction], mono: np.ndarray, after: np.ndarray,
+                     lomo: np.ndarray) -> dict[str, Any]:
     meas = rows.median_s.sum(axis=1)
     ratio = after.sum(axis=1) / meas
+    ratio_mono = mono.sum(axis=1) / meas
     try:
         shown = str(vidur.resolve().relative_to(ROOT.parent))
         shown = f"../{shown}"
@@ -297,7 +380,10 @@ def calibration_json(vidur: Path, rows: Rows, params: dict[str, GemmParams],
         "description": "Fitted parameters of sim/latency/gemm.py's GEMM time model, "
                        "t = launch_s + smax(2(kn + mk + mn)/bytes_s, 2kn*m'/flops_s), smax(a, b) "
                        "= (a + b + sqrt((a - b)^2 + overlap*a*b))/2, m' = m below m_tile, else m "
-                       "rounded up to a multiple of m_tile. Written by bench/calibrate_gemm.py.",
+                       "rounded up to a multiple of m_tile; times correction.factors "
+                       "interpolated linearly in tokens between correction.knots (constant "
+                       "outside; measured GPUs only, GemmModel.for_gpu(..., correction=False) "
+                       "leaves it out). Written by bench/calibrate_gemm.py.",
         "source": {
             "data": f"{shown}/compute/<gpu>/<org>/<model>/mlp.csv (relative to the repository)",
             "project": "github.com/microsoft/vidur (MIT licence; Agrawal et al., MLSys 2024)",
@@ -305,7 +391,10 @@ def calibration_json(vidur: Path, rows: Rows, params: dict[str, GemmParams],
             "column": "time_stats.<op>.median, ops " + ", ".join(OPS),
             "rows": f"1 <= num_tokens <= {MAX_TOKENS}, every model and TP degree",
             "objective": "least squares of log(predicted/measured) of the four-GEMM sum per "
-                         "layer; flops_s and bytes_s bounded by the datasheet",
+                         "layer; flops_s and bytes_s bounded by the datasheet; then the "
+                         "correction: least squares of log(measured/smooth) of the same sums "
+                         "over log(factor) piecewise linear on the knots, plus smoothness times "
+                         "the squared second differences of log(factor)",
             "files_sha256": rows.files,
         },
         "fit_date": datetime.date.today().isoformat(),
@@ -315,7 +404,7 @@ def calibration_json(vidur: Path, rows: Rows, params: dict[str, GemmParams],
     for gpu, p in params.items():
         sel = rows.gpu == gpu
         spec = GPUS.get(gpu)
-        err = np.abs(ratio[sel] - 1)
+        knots, factors = corrections[gpu]
         out["gpus"][gpu] = {
             "vidur_folder": next(d for d, g in GPU_DIRS.items() if g == gpu),
             "models": sorted(set(rows.model[sel].tolist())),
@@ -325,13 +414,15 @@ def calibration_json(vidur: Path, rows: Rows, params: dict[str, GemmParams],
                        "overlap": p.overlap, "m_tile": p.m_tile,
                        "flops_fraction": p.flops_s / spec.peak_bf16_flops,
                        "bandwidth_fraction": p.bytes_s / spec.memory_bandwidth_bytes_s},
-            "fit": {"rows": int(sel.sum()),
-                    "max_abs_error": float(err.max()),
-                    "median_abs_error": float(np.median(err)),
-                    "ratio_min": float(ratio[sel].min()), "ratio_max": float(ratio[sel].max()),
-                    "rows_within_10pct": float(np.mean(err <= 0.1)),
+            "correction": {"knots": list(knots), "factors": list(factors),
+                           "smoothness": SMOOTHNESS,
+                           "note": "efficiency factor of tokens per iteration, one for every "
+                                   "shape of this GPU; not applied to extrapolated GPUs"},
+            "fit": {"rows": int(sel.sum()), **_fit_figures(ratio[sel]),
                     "best_monotone_max_abs_error": max(
                         monotone_bound(rows.m[s], meas[s]) for s in _series_masks(rows, gpu))},
+            "fit_smooth_only": _fit_figures(ratio_mono[sel]),
+            "fit_leave_one_model_out": _fit_figures(lomo[sel]),
         }
     return out
 
@@ -346,22 +437,32 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"use the committed {CALIBRATION_PATH.name} instead of refitting it")
     args = ap.parse_args(argv)
     rows = load_rows(args.vidur)
-    params = {}
-    if args.no_write:
-        for gpu in sorted(set(rows.gpu.tolist())):
-            params[gpu] = GemmModel.for_gpu(GPUS.get(gpu)).params
-    else:
-        for gpu in sorted(set(rows.gpu.tolist())):
+    params: dict[str, GemmParams] = {}
+    corrections: dict[str, Correction] = {}
+    for gpu in sorted(set(rows.gpu.tolist())):
+        if args.no_write:
+            committed = GemmModel.for_gpu(GPUS.get(gpu))
+            params[gpu] = committed.params
+            if committed.correction is None:
+                raise RuntimeError(f"{CALIBRATION_PATH}: no correction for {gpu}")
+            corrections[gpu] = committed.correction
+        else:
             params[gpu] = fit_gpu(gpu, rows.select(rows.gpu == gpu))
+            corrections[gpu] = fit_correction(gpu, params[gpu], rows.select(rows.gpu == gpu))
     before = np.empty(rows.median_s.shape)
+    mono = np.empty(rows.median_s.shape)
     after = np.empty(rows.median_s.shape)
+    lomo = np.empty(len(rows.m))
     for gpu, p in params.items():
         sel = rows.gpu == gpu
         spec = GPUS.get(gpu)
         before[sel] = predict(GemmModel.naive(spec, NAIVE_MFU, NAIVE_MBU), rows.select(sel))
-        after[sel] = predict(GemmModel(p, gpu, "calibrated"), rows.select(sel))
+        mono[sel] = predict(GemmModel(p, gpu, "calibrated"), rows.select(sel))
+        after[sel] = predict(GemmModel(p, gpu, "calibrated", correction=corrections[gpu]),
+                             rows.select(sel))
+        lomo[sel] = leave_one_model_out(gpu, p, rows.select(sel))
     if not args.no_write:
-        data = calibration_json(args.vidur, rows, params, after)
+        data = calibration_json(args.vidur, rows, params, corrections, mono, after, lomo)
         CALIBRATION_PATH.write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {CALIBRATION_PATH.relative_to(ROOT)}")
     if not args.markdown:
@@ -370,18 +471,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{gpu}: launch {p.launch_s * 1e6:.2f} us, {p.flops_s / 1e12:.0f} TFLOP/s "
                   f"({p.flops_s / spec.peak_bf16_flops:.0%} of datasheet), "
                   f"{p.bytes_s / 1e12:.2f} TB/s ({p.bytes_s / spec.memory_bandwidth_bytes_s:.0%}),"
-                  f" overlap {p.overlap:.2f}, tile {p.m_tile}")
+                  f" overlap {p.overlap:.2f}, tile {p.m_tile}; correction factor "
+                  f"{min(corrections[gpu][1]):.3f}-{max(corrections[gpu][1]):.3f} over "
+                  f"{len(corrections[gpu][0])} knots")
         print()
-    print("\n".join(report(rows, before, after, args.markdown)))
+    print("\n".join(report(rows, before, mono, after, lomo, args.markdown)))
     if args.rows:
         write_rows(args.rows, rows, before, after)
         print(f"wrote {args.rows}")
     if not args.markdown:
-        print_beyond(args.vidur, params)
+        print_beyond(args.vidur, params, corrections)
     return 0
 
 
-def print_beyond(vidur: Path, params: dict[str, GemmParams]) -> None:
+def print_beyond(vidur: Path, params: dict[str, GemmParams],
+                 corrections: dict[str, Correction]) -> None:
     """Rows beyond the fitted range (A100 Llama-3 go to 32768 tokens): not fitted, a check of
     extrapolation in tokens."""
     rows = load_rows(vidur, max_tokens=None)
@@ -393,9 +497,12 @@ def print_beyond(vidur: Path, params: dict[str, GemmParams]) -> None:
                                          rows.tp.tolist(), strict=True))):
         sel = (rows.gpu == gpu) & (rows.model == model) & (rows.tp == tp)
         sub = rows.select(sel)
-        r = predict(GemmModel(params[gpu], gpu, "calibrated"), sub).sum(axis=1) / \
-            sub.median_s.sum(axis=1)
-        print(f"  {gpu:10} {model:26} TP{tp} {sel.sum():>3} rows: {_stats(r)}")
+        meas = sub.median_s.sum(axis=1)
+        rm = predict(GemmModel(params[gpu], gpu, "calibrated"), sub).sum(axis=1) / meas
+        ra = predict(GemmModel(params[gpu], gpu, "calibrated", correction=corrections[gpu]),
+                     sub).sum(axis=1) / meas
+        print(f"  {gpu:10} {model:26} TP{tp} {sel.sum():>3} rows: smooth {_stats(rm)}, "
+              f"corrected {_stats(ra)}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ CUSTOM = GPUSpec("custom-gpu", 400e12, 2e12, 48 * 2**30, "test")
 
 def models() -> list[GemmModel]:
     out = [GemmModel.for_gpu(GPUS.get(name)) for name in GPUS.names()]
+    out += [GemmModel.for_gpu(GPUS.get(name), correction=False) for name in MEASURED]
     out += [GemmModel.for_gpu(CUSTOM), GemmModel.for_gpu(GPUS.get("h100-sxm"), calibrated=False)]
     return out
 
@@ -48,6 +49,16 @@ def test_calibration_file_has_every_measured_gpu() -> None:
         assert 0.5 * spec.peak_bf16_flops < p.flops_s <= spec.peak_bf16_flops
         assert 0.5 * spec.memory_bandwidth_bytes_s < p.bytes_s <= spec.memory_bandwidth_bytes_s
         assert entry["fit"]["rows"] > 1000 and entry["fit"]["median_abs_error"] < 0.06
+        # The efficiency correction: knots 1..4096 tokens, factors near 1 (a correction, not a
+        # second model), and what for_gpu applies by default.
+        assert model.correction is not None
+        knots, factors = model.correction
+        assert knots[0] == 1 and knots[-1] == 4096 and len(knots) == len(factors) > 100
+        assert list(knots) == entry["correction"]["knots"]
+        assert min(factors) > 0.8 and max(factors) < 1.25
+        assert GemmModel.for_gpu(spec, correction=False).correction is None
+        assert model.efficiency_factor(1e6) == factors[-1]  # constant beyond the last knot
+        assert model.efficiency_factor(0.5) == factors[0]
 
 
 def test_other_gpus_are_extrapolated_from_the_h100_by_datasheet_ratios() -> None:
@@ -62,9 +73,13 @@ def test_other_gpus_are_extrapolated_from_the_h100_by_datasheet_ratios() -> None
             h100.bytes_s * spec.memory_bandwidth_bytes_s
             / GPUS.get("h100-sxm").memory_bandwidth_bytes_s)
         assert (p.launch_s, p.overlap, p.m_tile) == (h100.launch_s, h100.overlap, h100.m_tile)
-    # The H200 has the H100's math and more bandwidth: never slower, faster where memory-bound.
+        # The H100's efficiency correction is not carried over: extrapolated GPUs get the smooth
+        # form alone.
+        assert model.correction is None and model.describe()["gemm_correction"] == "none"
+    # The H200 has the H100's math and more bandwidth: never slower than the H100's smooth form,
+    # faster where memory-bound.
     h200 = GemmModel.for_gpu(GPUS.get("h200"))
-    h100m = GemmModel.for_gpu(GPUS.get("h100-sxm"))
+    h100m = GemmModel.for_gpu(GPUS.get("h100-sxm"), correction=False)
     m = np.arange(1, 8193)
     assert np.all(h200.time_s(m, 8192, 8192) <= h100m.time_s(m, 8192, 8192))
     assert h200.time_s(1, 8192, 8192) < 0.8 * h100m.time_s(1, 8192, 8192)
@@ -109,13 +124,20 @@ def test_zero_tokens_take_no_time() -> None:
 
 
 def test_time_is_non_decreasing_in_tokens() -> None:
-    """Non-decreasing over 1..16384 tokens, with steps at whole tiles of 64 rows (the form has no
-    wave steps); large batches approach the fitted FLOP/s."""
+    """The smooth form (no correction) is non-decreasing over 1..16384 tokens, with steps at
+    whole tiles of 64 rows (the form has no wave steps); large batches approach the fitted
+    FLOP/s. With the correction the time is the smooth form's times the GPU's factor."""
     m = np.arange(1, 16385)
     for model in models():
+        smooth = GemmModel(model.params, model.gpu, model.form)
         for k, n in SHAPES:
-            t = model.time_s(m, k, n)
+            t = smooth.time_s(m, k, n)
             assert np.all(np.diff(t) >= 0), (model.gpu, model.form, k, n)
+            if model.correction is None:
+                assert np.array_equal(model.time_s(m, k, n), t)
+            else:
+                ratio = model.time_s(m, k, n) / t
+                assert np.allclose(ratio, model.efficiency_factor(m), rtol=1e-12)
         if model.form != "naive":
             k, n = 8192, 28672
             big = model.time_s(16384, k, n)
@@ -185,12 +207,14 @@ def test_measurement_shapes_are_what_the_gemms_compute(measured) -> None:  # typ
 def test_calibrated_linear_layers_against_measurements(measured) -> None:  # type: ignore[no-untyped-def]
     """The four-GEMM sum of a layer, every row with 1-4096 tokens of every model and TP degree.
 
-    What holds: the calibrated error is far below the naive roofline's (which is off by up to
-    3x); 94% of A100 and 83% of H100 rows are within 10%; every row is within 24% (A100) and 38%
-    (H100); each series' median is within 5%. The 10%-on-every-row target does not hold (see the
-    test below: no non-decreasing model can meet it)."""
+    What holds (the default model, with the efficiency correction): the calibrated error is far
+    below the naive roofline's (which is off by up to 3x); 95.6% of A100 and 90.8% of H100 rows
+    are within 10% (93.8% and 82.7% with the smooth form alone); every row is within 22% (A100)
+    and 40% (H100); each series' median is within 5%. The 10%-on-every-row target does not hold:
+    the misses are particular shapes at particular token counts (e.g. Llama-2-7B at TP8 and one
+    token, 1.39), which one factor of tokens shared by every shape of a GPU cannot follow."""
     data = load_calibration(CALIBRATION_PATH)["gpus"]
-    limits = {"a100-80gb": (0.92, 0.24), "h100-sxm": (0.80, 0.38)}  # within 10%, worst
+    limits = {"a100-80gb": (0.95, 0.22), "h100-sxm": (0.90, 0.40)}  # within 10%, worst
     for gpu, (rows, after, before, _) in measured.items():
         err_after = np.abs(np.log(after))
         err_before = np.abs(np.log(before))
@@ -208,6 +232,26 @@ def test_calibrated_linear_layers_against_measurements(measured) -> None:  # typ
         assert fit["rows"] == len(after)
         assert fit["max_abs_error"] == pytest.approx(np.abs(after - 1).max(), rel=1e-9)
         assert fit["rows_within_10pct"] == pytest.approx(np.mean(np.abs(after - 1) <= 0.1))
+
+
+def test_correction_generalises_to_a_left_out_model(measured) -> None:  # type: ignore[no-untyped-def]
+    """The correction fitted on all models of a GPU but one, tested on the one left out, for
+    each model: still better than the smooth form alone on rows within 10% (H100 88.6% held out
+    against 82.7% smooth and 90.8% in-sample; A100 94.3% against 93.8% and 95.6%), the worst
+    row within 45% (H100, Llama-2-7B TP8 at one token) and 23% (A100)."""
+    from bench.calibrate_gemm import leave_one_model_out, predict
+
+    data = load_calibration(CALIBRATION_PATH)["gpus"]
+    limits = {"a100-80gb": (0.94, 0.23), "h100-sxm": (0.88, 0.45)}  # within 10%, worst
+    for gpu, (rows, after, _, _) in measured.items():
+        model = GemmModel.for_gpu(GPUS.get(gpu), correction=False)
+        smooth = predict(model, rows).sum(axis=1) / rows.median_s.sum(axis=1)
+        held = leave_one_model_out(gpu, model.params, rows)
+        within = np.mean(np.abs(held - 1) <= 0.1)
+        assert within > np.mean(np.abs(smooth - 1) <= 0.1), gpu
+        assert within >= limits[gpu][0] and np.abs(held - 1).max() <= limits[gpu][1], gpu
+        assert within <= np.mean(np.abs(after - 1) <= 0.1), gpu
+        assert data[gpu]["fit_leave_one_model_out"]["rows_within_10pct"] == pytest.approx(within)
 
 
 def test_no_monotone_model_meets_ten_percent_everywhere(measured) -> None:  # type: ignore[no-untyped-def]
