@@ -26,7 +26,7 @@ from sim.result_files import (  # noqa: E402
     read_parquet,
     read_yaml_file,
 )
-from sim.sweep import METRICS, short_value  # noqa: E402
+from sim.sweep import CI_TABLES, METRICS, short_value  # noqa: E402
 
 OVERLOADED = {"marker": "o", "markersize": 11, "markerfacecolor": "none",
               "markeredgecolor": "red", "markeredgewidth": 1.5, "linestyle": "none"}
@@ -65,44 +65,98 @@ def _overloaded(part: pd.DataFrame) -> pd.Series:
     return part["overload"] == "overloaded"
 
 
+BAND_ALPHA = 0.2  # the 95% interval band around a sweep's line
+
+
+def _ci_lines(ci: pd.DataFrame, group: str) -> list[tuple[str, pd.DataFrame]]:
+    """A sweep's interval table (`results_ci`) as lines: one per value of `group`, or one in
+    all where the lines would be seeds (each row of the table is already over the seeds)."""
+    if group == "seed" or group not in ci:
+        return [(f"mean of {int(ci['num_seeds'].max())} seeds", ci)]
+    return [(short_value(key), part) for key, part in ci.groupby(group, sort=True)]
+
+
+def _band_line(ax: Any, x: np.ndarray, y: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+               label: str) -> None:
+    """The estimate's line and, shaded in its colour, its 95% interval; a point without an
+    interval (its seeds all equal) is drawn with zero width there."""
+    (line,) = ax.plot(x, y, marker="o", label=label)
+    lo, hi = np.where(np.isnan(lo), y, lo), np.where(np.isnan(hi), y, hi)
+    ax.fill_between(x, lo, hi, color=line.get_color(), alpha=BAND_ALPHA, linewidth=0)
+
+
+def _ci_title(title: str, ci: pd.DataFrame) -> str:
+    return f"{title}: mean of {int(ci['num_seeds'].max())} seeds, band 95% CI"
+
+
+def _ci_columns(part: pd.DataFrame, metric: str, scale: float) -> tuple[np.ndarray, ...]:
+    return tuple(scale * pd.to_numeric(part[c], errors="coerce").to_numpy(dtype=float)
+                 for c in (metric, f"{metric}_lo", f"{metric}_hi"))
+
+
 def p99_tbt_vs_load(table: pd.DataFrame, load: str, group: str, path: Path, *,
-                    slo_s: float | None = None, title: str = "P99 TBT vs load") -> list[Path]:
+                    slo_s: float | None = None, title: str = "P99 TBT vs load",
+                    ci: pd.DataFrame | None = None) -> list[Path]:
     """P99 TBT (mean over seeds) against `load`, one line per value of `group`; a point is
-    ringed red when any of its seeds' runs is overloaded."""
+    ringed red when any of its seeds' runs is overloaded. With `ci` (the sweep's interval
+    table, several seeds a point) each line from it, with its 95% interval as a band."""
     fig, ax = plt.subplots(figsize=(8, 4))
     labelled: list[bool] = []
-    for key, part in table.groupby(group, sort=True):
-        numbers = pd.to_numeric(part["tbt_p99_s"], errors="coerce")  # None: no gap at all
-        by_load = part.assign(_over=_overloaded(part), tbt_p99_s=numbers).groupby(load)
-        mean = by_load["tbt_p99_s"].mean().sort_index()
-        over = by_load["_over"].any().reindex(mean.index).to_numpy(dtype=bool)
-        x, y = mean.index.to_numpy(), 1e3 * mean.to_numpy()
-        ax.plot(x, y, marker="o", label=short_value(key))
-        _mark_overloaded(ax, x, y, over, labelled)
+    if ci is not None:
+        for label, part in _ci_lines(ci, group):
+            part = part.sort_values(load)
+            x = part[load].to_numpy()
+            y, lo, hi = _ci_columns(part, "tbt_p99_s", 1e3)
+            _band_line(ax, x, y, lo, hi, label)
+            _mark_overloaded(ax, x, y, (part["num_overloaded"] > 0).to_numpy(dtype=bool),
+                             labelled)
+        title = _ci_title(title, ci)
+    else:
+        for key, part in table.groupby(group, sort=True):
+            numbers = pd.to_numeric(part["tbt_p99_s"], errors="coerce")  # None: no gap at all
+            by_load = part.assign(_over=_overloaded(part), tbt_p99_s=numbers).groupby(load)
+            mean = by_load["tbt_p99_s"].mean().sort_index()
+            over = by_load["_over"].any().reindex(mean.index).to_numpy(dtype=bool)
+            x, y = mean.index.to_numpy(), 1e3 * mean.to_numpy()
+            ax.plot(x, y, marker="o", label=short_value(key))
+            _mark_overloaded(ax, x, y, over, labelled)
     if slo_s is not None:
         ax.axhline(1e3 * slo_s, color="red", linestyle="--", label=f"SLO {1e3 * slo_s:g} ms")
     ax.set(xlabel=load, ylabel="P99 TBT (ms)", title=title)
-    _legend(ax, group)
+    _legend(ax, group if ci is None or group in ci else None)
     return save(fig, path)
 
 
 def latency_vs_throughput(table: pd.DataFrame, group: str, path: Path,
-                          metric: str = "tbt_p99_s") -> list[Path]:
-    """`metric` against output throughput, one line per value of `group`."""
+                          metric: str = "tbt_p99_s", ci: pd.DataFrame | None = None
+                          ) -> list[Path]:
+    """`metric` against output throughput, one line per value of `group`. With `ci` (the
+    sweep's interval table) each point is a point's mean over its seeds, with the 95%
+    interval of `metric` as a band."""
     fig, ax = plt.subplots(figsize=(8, 4))
     labelled: list[bool] = []
-    for key, part in table.groupby(group, sort=True):
-        part = part.sort_values("output_tokens_per_s")
-        x, y = (pd.to_numeric(part[c], errors="coerce").to_numpy(dtype=float)
-                for c in ("output_tokens_per_s", metric))
-        y = 1e3 * y
-        ax.plot(x, y, marker="o", label=short_value(key))
-        _mark_overloaded(ax, x, y, _overloaded(part).to_numpy(dtype=bool), labelled)
+    title = "latency vs throughput"
+    if ci is not None:
+        for label, part in _ci_lines(ci, group):
+            part = part.sort_values("output_tokens_per_s")
+            x = pd.to_numeric(part["output_tokens_per_s"], errors="coerce").to_numpy(float)
+            y, lo, hi = _ci_columns(part, metric, 1e3)
+            _band_line(ax, x, y, lo, hi, label)
+            _mark_overloaded(ax, x, y, (part["num_overloaded"] > 0).to_numpy(dtype=bool),
+                             labelled)
+        title = _ci_title(title, ci)
+    else:
+        for key, part in table.groupby(group, sort=True):
+            part = part.sort_values("output_tokens_per_s")
+            x, y = (pd.to_numeric(part[c], errors="coerce").to_numpy(dtype=float)
+                    for c in ("output_tokens_per_s", metric))
+            y = 1e3 * y
+            ax.plot(x, y, marker="o", label=short_value(key))
+            _mark_overloaded(ax, x, y, _overloaded(part).to_numpy(dtype=bool), labelled)
     name = metric.removesuffix("_s").split("_")  # tbt_p99 -> P99 TBT
     ax.set(xlabel="throughput (output tokens/s)",
-           ylabel=f"{' '.join(w.upper() for w in reversed(name))} (ms)",
-           title="latency vs throughput")
-    _legend(ax, group)
+           ylabel=f"{' '.join(w.upper() for w in reversed(name))} (ms)", title=title)
+    _legend(ax, group if ci is None or group in ci else None)
     return save(fig, path)
 
 
@@ -229,7 +283,8 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
 
 def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """The figures a sweep's table supports: P99 TBT vs the first varied field, per the
-    second (if any), and latency vs throughput."""
+    second (if any), and latency vs throughput; with the sweep's interval table
+    (`results_ci`, several seeds a point) each line is the mean over seeds with a 95% band."""
     table = read_parquet(sweep_dir / "results.parquet", ["seed", "key", "tbt_p99_s",
                                                          "output_tokens_per_s"],
                          missing="the sweep has not finished: run it again to complete it")
@@ -242,8 +297,14 @@ def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
     scenario = sweep_dir / "runs" / str(table["key"].iloc[0]) / "scenario.yaml"
     data = read_yaml_file(scenario) if scenario.is_file() else {}
     slo_s = ((data if isinstance(data, dict) else {}).get("slo") or {}).get("tbt_s")
-    files = p99_tbt_vs_load(table, load, group, out_dir / "p99_tbt_vs_load", slo_s=slo_s)
-    files += latency_vs_throughput(table, group, out_dir / "latency_vs_throughput")
+    ci = None
+    if (sweep_dir / CI_TABLES[1]).is_file():  # several seeds a point: draw the intervals
+        ci = read_parquet(sweep_dir / CI_TABLES[0],
+                          [load, "num_seeds", "num_overloaded", "output_tokens_per_s",
+                           "tbt_p99_s", "tbt_p99_s_lo", "tbt_p99_s_hi"])
+    files = p99_tbt_vs_load(table, load, group, out_dir / "p99_tbt_vs_load", slo_s=slo_s,
+                            ci=ci)
+    files += latency_vs_throughput(table, group, out_dir / "latency_vs_throughput", ci=ci)
     return files
 
 

@@ -16,13 +16,17 @@ A sweep file::
 
 A sweep directory holds `sweep.json` (its marker), `runs/<key>/` (one run's result files and
 `inputs.json`, each written whole or not at all) and, once every run is done, `results.parquet`
-and `results.csv` (never written from a partial set).
+and `results.csv` (never written from a partial set). A sweep with more than one seed per point
+also gets `results_ci.parquet` and `results_ci.csv`: one row per point, each numeric headline
+metric's estimate over the seeds and its 95% interval (`sim.replications`' rules, see
+`interval_table`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import shutil
 from collections.abc import Callable
@@ -41,6 +45,7 @@ from sim.sweep_workers import Job, SweepFailed, run_jobs
 
 SWEEP_MARKER = "sweep.json"
 TABLES = ("results.parquet", "results.csv")
+CI_TABLES = ("results_ci.parquet", "results_ci.csv")
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ def run_sweep(runs: list[Run], out_dir: str | Path, *, workers: int | None = Non
     todo = {key: run for key, run in zip(keys, runs, strict=True)
             if force or not is_cached(out_dir / "runs" / key)}
     if todo:
-        for name in TABLES:  # a table from an earlier set of runs would look current
+        for name in (*TABLES, *CI_TABLES):  # a table of earlier runs would look current
             (out_dir / name).unlink(missing_ok=True)
         for key in todo:
             run_dir = out_dir / "runs" / key
@@ -215,6 +220,12 @@ def run_sweep(runs: list[Run], out_dir: str | Path, *, workers: int | None = Non
         raise
     table = results_table(runs, out_dir)
     _write_tables(table, out_dir)
+    intervals = interval_table(table)
+    if intervals is None:  # one seed a point: no intervals (none left from an earlier sweep)
+        for name in CI_TABLES:
+            (out_dir / name).unlink(missing_ok=True)
+    else:
+        _write_tables(intervals, out_dir, CI_TABLES)
     return table
 
 
@@ -250,9 +261,10 @@ def _mark(out_dir: Path, num_runs: int) -> None:
                          f"cannot write there: {exc.strerror}") from None
 
 
-def _write_tables(table: pd.DataFrame, out_dir: Path) -> None:
+def _write_tables(table: pd.DataFrame, out_dir: Path,
+                  names: tuple[str, ...] = TABLES) -> None:
     """Each table written aside, then renamed into place: present means complete."""
-    for name in TABLES:
+    for name in names:
         tmp = out_dir / f".{name}.tmp"
         if name.endswith(".parquet"):
             table.to_parquet(tmp, index=False)
@@ -309,3 +321,58 @@ def results_table(runs: list[Run], out_dir: Path) -> pd.DataFrame:
             row[column] = (summary.get(section) or {}).get(name)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+PERCENTILE_MARKS = ("_p50_", "_p90_", "_p99_")
+
+
+def interval_metrics(table: pd.DataFrame) -> list[str]:
+    """The headline metrics of `table` that are numbers (every value given is one)."""
+    def numeric(column: str) -> bool:
+        return all(isinstance(v, int | float) and not isinstance(v, bool)
+                   for v in table[column].dropna())
+
+    return [c for c in METRICS if c in table and numeric(c)]
+
+
+def interval_table(table: pd.DataFrame) -> pd.DataFrame | None:
+    """One row per point of a sweep with more than one seed a point (None otherwise): the
+    varied fields, `num_seeds`, `num_overloaded` (runs whose verdict is overloaded) and, for
+    each numeric headline metric, `<metric>` (the mean over the seeds), `<metric>_lo` and
+    `<metric>_hi` (its 95% interval), by `sim.replications.estimate`'s rules: percentiles
+    (`_p50_`, `_p90_`, `_p99_` in the name) the expanded bootstrap (fixed seed) widened to at
+    least the Student t interval, every other metric the t interval; clipped to the values the
+    metric can take (attainment to [0, 1], the rest at 0); no interval (empty) where every seed
+    gives the same value, or from fewer than two. The same table gives the same bytes."""
+    from sim.replications import estimate
+
+    if table.empty or "seed" not in table:
+        return None
+    varied = [c for c in table.columns if c not in {"seed", "key", *METRICS}]
+    if varied:
+        parts = [part for _, part in table.groupby(varied, sort=False, dropna=False)]
+    else:
+        parts = [table]
+    parts = [part.drop_duplicates("key") if "key" in part else part for part in parts]
+    if max(part["seed"].nunique() for part in parts) < 2:
+        return None
+    metrics = interval_metrics(table)
+    rows = []
+    for part in parts:
+        first = part.iloc[0]
+        row: dict[str, Any] = {c: first[c] for c in varied}
+        row["num_seeds"] = len(part)
+        row["num_overloaded"] = (int((part["overload"] == "overloaded").sum())
+                                 if "overload" in part else 0)
+        for column in metrics:
+            values = [None if pd.isna(v) else float(v) for v in part[column]]
+            method = "bootstrap" if any(m in column for m in PERCENTILE_MARKS) else "t"
+            clip = (0.0, 1.0) if column.endswith("attainment") else (0.0, math.inf)
+            got = estimate(values, method, clip)
+            lo, hi = got["ci95"] or (None, None)
+            row[column], row[f"{column}_lo"], row[f"{column}_hi"] = got["estimate"], lo, hi
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    numbers = [c for m in metrics for c in (m, f"{m}_lo", f"{m}_hi")]
+    out[numbers] = out[numbers].astype("float64")
+    return out

@@ -202,6 +202,8 @@ def sweep(
                       "their latencies depend on the trace's length")
     console.print(f"results: {out_dir}/results.parquet, results.csv, runs/<key>/",
                   soft_wrap=True)
+    if (out_dir / "results_ci.csv").is_file():
+        console.print(f"95% intervals over seeds: {out_dir}/results_ci.csv", soft_wrap=True)
 
 
 def sweep_table(title: str, df: Any) -> Table:
