@@ -94,6 +94,18 @@ def _ci_columns(part: pd.DataFrame, metric: str, scale: float) -> tuple[np.ndarr
                  for c in (metric, f"{metric}_lo", f"{metric}_hi"))
 
 
+def _ci_band_lines(ax: Any, ci: pd.DataFrame, group: str, x_column: str, metric: str,
+                   labelled: list[bool]) -> None:
+    """One line per value of `group` from the sweep's interval table: `metric` (in ms)
+    against `x_column`, its 95% interval as a band, overloaded points ringed."""
+    for label, part in _ci_lines(ci, group):
+        part = part.sort_values(x_column)
+        x = pd.to_numeric(part[x_column], errors="coerce").to_numpy(float)
+        y, lo, hi = _ci_columns(part, metric, 1e3)
+        _band_line(ax, x, y, lo, hi, label)
+        _mark_overloaded(ax, x, y, (part["num_overloaded"] > 0).to_numpy(dtype=bool), labelled)
+
+
 def p99_tbt_vs_load(table: pd.DataFrame, load: str, group: str, path: Path, *,
                     slo_s: float | None = None, title: str = "P99 TBT vs load",
                     ci: pd.DataFrame | None = None) -> list[Path]:
@@ -103,13 +115,7 @@ def p99_tbt_vs_load(table: pd.DataFrame, load: str, group: str, path: Path, *,
     fig, ax = plt.subplots(figsize=(8, 4))
     labelled: list[bool] = []
     if ci is not None:
-        for label, part in _ci_lines(ci, group):
-            part = part.sort_values(load)
-            x = part[load].to_numpy()
-            y, lo, hi = _ci_columns(part, "tbt_p99_s", 1e3)
-            _band_line(ax, x, y, lo, hi, label)
-            _mark_overloaded(ax, x, y, (part["num_overloaded"] > 0).to_numpy(dtype=bool),
-                             labelled)
+        _ci_band_lines(ax, ci, group, load, "tbt_p99_s", labelled)
         title = _ci_title(title, ci)
     else:
         for key, part in table.groupby(group, sort=True):
@@ -137,13 +143,7 @@ def latency_vs_throughput(table: pd.DataFrame, group: str, path: Path,
     labelled: list[bool] = []
     title = "latency vs throughput"
     if ci is not None:
-        for label, part in _ci_lines(ci, group):
-            part = part.sort_values("output_tokens_per_s")
-            x = pd.to_numeric(part["output_tokens_per_s"], errors="coerce").to_numpy(float)
-            y, lo, hi = _ci_columns(part, metric, 1e3)
-            _band_line(ax, x, y, lo, hi, label)
-            _mark_overloaded(ax, x, y, (part["num_overloaded"] > 0).to_numpy(dtype=bool),
-                             labelled)
+        _ci_band_lines(ax, ci, group, "output_tokens_per_s", metric, labelled)
         title = _ci_title(title, ci)
     else:
         for key, part in table.groupby(group, sort=True):
