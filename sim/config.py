@@ -11,7 +11,7 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from pydantic import (
@@ -253,6 +253,16 @@ class SLOConfig(_Frozen):
     tbt_s: float | None = Field(None, gt=0, description="target gap between output tokens")
 
 
+class Pool(NamedTuple):
+    """One pool of identical replicas: its name, the scenario field its replica comes from,
+    how many replicas, and their configuration."""
+
+    name: str
+    field: str
+    num_replicas: int
+    replica: ReplicaConfig
+
+
 class Scenario(_Frozen):
     name: str = "scenario"
     seed: int = Field(0, ge=0)
@@ -270,6 +280,17 @@ class Scenario(_Frozen):
     @property
     def source(self) -> str:
         return self._source
+
+    def pools(self) -> list[Pool]:
+        """The cluster's pools: one colocated pool of `replica`, or the prefill and decode
+        pools (each with its own replica), with the field each is read from."""
+        cluster = self.cluster
+        if cluster.prefill is not None and cluster.decode is not None:
+            return [Pool("prefill", "cluster.prefill.replica", cluster.prefill.replicas,
+                         cluster.prefill.replica),
+                    Pool("decode", "cluster.decode.replica", cluster.decode.replicas,
+                         cluster.decode.replica)]
+        return [Pool("colocated", "replica", cluster.replicas, self.replica)]
 
     @field_validator("name")
     @classmethod
@@ -379,13 +400,8 @@ def _resolve_latency(replica: ReplicaConfig, base_dir: Path) -> ReplicaConfig:
 def _replica_problems(scenario: Scenario) -> list[tuple[str, Any, str]]:
     """What each replica's model and split get wrong, found once paths are resolved: a
     config.json that does not read, a split its heads or layers do not allow."""
-    cluster = scenario.cluster
-    replicas = [("replica", scenario.replica)]
-    if cluster.prefill is not None and cluster.decode is not None:
-        replicas = [("cluster.prefill.replica", cluster.prefill.replica),
-                    ("cluster.decode.replica", cluster.decode.replica)]
     problems: list[tuple[str, Any, str]] = []
-    for field, replica in replicas:
+    for _, field, _, replica in scenario.pools():
         try:
             shape = replica.model_shape
         except ValueError as exc:

@@ -50,9 +50,7 @@ class Parallelism(BaseModel):
             found.append(("tensor", t, f"{model.name} has {model.num_heads} attention heads, "
                                        "not divisible by it"))
         kv = model.num_kv_heads
-        if found:
-            pass  # the heads' problem says it
-        elif t <= kv and kv % t or t > kv and t % kv:
+        if not found and (t <= kv and kv % t or t > kv and t % kv):  # else the heads' says it
             found.append(("tensor", t, f"{model.name}'s {kv} KV heads neither divide over it "
                                        "nor replicate evenly"))
         if t > GPUS_PER_NODE:

@@ -127,19 +127,13 @@ def cost_stats(summary: dict[str, Any], request_df: pd.DataFrame,
 
 def cluster_gpus(scenario: Scenario) -> int:
     """GPUs the scenario's cluster occupies: replicas times GPUs per replica, every pool."""
-    cluster = scenario.cluster
-    if cluster.prefill is not None and cluster.decode is not None:
-        return sum(pool.replicas * pool.replica.parallelism.num_gpus
-                   for pool in (cluster.prefill, cluster.decode))
-    return cluster.replicas * scenario.replica.parallelism.num_gpus
+    return sum(pool.num_replicas * pool.replica.parallelism.num_gpus
+               for pool in scenario.pools())
 
 
 def pool_configs(scenario: Scenario) -> dict[str, ReplicaConfig]:
     """Each pool's replica configuration: one colocated pool, or prefill and decode."""
-    cluster = scenario.cluster
-    if cluster.prefill is not None and cluster.decode is not None:
-        return {"prefill": cluster.prefill.replica, "decode": cluster.decode.replica}
-    return {"colocated": scenario.replica}
+    return {pool.name: pool.replica for pool in scenario.pools()}
 
 
 def make_requests(workload: Workload) -> list[Request]:

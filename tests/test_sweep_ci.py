@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-from sim.cli import main
 from sim.sweep import METRICS, interval_table, load_sweep, run_sweep
+from tests.conftest import run_cli_out
 
 BASE = """
 name: base
@@ -36,9 +35,9 @@ def sweep_file(tmp_path: Path, body: str = SWEEP) -> Path:
 
 
 def cli(monkeypatch, capsys, *args: str) -> str:
-    monkeypatch.setattr(sys, "argv", ["servesim", *args])
-    main()
-    return capsys.readouterr().out
+    code, out = run_cli_out(monkeypatch, capsys, *args)
+    assert code == 0, out
+    return out
 
 
 def test_intervals_over_seeds_are_written_and_reproducible(tmp_path, monkeypatch, capsys):

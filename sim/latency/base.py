@@ -9,7 +9,7 @@ decode-only iterations with one vectorised call.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -111,6 +111,42 @@ class LatencyModel(ABC):
 
 
 LATENCY_MODELS: Registry[type[LatencyModel]] = Registry("latency model")
+
+
+class TokenTable:
+    """f(n) for integer n >= 0 (tokens in a batch, say), tabulated on first use by blocks of
+    `block` entries, so a prediction is a look-up: a plain float for a scalar, an array for an
+    array, the same values either way (an entry never depends on which call computed it,
+    since blocks always cover the same ranges). `f` maps a float64 array of n to seconds."""
+
+    def __init__(self, f: Callable[[np.ndarray], np.ndarray], block: int = 4096) -> None:
+        self.f = f
+        self.block = block
+        self.values: list[float] = []
+        self.array = np.zeros(0)
+
+    def grow(self, n: int) -> None:
+        """Tabulate up to and including n, whole blocks at a time."""
+        blocks = []
+        size = len(self.values)
+        while size <= n:
+            blocks.append(self.f(np.arange(size, size + self.block, dtype=np.float64)))
+            size += self.block
+        if blocks:
+            self.array = np.concatenate([self.array, *blocks])
+            for block in blocks:
+                self.values.extend(block.tolist())
+
+    def __call__(self, n: Num) -> Num:
+        if isinstance(n, np.ndarray):
+            index = n.astype(np.intp, copy=False)
+            if index.size and int(index.max()) >= len(self.values):
+                self.grow(int(index.max()))
+            return self.array[index]
+        n = int(n)
+        if n >= len(self.values):
+            self.grow(n)
+        return self.values[n]
 
 
 def maximum(a: Num, b: Num) -> Num:

@@ -42,7 +42,14 @@ from pydantic import (
 
 from sim.errors import INPUT_MODEL, InputError, Problem, invalid
 from sim.gpus import GPUSpec
-from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
+from sim.latency.base import (
+    LATENCY_MODELS,
+    BatchShape,
+    LatencyConfig,
+    LatencyModel,
+    Num,
+    TokenTable,
+)
 from sim.latency.comm import (
     ALL_REDUCE_LATENCY_S,
     INTERCONNECT_EFFICIENCY,
@@ -132,7 +139,7 @@ class ProfileLatency(LatencyModel):
             self.comm = Collectives(bandwidth, parallelism, config.all_reduce_table)
             self.all_reduces = 2 * model.num_layers  # per iteration: after attention, after MLP
             self.activation_bytes = model.hidden_size * model.dtype_bytes  # per token
-        self._comm_by_tokens: dict[Num, float] = {}
+            self._comm_s = TokenTable(self._communication_s)
         self.knots = np.asarray(data["knots"], dtype=np.float64)
         self.knot_s = np.asarray(data["knot_s"], dtype=np.float64)
         self.coef = [float(data["coef"][name]) for name in TERMS]
@@ -164,18 +171,11 @@ class ProfileLatency(LatencyModel):
         for a scalar, an array for an array, element for element the same values."""
         if self.comm is None:
             return 0.0
-        if isinstance(num_tokens, np.ndarray):
-            return self._communication_s(num_tokens)
-        # Scalars (one call per stepped iteration): computed once per token count.
-        cached = self._comm_by_tokens.get(num_tokens)
-        if cached is None:
-            cached = self._comm_by_tokens[num_tokens] = float(self._communication_s(num_tokens))
-        return cached
+        return self._comm_s(num_tokens)
 
-    def _communication_s(self, num_tokens: Num) -> np.ndarray:
+    def _communication_s(self, num_tokens: np.ndarray) -> np.ndarray:
         assert self.comm is not None
-        return self.all_reduces * self.comm.all_reduce(
-            np.asarray(num_tokens, dtype=np.float64) * self.activation_bytes)
+        return self.all_reduces * self.comm.all_reduce(num_tokens * self.activation_bytes)
 
     def _count_extrapolation(self, shape: BatchShape) -> None:
         beyond: Any = False

@@ -40,12 +40,18 @@ from pydantic import Field
 
 from sim.errors import INPUT_MODEL
 from sim.gpus import GPUSpec
-from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num, maximum
+from sim.latency.base import (
+    LATENCY_MODELS,
+    BatchShape,
+    LatencyConfig,
+    LatencyModel,
+    Num,
+    TokenTable,
+    maximum,
+)
 from sim.latency.comm import BandwidthCollectives, Collectives
 from sim.models import ModelShape
 from sim.parallelism import SINGLE_GPU, Parallelism
-
-TABLE_BLOCK = 4096  # token counts tabulated at a time; tables grow by whole blocks
 
 
 class RooflineConfig(LatencyConfig):
@@ -84,6 +90,8 @@ class RooflineLatency(LatencyModel):
         # Seconds per unit of each feature, precomputed so a prediction is a few multiply-adds.
         self.attn_pair_s = m.num_layers * m.attn_flops_per_pair_per_layer / t / flops_s
         # An iteration runs every stage in turn: KV of all layers, each GPU its share of heads.
+        # One GPU keeps the whole-model expression, so its predictions stay bit-for-bit those
+        # of servesim before parallelism (per layer times layers rounds differently).
         self.kv_token_s = (parallelism.kv_bytes_per_layer_token_per_gpu(m) * m.num_layers
                            / bytes_s if t > 1 or parallelism.pipeline > 1
                            else m.kv_bytes_per_token / bytes_s)
@@ -114,34 +122,6 @@ class RooflineLatency(LatencyModel):
         return facts
 
 
-class _Table:
-    """f(n) for integer n >= 0, computed by blocks of TABLE_BLOCK on first use: a list for
-    scalar look-ups (plain floats) and an array for vectorised ones, holding the same values."""
-
-    def __init__(self, f: object) -> None:
-        self.f = f
-        self.values: list[float] = []
-        self.array = np.zeros(0)
-
-    def grow(self, n: int) -> None:
-        while len(self.values) <= n:
-            start = len(self.values)
-            block = self.f(np.arange(start, start + TABLE_BLOCK, dtype=np.float64))  # type: ignore[operator]
-            self.array = np.concatenate([self.array, block])
-            self.values.extend(block.tolist())
-
-    def __call__(self, n: Num) -> Num:
-        if isinstance(n, np.ndarray):
-            index = n.astype(np.intp, copy=False)
-            if index.size and int(index.max()) >= len(self.values):
-                self.grow(int(index.max()))
-            return self.array[index]
-        n = int(n)
-        if n >= len(self.values):
-            self.grow(n)
-        return self.values[n]
-
-
 class _Tables:
     """The token-count terms of one (config, model, GPU, split): linear layers, MoE and
     communication by tokens in the batch; the LM head by rows sampled."""
@@ -151,8 +131,8 @@ class _Tables:
         self.config, self.model, self.gpu, self.parallelism = config, model, gpu, parallelism
         self.gemm = _gemm_model(config, gpu)
         self.comm = _collectives(config, gpu, parallelism)
-        self.tokens_s = _Table(self._tokens_s)
-        self.sampled_s = _Table(self._sampled_s)
+        self.tokens_s = TokenTable(self._tokens_s)
+        self.sampled_s = TokenTable(self._sampled_s)
 
     def _tokens_s(self, m: np.ndarray) -> np.ndarray:
         model, par, gemm = self.model, self.parallelism, self.gemm
