@@ -1,4 +1,4 @@
-"""Commands that run many simulations: `compare`, `sweep`, `capacity`, and `plot` of results.
+"""Commands that run many simulations: `compare`, `sweep` and `capacity`.
 
 Each says what it kept when interrupted (Ctrl-C) and exits 130; finished runs stay on disk
 whole, and no table is written from a partial set of runs.
@@ -336,17 +336,3 @@ def capacity_table(name: str, result: dict[str, Any]) -> Table:
                     "tokens) at the highest rate that held")
     table.caption = caption
     return table
-
-
-@app.command()
-def plot(
-    results: Annotated[list[Path], typer.Argument(
-        help="a run's, a sweep's, a comparison's or capacity searches' result directory")],
-    out: Annotated[Path | None, typer.Option(help="figure directory [default: RESULTS/plots]")
-                   ] = None,
-) -> None:
-    """Draw the figures a result directory's own files support (PNG and SVG)."""
-    from sim.plots import plot_results
-
-    for f in plot_results(results, out):
-        console.print(str(f), soft_wrap=True, highlight=False)  # paths whole, to copy

@@ -1,0 +1,1 @@
+"""`servesim export`: a run's results in other tools' formats (to be written)."""

@@ -1,0 +1,1 @@
+"""`servesim report`: one self-contained HTML page for a result directory (to be written)."""
