@@ -14,7 +14,8 @@ import pandas as pd
 from sim.cluster import Cluster
 from sim.config import ReplicaConfig, Scenario, load_scenario, scenario_yaml
 from sim.engine import Progress
-from sim.iteration_log import IterationLog
+from sim.errors import InputError
+from sim.iteration_log import COLUMNS, IterationLog
 from sim.kv_cache import KVCacheManager
 from sim.metrics import (
     arrived_stats,
@@ -57,6 +58,38 @@ class Results:
         # Last: its presence marks a directory as a servesim run.
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True)
                                           + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Results:
+        """A run directory read back as `write` left it (frames equal to the written ones; the
+        scenario through `load_scenario`). One-line `InputError`s for a path that is not a
+        directory, a directory of another kind (a sweep's, say), or a file that is missing,
+        corrupt or lacks a column; `tokens.parquet` is read when the scenario recorded token
+        times (then it must be there) or when it is present."""
+        # Here, not at the top: the readers import pyarrow, which a simulation does not need.
+        from sim.result_files import directory_kind, read_json, read_parquet
+
+        run = Path(path)
+        kind = directory_kind(run)
+        if kind != "run":
+            raise InputError(run, "RESULTS", kind, f"a {kind} directory, not one run's results "
+                             "(give a run directory: one holding summary.json)")
+        scenario = load_scenario(run / "scenario.yaml")
+        requests = read_parquet(run / "requests.parquet", REQUEST_COLUMNS)
+        iterations = read_parquet(run / "iterations.parquet", ITERATION_COLUMNS)
+        tokens = None
+        if scenario.record_token_times or (run / "tokens.parquet").exists():
+            tokens = read_parquet(run / "tokens.parquet", TOKEN_COLUMNS,
+                                  missing="missing, though the scenario records token times")
+        return cls(scenario, requests, iterations, tokens, read_json(run / "summary.json"))
+
+
+# The columns a loaded run must have: what the readers of `Results.load` rely on.
+REQUEST_COLUMNS = ("request_id", "replica_id", "decode_replica_id", "arrival_s",
+                   "num_prompt_tokens", "num_generated_tokens", "first_token_s", "finish_s",
+                   "status", "reason", "ttft_s", "e2e_s", "transfer_start_s", "transfer_end_s")
+ITERATION_COLUMNS = ("replica_id", "pool", "iteration", *COLUMNS)
+TOKEN_COLUMNS = ("request_id", "token_index", "time_s")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,191 @@
+"""A run as vLLM's serving-benchmark result file (`vllm bench serve --save-result
+--save-detailed`, `vllm/benchmarks/serve.py`): the same keys, units and definitions, so that a
+simulated run and a measured one can be compared key by key.
+
+vLLM's definitions, kept here:
+- `completed`: requests that succeeded; `failed`: the others. `total_input_tokens` sums the
+  prompts of completed requests, `total_output_tokens` their output tokens (a failed request
+  counts 0 output tokens, in `output_lens` too).
+- `duration` (s): the benchmark's wall time; throughputs are totals over it.
+- TTFT and E2EL over completed requests; TPOT per completed request with more than one output
+  token, `(e2el - ttft) / (output_len - 1)` (it excludes the first token); ITL: every gap between
+  consecutive tokens of every completed request, pooled.
+- mean, median, std (population, numpy's default) and `pNN` (numpy's linear percentile; `p99.9`
+  keeps its decimals) in milliseconds; per-request arrays (`ttfts`, `itls`, `latencies`,
+  `start_times`) in seconds. An empty population gives 0.0, as vLLM's `np.mean(x or 0)` does.
+- `max_concurrent_requests`: the most completed requests in flight at once (half-open
+  intervals); `max_output_tokens_per_s`: the most output tokens of completed requests in one
+  1-second bucket counted from the first completed request's start.
+
+Where servesim differs (also listed in the file, under `servesim_notes`):
+- Times are the server's, from a request's arrival: no client, network or detokenizer delay.
+  `duration` is the run's end (`summary["run"]["end_s"]`: the horizon, else the last event)
+  from the first arrival; `start_times` are arrival times (first arrival = 0).
+- Rejected and unfinished requests (running, queued or transferring at the horizon, or
+  arriving after it) are failed; `errors` holds `status: reason`. A failed request's `ttfts`
+  entry is its TTFT if a token came out (as a stream cut short has one), else 0.0, and its
+  `latencies` entry 0.0, as in vLLM.
+- Per-token gaps exist only for runs that recorded token times (`record_token_times: true`,
+  `tokens.parquet`): without them `itls`, the ITL statistics and `max_output_tokens_per_s` are
+  left out or null, and a note says so. With them, one ITL per token gap: vLLM sees one per
+  streamed chunk, which differs where a server bundles tokens.
+- Statistics are written for ttft, tpot, itl and e2el (vLLM's `--percentile-metrics
+  ttft,tpot,itl,e2el`); `request_rate` is the arrivals' mean rate, `num_prompts / last
+  arrival` (vLLM scales its arrival times to `num_prompts / request_rate`); there is no `date`,
+  so that the same run gives the same file; `generated_texts` are empty strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sim.errors import InputError
+
+if TYPE_CHECKING:
+    from sim.runner import Results
+
+NO_TOKENS_NOTE = ("no per-token times in this run (tokens.parquet): itls, the ITL statistics and "
+                  "max_output_tokens_per_s are left out; set record_token_times: true in the "
+                  "scenario and run it again for them")
+
+
+# What vLLM leaves out of its file without --save-detailed.
+DETAILED_KEYS = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts",
+                 "errors")
+
+
+def vllm_result(results: Results, percentiles: Sequence[float] = (99.0,), *,
+                detailed: bool = True) -> dict[str, Any]:
+    """The run's figures under vLLM's result-file keys (see the module's docstring); without
+    `detailed`, less the per-request arrays vLLM drops without `--save-detailed`."""
+    out = _result(results, percentiles)
+    return out if detailed else {k: v for k, v in out.items() if k not in DETAILED_KEYS}
+
+
+def _result(results: Results, percentiles: Sequence[float]) -> dict[str, Any]:
+    for p in percentiles:
+        if not 0 <= p <= 100:
+            raise InputError(None, "--percentiles", p, "must be between 0 and 100")
+    req = results.requests.sort_values("request_id", kind="stable")
+    ok = (req["status"] == "finished").to_numpy()
+    arrival = req["arrival_s"].to_numpy(dtype=np.float64)
+    prompt = req["num_prompt_tokens"].to_numpy(dtype=np.int64)
+    output_lens = np.where(ok, req["num_generated_tokens"].to_numpy(dtype=np.int64), 0)
+    ttft = req["ttft_s"].to_numpy(dtype=np.float64)
+    e2e = req["e2e_s"].to_numpy(dtype=np.float64)
+    duration = float(results.summary["run"]["end_s"])
+    total_input, total_output = int(prompt[ok].sum()), int(output_lens.sum())
+    many = ok & (output_lens > 1)
+    tpot = (e2e[many] - ttft[many]) / (output_lens[many] - 1)
+    out: dict[str, Any] = {
+        "backend": "servesim",
+        "endpoint_type": "servesim",
+        "label": results.scenario.name,
+        "model_id": results.summary["run"]["model"],
+        "tokenizer_id": None,
+        "num_prompts": len(req),
+        "request_rate": (len(req) / float(arrival.max())
+                         if len(req) and arrival.max() > 0 else "inf"),
+        "burstiness": None,
+        "max_concurrency": None,
+        "duration": duration,
+        "completed": int(ok.sum()),
+        "failed": int((~ok).sum()),
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": _per_s(int(ok.sum()), duration),
+        "request_goodput": None,
+        "output_throughput": _per_s(total_output, duration),
+        "total_token_throughput": _per_s(total_input + total_output, duration),
+        "max_concurrent_requests": peak_concurrency(arrival[ok], e2e[ok]),
+        "max_output_tokens_per_s": None,
+        "rtfx": 0.0,
+        "input_lens": prompt.tolist(),
+        "output_lens": output_lens.tolist(),
+        "ttfts": np.where(np.isnan(ttft), 0.0, ttft).tolist(),
+        "latencies": np.where(ok, e2e, 0.0).tolist(),
+        "start_times": arrival.tolist(),
+        "queue_times": [0.0] * len(req),
+        "generated_texts": [""] * len(req),
+        "errors": ["" if done else f"{status}: {reason}" for done, status, reason in zip(
+            ok.tolist(), req["status"].tolist(), req["reason"].tolist(), strict=True)],
+        "servesim_notes": [
+            "servesim simulation exported as vLLM's serving-benchmark result (keys and units "
+            "as vllm bench serve --save-result); differences: sim/export/vllm.py",
+            f"scenario {results.scenario.name}, seed {results.scenario.seed}",
+        ],
+    }
+    out.update(metric_stats("ttft", ttft[ok], percentiles))
+    out.update(metric_stats("tpot", tpot, percentiles))
+    out.update(metric_stats("e2el", e2e[ok], percentiles))
+    if results.tokens is None:
+        out["servesim_notes"].append(NO_TOKENS_NOTE)
+        return out
+    ids = req["request_id"].to_numpy(dtype=np.int64)
+    itls = request_gaps(results.tokens, ids)
+    out["itls"] = [g.tolist() for g in itls]
+    pooled = [g for g, done in zip(itls, ok.tolist(), strict=True) if done]
+    out.update(metric_stats("itl", np.concatenate(pooled) if pooled else np.zeros(0),
+                            percentiles))
+    out["max_output_tokens_per_s"] = peak_tokens_per_s(results.tokens, ids[ok], arrival[ok],
+                                                       e2e[ok])
+    return out
+
+
+def metric_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]
+                 ) -> dict[str, float]:
+    """`mean_/median_/std_/pNN_{name}_ms` as vLLM computes them (seconds in, ms out; 0.0 for no
+    values)."""
+    v = values_s if len(values_s) else np.zeros(1)
+    out = {f"mean_{name}_ms": float(np.mean(v) * 1000),
+           f"median_{name}_ms": float(np.median(v) * 1000),
+           f"std_{name}_ms": float(np.std(v) * 1000)}
+    for p in percentiles:
+        word = str(int(p)) if int(p) == p else str(p)
+        out[f"p{word}_{name}_ms"] = float(np.percentile(v, p) * 1000)
+    return out
+
+
+def request_gaps(tokens: Any, request_ids: np.ndarray) -> list[np.ndarray]:
+    """Each request's gaps between consecutive tokens (s), in the order of `request_ids`."""
+    t = tokens.sort_values(["request_id", "token_index"], kind="stable")
+    owner = t["request_id"].to_numpy(dtype=np.int64)
+    times = t["time_s"].to_numpy(dtype=np.float64)
+    same = owner[1:] == owner[:-1]
+    gaps, gap_owner = np.diff(times)[same], owner[1:][same]
+    begin = np.searchsorted(gap_owner, request_ids, side="left")
+    end = np.searchsorted(gap_owner, request_ids, side="right")
+    return [gaps[b:e] for b, e in zip(begin.tolist(), end.tolist(), strict=True)]
+
+
+def peak_concurrency(start_s: np.ndarray, latency_s: np.ndarray) -> int:
+    """The most requests in flight at once, each over [start, start + latency); an end and a
+    start at the same instant: the end first."""
+    if not len(start_s):
+        return 0
+    times = np.concatenate([start_s, start_s + latency_s])
+    delta = np.concatenate([np.ones(len(start_s)), -np.ones(len(start_s))]).astype(np.int64)
+    order = np.lexsort((delta, times))
+    return max(0, int(np.cumsum(delta[order]).max()))
+
+
+def peak_tokens_per_s(tokens: Any, request_ids: np.ndarray, start_s: np.ndarray,
+                      latency_s: np.ndarray) -> float:
+    """The most output tokens of `request_ids` in one 1-second bucket, buckets counted from the
+    earliest start and covering up to the last end (vLLM's `max_output_tokens_per_s`)."""
+    if not len(request_ids):
+        return 0.0
+    first = float(start_s.min())
+    num_buckets = int(np.ceil(float((start_s + latency_s).max()) - first)) + 1
+    times = tokens["time_s"].to_numpy(dtype=np.float64)[
+        np.isin(tokens["request_id"].to_numpy(dtype=np.int64), request_ids)]
+    bucket = (times - first).astype(np.int64)  # truncation, as vLLM's int()
+    bucket = bucket[(bucket >= 0) & (bucket < num_buckets)]
+    return float(np.bincount(bucket, minlength=num_buckets).max())
+
+
+def _per_s(count: int, duration_s: float) -> float | None:
+    return count / duration_s if duration_s > 0 else None

@@ -1,0 +1,286 @@
+"""Exports: a run read back (`Results.load`), as vLLM's benchmark result, as a Chrome trace."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim import run_scenario
+from sim.config import parse_scenario
+from sim.errors import InputError
+from sim.export import export_run
+from sim.runner import Results
+from tests.conftest import assert_one_line_error, run_cli, run_cli_out
+from tests.test_cluster import disaggregated, replica, trace
+
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+
+
+def colocated_run(tmp_path: Path, *, record_token_times: bool = True) -> Path:
+    """One replica, a 2.6 s horizon: finished, rejected (prompt beyond the KV cache), running
+    and queued requests."""
+    rows = sorted([(0.1 * i, 30 + 7 * i, 2 + i % 5) for i in range(12)] + [(0.5, 400, 3)])
+    scenario = parse_scenario({
+        "workload": {"format": "vidur", "path": trace(tmp_path, rows)},
+        "replica": replica(num_blocks=20, token_budget=64, max_num_seqs=4),
+        "horizon_s": 2.6, "record_token_times": record_token_times}, "test")
+    out = tmp_path / "colocated"
+    run_scenario(scenario, out_dir=out)
+    return out
+
+
+def disaggregated_run(tmp_path: Path) -> Path:
+    """1 prefill + 1 decode replica (test_cluster's exact timings), two transfers queueing."""
+    out = tmp_path / "disaggregated"
+    run_scenario(disaggregated(tmp_path, [(0.0, 100, 3), (0.125, 40, 2), (0.3, 50, 5)]),
+                 out_dir=out)
+    return out
+
+
+# --- Results.load ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tokens", [True, False])
+def test_load_reads_back_what_write_wrote(tmp_path, tokens):
+    rows = [(0.0, 100, 3), (0.125, 40, 2), (0.3, 50, 5)]
+    res = run_scenario(disaggregated(tmp_path, rows, record_token_times=tokens),
+                       out_dir=tmp_path / "r")
+    back = Results.load(tmp_path / "r")
+    assert back.scenario.model_dump() == res.scenario.model_dump()
+    pd.testing.assert_frame_equal(back.requests, res.requests)
+    pd.testing.assert_frame_equal(back.iterations, res.iterations)
+    if tokens:
+        assert back.tokens is not None and res.tokens is not None
+        pd.testing.assert_frame_equal(back.tokens, res.tokens)
+    else:
+        assert back.tokens is None and res.tokens is None
+    assert json.dumps(back.summary, sort_keys=True) == json.dumps(res.summary, sort_keys=True)
+
+
+def test_load_refuses_what_is_not_a_whole_run(tmp_path):
+    run = disaggregated_run(tmp_path)
+    with pytest.raises(InputError, match="directory not found"):
+        Results.load(tmp_path / "nowhere")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text("{}")
+    with pytest.raises(InputError) as exc:
+        Results.load(sweep)
+    assert "a sweep directory" in exc.value.one_line() and "run directory" in exc.value.one_line()
+    (run / "tokens.parquet").unlink()
+    with pytest.raises(InputError, match="tokens.parquet.*records token times"):
+        Results.load(run)
+    (run / "iterations.parquet").write_bytes(b"not parquet")
+    with pytest.raises(InputError, match="iterations.parquet.*cannot read it"):
+        Results.load(run)
+
+
+# --- vLLM -----------------------------------------------------------------------------------
+
+def test_vllm_exact_on_the_disaggregated_timings(tmp_path):
+    """test_cluster's timestamps by hand: first tokens at 0.25, 0.5, 0.75 s; tokens of request 0
+    at 0.25, 1.0, 1.25; of 1 at 0.5, 1.25; of 2 at 0.75, 1.5, 1.75, 2.0, 2.25."""
+    out = export_run(disaggregated_run(tmp_path), "vllm", percentiles=(50,))
+    data = json.loads(out.read_text())
+    assert (data["completed"], data["failed"], data["duration"]) == (3, 0, 2.25)
+    assert data["total_input_tokens"] == 190 and data["total_output_tokens"] == 10
+    assert data["ttfts"] == [0.25, 0.375, 0.45]
+    assert data["itls"] == [[0.75, 0.25], [0.75], [0.75, 0.25, 0.25, 0.25]]
+    # TPOT excludes the first token: (1.25 - 0.25) / 2, (1.125 - 0.375) / 1, (1.95 - 0.45) / 4.
+    assert data["mean_tpot_ms"] == pytest.approx((500 + 750 + 375) / 3)
+    assert data["median_itl_ms"] == pytest.approx(250)
+    assert data["max_concurrent_requests"] == 3
+    # Seconds from the first arrival: [0, 1) holds 3 tokens, [1, 2) 5, [2, 3) 2.
+    assert data["max_output_tokens_per_s"] == 5
+
+
+def test_vllm_matches_numpy_on_the_result_files(tmp_path, monkeypatch, capsys):
+    run = colocated_run(tmp_path)
+    out = tmp_path / "v.json"
+    code, shown = run_cli_out(monkeypatch, capsys, "export", str(run), "--format", "vllm",
+                              "--percentiles", "50,90,99,99.9", "--out", str(out))
+    assert code == 0 and shown.strip() == str(out)
+    got = json.loads(out.read_text())
+    req = pd.read_parquet(run / "requests.parquet").sort_values("request_id")
+    tok = pd.read_parquet(run / "tokens.parquet")
+    ok = (req["status"] == "finished").to_numpy()
+    assert 0 < ok.sum() < len(req) and (req["status"] == "rejected").any()
+    fin = req[ok]
+    duration = 2.6  # the horizon
+    gen = fin["num_generated_tokens"].to_numpy()
+    ttft = (fin["first_token_s"] - fin["arrival_s"]).to_numpy()
+    e2e = (fin["finish_s"] - fin["arrival_s"]).to_numpy()
+    tpot = ((e2e - ttft) / (gen - 1))[gen > 1]
+    per_request = {rid: np.diff(np.sort(g["time_s"].to_numpy()))
+                   for rid, g in tok.groupby("request_id")}
+    itl = np.concatenate([per_request[r] for r in fin["request_id"]])
+    expect = {"completed": int(ok.sum()), "failed": int((~ok).sum()), "duration": duration,
+              "total_input_tokens": int(fin["num_prompt_tokens"].sum()),
+              "total_output_tokens": int(gen.sum()),
+              "request_throughput": ok.sum() / duration,
+              "output_throughput": gen.sum() / duration,
+              "total_token_throughput": (fin["num_prompt_tokens"].sum() + gen.sum()) / duration}
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2e)):
+        expect[f"mean_{name}_ms"] = values.mean() * 1e3
+        expect[f"median_{name}_ms"] = np.median(values) * 1e3
+        expect[f"std_{name}_ms"] = values.std() * 1e3
+        for p, word in ((50, "50"), (90, "90"), (99, "99"), (99.9, "99.9")):
+            expect[f"p{word}_{name}_ms"] = np.percentile(values, p) * 1e3
+    for key, value in expect.items():
+        assert got[key] == pytest.approx(value, rel=1e-12), key
+    assert got["output_lens"] == np.where(ok, req["num_generated_tokens"], 0).tolist()
+    assert got["itls"] == [per_request.get(r, np.zeros(0)).tolist() for r in req["request_id"]]
+    assert got["errors"][6].startswith("rejected: kv_capacity")
+    assert got["latencies"][7] == 0.0 and got["ttfts"][7] > 0  # running at the horizon
+    # In flight at once: the most intervals holding any instant (ends first at ties).
+    starts, ends = fin["arrival_s"].to_numpy(), fin["finish_s"].to_numpy()
+    assert got["max_concurrent_requests"] == max(
+        int(((starts <= t) & (ends > t)).sum()) for t in starts)
+    times = tok.loc[tok["request_id"].isin(fin["request_id"]), "time_s"].to_numpy()
+    buckets = [int(t - starts.min()) for t in times]
+    assert got["max_output_tokens_per_s"] == max(buckets.count(b) for b in set(buckets))
+
+
+def test_vllm_without_token_times_says_so(tmp_path):
+    data = json.loads(export_run(colocated_run(tmp_path, record_token_times=False),
+                                 "vllm").read_text())
+    assert "itls" not in data and not any("itl" in k for k in data)
+    assert data["max_output_tokens_per_s"] is None
+    assert any("record_token_times" in note for note in data["servesim_notes"])
+    assert "p99_ttft_ms" in data and "p99_tpot_ms" in data
+
+
+def test_vllm_without_detail_drops_what_vllm_drops(tmp_path, monkeypatch, capsys):
+    run = disaggregated_run(tmp_path)
+    code, _ = run_cli_out(monkeypatch, capsys, "export", str(run), "--format", "vllm",
+                          "--no-detailed")
+    data = json.loads((run / "vllm_result.json").read_text())
+    assert code == 0 and not {"input_lens", "ttfts", "itls", "errors"} & data.keys()
+    assert data["latencies"] == [1.25, 1.125, 1.95] and data["mean_itl_ms"] > 0
+
+
+# --- Chrome trace ---------------------------------------------------------------------------
+
+REQUIRED = {"X": {"name", "ph", "ts", "dur", "pid", "tid"}, "C": {"name", "ph", "ts", "pid",
+            "args"}, "M": {"name", "ph", "pid", "args"}, "s": {"name", "cat", "ph", "ts", "pid",
+            "tid", "id"}, "t": {"name", "cat", "ph", "ts", "pid", "tid", "id"},
+            "f": {"name", "cat", "ph", "ts", "pid", "tid", "id", "bp"}}
+
+
+def check_trace(trace: dict) -> dict[str, list[dict]]:
+    """The Trace Event Format rules a viewer relies on; the events by phase."""
+    assert trace["displayTimeUnit"] == "ms"
+    by_phase: dict[str, list[dict]] = defaultdict(list)
+    for e in trace["traceEvents"]:
+        assert REQUIRED[e["ph"]] <= e.keys(), e
+        by_phase[e["ph"]].append(e)
+    named = {e["pid"] for e in by_phase["M"] if e["name"] == "process_name"}
+    assert {e["pid"] for e in trace["traceEvents"]} == named
+    threads = {(e["pid"], e["tid"]) for e in by_phase["M"] if e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in by_phase["X"]} <= threads
+    # Slices on one thread nest or follow each other, never partly overlap; starts in order.
+    slices = defaultdict(list)
+    for e in by_phase["X"]:
+        assert e["dur"] >= 0
+        slices[(e["pid"], e["tid"])].append(e)
+    for track in slices.values():
+        ts = [e["ts"] for e in track]
+        assert ts == sorted(ts)
+        open_ends: list[float] = []
+        for e in track:
+            while open_ends and open_ends[-1] <= e["ts"] + 1e-6:
+                open_ends.pop()
+            assert not open_ends or e["ts"] + e["dur"] <= open_ends[-1] + 1e-6, e
+            open_ends.append(e["ts"] + e["dur"])
+    counters = defaultdict(list)
+    for e in by_phase["C"]:
+        counters[(e["pid"], e["name"])].append(e["ts"])
+    assert all(ts == sorted(ts) for ts in counters.values())
+    # Flows: one start, one finish, in time order, every point inside a slice of its thread.
+    flows = defaultdict(list)
+    for ph in "stf":
+        for e in by_phase[ph]:
+            flows[e["id"]].append(e)
+            assert any(s["ts"] < e["ts"] < s["ts"] + s["dur"] or s["ts"] == e["ts"] == 0.0
+                       or (ph == "s" and s["ts"] == e["ts"])
+                       for s in slices[(e["pid"], e["tid"])]), e
+    for points in flows.values():
+        assert [p["ph"] for p in points][0] == "s" and [p["ph"] for p in points][-1] == "f"
+        assert sum(p["ph"] == "s" for p in points) == sum(p["ph"] == "f" for p in points) == 1
+        assert [p["ts"] for p in points] == sorted(p["ts"] for p in points)
+    return by_phase
+
+
+def test_chrome_trace_of_a_disaggregated_run(tmp_path):
+    run = disaggregated_run(tmp_path)
+    out = export_run(run, "chrome", tmp_path / "t.json", num_flows=2)
+    trace = json.loads(out.read_text())
+    by_phase = check_trace(trace)
+    its = pd.read_parquet(run / "iterations.parquet")
+    req = pd.read_parquet(run / "requests.parquet")
+    slices = by_phase["X"]
+    assert sum(e["cat"] == "iteration" for e in slices) == len(its) == 9
+    transfers = [e for e in slices if e["cat"] == "transfer"]
+    assert len(transfers) == req["transfer_end_s"].notna().sum() == 3
+    # One link, FIFO: request 1's KV waits behind request 0's (on the wire 0.25-0.75 s).
+    assert [(e["ts"], e["dur"]) for e in transfers] == [(250e3, 500e3), (750e3, 200e3),
+                                                        (950e3, 250e3)]
+    assert transfers[1]["args"]["queued_ms"] == 250.0
+    assert len({e["id"] for e in by_phase["f"]}) == 2  # requests 0 and 2 (first and last)
+    # Request 0: arrival, first token (prefill replica), its transfer, finish (decode replica).
+    flow = [(e["ph"], e["pid"]) for e in trace["traceEvents"] if e.get("id") == 0]
+    assert flow == [("s", 4), ("t", 1), ("t", 3), ("f", 2)]
+    names = {e["args"]["name"] for e in by_phase["M"] if e["name"] == "process_name"}
+    assert names == {"replica 0 (prefill)", "replica 1 (decode)", "KV links",
+                     "requests (2 sampled)"}
+
+
+def test_chrome_trace_of_a_colocated_run_with_a_horizon(tmp_path):
+    run = colocated_run(tmp_path)
+    trace = json.loads(export_run(run, "chrome", num_flows=20).read_text())
+    by_phase = check_trace(trace)
+    its = pd.read_parquet(run / "iterations.parquet")
+    assert sum(e["cat"] == "iteration" for e in by_phase["X"]) == len(its)
+    assert not any(e["cat"] == "transfer" for e in by_phase["X"])
+    # 13 requests, all sampled; flows only for the 7 that got a first token.
+    assert trace["otherData"]["num_sampled_requests"] == 13
+    assert len(by_phase["s"]) == len(by_phase["f"]) == 7
+    kinds = {e["name"] for e in by_phase["X"] if e["cat"] == "iteration"}
+    assert kinds <= {"prefill", "decode", "prefill+decode"} and "prefill+decode" in kinds
+    queue = [e["args"]["num_waiting"] for e in by_phase["C"] if e["name"] == "queue"]
+    assert max(queue) == its["num_waiting"].max() > 0
+
+
+def test_exports_are_byte_identical(tmp_path):
+    run = disaggregated_run(tmp_path)
+    for fmt in ("vllm", "chrome"):
+        first = export_run(run, fmt, tmp_path / f"a.{fmt}.json").read_bytes()
+        assert export_run(run, fmt, tmp_path / f"b.{fmt}.json").read_bytes() == first
+
+
+# --- command line ---------------------------------------------------------------------------
+
+def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    run = disaggregated_run(tmp_path)
+    code, err = run_cli(monkeypatch, capsys, "export", str(run), "--format", "csv")
+    assert_one_line_error(code, err, "csv")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text("{}")
+    code, err = run_cli(monkeypatch, capsys, "export", str(sweep), "--format", "vllm")
+    assert_one_line_error(code, err, "a sweep directory", "run directory")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, err = run_cli(monkeypatch, capsys, "export", str(run), "--format", "chrome",
+                        "--out", str(blocker / "t.json"))
+    assert_one_line_error(code, err, "--out", "cannot write it")
+    code, err = run_cli(monkeypatch, capsys, "export", str(run), "--format", "vllm",
+                        "--percentiles", "50,abc")
+    assert_one_line_error(code, err, "--percentiles")
+    code, err = run_cli(monkeypatch, capsys, "export", str(run), "--format", "vllm",
+                        "--percentiles", "101")
+    assert_one_line_error(code, err, "between 0 and 100")
