@@ -90,6 +90,30 @@ def code_fingerprint() -> str:
     return f"{version}+{digest.hexdigest()[:16]}"
 
 
+VERSIONED = ("numpy", "pandas", "pyarrow", "pydantic", "simpy")
+
+
+def versions() -> dict[str, str]:
+    """Python's and the result-shaping packages' versions, recorded beside a run's results."""
+    import platform
+
+    out = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def run_record(scenario: Scenario, inputs: list[dict[str, Any]] | None = None
+               ) -> dict[str, Any]:
+    """What `inputs.json` holds: the code fingerprint, the versions, and each input file's
+    record (`inputs`, as a sweep hashed them when it keyed the run; else hashed now)."""
+    return {"servesim": code_fingerprint(), "versions": versions(),
+            "inputs": inputs_record(scenario) if inputs is None else inputs}
+
+
 def inputs_record(scenario: Scenario, given: dict[str, str] | None = None
                   ) -> list[dict[str, Any]]:
     """Each input file: its field, its path as the user gave it (`given`, by field; else the

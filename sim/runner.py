@@ -18,6 +18,7 @@ from sim.errors import InputError
 from sim.iteration_log import COLUMNS, IterationLog
 from sim.kv_cache import KVCacheManager
 from sim.metrics import (
+    WeightedSample,
     arrived_stats,
     generated_arrivals,
     overload,
@@ -42,19 +43,30 @@ class Results:
     iterations: pd.DataFrame
     tokens: pd.DataFrame | None
     summary: dict[str, Any]
+    # Every TBT gap of the run as distinct values with counts (`gap_s`, `count`, sorted): the
+    # population of the summary's TBT row, for CDFs, at most one row per iteration.
+    tbt_gaps: pd.DataFrame | None = None
 
     def write(self, out_dir: str | Path) -> Path:
         """Write the result files into `out_dir`, replacing an earlier run there whole: the
         directory holds this run's complete files or, if interrupted, the previous ones."""
         return write_dir(Path(out_dir), self.write_files)
 
-    def write_files(self, out: Path) -> None:
-        """The result files, into an existing directory (`write` makes it atomic)."""
+    def write_files(self, out: Path, inputs: list[dict[str, Any]] | None = None) -> None:
+        """The result files, into an existing directory (`write` makes it atomic), with
+        `inputs.json`: versions and input-file hashes (`inputs`, if the caller hashed them
+        already, as a sweep does to key the run)."""
+        from sim.fingerprint import run_record
+
         (out / "scenario.yaml").write_text(scenario_yaml(self.scenario))
+        (out / "inputs.json").write_text(json.dumps(run_record(self.scenario, inputs),
+                                                    indent=2, sort_keys=True) + "\n")
         self.requests.to_parquet(out / "requests.parquet", index=False)
         self.iterations.to_parquet(out / "iterations.parquet", index=False)
         if self.tokens is not None:
             self.tokens.to_parquet(out / "tokens.parquet", index=False)
+        if self.tbt_gaps is not None:
+            self.tbt_gaps.to_parquet(out / "tbt_gaps.parquet", index=False)
         # Last: its presence marks a directory as a servesim run.
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True)
                                           + "\n")
@@ -81,7 +93,9 @@ class Results:
         if scenario.record_token_times or (run / "tokens.parquet").exists():
             tokens = read_parquet(run / "tokens.parquet", TOKEN_COLUMNS,
                                   missing="missing, though the scenario records token times")
-        return cls(scenario, requests, iterations, tokens, read_json(run / "summary.json"))
+        gaps = (read_parquet(run / "tbt_gaps.parquet", GAP_COLUMNS)
+                if (run / "tbt_gaps.parquet").exists() else None)
+        return cls(scenario, requests, iterations, tokens, read_json(run / "summary.json"), gaps)
 
 
 # The columns a loaded run must have: what the readers of `Results.load` rely on.
@@ -90,6 +104,7 @@ REQUEST_COLUMNS = ("request_id", "replica_id", "decode_replica_id", "arrival_s",
                    "status", "reason", "ttft_s", "e2e_s", "transfer_start_s", "transfer_end_s")
 ITERATION_COLUMNS = ("replica_id", "pool", "iteration", *COLUMNS)
 TOKEN_COLUMNS = ("request_id", "token_index", "time_s")
+GAP_COLUMNS = ("gap_s", "count")
 
 
 @dataclass(frozen=True)
@@ -238,6 +253,16 @@ def prefix_cache_stats(request_df: pd.DataFrame, kvs: Sequence[KVCacheManager]
     }
 
 
+def gap_frame(gaps: WeightedSample) -> pd.DataFrame:
+    """The pooled TBT gaps as distinct values with their counts, sorted: a file of at most one
+    row per iteration, where one row per token would be 200 million for a million requests."""
+    sample = WeightedSample.of(gaps)
+    values, inverse = np.unique(sample.values, return_inverse=True)
+    counts = np.bincount(inverse, weights=sample.counts, minlength=len(values))
+    keep = counts > 0
+    return pd.DataFrame({"gap_s": values[keep], "count": counts[keep].astype(np.int64)})
+
+
 def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[ReplicaRecord],
             latency: dict[str, Any], end_s: float | None = None) -> Results:
     """Turn requests and replica logs into result frames and the summary. `end_s` is when the
@@ -249,6 +274,7 @@ def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[
     # The summary before the iteration frame exists, and the gaps dropped before it is made:
     # the peak memory is the two frames, with nothing beside them.
     summary = summarize(request_df, sum(len(log) for log in logs), gaps, scenario.slo)
+    gap_df = gap_frame(gaps)
     del gaps
     iteration_df = iteration_frame(logs, [r.pool for r in replicas])
     if end_s is None:
@@ -293,4 +319,4 @@ def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[
     tokens = None
     if scenario.record_token_times:
         tokens = token_frame(requests, *token_times(requests, logs))
-    return Results(scenario, request_df, iteration_df, tokens, summary)
+    return Results(scenario, request_df, iteration_df, tokens, summary, gap_df)

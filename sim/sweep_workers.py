@@ -9,7 +9,6 @@ stopped at once; every finished run stays on disk whole (`sim.outdir.write_dir`)
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import traceback
@@ -23,7 +22,7 @@ from typing import Any
 
 from sim.config import Scenario
 from sim.errors import InputError
-from sim.fingerprint import code_fingerprint, inputs_record
+from sim.fingerprint import inputs_record
 from sim.outdir import check_out_dir, write_dir
 
 
@@ -110,10 +109,9 @@ def _run(job: Job) -> None:
     results = run_scenario(job.scenario)
 
     def write(tmp: Path) -> None:
-        # Inside the atomic write: a run directory has its input record or is not there.
-        results.write_files(tmp)
-        record = {"servesim": code_fingerprint(), "inputs": job.inputs}
-        (tmp / "inputs.json").write_text(json.dumps(record, indent=2) + "\n")
+        # Inside the atomic write: a run directory has its input record or is not there. The
+        # inputs as hashed when the run was keyed, not hashed again.
+        results.write_files(tmp, job.inputs)
 
     write_dir(out, write)
 

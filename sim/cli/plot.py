@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from sim.cli.common import app, console
+from sim.errors import InputError
+
+
+def parse_window(text: str) -> tuple[float, float]:
+    """`START:END` in seconds of simulated time, START < END."""
+    try:
+        start, end = (float(part) for part in text.split(":"))
+    except ValueError:
+        raise InputError(None, "--window", text, "must be START:END in seconds, e.g. 120:125"
+                         ) from None
+    if not (math.isfinite(start) and math.isfinite(end) and 0 <= start < end):
+        raise InputError(None, "--window", text, "must have 0 <= START < END, both finite")
+    return start, end
 
 
 @app.command()
@@ -16,9 +30,16 @@ def plot(
         help="a run's, a sweep's, a comparison's or capacity searches' result directory")],
     out: Annotated[Path | None, typer.Option(help="figure directory [default: RESULTS/plots]")
                    ] = None,
+    window: Annotated[str | None, typer.Option(
+        metavar="START:END", help="a run's timeline: this window, in seconds "
+        "[default: the busiest 5 s]")] = None,
+    replica: Annotated[list[int] | None, typer.Option(
+        help="a run's timeline: this replica (repeat for several) "
+             "[default: the first of each pool]")] = None,
 ) -> None:
     """Draw the figures a result directory's own files support (PNG and SVG)."""
     from sim.plots import plot_results
 
-    for f in plot_results(results, out):
+    window_s = parse_window(window) if window is not None else None
+    for f in plot_results(results, out, window_s=window_s, replicas=replica or None):
         console.print(str(f), soft_wrap=True, highlight=False)  # paths whole, to copy

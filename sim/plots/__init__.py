@@ -1,0 +1,62 @@
+"""Figures, drawn from result files only (a run's directory, a sweep's table, a comparison's
+variants, a capacity search's trials). Each is written as PNG and SVG (PNG first), titled,
+named and unit-labelled from `sim.labels`; overloaded runs are marked. `plot_results` draws
+what a directory's own kind supports; unreadable files are one-line `InputError`s."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from sim.errors import InputError
+from sim.outdir import check_writable_dir
+from sim.plots.common import save
+from sim.plots.compare import (
+    capacity_bars,
+    capacity_trials,
+    headline_bars,
+    plot_capacity,
+    plot_comparison,
+)
+from sim.plots.run import cdfs, tbt_sample, ttft_sample
+from sim.plots.sweep import latency_vs_throughput, p99_tbt_vs_load, plot_sweep, ttft_vs_load
+from sim.plots.timeline import busiest_window, iteration_timeline
+from sim.result_files import directory_kind
+
+__all__ = ["busiest_window", "capacity_bars", "capacity_trials", "cdfs", "headline_bars",
+           "iteration_timeline", "latency_vs_throughput", "p99_tbt_vs_load", "plot_capacity",
+           "plot_comparison", "plot_results", "plot_run", "plot_sweep", "save", "tbt_sample",
+           "ttft_sample", "ttft_vs_load"]
+
+
+def plot_run(run_dir: Path, out_dir: Path | None = None, *,
+             window_s: tuple[float, float] | None = None,
+             replicas: Sequence[int] | None = None) -> list[Path]:
+    """The figures one run's files support: CDFs and the iteration timeline (of `window_s`
+    and `replicas`; by default the busiest window, the first replica of each pool)."""
+    out_dir = out_dir or run_dir / "plots"
+    files = cdfs([run_dir], out_dir / "cdf")
+    return files + iteration_timeline(run_dir, out_dir / "timeline", replicas, window_s)
+
+
+def plot_results(dirs: Sequence[Path], out_dir: Path | None = None, *,
+                 window_s: tuple[float, float] | None = None,
+                 replicas: Sequence[int] | None = None) -> list[Path]:
+    """Draw what the directories' own kind supports (several only for capacity searches);
+    the written paths, each figure's PNG before its SVG. `window_s`, `replicas`: a run's
+    timeline only."""
+    if out_dir is not None:
+        check_writable_dir(out_dir)
+    kinds = [directory_kind(d) for d in dirs]
+    if len(dirs) > 1 and set(kinds) != {"capacity"}:
+        raise InputError(None, "RESULTS", [str(d) for d in dirs],
+                         "several directories are drawn together only for capacity searches")
+    if (window_s is not None or replicas) and kinds[0] != "run":
+        raise InputError(dirs[0], "--window/--replica", str(dirs[0]),
+                         f"a timeline is drawn for one run; this is a {kinds[0]}")
+    if kinds[0] == "capacity":
+        return plot_capacity(dirs, out_dir)
+    if kinds[0] == "run":
+        return plot_run(dirs[0], out_dir, window_s=window_s, replicas=replicas)
+    draw = {"sweep": plot_sweep, "comparison": plot_comparison}
+    return draw[kinds[0]](dirs[0], out_dir)

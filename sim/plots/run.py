@@ -1,0 +1,146 @@
+"""A run's figures: CDFs of TTFT and of every TBT gap (with a log view of the tail) and an
+iteration timeline of a chosen window (the busiest by default), every pool shown."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.lines import Line2D
+
+from sim.labels import MS, Unit, label, time_unit
+from sim.metrics import WeightedSample
+from sim.plots.common import log_time_axis, save
+from sim.result_files import read_json, read_parquet, read_yaml_file
+
+GAPS_FILE = "tbt_gaps.parquet"  # every gap as distinct values with counts, when written
+TIMELINE_WINDOW_S = 5.0
+MARKERS = {"p50": ("o", 0.5), "p99": ("D", 0.99)}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One run's values for a CDF: as weighted values, their summary percentiles (what the
+    tables print), and what they are (`tbt_s`, or `max_tbt_per_request_s` where the run's
+    files cannot give every gap)."""
+
+    values: WeightedSample
+    p50: float | None
+    p99: float | None
+    key: str
+
+
+def tbt_sample(run_dir: Path, summary: dict[str, Any]) -> Sample:
+    """Every TBT gap of a run: from `tbt_gaps.parquet` (every run writes it) or, for a run
+    written before it existed, `tokens.parquet`; failing both, each request's worst gap, which
+    the figure then names as such."""
+    expected = summary.get("tbt_s") or {}
+    if (run_dir / GAPS_FILE).is_file():
+        g = read_parquet(run_dir / GAPS_FILE, ["gap_s", "count"])
+        sample = WeightedSample(g["gap_s"].to_numpy(float), g["count"].to_numpy(np.int64))
+    elif (run_dir / "tokens.parquet").is_file():
+        t = read_parquet(run_dir / "tokens.parquet", ["request_id", "time_s"])
+        sample = WeightedSample.of(t.groupby("request_id")["time_s"].diff().dropna())
+    else:
+        return tbt_sample_worst(run_dir)
+    return Sample(sample, expected.get("p50"), expected.get("p99"), "tbt_s")
+
+
+def ttft_sample(run_dir: Path, summary: dict[str, Any]) -> Sample:
+    """Finished requests' TTFT (the population of the summary's TTFT row)."""
+    req = read_parquet(run_dir / "requests.parquet", ["ttft_s", "status"])
+    values = req.loc[req["status"] == "finished", "ttft_s"].dropna()
+    ttft = summary.get("ttft_s") or {}
+    return Sample(WeightedSample.of(values), ttft.get("p50"), ttft.get("p99"), "ttft_s")
+
+
+def _slo(run_dir: Path) -> dict[str, float]:
+    data = read_yaml_file(run_dir / "scenario.yaml")
+    slo = (data if isinstance(data, dict) else {}).get("slo") or {}
+    return {k: float(v) for k, v in slo.items() if isinstance(v, int | float)}
+
+
+def _cdf_pair(top: Any, tail: Any, samples: list[Sample], names: list[str], shown: Unit,
+              slo_s: set[float]) -> None:
+    """One quantity: its CDF above, the fraction above each value (log) below; P50 and P99
+    marked on each curve, SLOs as red lines."""
+    scale = shown.scale
+    for i, (s, name) in enumerate(zip(samples, names, strict=True)):
+        keep = s.values.counts > 0
+        x, w = scale * s.values.values[keep], s.values.counts[keep].astype(float)
+        if not x.size:
+            continue
+        top.ecdf(x, weights=w, label=name, color=f"C{i}")
+        tail.ecdf(x, weights=w, complementary=True, color=f"C{i}")
+        for p, (marker, q) in MARKERS.items():
+            v = getattr(s, p)
+            if v is not None:
+                top.plot(scale * v, q, marker=marker, color=f"C{i}", markeredgecolor="black")
+                tail.plot(scale * v, 1 - q, marker=marker, color=f"C{i}",
+                          markeredgecolor="black")
+    for limit in sorted(slo_s):
+        for ax in (top, tail):
+            ax.axvline(scale * limit, color="red", linestyle="--", linewidth=1,
+                       label=f"SLO {scale * limit:g} {shown.name}" if ax is top else None)
+    for ax in (top, tail):
+        ax.set_xscale("log")
+        log_time_axis(ax.xaxis)
+    tail.set_yscale("log")
+    largest = max((int(s.values.counts.sum()) for s in samples), default=1)
+    tail.set_ylim(0.5 / max(largest, 1), 1.5)  # 1-F's last step is rounding, not a value
+    top.set_ylabel("fraction at or below")
+    tail.set_ylabel("fraction above")
+
+
+def cdfs(run_dirs: Sequence[Path], path: Path, labels: Sequence[str] | None = None
+         ) -> list[Path]:
+    """TTFT and TBT (every gap) CDFs of runs, each over a log view of its tail (fraction
+    above, log scale); P50 (circle) and P99 (diamond) marked; the scenarios' SLOs as red
+    lines; an overloaded run's label says so."""
+    names, ttfts, tbts, slos = [], [], [], []
+    for i, run in enumerate(run_dirs):
+        summary = read_json(run / "summary.json")
+        name = labels[i] if labels else run.name
+        if (summary.get("overload") or {}).get("verdict") == "overloaded":
+            name += " (overloaded)"
+        names.append(name)
+        ttfts.append(ttft_sample(run, summary))
+        tbts.append(tbt_sample(run, summary))
+        slos.append(_slo(run))
+    if any(s.key != "tbt_s" for s in tbts):  # one quantity for all, said in the title
+        tbts = [tbt_sample_worst(run) for run in run_dirs]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex="col",
+                             gridspec_kw={"height_ratios": (3, 2)})
+    peak = max((float(s.values.values.max()) for s in ttfts if s.values.values.size),
+               default=0.0)
+    shown = time_unit(peak)
+    _cdf_pair(axes[0, 0], axes[1, 0], ttfts, names, shown,
+              {s["ttft_s"] for s in slos if "ttft_s" in s})
+    _cdf_pair(axes[0, 1], axes[1, 1], tbts, names, MS,
+              {s["tbt_s"] for s in slos if "tbt_s" in s})
+    what = label(tbts[0].key) if tbts else "TBT"
+    axes[0, 0].set_title("TTFT (finished requests)")
+    axes[0, 1].set_title(f"{what}, every gap" if tbts and tbts[0].key == "tbt_s"
+                         else f"{what} (every gap needs record_token_times)")
+    axes[1, 0].set_xlabel(f"TTFT ({shown.name})")
+    axes[1, 1].set_xlabel(f"{what} ({MS.name})")
+    marks = [Line2D([], [], marker=m, color="grey", markeredgecolor="black", linestyle="none",
+                    label=p.upper()) for p, (m, _) in MARKERS.items()]
+    handles, texts = axes[0, 1].get_legend_handles_labels()
+    axes[0, 1].legend(handles + marks, texts + [h.get_label() for h in marks],
+                      fontsize="small", loc="lower right")
+    return save(fig, path)
+
+
+def tbt_sample_worst(run_dir: Path) -> Sample:
+    """Each finished request's worst gap, with the summary's percentiles of it."""
+    summary = read_json(run_dir / "summary.json")
+    req = read_parquet(run_dir / "requests.parquet", ["max_tbt_s", "status"])
+    done = req.loc[req["status"] == "finished", "max_tbt_s"].dropna()
+    per = summary.get("max_tbt_per_request_s") or {}
+    return Sample(WeightedSample.of(done), per.get("p50"), per.get("p99"),
+                  "max_tbt_per_request_s")

@@ -1,0 +1,106 @@
+"""A run's iterations over a window of time: tokens per iteration of one replica per pool
+(prefill and decode pools both, when disaggregated), KV blocks in use and queue lengths."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from sim.errors import InputError
+from sim.plots.common import legend, save
+from sim.result_files import read_json, read_parquet
+
+WINDOW_S = 5.0  # the default window's length
+COLUMNS = ["replica_id", "pool", "start_s", "duration_s", "num_decode_tokens",
+           "num_prefill_tokens", "num_seqs", "num_kv_blocks_used", "num_waiting"]
+
+
+def busiest_window(its: pd.DataFrame, length_s: float = WINDOW_S) -> tuple[float, float]:
+    """The `length_s` window starting at an iteration's start that holds the most tokens
+    (prefill and decode, iterations by their start); the earliest of equals."""
+    if its.empty:
+        return 0.0, length_s
+    order = its.sort_values("start_s", kind="stable")
+    start = order["start_s"].to_numpy()
+    tokens = (order["num_prefill_tokens"] + order["num_decode_tokens"]).to_numpy()
+    total = np.concatenate([[0], np.cumsum(tokens)])
+    end = np.searchsorted(start, start + length_s, side="left")
+    best = int(np.argmax(total[end] - total[np.arange(len(start))]))
+    return float(start[best]), float(start[best]) + length_s
+
+
+def chosen_replicas(its: pd.DataFrame, replicas: Sequence[int] | None, source: Path
+                    ) -> list[int]:
+    """The replicas drawn: those asked for, else the first of each pool."""
+    present = sorted(int(r) for r in its["replica_id"].unique())
+    if replicas:
+        absent = [r for r in replicas if r not in present]
+        if absent:
+            raise InputError(source, "--replica", absent,
+                             f"no such replica (this run has {present})")
+        return list(dict.fromkeys(replicas))
+    firsts = its.groupby("pool", sort=False)["replica_id"].min()
+    return sorted(int(r) for r in firsts)
+
+
+def _pool(its: pd.DataFrame, replica: int) -> str:
+    pools = its.loc[its["replica_id"] == replica, "pool"]
+    return str(pools.iloc[0]) if len(pools) else ""
+
+
+def iteration_timeline(run_dir: Path, path: Path, replica_id: int | Sequence[int] | None = None,
+                       window_s: tuple[float, float] | None = None) -> list[Path]:
+    """Each iteration's prefill and decode tokens over the window (default: the busiest
+    `WINDOW_S` seconds), one panel per replica (default: the first of each pool), then each
+    replica's share of KV blocks in use and its waiting queue and running requests."""
+    its = read_parquet(run_dir / "iterations.parquet", COLUMNS)
+    ids = [replica_id] if isinstance(replica_id, int) else replica_id
+    replicas = chosen_replicas(its, ids, run_dir / "iterations.parquet")
+    mine = its[its["replica_id"].isin(replicas)]
+    busiest = window_s is None
+    if window_s is None:
+        window_s = busiest_window(mine)
+    shown = mine[(mine["start_s"] + mine["duration_s"] > window_s[0])
+                 & (mine["start_s"] < window_s[1])]
+    run = read_json(run_dir / "summary.json").get("run") or {}
+    blocks = run.get("num_kv_blocks") if isinstance(run.get("num_kv_blocks"), int) else None
+    fig, axes = plt.subplots(len(replicas) + 2, 1, figsize=(10, 2.1 * (len(replicas) + 2)),
+                             sharex=True, squeeze=False)
+    axes = axes[:, 0]
+    for k, (ax, replica) in enumerate(zip(axes, replicas, strict=False)):
+        _tokens(ax, shown[shown["replica_id"] == replica], f"{_pool(its, replica)} replica "
+                f"{replica}".strip())
+        if k == 0:
+            legend(ax)
+    for i, replica in enumerate(replicas):
+        part = shown[shown["replica_id"] == replica].sort_values("start_s")
+        name = f"{_pool(its, replica)} {replica}".strip()
+        kv = part["num_kv_blocks_used"] / blocks if blocks else part["num_kv_blocks_used"]
+        axes[-2].step(part["start_s"], 100 * kv if blocks else kv, where="post",
+                      color=f"C{i + 2}", label=name)
+        axes[-1].step(part["start_s"], part["num_waiting"], where="post", color=f"C{i + 2}",
+                      label=f"{name}: waiting")
+        axes[-1].step(part["start_s"], part["num_seqs"], where="post", color=f"C{i + 2}",
+                      linestyle=":", label=f"{name}: running")
+    axes[-2].set(ylabel="KV in use (%)" if blocks else "KV blocks in use", title="KV cache")
+    axes[-1].set(ylabel="requests", xlabel="time (s)", title="queue and batch")
+    legend(axes[-2])
+    legend(axes[-1])
+    axes[-1].set_xlim(*window_s)
+    fig.suptitle(f"iterations, {window_s[0]:.1f} to {window_s[1]:.1f} s"
+                 + (" (the busiest window)" if busiest else ""))
+    return save(fig, path)
+
+
+def _tokens(ax: Any, part: pd.DataFrame, title: str) -> None:
+    ax.bar(part["start_s"], part["num_decode_tokens"], width=part["duration_s"], align="edge",
+           label="decode tokens", color="tab:blue")
+    ax.bar(part["start_s"], part["num_prefill_tokens"], width=part["duration_s"],
+           align="edge", bottom=part["num_decode_tokens"], label="prefill tokens",
+           color="tab:orange")
+    ax.set(ylabel="tokens / iteration", title=title)

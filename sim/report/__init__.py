@@ -1,0 +1,138 @@
+"""One self-contained HTML page for a result directory (a run, a sweep, a comparison or a
+capacity search): its figures embedded as PNG data URIs, its tables with units, the overload
+verdict, the resolved scenario, recorded input hashes and versions. No script and nothing
+fetched from elsewhere, so it opens offline; the same directory gives the same page (no
+timestamps are added; the figures' bytes are whatever `sim.plots` writes)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from sim.errors import InputError
+from sim.report import markup as m
+from sim.report import sections as s
+from sim.result_files import Kind, directory_kind, read_csv, read_json
+
+TITLES: dict[Kind, str] = {"run": "run", "sweep": "sweep", "comparison": "comparison",
+                           "capacity": "capacity search"}
+
+
+def render_report(results: Path) -> str:
+    """The report of `results` as one HTML document; `InputError` if it holds no results."""
+    kind = directory_kind(results)
+    body = BODIES[kind](results)
+    with tempfile.TemporaryDirectory(prefix="servesim-report-") as tmp:
+        from sim.plots import plot_results
+
+        pngs = [p for p in plot_results([results], Path(tmp)) if p.suffix == ".png"]
+        figures = [m.figure(p) for p in pngs]
+    if figures:
+        body.insert(2, m.section("Figures", *figures))
+    name = results.absolute().name
+    return m.page(f"servesim {TITLES[kind]}: {name}", f"results in {results}", body)
+
+
+def write_report(results: Path, out: Path | None = None) -> Path:
+    """Write the report of `results` to `out` (default `results/report.html`); return it."""
+    directory_kind(results)  # not results: say so before checking where the page goes
+    out = out if out is not None else results / "report.html"
+    _check_writable(out)
+    text = render_report(results)
+    tmp = out.absolute().parent / f".{out.name}.{os.getpid()}.tmp"
+    try:  # whole or not at all: a reader never sees half a page
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise InputError(out, "--out", str(out), _cannot(exc)) from None
+    return out
+
+
+def _check_writable(out: Path) -> None:
+    """Fail before drawing anything if the page cannot be written at `out`."""
+    if out.is_dir():
+        raise InputError(out, "--out", str(out), "is a directory: name an .html file")
+    try:
+        out.absolute().parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out.absolute().parent).close()
+    except OSError as exc:
+        raise InputError(out, "--out", str(out), _cannot(exc)) from None
+    if out.exists() and not os.access(out, os.W_OK):
+        raise InputError(out, "--out", str(out), "cannot write there: permission denied")
+
+
+def _cannot(exc: OSError) -> str:
+    return f"cannot write there: {(exc.strerror or str(exc)).lower()}"
+
+
+def _run(run_dir: Path) -> list[str]:
+    summary = read_json(run_dir / "summary.json")
+    return [
+        m.section("Overload verdict", s.overload_verdict(summary)),
+        m.section("Headline metrics", s.run_headline(summary)),
+        m.section("Run", s.run_setup(summary)),
+        m.section("Resolved scenario", s.scenarios([("scenario.yaml",
+                                                     run_dir / "scenario.yaml")])),
+        m.section("Inputs and versions", s.inputs_and_versions([run_dir])),
+    ]
+
+
+def _sweep(sweep_dir: Path) -> list[str]:
+    table, tables = s.sweep_tables(sweep_dir)
+    keys = [str(k) for k in table["key"]]
+    varied = [c for c in table.columns if "." in c]
+    runs = [sweep_dir / "runs" / k for k in dict.fromkeys(keys)]
+    note = ("The first point's scenario; the others differ in "
+            + (", ".join(varied) if varied else "their seeds") + " (see the table).")
+    return [
+        m.section("Overload verdict", _counts(table, "runs")),
+        m.section("Results", tables),
+        m.section("Resolved scenario", s.scenarios(
+            [(f"runs/{runs[0].name}/scenario.yaml", runs[0] / "scenario.yaml")], note)
+            if runs else m.paragraph("The sweep has no runs.")),
+        m.section("Inputs and versions", s.inputs_and_versions(runs)),
+    ]
+
+
+def _comparison(compare_dir: Path) -> list[str]:
+    table = s.comparison_table(compare_dir)
+    variants = [compare_dir / str(v) for v in table["variant"]]
+    return [
+        m.section("Overload verdict", _counts(table, "variants")),
+        m.section("Results", m.frame_table(table, 3 if "scheduler" in table else 1)),
+        m.section("Resolved scenarios", s.scenarios(
+            [(f"{v.name}/scenario.yaml", v / "scenario.yaml") for v in variants],
+            "One per variant (open each below).")),
+        m.section("Inputs and versions", s.inputs_and_versions(variants)),
+    ]
+
+
+def _capacity(cap_dir: Path) -> list[str]:
+    result, tables = s.capacity_tables(cap_dir)
+    trials_path = cap_dir / "trials.csv"
+    verdict = (_counts(read_csv(trials_path), "trial runs") if trials_path.is_file()
+               else m.paragraph("No trials.csv: no per-run verdicts recorded."))
+    source = result.get("source") or "its scenario file"
+    return [
+        m.section("Overload verdict", verdict),
+        m.section("Capacity", tables),
+        m.section("Resolved scenario", m.paragraph(
+            f"A capacity search keeps no scenario.yaml; it searched {result.get('knob', 'qps')} "
+            f"of scenario {result.get('scenario', '?')} from {source}.")),
+        m.section("Inputs and versions", s.inputs_and_versions([])),
+    ]
+
+
+def _counts(table: pd.DataFrame, what: str) -> str:
+    if "overload" not in table:
+        return m.paragraph("No overload verdicts in these results (written before verdicts).")
+    return s.verdict_counts(table["overload"], what)
+
+
+BODIES: dict[Kind, Callable[[Path], list[str]]] = {
+    "run": _run, "sweep": _sweep, "comparison": _comparison, "capacity": _capacity}

@@ -1,0 +1,200 @@
+"""The report's sections, read from a result directory's own files: headline metrics, the
+overload verdict, the kind's tables, the resolved scenario, input hashes and versions."""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.errors import InputError
+from sim.report import markup as m
+from sim.result_files import read_csv, read_json, read_parquet
+
+LATENCIES = (("TTFT", "ttft_s"), ("TBT (pooled gaps)", "tbt_s"), ("TPOT", "tpot_s"),
+             ("E2E", "e2e_s"), ("scheduling delay", "scheduling_delay_s"),
+             ("max TBT per request", "max_tbt_per_request_s"))
+STATS = ("mean", "p50", "p90", "p99", "max")
+PACKAGES = ("servesim", "numpy", "pandas", "simpy", "matplotlib", "pyarrow", "pydantic")
+
+
+def run_headline(summary: dict[str, Any]) -> str:
+    """A run's latencies (ms) and its throughput, requests, SLO attainment and cost."""
+    rows = []
+    for label, key in LATENCIES:
+        stats = summary.get(key) or {}
+        rows.append([label, stats.get("count"),
+                     *[None if stats.get(s) is None else m.MS_PER_S * stats[s] for s in STATS]])
+    latencies = m.table(["metric", "count", *[f"{s} (ms)" for s in STATS]], rows)
+    requests = summary.get("requests", {})
+    throughput = summary.get("throughput", {})
+    slo = summary.get("slo") or {}
+    cost = summary.get("cost") or {}
+    other = [
+        ("requests finished / rejected / unfinished", "", " / ".join(
+            m.number(requests.get(k)) for k in ("finished", "rejected", "unfinished"))),
+        ("throughput", "req/s", throughput.get("requests_per_s")),
+        ("output throughput", "tokens/s", throughput.get("output_tokens_per_s")),
+        ("simulated span", "s", throughput.get("span_s")),
+        *[(f"SLO attainment: {k.removesuffix('_attainment')}", "%",
+           None if v is None else 100 * v) for k, v in sorted(slo.items())],
+        ("GPUs", "", cost.get("num_gpus")),
+        ("cost per million output tokens", "USD", cost.get("usd_per_million_output_tokens")),
+        ("preemptions", "", summary.get("num_preemptions")),
+        ("iterations", "", summary.get("num_iterations")),
+    ]
+    return latencies + "\n" + m.table(["quantity", "unit", "value"], other, text_columns=2)
+
+
+def run_setup(summary: dict[str, Any]) -> str:
+    run = summary.get("run") or {}
+    rows = [(k, json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else v)
+            for k, v in sorted(run.items())]
+    warmup = (summary.get("warmup") or {}).get("reason")
+    return m.table(["field", "value"], rows, text_columns=2) + (
+        m.paragraph(f"Warm-up: {warmup}") if warmup else "")
+
+
+def overload_verdict(summary: dict[str, Any]) -> str:
+    """A run's overload verdict and its reason, as the summary states them."""
+    overload = summary.get("overload") or {}
+    verdict = str(overload.get("verdict", "unknown"))
+    css = verdict if verdict in ("stable", "overloaded") else "unknown"
+    return (f'<p class="verdict {css}"><strong>{m.escape(verdict)}</strong>: '
+            f"{m.escape(str(overload.get('detail', 'no overload verdict recorded')))}</p>")
+
+
+def verdict_counts(column: pd.Series, what: str) -> str:
+    """`k of n <what> overloaded`, coloured by whether any is."""
+    verdicts = column.astype(str)
+    n_over, n = int((verdicts == "overloaded").sum()), len(verdicts)
+    unknown = int((~verdicts.isin(["stable", "overloaded"])).sum())
+    css = "overloaded" if n_over else ("unknown" if unknown else "stable")
+    text = f"{n_over} of {n} {what} overloaded" + (f", {unknown} unknown" if unknown else "")
+    return f'<p class="verdict {css}"><strong>{m.escape(text)}</strong></p>'
+
+
+def sweep_tables(sweep_dir: Path) -> tuple[pd.DataFrame, str]:
+    """A sweep's per-run table and, with several seeds a point, its interval table."""
+    table = read_parquet(sweep_dir / "results.parquet", ["seed", "key"],
+                         missing="the sweep has not finished: run it again to complete it")
+    parts = []
+    ci_path = sweep_dir / "results_ci.parquet"
+    if ci_path.is_file():
+        ci = read_parquet(ci_path, ["num_seeds"])
+        parts.append("<h3>Mean over seeds, with 95% confidence intervals [low, high]</h3>")
+        parts.append(m.frame_table(ci, _leading_columns(ci)))
+        parts.append(m.details(f"every run ({len(table)})", m.frame_table(
+            table, _leading_columns(table))))
+    else:
+        parts.append(m.frame_table(table, _leading_columns(table)))
+    return table, "\n".join(parts)
+
+
+def _leading_columns(df: pd.DataFrame) -> int:
+    """How many columns on the left label rows (the varied fields, seed, key, variant)."""
+    labels = 0
+    for c in df.columns:
+        if not (df[c].dtype == object or c in ("seed", "num_seeds") or "." in c):
+            break
+        labels += 1
+    return max(labels, 1)
+
+
+def comparison_table(compare_dir: Path) -> pd.DataFrame:
+    return read_csv(compare_dir / "comparison.csv", ["variant"])
+
+
+def capacity_tables(cap_dir: Path) -> tuple[dict[str, Any], str]:
+    """A capacity search's answer, the decision at each rate probed, and its trials."""
+    result = read_json(cap_dir / "capacity.json", missing="the capacity search has not finished")
+    try:
+        targets = ", ".join(f"{k} <= {m.number(1e3 * v)} ms"
+                            for k, v in sorted(result["targets_s"].items()))
+        low, high = result["ci95_qps"]
+        answer = [("capacity", "req/s", result["capacity_qps"]),
+                  ("95% interval", "req/s", f"[{m.number(low)}, {m.number(high)}]"),
+                  ("highest rate held", "req/s", result.get("highest_held_qps")),
+                  ("SLO targets", "", targets),
+                  ("replications per rate", "", result.get("replications")),
+                  ("runs", "", result.get("num_runs"))]
+        rates = [(r["qps"], r["runs"], r["decision"], r.get("reason", ""))
+                 for r in result["rates"]]
+    except (KeyError, TypeError, ValueError):
+        raise InputError(cap_dir / "capacity.json", "<file>", str(cap_dir / "capacity.json"),
+                         "not a capacity result (missing or malformed fields)") from None
+    parts = [m.table(["quantity", "unit", "value"], answer, text_columns=2),
+             m.paragraph(str(result.get("interval_meaning", ""))),
+             "<h3>Rates probed</h3>",
+             m.table(["rate (req/s)", "runs", "decision", "reason"], rates,
+                     text_columns={2, 3})]
+    trials_path = cap_dir / "trials.csv"
+    if trials_path.is_file():
+        trials = read_csv(trials_path, ["qps", "ok"])
+        parts.append(m.details(f"every trial ({len(trials)})", m.frame_table(trials, 1)))
+    return result, "\n".join(parts)
+
+
+def scenarios(named: Sequence[tuple[str, Path]], note: str = "") -> str:
+    """The resolved scenarios, as written beside the results; the first shown open."""
+    parts = [m.paragraph(note)] if note else []
+    for i, (name, path) in enumerate(named):
+        text = path.read_text() if path.is_file() else f"(no {path.name} in {path.parent})"
+        parts.append(m.details(name, m.pre(text), is_open=i == 0))
+    return "\n".join(parts)
+
+
+def recorded_inputs(run_dirs: Sequence[Path]) -> tuple[list[list[Any]], set[str]]:
+    """Input files and the versions the runs recorded (`inputs.json`, written with every run);
+    only what was recorded when they ran, never hashed again now."""
+    rows: dict[tuple[str, str, str], list[Any]] = {}
+    versions: set[str] = set()
+    for d in run_dirs:
+        path = d / "inputs.json"
+        if not path.is_file():
+            continue
+        record = read_json(path)
+        if record.get("servesim"):
+            versions.add(f"servesim {record['servesim']}")
+        for name, version in sorted((record.get("versions") or {}).items()):
+            versions.add(f"{name} {version}")
+        for item in record.get("inputs") or []:
+            key = (str(item.get("field")), str(item.get("path")), str(item.get("sha256")))
+            rows[key] = [*key, item.get("size_bytes")]
+    return [rows[k] for k in sorted(rows)], versions
+
+
+def inputs_and_versions(run_dirs: Sequence[Path]) -> str:
+    """Input hashes and versions: those the runs recorded, and this report's environment."""
+    rows, recorded = recorded_inputs(run_dirs)
+    has_record = any((d / "inputs.json").is_file() for d in run_dirs)
+    if rows:
+        inputs = m.table(["field", "path", "sha256", "size (bytes)"], rows, text_columns=3)
+    elif has_record:
+        inputs = m.paragraph("The runs read no input files (synthetic workload, no profile).")
+    else:
+        inputs = m.paragraph("These results record no input hashes (written before runs "
+                             "wrote inputs.json).")
+    from sim.fingerprint import code_fingerprint
+
+    here = [("servesim (version + source hash)", code_fingerprint()),
+            ("python", platform.python_version())]
+    here += [(p, _version(p)) for p in PACKAGES if p != "servesim"]
+    parts = ["<h3>Input files</h3>", inputs, "<h3>Versions</h3>"]
+    if recorded:
+        parts.append(m.paragraph("Recorded with the results: " + ", ".join(sorted(recorded))))
+    parts.append(m.paragraph("This report was made with:"))
+    parts.append(m.table(["package", "version"], here, text_columns=2))
+    return "\n".join(parts)
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
