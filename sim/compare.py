@@ -8,7 +8,7 @@ replaces."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +17,16 @@ import pandas as pd
 from sim.config import Scenario, merge_mappings, parse_scenario, read_mapping
 from sim.errors import InputError
 from sim.outdir import check_out_dir, check_writable_dir, is_run_dir
+from sim.overrides import Override, apply_overrides, named_by_overrides, resolved_defaults
 from sim.runner import Results, run_scenario
 
 TABLE = "comparison.csv"
 
 
-def load_comparison(path: str | Path) -> dict[str, Scenario]:
-    """Each variant of a comparison file as a full scenario, named `<name>/<variant>`."""
+def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
+                    ) -> dict[str, Scenario]:
+    """Each variant of a comparison file as a full scenario, named `<name>/<variant>`;
+    `overrides` (`--set`) set in every variant, over the base and the variant's changes."""
     path = Path(path)
     data = read_mapping(path, "comparison", {"name", "base", "variants"})
     base, variants = data.get("base"), data.get("variants")
@@ -32,16 +35,22 @@ def load_comparison(path: str | Path) -> dict[str, Scenario]:
     if not isinstance(variants, dict) or not variants:
         raise InputError(path, "variants", variants, "must map names to scenario changes")
     name = str(data.get("name", path.stem))
+    if any(dotted == "name" for dotted, _ in overrides):
+        raise InputError(path, "--set name", name, "a comparison names its variants "
+                         "<name>/<variant>: change the file's name instead")
     scenarios = {}
     for variant, change in variants.items():
         if not isinstance(change, dict):
             raise InputError(path, f"variants.{variant}", change, "must be a mapping")
         merged = merge_mappings(base, {**change, "name": f"{name}/{variant}"})
+        if overrides:
+            defaults = resolved_defaults(merged, path, path.parent)
+            merged = apply_overrides(merged, overrides, defaults)
         try:
             scenarios[str(variant)] = parse_scenario(merged, path, path.parent)
-        except InputError as exc:
+        except InputError as exc:  # each field within its variant, or named by its --set
             prefix = f"variants.{variant}."
-            raise exc.moved(path, prefix.__add__) from None  # each field, within its variant
+            raise named_by_overrides(exc, overrides, path, prefix.__add__) from None
     return scenarios
 
 

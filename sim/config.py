@@ -64,13 +64,15 @@ def _dispatch(registry: Registry[Any], key: str, value: Any) -> Any:
 
 class KVCacheConfig(_Frozen):
     # Bounds keep block counts times block sizes (KV slots) well inside int64.
-    block_size: int = Field(16, gt=0, le=65_536, description="token slots per KV block")
+    block_size: int = Field(16, gt=0, le=65_536, description="token slots per KV block (tokens)")
     num_blocks: int | None = Field(
         None, gt=0, le=10**12, description="blocks per replica; None: derived from GPU memory"
     )
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="as vLLM's flag")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="fraction of GPU memory for weights, activations and KV, "
+                                     "as vLLM's flag")
     activation_reserve_gb: float = Field(
-        2.0, ge=0, description="memory kept for activations when num_blocks is derived"
+        2.0, ge=0, description="GB kept for activations when num_blocks is derived"
     )
 
     @model_validator(mode="after")
@@ -97,14 +99,16 @@ class ReplicaConfig(_Frozen):
                                   "config.json (relative to the scenario)")
     gpu: str | GPUSpecInput = Field(
         "h100-sxm", description="a registered GPU, or a mapping of its figures")
-    parallelism: Parallelism = Field(default_factory=Parallelism)
+    parallelism: Parallelism = Field(default_factory=Parallelism,
+                                     description="how one replica splits over GPUs")
     scheduler: SerializeAsAny[SchedulerConfig] = Field(
-        default_factory=lambda: SCHEDULERS.get("chunked_prefill").Config(name="chunked_prefill")
-    )
+        default_factory=lambda: SCHEDULERS.get("chunked_prefill").Config(name="chunked_prefill"),
+        description="the batching policy: {name: <scheduler>, <its parameters>}")
     latency: SerializeAsAny[LatencyConfig] = Field(
-        default_factory=lambda: LATENCY_MODELS.get("roofline").Config(kind="roofline")
-    )
-    kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig)
+        default_factory=lambda: LATENCY_MODELS.get("roofline").Config(kind="roofline"),
+        description="how long an iteration takes: {kind: <latency model>, <its parameters>}")
+    kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig,
+                                    description="KV blocks per replica")
     max_model_len: int | None = Field(
         None, gt=0, le=10**9,
         description="context window (prompt plus output) in tokens; None: the model's")
@@ -187,8 +191,9 @@ def _known(registry: Registry[Any], name: str) -> str:
 class PoolConfig(_Frozen):
     """A pool of identical replicas."""
 
-    replicas: int = Field(1, gt=0, le=MAX_REPLICAS)
-    replica: ReplicaConfig = Field(default_factory=ReplicaConfig)
+    replicas: int = Field(1, gt=0, le=MAX_REPLICAS, description="replicas in the pool")
+    replica: ReplicaConfig = Field(default_factory=ReplicaConfig,
+                                   description="changes to the scenario's replica")
 
 
 class LinkConfig(_Frozen):
@@ -197,7 +202,7 @@ class LinkConfig(_Frozen):
     node move about 450 GB/s per direction (H100 NVLink 4: 900 GB/s both ways together)."""
 
     bandwidth_gb_s: float = Field(50.0, gt=0, description="GB/s (1e9 bytes/s)")
-    latency_s: float = Field(5e-6, ge=0, description="per transfer")
+    latency_s: float = Field(5e-6, ge=0, description="seconds per transfer, before its bytes")
 
 
 class ClusterConfig(_Frozen):
@@ -207,13 +212,15 @@ class ClusterConfig(_Frozen):
 
     replicas: int = Field(1, gt=0, le=MAX_REPLICAS, description="colocated replicas")
     router: SerializeAsAny[RouterConfig] = Field(
-        default_factory=lambda: ROUTERS.get("round_robin").Config(name="round_robin"))
-    prefill: PoolConfig | None = None
-    decode: PoolConfig | None = None
+        default_factory=lambda: ROUTERS.get("round_robin").Config(name="round_robin"),
+        description="picks a replica for each arrival: {name: <router>, <its parameters>}")
+    prefill: PoolConfig | None = Field(None, description="disaggregated: the prefill pool")
+    decode: PoolConfig | None = Field(None, description="disaggregated: the decode pool")
     decode_router: SerializeAsAny[RouterConfig] = Field(
         default_factory=lambda: ROUTERS.get("least_kv_load").Config(name="least_kv_load"),
         description="picks the decode replica when a prefill ends")
-    link: LinkConfig = Field(default_factory=LinkConfig)
+    link: LinkConfig = Field(default_factory=LinkConfig,
+                             description="the KV link of each prefill replica")
     overlap_transfer: bool = Field(
         False, description="stream KV layer by layer during the prefill; only what is left "
                            "after it ends is exposed")
@@ -249,8 +256,10 @@ class ClusterConfig(_Frozen):
 
 
 class SLOConfig(_Frozen):
-    ttft_s: float | None = Field(None, gt=0, description="target time to first token")
-    tbt_s: float | None = Field(None, gt=0, description="target gap between output tokens")
+    ttft_s: float | None = Field(None, gt=0,
+                                 description="target time to first token, seconds")
+    tbt_s: float | None = Field(None, gt=0,
+                                description="target gap between output tokens, seconds")
 
 
 class Pool(NamedTuple):
@@ -264,14 +273,18 @@ class Pool(NamedTuple):
 
 
 class Scenario(_Frozen):
-    name: str = "scenario"
-    seed: int = Field(0, ge=0)
-    workload: SerializeAsAny[WorkloadConfig]
-    replica: ReplicaConfig = Field(default_factory=ReplicaConfig)
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-    slo: SLOConfig = Field(default_factory=SLOConfig)
+    name: str = Field("scenario", description="names the results directory results/<name>")
+    seed: int = Field(0, ge=0, description="seeds every random draw (arrivals, lengths, noise)")
+    workload: SerializeAsAny[WorkloadConfig] = Field(
+        description="the requests: {format: <workload format>, <its parameters>}")
+    replica: ReplicaConfig = Field(default_factory=ReplicaConfig,
+                                   description="one replica: model, GPU, scheduler, latency")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig,
+                                   description="replicas and routing, or disaggregated pools")
+    slo: SLOConfig = Field(default_factory=SLOConfig, description="latency targets")
     horizon_s: float | None = Field(
-        None, gt=0, description="stop here; requests not done are reported unfinished"
+        None, gt=0, description="seconds after the first arrival to stop; requests not done "
+                                "are reported unfinished"
     )
     record_token_times: bool = Field(False, description="also write every token's time")
     # The file the scenario came from, named by errors found while it runs (not a field).

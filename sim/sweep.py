@@ -14,6 +14,10 @@ A sweep file::
       workload.rate_scale: [1.0, 2.0]
       name: [slow, fast]
 
+An axis sets its field by the rule `--set` uses (`sim.overrides.set_path`): naming another
+scheduler (`replica.scheduler.name`) starts its parameters afresh. `--set` options change every
+run, over the base and the axes; one that meets an axis is refused.
+
 A sweep directory holds `sweep.json` (its marker), `runs/<key>/` (one run's result files and
 `inputs.json`, each written whole or not at all) and, once every run is done, `results.parquet`
 and `results.csv` (never written from a partial set). A sweep with more than one seed per point
@@ -29,7 +33,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from pathlib import Path
@@ -41,6 +45,14 @@ from sim.config import Scenario, parse_scenario, read_mapping, read_yaml
 from sim.errors import InputError
 from sim.fingerprint import input_files, inputs_record, scenario_key
 from sim.outdir import check_writable_dir, is_run_dir
+from sim.overrides import (
+    Override,
+    apply_overrides,
+    named_by_overrides,
+    related,
+    resolved_defaults,
+    set_path,
+)
 from sim.sweep_workers import Job, SweepFailed, run_jobs
 
 SWEEP_MARKER = "sweep.json"
@@ -64,20 +76,10 @@ class Run:
         return scenario_key(self.scenario)
 
 
-def set_path(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
-    """A copy of `data` with the field at `dotted` (e.g. replica.scheduler.token_budget) set."""
-    head, _, rest = dotted.partition(".")
-    out = dict(data)
-    if rest:
-        inner = out.get(head)
-        out[head] = set_path(inner if isinstance(inner, dict) else {}, rest, value)
-    else:
-        out[head] = value
-    return out
-
-
-def load_sweep(path: str | Path) -> tuple[str, list[Run]]:
-    """Expand a sweep file into its runs; one-line errors for bad files."""
+def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[str, list[Run]]:
+    """Expand a sweep file into its runs; one-line errors for bad files. `overrides` (`--set`)
+    change every run, over the base and the axes; one that meets an axis (the same field, or
+    one inside the other) is refused: which value was meant would be a guess."""
     path = Path(path)
     data = read_mapping(path, "sweep", {"name", "base", "seeds", "grid", "zip"})
     base = data.get("base")
@@ -87,6 +89,9 @@ def load_sweep(path: str | Path) -> tuple[str, list[Run]]:
         base, base_dir = read_yaml(base_path), base_path.parent
     if not isinstance(base, dict):
         raise InputError(path, "base", base, "must be a scenario file or mapping")
+    _check_overrides(path, data, overrides)
+    defaults = resolved_defaults(base, path, base_dir)
+    base = apply_overrides(base, overrides, defaults)
     seeds = data.get("seeds", [base.get("seed", 0)])
     if not isinstance(seeds, list) or not seeds or not all(
             isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
@@ -112,15 +117,29 @@ def load_sweep(path: str | Path) -> tuple[str, list[Run]]:
         point = {**g, **z}
         scenario_data = dict(base)
         for dotted, value in point.items():
-            scenario_data = set_path(scenario_data, dotted, value)
+            scenario_data = set_path(scenario_data, dotted, value, defaults)
+        # Again over the axes: an axis naming another scheduler starts it afresh.
+        scenario_data = apply_overrides(scenario_data, overrides, defaults)
         scenario_data["seed"] = seed
         scenario_data.setdefault("name", name)
         try:
             scenario = parse_scenario(scenario_data, path, base_dir)
-        except InputError as exc:  # named by the sweep axis that set the field, if one did
-            raise exc.moved(path, partial(_axis_of, point)) from None
+        except InputError as exc:  # named by the override or sweep axis that set the field
+            raise named_by_overrides(exc, overrides, path, partial(_axis_of, point)) from None
         runs.append(Run(point, seed, scenario, _given_paths(scenario, scenario_data)))
     return name, runs
+
+
+def _check_overrides(path: Path, data: dict[str, Any], overrides: Sequence[Override]) -> None:
+    """Refuse an override of a swept field (`seed` too, where the file lists `seeds`)."""
+    axes = [*(data.get("grid") or {}), *(data.get("zip") or {})]
+    if "seeds" in data:
+        axes.append("seed")
+    for dotted, value in overrides:
+        axis = next((a for a in axes if isinstance(a, str) and related(a, dotted)), None)
+        if axis is not None:
+            raise InputError(path, f"--set {dotted}", value, f"the sweep varies {axis}: "
+                             "change its values in the sweep file, or sweep something else")
 
 
 def _axis_of(point: dict[str, Any], field: str) -> str:

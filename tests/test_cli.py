@@ -140,7 +140,7 @@ def test_compare_command_prints_one_table(tmp_path, monkeypatch, capsys):
     path.write_text(COMPARISON)
     code, out = cli(monkeypatch, capsys, "compare", str(path), "--out", str(tmp_path / "r"))
     assert code == 0
-    for text in ("colocated", "first", "split", "1P+1D", "TBT P99 ms", "xfer P99 ms"):
+    for text in ("colocated", "first", "split", "1P+1D", "P99 TBT ms", "P99 KV transfer time"):
         assert text in out
     rows = pd.read_csv(tmp_path / "r" / "comparison.csv")
     assert rows["scheduler"].tolist() == ["chunked_prefill", "prefill_first",
@@ -156,3 +156,58 @@ def test_bad_comparison_names_the_variant(tmp_path, monkeypatch, capsys):
         main()
     assert exc.value.code == 2
     assert "variants.colocated.cluster.replicas=0" in capsys.readouterr().err
+
+
+def test_list_params_give_units_and_allowed_values_in_80_columns(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out = cli(monkeypatch, capsys, "list", "--params")
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= 80
+    lines: dict[str, str] = {}  # parameter -> its row, wrapped lines joined
+    last = ""
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 3:
+            last = cells[0] or last
+            lines[last] = " ".join(filter(None, (lines.get(last, ""), *cells[1:])))
+    assert "0.002 s" in lines["overhead_s"] and "0<=x<=1" in lines["overhead_s"]
+    assert "one of: calibrated, naive" in lines["linear"]  # from its Literal type
+    assert "8192 tokens" in lines["max_num_batched_tokens"]
+    for nested in ("noise.kind", "noise.sigma", "noise.correlation"):  # flattened, not repr'd
+        assert nested in lines
+    assert "x>0" in lines["max_num_seqs"]
+
+
+def test_list_without_params_says_how_to_see_them(monkeypatch, capsys):
+    code, out = cli(monkeypatch, capsys, "list")
+    assert code == 0 and "servesim list --params" in out
+
+
+COMMANDS = ("simulate", "list", "compare", "sweep", "capacity", "profile", "fit", "replay",
+            "validate")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_fits_80_columns_and_shows_defaults(command, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out = cli(monkeypatch, capsys, command, "--help")
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert not [line for line in lines if "…" in line]  # nothing cut off
+    defaults = {"simulate": "results/<scenario", "compare": "results/<name>",
+                "sweep": "[default: local]", "capacity": "results/<scenario",
+                "replay": "best here", "validate": "validation/<name>"}
+    if command in defaults:  # the custom defaults are shown, not swallowed as markup
+        assert defaults[command] in out
+    if command in ("simulate", "compare", "sweep", "capacity"):
+        assert "--set" in out and "PATH=VALUE" in out
+
+
+def test_top_level_help_lists_each_command_on_unbroken_lines(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out = cli(monkeypatch, capsys, "--help")
+    assert code == 0
+    # At 200 columns each command's summary is one line: the docstring's own breaks are gone.
+    row = next(line for line in out.splitlines() if "capacity " in line)
+    assert row.rstrip(" │").endswith("as an interval.")

@@ -75,8 +75,9 @@ def test_an_earlier_run_is_replaced_whole(tmp_path, monkeypatch, capsys):
                   "--out", str(out))
     assert code == 0
     # No stale tokens.parquet of the first run beside the second run's files.
-    assert sorted(p.name for p in out.iterdir()) == ["iterations.parquet", "requests.parquet",
-                                                     "scenario.yaml", "summary.json"]
+    names = {p.name for p in out.iterdir()}
+    assert "tokens.parquet" not in names
+    assert {"iterations.parquet", "requests.parquet", "scenario.yaml", "summary.json"} <= names
     assert len(pd.read_parquet(out / "requests.parquet")) == 60
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
@@ -112,3 +113,32 @@ def test_interrupt_keeps_the_previous_run_and_exits_130(tmp_path):
     assert "interrupted" in stdout + stderr and "Traceback" not in stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_json_prints_only_the_summary_on_stdout(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "r"
+    monkeypatch.setattr(sys, "argv", ["servesim", "simulate", str(scenario(tmp_path)), "--out",
+                                      str(out), "--json"])
+    from sim.cli import main
+
+    main()
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)  # stdout is the JSON document, nothing else
+    assert summary == json.loads((out / "summary.json").read_text())
+    assert summary["requests"]["total"] == 50
+    assert "results: " in captured.err  # the notes went to stderr
+    assert (out / "requests.parquet").is_file() and (out / "scenario.yaml").is_file()
+
+
+def test_json_with_replications_prints_their_estimates(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "r"
+    monkeypatch.setattr(sys, "argv", ["servesim", "simulate", str(scenario(tmp_path)), "--out",
+                                      str(out), "--json", "--replications", "2",
+                                      "--workers", "1"])
+    from sim.cli import main
+
+    main()
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data == json.loads((out / "replications.json").read_text())
+    assert data["replications"] == 2

@@ -2,12 +2,42 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+from typing import Any
+
 import typer
 from rich.console import Console
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Simulate LLM serving: TTFT and inter-token latency, before GPU hours.")
+
+class _Typer(typer.Typer):
+    """typer (0.29) prints a command's docstring with its line breaks kept after the first
+    paragraph, and in the command list within the first too, so text broken at 100 columns in
+    the source is broken twice on a terminal: each paragraph is made one line here, for the
+    terminal's width to wrap."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Any]:
+        def register(func: Callable[..., Any]) -> Any:
+            if kwargs.get("help") is None and func.__doc__:
+                paragraphs = inspect.cleandoc(func.__doc__).split("\n\n")
+                kwargs["help"] = "\n\n".join(" ".join(p.split()) for p in paragraphs)
+            return super(_Typer, self).command(*args, **kwargs)(func)
+
+        return register
+
+
+app = _Typer(add_completion=False, no_args_is_help=True,
+             help="Simulate LLM serving: TTFT and inter-token latency, before GPU hours.")
 console = Console()
+
+SET_HELP = ("change a scenario field before it is checked, VALUE read as YAML, e.g. "
+            "--set replica.gpu=h200; repeatable, the last one wins")
+
+
+def set_option(precedence: str) -> Any:
+    """The `--set PATH=VALUE` option of a command that reads scenarios, its help ending with
+    what it takes precedence over (and under)."""
+    return typer.Option("--set", metavar="PATH=VALUE", help=f"{SET_HELP}; {precedence}")
 
 
 def fmt(value: float | None, scale: float = 1.0) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import shlex
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +24,13 @@ def require_torch(device: str) -> None:
                          "pip install -e '.[profile]'")
 
 
+class Attention(str, Enum):  # noqa: UP042  (typer takes str-mixin enums as choices)
+    """The profiler's attention kernels."""
+
+    sdpa = "sdpa"
+    varlen = "varlen"
+
+
 def command_line() -> str:
     return shlex.join(["servesim", *sys.argv[1:]])
 
@@ -38,21 +46,21 @@ def profile(
     holdout: Annotated[int, typer.Option(min=0, help="random held-out mixes to measure")] = 200,
     seed: Annotated[int, typer.Option(min=0, help="seed of the grid, mixes and weights")] = 0,
     threads: Annotated[int | None, typer.Option(
-        min=1, help="CPU threads for torch (default 1)")] = None,
+        min=1, help="CPU threads for torch", show_default="1")] = None,
     max_tokens: Annotated[int | None, typer.Option(min=1, help="most tokens per iteration")] = None,
     max_context: Annotated[int | None, typer.Option(min=1, help="longest context")] = None,
     max_batch: Annotated[int | None, typer.Option(min=1, help="most decodes per iteration")] = None,
     check: Annotated[Path | None, typer.Option(
         help="instead of profiling: measure fresh random mixes against this fitted file")] = None,
     num: Annotated[int, typer.Option(min=1, help="mixes for --check")] = 200,
-    attention: Annotated[str | None, typer.Option(
-        help="sdpa (portable) or varlen (paged FlashAttention, CUDA) [default: best here]")
-    ] = None,
+    attention: Annotated[Attention | None, typer.Option(
+        help="sdpa (portable) or varlen (paged FlashAttention, CUDA)",
+        show_default="best here")] = None,
     plot: Annotated[Path | None, typer.Option(help="scatter plot for --check (png/svg)")] = None,
     tensor_parallel: Annotated[int | None, typer.Option(
         "--tensor-parallel", help="measure one GPU's shard of a T-way tensor-parallel replica "
-        "(heads, MLP width and LM head divided by T); --check reads it from the file "
-        "[default: 1]")] = None,
+        "(heads, MLP width and LM head divided by T); --check reads it from the file",
+        show_default="1")] = None,
 ) -> None:
     """Measure real iterations of a model on a device (needs torch), or --check a fitted model."""
     require_torch(device)
@@ -63,15 +71,16 @@ def profile(
         return
     commands.run_profile(model, device, out, reps=reps, warmup=warmup, holdout=holdout,
                          seed=seed, threads=threads, max_tokens=max_tokens,
-                         max_context=max_context, max_batch=max_batch, attention=attention,
+                         max_context=max_context, max_batch=max_batch,
+                         attention=attention.value if attention else None,
                          tensor_parallel=1 if tensor_parallel is None else tensor_parallel)
 
 
 @app.command()
 def fit(
     profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="profile parquet")],
-    out: Annotated[Path | None, typer.Option(help="fitted latency file [default: PROFILE.json]")
-                   ] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="fitted latency file", show_default="PROFILE with .json")] = None,
     host_overhead_from: Annotated[list[Path] | None, typer.Option(
         help="replay result directories: add their median host time per iteration (outside "
              "the forward pass) to the model as a per-iteration term")] = None,
@@ -84,20 +93,24 @@ def fit(
 
 @app.command()
 def replay(
-    scenario: Annotated[Path, typer.Argument(help="scenario YAML with one colocated replica")],
+    scenario: Annotated[Path, typer.Argument(
+        metavar="SCENARIO", help="scenario YAML with one colocated replica")],
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",
     out: Annotated[Path | None, typer.Option(
-        help="directory for the result files [default: results/<scenario name>_replay]")] = None,
+        help="directory for the result files", show_default="results/<scenario name>_replay")
+    ] = None,
     threads: Annotated[int | None, typer.Option(
-        min=1, help="CPU threads for torch (default 1: steadier)")] = None,
+        min=1, help="CPU threads for torch (1 is steadier)", show_default="1")] = None,
     seed: Annotated[int | None, typer.Option(min=0, help="override the scenario's seed")] = None,
-    attention: Annotated[str | None, typer.Option(
-        help="sdpa or varlen (paged FlashAttention, CUDA) [default: best here]")] = None,
+    attention: Annotated[Attention | None, typer.Option(
+        help="sdpa (portable) or varlen (paged FlashAttention, CUDA)",
+        show_default="best here")] = None,
 ) -> None:
-    """Serve a scenario's requests for real, in real time, on one replica (needs torch): the
-    simulator's scheduler and KV accounting, each plan one forward pass of the profiler's model,
-    output lengths from the trace. Writes the simulator's result files, plus forward and host
-    time per iteration. Ctrl-C stops and keeps what ran (marked incomplete)."""
+    """Serve a scenario's requests for real, in real time, on one replica (needs torch).
+
+    The simulator's scheduler and KV accounting; each plan one forward pass of the profiler's
+    model; output lengths from the trace. Writes the simulator's result files, plus forward and
+    host time per iteration. Ctrl-C stops and keeps what ran (marked incomplete)."""
     require_torch(device)
     from profiler.replay import replay as serve
     from sim.cli.run import summary_table
@@ -109,7 +122,8 @@ def replay(
         loaded = loaded.model_copy(update={"seed": seed})
     out_dir = out if out is not None else Path("results") / f"{loaded.name}_replay"
     with ProgressReport(f"replaying {loaded.name}", "requests") as progress:
-        results = serve(loaded, device=device, threads=threads, attention=attention,
+        results = serve(loaded, device=device, threads=threads,
+                        attention=attention.value if attention else None,
                         out_dir=out_dir, progress=progress, command=command_line())
     summary = results.summary
     console.print(summary_table(summary))
@@ -136,30 +150,35 @@ def validate(
     loads: Annotated[str, typer.Option(help="fractions of capacity, comma-separated")
                      ] = "0.5,0.8,0.95",
     profile: Annotated[Path | None, typer.Option(
-        help="fitted profile to validate [default: measure one now, on a grid sized from the "
-             "scenarios]")] = None,
+        help="fitted profile to validate",
+        show_default="measure one now, on a grid sized from the scenarios")] = None,
     capacity: Annotated[float | None, typer.Option(
-        min=1e-9, help="requests/s that loads are fractions of [default: measure "
-                                   "it by a saturated replay]")] = None,
+        min=1e-9, help="requests/s that loads are fractions of",
+        show_default="measured by a saturated replay")] = None,
     capacity_requests: Annotated[int | None, typer.Option(
-        min=1, help="requests in the saturated replay [default: all the scenario's]")] = None,
+        min=1, help="requests in the saturated replay", show_default="all the scenario's")
+    ] = None,
     repeats: Annotated[int, typer.Option(min=1, help="replays per point (2+: the floor)")] = 2,
-    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads (default 1)")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads", show_default="1")
+                       ] = None,
     out: Annotated[Path | None, typer.Option(
-        help="directory for tables, figure and runs [default: validation/<scenario name>]")
+        help="directory for tables, figure and runs", show_default="validation/<name>")
     ] = None,
     profile_max_tokens: Annotated[int | None, typer.Option(
         min=1, help="cap the measured grid's tokens per iteration")] = None,
     profile_reps: Annotated[int, typer.Option(min=1, help="timed repetitions per mix")] = 5,
     profile_holdout: Annotated[int, typer.Option(min=1, help="held-out mixes")] = 60,
     reuse: Annotated[bool, typer.Option(
-        help="reuse the profile and complete replays of identical scenarios already in --out")
+        "--reuse", help="reuse the profile and complete replays of identical scenarios "
+                        "already in --out")
     ] = False,
 ) -> None:
-    """Replay each scenario at each load (twice), simulate the same requests, and report the
-    signed error of TTFT, TBT, E2E, scheduling delay and throughput, split into scheduling
-    (recorded durations) and latency-model error (profile, with and without host overhead;
-    roofline). Writes errors.csv, iterations.csv, meta.json, table.txt, validation.png."""
+    """Replay each scenario at each load, simulate the same requests, report the errors.
+
+    Each scenario is replayed at each load (twice). Reported: the signed error of TTFT, TBT,
+    E2E, scheduling delay and throughput, split into scheduling (recorded durations) and
+    latency-model error (profile, with and without host overhead; roofline). Writes errors.csv,
+    iterations.csv, meta.json, table.txt, validation.png."""
     require_torch(device)
     from profiler.validate import Options, run_validation
     from sim.config import load_scenario

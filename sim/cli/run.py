@@ -3,82 +3,111 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
-from sim.cli.common import app, console, fmt, pct
+from sim.cli.common import app, console, fmt, pct, set_option
+
+if TYPE_CHECKING:
+    from sim.config import Scenario
 
 
 @app.command()
 def simulate(
     scenario: Annotated[Path | None, typer.Argument(
-        help="scenario YAML; omit to run the embedded default scenario")] = None,
+        metavar="SCENARIO", help="scenario YAML; omit to run the embedded default scenario")
+    ] = None,
     out: Annotated[Path | None, typer.Option(
-        help="directory for the result files [default: results/<scenario name>]")] = None,
-    seed: Annotated[int | None, typer.Option(min=0, help="override the scenario's seed")] = None,
+        help="directory for the result files", show_default="results/<scenario name>")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(
+        min=0, help="the scenario's seed, over the file and --set seed=N")] = None,
     replications: Annotated[int, typer.Option(
         min=1, help="independent replications (seeds SEED+0..N-1), each in OUT/rep<k>/; "
                     "every headline metric with a 95% confidence interval")] = 1,
     workers: Annotated[int | None, typer.Option(
-        min=1, help="replications: worker processes [default: one per CPU]")] = None,
+        min=1, help="replications: worker processes", show_default="one per CPU")] = None,
+    set_: Annotated[list[str] | None, set_option(
+        "over the scenario file, under --seed")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="print the summary (summary.json; replications.json with "
+                       "--replications) as JSON on stdout, nothing else there; results "
+                       "written as usual")] = False,
 ) -> None:
-    """Run one scenario; print its latency table; write results next to the resolved scenario."""
-    from sim.config import load_scenario
+    """Run one scenario; print its latency table; write results beside the resolved scenario."""
+    from sim.overrides import load_scenario, parse_overrides
     from sim.progress import ProgressReport
     from sim.runner import run_scenario
 
-    loaded = load_scenario(scenario)
+    loaded = load_scenario(scenario, parse_overrides(set_))
+    if seed is not None:
+        loaded = loaded.model_copy(update={"seed": seed})
     out_dir = out if out is not None else Path("results") / loaded.name
+    shown = Console(stderr=True) if as_json else console  # stdout is the JSON's alone
     if replications > 1:
-        import os
-
-        from sim.replications import (
-            RESULT_FILE,
-            check_replicable,
-            check_replications_dir,
-            replications_table,
-            run_replications,
-        )
-
-        if seed is not None:
-            loaded = loaded.model_copy(update={"seed": seed})
-        check_replicable(loaded, replications)
-        check_replications_dir(out_dir)
-        with interrupt_exits(out_dir, "the replications were", "replications are"), \
-                ProgressReport(f"simulating {loaded.name}", "replications",
-                               total=replications) as progress:
-            finished: list[int] = []
-
-            def done(k: int, summary: dict[str, Any]) -> None:
-                finished.append(k)
-                progress.update(len(finished))
-                progress.note(f"rep{k} (seed {loaded.seed + k}): "
-                              f"{summary['overload']['verdict']}")
-
-            data = run_replications(loaded, replications, out_dir, workers=min(
-                workers or os.cpu_count() or 1, replications), on_done=done)
-        console.print(replications_table(data))
-        console.print(f"results: {out_dir}/{RESULT_FILE}, {out_dir}/rep<k>/ (one run each)",
-                      soft_wrap=True)
+        simulate_replicated(loaded, replications, out_dir, workers, shown, as_json)
         return
-    with interrupt_exits(out_dir, "the run was", "results are"), \
+    with interrupt_exits(out_dir, "the run was", "results are", shown), \
             ProgressReport(f"simulating {loaded.name}", "arrivals") as progress:
-        results = run_scenario(loaded, seed=seed, out_dir=out_dir,
+        results = run_scenario(loaded, out_dir=out_dir,
                                on_progress=lambda done, total: progress.update(done, total))
-    console.print(summary_table(results.summary))
-    if len(results.summary["replicas"]) > 1:
-        console.print(replica_table(results.summary))
-    console.print(overload_line(results.summary["overload"]))
-    console.print(f"results: {out_dir}/ (requests.parquet, iterations.parquet, summary.json, "
-                  "scenario.yaml)")
+    if as_json:
+        print(json.dumps(results.summary, indent=2, sort_keys=True))
+    else:
+        console.print(summary_table(results.summary))
+        if len(results.summary["replicas"]) > 1:
+            console.print(replica_table(results.summary))
+    shown.print(overload_line(results.summary["overload"]))
+    shown.print(f"results: {out_dir}/ (requests.parquet, iterations.parquet, summary.json, "
+                "scenario.yaml)")
+
+
+def simulate_replicated(loaded: Scenario, replications: int, out_dir: Path,
+                        workers: int | None, shown: Console, as_json: bool) -> None:
+    """`simulate --replications N`: N seeds in worker processes; the table of estimates."""
+    import os
+
+    from sim.progress import ProgressReport
+    from sim.replications import (
+        RESULT_FILE,
+        check_replicable,
+        check_replications_dir,
+        replications_table,
+        run_replications,
+    )
+
+    check_replicable(loaded, replications)
+    check_replications_dir(out_dir)
+    with interrupt_exits(out_dir, "the replications were", "replications are", shown), \
+            ProgressReport(f"simulating {loaded.name}", "replications",
+                           total=replications) as progress:
+        finished: list[int] = []
+
+        def done(k: int, summary: dict[str, Any]) -> None:
+            finished.append(k)
+            progress.update(len(finished))
+            progress.note(f"rep{k} (seed {loaded.seed + k}): "
+                          f"{summary['overload']['verdict']}")
+
+        data = run_replications(loaded, replications, out_dir, workers=min(
+            workers or os.cpu_count() or 1, replications), on_done=done)
+    if as_json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        console.print(replications_table(data))
+    shown.print(f"results: {out_dir}/{RESULT_FILE}, {out_dir}/rep<k>/ (one run each)",
+                soft_wrap=True)
 
 
 @contextlib.contextmanager
-def interrupt_exits(out_dir: Path, done: str, written: str) -> Iterator[None]:
+def interrupt_exits(out_dir: Path, done: str, written: str,
+                    shown: Console = console) -> Iterator[None]:
     """Ctrl-C exits 130 with what is on disk: the new results whole if the swap had begun
     (`done`: "the run was"), else the previous ones or nothing (`written`: "results are")."""
     from sim.outdir import SwappedInterrupt, is_earlier_results
@@ -86,12 +115,12 @@ def interrupt_exits(out_dir: Path, done: str, written: str) -> Iterator[None]:
     try:
         yield
     except SwappedInterrupt:
-        console.print(f"interrupted after {done} complete: the new results are in {out_dir}/ "
+        shown.print(f"interrupted after {done} complete: the new results are in {out_dir}/ "
                       "whole")
         raise typer.Exit(130) from None
     except KeyboardInterrupt:
         kept = "the previous results are" if is_earlier_results(out_dir) else "nothing was"
-        console.print(f"interrupted: {kept} kept in {out_dir}/ ({written} written whole or "
+        shown.print(f"interrupted: {kept} kept in {out_dir}/ ({written} written whole or "
                       "not at all)")
         raise typer.Exit(130) from None
 
@@ -107,11 +136,13 @@ def overload_line(verdict: dict[str, Any]) -> str:
 @app.command("list")
 def list_registered(
     params: Annotated[bool, typer.Option(
-        "--params", help="also each scheduler's, latency model's and router's parameters, "
-                         "with defaults")] = False,
+        "--params", help="also each scheduler's, latency model's and router's parameters: "
+                         "default with its unit, meaning and allowed values")] = False,
 ) -> None:
-    """List the schedulers, latency models, workload formats, routers, models and GPUs; then the
-    GPUs' and models' figures."""
+    """List the registered schedulers, latency models, formats, routers, models and GPUs.
+
+    Then each GPU's and model's figures; with --params, each scheduler's, latency model's and
+    router's parameters."""
     # From the packages that fill them, not sim.config: no scenario model is built to list names.
     from sim.gpus import GPUS
     from sim.latency import LATENCY_MODELS
@@ -128,15 +159,17 @@ def list_registered(
     console.print(table)
     console.print(gpu_table([GPUS.get(name) for name in GPUS]))
     console.print(model_table([MODELS.get(name) for name in MODELS]))
-    if params:
-        from sim.latency.base import LatencyConfig
-        from sim.routers.base import RouterConfig
-        from sim.schedulers.base import SchedulerConfig
+    if not params:
+        console.print("their parameters, defaults and units: servesim list --params")
+        return
+    from sim.latency.base import LatencyConfig
+    from sim.routers.base import RouterConfig
+    from sim.schedulers.base import SchedulerConfig
 
-        for shown in params_tables([("scheduler", SCHEDULERS, SchedulerConfig),
-                                    ("latency model", LATENCY_MODELS, LatencyConfig),
-                                    ("router", ROUTERS, RouterConfig)]):
-            console.print(shown)
+    for shown in params_tables([("scheduler", SCHEDULERS, SchedulerConfig),
+                                ("latency model", LATENCY_MODELS, LatencyConfig),
+                                ("router", ROUTERS, RouterConfig)]):
+        console.print(shown)
 
 
 def gpu_table(gpus: list[Any]) -> Table:
@@ -185,39 +218,88 @@ def model_table(models: list[Any]) -> Table:
 
 def params_tables(groups: list[tuple[str, Any, Any]]) -> list[Table | str]:
     """For each (kind, registry, base config class): the parameters every entry shares, then each
-    entry's own (new, or with another default or meaning), with defaults and descriptions from
-    the pydantic Configs."""
-    from pydantic_core import PydanticUndefined
-
-    def table(title: str, fields: dict[str, Any]) -> Table:
-        out = Table(title=title, title_justify="left")
-        out.add_column("parameter", no_wrap=True)
-        out.add_column("default", no_wrap=True)
-        out.add_column("meaning")
-        for key, info in fields.items():
-            default = info.get_default(call_default_factory=True)
-            out.add_row(key, "(required)" if default is PydanticUndefined else str(default),
-                        info.description or "")
-        return out
-
+    entry's own (new, or with another default or meaning), from the pydantic Configs: default
+    (with the unit its name's suffix gives), description, allowed values."""
     shown: list[Table | str] = []
     for kind, registry, base in groups:
-        common = {k: v for k, v in base.model_fields.items() if k not in ("name", "kind")}
+        common = parameter_rows(base)
         if common:
-            shown.append(table(f"every {kind}", common))
+            shown.append(params_table(f"every {kind}", common))
         bare = []
         for name in registry.names():
-            fields = registry.get(name).Config.model_fields
-            own = {k: v for k, v in fields.items() if k not in ("name", "kind") and (
-                k not in common or (v.default, v.description) != (common[k].default,
-                                                                   common[k].description))}
+            own = {k: row for k, row in parameter_rows(registry.get(name).Config).items()
+                   if common.get(k) != row}
             if own:
-                shown.append(table(f"{kind} {name}", own))
+                shown.append(params_table(f"{kind} {name}", own))
             else:
                 bare.append(name)
         if bare:
             shown.append(f"{kind}s with no parameters of their own: {', '.join(bare)}")
     return shown
+
+
+def params_table(title: str, rows: dict[str, tuple[str, str]]) -> Table:
+    """parameter | default | meaning: two narrow columns, the meaning wraps."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("parameter", no_wrap=True)
+    table.add_column("default", no_wrap=True)
+    table.add_column("meaning")
+    for key, (default, meaning) in rows.items():
+        table.add_row(key, default, meaning)
+    return table
+
+
+UNIT_SUFFIXES = (("_gb_s", "GB/s"), ("_ms", "ms"), ("_s", "s"), ("_gb", "GB"),
+                 ("_bytes", "bytes"), ("_tokens", "tokens"))
+
+
+def parameter_rows(config: Any, prefix: str = "") -> dict[str, tuple[str, str]]:
+    """A config class's parameters (nested models flattened, `noise.sigma`), each as (default,
+    meaning); the registry key (`name`, `kind`) left out."""
+    from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
+
+    rows: dict[str, tuple[str, str]] = {}
+    for key, info in config.model_fields.items():
+        if key in ("name", "kind") and not prefix:
+            continue
+        nested = info.annotation
+        if isinstance(nested, type) and issubclass(nested, BaseModel):
+            rows.update(parameter_rows(nested, f"{prefix}{key}."))
+            continue
+        default = info.get_default(call_default_factory=True)
+        unit = next((u for suffix, u in UNIT_SUFFIXES if key.endswith(suffix)), "")
+        shown = ("(required)" if default is PydanticUndefined
+                 else f"{default:g}" if isinstance(default, float) else str(default))
+        if unit and isinstance(default, int | float) and not isinstance(default, bool):
+            shown += f" {unit}"
+        meaning = "; ".join(part for part in ((info.description or "").rstrip("."),
+                                              allowed(info)) if part)
+        rows[prefix + key] = (shown, meaning)
+    return rows
+
+
+def allowed(info: Any) -> str:
+    """The values a field takes, from its type and bounds: `one of: a, b`, `0<x<=1` (no
+    spaces: a table wraps its cells at spaces)."""
+    import typing
+
+    choices = [c for arg in (info.annotation, *typing.get_args(info.annotation))
+               if typing.get_origin(arg) is typing.Literal for c in typing.get_args(arg)]
+    if choices:
+        return "one of: " + ", ".join(map(str, choices))
+    bounds = {attr: value for bound in info.metadata for attr in ("gt", "ge", "lt", "le")
+              if (value := getattr(bound, attr, None)) is not None}
+    if not bounds:
+        return ""
+    parts = [f"{v:g}" if isinstance(v, float) else str(v) for v in bounds.values()]
+    ops = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    if len(bounds) == 1:
+        (attr,) = bounds
+        return f"x{ops[attr]}{parts[0]}"
+    low, high = parts[0], parts[1]
+    (lo, hi) = bounds
+    return f"{low}{ops[lo].replace('>', '<')}x{ops[hi]}{high}"
 
 
 LATENCY_ROWS = (  # summary key, label, scale to the unit in the label

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +16,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from sim.cli.common import app, console, fmt, pct
+from sim.cli.common import app, console, fmt, pct, set_option
 
 
 def interrupted(kept: str) -> typer.Exit:
@@ -26,21 +27,26 @@ def interrupted(kept: str) -> typer.Exit:
 
 @app.command()
 def compare(
-    comparison: Annotated[Path, typer.Argument(help="comparison YAML: base + variants")],
+    comparison: Annotated[Path, typer.Argument(
+        metavar="COMPARISON", help="comparison YAML: base + variants")],
     out: Annotated[Path | None, typer.Option(
-        help="directory for each variant's results [default: results/<name>]")] = None,
+        help="directory for each variant's results", show_default="results/<name>")] = None,
     replications: Annotated[int, typer.Option(
         min=1, help="run each variant N times (seeds SEED+0..N-1, the same for every "
                     "variant); each number with a 95% confidence interval")] = 1,
     workers: Annotated[int | None, typer.Option(
-        min=1, help="replications: worker processes [default: one per CPU]")] = None,
+        min=1, help="replications: worker processes", show_default="one per CPU")] = None,
+    set_: Annotated[list[str] | None, set_option(
+        "in every variant, over the base and the variant's own changes")] = None,
 ) -> None:
     """Run every variant of a comparison file on the same trace; print one table."""
     from sim.compare import compare as run_all
     from sim.compare import load_comparison
+    from sim.overrides import parse_overrides
     from sim.progress import ProgressReport
 
-    scenarios = load_comparison(comparison)
+    overrides = parse_overrides(set_)
+    scenarios = load_comparison(comparison, overrides)
     name = next(iter(scenarios.values())).name.split("/")[0]
     out_dir = out if out is not None else Path("results") / name
     if replications > 1:
@@ -72,21 +78,28 @@ def compare(
 
 
 def comparison_table(title: str, df: Any) -> Table:
-    """One column per variant, one row per number: a few variants fit 80 columns."""
-    rows = (("pools", None), ("scheduler", None), ("overload", None), ("finished", None),
-            ("ttft_p50_s", 1e3), ("ttft_p99_s", 1e3), ("tbt_p50_s", 1e3), ("tbt_p99_s", 1e3),
-            ("e2e_p99_s", 1.0), ("output_tokens_per_s", 1.0), ("slo_attainment", 1.0),
-            ("transfer_p99_s", 1e3), ("num_gpus", None), ("usd_per_million_tokens", 1.0))
+    """One column per variant, one row per number (named by `sim.labels`): a few variants fit
+    80 columns."""
+    from sim.labels import label, unit
+
+    rows = ("pools", "scheduler", "overload", "finished", "ttft_p50_s", "ttft_p99_s",
+            "tbt_p50_s", "tbt_p99_s", "e2e_p99_s", "output_tokens_per_s", "slo_attainment",
+            "transfer_p99_s", "num_gpus", "usd_per_million_tokens")
+    numbers = {"ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "e2e_p99_s",
+               "output_tokens_per_s", "transfer_p99_s", "usd_per_million_tokens"}
     table = Table(title=title)
     table.add_column("variant")
     for variant in df["variant"]:
         table.add_column(str(variant), justify="right", overflow="fold")
-    for key, scale in rows:
-        cells = [str(v) if scale is None else pct(v) if key == "slo_attainment"
-                 else fmt(v, scale) for v in df[key]]
+    for key in rows:
+        shown = unit(key)
+        cells = [pct(v) if key == "slo_attainment" else fmt(v, shown.scale) if key in numbers
+                 else str(v) for v in df[key]]
         if key == "overload":
             cells = [f"[red]{c}[/]" if c == "overloaded" else c for c in cells]
-        table.add_row(LABELS.get(key, key), *cells)
+        name = label(key) if key in ("pools", "scheduler") or not shown.name else \
+            f"{label(key)} {shown.name}"
+        table.add_row(name, *cells)
     return table
 
 
@@ -155,42 +168,43 @@ def replicated_comparison_table(title: str, results: dict[str, dict[str, Any]]) 
     return table
 
 
-LABELS = {"ttft_p50_s": "TTFT P50 ms", "ttft_p99_s": "TTFT P99 ms", "tbt_p50_s": "TBT P50 ms",
-          "tbt_p99_s": "TBT P99 ms", "e2e_p99_s": "E2E P99 s", "output_tokens_per_s": "tok/s",
-          "slo_attainment": "SLO met", "transfer_p99_s": "xfer P99 ms", "num_gpus": "GPUs",
-          "usd_per_million_tokens": "$/M tokens"}
+class Backend(str, Enum):  # noqa: UP042  (typer takes str-mixin enums as choices)
+    """Where a sweep's runs execute."""
+
+    local = "local"
+    ray = "ray"
 
 
 @app.command()
 def sweep(
     sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP", help="sweep YAML")],
     out: Annotated[Path | None, typer.Option(
-        help="sweep directory [default: results/<name>]")] = None,
+        help="sweep directory", show_default="results/<name>")] = None,
     workers: Annotated[int | None, typer.Option(
-        min=1, help="worker processes, or Ray tasks at once [default: one per CPU; on Ray, "
-                    "the cluster's CPUs]")] = None,
-    backend: Annotated[str, typer.Option(metavar="local|ray", help="where runs execute")
-                       ] = "local",
+        min=1, help="worker processes, or Ray tasks at once",
+        show_default="one per CPU; on Ray, the cluster's CPUs")] = None,
+    backend: Annotated[Backend, typer.Option(help="where runs execute")] = Backend.local,
     address: Annotated[str | None, typer.Option(help="Ray cluster address")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="re-run every point, even those already done")] = False,
+    set_: Annotated[list[str] | None, set_option(
+        "in every run, over the base and the axes; refused for a swept field (or seed, "
+        "where the sweep lists seeds): edit the sweep file for those")] = None,
 ) -> None:
     """Run every point of a sweep (cached: only new or changed points run); one table."""
-    from sim.errors import InputError
+    from sim.overrides import parse_overrides
     from sim.progress import ProgressReport
     from sim.sweep import check_sweep_dir, load_sweep, run_sweep, runs_kept
 
-    if backend not in ("local", "ray"):
-        raise InputError(None, "--backend", backend, "must be local or ray")
-    name, runs = load_sweep(sweep_file)
+    name, runs = load_sweep(sweep_file, parse_overrides(set_))
     out_dir = out if out is not None else Path("results") / name
     check_sweep_dir(out_dir)
     try:
         with ProgressReport(f"sweep {name}", "runs", total=len(runs)) as progress:
-            if backend == "local" and workers is None:
+            if backend is Backend.local and workers is None:
                 workers = os.cpu_count() or 1
             table = run_sweep(runs, out_dir, workers=workers,
-                              backend=backend, address=address, force=force,
+                              backend=backend.value, address=address, force=force,
                               on_progress=lambda done, total: progress.update(done, total))
     except KeyboardInterrupt:
         raise interrupted(f"{runs_kept(runs, out_dir)} of {len(runs)} runs complete and kept "
@@ -207,26 +221,32 @@ def sweep(
 
 
 def sweep_table(title: str, df: Any) -> Table:
-    """The varied fields (mappings shown by their values), then the headline numbers."""
+    """The varied fields (mappings shown by their values), then the headline numbers; names
+    and units from `sim.labels`, a word a line so that the numbers' columns stay narrow."""
+    from sim.labels import label, param_label, unit
     from sim.sweep import METRICS, short_value
 
     varied = [c for c in df.columns if c not in {"seed", "key", *METRICS}]
     seeds = df["seed"].nunique() > 1
-    metrics = (("ttft_p99_s", "TTFT\nP99 s", 1.0), ("tbt_p99_s", "TBT\nP99 ms", 1e3),
-               ("output_tokens_per_s", "tok/s", 1.0))
+    # P99 TTFT in seconds here (E2E's unit): under load it runs to minutes.
+    metrics = [(key, u) for key, u in (("ttft_p99_s", unit("e2e_p99_s")),
+                                       ("tbt_p99_s", unit("tbt_p99_s")),
+                                       ("output_tokens_per_s", unit("output_tokens_per_s")))]
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
     for column in varied:  # as wide as their values, up to a point
         width = min(24, max(len(short_value(v)) for v in df[column]))
-        table.add_column(column.rsplit(".", 1)[-1], overflow="fold", min_width=width)
+        table.add_column("\n".join(param_label(column).split()), overflow="fold",
+                         min_width=width)
     if seeds:
         table.add_column("seed", justify="right")
-    for _, label, _ in metrics:
-        table.add_column(label, justify="right", no_wrap=True)
-    table.add_column("SLO\nmet", justify="right", no_wrap=True)
+    for key, u in metrics:
+        table.add_column("\n".join([*label(key).split(), u.name]), justify="right",
+                         no_wrap=True)
+    table.add_column("\n".join(label("slo_attainment").split()), justify="right", no_wrap=True)
     table.add_column("overload", min_width=10)
     for _, r in df.iterrows():
         cells = [short_value(r[c]) for c in varied] + ([str(r["seed"])] if seeds else [])
-        cells += [fmt(r[key], scale) for key, _, scale in metrics]
+        cells += [fmt(r[key], u.scale) for key, u in metrics]
         cells.append(pct(r["slo_attainment"]))
         table.add_row(*cells, "[red]overloaded[/]" if r["overload"] == "overloaded"
                       else str(r["overload"]))
@@ -235,30 +255,35 @@ def sweep_table(title: str, df: Any) -> Table:
 
 @app.command()
 def capacity(
-    scenario: Annotated[Path | None, typer.Argument(help="scenario YAML [default: embedded]")
-                        ] = None,
+    scenario: Annotated[Path | None, typer.Argument(
+        metavar="SCENARIO", help="scenario YAML; omit for the embedded default scenario")
+    ] = None,
     tbt_p99: Annotated[float | None, typer.Option(help="SLO: P99 TBT, seconds")] = None,
     ttft_p90: Annotated[float | None, typer.Option(help="SLO: P90 TTFT, seconds")] = None,
     sched_delay_p50: Annotated[float | None, typer.Option(
         help="SLO: P50 scheduling delay, seconds")] = None,
     replications: Annotated[int | None, typer.Option(
         min=1, help="up to this many runs per probed rate (seeds SEED+0..N-1), stopping "
-                    "early once a rate clearly holds or fails [default: 5 where seeds make "
-                    "runs differ, 1 for a deterministic replay]")] = None,
+                    "early once a rate clearly holds or fails",
+        show_default="5 where seeds make runs differ, 1 for a deterministic replay")] = None,
     seeds: Annotated[int | None, typer.Option(
         min=1, help="the older name of --replications (the same number)")] = None,
     precision: Annotated[float, typer.Option(
         help="relative precision of the bisection, in (0, 1)")] = 0.02,
     out: Annotated[Path | None, typer.Option(
-        help="directory for trials.csv and capacity.json "
-             "[default: results/<scenario name>-capacity]")] = None,
+        help="directory for trials.csv and capacity.json",
+        show_default="results/<scenario name>-capacity")] = None,
+    set_: Annotated[list[str] | None, set_option(
+        "over the scenario file; the arrival rate (workload.arrivals.qps, or "
+        "workload.rate_scale of a trace) is where the search starts")] = None,
 ) -> None:
-    """Largest arrival rate at which every given SLO holds, as an interval: expand, then bisect;
-    each rate decided by a sequential test over replications."""
+    """Find the largest arrival rate at which every given SLO holds, as an interval.
+
+    Expand, then bisect; each rate is decided by a sequential test over replications."""
     from sim.capacity import CapacityLog, SLOTargets, check_options, default_replications
     from sim.capacity import capacity as search
-    from sim.config import load_scenario
     from sim.errors import InputError
+    from sim.overrides import load_scenario, parse_overrides
     from sim.progress import ProgressReport
     from sim.replications import check_replicable
 
@@ -267,7 +292,7 @@ def capacity(
     if seeds is not None and replications is not None and seeds != replications:
         raise InputError(None, "--seeds", seeds, f"is the older name of --replications "
                          f"({replications}): give one of them")
-    loaded = load_scenario(scenario)
+    loaded = load_scenario(scenario, parse_overrides(set_))
     wanted = replications if replications is not None else seeds
     if wanted is not None:
         check_replicable(loaded, wanted, "--replications" if replications else "--seeds")
@@ -295,8 +320,10 @@ def capacity(
 
 def capacity_table(name: str, result: dict[str, Any]) -> Table:
     """Each probed rate: its runs, decision and why; the interval in the caption."""
+    from sim.labels import label, unit
+
     table = Table(title=f"capacity of {name} ({result['knob']})", caption_justify="left")
-    table.add_column("req/s", justify="right", no_wrap=True)
+    table.add_column(f"{label('qps')}\n{unit('qps').name}", justify="right", no_wrap=True)
     if result["knob"] != "qps":
         table.add_column("scale", justify="right", no_wrap=True)
     table.add_column("runs", justify="right", no_wrap=True)
