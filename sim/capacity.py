@@ -525,7 +525,7 @@ def _mean_cost(trials: list[Trial], key: str) -> float | None:
     return float(np.mean([float(v) for v in values if v is not None]))
 
 
-TRIALS_FILE, RESULT_FILE = "trials.csv", "capacity.json"
+TRIALS_FILE, RESULT_FILE, SCENARIO_FILE = "trials.csv", "capacity.json", "scenario.yaml"
 
 
 def is_capacity_dir(path: Path) -> bool:
@@ -545,7 +545,8 @@ class CapacityLog:
         self.trials: list[Trial] = []
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / RESULT_FILE).unlink(missing_ok=True)  # an earlier search's answer
+            for name in (RESULT_FILE, SCENARIO_FILE):  # an earlier search's answer
+                (out_dir / name).unlink(missing_ok=True)
             self._write_trials()
         except OSError as exc:
             raise InputError(out_dir, "--out", str(out_dir),
@@ -565,7 +566,11 @@ class CapacityLog:
 
     def finish(self, scenario: Scenario, targets: SLOTargets, precision: float,
                result: dict[str, Any]) -> Path:
-        """Write `capacity.json`: what was searched and what was found."""
+        """Write `capacity.json` (what was searched and what was found) after `scenario.yaml`
+        (the resolved scenario searched, with any `--set` applied; its rate the starting one)."""
+        from sim.config import scenario_yaml
+
+        _replace(self.out_dir / SCENARIO_FILE, scenario_yaml(scenario))
         data = {
             "scenario": scenario.name, "source": scenario.source, "knob": result["knob"],
             "targets_s": targets.given(), "precision": precision,

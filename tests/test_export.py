@@ -157,7 +157,7 @@ def test_vllm_without_token_times_says_so(tmp_path):
 def test_vllm_without_detail_drops_what_vllm_drops(tmp_path, monkeypatch, capsys):
     run = disaggregated_run(tmp_path)
     code, _ = run_cli_out(monkeypatch, capsys, "export", str(run), "--format", "vllm",
-                          "--no-detailed")
+                          "--summary-only")
     data = json.loads((run / "vllm_result.json").read_text())
     assert code == 0 and not {"input_lens", "ttfts", "itls", "errors"} & data.keys()
     assert data["latencies"] == [1.25, 1.125, 1.95] and data["mean_itl_ms"] > 0

@@ -69,7 +69,10 @@ def test_capacity_writes_its_trials_and_plot_draws_them(tmp_path, monkeypatch, c
     scenario.write_text(yaml.safe_dump(ONE_AT_A_TIME))
     cap = tmp_path / "cap"
     _, log = succeed(monkeypatch, capsys, "capacity", str(scenario), "--sched-delay-p50", "0.5",
-                     "--precision", "0.1", "--seeds", "2", "--out", str(cap))
+                     "--precision", "0.1", "--seeds", "2", "--out", str(cap),
+                     "--set", "replica.kv_cache.num_blocks=200")  # no change to the answer
+    searched = yaml.safe_load((cap / "scenario.yaml").read_text())  # resolved, --set in it
+    assert searched["replica"]["kv_cache"]["num_blocks"] == 200
     trials = pd.read_csv(cap / "trials.csv")
     result = json.loads((cap / "capacity.json").read_text())
     assert len(trials) == result["num_runs"] == sum(r["runs"] for r in result["rates"]) == len(

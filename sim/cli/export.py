@@ -24,22 +24,23 @@ def export(
         help="vllm: vLLM's serving-benchmark result JSON (vllm bench serve --save-result); "
              "chrome: a Trace Event Format JSON for Perfetto or chrome://tracing")],
     out: Annotated[Path | None, typer.Option(
-        help="file to write (default: RESULTS/vllm_result.json, RESULTS/trace.json)")] = None,
+        help="file to write", show_default="RESULTS/vllm_result.json or RESULTS/trace.json")
+    ] = None,
     percentiles: Annotated[str, typer.Option(
-        help="vllm: percentiles written for each metric, as vLLM's --metric-percentiles")
-    ] = "99",
-    detailed: Annotated[bool, typer.Option(
-        help="vllm: per-request arrays (input_lens, ttfts, itls, errors...), as vLLM's "
-             "--save-detailed")] = True,
+        metavar="P,P,...",
+        help="vllm: percentiles of each metric, as vLLM's --metric-percentiles")] = "99",
+    summary_only: Annotated[bool, typer.Option(
+        "--summary-only", help="vllm: leave out the per-request arrays (input_lens, ttfts, "
+        "itls, errors...), as vLLM does without --save-detailed")] = False,
     num_flows: Annotated[int, typer.Option(
-        min=0, help="chrome: requests drawn as flows from arrival to finish, evenly spaced "
-                    "over request ids")] = 20,
+        min=0, metavar="N", help="chrome: requests drawn as flows from arrival to finish, "
+        "evenly spaced over request ids")] = 20,
 ) -> None:
     """Write a run's results as another tool's file: vLLM's benchmark result or a trace."""
     from sim.export import export_run
 
     path = export_run(results, format.value, out, percentiles=parse_percentiles(percentiles),
-                      detailed=detailed, num_flows=num_flows)
+                      detailed=not summary_only, num_flows=num_flows)
     console.print(str(path), soft_wrap=True, highlight=False)
 
 

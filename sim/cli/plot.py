@@ -28,7 +28,8 @@ def parse_window(text: str) -> tuple[float, float]:
 def plot(
     results: Annotated[list[Path], typer.Argument(
         help="a run's, a sweep's, a comparison's or capacity searches' result directory")],
-    out: Annotated[Path | None, typer.Option(help="figure directory [default: RESULTS/plots]")
+    out: Annotated[Path | None, typer.Option(help="figure directory",
+                                                  show_default="RESULTS/plots")
                    ] = None,
     window: Annotated[str | None, typer.Option(
         metavar="START:END", help="a run's timeline: this window, in seconds "

@@ -14,7 +14,7 @@ from sim.parallelism import SINGLE_GPU, Parallelism
 class ConstantConfig(LatencyConfig):
     model_config = INPUT_MODEL  # finite: an infinite iteration would finish nothing
 
-    iteration_s: float = Field(0.01, gt=0)
+    iteration_s: float = Field(0.01, gt=0, description="seconds per iteration, whatever its batch")
 
 
 @LATENCY_MODELS.register("constant")

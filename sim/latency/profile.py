@@ -97,7 +97,7 @@ def predict_s(shape: BatchShape, knots: np.ndarray, knot_s: np.ndarray,
 class ProfileConfig(LatencyConfig):
     model_config = INPUT_MODEL
 
-    path: Path = Field(strict=False)  # a string in YAML
+    path: Path = Field(strict=False, description="a fitted profile (`servesim fit` output)")
     # Communication of a tensor-parallel profile (tensor_parallel > 1), as the roofline's.
     all_reduce_table: Path | None = Field(
         None, strict=False, description="measured all-reduce CSV (Vidur layout); None: from "

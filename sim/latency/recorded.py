@@ -30,8 +30,10 @@ CHECKED = ("num_prefill_tokens", "num_decode_tokens", "num_prefill_seqs", "num_s
 
 
 class RecordedConfig(LatencyConfig):
-    path: Path = Field(strict=False)  # a replay's result directory or its iterations.parquet
-    column: str = "duration_s"  # or forward_s: the forward passes without host time
+    path: Path = Field(strict=False, description="a replay's result directory or its "
+                       "iterations.parquet")
+    column: str = Field("duration_s", description="the column of seconds replayed: duration_s, "
+                        "or forward_s (the forward passes without host time)")
 
 
 @LATENCY_MODELS.register("recorded")

@@ -1,0 +1,181 @@
+"""`servesim list`: what can be named in a scenario (schedulers, latency models, trace formats,
+routers, models, GPUs), the GPUs' and models' figures, and with `--params` every parameter
+with its default and unit."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from sim.cli.common import app, console
+
+
+@app.command("list")
+def list_registered(
+    params: Annotated[bool, typer.Option(
+        "--params", help="also each scheduler's, latency model's and router's parameters: "
+                         "default with its unit, meaning and allowed values")] = False,
+) -> None:
+    """List the registered schedulers, latency models, formats, routers, models and GPUs.
+
+    Then each GPU's and model's figures; with --params, each scheduler's, latency model's and
+    router's parameters."""
+    # From the packages that fill them, not sim.config: no scenario model is built to list names.
+    from sim.gpus import GPUS
+    from sim.latency import LATENCY_MODELS
+    from sim.models import MODELS
+    from sim.routers import ROUTERS
+    from sim.schedulers import SCHEDULERS
+    from sim.workloads import FORMATS
+
+    table = Table(title="registered names")
+    table.add_column("kind")
+    table.add_column("names")
+    for registry in (SCHEDULERS, LATENCY_MODELS, FORMATS, ROUTERS, MODELS, GPUS):
+        table.add_row(registry.kind, ", ".join(registry.names()))
+    console.print(table)
+    console.print(gpu_table([GPUS.get(name) for name in GPUS]))
+    console.print(model_table([MODELS.get(name) for name in MODELS]))
+    if not params:
+        console.print("their parameters, defaults and units: servesim list --params")
+        return
+    from sim.latency.base import LatencyConfig
+    from sim.routers.base import RouterConfig
+    from sim.schedulers.base import SchedulerConfig
+
+    for shown in params_tables([("scheduler", SCHEDULERS, SchedulerConfig),
+                                ("latency model", LATENCY_MODELS, LatencyConfig),
+                                ("router", ROUTERS, RouterConfig)]):
+        console.print(shown)
+
+
+def gpu_table(gpus: list[Any]) -> Table:
+    """Each GPU's datasheet figures and price (their sources and dates are in sim/gpus.py)."""
+    table = Table(title="GPUs", caption_justify="left",
+                  caption="TFLOP/s: dense bf16, no sparsity; link: per GPU, one direction, over "
+                          "the tensor-parallel fabric; $: on-demand list price per GPU-hour "
+                          "(sources and dates: sim/gpus.py)")
+    table.add_column("gpu", no_wrap=True)
+    for col in ("bf16\nTFLOP/s", "memory\nGB/s", "memory\nGiB", "link\nGB/s"):
+        table.add_column(col, justify="right")
+    table.add_column("fabric", no_wrap=True)
+    table.add_column("$/GPU\n-hour", justify="right")
+    for g in gpus:
+        cost = getattr(g, "cost_per_gpu_hour", None)
+        link = getattr(g, "interconnect_bandwidth_bytes_s", None)
+        table.add_row(g.name, f"{g.peak_bf16_flops / 1e12:,.0f}",
+                      f"{g.memory_bandwidth_bytes_s / 1e9:,.0f}", f"{g.memory_bytes / 2**30:,.0f}",
+                      "-" if link is None else f"{link / 1e9:,.0f}",
+                      getattr(g, "interconnect", "-"), "-" if cost is None else f"{cost:.2f}")
+    return table
+
+
+def model_table(models: list[Any]) -> Table:
+    """Each model's size and shape: parameters (total and active per token), layers, KV bytes
+    per token, context window, experts."""
+    table = Table(title="models", caption_justify="left",
+                  caption="params: billions, total / active per token where they differ; KV: "
+                          "K and V of every layer for one token; experts: routed / per token")
+    table.add_column("model", no_wrap=True)
+    for col in ("params\nbillions", "layers", "KV KiB\nper token", "context\ntokens",
+                "experts"):
+        table.add_column(col, justify="right")
+    for m in models:
+        total = m.num_params
+        active = getattr(m, "num_active_params", total)
+        num_experts = getattr(m, "num_experts", 0) or 0
+        per_token = getattr(m, "num_experts_per_token", 0) or 0
+        size = (f"{total / 1e9:.3g}" if active == total
+                else f"{total / 1e9:.3g} / {active / 1e9:.3g}")
+        table.add_row(m.name, size, str(m.num_layers), f"{m.kv_bytes_per_token / 1024:,.4g}",
+                      "-" if m.max_model_len is None else f"{m.max_model_len:,}",
+                      f"{num_experts} / {per_token}" if num_experts else "-")
+    return table
+
+
+def params_tables(groups: list[tuple[str, Any, Any]]) -> list[Table | str]:
+    """For each (kind, registry, base config class): the parameters every entry shares, then each
+    entry's own (new, or with another default or meaning), from the pydantic Configs: default
+    (with the unit its name's suffix gives), description, allowed values."""
+    shown: list[Table | str] = []
+    for kind, registry, base in groups:
+        common = parameter_rows(base)
+        if common:
+            shown.append(params_table(f"every {kind}", common))
+        bare = []
+        for name in registry.names():
+            own = {k: row for k, row in parameter_rows(registry.get(name).Config).items()
+                   if common.get(k) != row}
+            if own:
+                shown.append(params_table(f"{kind} {name}", own))
+            else:
+                bare.append(name)
+        if bare:
+            shown.append(f"{kind}s with no parameters of their own: {', '.join(bare)}")
+    return shown
+
+
+def params_table(title: str, rows: dict[str, tuple[str, str]]) -> Table:
+    """parameter | default | meaning: two narrow columns, the meaning wraps."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("parameter", no_wrap=True)
+    table.add_column("default", no_wrap=True)
+    table.add_column("meaning")
+    for key, (default, meaning) in rows.items():
+        table.add_row(key, default, meaning)
+    return table
+
+
+UNIT_SUFFIXES = (("_gb_s", "GB/s"), ("_ms", "ms"), ("_s", "s"), ("_gb", "GB"),
+                 ("_bytes", "bytes"), ("_tokens", "tokens"))
+
+
+def parameter_rows(config: Any, prefix: str = "") -> dict[str, tuple[str, str]]:
+    """A config class's parameters (nested models flattened, `noise.sigma`), each as (default,
+    meaning); the registry key (`name`, `kind`) left out."""
+    from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
+
+    rows: dict[str, tuple[str, str]] = {}
+    for key, info in config.model_fields.items():
+        if key in ("name", "kind") and not prefix:
+            continue
+        nested = info.annotation
+        if isinstance(nested, type) and issubclass(nested, BaseModel):
+            rows.update(parameter_rows(nested, f"{prefix}{key}."))
+            continue
+        default = info.get_default(call_default_factory=True)
+        unit = next((u for suffix, u in UNIT_SUFFIXES if key.endswith(suffix)), "")
+        shown = ("(required)" if default is PydanticUndefined
+                 else f"{default:g}" if isinstance(default, float) else str(default))
+        if unit and isinstance(default, int | float) and not isinstance(default, bool):
+            shown += f" {unit}"
+        meaning = "; ".join(part for part in ((info.description or "").rstrip("."),
+                                              allowed(info)) if part)
+        rows[prefix + key] = (shown, meaning)
+    return rows
+
+
+def allowed(info: Any) -> str:
+    """The values a field takes, from its type and bounds: `one of: a, b`, `0<x<=1` (no
+    spaces: a table wraps its cells at spaces)."""
+    import typing
+
+    choices = [c for arg in (info.annotation, *typing.get_args(info.annotation))
+               if typing.get_origin(arg) is typing.Literal for c in typing.get_args(arg)]
+    if choices:
+        return "one of: " + ", ".join(map(str, choices))
+    bounds = {attr: value for bound in info.metadata for attr in ("gt", "ge", "lt", "le")
+              if (value := getattr(bound, attr, None)) is not None}
+    if not bounds:
+        return ""
+    parts = [f"{v:g}" if isinstance(v, float) else str(v) for v in bounds.values()]
+    ops = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    if len(bounds) == 1:
+        (attr,) = bounds
+        return f"x{ops[attr]}{parts[0]}"
+    low, high = parts[0], parts[1]
+    (lo, hi) = bounds
+    return f"{low}{ops[lo].replace('>', '<')}x{ops[hi]}{high}"
