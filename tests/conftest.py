@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from sim import traces_dir
 from sim.cli import main
 from sim.kv_cache import KVCacheManager
 from sim.plan import Plan
@@ -16,7 +17,7 @@ from sim.request import Request, Status
 from sim.state import ReplicaState
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = Path(os.environ.get("SERVESIM_TRACES", REPO.parent / "shared" / "traces"))
+TRACES = traces_dir()  # the rule the notebooks and benchmarks use
 
 
 @pytest.fixture
