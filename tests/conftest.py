@@ -20,6 +20,13 @@ REPO = Path(__file__).resolve().parents[1]
 TRACES = traces_dir()  # the rule the notebooks and benchmarks use
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _trace_cache_in_tmp(tmp_path_factory):
+    """Parsed-trace cache entries go to a folder of this session, not the user's ~/.cache (a
+    user's own SERVESIM_CACHE_DIR is kept)."""
+    os.environ.setdefault("SERVESIM_CACHE_DIR", str(tmp_path_factory.mktemp("servesim-cache")))
+
+
 @pytest.fixture
 def traces() -> Path:
     """The shared trace folder. CI sets SERVESIM_REQUIRE_TRACES=1 so that a missing folder fails."""

@@ -193,7 +193,8 @@ def test_a_trace_without_rows_is_a_one_line_error(tmp_path, monkeypatch, capsys,
 
 @pytest.mark.parametrize("row,needles", [
     ("0.5,1e30,3", ["num_prefill_tokens (line 3)", "=1e+30", "1e+09 tokens"]),
-    (f"0.5,{2**63},3", ["num_prefill_tokens (line 3)", str(2**63)]),
+    # Past int64, pyarrow reads the column as floats: the value shows as one.
+    (f"0.5,{2**63},3", ["num_prefill_tokens (line 3)", "=9.223372036854776e+18", "1e+09"]),
     (f"0.5,5,{10**9 + 1}", ["num_decode_tokens (line 3)", str(10**9 + 1)]),
     ("0.5,5,True", ["num_decode_tokens (line 3)", "positive integer"]),
 ])

@@ -1,6 +1,15 @@
 """Workload formats. Importing this package registers every built-in format."""
 
-from sim.workloads import azure, generic, lengths, mooncake, prefix, synthetic, vidur  # noqa: F401
+from sim.workloads import (  # noqa: F401  (each registers its format)
+    azure,
+    burstgpt,
+    generic,
+    lengths,
+    mooncake,
+    prefix,
+    synthetic,
+    vidur,
+)
 from sim.workloads.base import FORMATS, Workload, WorkloadConfig, select
 
 __all__ = ["FORMATS", "Workload", "WorkloadConfig", "select"]

@@ -1,5 +1,7 @@
-"""Azure LLM inference trace 2023 (Splitwise): `TIMESTAMP,ContextTokens,GeneratedTokens`, with
-wall-clock timestamps (100 ns digits, no zone), CRLF line ends and no final newline."""
+"""Azure LLM inference traces: `TIMESTAMP,ContextTokens,GeneratedTokens` with wall-clock times.
+The 2023 files (Splitwise) have 100 ns digits, no zone, CRLF line ends and no final newline; the
+2024 week-long files (DynamoLLM, tens of millions of rows) have microseconds and `+00:00`. Large
+files are parsed once and cached (`sim/workloads/cache.py`)."""
 
 from __future__ import annotations
 
@@ -9,23 +11,24 @@ import numpy as np
 
 from sim.workloads.base import (
     FORMATS,
+    FilteredTraceConfig,
     Format,
-    TraceConfig,
     Workload,
-    read_table,
-    resolve,
+    read_trace,
     seconds,
     token_counts,
 )
 
+COLUMNS = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+
 
 @FORMATS.register("azure")
-class Azure2023(Format):
-    Config = TraceConfig
+class Azure(Format):
+    Config = FilteredTraceConfig
 
-    def load(self, config: TraceConfig, base_dir: Path, rng: np.random.Generator) -> Workload:
-        path = resolve(base_dir, config.path)
-        df = read_table(path, "csv", "workload.path")
+    def load(self, config: FilteredTraceConfig, base_dir: Path,
+             rng: np.random.Generator) -> Workload:
+        path, df = read_trace(config, base_dir, "csv", COLUMNS)
         return Workload(
             seconds(df, "TIMESTAMP", "datetime", path),
             token_counts(df, "ContextTokens", path),

@@ -7,7 +7,6 @@ A new format is one file with a config class, a `load` function and one registry
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from sim.errors import INPUT_MODEL, InputError, invalid
 from sim.registry import Registry
+from sim.workloads.cache import csv_header, read_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -127,7 +127,17 @@ class TraceConfig(WorkloadConfig):
     path: Path = Field(strict=False)  # a string in YAML
 
 
-class ArrivalsConfig(TraceConfig):
+class FilteredTraceConfig(TraceConfig):
+    """A trace whose rows may be chosen by a condition on its own columns."""
+
+    where: str | None = Field(
+        None, min_length=1, max_length=10_000,
+        description="keep the rows where this pandas expression over the file's columns is "
+                    "true, e.g. \"Model == 'ChatGPT' and `Response tokens` > 0\" (backticks "
+                    "around names with spaces); times then start at the first row kept")
+
+
+class ArrivalsConfig(FilteredTraceConfig):
     """A file of request lengths without times: arrivals are generated."""
 
     arrivals: ArrivalConfig
@@ -141,7 +151,7 @@ class ColumnsConfig(BaseModel):
     output_tokens: str
 
 
-class GenericConfig(TraceConfig):
+class GenericConfig(FilteredTraceConfig):
     """Any CSV or JSONL file: name its columns; arrivals from a column or generated."""
 
     columns: ColumnsConfig
@@ -161,59 +171,93 @@ def resolve(base_dir: Path, path: Path) -> Path:
     return path if path.is_absolute() else base_dir / path
 
 
-def read_table(path: Path, kind: Literal["csv", "jsonl"], field: str) -> pd.DataFrame:
-    """Read a CSV or JSON-lines file with at least one row; errors name the file."""
-    if path.is_dir():
-        raise InputError(path, field, str(path), "is a directory, not a file")
-    if not path.is_file():
-        raise InputError(path, field, str(path), "file not found")
-    if path.stat().st_size == 0:
-        raise InputError(path, field, str(path), "empty file")
-    import pandas as pd  # here, not at the top: the command line starts without pandas
-
-    try:
-        if kind == "jsonl":
-            df = _read_jsonl(path)
-        else:
-            df = pd.read_csv(path)
-            df.attrs["first_line"] = 2  # the header is line 1
-    except (ValueError, pd.errors.ParserError) as exc:
-        raise InputError(path, field, str(path), f"cannot parse as {kind}: {exc}") from None
-    except UnicodeDecodeError:
-        raise InputError(path, field, str(path), "not UTF-8 text") from None
-    if df.empty:
-        raise InputError(path, field, str(path), "holds no requests (no rows)")
-    return df
+def read_trace(config: FilteredTraceConfig, base_dir: Path, kind: Literal["csv", "jsonl"],
+               columns: list[str]) -> tuple[Path, pd.DataFrame]:
+    """The trace's path and its rows that `config.where` keeps (all without it), with
+    `columns` and those the condition names (every column of a JSON-lines file)."""
+    path = resolve(base_dir, config.path)
+    if config.where is None:
+        return path, read_table(path, kind, "workload.path", columns if kind == "csv" else None)
+    if kind == "jsonl":
+        df = read_table(path, kind, "workload.path")
+        _check_condition(config.where, list(df.columns), path)
+        return path, filter_rows(df, config.where, path)
+    header = csv_header(path, "workload.path")
+    _check_condition(config.where, header, path)
+    named = [name for name in header if _names(config.where, name)]
+    df = read_table(path, kind, "workload.path", [*columns, *named])
+    return path, filter_rows(df, config.where, path)
 
 
-def _read_jsonl(path: Path) -> pd.DataFrame:
-    """One JSON object per line (blank lines skipped); errors give the line number."""
+def _names(condition: str, name: str) -> bool:
+    """Whether `condition` may mention column `name` (reading a column too many costs little)."""
+    import re
+
+    return f"`{name}`" in condition or (
+        name.isidentifier() and re.search(rf"\b{re.escape(name)}\b", condition) is not None)
+
+
+# What evaluating a well-formed condition may raise on values of the wrong type.
+_EVAL_ERRORS = (ValueError, TypeError, KeyError, AttributeError, NotImplementedError)
+
+
+def _check_condition(condition: str, header: list[str], path: Path) -> None:
+    """Syntax and column names, checked on an empty table before the rows are read (types
+    are unknown there: other errors wait for the rows)."""
     import pandas as pd
 
-    rows, lines = [], []
-    with path.open(encoding="utf-8") as file:
-        for number, line in enumerate(file, start=1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(path, f"line {number}", line,
-                                 f"not JSON: {exc.msg} (column {exc.colno})") from None
-            if not isinstance(row, dict):
-                raise InputError(path, f"line {number}", row, "must be a JSON object")
-            rows.append(row)
-            lines.append(number)
-    df = pd.DataFrame.from_records(rows)
-    df.attrs["lines"] = lines
-    return df
+    empty = pd.DataFrame({name: pd.Series([], dtype=object) for name in header})
+    try:
+        empty.eval(condition)
+    except (pd.errors.UndefinedVariableError, SyntaxError):
+        _evaluate(empty, condition, path)  # raises its one-line error
+    except _EVAL_ERRORS:
+        pass
+
+
+def filter_rows(df: pd.DataFrame, condition: str, path: Path) -> pd.DataFrame:
+    """The rows where `condition` (pandas `DataFrame.eval` syntax) is true; their index keeps
+    their position in the file, for errors to give the line."""
+    keep = _evaluate(df, condition, path)
+    if not keep.any():
+        raise InputError(path, "workload.where", condition,
+                         f"selects none of the {len(df)} rows")
+    chosen = df[keep]
+    chosen.attrs = dict(df.attrs)
+    return chosen
+
+
+def _evaluate(df: pd.DataFrame, condition: str, path: Path) -> np.ndarray:
+    import pandas as pd
+
+    try:
+        result = df.eval(condition)
+    except pd.errors.UndefinedVariableError as exc:
+        name = str(exc).split("'")[1] if str(exc).count("'") >= 2 else str(exc)
+        raise InputError(path, "workload.where", condition,
+                         f"no column {name!r} (backticks around names with spaces); the "
+                         f"file's columns are {list(df.columns)}") from None
+    except SyntaxError as exc:
+        raise InputError(path, "workload.where", condition,
+                         f"not a pandas expression: {exc.msg} (backticks around names with "
+                         "spaces)") from None
+    except _EVAL_ERRORS as exc:
+        raise InputError(path, "workload.where", condition,
+                         f"cannot evaluate: {' '.join(str(exc).split())}") from None
+    if isinstance(result, pd.Series) and isinstance(result.dtype, pd.BooleanDtype):
+        result = result.fillna(False)  # a comparison with a missing value keeps no row
+    if not isinstance(result, pd.Series) or result.dtype != bool:
+        raise InputError(path, "workload.where", condition,
+                         "must be a condition (true or false for each row)")
+    return result.to_numpy(dtype=bool)
 
 
 def where(df: pd.DataFrame, name: str, row: int) -> str:
-    """`name (line N)`: the field of a bad value, with its line in the file."""
+    """`name (line N)`: the field of a bad value, with its line in the file (the index keeps
+    each row's position in the file through `workload.where`)."""
+    position = int(df.index[row])
     lines = df.attrs.get("lines")
-    line = lines[row] if lines is not None else row + df.attrs.get("first_line", 1)
+    line = lines[position] if lines is not None else position + df.attrs.get("first_line", 1)
     return f"{name} (line {line})"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -11,15 +12,18 @@ from sim.workloads.base import (
     Format,
     GenericConfig,
     Workload,
-    read_table,
-    resolve,
+    read_trace,
     seconds,
     token_counts,
 )
 
 
-def _load(config: GenericConfig, path: Path, df, rng: np.random.Generator) -> Workload:
+def _load(config: GenericConfig, base_dir: Path, kind: Literal["csv", "jsonl"],
+          rng: np.random.Generator) -> Workload:
     cols = config.columns
+    named = [cols.prompt_tokens, cols.output_tokens]
+    path, df = read_trace(config, base_dir, kind,
+                          named if cols.arrival is None else [cols.arrival, *named])
     prompt = token_counts(df, cols.prompt_tokens, path)
     output = token_counts(df, cols.output_tokens, path)
     if cols.arrival is not None:
@@ -35,8 +39,7 @@ class GenericCSV(Format):
     Config = GenericConfig
 
     def load(self, config: GenericConfig, base_dir: Path, rng: np.random.Generator) -> Workload:
-        path = resolve(base_dir, config.path)
-        return _load(config, path, read_table(path, "csv", "workload.path"), rng)
+        return _load(config, base_dir, "csv", rng)
 
 
 @FORMATS.register("jsonl")
@@ -44,5 +47,4 @@ class GenericJSONL(Format):
     Config = GenericConfig
 
     def load(self, config: GenericConfig, base_dir: Path, rng: np.random.Generator) -> Workload:
-        path = resolve(base_dir, config.path)
-        return _load(config, path, read_table(path, "jsonl", "workload.path"), rng)
+        return _load(config, base_dir, "jsonl", rng)

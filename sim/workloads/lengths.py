@@ -12,8 +12,7 @@ from sim.workloads.base import (
     ArrivalsConfig,
     Format,
     Workload,
-    read_table,
-    resolve,
+    read_trace,
     token_counts,
 )
 
@@ -23,8 +22,7 @@ class Lengths(Format):
     Config = ArrivalsConfig
 
     def load(self, config: ArrivalsConfig, base_dir: Path, rng: np.random.Generator) -> Workload:
-        path = resolve(base_dir, config.path)
-        df = read_table(path, "csv", "workload.path")
+        path, df = read_trace(config, base_dir, "csv", ["num_prefill_tokens", "num_decode_tokens"])
         prompt = token_counts(df, "num_prefill_tokens", path)
         output = token_counts(df, "num_decode_tokens", path)
         return Workload(config.arrivals.sample(len(prompt), rng), prompt, output)

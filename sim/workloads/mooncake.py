@@ -10,12 +10,11 @@ import numpy as np
 from sim.errors import InputError
 from sim.workloads.base import (
     FORMATS,
+    FilteredTraceConfig,
     Format,
-    TraceConfig,
     Workload,
     column,
-    read_table,
-    resolve,
+    read_trace,
     seconds,
     token_counts,
     where,
@@ -27,11 +26,11 @@ HASH_BLOCK_TOKENS = 512
 
 @FORMATS.register("mooncake")
 class Mooncake(Format):
-    Config = TraceConfig
+    Config = FilteredTraceConfig
 
-    def load(self, config: TraceConfig, base_dir: Path, rng: np.random.Generator) -> Workload:
-        path = resolve(base_dir, config.path)
-        df = read_table(path, "jsonl", "workload.path")
+    def load(self, config: FilteredTraceConfig, base_dir: Path, rng: np.random.Generator
+             ) -> Workload:
+        path, df = read_trace(config, base_dir, "jsonl", [])
         hash_ids = []
         for row, ids in enumerate(column(df, "hash_ids", path)):
             if not isinstance(ids, list) or not all(type(i) is int for i in ids):

@@ -113,7 +113,8 @@ class Synthetic(Format):
         lengths = config.lengths
         if lengths.file is not None:
             path = resolve(base_dir, lengths.file)
-            df = read_table(path, "csv", "workload.lengths.file")
+            df = read_table(path, "csv", "workload.lengths.file",
+                            ["num_prefill_tokens", "num_decode_tokens"])
             prompt_all = token_counts(df, "num_prefill_tokens", path)
             output_all = token_counts(df, "num_decode_tokens", path)
             rows = rng.integers(0, len(prompt_all), n)

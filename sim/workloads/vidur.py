@@ -8,11 +8,10 @@ import numpy as np
 
 from sim.workloads.base import (
     FORMATS,
+    FilteredTraceConfig,
     Format,
-    TraceConfig,
     Workload,
-    read_table,
-    resolve,
+    read_trace,
     seconds,
     token_counts,
 )
@@ -20,11 +19,12 @@ from sim.workloads.base import (
 
 @FORMATS.register("vidur")
 class Vidur(Format):
-    Config = TraceConfig
+    Config = FilteredTraceConfig
 
-    def load(self, config: TraceConfig, base_dir: Path, rng: np.random.Generator) -> Workload:
-        path = resolve(base_dir, config.path)
-        df = read_table(path, "csv", "workload.path")
+    def load(self, config: FilteredTraceConfig, base_dir: Path, rng: np.random.Generator
+             ) -> Workload:
+        path, df = read_trace(config, base_dir, "csv",
+                              ["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
         return Workload(
             seconds(df, "arrived_at", "s", path),
             token_counts(df, "num_prefill_tokens", path),

@@ -1,0 +1,46 @@
+"""BurstGPT (HPMLL/BurstGPT): `Timestamp,Model,Request tokens,Response tokens,Total tokens,Log
+Type`, with `Timestamp` in seconds since midnight of the trace's first day, `Model` ChatGPT or
+GPT-4 and `Log Type` `Conversation log` or `API log`. Failed requests have 0 response tokens:
+keep them out with `where: "`Response tokens` > 0"`, and pick a model or a log type the same way
+(vLLM's benchmark keeps `Model == 'GPT-4'` rows with response tokens)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import InputError
+from sim.workloads.base import (
+    FORMATS,
+    FilteredTraceConfig,
+    Format,
+    Workload,
+    column,
+    read_trace,
+    seconds,
+    token_counts,
+    where,
+)
+
+COLUMNS = ["Timestamp", "Request tokens", "Response tokens"]
+FAILED_HINT = 'a failed request: keep them out with where: "`Response tokens` > 0"'
+
+
+@FORMATS.register("burstgpt")
+class BurstGPT(Format):
+    Config = FilteredTraceConfig
+
+    def load(self, config: FilteredTraceConfig, base_dir: Path,
+             rng: np.random.Generator) -> Workload:
+        path, df = read_trace(config, base_dir, "csv", COLUMNS)
+        response = column(df, "Response tokens", path)
+        failed = np.flatnonzero((response == 0).to_numpy(dtype=bool))
+        if failed.size:
+            row = int(failed[0])
+            raise InputError(path, where(df, "Response tokens", row), 0, FAILED_HINT)
+        return Workload(
+            seconds(df, "Timestamp", "s", path),
+            token_counts(df, "Request tokens", path),
+            token_counts(df, "Response tokens", path),
+        )
