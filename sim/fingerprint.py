@@ -47,19 +47,38 @@ def input_files(scenario: Scenario) -> dict[str, Path]:
 
 def file_sha256(path: Path, *, source: str | None = None, field: str = "<file>") -> str:
     """The sha256 of a file's content; each file is read once per process (memoised on its
-    path, size and modification time, so an edited file is hashed again)."""
+    path, size and modification time, so an edited file is hashed again). A directory's is
+    that of its files' relative names and hashes (hidden ones aside)."""
     try:
         stat = path.stat()
     except FileNotFoundError:
         raise InputError(source, field, str(path), "file not found") from None
     except OSError as exc:
         raise InputError(source, field, str(path), f"cannot read it: {exc.strerror}") from None
-    if path.is_dir():
-        raise InputError(source, field, str(path), "is a directory, not a file")
     try:
+        if path.is_dir():  # a replay's result directory, for the recorded latency model
+            return _tree_sha256(path)
         return _sha256(str(path.absolute()), stat.st_size, stat.st_mtime_ns)
     except OSError as exc:
         raise InputError(source, field, str(path), f"cannot read it: {exc.strerror}") from None
+
+
+def _tree_sha256(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if path.is_file() and not any(part.startswith(".") for part in relative.parts):
+            stat = path.stat()
+            digest.update(relative.as_posix().encode() + b"\0")
+            digest.update(_sha256(str(path.absolute()), stat.st_size, stat.st_mtime_ns).encode())
+    return digest.hexdigest()
+
+
+def _size_bytes(path: Path) -> int:
+    """A file's size, or the total of a directory's files."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
 
 
 @lru_cache(maxsize=1024)
@@ -123,7 +142,7 @@ def inputs_record(scenario: Scenario, given: dict[str, str] | None = None
     for field, path in input_files(scenario).items():
         sha = file_sha256(path, source=scenario.source, field=field)
         record.append({"field": field, "path": given.get(field, str(path)),
-                       "size_bytes": path.stat().st_size, "sha256": sha})
+                       "size_bytes": _size_bytes(path), "sha256": sha})
     return record
 
 

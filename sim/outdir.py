@@ -26,6 +26,8 @@ class SwappedInterrupt(KeyboardInterrupt):
     """Ctrl-C that arrived while new results were being swapped in: the swap was finished
     first, so the new results are in place and whole (not the previous ones)."""
 
+REPORT_FILE = "report.html"  # what `servesim report` writes into a result directory
+
 
 def is_run_dir(path: Path) -> bool:
     return (path / RUN_MARKER).is_file()

@@ -55,7 +55,13 @@ import numpy as np
 
 from sim.config import Scenario
 from sim.errors import InputError
-from sim.outdir import check_writable_dir, is_earlier_results, is_run_dir, swap_in
+from sim.outdir import (
+    REPORT_FILE,
+    check_writable_dir,
+    is_earlier_results,
+    is_run_dir,
+    swap_in,
+)
 
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 10_000
@@ -394,7 +400,7 @@ def check_comparison_dir(out_dir: Path, variants: Sequence[str]) -> None:
     if not out_dir.is_dir():
         return
     for entry in out_dir.iterdir():
-        if entry.name.startswith(".") or entry.name in COMPARISON_TABLES:
+        if entry.name.startswith(".") or entry.name in (*COMPARISON_TABLES, REPORT_FILE):
             continue
         if entry.is_dir() and (entry.name == PLOTS_DIR or is_earlier_results(entry)):
             continue

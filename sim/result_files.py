@@ -14,31 +14,41 @@ import yaml
 
 from sim.errors import InputError
 from sim.outdir import is_run_dir
+from sim.replications import COMPARISON_FILE as REPLICATED_COMPARISON_FILE
+from sim.replications import RESULT_FILE as REPLICATIONS_FILE
 
-Kind = Literal["run", "sweep", "capacity", "comparison"]
+Kind = Literal["run", "sweep", "capacity", "comparison", "replications",
+               "replicated_comparison"]
 UNREADABLE = (OSError, ValueError, pa.ArrowException, yaml.YAMLError)
 
 
 def directory_kind(path: Path) -> Kind:
     """A directory's kind, from its own marker file: a run (`summary.json`, written whole with
     its other files), a sweep (`sweep.json`), a capacity search (`capacity.json` or
-    `trials.csv`), a comparison (`comparison.csv`). Only a sweep written before sweeps had a
-    marker is recognised by its table or `runs/` folder."""
+    `trials.csv`), a comparison (`comparison.csv`), replications of one scenario
+    (`replications.json`, from `simulate --replications`), a replicated comparison
+    (`comparison_replications.csv`, from `compare --replications`). Only a sweep written
+    before sweeps had a marker is recognised by its table or `runs/` folder."""
     if not path.is_dir():
         raise InputError(path, "RESULTS", str(path),
                          "not a directory" if path.exists() else "directory not found")
     if is_run_dir(path):
         return "run"
+    if (path / REPLICATIONS_FILE).is_file():
+        return "replications"
     if (path / "sweep.json").is_file():
         return "sweep"
     if (path / "capacity.json").is_file() or (path / "trials.csv").is_file():
         return "capacity"
+    if (path / REPLICATED_COMPARISON_FILE).is_file():
+        return "replicated_comparison"
     if (path / "comparison.csv").is_file():
         return "comparison"
     if (path / "results.parquet").is_file() or (path / "runs").is_dir():
         return "sweep"
     raise InputError(path, "RESULTS", str(path), "no servesim results here (no summary.json, "
-                     "sweep.json, capacity.json or comparison.csv)")
+                     f"{REPLICATIONS_FILE}, sweep.json, capacity.json, comparison.csv or "
+                     f"{REPLICATED_COMPARISON_FILE})")
 
 
 def _problem(exc: BaseException, path: Path) -> str:

@@ -203,7 +203,7 @@ def test_same_seed_gives_identical_files(data):
         names = sorted(p.name for p in first.iterdir())
         assert names == sorted(p.name for p in second.iterdir())
         assert {"requests.parquet", "iterations.parquet", "summary.json", "scenario.yaml",
-                "tokens.parquet"} == set(names)
+                "tokens.parquet", "tbt_gaps.parquet", "inputs.json"} == set(names)
         for name in names:
             assert (first / name).read_bytes() == (second / name).read_bytes(), name
 

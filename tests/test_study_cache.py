@@ -154,3 +154,21 @@ def test_each_file_is_hashed_once_per_process_until_it_changes(tmp_path):
     stat = path.stat()
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     assert file_sha256(path) != first
+
+
+def test_a_directory_input_is_hashed_by_its_files(tmp_path):
+    # The recorded latency model reads a replay's result directory: a run records its hash
+    # in inputs.json, and a sweep keys on it.
+    replay = tmp_path / "replay"
+    (replay / "sub").mkdir(parents=True)
+    (replay / "iterations.parquet").write_bytes(b"one")
+    (replay / "sub" / "x").write_bytes(b"two")
+    first = file_sha256(replay)
+    (replay / ".hidden").write_bytes(b"ignored")
+    assert file_sha256(replay) == first
+    (replay / "sub" / "x").rename(replay / "sub" / "y")  # same bytes, another name
+    assert file_sha256(replay) != first
+    (replay / "sub" / "y").rename(replay / "sub" / "x")
+    assert file_sha256(replay) == first
+    (replay / "iterations.parquet").write_bytes(b"three")  # another size: no mtime needed
+    assert file_sha256(replay) != first

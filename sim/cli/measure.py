@@ -138,8 +138,8 @@ def replay(
                       f"rejected, {req['unfinished']} unfinished (reason: interrupted) -> "
                       f"{out_dir}/ (summary.json: run.complete false)")
         raise KeyboardInterrupt
-    console.print(f"results: {out_dir}/ (requests.parquet, iterations.parquet, summary.json, "
-                  "scenario.yaml)")
+    console.print(f"results: {out_dir}/ ("
+                  f"{', '.join(sorted(p.name for p in Path(out_dir).iterdir()))})")
 
 
 @app.command()

@@ -64,8 +64,8 @@ def simulate(
         if len(results.summary["replicas"]) > 1:
             console.print(replica_table(results.summary))
     shown.print(overload_line(results.summary["overload"]))
-    shown.print(f"results: {out_dir}/ (requests.parquet, iterations.parquet, summary.json, "
-                "scenario.yaml)")
+    shown.print(f"results: {out_dir}/ ("
+                f"{', '.join(sorted(p.name for p in Path(out_dir).iterdir()))})")
 
 
 def simulate_replicated(loaded: Scenario, replications: int, out_dir: Path,

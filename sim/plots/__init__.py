@@ -1,7 +1,8 @@
 """Figures, drawn from result files only (a run's directory, a sweep's table, a comparison's
-variants, a capacity search's trials). Each is written as PNG and SVG (PNG first), titled,
-named and unit-labelled from `sim.labels`; overloaded runs are marked. `plot_results` draws
-what a directory's own kind supports; unreadable files are one-line `InputError`s."""
+variants, a capacity search's trials, replications and replicated comparisons). Each is
+written as PNG and SVG (PNG first), titled, named and unit-labelled from `sim.labels`;
+overloaded runs are marked. `plot_results` draws what a directory's own kind supports;
+unreadable files are one-line `InputError`s."""
 
 from __future__ import annotations
 
@@ -18,15 +19,22 @@ from sim.plots.compare import (
     plot_capacity,
     plot_comparison,
 )
+from sim.plots.replicated import (
+    percentile_intervals,
+    plot_replicated_comparison,
+    plot_replications,
+    replicated_cdfs,
+)
 from sim.plots.run import cdfs, tbt_sample, ttft_sample
 from sim.plots.sweep import latency_vs_throughput, p99_tbt_vs_load, plot_sweep, ttft_vs_load
 from sim.plots.timeline import busiest_window, iteration_timeline
 from sim.result_files import directory_kind
 
 __all__ = ["busiest_window", "capacity_bars", "capacity_trials", "cdfs", "headline_bars",
-           "iteration_timeline", "latency_vs_throughput", "p99_tbt_vs_load", "plot_capacity",
-           "plot_comparison", "plot_results", "plot_run", "plot_sweep", "save", "tbt_sample",
-           "ttft_sample", "ttft_vs_load"]
+           "iteration_timeline", "latency_vs_throughput", "p99_tbt_vs_load",
+           "percentile_intervals", "plot_capacity", "plot_comparison",
+           "plot_replicated_comparison", "plot_replications", "plot_results", "plot_run",
+           "plot_sweep", "replicated_cdfs", "save", "tbt_sample", "ttft_sample", "ttft_vs_load"]
 
 
 def plot_run(run_dir: Path, out_dir: Path | None = None, *,
@@ -58,5 +66,7 @@ def plot_results(dirs: Sequence[Path], out_dir: Path | None = None, *,
         return plot_capacity(dirs, out_dir)
     if kinds[0] == "run":
         return plot_run(dirs[0], out_dir, window_s=window_s, replicas=replicas)
-    draw = {"sweep": plot_sweep, "comparison": plot_comparison}
+    draw = {"sweep": plot_sweep, "comparison": plot_comparison,
+            "replications": plot_replications,
+            "replicated_comparison": plot_replicated_comparison}
     return draw[kinds[0]](dirs[0], out_dir)

@@ -114,5 +114,9 @@ def swept_axis(ax: Any, key: str, values: Sequence[float], names: list[str] | No
 
 
 def log_time_axis(axis: Any) -> None:
-    """A log scale in plain numbers (0.01, 1, 100), not powers of ten."""
-    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    """A log scale in plain numbers (0.01, 1, 100), not powers of ten; on an axis spanning
+    less than about a decade, the minor ticks matplotlib chooses to label are plain too
+    (3, 40, not 3x10^0, 4x10^1)."""
+    plain = ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    axis.set_major_formatter(plain)
+    axis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))

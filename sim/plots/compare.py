@@ -23,14 +23,15 @@ HEADLINE_PANELS = (("TTFT", ("ttft_p50_s", "ttft_p99_s")), ("TBT", ("tbt_p50_s",
 
 def headline_bars(table: pd.DataFrame, path: Path, title: str = "") -> list[Path]:
     """A comparison's headline numbers, one bar per variant: P50 and P99 TTFT, P50 and P99
-    TBT, SLO attainment; an overloaded variant's bars hatched and its name marked."""
+    TBT, SLO attainment; an overloaded variant's bars hatched and its name marked. Where the
+    table has a column's interval (`<column>_lo`, `<column>_hi`: a replicated comparison),
+    it is drawn as an error bar; a replicated variant is marked overloaded when any of its
+    replications was, with how many."""
     panels = [(name, [c for c in cols if c in table and table[c].notna().any()])
               for name, cols in HEADLINE_PANELS]
     panels = [(name, cols) for name, cols in panels if cols]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4), squeeze=False)
-    over = overloaded(table).to_numpy(bool)
-    names = [f"{v}\n(overloaded)" if o else str(v) for v, o in zip(table["variant"], over,
-                                                                      strict=True)]
+    over, names = _overloaded_names(table)
     x = np.arange(len(table))
     for ax, (name, cols) in zip(axes[0], panels, strict=True):
         values = {c: pd.to_numeric(table[c], errors="coerce").to_numpy(float) for c in cols}
@@ -40,7 +41,8 @@ def headline_bars(table: pd.DataFrame, path: Path, title: str = "") -> list[Path
         for j, c in enumerate(cols):
             pos = x + (j - (len(cols) - 1) / 2) * width
             bars = ax.bar(pos, shown.scale * values[c], width, label=label(c),
-                          color=f"C{j}", hatch=None)
+                          color=f"C{j}", yerr=_error_bars(table, c, values[c], shown.scale),
+                          capsize=4)
             for bar, o in zip(bars, over, strict=True):
                 if o:
                     bar.set_hatch("//")
@@ -52,6 +54,33 @@ def headline_bars(table: pd.DataFrame, path: Path, title: str = "") -> list[Path
     if title:
         fig.suptitle(title)
     return save(fig, path)
+
+
+def _overloaded_names(table: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """Which variants are overloaded, and their names marked so."""
+    if "overloaded_replications" in table:
+        count = pd.to_numeric(table["overloaded_replications"], errors="coerce").fillna(0)
+        over = (count > 0).to_numpy(bool)
+        of = table["replications"] if "replications" in table else ["?"] * len(table)
+        names = [f"{v}\n(overloaded in {int(k)} of {n})" if k else str(v)
+                 for v, k, n in zip(table["variant"], count, of, strict=True)]
+        return over, names
+    over = overloaded(table).to_numpy(bool)
+    return over, [f"{v}\n(overloaded)" if o else str(v)
+                  for v, o in zip(table["variant"], over, strict=True)]
+
+
+def _error_bars(table: pd.DataFrame, column: str, values: np.ndarray, scale: float
+                ) -> np.ndarray | None:
+    """Distances from each bar's top to its interval's ends; none where the table has no
+    interval for `column`, zero where a variant has none (its replications all equal)."""
+    if f"{column}_lo" not in table or f"{column}_hi" not in table:
+        return None
+    lo, hi = (pd.to_numeric(table[f"{column}_{end}"], errors="coerce").to_numpy(float)
+              for end in ("lo", "hi"))
+    below = np.nan_to_num(values - lo, nan=0.0).clip(min=0.0)
+    above = np.nan_to_num(hi - values, nan=0.0).clip(min=0.0)
+    return scale * np.vstack([below, above])
 
 
 def plot_comparison(compare_dir: Path, out_dir: Path | None = None) -> list[Path]:

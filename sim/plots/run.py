@@ -58,7 +58,8 @@ def ttft_sample(run_dir: Path, summary: dict[str, Any]) -> Sample:
     return Sample(WeightedSample.of(values), ttft.get("p50"), ttft.get("p99"), "ttft_s")
 
 
-def _slo(run_dir: Path) -> dict[str, float]:
+def slo_targets_s(run_dir: Path) -> dict[str, float]:
+    """The run's SLO targets in seconds, from its resolved scenario (`ttft_s`, `tbt_s`)."""
     data = read_yaml_file(run_dir / "scenario.yaml")
     slo = (data if isinstance(data, dict) else {}).get("slo") or {}
     return {k: float(v) for k, v in slo.items() if isinstance(v, int | float)}
@@ -82,15 +83,21 @@ def _cdf_pair(top: Any, tail: Any, samples: list[Sample], names: list[str], show
                 top.plot(scale * v, q, marker=marker, color=f"C{i}", markeredgecolor="black")
                 tail.plot(scale * v, 1 - q, marker=marker, color=f"C{i}",
                           markeredgecolor="black")
+    largest = max((int(s.values.counts.sum()) for s in samples), default=1)
+    cdf_axes(top, tail, shown, slo_s, largest)
+
+
+def cdf_axes(top: Any, tail: Any, shown: Unit, slo_s: set[float], largest: int) -> None:
+    """A CDF's axes: SLOs as red lines, log time axes, the tail's fraction above on a log
+    scale down to one in `largest` (the most values one curve has)."""
     for limit in sorted(slo_s):
         for ax in (top, tail):
-            ax.axvline(scale * limit, color="red", linestyle="--", linewidth=1,
-                       label=f"SLO {scale * limit:g} {shown.name}" if ax is top else None)
+            ax.axvline(shown.scale * limit, color="red", linestyle="--", linewidth=1,
+                       label=f"SLO {shown.scale * limit:g} {shown.name}" if ax is top else None)
     for ax in (top, tail):
         ax.set_xscale("log")
         log_time_axis(ax.xaxis)
     tail.set_yscale("log")
-    largest = max((int(s.values.counts.sum()) for s in samples), default=1)
     tail.set_ylim(0.5 / max(largest, 1), 1.5)  # 1-F's last step is rounding, not a value
     top.set_ylabel("fraction at or below")
     tail.set_ylabel("fraction above")
@@ -110,7 +117,7 @@ def cdfs(run_dirs: Sequence[Path], path: Path, labels: Sequence[str] | None = No
         names.append(name)
         ttfts.append(ttft_sample(run, summary))
         tbts.append(tbt_sample(run, summary))
-        slos.append(_slo(run))
+        slos.append(slo_targets_s(run))
     if any(s.key != "tbt_s" for s in tbts):  # one quantity for all, said in the title
         tbts = [tbt_sample_worst(run) for run in run_dirs]
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex="col",

@@ -1,5 +1,6 @@
-"""One self-contained HTML page for a result directory (a run, a sweep, a comparison or a
-capacity search): its figures embedded as PNG data URIs, its tables with units, the overload
+"""One self-contained HTML page for a result directory (a run, a sweep, a comparison, a
+capacity search, replications or a replicated comparison): its figures embedded as PNG data
+URIs, its tables with units (replications': estimates with 95% intervals), the overload
 verdict, the resolved scenario, recorded input hashes and versions. No script and nothing
 fetched from elsewhere, so it opens offline; the same directory gives the same page (no
 timestamps are added; the figures' bytes are whatever `sim.plots` writes)."""
@@ -14,12 +15,15 @@ from pathlib import Path
 import pandas as pd
 
 from sim.errors import InputError
+from sim.outdir import REPORT_FILE
 from sim.report import markup as m
 from sim.report import sections as s
+from sim.report.replicated import replicated_comparison_body, replications_body
 from sim.result_files import Kind, directory_kind, read_csv, read_json
 
 TITLES: dict[Kind, str] = {"run": "run", "sweep": "sweep", "comparison": "comparison",
-                           "capacity": "capacity search"}
+                           "capacity": "capacity search", "replications": "replications",
+                           "replicated_comparison": "replicated comparison"}
 
 
 def render_report(results: Path) -> str:
@@ -40,7 +44,7 @@ def render_report(results: Path) -> str:
 def write_report(results: Path, out: Path | None = None) -> Path:
     """Write the report of `results` to `out` (default `results/report.html`); return it."""
     directory_kind(results)  # not results: say so before checking where the page goes
-    out = out if out is not None else results / "report.html"
+    out = out if out is not None else results / REPORT_FILE
     _check_writable(out)
     text = render_report(results)
     tmp = out.absolute().parent / f".{out.name}.{os.getpid()}.tmp"
@@ -135,4 +139,5 @@ def _counts(table: pd.DataFrame, what: str) -> str:
 
 
 BODIES: dict[Kind, Callable[[Path], list[str]]] = {
-    "run": _run, "sweep": _sweep, "comparison": _comparison, "capacity": _capacity}
+    "run": _run, "sweep": _sweep, "comparison": _comparison, "capacity": _capacity,
+    "replications": replications_body, "replicated_comparison": replicated_comparison_body}
