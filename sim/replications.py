@@ -62,6 +62,7 @@ from sim.outdir import (
     is_run_dir,
     swap_in,
 )
+from sim.paired import DIFFERENCES_FILE, paired_differences
 
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 10_000
@@ -383,7 +384,8 @@ COMPARED = (("ttft_p50_s", ("ttft_s", "p50"), "TTFT P50 ms", 1e3),
             ("slo_attainment", ("slo", "all_attainment"), "SLO met %", 100.0))
 
 
-COMPARISON_TABLES = ("comparison.csv", COMPARISON_FILE)  # a plain comparison's, and this one's
+# A plain comparison's table, and this one's two.
+COMPARISON_TABLES = ("comparison.csv", COMPARISON_FILE, DIFFERENCES_FILE)
 PLOTS_DIR = "plots"  # what `servesim plot` draws into
 
 
@@ -449,6 +451,8 @@ def compare_replications(scenarios: dict[str, Scenario], replications: int, out_
             row["overloaded_replications"] = sum(v == "overloaded" for v in verdicts)
             rows.append(row)
         pd.DataFrame(rows).to_csv(tmp / COMPARISON_FILE, index=False)
+        pd.DataFrame(paired_differences(done, COMPARED)).to_csv(tmp / DIFFERENCES_FILE,
+                                                                index=False)
         swap_in(tmp, out_dir)
     finally:
         if tmp.exists():

@@ -32,6 +32,7 @@ from sim.replications import (
     bootstrap_interval,
     estimate,
     t_interval,
+    t_quantile,
     variation_sources,
 )
 from sim.runner import run_scenario
@@ -225,6 +226,37 @@ def test_compare_with_replications(tmp_path, monkeypatch, capsys):
     for variant in ("chunked", "first"):
         data = json.loads((out / variant / "replications.json").read_text())
         assert data["seeds"] == [0, 1, 2] and (out / variant / "rep2" / "summary.json").is_file()
+
+
+def test_paired_differences_use_the_common_seeds(tmp_path, monkeypatch, capsys):
+    # M/D/1 at two service times (load 0.3 and 0.6), the same arrivals in replication k of
+    # each: both TTFTs rise and fall with the arrivals' bursts, so the paired interval is
+    # narrower than the unpaired one from the same values. One output token a request: no
+    # token gaps, no pairs to difference.
+    comparison = tmp_path / "cmp.yaml"
+    comparison.write_text(yaml.safe_dump({"name": "cmp", "base": md1(0.3, 400), "variants": {
+        "fast": {}, "slow": {"replica": {"latency": {"kind": "constant",
+                                                      "iteration_s": 2 * SERVICE_S}}}}}))
+    out = tmp_path / "out"
+    code, printed = cli(monkeypatch, capsys, "compare", str(comparison), "--replications", "5",
+                        "--workers", "1", "--out", str(out))
+    assert code == 0 and "slow - fast" in printed
+    diff = pd.read_csv(out / "comparison_differences.csv").set_index("metric")
+    assert set(diff["variant"]) == {"slow"} and set(diff["baseline"]) == {"fast"}
+    assert diff["num_pairs"].to_dict() == {
+        "ttft_p50_s": 5, "ttft_p99_s": 5, "tbt_p50_s": 0, "tbt_p99_s": 0, "e2e_p99_s": 5,
+        "output_tokens_per_s": 5, "slo_attainment": 0}
+    assert diff.loc[["tbt_p99_s", "slo_attainment"], "difference"].isna().all()
+    per = {v: json.loads((out / v / "replications.json").read_text())["metrics"]
+           for v in ("fast", "slow")}
+    ttft = [np.array(per[v]["ttft_s"]["p99"]["per_replication"]) for v in ("fast", "slow")]
+    row = diff.loc["ttft_p99_s"]
+    assert row["difference"] == pytest.approx(float(np.mean(ttft[1] - ttft[0])), rel=1e-12)
+    assert row["lo"] < row["difference"] < row["hi"] and bool(row["clear"])
+    unpaired_half = t_quantile(0.975, 4) * math.sqrt(
+        (ttft[0].var(ddof=1) + ttft[1].var(ddof=1)) / 5)
+    assert row["hi"] - row["lo"] < 2 * unpaired_half
+    assert diff.loc["ttft_p50_s", "difference"] > SERVICE_S  # at least the longer service
 
 
 # -- review fixes ------------------------------------------------------------------------------

@@ -107,6 +107,7 @@ def compare_replicated(name: str, scenarios: dict[str, Any], replications: int, 
                        workers: int | None) -> None:
     """`compare --replications N`: each variant N times; estimates with 95% intervals."""
     from sim.outdir import SwappedInterrupt
+    from sim.paired import DIFFERENCES_FILE
     from sim.progress import ProgressReport
     from sim.replications import COMPARISON_FILE, compare_replications
 
@@ -131,12 +132,15 @@ def compare_replicated(name: str, scenarios: dict[str, Any], replications: int, 
                           "whole once every variant is done): run the comparison again"
                           ) from None
     console.print(replicated_comparison_table(name, results))
-    console.print(f"results: {out_dir}/<variant>/rep<k>/, replications.json and "
-                  f"{out_dir}/{COMPARISON_FILE}", soft_wrap=True)
+    if len(results) > 1:
+        console.print(differences_table(name, results))
+    console.print(f"results: {out_dir}/<variant>/rep<k>/, replications.json, "
+                  f"{out_dir}/{COMPARISON_FILE} and {DIFFERENCES_FILE}", soft_wrap=True)
 
 
 def replicated_comparison_table(title: str, results: dict[str, dict[str, Any]]) -> Table:
     """One column per variant; each cell the estimate over the 95% interval `[lo, hi]`."""
+    from sim.labels import label, unit
     from sim.replications import COMPARED
 
     first = next(iter(results.values()))
@@ -149,7 +153,7 @@ def replicated_comparison_table(title: str, results: dict[str, dict[str, Any]]) 
     table.add_column("metric", no_wrap=True)
     for variant in results:
         table.add_column(variant, justify="right", overflow="fold")
-    for _, (section, key), label, scale in COMPARED:
+    for column, (section, key), _, scale in COMPARED:
         cells = []
         for data in results.values():
             metric = data["metrics"][section].get(key)
@@ -160,11 +164,43 @@ def replicated_comparison_table(title: str, results: dict[str, dict[str, Any]]) 
             interval = ("\n(all equal)" if metric["ci95"] is None else "" if lo is None
                         else f"\n[{fmt(lo, scale)}, {fmt(hi, scale)}]")
             cells.append(f"{fmt(metric['estimate'], scale)}{interval}")
-        table.add_row(label, *cells)
+        table.add_row(f"{label(column)} {unit(column).name}", *cells)
     overloaded = [sum(v == "overloaded" for v in d["overload"]["verdicts"])
                   for d in results.values()]
     table.add_row("overloaded", *(f"[red]{n} of {first['replications']}[/]" if n
                                   else f"0 of {first['replications']}" for n in overloaded))
+    return table
+
+
+def differences_table(title: str, results: dict[str, dict[str, Any]]) -> Table:
+    """Each variant's paired difference from the first, one column per other variant."""
+    from sim.labels import label, unit
+    from sim.paired import paired_differences
+    from sim.replications import COMPARED
+
+    rows = paired_differences(results, COMPARED)
+    baseline = next(iter(results))
+    table = Table(title=f"{title}: each variant minus {baseline}, replication by replication",
+                  caption_justify="left",
+                  caption="mean of the paired differences (the same seeds for every variant), "
+                          "then its 95% Student t CI; * the CI excludes 0; all equal: every "
+                          "pair differed alike, no interval")
+    table.add_column("metric", no_wrap=True)
+    others = list(results)[1:]
+    for variant in others:
+        table.add_column(f"{variant} - {baseline}", justify="right", overflow="fold")
+    for column, _, _, scale in COMPARED:
+        cells = []
+        for variant in others:
+            row = next(r for r in rows if r["variant"] == variant and r["metric"] == column)
+            if row["difference"] is None:
+                cells.append("-")
+                continue
+            interval = ("\n(all equal)" if row["lo"] is None
+                        else f"\n[{fmt(row['lo'], scale)}, {fmt(row['hi'], scale)}]")
+            mark = " *" if row["clear"] else ""
+            cells.append(f"{row['difference'] * scale:+,.4g}{mark}{interval}")
+        table.add_row(f"{label(column)} {unit(column).name}", *cells)
     return table
 
 
