@@ -20,17 +20,16 @@ from sim.kv_cache import KVCacheManager
 from sim.metrics import (
     WeightedSample,
     arrived_stats,
-    generated_arrivals,
     overload,
     pool_stats,
     replica_stats,
     summarize,
     transfer_stats,
-    warmup_stats,
 )
 from sim.outdir import check_out_dir, write_dir
 from sim.request import Request
 from sim.results import iteration_frame, request_frame, token_frame, token_times
+from sim.warmup import generated_arrivals, warmup_stats
 from sim.workloads import FORMATS, Workload, select
 
 

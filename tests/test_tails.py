@@ -13,15 +13,8 @@ from sim import run_scenario
 from sim.cli.common import console
 from sim.cli.run import summary_table
 from sim.config import parse_scenario
-from sim.metrics import (
-    PERCENTILES,
-    arrived_stats,
-    censored_distribution,
-    distribution,
-    generated_arrivals,
-    mser,
-    warmup_stats,
-)
+from sim.metrics import PERCENTILES, arrived_stats, censored_distribution, distribution
+from sim.warmup import generated_arrivals, mser, warmup_stats
 from tests.test_metrics import REQUESTS
 from tests.test_overload import SERVICE_S, single_server
 
