@@ -40,8 +40,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from sim import plots
-    from sim.capacity import CapacityLog, SLOTargets
+    from sim.capacity import SLOTargets
     from sim.capacity import capacity as search_capacity
+    from sim.capacity_log import CapacityLog
     from sim.compare import compare as run_comparison
     from sim.compare import load_comparison
     from sim.config import Scenario, load_scenario, parse_scenario
@@ -56,7 +57,8 @@ _HOMES = {
     "Results": "sim.runner", "run_scenario": "sim.runner",
     "Run": "sim.sweep", "load_sweep": "sim.sweep", "run_sweep": "sim.sweep",
     "run_comparison": "sim.compare", "load_comparison": "sim.compare",
-    "SLOTargets": "sim.capacity", "CapacityLog": "sim.capacity", "search_capacity": "sim.capacity",
+    "SLOTargets": "sim.capacity", "search_capacity": "sim.capacity",
+    "CapacityLog": "sim.capacity_log",
     "scenario_key": "sim.fingerprint",
     "InputError": "sim.errors",
 }

@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from sim.capacity import (
-    CapacityLog,
     SLOTargets,
     Trial,
     capacity,
@@ -26,6 +25,7 @@ from sim.capacity import (
     measured,
     violations,
 )
+from sim.capacity_log import CapacityLog
 from sim.config import parse_scenario
 from sim.replications import (
     DETERMINISTIC,

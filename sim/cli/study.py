@@ -316,8 +316,9 @@ def capacity(
     """Find the largest arrival rate at which every given SLO holds, as an interval.
 
     Expand, then bisect; each rate is decided by a sequential test over replications."""
-    from sim.capacity import CapacityLog, SLOTargets, check_options, default_replications
+    from sim.capacity import SLOTargets, check_options, default_replications
     from sim.capacity import capacity as search
+    from sim.capacity_log import CapacityLog
     from sim.errors import InputError
     from sim.overrides import load_scenario, parse_overrides
     from sim.progress import ProgressReport
