@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from sim.config import Scenario
-from sim.errors import InputError
+from sim.errors import COMMAND_LINE, InputError
 from sim.metrics import GROWTH_LIMIT
 from sim.replications import (
     CONFIDENCE,
@@ -90,13 +90,14 @@ class SLOTargets:
 def check_options(targets: SLOTargets, precision: float) -> None:
     """One-line errors, before any run, for targets and a precision the search cannot use."""
     if not targets.given():
-        raise InputError(None, "/".join(o for o, *_ in TARGETS.values()), None, "give an SLO")
+        raise InputError(COMMAND_LINE, "/".join(o for o, *_ in TARGETS.values()), None,
+                         "give an SLO")
     for name, value in targets.given().items():
         if not (math.isfinite(value) and value > 0):
-            raise InputError(None, TARGETS[name][0], value,
+            raise InputError(COMMAND_LINE, TARGETS[name][0], value,
                              "must be a positive, finite number of seconds")
     if not (math.isfinite(precision) and 0 < precision < 1):
-        raise InputError(None, "--precision", precision,
+        raise InputError(COMMAND_LINE, "--precision", precision,
                          "must be a fraction between 0 and 1 (e.g. 0.02)")
 
 

@@ -4,7 +4,6 @@ each run (an interrupted search keeps its trials), then `scenario.yaml` and `cap
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pandas as pd
 from sim.capacity import TARGETS, SLOTargets, Trial
 from sim.config import Scenario
 from sim.errors import InputError
-from sim.outdir import check_writable_dir
+from sim.outdir import check_writable_dir, replace_text
 
 TRIALS_FILE, RESULT_FILE, SCENARIO_FILE = "trials.csv", "capacity.json", "scenario.yaml"
 
@@ -51,7 +50,7 @@ class CapacityLog:
                  "overload": t.verdict, **t.metrics_s, "violations": "; ".join(t.violations)}
                 for t in self.trials]
         columns = ["seed", "rate", "qps", "ok", "overload", *TARGETS, "violations"]
-        _replace(self.out_dir / TRIALS_FILE,
+        replace_text(self.out_dir / TRIALS_FILE,
                  pd.DataFrame(rows, columns=columns).to_csv(index=False))
 
     def finish(self, scenario: Scenario, targets: SLOTargets, precision: float,
@@ -60,7 +59,7 @@ class CapacityLog:
         (the resolved scenario searched, with any `--set` applied; its rate the starting one)."""
         from sim.config import scenario_yaml
 
-        _replace(self.out_dir / SCENARIO_FILE, scenario_yaml(scenario))
+        replace_text(self.out_dir / SCENARIO_FILE, scenario_yaml(scenario))
         data = {
             "scenario": scenario.name, "source": scenario.source, "knob": result["knob"],
             "targets_s": targets.given(), "precision": precision,
@@ -77,12 +76,5 @@ class CapacityLog:
                                             "usd_per_million_output_tokens")},
         }
         path = self.out_dir / RESULT_FILE
-        _replace(path, json.dumps(data, indent=2) + "\n")
+        replace_text(path, json.dumps(data, indent=2) + "\n")
         return path
-
-
-def _replace(path: Path, text: str) -> None:
-    """Write `path` aside, then rename it into place: never half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -7,7 +7,6 @@ replaces."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import pandas as pd
 
 from sim.config import Scenario, merge_mappings, parse_scenario, read_mapping
 from sim.errors import InputError
-from sim.outdir import check_out_dir, check_writable_dir, is_run_dir
+from sim.outdir import check_out_dir, check_writable_dir, is_run_dir, replace_file
 from sim.overrides import Override, apply_overrides, named_by_overrides, resolved_defaults
 from sim.runner import Results, run_scenario
 
@@ -72,9 +71,7 @@ def compare(scenarios: dict[str, Scenario], out_dir: Path | None = None, *,
             on_variant(variant, results[variant])
     table = pd.DataFrame([row(variant, res) for variant, res in results.items()])
     if out_dir is not None:
-        tmp = out_dir / f".{TABLE}.tmp"
-        table.to_csv(tmp, index=False)
-        os.replace(tmp, out_dir / TABLE)
+        replace_file(out_dir / TABLE, lambda tmp: table.to_csv(tmp, index=False))
     return table, results
 
 

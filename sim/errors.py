@@ -25,6 +25,9 @@ INPUT_MODEL: ConfigDict = {"extra": "forbid", "frozen": True, "strict": True,
 Problem = tuple[str, Any, str]  # field, value, what is wrong with it
 
 
+COMMAND_LINE = "<command line>"  # the source named by errors in command-line options
+
+
 class InputError(Exception):
     """Bad input from the user (scenario, trace, profile). The CLI prints each of its `lines()`,
     then exits 2. `field`, `value` and `problem` are those of the first problem."""

@@ -108,3 +108,24 @@ def _interrupts_deferred() -> Iterator[None]:
         yield
     if caught:
         raise SwappedInterrupt
+
+
+def replace_file(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(tmp)` into a fresh temporary file beside `path`, then renamed onto it: `path` is
+    the old file or the new one, whole, never part of one, and two writers never share the
+    temporary (an interrupt or failure removes it). Entries created 0644, as open() would."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def replace_text(path: Path, text: str) -> None:
+    """`replace_file` with `text` as the content."""
+    replace_file(path, lambda tmp: tmp.write_text(text))

@@ -20,14 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from sim.errors import InputError
+from sim.errors import COMMAND_LINE, InputError
 
 if TYPE_CHECKING:  # pydantic's models are imported only when a scenario is loaded
     from sim.config import Scenario
 
 Override = tuple[str, Any]  # dotted path, value
 REGISTRY_KEYS = ("name", "kind", "format")
-COMMAND_LINE = "<command line>"
 _PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -126,7 +125,9 @@ def named_by_overrides(exc: InputError, overrides: Sequence[Override], source: s
             continue
         if problem == "Extra inputs are not permitted":
             problem = "no such field"
-        at = "" if field == dotted else f"{field}: "
+        # The field as the file names it (a comparison's variants.<variant>.<field>): which of
+        # several scenarios the override did not fit.
+        at = "" if rename(field) == dotted else f"{rename(field)}: "
         problems.append((f"--set {dotted}", given, at + problem))
     return InputError.many(source, problems)
 

@@ -83,7 +83,7 @@ class Results:
         run = Path(path)
         kind = directory_kind(run)
         if kind != "run":
-            raise InputError(run, "RESULTS", kind, f"a {kind} directory, not one run's results "
+            raise InputError(run, "RESULTS", str(run), f"a {kind} directory, not one run's results "
                              "(give a run directory: one holding summary.json)")
         scenario = load_scenario(run / "scenario.yaml")
         requests = read_parquet(run / "requests.parquet", REQUEST_COLUMNS)

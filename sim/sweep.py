@@ -31,7 +31,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ import pandas as pd
 from sim.config import Scenario, parse_scenario, read_mapping, read_yaml
 from sim.errors import InputError
 from sim.fingerprint import input_files, inputs_record, scenario_key
-from sim.outdir import check_writable_dir, is_run_dir
+from sim.outdir import check_writable_dir, is_run_dir, replace_file
 from sim.overrides import (
     Override,
     apply_overrides,
@@ -284,12 +283,10 @@ def _write_tables(table: pd.DataFrame, out_dir: Path,
                   names: tuple[str, ...] = TABLES) -> None:
     """Each table written aside, then renamed into place: present means complete."""
     for name in names:
-        tmp = out_dir / f".{name}.tmp"
         if name.endswith(".parquet"):
-            table.to_parquet(tmp, index=False)
+            replace_file(out_dir / name, lambda tmp: table.to_parquet(tmp, index=False))
         else:
-            table.to_csv(tmp, index=False)
-        os.replace(tmp, out_dir / name)
+            replace_file(out_dir / name, lambda tmp: table.to_csv(tmp, index=False))
 
 
 METRICS = {  # column -> path in summary.json

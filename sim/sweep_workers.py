@@ -21,7 +21,7 @@ from types import FrameType
 from typing import Any
 
 from sim.config import Scenario
-from sim.errors import InputError
+from sim.errors import COMMAND_LINE, InputError
 from sim.fingerprint import inputs_record
 from sim.outdir import check_out_dir, write_dir
 
@@ -190,7 +190,7 @@ def _run_ray(jobs: list[Job], address: str | None, workers: int | None,
     try:
         import ray
     except ImportError:
-        raise InputError(None, "--backend", "ray", "Ray is not installed: pip install "
+        raise InputError(COMMAND_LINE, "--backend", "ray", "Ray is not installed: pip install "
                          "'servesim[ray]'") from None
     import logging
 

@@ -101,6 +101,15 @@ def test_bad_rows_kept_by_the_filter_name_their_line_and_column(tmp_path, monkey
     assert_one_line_error(code, err, str(path), *needles)
 
 
+def test_lines_are_counted_past_empty_lines(tmp_path, monkeypatch, capsys):
+    # The CSV reader skips empty lines: the error still names the bad value's line in the file.
+    path = write_trace(tmp_path, [*ROWS, (130.0, "ChatGPT", "many", 7, "API log")])
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:3] + ["\n", "\r\n"] + lines[3:]))  # after data line 2
+    code, err = simulate(tmp_path, monkeypatch, capsys, path, f', where: "{CHATGPT_OK}"')
+    assert_one_line_error(code, err, str(path), "Request tokens (line 10)='many'")
+
+
 def test_bad_rows_the_filter_drops_are_not_read(tmp_path):
     path = write_trace(tmp_path, [*ROWS, (130.0, "Llama", "many", -1, "API log")])
     w = workload({"format": "burstgpt", "path": str(path), "where": CHATGPT_OK})

@@ -46,16 +46,16 @@ def export(
 
 def parse_percentiles(text: str) -> list[float]:
     """`50,90,99` as numbers in [0, 100]; a one-line `InputError` for anything else."""
-    from sim.errors import InputError
+    from sim.errors import COMMAND_LINE, InputError
 
     values = []
     for part in text.split(","):
         try:
             value = float(part)
         except ValueError:
-            raise InputError(None, "--percentiles", text,
+            raise InputError(COMMAND_LINE, "--percentiles", text,
                              "must be numbers separated by commas, e.g. 50,90,99") from None
         if not 0 <= value <= 100:
-            raise InputError(None, "--percentiles", text, "each must be between 0 and 100")
+            raise InputError(COMMAND_LINE, "--percentiles", text, "each must be between 0 and 100")
         values.append(value)
     return values

@@ -12,14 +12,14 @@ from typing import Annotated
 import typer
 
 from sim.cli.common import app, console
-from sim.errors import InputError
+from sim.errors import COMMAND_LINE, InputError
 
 
 def require_torch(device: str) -> None:
     """One line, exit 2, where torch is not installed (looked up, not imported: `sim/` runs
     without torch, and the profiler imports it where it measures)."""
     if importlib.util.find_spec("torch") is None:
-        raise InputError(None, "--device", device,
+        raise InputError(COMMAND_LINE, "--device", device,
                          "this command runs a real model and needs torch: "
                          "pip install -e '.[profile]'")
 
@@ -186,7 +186,7 @@ def validate(
     try:
         fractions = [float(x) for x in loads.split(",") if x.strip()]
     except ValueError:
-        raise InputError(None, "--loads", loads, "comma-separated numbers") from None
+        raise InputError(COMMAND_LINE, "--loads", loads, "comma-separated numbers") from None
     loaded = [load_scenario(path) for path in scenarios]
     out_dir = out if out is not None else Path("validation") / loaded[0].name
     opts = Options(device=device, loads=fractions, profile=profile, capacity_rps=capacity,

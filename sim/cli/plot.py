@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from sim.cli.common import app, console
-from sim.errors import InputError
+from sim.errors import COMMAND_LINE, InputError
 
 
 def parse_window(text: str) -> tuple[float, float]:
@@ -17,26 +17,27 @@ def parse_window(text: str) -> tuple[float, float]:
     try:
         start, end = (float(part) for part in text.split(":"))
     except ValueError:
-        raise InputError(None, "--window", text, "must be START:END in seconds, e.g. 120:125"
-                         ) from None
+        raise InputError(COMMAND_LINE, "--window", text,
+                         "must be START:END in seconds, e.g. 120:125") from None
     if not (math.isfinite(start) and math.isfinite(end) and 0 <= start < end):
-        raise InputError(None, "--window", text, "must have 0 <= START < END, both finite")
+        raise InputError(COMMAND_LINE, "--window", text, "must have 0 <= START < END, both finite")
     return start, end
 
 
 @app.command()
 def plot(
     results: Annotated[list[Path], typer.Argument(
-        help="a run's, a sweep's, a comparison's or capacity searches' result directory")],
+        metavar="RESULTS...", help="a result directory: a run's, replications', a sweep's, a "
+        "comparison's, or one or more capacity searches'")],
     out: Annotated[Path | None, typer.Option(help="figure directory",
                                                   show_default="RESULTS/plots")
                    ] = None,
     window: Annotated[str | None, typer.Option(
-        metavar="START:END", help="a run's timeline: this window, in seconds "
-        "[default: the busiest 5 s]")] = None,
+        metavar="START:END", help="a run's timeline: this window, in seconds",
+        show_default="the busiest 5 s")] = None,
     replica: Annotated[list[int] | None, typer.Option(
-        help="a run's timeline: this replica (repeat for several) "
-             "[default: the first of each pool]")] = None,
+        metavar="N", help="a run's timeline: this replica (repeat for several)",
+        show_default="the first of each pool")] = None,
 ) -> None:
     """Draw the figures a result directory's own files support (PNG and SVG)."""
     from sim.plots import plot_results

@@ -13,9 +13,10 @@ from sim.cli.common import app, console
 @app.command()
 def report(
     results: Annotated[Path, typer.Argument(
-        help="a run's, a sweep's, a comparison's or a capacity search's result directory")],
+        metavar="RESULTS", help="a result directory: a run's, replications', a sweep's, a "
+        "comparison's or a capacity search's")],
     out: Annotated[Path | None, typer.Option(
-        help="the HTML file to write [default: RESULTS/report.html]")] = None,
+        help="the HTML file to write", show_default="RESULTS/report.html")] = None,
 ) -> None:
     """Write one HTML page for a result directory: figures, tables, verdict, scenario and
     versions, all inline (it opens offline, no script)."""

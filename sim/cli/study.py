@@ -319,7 +319,7 @@ def capacity(
     from sim.capacity import SLOTargets, check_options, default_replications
     from sim.capacity import capacity as search
     from sim.capacity_log import CapacityLog
-    from sim.errors import InputError
+    from sim.errors import COMMAND_LINE, InputError
     from sim.overrides import load_scenario, parse_overrides
     from sim.progress import ProgressReport
     from sim.replications import check_replicable
@@ -327,7 +327,7 @@ def capacity(
     targets = SLOTargets(tbt_p99, ttft_p90, sched_delay_p50)
     check_options(targets, precision)
     if seeds is not None and replications is not None and seeds != replications:
-        raise InputError(None, "--seeds", seeds, f"is the older name of --replications "
+        raise InputError(COMMAND_LINE, "--seeds", seeds, f"is the older name of --replications "
                          f"({replications}): give one of them")
     loaded = load_scenario(scenario, parse_overrides(set_))
     wanted = replications if replications is not None else seeds

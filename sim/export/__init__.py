@@ -3,14 +3,13 @@ and the Trace Event Format that Perfetto and chrome://tracing open (`chrome.py`)
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from sim.errors import InputError
+from sim.errors import COMMAND_LINE, InputError
+from sim.outdir import replace_text
 
 Format = Literal["vllm", "chrome"]
 FORMATS: tuple[Format, ...] = ("vllm", "chrome")
@@ -27,7 +26,8 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
     from sim.runner import Results
 
     if fmt not in FORMATS:
-        raise InputError(None, "--format", fmt, f"unknown format (choose {', '.join(FORMATS)})")
+        raise InputError(COMMAND_LINE, "--format", fmt,
+                         f"unknown format (choose {', '.join(FORMATS)})")
     path = Path(out) if out is not None else Path(run_dir) / DEFAULT_FILES[fmt]
     if path.is_dir():
         raise InputError(path, "--out", str(path), "is a directory: give a file name")
@@ -57,14 +57,9 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
         else:
             lines.append(f"{json.dumps(key)}: {_dumps(value)}")
     text = "{\n" + ",\n".join(lines) + "\n}\n"
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        replace_text(path, text)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         raise InputError(path, "--out", str(path),
                          f"cannot write it ({exc.strerror or type(exc).__name__})") from None
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.errors import InputError
+from sim.errors import COMMAND_LINE, InputError
 
 if TYPE_CHECKING:
     from sim.runner import Results
@@ -68,7 +68,7 @@ def vllm_result(results: Results, percentiles: Sequence[float] = (99.0,), *,
 def _result(results: Results, percentiles: Sequence[float]) -> dict[str, Any]:
     for p in percentiles:
         if not 0 <= p <= 100:
-            raise InputError(None, "--percentiles", p, "must be between 0 and 100")
+            raise InputError(COMMAND_LINE, "--percentiles", p, "must be between 0 and 100")
     req = results.requests.sort_values("request_id", kind="stable")
     ok = (req["status"] == "finished").to_numpy()
     arrival = req["arrival_s"].to_numpy(dtype=np.float64)

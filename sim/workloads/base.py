@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from sim.errors import INPUT_MODEL, InputError, invalid
 from sim.registry import Registry
-from sim.workloads.cache import csv_header, read_table
+from sim.workloads.cache import csv_header, csv_line, read_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -256,8 +256,13 @@ def where(df: pd.DataFrame, name: str, row: int) -> str:
     """`name (line N)`: the field of a bad value, with its line in the file (the index keeps
     each row's position in the file through `workload.where`)."""
     position = int(df.index[row])
-    lines = df.attrs.get("lines")
-    line = lines[position] if lines is not None else position + df.attrs.get("first_line", 1)
+    lines, csv_path = df.attrs.get("lines"), df.attrs.get("csv_path")
+    if lines is not None:
+        line = lines[position]
+    elif csv_path is not None:
+        line = csv_line(Path(csv_path), position)
+    else:
+        line = position + 1
     return f"{name} (line {line})"
 
 
