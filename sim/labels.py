@@ -69,8 +69,21 @@ METRICS: dict[str, tuple[str, Unit]] = {
     "overload": ("overload verdict", NONE),
     "num_preemptions": ("preemptions", NONE),
     "capacity_qps": ("capacity", Unit("req/s", 1.0)),
+    "capacity_qps_per_gpu": ("capacity per GPU", Unit("req/s", 1.0)),
+    "highest_held_qps": ("highest rate held", Unit("req/s", 1.0)),
     "qps": ("arrival rate", Unit("req/s", 1.0)),
+    "rate_scale": ("load", Unit("x trace rate", 1.0)),
+    "rate": ("searched knob value", NONE),  # capacity trials: qps, or the trace rate_scale
+    "ok": ("met the SLO", NONE),
+    "violations": ("targets missed", NONE),
     "seed": ("seed", NONE),
+    "num_seeds": ("seeds", NONE),
+    "num_overloaded": ("overloaded runs", NONE),
+    "replications": ("replications", NONE),
+    "overloaded_replications": ("overloaded replications", NONE),
+    "num_runs": ("runs", NONE),
+    "num_iterations": ("iterations", NONE),
+    "span_s": ("simulated span", SECONDS),
 }
 
 # Scenario fields by dotted path, as sweeps vary them.
@@ -201,3 +214,23 @@ def natural_key(text: str) -> tuple[Any, ...]:
     """Sort key putting numbers inside text in numeric order ("budget 256" before "2048")."""
     parts = re.split(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)", text)
     return tuple((1, float(p), "") if i % 2 else (0, 0.0, p) for i, p in enumerate(parts))
+
+
+def capacity_interval(result: Mapping[str, Any]) -> str:
+    """What a capacity search's interval is, in a few words, from its own record
+    (`deterministic`, `replications`, `confidence`, or else `interval_meaning`'s opening): a
+    deterministic replay's is the bisection's bracket, not a confidence interval."""
+    meaning = str(result.get("interval_meaning") or "")
+    if result.get("deterministic") or meaning.startswith("deterministic"):
+        return "bisection bracket [rate held, rate failed]"
+    if result.get("replications") == 1 or meaning.startswith("one replication"):
+        return "one seed's bracket (no confidence stated)"
+    level = result.get("confidence")
+    return (f"{100 * float(level):g}% confidence bound at each end" if level
+            else "confidence bounds")
+
+
+def slo_targets(targets_s: Mapping[str, float]) -> str:
+    """SLO targets by their labels, in their units: {"tbt_p99_s": 0.05} -> "P99 TBT <= 50 ms"."""
+    return ", ".join(f"{label(k)} <= {unit(k).scale * v:g} {unit(k).name}".strip()
+                     for k, v in targets_s.items())

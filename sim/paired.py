@@ -24,7 +24,7 @@ DIFFERENCES_FILE = "comparison_differences.csv"
 
 
 def paired_differences(done: dict[str, dict[str, Any]],
-                       compared: Sequence[tuple[str, tuple[str, str], str, float]]
+                       compared: Sequence[tuple[str, tuple[str, str]]]
                        ) -> list[dict[str, Any]]:
     """One row per (variant other than the first, compared metric): `variant`, `baseline`,
     `metric` (a `COMPARED` column name), `difference` (mean of the paired differences, the
@@ -36,7 +36,7 @@ def paired_differences(done: dict[str, dict[str, Any]],
     baseline = variants[0]
     rows = []
     for variant in variants[1:]:
-        for column, (section, key), _, _ in compared:
+        for column, (section, key) in compared:
             base = _values(done[baseline], section, key)
             other = _values(done[variant], section, key)
             pairs = [(o - b) for b, o in zip(base, other, strict=True)

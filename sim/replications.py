@@ -307,16 +307,20 @@ def run_replications(scenario: Scenario, replications: int, out_dir: Path, *,
 
 def table_rows(data: dict[str, Any]) -> list[tuple[str, dict[str, Any], float, str]]:
     """(label, metric, scale, kind) for each row: kind t or boot."""
+    from sim.labels import label, unit
+
     rows = []
     metrics = data["metrics"]
-    for key, name, unit, scale in DISTRIBUTIONS:
+    for key, *_ in DISTRIBUTIONS:  # names and units as every table and figure gives them
+        shown = unit(key)
         for stat in (*PERCENTILES, "mean"):
-            rows.append((f"{name} {stat.upper() if stat != 'mean' else 'mean'} {unit}",
-                         metrics[key][stat], scale, stat))
-    for key, label in THROUGHPUT:
-        rows.append((label, metrics["throughput"][key], 1.0, "mean"))
-    for name, metric in metrics["slo"].items():
-        rows.append((f"SLO {name.removesuffix('_attainment')} met", metric, 100.0, "share"))
+            name = f"{stat.upper() if stat != 'mean' else 'mean'} {label(key)} {shown.name}"
+            rows.append((name, metrics[key][stat], shown.scale, stat))
+    for key, _ in THROUGHPUT:
+        rows.append((f"{label(key)} {unit(key).name}", metrics["throughput"][key], 1.0, "mean"))
+    for name, metric in metrics["slo"].items():  # short: the full labels widen the table
+        rows.append((f"SLO attainment: {name.removesuffix('_attainment')} %", metric, 100.0,
+                     "share"))
     return rows
 
 
@@ -374,14 +378,12 @@ def replications_table(data: dict[str, Any]) -> Any:
 # -- comparisons -------------------------------------------------------------------------------
 
 COMPARISON_FILE = "comparison_replications.csv"
-# (column, metric path in `summarize`'s output, label, scale)
-COMPARED = (("ttft_p50_s", ("ttft_s", "p50"), "TTFT P50 ms", 1e3),
-            ("ttft_p99_s", ("ttft_s", "p99"), "TTFT P99 ms", 1e3),
-            ("tbt_p50_s", ("tbt_s", "p50"), "TBT P50 ms", 1e3),
-            ("tbt_p99_s", ("tbt_s", "p99"), "TBT P99 ms", 1e3),
-            ("e2e_p99_s", ("e2e_s", "p99"), "E2E P99 s", 1.0),
-            ("output_tokens_per_s", ("throughput", "output_tokens_per_s"), "tok/s", 1.0),
-            ("slo_attainment", ("slo", "all_attainment"), "SLO met %", 100.0))
+# (column, metric path in `summarize`'s output); names and units from `sim.labels`
+COMPARED = (("ttft_p50_s", ("ttft_s", "p50")), ("ttft_p99_s", ("ttft_s", "p99")),
+            ("tbt_p50_s", ("tbt_s", "p50")), ("tbt_p99_s", ("tbt_s", "p99")),
+            ("e2e_p99_s", ("e2e_s", "p99")),
+            ("output_tokens_per_s", ("throughput", "output_tokens_per_s")),
+            ("slo_attainment", ("slo", "all_attainment")))
 
 
 # A plain comparison's table, and this one's two.
@@ -441,7 +443,7 @@ def compare_replications(scenarios: dict[str, Scenario], replications: int, out_
         rows = []
         for variant, data in done.items():
             row: dict[str, Any] = {"variant": variant, "replications": replications}
-            for column, (section, key), _, _ in COMPARED:
+            for column, (section, key) in COMPARED:
                 metric = data["metrics"][section].get(key) or {"estimate": None,
                                                                "ci95": [None, None]}
                 row[column] = metric["estimate"]

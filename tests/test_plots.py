@@ -5,12 +5,14 @@ with both pools, a comparison's variants overlaid; labels from `sim.labels`."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from matplotlib.container import BarContainer
 
 from sim import labels
 from sim.compare import compare
@@ -19,7 +21,7 @@ from sim.metrics import distribution
 from sim.plots import busiest_window, plot_results, tbt_sample
 from sim.runner import run_scenario
 from sim.sweep import load_sweep, run_sweep
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 
 # Chunked prefill on a small synthetic load; prompts long enough that the budget matters.
 CHUNKED = {
@@ -197,3 +199,81 @@ def test_figures_are_byte_identical_when_drawn_twice(run_dir, tmp_path):
     first = {f.name: f.read_bytes() for f in plot_results([run_dir], tmp_path / "a")}
     second = {f.name: f.read_bytes() for f in plot_results([run_dir], tmp_path / "b")}
     assert first == second and np.all([len(v) > 5_000 for v in first.values()])
+
+
+def test_capacity_figures_name_their_interval_and_draw_per_gpu(tmp_path, monkeypatch, capsys):
+    """A deterministic replay on two replicas: its interval is the bisection's bracket (not a
+    confidence interval), said so in the figures and the report; per GPU drawn and labelled."""
+    import sim.plots.capacity as capacity_plots
+    from sim.report import render_report
+    from tests.test_replications import csv_replay
+    from tests.test_report import check_self_contained
+
+    code, _ = run_cli_out(monkeypatch, capsys, "capacity", str(csv_replay(tmp_path)),
+                          "--sched-delay-p50", "1", "--set", "cluster.replicas=2",
+                          "--out", str(tmp_path / "cap"))
+    assert code == 0
+    result = json.loads((tmp_path / "cap" / "capacity.json").read_text())
+    assert result["deterministic"] and result["num_gpus"] == 2
+    drawn: dict = {}
+
+    def keep(fig, path: Path) -> list[Path]:
+        drawn[path.name] = fig
+        return [path.with_suffix(".png")]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(capacity_plots, "save", keep)
+        plot_results([tmp_path / "cap"], tmp_path / "plots")
+    assert sorted(drawn) == ["capacity", "capacity_per_gpu", "capacity_trials"]
+    total, per_gpu = drawn["capacity"].axes[0], drawn["capacity_per_gpu"].axes[0]
+    for ax in (total, per_gpu):
+        title = " ".join(ax.get_title().split())
+        assert "error bars: bisection bracket [rate held, rate failed]" in title
+        assert "CI" not in title and "confidence" not in title
+    assert total.get_ylabel() == "capacity (req/s)"
+    assert per_gpu.get_ylabel() == "capacity per GPU (req/s)"
+    low, high = result["interval_qps"]
+    for ax, gpus in ((total, 1), (per_gpu, 2)):
+        (bars,) = [c for c in ax.containers if isinstance(c, BarContainer)]
+        assert bars.patches[0].get_height() == pytest.approx(result["capacity_qps"] / gpus)
+        (whisker,) = bars.errorbar.lines[2][0].get_segments()
+        assert whisker[:, 1] == pytest.approx([low / gpus, high / gpus])
+    trials = drawn["capacity_trials"].axes[0]
+    assert "bisection bracket [rate held, rate failed]" in [
+        t.get_text() for t in trials.get_legend().get_texts()]
+    page = check_self_contained(render_report(tmp_path / "cap"))
+    assert page.row("interval: bisection bracket [rate held, rate failed]")[1] == "req/s"
+    assert page.row("capacity per GPU")[1:] == ["req/s", f"{result['capacity_qps_per_gpu']:.4g}"]
+
+
+def test_one_load_budget_points_are_joined_in_budget_order(budget_sweep, monkeypatch):
+    # At one load the throughputs barely differ: joined along throughput, the line zig-zags.
+    import sim.plots.sweep as sweep_plots
+
+    table = pd.read_parquet(budget_sweep / "results.parquet")
+    captured = []
+    real_save = sweep_plots.save
+
+    def keep(fig, path):
+        captured.append([t.get_text() for t in fig.axes[0].texts])
+        return real_save(fig, path)
+
+    monkeypatch.setattr(sweep_plots, "save", keep)
+    sweep_plots.latency_vs_throughput(table, "seed", budget_sweep / "plots" / "lvt",
+                                      point_labels="replica.scheduler.token_budget")
+    assert captured == [[f"token budget {b}" for b in (128, 256, 512, 2048)]]
+
+
+def test_a_window_without_iterations_is_refused(run_dir, monkeypatch, capsys):
+    code, err = run_cli(monkeypatch, capsys, "plot", str(run_dir), "--window", "1000:2000")
+    assert_one_line_error(code, err, "<command line>", "--window='1000:2000'", "no iteration")
+
+
+def test_a_run_where_nothing_finished_draws_empty_panels_without_warnings(tmp_path):
+    out = tmp_path / "run"
+    run_scenario(parse_scenario({**CHUNKED, "horizon_s": 0.001}, "test")).write(out)
+    assert json.loads((out / "summary.json").read_text())["requests"]["finished"] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "identical low and high xlims", say
+        plot_results([out])
+    assert "no values in these runs" in svg(out / "plots" / "cdf")

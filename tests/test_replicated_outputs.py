@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.collections import FillBetweenPolyCollection, LineCollection
+from matplotlib.transforms import Bbox
 
 import sim.plots.compare as compare_plots
 import sim.plots.replicated as replicated
@@ -161,6 +162,34 @@ def test_replicated_comparison_overlays_variants_with_bands_and_ci_bars(dirs, tm
     for seg, (_, row) in zip(p99, table.iterrows(), strict=True):
         assert (seg[0][1], seg[1][1]) == pytest.approx(
             (1e3 * row["tbt_p99_s_lo"], 1e3 * row["tbt_p99_s_hi"]))
+    check_value_labels_clear_of_error_bars(figures["headline"])
+
+
+def check_value_labels_clear_of_error_bars(fig: Any) -> None:
+    """Each bar's number lies inside the axes and touches no error-bar cap or whisker and no
+    legend, as drawn (a Line2D of caps spans every bar: each cap is boxed alone)."""
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    points = fig.dpi / 72
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        boxes = [legend.get_window_extent(renderer)] if legend else []
+        for c in ax.containers:
+            if not getattr(c, "errorbar", None):
+                continue
+            _, caps, (whiskers,) = c.errorbar.lines
+            for seg in whiskers.get_segments():
+                boxes.append(Bbox(ax.transData.transform(seg)).padded(1))
+            for cap in caps:
+                half_w = cap.get_markersize() * points / 2
+                half_h = max(cap.get_markeredgewidth() * points / 2, 1)
+                for x, y in ax.transData.transform(cap.get_xydata()):
+                    boxes.append(Bbox([[x - half_w, y - half_h], [x + half_w, y + half_h]]))
+        assert ax.texts, ax.get_title()  # the numbers are drawn
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            assert ax.get_window_extent(renderer).contains(box.x0, box.y1), text.get_text()
+            assert not [b for b in boxes if box.overlaps(b)], (text.get_text(), ax.get_title())
 
 
 def test_figures_are_written_and_byte_identical_when_drawn_twice(dirs, tmp_path):
@@ -182,7 +211,7 @@ def test_replications_report_has_the_interval_table_and_figures(dirs):
     data = json.loads((dirs["reps"] / "replications.json").read_text())
     p99 = data["metrics"]["ttft_s"]["p99"]
     lo, hi = p99["ci95"]
-    assert page.row("TTFT P99") == ["TTFT P99", "ms", number(1e3 * p99["estimate"]),
+    assert page.row("P99 TTFT") == ["P99 TTFT", "ms", number(1e3 * p99["estimate"]),
                                     f"[{number(1e3 * lo)}, {number(1e3 * hi)}]", "3",
                                     "bootstrap"]
     assert page.row("throughput")[4] == "3" and page.row("throughput")[5] == "t"
@@ -197,7 +226,8 @@ def test_replicated_comparison_report_shows_each_variant_with_intervals(dirs):
 
     page = check_self_contained(render_report(dirs["cmp"]))
     assert len(page.images) == 2  # CDFs and headline bars
-    assert {"variant", "replications", "ttft_p99 (ms)", "tbt_p99 (ms)"} <= set(page.headers)
+    assert {"variant", "replications", "P99 TTFT (ms)", "P99 TBT (ms)",
+            "overloaded replications"} <= set(page.headers)
     table = pd.read_csv(dirs["cmp"] / "comparison_replications.csv")
     row = table.set_index("variant").loc["first"]
     cells = page.row("first")

@@ -148,11 +148,11 @@ def test_table_has_intervals_and_repeats_byte_for_byte(tmp_path, monkeypatch, ca
     assert code == 0 and first == second and (out / "replications.json").read_text() == saved
     table = [line for line in first.splitlines() if not line.startswith("results: ")]
     assert "95% CI" in first and max(len(line) for line in table) <= 80
-    for label in ("TTFT P50 ms", "TTFT P99 ms", "TBT P99 ms", "E2E mean s", "throughput req/s",
-                  "SLO ttft met"):
+    for label in ("P50 TTFT ms", "P99 TTFT ms", "P99 TBT ms", "mean E2E latency s",
+                  "throughput req/s", "SLO attainment: ttft %"):
         row = next(line for line in first.splitlines() if label in line)
         assert ("[" in row and "]" in row) or "all equal" in row, row
-    assert "[" in next(line for line in first.splitlines() if "TTFT P99 ms" in line)
+    assert "[" in next(line for line in first.splitlines() if "P99 TTFT ms" in line)
     data = json.loads(saved)
     assert data["seeds"] == [0, 1, 2] and data["runs"] == ["rep0", "rep1", "rep2"]
     p99 = data["metrics"]["ttft_s"]["p99"]
@@ -296,7 +296,7 @@ def test_constant_latency_replications_print_all_equal(tmp_path, monkeypatch, ca
         assert metric["ci95"] is None or metric["ci95"][0] >= 0.0
     for metric in data["metrics"]["slo"].values():
         assert metric["ci95"] is None or 0.0 <= metric["ci95"][0] <= metric["ci95"][1] <= 1.0
-    row = next(line for line in printed.splitlines() if "TBT P50 ms" in line)
+    row = next(line for line in printed.splitlines() if "P50 TBT ms" in line)
     assert "all equal" in row and "[" not in row
     marks = data["censoring"]["ttft_all_arrived_s"]
     assert marks["num_lower_bounds"] == [0, 0] and marks["is_lower_bound"]["p99"] == [False] * 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -21,7 +22,7 @@ from PIL import Image
 from sim.compare import compare
 from sim.config import load_scenario, parse_scenario
 from sim.report import render_report, write_report
-from sim.report.markup import number, pre
+from sim.report.markup import header, number, pre, scale
 from sim.runner import run_scenario
 from sim.sweep import load_sweep, run_sweep
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
@@ -114,6 +115,16 @@ class Page(HTMLParser):
         return next(r for r in self.rows if r and r[0] == first)
 
 
+RAW_KEY = re.compile(r"\w\.\w|_s\b|_")  # a dotted scenario path, a `*_s` key, any snake_case
+
+
+def check_readable_headers(page: Page) -> None:
+    """Every table heading is a name from `sim.labels` (as the CLI tables and figures say it),
+    never a raw column key."""
+    raw = sorted({h for h in page.headers if RAW_KEY.search(h)})
+    assert not raw, raw
+
+
 def check_self_contained(html: str) -> Page:
     page = Page(html)
     assert page.images, "no figure"
@@ -124,6 +135,7 @@ def check_self_contained(html: str) -> Page:
     assert not page.links, page.links  # no stylesheet, script or link to fetch
     assert "script" not in page.tags and "link" not in page.tags
     assert "http://" not in html and "https://" not in html
+    check_readable_headers(page)
     return page
 
 
@@ -148,9 +160,9 @@ def test_run_report_shows_scenario_verdict_and_metrics_in_ms(dirs, reports):
 
 def test_sweep_report_has_both_tables_with_intervals_and_recorded_versions(dirs, reports):
     page = check_self_contained(reports["sweep"].read_text())
-    assert page.headers.count("workload.arrivals.qps") == 2  # interval table, per-run table
-    assert {"num_seeds", "overload", "tbt_p99 (ms)", "output_tokens (tokens/s)"} <= set(
-        page.headers)
+    assert page.headers.count("arrival rate (req/s)") == 2  # interval table, per-run table
+    assert {"seeds", "overload verdict", "P99 TBT (ms)", "P99 E2E latency (s)",
+            "output throughput (tokens/s)"} <= set(page.headers)
     assert "2 of 4 runs overloaded" in page.text
     assert page.row("30")[6].count("[") == 1  # TTFT p50 with its interval beside it
     fingerprint = json.loads(next((dirs["sweep"] / "runs").glob("*/inputs.json")).read_text())
@@ -161,7 +173,8 @@ def test_sweep_report_has_both_tables_with_intervals_and_recorded_versions(dirs,
 
 def test_comparison_report_shows_each_variant(reports):
     page = check_self_contained(reports["comparison"].read_text())
-    assert {"variant", "overload", "ttft_p99 (ms)", "slo_attainment (%)"} <= set(page.headers)
+    assert {"variant", "overload verdict", "P99 TTFT (ms)", "SLO attainment (%)"} <= set(
+        page.headers)
     assert page.row("heavy")[3] == "overloaded" and page.row("light")[3] == "stable"
     assert "1 of 2 variants overloaded" in page.text
     assert len(page.pres) == 2  # each variant's resolved scenario
@@ -176,11 +189,27 @@ def test_capacity_report_shows_the_answer_and_each_rate(tmp_path, monkeypatch, c
     page = check_self_contained(render_report(tmp_path / "cap"))
     result = json.loads((tmp_path / "cap" / "capacity.json").read_text())
     assert page.row("capacity")[1:] == ["req/s", number(result["capacity_qps"])]
-    assert page.row("SLO targets")[2] == "sched_delay_p50_s <= 500 ms"
+    assert page.row("SLO targets")[2] == "P50 scheduling delay <= 500 ms"
+    low, high = result["interval_qps"]  # two seeds a rate: a confidence bound at each end
+    assert page.row("interval: 95% confidence bound at each end")[1:] == [
+        "req/s", f"[{number(low)}, {number(high)}]"]
+    assert result["interval_meaning"] in page.text
     assert [r[2] for r in page.rows if len(r) > 2 and r[2] in ("holds", "fails")] == [
         r["decision"] for r in result["rates"]]
     over = sum(1 for r in page.rows if len(r) > 4 and r[4] == "overloaded")
     assert over > 0 and f"{over} of {result['num_runs']} trial runs overloaded" in page.text
+
+
+def test_headers_are_the_labels_the_cli_and_figures_use():
+    assert [header(c) for c in ("workload.arrivals.qps", "tbt_p99_s", "output_tokens_per_s",
+                                "slo_attainment", "e2e_p99_s", "replica.scheduler.token_budget",
+                                "num_seeds", "some_new_time_s", "variant")] == [
+        "arrival rate (req/s)", "P99 TBT (ms)", "output throughput (tokens/s)",
+        "SLO attainment (%)", "P99 E2E latency (s)", "token budget (tokens)", "seeds",
+        "some new time (s)", "variant"]
+    assert scale("tbt_p99_s") == 1e3 and scale("e2e_p99_s") == 1.0  # as the heading says
+    with pytest.raises(AssertionError, match="tbt_p99"):  # the page check sees a raw key
+        check_readable_headers(Page("<table><tr><th>tbt_p99 (ms)</th></tr></table>"))
 
 
 def test_the_same_directory_gives_the_same_page(dirs, reports):

@@ -153,7 +153,8 @@ def replicated_comparison_table(title: str, results: dict[str, dict[str, Any]]) 
     table.add_column("metric", no_wrap=True)
     for variant in results:
         table.add_column(variant, justify="right", overflow="fold")
-    for column, (section, key), _, scale in COMPARED:
+    for column, (section, key) in COMPARED:
+        scale = unit(column).scale
         cells = []
         for data in results.values():
             metric = data["metrics"][section].get(key)
@@ -189,7 +190,8 @@ def differences_table(title: str, results: dict[str, dict[str, Any]]) -> Table:
     others = list(results)[1:]
     for variant in others:
         table.add_column(f"{variant} - {baseline}", justify="right", overflow="fold")
-    for column, _, _, scale in COMPARED:
+    for column, _ in COMPARED:
+        scale = unit(column).scale
         cells = []
         for variant in others:
             row = next(r for r in rows if r["variant"] == variant and r["metric"] == column)

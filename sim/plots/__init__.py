@@ -9,16 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from sim.errors import InputError
+from sim.errors import COMMAND_LINE, InputError
 from sim.outdir import check_writable_dir
+from sim.plots.capacity import capacity_bars, capacity_figure, capacity_trials, plot_capacity
 from sim.plots.common import save
-from sim.plots.compare import (
-    capacity_bars,
-    capacity_trials,
-    headline_bars,
-    plot_capacity,
-    plot_comparison,
-)
+from sim.plots.compare import headline_bars, plot_comparison
 from sim.plots.replicated import (
     percentile_intervals,
     plot_replicated_comparison,
@@ -30,8 +25,8 @@ from sim.plots.sweep import latency_vs_throughput, p99_tbt_vs_load, plot_sweep, 
 from sim.plots.timeline import busiest_window, iteration_timeline
 from sim.result_files import directory_kind
 
-__all__ = ["busiest_window", "capacity_bars", "capacity_trials", "cdfs", "headline_bars",
-           "iteration_timeline", "latency_vs_throughput", "p99_tbt_vs_load",
+__all__ = ["busiest_window", "capacity_bars", "capacity_figure", "capacity_trials", "cdfs",
+           "headline_bars", "iteration_timeline", "latency_vs_throughput", "p99_tbt_vs_load",
            "percentile_intervals", "plot_capacity", "plot_comparison",
            "plot_replicated_comparison", "plot_replications", "plot_results", "plot_run",
            "plot_sweep", "replicated_cdfs", "save", "tbt_sample", "ttft_sample", "ttft_vs_load"]
@@ -57,7 +52,7 @@ def plot_results(dirs: Sequence[Path], out_dir: Path | None = None, *,
         check_writable_dir(out_dir)
     kinds = [directory_kind(d) for d in dirs]
     if len(dirs) > 1 and set(kinds) != {"capacity"}:
-        raise InputError(None, "RESULTS", [str(d) for d in dirs],
+        raise InputError(COMMAND_LINE, "RESULTS", [str(d) for d in dirs],
                          "several directories are drawn together only for capacity searches")
     if (window_s is not None or replicas) and kinds[0] != "run":
         raise InputError(dirs[0], "--window/--replica", str(dirs[0]),

@@ -16,6 +16,7 @@ import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 from sim.labels import natural_key, unit, variant_label  # noqa: E402
+from sim.outdir import replace_file  # noqa: E402
 
 OVERLOADED = {"marker": "o", "markersize": 11, "markerfacecolor": "none",
               "markeredgecolor": "red", "markeredgewidth": 1.5, "linestyle": "none"}
@@ -31,10 +32,14 @@ def save(fig: Any, path: Path) -> list[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     out = [path.with_suffix(".png"), path.with_suffix(".svg")]
-    fig.savefig(out[0], dpi=110, metadata={"Software": None})
-    with plt.rc_context({"svg.hashsalt": "servesim"}):
-        fig.savefig(out[1], metadata=SVG_METADATA)
-    plt.close(fig)
+    try:  # each file whole or not at all (an interrupt leaves the earlier figure)
+        replace_file(out[0], lambda tmp: fig.savefig(tmp, format="png", dpi=110,
+                                                     metadata={"Software": None}))
+        with plt.rc_context({"svg.hashsalt": "servesim"}):
+            replace_file(out[1], lambda tmp: fig.savefig(tmp, format="svg",
+                                                         metadata=SVG_METADATA))
+    finally:
+        plt.close(fig)
     return out
 
 

@@ -70,11 +70,13 @@ def _cdf_pair(top: Any, tail: Any, samples: list[Sample], names: list[str], show
     """One quantity: its CDF above, the fraction above each value (log) below; P50 and P99
     marked on each curve, SLOs as red lines."""
     scale = shown.scale
+    drawn = 0
     for i, (s, name) in enumerate(zip(samples, names, strict=True)):
         keep = s.values.counts > 0
         x, w = scale * s.values.values[keep], s.values.counts[keep].astype(float)
         if not x.size:
             continue
+        drawn += 1
         top.ecdf(x, weights=w, label=name, color=f"C{i}")
         tail.ecdf(x, weights=w, complementary=True, color=f"C{i}")
         for p, (marker, q) in MARKERS.items():
@@ -84,17 +86,24 @@ def _cdf_pair(top: Any, tail: Any, samples: list[Sample], names: list[str], show
                 tail.plot(scale * v, 1 - q, marker=marker, color=f"C{i}",
                           markeredgecolor="black")
     largest = max((int(s.values.counts.sum()) for s in samples), default=1)
-    cdf_axes(top, tail, shown, slo_s, largest)
+    cdf_axes(top, tail, shown, slo_s, largest, empty=not drawn)
 
 
-def cdf_axes(top: Any, tail: Any, shown: Unit, slo_s: set[float], largest: int) -> None:
+def cdf_axes(top: Any, tail: Any, shown: Unit, slo_s: set[float], largest: int, *,
+             empty: bool = False) -> None:
     """A CDF's axes: SLOs as red lines, log time axes, the tail's fraction above on a log
-    scale down to one in `largest` (the most values one curve has)."""
+    scale down to one in `largest` (the most values one curve has). `empty`: no curve was
+    drawn (nothing finished, no request made two tokens), which the panel says."""
     for limit in sorted(slo_s):
         for ax in (top, tail):
             ax.axvline(shown.scale * limit, color="red", linestyle="--", linewidth=1,
                        label=f"SLO {shown.scale * limit:g} {shown.name}" if ax is top else None)
     for ax in (top, tail):
+        if empty:  # a log axis over no data would have no range
+            marks = [shown.scale * limit for limit in slo_s] or [1.0]
+            ax.set_xlim(0.5 * min(marks), 2 * max(marks))
+            ax.text(0.5, 0.5, "no values in these runs", transform=ax.transAxes,
+                    ha="center", va="center", color="0.4")
         ax.set_xscale("log")
         log_time_axis(ax.xaxis)
     tail.set_yscale("log")

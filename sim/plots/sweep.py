@@ -15,6 +15,7 @@ from sim.labels import (
     axis_label,
     is_load,
     label,
+    natural_key,
     param_label,
     time_unit,
     unit,
@@ -150,7 +151,13 @@ def latency_vs_throughput(table: pd.DataFrame, group: str, path: Path,
     labelled: list[bool] = []
     source = ci if ci is not None else table
     for i, (name, part) in enumerate(_split(source, group)):
-        part = part.sort_values("output_tokens_per_s")
+        # Joined in the swept value's order where the points are named by it (at one load the
+        # throughputs barely differ, and their order is noise); else along throughput.
+        if point_labels:
+            names = [natural_key(variant_label(v)) for v in part[point_labels]]
+            part = part.iloc[sorted(range(len(part)), key=names.__getitem__)]
+        else:
+            part = part.sort_values("output_tokens_per_s", kind="stable")
         x, y = (pd.to_numeric(part[c], errors="coerce").to_numpy(dtype=float)
                 for c in ("output_tokens_per_s", metric))
         if ci is not None:
@@ -162,15 +169,21 @@ def latency_vs_throughput(table: pd.DataFrame, group: str, path: Path,
             ax.plot(x, 1e3 * y, marker="o", label=name or None, color=f"C{i}")
             over = overloaded(part).to_numpy(bool)
         mark_overloaded(ax, x, 1e3 * y, over, labelled)
-        if point_labels:  # one line: which point is which
+        if point_labels:  # one line: which point is which, named by the swept field
+            what = param_label(point_labels).split(" (")[0]
+            middle = (np.nanmin(x) + np.nanmax(x)) / 2 if x.size else 0.0
             for xi, yi, v in zip(x, 1e3 * y, part[point_labels], strict=True):
-                ax.annotate(variant_label(v), (xi, yi), textcoords="offset points",
-                            xytext=(4, 4), fontsize="x-small")
+                right = xi > middle  # names on the inner side: none runs off the axes
+                ax.annotate(f"{what} {variant_label(v)}", (xi, yi), textcoords="offset points",
+                            xytext=(-5 if right else 5, 4), ha="right" if right else "left",
+                            fontsize="x-small")
     title = f"{label(metric)} vs throughput"
     if ci is not None:
         title += f" (mean of {int(ci['num_seeds'].max())} seeds, band: 95% CI)"
     ax.set(xlabel=axis_label("output_tokens_per_s"), ylabel=axis_label(metric), title=title)
-    ax.set_ylim(bottom=0)
+    if point_labels:  # room for the names beside and above the points
+        ax.margins(x=0.08)
+    ax.set_ylim(0, ax.get_ylim()[1] * (1.08 if point_labels else 1.0))
     legend(ax, _legend_title(source, group))
     return save(fig, path)
 

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sim.errors import InputError
+from sim.errors import COMMAND_LINE, InputError
 from sim.plots.common import legend, save
 from sim.result_files import read_json, read_parquet
 
@@ -67,6 +67,12 @@ def iteration_timeline(run_dir: Path, path: Path, replica_id: int | Sequence[int
         window_s = busiest_window(mine)
     shown = mine[(mine["start_s"] + mine["duration_s"] > window_s[0])
                  & (mine["start_s"] < window_s[1])]
+    if not busiest and shown.empty:
+        span = (f"{float(mine['start_s'].min()):.1f} to "
+                f"{float((mine['start_s'] + mine['duration_s']).max()):.1f} s"
+                if len(mine) else "none")
+        raise InputError(COMMAND_LINE, "--window", f"{window_s[0]:g}:{window_s[1]:g}",
+                         f"holds no iteration of the replicas shown (they run {span})")
     run = read_json(run_dir / "summary.json").get("run") or {}
     blocks = run.get("num_kv_blocks") if isinstance(run.get("num_kv_blocks"), int) else None
     fig, axes = plt.subplots(len(replicas) + 2, 1, figsize=(10, 2.1 * (len(replicas) + 2)),

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.errors import InputError
+from sim.labels import label, param_label
 from sim.outdir import REPORT_FILE
 from sim.report import markup as m
 from sim.report import sections as s
@@ -92,7 +93,8 @@ def _sweep(sweep_dir: Path) -> list[str]:
     varied = [c for c in table.columns if "." in c]
     runs = [sweep_dir / "runs" / k for k in dict.fromkeys(keys)]
     note = ("The first point's scenario; the others differ in "
-            + (", ".join(varied) if varied else "their seeds") + " (see the table).")
+            + (", ".join(param_label(c) for c in varied) if varied else "their seeds")
+            + " (see the table).")
     return [
         m.section("Overload verdict", _counts(table, "runs")),
         m.section("Results", tables),
@@ -122,12 +124,17 @@ def _capacity(cap_dir: Path) -> list[str]:
     verdict = (_counts(read_csv(trials_path), "trial runs") if trials_path.is_file()
                else m.paragraph("No trials.csv: no per-run verdicts recorded."))
     source = result.get("source") or "its scenario file"
+    searched = (f"It searched {label(str(result.get('knob', 'qps')))} of scenario "
+                f"{result.get('scenario', '?')} from {source}")
+    scenario = (s.scenarios([("scenario.yaml", cap_dir / "scenario.yaml")],
+                            searched + "; the file holds its starting rate.")
+                if (cap_dir / "scenario.yaml").is_file()
+                else m.paragraph(f"No scenario.yaml (written before searches kept one). "
+                                 f"{searched}."))
     return [
         m.section("Overload verdict", verdict),
         m.section("Capacity", tables),
-        m.section("Resolved scenario", m.paragraph(
-            f"A capacity search keeps no scenario.yaml; it searched {result.get('knob', 'qps')} "
-            f"of scenario {result.get('scenario', '?')} from {source}.")),
+        m.section("Resolved scenario", scenario),
         m.section("Inputs and versions", s.inputs_and_versions([])),
     ]
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import pandas as pd
 
+from sim.labels import axis_label, label, param_label, unit
+
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
        max-width: 1200px; padding: 0 1em; color: #1b1f24; background: #fff; line-height: 1.4; }
@@ -34,9 +36,6 @@ code { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; 
 """
 
 MS_PER_S = 1e3
-UNITS_PER_S = {"requests_per_s": "req/s", "output_tokens_per_s": "tokens/s",
-               "requests_per_s_per_gpu": "req/s/GPU", "output_tokens_per_s_per_gpu":
-               "tokens/s/GPU"}
 
 
 def number(value: Any) -> str:
@@ -60,23 +59,23 @@ class Html(str):
     """Markup made here (escaped already), put in a table cell as it is."""
 
 
-def column_unit(name: str) -> tuple[str, str, float]:
-    """A result column's header, unit and scale: seconds are shown in ms, rates per second
-    with their unit, fractions as percent; counts and labels as they are."""
-    if name in UNITS_PER_S:
-        return name.removesuffix("_per_s").removesuffix("_per_s_per_gpu"), UNITS_PER_S[name], 1.0
-    if name.endswith("attainment"):
-        return name, "%", 100.0
-    if name.startswith("usd_per_"):
-        return name.removeprefix("usd_"), "USD", 1.0
-    if name.endswith("_s") and not name.endswith("_per_s"):
-        return name.removesuffix("_s"), "ms", MS_PER_S
-    return name, "", 1.0
-
-
 def header(name: str) -> str:
-    label, unit, _ = column_unit(name)
-    return f"{label} ({unit})" if unit else label
+    """A result column's heading as the CLI tables and figures name it (`sim.labels`): a
+    scenario field by its meaning, a metric with its unit; an unknown `*_s` column in seconds,
+    any other unknown column by its words."""
+    if "." in name:
+        return param_label(name)
+    if label(name) != name:
+        return axis_label(name)
+    words = name.replace("_", " ")
+    if name.endswith("_s") and not name.endswith("_per_s"):
+        return f"{words.removesuffix(' s')} (s)"
+    return words
+
+
+def scale(name: str) -> float:
+    """The factor from a column's stored value to its heading's unit (seconds to ms, say)."""
+    return 1.0 if "." in name else unit(name).scale
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
@@ -110,20 +109,20 @@ def _interval(value: Any, lo: Any, hi: Any, scale: float) -> Html:
 
 
 def frame_table(df: pd.DataFrame, text_columns: int = 1) -> str:
-    """A result table with units in its headers (seconds as ms); a column with `_lo` and `_hi`
-    siblings is shown as `value [lo, hi]` (its 95% interval)."""
+    """A result table headed as `header` names its columns, values in their units; a column
+    with `_lo` and `_hi` siblings is shown as `value [lo, hi]` (its 95% interval)."""
     columns = [c for c in df.columns
                if not (c.endswith(("_lo", "_hi")) and c[:-3] in df.columns)]
     rows = []
     for record in df.to_dict("records"):
         row: list[Any] = []
         for c in columns:
-            _, _, scale = column_unit(c)
+            factor = scale(c)
             value = record[c]
             if f"{c}_lo" in record and isinstance(value, int | float):
-                row.append(_interval(value, record[f"{c}_lo"], record[f"{c}_hi"], scale))
-            elif isinstance(value, int | float) and not isinstance(value, bool) and scale != 1:
-                row.append(value * scale)
+                row.append(_interval(value, record[f"{c}_lo"], record[f"{c}_hi"], factor))
+            elif isinstance(value, int | float) and not isinstance(value, bool) and factor != 1:
+                row.append(value * factor)
             else:
                 row.append(value)
         rows.append(row)

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from sim.errors import InputError
-from sim.labels import label
+from sim.labels import PERCENT, label, unit
 from sim.replications import DISTRIBUTIONS, PERCENTILES, RESULT_FILE, THROUGHPUT
 from sim.report import markup as m
 from sim.report import sections as s
@@ -32,19 +32,22 @@ def read_replications(rep_dir: Path) -> dict[str, Any]:
 
 
 def _rows(data: dict[str, Any]) -> list[tuple[str, str, float, dict[str, Any]]]:
-    """(metric, unit, scale, interval) for each headline metric, in the CLI table's order."""
+    """(metric, unit, scale, interval) for each headline metric, in the CLI table's order,
+    named and scaled as `sim.labels` names the columns they fill."""
     metrics = data["metrics"]
     rows = []
-    for key, name, unit, scale in DISTRIBUTIONS:
+    for key, _, _, _ in DISTRIBUTIONS:
         for stat in (*PERCENTILES, "mean"):
             if stat in metrics.get(key, {}):
-                rows.append((f"{name} {stat.upper() if stat != 'mean' else 'mean'}", unit,
-                             scale, metrics[key][stat]))
+                column = key if stat == "mean" else f"{key.removesuffix('_s')}_{stat}_s"
+                shown = unit(column)
+                name = f"mean {label(column)}" if stat == "mean" else label(column)
+                rows.append((name, shown.name, shown.scale, metrics[key][stat]))
     for key, _ in THROUGHPUT:
         if key in metrics.get("throughput", {}):
-            rows.append((label(key), m.UNITS_PER_S[key], 1.0, metrics["throughput"][key]))
+            rows.append((label(key), unit(key).name, 1.0, metrics["throughput"][key]))
     for key, metric in metrics.get("slo", {}).items():
-        rows.append((label(key), "%", 100.0, metric))
+        rows.append((label(key), PERCENT.name, PERCENT.scale, metric))
     return rows
 
 
@@ -60,9 +63,9 @@ def _interval(metric: dict[str, Any], scale: float) -> str:
 def interval_table(data: dict[str, Any]) -> str:
     """Each headline metric: estimate, 95% interval, how many replications gave it, method."""
     rows = []
-    for name, unit, scale, metric in _rows(data):
+    for name, shown, scale, metric in _rows(data):
         est = metric.get("estimate")
-        rows.append([name, unit, None if est is None else scale * est,
+        rows.append([name, shown, None if est is None else scale * est,
                      _interval(metric, scale), metric.get("n"),
                      "bootstrap" if metric.get("method") == "bootstrap" else "t"])
     return m.table(INTERVAL_HEADERS, rows, text_columns={0, 1, 3, 5})
@@ -70,8 +73,8 @@ def interval_table(data: dict[str, Any]) -> str:
 
 def each_replication(data: dict[str, Any]) -> str:
     """One row per replication: its seed, directory, verdict and headline values."""
-    shown = ("TTFT P50", "TTFT P99", "TBT P50", "TBT P99", "E2E P99",
-             label("output_tokens_per_s"))
+    shown = {label(k) for k in ("ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s",
+                                "e2e_p99_s", "output_tokens_per_s")}
     picked = [r for r in _rows(data) if r[0] in shown]
     verdicts = (data.get("overload") or {}).get("verdicts") or []
     rows = []

@@ -13,12 +13,12 @@ from typing import Any
 import pandas as pd
 
 from sim.errors import InputError
+from sim.labels import axis_label, capacity_interval, label, slo_targets, unit
 from sim.report import markup as m
 from sim.result_files import read_csv, read_json, read_parquet
 
-LATENCIES = (("TTFT", "ttft_s"), ("TBT (pooled gaps)", "tbt_s"), ("TPOT", "tpot_s"),
-             ("E2E", "e2e_s"), ("scheduling delay", "scheduling_delay_s"),
-             ("max TBT per request", "max_tbt_per_request_s"))
+LATENCIES = ("ttft_s", "tbt_s", "tpot_s", "e2e_s", "scheduling_delay_s",
+             "max_tbt_per_request_s")
 STATS = ("mean", "p50", "p90", "p99", "max")
 PACKAGES = ("servesim", "numpy", "pandas", "simpy", "matplotlib", "pyarrow", "pydantic")
 
@@ -26,29 +26,31 @@ PACKAGES = ("servesim", "numpy", "pandas", "simpy", "matplotlib", "pyarrow", "py
 def run_headline(summary: dict[str, Any]) -> str:
     """A run's latencies (ms) and its throughput, requests, SLO attainment and cost."""
     rows = []
-    for label, key in LATENCIES:
+    for key in LATENCIES:
         stats = summary.get(key) or {}
-        rows.append([label, stats.get("count"),
+        rows.append([label(key), stats.get("count"),
                      *[None if stats.get(s) is None else m.MS_PER_S * stats[s] for s in STATS]])
     latencies = m.table(["metric", "count", *[f"{s} (ms)" for s in STATS]], rows)
     requests = summary.get("requests", {})
     throughput = summary.get("throughput", {})
-    slo = summary.get("slo") or {}
     cost = summary.get("cost") or {}
     other = [
         ("requests finished / rejected / unfinished", "", " / ".join(
             m.number(requests.get(k)) for k in ("finished", "rejected", "unfinished"))),
-        ("throughput", "req/s", throughput.get("requests_per_s")),
-        ("output throughput", "tokens/s", throughput.get("output_tokens_per_s")),
-        ("simulated span", "s", throughput.get("span_s")),
-        *[(f"SLO attainment: {k.removesuffix('_attainment')}", "%",
-           None if v is None else 100 * v) for k, v in sorted(slo.items())],
-        ("GPUs", "", cost.get("num_gpus")),
-        ("cost per million output tokens", "USD", cost.get("usd_per_million_output_tokens")),
-        ("preemptions", "", summary.get("num_preemptions")),
-        ("iterations", "", summary.get("num_iterations")),
+        *[_quantity(k, throughput.get(k)) for k in ("requests_per_s", "output_tokens_per_s",
+                                                      "span_s")],
+        *[_quantity(k, v) for k, v in sorted((summary.get("slo") or {}).items())],
+        *[_quantity(k, cost.get(k)) for k in ("num_gpus", "usd_per_million_output_tokens")],
+        *[_quantity(k, summary.get(k)) for k in ("num_preemptions", "num_iterations")],
     ]
     return latencies + "\n" + m.table(["quantity", "unit", "value"], other, text_columns=2)
+
+
+def _quantity(key: str, value: Any) -> tuple[str, str, Any]:
+    """(name, unit, value in that unit) of a result field, as `sim.labels` names it."""
+    shown = unit(key)
+    scaled = value * shown.scale if isinstance(value, int | float) and shown.scale != 1 else value
+    return label(key), shown.name, scaled
 
 
 def run_setup(summary: dict[str, Any]) -> str:
@@ -114,24 +116,25 @@ def capacity_tables(cap_dir: Path) -> tuple[dict[str, Any], str]:
     """A capacity search's answer, the decision at each rate probed, and its trials."""
     result = read_json(cap_dir / "capacity.json", missing="the capacity search has not finished")
     try:
-        targets = ", ".join(f"{k} <= {m.number(1e3 * v)} ms"
-                            for k, v in sorted(result["targets_s"].items()))
-        low, high = result["ci95_qps"]
-        answer = [("capacity", "req/s", result["capacity_qps"]),
-                  ("95% interval", "req/s", f"[{m.number(low)}, {m.number(high)}]"),
-                  ("highest rate held", "req/s", result.get("highest_held_qps")),
-                  ("SLO targets", "", targets),
-                  ("replications per rate", "", result.get("replications")),
-                  ("runs", "", result.get("num_runs"))]
+        low, high = result.get("interval_qps") or result["ci95_qps"]
+        answer = [_quantity("capacity_qps", result["capacity_qps"]),
+                  (f"interval: {capacity_interval(result)}", unit("capacity_qps").name,
+                   f"[{m.number(low)}, {'unbounded' if high is None else m.number(high)}]"),
+                  _quantity("highest_held_qps", result.get("highest_held_qps")),
+                  *[_quantity(k, result[k]) for k in ("num_gpus", "capacity_qps_per_gpu",
+                                                      "usd_per_million_tokens") if k in result],
+                  ("SLO targets", "", slo_targets(result["targets_s"])),
+                  _quantity("replications", result.get("replications")),
+                  _quantity("num_runs", result.get("num_runs"))]
         rates = [(r["qps"], r["runs"], r["decision"], r.get("reason", ""))
                  for r in result["rates"]]
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise InputError(cap_dir / "capacity.json", "<file>", str(cap_dir / "capacity.json"),
                          "not a capacity result (missing or malformed fields)") from None
     parts = [m.table(["quantity", "unit", "value"], answer, text_columns=2),
              m.paragraph(str(result.get("interval_meaning", ""))),
              "<h3>Rates probed</h3>",
-             m.table(["rate (req/s)", "runs", "decision", "reason"], rates,
+             m.table([axis_label("qps"), label("num_runs"), "decision", "reason"], rates,
                      text_columns={2, 3})]
     trials_path = cap_dir / "trials.csv"
     if trials_path.is_file():
