@@ -147,7 +147,9 @@ def parameter_rows(config: Any, prefix: str = "") -> dict[str, tuple[str, str]]:
             rows.update(parameter_rows(nested, f"{prefix}{key}."))
             continue
         default = info.get_default(call_default_factory=True)
-        unit = next((u for suffix, u in UNIT_SUFFIXES if key.endswith(suffix)), "")
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        unit = str(extra.get("unit") or next(
+            (u for suffix, u in UNIT_SUFFIXES if key.endswith(suffix)), ""))
         shown = ("(required)" if default is PydanticUndefined
                  else f"{default:g}" if isinstance(default, float) else str(default))
         if unit and isinstance(default, int | float) and not isinstance(default, bool):

@@ -26,7 +26,8 @@ from sim.routers.base import ROUTERS, ReplicaLoad, Router, RouterConfig, argmin_
 class PrefixAffinityConfig(RouterConfig):
     cache_threshold: float = Field(0.3, ge=0, le=1,
                                    description="least cached share of the prompt to follow it")
-    balance_abs_threshold: int = Field(64, ge=0, description="requests in flight, max - min")
+    balance_abs_threshold: int = Field(64, ge=0, description="requests in flight, max - min",
+                                       json_schema_extra={"unit": "requests"})
     balance_rel_threshold: float = Field(1.5, ge=1, description="max / min requests in flight")
 
 

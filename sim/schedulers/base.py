@@ -26,7 +26,8 @@ class SchedulerConfig(BaseModel):
     model_config = INPUT_MODEL
 
     name: str
-    max_num_seqs: int = Field(256, gt=0, description="most requests running at once")
+    max_num_seqs: int = Field(256, gt=0, description="most requests running at once",
+                              json_schema_extra={"unit": "requests"})
     decode_reserve_tokens: int | None = Field(
         None,
         ge=0,

@@ -30,9 +30,12 @@ from sim.state import ReplicaState
 
 
 class ChunkedPrefillConfig(SchedulerConfig):
-    token_budget: int = Field(512, gt=0, description="most tokens (prefill + decode) an iteration")
-    chunk_size: int | None = Field(None, gt=0, description="largest prefill chunk; default budget")
-    max_num_partial_prefills: int = Field(1, gt=0, description="requests prefilling at once")
+    token_budget: int = Field(512, gt=0, description="most tokens (prefill + decode) an iteration",
+                              json_schema_extra={"unit": "tokens"})
+    chunk_size: int | None = Field(None, gt=0, description="largest prefill chunk; default budget",
+                                     json_schema_extra={"unit": "tokens"})
+    max_num_partial_prefills: int = Field(1, gt=0, description="requests prefilling at once",
+                                          json_schema_extra={"unit": "requests"})
     min_chunk_tokens: int | None = Field(
         None, gt=0,
         description="smallest chunk that does not finish its prompt (background 002's "

@@ -39,6 +39,7 @@ class SGLangConfig(SchedulerConfig):
         description=("most new tokens in one prefill (extend) batch; SGLang's default on "
                      "A100/H100/H200 (2048 below 35 GB, 16384 on B200/MI300); Mini-SGLang's "
                      "max_extend_tokens"),
+        json_schema_extra={"unit": "tokens"},
     )
     mixed_chunk: bool = Field(
         False,

@@ -85,7 +85,8 @@ class VllmV1Config(SchedulerConfig):
         description="most tokens (prefill + decode) an iteration; vLLM serving default on H100")
     enable_chunked_prefill: bool = Field(True, description="False: prompts are prefilled whole")
     long_prefill_token_threshold: int = Field(
-        0, ge=0, description="largest chunk a request computes per iteration; 0: no cap")
+        0, ge=0, description="largest chunk a request computes per iteration; 0: no cap",
+        json_schema_extra={"unit": "tokens"})
     max_num_partial_prefills: int | None = Field(
         None, gt=0, description="requests part-way through prefill at once; None: no limit (v1)")
     max_long_partial_prefills: int | None = Field(
