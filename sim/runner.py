@@ -100,7 +100,8 @@ class Results:
 # The columns a loaded run must have: what the readers of `Results.load` rely on.
 REQUEST_COLUMNS = ("request_id", "replica_id", "decode_replica_id", "arrival_s",
                    "num_prompt_tokens", "num_generated_tokens", "first_token_s", "finish_s",
-                   "status", "reason", "ttft_s", "e2e_s", "transfer_start_s", "transfer_end_s")
+                   "status", "reason", "ttft_s", "e2e_s", "max_tbt_s", "transfer_start_s",
+                   "transfer_end_s")
 ITERATION_COLUMNS = ("replica_id", "pool", "iteration", *COLUMNS)
 TOKEN_COLUMNS = ("request_id", "token_index", "time_s")
 GAP_COLUMNS = ("gap_s", "count")

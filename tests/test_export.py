@@ -21,14 +21,15 @@ from tests.test_cluster import disaggregated, replica, trace
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
 
-def colocated_run(tmp_path: Path, *, record_token_times: bool = True) -> Path:
+def colocated_run(tmp_path: Path, *, record_token_times: bool = True,
+                  slo: dict | None = None) -> Path:
     """One replica, a 2.6 s horizon: finished, rejected (prompt beyond the KV cache), running
     and queued requests."""
     rows = sorted([(0.1 * i, 30 + 7 * i, 2 + i % 5) for i in range(12)] + [(0.5, 400, 3)])
     scenario = parse_scenario({
         "workload": {"format": "vidur", "path": trace(tmp_path, rows)},
         "replica": replica(num_blocks=20, token_budget=64, max_num_seqs=4),
-        "horizon_s": 2.6, "record_token_times": record_token_times}, "test")
+        "horizon_s": 2.6, "record_token_times": record_token_times, "slo": slo or {}}, "test")
     out = tmp_path / "colocated"
     run_scenario(scenario, out_dir=out)
     return out
@@ -143,6 +144,22 @@ def test_vllm_matches_numpy_on_the_result_files(tmp_path, monkeypatch, capsys):
     times = tok.loc[tok["request_id"].isin(fin["request_id"]), "time_s"].to_numpy()
     buckets = [int(t - starts.min()) for t in times]
     assert got["max_output_tokens_per_s"] == max(buckets.count(b) for b in set(buckets))
+
+
+def test_vllm_goodput_counts_completed_requests_meeting_the_scenarios_slo(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain = json.loads(export_run(colocated_run(tmp_path / "a"), "vllm").read_text())
+    assert plain["request_goodput"] is None  # no targets, as vLLM without --goodput
+    req = pd.read_parquet(tmp_path / "a" / "colocated" / "requests.parquet")
+    fin = req[req["status"] == "finished"]
+    ttft_s, tbt_s = float(fin["ttft_s"].median()), float(fin["max_tbt_s"].median())
+    run = colocated_run(tmp_path / "b", slo={"ttft_s": ttft_s, "tbt_s": tbt_s})
+    got = json.loads(export_run(run, "vllm").read_text())
+    good = ((fin["ttft_s"] <= ttft_s) & ~(fin["max_tbt_s"] > tbt_s)).sum()
+    assert 0 < good < len(fin)
+    assert got["request_goodput"] == pytest.approx(good / 2.6, rel=1e-12)
+    assert any(note.startswith("request_goodput") for note in got["servesim_notes"])
 
 
 def test_vllm_without_token_times_says_so(tmp_path):

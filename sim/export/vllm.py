@@ -25,6 +25,9 @@ Where servesim differs (also listed in the file, under `servesim_notes`):
   arriving after it) are failed; `errors` holds `status: reason`. A failed request's `ttfts`
   entry is its TTFT if a token came out (as a stream cut short has one), else 0.0, and its
   `latencies` entry 0.0, as in vLLM.
+- `request_goodput`: completed requests meeting the scenario's `slo` (TTFT, and TBT on each
+  request's worst gap) per second; vLLM's `--goodput` takes TTFT, TPOT and E2EL targets.
+  None without targets, as vLLM without `--goodput`.
 - Per-token gaps exist only for runs that recorded token times (`record_token_times: true`,
   `tokens.parquet`): without them `itls`, the ITL statistics and `max_output_tokens_per_s` are
   left out or null, and a note says so. With them, one ITL per token gap: vLLM sees one per
@@ -50,6 +53,25 @@ if TYPE_CHECKING:
 NO_TOKENS_NOTE = ("no per-token times in this run (tokens.parquet): itls, the ITL statistics and "
                   "max_output_tokens_per_s are left out; set record_token_times: true in the "
                   "scenario and run it again for them")
+
+
+GOODPUT_NOTE = ("request_goodput: completed requests meeting the scenario's slo (ttft_s, and "
+                "tbt_s on each request's worst token gap) per second of duration; vLLM's "
+                "--goodput takes ttft, tpot and e2el targets instead")
+
+
+def _goodput(results: Results, req: Any, ok: np.ndarray, duration: float) -> float | None:
+    """Completed requests meeting every target of the scenario's `slo`, per second; None
+    without targets (as vLLM without --goodput)."""
+    slo = results.scenario.slo
+    if slo.ttft_s is None and slo.tbt_s is None:
+        return None
+    good = ok.copy()
+    if slo.ttft_s is not None:
+        good &= req["ttft_s"].to_numpy(dtype=np.float64) <= slo.ttft_s
+    if slo.tbt_s is not None:  # one token, no gap: it meets the target
+        good &= ~(req["max_tbt_s"].to_numpy(dtype=np.float64) > slo.tbt_s)
+    return _per_s(int(good.sum()), duration)
 
 
 # What vLLM leaves out of its file without --save-detailed.
@@ -97,7 +119,7 @@ def _result(results: Results, percentiles: Sequence[float]) -> dict[str, Any]:
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
         "request_throughput": _per_s(int(ok.sum()), duration),
-        "request_goodput": None,
+        "request_goodput": _goodput(results, req, ok, duration),
         "output_throughput": _per_s(total_output, duration),
         "total_token_throughput": _per_s(total_input + total_output, duration),
         "max_concurrent_requests": peak_concurrency(arrival[ok], e2e[ok]),
@@ -118,6 +140,8 @@ def _result(results: Results, percentiles: Sequence[float]) -> dict[str, Any]:
             f"scenario {results.scenario.name}, seed {results.scenario.seed}",
         ],
     }
+    if out["request_goodput"] is not None:
+        out["servesim_notes"].append(GOODPUT_NOTE)
     out.update(metric_stats("ttft", ttft[ok], percentiles))
     out.update(metric_stats("tpot", tpot, percentiles))
     out.update(metric_stats("e2el", e2e[ok], percentiles))
