@@ -277,3 +277,16 @@ def test_a_run_where_nothing_finished_draws_empty_panels_without_warnings(tmp_pa
         warnings.simplefilter("error")  # matplotlib's "identical low and high xlims", say
         plot_results([out])
     assert "no values in these runs" in svg(out / "plots" / "cdf")
+
+
+def test_worst_gap_per_request_only_when_asked(run_dir, tmp_path, monkeypatch, capsys):
+    code, _ = run_cli_out(monkeypatch, capsys, "plot", str(run_dir), "--worst-tbt", "--out",
+                          str(tmp_path / "w"))
+    assert code == 0
+    text = svg(tmp_path / "w" / "cdf")
+    assert "worst TBT" in text and "every gap" not in text
+    assert "every gap" in svg(plot_results([run_dir], tmp_path / "e")[0])
+    (tmp_path / "sw").mkdir()
+    (tmp_path / "sw" / "sweep.json").write_text("{}")
+    code, err = run_cli(monkeypatch, capsys, "plot", str(tmp_path / "sw"), "--worst-tbt")
+    assert_one_line_error(code, err, "--worst-tbt", "this is a sweep")

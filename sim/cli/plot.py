@@ -38,10 +38,14 @@ def plot(
     replica: Annotated[list[int] | None, typer.Option(
         metavar="N", help="a run's timeline: this replica (repeat for several)",
         show_default="the first of each pool")] = None,
+    worst_tbt: Annotated[bool, typer.Option(
+        "--worst-tbt", help="a run's or comparison's TBT CDF: each request's worst gap, "
+        "not every gap")] = False,
 ) -> None:
     """Draw the figures a result directory's own files support (PNG and SVG)."""
     from sim.plots import plot_results
 
     window_s = parse_window(window) if window is not None else None
-    for f in plot_results(results, out, window_s=window_s, replicas=replica or None):
+    for f in plot_results(results, out, window_s=window_s, replicas=replica or None,
+                          worst_tbt=worst_tbt):
         console.print(str(f), soft_wrap=True, highlight=False)  # paths whole, to copy

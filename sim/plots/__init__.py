@@ -34,20 +34,23 @@ __all__ = ["busiest_window", "capacity_bars", "capacity_figure", "capacity_trial
 
 def plot_run(run_dir: Path, out_dir: Path | None = None, *,
              window_s: tuple[float, float] | None = None,
-             replicas: Sequence[int] | None = None) -> list[Path]:
-    """The figures one run's files support: CDFs and the iteration timeline (of `window_s`
-    and `replicas`; by default the busiest window, the first replica of each pool)."""
+             replicas: Sequence[int] | None = None, worst_tbt: bool = False) -> list[Path]:
+    """The figures one run's files support: CDFs (TBT: every gap, or each request's worst
+    with `worst_tbt`) and the iteration timeline (of `window_s` and `replicas`; by default
+    the busiest window, the first replica of each pool)."""
     out_dir = out_dir or run_dir / "plots"
-    files = cdfs([run_dir], out_dir / "cdf")
+    files = cdfs([run_dir], out_dir / "cdf", worst_tbt=worst_tbt)
     return files + iteration_timeline(run_dir, out_dir / "timeline", replicas, window_s)
 
 
 def plot_results(dirs: Sequence[Path], out_dir: Path | None = None, *,
                  window_s: tuple[float, float] | None = None,
-                 replicas: Sequence[int] | None = None) -> list[Path]:
+                 replicas: Sequence[int] | None = None, worst_tbt: bool = False
+                 ) -> list[Path]:
     """Draw what the directories' own kind supports (several only for capacity searches);
     the written paths, each figure's PNG before its SVG. `window_s`, `replicas`: a run's
-    timeline only."""
+    timeline only; `worst_tbt`: a run's or a comparison's TBT CDF of each request's worst
+    gap instead of every gap."""
     if out_dir is not None:
         check_writable_dir(out_dir)
     kinds = [directory_kind(d) for d in dirs]
@@ -57,11 +60,16 @@ def plot_results(dirs: Sequence[Path], out_dir: Path | None = None, *,
     if (window_s is not None or replicas) and kinds[0] != "run":
         raise InputError(dirs[0], "--window/--replica", str(dirs[0]),
                          f"a timeline is drawn for one run; this is a {kinds[0]}")
+    if worst_tbt and kinds[0] not in ("run", "comparison"):
+        raise InputError(dirs[0], "--worst-tbt", str(dirs[0]),
+                         f"draws a run's or a comparison's CDF; this is a {kinds[0]}")
     if kinds[0] == "capacity":
         return plot_capacity(dirs, out_dir)
     if kinds[0] == "run":
-        return plot_run(dirs[0], out_dir, window_s=window_s, replicas=replicas)
-    draw = {"sweep": plot_sweep, "comparison": plot_comparison,
-            "replications": plot_replications,
+        return plot_run(dirs[0], out_dir, window_s=window_s, replicas=replicas,
+                        worst_tbt=worst_tbt)
+    if kinds[0] == "comparison":
+        return plot_comparison(dirs[0], out_dir, worst_tbt=worst_tbt)
+    draw = {"sweep": plot_sweep, "replications": plot_replications,
             "replicated_comparison": plot_replicated_comparison}
     return draw[kinds[0]](dirs[0], out_dir)

@@ -88,10 +88,13 @@ def _error_bars(table: pd.DataFrame, column: str, values: np.ndarray, scale: flo
     return scale * np.vstack([below, above])
 
 
-def plot_comparison(compare_dir: Path, out_dir: Path | None = None) -> list[Path]:
-    """A comparison's variants: their TTFT and TBT CDFs overlaid, and their headline numbers."""
+def plot_comparison(compare_dir: Path, out_dir: Path | None = None, *,
+                    worst_tbt: bool = False) -> list[Path]:
+    """A comparison's variants: their TTFT and TBT CDFs overlaid (TBT: every gap, or each
+    request's worst with `worst_tbt`), and their headline numbers."""
     table = read_csv(compare_dir / "comparison.csv", ["variant"])
     variants = [str(v) for v in table["variant"]]
     out_dir = out_dir or compare_dir / "plots"
-    files = cdfs([compare_dir / v for v in variants], out_dir / "cdf", variants)
+    files = cdfs([compare_dir / v for v in variants], out_dir / "cdf", variants,
+                 worst_tbt=worst_tbt)
     return files + headline_bars(table, out_dir / "headline", compare_dir.name)

@@ -112,11 +112,11 @@ def cdf_axes(top: Any, tail: Any, shown: Unit, slo_s: set[float], largest: int, 
     tail.set_ylabel("fraction above")
 
 
-def cdfs(run_dirs: Sequence[Path], path: Path, labels: Sequence[str] | None = None
-         ) -> list[Path]:
-    """TTFT and TBT (every gap) CDFs of runs, each over a log view of its tail (fraction
-    above, log scale); P50 (circle) and P99 (diamond) marked; the scenarios' SLOs as red
-    lines; an overloaded run's label says so."""
+def cdfs(run_dirs: Sequence[Path], path: Path, labels: Sequence[str] | None = None, *,
+         worst_tbt: bool = False) -> list[Path]:
+    """TTFT and TBT (every gap; each request's worst gap with `worst_tbt`) CDFs of runs, each
+    over a log view of its tail (fraction above, log scale); P50 (circle) and P99 (diamond)
+    marked; the scenarios' SLOs as red lines; an overloaded run's label says so."""
     names, ttfts, tbts, slos = [], [], [], []
     for i, run in enumerate(run_dirs):
         summary = read_json(run / "summary.json")
@@ -127,7 +127,7 @@ def cdfs(run_dirs: Sequence[Path], path: Path, labels: Sequence[str] | None = No
         ttfts.append(ttft_sample(run, summary))
         tbts.append(tbt_sample(run, summary))
         slos.append(slo_targets_s(run))
-    if any(s.key != "tbt_s" for s in tbts):  # one quantity for all, said in the title
+    if worst_tbt or any(s.key != "tbt_s" for s in tbts):  # one quantity for all, titled
         tbts = [tbt_sample_worst(run) for run in run_dirs]
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex="col",
                              gridspec_kw={"height_ratios": (3, 2)})
@@ -141,7 +141,8 @@ def cdfs(run_dirs: Sequence[Path], path: Path, labels: Sequence[str] | None = No
     what = label(tbts[0].key) if tbts else "TBT"
     axes[0, 0].set_title("TTFT (finished requests)")
     axes[0, 1].set_title(f"{what}, every gap" if tbts and tbts[0].key == "tbt_s"
-                         else f"{what} (every gap needs record_token_times)")
+                         else what if worst_tbt
+                         else f"{what} (these runs keep no gaps: written before tbt_gaps)")
     axes[1, 0].set_xlabel(f"TTFT ({shown.name})")
     axes[1, 1].set_xlabel(f"{what} ({MS.name})")
     marks = [Line2D([], [], marker=m, color="grey", markeredgecolor="black", linestyle="none",
