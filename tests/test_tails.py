@@ -188,6 +188,10 @@ def test_a_queue_that_starts_full_is_trimmed_where_it_drains(tmp_path):
     assert trimmed["ttft_s"] == {**distribution(req["ttft_s"].to_numpy()[cut:]),
                                  "population": "finished, after warm-up"}
     assert trimmed["scheduling_delay_s"]["mean"] < 0.01 < 0.4 < s["scheduling_delay_s"]["mean"]
+    # Every arrival after the cut too, finished or not: here all finished, so the same values.
+    after = trimmed["ttft_all_arrived_s"]
+    assert after["population"] == "arrived, after warm-up" and after["num_lower_bounds"] == 0
+    assert after["count"] == len(arrival) - cut and after["p99"] == trimmed["ttft_s"]["p99"]
 
 
 def test_a_stationary_queue_trims_little():
@@ -201,6 +205,26 @@ def test_a_stationary_queue_trims_little():
         assert s["overload"]["verdict"] == "stable" and "steady_state" not in s["overload"]
         trims.append(s["warmup"]["num_trimmed_requests"])
     assert sum(t < 100 for t in trims) >= 8, trims
+
+
+def test_trimmed_all_arrived_counts_requests_cut_by_the_horizon(tmp_path):
+    """A horizon in the steady state, just after an arrival: the request then in service is
+    counted in the trimmed all-arrived population at its time so far (a lower bound); those
+    arriving after the horizon are not counted."""
+    rng = np.random.default_rng(1)
+    arrival = np.concatenate([np.zeros(300), np.cumsum(rng.exponential(1 / 50, 3000))])
+    horizon_s = float(arrival[-50]) + 0.001
+    results = run_scenario(trace_scenario(tmp_path, arrival, horizon_s=horizon_s))
+    s, req = results.summary, results.requests
+    got = warmup_stats(req, s["run"]["end_s"], s["overload"], generated=True)
+    trimmed, cut = got["trimmed"], got["warmup"]["num_trimmed_requests"]
+    assert cut and trimmed is not None
+    came = req.sort_values("arrival_s", kind="stable").iloc[cut:]
+    came = came[came["arrival_s"] <= horizon_s]
+    cut_short = int((came["status"] != "finished").sum())
+    after = trimmed["e2e_all_arrived_s"]
+    assert cut_short > 0 and after["num_lower_bounds"] == cut_short
+    assert after["count"] == len(came) == trimmed["e2e_s"]["count"] + cut_short
 
 
 @pytest.mark.parametrize("seed", range(3))
