@@ -38,6 +38,10 @@ from sim.stretch import Stretch, allocate_first_step, commit_stretch, is_steady,
 Hook = Callable[[Request], None]
 NORMAL = simpy.events.NORMAL
 PLAN = NORMAL + 1  # a replica's turn to plan: after everything else at the same instant
+# Most iterations a decode stretch is planned for. New work cuts most stretches after a few
+# dozen iterations, while planning costs grow with the length; one that runs to the end is
+# followed by another (the same results, one more event).
+STRETCH_STEPS = 128
 
 
 class Environment(simpy.Environment):
@@ -255,7 +259,8 @@ class Replica:
                 stretch = plan_stretch(state, self.latency, now, self.horizon_s,
                                        through_finishes=not state.kv.caches_prefixes and not (
                                            self.inbox is not None and self.inbox.pending),
-                                       noise=self.noise, first_index=len(self.log))
+                                       noise=self.noise, first_index=len(self.log),
+                                       max_steps=STRETCH_STEPS)
             if stretch is not None:
                 self._check_durations(stretch.starts_s, stretch.duration_s, stretch.end_s)
                 if stretch.end_s[-1] < quiet_s:

@@ -45,6 +45,9 @@ class Stretch:
     # Iterations of the stretch each request is in: it samples its last token in the last one
     # (at least `len(self)` for a request that does not finish in the stretch).
     num_steps_left: np.ndarray
+    # `num_steps_left.min()` as a plain int: read at every commit and every router look, where
+    # a numpy reduction costs more than the rest of the test.
+    min_steps_left: int
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -55,22 +58,23 @@ class Stretch:
 
     def num_ended_by(self, now_s: float, *, inclusive: bool = True) -> int:
         """Iterations that have ended by `now_s` (at `now_s` too, if `inclusive`)."""
-        return int(np.searchsorted(self.end_s, now_s, side="right" if inclusive else "left"))
+        return int(self.end_s.searchsorted(now_s, side="right" if inclusive else "left"))
 
     def cut_at(self, now_s: float, *, started_now: bool) -> Stretch | None:
         """The stretch stopped after the iteration in progress at `now_s`; None if none is.
         An iteration starting exactly now is in progress if `started_now` (the replica's
         planning turn at this instant has come: a step-by-step run has planned it)."""
-        keep = int(np.searchsorted(self.starts_s, now_s, side="right" if started_now else "left"))
+        keep = int(self.starts_s.searchsorted(now_s, side="right" if started_now else "left"))
         if not keep:
             return None
         return Stretch(self.requests, self.num_computed, self.starts_s[:keep],
                        self.duration_s[:keep], self.end_s[:keep], self.num_used_blocks,
-                       self.block_size, self.num_allocated, self.num_steps_left)
+                       self.block_size, self.num_allocated, self.num_steps_left,
+                       self.min_steps_left)
 
     def num_steps_without_finish(self) -> int:
         """Iterations from the start in which no request samples its last token."""
-        return int(self.num_steps_left.min()) - 1
+        return self.min_steps_left - 1
 
 
 def extra_blocks(num_computed: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
@@ -97,11 +101,14 @@ def is_steady(state: ReplicaState, plan: Plan) -> bool:
 
 def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
                  horizon_s: float | None, *, through_finishes: bool = False,
-                 noise: IterationNoise | None = None, first_index: int = 0) -> Stretch | None:
+                 noise: IterationNoise | None = None, first_index: int = 0,
+                 max_steps: int | None = None) -> Stretch | None:
     """The longest stretch from `start_s`, after `schedule()` allocated its first iteration for
     every running request; None unless every running request is decoding. It ends when the
     first request finishes, or, `through_finishes`, when the last does (the batch shrinks as
-    requests leave: with nothing waiting, nothing takes their place until work arrives)."""
+    requests leave: with nothing waiting, nothing takes their place until work arrives), and
+    after `max_steps` iterations at most (where it ends, the replica plans again, as at any
+    iteration: any shorter stretch gives the same results)."""
     requests = list(state.running)
     computed = []
     left = []
@@ -113,7 +120,8 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
         left.append(r.num_target_output_tokens - r.num_output_tokens)
     num_computed = np.array(computed, dtype=np.int64)
     num_steps_left = np.array(left, dtype=np.int64)
-    max_steps = max(left) if through_finishes else min(left)
+    longest = max(left) if through_finishes else min(left)
+    max_steps = longest if max_steps is None else min(longest, max_steps)
     kv = state.kv
     # The stretch stops before the blocks run out, counting every request's growth as if none
     # finished (freed blocks are not counted on: the stretch may stop early, never late). Each
@@ -126,7 +134,7 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
 
     # One call on arrays of shapes: a latency model is element-wise, so this is exactly what
     # `max_steps` calls on one shape each would give.
-    num_seqs, kv_tokens = batch_sizes(num_computed, num_steps_left, max_steps)
+    num_seqs, kv_tokens = batch_sizes(num_computed, num_steps_left, max_steps, min(left))
     duration = latency.iteration_time_s(BatchShape.decode_only(num_seqs, kv_tokens))
     if not isinstance(duration, np.ndarray) or duration.shape != (max_steps,):
         duration = np.broadcast_to(np.asarray(duration, dtype=np.float64), (max_steps,))
@@ -140,16 +148,19 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
         max_steps = max(1, int(np.searchsorted(end, horizon_s, side="right")))
         starts, duration, end = starts[:max_steps], duration[:max_steps], end[:max_steps]
     return Stretch(requests, num_computed, starts, duration, end, kv.num_used_blocks,
-                   kv.block_size, num_computed + 1, num_steps_left)
+                   kv.block_size, num_computed + 1, num_steps_left, min(left))
 
 
-def batch_sizes(num_computed: np.ndarray, num_steps_left: np.ndarray, num_steps: int
-                ) -> tuple[Any, np.ndarray]:
+def batch_sizes(num_computed: np.ndarray, num_steps_left: np.ndarray, num_steps: int,
+                min_steps_left: int | None = None) -> tuple[Any, np.ndarray]:
     """Requests decoding in each of `num_steps` iterations (one number if none leaves before
     the last), and the KV tokens their attention reads: each request's computed tokens + 1 at
-    step 0, one more each step, while it is in the batch."""
+    step 0, one more each step, while it is in the batch. `min_steps_left`, the least of
+    `num_steps_left`, if the caller knows it."""
     n = len(num_computed)
-    if num_steps_left.min() >= num_steps:
+    if min_steps_left is None:
+        min_steps_left = int(num_steps_left.min())
+    if min_steps_left >= num_steps:
         first = int(num_computed.sum()) + n
         return n, np.arange(first, first + n * num_steps, n, dtype=np.int64)
     steps = np.arange(num_steps, dtype=np.int64)
@@ -170,10 +181,13 @@ def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: I
     when it plans that iteration)."""
     bs = stretch.block_size
     left = stretch.num_steps_left
-    computed0 = stretch.num_computed
-    if left.min() > num_steps:  # nobody leaves in these iterations
-        num_seqs: Any = len(stretch.requests)
+    computed0 = stretch.num_computed  # each request's `num_computed_tokens` now
+    requests = stretch.requests
+    nobody_leaves = stretch.min_steps_left > num_steps
+    if nobody_leaves:
+        num_seqs: Any = len(requests)
         used = stretch.num_used_blocks + extra_blocks(computed0, bs, num_steps + 1)
+        steps_in: Any = num_steps  # iterations each request is in
     else:
         # Blocks held during each iteration j (after its allocation): a request in the batch
         # holds those of computed + j + 1 tokens; one that has left, none.
@@ -184,44 +198,51 @@ def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: I
         used = stretch.num_used_blocks + np.where(
             inside, held - start_blocks[:, None], -start_blocks[:, None]).sum(axis=0)
         num_seqs = inside[:, :num_steps].sum(axis=0)
+        steps_in = np.minimum(left, num_steps)
     first_iter = log.extend_decodes(stretch.starts_s[:num_steps], stretch.duration_s[:num_steps],
                                     num_seqs, used[:num_steps])
-    grow_blocks = state.kv.grow_blocks
-    finished: list[tuple[int, int, Request]] = []
-    rest: list[int] = []
-    num_decoded = 0
-    # A plain loop over the batch: each request's counters, token run and block growth.
-    for pos, (req, allocated, steps_left) in enumerate(zip(
-            stretch.requests, stretch.num_allocated.tolist(), left.tolist(), strict=True)):
-        steps_in = min(num_steps, steps_left)
-        num_decoded += steps_in
-        computed = req.num_computed_tokens = req.num_computed_tokens + steps_in
-        req.num_output_tokens += steps_in
+    # A plain loop over the batch for what lives on the requests (counters, token runs); the
+    # arithmetic is done on the arrays, once per commit rather than once per request (a decode
+    # replica of a disaggregated cluster commits its stretches an iteration or two at a time).
+    steps_list = [num_steps] * len(requests) if nobody_leaves else steps_in.tolist()
+    for req, n in zip(requests, steps_list, strict=True):
+        req.num_computed_tokens += n
+        req.num_output_tokens += n
         req.record_token(first_iter)
-        req.last_token_iter = first_iter + steps_in - 1
-        # Blocks to hold what it computed (a finishing request's too: with prefix caching, what
-        # it frees is cached). The plan counted every request's growth, so they fit.
-        num_blocks = -(-computed // bs) + (-allocated // bs)  # held: allocated tokens' blocks
-        if num_blocks > 0:
-            grow_blocks(req.request_id, num_blocks)
-        if steps_left <= num_steps:
-            finished.append((steps_left, pos, req))
-        else:
-            rest.append(pos)
-    state.decoded(num_decoded)
-    finished.sort()  # by the iteration that ends it, then running order, as stepping does
-    for steps_left, _, req in finished:
-        state.finish(req, float(stretch.end_s[steps_left - 1]))
-    done = [req for _, _, req in finished]
+        req.last_token_iter = first_iter + n - 1
+    state.decoded(sum(steps_list))
+    # Blocks to hold what each computed (a finishing request's too: with prefix caching, what
+    # it frees is cached), in running order; the plan counted every request's growth, so they
+    # fit. A request holds the blocks of its allocated tokens.
+    grow = -(-(computed0 + steps_in) // bs) + (-stretch.num_allocated // bs)
+    grow_blocks = state.kv.grow_blocks
+    grow_list = grow.tolist()
+    for pos in np.flatnonzero(grow > 0).tolist():
+        grow_blocks(requests[pos].request_id, grow_list[pos])
+    done: list[Request] = []
+    if not nobody_leaves:
+        # By the iteration that ends it, then running order, as stepping finishes them.
+        leaving = np.flatnonzero(left <= num_steps)
+        for pos in leaving[np.argsort(left[leaving], kind="stable")].tolist():
+            req = requests[pos]
+            state.finish(req, float(stretch.end_s[left[pos] - 1]))
+            done.append(req)
     if num_steps == len(stretch):
         return done, None
-    keep = np.array(rest, dtype=np.int64)
+    if nobody_leaves:
+        return done, Stretch(requests, computed0 + num_steps, stretch.starts_s[num_steps:],
+                             stretch.duration_s[num_steps:], stretch.end_s[num_steps:],
+                             int(used[num_steps]), bs,
+                             np.maximum(computed0 + num_steps, stretch.num_allocated),
+                             left - num_steps, stretch.min_steps_left - num_steps)
+    keep = np.flatnonzero(left > num_steps)
     computed_now = computed0[keep] + num_steps
-    return done, Stretch([stretch.requests[i] for i in rest], computed_now,
+    left_now = left[keep] - num_steps
+    return done, Stretch([requests[i] for i in keep.tolist()], computed_now,
                          stretch.starts_s[num_steps:], stretch.duration_s[num_steps:],
                          stretch.end_s[num_steps:], int(used[num_steps]), bs,
-                         np.maximum(computed_now, stretch.num_allocated[keep]),
-                         left[keep] - num_steps)
+                         np.maximum(computed_now, stretch.num_allocated[keep]), left_now,
+                         int(left_now.min()) if len(left_now) else 0)
 
 
 def allocate_first_step(state: ReplicaState, stretch: Stretch) -> Stretch:

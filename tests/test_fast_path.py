@@ -138,3 +138,47 @@ def test_batch_sizes_follow_the_requests_left():
             inside = left > j
             assert np.broadcast_to(seqs, (num_steps,))[j] == inside.sum()
             assert kv[j] == int((computed[inside] + j + 1).sum())
+
+
+@pytest.mark.parametrize("max_steps", [1, 3])
+@pytest.mark.parametrize("cluster", [
+    {},
+    {"prefill": {"replicas": 1, "replica": None}, "decode": {"replicas": 2, "replica": None},
+     "router": {"name": "least_kv_load"}},
+])
+def test_stretches_planned_short_equal_stepping(monkeypatch, max_steps, cluster):
+    """The engine plans a stretch for `STRETCH_STEPS` iterations at most, then plans again:
+    stretches cut that short (and committed in pieces, finishing requests inside them) still
+    give every result file of a step-by-step run."""
+    monkeypatch.setattr(sim.engine, "STRETCH_STEPS", max_steps)
+    replica = {"scheduler": {"name": "chunked_prefill", "token_budget": 256},
+               "latency": {"kind": "roofline"}, "kv_cache": {"block_size": 16, "num_blocks": 600}}
+    data = {"seed": 5, "record_token_times": True,
+            "workload": {"format": "synthetic", "num_requests": 200,
+                         "arrivals": {"process": "poisson", "qps": 30},
+                         "lengths": {"prompt": {"dist": "uniform", "low": 20, "high": 600},
+                                     "output": {"dist": "uniform", "low": 1, "high": 120}}},
+            "cluster": cluster}
+    if "prefill" in cluster:
+        cluster["prefill"]["replica"] = cluster["decode"]["replica"] = replica
+    else:
+        data["replica"] = replica
+    scenario = parse_scenario(data, "test")
+    lengths = []
+    plan_stretch = sim.engine.plan_stretch
+
+    def planned(*args, **kwargs):
+        stretch = plan_stretch(*args, **kwargs)
+        if stretch is not None:
+            lengths.append(len(stretch))
+        return stretch
+
+    monkeypatch.setattr(sim.engine, "plan_stretch", planned)
+    fast = run_scenario(scenario)
+    slow = run_scenario(scenario, fast_forward=False)
+    assert max(lengths) == max_steps  # stretches were planned, and cut at the cap
+    assert fast.summary["requests"]["finished"] == 200
+    assert fast.requests.equals(slow.requests)
+    assert fast.iterations.equals(slow.iterations)
+    assert fast.tokens.equals(slow.tokens)
+    assert fast.summary == slow.summary

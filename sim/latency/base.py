@@ -47,22 +47,25 @@ class BatchShape:
 
     @classmethod
     def from_plan(cls, plan: Plan, requests: Mapping[int, Request]) -> BatchShape:
-        shape = cls()
+        # Sums in locals, one object at the end: called for every stepped iteration, and a
+        # slot's `+=` costs several times a local's (integers: the same sums either way).
+        num_decodes = decode_kv = 0
+        prefill_tokens = prefill_seqs = attn_pairs = prefill_kv = num_final_chunks = 0
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
             cached = req.num_computed_tokens
             if req.is_decoding:
-                shape.num_decode_tokens += 1
-                shape.num_sampled_tokens += 1
-                shape.decode_kv_tokens += cached + 1
+                num_decodes += 1
+                decode_kv += cached + 1
                 continue
-            shape.num_prefill_tokens += num_tokens
-            shape.num_prefill_seqs += 1
-            shape.prefill_attn_pairs += num_tokens * cached + num_tokens * (num_tokens + 1) // 2
-            shape.prefill_kv_tokens += cached + num_tokens
+            prefill_tokens += num_tokens
+            prefill_seqs += 1
+            attn_pairs += num_tokens * cached + num_tokens * (num_tokens + 1) // 2
+            prefill_kv += cached + num_tokens
             if cached + num_tokens == req.num_tokens:
-                shape.num_sampled_tokens += 1
-        return shape
+                num_final_chunks += 1
+        return cls(prefill_tokens, prefill_seqs, num_decodes, num_decodes + num_final_chunks,
+                   attn_pairs, prefill_kv, decode_kv)
 
     @classmethod
     def decode_only(cls, num_seqs: int, decode_kv_tokens: Num) -> BatchShape:
@@ -138,6 +141,8 @@ class TokenTable:
                 self.values.extend(block.tolist())
 
     def __call__(self, n: Num) -> Num:
+        if type(n) is int and n < len(self.values):  # a stepped iteration's look-up
+            return self.values[n]
         if isinstance(n, np.ndarray):
             index = n.astype(np.intp, copy=False)
             if index.size and int(index.max()) >= len(self.values):

@@ -111,8 +111,9 @@ def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:
     block_size = kv.block_size
     scheduled = plan.num_scheduled_tokens
     prefilling = []
+    running = Status.RUNNING  # a local: this loop runs for every request every iteration
     for req in list(state.running):
-        if req.status is not Status.RUNNING:
+        if req.status is not running:
             continue  # preempted by an earlier decode of this loop
         if not req.is_decoding:
             prefilling.append(req)

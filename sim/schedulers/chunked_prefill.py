@@ -111,7 +111,10 @@ class ChunkedPrefill(Scheduler):
                 plan.num_scheduled_tokens[req.request_id] = num_tokens
                 budget -= num_tokens
 
-        reserved = reserved_blocks(state, cfg.decode_reserve_tokens) if state.waiting else 0
+        # Blocks running requests keep for their future tokens: summed only when a request is
+        # about to be admitted (a partial prefill or a full batch mostly keeps the queue
+        # waiting), from the state as it is here: nothing changes it before the first admission.
+        reserved: int | None = None
         while state.waiting and budget > 0 and len(state.running) < cfg.max_num_seqs:
             req = state.waiting[0]
             hit = state.kv.prefix_hit_tokens(req)
@@ -121,6 +124,8 @@ class ChunkedPrefill(Scheduler):
             if partial and (num_partial >= cfg.max_num_partial_prefills
                             or self._too_small(num_tokens, num_uncomputed)):
                 break
+            if reserved is None:
+                reserved = reserved_blocks(state, cfg.decode_reserve_tokens)
             own_reserve = try_admit(state, req, num_tokens, cfg.decode_reserve_tokens, reserved,
                                     hit)
             if own_reserve is None:
