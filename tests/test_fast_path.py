@@ -43,6 +43,24 @@ class NewLatency(LatencyModel):
             shape.decode_kv_tokens * 1.0) * shape.num_decode_tokens
 
 
+def synthetic(replica: dict, cluster: dict, *, seed: int, num_requests: int, qps: float,
+              max_prompt: int, max_output: int):
+    """Poisson arrivals, uniform lengths, token times recorded; `replica` on every replica of
+    `cluster` (both pools of a disaggregated one)."""
+    data = {"seed": seed, "record_token_times": True,
+            "workload": {"format": "synthetic", "num_requests": num_requests,
+                         "arrivals": {"process": "poisson", "qps": qps},
+                         "lengths": {"prompt": {"dist": "uniform", "low": 20, "high": max_prompt},
+                                     "output": {"dist": "uniform", "low": 1,
+                                                "high": max_output}}},
+            "cluster": cluster}
+    if "prefill" in cluster:
+        cluster["prefill"]["replica"] = cluster["decode"]["replica"] = replica
+    else:
+        data["replica"] = replica
+    return parse_scenario(data, "test")
+
+
 @pytest.fixture
 def registered():
     SCHEDULERS.register("new_policy")(NewPolicy)
@@ -73,17 +91,8 @@ def test_a_new_policy_and_latency_model_get_the_fast_path(registered, monkeypatc
     replica = {"scheduler": {"name": "new_policy", "max_num_seqs": 24},
                "latency": {"kind": "new_latency"},
                "kv_cache": {"block_size": 16, "num_blocks": 400}}
-    data = {"seed": 3, "record_token_times": True,
-            "workload": {"format": "synthetic", "num_requests": 300,
-                         "arrivals": {"process": "poisson", "qps": 20},
-                         "lengths": {"prompt": {"dist": "uniform", "low": 20, "high": 400},
-                                     "output": {"dist": "uniform", "low": 1, "high": 200}}},
-            "cluster": cluster}
-    if "prefill" in cluster:
-        cluster["prefill"]["replica"] = cluster["decode"]["replica"] = replica
-    else:
-        data["replica"] = replica
-    scenario = parse_scenario(data, "test")
+    scenario = synthetic(replica, cluster, seed=3, num_requests=300, qps=20,
+                         max_prompt=400, max_output=200)
     events = count_events(monkeypatch)
     fast = run_scenario(scenario)
     num_fast = events[0]
@@ -153,17 +162,8 @@ def test_stretches_planned_short_equal_stepping(monkeypatch, max_steps, cluster)
     monkeypatch.setattr(sim.engine, "STRETCH_STEPS", max_steps)
     replica = {"scheduler": {"name": "chunked_prefill", "token_budget": 256},
                "latency": {"kind": "roofline"}, "kv_cache": {"block_size": 16, "num_blocks": 600}}
-    data = {"seed": 5, "record_token_times": True,
-            "workload": {"format": "synthetic", "num_requests": 200,
-                         "arrivals": {"process": "poisson", "qps": 30},
-                         "lengths": {"prompt": {"dist": "uniform", "low": 20, "high": 600},
-                                     "output": {"dist": "uniform", "low": 1, "high": 120}}},
-            "cluster": cluster}
-    if "prefill" in cluster:
-        cluster["prefill"]["replica"] = cluster["decode"]["replica"] = replica
-    else:
-        data["replica"] = replica
-    scenario = parse_scenario(data, "test")
+    scenario = synthetic(replica, cluster, seed=5, num_requests=200, qps=30,
+                         max_prompt=600, max_output=120)
     lengths = []
     plan_stretch = sim.engine.plan_stretch
 
