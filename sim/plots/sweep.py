@@ -110,7 +110,8 @@ def p99_tbt_vs_load(table: pd.DataFrame, load: str, group: str, path: Path, *,
         ax.axhline(1e3 * slo_s, color="red", linestyle="--", label=f"SLO {1e3 * slo_s:g} ms")
     _finish(ax, load, lines)
     ax.set(ylabel=axis_label("tbt_p99_s"), title=title or _title("P99 TBT", load, fixed, ci))
-    ax.set_ylim(bottom=0)
+    # From 0, with room above the highest point (a flat line would sit on the frame).
+    ax.set_ylim(0, max(ax.get_ylim()[1], 1.08 * ax.dataLim.y1))
     legend(ax, _legend_title(ci if ci is not None else table, group))
     return save(fig, path)
 

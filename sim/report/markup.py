@@ -132,10 +132,11 @@ def frame_table(df: pd.DataFrame, text_columns: int = 1) -> str:
 
 
 def figure(png: Path) -> str:
-    """A PNG embedded as a data URI, captioned with its name."""
+    """A PNG embedded as a data URI, captioned with its file's name (what `servesim plot`
+    writes: its SVG beside it)."""
     data = base64.b64encode(png.read_bytes()).decode("ascii")
-    name = escape(png.stem.replace("_", " "))
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{name}">'
+    name = escape(png.name)
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{escape(png.stem)}">'
             f"<figcaption>{name}</figcaption></figure>")
 
 
