@@ -112,12 +112,13 @@ def code_fingerprint() -> str:
 VERSIONED = ("numpy", "pandas", "pyarrow", "pydantic", "simpy")
 
 
-def versions() -> dict[str, str]:
-    """Python's and the result-shaping packages' versions, recorded beside a run's results."""
+def versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """Python's and the result-shaping packages' versions (recorded beside a run's results),
+    then those of `extra` packages."""
     import platform
 
     out = {"python": platform.python_version()}
-    for name in VERSIONED:
+    for name in (*VERSIONED, *extra):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

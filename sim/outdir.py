@@ -128,4 +128,4 @@ def replace_file(path: Path, write: Callable[[Path], object]) -> None:
 
 def replace_text(path: Path, text: str) -> None:
     """`replace_file` with `text` as the content."""
-    replace_file(path, lambda tmp: tmp.write_text(text))
+    replace_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

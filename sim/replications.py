@@ -72,11 +72,11 @@ DETERMINISTIC = ("replications of a deterministic replay are identical; an inter
                  "fake: add latency.noise or use generated arrivals")
 
 # (summary section, label in tables, scale to the label's unit)
-DISTRIBUTIONS = (("ttft_s", "TTFT", "ms", 1e3), ("tbt_s", "TBT", "ms", 1e3),
-                 ("e2e_s", "E2E", "s", 1.0))
+# The summary's distributions and throughputs replicated; names and units from `sim.labels`.
+DISTRIBUTIONS = ("ttft_s", "tbt_s", "e2e_s")
 PERCENTILES = ("p50", "p90", "p99")
 SLO_ORDER = ("ttft_attainment", "tbt_attainment", "tbt_gap_attainment", "all_attainment")
-THROUGHPUT = (("requests_per_s", "throughput req/s"), ("output_tokens_per_s", "throughput tok/s"))
+THROUGHPUT = ("requests_per_s", "output_tokens_per_s")
 
 ALL_EQUAL = "all {n} replications equal"
 EQUAL_RTOL = 1e-9  # equal but for floating-point rounding (a mean of equal gaps, say)
@@ -207,13 +207,13 @@ def estimate(values: Sequence[float | None], method: str,
 def summarize(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Every headline metric over the replications' summaries (in replication order)."""
     metrics: dict[str, Any] = {}
-    for key, *_ in DISTRIBUTIONS:
+    for key in DISTRIBUTIONS:
         dists = [s[key] for s in summaries]
         section = {pct: estimate([d.get(pct) for d in dists], "bootstrap") for pct in PERCENTILES}
         section["mean"] = estimate([d.get("mean") for d in dists], "t")
         metrics[key] = section
     metrics["throughput"] = {key: estimate([s["throughput"].get(key) for s in summaries], "t")
-                             for key, _ in THROUGHPUT}
+                             for key in THROUGHPUT}
     given = {name for s in summaries for name in s.get("slo", {})}
     names = [n for n in SLO_ORDER if n in given] + sorted(given - set(SLO_ORDER))
     metrics["slo"] = {name: estimate([s["slo"].get(name) for s in summaries], "t", (0.0, 1.0))
@@ -311,12 +311,12 @@ def table_rows(data: dict[str, Any]) -> list[tuple[str, dict[str, Any], float, s
 
     rows = []
     metrics = data["metrics"]
-    for key, *_ in DISTRIBUTIONS:  # names and units as every table and figure gives them
+    for key in DISTRIBUTIONS:  # names and units as every table and figure gives them
         shown = unit(key)
         for stat in (*PERCENTILES, "mean"):
             name = f"{stat.upper() if stat != 'mean' else 'mean'} {label(key)} {shown.name}"
             rows.append((name, metrics[key][stat], shown.scale, stat))
-    for key, _ in THROUGHPUT:
+    for key in THROUGHPUT:
         rows.append((f"{label(key)} {unit(key).name}", metrics["throughput"][key], 1.0, "mean"))
     for name, metric in metrics["slo"].items():  # short: the full labels widen the table
         rows.append((f"SLO attainment: {name.removesuffix('_attainment')} %", metric, 100.0,

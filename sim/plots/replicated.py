@@ -22,7 +22,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from sim.errors import InputError
-from sim.labels import MS, Unit, time_unit
+from sim.labels import MS, Unit, label, time_unit
 from sim.metrics import WeightedSample
 from sim.plots.common import BAND_ALPHA, save
 from sim.plots.compare import headline_bars
@@ -35,7 +35,7 @@ from sim.plots.run import (
     tbt_sample_worst,
     ttft_sample,
 )
-from sim.replications import COMPARISON_FILE, RESULT_FILE
+from sim.replications import COMPARISON_FILE, DISTRIBUTIONS, RESULT_FILE
 from sim.result_files import read_csv, read_json
 
 GRID_POINTS = 2000  # values where replications' CDFs are compared, at most
@@ -198,14 +198,13 @@ def replicated_cdfs(reps: Sequence[Replicated], path: Path) -> list[Path]:
 
 
 STATS = ("p50", "p90", "p99", "mean")
-DISTRIBUTIONS = (("ttft_s", "TTFT"), ("tbt_s", "TBT"), ("e2e_s", "E2E latency"))
 
 
 def percentile_intervals(data: dict[str, Any], path: Path) -> list[Path]:
     """Each headline latency's P50, P90, P99 and mean: the estimate with its 95% interval,
     and every replication's own value beside it (the spread the interval comes from)."""
     metrics = data.get("metrics") or {}
-    panels = [(key, name) for key, name in DISTRIBUTIONS if key in metrics]
+    panels = [(key, label(key)) for key in DISTRIBUTIONS if key in metrics]
     if not panels:
         return []
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.8), squeeze=False)

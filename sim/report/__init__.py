@@ -16,7 +16,7 @@ import pandas as pd
 
 from sim.errors import InputError
 from sim.labels import label, param_label
-from sim.outdir import REPORT_FILE
+from sim.outdir import REPORT_FILE, replace_text
 from sim.report import markup as m
 from sim.report import sections as s
 from sim.report.replicated import replicated_comparison_body, replications_body
@@ -48,12 +48,9 @@ def write_report(results: Path, out: Path | None = None) -> Path:
     out = out if out is not None else results / REPORT_FILE
     _check_writable(out)
     text = render_report(results)
-    tmp = out.absolute().parent / f".{out.name}.{os.getpid()}.tmp"
     try:  # whole or not at all: a reader never sees half a page
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
+        replace_text(out, text)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise InputError(out, "--out", str(out), _cannot(exc)) from None
     return out
 

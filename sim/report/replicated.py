@@ -36,14 +36,14 @@ def _rows(data: dict[str, Any]) -> list[tuple[str, str, float, dict[str, Any]]]:
     named and scaled as `sim.labels` names the columns they fill."""
     metrics = data["metrics"]
     rows = []
-    for key, _, _, _ in DISTRIBUTIONS:
+    for key in DISTRIBUTIONS:
         for stat in (*PERCENTILES, "mean"):
             if stat in metrics.get(key, {}):
                 column = key if stat == "mean" else f"{key.removesuffix('_s')}_{stat}_s"
                 shown = unit(column)
                 name = f"mean {label(column)}" if stat == "mean" else label(column)
                 rows.append((name, shown.name, shown.scale, metrics[key][stat]))
-    for key, _ in THROUGHPUT:
+    for key in THROUGHPUT:
         if key in metrics.get("throughput", {}):
             rows.append((label(key), unit(key).name, 1.0, metrics["throughput"][key]))
     for key, metric in metrics.get("slo", {}).items():

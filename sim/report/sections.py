@@ -4,9 +4,7 @@ overload verdict, the kind's tables, the resolved scenario, input hashes and ver
 from __future__ import annotations
 
 import json
-import platform
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,6 @@ from sim.result_files import read_csv, read_json, read_parquet
 LATENCIES = ("ttft_s", "tbt_s", "tpot_s", "e2e_s", "scheduling_delay_s",
              "max_tbt_per_request_s")
 STATS = ("mean", "p50", "p90", "p99", "max")
-PACKAGES = ("servesim", "numpy", "pandas", "simpy", "matplotlib", "pyarrow", "pydantic")
 
 
 def run_headline(summary: dict[str, Any]) -> str:
@@ -183,11 +180,10 @@ def inputs_and_versions(run_dirs: Sequence[Path]) -> str:
     else:
         inputs = m.paragraph("These results record no input hashes (written before runs "
                              "wrote inputs.json).")
-    from sim.fingerprint import code_fingerprint
+    from sim.fingerprint import code_fingerprint, versions
 
     here = [("servesim (version + source hash)", code_fingerprint()),
-            ("python", platform.python_version())]
-    here += [(p, _version(p)) for p in PACKAGES if p != "servesim"]
+            *versions(("matplotlib",)).items()]
     parts = ["<h3>Input files</h3>", inputs, "<h3>Versions</h3>"]
     if recorded:
         parts.append(m.paragraph("Recorded with the results: " + ", ".join(sorted(recorded))))
@@ -195,9 +191,3 @@ def inputs_and_versions(run_dirs: Sequence[Path]) -> str:
     parts.append(m.table(["package", "version"], here, text_columns=2))
     return "\n".join(parts)
 
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
