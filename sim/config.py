@@ -425,13 +425,19 @@ def _replica_problems(scenario: Scenario) -> list[tuple[str, Any, str]]:
     return problems
 
 
-def load_scenario(path: str | Path | None = None) -> Scenario:
-    """Load a scenario file, or the embedded default scenario when `path` is None."""
+def scenario_source(path: str | Path | None = None) -> tuple[Any, str, Path | None]:
+    """A scenario file's mapping, as read (not yet checked), with the source its errors name
+    and the directory its relative paths resolve against; the embedded default for None."""
     if path is None:
         text = resources.files("sim").joinpath("data", DEFAULT_SCENARIO).read_text()
-        return parse_scenario(yaml.safe_load(text), f"<embedded {DEFAULT_SCENARIO}>")
+        return yaml.safe_load(text), f"<embedded {DEFAULT_SCENARIO}>", None
     path = Path(path)
-    return parse_scenario(read_yaml(path), path, path.parent)
+    return read_yaml(path), str(path), path.parent
+
+
+def load_scenario(path: str | Path | None = None) -> Scenario:
+    """Load a scenario file, or the embedded default scenario when `path` is None."""
+    return parse_scenario(*scenario_source(path))
 
 
 def scenario_yaml(scenario: Scenario) -> str:

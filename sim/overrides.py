@@ -135,21 +135,11 @@ def named_by_overrides(exc: InputError, overrides: Sequence[Override], source: s
 def load_scenario(path: str | Path | None, overrides: Sequence[Override] = ()) -> Scenario:
     """`sim.config.load_scenario` with `overrides` set in the file's mapping before it is
     checked."""
-    from sim.config import load_scenario as load
-    from sim.config import parse_scenario, read_yaml
+    from sim.config import parse_scenario, scenario_source
 
+    data, source, base_dir = scenario_source(path)
     if not overrides:
-        return load(path)
-    if path is None:
-        from importlib import resources
-
-        from sim.config import DEFAULT_SCENARIO
-
-        text = resources.files("sim").joinpath("data", DEFAULT_SCENARIO).read_text()
-        data, source, base_dir = yaml.safe_load(text), f"<embedded {DEFAULT_SCENARIO}>", None
-    else:
-        path = Path(path)
-        data, source, base_dir = read_yaml(path), str(path), path.parent
+        return parse_scenario(data, source, base_dir)
     if not isinstance(data, dict):  # parse_scenario's own error, before any override
         return parse_scenario(data, source, base_dir)
     defaults = resolved_defaults(data, source, base_dir)
