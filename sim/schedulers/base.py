@@ -142,8 +142,24 @@ def future_blocks(state: ReplicaState, req: Request, reserve_tokens: int | None)
 
 
 def reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> int:
-    """Blocks running requests may still need for their future tokens (capped per request)."""
-    return sum(future_blocks(state, req, reserve_tokens) for req in state.running)
+    """Blocks running requests may still need for their future tokens (capped per request):
+    `future_blocks` summed, written out (a policy sums them whenever requests wait, over every
+    running request: under overload, every iteration)."""
+    kv = state.kv
+    block_size = kv.block_size
+    held = kv.num_held_blocks
+    prefill_only = state.prefill_only
+    total = 0
+    for req in state.running:
+        future = req.num_prompt_tokens  # `state.num_kv_tokens_needed(req)`, written out
+        if not prefill_only:
+            future += req.num_target_output_tokens - 1
+        if reserve_tokens is not None and req.num_computed_tokens + reserve_tokens < future:
+            future = req.num_computed_tokens + reserve_tokens
+        blocks = -(-future // block_size) - held(req.request_id)
+        if blocks > 0:
+            total += blocks
+    return total
 
 
 def try_admit(

@@ -190,13 +190,25 @@ class VllmV1(Scheduler):
     def _schedule_running(self, state: ReplicaState, plan: Plan, budget: int) -> int:
         """Rules 2-4; returns the budget left."""
         kv, scheduled = state.kv, plan.num_scheduled_tokens
+        block_size = kv.block_size
         index = 0
         while index < len(state.running) and budget > 0:
             req = state.running[index]
             index += 1
-            num_tokens = self._chunk(req.num_uncomputed_tokens, budget)
-            if not num_tokens:
-                continue
+            # A decode gets its one token whatever the rules on chunks, and needs a block only
+            # when its computed tokens fill the blocks it holds: elsewhere allocating changes
+            # nothing (as in `schedule_decodes`; this loop runs for every running request
+            # every iteration).
+            if req.is_decoding:
+                if req.num_computed_tokens % block_size:
+                    scheduled[req.request_id] = 1
+                    budget -= 1
+                    continue
+                num_tokens = 1
+            else:
+                num_tokens = self._chunk(req.num_uncomputed_tokens, budget)
+                if not num_tokens:
+                    continue
             while not kv.try_allocate(req, num_tokens):
                 victim = state.running[-1]
                 budget += scheduled.pop(victim.request_id, 0)
