@@ -14,8 +14,12 @@ Parts, timed separately because different kernels run them:
   (or GPU, under expert parallelism) sets the pace.
 - attention: prefill FLOPs from query-key pairs, decode bytes of KV read, per GPU (heads split
   over the tensor group; KV heads replicated where fewer than GPUs).
-- communication: two all-reduces of the activations per layer for tensor parallelism and a
-  hand-off between pipeline stages (`sim.latency.comm`: measured NCCL tables or bandwidth).
+- communication (`sim.latency.comm`: measured NCCL tables or bandwidth): under tensor
+  parallelism two all-reduces of the activations per layer, one more after the embedding
+  (vLLM's `VocabParallelEmbedding` looks each token up in its vocabulary slice, zeros
+  elsewhere, and all-reduces), and a gather of the sampled rows' logits (`ParallelLMHead` gives
+  each GPU a vocabulary slice; `LogitsProcessor` gathers them, to one GPU or to all: the same
+  bytes arrive); a hand-off between pipeline stages.
 - a fixed per-iteration overhead (scheduling, launches, sampling).
 
 Pipeline parallelism holds one batch in flight: an iteration runs through every stage in turn,
@@ -95,6 +99,10 @@ class RooflineLatency(LatencyModel):
         self.kv_token_s = (parallelism.kv_bytes_per_layer_token_per_gpu(m) * m.num_layers
                            / bytes_s if t > 1 or parallelism.pipeline > 1
                            else m.kv_bytes_per_token / bytes_s)
+        # Decode attention reads each KV token once for one query: the larger of its compute
+        # and memory times per token. max(a, b) * x is max(a * x, b * x) to the last bit for
+        # x >= 0 (rounding keeps the order of products), at one operation on arrays.
+        self.decode_kv_token_s = max(self.attn_pair_s, self.kv_token_s)
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
         linear = self.tables.tokens_s(shape.num_tokens)
@@ -102,9 +110,7 @@ class RooflineLatency(LatencyModel):
         prefill_attn = maximum(
             self.attn_pair_s * shape.prefill_attn_pairs, self.kv_token_s * shape.prefill_kv_tokens
         )
-        decode_attn = maximum(
-            self.attn_pair_s * shape.decode_kv_tokens, self.kv_token_s * shape.decode_kv_tokens
-        )
+        decode_attn = self.decode_kv_token_s * shape.decode_kv_tokens
         return self.overhead_s + linear + prefill_attn + decode_attn + lm_head
 
     def describe(self) -> dict[str, Any]:
@@ -117,6 +123,7 @@ class RooflineLatency(LatencyModel):
             facts["communication"] = {
                 "all_reduce": "measured table" if tables.comm.all_reduce_table is not None
                 else "link bandwidth",
+                "logits_gather": "link bandwidth",
                 "send_recv": "measured table" if tables.comm.send_recv_table is not None
                 else "link bandwidth"}
         return facts
@@ -147,7 +154,8 @@ class _Tables:
             time = time + model.num_moe_layers * self._moe_s(m)
         if t > 1:
             act_bytes = m * h * model.dtype_bytes
-            time = time + 2 * model.num_layers * self.comm.all_reduce(act_bytes)
+            # Two per layer, and the vocabulary-parallel embedding's.
+            time = time + (2 * model.num_layers + 1) * self.comm.all_reduce(act_bytes)
         if par.pipeline > 1:
             time = time + (par.pipeline - 1) * self.comm.send_recv(m * h * model.dtype_bytes)
         return time
@@ -190,7 +198,11 @@ class _Tables:
         model, par = self.model, self.parallelism
         if self.config.linear == "naive" and par.num_gpus == 1:
             return _naive_lm_head(self.config, model, self.gpu, s)
-        return self.gemm(s, model.hidden_size, model.vocab_size // par.tensor)
+        if par.tensor == 1:
+            return self.gemm(s, model.hidden_size, model.vocab_size)
+        rows = par.vocab_rows_per_gpu(model)  # the padded vocabulary's slice
+        logits_bytes = s * rows * par.tensor * model.dtype_bytes
+        return self.gemm(s, model.hidden_size, rows) + self.comm.all_gather(logits_bytes)
 
 
 def _naive_single_gpu(config: RooflineConfig, m: ModelShape, gpu: GPUSpec,
