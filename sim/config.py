@@ -398,15 +398,20 @@ def _absolute(base_dir: Path, path: Path) -> Path:
 
 
 def _resolve_latency(replica: ReplicaConfig, base_dir: Path) -> ReplicaConfig:
-    """The replica's file paths (its model's config.json, its latency model's inputs: a
-    profile, measured communication tables) made absolute."""
+    """The replica's file paths (its model's config.json, or the directory holding it; its
+    latency model's inputs: a profile, measured communication tables) made absolute."""
     latency = replica.latency
     paths = {name: _absolute(base_dir, value) for name in type(latency).model_fields
              if isinstance(value := getattr(latency, name), Path)}
     if paths:
         replica = replica.model_copy(update={"latency": latency.model_copy(update=paths)})
     if isinstance(replica.model, Path):
-        replica = replica.model_copy(update={"model": _absolute(base_dir, replica.model)})
+        model = _absolute(base_dir, replica.model)
+        if (model / "config.json").is_file():
+            # A Hugging Face snapshot's directory: its config.json is the input (hashed into
+            # the run's record and cache key; the weights beside it are never read).
+            model = model / "config.json"
+        replica = replica.model_copy(update={"model": model})
     return replica
 
 

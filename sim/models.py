@@ -273,7 +273,10 @@ def resolve_model(value: str, base_dir: Path | None = None) -> ModelShape:
     path = Path(value).expanduser()
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
-    if path.is_dir():
+    if path.is_dir():  # a Hugging Face snapshot's layout: config.json beside the weights
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path}: a directory without a config.json (a Hugging Face "
+                             "model's directory holds one)")
         path = path / "config.json"
     if not path.exists() and os.sep not in value and "/" not in value \
             and not value.endswith(".json"):

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 MAX_GPUS_PER_REPLICA = 1024
 GPUS_PER_NODE = 8  # an NVLink domain (HGX/DGX); larger groups would cross slower links
+VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE (vocab_parallel_embedding.py)
 
 
 class Parallelism(BaseModel):
@@ -87,6 +88,78 @@ class Parallelism(BaseModel):
         replica's KV capacity."""
         return (self.kv_bytes_per_layer_token_per_gpu(model)
                 * -(-model.num_layers // self.pipeline))
+
+    def stage_layers(self, num_layers: int) -> list[range]:
+        """The layers of each pipeline stage, as vLLM assigns them (`get_pp_indices`): an
+        even share each, the remainder one apiece to the stages before the last (which also
+        holds the LM head), counting back from it."""
+        base, extra = divmod(num_layers, self.pipeline)
+        sizes = [base] * self.pipeline
+        for i in range(2, extra + 2):
+            sizes[-i] += 1
+        starts = [sum(sizes[:i]) for i in range(self.pipeline)]
+        return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+
+    def vocab_rows_per_gpu(self, model: ModelShape) -> int:
+        """Rows of the embedding table and of the LM head on each GPU of the tensor group:
+        vLLM pads the vocabulary to a multiple of 64 and splits it evenly
+        (`VocabParallelEmbedding`, `ParallelLMHead`)."""
+        padded = -(-model.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+        return -(-padded // self.tensor)
+
+    def weight_bytes_per_gpu(self, model: ModelShape) -> int:
+        """Weight bytes on the busiest GPU (the largest pipeline stage's), as vLLM shards
+        them: sliced weights divided by `tensor`; K/V projections of at least one KV head per
+        GPU (replicated when there are fewer KV heads than GPUs); replicated norms, MoE routers
+        and MLA's down-projections (`q_a_proj`, `kv_a_proj_with_mqa`, `ReplicatedLinear`); the
+        embedding table on the first stage, the LM head (and, tied, a copy of the table) on the
+        last. One GPU: `model.weight_bytes` where the vocabulary is a multiple of 64 (every
+        committed model's)."""
+        moe = set(model.moe_layer_indices)
+        layer = {False: self._layer_params(model, moe=False),
+                 True: self._layer_params(model, moe=True) if moe else 0}
+        table = self.vocab_rows_per_gpu(model) * model.hidden_size
+        stages = self.stage_layers(model.num_layers)
+        busiest = 0
+        for index, layers in enumerate(stages):
+            params = sum(layer[i in moe] for i in layers)
+            if index == 0:
+                params += table
+            if index == len(stages) - 1:
+                params += model.hidden_size  # the final norm
+                if not (model.tie_embeddings and len(stages) == 1):
+                    params += table  # the LM head (tied on one stage: the table itself)
+            busiest = max(busiest, params)
+        return busiest * model.dtype_bytes
+
+    def _layer_params(self, model: ModelShape, moe: bool) -> int:
+        """One layer's parameters on one GPU of the tensor group."""
+        t, e, h = self.tensor, self.expert, model.hidden_size
+        norms = 2 * h + (model.kv_lora_rank + (model.q_lora_rank or 0) if model.is_mla else 0)
+        if moe:
+            # Under expert parallelism E/e whole experts per GPU, each split t/e ways: the
+            # same share, num_experts / t of all experts' weights.
+            width = model.moe_intermediate_size * e // t
+            mlp = (model.router_params_per_layer
+                   + model.num_experts // e * 3 * h * width
+                   + 3 * h * (model.shared_expert_intermediate_size // t))
+        else:
+            mlp = 3 * h * (model.intermediate_size // t)
+        return norms + self._attention_params(model) + mlp
+
+    def _attention_params(self, model: ModelShape) -> int:
+        t, h = self.tensor, model.hidden_size
+        if model.is_mla:
+            heads = model.num_heads // t
+            qk = heads * (model.qk_nope_head_dim + model.qk_rope_head_dim)
+            r = model.q_lora_rank
+            q = h * r + r * qk if r else h * qk
+            kv_a = h * (model.kv_lora_rank + model.qk_rope_head_dim)
+            kv_b = model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim)
+            return q + kv_a + kv_b + heads * model.v_head_dim * h
+        q = model.num_heads // t * model.head_dim
+        kv = self.kv_heads_per_gpu(model) * model.head_dim
+        return h * (q + 2 * kv) + q * h
 
 
 def _uneven_widths(model: ModelShape, t: int, e: int) -> list[tuple[str, int]]:

@@ -263,6 +263,33 @@ def test_bad_moe_fields_are_named(tmp_path: Path) -> None:
         resolve_model(str(_write(tmp_path / "c.json", config)))
 
 
+def test_a_snapshot_directory_in_a_scenario(tmp_path: Path) -> None:
+    """`model:` naming a directory laid out as Hugging Face snapshots are (config.json beside
+    the weights) reads its config.json; one without a config.json is one line at the field."""
+    from sim.config import load_scenario
+    from sim.errors import InputError
+
+    _write(tmp_path / "snapshots" / "abc123" / "config.json", _config(num_hidden_layers=6))
+    (tmp_path / "snapshots" / "abc123" / "model.safetensors").write_bytes(b"\0" * 64)
+    (tmp_path / "bare").mkdir()
+    head = ("name: snap\nworkload: {format: synthetic, num_requests: 2, arrivals: {qps: 1}, "
+            "lengths: {prompt: {dist: fixed, value: 10}, output: {dist: fixed, value: 2}}}\n")
+    for model in ("snapshots/abc123", "snapshots/abc123/"):
+        scenario = tmp_path / "run.yaml"
+        scenario.write_text(head + f"replica: {{model: {model}}}\n")
+        replica = load_scenario(scenario).replica
+        assert replica.model_shape.num_layers == 6
+        # The config.json is the input (what a run hashes and names), not the weights.
+        assert replica.model == tmp_path / "snapshots" / "abc123" / "config.json"
+        assert replica.model_name == "abc123"
+    scenario.write_text(head + "replica: {model: bare/}\n")
+    with pytest.raises(InputError) as exc:
+        load_scenario(scenario)
+    line = str(exc.value)
+    assert "\n" not in line and line.startswith(f"{scenario}: replica.model=")
+    assert f"{tmp_path / 'bare'}: a directory without a config.json" in line
+
+
 def test_unknown_names_and_missing_files(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown model 'llama-9'; known: .*llama-3-8b"):
         resolve_model("llama-9")

@@ -71,7 +71,7 @@ def test_one_gpu_naive_roofline_is_unchanged_bit_for_bit():
             assert latency.iteration_time_s(shape) == old_roofline_s(shape, model, gpu)
 
 
-def test_tensor_parallel_halves_compute_per_gpu_and_adds_two_all_reduces_per_layer():
+def test_tensor_parallel_halves_compute_per_gpu_and_adds_the_all_reduces():
     model = MODELS.get("llama-3.1-8b")
     one = roofline("llama-3.1-8b", linear="naive")
     two = roofline("llama-3.1-8b", tensor=2, linear="naive")
@@ -86,7 +86,9 @@ def test_tensor_parallel_halves_compute_per_gpu_and_adds_two_all_reduces_per_lay
     all_reduce_s = 25e-6 + act_bytes / (gpu.interconnect_bandwidth_bytes_s * 0.75)
     attn_tp1 = 4 * model.num_layers * model.q_size / flops_s * m * m
     assert one.iteration_time_s(shape) == pytest.approx(0.002 + linear_tp1 + attn_tp1, rel=1e-12)
-    expected_tp2 = (0.002 + linear_tp1 / 2 + 2 * model.num_layers * all_reduce_s
+    # Two all-reduces per layer and the vocabulary-parallel embedding's (nothing sampled: no
+    # LM head, no logits to gather).
+    expected_tp2 = (0.002 + linear_tp1 / 2 + (2 * model.num_layers + 1) * all_reduce_s
                     + attn_tp1 / 2)
     assert two.iteration_time_s(shape) == pytest.approx(expected_tp2, rel=1e-12)
 
@@ -130,14 +132,14 @@ def test_moe_decode_of_one_token_reads_only_the_active_experts():
     per_layer_bytes = (attn + h * model.num_experts + experts) * model.dtype_bytes
     weights_s = model.num_layers * per_layer_bytes / bytes_s
     tables = latency.tables
-    got = tables.tokens_s(1) - 2 * model.num_layers * tables.comm.all_reduce(
+    got = tables.tokens_s(1) - (2 * model.num_layers + 1) * tables.comm.all_reduce(
         np.array([h * model.dtype_bytes]))[0]
     assert got == pytest.approx(weights_s, rel=1e-9)
     all_experts_s = model.num_layers * model.num_experts * 3 * h * (
         model.moe_intermediate_size // t) * model.dtype_bytes / bytes_s
     assert got < all_experts_s / 2
     # A large batch reaches every expert.
-    many = tables.tokens_s(4096) - 2 * model.num_layers * tables.comm.all_reduce(
+    many = tables.tokens_s(4096) - (2 * model.num_layers + 1) * tables.comm.all_reduce(
         np.array([4096 * h * model.dtype_bytes]))[0]
     assert many > all_experts_s
 
@@ -322,3 +324,55 @@ def test_a_sweep_over_splits_and_gpus_reports_gpus_and_cost_per_point(tmp_path):
     assert (table.loc[cheap, "usd_per_million_tokens"].to_numpy()
             < table.loc[~cheap, "usd_per_million_tokens"].to_numpy()).all()
     assert {short_value(v) for v in table["replica.gpu"]} == {"h100-sxm", "h100-sxm-custom"}
+
+
+def test_weights_per_gpu_replicate_kv_heads_beyond_the_tensor_group():
+    """Qwen3-30B-A3B has 4 KV heads: at TP8 each GPU holds one KV head's K and V projections
+    (vLLM's QKVParallelLinear replicates them), not half of one."""
+    model = MODELS.get("qwen3-30b-a3b")  # hidden 2048, 32 heads of 128, 48 MoE layers
+    # Per GPU per layer: q and o projections 2 * 2048 * (32/8 * 128) = 2,097,152; K and V of
+    # one KV head 2 * 2048 * 128 = 524,288; the router 2048 * 128 = 262,144 (replicated); 128
+    # experts of 3 * 2048 * (768/8) = 75,497,472; two norms 4,096: 78,385,152.
+    per_layer = 2_097_152 + 524_288 + 262_144 + 75_497_472 + 4_096
+    # Embedding and LM head: 151936/8 = 18,992 rows of 2048 each; the final norm 2048.
+    whole = 48 * per_layer + 2 * 18_992 * 2048 + 2048
+    assert whole == 3_840_280_576
+    assert Parallelism(tensor=8).weight_bytes_per_gpu(model) == 2 * whole
+    # Without the replication, K and V would be half of one head: 262,144 params less a layer.
+    assert 2 * whole - 2 * 48 * 262_144 > model.weight_bytes / 8
+
+
+def test_weights_per_gpu_of_tiny_at_tp4_and_on_one_gpu():
+    tiny = MODELS.get("tiny")  # 4 layers, hidden 256, 4 heads and 2 KV heads of 64, MLP 688
+    # q, o: 2 * 256 * 64; K, V of one head: 2 * 256 * 64; MLP 3 * 256 * 172; norms 512.
+    per_layer = 32_768 + 32_768 + 132_096 + 512
+    assert Parallelism(tensor=4).weight_bytes_per_gpu(tiny) == 2 * (
+        4 * per_layer + 2 * 1024 * 256 + 256)
+    for name in MODELS.names():
+        model = MODELS.get(name)
+        assert Parallelism().weight_bytes_per_gpu(model) == model.weight_bytes, name
+
+
+def test_pipeline_stages_take_layers_as_vllm_does_and_the_busiest_bounds_weights():
+    assert Parallelism(pipeline=3).stage_layers(32) == [range(0, 11), range(11, 22),
+                                                       range(22, 32)]
+    assert [len(r) for r in Parallelism(pipeline=4).stage_layers(30)] == [7, 8, 8, 7]
+    model = MODELS.get("llama-3.1-70b")
+    layer = Parallelism(pipeline=3)._layer_params(model, moe=False)
+    table = model.vocab_size * model.hidden_size
+    # Stages of 27, 27, 26 layers: the first's 27 layers and the table outweigh the last's 26
+    # layers, LM head and norm.
+    assert Parallelism(pipeline=3).weight_bytes_per_gpu(model) == 2 * (27 * layer + table)
+
+
+def test_mla_down_projections_and_routers_are_replicated():
+    model = MODELS.get("deepseek-v2-lite")
+    assert model.q_lora_rank is None  # its q_proj is sliced (no replicated q_a_proj)
+    one, two = Parallelism(), Parallelism(tensor=2)
+    kv_a = model.hidden_size * (model.kv_lora_rank + model.qk_rope_head_dim)
+    # Halving every sliced matrix leaves kv_a (and the norms, the router) whole on each GPU.
+    dense, moe = (one._layer_params(model, m) - 2 * two._layer_params(model, m)
+                  for m in (False, True))
+    norms = 2 * model.hidden_size + model.kv_lora_rank
+    assert dense == -(kv_a + norms)
+    assert moe == -(kv_a + norms + model.router_params_per_layer)

@@ -1,4 +1,5 @@
-"""Communication of a parallel replica: tensor-parallel all-reduces and pipeline hand-offs.
+"""Communication of a parallel replica: tensor-parallel all-reduces and gathers, pipeline
+hand-offs.
 
 Two sources, chosen per scenario:
 
@@ -15,6 +16,10 @@ Two sources, chosen per scenario:
   are least-squares fits to the H100 DGX tables above (NCCL medians: all-reduce over 2/4/8 GPUs
   starts at 24-35 us and reaches 0.68-0.81 of 450 GB/s; an intra-node send starts at 8 us and
   reaches 0.80).
+
+The tables hold no all-gather (Vidur measured all_reduce and send_recv only), so gathers of
+the logits are always timed from the link: each GPU of a ring all-gather receives (n-1)/n of the
+gathered bytes (half an all-reduce's traffic), at the same efficiency and all-reduce start-up.
 
 Neither models vLLM's custom all-reduce kernel, which finishes small messages (decode
 batches) in under 10 us on NVLink: NCCL start-up makes decode of a deep TP model slower here.
@@ -128,6 +133,14 @@ class BandwidthCollectives:
         t = self.all_reduce_latency_s + moved / (self.bandwidth_bytes_s * self.efficiency)
         return np.where(x > 0, t, 0.0)
 
+    def all_gather_s(self, num_bytes: Array, num_gpus: int) -> Array:
+        """Seconds to gather `num_bytes` in all (each GPU contributing 1/num_gpus) by a ring;
+        also a gather to one GPU, which receives the same (n-1)/n of them."""
+        x = np.asarray(num_bytes, dtype=np.float64)
+        moved = (num_gpus - 1) / num_gpus * x
+        t = self.all_reduce_latency_s + moved / (self.bandwidth_bytes_s * self.efficiency)
+        return np.where(x > 0, t, 0.0)
+
     def send_recv_s(self, num_bytes: Array) -> Array:
         x = np.asarray(num_bytes, dtype=np.float64)
         t = self.send_recv_latency_s + x / (self.bandwidth_bytes_s * self.efficiency)
@@ -158,6 +171,11 @@ class Collectives:
         if self.all_reduce_table is not None:
             return self.all_reduce_table(num_bytes)
         return self.bandwidth.all_reduce_s(num_bytes, self.num_gpus)
+
+    def all_gather(self, num_bytes: Array) -> Array:
+        """Seconds to gather `num_bytes` (the whole result) over the tensor group: always from
+        the link's bandwidth, as no measured table holds an all-gather."""
+        return self.bandwidth.all_gather_s(num_bytes, self.num_gpus)
 
     def send_recv(self, num_bytes: Array) -> Array:
         """Seconds to hand `num_bytes` on from one pipeline stage to the next."""

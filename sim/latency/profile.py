@@ -126,11 +126,16 @@ class ProfileLatency(LatencyModel):
                              f"{model.name}")
         self.tensor_parallel = int(data.get("tensor_parallel", 1))
         if self.tensor_parallel != parallelism.tensor:
-            raise InputError(config.path, "tensor_parallel", self.tensor_parallel,
-                             f"profile times one shard of tensor parallelism "
-                             f"{self.tensor_parallel}, the replica has parallelism.tensor "
-                             f"{parallelism.tensor} (measure it with `servesim profile "
-                             f"--tensor-parallel {parallelism.tensor}`)")
+            # The scenario's split is at fault, not the profile: its field is named, relative to
+            # the replica (the scenario's source and the replica's place are added by whoever
+            # builds the model from a scenario).
+            raise InputError(None, "parallelism.tensor", parallelism.tensor,
+                             f"the profile {config.path} records tensor_parallel="
+                             f"{self.tensor_parallel}: it times one GPU of a "
+                             f"{self.tensor_parallel}-way split, not of the replica's "
+                             f"parallelism.tensor {parallelism.tensor} (set that to "
+                             f"{self.tensor_parallel}, or measure a shard with `servesim "
+                             f"profile --tensor-parallel {parallelism.tensor}`)")
         self.comm: Collectives | None = None
         if self.tensor_parallel > 1:
             bandwidth = BandwidthCollectives(
