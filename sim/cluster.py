@@ -4,7 +4,7 @@ pools joined by KV-transfer links (`sim.disaggregation`)."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import overload
 
 import numpy as np
@@ -134,6 +134,15 @@ class Loads(Sequence[ReplicaLoad]):
     def __len__(self) -> int:
         return len(self.replicas)
 
+    def __iter__(self) -> Iterator[ReplicaLoad]:
+        # Routers that weigh loads read every replica's at every arrival: without this,
+        # `Sequence.__iter__` goes through `__getitem__` and ends on an IndexError.
+        loads, replicas, req = self.loads, self.replicas, self.req
+        for i, load in enumerate(loads):
+            if load is None:
+                load = loads[i] = replicas[i].load(req)
+            yield load
+
     @overload
     def __getitem__(self, index: int) -> ReplicaLoad: ...
 
@@ -154,13 +163,20 @@ def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
     """The replica's latency model. A split replica's parallelism is passed only to models
     that take it: one written for a single GPU is refused for a split, not run as if whole."""
     cls = LATENCY_MODELS.get(cfg.latency.kind)
-    if cfg.parallelism.num_gpus == 1:
-        return cls(cfg.latency, model, cfg.gpu_spec)
-    if "parallelism" not in inspect.signature(cls.__init__).parameters:
-        raise InputError(source, f"{field}.parallelism", cfg.parallelism.model_dump(),
-                         f"latency model {cfg.latency.kind!r} does not model a replica split "
-                         "over GPUs")
-    return cls(cfg.latency, model, cfg.gpu_spec, parallelism=cfg.parallelism)
+    try:
+        if cfg.parallelism.num_gpus == 1:
+            return cls(cfg.latency, model, cfg.gpu_spec)
+        if "parallelism" not in inspect.signature(cls.__init__).parameters:
+            raise InputError(source, f"{field}.parallelism", cfg.parallelism.model_dump(),
+                             f"latency model {cfg.latency.kind!r} does not model a replica "
+                             "split over GPUs")
+        return cls(cfg.latency, model, cfg.gpu_spec, parallelism=cfg.parallelism)
+    except InputError as exc:
+        if exc.source != "<scenario>":
+            raise
+        # A model's own problem with the replica (e.g. a profile measured for another split),
+        # named relative to the replica: placed in the scenario here.
+        raise exc.moved(source, lambda name: f"{field}.{name}") from None
 
 
 def make_scheduler(cfg: ReplicaConfig) -> Scheduler:
@@ -180,7 +196,7 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
         return _manager(cfg, kv.num_blocks, eviction)
     gpu, par = cfg.gpu_spec, cfg.parallelism
     usable_bytes = gpu.memory_bytes * kv.gpu_memory_utilization
-    weight_bytes = model.weight_bytes / par.num_gpus
+    weight_bytes = par.weight_bytes_per_gpu(model)  # the busiest GPU's, as vLLM shards them
     free_bytes = usable_bytes - weight_bytes - kv.activation_reserve_gb * 1e9
     num_blocks = int(free_bytes // (kv.block_size * par.kv_bytes_per_token_per_gpu(model)))
     if num_blocks <= 0:

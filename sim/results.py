@@ -160,14 +160,17 @@ def request_frame(requests: Sequence[Request], logs: Sequence[IterationLog]
     def ints(values: list[int]) -> np.ndarray:
         return np.array(values, dtype=np.int64)
 
-    arrival = np.array([r.arrival_s for r in requests], dtype=np.float64)
-    first_scheduled = np.array([_nan(r.first_scheduled_s) for r in requests])
-    finish = np.array([_nan(r.finish_s) for r in requests])
+    def floats(values: list[float | None]) -> np.ndarray:
+        return np.array(values, dtype=np.float64)  # None as NaN
+
+    arrival = floats([r.arrival_s for r in requests])
+    first_scheduled = floats([r.first_scheduled_s for r in requests])
+    finish = floats([r.finish_s for r in requests])
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(counts > 1, (last_token - first_token) / (counts - 1), np.nan)
-    prefill_end = np.array([_nan(r.prefill_end_s) for r in requests])
-    transfer_start = np.array([_nan(r.transfer_start_s) for r in requests])
-    transfer_end = np.array([_nan(r.transfer_end_s) for r in requests])
+    prefill_end = floats([r.prefill_end_s for r in requests])
+    transfer_start = floats([r.transfer_start_s for r in requests])
+    transfer_end = floats([r.transfer_end_s for r in requests])
     frame = pd.DataFrame({
         "request_id": ints([r.request_id for r in requests]),
         "replica_id": ints([r.prefill_replica_id for r in requests]),
@@ -184,8 +187,8 @@ def request_frame(requests: Sequence[Request], logs: Sequence[IterationLog]
         "num_cached_tokens": ints([r.num_cached_tokens for r in requests]),
         "num_preemptions": ints([r.num_preemptions for r in requests]),
         "num_recomputed_tokens": ints([r.num_recomputed_tokens for r in requests]),
-        "status": [_status(r) for r in requests],
-        "reason": [_reason(r) for r in requests],
+        "status": [STATUS[r.status] for r in requests],
+        "reason": [_reason(r.status, r.reason) for r in requests],
         "scheduling_delay_s": first_scheduled - arrival,
         "ttft_s": first_token - arrival,
         "e2e_s": finish - arrival,
@@ -233,25 +236,17 @@ def token_frame(requests: Sequence[Request], owner: np.ndarray, times: np.ndarra
                          "time_s": times})
 
 
-def _status(req: Request) -> str:
-    if req.status in (Status.FINISHED, Status.REJECTED):
-        return req.status.value
-    return UNFINISHED
-
-
+# A request's status in the results: finished, rejected, or unfinished (wherever it was).
+STATUS = {status: status.value if status in (Status.FINISHED, Status.REJECTED) else UNFINISHED
+          for status in Status}
 # Why a request is unfinished at the horizon, by where it was.
 AT_HORIZON = {Status.WAITING: "queued_at_horizon", Status.RUNNING: "running_at_horizon",
               Status.TRANSFERRING: "transferring_at_horizon"}
+_FINISHED = Status.FINISHED  # an enum member read from its class costs a descriptor call
 
 
-def _reason(req: Request) -> str:
+def _reason(status: Status, reason: str | None) -> str:
     """`kind: detail` (or just `kind`); empty for a finished request. Summaries group by kind."""
-    if req.status is Status.FINISHED:
+    if status is _FINISHED:
         return ""
-    if req.reason:
-        return req.reason
-    return AT_HORIZON[req.status]
-
-
-def _nan(value: float | None) -> float:
-    return np.nan if value is None else value
+    return reason or AT_HORIZON[status]

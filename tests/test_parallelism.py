@@ -192,7 +192,7 @@ def test_tp4_fits_and_counts_kv_per_gpu_and_gpus_and_cost(tmp_path):
     scenario = load_scenario(path)
     results = run_scenario(scenario)
     model, gpu = MODELS.get("llama-3.1-70b"), GPUS.get("h100-sxm")
-    free = gpu.memory_bytes * 0.9 - model.weight_bytes / 4 - 2e9
+    free = gpu.memory_bytes * 0.9 - Parallelism(tensor=4).weight_bytes_per_gpu(model) - 2e9
     # Each GPU holds 2 of the 8 KV heads of every layer.
     assert results.summary["run"]["num_kv_blocks"] == int(
         free // (16 * model.kv_bytes_per_token / 4))

@@ -220,5 +220,8 @@ def test_a_tp2_profile_simulates_a_tp2_scenario(tp2_profile, tmp_path, monkeypat
     assert described["tensor_parallel"] == 2 and described["num_predicted_iterations"] > 0
     # Every iteration pays the all-reduces on top of the fitted shard.
     assert (res.iterations["duration_s"] > 8 * 25e-6).all()
-    code, err = run_cli(monkeypatch, capsys, "simulate", scenario(tmp_path, tp2_profile[1], 1))
+    path = scenario(tmp_path, tp2_profile[1], 1)
+    code, err = run_cli(monkeypatch, capsys, "simulate", path)
     assert_one_line_error(code, err, "tensor_parallel=2", "parallelism.tensor 1")
+    # Placed at the scenario's field, in the scenario's file.
+    assert f"{path}: replica.parallelism.tensor=1: " in err
