@@ -52,13 +52,17 @@ class PrefillFirst(Scheduler):
         cfg = self.config
         plan = Plan()
         budget = self.max_num_batched_tokens
-        reserved = reserved_blocks(state, cfg.decode_reserve_tokens) if state.waiting else 0
+        # Summed over the running requests only when one may be admitted (under overload the
+        # batch is mostly full): nothing changes it before the first admission.
+        reserved: int | None = None
         while state.waiting and len(state.running) < cfg.max_num_seqs:
             req = state.waiting[0]
             hit = state.kv.prefix_hit_tokens(req)
             num_tokens = req.num_uncomputed_tokens - hit
             if budget is not None and num_tokens > budget:
                 break
+            if reserved is None:
+                reserved = reserved_blocks(state, cfg.decode_reserve_tokens)
             own_reserve = try_admit(state, req, num_tokens, cfg.decode_reserve_tokens, reserved,
                                     hit)
             if own_reserve is None:

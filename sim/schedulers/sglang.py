@@ -161,11 +161,15 @@ class SGLang(Scheduler):
             budget -= num_tokens
 
         reserve = cfg.decode_reserve_tokens
-        reserved = reserved_blocks(state, reserve) if state.waiting else 0
+        # Summed over the running requests only when one may be admitted (under overload the
+        # batch is mostly full): nothing changes it before the first admission.
+        reserved: int | None = None
         while state.waiting and budget > 0 and len(state.running) < cfg.max_num_seqs:
             req = state.waiting[0]
             hit = state.kv.prefix_hit_tokens(req)
             num_tokens = min(req.num_uncomputed_tokens - hit, budget)
+            if reserved is None:
+                reserved = reserved_blocks(state, reserve)
             own_reserve = try_admit(state, req, num_tokens, reserve, reserved, hit)
             if own_reserve is None:
                 break
