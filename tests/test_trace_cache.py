@@ -13,6 +13,7 @@ import pytest
 
 import sim.workloads.cache as cache
 from sim.config import parse_scenario
+from sim.errors import InputError
 from sim.fingerprint import _sha256
 from sim.runner import load_workload
 
@@ -172,3 +173,48 @@ def test_workers_loading_at_once_leave_one_whole_entry(tmp_path, monkeypatch):
         results = list(pool.map(_load_prompts, [str(path)] * 3))
     assert results[0] == results[1] == results[2] == _load_prompts(str(path))
     assert len(entries(tmp_path)) == 1 and not list(tmp_path.glob("cache/traces/*.tmp"))
+
+
+def test_the_cache_keeps_to_its_size_evicting_the_least_recently_used(tmp_path, cached,
+                                                                      monkeypatch):
+    """Each new entry evicts the entries used longest ago (a hit counts as a use), and their
+    lock files, until the rest fit `SERVESIM_CACHE_MAX_GB`; the newest entry always stays."""
+    folder = tmp_path / "cache" / "traces"
+    paths = []
+    for i in range(3):
+        paths.append(tmp_path / f"t{i}.csv")
+        paths[-1].write_text(azure_2024(400 + i))
+    load(paths[0])
+    one = next(folder.glob("*.parquet")).stat().st_size
+    # Room for two entries, not three.
+    monkeypatch.setenv("SERVESIM_CACHE_MAX_GB", str(2.5 * one / 1e9))
+    load(paths[1])
+    assert len(entries(tmp_path)) == 2
+    os.utime(folder / entries(tmp_path)[0], (1, 1))  # both long ago; then t0 is used again
+    os.utime(folder / entries(tmp_path)[1], (1, 1))
+    load(paths[0])
+    assert len(cached) == 2  # a hit: t0 was not parsed again
+    load(paths[2])  # evicts t1, the least recently used
+    assert len(cached) == 3 and len(entries(tmp_path)) == 2
+    load(paths[0])
+    assert len(cached) == 3  # still cached
+    load(paths[1])
+    assert len(cached) == 4  # evicted: parsed again
+    locks = sorted(p.name.removesuffix(".lock") for p in folder.glob("*.lock"))
+    assert set(locks) <= set(entries(tmp_path))  # no lock file outlives its entry
+    # No room at all: only the entry just written stays.
+    monkeypatch.setenv("SERVESIM_CACHE_MAX_GB", "0")
+    paths[2].write_text(azure_2024(450))
+    load(paths[2])
+    assert len(entries(tmp_path)) == 1
+
+
+def test_a_bad_cache_size_is_one_line(tmp_path, cached, monkeypatch):
+    path = tmp_path / "t.csv"
+    path.write_text(azure_2024(100))
+    for value in ("lots", "-1", "nan", "inf"):
+        monkeypatch.setenv("SERVESIM_CACHE_MAX_GB", value)
+        with pytest.raises(InputError) as exc:
+            load(path)
+        assert str(exc.value) == (f"<environment>: SERVESIM_CACHE_MAX_GB={value!r}: must be a "
+                                  "size in GB, 0 or more")

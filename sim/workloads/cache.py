@@ -11,7 +11,10 @@ never leave half a file; an unreadable entry is parsed again and replaced.
 
 The directory is `$SERVESIM_CACHE_DIR/traces`, else `$XDG_CACHE_HOME/servesim/traces`, else
 `~/.cache/servesim/traces`. It may be deleted at any time. Files under `MIN_CACHED_BYTES` are
-parsed every time: that takes milliseconds.
+parsed every time: that takes milliseconds. It holds at most `$SERVESIM_CACHE_MAX_GB`
+(default `DEFAULT_MAX_GB`) of entries: each new entry evicts the least recently used ones (a
+hit refreshes an entry's modification time) with their lock files, and lock files left
+without an entry for an hour go too.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import contextlib
 import csv
 import hashlib
 import json
+import math
 import os
+import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -35,6 +40,9 @@ if TYPE_CHECKING:
 # Bump when what `_parse_csv` returns for the same bytes changes.
 PARSER_VERSION = 1
 MIN_CACHED_BYTES = 1 << 20
+DEFAULT_MAX_GB = 5.0  # a few parsed week-long traces (parquet is about a third of the CSV)
+ORPHAN_LOCK_AGE_S = 3600.0  # a lock file without an entry this old is no parse in progress
+ENVIRONMENT = "<environment>"  # the source named by errors in environment variables
 
 
 def cache_dir() -> Path:
@@ -114,6 +122,7 @@ def _cached(path: Path, field: str, columns: list[str]) -> pa.Table:
     variant = json.dumps([PARSER_VERSION, pa.__version__, columns])
     key = hashlib.sha256(variant.encode()).hexdigest()[:16]
     entry = cache_dir() / f"{file_sha256(path, source=str(path), field=field)}-{key}.parquet"
+    max_bytes = max_cache_bytes()
     if (table := _read_entry(entry)) is not None:
         return table
     with _lock(entry):
@@ -122,7 +131,55 @@ def _cached(path: Path, field: str, columns: list[str]) -> pa.Table:
         table = _parse_csv(path, field, columns)
         with contextlib.suppress(OSError):  # a read-only or full disk costs speed only
             _write_atomically(table, entry)
+            prune(entry.parent, max_bytes, keep=entry)
     return table
+
+
+def max_cache_bytes() -> int:
+    """The cache's size limit: `$SERVESIM_CACHE_MAX_GB` GB (decimal), else the default."""
+    value = os.environ.get("SERVESIM_CACHE_MAX_GB")
+    if value is None:
+        return int(DEFAULT_MAX_GB * 1e9)
+    try:
+        gb = float(value)
+    except ValueError:
+        gb = math.nan
+    if not (math.isfinite(gb) and gb >= 0):
+        raise InputError(ENVIRONMENT, "SERVESIM_CACHE_MAX_GB", value,
+                         "must be a size in GB, 0 or more")
+    return int(gb * 1e9)
+
+
+def prune(folder: Path, max_bytes: int, keep: Path | None = None) -> list[Path]:
+    """Delete the least recently used entries of `folder` (oldest modification time first,
+    never `keep`) until the rest hold at most `max_bytes`, with their lock files, and lock
+    files left without an entry for `ORPHAN_LOCK_AGE_S`; return the entries deleted. Files
+    another process deletes meanwhile are skipped."""
+    entries = []
+    for item in folder.glob("*.parquet"):
+        with contextlib.suppress(OSError):
+            stat = item.stat()
+            entries.append((stat.st_mtime, item.name, stat.st_size, item))
+    entries.sort()
+    total = sum(size for _, _, size, _ in entries)
+    deleted = []
+    for _, _, size, item in entries:
+        if total <= max_bytes:
+            break
+        if item == keep:
+            continue
+        with contextlib.suppress(OSError):
+            item.unlink()
+            deleted.append(item)
+        total -= size
+    now = time.time()
+    for lock in folder.glob("*.parquet.lock"):
+        entry = lock.with_name(lock.name.removesuffix(".lock"))
+        with contextlib.suppress(OSError):
+            if not entry.exists() and (
+                    entry in deleted or now - lock.stat().st_mtime > ORPHAN_LOCK_AGE_S):
+                lock.unlink()
+    return deleted
 
 
 def _read_entry(entry: Path) -> pa.Table | None:
@@ -131,9 +188,12 @@ def _read_entry(entry: Path) -> pa.Table | None:
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(entry)
+        table = pq.read_table(entry)
     except (OSError, pa.ArrowException):
         return None
+    with contextlib.suppress(OSError):
+        os.utime(entry)  # used now: the last to be evicted
+    return table
 
 
 @contextlib.contextmanager
