@@ -6,10 +6,13 @@ hour) on Llama-3-8B H100 replicas (roofline latency).
    Target (issue 14): 1 s per scheduler, measured on one core.
 2. Clusters at 4x the trace's rate: 4 colocated chunked-prefill replicas, and 2 prefill + 2
    decode replicas.
+   Overloaded (`--overload`): one replica at 8x the trace's rate, each scheduler: the points a
+   capacity search or a sweep's high loads probe, where queues never drain and batches are
+   full (no stretch applies while requests wait, so every iteration is stepped).
 3. Scaling: cost against requests (first N of the trace) and against replicas (k replicas at k
    times the rate, so the load per replica stays the same).
 
-    python bench/sim_speed.py [--trace PATH] [--skip-scaling]
+    python bench/sim_speed.py [--trace PATH] [--skip-scaling] [--overload]
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (best shown)")
+    parser.add_argument("--overload", action="store_true",
+                        help="also one replica at 8x the rate, each scheduler")
     args = parser.parse_args()
     global REPEAT
     REPEAT = args.repeat
@@ -104,6 +109,13 @@ def main() -> None:
             "replicas": 4, "router": {"name": "least_kv_load"}})),
         ("2P+2D disaggregated", scenario(trace, "d4", CHUNKED, rate_scale=4.0, cluster=disagg)),
     ]))
+    if args.overload:
+        console.print(speed_table("overloaded: one replica at 8x the trace's rate", [
+            (name, scenario(trace, f"o{name}", scheduler, rate_scale=8.0))
+            for name, scheduler in (("prefill_first", {"name": "prefill_first"}),
+                                    ("chunked_prefill", CHUNKED), ("vllm_v1", {"name": "vllm_v1"}),
+                                    ("sglang", {"name": "sglang"}))
+        ]))
     if args.skip_scaling:
         return
     console.print(speed_table("scaling with requests: one replica, chunked prefill", [
