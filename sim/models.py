@@ -210,6 +210,17 @@ class ModelShape:
         return 2 * self.num_layers * self.kv_size * self.dtype_bytes
 
     @property
+    def decode_attn_flops_per_pair_per_layer(self) -> int:
+        """FLOPs of one query-key pair in one layer of decode attention. MLA decodes in the
+        latent space, as vLLM's MLA backends do (`W_UK` absorbed into the query, `W_UV` into
+        the output): QK^T over the latent and RoPE key, PV over the latent, every query head.
+        Otherwise as prefill."""
+        if self.is_mla:
+            return (2 * self.num_heads * (self.kv_lora_rank + self.qk_rope_head_dim)
+                    + 2 * self.num_heads * self.kv_lora_rank)
+        return self.attn_flops_per_pair_per_layer
+
+    @property
     def attn_flops_per_pair_per_layer(self) -> int:
         """FLOPs of one query-key pair in one layer: QK^T and PV over every query head."""
         if self.is_mla:

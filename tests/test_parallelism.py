@@ -376,3 +376,34 @@ def test_mla_down_projections_and_routers_are_replicated():
     norms = 2 * model.hidden_size + model.kv_lora_rank
     assert dense == -(kv_a + norms)
     assert moe == -(kv_a + norms + model.router_params_per_layer)
+
+
+def test_mla_projections_as_vllm_splits_them_and_decode_in_the_latent():
+    """DeepSeek's MLA: kv_a_proj_with_mqa (no q_lora here: one q_proj) is replicated on every
+    GPU, q_proj, kv_b_proj and o_proj split by heads; decode attention works in the latent
+    (vLLM's absorbed path), so a KV token costs QK over kv_lora + rope and PV over kv_lora."""
+    from dataclasses import replace as with_fields
+
+    from sim.latency.roofline import RooflineConfig, RooflineLatency
+
+    lite = MODELS.get("deepseek-v2-lite")  # 16 heads, kv_lora 512, rope 64, nope 128, v 128
+    h, tokens = lite.hidden_size, np.array([1.0, 64.0, 512.0])
+    terms = {}
+    for t in (1, 2):
+        latency = RooflineLatency(RooflineConfig(kind="roofline"), lite, GPUS.get("h100-sxm"),
+                                  Parallelism(tensor=t))
+        gemm, heads = latency.tables.gemm, 16 // t
+        kv_a = gemm(tokens, h, 512 + 64)
+        split = (gemm(tokens, h, heads * 192) + gemm(tokens, 512, heads * 256)
+                 + gemm(tokens, heads * 128, h))
+        assert latency.tables._attention_gemms_s(tokens) == pytest.approx(split + kv_a,
+                                                                          rel=1e-12)
+        terms[t] = kv_a
+    assert np.array_equal(terms[1], terms[2])  # replicated: the same work on every GPU
+    # A GPU with bandwidth to spare: decode attention is its FLOPs, the absorbed path's.
+    fast = with_fields(GPUS.get("h100-sxm"), memory_bandwidth_bytes_s=1e18)
+    latency = RooflineLatency(RooflineConfig(kind="roofline"), lite, fast)
+    flops_s = fast.peak_bf16_flops * RooflineConfig(kind="roofline").mfu
+    per_pair = 2 * 16 * (512 + 64) + 2 * 16 * 512
+    assert latency.decode_kv_token_s == pytest.approx(27 * per_pair / flops_s, rel=1e-12)
+    assert per_pair > lite.attn_flops_per_pair_per_layer  # prefill's pairs stay unabsorbed

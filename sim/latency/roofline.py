@@ -102,7 +102,9 @@ class RooflineLatency(LatencyModel):
         # Decode attention reads each KV token once for one query: the larger of its compute
         # and memory times per token. max(a, b) * x is max(a * x, b * x) to the last bit for
         # x >= 0 (rounding keeps the order of products), at one operation on arrays.
-        self.decode_kv_token_s = max(self.attn_pair_s, self.kv_token_s)
+        decode_pair_s = (m.num_layers * m.decode_attn_flops_per_pair_per_layer / t / flops_s
+                         if m.is_mla else self.attn_pair_s)
+        self.decode_kv_token_s = max(decode_pair_s, self.kv_token_s)
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
         linear = self.tables.tokens_s(shape.num_tokens)
@@ -164,8 +166,18 @@ class _Tables:
         model, par, gemm, h = self.model, self.parallelism, self.gemm, self.model.hidden_size
         t = par.tensor
         if model.is_mla:
-            # MLA: its projections as one GEMM of the same parameter count (an approximation).
-            return gemm(m, h, model.attn_params_per_layer // (h * t))
+            # MLA's projections as vLLM splits them: the down-projections (q_a_proj,
+            # kv_a_proj_with_mqa) replicated on every GPU, the rest by heads. (Decode absorbs
+            # kv_b_proj into the query and output instead: the same weights, the same FLOPs
+            # per token.)
+            heads = model.num_heads // t
+            qk = heads * (model.qk_nope_head_dim + model.qk_rope_head_dim)
+            r = model.q_lora_rank
+            query = gemm(m, h, r) + gemm(m, r, qk) if r else gemm(m, h, qk)
+            return (query + gemm(m, h, model.kv_lora_rank + model.qk_rope_head_dim)
+                    + gemm(m, model.kv_lora_rank,
+                           heads * (model.qk_nope_head_dim + model.v_head_dim))
+                    + gemm(m, heads * model.v_head_dim, h))
         q = model.num_heads // t * model.head_dim
         kv = par.kv_heads_per_gpu(model) * model.head_dim
         return gemm(m, h, q + 2 * kv) + gemm(m, q, h)
