@@ -119,18 +119,24 @@ def shapes_of(df: pd.DataFrame) -> list[BatchShape]:
     return [BatchShape(**{k: int(r[k]) for k in FEATURES}) for _, r in df.iterrows()]
 
 
-def test_prediction_is_the_shard_plus_two_all_reduces_per_layer(tp2_profile):
+def test_prediction_is_the_shard_plus_the_communication_it_did_not_do(tp2_profile):
     df, _ = load(tp2_profile[0])
     fitted = json.loads(tp2_profile[1].read_text())
     model = profile_latency(tp2_profile[1], Parallelism(tensor=2))
     shard = predict(fitted, df)  # the fitted shard alone, as `servesim fit` scores it
-    # The roofline's knobs' defaults; 2 all-reduces per layer of num_tokens * hidden * 2 bytes.
+    # The roofline's knobs' defaults: 2 all-reduces per layer and the embedding's, of
+    # num_tokens * hidden * 2 bytes, and a gather of the sampled rows' logits (tiny's vocabulary
+    # padded to a multiple of 64, 2 bytes each).
     link = BandwidthCollectives(H100.interconnect_bandwidth_bytes_s, 0.75, 25e-6, 8e-6)
     tokens = (df["num_prefill_tokens"] + df["num_decode_tokens"]).to_numpy(dtype=np.float64)
-    comm = 2 * 4 * link.all_reduce_s(tokens * 256 * 2, 2)
-    got = np.array([model.iteration_time_s(s) for s in shapes_of(df)])
+    shapes = shapes_of(df)
+    sampled = np.array([s.num_sampled_tokens for s in shapes], dtype=np.float64)
+    vocab = -(-MODELS.get("tiny").vocab_size // 64) * 64
+    comm = (9 * link.all_reduce_s(tokens * 256 * 2, 2)
+            + link.all_gather_s(sampled * vocab * 2, 2))
+    got = np.array([model.iteration_time_s(s) for s in shapes])
     assert np.allclose(got, shard + comm, rtol=1e-12, atol=0)
-    assert (comm > 25e-6 * 8).all()  # every iteration pays 8 start-ups at least
+    assert (comm > 25e-6 * 9).all()  # every iteration pays 9 start-ups at least
     for name in ("interconnect_efficiency", "all_reduce_latency_s"):
         assert ProfileConfig.model_fields[name].default == RooflineConfig.model_fields[
             name].default, name
@@ -151,14 +157,19 @@ def test_a_measured_all_reduce_table_replaces_the_link(tp2_profile, tmp_path):
             ((1024, 0.02 * n), (65536, 0.03 * n), (1 << 20, 0.05 * n), (1 << 24, 0.4 * n))]
     table.write_text("size,num_workers,devices_per_node,time_stats.all_reduce.median\n"
                      + "".join(f"{s},{n},{d},{t}\n" for s, n, d, t in rows))
+    # The table times the all-reduces; the logits' gather (no table holds one) still starts
+    # up in all_reduce_latency_s.
     model = profile_latency(tp2_profile[1], Parallelism(tensor=2), all_reduce_table=table,
-                            all_reduce_latency_s=0.5)  # unused: the table is measured
+                            all_reduce_latency_s=0.5)
     plain = profile_latency(tp2_profile[1], Parallelism(tensor=2))
     measured = read_table(table, "all_reduce", 2, "latency.all_reduce_table")
     shape = BatchShape(num_prefill_tokens=100, num_prefill_seqs=1, num_sampled_tokens=1,
                        prefill_attn_pairs=5050, prefill_kv_tokens=100)
-    shard = plain.iteration_time_s(shape) - plain.communication_s(100)
-    expected = shard + 8 * float(measured(np.array(100 * 256 * 2.0)))
+    shard = (plain.iteration_time_s(shape) - plain.communication_s(100)
+             - plain._gather_s(1))
+    link = BandwidthCollectives(H100.interconnect_bandwidth_bytes_s, 0.75, 0.5, 8e-6)
+    gather = float(link.all_gather_s(np.array(4096 * 2.0), 2))  # one row of bf16 logits
+    expected = shard + 9 * float(measured(np.array(100 * 256 * 2.0))) + gather
     assert model.iteration_time_s(shape) == pytest.approx(expected, rel=1e-12)
 
 

@@ -13,8 +13,9 @@ A profile measured with `servesim profile --tensor-parallel T` times one GPU's s
 tensor-parallel replica (its heads, KV heads, MLP width and LM-head rows divided by T) and
 records `tensor_parallel: T`; it predicts replicas with `parallelism: {tensor: T}` only, adding
 the communication the shard did not do, as the roofline charges it (`sim.latency.comm`): two
-all-reduces of the activations per layer, from a measured table (`all_reduce_table`) or the
-GPU's interconnect bandwidth (`interconnect_efficiency`, `all_reduce_latency_s`).
+all-reduces of the activations per layer and one after the embedding, from a measured table
+(`all_reduce_table`) or the GPU's interconnect bandwidth (`interconnect_efficiency`,
+`all_reduce_latency_s`), and the gather of the sampled rows' logits (from the bandwidth).
 
 A profile fitted by this version also keeps what the fit leaves unexplained (`noise.regimes`:
 quantiles of measured/predicted by regime; `noise.correlation`: their lag-1 correlation in run
@@ -142,9 +143,15 @@ class ProfileLatency(LatencyModel):
                 gpu.interconnect_bandwidth_bytes_s, config.interconnect_efficiency,
                 config.all_reduce_latency_s, SEND_RECV_LATENCY_S)
             self.comm = Collectives(bandwidth, parallelism, config.all_reduce_table)
-            self.all_reduces = 2 * model.num_layers  # per iteration: after attention, after MLP
+            # Per iteration: after each layer's attention and MLP, and the vocabulary-parallel
+            # embedding's (as the roofline charges them).
+            self.all_reduces = 2 * model.num_layers + 1
             self.activation_bytes = model.hidden_size * model.dtype_bytes  # per token
             self._comm_s = TokenTable(self._communication_s)
+            # The shard computed its slice of the vocabulary's logits; they are gathered.
+            self.logits_bytes = (parallelism.vocab_rows_per_gpu(model) * parallelism.tensor
+                                 * model.dtype_bytes)  # per sampled row
+            self._gather_s = TokenTable(self._logits_gather_s)
         self.knots = np.asarray(data["knots"], dtype=np.float64)
         self.knot_s = np.asarray(data["knot_s"], dtype=np.float64)
         self.coef = [float(data["coef"][name]) for name in TERMS]
@@ -168,12 +175,14 @@ class ProfileLatency(LatencyModel):
         self._count_extrapolation(shape)
         time = predict_s(shape, self.knots, self.knot_s, self.coef)
         if self.comm is not None:
-            time = time + self.communication_s(shape.num_tokens)
+            time = (time + self.communication_s(shape.num_tokens)
+                    + self._gather_s(shape.num_sampled_tokens))
         return time
 
     def communication_s(self, num_tokens: Num) -> Num:
-        """The all-reduces a tensor-parallel shard's iteration adds (0 for one GPU): a float
-        for a scalar, an array for an array, element for element the same values."""
+        """The all-reduces a tensor-parallel shard's iteration adds (0 for one GPU; the
+        logits' gather comes on top, by rows sampled): a float for a scalar, an array for an
+        array, element for element the same values."""
         if self.comm is None:
             return 0.0
         return self._comm_s(num_tokens)
@@ -181,6 +190,10 @@ class ProfileLatency(LatencyModel):
     def _communication_s(self, num_tokens: np.ndarray) -> np.ndarray:
         assert self.comm is not None
         return self.all_reduces * self.comm.all_reduce(num_tokens * self.activation_bytes)
+
+    def _logits_gather_s(self, num_sampled: np.ndarray) -> np.ndarray:
+        assert self.comm is not None
+        return self.comm.all_gather(num_sampled * self.logits_bytes)
 
     def _count_extrapolation(self, shape: BatchShape) -> None:
         beyond: Any = False
