@@ -157,6 +157,7 @@ class Disaggregation:
         req.transfer_start_s = self.env.now
         with self.links[source.replica_id].request() as slot:
             yield slot
+            req.transfer_wire_start_s = self.env.now
             wire_s = self.transfer_time_s(req)
             self._arrival_due_s[req.request_id] = self.env.now + wire_s
             yield self.env.timeout(wire_s)

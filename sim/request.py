@@ -48,6 +48,7 @@ class Request:
     # Disaggregated serving: prefill done, KV transfer started (decode blocks reserved) and done.
     prefill_end_s: float | None = None
     transfer_start_s: float | None = None
+    transfer_wire_start_s: float | None = None  # when its link began sending (links queue)
     transfer_end_s: float | None = None
     # Token times are kept as runs of consecutive iteration indices, not one object per token:
     # `token_runs` holds closed (replica_id, first_iter, end_iter) runs; the open run, on

@@ -172,6 +172,7 @@ def request_frame(requests: Sequence[Request], logs: Sequence[IterationLog]
         tpot = np.where(counts > 1, (last_token - first_token) / (counts - 1), np.nan)
     prefill_end = floats([r.prefill_end_s for r in requests])
     transfer_start = floats([r.transfer_start_s for r in requests])
+    wire_start = floats([r.transfer_wire_start_s for r in requests])
     transfer_end = floats([r.transfer_end_s for r in requests])
     frame = pd.DataFrame({
         "request_id": ints([r.request_id for r in requests]),
@@ -198,6 +199,7 @@ def request_frame(requests: Sequence[Request], logs: Sequence[IterationLog]
         "max_tbt_s": tokens.max_gap_s,
         "prefill_end_s": prefill_end,
         "transfer_start_s": transfer_start,
+        "transfer_wire_start_s": wire_start,  # its link free: the KV goes on the wire
         "transfer_end_s": transfer_end,
         "decode_wait_s": transfer_start - prefill_end,  # waiting for decode KV blocks
         "transfer_s": transfer_end - transfer_start,  # link queueing and wire time

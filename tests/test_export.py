@@ -14,6 +14,7 @@ from sim import run_scenario
 from sim.config import parse_scenario
 from sim.errors import InputError
 from sim.export import export_run
+from sim.export.chrome import wire_intervals
 from sim.runner import Results
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 from tests.test_cluster import disaggregated, replica, trace
@@ -247,6 +248,12 @@ def test_chrome_trace_of_a_disaggregated_run(tmp_path):
     assert [(e["ts"], e["dur"]) for e in transfers] == [(250e3, 500e3), (750e3, 200e3),
                                                         (950e3, 250e3)]
     assert transfers[1]["args"]["queued_ms"] == 250.0
+    # The engine records when each went on the wire; a run written before it did gets the
+    # same slices worked out from its link's order.
+    sent = req[req["transfer_end_s"].notna()].sort_values("transfer_end_s")
+    assert sent["transfer_wire_start_s"].tolist() == [0.25, 0.75, 0.95]
+    older = wire_intervals(req.drop(columns="transfer_wire_start_s"))["wire_start_s"]
+    assert older.tolist() == wire_intervals(req)["wire_start_s"].tolist()
     assert len({e["id"] for e in by_phase["f"]}) == 2  # requests 0 and 2 (first and last)
     # Request 0: arrival, first token (prefill replica), its transfer, finish (decode replica).
     flow = [(e["ph"], e["pid"]) for e in trace["traceEvents"] if e.get("id") == 0]

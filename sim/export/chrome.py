@@ -6,9 +6,8 @@ Tracks (times in µs from the first arrival, rounded to the ns):
   ran (`prefill`, `decode`, `prefill+decode`) with the batch in `args`; counters (`ph: "C"`)
   `queue` (`num_waiting`) and `KV blocks` (`num_kv_blocks_used`), an entry where they change;
 - disaggregated runs: a `KV links` process, one thread per prefill replica's link, each
-  finished transfer a slice while its KV is on the wire (links are FIFO, one transfer at a
-  time: the wire starts at the later of the transfer's start and the previous one's end; the
-  time queued before is in `args.queued_ms`);
+  finished transfer a slice while its KV is on the wire (from `transfer_wire_start_s`: a link
+  sends one transfer at a time; the time queued before is in `args.queued_ms`);
 - a `requests` process for a sample of requests (`num_flows`, evenly spaced over request ids):
   a thread each, a slice from arrival to finish (or the run's end) split into waiting for the
   first token and decoding, and a flow (`ph: "s"/"t"/"f"`) from its arrival to the iteration of
@@ -109,10 +108,15 @@ def iteration_slices(its: pd.DataFrame, pid: int) -> list[dict[str, Any]]:
 
 
 def wire_intervals(requests: pd.DataFrame) -> pd.DataFrame:
-    """Finished KV transfers with `wire_start_s`, in each link's order (by end): a link sends
-    one transfer at a time, first come first served."""
+    """Finished KV transfers with `wire_start_s`, in each link's order (by end): when the
+    engine put each on the wire (`transfer_wire_start_s`). Results written before that column
+    existed get it worked out as the engine's links ran then: one transfer at a time, first
+    come first served, so the wire starts at the later of the transfer's start and the end of
+    the one before it."""
     done = requests[requests["transfer_end_s"].notna()].sort_values(
         ["replica_id", "transfer_end_s", "transfer_start_s", "request_id"], kind="stable")
+    if "transfer_wire_start_s" in done.columns:
+        return done.assign(wire_start_s=done["transfer_wire_start_s"].to_numpy())
     previous_end = done.groupby("replica_id")["transfer_end_s"].shift(1)
     wire = np.fmax(done["transfer_start_s"].to_numpy(), previous_end.to_numpy())
     return done.assign(wire_start_s=wire)
