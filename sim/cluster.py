@@ -163,13 +163,14 @@ def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
     """The replica's latency model. A split replica's parallelism is passed only to models
     that take it: one written for a single GPU is refused for a split, not run as if whole."""
     cls = LATENCY_MODELS.get(cfg.latency.kind)
+    split = cfg.parallelism.num_gpus > 1
+    if split and "parallelism" not in inspect.signature(cls.__init__).parameters:
+        raise InputError(source, f"{field}.parallelism", cfg.parallelism.model_dump(),
+                         f"latency model {cfg.latency.kind!r} does not model a replica "
+                         "split over GPUs")
     try:
-        if cfg.parallelism.num_gpus == 1:
+        if not split:
             return cls(cfg.latency, model, cfg.gpu_spec)
-        if "parallelism" not in inspect.signature(cls.__init__).parameters:
-            raise InputError(source, f"{field}.parallelism", cfg.parallelism.model_dump(),
-                             f"latency model {cfg.latency.kind!r} does not model a replica "
-                             "split over GPUs")
         return cls(cfg.latency, model, cfg.gpu_spec, parallelism=cfg.parallelism)
     except InputError as exc:
         if exc.source != "<scenario>":

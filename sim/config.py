@@ -136,10 +136,18 @@ class ReplicaConfig(_Frozen):
     @property
     def model_name(self) -> str:
         """The registered name, or a config.json's folder (`.../Llama-3.1-70B/config.json`)
-        or file name."""
+        or file name; in a Hugging Face cache, the repository it came from
+        (`.../models--meta-llama--Llama-3.1-8B/snapshots/<commit>/config.json`:
+        `meta-llama/Llama-3.1-8B`)."""
         if isinstance(self.model, str):
             return self.model
-        return self.model.parent.name if self.model.name == "config.json" else self.model.stem
+        if self.model.name != "config.json":
+            return self.model.stem
+        folder = self.model.parent
+        repo = folder.parent.parent.name
+        if folder.parent.name == "snapshots" and repo.startswith("models--"):
+            return repo.removeprefix("models--").replace("--", "/")
+        return folder.name
 
     @field_validator("model", mode="before")
     @classmethod

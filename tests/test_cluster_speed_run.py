@@ -70,7 +70,17 @@ def test_run_scenario_frees_the_requests_and_restores_the_collector(tmp_path, mo
     gc.collect()
     before = live_requests()
     assert gc.isenabled()
+    # Gone before the summary and the iteration frame are built (the peak), not only after.
+    alive_then = []
+    collect_frames = runner.collect_frames
+
+    def spy(*args, **kwargs):
+        alive_then.append(live_requests())
+        return collect_frames(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "collect_frames", spy)
     res = run_scenario(sc)
+    assert alive_then == [before]
     assert res.summary["requests"]["total"] == 60
     assert live_requests() == before  # none left behind, not even in the cluster's cycles
     assert gc.isenabled()

@@ -269,19 +269,21 @@ def test_a_snapshot_directory_in_a_scenario(tmp_path: Path) -> None:
     from sim.config import load_scenario
     from sim.errors import InputError
 
-    _write(tmp_path / "snapshots" / "abc123" / "config.json", _config(num_hidden_layers=6))
-    (tmp_path / "snapshots" / "abc123" / "model.safetensors").write_bytes(b"\0" * 64)
+    snapshot = tmp_path / "models--acme--Tiny-6L" / "snapshots" / "abc123"
+    _write(snapshot / "config.json", _config(num_hidden_layers=6))
+    (snapshot / "model.safetensors").write_bytes(b"\0" * 64)
     (tmp_path / "bare").mkdir()
     head = ("name: snap\nworkload: {format: synthetic, num_requests: 2, arrivals: {qps: 1}, "
             "lengths: {prompt: {dist: fixed, value: 10}, output: {dist: fixed, value: 2}}}\n")
-    for model in ("snapshots/abc123", "snapshots/abc123/"):
+    for model in ("models--acme--Tiny-6L/snapshots/abc123",
+                  "models--acme--Tiny-6L/snapshots/abc123/"):
         scenario = tmp_path / "run.yaml"
         scenario.write_text(head + f"replica: {{model: {model}}}\n")
         replica = load_scenario(scenario).replica
         assert replica.model_shape.num_layers == 6
         # The config.json is the input (what a run hashes and names), not the weights.
-        assert replica.model == tmp_path / "snapshots" / "abc123" / "config.json"
-        assert replica.model_name == "abc123"
+        assert replica.model == snapshot / "config.json"
+        assert replica.model_name == "acme/Tiny-6L"  # the repository, not the commit
     scenario.write_text(head + "replica: {model: bare/}\n")
     with pytest.raises(InputError) as exc:
         load_scenario(scenario)

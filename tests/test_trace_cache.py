@@ -212,7 +212,7 @@ def test_the_cache_keeps_to_its_size_evicting_the_least_recently_used(tmp_path, 
 def test_a_bad_cache_size_is_one_line(tmp_path, cached, monkeypatch):
     path = tmp_path / "t.csv"
     path.write_text(azure_2024(100))
-    for value in ("lots", "-1", "nan", "inf"):
+    for value in ("lots", "-1", "nan", "inf", "1e300"):
         monkeypatch.setenv("SERVESIM_CACHE_MAX_GB", value)
         with pytest.raises(InputError) as exc:
             load(path)

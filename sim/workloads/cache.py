@@ -144,7 +144,7 @@ def max_cache_bytes() -> int:
         gb = float(value)
     except ValueError:
         gb = math.nan
-    if not (math.isfinite(gb) and gb >= 0):
+    if not (gb >= 0 and math.isfinite(gb * 1e9)):  # NaN fails too
         raise InputError(ENVIRONMENT, "SERVESIM_CACHE_MAX_GB", value,
                          "must be a size in GB, 0 or more")
     return int(gb * 1e9)
@@ -152,9 +152,9 @@ def max_cache_bytes() -> int:
 
 def prune(folder: Path, max_bytes: int, keep: Path | None = None) -> list[Path]:
     """Delete the least recently used entries of `folder` (oldest modification time first,
-    never `keep`) until the rest hold at most `max_bytes`, with their lock files, and lock
-    files left without an entry for `ORPHAN_LOCK_AGE_S`; return the entries deleted. Files
-    another process deletes meanwhile are skipped."""
+    never `keep`) until the rest hold at most `max_bytes`, with their lock files, and lock files
+    and temporary files left for `ORPHAN_LOCK_AGE_S` without an entry or a writer; return the
+    entries deleted. Files another process deletes meanwhile are skipped."""
     entries = []
     for item in folder.glob("*.parquet"):
         with contextlib.suppress(OSError):
@@ -173,6 +173,11 @@ def prune(folder: Path, max_bytes: int, keep: Path | None = None) -> list[Path]:
             deleted.append(item)
         total -= size
     now = time.time()
+    # Temporary files of a writer killed before it could remove them (`replace_file`).
+    for tmp in folder.glob(".*.parquet.*.tmp"):
+        with contextlib.suppress(OSError):
+            if now - tmp.stat().st_mtime > ORPHAN_LOCK_AGE_S:
+                tmp.unlink()
     for lock in folder.glob("*.parquet.lock"):
         entry = lock.with_name(lock.name.removesuffix(".lock"))
         with contextlib.suppress(OSError):
