@@ -398,6 +398,15 @@ def test_mla_projections_as_vllm_splits_them_and_decode_in_the_latent():
                                   Parallelism(tensor=t))
         expected = sum(latency.tables.gemm(tokens, k, n) for k, n in gemms)
         assert latency.tables._attention_gemms_s(tokens) == pytest.approx(expected, rel=1e-12)
+        # A 512-token chunk after p cached tokens first up-projects their latents: kv_b_proj
+        # (512 -> heads x 256) on p tokens, in each of the 27 layers, beyond its attention.
+        for p in (1000, 8192):
+            after, fresh = _chunk_after(p), _chunk_after(0)
+            extra = (latency.iteration_time_s(after) - latency.iteration_time_s(fresh)
+                     - (_prefill_attention_s(latency, after)
+                        - _prefill_attention_s(latency, fresh)))
+            up = 27 * float(latency.tables.gemm(np.array([float(p)]), 512, 16 // t * 256)[0])
+            assert extra == pytest.approx(up, rel=1e-9)
     # A GPU with bandwidth to spare: decode attention is its FLOPs, the absorbed path's.
     fast = with_fields(GPUS.get("h100-sxm"), memory_bandwidth_bytes_s=1e18)
     latency = RooflineLatency(RooflineConfig(kind="roofline"), lite, fast)
@@ -405,3 +414,13 @@ def test_mla_projections_as_vllm_splits_them_and_decode_in_the_latent():
     per_pair = 2 * 16 * (512 + 64) + 2 * 16 * 512
     assert latency.decode_kv_token_s == pytest.approx(27 * per_pair / flops_s, rel=1e-12)
     assert per_pair > lite.attn_flops_per_pair_per_layer  # prefill's pairs stay unabsorbed
+
+
+def _chunk_after(cached: int) -> BatchShape:
+    """A 512-token prefill chunk after `cached` tokens of its prompt."""
+    return BatchShape(512, 1, 0, 1, 512 * cached + 512 * 513 // 2, cached + 512, 0)
+
+
+def _prefill_attention_s(latency, shape: BatchShape) -> float:
+    return max(latency.attn_pair_s * shape.prefill_attn_pairs,
+               latency.kv_token_s * shape.prefill_kv_tokens)

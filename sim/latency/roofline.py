@@ -113,7 +113,10 @@ class RooflineLatency(LatencyModel):
             self.attn_pair_s * shape.prefill_attn_pairs, self.kv_token_s * shape.prefill_kv_tokens
         )
         decode_attn = self.decode_kv_token_s * shape.decode_kv_tokens
-        return self.overhead_s + linear + prefill_attn + decode_attn + lm_head
+        time = self.overhead_s + linear + prefill_attn + decode_attn + lm_head
+        if self.tables.context_s is not None:  # MLA: the chunks' cached context, up-projected
+            time = time + self.tables.context_s(shape.prefill_kv_tokens - shape.num_prefill_tokens)
+        return time
 
     def describe(self) -> dict[str, Any]:
         """How GEMMs and communication are timed (e.g. a GEMM curve extrapolated from the
@@ -142,6 +145,11 @@ class _Tables:
         self.comm = _collectives(config, gpu, parallelism)
         self.tokens_s = TokenTable(self._tokens_s)
         self.sampled_s = TokenTable(self._sampled_s)
+        # MLA caches latents: a prefill chunk after cached tokens first expands theirs into
+        # per-head keys and values (kv_b_proj on the context, vLLM's
+        # `_compute_prefill_context`), by tokens of context; other layouts read K and V as
+        # cached.
+        self.context_s = TokenTable(self._mla_context_s) if model.is_mla else None
 
     def _tokens_s(self, m: np.ndarray) -> np.ndarray:
         model, par, gemm = self.model, self.parallelism, self.gemm
@@ -161,6 +169,11 @@ class _Tables:
         if par.pipeline > 1:
             time = time + (par.pipeline - 1) * self.comm.send_recv(m * h * model.dtype_bytes)
         return time
+
+    def _mla_context_s(self, m: np.ndarray) -> np.ndarray:
+        model, heads = self.model, self.model.num_heads // self.parallelism.tensor
+        return model.num_layers * self.gemm(
+            m, model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim))
 
     def _attention_gemms_s(self, m: np.ndarray) -> np.ndarray:
         model, par, gemm, h = self.model, self.parallelism, self.gemm, self.model.hidden_size
