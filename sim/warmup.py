@@ -71,16 +71,18 @@ def warmup_stats(requests: pd.DataFrame, end_s: float, verdict: dict[str, Any],
     steady state was found; `verdict` itself is left as it is).
 
     With generated arrivals the run starts with empty queues, not in its steady state: MSER-5
-    (`mser`) on
-    the scheduling delay of the arrived requests (`arrived_mask`) in arrival order, a request
-    never scheduled counted at its time so far, finds how many to trim. A trace's start is its
-    own (replayed as it was, no warm-up assumed): nothing is trimmed. No steady state when the
-    overload verdict says `overloaded`, or MSER-5's truncation lands in the second half; the
-    latter, for a run not found overloaded, is added to the verdict's detail and
-    `steady_state: false`, without changing the verdict: the slope test on the queues decides
-    overload (calibrated: a growth of 1% of arrivals, 3 standard errors), and a late truncation
-    also comes from a long transient that drains, or slow swings of a loaded but stable queue:
-    it says to run longer, not that the system cannot keep up."""
+    (`mser`) on the scheduling delay of the arrived requests (`arrived_mask`) in arrival
+    order, a request never scheduled counted at its time so far, finds how many to trim. A
+    trace's start is its own (replayed as it was, no warm-up assumed): nothing is trimmed.
+
+    No steady state when the overload verdict says `overloaded`, or MSER-5's truncation lands
+    in the second half with delays no lower after it (a late cut after which delays are lower
+    follows bursts, not a start-up that has not ended: a run starting empty warms up from
+    below; it is steady then, nothing trimmed); the latter, for a run not found overloaded, is
+    added to the verdict's detail and `steady_state: false`, without changing the verdict: the
+    slope test on the queues decides overload (calibrated: a growth of 1% of arrivals, 3
+    standard errors), and a late truncation also comes from slow swings of a loaded but stable
+    queue: it says to run longer, not that the system cannot keep up."""
     info: dict[str, Any] = {"method": "MSER-5", "applies": generated,
                             "steady_state": None, "num_trimmed_requests": None,
                             "trimmed_until_s": None}
@@ -99,10 +101,19 @@ def warmup_stats(requests: pd.DataFrame, end_s: float, verdict: dict[str, Any],
     if n < MIN_REQUESTS_FOR_WARMUP:
         info["reason"] = f"fewer than {MIN_REQUESTS_FOR_WARMUP} requests arrived"
         return out
-    d, k = mser(delay[order])
+    series = delay[order]
+    d, k = mser(series)
     cut = d * MSER_BATCH
     info["mser_truncation_requests"] = cut
     late = d > k / 2
+    if late and series[:cut].mean() > series[cut:].mean():
+        # A run starting empty warms up from below: delays rise to their steady level. A late
+        # cut after which delays are lower follows bursts in the run's first part (the
+        # statistic takes them for a transient), not a start-up that has not ended: steady,
+        # nothing to trim. (An early cut of that kind is still taken, as MSER-5 says.)
+        info["mser_cut_after_bursts"] = True
+        late = False
+        cut = 0
     if verdict.get("verdict") == "overloaded":
         info["steady_state"] = False
         info["reason"] = "overloaded: queues grow, latencies have no steady state"
@@ -119,6 +130,11 @@ def warmup_stats(requests: pd.DataFrame, end_s: float, verdict: dict[str, Any],
     info["trimmed_until_s"] = float(arrival[order[cut]])
     info["reason"] = (f"MSER-5 on scheduling delay trims the first {cut} of {n} arrived "
                       "requests")
+    if info.get("mser_cut_after_bursts"):
+        info["reason"] = (f"no start-up transient: MSER-5's cut at request "
+                          f"{info['mser_truncation_requests']} of {n} (second half) follows "
+                          "bursts, delays being lower after it (a run starting empty warms "
+                          "up from below); nothing trimmed")
     # The finished requests arriving after the cut, by arrival rank (ties at the cut time
     # split as the ranks do).
     kept = np.zeros(len(requests), dtype=bool)

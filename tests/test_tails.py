@@ -297,3 +297,27 @@ def test_the_table_fits_80_columns_with_the_widest_numbers(tmp_path):
     text = capture.get()
     assert "…" not in text and ">=246,800" in text and "1.234e+05" in text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_a_late_cut_after_bursts_is_no_start_up_transient():
+    """Delays with bursts in the first part and calm after: MSER-5 cuts after the last burst,
+    in the second half; a run starting empty warms up from below, so this is no start-up
+    transient: steady, nothing trimmed, the verdict as it was."""
+    n = 1000
+    rng = np.random.default_rng(0)
+    delay = rng.exponential(0.005, n)
+    for start in (150, 320, 540):  # three bursts, the last ending past the middle
+        delay[start:start + 30] += np.linspace(0.3, 0.0, 30)
+    frame = pd.DataFrame({"status": "finished", "reason": "", "arrival_s": np.arange(n) * 0.1,
+                          "first_token_s": np.nan, "finish_s": np.nan,
+                          "scheduling_delay_s": delay})
+    frame["first_scheduled_s"] = frame["arrival_s"] + frame["scheduling_delay_s"]
+    for col in ("ttft_s", "e2e_s", "max_tbt_s", "tpot_s"):
+        frame[col] = 1.0
+    verdict = {"verdict": "stable", "detail": "waiting queue shrinks"}
+    got = warmup_stats(frame, 100.0, verdict, generated=True)
+    warmup = got["warmup"]
+    assert warmup["mser_truncation_requests"] > n / 2  # MSER-5's own cut is late
+    assert warmup["steady_state"] is True and warmup["num_trimmed_requests"] == 0
+    assert warmup["mser_cut_after_bursts"] is True
+    assert got["overload"] == verdict
