@@ -78,7 +78,8 @@ def warmup_stats(requests: pd.DataFrame, end_s: float, verdict: dict[str, Any],
     No steady state when the overload verdict says `overloaded`, or MSER-5's truncation lands
     in the second half with delays no lower after it (a late cut after which delays are lower
     follows bursts, not a start-up that has not ended: a run starting empty warms up from
-    below; it is steady then, nothing trimmed); the latter, for a run not found overloaded, is
+    below; it is steady then, nothing trimmed; not so with a prefix cache, which starts cold
+    and warms up from above); the latter, for a run not found overloaded, is
     added to the verdict's detail and `steady_state: false`, without changing the verdict: the
     slope test on the queues decides overload (calibrated: a growth of 1% of arrivals, 3
     standard errors), and a late truncation also comes from slow swings of a loaded but stable
@@ -106,11 +107,15 @@ def warmup_stats(requests: pd.DataFrame, end_s: float, verdict: dict[str, Any],
     cut = d * MSER_BATCH
     info["mser_truncation_requests"] = cut
     late = d > k / 2
-    if late and series[:cut].mean() > series[cut:].mean():
-        # A run starting empty warms up from below: delays rise to their steady level. A late
-        # cut after which delays are lower follows bursts in the run's first part (the
-        # statistic takes them for a transient), not a start-up that has not ended: steady,
-        # nothing to trim. (An early cut of that kind is still taken, as MSER-5 says.)
+    # Prefix caches start cold: their runs warm up from above (hits shorten prefills).
+    cold_start = bool((requests["num_cached_tokens"].to_numpy() > 0).any()) \
+        if "num_cached_tokens" in requests.columns else False
+    if late and not cold_start and series[:cut].mean() > series[cut:].mean():
+        # A run starting empty, with nothing to warm but its queues, warms up from below:
+        # delays rise to their steady level. A late cut after which delays are lower follows
+        # bursts in the run's first part (the statistic takes them for a transient), not a
+        # start-up that has not ended: steady, nothing to trim. (An early cut of that kind is
+        # still taken, as MSER-5 says.)
         info["mser_cut_after_bursts"] = True
         late = False
         cut = 0

@@ -321,3 +321,22 @@ def test_a_late_cut_after_bursts_is_no_start_up_transient():
     assert warmup["steady_state"] is True and warmup["num_trimmed_requests"] == 0
     assert warmup["mser_cut_after_bursts"] is True
     assert got["overload"] == verdict
+
+
+def test_with_a_prefix_cache_a_late_cut_is_no_steady_state_still():
+    """A prefix cache starts cold: its run warms up from above (hits shorten prefills), so a
+    late cut with lower delays after it may be that warm-up not over: no steady state."""
+    n = 1000
+    rng = np.random.default_rng(0)
+    delay = rng.exponential(0.005, n)
+    for start in (150, 320, 540):
+        delay[start:start + 30] += np.linspace(0.3, 0.0, 30)
+    frame = pd.DataFrame({"status": "finished", "reason": "", "arrival_s": np.arange(n) * 0.1,
+                          "first_token_s": np.nan, "finish_s": np.nan,
+                          "scheduling_delay_s": delay, "num_cached_tokens": 0})
+    frame.loc[600:, "num_cached_tokens"] = 512
+    frame["first_scheduled_s"] = frame["arrival_s"] + frame["scheduling_delay_s"]
+    for col in ("ttft_s", "e2e_s", "max_tbt_s", "tpot_s"):
+        frame[col] = 1.0
+    got = warmup_stats(frame, 100.0, {"verdict": "stable", "detail": "d"}, generated=True)
+    assert got["warmup"]["steady_state"] is False and "mser_cut_after_bursts" not in got["warmup"]
