@@ -145,21 +145,32 @@ class Parallelism(BaseModel):
                    + 3 * h * (model.shared_expert_intermediate_size // t))
         else:
             mlp = 3 * h * (model.intermediate_size // t)
-        return norms + self._attention_params(model) + mlp
+        attention = sum(k * n for k, n in self.attention_projections(model))
+        return norms + attention + mlp
 
-    def _attention_params(self, model: ModelShape) -> int:
+    def attention_projections(self, model: ModelShape) -> list[tuple[int, int]]:
+        """(in, out) widths of one layer's attention projections on one GPU of the tensor
+        group, in the order they run: GQA's fused QKV (KV heads replicated where fewer than
+        GPUs) and output; MLA's q_a/q_b pair (or q_proj), kv_a_proj_with_mqa, kv_b_proj and
+        o_proj, the down-projections (q_a, kv_a) replicated on every GPU and the rest split by
+        heads, as vLLM does. What the weights count and what the roofline times."""
         t, h = self.tensor, model.hidden_size
         if model.is_mla:
             heads = model.num_heads // t
             qk = heads * (model.qk_nope_head_dim + model.qk_rope_head_dim)
             r = model.q_lora_rank
-            q = h * r + r * qk if r else h * qk
-            kv_a = h * (model.kv_lora_rank + model.qk_rope_head_dim)
-            kv_b = model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim)
-            return q + kv_a + kv_b + heads * model.v_head_dim * h
+            query = [(h, r), (r, qk)] if r else [(h, qk)]
+            return [*query, (h, model.kv_lora_rank + model.qk_rope_head_dim),
+                    (model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim)),
+                    (heads * model.v_head_dim, h)]
         q = model.num_heads // t * model.head_dim
         kv = self.kv_heads_per_gpu(model) * model.head_dim
-        return h * (q + 2 * kv) + q * h
+        return [(h, q + 2 * kv), (q, h)]
+
+    def logits_bytes_per_row(self, model: ModelShape) -> int:
+        """Bytes of one sampled row's logits gathered over the tensor group: every GPU's slice
+        of the padded vocabulary."""
+        return self.vocab_rows_per_gpu(model) * self.tensor * model.dtype_bytes
 
 
 def _uneven_widths(model: ModelShape, t: int, e: int) -> list[tuple[str, int]]:

@@ -149,8 +149,7 @@ class ProfileLatency(LatencyModel):
             self.activation_bytes = model.hidden_size * model.dtype_bytes  # per token
             self._comm_s = TokenTable(self._communication_s)
             # The shard computed its slice of the vocabulary's logits; they are gathered.
-            self.logits_bytes = (parallelism.vocab_rows_per_gpu(model) * parallelism.tensor
-                                 * model.dtype_bytes)  # per sampled row
+            self.logits_bytes = parallelism.logits_bytes_per_row(model)
             self._gather_s = TokenTable(self._logits_gather_s)
         self.knots = np.asarray(data["knots"], dtype=np.float64)
         self.knot_s = np.asarray(data["knot_s"], dtype=np.float64)

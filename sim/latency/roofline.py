@@ -176,24 +176,12 @@ class _Tables:
             m, model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim))
 
     def _attention_gemms_s(self, m: np.ndarray) -> np.ndarray:
-        model, par, gemm, h = self.model, self.parallelism, self.gemm, self.model.hidden_size
-        t = par.tensor
-        if model.is_mla:
-            # MLA's projections as vLLM splits them: the down-projections (q_a_proj,
-            # kv_a_proj_with_mqa) replicated on every GPU, the rest by heads. (Decode absorbs
-            # kv_b_proj into the query and output instead: the same weights, the same FLOPs
-            # per token.)
-            heads = model.num_heads // t
-            qk = heads * (model.qk_nope_head_dim + model.qk_rope_head_dim)
-            r = model.q_lora_rank
-            query = gemm(m, h, r) + gemm(m, r, qk) if r else gemm(m, h, qk)
-            return (query + gemm(m, h, model.kv_lora_rank + model.qk_rope_head_dim)
-                    + gemm(m, model.kv_lora_rank,
-                           heads * (model.qk_nope_head_dim + model.v_head_dim))
-                    + gemm(m, heads * model.v_head_dim, h))
-        q = model.num_heads // t * model.head_dim
-        kv = par.kv_heads_per_gpu(model) * model.head_dim
-        return gemm(m, h, q + 2 * kv) + gemm(m, q, h)
+        # Each projection at its shard shape, as the weights count them (MLA's decode absorbs
+        # kv_b_proj into the query and output instead: the same weights, the same FLOPs per
+        # token).
+        gemm = self.gemm
+        return sum((gemm(m, k, n) for k, n in self.parallelism.attention_projections(self.model)),
+                   np.zeros_like(m, dtype=np.float64))
 
     def _moe_s(self, m: np.ndarray) -> np.ndarray:
         model, par, gemm, h = self.model, self.parallelism, self.gemm, self.model.hidden_size
@@ -226,8 +214,8 @@ class _Tables:
         if par.tensor == 1:
             return self.gemm(s, model.hidden_size, model.vocab_size)
         rows = par.vocab_rows_per_gpu(model)  # the padded vocabulary's slice
-        logits_bytes = s * rows * par.tensor * model.dtype_bytes
-        return self.gemm(s, model.hidden_size, rows) + self.comm.all_gather(logits_bytes)
+        return (self.gemm(s, model.hidden_size, rows)
+                + self.comm.all_gather(s * par.logits_bytes_per_row(model)))
 
 
 def _naive_single_gpu(config: RooflineConfig, m: ModelShape, gpu: GPUSpec,
