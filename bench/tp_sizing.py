@@ -1,4 +1,4 @@
-"""Sizing Llama-3.1-70B on eight H100s: TP8 x1, TP4 x2, TP2 x4 under SLOs.
+"""Sizing Llama-3.1-70B on eight H100s: TP8 x1, TP4 x2, TP2 x4 and pipelines, under SLOs.
 
 For each variant of `scenarios/compare_llama70b_tp_h100.yaml` (chunked prefill, the Azure 2023
 conversation trace), search the largest rate scale at which P99 TBT <= 100 ms and P90 TTFT <=

@@ -69,7 +69,8 @@ class Cluster:
                           quiet_until=self._next_arrival if pool == "colocated" else None,
                           where=(self.source, f"{field}.latency",
                                  str(getattr(cfg.latency, "path", "")) or cfg.latency.kind),
-                          noise=self._noise(cfg, latency, len(self.replicas), field))
+                          noise=self._noise(cfg, latency, len(self.replicas), field),
+                          pipeline_depth=cfg.parallelism.pipeline)
         self.replicas.append(replica)
         return replica
 

@@ -15,6 +15,7 @@ SimPy is imported here and in `sim/disaggregation.py`, nowhere else in `sim/`.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from heapq import heappush
@@ -32,7 +33,7 @@ from sim.plan import Plan
 from sim.request import Request, Status
 from sim.routers.base import ReplicaLoad
 from sim.schedulers.base import Scheduler
-from sim.state import ReplicaState
+from sim.state import InFlight, ReplicaState
 from sim.stretch import Stretch, allocate_first_step, commit_stretch, is_steady, plan_stretch
 
 Hook = Callable[[Request], None]
@@ -94,6 +95,8 @@ class Iteration:
     end_s: float  # start_s + duration_s
     num_kv_blocks_used: int
     num_waiting: int
+    # Pipelined replica: the requests sent down the pipeline (`ReplicaState.start`).
+    in_flight: list[InFlight] | None = None
 
 
 class Replica:
@@ -108,7 +111,7 @@ class Replica:
                  fast_forward: bool = True, pool: str = "colocated",
                  quiet_until: Callable[[], float] | None = None,
                  where: tuple[str, str, Any] = ("<scenario>", "replica.latency", None),
-                 noise: IterationNoise | None = None) -> None:
+                 noise: IterationNoise | None = None, pipeline_depth: int = 1) -> None:
         self.env = env
         self.replica_id = replica_id
         self.turn = PLAN + replica_id
@@ -134,6 +137,11 @@ class Replica:
         self._poke: simpy.Event | None = None
         # Work planned and not yet committed: one iteration, or a decode stretch.
         self._inflight: Iteration | Stretch | None = None
+        # Pipeline parallelism (`_run_pipelined`): up to `pipeline_depth` iterations in flight,
+        # oldest first, and when each stage is next free.
+        self.pipeline_depth = pipeline_depth
+        self._batches: deque[Iteration] = deque()
+        self._stage_free_s = [-math.inf] * pipeline_depth
         self.process = env.process(self.run())
 
     # -- what the rest of the cluster sees and does --------------------------------------------
@@ -188,6 +196,9 @@ class Replica:
         committing work in flight never reads them."""
         work = self._inflight
         if work is None:
+            if self._batches:
+                self._complete_batches(self.env.now if before_s is None else before_s,
+                                       inclusive=before_s is None)
             return
         inclusive = before_s is None
         now = self.env.now if before_s is None else before_s
@@ -214,6 +225,8 @@ class Replica:
         work = self._inflight
         if work is not None:
             return work.end_s if isinstance(work, Iteration) else float(work.end_s[0])
+        if self._batches:
+            return self._batches[0].end_s
         state = self.state
         return self.env.now if state.waiting or state.running else math.inf
 
@@ -221,12 +234,19 @@ class Replica:
         """The clock stopped at `horizon_s`: commit what ended before it; the iteration in
         progress holds the KV blocks it was planned with, as in a step-by-step run."""
         self.sync(before_s=horizon_s)
+        while self._batches:  # newest first: a prompt's chunks come off in reverse
+            in_flight = self._batches.pop().in_flight
+            assert in_flight is not None
+            self.state.cancel(in_flight)
         if isinstance(self._inflight, Stretch):
             self._inflight = allocate_first_step(self.state, self._inflight)
 
     # -- the replica's own process ---------------------------------------------------------
 
     def run(self) -> Generator[simpy.Event, Any, None]:
+        if self.pipeline_depth > 1:
+            yield from self._run_pipelined()
+            return
         state = self.state
         # The replica's own clock: ahead of the environment's while it runs ahead (below).
         now = self.env.now
@@ -284,19 +304,91 @@ class Replica:
         self._poke = None
         yield At(self.env, self.env.now, self.turn)  # plan after all else at this instant
 
-    def _plan_iteration(self, plan: Plan, start_s: float) -> Iteration:
+    def _plan_iteration(self, plan: Plan, start_s: float, num_before: int = 0) -> Iteration:
+        """The iteration of `plan` from `start_s`; `num_before` iterations not yet logged come
+        before it (a pipeline's in flight)."""
         state = self.state
         shape = BatchShape.from_plan(plan, state.requests)
         duration_s = float(self.latency.iteration_time_s(shape))
         if self.noise is not None:
             duration_s = duration_s * self.noise.factor(
-                len(self.log), shape.num_prefill_tokens, shape.num_decode_tokens)
+                len(self.log) + num_before, shape.num_prefill_tokens, shape.num_decode_tokens)
         end_s = start_s + duration_s
         if not start_s < end_s < math.inf:  # NaN fails too
             self._check_durations(np.array([start_s]), np.array([duration_s]),
                                   np.array([end_s]))
         return Iteration(plan, shape, start_s, duration_s, end_s, state.kv.num_used_blocks,
                          len(state.waiting))
+
+    def _run_pipelined(self) -> Generator[simpy.Event, Any, None]:
+        """Pipeline parallelism as vLLM v1 runs it: up to P iterations in flight (its batch
+        queue, `max_concurrent_batches` = pipeline size). Whenever fewer are, the scheduler
+        plans another at once from what is not in flight (`ReplicaState.start`: a decode
+        waits for its token; a prompt's next chunk may follow its previous one); otherwise
+        the replica waits for the oldest to leave the last stage, or for new work. Stages are
+        servers in tandem: an iteration whose whole pass takes T (the latency model's answer:
+        every stage in turn plus the hand-offs) holds each of the P stages for T / P, once the
+        iteration before it has left that stage. Every iteration is an event (no stretches)."""
+        state, batches = self.state, self._batches
+        while True:
+            self.sync()
+            if self.inbox is not None and self.inbox.pending:
+                self.inbox.admit()
+            now = self.env.now
+            plan = None
+            while len(batches) < self.pipeline_depth and (state.running or state.waiting):
+                plan = self.scheduler.schedule(state, now)
+                if not plan:
+                    break
+                batches.append(self._send(plan, now))
+            if not batches:
+                if plan is not None and (state.running or not (
+                        state.num_transferring or state.incoming)):
+                    raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
+                yield from self._wait_for_work()
+                continue
+            poke = self._poke = self.env.event()
+            end = At(self.env, batches[0].end_s, self.turn)
+
+            def on_end(_: simpy.Event, poke: simpy.Event = poke) -> None:
+                if not poke.triggered:
+                    poke.succeed(_ENDED)
+
+            end.callbacks.append(on_end)
+            ended = yield poke
+            self._poke = None
+            if ended is not _ENDED:  # new work: plan after all else at this instant
+                yield At(self.env, self.env.now, self.turn)
+
+    def _send(self, plan: Plan, now_s: float) -> Iteration:
+        """`plan` sent down the pipeline now: it enters each stage once it has left the one
+        before and the iteration ahead has left this one."""
+        it = self._plan_iteration(plan, now_s, len(self._batches))
+        stage_s = it.duration_s / self.pipeline_depth
+        free = self._stage_free_s
+        start_s = end_s = max(now_s, free[0])
+        for k in range(self.pipeline_depth):
+            end_s = max(end_s, free[k]) + stage_s
+            free[k] = end_s
+        it.start_s, it.duration_s = start_s, end_s - start_s
+        it.end_s = start_s + it.duration_s  # as the log will compute it
+        it.in_flight = self.state.start(plan, start_s)
+        return it
+
+    def _complete_batches(self, now_s: float, *, inclusive: bool) -> None:
+        """Log and apply the pipelined iterations that have left the last stage by `now_s`."""
+        batches = self._batches
+        while batches and (batches[0].end_s < now_s or (inclusive and batches[0].end_s == now_s)):
+            it = batches.popleft()
+            shape = it.shape
+            iteration = self.log.append(it.start_s, it.duration_s, shape.num_prefill_tokens,
+                                        shape.num_decode_tokens, it.plan.num_seqs,
+                                        it.num_kv_blocks_used, len(it.plan.preempted_ids),
+                                        it.num_waiting)
+            assert it.in_flight is not None
+            done, sampled = self.state.complete(it.in_flight, it.end_s)
+            self.log.add_sampled(iteration, sampled)
+            self._left_running(done)
 
     def _run_stretch(self, stretch: Stretch) -> Generator[simpy.Event, Any, None]:
         """Decode-only iterations until the first completion or KV shortfall, or new work."""

@@ -26,6 +26,11 @@ class IterationLog:
         # Each column's bound `append`, in COLUMNS order: `append` runs for every stepped
         # iteration, and eight dictionary look-ups cost as much as the appends.
         self._appends = tuple(col.append for col in self.columns.values())
+        # Tokens sampled by a pipelined replica's iterations, as (request id, iteration) pairs:
+        # a request there is in every k-th iteration, so runs of consecutive iterations
+        # (`Request.token_runs`) would hold one per token; these hold 16 bytes per token.
+        self.sampled_request_ids = array("q")
+        self.sampled_iterations = array("q")
 
     def __len__(self) -> int:
         return len(self.columns["start_s"])
@@ -46,6 +51,11 @@ class IterationLog:
         preempted(num_preempted)
         waiting(num_waiting)
         return index
+
+    def add_sampled(self, iteration: int, request_ids: list[int]) -> None:
+        """Requests that sampled a token at the end of `iteration` (a pipelined replica)."""
+        self.sampled_request_ids.extend(request_ids)
+        self.sampled_iterations.extend(array("q", (iteration,)) * len(request_ids))
 
     def set_duration(self, index: int, duration_s: float) -> None:
         """Correct an iteration's duration once its end is known (a replay ends an iteration

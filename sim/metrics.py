@@ -215,10 +215,13 @@ def replica_stats(iterations: pd.DataFrame, num_kv_blocks: dict[int, int], end_s
         lo, hi = np.searchsorted(replica_id, [replica_id_, replica_id_ + 1])
         n = int(hi - lo)
         duration = columns["duration_s"][lo:hi]
-        # A replica's iterations never overlap, so the time they cover within the run is at
-        # most the run's length: busy fraction <= 1.
+        # The time covered by at least one iteration within the run, so busy fraction <= 1: a
+        # pipelined replica's iterations overlap (each starts before the one ahead ends; they
+        # end in order), so each counts only from where the one before it ended.
         start = columns["start_s"][lo:hi]
-        busy_s = float((np.minimum(start + duration, end_s) - np.minimum(start, end_s)).sum())
+        end = start + duration
+        start = np.concatenate((start[:1], np.maximum(start[1:], end[:-1])))
+        busy_s = float((np.minimum(end, end_s) - np.minimum(start, end_s)).sum())
         weights = duration / duration.sum() if duration.sum() > 0 else np.ones_like(duration)
         kv = columns["num_kv_blocks_used"][lo:hi] / num_kv_blocks[replica_id_]
         waiting = columns["num_waiting"][lo:hi]

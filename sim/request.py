@@ -74,6 +74,14 @@ class Request:
         return out > 0 and self.num_computed_tokens == self.num_prompt_tokens + out - 1
 
     @property
+    def is_caught_up(self) -> bool:
+        """Every known token is computed, or scheduled in an iteration still in flight, and the
+        next token is not sampled yet: nothing to schedule until that iteration ends. Only a
+        pipelined replica, which counts tokens as computed when it schedules them (as vLLM v1
+        does) and keeps several iterations in flight, has such requests running."""
+        return self.num_computed_tokens == self.num_prompt_tokens + self.num_output_tokens
+
+    @property
     def num_remaining_output_tokens(self) -> int:
         return self.num_target_output_tokens - self.num_output_tokens
 

@@ -53,11 +53,38 @@ def token_runs(requests: Sequence[Request], logs: Sequence[IterationLog]) -> Tok
     base = offsets[triples[:, 0]] if len(triples) else np.zeros(0, dtype=np.int64)
     start, end = base + triples[:, 1], base + triples[:, 2]
     owner = np.repeat(np.arange(len(requests), dtype=np.int64), per_request)
+    if any(len(log.sampled_iterations) for log in logs):
+        owner, start, end = _with_sampled(requests, logs, offsets, owner, start, end)
+        per_request = np.bincount(owner, minlength=len(requests)).astype(np.int64)
     if (end <= start).any():  # a run always holds a token; drop any that does not
         keep = end > start
         owner, start, end = owner[keep], start[keep], end[keep]
         per_request = np.bincount(owner, minlength=len(requests)).astype(np.int64)
     return TokenRuns(owner, start, end, per_request.copy())
+
+
+def _with_sampled(requests: Sequence[Request], logs: Sequence[IterationLog],
+                  offsets: np.ndarray, owner: np.ndarray, start: np.ndarray, end: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The runs with the tokens pipelined replicas logged (`IterationLog.add_sampled`) added,
+    a run of one iteration each, every request's in time order (a request's tokens may come
+    from several replicas, whose iterations are numbered apart)."""
+    ids = np.fromiter((r.request_id for r in requests), dtype=np.int64, count=len(requests))
+    order = np.argsort(ids, kind="stable")
+    owners, starts = [owner], [start]
+    for offset, log in zip(offsets.tolist(), logs, strict=False):
+        if not len(log.sampled_iterations):
+            continue
+        rid = np.frombuffer(log.sampled_request_ids, dtype=np.int64)
+        at = np.minimum(np.searchsorted(ids[order], rid), len(ids) - 1)
+        mine = ids[order][at] == rid  # tokens of the requests given
+        owners.append(order[at[mine]])
+        starts.append(np.frombuffer(log.sampled_iterations, dtype=np.int64)[mine] + offset)
+    ends = [end] + [s + 1 for s in starts[1:]]
+    owner, start, end = np.concatenate(owners), np.concatenate(starts), np.concatenate(ends)
+    # Each request's runs by the time of their first token (strictly increasing per request).
+    by = np.lexsort((end_times(logs)[start], owner))
+    return owner[by], start[by], end[by]
 
 
 def end_times(logs: Sequence[IterationLog]) -> np.ndarray:

@@ -12,6 +12,10 @@ from sim.kv_cache import KVCacheManager
 from sim.plan import Plan
 from sim.request import Request, Status
 
+# A request in a pipelined iteration: it, its tokens there, its preemptions when sent, and
+# whether it samples at the end.
+InFlight = tuple[Request, int, int, bool]
+
 
 class ReplicaState:
     """Waiting queue (FCFS, preempted requests at the front), running list (admission order), KV."""
@@ -95,6 +99,12 @@ class ReplicaState:
                 req.record_token(iteration)
                 if req.num_output_tokens == req.num_target_output_tokens or self.prefill_only:
                     done.append(req)
+        if done:
+            self._leave(done, end_s)
+        return done
+
+    def _leave(self, done: list[Request], end_s: float) -> None:
+        """Requests that sampled their last token here leave: finished, or handed off."""
         for req in done:
             if req.num_output_tokens == req.num_target_output_tokens:
                 self.finish(req, end_s)
@@ -104,7 +114,51 @@ class ReplicaState:
                 req.status = Status.TRANSFERRING
                 req.prefill_end_s = end_s
                 self.num_transferring += 1
-        return done
+
+    def start(self, plan: Plan, start_s: float) -> list[InFlight]:
+        """Pipelined replica: the plan's tokens count as computed from now, when it is sent
+        down the pipeline (vLLM v1 advances `num_computed_tokens` when it schedules), so a plan
+        built while this one is in flight skips what it computes: a request caught up waits
+        for its token; a prompt's next chunk may follow its previous one. Returns what
+        `complete` needs when the iteration leaves the last stage."""
+        in_flight = []
+        requests = self.requests
+        for request_id, num_tokens in plan.num_scheduled_tokens.items():
+            req = requests[request_id]
+            if req.first_scheduled_s is None:
+                req.first_scheduled_s = start_s
+            req.num_computed_tokens += num_tokens
+            in_flight.append((req, num_tokens, req.num_preemptions, req.is_caught_up))
+        return in_flight
+
+    def complete(self, in_flight: list[InFlight], end_s: float
+                 ) -> tuple[list[Request], list[int]]:
+        """Pipelined replica: the iteration `start` sent off has ended: each request it caught
+        up samples its token, as `commit` does (one preempted since has dropped its KV and
+        will compute it again: nothing of this iteration counts for it). Returns the requests
+        that left the running list, and the ids of those that sampled (the caller records
+        their tokens: `IterationLog.add_sampled`)."""
+        done: list[Request] = []
+        sampled = []
+        for req, _, num_preemptions, samples in in_flight:
+            if not samples or req.num_preemptions != num_preemptions:
+                continue
+            req.num_output_tokens += 1
+            self.num_running_tokens += 1
+            sampled.append(req.request_id)
+            if req.num_output_tokens == req.num_target_output_tokens or self.prefill_only:
+                done.append(req)
+        if done:
+            self._leave(done, end_s)
+        return done, sampled
+
+    def cancel(self, in_flight: list[InFlight]) -> None:
+        """Pipelined replica: an iteration `start` sent off never ends (the run stopped at its
+        horizon): its tokens are not computed, as a step-by-step replica leaves the iteration
+        in progress uncommitted; its KV blocks stay allocated. Newest iteration first."""
+        for req, num_tokens, num_preemptions, _ in in_flight:
+            if req.num_preemptions == num_preemptions:
+                req.num_computed_tokens -= num_tokens
 
     def release(self, req: Request) -> None:
         """A handed-off request's KV has reached its decode replica: free its blocks here."""

@@ -22,10 +22,9 @@ Parts, timed separately because different kernels run them:
   bytes arrive); a hand-off between pipeline stages.
 - a fixed per-iteration overhead (scheduling, launches, sampling).
 
-Pipeline parallelism holds one batch in flight: an iteration runs through every stage in turn,
-so it takes the sum of the stages plus P-1 hand-offs. Engines that keep P batches in flight
-(vLLM's virtual engines, Vidur's pipeline stages) overlap them; that overlap is not modelled,
-so the throughput of P > 1 is a lower bound.
+Under pipeline parallelism a prediction is one iteration's whole pass: every stage in turn
+plus P-1 hand-offs. The engine keeps up to P iterations in flight and gives each stage an
+equal share of the pass (`Replica._run_pipelined`), so iterations overlap as in vLLM v1.
 
 Terms that depend only on the number of tokens (the GEMMs and communication) are tabulated
 once per token count, so a prediction is a lookup and a few multiply-adds, the same on a scalar

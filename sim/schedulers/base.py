@@ -102,7 +102,7 @@ SCHEDULERS: Registry[type[Scheduler]] = Registry("scheduler")
 
 def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:
     """Give every decoding running request its one token, oldest first; return the running
-    requests that are still prefilling.
+    requests that are still prefilling (with tokens left to schedule).
 
     When a decode cannot get a block, the newest running request is preempted by recompute
     (vLLM's rule), possibly the decode itself.
@@ -116,7 +116,8 @@ def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:
         if req.status is not running:
             continue  # preempted by an earlier decode of this loop
         if not req.is_decoding:
-            prefilling.append(req)
+            if not req.is_caught_up:  # else in flight on a pipeline: nothing to compute
+                prefilling.append(req)
             continue
         computed = req.num_computed_tokens
         # A block is needed only when the computed tokens exactly fill the blocks held.
@@ -130,6 +131,12 @@ def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:
         else:
             scheduled[req.request_id] = 1
     return [req for req in prefilling if req.status is Status.RUNNING]
+
+
+def any_in_flight(state: ReplicaState) -> bool:
+    """Whether a running request waits for an iteration in flight on a pipeline: an empty plan
+    then means nothing to do until it ends, not that KV ran out (no preemption is due)."""
+    return any(req.is_caught_up for req in state.running)
 
 
 def future_blocks(state: ReplicaState, req: Request, reserve_tokens: int | None) -> int:

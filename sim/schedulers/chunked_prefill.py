@@ -22,6 +22,7 @@ from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
     SchedulerConfig,
+    any_in_flight,
     reserved_blocks,
     schedule_decodes,
     try_admit,
@@ -87,7 +88,7 @@ class ChunkedPrefill(Scheduler):
         while True:
             plan = self._build(state)
             preempted += plan.preempted_ids
-            if plan or not state.running:
+            if plan or not state.running or any_in_flight(state):
                 plan.preempted_ids = preempted
                 return plan
             # Partial prefills hold all the blocks and none can grow: free the newest.

@@ -23,6 +23,7 @@ from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
     SchedulerConfig,
+    any_in_flight,
     reserved_blocks,
     schedule_decodes,
     try_admit,
@@ -125,7 +126,7 @@ class SGLang(Scheduler):
             preempted += plan.preempted_ids
             # Rebuild after freeing KV: the newest running request, or everyone (then the
             # queue can start again).
-            if plan or not (state.running or plan.preempted_ids):
+            if plan or not (state.running or plan.preempted_ids) or any_in_flight(state):
                 break
             if state.running:
                 victim = state.running[-1]
@@ -140,7 +141,8 @@ class SGLang(Scheduler):
         if cfg.mixed_chunk:
             prefilling = schedule_decodes(state, plan)
         else:
-            prefilling = [req for req in state.running if not req.is_decoding]
+            prefilling = [req for req in state.running
+                          if not req.is_decoding and not req.is_caught_up]
         self._prefill(state, plan, prefilling, cfg.chunked_prefill_size - plan.num_seqs)
         if not plan:
             schedule_decodes(state, plan)

@@ -54,6 +54,12 @@ Each rule, and where it comes from (vLLM files as read on vLLM's main branch; "d
    iteration, keeping its blocks (as vLLM skips a running request given 0 tokens).
 9. A step that preempted every running request schedules nothing in vLLM; the next step admits
    from the queue. A simulated iteration cannot be empty, so that next step is planned at once.
+10. Pipeline parallelism (P > 1 stages): tokens count as computed when scheduled, and up to P
+   iterations are in flight (the engine's batch queue; `Replica._run_pipelined`). A running
+   request with nothing left to compute gets 0 tokens and is skipped (`schedule`: "No new
+   tokens to schedule. This may happen when PP>1 and we have already scheduled all prompt
+   tokens but they are not finished yet", `continue`), as `_chunk` gives 0 here; a step that
+   schedules nothing while iterations are in flight just waits for them.
 
 Not modelled: speculative decoding and lookahead slots, encoder inputs, async scheduling, the
 priority policy, KV connectors, structured output, LoRA limits, Mamba or deterministic-caching
@@ -69,7 +75,14 @@ from pydantic import Field, model_validator
 from sim.errors import invalid
 from sim.kv_cache import KVCacheManager
 from sim.plan import Plan
-from sim.schedulers.base import SCHEDULERS, Scheduler, SchedulerConfig, reserved_blocks, try_admit
+from sim.schedulers.base import (
+    SCHEDULERS,
+    Scheduler,
+    SchedulerConfig,
+    any_in_flight,
+    reserved_blocks,
+    try_admit,
+)
 from sim.state import ReplicaState
 
 # vLLM `EngineArgs.get_batch_defaults` (vllm/engine/arg_utils.py): an OpenAI-compatible server on
@@ -158,11 +171,12 @@ class VllmV1(Scheduler):
 
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
         plan = self._step(state)
-        if not plan and plan.preempted_ids:  # rule 9: everyone was preempted
-            assert not state.running
+        if not plan and plan.preempted_ids and not state.running:  # rule 9: all preempted
             preempted = plan.preempted_ids
             plan = self._step(state)
             plan.preempted_ids[:0] = preempted
+        # Else only requests in flight on a pipeline may be left running, with nothing to do.
+        assert plan or not (plan.preempted_ids and state.running) or any_in_flight(state)
         cfg = self.config
         assert plan.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
         assert len(state.running) <= cfg.max_num_seqs

@@ -1,0 +1,123 @@
+"""Pipeline parallelism: P iterations in flight, as vLLM v1's batch queue keeps them.
+
+Exact timestamps with the constant latency model (each of P stages holds an iteration for
+TICK / P), then invariants over random workloads with every policy, preemption of
+requests in flight, prefix caching and horizons included.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim import run_scenario
+from sim.config import parse_scenario
+from tests.test_properties import assert_nothing_lost, scenarios
+
+TICK = 0.25  # a whole pass through the pipeline; binary fractions keep sums exact
+
+
+def scenario(tmp_path: Path, rows: str, scheduler: dict, pipeline: int) -> dict:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + rows)
+    return {"name": "pp", "workload": {"format": "vidur", "path": str(trace)},
+            "replica": {"scheduler": scheduler, "parallelism": {"pipeline": pipeline},
+                        "latency": {"kind": "constant", "iteration_s": TICK},
+                        "kv_cache": {"block_size": 16, "num_blocks": 100}},
+            "record_token_times": True}
+
+
+def run(data: dict):
+    return run_scenario(parse_scenario(data, "test"))
+
+
+def token_times(res, request_id: int) -> list[float]:
+    tokens = res.tokens
+    return tokens.loc[tokens["request_id"] == request_id, "time_s"].tolist()
+
+
+CHUNKED_64 = [{"name": "chunked_prefill", "token_budget": 64, "max_num_seqs": 8},
+              {"name": "vllm_v1", "max_num_batched_tokens": 64, "max_num_seqs": 8}]
+
+
+def test_a_prompts_chunks_follow_each_other_down_the_pipeline(tmp_path):
+    for scheduler in CHUNKED_64:
+        # One prompt of 200 tokens in chunks of 64, 64, 64, 8, on two stages of TICK / 2.
+        res = run(scenario(tmp_path, "0.0,200,3\n", scheduler, pipeline=2))
+        # Chunks 1 and 2 are sent at 0 (the second enters stage 1 when the first leaves it);
+        # chunk 3 when chunk 1 leaves the pipeline (0.25), chunk 4 at 0.375; the first token
+        # at 0.625. A decode then waits for its own token: one pass (0.25) per token.
+        assert token_times(res, 0) == [0.625, 0.875, 1.125], scheduler
+        it = res.iterations
+        assert it["start_s"].tolist() == [0.0, 0.125, 0.25, 0.375, 0.625, 0.875]
+        assert it["duration_s"].tolist() == [TICK] * 6
+        assert it["num_prefill_tokens"].tolist() == [64, 64, 64, 8, 0, 0]
+        # Without the pipeline the same chunks take a pass each, one after the other.
+        flat = run(scenario(tmp_path, "0.0,200,3\n", scheduler, pipeline=1))
+        assert token_times(flat, 0) == [1.0, 1.25, 1.5]
+
+
+def test_requests_in_separate_iterations_interleave(tmp_path):
+    # A at 0; B at 0.0625, while A's prefill is in stage 1 of 2: B's prefill enters stage 1 as
+    # soon as A's leaves it (0.125), and from then on their iterations alternate.
+    res = run(scenario(tmp_path, "0.0,16,4\n0.0625,16,4\n",
+                       {"name": "chunked_prefill", "token_budget": 64, "max_num_seqs": 8},
+                       pipeline=2))
+    assert token_times(res, 0) == [0.25, 0.5, 0.75, 1.0]
+    assert token_times(res, 1) == [0.375, 0.625, 0.875, 1.125]
+    # One stage: B joins A's second iteration and waits for the first.
+    flat = run(scenario(tmp_path, "0.0,16,4\n0.0625,16,4\n",
+                        {"name": "chunked_prefill", "token_budget": 64, "max_num_seqs": 8},
+                        pipeline=1))
+    assert token_times(flat, 1) == [0.5, 0.75, 1.0, 1.25]
+    # Both stages busy from 0.125 to 1.0, one of them before and after: the replica has an
+    # iteration in flight from 0 to 1.125, and counts that time once.
+    assert res.summary["replicas"][0]["busy_fraction"] == 1.0
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.integers(2, 4))
+def test_pipelined_invariants(data, pipeline):
+    data["replica"]["parallelism"] = {"pipeline": pipeline}
+    res = run_scenario(parse_scenario(data, "hypothesis"))
+    req, it, tokens = res.requests, res.iterations, res.tokens
+    assert_nothing_lost(data, res)
+    # Tokens are conserved: an iteration in flight when its request was preempted still ran
+    # (its tokens count as recomputed).
+    computed = int(it["num_prefill_tokens"].sum() + it["num_decode_tokens"].sum())
+    held = int((req["num_computed_tokens"] + req["num_recomputed_tokens"]).sum())
+    if data["replica"]["prefix_caching"]:
+        assert computed <= held
+    else:
+        assert computed == held
+    done = req[req["status"] == "finished"]
+    assert (done["num_computed_tokens"] == done["num_prompt_tokens"]
+            + done["num_output_tokens"] - 1).all()
+    assert (tokens.groupby("request_id")["time_s"].diff().dropna() > 0).all()
+    assert (done["ttft_s"] > 0).all()
+    # At most P iterations in flight, leaving in the order they were sent; no stage holds two.
+    start = it["start_s"].to_numpy()
+    end = start + it["duration_s"].to_numpy()
+    assert np.all(np.diff(end) > 0) and np.all(np.diff(start) >= 0)
+    assert np.all(start[pipeline:] >= end[:-pipeline])
+    assert it["num_seqs"].gt(0).all()
+    sched = data["replica"]["scheduler"]
+    assert (it["num_seqs"] <= sched["max_num_seqs"]).all()
+    assert (it["num_kv_blocks_used"] <= data["replica"]["kv_cache"]["num_blocks"]).all()
+
+
+def test_pipelined_runs_preempt_requests_in_flight(tmp_path):
+    # vLLM v1 with barely enough KV for one long request: decodes run out of blocks and
+    # preempt the newest running request, which may be in flight; everyone still finishes.
+    rows = "".join(f"{0.01 * i:.2f},{100 + 7 * i},{40 + i}\n" for i in range(12))
+    data = scenario(tmp_path, rows, {"name": "vllm_v1", "max_num_batched_tokens": 64,
+                                     "max_num_seqs": 8}, pipeline=3)
+    data["replica"]["kv_cache"] = {"block_size": 16, "num_blocks": 20}
+    res = run(data)
+    req = res.requests
+    assert (req["status"] == "finished").all()
+    assert req["num_preemptions"].sum() > 0
+    assert (req["num_generated_tokens"] == req["num_output_tokens"]).all()
