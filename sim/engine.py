@@ -321,15 +321,18 @@ class Replica:
                          len(state.waiting))
 
     def _run_pipelined(self) -> Generator[simpy.Event, Any, None]:
-        """Pipeline parallelism as vLLM v1 runs it: up to P iterations in flight (its batch
-        queue, `max_concurrent_batches` = pipeline size). Whenever fewer are, the scheduler
-        plans another at once from what is not in flight (`ReplicaState.start`: a decode
-        waits for its token; a prompt's next chunk may follow its previous one); otherwise
-        the replica waits for the oldest to leave the last stage, or for new work. Stages are
-        servers in tandem: an iteration whose whole pass takes T (the latency model's answer:
-        every stage in turn plus the hand-offs) holds each of the P stages for T / P, once the
-        iteration before it has left that stage. Every iteration is an event (no stretches)."""
+        """Pipeline parallelism as vLLM v1 runs it (`EngineCore.step_with_batch_queue`): up
+        to P iterations in flight (`max_concurrent_batches` = pipeline size). While fewer are,
+        the scheduler plans another at once from what is not in flight
+        (`ReplicaState.start`: a decode waits for its own token; a prompt's next chunk may
+        follow its previous one). With P in flight, or nothing more to schedule, the engine
+        blocks on the oldest iteration's result: work arriving meanwhile waits until it
+        leaves the last stage. Stages are servers in tandem: an iteration whose whole pass
+        takes T (the latency model's answer: every stage in turn plus the hand-offs) holds
+        each of the P stages for T / P, once the iteration ahead has left that stage. Every
+        iteration is an event (no stretches)."""
         state, batches = self.state, self._batches
+        preempted: list[int] = []  # by plans that scheduled nothing: logged with the next
         while True:
             self.sync()
             if self.inbox is not None and self.inbox.pending:
@@ -339,7 +342,11 @@ class Replica:
             while len(batches) < self.pipeline_depth and (state.running or state.waiting):
                 plan = self.scheduler.schedule(state, now)
                 if not plan:
+                    preempted += plan.preempted_ids
                     break
+                if preempted:
+                    plan.preempted_ids[:0] = preempted
+                    preempted = []
                 batches.append(self._send(plan, now))
             if not batches:
                 if plan is not None and (state.running or not (
@@ -347,18 +354,9 @@ class Replica:
                     raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
                 yield from self._wait_for_work()
                 continue
-            poke = self._poke = self.env.event()
-            end = At(self.env, batches[0].end_s, self.turn)
-
-            def on_end(_: simpy.Event, poke: simpy.Event = poke) -> None:
-                if not poke.triggered:
-                    poke.succeed(_ENDED)
-
-            end.callbacks.append(on_end)
-            ended = yield poke
-            self._poke = None
-            if ended is not _ENDED:  # new work: plan after all else at this instant
-                yield At(self.env, self.env.now, self.turn)
+            # Blocked on the oldest result: no poke (`wake` finds none), as vLLM's engine
+            # reads new requests only between steps.
+            yield At(self.env, batches[0].end_s, self.turn)
 
     def _send(self, plan: Plan, now_s: float) -> Iteration:
         """`plan` sent down the pipeline now: it enters each stage once it has left the one

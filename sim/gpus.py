@@ -20,6 +20,9 @@ Units and conventions:
   directions together: H100's NVLink 4 "900 GB/s" is 450 GB/s each way), AMD Infinity Fabric
   for MI300X (7 links of 64 GB/s each way), PCIe for PCIe cards without NVLink (Gen4 x16:
   "64 GB/s bidirectional", 32 GB/s each way).
+- `network_bandwidth_bytes_s`: what one GPU can send in one direction to another node, over
+  the scale-out NICs of the reference 8-GPU server (one 400 Gb/s ConnectX-7 per GPU in DGX
+  H100/H200/B200: 50 GB/s), used for pipeline hand-offs between nodes; None where unknown.
 - `cost_per_gpu_hour`: USD for one GPU for one hour, on-demand (no commitment), from a public
   list price; an instance's price divided by its GPUs (CPUs, host memory and disks included).
   All NVIDIA parts are priced at AWS us-east-1 Linux on-demand and the MI300X at Azure (not sold
@@ -64,6 +67,9 @@ class GPUSpec:
     interconnect: str = "pcie4"  # "nvlink4", "nvlink5", "infinity-fabric", "pcie4", ...
     cost_per_gpu_hour: float | None = None  # USD, on-demand; None: unknown
     cost_source: str = ""  # where the price is from, and when it was seen
+    # Per GPU, one direction, to another node (scale-out NICs); None: unknown.
+    network_bandwidth_bytes_s: float | None = None
+    network_source: str = ""  # which server's NICs, and where that is from
 
     @property
     def memory_gib(self) -> float:
@@ -80,6 +86,12 @@ def _add(spec: GPUSpec) -> None:
 _AWS = "AWS EC2 on-demand, us-east-1, Linux"
 # Public transcriptions of AWS's price list, each with its date (no network here to re-read
 # aws.amazon.com/ec2/pricing/on-demand/).
+# Scale-out NICs: DGX H100, H200 and B200 alike (docs.nvidia.com/dgx-basepod, reference
+# architecture "Core Components", read 2026-11-23: "Four OSFP ports serving eight single-port
+# NVIDIA ConnectX-7 VPI ... up to 400 Gb/s InfiniBand/Ethernet", four of them for compute).
+_DGX_CX7 = ("DGX H100/H200/B200: 8x single-port ConnectX-7 400 Gb/s InfiniBand, one per GPU "
+            "(NVIDIA DGX BasePOD reference architecture, Core Components, read 2026-11-23)")
+_FROM_MEMORY = "the vendor's published configuration as remembered; not re-checked here"
 _RECEIPTS = ("github.com/datareceipts/data-receipts 109-gpu-pricing/hyperscalers.json "
              "(AWS price list, retrieved 2026-11-09)")
 
@@ -89,14 +101,17 @@ _add(GPUSpec(
     "sparsity), HBM2e 2,039 GB/s, 80GB; NVLink 3 600 GB/s (both directions)",
     300e9, "nvlink3",
     27.44705 / 8,
-    f"{_AWS}: p4de.24xlarge (8x A100 SXM4 80GB) $27.44705/h / 8; {_RECEIPTS}"))
+    f"{_AWS}: p4de.24xlarge (8x A100 SXM4 80GB) $27.44705/h / 8; {_RECEIPTS}",
+    25e9, f"DGX A100: 8x single-port ConnectX-6 200 Gb/s HDR InfiniBand for compute, one per "
+          f"GPU ({_FROM_MEMORY})"))
 _add(GPUSpec(
     "h100-sxm", 989.4e12, 3.35e12, 80 * GiB,
     "NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with sparsity, 989.4 dense "
     "(H100 architecture whitepaper); HBM3 3.35 TB/s, 80GB; NVLink 4 900 GB/s (both directions)",
     450e9, "nvlink4",
     55.04 / 8,
-    f"{_AWS}: p5.48xlarge (8x H100 SXM5) $55.04/h / 8; {_RECEIPTS}"))
+    f"{_AWS}: p5.48xlarge (8x H100 SXM5) $55.04/h / 8; {_RECEIPTS}",
+    50e9, _DGX_CX7))
 _add(GPUSpec(
     "h200", 989.4e12, 4.8e12, 141 * GiB,
     "NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity, so 989.4 "
@@ -105,7 +120,8 @@ _add(GPUSpec(
     450e9, "nvlink4",
     63.296 / 8,
     f"{_AWS}: p5en.48xlarge (8x H200) $63.296/h / 8; `dstack offer` output in "
-    "github.com/dstackai/dstack pull request #4110 (Aug 2026)"))
+    "github.com/dstackai/dstack pull request #4110 (Aug 2026)",
+    50e9, _DGX_CX7))
 _add(GPUSpec(
     "b200", 2.25e15, 8e12, 180 * GiB,
     "NVIDIA HGX B200 datasheet: FP16/BF16 36 PFLOPS with sparsity for 8 GPUs, so 2.25 PFLOPS "
@@ -114,7 +130,8 @@ _add(GPUSpec(
     900e9, "nvlink5",
     113.9328 / 8,
     f"{_AWS}: p6-b200.48xlarge (8x B200) $113.9328/h / 8; instances.vantage.sh figures as "
-    "quoted in a public test fixture (undated, seen Nov 2026), not re-checked here"))
+    "quoted in a public test fixture (undated, seen Nov 2026), not re-checked here",
+    50e9, _DGX_CX7))
 _add(GPUSpec(
     "l40s", 362.05e12, 864e9, 48 * GiB,
     "NVIDIA L40S datasheet: BF16 Tensor Core 362.05 TFLOPS dense (733 with sparsity), GDDR6 "
@@ -123,7 +140,9 @@ _add(GPUSpec(
     PCIE4_X16_BYTES_S, "pcie4",
     1.861,
     f"{_AWS}: g6e.xlarge (1x L40S) $1.861/h; devzero.io/instances/aws/g6e.xlarge as cited in "
-    "a public 2026 research note, seen Nov 2026"))
+    "a public 2026 research note, seen Nov 2026",
+    6.25e9, f"AWS g6e.48xlarge (8x L40S): 400 Gb/s of networking, 50 Gb/s per GPU "
+            f"({_FROM_MEMORY})"))
 _add(GPUSpec(
     "a10g", 70e12, 600e9, 24 * GiB,
     "NVIDIA A10G (AWS G5; NVIDIA publishes no A10G datasheet): BF16/FP16 tensor 70 TFLOPS "
@@ -133,7 +152,9 @@ _add(GPUSpec(
     PCIE4_X16_BYTES_S, "pcie4",
     1.006,
     f"{_AWS}: g5.xlarge (1x A10G) $1.006/h; factualminds.com 'Amazon EC2 On-Demand Pricing "
-    "... (2026)', June 2026"))
+    "... (2026)', June 2026",
+    1.5625e9, f"AWS g5.48xlarge (8x A10G): 100 Gb/s of networking, 12.5 Gb/s per GPU "
+              f"({_FROM_MEMORY})"))
 _add(GPUSpec(
     "mi300x", 1307.4e12, 5.3e12, 192 * GiB,
     "AMD Instinct MI300X datasheet: peak BF16 1,307.4 TFLOPS dense (2,614.9 with sparsity), "
@@ -143,7 +164,9 @@ _add(GPUSpec(
     48.0 / 8,
     "Azure on-demand, Linux: ND96isr_MI300X_v5 (8x MI300X) $48.00/h / 8, as listed in a public "
     "repository's pricing table (undated, seen Nov 2026); AWS does not sell MI300X; not "
-    "re-checked here"))
+    "re-checked here",
+    50e9, f"Azure ND MI300X v5: 8x 400 Gb/s InfiniBand (ConnectX-7), one per GPU "
+          f"({_FROM_MEMORY})"))
 
 
 # Bounds for a custom GPU: a few times beyond the largest part above, so that a unit slip
@@ -186,6 +209,9 @@ class GPUSpecInput(BaseModel):
                               description="a short word: nvlink4, pcie5, ...")
     cost_per_gpu_hour: float | None = Field(None, gt=0, le=_MAX_COST,
                                             description="USD per GPU-hour; None: unknown")
+    network_bandwidth_bytes_s: float | None = Field(
+        None, gt=0, le=_MAX_INTERCONNECT,
+        description="bytes/s one GPU sends one way to another node; None: unknown")
     source: str = Field("custom GPU given in the scenario", max_length=500)
     cost_source: str = Field("given in the scenario", max_length=500)
 
@@ -206,6 +232,8 @@ class GPUSpecInput(BaseModel):
             "memory_bytes": spec.memory_bytes,
             "interconnect_bandwidth_bytes_s": spec.interconnect_bandwidth_bytes_s,
             "interconnect": spec.interconnect, "source": f"{spec.source} (changed in the scenario)"}
+        if "network_bandwidth_bytes_s" not in given and spec.network_bandwidth_bytes_s:
+            defaults["network_bandwidth_bytes_s"] = spec.network_bandwidth_bytes_s
         if "cost_per_gpu_hour" not in given and spec.cost_per_gpu_hour is not None:
             defaults |= {"cost_per_gpu_hour": spec.cost_per_gpu_hour,
                          "cost_source": spec.cost_source}
@@ -220,12 +248,14 @@ class GPUSpecInput(BaseModel):
         return name
 
     def to_spec(self) -> GPUSpec:
-        cost = self.cost_per_gpu_hour
+        cost, network = self.cost_per_gpu_hour, self.network_bandwidth_bytes_s
         return GPUSpec(self.name, float(self.peak_bf16_flops),
                        float(self.memory_bandwidth_bytes_s), float(self.memory_bytes),
                        self.source, float(self.interconnect_bandwidth_bytes_s), self.interconnect,
                        None if cost is None else float(cost),
-                       "" if cost is None else self.cost_source)
+                       "" if cost is None else self.cost_source,
+                       None if network is None else float(network),
+                       "" if network is None else self.source)
 
 
 def resolve_gpu(value: str | Mapping[str, Any]) -> GPUSpec:

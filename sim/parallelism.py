@@ -41,6 +41,15 @@ class Parallelism(BaseModel):
         """GPUs one replica occupies."""
         return self.tensor * self.pipeline
 
+    @property
+    def num_cross_node_handoffs(self) -> int:
+        """Of the `pipeline - 1` hand-offs between stages, those between two nodes of
+        `GPUS_PER_NODE`: stages fill nodes in order, `tensor` GPUs each (TP8 x PP2 spans two
+        nodes, one hand-off between them; TP4 x PP2 stays in one)."""
+        t = self.tensor
+        return sum((k * t) // GPUS_PER_NODE != ((k + 1) * t) // GPUS_PER_NODE
+                   for k in range(self.pipeline - 1))
+
     def problems(self, model: ModelShape) -> list[tuple[str, int, str]]:
         """What does not divide: (field, value, why) for each, empty if the split is valid.
         The rules are vLLM's: heads divide evenly over the tensor group (KV heads may be

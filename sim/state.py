@@ -12,9 +12,9 @@ from sim.kv_cache import KVCacheManager
 from sim.plan import Plan
 from sim.request import Request, Status
 
-# A request in a pipelined iteration: it, its tokens there, its preemptions when sent, and
-# whether it samples at the end.
-InFlight = tuple[Request, int, int, bool]
+# A request in a pipelined iteration: it, its tokens there, its preemptions when sent, whether
+# it samples at the end, and whether this iteration scheduled it first.
+InFlight = tuple[Request, int, int, bool, bool]
 
 
 class ReplicaState:
@@ -125,10 +125,11 @@ class ReplicaState:
         requests = self.requests
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
-            if req.first_scheduled_s is None:
+            first = req.first_scheduled_s is None
+            if first:
                 req.first_scheduled_s = start_s
             req.num_computed_tokens += num_tokens
-            in_flight.append((req, num_tokens, req.num_preemptions, req.is_caught_up))
+            in_flight.append((req, num_tokens, req.num_preemptions, req.is_caught_up, first))
         return in_flight
 
     def complete(self, in_flight: list[InFlight], end_s: float
@@ -140,7 +141,7 @@ class ReplicaState:
         their tokens: `IterationLog.add_sampled`)."""
         done: list[Request] = []
         sampled = []
-        for req, _, num_preemptions, samples in in_flight:
+        for req, _, num_preemptions, samples, _ in in_flight:
             if not samples or req.num_preemptions != num_preemptions:
                 continue
             req.num_output_tokens += 1
@@ -156,9 +157,13 @@ class ReplicaState:
         """Pipelined replica: an iteration `start` sent off never ends (the run stopped at its
         horizon): its tokens are not computed, as a step-by-step replica leaves the iteration
         in progress uncommitted; its KV blocks stay allocated. Newest iteration first."""
-        for req, num_tokens, num_preemptions, _ in in_flight:
+        for req, num_tokens, num_preemptions, _, first in in_flight:
             if req.num_preemptions == num_preemptions:
                 req.num_computed_tokens -= num_tokens
+            else:  # preempted since: `preempt` counted these tokens as computed, then dropped
+                req.num_recomputed_tokens -= num_tokens
+            if first:  # never scheduled in an iteration that ran
+                req.first_scheduled_s = None
 
     def release(self, req: Request) -> None:
         """A handed-off request's KV has reached its decode replica: free its blocks here."""

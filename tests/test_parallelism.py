@@ -424,3 +424,49 @@ def _chunk_after(cached: int) -> BatchShape:
 def _prefill_attention_s(latency, shape: BatchShape) -> float:
     return max(latency.attn_pair_s * shape.prefill_attn_pairs,
                latency.kv_token_s * shape.prefill_kv_tokens)
+
+
+def test_stages_fill_nodes_in_order_and_hand_offs_between_them_cross_the_network():
+    assert [Parallelism(tensor=t, pipeline=p).num_cross_node_handoffs
+            for t, p in ((4, 2), (8, 2), (4, 4), (8, 4), (2, 8), (1, 16))] == [0, 1, 1, 3, 1, 1]
+    model, h = MODELS.get("llama-3.1-70b"), MODELS.get("llama-3.1-70b").hidden_size
+    m = np.array([1.0, 512.0, 8192.0])
+    hand_off = 2 * m * h * model.dtype_bytes  # hidden states and residual, as vLLM sends them
+    # One node (TP4 x PP2): each of the 4 GPUs sends its quarter over NVLink, the next stage
+    # all-gathers; added to the TP4 replica's linear-layer terms, nothing else.
+    flat, piped = roofline("llama-3.1-70b", tensor=4), roofline("llama-3.1-70b", tensor=4,
+                                                                 pipeline=2)
+    comm = piped.tables.comm
+    expected = (8e-6 + hand_off / 4 / (450e9 * 0.75)) + comm.all_gather(hand_off)
+    assert piped.tables.tokens_s(m) - flat.tables.tokens_s(m) == pytest.approx(expected,
+                                                                                rel=1e-9)
+    # Two nodes (TP8 x PP2): the hand-off crosses a 400 Gb/s NIC per GPU, after 17 us.
+    two_nodes = roofline("llama-3.1-70b", tensor=8, pipeline=2).tables.comm
+    assert two_nodes.pipeline_handoffs(hand_off / 8) == pytest.approx(
+        17e-6 + hand_off / 8 / (50e9 * 0.75), rel=1e-12)
+    # Measured: the send/recv table's rows across nodes (devices_per_node 1), not NVLink's.
+    table = NETWORK / "h100_dgx" / "send_recv.csv"
+    measured = roofline("llama-3.1-70b", tensor=8, pipeline=2, send_recv_table=table)
+    across = read_table(table, "send_recv", 2, "t", cross_node=True)
+    assert measured.tables.comm.pipeline_handoffs(hand_off / 8) == pytest.approx(
+        across(hand_off / 8), rel=1e-12)
+    assert across(np.array([64e6]))[0] > 5 * read_table(table, "send_recv", 2, "t")(
+        np.array([64e6]))[0]
+
+
+def test_a_pipeline_across_nodes_needs_the_gpus_network(tmp_path, monkeypatch, capsys):
+    gpu = ("{name: my-h100, peak_bf16_flops: 9.894e+14, memory_bandwidth_bytes_s: 3.35e+12, "
+           "memory_bytes: 8.589934592e+10, interconnect_bandwidth_bytes_s: 4.5e+11}")
+    path = write(tmp_path, SYNTH + f"replica: {{model: llama-3.1-70b, gpu: {gpu}, "
+                                   "parallelism: {tensor: 8, pipeline: 2}}\n")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                        str(tmp_path / "out"))
+    assert_one_line_error(code, err, "replica.gpu", "network_bandwidth_bytes_s", "16 GPUs")
+    # In one node the same GPU is enough; with `base` the registered GPU's NIC carries over.
+    path = write(tmp_path, SYNTH + f"replica: {{model: llama-3.1-70b, gpu: {gpu}, "
+                                   "parallelism: {tensor: 4, pipeline: 2}}\n")
+    assert run_scenario(load_scenario(path)).summary["requests"]["finished"] > 0
+    path = write(tmp_path, SYNTH + "replica: {model: llama-3.1-70b, gpu: {base: h100-sxm, "
+                                   "cost_per_gpu_hour: 2.0}, parallelism: {tensor: 8, "
+                                   "pipeline: 2}}\n")
+    assert run_scenario(load_scenario(path)).summary["requests"]["finished"] > 0

@@ -61,21 +61,34 @@ def test_a_prompts_chunks_follow_each_other_down_the_pipeline(tmp_path):
 
 
 def test_requests_in_separate_iterations_interleave(tmp_path):
-    # A at 0; B at 0.0625, while A's prefill is in stage 1 of 2: B's prefill enters stage 1 as
-    # soon as A's leaves it (0.125), and from then on their iterations alternate.
+    # A (100 tokens: chunks of 64 and 36) at 0, B (16) at 0.0625. Both of A's chunks are sent
+    # at 0; the engine then blocks on the oldest result (0.25), as vLLM's does, and only then
+    # sends B's prefill, which enters stage 1 as A's second chunk leaves it. From then on A's
+    # and B's iterations alternate, one pass (0.25) per token each.
+    rows = "0.0,100,4\n0.0625,16,4\n"
+    scheduler = {"name": "chunked_prefill", "token_budget": 64, "max_num_seqs": 8}
+    res = run(scenario(tmp_path, rows, scheduler, pipeline=2))
+    assert token_times(res, 0) == [0.375, 0.625, 0.875, 1.125]
+    assert token_times(res, 1) == [0.5, 0.75, 1.0, 1.25]
+    assert res.iterations["start_s"].tolist()[:4] == [0.0, 0.125, 0.25, 0.375]
+    # One stage: B's prefill joins A's second chunk, and both sample at 0.5.
+    flat = run(scenario(tmp_path, rows, scheduler, pipeline=1))
+    assert token_times(flat, 0) == [0.5, 0.75, 1.0, 1.25]
+    assert token_times(flat, 1) == [0.5, 0.75, 1.0, 1.25]
+    # Stages busy back to back from 0.125 on: the replica has an iteration in flight from 0 to
+    # the end, and counts that time once.
+    assert res.summary["replicas"][0]["busy_fraction"] == 1.0
+
+
+def test_work_arriving_while_the_engine_blocks_waits_for_the_oldest_result(tmp_path):
+    # A's prefill alone at 0 (nothing else to schedule): the engine blocks on it. B arrives
+    # at 0.0625 and is scheduled only at 0.25, with A's first decode, in one iteration.
     res = run(scenario(tmp_path, "0.0,16,4\n0.0625,16,4\n",
                        {"name": "chunked_prefill", "token_budget": 64, "max_num_seqs": 8},
                        pipeline=2))
     assert token_times(res, 0) == [0.25, 0.5, 0.75, 1.0]
-    assert token_times(res, 1) == [0.375, 0.625, 0.875, 1.125]
-    # One stage: B joins A's second iteration and waits for the first.
-    flat = run(scenario(tmp_path, "0.0,16,4\n0.0625,16,4\n",
-                        {"name": "chunked_prefill", "token_budget": 64, "max_num_seqs": 8},
-                        pipeline=1))
-    assert token_times(flat, 1) == [0.5, 0.75, 1.0, 1.25]
-    # Both stages busy from 0.125 to 1.0, one of them before and after: the replica has an
-    # iteration in flight from 0 to 1.125, and counts that time once.
-    assert res.summary["replicas"][0]["busy_fraction"] == 1.0
+    assert token_times(res, 1) == [0.5, 0.75, 1.0, 1.25]
+    assert res.requests["first_scheduled_s"].tolist() == [0.0, 0.25]
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -121,3 +134,25 @@ def test_pipelined_runs_preempt_requests_in_flight(tmp_path):
     assert (req["status"] == "finished").all()
     assert req["num_preemptions"].sum() > 0
     assert (req["num_generated_tokens"] == req["num_output_tokens"]).all()
+
+
+def test_a_horizon_takes_back_iterations_in_flight_even_for_preempted_requests(tmp_path):
+    # The same KV-starved run cut at many instants: tokens computed by logged iterations
+    # equal what requests hold plus what they recomputed (an iteration in flight at the
+    # horizon never ran, also for a request preempted while it was in flight), every
+    # preemption is logged with an iteration or, at the horizon, with none, and a request whose
+    # only iteration was in flight counts as never scheduled.
+    rows = "".join(f"{0.01 * i:.2f},{100 + 7 * i},{40 + i}\n" for i in range(12))
+    data = scenario(tmp_path, rows, {"name": "vllm_v1", "max_num_batched_tokens": 64,
+                                     "max_num_seqs": 8}, pipeline=3)
+    data["replica"]["kv_cache"] = {"block_size": 16, "num_blocks": 20}
+    full = run(data)
+    assert int(full.iterations["num_preempted"].sum()) == int(
+        full.requests["num_preemptions"].sum()) > 0
+    for horizon in np.arange(0.19, 12.0, 0.37):
+        res = run({**data, "horizon_s": float(horizon)})
+        req, it = res.requests, res.iterations
+        computed = int(it["num_prefill_tokens"].sum() + it["num_decode_tokens"].sum())
+        assert computed == int((req["num_computed_tokens"] + req["num_recomputed_tokens"]).sum())
+        never = req["num_computed_tokens"].eq(0) & req["num_recomputed_tokens"].eq(0)
+        assert req.loc[never, "first_scheduled_s"].isna().all()

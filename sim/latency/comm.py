@@ -15,7 +15,12 @@ Two sources, chosen per scenario:
   `interconnect_efficiency` of the link plus a fixed start-up. The defaults (25 us, 8 us, 0.75)
   are least-squares fits to the H100 DGX tables above (NCCL medians: all-reduce over 2/4/8 GPUs
   starts at 24-35 us and reaches 0.68-0.81 of 450 GB/s; an intra-node send starts at 8 us and
-  reaches 0.80).
+  reaches 0.80). Hand-offs between nodes (a pipeline whose stages fill more than one node of
+  8 GPUs) go over the GPU's scale-out NIC (`GPUSpec.network_bandwidth_bytes_s`) at the same
+  efficiency after a 17 us start-up (the same H100 DGX table's rows across nodes: 17 us at
+  2 KiB, 34-36 GB/s = 0.68-0.72 of a 400 Gb/s NIC from 64 MiB; this form gives 0.83-1.00x
+  their times from 2 KiB to 256 MiB); a table's rows across nodes (`devices_per_node` 1)
+  time them where given.
 
 The tables hold no all-gather (Vidur measured all_reduce and send_recv only), so gathers of
 the logits are always timed from the link: each GPU of a ring all-gather receives (n-1)/n of the
@@ -36,6 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.errors import InputError
+from sim.parallelism import GPUS_PER_NODE
 
 if TYPE_CHECKING:
     from sim.parallelism import Parallelism
@@ -64,8 +70,10 @@ class MessageTable:
         return np.where(x > 0, out, 0.0)
 
 
-def read_table(path: Path, collective: str, num_workers: int, field: str) -> MessageTable:
-    """The rows of `path` for `num_workers` GPUs (all on one node where the table has that)."""
+def read_table(path: Path, collective: str, num_workers: int, field: str, *,
+               cross_node: bool = False) -> MessageTable:
+    """The rows of `path` for `num_workers` GPUs: all on one node where the table has that, or,
+    `cross_node`, each on its own node (`devices_per_node` 1: Vidur's rows across nodes)."""
     column = f"time_stats.{collective}.median"
     try:
         with open(path, newline="") as f:
@@ -77,7 +85,14 @@ def read_table(path: Path, collective: str, num_workers: int, field: str) -> Mes
                          f"needs columns size, num_workers and {column} (Vidur's layout)")
     try:
         picked = [r for r in rows if int(r["num_workers"]) == num_workers]
-        if picked and "devices_per_node" in picked[0]:
+        if cross_node:
+            picked = [r for r in picked if int(r.get("devices_per_node") or 0) == 1]
+            if len(picked) < 2:
+                raise InputError(path, field, str(path),
+                                 f"has no rows across nodes for {num_workers} GPUs "
+                                 "(devices_per_node 1), which this replica's pipeline needs: "
+                                 "its stages span nodes")
+        elif picked and "devices_per_node" in picked[0]:
             # Prefer the group inside one node: tensor parallelism stays on NVLink.
             best = max(int(r["devices_per_node"]) for r in picked)
             picked = [r for r in picked if int(r["devices_per_node"]) == best]
@@ -154,17 +169,34 @@ class Collectives:
 
     def __init__(self, bandwidth: BandwidthCollectives, parallelism: Parallelism,
                  all_reduce_table: Path | None = None, send_recv_table: Path | None = None,
-                 field_prefix: str = "latency") -> None:
+                 field_prefix: str = "latency",
+                 network: BandwidthCollectives | None = None) -> None:
         self.num_gpus = parallelism.tensor
         self.bandwidth = bandwidth
+        # Pipeline hand-offs: those between nodes go over the network (`network`, the GPU's
+        # scale-out NICs, or the table's rows across nodes), the rest over the node's fabric.
+        self.num_handoffs = parallelism.pipeline - 1
+        self.num_cross_node_handoffs = parallelism.num_cross_node_handoffs
+        self.network = network
         self.all_reduce_table: MessageTable | None = None
         self.send_recv_table: MessageTable | None = None
+        self.cross_node_table: MessageTable | None = None
         if all_reduce_table is not None and parallelism.tensor > 1:
             self.all_reduce_table = read_table(all_reduce_table, "all_reduce", parallelism.tensor,
                                                f"{field_prefix}.all_reduce_table")
         if send_recv_table is not None and parallelism.pipeline > 1:
             self.send_recv_table = read_table(send_recv_table, "send_recv", 2,
                                               f"{field_prefix}.send_recv_table")
+            if self.num_cross_node_handoffs:
+                self.cross_node_table = read_table(send_recv_table, "send_recv", 2,
+                                                   f"{field_prefix}.send_recv_table",
+                                                   cross_node=True)
+        if self.num_cross_node_handoffs and self.cross_node_table is None and network is None:
+            raise InputError("<scenario>", "gpu", None, (
+                f"a replica of {parallelism.num_gpus} GPUs spans nodes of {GPUS_PER_NODE}, "
+                "and this GPU has no network bandwidth to time the pipeline hand-offs between "
+                "them: give gpu.network_bandwidth_bytes_s, or latency.send_recv_table with "
+                "rows across nodes"))
 
     def all_reduce(self, num_bytes: Array) -> Array:
         """Seconds to all-reduce `num_bytes` over the tensor group."""
@@ -178,7 +210,23 @@ class Collectives:
         return self.bandwidth.all_gather_s(num_bytes, self.num_gpus)
 
     def send_recv(self, num_bytes: Array) -> Array:
-        """Seconds to hand `num_bytes` on from one pipeline stage to the next."""
+        """Seconds to hand `num_bytes` on from one pipeline stage to the next, in one node."""
         if self.send_recv_table is not None:
             return self.send_recv_table(num_bytes)
         return self.bandwidth.send_recv_s(num_bytes)
+
+    def cross_node_send_recv(self, num_bytes: Array) -> Array:
+        """Seconds to hand `num_bytes` on to a stage on another node."""
+        if self.cross_node_table is not None:
+            return self.cross_node_table(num_bytes)
+        assert self.network is not None, "checked when built"
+        return self.network.send_recv_s(num_bytes)
+
+    def pipeline_handoffs(self, num_bytes: Array) -> Array:
+        """Seconds of one iteration's `pipeline - 1` hand-offs of `num_bytes` each: inside a
+        node, and between nodes where the stages span them."""
+        inside = self.num_handoffs - self.num_cross_node_handoffs
+        time = inside * self.send_recv(num_bytes)
+        if self.num_cross_node_handoffs:
+            time = time + self.num_cross_node_handoffs * self.cross_node_send_recv(num_bytes)
+        return time

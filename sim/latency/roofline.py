@@ -77,6 +77,8 @@ class RooflineConfig(LatencyConfig):
         0.75, gt=0, le=1, description="fraction of link bandwidth collectives reach")
     all_reduce_latency_s: float = Field(25e-6, ge=0, le=1, description="start-up per all-reduce")
     send_recv_latency_s: float = Field(8e-6, ge=0, le=1, description="start-up per hand-off")
+    network_latency_s: float = Field(17e-6, ge=0, le=1,
+                                     description="start-up per hand-off between nodes")
 
 
 @LATENCY_MODELS.register("roofline")
@@ -166,7 +168,15 @@ class _Tables:
             # Two per layer, and the vocabulary-parallel embedding's.
             time = time + (2 * model.num_layers + 1) * self.comm.all_reduce(act_bytes)
         if par.pipeline > 1:
-            time = time + (par.pipeline - 1) * self.comm.send_recv(m * h * model.dtype_bytes)
+            # vLLM hands on the hidden states and the residual (`IntermediateTensors` of two
+            # tokens x hidden tensors in its Llama-style models); each GPU of the tensor group
+            # sends its 1/T slice and the next stage's group all-gathers them
+            # (`send_tensor_dict(..., all_gather_group=get_tp_group())`), so T links carry a
+            # hand-off between nodes side by side.
+            handoff_bytes = 2 * m * h * model.dtype_bytes
+            time = time + self.comm.pipeline_handoffs(handoff_bytes / t)
+            if t > 1:
+                time = time + (par.pipeline - 1) * self.comm.all_gather(handoff_bytes)
         return time
 
     def _mla_context_s(self, m: np.ndarray) -> np.ndarray:
@@ -281,7 +291,11 @@ def _collectives(config: RooflineConfig, gpu: GPUSpec, parallelism: Parallelism)
     bandwidth = BandwidthCollectives(
         gpu.interconnect_bandwidth_bytes_s, config.interconnect_efficiency,
         config.all_reduce_latency_s, config.send_recv_latency_s)
-    return Collectives(bandwidth, parallelism, config.all_reduce_table, config.send_recv_table)
+    network = None if gpu.network_bandwidth_bytes_s is None else BandwidthCollectives(
+        gpu.network_bandwidth_bytes_s, config.interconnect_efficiency,
+        config.all_reduce_latency_s, config.network_latency_s)
+    return Collectives(bandwidth, parallelism, config.all_reduce_table, config.send_recv_table,
+                       network=network)
 
 
 @lru_cache(maxsize=64)
