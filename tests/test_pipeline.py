@@ -122,13 +122,19 @@ def test_pipelined_invariants(data, pipeline):
     assert (it["num_kv_blocks_used"] <= data["replica"]["kv_cache"]["num_blocks"]).all()
 
 
-def test_pipelined_runs_preempt_requests_in_flight(tmp_path):
-    # vLLM v1 with barely enough KV for one long request: decodes run out of blocks and
-    # preempt the newest running request, which may be in flight; everyone still finishes.
+def kv_starved(tmp_path: Path) -> dict:
+    """vLLM v1 on 3 stages, twelve requests, KV for about one long request."""
     rows = "".join(f"{0.01 * i:.2f},{100 + 7 * i},{40 + i}\n" for i in range(12))
     data = scenario(tmp_path, rows, {"name": "vllm_v1", "max_num_batched_tokens": 64,
                                      "max_num_seqs": 8}, pipeline=3)
     data["replica"]["kv_cache"] = {"block_size": 16, "num_blocks": 20}
+    return data
+
+
+def test_pipelined_runs_preempt_requests_in_flight(tmp_path):
+    # vLLM v1 with barely enough KV for one long request: decodes run out of blocks and
+    # preempt the newest running request, which may be in flight; everyone still finishes.
+    data = kv_starved(tmp_path)
     res = run(data)
     req = res.requests
     assert (req["status"] == "finished").all()
@@ -142,10 +148,7 @@ def test_a_horizon_takes_back_iterations_in_flight_even_for_preempted_requests(t
     # horizon never ran, also for a request preempted while it was in flight), every
     # preemption is logged with an iteration or, at the horizon, with none, and a request whose
     # only iteration was in flight counts as never scheduled.
-    rows = "".join(f"{0.01 * i:.2f},{100 + 7 * i},{40 + i}\n" for i in range(12))
-    data = scenario(tmp_path, rows, {"name": "vllm_v1", "max_num_batched_tokens": 64,
-                                     "max_num_seqs": 8}, pipeline=3)
-    data["replica"]["kv_cache"] = {"block_size": 16, "num_blocks": 20}
+    data = kv_starved(tmp_path)
     full = run(data)
     assert int(full.iterations["num_preempted"].sum()) == int(
         full.requests["num_preemptions"].sum()) > 0
