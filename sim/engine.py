@@ -378,11 +378,7 @@ class Replica:
         batches = self._batches
         while batches and (batches[0].end_s < now_s or (inclusive and batches[0].end_s == now_s)):
             it = batches.popleft()
-            shape = it.shape
-            iteration = self.log.append(it.start_s, it.duration_s, shape.num_prefill_tokens,
-                                        shape.num_decode_tokens, it.plan.num_seqs,
-                                        it.num_kv_blocks_used, len(it.plan.preempted_ids),
-                                        it.num_waiting)
+            iteration = self._log(it)
             assert it.in_flight is not None
             done, sampled = self.state.complete(it.in_flight, it.end_s)
             self.log.add_sampled(iteration, sampled)
@@ -415,12 +411,15 @@ class Replica:
         yield At(self.env, cut_s, self.turn)
 
     def _commit(self, it: Iteration) -> None:
-        shape = it.shape
-        iteration = self.log.append(it.start_s, it.duration_s, shape.num_prefill_tokens,
-                                    shape.num_decode_tokens, it.plan.num_seqs,
-                                    it.num_kv_blocks_used, len(it.plan.preempted_ids),
-                                    it.num_waiting)
+        iteration = self._log(it)
         self._left_running(self.state.commit(it.plan, iteration, it.start_s, it.end_s))
+
+    def _log(self, it: Iteration) -> int:
+        """Add an iteration that has ended to the log; return its number."""
+        shape = it.shape
+        return self.log.append(it.start_s, it.duration_s, shape.num_prefill_tokens,
+                               shape.num_decode_tokens, it.plan.num_seqs, it.num_kv_blocks_used,
+                               len(it.plan.preempted_ids), it.num_waiting)
 
     def _left_running(self, done: list[Request]) -> None:
         for req in done:

@@ -71,13 +71,14 @@ def _with_sampled(requests: Sequence[Request], logs: Sequence[IterationLog],
     from several replicas, whose iterations are numbered apart)."""
     ids = np.fromiter((r.request_id for r in requests), dtype=np.int64, count=len(requests))
     order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
     owners, starts = [owner], [start]
     for offset, log in zip(offsets.tolist(), logs, strict=False):
         if not len(log.sampled_iterations):
             continue
         rid = np.frombuffer(log.sampled_request_ids, dtype=np.int64)
-        at = np.minimum(np.searchsorted(ids[order], rid), len(ids) - 1)
-        mine = ids[order][at] == rid  # tokens of the requests given
+        at = np.minimum(np.searchsorted(sorted_ids, rid), len(ids) - 1)
+        mine = sorted_ids[at] == rid  # tokens of the requests given
         owners.append(order[at[mine]])
         starts.append(np.frombuffer(log.sampled_iterations, dtype=np.int64)[mine] + offset)
     ends = [end] + [s + 1 for s in starts[1:]]
