@@ -18,6 +18,7 @@ from sim.latency import LATENCY_MODELS
 from sim.latency.base import LatencyModel
 from sim.models import ModelShape
 from sim.noise import IterationNoise
+from sim.pipeline import PipelinedReplica
 from sim.prefix_cache import Eviction, PrefixCachingKVManager
 from sim.request import Request, Status
 from sim.routers import ROUTERS
@@ -64,13 +65,18 @@ class Cluster:
         state = ReplicaState(kv_cache_for(cfg, model, field, self.source,
                                           eviction=type(scheduler).prefix_cache_eviction),
                              prefill_only=pool == "prefill")
-        replica = Replica(self.env, len(self.replicas), scheduler, latency, state,
-                          horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
-                          quiet_until=self._next_arrival if pool == "colocated" else None,
-                          where=(self.source, f"{field}.latency",
-                                 str(getattr(cfg.latency, "path", "")) or cfg.latency.kind),
-                          noise=self._noise(cfg, latency, len(self.replicas), field),
-                          pipeline_depth=cfg.parallelism.pipeline)
+        kind: type[Replica] = Replica
+        extra = {}
+        if cfg.parallelism.pipeline > 1:  # stages as vLLM splits the layers
+            kind = PipelinedReplica
+            extra = {"stage_layers": [len(layers) for layers in
+                                      cfg.parallelism.stage_layers(model.num_layers)]}
+        replica = kind(self.env, len(self.replicas), scheduler, latency, state,
+                       horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
+                       quiet_until=self._next_arrival if pool == "colocated" else None,
+                       where=(self.source, f"{field}.latency",
+                              str(getattr(cfg.latency, "path", "")) or cfg.latency.kind),
+                       noise=self._noise(cfg, latency, len(self.replicas), field), **extra)
         self.replicas.append(replica)
         return replica
 

@@ -9,13 +9,13 @@ fast-forwards a stretch of them, so both give identical results:
 3. last, replicas plan their next iteration, in replica order (priority `PLAN + replica_id`),
    having seen everything else that happened at that instant.
 
-SimPy is imported here and in `sim/disaggregation.py`, nowhere else in `sim/`.
+SimPy is imported here, in `sim/pipeline.py` (a replica keeping several iterations in flight
+down a pipeline of GPUs) and in `sim/disaggregation.py`, nowhere else in `sim/`.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from heapq import heappush
@@ -95,7 +95,7 @@ class Iteration:
     end_s: float  # start_s + duration_s
     num_kv_blocks_used: int
     num_waiting: int
-    # Pipelined replica: the requests sent down the pipeline (`ReplicaState.start`).
+    # Pipelined replica (`sim.pipeline`): the requests sent down the pipeline.
     in_flight: list[InFlight] | None = None
 
 
@@ -111,7 +111,7 @@ class Replica:
                  fast_forward: bool = True, pool: str = "colocated",
                  quiet_until: Callable[[], float] | None = None,
                  where: tuple[str, str, Any] = ("<scenario>", "replica.latency", None),
-                 noise: IterationNoise | None = None, pipeline_depth: int = 1) -> None:
+                 noise: IterationNoise | None = None) -> None:
         self.env = env
         self.replica_id = replica_id
         self.turn = PLAN + replica_id
@@ -137,11 +137,6 @@ class Replica:
         self._poke: simpy.Event | None = None
         # Work planned and not yet committed: one iteration, or a decode stretch.
         self._inflight: Iteration | Stretch | None = None
-        # Pipeline parallelism (`_run_pipelined`): up to `pipeline_depth` iterations in flight,
-        # oldest first, and when each stage is next free.
-        self.pipeline_depth = pipeline_depth
-        self._batches: deque[Iteration] = deque()
-        self._stage_free_s = [-math.inf] * pipeline_depth
         self.process = env.process(self.run())
 
     # -- what the rest of the cluster sees and does --------------------------------------------
@@ -196,9 +191,6 @@ class Replica:
         committing work in flight never reads them."""
         work = self._inflight
         if work is None:
-            if self._batches:
-                self._complete_batches(self.env.now if before_s is None else before_s,
-                                       inclusive=before_s is None)
             return
         inclusive = before_s is None
         now = self.env.now if before_s is None else before_s
@@ -225,8 +217,6 @@ class Replica:
         work = self._inflight
         if work is not None:
             return work.end_s if isinstance(work, Iteration) else float(work.end_s[0])
-        if self._batches:
-            return self._batches[0].end_s
         state = self.state
         return self.env.now if state.waiting or state.running else math.inf
 
@@ -234,19 +224,12 @@ class Replica:
         """The clock stopped at `horizon_s`: commit what ended before it; the iteration in
         progress holds the KV blocks it was planned with, as in a step-by-step run."""
         self.sync(before_s=horizon_s)
-        while self._batches:  # newest first: a prompt's chunks come off in reverse
-            in_flight = self._batches.pop().in_flight
-            assert in_flight is not None
-            self.state.cancel(in_flight)
         if isinstance(self._inflight, Stretch):
             self._inflight = allocate_first_step(self.state, self._inflight)
 
     # -- the replica's own process ---------------------------------------------------------
 
     def run(self) -> Generator[simpy.Event, Any, None]:
-        if self.pipeline_depth > 1:
-            yield from self._run_pipelined()
-            return
         state = self.state
         # The replica's own clock: ahead of the environment's while it runs ahead (below).
         now = self.env.now
@@ -319,70 +302,6 @@ class Replica:
                                   np.array([end_s]))
         return Iteration(plan, shape, start_s, duration_s, end_s, state.kv.num_used_blocks,
                          len(state.waiting))
-
-    def _run_pipelined(self) -> Generator[simpy.Event, Any, None]:
-        """Pipeline parallelism as vLLM v1 runs it (`EngineCore.step_with_batch_queue`): up
-        to P iterations in flight (`max_concurrent_batches` = pipeline size). While fewer are,
-        the scheduler plans another at once from what is not in flight
-        (`ReplicaState.start`: a decode waits for its own token; a prompt's next chunk may
-        follow its previous one). With P in flight, or nothing more to schedule, the engine
-        blocks on the oldest iteration's result: work arriving meanwhile waits until it
-        leaves the last stage. Stages are servers in tandem: an iteration whose whole pass
-        takes T (the latency model's answer: every stage in turn plus the hand-offs) holds
-        each of the P stages for T / P, once the iteration ahead has left that stage. Every
-        iteration is an event (no stretches)."""
-        state, batches = self.state, self._batches
-        preempted: list[int] = []  # by plans that scheduled nothing: logged with the next
-        while True:
-            self.sync()
-            if self.inbox is not None and self.inbox.pending:
-                self.inbox.admit()
-            now = self.env.now
-            plan = None
-            while len(batches) < self.pipeline_depth and (state.running or state.waiting):
-                plan = self.scheduler.schedule(state, now)
-                if not plan:
-                    preempted += plan.preempted_ids
-                    break
-                if preempted:
-                    plan.preempted_ids[:0] = preempted
-                    preempted = []
-                batches.append(self._send(plan, now))
-            if not batches:
-                if plan is not None and (state.running or not (
-                        state.num_transferring or state.incoming)):
-                    raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
-                yield from self._wait_for_work()
-                continue
-            # Blocked on the oldest result: no poke (`wake` finds none), as vLLM's engine
-            # reads new requests only between steps.
-            yield At(self.env, batches[0].end_s, self.turn)
-
-    def _send(self, plan: Plan, now_s: float) -> Iteration:
-        """`plan` sent down the pipeline now: it enters each stage once it has left the one
-        before and the iteration ahead has left this one."""
-        it = self._plan_iteration(plan, now_s, len(self._batches))
-        stage_s = it.duration_s / self.pipeline_depth
-        free = self._stage_free_s
-        start_s = end_s = max(now_s, free[0])
-        for k in range(self.pipeline_depth):
-            end_s = max(end_s, free[k]) + stage_s
-            free[k] = end_s
-        it.start_s, it.duration_s = start_s, end_s - start_s
-        it.end_s = start_s + it.duration_s  # as the log will compute it
-        it.in_flight = self.state.start(plan, start_s)
-        return it
-
-    def _complete_batches(self, now_s: float, *, inclusive: bool) -> None:
-        """Log and apply the pipelined iterations that have left the last stage by `now_s`."""
-        batches = self._batches
-        while batches and (batches[0].end_s < now_s or (inclusive and batches[0].end_s == now_s)):
-            it = batches.popleft()
-            iteration = self._log(it)
-            assert it.in_flight is not None
-            done, sampled = self.state.complete(it.in_flight, it.end_s)
-            self.log.add_sampled(iteration, sampled)
-            self._left_running(done)
 
     def _run_stretch(self, stretch: Stretch) -> Generator[simpy.Event, Any, None]:
         """Decode-only iterations until the first completion or KV shortfall, or new work."""

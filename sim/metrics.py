@@ -198,7 +198,8 @@ def slo_attainment(requests: pd.DataFrame, tbt_gaps_s: np.ndarray | WeightedSamp
 def replica_stats(iterations: pd.DataFrame, num_kv_blocks: dict[int, int], end_s: float
                   ) -> list[dict[str, Any]]:
     """Per replica: iterations, busy fraction of the run [0, end_s], queue length and KV
-    utilisation over its iterations (time-weighted by iteration duration)."""
+    utilisation over its iterations (time-weighted: what an iteration logged holds until it
+    ends, or until the next starts if that is sooner, as on a pipelined replica)."""
     # Each replica's rows as slices of the columns read (the frame's rows come grouped by
     # replica; otherwise they are grouped here, in order within each replica).
     replica_id = iterations["replica_id"].to_numpy()
@@ -222,7 +223,14 @@ def replica_stats(iterations: pd.DataFrame, num_kv_blocks: dict[int, int], end_s
         end = start + duration
         start = np.concatenate((start[:1], np.maximum(start[1:], end[:-1])))
         busy_s = float((np.minimum(end, end_s) - np.minimum(start, end_s)).sum())
-        weights = duration / duration.sum() if duration.sum() > 0 else np.ones_like(duration)
+        # Queue and KV as logged by each iteration hold until the next one starts: a pipelined
+        # iteration weighs only until the next is sent, so overlapping passes count time once.
+        # Back-to-back iterations weigh their durations, as the numbers were before pipelines.
+        held = duration.copy()
+        next_start = columns["start_s"][lo + 1:hi]
+        overlap = next_start < end[:-1]
+        held[:-1][overlap] = next_start[overlap] - columns["start_s"][lo:hi - 1][overlap]
+        weights = held / held.sum() if held.sum() > 0 else np.ones_like(held)
         kv = columns["num_kv_blocks_used"][lo:hi] / num_kv_blocks[replica_id_]
         waiting = columns["num_waiting"][lo:hi]
         out.append({

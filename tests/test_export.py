@@ -14,7 +14,7 @@ from sim import run_scenario
 from sim.config import parse_scenario
 from sim.errors import InputError
 from sim.export import export_run
-from sim.export.chrome import wire_intervals
+from sim.export.chrome import chrome_trace, wire_intervals
 from sim.runner import Results
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 from tests.test_cluster import disaggregated, replica, trace
@@ -277,6 +277,119 @@ def test_chrome_trace_of_a_colocated_run_with_a_horizon(tmp_path):
     assert kinds <= {"prefill", "decode", "prefill+decode"} and "prefill+decode" in kinds
     queue = [e["args"]["num_waiting"] for e in by_phase["C"] if e["name"] == "queue"]
     assert max(queue) == its["num_waiting"].max() > 0
+
+
+def pipelined(tmp_path: Path, rows: list[tuple[float, int, int]], pipeline: int,
+              **scheduler) -> dict:
+    """A replica of test_cluster's (constant latency) with `pipeline` stages."""
+    return {"workload": {"format": "vidur", "path": trace(tmp_path, rows)},
+            "replica": replica(**scheduler) | {"parallelism": {"pipeline": pipeline}},
+            "record_token_times": True}
+
+
+def iteration_threads(trace: dict) -> dict[tuple[int, int], list[dict]]:
+    """Iteration slices by (pid, tid), in time order."""
+    threads = defaultdict(list)
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and e["cat"] == "iteration":
+            threads[(e["pid"], e["tid"])].append(e)
+    return {key: sorted(track, key=lambda e: e["ts"]) for key, track in threads.items()}
+
+
+def check_iteration_threads(trace: dict) -> dict[tuple[int, int], list[dict]]:
+    """Iteration slices on one thread never overlap (touching is fine: the rounding of a µs
+    with 3 decimals apart); every flow point on a replica lies inside an iteration slice of
+    its thread."""
+    threads = iteration_threads(trace)
+    for track in threads.values():
+        for before, after in zip(track, track[1:], strict=False):
+            assert after["ts"] >= before["ts"] + before["dur"] - 1e-3, (before, after)
+    replicas = {pid for pid, _ in threads}
+    points = [e for e in trace["traceEvents"] if e["ph"] in "stf" and e["pid"] in replicas]
+    for e in points:
+        assert any(s["ts"] < e["ts"] < s["ts"] + s["dur"]
+                   for s in threads.get((e["pid"], e["tid"]), [])), e
+    return threads
+
+
+def test_chrome_trace_puts_a_pipelines_iterations_in_flight_on_threads_of_their_own(tmp_path):
+    # test_pipeline's prompt of 200 tokens in chunks of 64, 64, 64, 8 on two stages of TICK / 2:
+    # iterations of TICK starting at 0, 0.125, 0.25, 0.375, 0.625, 0.875 s. Each goes to the
+    # first thread free at its start: the third starts as the first ends, and shares its thread.
+    res = run_scenario(parse_scenario(pipelined(tmp_path, [(0.0, 200, 3)], 2, token_budget=64),
+                                      "test"))
+    assert res.iterations["start_s"].tolist() == [0.0, 0.125, 0.25, 0.375, 0.625, 0.875]
+    exported = chrome_trace(res)
+    by_phase = check_trace(exported)
+    threads = check_iteration_threads(exported)
+    assert {tid: [(e["ts"], e["dur"]) for e in track] for (_, tid), track in threads.items()} == {
+        0: [(0.0, 250e3), (250e3, 250e3), (625e3, 250e3), (875e3, 250e3)],
+        1: [(125e3, 250e3), (375e3, 250e3)]}
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in by_phase["M"]
+             if e["name"] == "thread_name" and e["pid"] == 1}
+    assert names == {(1, 0): "iterations", (1, 1): "iterations (in flight 2)"}
+    # The request's flow: the first token from the iteration ending at 0.625 s (thread 1), the
+    # last from the one ending at 1.125 s (thread 0).
+    flow = [(e["ph"], e["pid"], e["tid"], e["ts"]) for e in exported["traceEvents"]
+            if e.get("id") == 0]
+    assert flow == [("s", 3, 0, 0.0), ("t", 1, 1, 500e3), ("f", 1, 0, 1000e3)]
+    # Counters stay on thread 0.
+    assert {e["tid"] for e in by_phase["C"]} == {0}
+
+
+@pytest.mark.parametrize("layout", ["colocated", "disaggregated"])
+def test_chrome_trace_of_pipelined_runs_never_overlaps_iterations_on_a_thread(tmp_path, layout):
+    rows = [(0.05 * i, 200 + 37 * (i % 7), 8 + i % 5) for i in range(40)]
+    if layout == "colocated":
+        # A GPU model (roofline latency), tensor x pipeline parallel: overlaps of any length.
+        scenario = parse_scenario({
+            "workload": {"format": "vidur", "path": trace(tmp_path, rows)},
+            "replica": {"model": "llama-3.1-8b", "gpu": "h100-sxm",
+                        "parallelism": {"tensor": 2, "pipeline": 4},
+                        "scheduler": {"name": "chunked_prefill", "token_budget": 256}}},
+            "test")
+        pipeline = 4
+    else:
+        # Both pools pipelined: flows leave one pipeline and land in another.
+        staged = replica(token_budget=128) | {"parallelism": {"pipeline": 2}}
+        scenario = disaggregated(tmp_path, rows, prefill=staged, decode=staged,
+                                 link={"bandwidth_gb_s": 1.0, "latency_s": 0.0})
+        pipeline = 2
+    res = run_scenario(scenario)
+    its = res.iterations
+    overlaps = 0
+    for _, replica_its in its.groupby("replica_id"):
+        start = replica_its["start_s"].to_numpy()
+        end = start + replica_its["duration_s"].to_numpy()
+        overlaps += int((start[1:] < end[:-1]).sum())
+    assert overlaps > 0  # iterations in flight at once, which one thread cannot hold
+    exported = chrome_trace(res, num_flows=40)
+    check_trace(exported)
+    threads = check_iteration_threads(exported)
+    assert sum(len(track) for track in threads.values()) == len(its)
+    tids = {tid for _, tid in threads}
+    assert len(tids) > 1 and max(tids) < pipeline
+    # A flow point binds to the slice around it on its thread: the iteration that gave the
+    # request its first or last token, not one beside it in flight on another thread.
+    req = res.requests.set_index("request_id")
+    points = [e for e in exported["traceEvents"]
+              if e["ph"] in "tf" and (e["pid"], e["tid"]) in threads]
+    assert {e["tid"] for e in points} == tids
+    for e in points:
+        (around,) = [s for s in threads[(e["pid"], e["tid"])]
+                     if s["ts"] < e["ts"] < s["ts"] + s["dur"]]
+        ends_us = [req.at[e["id"], c] * 1e6 for c in ("first_token_s", "finish_s")]
+        assert any(abs(around["ts"] + around["dur"] - end) < 1e-3 for end in ends_us), e
+
+
+def test_chrome_trace_without_a_pipeline_keeps_every_iteration_on_thread_0(tmp_path):
+    for run in (colocated_run(tmp_path), disaggregated_run(tmp_path)):
+        exported = chrome_trace(Results.load(run))
+        threads = check_iteration_threads(exported)
+        assert {tid for _, tid in threads} == {0}
+        named = [e["args"]["name"] for e in exported["traceEvents"]
+                 if e["name"] == "thread_name" and e["pid"] in {pid for pid, _ in threads}]
+        assert named == ["iterations"] * len({pid for pid, _ in threads})
 
 
 def test_exports_are_byte_identical(tmp_path):

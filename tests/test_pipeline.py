@@ -77,7 +77,14 @@ def test_requests_in_separate_iterations_interleave(tmp_path):
     assert token_times(flat, 1) == [0.5, 0.75, 1.0, 1.25]
     # Stages busy back to back from 0.125 on: the replica has an iteration in flight from 0 to
     # the end, and counts that time once.
-    assert res.summary["replicas"][0]["busy_fraction"] == 1.0
+    replica = res.summary["replicas"][0]
+    assert replica["busy_fraction"] == 1.0
+    # KV blocks as each iteration logged them at sending, holding until the next is sent: 4
+    # blocks over [0, 0.125), 7 to 0.25, 8 to 0.5, 9 to the end at 1.25, of 100. Weighting
+    # each overlapping pass by its whole duration would give 72 / 9 = 8.0 blocks.
+    assert res.iterations["num_kv_blocks_used"].tolist() == [4, 7, 8, 8] + [9] * 5
+    assert replica["mean_kv_utilization"] == round((4 + 7 + 2 * 8 + 6 * 9) * 0.125 / 1.25 / 100,
+                                                   6)
 
 
 def test_work_arriving_while_the_engine_blocks_waits_for_the_oldest_result(tmp_path):
@@ -89,6 +96,20 @@ def test_work_arriving_while_the_engine_blocks_waits_for_the_oldest_result(tmp_p
     assert token_times(res, 0) == [0.25, 0.5, 0.75, 1.0]
     assert token_times(res, 1) == [0.5, 0.75, 1.0, 1.25]
     assert res.requests["first_scheduled_s"].tolist() == [0.0, 0.25]
+
+
+def test_stages_hold_their_share_of_the_layers(tmp_path):
+    # Three stages of Llama-3-8B's 32 layers, split as vLLM's `get_pp_indices` splits them:
+    # 11, 11 and 10. Three requests, each in its own iteration, keep the pipeline full: the
+    # busiest stages (11 / 32 of a pass each) set the pace, so an iteration is sent every
+    # 11 / 32 * TICK, where thirds of a pass would give TICK / 3. A pass still takes TICK.
+    rows = "0.0,16,6\n" * 3
+    res = run(scenario(tmp_path, rows, {"name": "chunked_prefill", "token_budget": 16,
+                                        "max_num_seqs": 8}, pipeline=3))
+    assert res.scenario.replica.model == "llama-3-8b"
+    it = res.iterations
+    assert it["start_s"].tolist()[:12] == [k * 11 / 32 * TICK for k in range(12)]
+    assert (it["duration_s"] == TICK).all()
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

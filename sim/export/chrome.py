@@ -3,8 +3,12 @@ which Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
 Tracks (times in µs from the first arrival, rounded to the ns):
 - one process per replica, its iterations as complete slices (`ph: "X"`) named by what they
-  ran (`prefill`, `decode`, `prefill+decode`) with the batch in `args`; counters (`ph: "C"`)
-  `queue` (`num_waiting`) and `KV blocks` (`num_kv_blocks_used`), an entry where they change;
+  ran (`prefill`, `decode`, `prefill+decode`) with the batch in `args`, on thread 0
+  (`iterations`); counters (`ph: "C"`) `queue` (`num_waiting`) and `KV blocks`
+  (`num_kv_blocks_used`), an entry where they change. A pipelined replica keeps up to P
+  iterations in flight, which overlap, and slices on one thread may only nest: each iteration
+  goes to the lowest-numbered thread free at its start, so thread k (`iterations (in flight
+  k+1)`) holds those sent while threads 0 to k-1 were all busy (at most P threads);
 - disaggregated runs: a `KV links` process, one thread per prefill replica's link, each
   finished transfer a slice while its KV is on the wire (from `transfer_wire_start_s`: a link
   sends one transfer at a time; the time queued before is in `args.queued_ms`);
@@ -30,8 +34,9 @@ if TYPE_CHECKING:
     from sim.runner import Results
 
 US = 1e6  # trace time unit: microseconds
-# Each replica's iteration starts and ends (s), as the engine computed them.
-Spans = dict[int, tuple[np.ndarray, np.ndarray]]
+# Each replica's iteration starts and ends (s), as the engine computed them, and the thread
+# (track) each is drawn on.
+Spans = dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 def chrome_trace(results: Results, num_flows: int = 20) -> dict[str, Any]:
@@ -44,13 +49,16 @@ def chrome_trace(results: Results, num_flows: int = 20) -> dict[str, Any]:
     spans: Spans = {}
     for replica_id, pool in sorted(replicas.items()):
         pid = replica_id + 1
-        events += [_meta("process_name", pid, 0, f"replica {replica_id} ({pool})"),
-                   _meta("process_sort_index", pid, 0, replica_id, key="sort_index"),
-                   _meta("thread_name", pid, 0, "iterations")]
         its = results.iterations[results.iterations["replica_id"] == replica_id]
-        iteration_events += iteration_slices(its, pid)
         start = its["start_s"].to_numpy(dtype=np.float64)
-        spans[replica_id] = (start, start + its["duration_s"].to_numpy(dtype=np.float64))
+        end = start + its["duration_s"].to_numpy(dtype=np.float64)
+        tracks = iteration_tracks(_us(start), _us(end))
+        num_tracks = int(tracks.max()) + 1 if len(tracks) else 1
+        events += [_meta("process_name", pid, 0, f"replica {replica_id} ({pool})"),
+                   _meta("process_sort_index", pid, 0, replica_id, key="sort_index")]
+        events += [_meta("thread_name", pid, k, _track_name(k)) for k in range(num_tracks)]
+        iteration_events += iteration_slices(its, pid, tracks)
+        spans[replica_id] = (start, end, tracks)
     transfers = wire_intervals(results.requests)
     links = sorted(set(transfers["replica_id"].tolist()))
     if links:
@@ -84,8 +92,30 @@ def chrome_trace(results: Results, num_flows: int = 20) -> dict[str, Any]:
     }
 
 
-def iteration_slices(its: pd.DataFrame, pid: int) -> list[dict[str, Any]]:
-    """One replica's iterations as slices, then its counters where they change."""
+def iteration_tracks(start_us: np.ndarray, end_us: np.ndarray) -> np.ndarray:
+    """The thread of each of a replica's iterations (given in start order, as the engine sends
+    them): the lowest-numbered one whose last slice has ended by its start. Slices on a thread
+    then never overlap; the times compared are those written (rounded µs), so that iterations
+    back to back share a thread. Without a pipeline every iteration is on thread 0."""
+    tracks = np.zeros(len(start_us), dtype=np.int64)
+    # No iteration starts before all earlier ones have ended (no pipeline): no loop.
+    if len(start_us) < 2 or (start_us[1:] >= np.maximum.accumulate(end_us[:-1])).all():
+        return tracks
+    free_us: list[float] = []  # when each thread's last slice ends
+    for k, (start, end) in enumerate(zip(start_us.tolist(), end_us.tolist(), strict=True)):
+        # At most P threads (iterations in flight): a short scan.
+        track = next((t for t, free in enumerate(free_us) if free <= start), len(free_us))
+        if track == len(free_us):
+            free_us.append(end)
+        else:
+            free_us[track] = end
+        tracks[k] = track
+    return tracks
+
+
+def iteration_slices(its: pd.DataFrame, pid: int, tracks: np.ndarray) -> list[dict[str, Any]]:
+    """One replica's iterations as slices, each on its thread in `tracks`, then its counters
+    where they change."""
     start = _us(its["start_s"].to_numpy(dtype=np.float64))
     # Durations from rounded ends, so that back-to-back iterations stay back to back.
     dur = np.round(_us((its["start_s"] + its["duration_s"]).to_numpy(dtype=np.float64))
@@ -94,9 +124,10 @@ def iteration_slices(its: pd.DataFrame, pid: int) -> list[dict[str, Any]]:
         "iteration", "num_prefill_tokens", "num_decode_tokens", "num_seqs",
         "num_kv_blocks_used", "num_preempted", "num_waiting")}
     out = []
-    for k, (ts, d) in enumerate(zip(start.tolist(), dur.tolist(), strict=True)):
+    for k, (ts, d, tid) in enumerate(zip(start.tolist(), dur.tolist(), tracks.tolist(),
+                                         strict=True)):
         args = {c: v[k] for c, v in cols.items()}
-        out.append({"ph": "X", "pid": pid, "tid": 0, "ts": ts, "dur": d, "cat": "iteration",
+        out.append({"ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": d, "cat": "iteration",
                     "name": _kind(args["num_prefill_tokens"], args["num_decode_tokens"]),
                     "args": args})
     for name, column in (("queue", "num_waiting"), ("KV blocks", "num_kv_blocks_used")):
@@ -193,14 +224,16 @@ def request_flow(row: dict[str, Any], spans: Spans, transfers: pd.DataFrame, lin
 def _iteration_mid(spans: Spans, replica_id: int, time_s: float
                    ) -> tuple[int, int, float] | None:
     """The middle of the iteration of `replica_id` that ended at `time_s` (a token's time), as
-    a flow point: inside that slice, clear of the edges it shares with its neighbours."""
+    a flow point on that slice's thread: inside the slice, clear of the edges it shares with
+    its neighbours. (Iterations end in the order they started, pipelined or not.)"""
     if replica_id not in spans or math.isnan(time_s):
         return None
-    start, end = spans[replica_id]
+    start, end, tracks = spans[replica_id]
     k = int(np.searchsorted(end, time_s))
     if k >= len(end) or end[k] != time_s:
         return None
-    return (replica_id + 1, 0, round((_us(start[k]).item() + _us(end[k]).item()) / 2, 3))
+    return (replica_id + 1, int(tracks[k]),
+            round((_us(start[k]).item() + _us(end[k]).item()) / 2, 3))
 
 
 def _slice(pid: int, tid: int, start_s: float, end_s: float, name: str, cat: str,
@@ -217,6 +250,12 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 def _meta(kind: str, pid: int, tid: int, value: Any, key: str = "name") -> dict[str, Any]:
     return {"ph": "M", "pid": pid, "tid": tid, "name": kind, "args": {key: value}}
+
+
+def _track_name(track: int) -> str:
+    """Thread 0 holds a replica's iterations; thread k > 0 those sent while threads 0 to k-1
+    were all busy (k or more in flight)."""
+    return "iterations" if track == 0 else f"iterations (in flight {track + 1})"
 
 
 def _kind(num_prefill_tokens: int, num_decode_tokens: int) -> str:

@@ -23,8 +23,8 @@ Parts, timed separately because different kernels run them:
 - a fixed per-iteration overhead (scheduling, launches, sampling).
 
 Under pipeline parallelism a prediction is one iteration's whole pass: every stage in turn
-plus P-1 hand-offs. The engine keeps up to P iterations in flight and gives each stage an
-equal share of the pass (`Replica._run_pipelined`), so iterations overlap as in vLLM v1.
+plus P-1 hand-offs. The engine keeps up to P iterations in flight and holds each stage for
+the pass times its share of the layers (`sim.pipeline`), so iterations overlap as in vLLM v1.
 
 Terms that depend only on the number of tokens (the GEMMs and communication) are tabulated
 once per token count, so a prediction is a lookup and a few multiply-adds, the same on a scalar

@@ -1,0 +1,128 @@
+"""A replica split into pipeline stages, run as vLLM v1 runs one: up to P iterations in flight.
+
+vLLM v1's engine (`EngineCore.step_with_batch_queue`) keeps a queue of `max_concurrent_batches`
+(the pipeline size P) iterations. While fewer are in flight, the scheduler plans another at once
+from what is not in flight: it counts scheduled tokens as computed (`ReplicaState.start`), so a
+decode waits for its own token and a prompt's next chunk may follow its previous one down the
+pipeline. With P in flight, or nothing more to schedule, the engine blocks on the oldest
+iteration's result: work arriving meanwhile waits until that iteration leaves the last stage.
+
+Stages are servers in tandem. An iteration whose whole pass takes T (the latency model's
+answer: every stage in turn plus the hand-offs) holds each stage for its share of the model's
+layers times T (`Parallelism.stage_layers`, vLLM's split: T / P each where the layers divide
+evenly), once it has left the stage before and the iteration ahead has left this one. The
+per-iteration overhead, the LM head and the hand-offs are spread the same way, an
+approximation: they belong to the engine step, the last stage and the stage sending.
+
+Every iteration is an event: there is no fast path for pipelined replicas yet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import simpy
+
+from sim.engine import At, Iteration, Replica
+from sim.plan import Plan
+
+
+class PipelinedReplica(Replica):
+    """A replica of P pipeline stages (P > 1): up to P iterations in flight, as vLLM v1's
+    batch queue keeps them. `stage_layers` holds each stage's number of layers."""
+
+    def __init__(self, *args: Any, stage_layers: Sequence[int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pipeline_depth = len(stage_layers)
+        # Each stage's share of a pass; None where the layers divide evenly (T / P each, the
+        # same floats as before uneven splits were modelled).
+        num_layers = sum(stage_layers)
+        self._stage_shares = (None if len(set(stage_layers)) == 1
+                              else [n / num_layers for n in stage_layers])
+        # Sent and not yet out of the last stage, oldest first; when each stage is next free.
+        self._batches: deque[Iteration] = deque()
+        self._stage_free_s = [-math.inf] * self.pipeline_depth
+
+    def sync(self, *, before_s: float | None = None) -> None:
+        """Complete the iterations that have left the last stage by now (or strictly before
+        `before_s`)."""
+        if self._batches:
+            self._complete_batches(self.env.now if before_s is None else before_s,
+                                   inclusive=before_s is None)
+
+    def next_commit_s(self) -> float:
+        if self._batches:
+            return self._batches[0].end_s
+        state = self.state
+        return self.env.now if state.waiting or state.running else math.inf
+
+    def stop(self, horizon_s: float) -> None:
+        """The clock stopped at `horizon_s`: complete what left the pipeline before it; the
+        iterations still in flight never end, and their tokens are not computed."""
+        self.sync(before_s=horizon_s)
+        while self._batches:  # newest first: a prompt's chunks come off in reverse
+            in_flight = self._batches.pop().in_flight
+            assert in_flight is not None
+            self.state.cancel(in_flight)
+
+    def run(self) -> Generator[simpy.Event, Any, None]:
+        state, batches = self.state, self._batches
+        preempted: list[int] = []  # by plans that scheduled nothing: logged with the next
+        while True:
+            self.sync()
+            if self.inbox is not None and self.inbox.pending:
+                self.inbox.admit()
+            now = self.env.now
+            plan = None
+            while len(batches) < self.pipeline_depth and (state.running or state.waiting):
+                plan = self.scheduler.schedule(state, now)
+                if not plan:
+                    preempted += plan.preempted_ids
+                    break
+                if preempted:
+                    plan.preempted_ids[:0] = preempted
+                    preempted = []
+                batches.append(self._send(plan, now))
+            if not batches:
+                if plan is not None and (state.running or not (
+                        state.num_transferring or state.incoming)):
+                    raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
+                yield from self._wait_for_work()
+                continue
+            # Blocked on the oldest result: no poke (`wake` finds none), as vLLM's engine
+            # reads new requests only between steps.
+            yield At(self.env, batches[0].end_s, self.turn)
+
+    def _send(self, plan: Plan, now_s: float) -> Iteration:
+        """`plan` sent down the pipeline now: it enters each stage once it has left the one
+        before and the iteration ahead has left this one."""
+        it = self._plan_iteration(plan, now_s, len(self._batches))
+        free, shares = self._stage_free_s, self._stage_shares
+        start_s = end_s = max(now_s, free[0])
+        if shares is None:
+            stage_s = it.duration_s / self.pipeline_depth
+            for k in range(self.pipeline_depth):
+                end_s = max(end_s, free[k]) + stage_s
+                free[k] = end_s
+        else:
+            for k, share in enumerate(shares):
+                end_s = max(end_s, free[k]) + it.duration_s * share
+                free[k] = end_s
+        it.start_s, it.duration_s = start_s, end_s - start_s
+        it.end_s = start_s + it.duration_s  # as the log will compute it
+        it.in_flight = self.state.start(plan, start_s)
+        return it
+
+    def _complete_batches(self, now_s: float, *, inclusive: bool) -> None:
+        """Log and apply the iterations that have left the last stage by `now_s`."""
+        batches = self._batches
+        while batches and (batches[0].end_s < now_s or (inclusive and batches[0].end_s == now_s)):
+            it = batches.popleft()
+            iteration = self._log(it)
+            assert it.in_flight is not None
+            done, sampled = self.state.complete(it.in_flight, it.end_s)
+            self.log.add_sampled(iteration, sampled)
+            self._left_running(done)
