@@ -181,6 +181,10 @@ def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
         return cls(cfg.latency, model, cfg.gpu_spec, parallelism=cfg.parallelism)
     except InputError as exc:
         if exc.source != "<scenario>":
+            # A file the latency settings name (a communication table): its field named in
+            # full, so that a pool's replica is told from the other's.
+            if all(name.startswith("latency.") for name, _, _ in exc.problems):
+                raise exc.moved(exc.source, lambda name: f"{field}.{name}") from None
             raise
         # A model's own problem with the replica (e.g. a profile measured for another split),
         # named relative to the replica: placed in the scenario here.
@@ -200,11 +204,22 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
     vLLM does: each holds its share of the weights and of every token's KV, so the most loaded
     GPU bounds the replica."""
     kv = cfg.kv_cache
-    if kv.num_blocks is not None:
-        return _manager(cfg, kv.num_blocks, eviction)
     gpu, par = cfg.gpu_spec, cfg.parallelism
-    usable_bytes = gpu.memory_bytes * kv.gpu_memory_utilization
     weight_bytes = par.weight_bytes_per_gpu(model)  # the busiest GPU's, as vLLM shards them
+    if kv.num_blocks is not None:
+        # Blocks given (vLLM's `num_gpu_blocks_override`) skip the memory budget; the weights
+        # must still fit, or the deployment could not exist. More blocks than the rest of
+        # memory holds are allowed (an idealised cache) and said in the summary
+        # (`blocks_beyond_memory`).
+        if weight_bytes > gpu.memory_bytes:
+            split = f" split {par.num_gpus} ways" if par.num_gpus > 1 else ""
+            raise InputError(source, f"{field}.kv_cache.num_blocks", kv.num_blocks,
+                             f"{model.name}{split} needs {weight_bytes / 2**30:.1f} GiB of "
+                             f"weights per GPU; a {gpu.name} holds "
+                             f"{gpu.memory_bytes / 2**30:.1f} GiB: raise parallelism.tensor "
+                             "or pick a larger GPU")
+        return _manager(cfg, kv.num_blocks, eviction)
+    usable_bytes = gpu.memory_bytes * kv.gpu_memory_utilization
     free_bytes = usable_bytes - weight_bytes - kv.activation_reserve_gb * 1e9
     num_blocks = int(free_bytes // (kv.block_size * par.kv_bytes_per_token_per_gpu(model)))
     if num_blocks <= 0:
@@ -217,6 +232,20 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
                          f" GiB (gpu_memory_utilization {kv.gpu_memory_utilization:g}); "
                          "raise parallelism.tensor or pick a larger GPU")
     return _manager(cfg, num_blocks, eviction)
+
+
+def blocks_beyond_memory(cfg: ReplicaConfig) -> str | None:
+    """If the replica's KV blocks are given and, with the weights, exceed its GPUs' memory:
+    by how much (an idealised cache, e.g. to find every reuse a trace holds); else None."""
+    kv, gpu, par, model = cfg.kv_cache, cfg.gpu_spec, cfg.parallelism, cfg.model_shape
+    if kv.num_blocks is None:
+        return None
+    need_bytes = (par.weight_bytes_per_gpu(model)
+                  + kv.num_blocks * kv.block_size * par.kv_bytes_per_token_per_gpu(model))
+    if need_bytes <= gpu.memory_bytes:
+        return None
+    return (f"{kv.num_blocks:,} KV blocks given: with the weights, {need_bytes / 2**30:,.1f} "
+            f"GiB per GPU, of {gpu.memory_bytes / 2**30:,.1f} GiB on a {gpu.name}")
 
 
 def _manager(cfg: ReplicaConfig, num_blocks: int, eviction: Eviction) -> KVCacheManager:

@@ -35,6 +35,7 @@ from sim.routers.base import ReplicaLoad
 from sim.schedulers.base import Scheduler
 from sim.state import InFlight, ReplicaState
 from sim.stretch import Stretch, allocate_first_step, commit_stretch, is_steady, plan_stretch
+from sim.workloads.base import MAX_SPAN_S
 
 Hook = Callable[[Request], None]
 NORMAL = simpy.events.NORMAL
@@ -297,7 +298,7 @@ class Replica:
             duration_s = duration_s * self.noise.factor(
                 len(self.log) + num_before, shape.num_prefill_tokens, shape.num_decode_tokens)
         end_s = start_s + duration_s
-        if not start_s < end_s < math.inf:  # NaN fails too
+        if not start_s < end_s < MAX_SPAN_S:  # NaN fails too
             self._check_durations(np.array([start_s]), np.array([duration_s]),
                                   np.array([end_s]))
         return Iteration(plan, shape, start_s, duration_s, end_s, state.kv.num_used_blocks,
@@ -350,10 +351,17 @@ class Replica:
         """Every iteration must take a finite, positive time that moves the clock forward."""
         # Each end is its start plus a duration: every end after its start means every duration
         # is positive and moves the clock (NaN fails the comparisons too).
-        if end_s[-1] < math.inf and (end_s > starts_s).all():
+        if end_s[-1] < MAX_SPAN_S and (end_s > starts_s).all():
             return
         starts = starts_s
         bad = ~(np.isfinite(duration_s) & (duration_s > 0) & (end_s > starts))
+        if not bad.any() and end_s[-1] >= MAX_SPAN_S:
+            # Past 2**32 s float64 times resolve less than a microsecond: TBTs would be noise.
+            i = int(np.argmax(end_s >= MAX_SPAN_S))
+            raise InputError(*self.where, (
+                f"predicted {float(duration_s[i]):.3g} s for an iteration at "
+                f"t={starts[i]:.6g} s: the run passes 2**32 s (136 years), beyond which times "
+                "lose their resolution; check the GPU's and the latency model's figures"))
         if bad.any():
             i = int(np.argmax(bad))
             value = float(duration_s[i])

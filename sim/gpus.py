@@ -176,6 +176,12 @@ _MAX_MEMORY_BANDWIDTH = 1e14  # 100 TB/s
 _MAX_MEMORY_BYTES = 1e13  # 10 TB
 _MAX_INTERCONNECT = 1e13  # 10 TB/s each way
 _MAX_COST = 1000.0  # USD per GPU-hour
+# And floors well below the smallest part above, for a unit slip the other way (TB/s given
+# as 3.35): 1 TFLOP/s, 10 GB/s of memory, 1 GiB, 100 MB/s between GPUs.
+_MIN_FLOPS = 1e12
+_MIN_MEMORY_BANDWIDTH = 1e10
+_MIN_MEMORY_BYTES = float(2**30)
+_MIN_INTERCONNECT = 1e8
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
@@ -186,8 +192,8 @@ class GPUSpecInput(BaseModel):
               memory_bytes: 4.8e+10, interconnect_bandwidth_bytes_s: 6.4e+10,
               cost_per_gpu_hour: 1.5}
 
-    Units as `GPUSpec`'s. Every figure is a positive finite number (not text, not a boolean)
-    below a bound that catches unit slips. With `base`, a registered GPU gives every figure not
+    Units as `GPUSpec`'s. Every figure is a finite number (not text, not a boolean) between
+    bounds that catch unit slips. With `base`, a registered GPU gives every figure not
     given, e.g. your own price: `gpu: {base: h100-sxm, cost_per_gpu_hour: 2.49}` (named
     `h100-sxm-custom` unless `name` says otherwise)."""
 
@@ -197,20 +203,21 @@ class GPUSpecInput(BaseModel):
 
     name: str = Field(pattern=_NAME, max_length=64,
                       description="a name for results; not a registered GPU's")
-    peak_bf16_flops: float = Field(gt=0, le=_MAX_FLOPS,
+    peak_bf16_flops: float = Field(ge=_MIN_FLOPS, le=_MAX_FLOPS,
                                    description="FLOP/s, dense bf16 (no sparsity)")
-    memory_bandwidth_bytes_s: float = Field(gt=0, le=_MAX_MEMORY_BANDWIDTH,
+    memory_bandwidth_bytes_s: float = Field(ge=_MIN_MEMORY_BANDWIDTH, le=_MAX_MEMORY_BANDWIDTH,
                                             description="bytes/s of GPU memory")
-    memory_bytes: float = Field(gt=0, le=_MAX_MEMORY_BYTES, description="bytes of GPU memory")
+    memory_bytes: float = Field(ge=_MIN_MEMORY_BYTES, le=_MAX_MEMORY_BYTES,
+                                description="bytes of GPU memory")
     interconnect_bandwidth_bytes_s: float = Field(
-        gt=0, le=_MAX_INTERCONNECT,
+        ge=_MIN_INTERCONNECT, le=_MAX_INTERCONNECT,
         description="bytes/s one GPU sends one way over the tensor-parallel fabric")
     interconnect: str = Field("custom", pattern=_NAME, max_length=32,
                               description="a short word: nvlink4, pcie5, ...")
     cost_per_gpu_hour: float | None = Field(None, gt=0, le=_MAX_COST,
                                             description="USD per GPU-hour; None: unknown")
     network_bandwidth_bytes_s: float | None = Field(
-        None, gt=0, le=_MAX_INTERCONNECT,
+        None, ge=_MIN_INTERCONNECT, le=_MAX_INTERCONNECT,
         description="bytes/s one GPU sends one way to another node; None: unknown")
     source: str = Field("custom GPU given in the scenario", max_length=500)
     cost_source: str = Field("given in the scenario", max_length=500)

@@ -20,11 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 from sim.registry import Registry
 
 DATA_DIR = Path(__file__).parent / "data" / "models"
+# A config.json is a few KB: the most read of one, with room to spare.
+MAX_CONFIG_BYTES = 10 * 2**20
 
 # The committed config.json files, by registered name: `sim/data/models/<name>.json`, copied
 # from the Hugging Face repository named here (sources and licences: SOURCES.md there).
@@ -299,31 +302,74 @@ def resolve_model(value: str, base_dir: Path | None = None) -> ModelShape:
 
 def read_config(path: Path) -> ModelShape:
     """The shape a config.json describes (named after the file), parsed once per version of the
-    file (its resolved path, modification time and size)."""
+    file (its resolved path, modification time and size). Anything but a regular file (a device,
+    a named pipe) is refused before it is opened, and so is a file past MAX_CONFIG_BYTES."""
     try:
         stat = path.stat()
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file") from None
     except OSError as exc:
         raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
+    if not S_ISREG(stat.st_mode):
+        raise ValueError(f"{path}: not a regular file")
+    if stat.st_size > MAX_CONFIG_BYTES:
+        raise ValueError(_too_large(path, stat.st_size))
     return _read_config(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+def _too_large(path: str | Path, size: int) -> str:
+    return (f"{path}: too large for a config.json ({size} bytes; at most {MAX_CONFIG_BYTES} "
+            "are read)")
 
 
 @lru_cache(maxsize=64)
 def _read_config(path: str, mtime_ns: int, size: int) -> ModelShape:
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read())
+        # Non-blocking, and checked again once open: a file swapped for a named pipe since
+        # `read_config` looked at it neither hangs the open nor is read.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as f:
+            regular = S_ISREG(os.fstat(f.fileno()).st_mode)
+            raw = f.read(MAX_CONFIG_BYTES + 1) if regular else b""
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
+    if not regular:
+        raise ValueError(f"{path}: not a regular file")
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(_too_large(path, len(raw)))
+    try:
+        data = json.loads(raw, object_pairs_hook=_unique_keys)
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not JSON (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno} column "
                          f"{exc.colno})") from None
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
+    except _DuplicateKey as exc:
+        key, first, last = exc.args
+        shown = key if key.isprintable() else repr(key)
+        raise ValueError(f"{path}: {shown}={first!r}, then {last!r}: given twice in one "
+                         "object (JSON readers would silently keep the last)") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not JSON (nested too deeply)") from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise ValueError(f"{path}: not JSON ({' '.join(str(exc).split())})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a JSON object but {type(data).__name__}")
     return _Config(data, path).shape(Path(path).stem)
+
+
+class _DuplicateKey(Exception):
+    """An object gives one key twice: (key, first value, later value)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice (`json` keeps the last)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key, out[key], value)
+        out[key] = value
+    return out
 
 
 # model_type -> (family, architecture class). Families: "dense", "mixtral", "qwen_moe" (Qwen2
@@ -378,7 +424,9 @@ class _Config:
         return value
 
     def indices(self, key: str, num_layers: int) -> list[int]:
-        value = self.data.get(key) or []
+        value = self.data.get(key)
+        if value is None:  # absent or null: none listed (as Qwen2MoeConfig reads it)
+            return []
         if not isinstance(value, list):
             raise self.fail(key, value, f"must be a list of layer indices, not {_kind(value)}")
         for item in value:
@@ -420,8 +468,11 @@ class _Config:
                                                           f"{hidden} (and no head_dim given)")
         else:
             head_dim = hidden // heads
-        dtype_key = "torch_dtype" if "torch_dtype" in self.data else "dtype"
-        dtype = self.data.get(dtype_key) or "bfloat16"
+        # `torch_dtype`, else `dtype` (its newer name); absent or null: bf16.
+        dtype_key = "torch_dtype" if self.data.get("torch_dtype") is not None else "dtype"
+        dtype = self.data.get(dtype_key)
+        if dtype is None:
+            dtype = "bfloat16"
         if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
             raise self.fail(dtype_key, dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
         fields: dict[str, Any] = {
@@ -494,5 +545,6 @@ class _Config:
 
 
 def _kind(value: Any) -> str:
-    return {str: "text", float: "a decimal number", list: "a list", dict: "an object"}.get(
+    return {str: "text", float: "a decimal number", list: "a list", dict: "an object",
+            bool: "a boolean", int: "an integer"}.get(
         type(value), type(value).__name__)

@@ -189,6 +189,9 @@ def _uneven_widths(model: ModelShape, t: int, e: int) -> list[tuple[str, int]]:
     if model.num_experts:
         ways = t // e if t % e == 0 else t  # an e not dividing t is reported on its own
         widths.append(("moe_intermediate_size", model.moe_intermediate_size, ways))
+        # Shared experts are a dense MLP sliced over the whole tensor group, whatever `expert`.
+        widths.append(("shared_expert_intermediate_size",
+                       model.shared_expert_intermediate_size, t))
     return [(what, size) for what, size, ways in widths if size % ways]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.cluster import Cluster
+from sim.cluster import Cluster, blocks_beyond_memory
 from sim.config import ReplicaConfig, Scenario, load_scenario, scenario_yaml
 from sim.engine import Progress
 from sim.errors import InputError
@@ -375,6 +375,10 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
         "end_s": end_s,
         "complete": True,
     }
+    beyond = {pool: note for pool, cfg in pools.items()
+              if (note := blocks_beyond_memory(cfg)) is not None}
+    if beyond:  # only then: summaries of runs within memory stay as they were
+        summary["run"]["blocks_beyond_memory"] = beyond
     summary["cost"] = cost_stats(summary, request_df, pools, replicas)
     summary["latency_model"] = latency
     return Results(scenario, request_df, iteration_df, frames.tokens, summary, gap_df)

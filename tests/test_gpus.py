@@ -81,7 +81,9 @@ def test_a_name_resolves_to_the_registered_spec():
 @pytest.mark.parametrize(("field", "value", "problem"), [
     ("peak_bf16_flops", True, "must be a number, not a boolean"),
     ("memory_bytes", "4.8e10", "must be a number, not text"),
-    ("memory_bandwidth_bytes_s", -2.0e12, "greater than 0"),
+    ("memory_bandwidth_bytes_s", -2.0e12, "greater than or equal to 10000000000"),
+    ("memory_bandwidth_bytes_s", 3.35, "greater than or equal to"),  # TB/s written as 3.35
+    ("memory_bytes", 80, "greater than or equal to 1073741824"),  # GiB written as 80
     ("interconnect_bandwidth_bytes_s", float("nan"), "must be a finite number"),
     ("cost_per_gpu_hour", 0, "greater than 0"),
     ("peak_bf16_flops", 4.0e20, "less than or equal to"),  # a unit slip

@@ -3,16 +3,21 @@ published sizes, KV bytes against hand computations, and the errors a bad file g
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from sim.models import COMMITTED, DATA_DIR, MODELS, ModelShape, resolve_model
+from tests.conftest import assert_one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -227,7 +232,7 @@ def test_unreadable_files(tmp_path: Path, content: str, needle: str) -> None:
         resolve_model(str(path))
 
 
-@pytest.mark.parametrize(("fields", "needle"), [
+@pytest.mark.parametrize(("fields", "needle"), [  # needle None: the file reads
     ({"num_hidden_layers": None}, "num_hidden_layers=<missing>: required"),
     ({"num_hidden_layers": True}, "num_hidden_layers=True: must be an integer, not a boolean"),
     ({"hidden_size": 512.0}, "hidden_size=512.0: must be an integer, not a decimal number"),
@@ -236,13 +241,22 @@ def test_unreadable_files(tmp_path: Path, content: str, needle: str) -> None:
     ({"num_key_value_heads": 3}, "num_key_value_heads=3: must divide num_attention_heads"),
     ({"tie_word_embeddings": 1}, "tie_word_embeddings=1: must be true or false"),
     ({"torch_dtype": "int8"}, "torch_dtype='int8': must be one of"),
+    # Present but falsy: refused, not taken for the default (bf16).
+    ({"torch_dtype": False}, "torch_dtype=False: must be one of bfloat16, float16, float32"),
+    ({"torch_dtype": ""}, "torch_dtype='': must be one of bfloat16, float16, float32"),
+    ({"torch_dtype": 0}, "torch_dtype=0: must be one of bfloat16, float16, float32"),
+    ({"torch_dtype": "bfloat16", "dtype": False}, None),  # torch_dtype is read first
     ({"model_type": "bert"}, "model_type='bert': not a decoder servesim models"),
     ({"quantization_config": {"quant_method": "awq"}}, "quantization_config: quantized"),
 ])
-def test_bad_fields_are_named(tmp_path: Path, fields: dict[str, object], needle: str) -> None:
+def test_bad_fields_are_named(tmp_path: Path, fields: dict[str, object],
+                              needle: str | None) -> None:
     config = _config(**fields)
     config = {key: value for key, value in config.items() if value is not None}
     path = _write(tmp_path / "config.json", config)
+    if needle is None:
+        assert resolve_model(str(path)).dtype_bytes == 2
+        return
     with pytest.raises(ValueError) as info:
         resolve_model(str(path))
     message = str(info.value)
@@ -261,6 +275,122 @@ def test_bad_moe_fields_are_named(tmp_path: Path) -> None:
     config["mlp_only_layers"] = []
     with pytest.raises(ValueError, match="moe_intermediate_size=<missing>: required"):
         resolve_model(str(_write(tmp_path / "c.json", config)))
+
+
+def test_null_keeps_the_default_a_falsy_value_is_refused(tmp_path: Path) -> None:
+    """JSON null means what an absent key means (bf16; no dense-only layers); false, 0, "" or
+    {} are values, and wrong ones."""
+    assert resolve_model(str(_write(tmp_path / "a.json", _config(torch_dtype=None)))) \
+        .dtype_bytes == 2
+    # A null torch_dtype leaves the newer `dtype` key to say it.
+    assert resolve_model(str(_write(tmp_path / "b.json", _config(
+        torch_dtype=None, dtype="float32")))).dtype_bytes == 4
+    moe = _config(model_type="qwen2_moe", num_experts=8, num_experts_per_tok=2,
+                  moe_intermediate_size=64)
+    for value in (None, []):
+        shape = resolve_model(str(_write(tmp_path / "c.json", {**moe, "mlp_only_layers": value})))
+        assert shape.num_moe_layers == 4
+    for value, kind in ((False, "a boolean"), (0, "an integer"), ({}, "an object"),
+                        ("", "text")):
+        path = _write(tmp_path / "d.json", {**moe, "mlp_only_layers": value})
+        with pytest.raises(ValueError) as info:
+            resolve_model(str(path))
+        assert str(info.value) == (f"{path}: mlp_only_layers={value!r}: must be a list of "
+                                   f"layer indices, not {kind}")
+
+
+def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    text = json.dumps(_config(num_hidden_layers=32))
+    path.write_text(text[:-1] + ', "num_hidden_layers": 1}')
+    with pytest.raises(ValueError) as info:
+        resolve_model(str(path))
+    assert str(info.value) == (f"{path}: num_hidden_layers=32, then 1: given twice in one "
+                               "object (JSON readers would silently keep the last)")
+    # In a nested object too.
+    path.write_text(text[:-1] + ', "rope_scaling": {"factor": 8.0, "factor": 2.0}}')
+    with pytest.raises(ValueError, match="factor=8.0, then 2.0: given twice"):
+        resolve_model(str(path))
+
+
+@contextmanager
+def _never_blocked(fifo: Path) -> Iterator[None]:
+    """While inside: a named pipe that a reader opened and waits on is opened for writing and
+    closed now and then, so a test reading it fails (on an empty file) rather than hangs."""
+    done = threading.Event()
+
+    def unblock() -> None:
+        while not done.wait(0.5):
+            with contextlib.suppress(OSError):  # ENXIO: no reader waiting
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    thread = threading.Thread(target=unblock, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def test_only_regular_files_of_bounded_size_are_read(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device or a named pipe is refused before it is opened (reading /dev/zero would fill
+    memory, a pipe with no writer blocks forever); a file past the cap before it is parsed."""
+    import sim.models
+
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    with _never_blocked(fifo), pytest.raises(ValueError) as info:
+        resolve_model(str(fifo))
+    assert str(info.value) == f"{fifo}: not a regular file"
+    # A pipe put where a regular file was, after it was looked at: opened without blocking and
+    # refused, not read.
+    with _never_blocked(fifo), pytest.raises(ValueError, match="not a regular file"):
+        sim.models._read_config(str(fifo), 0, 0)
+    if Path("/dev/zero").exists():
+        with pytest.raises(ValueError, match="^/dev/zero: not a regular file$"):
+            resolve_model("/dev/zero")
+    monkeypatch.setattr(sim.models, "MAX_CONFIG_BYTES", 1000)
+    big = _write(tmp_path / "big.json", _config(padding="x" * 1000))
+    size = big.stat().st_size
+    with pytest.raises(ValueError) as info:
+        resolve_model(str(big))
+    assert str(info.value) == (f"{big}: too large for a config.json ({size} bytes; at most "
+                               "1000 are read)")
+    # What is read is capped as well: a file that grew since it was looked at.
+    with pytest.raises(ValueError, match="too large for a config.json"):
+        sim.models._read_config(str(big), 0, 10)
+
+
+SCENARIO_HEAD = ("name: snap\nworkload: {format: synthetic, num_requests: 2, arrivals: {qps: 1}, "
+                 "lengths: {prompt: {dist: fixed, value: 10}, output: {dist: fixed, value: 2}}}\n")
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    (json.dumps(_config(torch_dtype=False)),
+     "config.json: torch_dtype=False: must be one of bfloat16, float16, float32"),
+    (json.dumps(_config(num_hidden_layers=32))[:-1] + ', "num_hidden_layers": 1}',
+     "config.json: num_hidden_layers=32, then 1: given twice in one object"),
+    (None, "config.json: not a regular file"),
+    ("[" * 100_000, "config.json: not JSON (nested too deeply)"),
+    ('{"vocab_size": ' + "1" * 5000 + "}", "config.json: not JSON (Exceeds the limit"),
+])
+def test_bad_config_files_are_one_line_at_the_cli(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  content: str | None, needle: str) -> None:
+    config = tmp_path / "config.json"
+    if content is None:
+        os.mkfifo(config)
+    else:
+        config.write_text(content)
+    scenario = tmp_path / "run.yaml"
+    scenario.write_text(SCENARIO_HEAD + "replica: {model: config.json}\n")
+    with _never_blocked(config):
+        code, err = run_cli(monkeypatch, capsys, "simulate", str(scenario), "--out",
+                            str(tmp_path / "out"))
+    assert_one_line_error(code, err, f"{scenario}: replica.model=", f"{tmp_path}/{needle}")
 
 
 def test_a_snapshot_directory_in_a_scenario(tmp_path: Path) -> None:

@@ -309,6 +309,30 @@ def test_uneven_widths_and_groups_beyond_a_node_are_refused():
     assert Parallelism(tensor=8, pipeline=2).problems(llama) == []
 
 
+def test_a_shared_expert_width_that_does_not_split_is_refused(tmp_path, monkeypatch, capsys):
+    """vLLM slices the shared experts' MLP over the whole tensor group (expert parallelism
+    places only routed experts): its width must divide, as the others' must."""
+    config = json.loads((REPO / "sim" / "data" / "models" / "llama-3.1-8b.json").read_text())
+    config.update(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe",
+                  num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
+                  moe_intermediate_size=256, shared_expert_intermediate_size=1001)
+    (tmp_path / "moe.json").write_text(json.dumps(config))
+    path = write(tmp_path, SYNTH + "replica: {model: moe.json, parallelism: {tensor: 2}}\n")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                        str(tmp_path / "out"))
+    assert_one_line_error(code, err, "replica.parallelism.tensor=2: ",
+                          "shared_expert_intermediate_size (1001) does not split evenly over it")
+    shape = load_scenario(write(tmp_path, SYNTH + "replica: {model: moe.json}\n")) \
+        .replica.model_shape
+    assert Parallelism(tensor=2, expert=2).problems(shape) == [
+        ("tensor", 2, f"{shape.name}'s shared_expert_intermediate_size (1001) does not split "
+                      "evenly over it")]
+    assert Parallelism(tensor=1).problems(shape) == []
+    # DeepSeek-V2-Lite's two shared experts (2 x 1408) split at every degree within a node.
+    lite = MODELS.get("deepseek-v2-lite")
+    assert all(Parallelism(tensor=t).problems(lite) == [] for t in (1, 2, 4, 8))
+
+
 def test_a_sweep_over_splits_and_gpus_reports_gpus_and_cost_per_point(tmp_path):
     from sim.sweep import load_sweep, run_sweep, short_value
 

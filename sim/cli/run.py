@@ -64,6 +64,8 @@ def simulate(
         if len(results.summary["replicas"]) > 1:
             console.print(replica_table(results.summary))
     shown.print(overload_line(results.summary["overload"]))
+    for pool, note in results.summary["run"].get("blocks_beyond_memory", {}).items():
+        shown.print(f"[yellow]idealised KV cache[/] ({pool}): {note}")
     shown.print(f"results: {out_dir}/ ("
                 f"{', '.join(sorted(p.name for p in Path(out_dir).iterdir()))})")
 

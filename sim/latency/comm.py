@@ -75,11 +75,18 @@ def read_table(path: Path, collective: str, num_workers: int, field: str, *,
     """The rows of `path` for `num_workers` GPUs: all on one node where the table has that, or,
     `cross_node`, each on its own node (`devices_per_node` 1: Vidur's rows across nodes)."""
     column = f"time_stats.{collective}.median"
+    # A FIFO or a device would block or never end: only a regular file is read.
+    if path.exists() and not path.is_file():
+        raise InputError(path, field, str(path), "not a regular file")
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
     except OSError as exc:
         raise InputError(path, field, str(path), f"cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError(path, field, str(path), "not UTF-8 text (a CSV is expected)") from None
+    except csv.Error as exc:
+        raise InputError(path, field, str(path), f"not a CSV: {exc}") from None
     if not rows or any(c not in rows[0] for c in (column, "size", "num_workers")):
         raise InputError(path, field, str(path),
                          f"needs columns size, num_workers and {column} (Vidur's layout)")
@@ -99,6 +106,11 @@ def read_table(path: Path, collective: str, num_workers: int, field: str, *,
         pairs = sorted((float(r["size"]), float(r[column]) / 1e3) for r in picked)
     except ValueError as exc:
         raise InputError(path, field, str(path), f"a value is not a number: {exc}") from None
+    except TypeError:  # a short row: the csv module gives its missing cells as None
+        line = next((i for i, r in enumerate(rows, start=2) if None in r.values()), None)
+        raise InputError(path, field, str(path),
+                         f"line {line}: a value is missing" if line else "a value is missing"
+                         ) from None
     if len(pairs) < 2:
         have = sorted({r["num_workers"] for r in rows}, key=int)
         raise InputError(path, field, str(path), f"has no rows for {num_workers} GPUs "
@@ -192,7 +204,7 @@ class Collectives:
                                                    f"{field_prefix}.send_recv_table",
                                                    cross_node=True)
         if self.num_cross_node_handoffs and self.cross_node_table is None and network is None:
-            raise InputError("<scenario>", "gpu", None, (
+            raise InputError("<scenario>", "gpu.network_bandwidth_bytes_s", None, (
                 f"a replica of {parallelism.num_gpus} GPUs spans nodes of {GPUS_PER_NODE}, "
                 "and this GPU has no network bandwidth to time the pipeline hand-offs between "
                 "them: give gpu.network_bandwidth_bytes_s, or latency.send_recv_table with "
