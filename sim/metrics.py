@@ -221,15 +221,14 @@ def replica_stats(iterations: pd.DataFrame, num_kv_blocks: dict[int, int], end_s
         # end in order), so each counts only from where the one before it ended.
         start = columns["start_s"][lo:hi]
         end = start + duration
-        start = np.concatenate((start[:1], np.maximum(start[1:], end[:-1])))
-        busy_s = float((np.minimum(end, end_s) - np.minimum(start, end_s)).sum())
+        covered_from = np.concatenate((start[:1], np.maximum(start[1:], end[:-1])))
+        busy_s = float((np.minimum(end, end_s) - np.minimum(covered_from, end_s)).sum())
         # Queue and KV as logged by each iteration hold until the next one starts: a pipelined
         # iteration weighs only until the next is sent, so overlapping passes count time once.
         # Back-to-back iterations weigh their durations, as the numbers were before pipelines.
         held = duration.copy()
-        next_start = columns["start_s"][lo + 1:hi]
-        overlap = next_start < end[:-1]
-        held[:-1][overlap] = next_start[overlap] - columns["start_s"][lo:hi - 1][overlap]
+        overlap = start[1:] < end[:-1]
+        held[:-1][overlap] = (start[1:] - start[:-1])[overlap]
         weights = held / held.sum() if held.sum() > 0 else np.ones_like(held)
         kv = columns["num_kv_blocks_used"][lo:hi] / num_kv_blocks[replica_id_]
         waiting = columns["num_waiting"][lo:hi]

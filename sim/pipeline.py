@@ -101,16 +101,12 @@ class PipelinedReplica(Replica):
         before and the iteration ahead has left this one."""
         it = self._plan_iteration(plan, now_s, len(self._batches))
         free, shares = self._stage_free_s, self._stage_shares
+        stages_s = ([it.duration_s / self.pipeline_depth] * self.pipeline_depth
+                    if shares is None else [it.duration_s * share for share in shares])
         start_s = end_s = max(now_s, free[0])
-        if shares is None:
-            stage_s = it.duration_s / self.pipeline_depth
-            for k in range(self.pipeline_depth):
-                end_s = max(end_s, free[k]) + stage_s
-                free[k] = end_s
-        else:
-            for k, share in enumerate(shares):
-                end_s = max(end_s, free[k]) + it.duration_s * share
-                free[k] = end_s
+        for k, stage_s in enumerate(stages_s):
+            end_s = max(end_s, free[k]) + stage_s
+            free[k] = end_s
         it.start_s, it.duration_s = start_s, end_s - start_s
         it.end_s = start_s + it.duration_s  # as the log will compute it
         it.in_flight = self.state.start(plan, start_s)

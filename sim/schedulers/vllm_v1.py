@@ -55,7 +55,7 @@ Each rule, and where it comes from (vLLM files as read on vLLM's main branch; "d
 9. A step that preempted every running request schedules nothing in vLLM; the next step admits
    from the queue. A simulated iteration cannot be empty, so that next step is planned at once.
 10. Pipeline parallelism (P > 1 stages): tokens count as computed when scheduled, and up to P
-   iterations are in flight (the engine's batch queue; `Replica._run_pipelined`). A running
+   iterations are in flight (the engine's batch queue; `sim.pipeline`). A running
    request with nothing left to compute gets 0 tokens and is skipped (`schedule`: "No new
    tokens to schedule. This may happen when PP>1 and we have already scheduled all prompt
    tokens but they are not finished yet", `continue`), as `_chunk` gives 0 here; a step that
