@@ -14,7 +14,9 @@ evenly), once it has left the stage before and the iteration ahead has left this
 per-iteration overhead, the LM head and the hand-offs are spread the same way, an
 approximation: they belong to the engine step, the last stage and the stage sending.
 
-Every iteration is an event: there is no fast path for pipelined replicas yet.
+Iterations ending before anything outside the replica can look at it complete without an
+event each, as on any replica (`Replica.run`); there is no decode fast path (stretches) for
+pipelined replicas yet: each iteration is scheduled and shaped on its own.
 """
 
 from __future__ import annotations
@@ -71,11 +73,15 @@ class PipelinedReplica(Replica):
     def run(self) -> Generator[simpy.Event, Any, None]:
         state, batches = self.state, self._batches
         preempted: list[int] = []  # by plans that scheduled nothing: logged with the next
+        # The replica's own clock: ahead of the environment's while it runs ahead (below).
+        now = self.env.now
         while True:
-            self.sync()
+            if batches:
+                self._complete_batches(now, inclusive=True)
             if self.inbox is not None and self.inbox.pending:
+                if now > self.env.now:  # admitting a transfer starts it: be on the clock
+                    yield At(self.env, now, self.turn)
                 self.inbox.admit()
-            now = self.env.now
             plan = None
             while len(batches) < self.pipeline_depth and (state.running or state.waiting):
                 plan = self.scheduler.schedule(state, now)
@@ -90,11 +96,21 @@ class PipelinedReplica(Replica):
                 if plan is not None and (state.running or not (
                         state.num_transferring or state.incoming)):
                     raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
+                if now > self.env.now:
+                    yield At(self.env, now, self.turn)
                 yield from self._wait_for_work()
+                now = self.env.now
                 continue
             # Blocked on the oldest result: no poke (`wake` finds none), as vLLM's engine
-            # reads new requests only between steps.
-            yield At(self.env, batches[0].end_s, self.turn)
+            # reads new requests only between steps. Nothing outside this replica can look at
+            # it or change it before `quiet_until()`: a result due before then is taken at
+            # once, with no event, as `Replica.run` commits its iterations.
+            end_s = batches[0].end_s
+            if self.fast_forward and end_s < self.quiet_until():
+                now = end_s
+                continue
+            yield At(self.env, end_s, self.turn)
+            now = self.env.now
 
     def _send(self, plan: Plan, now_s: float) -> Iteration:
         """`plan` sent down the pipeline now: it enters each stage once it has left the one
