@@ -75,6 +75,18 @@ TARGETS = {
 }
 
 
+def ms(value_s: float | None, near_s: float | None = None) -> str:
+    """Seconds shown in milliseconds, 4 significant digits, or more where that would show a
+    value equal to the target `near_s` it differs from (never `40 ms > 40 ms`)."""
+    if value_s is None or math.isinf(value_s):
+        return "unbounded"
+    digits = 4
+    while (near_s is not None and value_s != near_s and digits < 12
+           and f"{value_s * 1e3:.{digits}g}" == f"{near_s * 1e3:.{digits}g}"):
+        digits += 1
+    return f"{value_s * 1e3:,.{digits}g} ms"
+
+
 @dataclass(frozen=True)
 class SLOTargets:
     """Upper bounds in seconds; None: not a target. Each given one must be finite and > 0."""
@@ -119,17 +131,17 @@ class Trial:
     lower_s: dict[str, float] = field(default_factory=dict)
 
     def line(self, targets: SLOTargets) -> str:
-        """E.g. `seed 0, rate 12.5 req/s: violates P99 TBT 0.061 > 0.05`."""
+        """E.g. `seed 0, rate 12.5 req/s: violates P99 TBT 61 ms > 50 ms`."""
         head = f"seed {self.seed}, rate {self.qps:.4g} req/s"
         if self.violations:
             return f"{head}: violates {'; '.join(self.violations)}"
         given = targets.given()  # met: name the target it came closest to
         name = max(given, key=lambda n: (self.metrics_s.get(n) or 0.0) / given[n])
         value = self.metrics_s.get(name)
-        shown = "-" if value is None else f"{value:.4g}"
+        shown = "-" if value is None else ms(value, given[name])
         worst = (" (at most; requests unfinished at the horizon: met in the worst case)"
                  if name in self.lower_s else "")
-        return (f"{head}: meets {TARGETS[name][1]} {shown} <= {given[name]:g}{worst} "
+        return (f"{head}: meets {TARGETS[name][1]} {shown} <= {ms(given[name])}{worst} "
                 f"({self.verdict})")
 
 
@@ -222,16 +234,15 @@ def violations(results: Results, targets: SLOTargets) -> list[str]:
         if best is None and name == "tbt_p99_s":
             continue  # no request produced two tokens: no gap to miss the target
         if best is None or worst is None:
-            out.append(f"{label} none > {target:g}")
+            out.append(f"{label} none > {ms(target)}")
         elif worst == best and worst > target:
-            out.append(f"{label} {worst:.4g} > {target:g}")
+            out.append(f"{label} {ms(worst, target)} > {ms(target)}")
         elif best > target:
-            out.append(f"{label} >= {best:.4g} > {target:g} (a lower bound decided: requests "
-                       "unfinished at the horizon)")
+            out.append(f"{label} >= {ms(best, target)} > {ms(target)} (a lower bound decided: "
+                       "requests unfinished at the horizon)")
         elif worst > target:
-            top = "unbounded" if math.isinf(worst) else f"{worst:.4g}"
-            out.append(f"{label} in [{best:.4g}, {top}] may exceed {target:g} (requests "
-                       "unfinished at the horizon: a lower bound)")
+            out.append(f"{label} in [{ms(best)}, {ms(worst)}] may exceed {ms(target)} "
+                       "(requests unfinished at the horizon: a lower bound)")
     overload = results.summary.get("overload") or {}
     if overload.get("verdict") == "overloaded":
         out.append(f"overloaded: {overload.get('detail', '')}")
@@ -273,9 +284,9 @@ def decide(trials: list[Trial], targets: SLOTargets, replications: int, *,
                else f"one replication (seed {last.seed}): its run decides, no confidence")
         if last.ok:
             name = max(given, key=lambda n: (worst[n][0] if worst[n] else 0.0) / given[n])
-            shown = f"{worst[name][0]:.4g}" if worst[name] else "none (no gap)"
+            shown = ms(worst[name][0], given[name]) if worst[name] else "none (no gap)"
             return "holds", (f"{why}; {TARGETS[name][1]} {shown} <= "
-                             f"{given[name]:g}{note[name]}"), stats
+                             f"{ms(given[name])}{note[name]}"), stats
         if any(best[n] and best[n][0] > given[n] for n in given):
             return "fails", f"{why}; {'; '.join(last.violations)}", stats
         return "unsure", f"{why}; {'; '.join(last.violations)}", stats
@@ -320,16 +331,16 @@ def decide(trials: list[Trial], targets: SLOTargets, replications: int, *,
 
     def describe(n: str, side: str) -> str:
         mean = stats[n]["mean"]
-        m = "unbounded" if mean is None else f"{mean:.4g}"
+        m = "unbounded" if mean is None else ms(mean, given[n])
         if n in equal:
             count = len(worst[n])
             what = (f"all {count} runs equal" if count > 1 else "one run with a value")
-            return (f"{TARGETS[n][1]} {m} {side} {given[n]:g} ({what}: no spread to bound, "
+            return (f"{TARGETS[n][1]} {m} {side} {ms(given[n])} ({what}: no spread to bound, "
                     f"decided by the value, as deterministic as the model){note[n]}")
         bound = lower[n] if side == ">" else upper[n]
-        b = "unbounded" if math.isinf(bound) else f"{bound:.4g}"
+        b = ms(bound, given[n])
         which = "lower" if side == ">" else "upper"
-        return (f"{TARGETS[n][1]} mean {m} {side} {given[n]:g} ({shown} {which} bound "
+        return (f"{TARGETS[n][1]} mean {m} {side} {ms(given[n])} ({shown} {which} bound "
                 f"{b}){note[n]}")
 
     above = [n for n in given if lower[n] > given[n]]
@@ -346,12 +357,9 @@ def decide(trials: list[Trial], targets: SLOTargets, replications: int, *,
     if not at_end:
         return None
 
-    def number(x: float | None) -> str:
-        return "unbounded" if x is None or math.isinf(x) else f"{x:.4g}"
-
     return "unsure", "; ".join(
-        f"{TARGETS[n][1]} mean {number(stats[n]['mean'])}, {shown} bounds "
-        f"[{number(lower[n])}, {number(upper[n])}] contain {given[n]:g}{note[n]}"
+        f"{TARGETS[n][1]} mean {ms(stats[n]['mean'])}, {shown} bounds "
+        f"[{ms(lower[n])}, {ms(upper[n])}] contain {ms(given[n])}{note[n]}"
         for n in given if upper[n] > given[n]), stats
 
 

@@ -213,3 +213,13 @@ def test_top_level_help_lists_each_command_on_unbroken_lines(monkeypatch, capsys
     # At 200 columns each command's summary is one line: the docstring's own breaks are gone.
     row = next(line for line in out.splitlines() if "capacity " in line)
     assert row.rstrip(" │").endswith("as an interval.")
+
+
+def test_table_numbers_are_never_in_exponent_form():
+    from sim.cli.common import fmt
+
+    assert fmt(274.2, 1e3) == "274,200"
+    assert fmt(16037.4) == "16,037"
+    assert fmt(9999.4) == "9,999"
+    assert fmt(12.3456) == "12.35"
+    assert fmt(None) == fmt(float("nan")) == "-"

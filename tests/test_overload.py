@@ -72,4 +72,30 @@ def test_a_backlog_built_early_and_never_drained_is_overload(tmp_path):
     assert results.requests["scheduling_delay_s"].iloc[-100:].min() > 4.0
     verdict = results.summary["overload"]
     assert verdict["verdict"] == "overloaded", verdict
-    assert verdict["window"] == "the whole run"
+    # The burst's quarters (its first and second) show it: a third of arrivals fall behind.
+    assert verdict["window"] in ("the first quarter of the arrivals",
+                                 "the second quarter of the arrivals"), verdict
+    assert verdict["growth_share_of_arrivals"] == pytest.approx(1 / 3, abs=0.05)
+
+
+def test_a_burst_that_builds_a_backlog_and_drains_it_is_overload(tmp_path):
+    """Half capacity for 20 s, 1.5x capacity for 20 s, then half again for 40 s: the backlog of
+    the burst (up to 1,000 requests, 10 s of waiting) drains by the end, so the queue shows no
+    growth over the whole run or its last half; the burst's quarter of the arrivals does."""
+    rates = [(20.0, 50.0), (20.0, 150.0), (40.0, 50.0)]
+    times, t0 = [], 0.0
+    for span_s, qps in rates:
+        times.append(t0 + np.arange(int(span_s * qps)) / qps)
+        t0 += span_s
+    trace = tmp_path / "trace.csv"
+    pd.DataFrame({"arrived_at": np.concatenate(times), "num_prefill_tokens": 1,
+                  "num_decode_tokens": 1}).to_csv(trace, index=False)
+    scenario = single_server(1.0, 0).model_dump()
+    scenario["workload"] = {"format": "vidur", "path": str(trace)}
+    results = run_scenario(parse_scenario(scenario, "test"))
+    delay = results.requests["scheduling_delay_s"]
+    assert delay.max() > 8.0 and delay.iloc[-100:].max() < 0.05  # built, then drained
+    verdict = results.summary["overload"]
+    assert verdict["verdict"] == "overloaded", verdict
+    assert "quarter" in verdict["window"], verdict
+    assert verdict["growth_share_of_arrivals"] > 0.2

@@ -461,7 +461,7 @@ def test_censored_ttft_is_judged_at_its_worst_case():
     assert "may exceed" in found and "lower bound" in found and "unbounded" in found
     sure = fake_results(arrived(0.7, True, None))
     (found,) = violations(sure, targets)
-    assert ">= 0.7 > 0.5" in found and "a lower bound decided" in found
+    assert ">= 700 ms > 500 ms" in found and "a lower bound decided" in found
     bounded = fake_results(arrived(0.3, True, 0.4))
     assert measured(bounded)["ttft_p90_s"] == 0.4 and violations(bounded, targets) == []
 
@@ -510,3 +510,14 @@ def test_capacity_with_no_failing_rate_has_an_unbounded_upper_end(tmp_path, monk
     assert "unbounded" in " ".join(capsys.readouterr().out.split())
     files = plot_capacity([tmp_path / "cap"])
     assert any(f.name == "capacity.png" for f in files)
+
+
+def test_capacity_lines_show_milliseconds_never_equal_to_a_target_they_miss():
+    from sim.capacity import ms
+
+    assert ms(0.03928) == "39.28 ms"
+    assert ms(2.0) == "2,000 ms"
+    assert ms(math.inf) == "unbounded"
+    # 40.0003 ms misses a 40 ms target: shown with the digits that say so, not "40 > 40".
+    assert ms(0.0400003, 0.04) == "40.0003 ms"
+    assert ms(0.04, 0.04) == "40 ms"

@@ -41,10 +41,12 @@ def set_option(precedence: str) -> Any:
 
 
 def fmt(value: float | None, scale: float = 1.0) -> str:
-    """A number for a table: 4 significant digits, thousands separated; '-' for none."""
+    """A number for a table: 4 significant digits, thousands separated (whole numbers from
+    10,000 on: 274,200, not 2.742e+05); '-' for none."""
     if value is None or value != value:
         return "-"
-    return f"{value * scale:,.4g}"
+    scaled = value * scale
+    return f"{scaled:,.0f}" if 1e4 <= abs(scaled) < 1e15 else f"{scaled:,.4g}"
 
 
 def pct(value: float | None) -> str:

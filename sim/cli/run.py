@@ -213,17 +213,26 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_row("", "", "rejected", str(req["rejected"]), "", "")
     table.add_row("", "", "unfinished", str(req["unfinished"]), "", "")
     table.add_row("throughput", fmt(thr["requests_per_s"]), "req/s",
-                  fmt(thr["output_tokens_per_s"]), "tok/s", "")
+                  fmt(thr["output_tokens_per_s"]), "out tok/s", "")
     cost = summary.get("cost")
     if cost:
         table.add_row(f"per GPU ({cost['num_gpus']})", fmt(cost["requests_per_s_per_gpu"]),
-                      "req/s", fmt(cost["output_tokens_per_s_per_gpu"]), "tok/s", "")
+                      "req/s", fmt(cost["output_tokens_per_s_per_gpu"]), "out tok/s", "")
         if cost["usd_per_million_tokens"] is not None:
             table.add_row("cost $/M tokens", fmt(cost["usd_per_million_tokens"]), "all",
                           fmt(cost["usd_per_million_output_tokens"]), "output", "")
+    # Which SLO, and of what: requests (a request meets the TBT target when its worst gap
+    # does), or every TBT gap of the run (`sim.metrics.slo_attainment`).
     for name, value in summary["slo"].items():
-        table.add_row(f"SLO {name.removesuffix('_attainment')}", fmt(value), "met", "", "", "")
+        label, of = SLO_ROWS.get(name, (name, ""))
+        table.add_row(label, pct(value), of, "", "", "")
     return table
+
+
+SLO_ROWS = {"ttft_attainment": ("SLO met: TTFT", "requests"),
+            "tbt_attainment": ("SLO met: TBT", "requests"),
+            "tbt_gap_attainment": ("SLO met: TBT", "gaps"),
+            "all_attainment": ("SLO met: all", "requests")}
 
 
 def replica_table(summary: dict[str, Any]) -> Table:
