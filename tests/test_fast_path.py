@@ -82,6 +82,15 @@ def count_events(monkeypatch) -> list[int]:
     return counts
 
 
+def fast_and_stepped(monkeypatch, scenario):
+    """The scenario's results fast-forwarded and stepped, and the SimPy events each took."""
+    events = count_events(monkeypatch)
+    fast = run_scenario(scenario)
+    num_fast = events[0]
+    slow = run_scenario(scenario, fast_forward=False)
+    return fast, slow, num_fast, events[0] - num_fast
+
+
 @pytest.mark.parametrize("cluster", [
     {"replicas": 2, "router": {"name": "least_kv_load"}},
     {"prefill": {"replicas": 1, "replica": None}, "decode": {"replicas": 2, "replica": None},
@@ -93,11 +102,7 @@ def test_a_new_policy_and_latency_model_get_the_fast_path(registered, monkeypatc
                "kv_cache": {"block_size": 16, "num_blocks": 400}}
     scenario = synthetic(replica, cluster, seed=3, num_requests=300, qps=20,
                          max_prompt=400, max_output=200)
-    events = count_events(monkeypatch)
-    fast = run_scenario(scenario)
-    num_fast = events[0]
-    slow = run_scenario(scenario, fast_forward=False)
-    num_slow = events[0] - num_fast
+    fast, slow, num_fast, num_slow = fast_and_stepped(monkeypatch, scenario)
     assert fast.requests.equals(slow.requests)
     assert fast.iterations.equals(slow.iterations)
     assert fast.tokens.equals(slow.tokens)

@@ -13,9 +13,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sim.engine
 from sim import run_scenario
 from sim.config import parse_scenario
+from tests.test_fast_path import fast_and_stepped
 from tests.test_properties import assert_nothing_lost, clusters, scenarios
 
 TICK = 0.25  # a whole pass through the pipeline; binary fractions keep sums exact
@@ -218,19 +218,7 @@ def test_pipelined_replicas_run_ahead_between_arrivals(monkeypatch):
             "replica": {"scheduler": {"name": "chunked_prefill", "token_budget": 128},
                         "latency": {"kind": "roofline"}, "parallelism": {"pipeline": 2}},
             "cluster": {"replicas": 2, "router": {"name": "least_kv_load"}}}
-    scenario = parse_scenario(data, "test")
-    counts = [0]
-    step = sim.engine.Environment.step
-
-    def counting(env):
-        counts[0] += 1
-        step(env)
-
-    monkeypatch.setattr(sim.engine.Environment, "step", counting)
-    fast = run_scenario(scenario)
-    num_fast = counts[0]
-    slow = run_scenario(scenario, fast_forward=False)
-    num_slow = counts[0] - num_fast
+    fast, slow, num_fast, num_slow = fast_and_stepped(monkeypatch, parse_scenario(data, "test"))
     assert fast.iterations.equals(slow.iterations)
     assert num_slow > fast.summary["num_iterations"]
     assert num_fast < num_slow / 3, (num_fast, num_slow)
