@@ -19,6 +19,7 @@ from profiler.measure import load
 from sim.errors import InputError
 from sim.latency.profile import load_fitted
 from sim.models import MODELS, ModelShape
+from sim.outdir import replace_text
 
 console = Console()
 
@@ -92,6 +93,20 @@ def check_tensor_parallel(shape: ModelShape, tensor_parallel: int) -> None:
         raise InputError(None, "--tensor-parallel", tensor_parallel, problems[0][2])
 
 
+def _check_fit_out(out: Path, profile_path: Path) -> None:
+    """Where the fitted model goes: a new or regular file, in an existing directory, and never
+    the measured profile itself (its measurements would be lost)."""
+    if out.exists() and out.resolve() == profile_path.resolve():
+        raise InputError(out, "--out", str(out), "is the profile being fitted, which this would "
+                         "overwrite: name a .json file")
+    if out.is_dir():
+        raise InputError(out, "--out", str(out), "is a directory: name a .json file")
+    if out.exists() and not out.is_file():
+        raise InputError(out, "--out", str(out), "not a regular file")
+    if not out.absolute().parent.is_dir():
+        raise InputError(out, "--out", str(out), "its directory does not exist")
+
+
 def run_fit(profile_path: Path, out: Path | None, host_overhead_from: list[Path] | None = None
             ) -> Path:
     """Fit on the grid rows, report the error on held-out rows, write the latency file; with
@@ -106,6 +121,8 @@ def run_fit(profile_path: Path, out: Path | None, host_overhead_from: list[Path]
     missing = [c for c in ("split", "num_tokens", "median_s", "samples_s") if c not in df]
     if missing or "model" not in meta:
         raise InputError(profile_path, "columns", missing or "metadata", "not a servesim profile")
+    out = out or profile_path.with_suffix(".json")
+    _check_fit_out(out, profile_path)
     fitted = fit_profile(df, meta)
     fitted["source"] = str(profile_path)
     if host_overhead_from:
@@ -119,8 +136,10 @@ def run_fit(profile_path: Path, out: Path | None, host_overhead_from: list[Path]
         fitted = add_host_overhead(fitted, stats["median_s"], stats)
         console.print(f"host overhead: {1e3 * stats['median_s']:.3g} ms per iteration (median "
                       f"of {stats['num_iterations']} replayed iterations) added to g(tokens)")
-    out = out or profile_path.with_suffix(".json")
-    out.write_text(json.dumps(fitted, indent=1, sort_keys=True) + "\n")
+    try:
+        replace_text(out, json.dumps(fitted, indent=1, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise InputError(out, "--out", str(out), f"cannot write there ({exc.strerror})") from None
     console.print(error_table(f"fit of {profile_path.name}", fitted))
     console.print(f"latency model -> {out}  (scenario: latency: {{kind: profile, path: {out}}})")
     return out

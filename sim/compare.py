@@ -17,6 +17,7 @@ from sim.config import Scenario, merge_mappings, parse_scenario, read_mapping
 from sim.errors import InputError
 from sim.outdir import check_out_dir, check_writable_dir, is_run_dir, replace_file
 from sim.overrides import Override, apply_overrides, named_by_overrides, resolved_defaults
+from sim.replications import check_only_comparison_entries
 from sim.runner import Results, run_scenario
 
 TABLE = "comparison.csv"
@@ -77,13 +78,15 @@ def compare(scenarios: dict[str, Scenario], out_dir: Path | None = None, *,
 
 def check_comparison_dir(out_dir: Path, variants: Iterable[str]) -> None:
     """Fail before any run if a variant's results could not be written (`out_dir` a file, a
-    single run's directory, a variant's directory holding something else, unwritable)."""
+    single run's directory, a variant's directory holding something else, unwritable), or
+    if `out_dir` holds anything that is not an earlier comparison's."""
     check_writable_dir(out_dir)
     if is_run_dir(out_dir):
         raise InputError(out_dir, "--out", str(out_dir), "holds a single run's results; "
                          "choose another directory for a comparison")
     for variant in variants:
         check_out_dir(out_dir / variant)
+    check_only_comparison_entries(out_dir)
 
 
 def row(variant: str, res: Results) -> dict[str, Any]:

@@ -27,6 +27,25 @@ class SwappedInterrupt(KeyboardInterrupt):
     first, so the new results are in place and whole (not the previous ones)."""
 
 REPORT_FILE = "report.html"  # what `servesim report` writes into a result directory
+# What `plot`, `report` and `export` read back from a result directory (a run, replications,
+# a sweep, a comparison, a capacity search): never the file one of them writes.
+RESULT_FILES = frozenset({
+    RUN_MARKER, REPLICATIONS_MARKER, "requests.parquet", "iterations.parquet", "tokens.parquet",
+    "tbt_gaps.parquet", "scenario.yaml", "inputs.json", "sweep.json", "results.parquet",
+    "results.csv", "capacity.json", "trials.csv", "comparison.csv",
+    "comparison_replications.csv"})
+
+
+def check_not_a_result_file(out: Path, results: Path, field: str = "--out") -> None:
+    """Refuse to write `out` over a file of the result directory `results` (or of one inside
+    it) that the results are read from: an export or a report there would destroy the run."""
+    try:
+        inside = out.resolve().is_relative_to(results.resolve())
+    except (OSError, RuntimeError):
+        return  # unresolvable: the write itself reports the problem
+    if inside and out.name in RESULT_FILES and out.exists():
+        raise InputError(out, field, str(out), "is one of the results' own files, which "
+                         "this would overwrite: name another file")
 
 
 def is_run_dir(path: Path) -> bool:

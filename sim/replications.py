@@ -401,6 +401,13 @@ def check_comparison_dir(out_dir: Path, variants: Sequence[str]) -> None:
                          "choose another directory for a comparison")
     for variant in variants:
         check_replications_dir(out_dir / variant)
+    check_only_comparison_entries(out_dir)
+
+
+def check_only_comparison_entries(out_dir: Path) -> None:
+    """`out_dir` is absent, empty or an earlier comparison (each entry a run's or replications'
+    directory, a comparison table, or its plots or report): a comparison replaces the tables
+    there, so anything else (a user's own files) refuses it before any run."""
     if not out_dir.is_dir():
         return
     for entry in out_dir.iterdir():
@@ -409,8 +416,8 @@ def check_comparison_dir(out_dir: Path, variants: Sequence[str]) -> None:
         if entry.is_dir() and (entry.name == PLOTS_DIR or is_earlier_results(entry)):
             continue
         raise InputError(out_dir, "--out", str(out_dir), f"holds {entry.name}, which is not "
-                         "part of an earlier comparison; a replicated comparison replaces the "
-                         "directory whole: choose another directory")
+                         "part of an earlier comparison, and a comparison replaces what is "
+                         "there: choose another directory")
 
 
 def compare_replications(scenarios: dict[str, Scenario], replications: int, out_dir: Path, *,

@@ -147,6 +147,23 @@ def test_compare_command_prints_one_table(tmp_path, monkeypatch, capsys):
                                           "chunked_prefill/chunked_prefill"]
 
 
+def test_compare_refuses_a_folder_of_other_files(tmp_path, monkeypatch, capsys):
+    # A comparison replaces the tables in --out: a user's folder keeps its files.
+    path = tmp_path / "cmp.yaml"
+    path.write_text(COMPARISON)
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "comparison_replications.csv").write_text("kept\n")
+    (folder / "notes.txt").write_text("kept\n")
+    monkeypatch.setattr(sys, "argv", ["servesim", "compare", str(path), "--out", str(folder)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "holds notes.txt" in err and len(err.strip().splitlines()) == 1
+    assert (folder / "comparison_replications.csv").read_text() == "kept\n"
+
+
 def test_bad_comparison_names_the_variant(tmp_path, monkeypatch, capsys):
     path = tmp_path / "cmp.yaml"
     path.write_text(COMPARISON.replace("colocated: {cluster: {replicas: 2}}",

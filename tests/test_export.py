@@ -421,3 +421,18 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys):
     code, err = run_cli(monkeypatch, capsys, "export", str(run), "--format", "vllm",
                         "--percentiles", "101")
     assert_one_line_error(code, err, "between 0 and 100")
+
+
+def test_an_export_or_report_never_writes_over_the_runs_own_files(tmp_path, monkeypatch,
+                                                                   capsys):
+    run = disaggregated_run(tmp_path)
+    summary = (run / "summary.json").read_bytes()
+    for args in (("export", str(run), "--format", "vllm", "--out", str(run / "summary.json")),
+                 ("report", str(run), "--out", str(run / "summary.json")),
+                 ("export", str(run), "--format", "chrome",
+                  "--out", str(run / "requests.parquet"))):
+        code, err = run_cli(monkeypatch, capsys, *args)
+        assert_one_line_error(code, err, "--out", "the results' own files")
+    assert (run / "summary.json").read_bytes() == summary
+    # Beside them, any other name is fine.
+    assert export_run(run, "vllm", run / "mine.json") == run / "mine.json"

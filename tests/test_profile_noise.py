@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -307,3 +308,23 @@ def test_fit_through_the_cli_writes_the_noise_section(tmp_path, monkeypatch, cap
     fitted = load_fitted(parquet.with_suffix(".json"))
     assert fitted["noise"]["regimes"]["decode"]["log_std"] == pytest.approx(0.05, abs=0.015)
     assert profile_model(parquet.with_suffix(".json")).noise_quantiles() is not None
+
+
+def test_fit_never_writes_over_the_profile_it_fits(tmp_path, monkeypatch, capsys):
+    # `--out` the measured parquet itself would replace the measurements with JSON; a
+    # directory, a FIFO or a missing directory would be a traceback or a hang.
+    pytest.importorskip("torch", reason="profiler.measure needs torch")
+    from profiler.measure import save
+
+    df, meta = synthetic_profile(sigma=0.05, phi=0.3, reps=2, holdout=20, seed=1)
+    parquet = tmp_path / "p.parquet"
+    save(parquet, df.to_dict("records"), meta)
+    before = parquet.read_bytes()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for out, needle in ((parquet, "the profile being fitted"), (tmp_path, "a directory"),
+                        (fifo, "not a regular file"),
+                        (tmp_path / "no" / "p.json", "does not exist")):
+        code, err = run_cli(monkeypatch, capsys, "fit", str(parquet), "--out", str(out))
+        assert_one_line_error(code, err, needle)
+    assert parquet.read_bytes() == before

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sim.errors import COMMAND_LINE, InputError
-from sim.outdir import replace_text
+from sim.outdir import check_not_a_result_file, replace_text
 
 Format = Literal["vllm", "chrome"]
 FORMATS: tuple[Format, ...] = ("vllm", "chrome")
@@ -31,6 +31,7 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
     path = Path(out) if out is not None else Path(run_dir) / DEFAULT_FILES[fmt]
     if path.is_dir():
         raise InputError(path, "--out", str(path), "is a directory: give a file name")
+    check_not_a_result_file(path, Path(run_dir))
     results = Results.load(run_dir)
     if fmt == "vllm":
         from sim.export.vllm import vllm_result

@@ -16,7 +16,7 @@ import pandas as pd
 
 from sim.errors import InputError
 from sim.labels import label, param_label
-from sim.outdir import REPORT_FILE, replace_text
+from sim.outdir import REPORT_FILE, check_not_a_result_file, replace_text
 from sim.report import markup as m
 from sim.report import sections as s
 from sim.report.replicated import replicated_comparison_body, replications_body
@@ -46,6 +46,7 @@ def write_report(results: Path, out: Path | None = None) -> Path:
     """Write the report of `results` to `out` (default `results/report.html`); return it."""
     directory_kind(results)  # not results: say so before checking where the page goes
     out = out if out is not None else results / REPORT_FILE
+    check_not_a_result_file(out, results)
     _check_writable(out)
     text = render_report(results)
     try:  # whole or not at all: a reader never sees half a page
