@@ -237,19 +237,10 @@ class Replica:
         while True:
             self.sync()
             if self.inbox is not None and self.inbox.pending:
-                if now > self.env.now:  # admitting a transfer starts it: be on the clock
-                    yield At(self.env, now, self.turn)
-                self.inbox.admit()
+                yield from self._admit_transfers(now)
             plan = self.scheduler.schedule(state, now) if state.running or state.waiting else None
             if not plan:
-                if plan is not None and (state.running or not (
-                        state.num_transferring or state.incoming)):
-                    raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
-                # Idle, or KV held by transfers (out of a prefill replica, or into a decode one)
-                # fills this replica: wait until a request arrives or a transfer completes.
-                if now > self.env.now:
-                    yield At(self.env, now, self.turn)
-                yield from self._wait_for_work()
+                yield from self._wait_idle(plan, now)
                 now = self.env.now
                 continue
             # Nothing outside this replica can look at it or change it before `quiet_s`, so
@@ -281,6 +272,27 @@ class Replica:
                 self._inflight = it
                 yield At(self.env, it.end_s, self.turn)
             now = self.env.now
+
+    def _admit_transfers(self, now_s: float) -> Generator[simpy.Event, Any, None]:
+        """Admit the transfers waiting in the inbox at this replica's clock `now_s` (admitting
+        one starts it, so the environment's clock must have caught up first)."""
+        if now_s > self.env.now:
+            yield At(self.env, now_s, self.turn)
+        assert self.inbox is not None
+        self.inbox.admit()
+
+    def _wait_idle(self, plan: Plan | None, now_s: float) -> Generator[simpy.Event, Any, None]:
+        """Nothing to run at this replica's clock `now_s` (`plan` empty, or None with nothing
+        queued): idle, or KV held by transfers (out of a prefill replica, or into a decode one)
+        fills it; wait until a request arrives or a transfer completes. An empty plan with
+        requests running and nothing transferring can never change: an error."""
+        state = self.state
+        if plan is not None and (state.running or not (
+                state.num_transferring or state.incoming)):
+            raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
+        if now_s > self.env.now:
+            yield At(self.env, now_s, self.turn)
+        yield from self._wait_for_work()
 
     def _wait_for_work(self) -> Generator[simpy.Event, Any, None]:
         self._poke = self.env.event()

@@ -79,9 +79,7 @@ class PipelinedReplica(Replica):
             if batches:
                 self._complete_batches(now, inclusive=True)
             if self.inbox is not None and self.inbox.pending:
-                if now > self.env.now:  # admitting a transfer starts it: be on the clock
-                    yield At(self.env, now, self.turn)
-                self.inbox.admit()
+                yield from self._admit_transfers(now)
             plan = None
             while len(batches) < self.pipeline_depth and (state.running or state.waiting):
                 plan = self.scheduler.schedule(state, now)
@@ -93,12 +91,7 @@ class PipelinedReplica(Replica):
                     preempted = []
                 batches.append(self._send(plan, now))
             if not batches:
-                if plan is not None and (state.running or not (
-                        state.num_transferring or state.incoming)):
-                    raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
-                if now > self.env.now:
-                    yield At(self.env, now, self.turn)
-                yield from self._wait_for_work()
+                yield from self._wait_idle(plan, now)
                 now = self.env.now
                 continue
             # Blocked on the oldest result: no poke (`wake` finds none), as vLLM's engine
