@@ -29,6 +29,7 @@ from profiler.executor import Executor
 from sim.cluster import kv_cache_for, make_scheduler
 from sim.config import Scenario
 from sim.errors import InputError
+from sim.gpus import measured_on
 from sim.interrupts import on_sigint
 from sim.iteration_log import IterationLog
 from sim.latency.base import BatchShape
@@ -291,7 +292,15 @@ def _add_measurements(results: Results, loop: ReplayLoop, env: dict[str, Any], c
     its["host_s"] = its["duration_s"] - its["forward_s"]
     summary = results.summary
     summary["run"]["latency"] = "replay"
+    scenario_gpu = summary["run"]["gpu"]
     summary["run"]["gpu"] = env["device_name"]  # what served it, not the scenario's `gpu`
+    summary["run"].pop("latency_device_note", None)  # the run's GPU is the measuring device
+    if not all(measured_on(gpu, env["device_name"]) for gpu in scenario_gpu.split("/")):
+        # The scenario's price is not this device's (a CPU has none in the GPU table).
+        summary["cost"].update(usd_per_hour=None, usd_per_million_output_tokens=None,
+                               usd_per_million_tokens=None, usd_per_request=None)
+        summary["cost"]["unpriced"] = (f"served on {env['device_name']}, not on "
+                                       f"{scenario_gpu}: no price for it")
     summary["run"]["complete"] = not interrupted
     duration = its["duration_s"].to_numpy()
     busy_s = float(duration.sum())

@@ -17,6 +17,7 @@ from sim.cluster import Cluster, blocks_beyond_memory
 from sim.config import ReplicaConfig, Scenario, load_scenario, scenario_yaml
 from sim.engine import Progress
 from sim.errors import InputError
+from sim.gpus import measured_on
 from sim.iteration_log import COLUMNS, IterationLog
 from sim.kv_cache import KVCacheManager
 from sim.metrics import (
@@ -379,6 +380,14 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
               if (note := blocks_beyond_memory(cfg)) is not None}
     if beyond:  # only then: summaries of runs within memory stay as they were
         summary["run"]["blocks_beyond_memory"] = beyond
+    if device := latency.get("device_name"):  # latencies measured on a machine (a profile)
+        summary["run"]["latency_measured_on"] = device
+        other = sorted({cfg.gpu_name for cfg in pools.values()
+                        if not measured_on(cfg.gpu_name, device)})
+        if other:  # e.g. a CPU profile run on the default h100-sxm
+            summary["run"]["latency_device_note"] = (
+                f"latencies measured on {device}, not on {'/'.join(other)}; GPU count, KV "
+                f"capacity and cost are those of {'/'.join(other)} (replica.gpu)")
     summary["cost"] = cost_stats(summary, request_df, pools, replicas)
     summary["latency_model"] = latency
     return Results(scenario, request_df, iteration_df, frames.tokens, summary, gap_df)

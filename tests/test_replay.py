@@ -28,7 +28,12 @@ from sim.kv_cache import KVCacheManager  # noqa: E402
 from sim.models import MODELS  # noqa: E402
 from sim.plan import Plan  # noqa: E402
 from sim.runner import Results, run_scenario  # noqa: E402
-from tests.conftest import assert_one_line_error, make_request, run_cli  # noqa: E402
+from tests.conftest import (  # noqa: E402
+    assert_one_line_error,
+    make_request,
+    run_cli,
+    run_cli_out,
+)
 
 CHUNKED = "{name: chunked_prefill, token_budget: 64, max_num_seqs: 16}"
 PREFILL_FIRST = "{name: prefill_first, max_num_batched_tokens: 256, max_num_seqs: 16}"
@@ -220,3 +225,22 @@ def test_interrupt_keeps_what_ran_marked_incomplete(tmp_path):
     unfinished = requests[requests["status"] != "finished"]
     assert len(unfinished) and unfinished["reason"].str.startswith("interrupted").all()
     assert summary["requests"]["reasons"] == {"interrupted": len(unfinished)}
+
+
+def test_a_cpu_replay_says_its_verdict_and_prices_no_gpu(tmp_path, monkeypatch, capsys):
+    """The replay's table is followed by its overload verdict, as a simulation's is; served on
+    the CPU, it has no H100 price (the scenario's default GPU)."""
+    path = trace_scenario(tmp_path, ROWS)
+    code, out = run_cli_out(monkeypatch, capsys, "replay", str(path), "--out",
+                            str(tmp_path / "o"))
+    assert code == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["run"]["gpu"].startswith("cpu: ")
+    assert "latency_device_note" not in summary["run"]
+    verdict = summary["overload"]
+    assert f"{verdict['verdict']}: " in out
+    cost = summary["cost"]
+    assert cost["usd_per_million_tokens"] is None and cost["usd_per_hour"] is None
+    assert "cost $/M tokens" not in out
+    assert f"cost: none (served on {summary['run']['gpu']}, not on h100-sxm" in " ".join(
+        out.split())
