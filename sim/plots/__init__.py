@@ -39,7 +39,9 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, *,
     with `worst_tbt`) and the iteration timeline (of `window_s` and `replicas`; by default
     the busiest window, the first replica of each pool)."""
     out_dir = out_dir or run_dir / "plots"
-    files = cdfs([run_dir], out_dir / "cdf", worst_tbt=worst_tbt)
+    # Its own name: the every-gap CDF drawn before stays beside it.
+    files = cdfs([run_dir], out_dir / ("cdf_worst_tbt" if worst_tbt else "cdf"),
+                 worst_tbt=worst_tbt)
     return files + iteration_timeline(run_dir, out_dir / "timeline", replicas, window_s)
 
 

@@ -95,6 +95,8 @@ def plot_comparison(compare_dir: Path, out_dir: Path | None = None, *,
     table = read_csv(compare_dir / "comparison.csv", ["variant"])
     variants = [str(v) for v in table["variant"]]
     out_dir = out_dir or compare_dir / "plots"
-    files = cdfs([compare_dir / v for v in variants], out_dir / "cdf", variants,
+    # Its own name: the every-gap CDF drawn before stays beside it.
+    name = "cdf_worst_tbt" if worst_tbt else "cdf"
+    files = cdfs([compare_dir / v for v in variants], out_dir / name, variants,
                  worst_tbt=worst_tbt)
     return files + headline_bars(table, out_dir / "headline", compare_dir.name)
