@@ -332,6 +332,9 @@ def overload(requests: pd.DataFrame, end_s: float) -> dict[str, Any]:
                                  growth_limit))
     for verdict in ("overloaded", "stable", "unknown"):
         matching = [f for f in found if f["verdict"] == verdict]
+        if verdict == "stable":  # told over the run or its end: a quarter's limit is another
+            matching = [f for f in matching
+                        if f["growth_limit_share"] == GROWTH_LIMIT] or matching
         if matching:  # the queue and window closest to (or deepest in) overload
             return max(matching, key=lambda f: f.get("t", 0.0))
     return {"verdict": "unknown", "detail": "no queue to test"}
@@ -363,6 +366,7 @@ def _growth(queue: str, window: str, times_s: np.ndarray, length: np.ndarray,
         "growth_se": se,
         "growth_share_of_arrivals": share,
         "t": float(t),
+        "growth_limit_share": growth_limit,
         "window_start_s": float(times_s[0]),
         "window": window,
         "detail": (f"{queue.replace('_', ' ')} queue {verb} by {abs(slope):.3g} requests/s "
