@@ -153,11 +153,17 @@ def parameter_rows(config: Any, prefix: str = "") -> dict[str, tuple[str, str]]:
         shown = ("(required)" if default is PydanticUndefined
                  else f"{default:g}" if isinstance(default, float) else str(default))
         if unit and isinstance(default, int | float) and not isinstance(default, bool):
-            shown += f" {unit}"
+            shown += f" {singular(unit) if default == 1 else unit}"
         meaning = "; ".join(part for part in ((info.description or "").rstrip("."),
                                               allowed(info)) if part)
         rows[prefix + key] = (shown, meaning)
     return rows
+
+
+def singular(unit: str) -> str:
+    """A counted unit for one: "request" for "requests"; symbols ("s", "ms", "GB/s") as they
+    are."""
+    return unit[:-1] if unit.isalpha() and len(unit) > 2 and unit.endswith("s") else unit
 
 
 def allowed(info: Any) -> str:
