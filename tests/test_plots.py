@@ -292,3 +292,9 @@ def test_worst_gap_per_request_only_when_asked(run_dir, tmp_path, monkeypatch, c
     (tmp_path / "sw" / "sweep.json").write_text("{}")
     code, err = run_cli(monkeypatch, capsys, "plot", str(tmp_path / "sw"), "--worst-tbt")
     assert_one_line_error(code, err, "--worst-tbt", "this is a sweep")
+
+
+def test_bar_numbers_read_as_the_tables_print_them():
+    from sim.plots.compare import _bar_number
+    assert [_bar_number(v) for v in (5841.2, 621.4, 10.94, float("nan"))] == [
+        "5,841", "621", "10.9", ""]

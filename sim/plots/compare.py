@@ -28,7 +28,10 @@ def headline_bars(table: pd.DataFrame, path: Path, title: str = "") -> list[Path
     panels = [(name, [c for c in cols if c in table and table[c].notna().any()])
               for name, cols in HEADLINE_PANELS]
     panels = [(name, cols) for name, cols in panels if cols]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4), squeeze=False)
+    # Each panel widens with the variants, so that their bars and numbers do not overlap.
+    panel_width = max(4.0, 0.75 * len(table) + 1.0)
+    fig, axes = plt.subplots(1, len(panels), figsize=(panel_width * len(panels), 4.5),
+                             squeeze=False)
     over, names = _overloaded_names(table)
     x = np.arange(len(table))
     for ax, (name, cols) in zip(axes[0], panels, strict=True):
@@ -48,17 +51,26 @@ def headline_bars(table: pd.DataFrame, path: Path, title: str = "") -> list[Path
                     bar.set_hatch("//")
             # bar_label puts a number at the upper end of the error bar when there is one;
             # the padding lifts it off the cap
-            ax.bar_label(bars, fmt="%.3g", fontsize="x-small", padding=3)
+            ax.bar_label(bars, labels=[_bar_number(h) for h in heights], fontsize="x-small",
+                         padding=3, rotation=90 if len(cols) > 1 and len(table) > 3 else 0)
             top = max(top, float(np.nanmax(heights + (0 if err is None else err[1]))))
         # room above the tallest bar for its number and, with two series, a one-row legend
         ax.set_ylim(0, (HEADROOM_LEGEND if len(cols) > 1 else HEADROOM) * top or 1.0)
-        ax.set_xticks(x, names, rotation=15, ha="right", fontsize="small")
+        ax.set_xticks(x, names, rotation=30, ha="right", rotation_mode="anchor",
+                      fontsize="small")
         ax.set(ylabel=f"{name} ({shown.name})", title=name)
         if len(cols) > 1:
             ax.legend(fontsize="small", loc="upper center", ncols=len(cols), frameon=False)
     if title:
         fig.suptitle(title)
     return save(fig, path)
+
+
+def _bar_number(value: float) -> str:
+    """A bar's number as the tables print it: 5,841 rather than 5.84e+03."""
+    if not np.isfinite(value):
+        return ""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 def _overloaded_names(table: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
