@@ -150,6 +150,11 @@ def cdfs(run_dirs: Sequence[Path], path: Path, labels: Sequence[str] | None = No
     handles, texts = axes[0, 1].get_legend_handles_labels()
     axes[0, 1].legend(handles + marks, texts + [h.get_label() for h in marks],
                       fontsize="small", loc="lower right")
+    # The TTFT panel's SLO line is named on its own panel: the legend above names only TBT's.
+    slo = [(h, t) for h, t in zip(*axes[0, 0].get_legend_handles_labels(), strict=True)
+           if t.startswith("SLO ")]
+    if slo:
+        axes[0, 0].legend(*zip(*slo, strict=True), fontsize="small", loc="upper left")
     return save(fig, path)
 
 
