@@ -10,11 +10,13 @@ file and field.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from stat import S_ISDIR, S_ISREG
-from typing import Any
+from typing import Any, BinaryIO
 
 from sim.errors import InputError
 
@@ -42,16 +44,26 @@ def stat_regular(path: Path) -> os.stat_result:
     return stat
 
 
-def read_bytes(path: Path, max_bytes: int) -> bytes:
-    """The content of regular file `path`, refused past `max_bytes`. Opened without blocking and
-    checked again once open, so a file swapped for a named pipe since it was looked at neither
-    hangs the open nor is read."""
+@contextlib.contextmanager
+def open_regular(path: Path) -> Iterator[BinaryIO]:
+    """Regular file `path`, open for reading bytes. Opened without blocking and checked again
+    once open, so a file swapped for a named pipe since it was looked at neither hangs the open
+    nor is read. FileProblem for what `stat_regular` refuses or an open that fails."""
     stat_regular(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with open(fd, "rb") as f:
-            if not S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise FileProblem("not a regular file (a named pipe or a device)")
+    except OSError as exc:
+        raise FileProblem(f"cannot read it: {exc.strerror}") from None
+    with open(fd, "rb") as f:
+        if not S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise FileProblem("not a regular file (a named pipe or a device)")
+        yield f
+
+
+def read_bytes(path: Path, max_bytes: int) -> bytes:
+    """The content of regular file `path` (see `open_regular`), refused past `max_bytes`."""
+    try:
+        with open_regular(path) as f:
             raw = f.read(max_bytes + 1)
     except OSError as exc:
         raise FileProblem(f"cannot read it: {exc.strerror}") from None

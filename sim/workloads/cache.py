@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
+import io
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from sim.errors import InputError
+from sim.input_file import FileProblem, check_regular, loads, open_regular
 from sim.outdir import replace_file
 
 if TYPE_CHECKING:
@@ -38,8 +40,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 # Bump when what `_parse_csv` returns for the same bytes changes.
-PARSER_VERSION = 1
+PARSER_VERSION = 2
 MIN_CACHED_BYTES = 1 << 20
+CHUNK_BYTES = 1 << 20
 DEFAULT_MAX_GB = 5.0  # a few parsed week-long traces (parquet is about a third of the CSV)
 ORPHAN_LOCK_AGE_S = 3600.0  # a lock file without an entry this old is no parse in progress
 ENVIRONMENT = "<environment>"  # the source named by errors in environment variables
@@ -58,23 +61,29 @@ def read_table(path: Path, kind: Literal["csv", "jsonl"], field: str,
                columns: Collection[str] | None = None) -> pd.DataFrame:
     """A CSV or JSON-lines file with at least one row, with only `columns` (all if None) for a
     CSV; errors name the file. `attrs` say how row positions map to lines (see `base.where`)."""
-    if path.is_dir():
-        raise InputError(path, field, str(path), "is a directory, not a file")
-    if not path.is_file():
-        raise InputError(path, field, str(path), "file not found")
-    if path.stat().st_size == 0:
-        raise InputError(path, field, str(path), "empty file")
+    check_file(path, field)
     df = _read_jsonl(path, field) if kind == "jsonl" else _read_csv(path, field, columns)
     if df.empty:
         raise InputError(path, field, str(path), "holds no requests (no rows)")
     return df
 
 
+def check_file(path: Path, field: str) -> None:
+    """A trace must be a regular file, not empty: a named pipe or a device would block or never
+    end, and a directory or a missing file is named in one line."""
+    if check_regular(path, path, field).st_size == 0:
+        raise InputError(path, field, str(path), "empty file")
+
+
 def csv_header(path: Path, field: str) -> list[str]:
-    """The column names on a CSV file's first line."""
+    """The column names on a CSV file's first line (the file checked first)."""
+    check_file(path, field)
     try:
-        with path.open(encoding="utf-8-sig", newline="") as file:
+        with open_regular(path) as raw, \
+                io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as file:
             return next(csv.reader(file), [])
+    except FileProblem as exc:
+        raise InputError(path, field, str(path), str(exc)) from None
     except UnicodeDecodeError:
         raise InputError(path, field, str(path), "not UTF-8 text") from None
     except csv.Error as exc:
@@ -90,6 +99,12 @@ def _read_csv(path: Path, field: str, columns: Collection[str] | None) -> pd.Dat
         if missing:
             raise InputError(path, f"column {missing[0]!r}", header, "missing")
         chosen = [name for name in header if name in columns]  # in the file's order
+    for name in dict.fromkeys(chosen):
+        if (count := header.count(name)) > 1:
+            # pyarrow would read both, and which one a column check or `where` saw is anyone's
+            # guess: the file must say which it means.
+            raise InputError(path, f"column {name!r}", header,
+                             f"named {count} times on line 1: rename all but one")
     table = _cached(path, field, chosen)
     df = table.to_pandas()
     df.attrs["csv_path"] = str(path)  # a row's line is counted there when an error names it
@@ -231,7 +246,46 @@ def _parse_csv(path: Path, field: str, columns: list[str]) -> pa.Table:
         raise InputError(path, field, str(path), f"cannot parse as csv: {problem}") from None
     if any(pa.types.is_binary(t) for t in table.schema.types):
         raise InputError(path, field, str(path), "not UTF-8 text")
+    _check_decimal(path, table)
     return table
+
+
+# pyarrow reads `0x10` as the integer 16. A trace's counts and times are written in decimal, so
+# such a value is a column that is not what it seems, not a number to take.
+_HEX = r"^\s*[+-]?0[xX]"
+
+
+def _check_decimal(path: Path, table: pa.Table) -> None:
+    """Refuse a value pyarrow read as a hexadecimal integer, naming its line. The integer
+    columns are read again as text only when the file holds `0x` at all (a scan at GB/s)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pcsv
+
+    integers = [f.name for f in table.schema if pa.types.is_integer(f.type)]
+    if not integers or not _holds_hex_prefix(path):
+        return
+    text = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+        include_columns=integers, column_types=dict.fromkeys(integers, pa.string())))
+    for name in integers:
+        hexadecimal = pc.match_substring_regex(text.column(name), _HEX).to_numpy(
+            zero_copy_only=False)
+        if hexadecimal.any():
+            row = int(hexadecimal.argmax())
+            raise InputError(path, f"{name} (line {csv_line(path, row)})",
+                             text.column(name)[row].as_py(),
+                             "not a decimal number (hexadecimal is not read)")
+
+
+def _holds_hex_prefix(path: Path) -> bool:
+    with open_regular(path) as f:
+        tail = b""
+        while chunk := f.read(CHUNK_BYTES):
+            block = tail + chunk
+            if b"0x" in block or b"0X" in block:
+                return True
+            tail = chunk[-1:]
+    return False
 
 
 def _write_atomically(table: pa.Table, entry: Path) -> None:
@@ -242,25 +296,30 @@ def _write_atomically(table: pa.Table, entry: Path) -> None:
 
 
 def _read_jsonl(path: Path, field: str) -> pd.DataFrame:
-    """One JSON object per line (blank lines skipped); errors give the line number."""
+    """One JSON object per line (blank lines skipped), read as strictly as every JSON input
+    (`sim.input_file.loads`: a key given twice, NaN, huge integers, deep nesting are refused);
+    errors give the line number."""
     import pandas as pd
 
     rows, lines = [], []
     try:
-        with path.open(encoding="utf-8") as file:
+        with open_regular(path) as raw, io.TextIOWrapper(raw, encoding="utf-8") as file:
             for number, line in enumerate(file, start=1):
                 line = line.strip()
                 if not line:
                     continue
                 try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(path, f"line {number}", line,
-                                     f"not JSON: {exc.msg} (column {exc.colno})") from None
+                    row = loads(line)
+                except FileProblem as exc:
+                    # One line is one document: its own "line 1" would contradict the field's.
+                    problem = str(exc).replace(" at line 1 column ", " at column ")
+                    raise InputError(path, f"line {number}", line, problem) from None
                 if not isinstance(row, dict):
                     raise InputError(path, f"line {number}", row, "must be a JSON object")
                 rows.append(row)
                 lines.append(number)
+    except FileProblem as exc:
+        raise InputError(path, field, str(path), str(exc)) from None
     except UnicodeDecodeError:
         raise InputError(path, field, str(path), "not UTF-8 text") from None
     df = pd.DataFrame.from_records(rows)
