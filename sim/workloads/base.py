@@ -209,7 +209,7 @@ def _check_condition(condition: str, header: list[str], path: Path) -> None:
     empty = pd.DataFrame({name: pd.Series([], dtype=object) for name in header})
     try:
         empty.eval(condition)
-    except (pd.errors.UndefinedVariableError, SyntaxError):
+    except (pd.errors.UndefinedVariableError, SyntaxError, RecursionError):
         _evaluate(empty, condition, path)  # raises its one-line error
     except _EVAL_ERRORS:
         pass
@@ -244,6 +244,10 @@ def _evaluate(df: pd.DataFrame, condition: str, path: Path) -> np.ndarray:
     except _EVAL_ERRORS as exc:
         raise InputError(path, "workload.where", condition,
                          f"cannot evaluate: {' '.join(str(exc).split())}") from None
+    except RecursionError:  # Python's parser and pandas' evaluator recurse per nesting level
+        raise InputError(path, "workload.where", condition,
+                         "nested too deeply to evaluate (e.g. thousands of 'not' or '-')"
+                         ) from None
     if isinstance(result, pd.Series) and isinstance(result.dtype, pd.BooleanDtype):
         result = result.fillna(False)  # a comparison with a missing value keeps no row
     if not isinstance(result, pd.Series) or result.dtype != bool:
@@ -253,17 +257,20 @@ def _evaluate(df: pd.DataFrame, condition: str, path: Path) -> np.ndarray:
 
 
 def where(df: pd.DataFrame, name: str, row: int) -> str:
-    """`name (line N)`: the field of a bad value, with its line in the file (the index keeps
-    each row's position in the file through `workload.where`)."""
+    """`name (line N)`: the field of a bad value, with its line in the file."""
+    return f"{name} (line {line_of(df, row)})"
+
+
+def line_of(df: pd.DataFrame, row: int) -> int:
+    """The line in the file of row `row` (the index keeps each row's position in the file
+    through `workload.where`)."""
     position = int(df.index[row])
     lines, csv_path = df.attrs.get("lines"), df.attrs.get("csv_path")
     if lines is not None:
-        line = lines[position]
-    elif csv_path is not None:
-        line = csv_line(Path(csv_path), position)
-    else:
-        line = position + 1
-    return f"{name} (line {line})"
+        return int(lines[position])
+    if csv_path is not None:
+        return csv_line(Path(csv_path), position)
+    return position + 1
 
 
 def column(df: pd.DataFrame, name: str, path: Path) -> pd.Series:
@@ -275,22 +282,48 @@ def column(df: pd.DataFrame, name: str, path: Path) -> pd.Series:
 def token_counts(df: pd.DataFrame, name: str, path: Path) -> np.ndarray:
     """A column of token counts, each an integer in [1, MAX_TOKENS]; errors name the first bad
     row."""
-    import pandas as pd
-
     values = column(df, name, path)
-    numeric = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(numeric) | (numeric != np.floor(numeric)) | (numeric < 1)
-    bad |= _booleans(values)
+    numeric, bad = _numbers(df, values)
+    bad |= (numeric != np.floor(numeric)) | (numeric < 1)
     if bad.any():
         row = int(np.argmax(bad))
         raise InputError(path, where(df, name, row), values.iloc[row],
-                         "must be a positive integer number of tokens")
+                         _kind_problem(values.iloc[row], df)
+                         or "must be a positive integer number of tokens")
     too_many = numeric > MAX_TOKENS
     if too_many.any():
         row = int(np.argmax(too_many))
         raise InputError(path, where(df, name, row), values.iloc[row],
                          f"more than {MAX_TOKENS:.0e} tokens in one request")
     return numeric.astype(np.int64)
+
+
+def _numbers(df: pd.DataFrame, values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A column as float64, and which of its values are not finite numbers: NaN, infinities,
+    booleans, dates, and text in a JSON-lines file (`"100"` is a string there, not a number;
+    a CSV's cells are all text, which pyarrow typed)."""
+    import pandas as pd
+
+    if pd.api.types.is_datetime64_any_dtype(values.dtype):
+        return np.zeros(len(values)), np.ones(len(values), dtype=bool)
+    numeric = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(numeric) | _booleans(values)
+    if _is_json(df) and values.dtype == object:
+        bad |= np.fromiter((isinstance(v, str) for v in values), bool, len(values))
+    return numeric, bad
+
+
+def _is_json(df: pd.DataFrame) -> bool:
+    return df.attrs.get("lines") is not None  # set by the JSON-lines reader only
+
+
+def _kind_problem(value: Any, df: pd.DataFrame) -> str | None:
+    """Why `value` is no number, when its type says it better than its column's rule."""
+    if isinstance(value, bool | np.bool_):
+        return "must be a number, not a boolean"
+    if isinstance(value, str) and _is_json(df):
+        return "must be a JSON number, not a string (drop the quotes)"
+    return None
 
 
 def _booleans(values: pd.Series) -> np.ndarray:
@@ -301,29 +334,76 @@ def _booleans(values: pd.Series) -> np.ndarray:
         return np.fromiter((isinstance(v, bool | np.bool_) for v in values), bool, len(values))
     return np.zeros(len(values), dtype=bool)
 
+
 def seconds(df: pd.DataFrame, name: str, unit: str, path: Path) -> np.ndarray:
     """An arrival-time column as seconds since its first value, checked non-decreasing."""
     import pandas as pd
 
     values = column(df, name, path)
     if unit == "datetime":
-        times = pd.to_datetime(values, format="ISO8601", errors="coerce")
-        bad = times.isna().to_numpy()
-        arrival = (times - times.iloc[0]).dt.total_seconds().to_numpy() if not bad.any() else None
+        arrival, bad = _datetimes(df, values, name, path)
+    elif pd.api.types.is_datetime64_any_dtype(values.dtype):
+        # Read as numbers, dates would count in pyarrow's unit for the column (s to ns).
+        raise InputError(path, where(df, name, 0), str(values.iloc[0]),
+                         f"a date and time, not a number of {unit}: give time_unit: datetime")
     else:
-        numeric = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
-        bad = ~np.isfinite(numeric) | _booleans(values)
+        numeric, bad = _numbers(df, values)
         scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[unit]
-        arrival = (numeric - numeric[0]) * scale if not bad.any() else None
-    if arrival is None:
+        arrival = (numeric - numeric[0]) * scale
+    if bad.any():
         row = int(np.argmax(bad))
-        raise InputError(path, where(df, name, row), values.iloc[row], "not a time")
+        value = values.iloc[row]
+        problem = _kind_problem(value, df) if unit != "datetime" else None
+        raise InputError(path, where(df, name, row), value, problem or "not a time")
     backwards = np.flatnonzero(np.diff(arrival) < 0)
     if backwards.size:
         row = int(backwards[0]) + 1
         raise InputError(path, where(df, name, row), values.iloc[row],
                          "arrival times must not decrease")
     return arrival
+
+
+def _datetimes(df: pd.DataFrame, values: pd.Series, name: str, path: Path
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """ISO 8601 times as seconds since the first, and which values are not times. Times with a
+    zone are compared in UTC (a change of offset, e.g. to daylight saving, is no jump). A
+    column where some times have a zone and others not is refused: the zone of those without
+    is unknown (pandas would take them as UTC)."""
+    import pandas as pd
+
+    if values.dtype != object and not pd.api.types.is_string_dtype(values.dtype) \
+            and not pd.api.types.is_datetime64_any_dtype(values.dtype):
+        hint = "" if values.dtype == bool else ": give time_unit s, ms or us"
+        raise InputError(path, where(df, name, 0), values.iloc[0],
+                         f"not a date and time{hint}")
+    text = values
+    if values.dtype == object:  # JSON values: a number or a boolean would pass as a time
+        not_text = np.fromiter((not isinstance(v, str) for v in values), bool, len(values))
+        text = values.where(~not_text)  # parsed as missing: refused below
+    times = pd.to_datetime(text, format="ISO8601", errors="coerce", utc=True)
+    bad = times.isna().to_numpy()
+    if bad.any():
+        return np.zeros(len(values)), bad
+    if not pd.api.types.is_datetime64_any_dtype(values.dtype):  # text: zones may be mixed
+        try:
+            pd.to_datetime(values, format="ISO8601")
+        except ValueError:  # "Mixed timezones detected" (also offsets that differ: fine)
+            _check_zones(df, values, name, path)
+    return (times - times.iloc[0]).dt.total_seconds().to_numpy(), bad
+
+
+def _check_zones(df: pd.DataFrame, values: pd.Series, name: str, path: Path) -> None:
+    """Refuse the first time with a zone where the first time has none, or the other way round
+    (a scan of a few microseconds a row, for text columns pandas found mixed only)."""
+    import pandas as pd
+
+    zoned = pd.Timestamp(values.iloc[0]).tzinfo is not None
+    for row, value in enumerate(values):
+        if (pd.Timestamp(value).tzinfo is not None) != zoned:
+            raise InputError(path, where(df, name, row), value,
+                             f"a time zone on some times and not on others (line "
+                             f"{line_of(df, 0)} has {'one' if zoned else 'none'}): give one "
+                             "on every time or on none")
 
 
 def select(workload: Workload, config: WorkloadConfig) -> Workload:

@@ -1,0 +1,104 @@
+"""Bad trace values: one line naming the file, the field with the row's line and the value,
+never a traceback or a run on values that mean something else (a quoted JSON number, times with
+and without a zone, dates read as numbers); and `where:` conditions nested too deeply."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.config import parse_scenario
+from sim.errors import InputError
+from sim.runner import load_workload
+
+VIDUR_HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+GENERIC = {"format": "csv", "columns": {"arrival": "t", "prompt_tokens": "p",
+                                        "output_tokens": "o"}}
+
+
+def workload(spec: dict):
+    return load_workload(parse_scenario({"seed": 0, "workload": spec}, "test"))
+
+
+def refused(spec: dict, *needles: str) -> InputError:
+    """Loading `spec` raises one InputError whose line holds each needle."""
+    with pytest.raises(InputError) as info:
+        workload(spec)
+    assert len(info.value.lines()) == 1, info.value.lines()
+    for needle in needles:
+        assert needle in info.value.one_line(), (needle, info.value.one_line())
+    return info.value
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+MOONCAKE = {"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [1]}
+
+
+@pytest.mark.parametrize("row,needles", [
+    ({"input_length": "100"}, ["input_length (line 2)='100'", "a JSON number, not a string"]),
+    ({"timestamp": "1"}, ["timestamp (line 2)='1'", "a JSON number, not a string"]),
+    ({"output_length": True}, ["output_length (line 2)=True", "a number, not a boolean"]),
+])
+def test_jsonl_numbers_must_be_json_numbers(tmp_path, row, needles):
+    # json reads "100" as text: pandas would have turned it into the number 100.
+    lines = [MOONCAKE, {**MOONCAKE, **row}]
+    trace = write(tmp_path, "m.jsonl", "".join(json.dumps(r) + "\n" for r in lines))
+    refused({"format": "mooncake", "path": str(trace)}, str(trace), *needles)
+
+
+# -- where: ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prefix", ["-" * 5000, "not " * 1500])
+def test_a_where_nested_too_deeply_is_one_line(tmp_path, prefix):
+    trace = write(tmp_path, "t.csv", VIDUR_HEADER + "0,5,2\n")
+    refused({"format": "vidur", "path": str(trace), "where": prefix + "num_prefill_tokens > 0"},
+            "workload.where", "nested too deeply")
+
+
+# -- times ------------------------------------------------------------------------------------
+
+def dated(tmp_path, times: list[str], unit: str = "datetime") -> dict:
+    rows = "".join(f"{t},5,2\n" for t in times)
+    return {**GENERIC, "path": str(write(tmp_path, "g.csv", "t,p,o\n" + rows)),
+            "time_unit": unit}
+
+
+def test_times_with_and_without_a_zone_are_refused(tmp_path):
+    spec = dated(tmp_path, ["2024-01-01T00:00:00", "2024-01-01T00:00:01",
+                            "2024-01-01T00:00:02+01:00"])
+    refused(spec, "t (line 4)='2024-01-01T00:00:02+01:00'",
+            "a time zone on some times and not on others (line 2 has none)")
+
+
+def test_times_whose_offset_changes_are_compared_in_utc(tmp_path):
+    # Clocks go forward an hour: 01:59:59+00:00 and 03:00:01+01:00 are two seconds apart.
+    spec = dated(tmp_path, ["2024-03-31T01:59:59+00:00", "2024-03-31T03:00:01+01:00"])
+    assert workload(spec).arrival_s.tolist() == [0.0, 2.0]
+    jsonl = write(tmp_path, "g.jsonl", '{"t": "2024-03-31T01:59:59+00:00", "p": 5, "o": 2}\n'
+                                       '{"t": "2024-03-31T03:00:01+01:00", "p": 5, "o": 2}\n')
+    spec = {**GENERIC, "format": "jsonl", "path": str(jsonl), "time_unit": "datetime"}
+    assert workload(spec).arrival_s.tolist() == [0.0, 2.0]
+
+
+def test_time_unit_must_match_the_column(tmp_path):
+    # Dates read as numbers would count in pyarrow's unit for the column, not in seconds.
+    refused(dated(tmp_path, ["2024-01-01T00:00:00", "2024-01-01T00:00:01"], unit="s"),
+            "t (line 2)='2024-01-01 00:00:00'", "give time_unit: datetime")
+    refused(dated(tmp_path, ["1700000000", "1700000001"]), "t (line 2)=1700000000",
+            "not a date and time: give time_unit s, ms or us")
+    jsonl = write(tmp_path, "g.jsonl", '{"t": "2024-01-01T00:00:00", "p": 5, "o": 2}\n'
+                                       '{"t": 1700000000, "p": 5, "o": 2}\n')
+    refused({**GENERIC, "format": "jsonl", "path": str(jsonl), "time_unit": "datetime"},
+            "t (line 2)=1700000000", "not a time")
+
+
+def test_equal_arrival_times_are_a_burst_not_an_error(tmp_path):
+    trace = write(tmp_path, "t.csv", VIDUR_HEADER + "3,5,2\n3,6,2\n3,7,2\n")
+    assert workload({"format": "vidur", "path": str(trace)}).arrival_s.tolist() == [0, 0, 0]
