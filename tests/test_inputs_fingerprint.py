@@ -1,0 +1,61 @@
+"""Hashing a scenario's inputs (sweep cache keys, inputs.json): only regular files are read, and
+a directory only as a replay's result directory, of bounded size."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import sim.fingerprint
+from sim.errors import InputError
+from sim.fingerprint import file_sha256
+
+
+@contextlib.contextmanager
+def within(seconds: int) -> Iterator[None]:
+    """Fail, rather than hang the suite, if the block blocks (on a named pipe)."""
+    def expire(signum, frame):
+        raise TimeoutError(f"blocked for {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_pipe_or_a_device_is_refused_not_read(tmp_path):
+    fifo = tmp_path / "trace.csv"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        with within(5), pytest.raises(InputError) as info:
+            file_sha256(path, source="s.yaml", field="workload.path")
+        assert info.value.one_line() == (f"s.yaml: workload.path={str(path)!r}: not a regular "
+                                         "file (a named pipe or a device)")
+
+
+def test_a_directory_that_is_no_replay_is_refused_before_it_is_walked(tmp_path, monkeypatch):
+    walked = []
+    monkeypatch.setattr(Path, "rglob", lambda self, pattern: walked.append(self) or iter(()))
+    with pytest.raises(InputError, match="a directory without iterations.parquet"):
+        file_sha256(Path("/usr"), source="s.yaml", field="replica.latency.path")
+    assert walked == []
+
+
+def test_a_replay_directory_of_too_many_entries_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(sim.fingerprint, "MAX_TREE_ENTRIES", 5)
+    (tmp_path / "iterations.parquet").write_bytes(b"x")
+    for i in range(3):
+        (tmp_path / f"f{i}").write_bytes(b"y")
+    file_sha256(tmp_path)  # 4 entries
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "g").write_bytes(b"z")
+    with pytest.raises(InputError, match="more than 5 entries: not a replay's result directory"):
+        file_sha256(tmp_path, source="s.yaml", field="replica.latency.path")
