@@ -14,15 +14,14 @@ bias terms are left out: under 0.01% of any model here.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from stat import S_ISREG
 from typing import Any
 
+from sim.input_file import FileProblem, loads, open_regular, stat_regular
 from sim.registry import Registry
 
 DATA_DIR = Path(__file__).parent / "data" / "models"
@@ -303,15 +302,13 @@ def resolve_model(value: str, base_dir: Path | None = None) -> ModelShape:
 def read_config(path: Path) -> ModelShape:
     """The shape a config.json describes (named after the file), parsed once per version of the
     file (its resolved path, modification time and size). Anything but a regular file (a device,
-    a named pipe) is refused before it is opened, and so is a file past MAX_CONFIG_BYTES."""
+    a named pipe) is refused before it is opened, and so is a file past MAX_CONFIG_BYTES; the
+    JSON is read strictly (`sim.input_file.loads`: a key given twice, NaN, huge integers, deep
+    nesting are refused)."""
     try:
-        stat = path.stat()
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
-    if not S_ISREG(stat.st_mode):
-        raise ValueError(f"{path}: not a regular file")
+        stat = stat_regular(path)
+    except FileProblem as exc:
+        raise ValueError(f"{path}: {exc}") from None
     if stat.st_size > MAX_CONFIG_BYTES:
         raise ValueError(_too_large(path, stat.st_size))
     return _read_config(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
@@ -325,51 +322,20 @@ def _too_large(path: str | Path, size: int) -> str:
 @lru_cache(maxsize=64)
 def _read_config(path: str, mtime_ns: int, size: int) -> ModelShape:
     try:
-        # Non-blocking, and checked again once open: a file swapped for a named pipe since
+        # open_regular checks again once open: a file swapped for a named pipe since
         # `read_config` looked at it neither hangs the open nor is read.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with open(fd, "rb") as f:
-            regular = S_ISREG(os.fstat(f.fileno()).st_mode)
-            raw = f.read(MAX_CONFIG_BYTES + 1) if regular else b""
+        with open_regular(Path(path)) as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:  # it grew since it was looked at
+            raise ValueError(_too_large(path, len(raw)))
+        data = loads(raw)
+    except FileProblem as exc:
+        raise ValueError(f"{path}: {exc}") from None
     except OSError as exc:
-        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
-    if not regular:
-        raise ValueError(f"{path}: not a regular file")
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ValueError(_too_large(path, len(raw)))
-    try:
-        data = json.loads(raw, object_pairs_hook=_unique_keys)
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not JSON (not UTF-8 text)") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno} column "
-                         f"{exc.colno})") from None
-    except _DuplicateKey as exc:
-        key, first, last = exc.args
-        shown = key if key.isprintable() else repr(key)
-        raise ValueError(f"{path}: {shown}={first!r}, then {last!r}: given twice in one "
-                         "object (JSON readers would silently keep the last)") from None
-    except RecursionError:
-        raise ValueError(f"{path}: not JSON (nested too deeply)") from None
-    except ValueError as exc:  # an integer of thousands of digits
-        raise ValueError(f"{path}: not JSON ({' '.join(str(exc).split())})") from None
+        raise ValueError(f"{path}: cannot read it: {exc.strerror}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a JSON object but {type(data).__name__}")
     return _Config(data, path).shape(Path(path).stem)
-
-
-class _DuplicateKey(Exception):
-    """An object gives one key twice: (key, first value, later value)."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's pairs as a dict, refusing a key given twice (`json` keeps the last)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key, out[key], value)
-        out[key] = value
-    return out
 
 
 # model_type -> (family, architecture class). Families: "dense", "mixtral", "qwen_moe" (Qwen2

@@ -33,6 +33,7 @@ batches) in under 10 us on NVLink: NCCL start-up makes decode of a deep TP model
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.errors import InputError
+from sim.input_file import FileProblem, read_bytes
 from sim.parallelism import GPUS_PER_NODE
 
 if TYPE_CHECKING:
@@ -52,6 +54,8 @@ Array = np.ndarray
 INTERCONNECT_EFFICIENCY = 0.75
 ALL_REDUCE_LATENCY_S = 25e-6
 SEND_RECV_LATENCY_S = 8e-6
+# Vidur's tables are tens of KB: the most read of one, with room to spare.
+MAX_TABLE_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -75,14 +79,12 @@ def read_table(path: Path, collective: str, num_workers: int, field: str, *,
     """The rows of `path` for `num_workers` GPUs: all on one node where the table has that, or,
     `cross_node`, each on its own node (`devices_per_node` 1: Vidur's rows across nodes)."""
     column = f"time_stats.{collective}.median"
-    # A FIFO or a device would block or never end: only a regular file is read.
-    if path.exists() and not path.is_file():
-        raise InputError(path, field, str(path), "not a regular file")
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-    except OSError as exc:
-        raise InputError(path, field, str(path), f"cannot read it: {exc.strerror}") from None
+        # A FIFO or a device would block or never end: only a regular file is read, bounded.
+        text = read_bytes(path, MAX_TABLE_BYTES).decode("utf-8")
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    except FileProblem as exc:
+        raise InputError(path, field, str(path), str(exc)) from None
     except UnicodeDecodeError:
         raise InputError(path, field, str(path), "not UTF-8 text (a CSV is expected)") from None
     except csv.Error as exc:

@@ -72,7 +72,6 @@ form). `extrapolated` says so, and `describe()` carries it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -81,8 +80,10 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from sim.gpus import GPUSpec
+from sim.input_file import loads, read_bytes
 
 CALIBRATION_PATH = Path(__file__).resolve().parents[1] / "data" / "gemm_calibration.json"
+MAX_CALIBRATION_BYTES = 10 * 2**20  # a few KB per GPU
 REFERENCE_GPU = "h100-sxm"  # the curve other GPUs are extrapolated from
 DTYPE_BYTES = 2  # bf16
 _CHUNK = 4096  # entries evaluated at a time
@@ -283,7 +284,7 @@ def load_calibration(path: Path) -> dict[str, Any]:
     """The calibration file, checked: every GPU has the five parameters and the fractions that
     extrapolation uses, and the reference GPU is there."""
     try:
-        data = json.loads(path.read_text())
+        data = loads(read_bytes(path, MAX_CALIBRATION_BYTES))
         gpus = data["gpus"]
         for entry in gpus.values():
             _params(entry["params"])
