@@ -18,9 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from sim.errors import COMMAND_LINE, InputError
+from sim.yaml_input import MALFORMED, NO_ALIASES, YamlProblem, load_yaml
 
 if TYPE_CHECKING:  # pydantic's models are imported only when a scenario is loaded
     from sim.config import Scenario
@@ -92,12 +91,12 @@ def parse_override(text: str) -> Override:
     if not raw.strip():
         raise bad("give a value after '=' (null for none)")
     try:
-        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(raw, yaml.SafeLoader)):
-            raise bad("YAML anchors and aliases are not taken here")
-        return dotted, yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or "malformed"
-        raise bad(f"VALUE is not YAML: {problem}") from None
+        return dotted, load_yaml(raw, aliases=False)
+    except YamlProblem as exc:
+        _, _, problem = exc.args
+        if problem.startswith(MALFORMED):
+            raise bad(f"VALUE is not YAML: {problem.removeprefix(MALFORMED)}") from None
+        raise bad(problem if problem == NO_ALIASES else f"VALUE: {problem}") from None
 
 
 def parse_overrides(texts: Sequence[str] | None) -> list[Override]:

@@ -1,5 +1,6 @@
-"""Reading YAML input files (scenarios, sweeps, comparisons): one document, bounded in size once
-aliases are expanded, every problem a one-line error naming the file."""
+"""Reading YAML input files (scenarios, sweeps, comparisons) and `--set` values: one document,
+bounded in size, depth and number size once aliases are expanded, every key text, every
+problem a one-line error naming the file."""
 
 from __future__ import annotations
 
@@ -9,72 +10,93 @@ from typing import Any
 import yaml
 
 from sim.errors import InputError
+from sim.input_file import MAX_INT_DIGITS, FileProblem, read_bytes
 
 # A scenario has about a hundred YAML nodes, a sweep a few thousand. Counting them with aliases
 # expanded stops an alias bomb ("billion laughs") before it is built in memory.
 MAX_YAML_NODES = 100_000
+# A scenario nests about 8 deep (cluster.prefill.replica.latency.noise...), a sweep's values a
+# few more. PyYAML composes recursively: far deeper input ends in a RecursionError.
+MAX_YAML_DEPTH = 64
+# A sweep of thousands of points is tens of kilobytes; a scenario, one or two.
+MAX_YAML_BYTES = 10_000_000
+NO_ALIASES = "YAML anchors and aliases are not taken here"
+MALFORMED = "malformed YAML: "
+
+_STR, _MERGE = "tag:yaml.org,2002:str", "tag:yaml.org,2002:merge"
+_KINDS = {"tag:yaml.org,2002:int": "a number", "tag:yaml.org,2002:float": "a number",
+          "tag:yaml.org,2002:bool": "a boolean", "tag:yaml.org,2002:null": "none",
+          "tag:yaml.org,2002:timestamp": "a date"}
+
+
+class YamlProblem(ValueError):
+    """What is wrong with a YAML text, as the (field, value, problem) of an InputError."""
 
 
 def read_yaml(path: Path) -> Any:
-    """A YAML file's single document; one-line errors for anything else."""
-    if path.is_dir():
-        raise InputError(path, "<file>", str(path), "is a directory, not a YAML file")
-    if not path.exists():
-        raise InputError(path, "<file>", str(path), "file not found")
-    if not path.is_file():
-        raise InputError(path, "<file>", str(path), "not a regular file")
+    """A YAML file's single document; one-line errors for anything else (a file that is not
+    regular, missing or too large; not UTF-8; see `load_yaml`)."""
     try:
-        data = _load_bounded(path.read_text())
-    except OSError as exc:
-        raise InputError(path, "<file>", str(path), f"cannot read: {exc.strerror}") from None
+        text = read_bytes(path, MAX_YAML_BYTES).decode("utf-8")
+    except FileProblem as exc:
+        raise InputError(path, "<file>", str(path), str(exc)) from None
     except UnicodeDecodeError:
         raise InputError(path, "<file>", str(path), "not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(path, "<yaml>", where, f"malformed YAML: {problem}") from None
-    except _TooBig:
-        raise InputError(path, "<yaml>", f"more than {MAX_YAML_NODES} nodes",
-                         "too large once aliases are expanded (an alias bomb?)") from None
-    except _DuplicateKey as exc:
-        field, line = exc.args
-        raise InputError(path, f"{field} (line {line})", field.rsplit(".", 1)[-1],
-                         "given twice in one mapping (YAML would silently keep the "
-                         "last)") from None
+    try:
+        data = load_yaml(text)
+    except YamlProblem as exc:
+        raise InputError(path, *exc.args) from None
     if data is None:
         raise InputError(path, "<file>", str(path), "empty: holds no YAML document")
     return data
 
 
-class _TooBig(Exception):
-    """The document expands past MAX_YAML_NODES nodes."""
+def load_yaml(text: str, *, aliases: bool = True) -> Any:
+    """`yaml.safe_load`, strictly: one document, at most MAX_YAML_NODES nodes with aliases
+    expanded and MAX_YAML_DEPTH deep, each mapping key text given once (`<<` merges aside), no
+    integer of more than MAX_INT_DIGITS digits (Python refuses to read past 4,300 digits, and
+    no count we take is that large); no alias at all unless `aliases`. Problems raise
+    `YamlProblem`."""
+    try:
+        return _load_bounded(text, aliases)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise YamlProblem("<yaml>", where, f"{MALFORMED}{problem}") from None
+    except RecursionError:
+        raise YamlProblem("<yaml>", f"more than {MAX_YAML_DEPTH} levels",
+                          "nested too deeply") from None
 
 
-class _DuplicateKey(Exception):
-    """A mapping gives one key twice: (key, line)."""
-
-
-def _load_bounded(text: str) -> Any:
-    """`yaml.safe_load`, refusing documents past MAX_YAML_NODES nodes with aliases expanded.
-    The node graph shares aliased nodes, so it is small even when its expansion is not."""
+def _load_bounded(text: str, aliases: bool) -> Any:
+    """The document, checked as a node graph before it is built: the graph shares aliased
+    nodes, so it is small even when its expansion is not."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             return None
-        if _expanded_size(node, MAX_YAML_NODES) > MAX_YAML_NODES:
-            raise _TooBig
-        _check_unique_keys(node)
+        if not aliases and _has_alias(node):
+            raise YamlProblem("<yaml>", "*", NO_ALIASES)
+        size, depth = _expanded_size(node, MAX_YAML_NODES)
+        if size > MAX_YAML_NODES:
+            raise YamlProblem("<yaml>", f"more than {MAX_YAML_NODES} nodes",
+                              "too large once aliases are expanded (an alias bomb?)")
+        if depth > MAX_YAML_DEPTH:
+            raise YamlProblem("<yaml>", f"{depth} levels", f"nested too deeply (at most "
+                              f"{MAX_YAML_DEPTH})")
+        _check_nodes(node)
         return loader.construct_document(node)
     finally:
         loader.dispose()
 
 
-def _expanded_size(root: yaml.Node, limit: int) -> int:
+def _expanded_size(root: yaml.Node, limit: int) -> tuple[int, int]:
     """Nodes in the document once every alias is expanded (limit + 1 once past `limit`, or if
-    an alias contains itself). Each distinct node is sized once; no recursion."""
-    sizes: dict[int, int] = {}
+    an alias contains itself), and its depth. Each distinct node is sized once; no
+    recursion."""
+    sizes: dict[int, tuple[int, int]] = {}
     on_path: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
@@ -83,16 +105,31 @@ def _expanded_size(root: yaml.Node, limit: int) -> int:
         children = _children(node)
         if children_done:
             on_path.discard(key)
-            sizes[key] = 1 + sum(sizes[id(child)] for child in children)
-            if sizes[key] > limit:
-                return limit + 1
+            below = [sizes[id(child)] for child in children]
+            sizes[key] = (1 + sum(s for s, _ in below), 1 + max((d for _, d in below),
+                                                                 default=0))
+            if sizes[key][0] > limit:
+                return limit + 1, sizes[key][1]
         elif key in on_path:
-            return limit + 1  # recursive alias: infinite once expanded
+            return limit + 1, 0  # recursive alias: infinite once expanded
         elif key not in sizes:
             on_path.add(key)
             stack.append((node, True))
             stack.extend((child, False) for child in children if id(child) not in sizes)
     return sizes[id(root)]
+
+
+def _has_alias(root: yaml.Node) -> bool:
+    """Whether a node is reached twice: an alias names an anchored node, shared in the graph."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            return True
+        seen.add(id(node))
+        stack.extend(_children(node))
+    return False
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -113,8 +150,9 @@ def read_mapping(path: Path, kind: str, allowed: set[str]) -> dict[str, Any]:
     return data
 
 
-def _check_unique_keys(root: yaml.Node) -> None:
-    """Every mapping gives each key once (`<<` merges aside); each distinct node is read once."""
+def _check_nodes(root: yaml.Node) -> None:
+    """Every mapping key is text (`<<` merges aside), given once in its mapping; no integer
+    is longer than MAX_INT_DIGITS digits. Each distinct node is read once; no recursion."""
     seen_nodes: set[int] = set()
     stack: list[tuple[yaml.Node, str]] = [(root, "")]
     while stack:
@@ -122,13 +160,40 @@ def _check_unique_keys(root: yaml.Node) -> None:
         if id(node) in seen_nodes:
             continue
         seen_nodes.add(id(node))
+        line = node.start_mark.line + 1
         if isinstance(node, yaml.MappingNode):
             keys: set[str] = set()
             for key, value in node.value:
-                name = key.value if isinstance(key, yaml.ScalarNode) else "?"
-                if name in keys and name != "<<":
-                    raise _DuplicateKey(f"{where}{name}", key.start_mark.line + 1)
-                keys.add(name)
-                stack.append((value, f"{where}{name}."))
+                if key.tag == _MERGE:
+                    stack.append((value, where))
+                    continue
+                if key.tag != _STR or not isinstance(key, yaml.ScalarNode):
+                    at = key.start_mark.line + 1
+                    if not isinstance(key, yaml.ScalarNode):
+                        raise YamlProblem(f"{where}? (line {at})", "?",
+                                          "a key must be text, not a list or mapping")
+                    # 1 and '1' would both name variant 1: a comparison would keep one.
+                    kind = _KINDS.get(key.tag, f"a value tagged {key.tag}")
+                    raise YamlProblem(f"{where}{key.value} (line {at})", key.value,
+                                      f"a key must be text, and YAML reads this one as "
+                                      f"{kind}: quote it ('{key.value}')")
+                if key.value in keys:
+                    raise YamlProblem(f"{where}{key.value} (line {key.start_mark.line + 1})",
+                                      key.value, "given twice in one mapping (YAML would "
+                                      "silently keep the last)")
+                keys.add(key.value)
+                stack.append((value, f"{where}{key.value}."))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((item, f"{where}{i}.") for i, item in enumerate(node.value))
+        elif node.tag == "tag:yaml.org,2002:int":
+            digits = len(_digits(node.value))
+            if digits > MAX_INT_DIGITS:
+                raise YamlProblem(f"{where.rstrip('.') or '<top level>'} (line {line})",
+                                  node.value, f"an integer of {digits} digits (at most "
+                                  f"{MAX_INT_DIGITS})")
+
+
+def _digits(literal: str) -> str:
+    """The digits of a YAML 1.1 integer literal (`-1_000`, `0x1F`, `1:30`)."""
+    text = literal.lstrip("+-").replace("_", "").replace(":", "")
+    return text[2:] if text[:2].lower() in ("0x", "0o", "0b") else text
