@@ -461,6 +461,7 @@ def capacity(scenario: Scenario, targets: SLOTargets,
     if replications is None:
         replications = default_replications(scenario)
     if isinstance(replications, int):
+        check_replicable(scenario, replications)  # before listing 10**11 seeds, say
         seeds = replication_seeds(scenario, replications)
     else:
         seeds = list(replications)

@@ -41,6 +41,9 @@ __all__ = ["Scenario", "load_scenario", "merge_mappings", "parse_scenario", "rea
 
 DEFAULT_SCENARIO = "default.yaml"
 MAX_REPLICAS = 10_000  # per pool: each is a SimPy process with its own queues and KV state
+# Seeds are written to result tables (a sweep's seed column, a capacity search's trials.csv)
+# as int64: a larger seed ran, then failed writing them (numpy itself takes any size).
+MAX_SEED = 2**63 - 1
 # `name` becomes the directory results/<name>; comparisons name their runs `<name>/<variant>`.
 _NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=-]*")
 
@@ -282,7 +285,8 @@ class Pool(NamedTuple):
 
 class Scenario(_Frozen):
     name: str = Field("scenario", description="names the results directory results/<name>")
-    seed: int = Field(0, ge=0, description="seeds every random draw (arrivals, lengths, noise)")
+    seed: int = Field(0, ge=0, le=MAX_SEED,
+                      description="seeds every random draw (arrivals, lengths, noise)")
     workload: SerializeAsAny[WorkloadConfig] = Field(
         description="the requests: {format: <workload format>, <its parameters>}")
     replica: ReplicaConfig = Field(default_factory=ReplicaConfig,
@@ -316,15 +320,23 @@ class Scenario(_Frozen):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, name: str) -> str:
-        if len(name) > 200 or not all(_NAME_PART.fullmatch(p) for p in name.split("/")):
-            raise ValueError("names the directory results/<name>: use letters, digits and "
-                             "_ . - + =, not starting with '.', parts joined by single '/'")
+        if problem := name_problem(name):
+            raise ValueError(problem)
         return name
 
     @field_validator("workload", mode="before")
     @classmethod
     def _workload(cls, value: Any) -> Any:
         return _dispatch(FORMATS, "format", value)
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a directory under results/ (a scenario's, a sweep's, a
+    comparison's: absolute, with `..` or an empty part, it would leave results/), or None."""
+    if len(name) > 200 or not all(_NAME_PART.fullmatch(p) for p in name.split("/")):
+        return ("names the directory results/<name>: use letters, digits and _ . - + =, not "
+                "starting with '.', parts joined by single '/'")
+    return None
 
 
 def parse_scenario(data: Any, source: str | Path, base_dir: Path | None = None) -> Scenario:

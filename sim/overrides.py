@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # pydantic's models are imported only when a scenario is load
 
 Override = tuple[str, Any]  # dotted path, value
 REGISTRY_KEYS = ("name", "kind", "format")
-_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+# A field's dotted path: what `--set` and a sweep's axes name.
+FIELD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def set_path(data: dict[str, Any], dotted: str, value: Any,
@@ -86,7 +87,7 @@ def parse_override(text: str) -> Override:
     dotted = dotted.strip()
     if not eq:
         raise bad("must be PATH=VALUE, e.g. replica.scheduler.token_budget=512")
-    if not _PATH.fullmatch(dotted):
+    if not FIELD_PATH.fullmatch(dotted):
         raise bad("PATH must be field names joined by '.', e.g. workload.arrivals.qps")
     if not raw.strip():
         raise bad("give a value after '=' (null for none)")

@@ -53,8 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from sim.config import Scenario
-from sim.errors import InputError
+from sim.config import MAX_SEED, Scenario
+from sim.errors import COMMAND_LINE, InputError
 from sim.outdir import (
     REPORT_FILE,
     check_writable_dir,
@@ -66,6 +66,9 @@ from sim.paired import DIFFERENCES_FILE, paired_differences
 
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 10_000
+# Each replication is a whole run, and the bootstrap draws BOOTSTRAP_RESAMPLES x N indices
+# (80 MB at this N); 10**11 replications ran out of memory listing their seeds.
+MAX_REPLICATIONS = 1_000
 BOOTSTRAP_SEED = 0x5EED_B007  # fixed: identical replications, identical intervals
 RESULT_FILE = "replications.json"
 DETERMINISTIC = ("replications of a deterministic replay are identical; an interval would be "
@@ -113,7 +116,14 @@ def variation_sources(scenario: Scenario) -> list[str]:
 
 def check_replicable(scenario: Scenario, replications: int,
                      field: str = "--replications") -> None:
-    """One-line refusal of more than one replication of a deterministic scenario."""
+    """One-line refusal of more replications than MAX_REPLICATIONS, of seeds past MAX_SEED,
+    and of more than one replication of a deterministic scenario."""
+    if replications > MAX_REPLICATIONS:
+        raise InputError(COMMAND_LINE, field, replications, f"at most {MAX_REPLICATIONS:,}")
+    last = scenario.seed + replications - 1
+    if last > MAX_SEED:
+        raise InputError(scenario.source, field, replications, f"seeds {scenario.seed}..{last} "
+                         f"pass the largest seed, {MAX_SEED} (2**63 - 1): lower the seed")
     if replications > 1 and not variation_sources(scenario):
         raise InputError(scenario.source, field, replications, DETERMINISTIC)
 

@@ -40,11 +40,12 @@ from typing import Any
 
 import pandas as pd
 
-from sim.config import Scenario, parse_scenario, read_mapping, read_yaml
+from sim.config import MAX_SEED, Scenario, name_problem, parse_scenario, read_mapping, read_yaml
 from sim.errors import InputError
 from sim.fingerprint import input_files, inputs_record, scenario_key
 from sim.outdir import check_writable_dir, is_run_dir, replace_file
 from sim.overrides import (
+    FIELD_PATH,
     Override,
     apply_overrides,
     named_by_overrides,
@@ -75,12 +76,16 @@ class Run:
         return scenario_key(self.scenario)
 
 
+MAX_RUNS = 10_000  # runs in one sweep: each is loaded and checked before any starts
+
+
 def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[str, list[Run]]:
     """Expand a sweep file into its runs; one-line errors for bad files. `overrides` (`--set`)
     change every run, over the base and the axes; one that meets an axis (the same field, or
     one inside the other) is refused: which value was meant would be a guess."""
     path = Path(path)
     data = read_mapping(path, "sweep", {"name", "base", "seeds", "grid", "zip"})
+    name = _sweep_name(path, data)
     base = data.get("base")
     base_dir = path.parent
     if isinstance(base, str):
@@ -91,42 +96,116 @@ def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[st
     _check_overrides(path, data, overrides)
     defaults = resolved_defaults(base, path, base_dir)
     base = apply_overrides(base, overrides, defaults)
-    seeds = data.get("seeds", [base.get("seed", 0)])
-    if not isinstance(seeds, list) or not seeds or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
-        raise InputError(path, "seeds", seeds, "must be a non-empty list of integers >= 0")
-    grid, zipped = data.get("grid") or {}, data.get("zip") or {}
-    for section, axes in (("grid", grid), ("zip", zipped)):
-        if not isinstance(axes, dict):
-            raise InputError(path, section, axes, "must map field paths to lists of values")
-        for name, values in axes.items():
-            if not isinstance(values, list) or not values:
-                raise InputError(path, f"{section}.{name}", values, "must be a non-empty list")
-    lengths = {len(v) for v in zipped.values()}
-    if len(lengths) > 1:
-        raise InputError(path, "zip", {k: len(v) for k, v in zipped.items()},
-                         "zipped lists must have the same length")
+    seeds = _seeds(path, data, base)
+    grid, zipped = _axes(path, data)
+    run_seeds: list[int | None] = list(seeds) if seeds else [None]
+    # Counted before the points are listed: ten axes of ten values are 10**10 of them.
+    sizes = [*(len(v) for v in grid.values()), len(next(iter(zipped.values()), [None])),
+             len(run_seeds)]
+    if math.prod(sizes) > MAX_RUNS:
+        raise InputError(path, "grid", f"{' x '.join(map(str, sizes))} = "
+                         f"{math.prod(sizes):,} runs", f"at most {MAX_RUNS:,} runs in one "
+                         "sweep (grid values x zip points x seeds): split it, or sweep fewer "
+                         "values")
     grid_points = [dict(zip(grid, combo, strict=True))
                    for combo in itertools.product(*grid.values())] or [{}]
     zip_points = [dict(zip(zipped, combo, strict=True))
                   for combo in zip(*zipped.values(), strict=True)] or [{}]
-    name = str(data.get("name", path.stem))
     runs = []
-    for g, z, seed in itertools.product(grid_points, zip_points, seeds):
+    for g, z, seed in itertools.product(grid_points, zip_points, run_seeds):
         point = {**g, **z}
         scenario_data = dict(base)
         for dotted, value in point.items():
             scenario_data = set_path(scenario_data, dotted, value, defaults)
         # Again over the axes: an axis naming another scheduler starts it afresh.
         scenario_data = apply_overrides(scenario_data, overrides, defaults)
-        scenario_data["seed"] = seed
+        if seed is not None:
+            scenario_data["seed"] = seed
         scenario_data.setdefault("name", name)
         try:
             scenario = parse_scenario(scenario_data, path, base_dir)
         except InputError as exc:  # named by the override or sweep axis that set the field
             raise named_by_overrides(exc, overrides, path, partial(_axis_of, point)) from None
-        runs.append(Run(point, seed, scenario, _given_paths(scenario, scenario_data)))
+        runs.append(Run(point, scenario.seed, scenario, _given_paths(scenario, scenario_data)))
     return name, runs
+
+
+def _sweep_name(path: Path, data: dict[str, Any]) -> str:
+    """The sweep's name (the file's stem if it gives none): it names results/<name>."""
+    name = data.get("name", path.stem)
+    if not isinstance(name, str):
+        raise InputError(path, "name", name, "must be text")
+    if problem := name_problem(name):
+        given = "name" in data
+        raise InputError(path, "name" if given else "<file>", name,
+                         problem + ("" if given else " (the file's name: give a `name`)"))
+    return name
+
+
+def _seeds(path: Path, data: dict[str, Any], base: dict[str, Any]) -> list[int] | None:
+    """The file's `seeds`, each once; None where it lists none (each run keeps the base's
+    seed, checked with the rest of the scenario)."""
+    if "seeds" not in data:
+        return None
+    seeds = data["seeds"]
+    if not isinstance(seeds, list) or not seeds or not all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED
+            for s in seeds):
+        raise InputError(path, "seeds", seeds, "must be a non-empty list of integers from 0 "
+                         f"to {MAX_SEED} (2**63 - 1)")
+    if (twice := _given_twice(seeds)) is not None:
+        raise InputError(path, "seeds", twice, "listed twice: the same run again")
+    return seeds
+
+
+def _axes(path: Path, data: dict[str, Any]) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    """`grid` and `zip`: each axis a field's dotted path, once in the file and not inside
+    another axis (which value was meant would be a guess), with a non-empty list of distinct
+    values; zipped lists of one length."""
+    sections = {section: data.get(section) or {} for section in ("grid", "zip")}
+    seen: dict[str, str] = {}
+    for section, axes in sections.items():
+        if not isinstance(axes, dict):
+            raise InputError(path, section, axes, "must map field paths to lists of values")
+        for axis, values in axes.items():
+            if not FIELD_PATH.fullmatch(axis):
+                raise InputError(path, f"{section}.{axis}", axis, "must be a field's path: "
+                                 "names joined by '.', e.g. workload.arrivals.qps")
+            if axis == "seed":
+                raise InputError(path, f"{section}.seed", values, "seeds are listed in "
+                                 "`seeds:` (each run of every point), not swept as an axis")
+            other = next((a for a in seen if related(a, axis)), None)
+            if other is not None:
+                what = "the same field" if other == axis else "a field inside the other"
+                raise InputError(path, f"{section}.{axis}", values, f"{seen[other]}.{other} "
+                                 f"sweeps {what}: which value was meant would be a guess")
+            seen[axis] = section
+            if not isinstance(values, list) or not values:
+                raise InputError(path, f"{section}.{axis}", values, "must be a non-empty list")
+            if (twice := _given_twice(values)) is not None:
+                raise InputError(path, f"{section}.{axis}", twice, "listed twice: the same "
+                                 "points would run again")
+    grid, zipped = sections["grid"], sections["zip"]
+    if len({len(v) for v in zipped.values()}) > 1:
+        raise InputError(path, "zip", {k: len(v) for k, v in zipped.items()},
+                         "zipped lists must have the same length")
+    return grid, zipped
+
+
+def _given_twice(values: list[Any]) -> Any:
+    """The first value of `values` equal to an earlier one (2 and 2.0 alike, a boolean never
+    equal to a number), or None."""
+    seen = set()
+    for value in values:
+        try:
+            key: Any = (type(value) is bool, value)
+            hash(key)
+        except TypeError:  # a mapping or list: by its content
+            key = ("json", json.dumps(value, sort_keys=True, default=str))
+        if key in seen:
+            return value
+        seen.add(key)
+    return None
 
 
 def _check_overrides(path: Path, data: dict[str, Any], overrides: Sequence[Override]) -> None:

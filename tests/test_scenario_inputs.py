@@ -80,3 +80,95 @@ def test_set_values_that_cannot_be_read_as_meant(value, problem):
     with pytest.raises(InputError) as info:
         parse_override(value)
     assert info.value.field == "--set" and problem in info.value.one_line()
+
+
+# -- sweeps ------------------------------------------------------------------------------------
+
+def sweep(tmp_path: Path, body: str, name: str = "name: sw\n") -> Path:
+    write(tmp_path, "base.yaml", SCENARIO)
+    return write(tmp_path, "sweep.yaml", f"{name}base: base.yaml\n{body}")
+
+
+@pytest.mark.parametrize(("body", "needles"), [
+    ("grid:\n  123: [2]\n", ["grid.123 (line 4)", "a key must be text"]),
+    ("grid:\n  '123': [2]\n", ["grid.123", "must be a field's path"]),
+    ("grid:\n  seed: [1, 2]\n", ["grid.seed", "listed in `seeds:`"]),
+    ("grid:\n  workload.arrivals.qps: [2, 3]\nzip:\n  workload.arrivals.qps: [7]\n",
+     ["zip.workload.arrivals.qps", "grid.workload.arrivals.qps sweeps the same field"]),
+    ("grid:\n  workload.arrivals: [{process: poisson, qps: 2}]\n"
+     "  workload.arrivals.qps: [3, 4]\n",
+     ["grid.workload.arrivals.qps", "grid.workload.arrivals sweeps a field inside"]),
+    ("grid:\n  workload.arrivals.qps: [2, 2.0]\n", ["grid.workload.arrivals.qps=2.0",
+                                                   "listed twice"]),
+    ("zip:\n  name: [a, a]\n", ["zip.name='a'", "listed twice"]),
+    ("seeds: [1, 1]\n", ["seeds=1", "listed twice"]),
+    ("seeds: [9223372036854775808]\n", ["seeds=", "2**63 - 1"]),
+    ("grid:\n" + "".join(f"  replica.scheduler.x{i}: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n"
+                         for i in range(10)),
+     ["grid=", "= 10,000,000,000 runs", "at most 10,000 runs"]),
+    ("seeds: [" + ", ".join(map(str, range(1000))) + "]\n"
+     "grid:\n  workload.arrivals.qps: [" + ", ".join(str(1 + i) for i in range(11)) + "]\n",
+     ["11 x 1 x 1000 = 11,000 runs"]),
+])
+def test_bad_sweeps_are_one_line(tmp_path, monkeypatch, capsys, body, needles):
+    path = sweep(tmp_path, body)
+    code, err = run_cli(monkeypatch, capsys, "sweep", str(path), "--workers", "1",
+                        "--out", str(tmp_path / "out"))
+    assert_one_line_error(code, err, str(path), *needles)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("name", "needles"), [
+    ("name: /tmp/escaped\n", ["name='/tmp/escaped'", "results/<name>"]),
+    ("name: ../../escaped\n", ["name='../../escaped'"]),
+    ("name: true\n", ["name=True", "must be text"]),
+    ("name: {a: 1}\n", ["name={'a': 1}", "must be text"]),
+])
+def test_a_sweep_name_never_leaves_results(tmp_path, monkeypatch, capsys, name, needles):
+    path = sweep(tmp_path, "", name)
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(monkeypatch, capsys, "sweep", str(path), "--workers", "1")
+    assert_one_line_error(code, err, str(path), *needles)
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_sweep_without_seeds_keeps_the_base_seed(tmp_path):
+    from sim.sweep import load_sweep
+
+    path = sweep(tmp_path, "grid:\n  workload.arrivals.qps: [2, 3]\n")
+    _, runs = load_sweep(path)
+    assert [r.seed for r in runs] == [0, 0] and [r.scenario.seed for r in runs] == [0, 0]
+
+
+# -- seeds and replications --------------------------------------------------------------------
+
+def comparison(tmp_path: Path) -> Path:
+    base = "".join(f"  {line}\n" for line in SCENARIO.splitlines()[1:])
+    return write(tmp_path, "cmp.yaml", f"name: c\nbase:\n{base}variants:\n  a: {{}}\n")
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["--seed", str(2**63)], ["<command line>: --seed=9223372036854775808", "2**63 - 1"]),
+    (["--seed", str(2**64)], ["--seed=18446744073709551616"]),
+    (["--set", f"seed={2**63}"], ["--set seed=9223372036854775808", "less than or equal"]),
+    (["--seed", str(2**63 - 1), "--replications", "2"],
+     ["--replications=2", "seeds 9223372036854775807..9223372036854775808 pass"]),
+    (["--replications", "100000000000"], ["--replications=100000000000", "at most 1,000"]),
+])
+def test_seeds_and_replications_are_bounded_at_input(tmp_path, monkeypatch, capsys, args,
+                                                     needles):
+    path = write(tmp_path, "s.yaml", SCENARIO)
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), *args,
+                        "--out", str(tmp_path / "out"))
+    assert_one_line_error(code, err, *needles)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["compare", "capacity"])
+def test_compare_and_capacity_bound_replications(tmp_path, monkeypatch, capsys, command):
+    target = (str(comparison(tmp_path)) if command == "compare"
+              else str(write(tmp_path, "s.yaml", SCENARIO)))
+    slo = ["--tbt-p99", "0.5"] if command == "capacity" else []
+    code, err = run_cli(monkeypatch, capsys, command, target, *slo, "--replications",
+                        "100000000000", "--out", str(tmp_path / "out"))
+    assert_one_line_error(code, err, "--replications=100000000000", "at most 1,000")

@@ -89,7 +89,7 @@ def test_parallel_workers_give_the_same_table(tmp_path):
     ("grid:\n  replica.schedular.token_budget: [256]\n", ["replica.schedular", "Extra inputs"]),
     ("grid:\n  replica.scheduler.token_budget: []\n", ["grid.replica.scheduler.token_budget",
                                                      "non-empty"]),
-    ("zip:\n  seed: [1, 2]\n  name: [a]\n", ["zip", "same length"]),
+    ("zip:\n  workload.arrivals.qps: [1, 2]\n  name: [a]\n", ["zip", "same length"]),
     ("grid:\n  replica.scheduler.token_budget: [-5]\n", ["replica.scheduler.token_budget",
                                                        "-5"]),
 ])

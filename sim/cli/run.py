@@ -41,10 +41,14 @@ def simulate(
                        "written as usual")] = False,
 ) -> None:
     """Run one scenario; print its latency table; write results beside the resolved scenario."""
+    from sim.config import MAX_SEED
+    from sim.errors import COMMAND_LINE, InputError
     from sim.overrides import load_scenario, parse_overrides
     from sim.progress import ProgressReport
     from sim.runner import run_scenario
 
+    if seed is not None and seed > MAX_SEED:
+        raise InputError(COMMAND_LINE, "--seed", seed, f"at most {MAX_SEED} (2**63 - 1)")
     loaded = load_scenario(scenario, parse_overrides(set_))
     if seed is not None:
         loaded = loaded.model_copy(update={"seed": seed})
