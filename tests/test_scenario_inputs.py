@@ -172,3 +172,50 @@ def test_compare_and_capacity_bound_replications(tmp_path, monkeypatch, capsys, 
     code, err = run_cli(monkeypatch, capsys, command, target, *slo, "--replications",
                         "100000000000", "--out", str(tmp_path / "out"))
     assert_one_line_error(code, err, "--replications=100000000000", "at most 1,000")
+
+
+# -- output directories ------------------------------------------------------------------------
+
+def command_args(tmp_path: Path, command: str) -> list[str]:
+    """A quick valid invocation of `command`, without --out."""
+    scenario = str(write(tmp_path, "s.yaml", SCENARIO))
+    if command == "compare":
+        return ["compare", str(comparison(tmp_path))]
+    if command == "sweep":
+        return ["sweep", str(sweep(tmp_path, "grid:\n  workload.arrivals.qps: [2]\n")),
+                "--workers", "1"]
+    if command == "capacity":
+        return ["capacity", scenario, "--tbt-p99", "0.5", "--replications", "1"]
+    return ["simulate", scenario]
+
+
+COMMANDS = ["simulate", "compare", "sweep", "capacity"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("out", ["c" * 300, "/".join(["d" * 200] * 25)])
+def test_an_over_long_out_is_one_line(tmp_path, monkeypatch, capsys, command, out):
+    code, err = run_cli(monkeypatch, capsys, *command_args(tmp_path, command),
+                        "--out", str(tmp_path / out))
+    assert_one_line_error(code, err, "--out=", "File name too long")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_dangling_symlink_out_is_refused_before_the_run(tmp_path, monkeypatch, capsys,
+                                                          command):
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere" / "zz")
+    code, err = run_cli(monkeypatch, capsys, *command_args(tmp_path, command),
+                        "--out", str(link))
+    assert_one_line_error(code, err, "--out=", "a symbolic link to", "does not exist")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_out_holding_a_newline_stays_on_one_line(tmp_path, monkeypatch, capsys, command):
+    out = tmp_path / "new\nline"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")  # not results: refused
+    code, err = run_cli(monkeypatch, capsys, *command_args(tmp_path, command),
+                        "--out", str(out))
+    assert_one_line_error(code, err, repr(str(out)))
+    assert (out / "keep.txt").read_text() == "x"
