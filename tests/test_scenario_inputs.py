@@ -219,3 +219,9 @@ def test_an_out_holding_a_newline_stays_on_one_line(tmp_path, monkeypatch, capsy
                         "--out", str(out))
     assert_one_line_error(code, err, repr(str(out)))
     assert (out / "keep.txt").read_text() == "x"
+
+
+def test_export_bounds_num_flows(tmp_path, monkeypatch, capsys):
+    code, err = run_cli(monkeypatch, capsys, "export", str(tmp_path), "--format", "chrome",
+                        "--num-flows", "99999999999", "--out", str(tmp_path / "t.json"))
+    assert_one_line_error(code, err, "--num-flows=99999999999", "at most 10,000,000")

@@ -37,8 +37,13 @@ def export(
         "evenly spaced over request ids")] = 20,
 ) -> None:
     """Write a run's results as another tool's file: vLLM's benchmark result or a trace."""
+    from sim.errors import COMMAND_LINE, InputError
     from sim.export import export_run
+    from sim.workloads.base import MAX_REQUESTS
 
+    if num_flows > MAX_REQUESTS:  # more than any run's requests; 10**11 ran out of memory
+        raise InputError(COMMAND_LINE, "--num-flows", num_flows,
+                         f"at most {MAX_REQUESTS:,} (a run's most requests)")
     path = export_run(results, format.value, out, percentiles=parse_percentiles(percentiles),
                       detailed=not summary_only, num_flows=num_flows)
     console.print(str(path), soft_wrap=True, highlight=False)
