@@ -367,8 +367,12 @@ def search(scenario: Scenario, targets: SLOTargets, seeds: list[int], *,
            deterministic: bool = False, precision: float = 0.02, max_steps: int = 40,
            confidence: float = CONFIDENCE, run: Callable[[Scenario], Results] = run_scenario,
            on_trial: Callable[[Trial], None] | None = None,
-           on_rate: Callable[[RateDecision], None] | None = None) -> list[RateDecision]:
-    """Expand, then bisect both ends of the knee; every probed rate, in the order probed."""
+           on_rate: Callable[[RateDecision], None] | None = None,
+           stopped: list[str] | None = None) -> list[RateDecision]:
+    """Expand, then bisect both ends of the knee; every probed rate, in the order probed.
+    Expanding stops at a rate that cannot be simulated (halved until its arrivals span more
+    than 2**32 s, say), saying why in `stopped`: the user gave the starting rate, not that
+    one, so its input error would blame a value they never wrote."""
     knob = rate_knob(scenario)
     start = (scenario.workload.arrivals.qps if knob == "qps"  # type: ignore[attr-defined]
              else scenario.workload.rate_scale)
@@ -400,16 +404,26 @@ def search(scenario: Scenario, targets: SLOTargets, seeds: list[int], *,
             on_rate(probed[rate])
         return decided[0]
 
+    def probe_beyond(rate: float) -> str | None:
+        """`probe`, or None where the rate cannot be simulated (said in `stopped`)."""
+        try:
+            return probe(rate)
+        except InputError as exc:
+            if stopped is not None:
+                stopped.append(f"at {rate * qps_per_unit:.4g} req/s, which cannot be "
+                               f"simulated ({exc.field}: {exc.problem})")
+            return None
+
     first = probe(start)
     rate = start
     for _ in range(max_steps if first != "fails" else 0):  # up to a rate that fails
         rate *= 2
-        if probe(rate) == "fails":
+        if probe_beyond(rate) in ("fails", None):
             break
     rate = start
     for _ in range(max_steps if first != "holds" else 0):  # down to a rate that holds
         rate /= 2
-        if probe(rate) == "holds":
+        if probe_beyond(rate) in ("holds", None):
             break
     for _ in range(2 * max_steps):
         lo, hi = _ends(probed)
@@ -468,9 +482,10 @@ def capacity(scenario: Scenario, targets: SLOTargets,
     check_replicable(scenario, len(seeds))
     sources = variation_sources(scenario)
     deterministic = not sources
+    stopped: list[str] = []
     rates = search(scenario, targets, seeds, deterministic=deterministic, precision=precision,
                    max_steps=max_steps, confidence=confidence, run=run, on_trial=on_trial,
-                   on_rate=on_rate)
+                   on_rate=on_rate, stopped=stopped)
     probed = {d.rate: d for d in rates}
     held, hi = _ends(probed)
     # A knee at saturation (the upper end failed by overload) is seen only to the overload
@@ -506,6 +521,12 @@ def capacity(scenario: Scenario, targets: SLOTargets,
     if hi is None:
         meaning += (f"; no rate probed failed within {max_steps} doublings: the upper end is "
                     "unbounded (null)")
+    if held == 0.0 and hi is not None:
+        meaning += ("; no rate probed held: the targets are missed even at the lowest rate "
+                    f"probed, {hi * qps_per_unit:.4g} req/s (below an unloaded server's "
+                    "latency?)")
+    for where in stopped:
+        meaning += f"; the search stopped {where}"
     runs_held = probed[held].trials if held in probed else []
     return {"knob": rate_knob(scenario), "capacity": lo, "capacity_qps": lo_qps,
             "highest_held": held, "highest_held_qps": held * qps_per_unit,
@@ -515,7 +536,7 @@ def capacity(scenario: Scenario, targets: SLOTargets,
             "ci95_qps": [lo_qps, hi_qps],
             "interval_meaning": meaning, "confidence": confidence,
             "replications": len(seeds), "seeds": seeds, "deterministic": deterministic,
-            "varies_by": sources, "num_runs": num_runs, "rates": rates,
+            "varies_by": sources, "num_runs": num_runs, "rates": rates, "stopped": stopped,
             "num_gpus": num_gpus, "capacity_qps_per_gpu": lo_qps / num_gpus,
             **{key: _mean_cost(runs_held, key)
                for key in ("usd_per_million_tokens", "usd_per_million_output_tokens")}}

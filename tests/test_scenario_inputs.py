@@ -10,7 +10,7 @@ import pytest
 from sim.errors import InputError
 from sim.overrides import parse_override
 from sim.yaml_input import read_yaml
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 
 SCENARIO = """name: tiny
 seed: 0
@@ -225,3 +225,23 @@ def test_export_bounds_num_flows(tmp_path, monkeypatch, capsys):
     code, err = run_cli(monkeypatch, capsys, "export", str(tmp_path), "--format", "chrome",
                         "--num-flows", "99999999999", "--out", str(tmp_path / "t.json"))
     assert_one_line_error(code, err, "--num-flows=99999999999", "at most 10,000,000")
+
+
+# -- capacity ----------------------------------------------------------------------------------
+
+def test_an_unattainable_slo_is_an_answer_not_an_error_on_a_rate_never_given(
+        tmp_path, monkeypatch, capsys):
+    """Halving the rate until a run cannot be simulated used to end in an error blaming that
+    rate (workload.arrivals.qps=9.3e-09), which the user never wrote."""
+    import json
+
+    path = write(tmp_path, "s.yaml", SCENARIO)
+    code, out = run_cli_out(monkeypatch, capsys, "capacity", str(path), "--ttft-p90", "1e-6",
+                            "--replications", "1", "--precision", "0.3",
+                            "--out", str(tmp_path / "out"))
+    assert code == 0 and "no rate probed held" in out
+    data = json.loads((tmp_path / "out" / "capacity.json").read_text())
+    assert data["capacity_qps"] == 0.0 and data["interval_qps"][1] < 1e-7
+    meaning = data["interval_meaning"]
+    assert "no rate probed held" in meaning and "the search stopped at" in meaning
+    assert "cannot be simulated (workload.arrivals.qps: arrivals span" in meaning

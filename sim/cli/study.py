@@ -380,8 +380,14 @@ def capacity_table(name: str, result: dict[str, Any]) -> Table:
     if high is None:
         caption = (f"capacity at least {fmt(low)} req/s, upper end unbounded: no rate probed "
                    f"failed ({runs})")
+    elif result["highest_held"] == 0.0:
+        caption = (f"capacity in [0, {fmt(high)}] req/s: no rate probed held, the targets are "
+                   f"missed even at {fmt(high)} req/s (below an unloaded server's latency?) "
+                   f"({runs})")
     else:
         caption = f"capacity in [{fmt(low)}, {fmt(high)}] req/s ({runs})"
+    for where in result.get("stopped", []):
+        caption += f"; the search stopped {where}"
     if result["deterministic"]:
         caption += "; deterministic: one run decides a rate, the width is the bisection precision"
     elif result["replications"] == 1:
