@@ -245,3 +245,20 @@ def test_an_unattainable_slo_is_an_answer_not_an_error_on_a_rate_never_given(
     meaning = data["interval_meaning"]
     assert "no rate probed held" in meaning and "the search stopped at" in meaning
     assert "cannot be simulated (workload.arrivals.qps: arrivals span" in meaning
+
+
+def test_export_refuses_a_percentile_given_twice(tmp_path, monkeypatch, capsys):
+    code, err = run_cli(monkeypatch, capsys, "export", str(tmp_path), "--format", "vllm",
+                        "--percentiles", "50,99,50.0", "--out", str(tmp_path / "r.json"))
+    assert_one_line_error(code, err, "--percentiles='50,99,50.0'", "50.0 is given twice")
+
+
+def test_a_comparison_named_with_a_slash_goes_to_results_of_that_name(tmp_path, monkeypatch,
+                                                                       capsys):
+    base = "".join(f"  {line}\n" for line in SCENARIO.splitlines()[1:])
+    path = write(tmp_path, "cmp.yaml", f"name: x/y\nbase:\n{base}variants:\n  a: {{}}\n")
+    monkeypatch.chdir(tmp_path)
+    code, _ = run_cli_out(monkeypatch, capsys, "compare", str(path))
+    assert code == 0
+    assert (tmp_path / "results" / "x" / "y" / "a" / "summary.json").is_file()
+    assert (tmp_path / "results" / "x" / "y" / "comparison.csv").is_file()

@@ -62,5 +62,8 @@ def parse_percentiles(text: str) -> list[float]:
                              "must be numbers separated by commas, e.g. 50,90,99") from None
         if not 0 <= value <= 100:
             raise InputError(COMMAND_LINE, "--percentiles", text, "each must be between 0 and 100")
+        if value in values:  # vLLM's result names each p<value>: the second would replace it
+            raise InputError(COMMAND_LINE, "--percentiles", text, f"{part.strip()} is given "
+                             "twice: give each percentile once")
         values.append(value)
     return values

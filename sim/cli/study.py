@@ -47,7 +47,9 @@ def compare(
 
     overrides = parse_overrides(set_)
     scenarios = load_comparison(comparison, overrides)
-    name = next(iter(scenarios.values())).name.split("/")[0]
+    # Each variant is named <name>/<variant>, and a name may itself hold '/' (x/y).
+    variant, first = next(iter(scenarios.items()))
+    name = first.name.removesuffix(f"/{variant}")
     out_dir = out if out is not None else Path("results") / name
     if replications > 1:
         compare_replicated(name, scenarios, replications, out_dir, workers)
