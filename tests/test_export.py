@@ -14,7 +14,7 @@ from sim import run_scenario
 from sim.config import parse_scenario
 from sim.errors import InputError
 from sim.export import export_run
-from sim.export.chrome import chrome_trace, wire_intervals
+from sim.export.chrome import chrome_trace, sample_requests, wire_intervals
 from sim.runner import Results
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 from tests.test_cluster import disaggregated, replica, trace
@@ -277,6 +277,13 @@ def test_chrome_trace_of_a_colocated_run_with_a_horizon(tmp_path):
     assert kinds <= {"prefill", "decode", "prefill+decode"} and "prefill+decode" in kinds
     queue = [e["args"]["num_waiting"] for e in by_phase["C"] if e["name"] == "queue"]
     assert max(queue) == its["num_waiting"].max() > 0
+
+
+def test_more_flows_than_requests_samples_every_request():
+    requests = pd.DataFrame({"request_id": [5, 1, 3]})
+    assert sample_requests(requests, 2)["request_id"].tolist() == [1, 5]
+    # 99999999999 points were asked of numpy first (a MemoryError of 745 GiB).
+    assert sample_requests(requests, 99_999_999_999)["request_id"].tolist() == [1, 3, 5]
 
 
 def pipelined(tmp_path: Path, rows: list[tuple[float, int, int]], pipeline: int,

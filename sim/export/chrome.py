@@ -166,11 +166,14 @@ def transfer_slices(transfers: pd.DataFrame, pid: int) -> list[dict[str, Any]]:
 
 
 def sample_requests(requests: pd.DataFrame, num_flows: int) -> pd.DataFrame:
-    """`num_flows` requests evenly spaced over the request ids (first and last included)."""
+    """`num_flows` requests evenly spaced over the request ids (first and last included); every
+    request where there are no more than that."""
     ordered = requests.sort_values("request_id", kind="stable")
     if num_flows <= 0 or not len(ordered):
         return ordered.iloc[:0]
-    picks = np.unique(np.round(np.linspace(0, len(ordered) - 1, num_flows)).astype(np.int64))
+    # Never more points than requests: `--num-flows 99999999999` asked numpy for 745 GiB.
+    count = min(num_flows, len(ordered))
+    picks = np.unique(np.round(np.linspace(0, len(ordered) - 1, count)).astype(np.int64))
     return ordered.iloc[picks]
 
 
