@@ -14,9 +14,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from profiler.fit import errors, fit_profile, predict
+from profiler.fit import check_profile, errors, fit_profile, predict
 from profiler.measure import load
-from sim.errors import InputError
+from profiler.mixes import GridSpec
+from sim.errors import COMMAND_LINE, InputError
+from sim.input_file import FileProblem, stat_regular
 from sim.latency.profile import load_fitted
 from sim.models import MODELS, ModelShape
 from sim.outdir import replace_text
@@ -34,9 +36,9 @@ def torch_setup(device: str, threads: int | None) -> tuple[Any, Any]:
     import torch
 
     if device != "cpu" and not device.startswith("cuda"):
-        raise InputError(None, "--device", device, "expected cpu, cuda or cuda:N")
+        raise InputError(COMMAND_LINE, "--device", device, "expected cpu, cuda or cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(None, "--device", device, "CUDA is not available on this machine")
+        raise InputError(COMMAND_LINE, "--device", device, "CUDA is not available on this machine")
     if device == "cpu":
         # One thread by default: steadier timings than a pool shared with the rest of the box.
         torch.set_num_threads(threads or 1)
@@ -55,17 +57,20 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
     from profiler.mixes import grid, random_mixes
 
     if model not in MODELS:
-        raise InputError(None, "--model", model, f"unknown; known: {', '.join(MODELS.names())}")
+        raise InputError(COMMAND_LINE, "--model", model,
+                         f"unknown; known: {', '.join(MODELS.names())}")
     check_tensor_parallel(MODELS.get(model), tensor_parallel)
+    check_profile_out(out)
     torch, dtype = torch_setup(device, threads)
     attention = attention or default_attention(device)
     if attention == "varlen" and not device.startswith("cuda"):
-        raise InputError(None, "--attention", attention, "varlen needs a CUDA device")
+        raise InputError(COMMAND_LINE, "--attention", attention, "varlen needs a CUDA device")
     shape = MODELS.get(model)
     spec = default_grid(shape, device, tensor_parallel)
     spec = replace(spec, max_tokens=max_tokens or spec.max_tokens,
                    max_context=max_context or spec.max_context,
                    max_batch=max_batch or spec.max_batch)
+    check_grid(spec)
     rng = np.random.default_rng(seed)
     mixes = [(m, "train") for m in grid(spec, rng)]
     mixes += [(m, "holdout") for m in random_mixes(spec, holdout, rng)]
@@ -81,16 +86,47 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
     console.print(f"{len(df)} mixes measured -> {out}")
 
 
+# The smallest grid a profile can be drawn and fitted on: held-out mixes draw decode contexts
+# from 16 tokens to half the longest context, and the fitted curve over tokens needs two knots.
+MIN_MAX_CONTEXT = 32
+MIN_MAX_TOKENS = 2
+
+
+def check_grid(spec: GridSpec) -> None:
+    """One line, exit 2, for a grid too small to measure mixes on (`--max-context 16` ended in
+    numpy's 'low >= high')."""
+    if spec.max_context < MIN_MAX_CONTEXT:
+        raise InputError(COMMAND_LINE, "--max-context", spec.max_context,
+                         f"must be at least {MIN_MAX_CONTEXT} (held-out mixes draw decode "
+                         f"contexts from 16 tokens to half of it)")
+    if spec.max_tokens < MIN_MAX_TOKENS:
+        raise InputError(COMMAND_LINE, "--max-tokens", spec.max_tokens,
+                         f"must be at least {MIN_MAX_TOKENS} (the fit's curve over tokens needs "
+                         "two token counts)")
+
+
+def check_profile_out(out: Path) -> None:
+    """Where the profile goes, before anything is measured: a new file, or a regular file to
+    resume (read and checked when the measuring starts); never a directory or a named pipe."""
+    if not out.exists():
+        return
+    try:
+        stat_regular(out)
+    except FileProblem as exc:
+        hint = ": name a .parquet file" if out.is_dir() else ""
+        raise InputError(out, "--out", str(out), f"{exc}{hint}") from None
+
+
 def check_tensor_parallel(shape: ModelShape, tensor_parallel: int) -> None:
     """One line, exit 2, where the model's heads do not split `tensor_parallel` ways."""
     from sim.parallelism import MAX_GPUS_PER_REPLICA, Parallelism
 
     if not 1 <= tensor_parallel <= MAX_GPUS_PER_REPLICA:
-        raise InputError(None, "--tensor-parallel", tensor_parallel,
+        raise InputError(COMMAND_LINE, "--tensor-parallel", tensor_parallel,
                          f"must be between 1 and {MAX_GPUS_PER_REPLICA}")
     problems = Parallelism(tensor=tensor_parallel).problems(shape)
     if problems:
-        raise InputError(None, "--tensor-parallel", tensor_parallel, problems[0][2])
+        raise InputError(COMMAND_LINE, "--tensor-parallel", tensor_parallel, problems[0][2])
 
 
 def _check_fit_out(out: Path, profile_path: Path) -> None:
@@ -111,16 +147,8 @@ def run_fit(profile_path: Path, out: Path | None, host_overhead_from: list[Path]
             ) -> Path:
     """Fit on the grid rows, report the error on held-out rows, write the latency file; with
     replay directories, add their median host time per iteration as a per-iteration term."""
-    if not profile_path.is_file():
-        raise InputError(profile_path, "PROFILE", str(profile_path), "file not found")
-    try:
-        df, meta = load(profile_path)
-    except Exception as exc:  # pyarrow raises several kinds for a file that is not parquet
-        raise InputError(profile_path, "PROFILE", str(profile_path),
-                         f"not a profile: {type(exc).__name__}") from None
-    missing = [c for c in ("split", "num_tokens", "median_s", "samples_s") if c not in df]
-    if missing or "model" not in meta:
-        raise InputError(profile_path, "columns", missing or "metadata", "not a servesim profile")
+    df, meta = load(profile_path)
+    check_profile(df, meta, profile_path)
     out = out or profile_path.with_suffix(".json")
     _check_fit_out(out, profile_path)
     fitted = fit_profile(df, meta)
@@ -129,9 +157,6 @@ def run_fit(profile_path: Path, out: Path | None, host_overhead_from: list[Path]
         from profiler.fit import add_host_overhead
         from profiler.validate import host_overhead
 
-        for run in host_overhead_from:
-            if not (run / "iterations.parquet").is_file():
-                raise InputError(run, "--host-overhead-from", str(run), "not a replay directory")
         stats = host_overhead(list(host_overhead_from))
         fitted = add_host_overhead(fitted, stats["median_s"], stats)
         console.print(f"host overhead: {1e3 * stats['median_s']:.3g} ms per iteration (median "

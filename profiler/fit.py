@@ -4,6 +4,7 @@ leaves unexplained (measured/predicted ratios by regime, their correlation in ru
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from scipy.optimize import nnls
 from scipy.special import ndtri
 from scipy.stats import rankdata
 
+from sim.errors import InputError
 from sim.latency.base import BatchShape
 from sim.latency.profile import FORMAT, RANGE_FEATURES, TERMS, knot_basis, predict_s
 from sim.noise import REGIMES, regime_index
@@ -21,6 +23,87 @@ MIN_REGIME_SAMPLES = 20  # timed repetitions a regime needs for ratios of its ow
 MIN_REGIME_MIXES = 5  # ... from this many mixes (five repetitions of one shape are one shape)
 MIN_PAIRS = 10  # consecutive pairs a correlation needs
 MAX_CORRELATION = 0.99  # `latency.noise.correlation` must stay below 1
+
+
+# What `servesim profile` writes a row with, that a fit reads: the mix's counts (its features
+# and tokens), its timings' median and spread, and every timed repetition.
+COUNTS = ("num_tokens", "num_prefill_tokens", "num_prefill_seqs", "num_decode_tokens",
+          "num_sampled_tokens", "prefill_attn_pairs", "prefill_kv_tokens", "decode_kv_tokens")
+TIMES = ("median_s", "p10_s", "p90_s")
+SPLITS = ("train", "holdout")
+PROFILE_COLUMNS = ("split", "tag", *COUNTS, *TIMES, "samples_s")
+EDITED = "written by another servesim version, or edited?"
+
+
+def check_profile(df: pd.DataFrame, metadata: dict[str, Any], path: Path,
+                  for_fit: bool = True) -> None:
+    """The rows of profile `path` as `servesim profile` writes them: each mix's counts whole
+    numbers (tokens at least 1), its times finite and positive (the fit weighs each row by
+    1/median_s), its repetitions a non-empty list of such times, its split train or holdout;
+    `for_fit`, at least two training rows of different token counts (the curve g needs two
+    knots); else (resuming) each row's `key`. One line naming the file, column, row and value,
+    where a fit would end in a traceback, a NaN error or a curve made of nonsense."""
+    model = metadata.get("model")
+    if not isinstance(model, str):
+        raise InputError(path, "metadata.model", model, "must be the model's name (text): "
+                         "not a servesim profile")
+    tp = metadata.get("tensor_parallel", 1)
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise InputError(path, "metadata.tensor_parallel", tp, f"must be an integer >= 1 "
+                         f"({EDITED})")
+    needed = PROFILE_COLUMNS if for_fit else ("key", *PROFILE_COLUMNS)
+    missing = [c for c in needed if c not in df]
+    if missing:
+        raise InputError(path, "<columns>", missing, "missing: not a servesim profile")
+    for column in ("split", "tag", *(() if for_fit else ("key",))):
+        texts = df[column].map(lambda v: isinstance(v, str)).to_numpy(bool)
+        _refuse(path, df, column, ~texts, "must be text")
+    _refuse(path, df, "split", ~df["split"].isin(SPLITS).to_numpy(bool),
+            f"must be one of {', '.join(SPLITS)}")
+    for column in (*COUNTS, *TIMES):
+        values = _numbers(path, df, column)
+        with np.errstate(invalid="ignore"):
+            if column in COUNTS:
+                least = 1 if column == "num_tokens" else 0
+                _refuse(path, df, column, ~(np.isfinite(values) & (values == np.round(values))),
+                        "must be a whole number")
+                _refuse(path, df, column, values < least, f"must be at least {least}")
+            else:
+                _refuse(path, df, column, ~(np.isfinite(values) & (values > 0)),
+                        "must be a finite time > 0 s")
+    for row, samples in enumerate(df["samples_s"]):
+        try:
+            times = np.asarray(samples, dtype=np.float64)
+        except (TypeError, ValueError):
+            times = np.zeros(0)
+        if (times.ndim != 1 or times.size == 0 or not np.isfinite(times).all()
+                or (times <= 0).any()):
+            shown = samples.tolist() if isinstance(samples, np.ndarray) else samples
+            raise InputError(path, "samples_s", shown, f"row {row}: must be a non-empty list "
+                             f"of finite times > 0 s ({EDITED})")
+    if for_fit:
+        train = df.loc[df["split"] == "train", "num_tokens"]
+        if train.nunique() < 2:
+            raise InputError(path, "split", f"{len(train)} train rows", "a fit needs training "
+                             "rows (split=train) of at least two token counts: the curve over "
+                             "tokens has a knot at each")
+
+
+def _numbers(path: Path, df: pd.DataFrame, column: str) -> np.ndarray:
+    """`column` as floats, where it holds numbers (not text, not booleans)."""
+    series = df[column]
+    if pd.api.types.is_numeric_dtype(series.dtype) and not pd.api.types.is_bool_dtype(
+            series.dtype):
+        return series.to_numpy(np.float64)
+    bad = next((i for i, v in enumerate(series)
+                if isinstance(v, bool) or not isinstance(v, int | float)), 0)
+    raise InputError(path, column, series.iloc[bad], f"row {bad}: must be a number ({EDITED})")
+
+
+def _refuse(path: Path, df: pd.DataFrame, column: str, bad: np.ndarray, problem: str) -> None:
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise InputError(path, column, df[column].iloc[row], f"row {row}: {problem} ({EDITED})")
 
 
 def fit(train: pd.DataFrame, knots: list[int] | None = None) -> dict[str, Any]:

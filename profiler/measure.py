@@ -19,9 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from profiler.fit import check_profile
 from profiler.mixes import GridSpec, Mix
 from profiler.model import Decoder, SeqInput
 from sim.errors import InputError
+from sim.input_file import FileProblem, check_regular, loads
 from sim.models import ModelShape
 from sim.parallelism import Parallelism
 
@@ -157,9 +159,25 @@ def save(path: Path, rows: list[dict[str, Any]], metadata: dict[str, Any]) -> No
     os.replace(tmp, path)
 
 
-def load(path: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-    table = pq.read_table(path)
-    meta = json.loads((table.schema.metadata or {}).get(METADATA_KEY, b"{}"))
+def load(path: Path, field: str = "PROFILE") -> tuple[pd.DataFrame, dict[str, Any]]:
+    """A profile's rows and the metadata `profile` saved with them (an empty mapping if it has
+    none). A path that is not a regular file, a file that is not parquet and metadata that is
+    not a JSON object are one-line `InputError`s naming `path` and `field` (the option that
+    gave it); the rows are checked by `profiler.fit.check_profile`."""
+    check_regular(path, path, field)  # a named pipe would hang the reader
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise InputError(path, field, str(path),
+                         f"not a profile (not parquet: {type(exc).__name__})") from None
+    raw = (table.schema.metadata or {}).get(METADATA_KEY, b"{}")
+    try:
+        meta = loads(raw)
+    except FileProblem as exc:
+        raise InputError(path, "metadata", METADATA_KEY.decode(), str(exc)) from None
+    if not isinstance(meta, dict):
+        raise InputError(path, "metadata", type(meta).__name__,
+                         "must be a JSON object (not a servesim profile)")
     return table.to_pandas(), meta
 
 
@@ -188,7 +206,8 @@ def profile(shape: ModelShape, device: str, out: Path, spec: GridSpec, mixes: li
                 "tensor_parallel": tensor_parallel, **environment(device, dtype, attention)}
     rows: list[dict[str, Any]] = []
     if out.exists():
-        previous, old_meta = load(out)
+        previous, old_meta = load(out, "--out")
+        check_profile(previous, old_meta, out, for_fit=False)
         if old_meta.get("model") != shape.name:
             raise InputError(out, "model", old_meta.get("model"),
                              f"this profile is of another model; cannot resume it for {shape.name}")

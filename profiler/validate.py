@@ -33,7 +33,7 @@ from profiler.agreement import compare_runs, iteration_error
 from profiler.replay import _largest_iteration, check_replayable, replay
 from sim.capacity import rate_knob, trace_qps, with_rate
 from sim.config import Scenario, scenario_yaml
-from sim.errors import InputError
+from sim.errors import COMMAND_LINE, InputError
 from sim.latency import LATENCY_MODELS, BatchShape
 from sim.latency.profile import load_fitted
 from sim.models import resolve_model
@@ -99,7 +99,7 @@ def check_inputs(scenarios: list[Scenario], opts: Options) -> str:
         raise InputError(scenarios[0].source, "name", [s.name for s in scenarios],
                          "give each scenario its own scheduler or name")
     if not opts.loads or any(not 0 < x <= 2 for x in opts.loads):
-        raise InputError(None, "--loads", opts.loads, "fractions of capacity in (0, 2]")
+        raise InputError(COMMAND_LINE, "--loads", opts.loads, "fractions of capacity in (0, 2]")
     return models.pop()
 
 
@@ -279,10 +279,30 @@ def replay_facts(dirs: list[Path]) -> dict[str, Any]:
             "loadavg_1m": [min(loads), max(loads)] if loads else None}
 
 
-def host_overhead(dirs: list[Path]) -> dict[str, Any]:
-    """Host time per iteration (outside the forward pass) in these replays."""
-    host = np.concatenate([pd.read_parquet(d / "iterations.parquet")["host_s"].to_numpy()
-                           for d in dirs])
+def host_overhead(dirs: list[Path], field: str = "--host-overhead-from") -> dict[str, Any]:
+    """Host time per iteration (outside the forward pass) in these replays. A directory that is
+    not a replay's (a simulation's iterations have no host time), a corrupt table or a host
+    time that is not a finite time >= 0 is one `InputError` line naming it and `field`."""
+    from sim.result_files import read_parquet
+
+    parts = []
+    for d in dirs:
+        if not (d / "iterations.parquet").is_file():
+            raise InputError(d, field, str(d), "not a replay directory (no iterations.parquet)")
+        its = read_parquet(d / "iterations.parquet")
+        if "host_s" not in its:
+            raise InputError(d, field, str(d), "not a replay directory: its iterations have no "
+                             "host_s (a simulation's results? give `servesim replay`'s)")
+        host = its["host_s"].to_numpy(np.float64)
+        bad = np.flatnonzero(~(np.isfinite(host) & (host >= 0)))
+        if bad.size:
+            raise InputError(d / "iterations.parquet", "host_s", host[bad[0]],
+                             f"row {int(bad[0])}: must be a finite time >= 0 s")
+        parts.append(host)
+    host = np.concatenate(parts)
+    if not host.size:
+        raise InputError(dirs[0], field, ", ".join(map(str, dirs)),
+                         "the replays ran no iteration: no host time to measure")
     return {"median_s": float(np.median(host)), "mean_s": float(host.mean()),
             "p10_s": float(np.percentile(host, 10)), "p90_s": float(np.percentile(host, 90)),
             "num_iterations": int(host.size), "replays": [str(d) for d in dirs]}

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -90,10 +92,16 @@ def scenario_with_profile(tmp_path, profile: str, model: str = "tiny") -> str:
 
 
 @pytest.mark.parametrize("content,model,needles", [
-    ("{not json", "tiny", ["<json>", "not a fitted profile"]),
+    ("{not json", "tiny", ["latency.path", "not JSON"]),
     ('{"format": "other"}', "tiny", ["format='other'", "servesim fit"]),
     (None, "llama-3-8b", ["model='tiny'", "measured for tiny"]),
     ("missing", "tiny", ["latency.path", "file not found"]),
+    # Read strictly (sim.input_file): these were a traceback or, for a key given twice, the
+    # last value taken silently.
+    (CPU_TINY.read_text().rstrip()[:-1] + ', "model": "llama-3-8b", "model": "tiny"}', "tiny",
+     ["latency.path", "model='tiny', then 'llama-3-8b': given twice"]),
+    ('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}", "tiny", ["not JSON (nested too deeply)"]),
+    ('{"tensor_parallel": ' + "9" * 5000 + "}", "tiny", ["an integer of 5000 digits"]),
 ])
 def test_bad_profiles_give_one_line_errors(tmp_path, monkeypatch, capsys, content, model,
                                            needles):
@@ -118,6 +126,108 @@ def test_fit_rejects_a_file_that_is_not_a_profile(tmp_path, monkeypatch, capsys)
     assert "not a servesim profile" in capsys.readouterr().err
 
 
+def tiny_profile_with(tmp_path, change, metadata=None):
+    """The committed tiny profile's rows with `change(frame)` applied, its metadata kept
+    (or replaced by `metadata`)."""
+    table = pq.read_table(CPU_TINY.with_suffix(".parquet"))
+    frame = table.to_pandas()
+    frame = change(frame) if change is not None else frame
+    out = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(
+        table.schema.metadata if metadata is None else metadata)
+    path = tmp_path / "p.parquet"
+    pq.write_table(out, path)
+    return path
+
+
+def set_rows(column, value, rows=None):
+    """`column` set to `value` in `rows` (every row if None)."""
+    def change(frame):
+        frame = frame.copy()
+        if rows is None:
+            frame[column] = value
+        else:
+            frame[column] = frame[column].astype(float)
+            frame.loc[frame.index[rows], column] = value
+        return frame
+    return change
+
+
+@pytest.mark.parametrize("change,needles", [
+    (lambda f: f.iloc[0:0], ["split='0 train rows'", "two token counts"]),
+    (lambda f: f[f["split"] == "holdout"], ["split='0 train rows'"]),
+    (lambda f: pd.concat([f[f["split"] == "train"].head(1), f[f["split"] == "holdout"]]),
+     ["split='1 train rows'"]),
+    (set_rows("median_s", np.nan, slice(0, 5)), ["median_s=nan: row 0: must be a finite time"]),
+    (set_rows("median_s", np.inf, 3), ["median_s=inf: row 3"]),
+    (set_rows("median_s", -1.0, 3), ["median_s=-1.0: row 3"]),
+    (set_rows("median_s", 0.0), ["median_s=0.0: row 0: must be a finite time > 0 s"]),
+    (set_rows("num_tokens", np.nan, 3), ["num_tokens=nan: row 3: must be a whole number"]),
+    (set_rows("median_s", "0.1"), ["median_s='0.1': row 0: must be a number"]),
+    (set_rows("split", "nonsense"), ["split='nonsense': row 0: must be one of train, holdout"]),
+    (lambda f: f.drop(columns=["decode_kv_tokens"]), ["<columns>=['decode_kv_tokens']"]),
+    (lambda f: f.assign(samples_s=[[] for _ in range(len(f))]),
+     ["samples_s=[]: row 0: must be a non-empty list"]),
+])
+def test_fit_refuses_rows_it_cannot_fit(tmp_path, monkeypatch, capsys, change, needles):
+    """Each was a traceback (KeyError, numpy, scipy), a NaN error table or a hang (nnls on
+    NaN), or a fit of negative times."""
+    path = tiny_profile_with(tmp_path, change)
+    code, err = run_cli(monkeypatch, capsys, "fit", str(path), "--out", str(tmp_path / "f.json"))
+    assert_one_line_error(code, err, "p.parquet: ", *needles)
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_fit_refuses_metadata_that_is_not_a_profiles(tmp_path, monkeypatch, capsys):
+    key = b"servesim"
+    for metadata, needle in (({key: b"[1, 2]"}, "metadata='list': must be a JSON object"),
+                             ({key: b'{"model": 5}'}, "metadata.model=5"),
+                             ({key: b'{"model": "tiny", "model": "x"}'}, "given twice"),
+                             ({}, "metadata.model=None")):
+        path = tiny_profile_with(tmp_path, None, metadata)
+        code, err = run_cli(monkeypatch, capsys, "fit", str(path), "--out",
+                            str(tmp_path / "f.json"))
+        assert_one_line_error(code, err, "p.parquet: ", needle)
+
+
+def test_host_overhead_comes_from_replays_only(tmp_path, monkeypatch, capsys):
+    profile = tiny_profile_with(tmp_path, None)
+    run = tmp_path / "run"
+    run_scenario(load_scenario(scenario_with_profile(tmp_path, str(CPU_TINY))), out_dir=run)
+    code, err = run_cli(monkeypatch, capsys, "fit", str(profile), "--out",
+                        str(tmp_path / "f.json"), "--host-overhead-from", str(run))
+    # Was KeyError: 'host_s'.
+    assert_one_line_error(code, err, "--host-overhead-from", "no host_s", "servesim replay")
+    its = pd.read_parquet(run / "iterations.parquet")
+    its.assign(host_s=np.nan).to_parquet(run / "iterations.parquet", index=False)
+    code, err = run_cli(monkeypatch, capsys, "fit", str(profile), "--out",
+                        str(tmp_path / "f.json"), "--host-overhead-from", str(run))
+    assert_one_line_error(code, err, "iterations.parquet: host_s=nan: row 0")
+    (run / "iterations.parquet").write_bytes(b"garbage")
+    code, err = run_cli(monkeypatch, capsys, "fit", str(profile), "--out",
+                        str(tmp_path / "f.json"), "--host-overhead-from", str(run))
+    assert_one_line_error(code, err, "iterations.parquet", "cannot read it")  # was pyarrow's
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_profile_options_are_checked_before_measuring(tmp_path, monkeypatch, capsys):
+    fifo = tmp_path / "fifo.parquet"
+    os.mkfifo(fifo)
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_text("garbage")
+    small = ["--max-tokens", "16", "--max-batch", "1", "--holdout", "1", "--reps", "1",
+             "--warmup", "0"]
+    for args, needles in (
+            (["--out", str(tmp_path)], ["--out", "is a directory", "name a .parquet file"]),
+            (["--out", str(fifo)], ["--out", "not a regular file"]),
+            (["--out", str(garbage)], ["--out", "not a profile (not parquet"]),
+            (["--max-context", "16"], ["--max-context=16: must be at least 32"]),  # low >= high
+            (["--model", "nosuch"], ["<command line>: --model='nosuch': unknown"])):
+        out = [] if "--out" in args else ["--out", str(tmp_path / "p.parquet")]
+        code, err = run_cli(monkeypatch, capsys, "profile", *small, *out, *args)
+        assert_one_line_error(code, err, *needles)
+    assert garbage.read_text() == "garbage" and not (tmp_path / "p.parquet").exists()
+
+
 def broken(change):
     """The committed tiny profile with `change(data)` applied."""
     data = json.loads(CPU_TINY.read_text())
@@ -136,8 +246,9 @@ def broken(change):
     (lambda d: d["coef"].update(decode_kv_tokens=-1e-6), ["coef.decode_kv_tokens=-1e-06",
                                                           "greater than or equal to 0"]),
     (lambda d: d["knot_s"].__setitem__(2, -0.5), ["knot_s.2=-0.5"]),
-    (lambda d: d["knot_s"].__setitem__(2, float("nan")), ["knot_s.2=nan", "finite"]),
-    (lambda d: d["coef"].update(prefill_kv_tokens=float("inf")), ["coef.prefill_kv_tokens=inf"]),
+    # Not JSON, which a strict reader refuses before any field (Python's json writes them).
+    (lambda d: d["knot_s"].__setitem__(2, float("nan")), ["not JSON (NaN is not a JSON number)"]),
+    (lambda d: d["coef"].update(prefill_kv_tokens=float("inf")), ["Infinity is not a JSON"]),
     (lambda d: d["knots"].__setitem__(3, 1.0), ["knots.3=1.0", "increase"]),
     (lambda d: d["knot_s"].pop(), ["knot_s=", "one per knot"]),
     (lambda d: d["range"].update(num_tokens=-5), ["range.num_tokens=-5"]),

@@ -281,7 +281,11 @@ def test_non_finite_ratios_are_refused(tmp_path):
     data = json.loads(text)
     data["noise"]["regimes"]["decode"]["quantiles"][-1] = float("inf")
     path = tmp_path / "inf.json"
-    path.write_text(json.dumps(data))  # Infinity: Python's json reads it back
+    path.write_text(json.dumps(data))  # Infinity: Python's json reads it back, a strict read not
+    with pytest.raises(InputError, match=r"not JSON \(Infinity is not a JSON number\)"):
+        load_fitted(path)
+    data["noise"]["regimes"]["decode"]["quantiles"][-1] = 0.0
+    path.write_text(json.dumps(data))
     with pytest.raises(InputError, match="noise.regimes.decode.quantiles.100"):
         load_fitted(path)
 

@@ -25,7 +25,6 @@ has none, and empirical noise is refused with it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from pydantic import (
 
 from sim.errors import INPUT_MODEL, InputError, Problem, invalid
 from sim.gpus import GPUSpec
+from sim.input_file import read_json_file
 from sim.latency.base import (
     LATENCY_MODELS,
     BatchShape,
@@ -63,6 +63,9 @@ from sim.noise import REGIMES, mean_one_quantiles
 from sim.parallelism import MAX_GPUS_PER_REPLICA, SINGLE_GPU, Parallelism
 
 FORMAT = "servesim-latency-profile/1"
+# A fitted file is tens of kilobytes (knots, coefficients, noise quantiles); far past that it
+# is not one `servesim fit` wrote, and is not read into memory.
+MAX_FITTED_BYTES = 16 * 2**20
 TERMS = ("prefill_attn_pairs", "prefill_kv_tokens", "decode_kv_tokens", "num_decode_tokens",
          "num_prefill_seqs", "num_sampled_tokens")
 RANGE_FEATURES = ("num_tokens", "prefill_attn_pairs", "decode_kv_tokens", "num_decode_tokens")
@@ -301,15 +304,10 @@ class _Fitted(BaseModel):
 
 def load_fitted(path: Path) -> dict[str, Any]:
     """Read and check a fitted latency file: every problem found, one line each, naming the
-    file and field. Returns the file's mapping."""
-    if Path(path).is_dir():
-        raise InputError(path, "latency.path", str(path), "is a directory, not a file")
-    if not Path(path).is_file():
-        raise InputError(path, "latency.path", str(path), "file not found")
-    try:
-        data = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(path, "<json>", str(exc).split(":")[0], "not a fitted profile") from None
+    file and field. Returns the file's mapping. Read strictly (`sim.input_file`): a key given
+    twice (JSON readers keep the last, silently), NaN, a 5,000-digit number or nesting past
+    the recursion limit is refused, as is a file that is not a regular one."""
+    data = read_json_file(Path(path), path, "latency.path", MAX_FITTED_BYTES)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         value = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise InputError(path, "format", value, f"expected {FORMAT} (run `servesim fit`)")
