@@ -246,6 +246,11 @@ FINISHED_TIMES = ("first_token_s", "finish_s", "ttft_s", "e2e_s")
 # A time (`*_s`), a rate (`*_per_s`) or its interval's ends (`*_s_lo`, `*_s_hi`): a number,
 # missing (NaN) where a run had none to measure.
 _TIME = re.compile(r"_s(_lo|_hi)?$")
+# Tables written once their runs are done, with a row per run or variant: one with none would
+# draw an empty figure without a word.
+NEVER_EMPTY = {"results.parquet": "a sweep writes one per run",
+               "results_ci.parquet": "a sweep writes one per point",
+               "comparison.csv": "a comparison writes one per variant"}
 # Where a run's summary counts a table's rows: (summary section, key), what a row is.
 ROW_COUNTS = {"requests.parquet": (("requests", "total"), "requests"),
               "iterations.parquet": (("num_iterations",), "iterations")}
@@ -268,6 +273,8 @@ def check_table(df: pd.DataFrame, path: Path) -> None:
         kind = column_kind(path.name, str(column))
         if kind is not None:
             _check_column(df[column], kind, path)
+    if path.name in NEVER_EMPTY and not len(df):
+        raise InputError(path, "<rows>", 0, f"no rows: {NEVER_EMPTY[path.name]} ({EDITED})")
     if path.name == "requests.parquet":
         _check_requests(df, path)
     if path.name in ROW_COUNTS and (path.parent / SUMMARY_FILE).is_file():

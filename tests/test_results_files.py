@@ -143,6 +143,8 @@ def test_aggregated_tables_hold_numbers_where_they_hold_metrics(tmp_path):
         check_table(table.assign(tbt_p99_s="x"), path)
     with pytest.raises(InputError, match="requests_per_s=inf: must be a finite number"):
         check_table(table.assign(requests_per_s=[1.0, np.inf]), path)
+    with pytest.raises(InputError, match="results.parquet: <rows>=0: no rows"):
+        check_table(table.iloc[0:0], path)  # the sweep plot drew nothing, silently
     trials = tmp_path / "trials.csv"
     trials.write_text("seed,rate,qps,ok\n0,1.0,nan,True\n")
     with pytest.raises(InputError, match="trials.csv: qps=nan: must be a finite number"):
