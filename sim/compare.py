@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.config import Scenario, merge_mappings, parse_scenario, read_mapping
+from sim.config import Scenario, merge_mappings, name_problem, parse_scenario, read_mapping
 from sim.errors import InputError
 from sim.outdir import check_out_dir, check_writable_dir, is_run_dir, replace_file
 from sim.overrides import Override, apply_overrides, named_by_overrides, resolved_defaults
@@ -34,7 +34,10 @@ def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
         raise InputError(path, "base", base, "must be a scenario mapping")
     if not isinstance(variants, dict) or not variants:
         raise InputError(path, "variants", variants, "must map names to scenario changes")
-    name = str(data.get("name", path.stem))
+    name = data.get("name", path.stem)
+    if not isinstance(name, str) or (problem := name_problem(name)):
+        raise InputError(path, "name", name, "must be text" if not isinstance(name, str)
+                         else problem or "")
     if any(dotted == "name" for dotted, _ in overrides):
         raise InputError(path, "--set name", name, "a comparison names its variants "
                          "<name>/<variant>: change the file's name instead")
@@ -42,6 +45,15 @@ def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
     for variant, change in variants.items():
         if not isinstance(change, dict):
             raise InputError(path, f"variants.{variant}", change, "must be a mapping")
+        # A variant's results go to <out>/<variant>/: one folder, not a path below it.
+        if "/" in variant or name_problem(variant):
+            raise InputError(path, "variants", variant, "a variant's name is its results' "
+                             "folder: use letters, digits and _ . - + =, not starting with "
+                             "'.', no '/'")
+        if "name" in change:
+            raise InputError(path, f"variants.{variant}.name", change["name"],
+                             f"a variant is named {name}/{variant} by the comparison: leave "
+                             "name out (change the file's name, or the variant's key)")
         merged = merge_mappings(base, {**change, "name": f"{name}/{variant}"})
         if overrides:
             defaults = resolved_defaults(merged, path, path.parent)

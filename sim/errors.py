@@ -34,7 +34,9 @@ class InputError(Exception):
 
     def __init__(self, source: str | Path | None, field: str, value: Any, problem: str,
                  more: Iterable[Problem] = ()) -> None:
-        self.source = str(source) if source is not None else "<scenario>"
+        text = str(source) if source is not None else "<scenario>"
+        # A path holding a newline (or another control character) would split the error line.
+        self.source = text if text.isprintable() else repr(text)
         self.problems: list[Problem] = [(field, value, problem), *more]
         self.field, self.value, self.problem = field, value, problem
         super().__init__("\n".join(self.lines()))

@@ -46,3 +46,9 @@ def test_a_file_past_its_bound_is_refused_and_the_error_names_it(tmp_path):
     assert read_json_file(path, None, "<file>", max_bytes=8) == {"a": 1}
     with pytest.raises(InputError, match=r"p.json: <file>=.*too large \(more than 7 bytes"):
         read_json_file(path, None, "<file>", max_bytes=7)
+
+
+def test_an_error_naming_a_path_with_a_newline_stays_one_line():
+    error = InputError("/tmp/new\nline.yaml", "seed", 1, "a problem")
+    assert error.lines() == ["'/tmp/new\\nline.yaml': seed=1: a problem"]
+    assert InputError("plain.yaml", "seed", 1, "p").lines() == ["plain.yaml: seed=1: p"]
