@@ -162,7 +162,7 @@ def run_fit(profile_path: Path, out: Path | None, host_overhead_from: list[Path]
         console.print(f"host overhead: {1e3 * stats['median_s']:.3g} ms per iteration (median "
                       f"of {stats['num_iterations']} replayed iterations) added to g(tokens)")
     try:
-        replace_text(out, json.dumps(fitted, indent=1, sort_keys=True) + "\n")
+        replace_text(out, json.dumps(fitted, indent=1, sort_keys=True, allow_nan=False) + "\n")
     except OSError as exc:
         raise InputError(out, "--out", str(out), f"cannot write there ({exc.strerror})") from None
     console.print(error_table(f"fit of {profile_path.name}", fitted))

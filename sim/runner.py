@@ -69,9 +69,10 @@ class Results:
             self.tokens.to_parquet(out / "tokens.parquet", index=False)
         if self.tbt_gaps is not None:
             self.tbt_gaps.to_parquet(out / "tbt_gaps.parquet", index=False)
-        # Last: its presence marks a directory as a servesim run.
-        (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True)
-                                          + "\n")
+        # Last: its presence marks a directory as a servesim run. Strict JSON, as it is read
+        # back (`sim.result_files`): a NaN here is a bug to see now, not a file refused later.
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True,
+                                                     allow_nan=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Results:
