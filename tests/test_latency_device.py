@@ -39,3 +39,12 @@ def test_runs_without_measured_latencies_carry_no_device(tmp_path):
     (tmp_path / "s.yaml").write_text(text)
     run = run_scenario(load_scenario(tmp_path / "s.yaml")).summary["run"]
     assert "latency_measured_on" not in run and "latency_device_note" not in run
+
+
+def test_simulate_prints_the_note(monkeypatch, capsys, tmp_path):
+    from tests.conftest import run_cli_out
+    code, out = run_cli_out(monkeypatch, capsys, "simulate",
+                            str(REPO / "scenarios" / "tiny_cpu_profile.yaml"),
+                            "--out", str(tmp_path / "o"))
+    assert code == 0
+    assert "other device: latencies measured on cpu: " in " ".join(out.split())

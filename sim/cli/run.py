@@ -70,6 +70,8 @@ def simulate(
     shown.print(overload_line(results.summary["overload"]))
     for pool, note in results.summary["run"].get("blocks_beyond_memory", {}).items():
         shown.print(f"[yellow]idealised KV cache[/] ({pool}): {note}")
+    if note := results.summary["run"].get("latency_device_note"):
+        shown.print(f"[yellow]other device[/]: {note}")
     shown.print(f"results: {out_dir}/ ("
                 f"{', '.join(sorted(p.name for p in Path(out_dir).iterdir()))})")
 
