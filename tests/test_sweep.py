@@ -171,6 +171,7 @@ def test_plots_are_written_for_runs_and_sweeps(tmp_path, monkeypatch, capsys):
     for figure in ("p99_tbt_vs_load", "latency_vs_throughput"):
         for suffix in (".png", ".svg"):
             assert (out / "plots" / (figure + suffix)).stat().st_size > 5_000
+        assert "SLO 100 ms" in (out / "plots" / f"{figure}.svg").read_text()  # the base's
     for figure in ("cdf", "timeline"):
         assert (run_dir / "plots" / (figure + ".png")).stat().st_size > 5_000
     from sim.plots import capacity_bars

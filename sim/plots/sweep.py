@@ -144,10 +144,12 @@ def ttft_vs_load(table: pd.DataFrame, load: str, group: str, path: Path, *,
 
 def latency_vs_throughput(table: pd.DataFrame, group: str, path: Path,
                           metric: str = "tbt_p99_s", ci: pd.DataFrame | None = None,
-                          point_labels: str | None = None) -> list[Path]:
+                          point_labels: str | None = None,
+                          slo_s: float | None = None) -> list[Path]:
     """`metric` against output throughput, one line per value of `group`. With `ci` (the
     sweep's interval table) each point is a point's mean over its seeds, with the 95%
-    interval of `metric` as a band; `point_labels`: a column whose value names each point."""
+    interval of `metric` as a band; `point_labels`: a column whose value names each point;
+    `slo_s`: the target of `metric` (a TBT SLO), as a red line."""
     fig, ax = plt.subplots(figsize=(8, 4))
     labelled: list[bool] = []
     source = ci if ci is not None else table
@@ -178,6 +180,8 @@ def latency_vs_throughput(table: pd.DataFrame, group: str, path: Path,
                 ax.annotate(f"{what} {variant_label(v)}", (xi, yi), textcoords="offset points",
                             xytext=(-5 if right else 5, 4), ha="right" if right else "left",
                             fontsize="x-small")
+    if slo_s is not None:
+        ax.axhline(1e3 * slo_s, color="red", linestyle="--", label=f"SLO {1e3 * slo_s:g} ms")
     title = f"{label(metric)} vs throughput"
     if ci is not None:
         title += f" (mean of {int(ci['num_seeds'].max())} seeds, band: 95% CI)"
@@ -248,5 +252,6 @@ def plot_sweep(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
         files += ttft_vs_load(table, x, group, out_dir / f"ttft_vs_{stem}",
                               slo_s=slo.get("ttft_s"), ci=ci if has_ci else None, fixed=fixed)
     files += latency_vs_throughput(table, group, out_dir / "latency_vs_throughput", ci=ci,
-                                   point_labels=x if group == "seed" else None)
+                                   point_labels=x if group == "seed" else None,
+                                   slo_s=slo.get("tbt_s"))
     return files
