@@ -3,10 +3,7 @@ a directory only as a replay's result directory, of bounded size."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,21 +11,7 @@ import pytest
 import sim.fingerprint
 from sim.errors import InputError
 from sim.fingerprint import file_sha256
-
-
-@contextlib.contextmanager
-def within(seconds: int) -> Iterator[None]:
-    """Fail, rather than hang the suite, if the block blocks (on a named pipe)."""
-    def expire(signum, frame):
-        raise TimeoutError(f"blocked for {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+from tests.test_inputs_traces import within
 
 
 def test_a_pipe_or_a_device_is_refused_not_read(tmp_path):

@@ -9,27 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.config import parse_scenario
-from sim.errors import InputError
-from sim.runner import load_workload
+from tests.test_inputs_traces import VIDUR_HEADER, refused, workload
 
-VIDUR_HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
 GENERIC = {"format": "csv", "columns": {"arrival": "t", "prompt_tokens": "p",
                                         "output_tokens": "o"}}
-
-
-def workload(spec: dict):
-    return load_workload(parse_scenario({"seed": 0, "workload": spec}, "test"))
-
-
-def refused(spec: dict, *needles: str) -> InputError:
-    """Loading `spec` raises one InputError whose line holds each needle."""
-    with pytest.raises(InputError) as info:
-        workload(spec)
-    assert len(info.value.lines()) == 1, info.value.lines()
-    for needle in needles:
-        assert needle in info.value.one_line(), (needle, info.value.one_line())
-    return info.value
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
