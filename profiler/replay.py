@@ -299,8 +299,8 @@ def _add_measurements(results: Results, loop: ReplayLoop, env: dict[str, Any], c
         # The scenario's price is not this device's (a CPU has none in the GPU table).
         summary["cost"].update(usd_per_hour=None, usd_per_million_output_tokens=None,
                                usd_per_million_tokens=None, usd_per_request=None)
-        summary["cost"]["unpriced"] = (f"served on {env['device_name']}, not on "
-                                       f"{scenario_gpu}: no price for it")
+        summary["run"]["unpriced"] = (f"served on {env['device_name']}, not on "
+                                      f"{scenario_gpu}: no price for it")
     summary["run"]["complete"] = not interrupted
     duration = its["duration_s"].to_numpy()
     busy_s = float(duration.sum())

@@ -241,6 +241,7 @@ def test_a_cpu_replay_says_its_verdict_and_prices_no_gpu(tmp_path, monkeypatch, 
     assert f"{verdict['verdict']}: " in out
     cost = summary["cost"]
     assert cost["usd_per_million_tokens"] is None and cost["usd_per_hour"] is None
+    Results.load(tmp_path / "o")  # read back as every reader does (`sim.result_files`)
     assert "cost $/M tokens" not in out
     assert f"cost: none (served on {summary['run']['gpu']}, not on h100-sxm" in " ".join(
         out.split())

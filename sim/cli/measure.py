@@ -134,7 +134,7 @@ def replay(
                   f"{1e3 * rep['host_s']['p50']:.3g} ms per iteration, "
                   f"{100 * rep['host_share']:.1f}% of busy time" if len(its) else "no iteration")
     console.print(overload_line(summary["overload"]))
-    if unpriced := summary["cost"].get("unpriced"):
+    if unpriced := summary["run"].get("unpriced"):
         console.print(f"cost: none ({unpriced})")
     if not summary["run"]["complete"]:
         req = summary["requests"]
