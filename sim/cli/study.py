@@ -74,14 +74,18 @@ def compare(
         raise interrupted(f"{len(done)} of {len(scenarios)} variants complete and kept in "
                           f"{out_dir}/<variant>/ ({', '.join(done) or 'none'}); comparison.csv "
                           "not written: run the comparison again") from None
-    console.print(comparison_table(name, table))
+    for part in comparison_tables(name, table, console.width):
+        console.print(part)
     console.print(f"results: {out_dir}/<variant>/ and {out_dir}/comparison.csv",
                   soft_wrap=True)
 
 
 def comparison_table(title: str, df: Any) -> Table:
-    """One column per variant, one row per number (named by `sim.labels`): a few variants fit
-    80 columns."""
+    """One column per variant, one row per number (named by `sim.labels`): three variants
+    with 18-character names fit 80 columns (no vertical rules). A row no variant has a value
+    for (KV transfer when none is disaggregated) is left out."""
+    import pandas as pd
+
     from sim.labels import label, unit
 
     rows = ("pools", "scheduler", "overload", "finished", "ttft_p50_s", "ttft_p99_s",
@@ -89,20 +93,53 @@ def comparison_table(title: str, df: Any) -> Table:
             "transfer_p99_s", "num_gpus", "usd_per_million_tokens")
     numbers = {"ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "e2e_p99_s",
                "output_tokens_per_s", "transfer_p99_s", "usd_per_million_tokens"}
-    table = Table(title=title)
-    table.add_column("variant")
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("variant", max_width=18)  # labels wrap, not the variants' names
     for variant in df["variant"]:
-        table.add_column(str(variant), justify="right", overflow="fold")
+        table.add_column(str(variant), justify="right", no_wrap=True)
     for key in rows:
+        if key not in df or df[key].isna().all():
+            continue
         shown = unit(key)
-        cells = [pct(v) if key == "slo_attainment" else fmt(v, shown.scale) if key in numbers
-                 else str(v) for v in df[key]]
+        if key == "slo_attainment":
+            cells = [pct(v) for v in df[key]]
+        elif key in numbers:
+            cells = [fmt(v, shown.scale) for v in df[key]]
+        elif key == "finished":
+            cells = ["-" if pd.isna(v) else f"{int(v):,}" for v in df[key]]
+        elif key == "pools" and "parallelism" in df:  # "2x TP4": GPUs per replica too
+            cells = [p if pd.isna(s) or set(str(s).split("/")) == {"TP1"}
+                     else f"{p} {_same(s)}"
+                     for p, s in zip(df["pools"], df["parallelism"], strict=True)]
+        elif key == "scheduler":  # one name where both pools run the same scheduler
+            cells = [_same(s) for s in df[key]]
+        else:
+            cells = [str(v) for v in df[key]]
         if key == "overload":
             cells = [f"[red]{c}[/]" if c == "overloaded" else c for c in cells]
         name = label(key) if key in ("pools", "scheduler") or not shown.name else \
             f"{label(key)} {shown.name}"
         table.add_row(name, *cells)
     return table
+
+
+def comparison_tables(title: str, df: Any, width: int) -> list[Table]:
+    """`comparison_table`, split into tables of as many variants as fit `width` side by side
+    with their names whole (six variants of 18 characters: two tables of three)."""
+    longest = max((len(str(v)) for v in df["variant"]), default=1)
+    per = max(1, (width - 20) // (max(longest, 8) + 2))  # the labels' 18, then 2 per gap
+    if len(df) <= per:
+        return [comparison_table(title, df)]
+    parts = range(0, len(df), per)
+    return [comparison_table(f"{title} ({k + 1} of {len(parts)})",
+                             df.iloc[start:start + per].reset_index(drop=True))
+            for k, start in enumerate(parts)]
+
+
+def _same(value: Any) -> str:
+    """"a/b" for pools that differ; "a" where every pool has the same ("a/a")."""
+    parts = str(value).split("/")
+    return parts[0] if len(set(parts)) == 1 else str(value)
 
 
 def compare_replicated(name: str, scenarios: dict[str, Any], replications: int, out_dir: Path,
