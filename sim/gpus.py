@@ -81,8 +81,8 @@ GPUS: Registry[GPUSpec] = Registry("gpu")
 
 def measured_on(gpu_name: str, device_name: str) -> bool:
     """Whether a latency measured on `device_name` (torch's name for it: "NVIDIA H100 80GB HBM3",
-    "cpu: AMD EPYC") is one of the GPU kind `gpu_name` ("h100-sxm"): its family ("h100") is in
-    the device's name. A custom spec's name is compared whole."""
+    "cpu: AMD EPYC") is one of the GPU kind `gpu_name` ("h100-sxm"): its family, the name up to
+    its first '-' ("h100"), is in the device's name."""
     family = gpu_name.split("-")[0].lower()
     return family in device_name.lower()
 
