@@ -12,7 +12,7 @@ import pandas as pd
 from sim.capacity import TARGETS, SLOTargets, Trial
 from sim.config import Scenario
 from sim.errors import InputError
-from sim.outdir import check_writable_dir, replace_text, shown_path
+from sim.outdir import check_writable_dir, replace_text
 
 TRIALS_FILE, RESULT_FILE, SCENARIO_FILE = "trials.csv", "capacity.json", "scenario.yaml"
 
@@ -27,7 +27,7 @@ class CapacityLog:
     def __init__(self, out_dir: Path) -> None:
         check_writable_dir(out_dir)
         if out_dir.is_dir() and any(out_dir.iterdir()) and not is_capacity_dir(out_dir):
-            raise InputError(shown_path(out_dir), "--out", str(out_dir), "exists, is not "
+            raise InputError(out_dir, "--out", str(out_dir), "exists, is not "
                              f"empty and holds no {TRIALS_FILE} (not a capacity search); "
                              "choose another directory")
         self.out_dir = out_dir
@@ -38,7 +38,7 @@ class CapacityLog:
                 (out_dir / name).unlink(missing_ok=True)
             self._write_trials()
         except OSError as exc:
-            raise InputError(shown_path(out_dir), "--out", str(out_dir),
+            raise InputError(out_dir, "--out", str(out_dir),
                              f"cannot write there: {exc.strerror}") from None
 
     def add(self, trial: Trial) -> None:

@@ -44,7 +44,7 @@ def check_not_a_result_file(out: Path, results: Path, field: str = "--out") -> N
     except (OSError, RuntimeError):
         return  # unresolvable: the write itself reports the problem
     if inside and out.name in RESULT_FILES and out.exists():
-        raise InputError(shown_path(out), field, str(out), "is one of the results' own files, "
+        raise InputError(out, field, str(out), "is one of the results' own files, "
                          "which this would overwrite: name another file")
 
 
@@ -63,7 +63,7 @@ def check_out_dir(out: Path, field: str = "--out") -> None:
     place we cannot write."""
     check_writable_dir(out, field)
     if out.is_dir() and any(out.iterdir()) and not is_earlier_results(out):
-        raise InputError(shown_path(out), field, str(out), f"exists, is not empty and holds no "
+        raise InputError(out, field, str(out), f"exists, is not empty and holds no "
                          f"{RUN_MARKER} or {REPLICATIONS_MARKER} (not an earlier run); refusing "
                          "to replace it: choose another directory")
 
@@ -72,37 +72,36 @@ def check_writable_dir(out: Path, field: str = "--out") -> None:
     """`out` can be a directory we write in: not empty, not the current directory or one above
     it, not a file or below one, not a symbolic link to nothing, a name the system takes, and
     writable (its parents are created)."""
-    source = shown_path(out)
     if str(out) in ("", ".") or Path(os.path.abspath(out)) in (Path.cwd(), *Path.cwd().parents):
-        raise InputError(source, field, str(out), "is the current directory or above it: name a "
+        raise InputError(out, field, str(out), "is the current directory or above it: name a "
                          "directory of its own")
     try:
         exists = out.exists()
     except OSError as exc:  # a name too long (Path.exists raises for it), no permission
-        raise InputError(source, field, str(out), f"cannot use it: {exc.strerror}") from None
+        raise InputError(out, field, str(out), f"cannot use it: {exc.strerror}") from None
     if exists and not out.is_dir():
-        raise InputError(source, field, str(out), "exists and is not a directory")
+        raise InputError(out, field, str(out), "exists and is not a directory")
     if not exists and out.is_symlink():
         # The results would replace the link only once the run is done, and fail there.
-        raise InputError(source, field, str(out), f"a symbolic link to {os.readlink(out)!r}, "
+        raise InputError(out, field, str(out), f"a symbolic link to {os.readlink(out)!r}, "
                          "which does not exist: name a directory")
     parent = out.absolute().parent
     existing = parent
     while not os.path.exists(existing):
         existing = existing.parent
     if not existing.is_dir():
-        raise InputError(source, field, str(out), f"{shown_path(existing)} is a file, not a "
+        raise InputError(out, field, str(out), f"{shown_path(existing)} is a file, not a "
                          "directory")
     try:
         parent.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryDirectory(dir=parent, prefix=f".{out.name}.check-").cleanup()
     except OSError as exc:
-        raise InputError(source, field, str(out), f"cannot write there: {exc.strerror}") from None
+        raise InputError(out, field, str(out), f"cannot write there: {exc.strerror}") from None
 
 
 def shown_path(path: str | Path) -> str:
-    """`path` for the head of an error line: as it is, or quoted where it holds a newline or
-    another character that would break the line."""
+    """`path` inside an error's text: as it is, or quoted where it holds a newline or another
+    character that would break the line (`InputError` quotes its source so itself)."""
     text = str(path)
     return text if text.isprintable() else repr(text)
 

@@ -259,7 +259,7 @@ def check_replications_dir(out: Path, field: str = "--out") -> None:
     check_writable_dir(out, field)
     if (out.is_dir() and any(out.iterdir()) and not is_run_dir(out)
             and not is_replications_dir(out)):
-        raise InputError(shown_path(out), field, str(out), f"exists, is not empty and holds no "
+        raise InputError(out, field, str(out), f"exists, is not empty and holds no "
                          f"{RESULT_FILE} or summary.json (not earlier results); refusing to "
                          "replace it: choose another directory")
 
@@ -408,7 +408,7 @@ def check_comparison_dir(out_dir: Path, variants: Sequence[str]) -> None:
     or its plots); anything else is refused before any run."""
     check_writable_dir(out_dir)
     if is_run_dir(out_dir) or is_replications_dir(out_dir):
-        raise InputError(shown_path(out_dir), "--out", str(out_dir), "holds a single "
+        raise InputError(out_dir, "--out", str(out_dir), "holds a single "
                          "scenario's results; choose another directory for a comparison")
     for variant in variants:
         check_replications_dir(out_dir / variant)
@@ -426,7 +426,7 @@ def check_only_comparison_entries(out_dir: Path) -> None:
             continue
         if entry.is_dir() and (entry.name == PLOTS_DIR or is_earlier_results(entry)):
             continue
-        raise InputError(shown_path(out_dir), "--out", str(out_dir), "holds "
+        raise InputError(out_dir, "--out", str(out_dir), "holds "
                          f"{shown_path(entry.name)}, which is not part of an earlier "
                          "comparison, and a comparison replaces what is there: choose another "
                          "directory")

@@ -43,7 +43,7 @@ import pandas as pd
 from sim.config import MAX_SEED, Scenario, name_problem, parse_scenario, read_mapping, read_yaml
 from sim.errors import InputError
 from sim.fingerprint import input_files, inputs_record, scenario_key
-from sim.outdir import check_writable_dir, is_run_dir, replace_file, shown_path
+from sim.outdir import check_writable_dir, is_run_dir, replace_file
 from sim.overrides import (
     FIELD_PATH,
     Override,
@@ -247,7 +247,7 @@ def check_sweep_dir(out: Path, field: str = "--out") -> None:
     check_writable_dir(out, field)
     if out.is_dir() and any(out.iterdir()) and not is_sweep_dir(out):
         what = "a single run's results" if is_run_dir(out) else "not a sweep's directory"
-        raise InputError(shown_path(out), field, str(out), f"is {what} (no {SWEEP_MARKER}) "
+        raise InputError(out, field, str(out), f"is {what} (no {SWEEP_MARKER}) "
                          "and not empty; refusing to write a sweep there: choose another "
                          "directory")
 
@@ -355,7 +355,7 @@ def _mark(out_dir: Path, num_runs: int) -> None:
         (out_dir / SWEEP_MARKER).write_text(json.dumps({"kind": "servesim sweep",
                                                         "runs": num_runs}) + "\n")
     except OSError as exc:
-        raise InputError(shown_path(out_dir), "--out", str(out_dir),
+        raise InputError(out_dir, "--out", str(out_dir),
                          f"cannot write there: {exc.strerror}") from None
 
 
