@@ -13,7 +13,14 @@ from typing import Any
 
 import pandas as pd
 
-from sim.config import Scenario, merge_mappings, name_problem, parse_scenario, read_mapping
+from sim.config import (
+    Scenario,
+    merge_mappings,
+    name_problem,
+    parse_scenario,
+    read_mapping,
+    results_name,
+)
 from sim.errors import InputError
 from sim.outdir import check_out_dir, check_writable_dir, is_run_dir, replace_file
 from sim.overrides import Override, apply_overrides, named_by_overrides, resolved_defaults
@@ -34,10 +41,7 @@ def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
         raise InputError(path, "base", base, "must be a scenario mapping")
     if not isinstance(variants, dict) or not variants:
         raise InputError(path, "variants", variants, "must map names to scenario changes")
-    name = data.get("name", path.stem)
-    if not isinstance(name, str) or (problem := name_problem(name)):
-        raise InputError(path, "name", name, "must be text" if not isinstance(name, str)
-                         else problem or "")
+    name = results_name(path, data)
     if any(dotted == "name" for dotted, _ in overrides):
         raise InputError(path, "--set name", name, "a comparison names its variants "
                          "<name>/<variant>: change the file's name instead")

@@ -339,6 +339,19 @@ def name_problem(name: str) -> str | None:
     return None
 
 
+def results_name(path: Path, data: dict[str, Any]) -> str:
+    """A sweep's or comparison's `name` (the file's stem if it gives none), checked: it names
+    results/<name>."""
+    name = data.get("name", path.stem)
+    if not isinstance(name, str):
+        raise InputError(path, "name", name, "must be text")
+    if problem := name_problem(name):
+        given = "name" in data
+        raise InputError(path, "name" if given else "<file>", name,
+                         problem + ("" if given else " (the file's name: give a `name`)"))
+    return name
+
+
 def parse_scenario(data: Any, source: str | Path, base_dir: Path | None = None) -> Scenario:
     """Validate a scenario mapping; relative paths in it resolve against `base_dir`. Every
     problem found is reported at once, one line each."""

@@ -40,7 +40,14 @@ from typing import Any
 
 import pandas as pd
 
-from sim.config import MAX_SEED, Scenario, name_problem, parse_scenario, read_mapping, read_yaml
+from sim.config import (
+    MAX_SEED,
+    Scenario,
+    parse_scenario,
+    read_mapping,
+    read_yaml,
+    results_name,
+)
 from sim.errors import InputError
 from sim.fingerprint import input_files, inputs_record, scenario_key
 from sim.outdir import check_writable_dir, is_run_dir, replace_file
@@ -85,7 +92,7 @@ def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[st
     one inside the other) is refused: which value was meant would be a guess."""
     path = Path(path)
     data = read_mapping(path, "sweep", {"name", "base", "seeds", "grid", "zip"})
-    name = _sweep_name(path, data)
+    name = results_name(path, data)
     base = data.get("base")
     base_dir = path.parent
     if isinstance(base, str):
@@ -128,18 +135,6 @@ def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[st
             raise named_by_overrides(exc, overrides, path, partial(_axis_of, point)) from None
         runs.append(Run(point, scenario.seed, scenario, _given_paths(scenario, scenario_data)))
     return name, runs
-
-
-def _sweep_name(path: Path, data: dict[str, Any]) -> str:
-    """The sweep's name (the file's stem if it gives none): it names results/<name>."""
-    name = data.get("name", path.stem)
-    if not isinstance(name, str):
-        raise InputError(path, "name", name, "must be text")
-    if problem := name_problem(name):
-        given = "name" in data
-        raise InputError(path, "name" if given else "<file>", name,
-                         problem + ("" if given else " (the file's name: give a `name`)"))
-    return name
 
 
 def _seeds(path: Path, data: dict[str, Any], base: dict[str, Any]) -> list[int] | None:
