@@ -479,7 +479,7 @@ def capacity(scenario: Scenario, targets: SLOTargets,
         seeds = replication_seeds(scenario, replications)
     else:
         seeds = list(replications)
-    check_replicable(scenario, len(seeds))
+        check_replicable(scenario, len(seeds))
     sources = variation_sources(scenario)
     deterministic = not sources
     stopped: list[str] = []

@@ -27,9 +27,9 @@ class CapacityLog:
     def __init__(self, out_dir: Path) -> None:
         check_writable_dir(out_dir)
         if out_dir.is_dir() and any(out_dir.iterdir()) and not is_capacity_dir(out_dir):
-            raise InputError(out_dir, "--out", str(out_dir), "exists, is not "
-                             f"empty and holds no {TRIALS_FILE} (not a capacity search); "
-                             "choose another directory")
+            raise InputError(out_dir, "--out", str(out_dir), "exists, is not empty and holds "
+                             f"no {TRIALS_FILE} (not a capacity search); choose another "
+                             "directory")
         self.out_dir = out_dir
         self.trials: list[Trial] = []
         try:

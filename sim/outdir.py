@@ -63,9 +63,9 @@ def check_out_dir(out: Path, field: str = "--out") -> None:
     place we cannot write."""
     check_writable_dir(out, field)
     if out.is_dir() and any(out.iterdir()) and not is_earlier_results(out):
-        raise InputError(out, field, str(out), f"exists, is not empty and holds no "
-                         f"{RUN_MARKER} or {REPLICATIONS_MARKER} (not an earlier run); refusing "
-                         "to replace it: choose another directory")
+        raise InputError(out, field, str(out), f"exists, is not empty and holds no {RUN_MARKER} "
+                         f"or {REPLICATIONS_MARKER} (not an earlier run); refusing to replace "
+                         "it: choose another directory")
 
 
 def check_writable_dir(out: Path, field: str = "--out") -> None:

@@ -408,8 +408,8 @@ def check_comparison_dir(out_dir: Path, variants: Sequence[str]) -> None:
     or its plots); anything else is refused before any run."""
     check_writable_dir(out_dir)
     if is_run_dir(out_dir) or is_replications_dir(out_dir):
-        raise InputError(out_dir, "--out", str(out_dir), "holds a single "
-                         "scenario's results; choose another directory for a comparison")
+        raise InputError(out_dir, "--out", str(out_dir), "holds a single scenario's results; "
+                         "choose another directory for a comparison")
     for variant in variants:
         check_replications_dir(out_dir / variant)
     check_only_comparison_entries(out_dir)
@@ -426,10 +426,9 @@ def check_only_comparison_entries(out_dir: Path) -> None:
             continue
         if entry.is_dir() and (entry.name == PLOTS_DIR or is_earlier_results(entry)):
             continue
-        raise InputError(out_dir, "--out", str(out_dir), "holds "
-                         f"{shown_path(entry.name)}, which is not part of an earlier "
-                         "comparison, and a comparison replaces what is there: choose another "
-                         "directory")
+        raise InputError(out_dir, "--out", str(out_dir), f"holds {shown_path(entry.name)}, "
+                         "which is not part of an earlier comparison, and a comparison replaces "
+                         "what is there: choose another directory")
 
 
 def compare_replications(scenarios: dict[str, Scenario], replications: int, out_dir: Path, *,

@@ -242,9 +242,8 @@ def check_sweep_dir(out: Path, field: str = "--out") -> None:
     check_writable_dir(out, field)
     if out.is_dir() and any(out.iterdir()) and not is_sweep_dir(out):
         what = "a single run's results" if is_run_dir(out) else "not a sweep's directory"
-        raise InputError(out, field, str(out), f"is {what} (no {SWEEP_MARKER}) "
-                         "and not empty; refusing to write a sweep there: choose another "
-                         "directory")
+        raise InputError(out, field, str(out), f"is {what} (no {SWEEP_MARKER}) and not empty; "
+                         "refusing to write a sweep there: choose another directory")
 
 
 CACHED_FILES = ("inputs.json", "requests.parquet", "iterations.parquet")
