@@ -189,6 +189,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path, monkeypatch, capsys):
         assert_one_line_error(code, err, "--device='cuda'", "CUDA is not available")
     code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--device", "tpu")
     assert_one_line_error(code, err, "--device='tpu'")
+    code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--seed", str(2**63))
+    assert_one_line_error(code, err, "--seed=9223372036854775808", "2**63 - 1")
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "torch", None)  # as if torch were not installed
         code, err = run_cli(m, capsys, "replay", str(path))

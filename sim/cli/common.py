@@ -40,6 +40,16 @@ def set_option(precedence: str) -> Any:
     return typer.Option("--set", metavar="PATH=VALUE", help=f"{SET_HELP}; {precedence}")
 
 
+def check_seed(seed: int | None) -> None:
+    """`--seed` at most MAX_SEED: it replaces the scenario's with `model_copy`, which does not
+    validate (the scenario's own field is bounded)."""
+    from sim.config import MAX_SEED  # here: `servesim --help` starts without pydantic
+    from sim.errors import COMMAND_LINE, InputError
+
+    if seed is not None and seed > MAX_SEED:
+        raise InputError(COMMAND_LINE, "--seed", seed, f"at most {MAX_SEED} (2**63 - 1)")
+
+
 def fmt(value: float | None, scale: float = 1.0) -> str:
     """A number for a table: 4 significant digits, thousands separated (whole numbers from
     10,000 on: 274,200, not 2.742e+05); '-' for none."""

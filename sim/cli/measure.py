@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from sim.cli.common import app, console
+from sim.cli.common import app, check_seed, console
 from sim.errors import COMMAND_LINE, InputError
 
 
@@ -114,13 +114,12 @@ def replay(
     require_torch(device)
     from profiler.replay import replay as serve
     from sim.cli.run import overload_line, summary_table
-    from sim.config import MAX_SEED, load_scenario
+    from sim.config import load_scenario
     from sim.progress import ProgressReport
 
+    check_seed(seed)
     loaded = load_scenario(scenario)
     if seed is not None:
-        if seed > MAX_SEED:  # model_copy does not validate: the bound is checked here
-            raise InputError(COMMAND_LINE, "--seed", seed, f"at most {MAX_SEED} (2**63 - 1)")
         loaded = loaded.model_copy(update={"seed": seed})
     out_dir = out if out is not None else Path("results") / f"{loaded.name}_replay"
     with ProgressReport(f"replaying {loaded.name}", "requests") as progress:

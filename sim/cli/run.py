@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sim.cli.common import app, console, fmt, pct, set_option
+from sim.cli.common import app, check_seed, console, fmt, pct, set_option
 
 if TYPE_CHECKING:
     from sim.config import Scenario
@@ -41,14 +41,11 @@ def simulate(
                        "written as usual")] = False,
 ) -> None:
     """Run one scenario; print its latency table; write results beside the resolved scenario."""
-    from sim.config import MAX_SEED
-    from sim.errors import COMMAND_LINE, InputError
     from sim.overrides import load_scenario, parse_overrides
     from sim.progress import ProgressReport
     from sim.runner import run_scenario
 
-    if seed is not None and seed > MAX_SEED:
-        raise InputError(COMMAND_LINE, "--seed", seed, f"at most {MAX_SEED} (2**63 - 1)")
+    check_seed(seed)
     loaded = load_scenario(scenario, parse_overrides(set_))
     if seed is not None:
         loaded = loaded.model_copy(update={"seed": seed})
