@@ -107,13 +107,19 @@ def check_grid(spec: GridSpec) -> None:
 
 def check_profile_out(out: Path) -> None:
     """Where the profile goes, before anything is measured: a new file, or a regular file to
-    resume (read and checked when the measuring starts); never a directory or a named pipe."""
+    resume (read and checked when the measuring starts)."""
+    _check_out_file(out, ".parquet")
+
+
+def _check_out_file(out: Path, suffix: str) -> None:
+    """`--out` names a file to write: a new one or a regular file, never a directory or a named
+    pipe (the write would fail in one, hang on the other)."""
     if not out.exists():
         return
     try:
         stat_regular(out)
     except FileProblem as exc:
-        hint = ": name a .parquet file" if out.is_dir() else ""
+        hint = f": name a {suffix} file" if out.is_dir() else ""
         raise InputError(out, "--out", str(out), f"{exc}{hint}") from None
 
 
@@ -135,10 +141,7 @@ def _check_fit_out(out: Path, profile_path: Path) -> None:
     if out.exists() and out.resolve() == profile_path.resolve():
         raise InputError(out, "--out", str(out), "is the profile being fitted, which this would "
                          "overwrite: name a .json file")
-    if out.is_dir():
-        raise InputError(out, "--out", str(out), "is a directory: name a .json file")
-    if out.exists() and not out.is_file():
-        raise InputError(out, "--out", str(out), "not a regular file")
+    _check_out_file(out, ".json")
     if not out.absolute().parent.is_dir():
         raise InputError(out, "--out", str(out), "its directory does not exist")
 
