@@ -8,7 +8,12 @@ Vidur is not installed here: its numbers are the quoted ones. The speed-up divid
 of Vidur's quoted range ((7.5 + 11.4) / 2 = 9.45 s; (45 + 57) / 2 = 51 s) by servesim's median
 wall time. Targets: <= 0.25 s and <= 1.0 s whole process.
 
-    python bench/vidur_compare.py [--runs 5] [--no-taskset]
+Each case runs once untimed first (file cache). Where PYTHONDONTWRITEBYTECODE is set (as on the
+development VMs), sim's own modules are compiled from source on every run (about 0.2 s);
+--pyc measures with a bytecode cache instead (in a temporary directory), as after `pip
+install` and any first run.
+
+    python bench/vidur_compare.py [--runs 5] [--no-taskset] [--pyc]
     python bench/vidur_compare.py --profile    # cProfile of vidur_10k through run_scenario
 """
 
@@ -59,10 +64,10 @@ def servesim_exe() -> str:
     return str(here) if here.exists() else (shutil.which("servesim") or "servesim")
 
 
-def run_once(cmd: list[str]) -> tuple[float, float, float]:
+def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     """Wall seconds, CPU seconds (user + system) and peak RSS (MB) of one whole process."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -99,6 +104,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="instead: cProfile one in-process run of vidur_10k.yaml")
     parser.add_argument("--top", type=int, default=20, help="functions shown by --profile")
+    parser.add_argument("--pyc", action="store_true",
+                        help="with a bytecode cache, even where PYTHONDONTWRITEBYTECODE is set")
     args = parser.parse_args()
     if args.profile:
         profile(CASES[1].scenario, args.top)
@@ -109,20 +116,28 @@ def main() -> None:
                                capture_output=True, text=True, cwd=tempfile.gettempdir()
                                ).stdout.strip()
     console.print(f"servesim: {exe} (sim package: {where_sim})", highlight=False)
+    env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="vidur_compare-") as tmp:
-        for i in range(args.runs):
+        if args.pyc:
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
+        for i in range(-1, args.runs):  # run -1: untimed, to warm the caches
             for case in CASES:
                 out = Path(tmp) / f"{case.scenario.stem}-{i}"
                 wall, cpu, rss = run_once([*pin, exe, "simulate", str(case.scenario),
-                                           "--out", str(out)])
+                                           "--out", str(out)], env)
+                if i < 0:
+                    continue
                 case.walls.append(wall)
                 case.cpus.append(cpu)
                 case.rss_mb.append(rss)
                 console.print(f"run {i + 1}/{args.runs} {case.name}: {wall:.2f} s wall, "
                               f"{cpu:.2f} s CPU", highlight=False)
     where = "one core (taskset -c 0)" if pin else "unpinned (no taskset)"
+    bytecode = ("cached" if "PYTHONDONTWRITEBYTECODE" not in env
+                else "none: sim compiled from source each run")
     table = Table(title=f"servesim simulate vs Vidur 0.0.26 (quoted), whole process, {where}, "
-                        f"{args.runs} runs alternated")
+                        f"{args.runs} runs alternated; bytecode {bytecode}")
     for col in ("case", "wall s best", "wall s median", "CPU s median", "peak RSS MB",
                 "Vidur quoted s", "speed-up vs Vidur mid", "target s", "met (median)"):
         table.add_column(col, justify="right")

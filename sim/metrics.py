@@ -1,13 +1,15 @@
-"""Summary metrics: pure functions of the result DataFrames."""
+"""Summary metrics: pure functions of a run's tables (its `Columns`, or DataFrames read back)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
+from numpy.typing import ArrayLike
 
+from sim.columns import Table, column, num_rows
 from sim.config import SLOConfig
 
 PERCENTILES = (50, 90, 99)
@@ -22,7 +24,7 @@ class WeightedSample:
     counts: np.ndarray  # int64, >= 0
 
     @classmethod
-    def of(cls, values: np.ndarray | pd.Series | WeightedSample) -> WeightedSample:
+    def of(cls, values: ArrayLike | WeightedSample) -> WeightedSample:
         if isinstance(values, WeightedSample):
             return values
         arr = np.asarray(values, dtype=np.float64)
@@ -38,8 +40,7 @@ class WeightedSample:
         return int(self.counts[self.values <= limit].sum()) / total if total else None
 
 
-def distribution(values: np.ndarray | pd.Series | WeightedSample
-                 ) -> dict[str, float | int | None]:
+def distribution(values: ArrayLike | WeightedSample) -> dict[str, float | int | None]:
     """Count, mean, P50/P90/P99 and max of the finite values (None where there are none).
 
     A `WeightedSample` gives what its expansion would: the same count, percentiles and max
@@ -127,26 +128,28 @@ def finished_distribution(values: np.ndarray) -> dict[str, Any]:
     return {**distribution(values), "population": FINISHED}
 
 
-def summarize(requests: pd.DataFrame, iterations: pd.DataFrame | int,
+def summarize(requests: Table, iterations: Table | int,
               tbt_gaps_s: np.ndarray | WeightedSample, slo: SLOConfig) -> dict[str, Any]:
     """Latency distributions, throughput, outcome counts and SLO attainment of one run.
     `iterations`: the iteration frame, or just its length; `tbt_gaps_s`: every gap between
     consecutive tokens of a request, pooled (or as values with counts). The per-request
     distributions are over finished requests (`population: finished`); `arrived_stats` adds
     them over every arrived request, and `warmup_stats` trimmed of the start-up transient."""
-    done = (requests["status"] == "finished").to_numpy()
-    # Only the columns it reads, of finished requests (not a copy of the whole frame).
-    finished = {col: requests[col].to_numpy()[done] for col in FINISHED_COLUMNS}
+    status = column(requests, "status")
+    done = status == FINISHED
+    # Only the columns it reads, of finished requests (not a copy of the whole table).
+    finished = {col: column(requests, col)[done] for col in FINISHED_COLUMNS}
     num_finished = int(done.sum())
-    end_s = float(np.nanmax(requests["finish_s"])) if num_finished else 0.0
-    start_s = float(requests["arrival_s"].min()) if len(requests) else 0.0
+    end_s = float(np.nanmax(column(requests, "finish_s"))) if num_finished else 0.0
+    start_s = float(column(requests, "arrival_s").min()) if len(status) else 0.0
     span_s = max(end_s - start_s, 0.0)
-    counts = requests["status"].value_counts()
+    counts = Counter(status.tolist())
     # Reasons are `kind: detail`; count them by kind (one key per kind, not per number).
-    reasons = requests.loc[requests["reason"] != "", "reason"].str.split(":").str[0].value_counts()
+    reasons = Counter(reason.split(":", 1)[0] for reason in column(requests, "reason").tolist()
+                      if reason)
     return {
         "requests": {
-            "total": len(requests),
+            "total": len(status),
             "finished": int(counts.get("finished", 0)),
             "rejected": int(counts.get("rejected", 0)),
             "unfinished": int(counts.get("unfinished", 0)),
@@ -162,30 +165,30 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame | int,
             "span_s": span_s,
             "requests_per_s": num_finished / span_s if span_s > 0 else None,
             "output_tokens_per_s": (
-                float(requests["num_generated_tokens"].sum()) / span_s if span_s > 0 else None
+                float(column(requests, "num_generated_tokens").sum()) / span_s
+                if span_s > 0 else None
             ),
         },
-        "num_iterations": iterations if isinstance(iterations, int) else len(iterations),
-        "num_preemptions": int(requests["num_preemptions"].sum()),
+        "num_iterations": iterations if isinstance(iterations, int) else num_rows(iterations),
+        "num_preemptions": int(column(requests, "num_preemptions").sum()),
         "slo": slo_attainment(requests, tbt_gaps_s, slo),
     }
 
 
-def slo_attainment(requests: pd.DataFrame, tbt_gaps_s: np.ndarray | WeightedSample,
+def slo_attainment(requests: Table, tbt_gaps_s: np.ndarray | WeightedSample,
                    slo: SLOConfig) -> dict[str, float | None]:
     """Fraction of all requests meeting each target; a request not finished meets none."""
-    total = len(requests)
-    if total == 0:
+    finished = column(requests, "status") == FINISHED
+    if len(finished) == 0:
         return {}
-    finished = (requests["status"] == "finished").to_numpy()
     ok = finished.copy()
     out: dict[str, float | None] = {}
     if slo.ttft_s is not None:
-        ttft_ok = finished & (requests["ttft_s"].to_numpy() <= slo.ttft_s)
+        ttft_ok = finished & (column(requests, "ttft_s") <= slo.ttft_s)
         out["ttft_attainment"] = float(ttft_ok.mean())
         ok &= ttft_ok
     if slo.tbt_s is not None:
-        worst = requests["max_tbt_s"].to_numpy()
+        worst = column(requests, "max_tbt_s")
         tbt_ok = finished & ~(worst > slo.tbt_s)  # a one-token request has no gap: it meets it
         out["tbt_attainment"] = float(tbt_ok.mean())
         out["tbt_gap_attainment"] = WeightedSample.of(tbt_gaps_s).fraction_at_most(slo.tbt_s)
@@ -195,22 +198,20 @@ def slo_attainment(requests: pd.DataFrame, tbt_gaps_s: np.ndarray | WeightedSamp
     return out
 
 
-def replica_stats(iterations: pd.DataFrame, num_kv_blocks: dict[int, int], end_s: float
+def replica_stats(iterations: Table, num_kv_blocks: dict[int, int], end_s: float
                   ) -> list[dict[str, Any]]:
     """Per replica: iterations, busy fraction of the run [0, end_s], queue length and KV
     utilisation over its iterations (time-weighted: what an iteration logged holds until it
     ends, or until the next starts if that is sooner, as on a pipelined replica)."""
-    # Each replica's rows as slices of the columns read (the frame's rows come grouped by
+    # Each replica's rows as slices of the columns read (the table's rows come grouped by
     # replica; otherwise they are grouped here, in order within each replica).
-    replica_id = iterations["replica_id"].to_numpy()
+    replica_id = column(iterations, "replica_id")
     names = ["start_s", "duration_s", "num_kv_blocks_used", "num_waiting"]
-    columns = {name: iterations[name].to_numpy() for name in names}
-    pool = iterations["pool"]
+    columns = {name: column(iterations, name) for name in names + ["pool"]}
     if (replica_id[1:] < replica_id[:-1]).any():
         order = np.argsort(replica_id, kind="stable")
         replica_id = replica_id[order]
         columns = {name: col[order] for name, col in columns.items()}
-        pool = pool.iloc[order]
     out = []
     for replica_id_ in sorted(num_kv_blocks):
         lo, hi = np.searchsorted(replica_id, [replica_id_, replica_id_ + 1])
@@ -234,7 +235,7 @@ def replica_stats(iterations: pd.DataFrame, num_kv_blocks: dict[int, int], end_s
         waiting = columns["num_waiting"][lo:hi]
         out.append({
             "replica_id": replica_id_,
-            "pool": str(pool.iloc[lo]) if n else None,
+            "pool": str(columns["pool"][lo]) if n else None,
             "num_iterations": n,
             "busy_fraction": busy_s / end_s if end_s > 0 else None,
             "mean_queue_length": float((waiting * weights).sum()) if n else None,
@@ -267,10 +268,10 @@ def pool_stats(replicas: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def transfer_stats(requests: pd.DataFrame) -> dict[str, Any]:
+def transfer_stats(requests: Table) -> dict[str, Any]:
     """Disaggregated serving: how long KV waited for decode capacity and how long it moved."""
-    return {"decode_wait_s": distribution(requests["decode_wait_s"]),
-            "transfer_s": distribution(requests["transfer_s"])}
+    return {"decode_wait_s": distribution(column(requests, "decode_wait_s")),
+            "transfer_s": distribution(column(requests, "transfer_s"))}
 
 
 MIN_REQUESTS_FOR_VERDICT = 40
@@ -282,7 +283,7 @@ T_LIMIT = 3.0  # and by more than 3 standard errors
 BURST_GROWTH_LIMIT = 0.05
 
 
-def overload(requests: pd.DataFrame, end_s: float) -> dict[str, Any]:
+def overload(requests: Table, end_s: float) -> dict[str, Any]:
     """Did a queue grow, and not drain, over the run? `stable`, `overloaded`, or `unknown` (too
     few requests to tell).
 
@@ -299,11 +300,10 @@ def overload(requests: pd.DataFrame, end_s: float) -> dict[str, Any]:
     overloaded when that share is above 1% (5% over a quarter) and the slope is more than 3
     standard errors above zero. (A stable queue whose arrival rate rises grows far more slowly
     than 1% of arrivals.)"""
-    columns = ["arrival_s", "first_scheduled_s", "prefill_end_s", "transfer_start_s"]
-    kept = requests.loc[((requests["status"] != "rejected")
-                         & ~requests["reason"].str.startswith("after_horizon")).to_numpy(),
-                        columns]  # only the columns read
-    arrival = np.sort(kept["arrival_s"].to_numpy())
+    arrived = arrived_mask(requests)
+    kept = {name: column(requests, name)[arrived]  # only the columns read
+            for name in ("arrival_s", "first_scheduled_s", "prefill_end_s", "transfer_start_s")}
+    arrival = np.sort(kept["arrival_s"])
     if len(arrival) < MIN_REQUESTS_FOR_VERDICT:
         return {"verdict": "unknown",
                 "detail": f"fewer than {MIN_REQUESTS_FOR_VERDICT} requests arrived"}
@@ -320,11 +320,11 @@ def overload(requests: pd.DataFrame, end_s: float) -> dict[str, Any]:
             arrival[k * n // 4:(k + 1) * n // 4], BURST_GROWTH_LIMIT)
     found: list[dict[str, Any]] = []
     for queue, (enter, leave) in queues.items():
-        entered = enter.notna().to_numpy()
+        entered = ~np.isnan(enter)
         if not entered.any():
             continue
-        into = np.sort(enter.to_numpy()[entered])
-        out = np.sort(np.where(leave.notna(), leave, np.inf)[entered])
+        into = np.sort(enter[entered])
+        out = np.sort(np.where(np.isnan(leave), np.inf, leave)[entered])
         for window, (sample_s, growth_limit) in windows.items():
             length = (np.searchsorted(into, sample_s, side="right")
                       - np.searchsorted(out, sample_s, side="right"))
@@ -383,16 +383,18 @@ ARRIVED_LATENCIES = {"ttft_s": "first_token_s", "e2e_s": "finish_s",
 ARRIVED = "arrived"  # every request that arrived before the end of the run and was not rejected
 
 
-def arrived_mask(requests: pd.DataFrame) -> np.ndarray:
+def arrived_mask(requests: Table) -> np.ndarray:
     """The requests that arrived (before the horizon) and were not rejected: finished ones, and
     unfinished ones queued or in progress at the end. Rejected requests (never admitted: too
     long for the KV cache, or refused) are counted apart, in `requests.rejected`, as vLLM's
     benchmark counts failed requests apart; requests after the horizon never arrived."""
-    return ((requests["status"] != "rejected").to_numpy()
-            & ~requests["reason"].str.startswith("after_horizon").to_numpy())
+    reasons = column(requests, "reason").tolist()
+    after_horizon = np.fromiter((reason.startswith("after_horizon") for reason in reasons),
+                                dtype=bool, count=len(reasons))
+    return (column(requests, "status") != "rejected") & ~after_horizon
 
 
-def arrived_latencies(requests: pd.DataFrame, end_s: float, arrived: np.ndarray | None = None
+def arrived_latencies(requests: Table, end_s: float, arrived: np.ndarray | None = None
                       ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per latency of ARRIVED_LATENCIES, over the arrived requests in frame order (`arrived`:
     `arrived_mask`, if already made): (values, censored), where a censored value is a lower
@@ -400,12 +402,12 @@ def arrived_latencies(requests: pd.DataFrame, end_s: float, arrived: np.ndarray 
     `end_s`)."""
     if arrived is None:
         arrived = arrived_mask(requests)
-    arrival = requests["arrival_s"].to_numpy()[arrived]
+    arrival = column(requests, "arrival_s")[arrived]
     so_far = np.maximum(end_s - arrival, 0.0)
     out = {}
     for key, event in ARRIVED_LATENCIES.items():
-        censored = np.isnan(requests[event].to_numpy()[arrived])
-        out[key] = (np.where(censored, so_far, requests[key].to_numpy()[arrived]), censored)
+        censored = np.isnan(column(requests, event)[arrived])
+        out[key] = (np.where(censored, so_far, column(requests, key)[arrived]), censored)
     return out
 
 
@@ -449,7 +451,7 @@ def censored_distribution(values: np.ndarray, censored: np.ndarray) -> dict[str,
     return out
 
 
-def arrived_stats(requests: pd.DataFrame, end_s: float) -> dict[str, Any]:
+def arrived_stats(requests: Table, end_s: float) -> dict[str, Any]:
     """`ttft_all_arrived_s`, `e2e_all_arrived_s` and `scheduling_delay_all_arrived_s`: over every
     arrived request (see `arrived_mask`), a request that had not reached the event by the end
     of the run (`end_s`) counted at its time so far, a lower bound. The headline distributions

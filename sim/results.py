@@ -1,4 +1,5 @@
-"""Records to DataFrames: one row per request, per iteration and (on request) per token."""
+"""Records to tables (`sim.columns`): one row per request, per iteration and (on request) per
+token."""
 
 from __future__ import annotations
 
@@ -6,11 +7,10 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
 
 import numpy as np
-import pandas as pd
 
+from sim.columns import Categorical, Columns, texts
 from sim.iteration_log import COLUMNS, IterationLog
 from sim.metrics import WeightedSample
 from sim.request import Request, Status
@@ -96,7 +96,7 @@ def end_times(logs: Sequence[IterationLog]) -> np.ndarray:
 def token_times(requests: Sequence[Request], logs: Sequence[IterationLog]
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Every sampled token's time, grouped by request in order: (request position, time_s).
-    One entry per token: only for the tokens frame (`record_token_times`)."""
+    One entry per token: only for the tokens table (`record_token_times`)."""
     runs = token_runs(requests, logs)
     lengths = runs.end - runs.start
     total = int(lengths.sum())
@@ -178,11 +178,10 @@ def token_stats(runs: TokenRuns, end_s: np.ndarray) -> TokenStats:
     return TokenStats(num_tokens, first_token, last_token, max_gap, gaps)
 
 
-def request_frame(requests: Sequence[Request], logs: Sequence[IterationLog]
-                  ) -> tuple[pd.DataFrame, WeightedSample]:
+def request_table(requests: Sequence[Request], logs: Sequence[IterationLog]
+                  ) -> tuple[Columns, WeightedSample]:
     """Per-request records with derived latencies, and the pooled TBT gaps of all requests
-    (as distinct values with counts). `logs[i]` is replica i's. The frame is made once from
-    its finished columns (no copy, no column added afterwards)."""
+    (as distinct values with counts). `logs[i]` is replica i's."""
     tokens = token_stats(token_runs(requests, logs), end_times(logs))
     counts = tokens.num_tokens
     first_token, last_token = tokens.first_token_s, tokens.last_token_s
@@ -202,7 +201,7 @@ def request_frame(requests: Sequence[Request], logs: Sequence[IterationLog]
     transfer_start = floats([r.transfer_start_s for r in requests])
     wire_start = floats([r.transfer_wire_start_s for r in requests])
     transfer_end = floats([r.transfer_end_s for r in requests])
-    frame = pd.DataFrame({
+    table: Columns = {
         "request_id": ints([r.request_id for r in requests]),
         "replica_id": ints([r.prefill_replica_id for r in requests]),
         "decode_replica_id": ints(
@@ -218,8 +217,8 @@ def request_frame(requests: Sequence[Request], logs: Sequence[IterationLog]
         "num_cached_tokens": ints([r.num_cached_tokens for r in requests]),
         "num_preemptions": ints([r.num_preemptions for r in requests]),
         "num_recomputed_tokens": ints([r.num_recomputed_tokens for r in requests]),
-        "status": [STATUS[r.status] for r in requests],
-        "reason": [_reason(r.status, r.reason) for r in requests],
+        "status": texts([STATUS[r.status] for r in requests]),
+        "reason": texts([_reason(r.status, r.reason) for r in requests]),
         "scheduling_delay_s": first_scheduled - arrival,
         "ttft_s": first_token - arrival,
         "e2e_s": finish - arrival,
@@ -231,24 +230,24 @@ def request_frame(requests: Sequence[Request], logs: Sequence[IterationLog]
         "transfer_end_s": transfer_end,
         "decode_wait_s": transfer_start - prefill_end,  # waiting for decode KV blocks
         "transfer_s": transfer_end - transfer_start,  # link queueing and wire time
-    }, copy=False)
-    return frame, tokens.gaps
+    }
+    return table, tokens.gaps
 
 
-POOLS = ["colocated", "prefill", "decode"]
+POOLS = ("colocated", "prefill", "decode")
 
 
-def iteration_frame(logs: Sequence[IterationLog], pools: Sequence[str]) -> pd.DataFrame:
+def iteration_table(logs: Sequence[IterationLog], pools: Sequence[str]) -> Columns:
     """Every replica's iterations; `pools[i]` is replica i's. Each column is built once, the
-    logs laid end to end (no frame per replica, no second copy to join them)."""
+    logs laid end to end (no table per replica, no second copy to join them)."""
     sizes = np.array([len(log) for log in logs], dtype=np.int64)
     codes = np.array([POOLS.index(pool) for pool in pools], dtype=np.int8)
     if len(codes) != len(sizes):
         raise ValueError(f"{len(logs)} logs but {len(pools)} pools")
     ends = np.cumsum(sizes)
-    columns: dict[str, Any] = {
+    columns: Columns = {
         "replica_id": np.repeat(np.arange(len(logs), dtype=np.int64), sizes),
-        "pool": pd.Categorical.from_codes(np.repeat(codes, sizes), categories=pd.Index(POOLS)),
+        "pool": Categorical(np.repeat(codes, sizes), POOLS),
         "iteration": np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
         - np.repeat(ends - sizes, sizes),
     }
@@ -256,16 +255,15 @@ def iteration_frame(logs: Sequence[IterationLog], pools: Sequence[str]) -> pd.Da
     for name, code in COLUMNS.items():
         columns[name] = np.concatenate([a[name] for a in arrays]) if arrays else np.zeros(
             0, dtype=np.float64 if code == "d" else np.int64)
-    return pd.DataFrame(columns, copy=False)
+    return columns
 
 
-def token_frame(requests: Sequence[Request], owner: np.ndarray, times: np.ndarray
-                ) -> pd.DataFrame:
+def token_table(requests: Sequence[Request], owner: np.ndarray, times: np.ndarray
+                ) -> Columns:
     ids = np.array([r.request_id for r in requests], dtype=np.int64)
     counts = np.bincount(owner, minlength=len(requests))
     index = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
-    return pd.DataFrame({"request_id": ids[owner], "token_index": index.astype(np.int64),
-                         "time_s": times})
+    return {"request_id": ids[owner], "token_index": index.astype(np.int64), "time_s": times}
 
 
 # A request's status in the results: finished, rejected, or unfinished (wherever it was).

@@ -8,12 +8,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from sim.cluster import Cluster, blocks_beyond_memory
+from sim.columns import Columns, Table, column, to_frame, write_parquet
 from sim.config import ReplicaConfig, Scenario, load_scenario, scenario_yaml
 from sim.engine import Progress
 from sim.errors import InputError
@@ -31,23 +31,59 @@ from sim.metrics import (
 )
 from sim.outdir import check_out_dir, write_dir
 from sim.request import Request
-from sim.results import iteration_frame, request_frame, token_frame, token_times
+from sim.results import iteration_table, request_table, token_table, token_times
 from sim.warmup import generated_arrivals, warmup_stats
 from sim.workloads import FORMATS, Workload, select
 
+if TYPE_CHECKING:
+    import pandas as pd
 
-@dataclass
+
 class Results:
-    """What a run produced; `write` puts it next to its resolved scenario."""
+    """What a run produced; `write` puts it next to its resolved scenario.
 
-    scenario: Scenario
-    requests: pd.DataFrame
-    iterations: pd.DataFrame
-    tokens: pd.DataFrame | None
-    summary: dict[str, Any]
-    # Every TBT gap of the run as distinct values with counts (`gap_s`, `count`, sorted): the
-    # population of the summary's TBT row, for CDFs, at most one row per iteration.
-    tbt_gaps: pd.DataFrame | None = None
+    Its tables (`requests`, `iterations`, `tokens`: one row per token, if the scenario records
+    token times; `tbt_gaps`: every TBT gap of the run as distinct values with counts, `gap_s`
+    and `count`, sorted, the population of the summary's TBT row, at most one row per
+    iteration) are DataFrames when read, made from the run's columns on first use: a run that
+    is only written never imports pandas. `tables` holds them as given (`Columns` from a run,
+    DataFrames from `load`)."""
+
+    def __init__(self, scenario: Scenario, requests: Columns | pd.DataFrame,
+                 iterations: Columns | pd.DataFrame, tokens: Columns | pd.DataFrame | None,
+                 summary: dict[str, Any], tbt_gaps: Columns | pd.DataFrame | None = None):
+        self.scenario = scenario
+        self.summary = summary
+        self.tables: dict[str, Columns | pd.DataFrame] = {
+            name: table for name, table in (("requests", requests), ("iterations", iterations),
+                                            ("tokens", tokens), ("tbt_gaps", tbt_gaps))
+            if table is not None}
+
+    def _frame(self, name: str) -> pd.DataFrame | None:
+        if name not in self.tables:
+            return None
+        frame = self.tables[name] = to_frame(self.tables[name])
+        return frame
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        frame = self._frame("requests")
+        assert frame is not None
+        return frame
+
+    @property
+    def iterations(self) -> pd.DataFrame:
+        frame = self._frame("iterations")
+        assert frame is not None
+        return frame
+
+    @property
+    def tokens(self) -> pd.DataFrame | None:
+        return self._frame("tokens")
+
+    @property
+    def tbt_gaps(self) -> pd.DataFrame | None:
+        return self._frame("tbt_gaps")
 
     def write(self, out_dir: str | Path) -> Path:
         """Write the result files into `out_dir`, replacing an earlier run there whole: the
@@ -63,12 +99,8 @@ class Results:
         (out / "scenario.yaml").write_text(scenario_yaml(self.scenario))
         (out / "inputs.json").write_text(json.dumps(run_record(self.scenario, inputs),
                                                     indent=2, sort_keys=True) + "\n")
-        self.requests.to_parquet(out / "requests.parquet", index=False)
-        self.iterations.to_parquet(out / "iterations.parquet", index=False)
-        if self.tokens is not None:
-            self.tokens.to_parquet(out / "tokens.parquet", index=False)
-        if self.tbt_gaps is not None:
-            self.tbt_gaps.to_parquet(out / "tbt_gaps.parquet", index=False)
+        for name, table in self.tables.items():
+            write_parquet(table, out / f"{name}.parquet")
         # Last: its presence marks a directory as a servesim run. Strict JSON, as it is read
         # back (`sim.result_files`): a NaN here is a bug to see now, not a file refused later.
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True,
@@ -136,7 +168,7 @@ def _split_name(cfg: ReplicaConfig) -> str:
     return "x".join(parts)
 
 
-def cost_stats(summary: dict[str, Any], request_df: pd.DataFrame,
+def cost_stats(summary: dict[str, Any], requests: Table,
                pools: dict[str, ReplicaConfig], replicas: Sequence[ReplicaRecord]
                ) -> dict[str, Any]:
     """GPUs the cluster occupies, what they cost an hour, and per GPU and per million tokens
@@ -152,8 +184,8 @@ def cost_stats(summary: dict[str, Any], request_df: pd.DataFrame,
     thr = summary["throughput"]
     span_s = thr["span_s"]
     # Tokens served: the prompts prefilled (a first token came out) and every token generated.
-    generated = request_df["num_generated_tokens"].to_numpy()
-    num_tokens = float(request_df["num_prompt_tokens"].to_numpy()[generated > 0].sum()
+    generated = column(requests, "num_generated_tokens")
+    num_tokens = float(column(requests, "num_prompt_tokens")[generated > 0].sum()
                        + generated.sum())
     output_per_s = thr["output_tokens_per_s"]
     tokens_per_s = num_tokens / span_s if span_s > 0 else None
@@ -269,13 +301,12 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     return results
 
 
-def prefix_cache_stats(request_df: pd.DataFrame, kvs: Sequence[KVCacheManager]
-                       ) -> dict[str, Any]:
+def prefix_cache_stats(requests: Table, kvs: Sequence[KVCacheManager]) -> dict[str, Any]:
     """Hit rates over the requests that were admitted (their prompt tokens, and how many of
     them hit at all), and what eviction took."""
-    admitted = request_df["first_scheduled_s"].notna().to_numpy()
-    prompt = request_df["num_prompt_tokens"].to_numpy()[admitted]
-    cached = request_df["num_cached_tokens"].to_numpy()[admitted]
+    admitted = ~np.isnan(column(requests, "first_scheduled_s"))
+    prompt = column(requests, "num_prompt_tokens")[admitted]
+    cached = column(requests, "num_cached_tokens")[admitted]
     num_prompt = int(prompt.sum())
     num_cached = int(cached.sum())
     num_evicted = sum(kv.num_evicted_blocks for kv in kvs)
@@ -288,39 +319,39 @@ def prefix_cache_stats(request_df: pd.DataFrame, kvs: Sequence[KVCacheManager]
     }
 
 
-def gap_frame(gaps: WeightedSample) -> pd.DataFrame:
+def gap_table(gaps: WeightedSample) -> Columns:
     """The pooled TBT gaps as distinct values with their counts, sorted: a file of at most one
     row per iteration, where one row per token would be 200 million for a million requests."""
     sample = WeightedSample.of(gaps)
     values, inverse = np.unique(sample.values, return_inverse=True)
     counts = np.bincount(inverse, weights=sample.counts, minlength=len(values))
     keep = counts > 0
-    return pd.DataFrame({"gap_s": values[keep], "count": counts[keep].astype(np.int64)})
+    return {"gap_s": values[keep], "count": counts[keep].astype(np.int64)}
 
 
 @dataclass
 class RequestResults:
     """What the results take from the requests themselves, which may go once this is made."""
 
-    requests: pd.DataFrame
+    requests: Columns
     gaps: WeightedSample | None  # every TBT gap, pooled; None once the summary has it
-    tokens: pd.DataFrame | None  # one row per token, if the scenario records token times
+    tokens: Columns | None  # one row per token, if the scenario records token times
 
 
 def request_results(scenario: Scenario, requests: Sequence[Request],
                     logs: Sequence[IterationLog]) -> RequestResults:
-    """The request frame and pooled TBT gaps from the requests' token runs: nothing here holds
+    """The request table and pooled TBT gaps from the requests' token runs: nothing here holds
     one entry per token (a million requests generate some 200 million), unless the tokens
-    frame is asked for."""
-    request_df, gaps = request_frame(requests, logs)
-    tokens = (token_frame(requests, *token_times(requests, logs))
+    table is asked for."""
+    request_cols, gaps = request_table(requests, logs)
+    tokens = (token_table(requests, *token_times(requests, logs))
               if scenario.record_token_times else None)
-    return RequestResults(request_df, gaps, tokens)
+    return RequestResults(request_cols, gaps, tokens)
 
 
 def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[ReplicaRecord],
             latency: dict[str, Any], end_s: float | None = None) -> Results:
-    """Turn requests and replica logs into result frames and the summary. `end_s` is when the
+    """Turn requests and replica logs into result tables and the summary. `end_s` is when the
     run stopped (default: the horizon, or the last thing that happened)."""
     frames = request_results(scenario, requests, [r.log for r in replicas])
     return collect_frames(scenario, frames, replicas, latency, end_s)
@@ -329,23 +360,24 @@ def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[
 def collect_frames(scenario: Scenario, frames: RequestResults,
                    replicas: Sequence[ReplicaRecord], latency: dict[str, Any],
                    end_s: float | None = None) -> Results:
-    """`collect`, once the requests' frames are made (their gaps are taken out of `frames`)."""
+    """`collect`, once the requests' tables are made (their gaps are taken out of `frames`)."""
     logs = [r.log for r in replicas]
-    request_df, gaps = frames.requests, frames.gaps
+    request_cols, gaps = frames.requests, frames.gaps
     assert gaps is not None, "collect_frames takes the gaps: once per RequestResults"
     frames.gaps = None
-    # The summary before the iteration frame exists, and the gaps dropped before it is made:
-    # the peak memory is the two frames, with nothing beside them.
-    summary = summarize(request_df, sum(len(log) for log in logs), gaps, scenario.slo)
-    gap_df = gap_frame(gaps)
+    # The summary before the iteration table exists, and the gaps dropped before it is made:
+    # the peak memory is the two tables, with nothing beside them.
+    summary = summarize(request_cols, sum(len(log) for log in logs), gaps, scenario.slo)
+    gap_cols = gap_table(gaps)
     del gaps
-    iteration_df = iteration_frame(logs, [r.pool for r in replicas])
+    iteration_cols = iteration_table(logs, [r.pool for r in replicas])
     if end_s is None:
         end_s = scenario.horizon_s
     if end_s is None:
         last = [float(log.end_s()[-1]) for log in logs if len(log)]
-        end_s = max([*last, float(request_df["arrival_s"].max()) if len(request_df) else 0.0])
-    summary["replicas"] = replica_stats(iteration_df, {i: r.kv.num_blocks
+        arrival = column(request_cols, "arrival_s")
+        end_s = max([*last, float(arrival.max()) if len(arrival) else 0.0])
+    summary["replicas"] = replica_stats(iteration_cols, {i: r.kv.num_blocks
                                                        for i, r in enumerate(replicas)}, end_s)
     for stats, replica in zip(summary["replicas"], replicas, strict=True):
         # Zero when every request is done: prefill blocks freed after each transfer, decode
@@ -353,13 +385,13 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
         stats["kv_blocks_in_use_at_end"] = replica.kv.num_used_blocks
     summary["pools"] = pool_stats(summary["replicas"])
     if any(r.pool == "decode" for r in replicas):
-        summary["transfer"] = transfer_stats(request_df)
-    summary["overload"] = overload(request_df, end_s)
-    summary.update(arrived_stats(request_df, end_s))
-    summary.update(warmup_stats(request_df, end_s, summary["overload"],
+        summary["transfer"] = transfer_stats(request_cols)
+    summary["overload"] = overload(request_cols, end_s)
+    summary.update(arrived_stats(request_cols, end_s))
+    summary.update(warmup_stats(request_cols, end_s, summary["overload"],
                                 generated_arrivals(scenario.workload)))
     if any(r.kv.caches_prefixes for r in replicas):
-        summary["prefix_cache"] = prefix_cache_stats(request_df, [r.kv for r in replicas])
+        summary["prefix_cache"] = prefix_cache_stats(request_cols, [r.kv for r in replicas])
     pools = pool_configs(scenario)
     summary["run"] = {
         "scenario": scenario.name,
@@ -389,6 +421,6 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
             summary["run"]["latency_device_note"] = (
                 f"latencies measured on {device}, not on {'/'.join(other)}; GPU count, KV "
                 f"capacity and cost are those of {'/'.join(other)} (replica.gpu)")
-    summary["cost"] = cost_stats(summary, request_df, pools, replicas)
+    summary["cost"] = cost_stats(summary, request_cols, pools, replicas)
     summary["latency_model"] = latency
-    return Results(scenario, request_df, iteration_df, frames.tokens, summary, gap_df)
+    return Results(scenario, request_cols, iteration_cols, frames.tokens, summary, gap_cols)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
+from sim.columns import Table, column
 from sim.metrics import arrived_latencies, arrived_mask, censored_distribution, distribution
 from sim.workloads.base import ArrivalConfig
 
@@ -63,7 +63,7 @@ def generated_arrivals(workload: Any) -> bool:
     return isinstance(getattr(workload, "arrivals", None), ArrivalConfig)
 
 
-def warmup_stats(requests: pd.DataFrame, end_s: float, verdict: dict[str, Any],
+def warmup_stats(requests: Table, end_s: float, verdict: dict[str, Any],
                  generated: bool) -> dict[str, Any]:
     """`warmup` (where the run's start-up transient ends), `trimmed` (the headline
     distributions over the finished requests arriving after it; None where no warm-up is
@@ -93,7 +93,7 @@ def warmup_stats(requests: pd.DataFrame, end_s: float, verdict: dict[str, Any],
                           "trimmed")
         return out
     arrived = arrived_mask(requests)
-    arrival = requests["arrival_s"].to_numpy()[arrived]
+    arrival = column(requests, "arrival_s")[arrived]
     latencies = arrived_latencies(requests, end_s, arrived)
     delay, _ = latencies["scheduling_delay_s"]
     order = np.argsort(arrival, kind="stable")
@@ -108,8 +108,8 @@ def warmup_stats(requests: pd.DataFrame, end_s: float, verdict: dict[str, Any],
     info["mser_truncation_requests"] = cut
     late = d > k / 2
     # Prefix caches start cold: their runs warm up from above (hits shorten prefills).
-    cold_start = bool((requests["num_cached_tokens"].to_numpy() > 0).any()) \
-        if "num_cached_tokens" in requests.columns else False
+    cold_start = bool((column(requests, "num_cached_tokens") > 0).any()) \
+        if "num_cached_tokens" in requests else False
     if late and not cold_start and series[:cut].mean() > series[cut:].mean():
         # A run starting empty, with nothing to warm but its queues, warms up from below:
         # delays rise to their steady level. A late cut after which delays are lower follows
@@ -142,10 +142,10 @@ def warmup_stats(requests: pd.DataFrame, end_s: float, verdict: dict[str, Any],
                           "up from below); nothing trimmed")
     # The finished requests arriving after the cut, by arrival rank (ties at the cut time
     # split as the ranks do).
-    kept = np.zeros(len(requests), dtype=bool)
+    kept = np.zeros(len(arrived), dtype=bool)
     kept[np.flatnonzero(arrived)[order[cut:]]] = True
-    kept &= (requests["status"] == "finished").to_numpy()
-    out["trimmed"] = {key: {**distribution(requests[col].to_numpy()[kept]),
+    kept &= column(requests, "status") == "finished"
+    out["trimmed"] = {key: {**distribution(column(requests, col)[kept]),
                             "population": "finished, after warm-up"}
                       for key, col in TRIMMED.items()}
     # And over every request arriving after the cut, one not there yet at the end counted at

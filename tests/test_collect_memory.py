@@ -13,11 +13,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sim.cluster import Cluster
+from sim.columns import to_frame
 from sim.config import Scenario, parse_scenario
 from sim.iteration_log import IterationLog
 from sim.metrics import FINISHED_COLUMNS, WeightedSample, distribution, summarize
 from sim.request import Request
-from sim.results import TokenRuns, request_frame, token_stats
+from sim.results import TokenRuns, request_table, token_stats
 from sim.runner import (
     ReplicaRecord,
     Results,
@@ -190,7 +191,8 @@ def test_token_stats_of_nothing():
 def test_request_frame_columns_unchanged():
     """Column names and dtypes of the request frame (what result files and notebooks read)."""
     requests = [Request(0, 0.0, 10, 3), Request(1, 0.5, 10, 3)]
-    frame, gaps = request_frame(requests, [IterationLog()])
+    table, gaps = request_table(requests, [IterationLog()])
+    frame = to_frame(table)
     assert isinstance(gaps, WeightedSample)
     assert list(frame.columns) == [
         "request_id", "replica_id", "decode_replica_id", "arrival_s", "num_prompt_tokens",
