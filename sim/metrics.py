@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,7 +87,7 @@ def _weighted_distribution(sample: WeightedSample) -> dict[str, float | int | No
 
 
 def weighted_percentile(sorted_values: np.ndarray, cumulative_counts: np.ndarray,
-                        percentiles: tuple[int, ...]) -> np.ndarray:
+                        percentiles: Sequence[float]) -> np.ndarray:
     """`np.percentile(expanded, percentiles)` (method 'linear') of the sample in which
     `sorted_values[i]` (ascending) occurs `cumulative_counts[i] - cumulative_counts[i - 1]`
     times, without expanding it: the same order statistics, interpolated by the same float

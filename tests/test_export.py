@@ -172,6 +172,28 @@ def test_vllm_without_token_times_says_so(tmp_path):
     assert "p99_ttft_ms" in data and "p99_tpot_ms" in data
 
 
+def test_vllm_without_token_times_takes_itl_from_the_pooled_gaps(tmp_path):
+    """Every request finishes: the pooled gaps (tbt_gaps.parquet) are the completed requests'
+    gaps, so the ITL statistics equal those of the same run with token times recorded."""
+    rows = [(0.05 * i, 30 + 7 * i, 2 + i % 7) for i in range(16)]
+    exported = {}
+    for tokens in (True, False):
+        scenario = parse_scenario({
+            "workload": {"format": "vidur", "path": trace(tmp_path, rows)},
+            "replica": replica(num_blocks=64, token_budget=64, max_num_seqs=4),
+            "record_token_times": tokens}, "test")
+        run_scenario(scenario, out_dir=tmp_path / str(tokens))
+        exported[tokens] = json.loads(export_run(tmp_path / str(tokens), "vllm",
+                                                 percentiles=PERCENTILES).read_text())
+    with_tokens, pooled = exported[True], exported[False]
+    itl_keys = [k for k in with_tokens if k.endswith("_itl_ms")]
+    assert len(itl_keys) == 7 and with_tokens["mean_itl_ms"] > 0
+    for key in itl_keys:
+        assert pooled[key] == pytest.approx(with_tokens[key], rel=1e-12), key
+    assert "itls" not in pooled and pooled["max_output_tokens_per_s"] is None
+    assert any("tbt_gaps.parquet" in note for note in pooled["servesim_notes"])
+
+
 def test_vllm_without_detail_drops_what_vllm_drops(tmp_path, monkeypatch, capsys):
     run = disaggregated_run(tmp_path)
     code, _ = run_cli_out(monkeypatch, capsys, "export", str(run), "--format", "vllm",

@@ -28,10 +28,12 @@ Where servesim differs (also listed in the file, under `servesim_notes`):
 - `request_goodput`: completed requests meeting the scenario's `slo` (TTFT, and TBT on each
   request's worst gap) per second; vLLM's `--goodput` takes TTFT, TPOT and E2EL targets.
   None without targets, as vLLM without `--goodput`.
-- Per-token gaps exist only for runs that recorded token times (`record_token_times: true`,
-  `tokens.parquet`): without them `itls`, the ITL statistics and `max_output_tokens_per_s` are
-  left out or null, and a note says so. With them, one ITL per token gap: vLLM sees one per
-  streamed chunk, which differs where a server bundles tokens.
+- Per-request token gaps exist only for runs that recorded token times (`record_token_times:
+  true`, `tokens.parquet`): without them `itls` is left out and `max_output_tokens_per_s` is
+  null, and a note says so. The ITL statistics then come from the run's pooled gaps
+  (`tbt_gaps.parquet`, as values with counts), which are the completed requests' gaps when no
+  other request sampled two tokens; otherwise they are left out too. One ITL per token gap:
+  vLLM sees one per streamed chunk, which differs where a server bundles tokens.
 - Statistics are written for ttft, tpot, itl and e2el (vLLM's `--percentile-metrics
   ttft,tpot,itl,e2el`); `request_rate` is the arrivals' mean rate, `num_prompts / last
   arrival` (vLLM scales its arrival times to `num_prompts / request_rate`); there is no `date`,
@@ -53,6 +55,11 @@ if TYPE_CHECKING:
 NO_TOKENS_NOTE = ("no per-token times in this run (tokens.parquet): itls, the ITL statistics and "
                   "max_output_tokens_per_s are left out; set record_token_times: true in the "
                   "scenario and run it again for them")
+POOLED_ITL_NOTE = ("no per-token times in this run (tokens.parquet): the ITL statistics are over "
+                   "the run's pooled token gaps (tbt_gaps.parquet; no request but completed ones "
+                   "sampled two tokens, so these are the completed requests' gaps); itls and "
+                   "max_output_tokens_per_s are left out; set record_token_times: true in the "
+                   "scenario and run it again for them")
 
 
 GOODPUT_NOTE = ("request_goodput: completed requests meeting the scenario's slo (ttft_s, and "
@@ -146,7 +153,14 @@ def _result(results: Results, percentiles: Sequence[float]) -> dict[str, Any]:
     out.update(metric_stats("tpot", tpot, percentiles))
     out.update(metric_stats("e2el", e2e[ok], percentiles))
     if results.tokens is None:
-        out["servesim_notes"].append(NO_TOKENS_NOTE)
+        generated = req["num_generated_tokens"].to_numpy(dtype=np.int64)
+        gaps = results.tbt_gaps
+        if gaps is None or (~ok & (generated > 1)).any():  # pooled with unfinished ones' gaps
+            out["servesim_notes"].append(NO_TOKENS_NOTE)
+            return out
+        out.update(weighted_metric_stats("itl", gaps["gap_s"].to_numpy(dtype=np.float64),
+                                         gaps["count"].to_numpy(dtype=np.int64), percentiles))
+        out["servesim_notes"].append(POOLED_ITL_NOTE)
         return out
     ids = req["request_id"].to_numpy(dtype=np.int64)
     itls = request_gaps(results.tokens, ids)
@@ -156,6 +170,31 @@ def _result(results: Results, percentiles: Sequence[float]) -> dict[str, Any]:
                             percentiles))
     out["max_output_tokens_per_s"] = peak_tokens_per_s(results.tokens, ids[ok], arrival[ok],
                                                        e2e[ok])
+    return out
+
+
+def weighted_metric_stats(name: str, values_s: np.ndarray, counts: np.ndarray,
+                          percentiles: Sequence[float]) -> dict[str, float]:
+    """`metric_stats` of the sample in which `values_s[i]` occurs `counts[i]` times, without
+    expanding it (the same order statistics and interpolation as numpy's; the mean and std
+    summed as value times count, so equal up to rounding)."""
+    from sim.metrics import weighted_percentile
+
+    keep = counts > 0
+    values_s, counts = values_s[keep], counts[keep]
+    total = int(counts.sum())
+    if total == 0:
+        return metric_stats(name, np.zeros(0), percentiles)
+    order = np.argsort(values_s, kind="stable")
+    values_s, cumulative = values_s[order], np.cumsum(counts[order])
+    mean = float((values_s * counts[order]).sum() / total)
+    std = float(np.sqrt((counts[order] * (values_s - mean) ** 2).sum() / total))
+    median, *rest = weighted_percentile(values_s, cumulative, (50, *percentiles))
+    out = {f"mean_{name}_ms": mean * 1000, f"median_{name}_ms": float(median) * 1000,
+           f"std_{name}_ms": std * 1000}
+    for p, value in zip(percentiles, rest, strict=True):
+        word = str(int(p)) if int(p) == p else str(p)
+        out[f"p{word}_{name}_ms"] = float(value) * 1000
     return out
 
 
