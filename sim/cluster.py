@@ -227,7 +227,8 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
             if par.num_gpus > 1 else ""
         raise InputError(source, f"{field}.kv_cache", f"{model.name} on {gpu.name}",
                          f"no room for KV: weights{split} need {weight_bytes / 2**30:.1f} GiB "
-                         f"per GPU plus {kv.activation_reserve_gb:g} GB for activations, "
+                         f"per GPU plus {kv.activation_reserve_gb * 1e9 / 2**30:.1f} GiB for "
+                         f"activations (activation_reserve_gb {kv.activation_reserve_gb:g}), "
                          f"{usable_bytes / 2**30:.1f} GiB usable of {gpu.memory_bytes / 2**30:.1f}"
                          f" GiB (gpu_memory_utilization {kv.gpu_memory_utilization:g}); "
                          "raise parallelism.tensor or pick a larger GPU")

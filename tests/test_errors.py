@@ -96,6 +96,8 @@ def test_model_that_does_not_fit_the_gpu(tmp_path, monkeypatch, capsys):
                                          "replica: {kv_cache: {gpu_memory_utilization: 0.2}}\n"))
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
     assert_one_line_error(code, err, "replica.kv_cache", "no room for KV")
+    # One unit throughout: the activations' 2 GB (the field's unit) said as GiB beside the rest.
+    assert "1.9 GiB for activations (activation_reserve_gb 2)" in err and " GB " not in err
 
 
 def test_the_installed_command_reports_errors_the_same_way(tmp_path):
