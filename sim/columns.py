@@ -80,7 +80,13 @@ def write_parquet(table: Columns | pd.DataFrame, path: Path) -> None:
         table.to_parquet(path, index=False)
         return
     arrays = [_arrow_array(col) for col in table.values()]
-    pq.write_table(pa.Table.from_arrays(arrays, names=list(table)), path)
+    # Dictionary pages only for integers and text: a column of times is nearly all distinct
+    # values, so its dictionary is built and thrown away (the Azure hour's iterations: 178 ->
+    # 126 ms, and a smaller file).
+    encoded = [name for name, col in table.items()
+               if isinstance(col, Categorical) or col.dtype.kind != "f"]
+    pq.write_table(pa.Table.from_arrays(arrays, names=list(table)), path,
+                   use_dictionary=encoded)
 
 
 _ARROW_TYPES = {np.dtype(np.float64): "float64", np.dtype(np.int64): "int64",
