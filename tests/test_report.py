@@ -198,6 +198,9 @@ def test_capacity_report_shows_the_answer_and_each_rate(tmp_path, monkeypatch, c
         r["decision"] for r in result["rates"]]
     over = sum(1 for r in page.rows if len(r) > 4 and r[4] == "overloaded")
     assert over > 0 and f"{over} of {result['num_runs']} trial runs overloaded" in page.text
+    # Each trial "met the SLO": yes or no, as a reader says it (it read True / False).
+    cells = {cell for row in page.rows for cell in row}
+    assert {"yes", "no"} <= cells and not {"True", "False"} & cells
 
 
 def test_headers_are_the_labels_the_cli_and_figures_use():

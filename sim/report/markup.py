@@ -119,7 +119,9 @@ def frame_table(df: pd.DataFrame, text_columns: int = 1) -> str:
         for c in columns:
             factor = scale(c)
             value = record[c]
-            if f"{c}_lo" in record and isinstance(value, int | float):
+            if isinstance(value, bool):  # "met the SLO: yes", not "True"
+                row.append("yes" if value else "no")
+            elif f"{c}_lo" in record and isinstance(value, int | float):
                 row.append(_interval(value, record[f"{c}_lo"], record[f"{c}_hi"], factor))
             elif isinstance(value, int | float) and not isinstance(value, bool) and factor != 1:
                 row.append(value * factor)
