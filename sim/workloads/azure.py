@@ -28,9 +28,9 @@ class Azure(Format):
 
     def load(self, config: FilteredTraceConfig, base_dir: Path,
              rng: np.random.Generator) -> Workload:
-        path, df = read_trace(config, base_dir, "csv", COLUMNS)
+        path, table = read_trace(config, base_dir, "csv", COLUMNS)
         return Workload(
-            seconds(df, "TIMESTAMP", "datetime", path),
-            token_counts(df, "ContextTokens", path),
-            token_counts(df, "GeneratedTokens", path),
+            seconds(table, "TIMESTAMP", "datetime", path),
+            token_counts(table, "ContextTokens", path),
+            token_counts(table, "GeneratedTokens", path),
         )

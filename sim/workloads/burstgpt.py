@@ -33,14 +33,14 @@ class BurstGPT(Format):
 
     def load(self, config: FilteredTraceConfig, base_dir: Path,
              rng: np.random.Generator) -> Workload:
-        path, df = read_trace(config, base_dir, "csv", COLUMNS)
-        response = column(df, "Response tokens", path)
-        failed = np.flatnonzero((response == 0).to_numpy(dtype=bool))
+        path, table = read_trace(config, base_dir, "csv", COLUMNS)
+        response = column(table, "Response tokens", path)
+        failed = np.flatnonzero(np.asarray(response == 0, dtype=bool))
         if failed.size:
             row = int(failed[0])
-            raise InputError(path, where(df, "Response tokens", row), 0, FAILED_HINT)
+            raise InputError(path, where(table, "Response tokens", row), 0, FAILED_HINT)
         return Workload(
-            seconds(df, "Timestamp", "s", path),
-            token_counts(df, "Request tokens", path),
-            token_counts(df, "Response tokens", path),
+            seconds(table, "Timestamp", "s", path),
+            token_counts(table, "Request tokens", path),
+            token_counts(table, "Response tokens", path),
         )

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Literal
 from sim.errors import InputError
 from sim.input_file import FileProblem, check_regular, loads, open_regular
 from sim.outdir import replace_file
+from sim.workloads.table import TraceTable, from_arrow, from_frame
 
 if TYPE_CHECKING:
-    import pandas as pd
     import pyarrow as pa
 
 # Bump when what `_parse_csv` returns for the same bytes changes.
@@ -58,14 +58,14 @@ def cache_dir() -> Path:
 
 
 def read_table(path: Path, kind: Literal["csv", "jsonl"], field: str,
-               columns: Collection[str] | None = None) -> pd.DataFrame:
+               columns: Collection[str] | None = None) -> TraceTable:
     """A CSV or JSON-lines file with at least one row, with only `columns` (all if None) for a
-    CSV; errors name the file. `attrs` say how row positions map to lines (see `base.where`)."""
+    CSV; errors name the file. The table says how row positions map to lines (`base.line_of`)."""
     check_file(path, field)
-    df = _read_jsonl(path, field) if kind == "jsonl" else _read_csv(path, field, columns)
-    if df.empty:
+    table = _read_jsonl(path, field) if kind == "jsonl" else _read_csv(path, field, columns)
+    if table.empty:
         raise InputError(path, field, str(path), "holds no requests (no rows)")
-    return df
+    return table
 
 
 def check_file(path: Path, field: str) -> None:
@@ -90,7 +90,7 @@ def csv_header(path: Path, field: str) -> list[str]:
         raise InputError(path, field, str(path), f"cannot parse as csv: {exc}") from None
 
 
-def _read_csv(path: Path, field: str, columns: Collection[str] | None) -> pd.DataFrame:
+def _read_csv(path: Path, field: str, columns: Collection[str] | None) -> TraceTable:
     header = csv_header(path, field)
     if columns is None:
         chosen = header
@@ -105,10 +105,8 @@ def _read_csv(path: Path, field: str, columns: Collection[str] | None) -> pd.Dat
             # guess: the file must say which it means.
             raise InputError(path, f"column {name!r}", header,
                              f"named {count} times on line 1: rename all but one")
-    table = _cached(path, field, chosen)
-    df = table.to_pandas()
-    df.attrs["csv_path"] = str(path)  # a row's line is counted there when an error names it
-    return df
+    # Numpy columns from arrow's buffers: `to_pandas` would import pandas (see `table.py`).
+    return from_arrow(_cached(path, field, chosen), path)
 
 
 def csv_line(path: Path, position: int) -> int:
@@ -295,7 +293,7 @@ def _write_atomically(table: pa.Table, entry: Path) -> None:
     replace_file(entry, lambda tmp: pq.write_table(table, tmp))
 
 
-def _read_jsonl(path: Path, field: str) -> pd.DataFrame:
+def _read_jsonl(path: Path, field: str) -> TraceTable:
     """One JSON object per line (blank lines skipped), read as strictly as every JSON input
     (`sim.input_file.loads`: a key given twice, NaN, huge integers, deep nesting are refused);
     errors give the line number."""
@@ -322,6 +320,4 @@ def _read_jsonl(path: Path, field: str) -> pd.DataFrame:
         raise InputError(path, field, str(path), str(exc)) from None
     except UnicodeDecodeError:
         raise InputError(path, field, str(path), "not UTF-8 text") from None
-    df = pd.DataFrame.from_records(rows)
-    df.attrs["lines"] = lines
-    return df
+    return from_frame(pd.DataFrame.from_records(rows), lines)

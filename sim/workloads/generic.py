@@ -22,12 +22,12 @@ def _load(config: GenericConfig, base_dir: Path, kind: Literal["csv", "jsonl"],
           rng: np.random.Generator) -> Workload:
     cols = config.columns
     named = [cols.prompt_tokens, cols.output_tokens]
-    path, df = read_trace(config, base_dir, kind,
+    path, table = read_trace(config, base_dir, kind,
                           named if cols.arrival is None else [cols.arrival, *named])
-    prompt = token_counts(df, cols.prompt_tokens, path)
-    output = token_counts(df, cols.output_tokens, path)
+    prompt = token_counts(table, cols.prompt_tokens, path)
+    output = token_counts(table, cols.output_tokens, path)
     if cols.arrival is not None:
-        arrival = seconds(df, cols.arrival, config.time_unit, path)
+        arrival = seconds(table, cols.arrival, config.time_unit, path)
     else:
         assert config.arrivals is not None
         arrival = config.arrivals.sample(len(prompt), rng)

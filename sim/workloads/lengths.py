@@ -22,7 +22,8 @@ class Lengths(Format):
     Config = ArrivalsConfig
 
     def load(self, config: ArrivalsConfig, base_dir: Path, rng: np.random.Generator) -> Workload:
-        path, df = read_trace(config, base_dir, "csv", ["num_prefill_tokens", "num_decode_tokens"])
-        prompt = token_counts(df, "num_prefill_tokens", path)
-        output = token_counts(df, "num_decode_tokens", path)
+        path, table = read_trace(config, base_dir, "csv",
+                                 ["num_prefill_tokens", "num_decode_tokens"])
+        prompt = token_counts(table, "num_prefill_tokens", path)
+        output = token_counts(table, "num_decode_tokens", path)
         return Workload(config.arrivals.sample(len(prompt), rng), prompt, output)

@@ -30,16 +30,16 @@ class Mooncake(Format):
 
     def load(self, config: FilteredTraceConfig, base_dir: Path, rng: np.random.Generator
              ) -> Workload:
-        path, df = read_trace(config, base_dir, "jsonl", [])
+        path, table = read_trace(config, base_dir, "jsonl", [])
         hash_ids = []
-        for row, ids in enumerate(column(df, "hash_ids", path)):
+        for row, ids in enumerate(column(table, "hash_ids", path)):
             if not isinstance(ids, list) or not all(type(i) is int for i in ids):
-                raise InputError(path, where(df, "hash_ids", row), ids, "must be a list of ints")
+                raise InputError(path, where(table, "hash_ids", row), ids, "must be a list of ints")
             hash_ids.append(tuple(ids))
         return Workload(
-            seconds(df, "timestamp", "ms", path),
-            token_counts(df, "input_length", path),
-            token_counts(df, "output_length", path),
+            seconds(table, "timestamp", "ms", path),
+            token_counts(table, "input_length", path),
+            token_counts(table, "output_length", path),
             hash_ids,
             HASH_BLOCK_TOKENS,
         )

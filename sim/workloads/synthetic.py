@@ -113,10 +113,10 @@ class Synthetic(Format):
         lengths = config.lengths
         if lengths.file is not None:
             path = resolve(base_dir, lengths.file)
-            df = read_table(path, "csv", "workload.lengths.file",
+            table = read_table(path, "csv", "workload.lengths.file",
                             ["num_prefill_tokens", "num_decode_tokens"])
-            prompt_all = token_counts(df, "num_prefill_tokens", path)
-            output_all = token_counts(df, "num_decode_tokens", path)
+            prompt_all = token_counts(table, "num_prefill_tokens", path)
+            output_all = token_counts(table, "num_decode_tokens", path)
             rows = rng.integers(0, len(prompt_all), n)
             return Workload(arrival, prompt_all[rows], output_all[rows])
         assert lengths.prompt is not None and lengths.output is not None

@@ -23,10 +23,10 @@ class Vidur(Format):
 
     def load(self, config: FilteredTraceConfig, base_dir: Path, rng: np.random.Generator
              ) -> Workload:
-        path, df = read_trace(config, base_dir, "csv",
+        path, table = read_trace(config, base_dir, "csv",
                               ["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
         return Workload(
-            seconds(df, "arrived_at", "s", path),
-            token_counts(df, "num_prefill_tokens", path),
-            token_counts(df, "num_decode_tokens", path),
+            seconds(table, "arrived_at", "s", path),
+            token_counts(table, "num_prefill_tokens", path),
+            token_counts(table, "num_decode_tokens", path),
         )
