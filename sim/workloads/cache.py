@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal
 from sim.errors import InputError
 from sim.input_file import FileProblem, check_regular, loads, open_regular
 from sim.outdir import replace_file
-from sim.workloads.table import TraceTable, from_arrow, from_frame
+from sim.workloads.table import TraceTable, from_arrow, from_frame, numpy_column
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -206,7 +206,9 @@ def _read_entry(entry: Path) -> pa.Table | None:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(entry)
+        # Not `pq.read_table`: it imports pyarrow.dataset, which imports pandas (see `table.py`).
+        with pq.ParquetFile(entry) as file:
+            table = file.read()
     except (OSError, pa.ArrowException):
         return None
     with contextlib.suppress(OSError):
@@ -266,8 +268,11 @@ def _check_decimal(path: Path, table: pa.Table) -> None:
     text = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
         include_columns=integers, column_types=dict.fromkeys(integers, pa.string())))
     for name in integers:
-        hexadecimal = pc.match_substring_regex(text.column(name), _HEX).to_numpy(
-            zero_copy_only=False)
+        matches = pc.match_substring_regex(text.column(name), _HEX)
+        # From the buffers (`to_numpy` imports pandas); text is read without nulls.
+        hexadecimal = numpy_column(matches)
+        if hexadecimal is None:
+            hexadecimal = matches.to_numpy(zero_copy_only=False)
         if hexadecimal.any():
             row = int(hexadecimal.argmax())
             raise InputError(path, f"{name} (line {csv_line(path, row)})",
