@@ -71,8 +71,8 @@ NOT_FOR_SIMULATE = tuple(m for m in HEAVY if m != "pyarrow")
 
 @pytest.mark.parametrize("scenario", [None, "bench/vidur_1k.yaml"], ids=["default", "vidur_1k"])
 def test_simulate_imports_no_pandas(scenario, tmp_path):
-    """Generated workloads (the embedded default, the Vidur benchmark). A trace is still read
-    into a DataFrame (`sim.workloads`)."""
+    """Generated workloads (the embedded default, the Vidur benchmark); CSV traces are
+    covered by tests/test_trace_no_pandas.py."""
     run = cli("simulate", *([scenario] if scenario else []), "--out", str(tmp_path / "run"),
               "--set", "horizon_s=5")
     assert imported_by(run, NOT_FOR_SIMULATE) == []
