@@ -11,9 +11,10 @@ wall time. Targets: <= 0.25 s and <= 1.0 s whole process.
 Each case runs once untimed first (file cache). Where PYTHONDONTWRITEBYTECODE is set (as on the
 development VMs), sim's own modules are compiled from source on every run (about 0.2 s);
 --pyc measures with a bytecode cache instead (in a temporary directory), as after `pip
-install` and any first run.
+install` and any first run. --checkout DIR times another checkout's `sim` (say, an older
+commit from `git worktree add`) through the same entry point, as bench/startup.py does.
 
-    python bench/vidur_compare.py [--runs 5] [--no-taskset] [--pyc]
+    python bench/vidur_compare.py [--runs 5] [--no-taskset] [--pyc] [--checkout DIR]
     python bench/vidur_compare.py --profile    # cProfile of vidur_10k through run_scenario
 """
 
@@ -64,10 +65,16 @@ def servesim_exe() -> str:
     return str(here) if here.exists() else (shutil.which("servesim") or "servesim")
 
 
-def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+# What the `servesim` script runs, for a checkout that is not the installed one.
+ENTRY = "import sys; sys.argv[0] = 'servesim'; from sim.cli import main; main()"
+
+
+def run_once(cmd: list[str], env: dict[str, str], cwd: Path | None = None
+             ) -> tuple[float, float, float]:
     """Wall seconds, CPU seconds (user + system) and peak RSS (MB) of one whole process."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                            cwd=cwd)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -106,16 +113,22 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=20, help="functions shown by --profile")
     parser.add_argument("--pyc", action="store_true",
                         help="with a bytecode cache, even where PYTHONDONTWRITEBYTECODE is set")
+    parser.add_argument("--checkout", type=Path, default=None,
+                        help="time this checkout's sim instead of the installed one")
     args = parser.parse_args()
     if args.profile:
         profile(CASES[1].scenario, args.top)
         return
     pin = [] if args.no_taskset or shutil.which("taskset") is None else ["taskset", "-c", "0"]
-    exe = servesim_exe()
-    where_sim = subprocess.run([sys.executable, "-c", "import sim; print(sim.__file__)"],
-                               capture_output=True, text=True, cwd=tempfile.gettempdir()
-                               ).stdout.strip()
-    console.print(f"servesim: {exe} (sim package: {where_sim})", highlight=False)
+    if args.checkout is None:
+        exe, cwd = [servesim_exe()], None
+        where_sim = subprocess.run([sys.executable, "-c", "import sim; print(sim.__file__)"],
+                                   capture_output=True, text=True, cwd=tempfile.gettempdir()
+                                   ).stdout.strip()
+    else:
+        exe, cwd = [sys.executable, "-c", ENTRY], args.checkout.resolve()
+        where_sim = str(cwd / "sim")
+    console.print(f"servesim: {' '.join(exe)} (sim package: {where_sim})", highlight=False)
     env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="vidur_compare-") as tmp:
         if args.pyc:
@@ -124,8 +137,8 @@ def main() -> None:
         for i in range(-1, args.runs):  # run -1: untimed, to warm the caches
             for case in CASES:
                 out = Path(tmp) / f"{case.scenario.stem}-{i}"
-                wall, cpu, rss = run_once([*pin, exe, "simulate", str(case.scenario),
-                                           "--out", str(out)], env)
+                wall, cpu, rss = run_once([*pin, *exe, "simulate", str(case.scenario),
+                                           "--out", str(out)], env, cwd)
                 if i < 0:
                     continue
                 case.walls.append(wall)
