@@ -47,7 +47,8 @@ class Results:
     and `count`, sorted, the population of the summary's TBT row, at most one row per
     iteration) are DataFrames when read, made from the run's columns on first use: a run that
     is only written never imports pandas. `tables` holds them as given (`Columns` from a run,
-    DataFrames from `load`)."""
+    DataFrames from `load`), and is what `write` writes: the files do not depend on which
+    frames were read before."""
 
     def __init__(self, scenario: Scenario, requests: Columns | pd.DataFrame,
                  iterations: Columns | pd.DataFrame, tokens: Columns | pd.DataFrame | None,
@@ -58,12 +59,14 @@ class Results:
             name: table for name, table in (("requests", requests), ("iterations", iterations),
                                             ("tokens", tokens), ("tbt_gaps", tbt_gaps))
             if table is not None}
+        self._frames: dict[str, pd.DataFrame] = {}
 
     def _frame(self, name: str) -> pd.DataFrame | None:
         if name not in self.tables:
             return None
-        frame = self.tables[name] = to_frame(self.tables[name])
-        return frame
+        if name not in self._frames:
+            self._frames[name] = to_frame(self.tables[name])
+        return self._frames[name]
 
     @property
     def requests(self) -> pd.DataFrame:

@@ -39,6 +39,23 @@ def run_copy(good_run, tmp_path) -> Path:
     return tmp_path / "run"
 
 
+def test_written_files_do_not_depend_on_the_frames_read_first(tmp_path):
+    """A run's tables are written from its columns whether or not their DataFrames were made
+    (`Results.requests` and the others are made on first use), byte for byte."""
+    rows = [(0.05 * i, 20 + 3 * i, 2 + i % 3) for i in range(6)]
+    scenario = parse_scenario({"workload": {"format": "vidur", "path": trace(tmp_path, rows)},
+                               "replica": replica(), "record_token_times": True}, "test")
+    res = run_scenario(scenario)
+    res.write(tmp_path / "unread")
+    assert len(res.requests) == 6 and len(res.iterations) and res.tokens is not None
+    assert res.tbt_gaps is not None
+    res.write(tmp_path / "read")
+    names = ["requests.parquet", "iterations.parquet", "tokens.parquet", "tbt_gaps.parquet"]
+    for name in names:
+        assert (tmp_path / "read" / name).read_bytes() == (tmp_path / "unread" / name
+                                                            ).read_bytes(), name
+
+
 def edit_summary(run: Path, edit: Callable[[dict], object]) -> None:
     summary = json.loads((run / "summary.json").read_text())
     edit(summary)
