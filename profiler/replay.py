@@ -285,11 +285,12 @@ def _add_measurements(results: Results, loop: ReplayLoop, env: dict[str, Any], c
                       interrupted: bool, stop_s: float) -> None:
     """Per iteration: the full shape, forward and host seconds; in the summary, what replay
     measured and where."""
-    its = results.iterations
-    for name, values in loop.measured.items():
-        dtype = np.float64 if name.endswith("_s") else np.int64
-        its[name] = np.asarray(values, dtype=dtype)
-    its["host_s"] = its["duration_s"] - its["forward_s"]
+    measured = {name: np.asarray(values, dtype=np.float64 if name.endswith("_s") else np.int64)
+                for name, values in loop.measured.items()}
+    duration = np.asarray(results.tables["iterations"]["duration_s"])
+    measured["host_s"] = duration - measured["forward_s"]
+    results.add_columns("iterations", measured)
+    its = measured
     summary = results.summary
     summary["run"]["latency"] = "replay"
     scenario_gpu = summary["run"]["gpu"]
@@ -302,9 +303,8 @@ def _add_measurements(results: Results, loop: ReplayLoop, env: dict[str, Any], c
         summary["run"]["unpriced"] = (f"served on {env['device_name']}, not on "
                                       f"{scenario_gpu}: no price for it")
     summary["run"]["complete"] = not interrupted
-    duration = its["duration_s"].to_numpy()
     busy_s = float(duration.sum())
-    wakes = its["wake_s"].to_numpy()
+    wakes = its["wake_s"]
     summary["replay"] = {
         **env,
         "command": command,

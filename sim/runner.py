@@ -68,6 +68,14 @@ class Results:
             self._frames[name] = to_frame(self.tables[name])
         return self._frames[name]
 
+    def add_columns(self, name: str, columns: dict[str, np.ndarray]) -> None:
+        """Add columns to table `name` (replay's measurements beside the iterations), written
+        with it; a DataFrame already made of it is made again when next read."""
+        table = self.tables[name]
+        for column_name, values in columns.items():
+            table[column_name] = values
+        self._frames.pop(name, None)
+
     @property
     def requests(self) -> pd.DataFrame:
         frame = self._frame("requests")
