@@ -273,6 +273,7 @@ def run_replications(scenario: Scenario, replications: int, out_dir: Path, *,
     replication (a single run's files and its inputs record) and `replications.json`. Returns
     what `replications.json` holds. `on_done(k, summary)` as each replication finishes."""
     from sim.fingerprint import inputs_record
+    from sim.result_files import read_json  # here: it imports this module
     from sim.sweep_workers import Job, run_jobs
 
     check_replicable(scenario, replications)
@@ -289,7 +290,7 @@ def run_replications(scenario: Scenario, replications: int, out_dir: Path, *,
 
         def done(job: Job) -> None:
             k = index[job.out_dir]
-            summaries[k] = json.loads((Path(job.out_dir) / "summary.json").read_text())
+            summaries[k] = read_json(Path(job.out_dir) / "summary.json")
             if on_done is not None:
                 on_done(k, summaries[k])
 

@@ -253,11 +253,13 @@ def is_cached(run_dir: Path) -> bool:
     """A point whose results and input record are all there and whose summary reads back as a
     complete run (written together, whole; anything else, e.g. a file deleted or damaged by
     hand, is run again)."""
+    from sim.result_files import read_json  # here: it imports pandas and pyarrow
+
     if not is_run_dir(run_dir) or not all((run_dir / f).is_file() for f in CACHED_FILES):
         return False
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
+        summary = read_json(run_dir / "summary.json")
+    except InputError:  # damaged: run it again
         return False
     return isinstance(summary, dict) and summary.get("run", {}).get("complete") is True
 
@@ -400,9 +402,11 @@ def short_value(value: Any) -> str:
 def results_table(runs: list[Run], out_dir: Path) -> pd.DataFrame:
     """One row per run: the varied fields, the seed, the run's key, its overload verdict
     (`stable`, `overloaded` or `unknown`) and its headline metrics."""
+    from sim.result_files import read_json
+
     rows = []
     for run in runs:
-        summary = json.loads((out_dir / "runs" / run.key / "summary.json").read_text())
+        summary = read_json(out_dir / "runs" / run.key / "summary.json")
         # Mappings (a whole scheduler, say) become JSON text, so the column can be grouped on.
         point = {k: v if isinstance(v, int | float | str | bool) or v is None
                  else json.dumps(v, sort_keys=True) for k, v in run.point.items()}
