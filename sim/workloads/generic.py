@@ -23,7 +23,7 @@ def _load(config: GenericConfig, base_dir: Path, kind: Literal["csv", "jsonl"],
     cols = config.columns
     named = [cols.prompt_tokens, cols.output_tokens]
     path, table = read_trace(config, base_dir, kind,
-                          named if cols.arrival is None else [cols.arrival, *named])
+                             named if cols.arrival is None else [cols.arrival, *named])
     prompt = token_counts(table, cols.prompt_tokens, path)
     output = token_counts(table, cols.output_tokens, path)
     if cols.arrival is not None:

@@ -114,7 +114,7 @@ class Synthetic(Format):
         if lengths.file is not None:
             path = resolve(base_dir, lengths.file)
             table = read_table(path, "csv", "workload.lengths.file",
-                            ["num_prefill_tokens", "num_decode_tokens"])
+                               ["num_prefill_tokens", "num_decode_tokens"])
             prompt_all = token_counts(table, "num_prefill_tokens", path)
             output_all = token_counts(table, "num_decode_tokens", path)
             rows = rng.integers(0, len(prompt_all), n)

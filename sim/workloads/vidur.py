@@ -24,7 +24,7 @@ class Vidur(Format):
     def load(self, config: FilteredTraceConfig, base_dir: Path, rng: np.random.Generator
              ) -> Workload:
         path, table = read_trace(config, base_dir, "csv",
-                              ["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
+                                 ["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
         return Workload(
             seconds(table, "arrived_at", "s", path),
             token_counts(table, "num_prefill_tokens", path),
