@@ -290,7 +290,6 @@ def _add_measurements(results: Results, loop: ReplayLoop, env: dict[str, Any], c
     duration = np.asarray(results.tables["iterations"]["duration_s"])
     measured["host_s"] = duration - measured["forward_s"]
     results.add_columns("iterations", measured)
-    its = measured
     summary = results.summary
     summary["run"]["latency"] = "replay"
     scenario_gpu = summary["run"]["gpu"]
@@ -304,14 +303,14 @@ def _add_measurements(results: Results, loop: ReplayLoop, env: dict[str, Any], c
                                       f"{scenario_gpu}: no price for it")
     summary["run"]["complete"] = not interrupted
     busy_s = float(duration.sum())
-    wakes = its["wake_s"]
+    wakes = measured["wake_s"]
     summary["replay"] = {
         **env,
         "command": command,
-        "forward_s": distribution(its["forward_s"]),
-        "host_s": distribution(its["host_s"]),
-        "host_share": float(its["host_s"].sum()) / busy_s if busy_s > 0 else None,
+        "forward_s": distribution(measured["forward_s"]),
+        "host_s": distribution(measured["host_s"]),
+        "host_share": float(measured["host_s"].sum()) / busy_s if busy_s > 0 else None,
         "wake_s": distribution(wakes[wakes > 0]),
-        "num_scattered_seq_iterations": int(its["num_scattered_seqs"].sum()),
+        "num_scattered_seq_iterations": int(measured["num_scattered_seqs"].sum()),
         "interrupted_at_s": stop_s if interrupted else None,
     }

@@ -261,7 +261,7 @@ def is_cached(run_dir: Path) -> bool:
         summary = read_json(run_dir / "summary.json")
     except InputError:  # damaged: run it again
         return False
-    return isinstance(summary, dict) and summary.get("run", {}).get("complete") is True
+    return summary.get("run", {}).get("complete") is True
 
 
 def runs_kept(runs: list[Run], out_dir: Path) -> int:

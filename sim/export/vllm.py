@@ -102,7 +102,8 @@ def _result(results: Results, percentiles: Sequence[float]) -> dict[str, Any]:
     ok = (req["status"] == "finished").to_numpy()
     arrival = req["arrival_s"].to_numpy(dtype=np.float64)
     prompt = req["num_prompt_tokens"].to_numpy(dtype=np.int64)
-    output_lens = np.where(ok, req["num_generated_tokens"].to_numpy(dtype=np.int64), 0)
+    generated = req["num_generated_tokens"].to_numpy(dtype=np.int64)
+    output_lens = np.where(ok, generated, 0)
     ttft = req["ttft_s"].to_numpy(dtype=np.float64)
     e2e = req["e2e_s"].to_numpy(dtype=np.float64)
     duration = float(results.summary["run"]["end_s"])
@@ -153,7 +154,6 @@ def _result(results: Results, percentiles: Sequence[float]) -> dict[str, Any]:
     out.update(metric_stats("tpot", tpot, percentiles))
     out.update(metric_stats("e2el", e2e[ok], percentiles))
     if results.tokens is None:
-        generated = req["num_generated_tokens"].to_numpy(dtype=np.int64)
         gaps = results.tbt_gaps
         if gaps is None or (~ok & (generated > 1)).any():  # pooled with unfinished ones' gaps
             out["servesim_notes"].append(NO_TOKENS_NOTE)
@@ -189,13 +189,8 @@ def weighted_metric_stats(name: str, values_s: np.ndarray, counts: np.ndarray,
     values_s, cumulative = values_s[order], np.cumsum(counts[order])
     mean = float((values_s * counts[order]).sum() / total)
     std = float(np.sqrt((counts[order] * (values_s - mean) ** 2).sum() / total))
-    median, *rest = weighted_percentile(values_s, cumulative, (50, *percentiles))
-    out = {f"mean_{name}_ms": mean * 1000, f"median_{name}_ms": float(median) * 1000,
-           f"std_{name}_ms": std * 1000}
-    for p, value in zip(percentiles, rest, strict=True):
-        word = str(int(p)) if int(p) == p else str(p)
-        out[f"p{word}_{name}_ms"] = float(value) * 1000
-    return out
+    median, *at = weighted_percentile(values_s, cumulative, (50, *percentiles))
+    return _stats_ms(name, mean, float(median), std, dict(zip(percentiles, at, strict=True)))
 
 
 def metric_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]
@@ -203,12 +198,19 @@ def metric_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]
     """`mean_/median_/std_/pNN_{name}_ms` as vLLM computes them (seconds in, ms out; 0.0 for no
     values)."""
     v = values_s if len(values_s) else np.zeros(1)
-    out = {f"mean_{name}_ms": float(np.mean(v) * 1000),
-           f"median_{name}_ms": float(np.median(v) * 1000),
-           f"std_{name}_ms": float(np.std(v) * 1000)}
-    for p in percentiles:
+    return _stats_ms(name, float(np.mean(v)), float(np.median(v)), float(np.std(v)),
+                     {p: np.percentile(v, p) for p in percentiles})
+
+
+def _stats_ms(name: str, mean_s: float, median_s: float, std_s: float,
+              at_s: dict[float, Any]) -> dict[str, float]:
+    """vLLM's keys for one metric, in ms: mean, median, std, then `pNN` per percentile (`at_s`:
+    percentile -> value in s; `p99.9` keeps its decimals)."""
+    out = {f"mean_{name}_ms": mean_s * 1000, f"median_{name}_ms": median_s * 1000,
+           f"std_{name}_ms": std_s * 1000}
+    for p, value in at_s.items():
         word = str(int(p)) if int(p) == p else str(p)
-        out[f"p{word}_{name}_ms"] = float(np.percentile(v, p) * 1000)
+        out[f"p{word}_{name}_ms"] = float(value) * 1000
     return out
 
 

@@ -123,7 +123,7 @@ def frame_table(df: pd.DataFrame, text_columns: int = 1) -> str:
                 row.append("yes" if value else "no")
             elif f"{c}_lo" in record and isinstance(value, int | float):
                 row.append(_interval(value, record[f"{c}_lo"], record[f"{c}_hi"], factor))
-            elif isinstance(value, int | float) and not isinstance(value, bool) and factor != 1:
+            elif isinstance(value, int | float) and factor != 1:
                 row.append(value * factor)
             else:
                 row.append(value)
