@@ -10,9 +10,9 @@ import pytest
 
 import sim.latency.comm
 from sim.errors import InputError
+from sim.hf_config import read_config
 from sim.latency.comm import read_table
 from sim.latency.gemm import load_calibration
-from sim.models import read_config
 from tests.test_models import _config
 
 TABLE = ("time_stats.all_reduce.median,num_workers,size,devices_per_node\n"

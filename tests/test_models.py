@@ -337,7 +337,7 @@ def test_only_regular_files_of_bounded_size_are_read(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A device or a named pipe is refused before it is opened (reading /dev/zero would fill
     memory, a pipe with no writer blocks forever); a file past the cap before it is parsed."""
-    import sim.models
+    import sim.hf_config
 
     fifo = tmp_path / "config.json"
     os.mkfifo(fifo)
@@ -347,12 +347,12 @@ def test_only_regular_files_of_bounded_size_are_read(tmp_path: Path,
     # A pipe put where a regular file was, after it was looked at: opened without blocking and
     # refused, not read.
     with _never_blocked(fifo), pytest.raises(ValueError, match="not a regular file"):
-        sim.models._read_config(str(fifo), 0, 0)
+        sim.hf_config._read_config(str(fifo), 0, 0)
     if Path("/dev/zero").exists():
         with pytest.raises(ValueError,
                            match=r"^/dev/zero: not a regular file \(a named pipe or a device\)$"):
             resolve_model("/dev/zero")
-    monkeypatch.setattr(sim.models, "MAX_CONFIG_BYTES", 1000)
+    monkeypatch.setattr(sim.hf_config, "MAX_CONFIG_BYTES", 1000)
     big = _write(tmp_path / "big.json", _config(padding="x" * 1000))
     size = big.stat().st_size
     with pytest.raises(ValueError) as info:
@@ -361,7 +361,7 @@ def test_only_regular_files_of_bounded_size_are_read(tmp_path: Path,
                                "1000 are read)")
     # What is read is capped as well: a file that grew since it was looked at.
     with pytest.raises(ValueError, match="too large for a config.json"):
-        sim.models._read_config(str(big), 0, 10)
+        sim.hf_config._read_config(str(big), 0, 10)
 
 
 SCENARIO_HEAD = ("name: snap\nworkload: {format: synthetic, num_requests: 2, arrivals: {qps: 1}, "
