@@ -7,7 +7,7 @@ the same seeds at every rate: common random numbers), one at a time, and stops a
 sequential test decides (`decide`):
 
 - *fails* at once when a run is overloaded (`summary["overload"]`, a slope test on the queues,
-  see `sim.metrics.overload`: near saturation a finite trace hides an unbounded queue, so a
+  see `sim.overload`: near saturation a finite trace hides an unbounded queue, so a
   growing queue violates whatever the percentiles say), or has no value for a target;
 - otherwise, from two runs on, each target's metric (the run's P99 TBT, say) is averaged over
   the runs so far: the rate *holds* when the one-sided upper confidence bound of that mean is
@@ -54,7 +54,7 @@ import numpy as np
 
 from sim.config import Scenario
 from sim.errors import COMMAND_LINE, InputError
-from sim.metrics import GROWTH_LIMIT
+from sim.overload import GROWTH_LIMIT
 from sim.replications import (
     CONFIDENCE,
     check_replicable,
@@ -184,7 +184,7 @@ def with_rate(scenario: Scenario, rate: float, seed: int) -> Scenario:
 
 
 # Targets judged over every arrived request where the summary has that distribution (see
-# `sim.metrics.arrived_stats`): over finished requests only, a horizon that cuts a queue hides
+# `sim.arrived.arrived_stats`): over finished requests only, a horizon that cuts a queue hides
 # the longest waits and biases them low.
 ARRIVED = {"ttft_p90_s": "ttft_all_arrived_s",
            "sched_delay_p50_s": "scheduling_delay_all_arrived_s"}

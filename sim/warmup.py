@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from sim.arrived import arrived_latencies, arrived_mask, censored_distribution
 from sim.columns import Table, column
-from sim.metrics import arrived_latencies, arrived_mask, censored_distribution, distribution
+from sim.metrics import distribution
 from sim.workloads.base import ArrivalConfig
 
 # Warm-up: MSER-5 on scheduling delay, for generated arrivals.
