@@ -11,17 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import InputError
-from sim.workloads.base import (
-    FORMATS,
-    FilteredTraceConfig,
-    Format,
-    Workload,
-    column,
-    read_trace,
-    seconds,
-    token_counts,
-    where,
-)
+from sim.workloads.base import FORMATS, FilteredTraceConfig, Format, Workload
+from sim.workloads.fields import column, seconds, token_counts, where
+from sim.workloads.where import read_trace
 
 COLUMNS = ["Timestamp", "Request tokens", "Response tokens"]
 FAILED_HINT = 'a failed request: keep them out with where: "`Response tokens` > 0"'

@@ -7,15 +7,9 @@ from typing import Literal
 
 import numpy as np
 
-from sim.workloads.base import (
-    FORMATS,
-    Format,
-    GenericConfig,
-    Workload,
-    read_trace,
-    seconds,
-    token_counts,
-)
+from sim.workloads.base import FORMATS, Format, GenericConfig, Workload
+from sim.workloads.fields import seconds, token_counts
+from sim.workloads.where import read_trace
 
 
 def _load(config: GenericConfig, base_dir: Path, kind: Literal["csv", "jsonl"],

@@ -7,14 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.workloads.base import (
-    FORMATS,
-    ArrivalsConfig,
-    Format,
-    Workload,
-    read_trace,
-    token_counts,
-)
+from sim.workloads.base import FORMATS, ArrivalsConfig, Format, Workload
+from sim.workloads.fields import token_counts
+from sim.workloads.where import read_trace
 
 
 @FORMATS.register("lengths")

@@ -8,17 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import InputError
-from sim.workloads.base import (
-    FORMATS,
-    FilteredTraceConfig,
-    Format,
-    Workload,
-    column,
-    read_trace,
-    seconds,
-    token_counts,
-    where,
-)
+from sim.workloads.base import FORMATS, FilteredTraceConfig, Format, Workload
+from sim.workloads.fields import column, seconds, token_counts, where
+from sim.workloads.where import read_trace
 
 # Each Mooncake hash id stands for a block of 512 tokens (the trace's README).
 HASH_BLOCK_TOKENS = 512

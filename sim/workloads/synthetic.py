@@ -17,10 +17,10 @@ from sim.workloads.base import (
     Format,
     Workload,
     WorkloadConfig,
-    read_table,
     resolve,
-    token_counts,
 )
+from sim.workloads.cache import read_table
+from sim.workloads.fields import token_counts
 
 PARAMS = {"fixed": ("value",), "uniform": ("low", "high"), "lognormal": ("mean", "std")}
 

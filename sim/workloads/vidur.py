@@ -6,15 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.workloads.base import (
-    FORMATS,
-    FilteredTraceConfig,
-    Format,
-    Workload,
-    read_trace,
-    seconds,
-    token_counts,
-)
+from sim.workloads.base import FORMATS, FilteredTraceConfig, Format, Workload
+from sim.workloads.fields import seconds, token_counts
+from sim.workloads.where import read_trace
 
 
 @FORMATS.register("vidur")
