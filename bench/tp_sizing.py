@@ -18,8 +18,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sim.capacity import SLOTargets, capacity, with_rate  # noqa: E402
+from sim.capacity import capacity, with_rate  # noqa: E402
 from sim.compare import load_comparison  # noqa: E402
+from sim.rate_decision import SLOTargets  # noqa: E402
 from sim.runner import run_scenario  # noqa: E402
 
 

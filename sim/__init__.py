@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from sim import plots
-    from sim.capacity import SLOTargets
     from sim.capacity import capacity as search_capacity
     from sim.capacity_log import CapacityLog
     from sim.compare import compare as run_comparison
@@ -48,6 +47,7 @@ if TYPE_CHECKING:
     from sim.config import Scenario, load_scenario, parse_scenario
     from sim.errors import InputError
     from sim.fingerprint import scenario_key
+    from sim.rate_decision import SLOTargets
     from sim.runner import Results, run_scenario
     from sim.sweep import Run, load_sweep, run_sweep
 
@@ -57,7 +57,7 @@ _HOMES = {
     "Results": "sim.runner", "run_scenario": "sim.runner",
     "Run": "sim.sweep", "load_sweep": "sim.sweep", "run_sweep": "sim.sweep",
     "run_comparison": "sim.compare", "load_comparison": "sim.compare",
-    "SLOTargets": "sim.capacity", "search_capacity": "sim.capacity",
+    "SLOTargets": "sim.rate_decision", "search_capacity": "sim.capacity",
     "CapacityLog": "sim.capacity_log",
     "scenario_key": "sim.fingerprint",
     "InputError": "sim.errors",

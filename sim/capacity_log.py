@@ -9,10 +9,10 @@ from typing import Any
 
 import pandas as pd
 
-from sim.capacity import TARGETS, SLOTargets, Trial
 from sim.config import Scenario
 from sim.errors import InputError
 from sim.outdir import check_writable_dir, replace_text
+from sim.rate_decision import TARGETS, SLOTargets, Trial
 
 TRIALS_FILE, RESULT_FILE, SCENARIO_FILE = "trials.csv", "capacity.json", "scenario.yaml"
 

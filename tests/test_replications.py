@@ -16,17 +16,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.capacity import (
-    SLOTargets,
-    Trial,
-    capacity,
-    censored,
-    decide,
-    measured,
-    violations,
-)
+from sim.capacity import capacity
 from sim.capacity_log import CapacityLog
 from sim.config import parse_scenario
+from sim.rate_decision import SLOTargets, Trial, censored, decide, measured, violations
 from sim.replications import (
     DETERMINISTIC,
     bootstrap_interval,
@@ -423,7 +416,6 @@ def test_a_missing_tbt_p99_is_no_gap_not_a_zero():
 
 
 def test_bonferroni_over_targets():
-    from sim.capacity import decide
     from sim.replications import t_bounds
 
     targets = SLOTargets(tbt_p99_s=1.0, ttft_p90_s=1.0)
@@ -513,7 +505,7 @@ def test_capacity_with_no_failing_rate_has_an_unbounded_upper_end(tmp_path, monk
 
 
 def test_capacity_lines_show_milliseconds_never_equal_to_a_target_they_miss():
-    from sim.capacity import ms
+    from sim.rate_decision import ms
 
     assert ms(0.03928) == "39.28 ms"
     assert ms(2.0) == "2,000 ms"

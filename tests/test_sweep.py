@@ -8,9 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.capacity import SLOTargets, capacity, violations, with_rate
+from sim.capacity import capacity, with_rate
 from sim.cli import main
 from sim.config import parse_scenario
+from sim.rate_decision import SLOTargets, violations
 from sim.runner import run_scenario
 from sim.sweep import load_sweep, run_sweep
 from tests.conftest import assert_one_line_error, run_cli

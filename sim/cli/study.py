@@ -357,12 +357,13 @@ def capacity(
     """Find the largest arrival rate at which every given SLO holds, as an interval.
 
     Expand, then bisect; each rate is decided by a sequential test over replications."""
-    from sim.capacity import SLOTargets, check_options, default_replications
     from sim.capacity import capacity as search
+    from sim.capacity import default_replications
     from sim.capacity_log import CapacityLog
     from sim.errors import COMMAND_LINE, InputError
     from sim.overrides import load_scenario, parse_overrides
     from sim.progress import ProgressReport
+    from sim.rate_decision import SLOTargets, check_options
     from sim.replications import check_replicable
 
     targets = SLOTargets(tbt_p99, ttft_p90, sched_delay_p50)
