@@ -52,6 +52,7 @@ import numpy as np
 
 from sim.config import Scenario
 from sim.errors import InputError
+from sim.intervals import CONFIDENCE
 from sim.overload import GROWTH_LIMIT
 from sim.rate_decision import (
     RateDecision,
@@ -63,12 +64,7 @@ from sim.rate_decision import (
     measured,
     violations,
 )
-from sim.replications import (
-    CONFIDENCE,
-    check_replicable,
-    replication_seeds,
-    variation_sources,
-)
+from sim.replications import check_replicable, replication_seeds, variation_sources
 from sim.runner import Results, cluster_gpus, load_workload, run_scenario
 
 DEFAULT_REPLICATIONS = 5  # up to this many runs per rate, where seeds make runs differ

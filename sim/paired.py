@@ -30,7 +30,7 @@ def paired_differences(done: dict[str, dict[str, Any]],
     `metric` (a `COMPARED` column name), `difference` (mean of the paired differences, the
     metric's own unit), `lo`, `hi` (95% t interval; None where all pairs are equal),
     `num_pairs`, `clear` (the interval excludes 0)."""
-    from sim.replications import t_interval
+    from sim.intervals import t_interval
 
     variants = list(done)
     baseline = variants[0]

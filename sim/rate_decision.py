@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from sim.errors import COMMAND_LINE, InputError
-from sim.replications import CONFIDENCE, t_bounds
+from sim.intervals import CONFIDENCE, t_bounds
 from sim.runner import Results
 
 # target field -> (command-line option, label, summary section, percentile)

@@ -433,12 +433,12 @@ def interval_table(table: pd.DataFrame) -> pd.DataFrame | None:
     """One row per point of a sweep with more than one seed a point (None otherwise): the
     varied fields, `num_seeds`, `num_overloaded` (runs whose verdict is overloaded) and, for
     each numeric headline metric, `<metric>` (the mean over the seeds), `<metric>_lo` and
-    `<metric>_hi` (its 95% interval), by `sim.replications.estimate`'s rules: percentiles
+    `<metric>_hi` (its 95% interval), by `sim.intervals.estimate`'s rules: percentiles
     (`_p50_`, `_p90_`, `_p99_` in the name) the expanded bootstrap (fixed seed) widened to at
     least the Student t interval, every other metric the t interval; clipped to the values the
     metric can take (attainment to [0, 1], the rest at 0); no interval (empty) where every seed
     gives the same value, or from fewer than two. The same table gives the same bytes."""
-    from sim.replications import estimate
+    from sim.intervals import estimate
 
     if table.empty or "seed" not in table:
         return None

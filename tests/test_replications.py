@@ -19,15 +19,9 @@ import yaml
 from sim.capacity import capacity
 from sim.capacity_log import CapacityLog
 from sim.config import parse_scenario
+from sim.intervals import bootstrap_interval, estimate, t_interval, t_quantile
 from sim.rate_decision import SLOTargets, Trial, censored, decide, measured, violations
-from sim.replications import (
-    DETERMINISTIC,
-    bootstrap_interval,
-    estimate,
-    t_interval,
-    t_quantile,
-    variation_sources,
-)
+from sim.replications import DETERMINISTIC, variation_sources
 from sim.runner import run_scenario
 from tests.conftest import assert_one_line_error, run_cli
 from tests.conftest import run_cli_out as cli
@@ -416,7 +410,7 @@ def test_a_missing_tbt_p99_is_no_gap_not_a_zero():
 
 
 def test_bonferroni_over_targets():
-    from sim.replications import t_bounds
+    from sim.intervals import t_bounds
 
     targets = SLOTargets(tbt_p99_s=1.0, ttft_p90_s=1.0)
     values = [0.5, 0.6, 0.55]
