@@ -19,6 +19,7 @@ from sim.compare import compare
 from sim.config import parse_scenario
 from sim.metrics import distribution
 from sim.plots import busiest_window, plot_results, tbt_sample
+from sim.plots.timeline import requests_in_flight
 from sim.runner import run_scenario
 from sim.sweep import load_sweep, run_sweep
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
@@ -170,6 +171,25 @@ def test_timeline_shows_the_busiest_window(run_dir):
     plot_results([run_dir], window_s=(0.5, 1.5))
     text = svg(run_dir / "plots" / "timeline")
     assert "iterations, 0.5 to 1.5 s" in text and "busiest" not in text
+
+
+def test_timeline_counts_running_requests_across_a_pipeline(run_dir):
+    """The running line counts the requests of every iteration in progress: an iteration's own
+    where they follow one another; on a pipeline (two in flight, each its own micro-batch),
+    their sum, which stepping between the micro-batches' counts would zig-zag."""
+    its = pd.read_parquet(run_dir / "iterations.parquet")
+    assert (requests_in_flight(its) == its["num_seqs"].to_numpy()).all()
+
+    staged = dict(CHUNKED, replica={**CHUNKED["replica"], "model": "llama-3.1-70b",
+                                    "parallelism": {"tensor": 4, "pipeline": 2}})
+    its = run_scenario(parse_scenario(staged, "test")).iterations
+    start = its["start_s"].to_numpy()
+    end = start + its["duration_s"].to_numpy()
+    seqs = its["num_seqs"].to_numpy()
+    brute = [int(seqs[(start <= t) & (t < end)].sum()) for t in start]
+    got = requests_in_flight(its)
+    assert got.tolist() == brute
+    assert (got > seqs).mean() > 0.5  # mostly two micro-batches in flight
 
 
 def test_window_and_replica_options_are_checked(run_dir, monkeypatch, capsys):

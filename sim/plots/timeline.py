@@ -57,7 +57,8 @@ def iteration_timeline(run_dir: Path, path: Path, replica_id: int | Sequence[int
                        window_s: tuple[float, float] | None = None) -> list[Path]:
     """Each iteration's prefill and decode tokens over the window (default: the busiest
     `WINDOW_S` seconds), one panel per replica (default: the first of each pool), then each
-    replica's share of KV blocks in use and its waiting queue and running requests."""
+    replica's share of KV blocks in use and its waiting queue and running requests (those in
+    its iterations in progress: `requests_in_flight`)."""
     its = read_parquet(run_dir / "iterations.parquet", COLUMNS)
     ids = [replica_id] if isinstance(replica_id, int) else replica_id
     replicas = chosen_replicas(its, ids, run_dir / "iterations.parquet")
@@ -84,6 +85,8 @@ def iteration_timeline(run_dir: Path, path: Path, replica_id: int | Sequence[int
         if k == 0:
             legend(ax)
     for i, replica in enumerate(replicas):
+        everything = mine[mine["replica_id"] == replica]
+        running = pd.Series(requests_in_flight(everything), index=everything.index)
         part = shown[shown["replica_id"] == replica].sort_values("start_s")
         name = f"{_pool(its, replica)} {replica}".strip()
         kv = part["num_kv_blocks_used"] / blocks if blocks else part["num_kv_blocks_used"]
@@ -91,7 +94,7 @@ def iteration_timeline(run_dir: Path, path: Path, replica_id: int | Sequence[int
                       color=f"C{i + 2}", label=name)
         axes[-1].step(part["start_s"], part["num_waiting"], where="post", color=f"C{i + 2}",
                       label=f"{name}: waiting")
-        axes[-1].step(part["start_s"], part["num_seqs"], where="post", color=f"C{i + 2}",
+        axes[-1].step(part["start_s"], running[part.index], where="post", color=f"C{i + 2}",
                       linestyle=":", label=f"{name}: running")
     axes[-2].set(ylabel="KV in use (%)" if blocks else "KV blocks in use", title="KV cache")
     axes[-1].set(ylabel="requests", xlabel="time (s)", title="queue and batch")
@@ -101,6 +104,24 @@ def iteration_timeline(run_dir: Path, path: Path, replica_id: int | Sequence[int
     fig.suptitle(f"iterations, {window_s[0]:.1f} to {window_s[1]:.1f} s"
                  + (" (the busiest window)" if busiest else ""))
     return save(fig, path)
+
+
+def requests_in_flight(its: pd.DataFrame) -> np.ndarray:
+    """At each iteration's start, the requests in the iterations of its replica in progress
+    then: that iteration's own where iterations follow one another; on a pipelined replica,
+    which keeps several in flight (one per stage, each with its own requests), their sum (a
+    prompt whose next chunk is sent before its last one ends counts in both). Plotting each
+    iteration's own count there would zig-zag between the micro-batches."""
+    start = its["start_s"].to_numpy(np.float64)
+    end = start + its["duration_s"].to_numpy(np.float64)  # the engine's own end, bit for bit
+    seqs = its["num_seqs"].to_numpy(np.int64)
+    by_start, by_end = np.argsort(start, kind="stable"), np.argsort(end, kind="stable")
+    started = np.concatenate(([0], np.cumsum(seqs[by_start])))
+    ended = np.concatenate(([0], np.cumsum(seqs[by_end])))
+    # Started at or before this start, less ended at or before it (the one before ends
+    # exactly when the next starts, where nothing overlaps).
+    return (started[np.searchsorted(start[by_start], start, side="right")]
+            - ended[np.searchsorted(end[by_end], start, side="right")])
 
 
 def _tokens(ax: Any, part: pd.DataFrame, title: str) -> None:
