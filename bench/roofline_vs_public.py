@@ -10,9 +10,12 @@ time to its first tokens, or decode tokens per second of a batch of one.
 
     python bench/roofline_vs_public.py [--markdown]
 
-Prints predicted/measured per row for the calibrated roofline (the default) and the naive one
-(datasheet max of compute and memory), with the all-reduce either from Vidur's measured H100
-NCCL table (where ../shared/profiles is present) or from the NVLink bandwidth.
+Prints predicted/measured per row for the calibrated roofline (the default: fitted GEMMs), for
+it with the fitted elementwise kernels added (`elementwise: calibrated`: norms, rotary,
+activation, residual add, embedding) and for the naive one (datasheet max of compute and memory),
+with the all-reduce either from Vidur's measured H100 NCCL table (where ../shared/profiles is
+present) or from the NVLink bandwidth; then, per variant, the rows within 10% and 20% and the
+mean |log(predicted / measured)|.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ import csv
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -32,6 +38,12 @@ from sim.runner import run_scenario  # noqa: E402
 TABLE = REPO.parent / "shared" / "profiles" / "vidur" / "network" / "h100_dgx" / "all_reduce.csv"
 MODELS = {"Meta-Llama-3-8B": "llama-3-8b", "Meta-Llama-3.1-8B": "llama-3.1-8b",
           "Meta-Llama-3-70B": "llama-3.1-70b"}  # 3.1-70B: Llama-3-70B's shape, longer context
+# Column -> the roofline's settings.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "calibrated": {},
+    "+ elementwise": {"elementwise": "calibrated"},
+    "naive": {"linear": "naive"},
+}
 
 
 def usable(row: dict[str, str]) -> bool:
@@ -40,14 +52,14 @@ def usable(row: dict[str, str]) -> bool:
             ("e2e_latency_s", "ttft_ms", "output_tokens_per_s"))
 
 
-def predict(row: dict[str, str], linear: str, workdir: Path) -> float:
+def predict(row: dict[str, str], settings: dict[str, Any], workdir: Path) -> float:
     batch = int(row["batch_size"])
     prompt = int(row["input_tokens"]) if row["input_tokens"] else 1
     output = int(row["output_tokens"])
     trace = workdir / f"b{batch}_p{prompt}_o{output}.csv"
     trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
                      + "".join(f"0.0,{prompt},{output}\n" for _ in range(batch)))
-    latency: dict[str, object] = {"kind": "roofline", "linear": linear}
+    latency: dict[str, object] = {"kind": "roofline", **settings}
     tensor = int(row["tensor_parallel"])
     if tensor > 1 and TABLE.is_file():
         latency["all_reduce_table"] = str(TABLE)
@@ -78,25 +90,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for row in rows:
             measured = float(row["value"])
-            got = {linear: predict(row, linear, Path(tmp)) for linear in ("calibrated", "naive")}
+            got = {name: predict(row, settings, Path(tmp))
+                   for name, settings in VARIANTS.items()}
             out.append((row, measured, got))
+    sep = " | " if args.markdown else "  "
+    head = ["model", "TP", "engine", "batch", "in/out tokens", "metric", "measured"]
+    for name in VARIANTS:
+        head += [name, "ratio"]
+    print(("| " if args.markdown else "") + sep.join(head) + (" |" if args.markdown else ""))
     if args.markdown:
-        print("| model | TP | engine | batch | in/out | metric | measured | calibrated "
-              "| ratio | naive | ratio |")
-        print("|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|")
+        print("|---|---:|---|---:|---|---|---:|" + "---:|---:|" * len(VARIANTS))
+    ratios: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for row, measured, got in out:
-        cal, naive = got["calibrated"], got["naive"]
-        engine = row["engine"].split(" ")[0]
-        shape = f"{row['input_tokens'] or '-'}/{row['output_tokens']}"
-        if args.markdown:
-            print(f"| {row['model']} | {row['tensor_parallel']} | {engine} | "
-                  f"{row['batch_size']} | {shape} | {row['metric']} | {measured:.4g} | "
-                  f"{cal:.4g} | {cal / measured:.2f} | {naive:.4g} | {naive / measured:.2f} |")
-        else:
-            print(f"{row['model']:<18} TP{row['tensor_parallel']} {engine:<13} "
-                  f"b{row['batch_size']:<3} {shape:>10} {row['metric']:<20} "
-                  f"measured {measured:9.4g}  calibrated {cal:9.4g} ({cal / measured:.2f})  "
-                  f"naive {naive:9.4g} ({naive / measured:.2f})")
+        cells = [row["model"], row["tensor_parallel"], row["engine"].split(" ")[0],
+                 row["batch_size"], f"{row['input_tokens'] or '-'}/{row['output_tokens']}",
+                 row["metric"], f"{measured:.4g}"]
+        for name, value in got.items():
+            ratios[name].append(value / measured)
+            cells += [f"{value:.4g}", f"{value / measured:.2f}"]
+        print(("| " if args.markdown else "") + sep.join(cells) + (" |" if args.markdown else ""))
+    print()
+    for name, values in ratios.items():
+        r = np.array(values)
+        print(f"{name}: {len(r)} rows, within 10% {np.mean(np.abs(r - 1) <= 0.1):.0%}, within "
+              f"20% {np.mean(np.abs(r - 1) <= 0.2):.0%}, mean |log ratio| "
+              f"{np.mean(np.abs(np.log(r))):.3f}, {r.min():.2f} to {r.max():.2f}")
 
 
 if __name__ == "__main__":

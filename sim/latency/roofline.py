@@ -8,6 +8,10 @@ Parts, timed separately because different kernels run them:
   model fitted to public H100/A100 GEMM measurements; `linear: naive` takes the longer of its
   FLOPs at `mfu` of peak and its weight bytes at `mbu` of the bandwidth (the datasheet roofline;
   its single-GPU predictions are exactly those of servesim before parallelism existed).
+- the elementwise kernels, with `elementwise: calibrated` (`sim.latency.elementwise`): each
+  layer's RMSNorms, rotary embedding, activation and residual add, and the embedding lookup,
+  fitted to the same public measurements (3-39% of a layer's measured token-proportional time,
+  10-13% at the median). `none`, the default for now, leaves them out, as servesim always has.
 - MoE layers: under uniform routing a batch of m tokens reaches E(1 - (1 - k/E)^m) of E
   experts in expectation (k per token); only their weights are read, each with m*k/that many
   tokens. `expert_imbalance` (>= 1) stretches the routed experts' time: the busiest expert
@@ -26,7 +30,8 @@ Under pipeline parallelism a prediction is one iteration's whole pass: every sta
 plus P-1 hand-offs. The engine keeps up to P iterations in flight and holds each stage for
 the pass times its share of the layers (`sim.pipeline`), so iterations overlap as in vLLM v1.
 
-Terms that depend only on the number of tokens (the GEMMs and communication) are tabulated
+Terms that depend only on the number of tokens (GEMMs, elementwise kernels, communication) are
+tabulated
 once per token count, so a prediction is a lookup and a few multiply-adds, the same on a scalar
 as on each entry of an array.
 """
@@ -53,6 +58,7 @@ from sim.latency.base import (
     maximum,
 )
 from sim.latency.comm import BandwidthCollectives, Collectives
+from sim.latency.elementwise import ElementwiseModel
 from sim.models import ModelShape
 from sim.parallelism import SINGLE_GPU, Parallelism
 
@@ -62,6 +68,9 @@ class RooflineConfig(LatencyConfig):
 
     linear: Literal["calibrated", "naive"] = Field(
         "calibrated", description="GEMM times: fitted to measurements, or datasheet max()")
+    elementwise: Literal["none", "calibrated"] = Field(
+        "none", description="norms, rotary, activation, residual add, embedding: left out, "
+                            "or fitted to measurements")
     mfu: float = Field(0.6, gt=0, le=1, description="fraction of peak FLOP/s reached by "
                                                    "attention (and GEMMs when naive)")
     mbu: float = Field(0.8, gt=0, le=1, description="fraction of peak bandwidth reached")
@@ -123,7 +132,10 @@ class RooflineLatency(LatencyModel):
         """How GEMMs and communication are timed (e.g. a GEMM curve extrapolated from the
         H100's to another GPU)."""
         tables = self.tables
-        facts: dict[str, Any] = {"linear": tables.config.linear, **tables.gemm.describe()}
+        facts: dict[str, Any] = {"linear": tables.config.linear, **tables.gemm.describe(),
+                                 "elementwise": tables.config.elementwise}
+        if tables.elementwise is not None:
+            facts.update(tables.elementwise.describe())
         if tables.parallelism.num_gpus > 1:
             facts["parallelism"] = tables.parallelism.model_dump()
             facts["communication"] = {
@@ -143,6 +155,8 @@ class _Tables:
                  parallelism: Parallelism) -> None:
         self.config, self.model, self.gpu, self.parallelism = config, model, gpu, parallelism
         self.gemm = _gemm_model(config, gpu)
+        self.elementwise = (ElementwiseModel.for_gpu(gpu) if config.elementwise == "calibrated"
+                            else None)
         self.comm = _collectives(config, gpu, parallelism)
         self.tokens_s = TokenTable(self._tokens_s)
         self.sampled_s = TokenTable(self._sampled_s)
@@ -153,6 +167,12 @@ class _Tables:
         self.context_s = TokenTable(self._mla_context_s) if model.is_mla else None
 
     def _tokens_s(self, m: np.ndarray) -> np.ndarray:
+        time = self._linear_s(m)
+        if self.elementwise is not None:
+            time = time + self.elementwise.iteration_s(m, self.model, self.parallelism)
+        return time
+
+    def _linear_s(self, m: np.ndarray) -> np.ndarray:
         model, par, gemm = self.model, self.parallelism, self.gemm
         if self.config.linear == "naive" and par.num_gpus == 1 and not model.num_experts:
             return _naive_single_gpu(self.config, model, self.gpu, m)
