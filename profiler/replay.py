@@ -276,7 +276,7 @@ def _mark_interrupted(requests: list[Request], stop_s: float) -> None:
         if req.status in (Status.FINISHED, Status.REJECTED) or req.reason:
             continue  # done, or already has its reason (after the horizon)
         if req.replica_id < 0:
-            req.reason = f"interrupted: arrives at {req.arrival_s:.3f} s, after the stop"
+            req.reason = f"after_stop: arrives at {req.arrival_s:.3f} s, after the replay stopped"
         else:
             req.reason = f"interrupted: {req.status.value} at {stop_s:.3f} s"
 

@@ -18,17 +18,25 @@ from sim.metrics import PERCENTILES, distribution
 ARRIVED_LATENCIES = {"ttft_s": "first_token_s", "e2e_s": "finish_s",
                      "scheduling_delay_s": "first_scheduled_s"}
 ARRIVED = "arrived"  # every request that arrived before the end of the run and was not rejected
+# Reason kinds of requests that never arrived: after the run's horizon, or after an interrupted
+# replay stopped. They are in the results (nothing is lost) but were never offered to a server.
+NEVER_ARRIVED = ("after_horizon", "after_stop")
+
+
+def never_arrived(requests: Table) -> np.ndarray:
+    """The requests whose arrival time the run never reached (`NEVER_ARRIVED`)."""
+    reasons = column(requests, "reason").tolist()
+    return np.fromiter((reason.startswith(NEVER_ARRIVED) for reason in reasons), dtype=bool,
+                       count=len(reasons))
 
 
 def arrived_mask(requests: Table) -> np.ndarray:
     """The requests that arrived (before the horizon) and were not rejected: finished ones, and
     unfinished ones queued or in progress at the end. Rejected requests (never admitted: too
     long for the KV cache, or refused) are counted apart, in `requests.rejected`, as vLLM's
-    benchmark counts failed requests apart; requests after the horizon never arrived."""
-    reasons = column(requests, "reason").tolist()
-    after_horizon = np.fromiter((reason.startswith("after_horizon") for reason in reasons),
-                                dtype=bool, count=len(reasons))
-    return (column(requests, "status") != "rejected") & ~after_horizon
+    benchmark counts failed requests apart; requests after the horizon (or after an
+    interrupted replay stopped) never arrived."""
+    return (column(requests, "status") != "rejected") & ~never_arrived(requests)
 
 
 def arrived_latencies(requests: Table, end_s: float, arrived: np.ndarray | None = None

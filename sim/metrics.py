@@ -178,18 +178,23 @@ def summarize(requests: Table, iterations: Table | int,
 
 def slo_attainment(requests: Table, tbt_gaps_s: np.ndarray | WeightedSample,
                    slo: SLOConfig) -> dict[str, float | None]:
-    """Fraction of all requests meeting each target; a request not finished meets none."""
-    finished = column(requests, "status") == FINISHED
+    """Fraction of the requests that arrived meeting each target; one not finished (rejected,
+    or unfinished at the end) meets none. Requests the run never reached (after its horizon,
+    or after an interrupted replay stopped) were never offered: they do not count."""
+    from sim.arrived import never_arrived  # it imports this module
+
+    offered = ~never_arrived(requests)
+    finished = (column(requests, "status") == FINISHED)[offered]
     if len(finished) == 0:
         return {}
     ok = finished.copy()
     out: dict[str, float | None] = {}
     if slo.ttft_s is not None:
-        ttft_ok = finished & (column(requests, "ttft_s") <= slo.ttft_s)
+        ttft_ok = finished & (column(requests, "ttft_s")[offered] <= slo.ttft_s)
         out["ttft_attainment"] = float(ttft_ok.mean())
         ok &= ttft_ok
     if slo.tbt_s is not None:
-        worst = column(requests, "max_tbt_s")
+        worst = column(requests, "max_tbt_s")[offered]
         tbt_ok = finished & ~(worst > slo.tbt_s)  # a one-token request has no gap: it meets it
         out["tbt_attainment"] = float(tbt_ok.mean())
         out["tbt_gap_attainment"] = WeightedSample.of(tbt_gaps_s).fraction_at_most(slo.tbt_s)

@@ -40,8 +40,7 @@ def overload(requests: Table, end_s: float) -> dict[str, Any]:
             for name in ("arrival_s", "first_scheduled_s", "prefill_end_s", "transfer_start_s")}
     arrival = np.sort(kept["arrival_s"])
     if len(arrival) < MIN_REQUESTS_FOR_VERDICT:
-        return {"verdict": "unknown",
-                "detail": f"fewer than {MIN_REQUESTS_FOR_VERDICT} requests arrived"}
+        return {"verdict": "unknown", "detail": too_few(requests, MIN_REQUESTS_FOR_VERDICT)}
     queues = {"waiting": (kept["arrival_s"], kept["first_scheduled_s"]),
               "waiting_for_decode": (kept["prefill_end_s"], kept["transfer_start_s"])}
     # Each window's samples, and the growth that calls it overloaded.
@@ -73,6 +72,15 @@ def overload(requests: Table, end_s: float) -> dict[str, Any]:
         if matching:  # the queue and window closest to (or deepest in) overload
             return max(matching, key=lambda f: f.get("t", 0.0))
     return {"verdict": "unknown", "detail": "no queue to test"}
+
+
+def too_few(requests: Table, minimum: int) -> str:
+    """Why a test needing `minimum` arrived requests (rejected ones left out) cannot tell."""
+    rejected = int((column(requests, "status") == "rejected").sum())
+    if not rejected:
+        return f"fewer than {minimum} requests arrived"
+    return (f"fewer than {minimum} requests arrived and were admitted ({rejected:,} of "
+            f"{len(column(requests, 'status')):,} rejected)")
 
 
 def _growth(queue: str, window: str, times_s: np.ndarray, length: np.ndarray,

@@ -10,6 +10,7 @@ import numpy as np
 from sim.arrived import arrived_latencies, arrived_mask, censored_distribution
 from sim.columns import Table, column
 from sim.metrics import distribution
+from sim.overload import too_few
 from sim.workloads.base import ArrivalConfig
 
 # Warm-up: MSER-5 on scheduling delay, for generated arrivals.
@@ -101,7 +102,7 @@ def warmup_stats(requests: Table, end_s: float, verdict: dict[str, Any],
     n = len(order)
     info["num_requests"] = n
     if n < MIN_REQUESTS_FOR_WARMUP:
-        info["reason"] = f"fewer than {MIN_REQUESTS_FOR_WARMUP} requests arrived"
+        info["reason"] = too_few(requests, MIN_REQUESTS_FOR_WARMUP)
         return out
     series = delay[order]
     d, k = mser(series)

@@ -46,6 +46,23 @@ def test_slo_attainment_counts_unserved_requests_as_misses():
     assert slo_attainment(REQUESTS, gaps, SLOConfig()) == {}
 
 
+def test_slo_attainment_leaves_out_requests_that_never_arrived():
+    """A horizon (or a replay's stop) leaves later requests unoffered: they are in the results
+    as unfinished, but no server missed their targets (a run cut at 200 s of 5,000 requests
+    read 7.7% TTFT attainment, counting 4,545 of them)."""
+    never = frame([
+        ("unfinished", "after_horizon: arrives at 9 s", 9.0, *[np.nan] * 6, 0, 0),
+        ("unfinished", "after_stop: arrives at 9.5 s, after the replay stopped", 9.5,
+         *[np.nan] * 6, 0, 0),
+        ("unfinished", "queued_at_horizon: waiting", 4.0, *[np.nan] * 6, 0, 0),
+    ])
+    gaps = np.array([0.05, 0.05, 0.2, 0.1])
+    out = slo_attainment(pd.concat([REQUESTS, never], ignore_index=True), gaps,
+                         SLOConfig(ttft_s=1.0, tbt_s=0.1))
+    assert out["ttft_attainment"] == 2 / 5  # the queued one arrived: a miss; the others not
+    assert out["all_attainment"] == 2 / 5
+
+
 def test_summary_counts_and_throughput():
     iterations = pd.DataFrame({"start_s": [0.0]})
     s = summarize(REQUESTS, iterations, np.array([0.05, 0.2]), SLOConfig())

@@ -113,7 +113,7 @@ def replay(
     host time per iteration. Ctrl-C stops and keeps what ran (marked incomplete)."""
     require_torch(device)
     from profiler.replay import replay as serve
-    from sim.cli.run import overload_line, summary_table
+    from sim.cli.run import overload_line, rejected_line, summary_table
     from sim.config import load_scenario
     from sim.progress import ProgressReport
 
@@ -133,6 +133,8 @@ def replay(
                   f"{1e3 * rep['host_s']['p50']:.3g} ms per iteration, "
                   f"{100 * rep['host_share']:.1f}% of busy time" if len(its) else "no iteration")
     console.print(overload_line(summary["overload"]))
+    if line := rejected_line(summary):
+        console.print(line)
     if unpriced := summary["run"].get("unpriced"):
         console.print(f"cost: none ({unpriced})")
     if not summary["run"]["complete"]:

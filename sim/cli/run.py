@@ -65,6 +65,8 @@ def simulate(
         if len(results.summary["replicas"]) > 1:
             console.print(replica_table(results.summary))
     shown.print(overload_line(results.summary["overload"]))
+    if line := rejected_line(results.summary):
+        shown.print(line)
     for pool, note in results.summary["run"].get("blocks_beyond_memory", {}).items():
         shown.print(f"[yellow]idealised KV cache[/] ({pool}): {note}")
     if note := results.summary["run"].get("latency_device_note"):
@@ -128,6 +130,17 @@ def interrupt_exits(out_dir: Path, done: str, written: str,
         shown.print(f"interrupted: {kept} kept in {out_dir}/ ({written} written whole or "
                       "not at all)")
         raise typer.Exit(130) from None
+
+
+def rejected_line(summary: dict[str, Any]) -> str | None:
+    """Loud where requests were rejected (they can never be served here), with every reason
+    kind counted; None where none were."""
+    req = summary["requests"]
+    if not req["rejected"]:
+        return None
+    reasons = ", ".join(f"{kind} {n:,}" for kind, n in req["reasons"].items())
+    return (f"[bold yellow]REJECTED[/]: {req['rejected']:,} of {req['total']:,} requests can "
+            f"never be served by this replica (reasons: {reasons})")
 
 
 def overload_line(verdict: dict[str, Any]) -> str:
