@@ -36,6 +36,19 @@ def test_jsonl_numbers_must_be_json_numbers(tmp_path, row, needles):
     refused({"format": "mooncake", "path": str(trace)}, str(trace), *needles)
 
 
+@pytest.mark.parametrize("fmt", ["mooncake", "jsonl"])
+def test_a_column_quoted_on_every_line_is_refused_too(tmp_path, fmt):
+    """pandas 3 types a column whose every value is quoted as text, not as an object column
+    of mixed values: it was read as numbers (found by hand, 2026-11-23)."""
+    lines = [{**MOONCAKE, "output_length": "5"}, {**MOONCAKE, "output_length": "7"}]
+    trace = write(tmp_path, "m.jsonl", "".join(json.dumps(r) + "\n" for r in lines))
+    spec = {"format": fmt, "path": str(trace)}
+    if fmt == "jsonl":
+        spec |= {"columns": {"arrival": "timestamp", "prompt_tokens": "input_length",
+                             "output_tokens": "output_length"}, "time_unit": "ms"}
+    refused(spec, str(trace), "output_length (line 1)='5'", "a JSON number, not a string")
+
+
 # -- where: ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("prefix", ["-" * 5000, "not " * 1500])

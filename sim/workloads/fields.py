@@ -76,7 +76,9 @@ def _numbers(table: TraceTable, values: np.ndarray | pd.Series
         return np.zeros(len(values)), np.ones(len(values), dtype=bool)
     numeric = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(numeric) | _booleans(values)
-    if _is_json(table) and values.dtype == object:
+    # JSON text where a number belongs: an object column (mixed values), or one pandas 3 typed
+    # as text because every value of it is quoted.
+    if _is_json(table) and (values.dtype == object or pd.api.types.is_string_dtype(values.dtype)):
         bad |= np.fromiter((isinstance(v, str) for v in values), bool, len(values))
     return numeric, bad
 
