@@ -106,12 +106,26 @@ def shown_path(path: str | Path) -> str:
     return text if text.isprintable() else repr(text)
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it: put it back at once
+    os.umask(mask)
+    return mask
+
+
+def temporary_dir(out: Path) -> Path:
+    """A fresh, empty temporary sibling of `out` to fill and swap in, with the permissions a
+    plain `mkdir` gives (mkdtemp's 0700 would hide results from the rest of a team)."""
+    out.absolute().parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.absolute().parent, prefix=f".{out.name}.tmp-"))
+    os.chmod(tmp, 0o777 & ~_umask())
+    return tmp
+
+
 def write_dir(out: Path, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp)` to fill a fresh temporary sibling of `out`, then put it in `out`'s place
     (replacing an earlier run there whole). On any failure or interrupt `out` is unchanged."""
     check_out_dir(out)
-    out.absolute().parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.absolute().parent, prefix=f".{out.name}.tmp-"))
+    tmp = temporary_dir(out)
     try:
         write(tmp)
         swap_in(tmp, out)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from sim.outdir import (
     is_run_dir,
     shown_path,
     swap_in,
+    temporary_dir,
 )
 from sim.paired import DIFFERENCES_FILE, paired_differences
 
@@ -154,8 +154,7 @@ def run_replications(scenario: Scenario, replications: int, out_dir: Path, *,
     check_replicable(scenario, replications)
     check_replications_dir(out_dir)
     seeds = replication_seeds(scenario, replications)
-    out_dir.absolute().parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.absolute().parent, prefix=f".{out_dir.name}.tmp-"))
+    tmp = temporary_dir(out_dir)
     try:
         inputs = inputs_record(scenario)
         jobs = [Job(scenario.model_copy(update={"seed": seed}), str(tmp / f"rep{k}"), inputs)
@@ -325,8 +324,7 @@ def compare_replications(scenarios: dict[str, Scenario], replications: int, out_
     for scenario in scenarios.values():
         check_replicable(scenario, replications)
     check_comparison_dir(out_dir, list(scenarios))
-    out_dir.absolute().parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.absolute().parent, prefix=f".{out_dir.name}.tmp-"))
+    tmp = temporary_dir(out_dir)
     try:
         done: dict[str, dict[str, Any]] = {}
         for variant, scenario in scenarios.items():

@@ -142,3 +142,21 @@ def test_json_with_replications_prints_their_estimates(tmp_path, monkeypatch, ca
     data = json.loads(captured.out)
     assert data == json.loads((out / "replications.json").read_text())
     assert data["replications"] == 2
+
+
+def test_result_directories_follow_the_umask(tmp_path):
+    """A run's directory gets the mode a plain mkdir would (0755 under umask 022), not the
+    0700 of the temporary directory it was filled in: teammates read results on a shared disk."""
+    import os
+
+    from sim.outdir import write_dir
+
+    old = os.umask(0o022)
+    try:
+        out = write_dir(tmp_path / "run", lambda tmp: (tmp / "summary.json").write_text("{}"))
+        assert out.stat().st_mode & 0o777 == 0o755
+        os.umask(0o027)
+        out = write_dir(tmp_path / "run2", lambda tmp: None)
+        assert out.stat().st_mode & 0o777 == 0o750
+    finally:
+        os.umask(old)
