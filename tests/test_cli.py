@@ -238,5 +238,7 @@ def test_table_numbers_are_never_in_exponent_form():
     assert fmt(274.2, 1e3) == "274,200"
     assert fmt(16037.4) == "16,037"
     assert fmt(9999.4) == "9,999"
+    assert fmt(9_999_999.4) == "9,999,999"  # the widest whole number, 9 characters
+    assert fmt(11_854_512.0) == "1.185e+07"  # then an exponent: an 80-column table cuts none
     assert fmt(12.3456) == "12.35"
     assert fmt(None) == fmt(float("nan")) == "-"

@@ -51,12 +51,14 @@ def check_seed(seed: int | None) -> None:
 
 
 def fmt(value: float | None, scale: float = 1.0) -> str:
-    """A number for a table: 4 significant digits, thousands separated (whole numbers from
-    10,000 on: 274,200, not 2.742e+05); '-' for none."""
+    """A number for a table, at most 9 characters wide (10 if negative): 4 significant digits,
+    thousands separated (whole numbers from 10,000 to 9,999,999: 274,200, not 2.742e+05), then
+    in exponent notation (1.185e+07), so that an 80-column table never cuts one; '-' for
+    none."""
     if value is None or value != value:
         return "-"
     scaled = value * scale
-    return f"{scaled:,.0f}" if 1e4 <= abs(scaled) < 1e15 else f"{scaled:,.4g}"
+    return f"{scaled:,.0f}" if 1e4 <= abs(scaled) < 9_999_999.5 else f"{scaled:,.4g}"
 
 
 def pct(value: float | None) -> str:
