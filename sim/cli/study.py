@@ -289,8 +289,9 @@ def sweep(
     console.print(sweep_table(name, table))
     over = int((table["overload"] == "overloaded").sum())
     if over:
-        console.print(f"{over} of {len(table)} runs overloaded: a queue grew and did not drain, "
-                      "their latencies depend on the trace's length")
+        console.print(f"{over} of {len(table)} runs overloaded: a queue grew faster than it was "
+                      "served (over the run, or through a burst: see each run's verdict), so "
+                      "their latencies describe no steady state")
     console.print(f"results: {out_dir}/results.parquet, results.csv, runs/<key>/",
                   soft_wrap=True)
     if (out_dir / "results_ci.csv").is_file():

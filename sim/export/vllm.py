@@ -52,14 +52,14 @@ from sim.errors import COMMAND_LINE, InputError
 if TYPE_CHECKING:
     from sim.runner import Results
 
-NO_TOKENS_NOTE = ("no per-token times in this run (tokens.parquet): itls, the ITL statistics and "
-                  "max_output_tokens_per_s are left out; set record_token_times: true in the "
-                  "scenario and run it again for them")
+NO_TOKENS_NOTE = ("no per-token times in this run (tokens.parquet): itls and the ITL statistics "
+                  "are left out and max_output_tokens_per_s is null; set record_token_times: "
+                  "true in the scenario and run it again for them")
 POOLED_ITL_NOTE = ("no per-token times in this run (tokens.parquet): the ITL statistics are over "
                    "the run's pooled token gaps (tbt_gaps.parquet; no request but completed ones "
-                   "sampled two tokens, so these are the completed requests' gaps); itls and "
-                   "max_output_tokens_per_s are left out; set record_token_times: true in the "
-                   "scenario and run it again for them")
+                   "sampled two tokens, so these are the completed requests' gaps); itls is "
+                   "left out and max_output_tokens_per_s is null; set record_token_times: true "
+                   "in the scenario and run it again for them")
 
 
 GOODPUT_NOTE = ("request_goodput: completed requests meeting the scenario's slo (ttft_s, and "
