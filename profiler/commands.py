@@ -76,6 +76,7 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
     mixes += [(m, "holdout") for m in random_mixes(spec, holdout, rng)]
     command = shlex.join(["servesim", *sys.argv[1:]])
     what = f"{model} (one shard of TP{tensor_parallel})" if tensor_parallel > 1 else model
+    kept = len(load(out, "--out")[0]) if out.exists() else 0
     with _progress() as progress:
         task = progress.add_task(f"profiling {what} on {device}", total=len(mixes))
         df = profile(shape, device, out, spec, mixes, dtype=dtype, warmup=warmup, reps=reps,
@@ -83,7 +84,8 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
                      tensor_parallel=tensor_parallel,
                      on_progress=lambda done, total: progress.update(task, completed=done,
                                                                      total=total))
-    console.print(f"{len(df)} mixes measured -> {out}")
+    console.print(f"{len(df) - kept} mixes measured" + (f", {kept} kept from before"
+                                                          if kept else "") + f" -> {out}")
 
 
 # The smallest grid a profile can be drawn and fitted on: held-out mixes draw decode contexts

@@ -194,6 +194,36 @@ def default_attention(device: str) -> str:
     return "varlen" if "block_table" in inspect.signature(varlen_attn).parameters else "sdpa"
 
 
+# What a profile's rows were measured under and its metadata records once for all of them:
+# metadata key (grid fields as grid.<name>) -> the option that sets it.
+RESUME_CONDITIONS = {
+    "grid.max_tokens": "--max-tokens", "grid.max_context": "--max-context",
+    "grid.max_batch": "--max-batch", "grid.max_kv_tokens": "--max-context / --max-batch",
+    "grid.token_knots": "--max-tokens", "warmup": "--warmup", "reps": "--reps",
+    "seed": "--seed", "attention_backend": "--attention", "dtype": "--device",
+    "device_name": "--device (on the machine that measured it)",
+}
+
+
+def _condition(meta: dict[str, Any], key: str) -> Any:
+    head, _, name = key.partition(".")
+    value = meta.get(head) if not name else (meta.get(head) or {}).get(name)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def check_same_conditions(out: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Resuming adds rows under the profile's one record of how they were measured: refuse when
+    this command would measure under other conditions (a grid, repetitions, seed or backend
+    of its own), naming the first that differs, rather than mix two profiles under one record
+    (a conditions key the earlier profile lacks is not compared)."""
+    for key, option in RESUME_CONDITIONS.items():
+        before, now = _condition(old, key), _condition(new, key)
+        if before is not None and before != now:
+            raise InputError(out, key, before, (
+                f"this profile was measured with {key} {before!r}, this command would measure "
+                f"with {now!r}: give the same {option} to resume it, or another --out"))
+
+
 def profile(shape: ModelShape, device: str, out: Path, spec: GridSpec, mixes: list[tuple[Mix, str]],
             *, dtype: torch.dtype, warmup: int, reps: int, seed: int, command: str,
             attention: str = "sdpa", tensor_parallel: int = 1,
@@ -215,6 +245,7 @@ def profile(shape: ModelShape, device: str, out: Path, spec: GridSpec, mixes: li
             raise InputError(out, "tensor_parallel", old_meta.get("tensor_parallel", 1),
                              f"this profile is of another shard; cannot resume it with "
                              f"--tensor-parallel {tensor_parallel}")
+        check_same_conditions(out, old_meta, metadata)
         rows = [{str(k): v for k, v in r.items()} for r in previous.to_dict("records")]
         for r in rows:
             r["samples_s"] = list(r["samples_s"])

@@ -162,6 +162,25 @@ def test_check_measures_fresh_mixes_and_plots(tiny_profile, monkeypatch, tmp_pat
     assert plot.stat().st_size > 10_000
 
 
+@pytest.mark.parametrize("option,value,key", [("--max-context", "4096", "grid.max_context"),
+                                              ("--reps", "3", "reps")])
+def test_a_profile_is_resumed_only_under_its_own_conditions(tiny_profile, monkeypatch, capsys,
+                                                           tmp_path, option, value, key):
+    """Resuming with another grid or repetitions would add rows measured otherwise under the
+    profile's one record (the README's command, without --max-context 2048, grew the committed
+    profile by 249 mixes of a 4096-token grid and relabelled all 543): one line, exit 2,
+    nothing measured."""
+    out = tmp_path / "p.parquet"
+    out.write_bytes(tiny_profile[0].read_bytes())
+    args = {"--holdout": "60", "--reps": "5", "--warmup": "1", "--max-context": "2048",
+            option: value}
+    assert cli(monkeypatch, "profile", "--model", "tiny", "--out", str(out),
+               *[x for pair in args.items() for x in pair]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"p.parquet: {key}=" in err and option in err, err
+    assert out.read_bytes() == tiny_profile[0].read_bytes()
+
+
 def test_profile_of_another_model_is_not_resumed(tiny_profile, monkeypatch, capsys, tmp_path):
     out = tmp_path / "p.parquet"
     out.write_bytes(tiny_profile[0].read_bytes())
