@@ -231,6 +231,13 @@ def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int 
     result = errors(fitted, df)
     console.print(error_table(f"held-out check of {fitted_path.name}", {**fitted,
                                                                         "check": result}))
+    recorded = (fitted.get("holdout") or {}).get("mape")
+    if recorded and result["mape"] > 2 * recorded:
+        console.print(f"[bold yellow]WORSE THAN RECORDED[/]: check MAPE "
+                      f"{100 * result['mape']:.1f}% against {100 * recorded:.1f}% when fitted: "
+                      f"this machine or its load now times the model differently from "
+                      f"{meta.get('device_name', 'the machine that measured it')} then; "
+                      "simulations with this profile may be off by as much")
     if plot is not None:
         scatter(df["median_s"].to_numpy(), predict(fitted, df), plot,
                 f"{fitted['model']} on {meta.get('device_name', device)}: "

@@ -162,6 +162,19 @@ def test_check_measures_fresh_mixes_and_plots(tiny_profile, monkeypatch, tmp_pat
     assert plot.stat().st_size > 10_000
 
 
+def test_check_says_when_it_is_worse_than_recorded(tiny_profile, monkeypatch, capsys,
+                                                   tmp_path):
+    """A check far worse than the fit's held-out error (37.7% against 9.7% on a loaded VM)
+    means the profile no longer describes this machine: said, not left to the table."""
+    fitted = json.loads(tiny_profile[1].read_text())
+    fitted["holdout"]["mape"] = 1e-4  # no real check gets within twice this
+    claimed = tmp_path / "claimed.json"
+    claimed.write_text(json.dumps(fitted))
+    assert cli(monkeypatch, "profile", "--check", str(claimed), "--num", "6") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "WORSE THAN RECORDED" in out and "against 0.0% when fitted" in out, out
+
+
 @pytest.mark.parametrize("option,value,key", [("--max-context", "4096", "grid.max_context"),
                                               ("--reps", "3", "reps")])
 def test_a_profile_is_resumed_only_under_its_own_conditions(tiny_profile, monkeypatch, capsys,
