@@ -134,6 +134,18 @@ def test_capacity_of_one_request_at_a_time_is_one_over_service_time():
     assert result["num_runs"] == len(trials)
 
 
+def test_capacity_stops_halving_where_load_no_longer_matters():
+    """A TTFT target below one unloaded iteration (0.1 s) cannot be met at any rate: once a
+    rate and half of it miss alike, the search stops and says why (it halved 116 times, to
+    6e-08 req/s, before)."""
+    scenario = parse_scenario(ONE_AT_A_TIME, "test")
+    result = capacity(scenario, SLOTargets(ttft_p90_s=0.05), [0, 1], precision=0.01)
+    assert result["capacity_qps"] == 0.0
+    assert len(result["rates"]) <= 3, [d.qps for d in result["rates"]]
+    assert len(result["stopped"]) == 1 and "P90 TTFT 100 ms > 50 ms" in result["stopped"][0]
+    assert "below what an unloaded server gives" in result["interval_meaning"]
+
+
 def test_overload_is_a_violation_even_when_percentiles_pass():
     scenario = parse_scenario(ONE_AT_A_TIME, "test")
     over = run_scenario(with_rate(scenario, 12.0, 0))  # 20% over capacity: the queue grows
