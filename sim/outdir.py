@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -34,6 +35,13 @@ RESULT_FILES = frozenset({
     "tbt_gaps.parquet", "scenario.yaml", "inputs.json", "sweep.json", "results.parquet",
     "results.csv", "capacity.json", "trials.csv", "comparison.csv",
     "comparison_replications.csv"})
+PLOTS_DIR = "plots"  # what `servesim plot` draws into
+EXPORT_FILES = frozenset({"vllm_result.json", "trace.json"})  # `sim.export.DEFAULT_FILES`
+# What servesim writes into a run's or replications' directory, beside the `plots` folder and
+# (replications) the `rep<k>` runs: a new run may replace only these.
+RUN_FILES = RESULT_FILES | {REPORT_FILE} | EXPORT_FILES
+_REP = re.compile(r"rep[0-9]+")
+_TEMPORARY = re.compile(r"\.tmp$|\.(tmp|old|check)-[^/]+$")
 
 
 def check_not_a_result_file(out: Path, results: Path, field: str = "--out") -> None:
@@ -52,20 +60,68 @@ def is_run_dir(path: Path) -> bool:
     return (path / RUN_MARKER).is_file()
 
 
+def is_replications_dir(path: Path) -> bool:
+    return (path / REPLICATIONS_MARKER).is_file()
+
+
 def is_earlier_results(path: Path) -> bool:
     """A single run's or replications' directory: what a new run may replace whole."""
-    return is_run_dir(path) or (path / REPLICATIONS_MARKER).is_file()
+    return is_run_dir(path) or is_replications_dir(path)
 
 
 def check_out_dir(out: Path, field: str = "--out") -> None:
     """Fail now, before any simulation, if results could not be written to `out`: it is a file,
-    a directory that is not an earlier run or earlier replications (never replaced), or in a
-    place we cannot write."""
+    a directory that is not an earlier run or earlier replications (never replaced), one that
+    holds something no run writes (replacing it would delete that), or in a place we cannot
+    write."""
     check_writable_dir(out, field)
     if out.is_dir() and any(out.iterdir()) and not is_earlier_results(out):
         raise InputError(out, field, str(out), f"exists, is not empty and holds no {RUN_MARKER} "
                          f"or {REPLICATIONS_MARKER} (not an earlier run); refusing to replace "
                          "it: choose another directory")
+    check_only_results(out, field)
+
+
+def check_only_results(out: Path, field: str = "--out") -> None:
+    """`out`, an earlier run or earlier replications (or absent), holds nothing but what servesim
+    writes there, which a new run may replace whole: anything else (a run nested in it, a user's
+    notes) is refused, naming the entry."""
+    if not out.is_dir():
+        return
+    what = "the earlier replications" if is_replications_dir(out) else "the earlier run"
+    foreign = foreign_entry(out)
+    if foreign is not None:
+        raise InputError(out, field, str(out), f"holds {foreign!r}, which no run "
+                         f"writes: replacing {what} would delete it; move it, or choose another "
+                         "directory")
+
+
+def foreign_entry(out: Path) -> str | None:
+    """The first entry of the run or replications directory `out` (in name order) that servesim
+    does not write there, as a path relative to `out`; None where there is none. A replication's
+    `rep<k>` folder is looked into, as a run of its own."""
+    for entry in sorted(out.iterdir(), key=lambda e: e.name):
+        name = entry.name
+        if entry.is_symlink():
+            return name  # never written by servesim; replacing the run would drop the link
+        if entry.is_file() and (name in RUN_FILES or _is_leftover(name)):
+            continue
+        if entry.is_dir() and (name == PLOTS_DIR or _is_leftover(name)):
+            continue
+        if entry.is_dir() and _REP.fullmatch(name) and is_replications_dir(out) \
+                and is_run_dir(entry):
+            inner = foreign_entry(entry)
+            if inner is None:
+                continue
+            return f"{name}/{inner}"
+        return name
+    return None
+
+
+def _is_leftover(name: str) -> bool:
+    """A temporary that servesim itself names (`replace_file`'s `.NAME.XXXX.tmp`, a directory's
+    `.NAME.tmp-XXXX`), left by a crash, or the Finder's `.DS_Store`."""
+    return name == ".DS_Store" or (name.startswith(".") and _TEMPORARY.search(name) is not None)
 
 
 def check_writable_dir(out: Path, field: str = "--out") -> None:

@@ -25,7 +25,9 @@ from sim.config import MAX_SEED, Scenario
 from sim.errors import COMMAND_LINE, InputError
 from sim.intervals import CONFIDENCE, MEAN_METHOD, PERCENTILE_METHOD, estimate
 from sim.outdir import (
+    PLOTS_DIR,
     REPORT_FILE,
+    check_only_results,
     check_writable_dir,
     is_earlier_results,
     is_run_dir,
@@ -130,13 +132,15 @@ def is_replications_dir(path: Path) -> bool:
 
 def check_replications_dir(out: Path, field: str = "--out") -> None:
     """`out` may receive replications: absent, empty, an earlier run or earlier replications
-    (replaced whole); anything else is refused before any run."""
+    (replaced whole) holding nothing but what servesim writes there; anything else is refused
+    before any run."""
     check_writable_dir(out, field)
     if (out.is_dir() and any(out.iterdir()) and not is_run_dir(out)
             and not is_replications_dir(out)):
         raise InputError(out, field, str(out), f"exists, is not empty and holds no "
                          f"{RESULT_FILE} or summary.json (not earlier results); refusing to "
                          "replace it: choose another directory")
+    check_only_results(out, field)
 
 
 def run_replications(scenario: Scenario, replications: int, out_dir: Path, *,
@@ -274,7 +278,6 @@ COMPARED = (("ttft_p50_s", ("ttft_s", "p50")), ("ttft_p99_s", ("ttft_s", "p99"))
 
 # A plain comparison's table, and this one's two.
 COMPARISON_TABLES = ("comparison.csv", COMPARISON_FILE, DIFFERENCES_FILE)
-PLOTS_DIR = "plots"  # what `servesim plot` draws into
 
 
 def check_comparison_dir(out_dir: Path, variants: Sequence[str]) -> None:

@@ -50,7 +50,7 @@ from sim.config import (
 )
 from sim.errors import InputError
 from sim.fingerprint import input_files, inputs_record, scenario_key
-from sim.outdir import check_writable_dir, is_run_dir, replace_file
+from sim.outdir import check_only_results, check_writable_dir, is_run_dir, replace_file
 from sim.overrides import (
     FIELD_PATH,
     Override,
@@ -282,9 +282,12 @@ def run_sweep(runs: list[Run], out_dir: str | Path, *, workers: int | None = Non
     out_dir = Path(out_dir)
     check_sweep_dir(out_dir)
     keys = _keys(runs)
-    _mark(out_dir, len(runs))
     todo = {key: run for key, run in zip(keys, runs, strict=True)
             if force or not is_cached(out_dir / "runs" / key)}
+    for key in todo:  # before any run: an earlier run there is replaced whole
+        if is_run_dir(out_dir / "runs" / key):
+            check_only_results(out_dir / "runs" / key)
+    _mark(out_dir, len(runs))
     if todo:
         for name in (*TABLES, *CI_TABLES):  # a table of earlier runs would look current
             (out_dir / name).unlink(missing_ok=True)

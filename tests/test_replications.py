@@ -299,6 +299,23 @@ def test_a_single_run_and_replications_replace_each_other(tmp_path, monkeypatch,
     assert (out / "replications.json").is_file() and not (out / "summary.json").exists()
 
 
+def test_replications_holding_more_than_their_runs_are_never_replaced(tmp_path, monkeypatch,
+                                                                     capsys):
+    path, out = small(tmp_path), tmp_path / "out"
+    reps = ("simulate", str(path), "--replications", "2", "--workers", "1", "--out", str(out))
+    assert cli(monkeypatch, capsys, *reps)[0] == 0
+    (out / "plots").mkdir()
+    (out / "rep0" / "plots").mkdir()
+    (out / "report.html").write_text("")
+    assert cli(monkeypatch, capsys, *reps)[0] == 0  # only what servesim writes there
+    (out / "rep1" / "notes.txt").write_text("mine")
+    for args in (reps, ("simulate", str(path), "--out", str(out))):
+        code, err = run_cli(monkeypatch, capsys, *args)
+        assert_one_line_error(code, err, "holds 'rep1/notes.txt', which no run writes",
+                              "replacing the earlier replications would delete it")
+    assert (out / "rep1" / "notes.txt").read_text() == "mine"
+
+
 def comparison(tmp_path: Path) -> Path:
     base = yaml.safe_load(small(tmp_path).read_text())
     path = tmp_path / "cmp.yaml"

@@ -82,6 +82,42 @@ def test_an_earlier_run_is_replaced_whole(tmp_path, monkeypatch, capsys):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def test_an_earlier_run_holding_a_nested_run_or_notes_is_never_replaced(tmp_path, monkeypatch,
+                                                                      capsys):
+    # A run replaced whole deleted a run nested in its directory (out_int/inner), exit 0.
+    out, path = tmp_path / "out_int", str(scenario(tmp_path))
+    assert cli(monkeypatch, capsys, "simulate", path, "--out", str(out))[0] == 0
+    assert cli(monkeypatch, capsys, "simulate", path, "--out", str(out / "inner"))[0] == 0
+    mtime = (out / "summary.json").stat().st_mtime_ns
+    code, err = run_cli(monkeypatch, capsys, "simulate", path, "--out", str(out))
+    assert_one_line_error(code, err, "--out", "holds 'inner', which no run writes",
+                          "replacing the earlier run would delete it")
+    assert (out / "inner" / "summary.json").is_file()
+    assert (out / "summary.json").stat().st_mtime_ns == mtime  # refused before running
+    (out / "inner").rename(tmp_path / "inner")
+    (out / "notes.txt").write_text("keep me")
+    code, err = run_cli(monkeypatch, capsys, "simulate", path, "--out", str(out),
+                        "--replications", "2", "--workers", "1")
+    assert_one_line_error(code, err, "holds 'notes.txt'")
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_an_earlier_run_with_what_servesim_writes_there_is_replaced(tmp_path, monkeypatch,
+                                                                    capsys):
+    from sim.export import DEFAULT_FILES
+    from sim.outdir import EXPORT_FILES, REPORT_FILE
+
+    assert set(DEFAULT_FILES.values()) == EXPORT_FILES
+    out, path = tmp_path / "run", str(scenario(tmp_path))
+    assert cli(monkeypatch, capsys, "simulate", path, "--out", str(out))[0] == 0
+    (out / "plots").mkdir()
+    (out / "plots" / "cdf.png").write_bytes(b"")
+    for name in (REPORT_FILE, *EXPORT_FILES, ".summary.json.ab12.tmp"):
+        (out / name).write_text("")
+    assert cli(monkeypatch, capsys, "simulate", path, "--out", str(out))[0] == 0
+    assert not (out / "plots").exists() and not (out / REPORT_FILE).exists()
+
+
 def test_overloaded_run_says_so(tmp_path, monkeypatch, capsys):
     """A replica at many times its capacity: the table is followed by the verdict."""
     monkeypatch.setenv("COLUMNS", "200")

@@ -78,6 +78,23 @@ def test_cache_skips_runs_already_done_and_resumes(tmp_path):
     assert pd.read_parquet(out / "results.parquet").equals(table)
 
 
+def test_forced_sweep_never_replaces_a_point_holding_a_users_file(tmp_path):
+    from sim.errors import InputError
+
+    path = sweep_file(tmp_path, "grid:\n  replica.scheduler.token_budget: [256, 1024]\n")
+    _, runs = load_sweep(path)
+    out = tmp_path / "out"
+    run_sweep(runs, out)
+    run_dir = out / "runs" / runs[1].key
+    (run_dir / "notes.txt").write_text("mine")
+    mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
+    with pytest.raises(InputError, match="holds 'notes.txt', which no run writes"):
+        run_sweep(runs, out, force=True)
+    assert (run_dir / "notes.txt").read_text() == "mine"
+    # Refused before any run: the other point was not run again either.
+    assert mtimes == {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
+
+
 def test_parallel_workers_give_the_same_table(tmp_path):
     path = sweep_file(tmp_path, "grid:\n  replica.scheduler.token_budget: [128, 256, 512]\n")
     _, runs = load_sweep(path)
