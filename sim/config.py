@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from sim.errors import INPUT_MODEL, InputError, invalid
+from sim.errors import INPUT_MODEL, InputError, as_written, invalid
 from sim.gpus import GPUS, GPUSpec, GPUSpecInput
 from sim.latency import LATENCY_MODELS
 from sim.latency.base import LatencyConfig
@@ -89,11 +89,19 @@ class KVCacheConfig(_Frozen):
 
 
 def _changed(model: BaseModel, *names: str) -> list[tuple[str, Any]]:
-    """The named fields whose values differ from their defaults. (Whether a field was given
-    cannot be told from a resolved scenario, which spells every default out.)"""
+    """The named fields whose values differ from their defaults, each as a scenario writes it
+    (a model as its mapping). (Whether a field was given cannot be told from a resolved
+    scenario, which spells every default out.)"""
     fields = type(model).model_fields
-    return [(name, getattr(model, name)) for name in names
+    return [(name, _as_written(getattr(model, name))) for name in names
             if getattr(model, name) != fields[name].get_default(call_default_factory=True)]
+
+
+def _as_written(value: Any) -> Any:
+    """A field's value shown in an error: a model as the mapping a scenario gives it."""
+    if isinstance(value, BaseModel):
+        return as_written(value.model_dump(mode="json"))
+    return value
 
 
 class ReplicaConfig(_Frozen):

@@ -84,6 +84,17 @@ def _rebuild(source: str, problems: list[Problem]) -> InputError:
     return InputError.many(source, problems)
 
 
+def as_written(value: Any) -> Any:
+    """`value` shown in an error as a scenario writes it: a mapping or a list as YAML on one line
+    (`{bandwidth_gb_s: 10.0, latency_s: 5.0e-06}`), never a Python repr; anything else as is."""
+    if not isinstance(value, (dict, list)):
+        return value
+    import yaml  # here: `servesim --help` starts without it
+
+    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**9)
+    return _Shown(" ".join(text.split()))
+
+
 class _Shown(str):
     """A value already turned into its short text: shown as is, not quoted again."""
 

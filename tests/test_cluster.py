@@ -6,9 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from sim import run_scenario
-from sim.config import parse_scenario
+from sim.config import parse_scenario, scenario_yaml
+from sim.errors import InputError
 
 TICK = 0.25
 TINY_KV_BYTES = 2048  # tiny model: 4 layers x 2 KV heads x 64 x (K, V) x 2 bytes
@@ -179,3 +181,24 @@ def test_pools_start_from_the_scenarios_replica():
     from sim.config import scenario_yaml
     again = parse_scenario(yaml.safe_load(scenario_yaml(scenario)), "again")
     assert scenario_yaml(again) == scenario_yaml(scenario)
+
+
+def test_kv_transfer_settings_on_a_colocated_cluster_are_shown_as_written(tmp_path):
+    # They were shown as a Python repr: LinkConfig(bandwidth_gb_s=10.0, latency_s=5e-06).
+    data = {"workload": {"format": "vidur", "path": trace(tmp_path, [(0.0, 16, 2)])},
+            "cluster": {"link": {"bandwidth_gb_s": 10}, "decode_router": {"name": "round_robin"},
+                        "overlap_transfer": True}}
+    with pytest.raises(InputError) as exc:
+        parse_scenario(data, "s.yaml")
+    assert exc.value.lines() == [
+        f"s.yaml: cluster.{field}={value}: only used by a disaggregated cluster (prefill and "
+        "decode pools)" for field, value in [
+            ("decode_router", "{name: round_robin}"),
+            ("link", "{bandwidth_gb_s: 10.0, latency_s: 5.0e-06}"),
+            ("overlap_transfer", "True")]]
+    # Settings equal to the defaults, as a resolved scenario.yaml spells them out, still run.
+    del data["cluster"]
+    scenario = parse_scenario(data, "s.yaml")
+    resolved = yaml.safe_load(scenario_yaml(scenario))
+    assert resolved["cluster"]["link"] == {"bandwidth_gb_s": 50.0, "latency_s": 5e-06}
+    assert parse_scenario(resolved, "s.yaml").cluster == scenario.cluster
