@@ -48,7 +48,7 @@ from sim.config import (
     read_yaml,
     results_name,
 )
-from sim.errors import InputError
+from sim.errors import InputError, Problem
 from sim.fingerprint import input_files, inputs_record, scenario_key
 from sim.outdir import check_only_results, check_writable_dir, is_run_dir, replace_file
 from sim.overrides import (
@@ -118,7 +118,7 @@ def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[st
                    for combo in itertools.product(*grid.values())] or [{}]
     zip_points = [dict(zip(zipped, combo, strict=True))
                   for combo in zip(*zipped.values(), strict=True)] or [{}]
-    runs = []
+    runs, errors = [], []
     for g, z, seed in itertools.product(grid_points, zip_points, run_seeds):
         point = {**g, **z}
         scenario_data = dict(base)
@@ -132,9 +132,34 @@ def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[st
         try:
             scenario = parse_scenario(scenario_data, path, base_dir)
         except InputError as exc:  # named by the override or sweep axis that set the field
-            raise named_by_overrides(exc, overrides, path, partial(_axis_of, point)) from None
+            errors.append(named_by_overrides(exc, overrides, path, partial(_axis_of, point)))
+            continue
         runs.append(Run(point, scenario.seed, scenario, _given_paths(scenario, scenario_data)))
+    if errors:
+        raise _every_problem(path, errors)
     return name, runs
+
+
+MAX_PROBLEMS = 20  # lines of a sweep's problems shown at once; a last line counts the rest
+
+
+def _every_problem(path: Path, errors: list[InputError]) -> InputError:
+    """The problems of every point, each once, in order: the first `MAX_PROBLEMS`, then a line
+    of the sweep file `path` saying how many more. One `InputError` where every problem is of
+    one file (the sweep's), else a line each."""
+    problems: dict[str, tuple[str, Problem]] = {}
+    for exc in errors:
+        for problem, line in zip(exc.problems, exc.lines(), strict=True):
+            problems.setdefault(line, (exc.source, problem))
+    shown = list(problems.values())[:MAX_PROBLEMS]
+    more = len(problems) - len(shown)
+    rest: list[Problem] = [("<more>", more, f"problems not shown (the first {MAX_PROBLEMS} are "
+                            "above): fix those and check again")] if more else []
+    sources = {source for source, _ in problems.values()}
+    if sources == {str(path)}:
+        return InputError.many(path, [problem for _, problem in shown] + rest)
+    return SweepFailed(list(problems)[:MAX_PROBLEMS]
+                       + (InputError.many(path, rest).lines() if rest else []))
 
 
 def _seeds(path: Path, data: dict[str, Any], base: dict[str, Any]) -> list[int] | None:

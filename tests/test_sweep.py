@@ -117,6 +117,29 @@ def test_bad_sweep_files(tmp_path, monkeypatch, capsys, body, needles):
     assert_one_line_error(code, err, str(path), *needles)
 
 
+def test_every_bad_point_of_a_sweep_is_reported_at_once(tmp_path):
+    # Only the first bad point's problem was reported: qps=-2.0, never qps=True or '512'.
+    from sim.errors import InputError
+
+    path = sweep_file(tmp_path, "grid:\n  workload.arrivals.qps: [1.0, -2.0, true]\n"
+                                "  replica.scheduler.token_budget: [256, '512']\n")
+    with pytest.raises(InputError) as exc:
+        load_sweep(path)
+    assert [line.split(": ", 2)[1] for line in exc.value.lines()] == [
+        "replica.scheduler.token_budget='512'", "workload.arrivals.qps=-2.0",
+        "workload.arrivals.qps=True"]  # each once, in the order the points come
+    assert {line.split(": ")[0] for line in exc.value.lines()} == {str(path)}
+    from sim.sweep import MAX_PROBLEMS  # at most that many lines, then one counting the rest
+
+    values = ", ".join(str(-q) for q in range(1, MAX_PROBLEMS + 6))
+    with pytest.raises(InputError) as exc:
+        load_sweep(sweep_file(tmp_path, f"grid:\n  workload.arrivals.qps: [{values}]\n"))
+    lines = exc.value.lines()
+    assert len(lines) == MAX_PROBLEMS + 1 and "qps=-20: " in lines[MAX_PROBLEMS - 1]
+    assert lines[-1].endswith(f"<more>=5: problems not shown (the first {MAX_PROBLEMS} are "
+                              "above): fix those and check again")
+
+
 def test_ray_backend_when_installed(tmp_path):
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'servesim[ray]'")
     path = sweep_file(tmp_path, "grid:\n  replica.scheduler.token_budget: [256, 512]\n")
