@@ -395,7 +395,8 @@ def _never() -> float:
 def feed_arrivals(env: Environment, requests: list[Request], route: Hook,
                   on_progress: Callable[[int, int], None] | None = None
                   ) -> Generator[simpy.Event, Any, None]:
-    """Hand each request to `route` at its arrival time; report progress now and then."""
+    """Hand each request to `route` at its arrival time; report progress now and then, and
+    after the last arrival (the final report says every request was fed)."""
     total = len(requests)
     every = max(1, total // 200)
     for i, req in enumerate(requests):
@@ -403,7 +404,7 @@ def feed_arrivals(env: Environment, requests: list[Request], route: Hook,
             env.next_arrival_s = req.arrival_s
             yield At(env, req.arrival_s, NORMAL)
         route(req)
-        if on_progress is not None and (i + 1) % every == 0:
+        if on_progress is not None and ((i + 1) % every == 0 or i + 1 == total):
             on_progress(i + 1, total)
     env.next_arrival_s = math.inf
 

@@ -134,3 +134,25 @@ def test_horizon_before_any_token(tmp_path):
     assert res.summary["requests"]["unfinished"] == 3
     assert res.summary["requests"]["reasons"] == {"after_horizon": 1, "queued_at_horizon": 1,
                                                   "running_at_horizon": 1}
+
+
+def test_progress_ends_with_every_request_fed(tmp_path, capsys):
+    # Reported every total // 200 arrivals only: 451 requests ended at 450/451 (a 2p2d re-run
+    # at 19,296/19,366), so the final "done" line never said the total.
+    from sim.progress import ProgressReport
+
+    trace = tmp_path / "many.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                     + "".join(f"{i * 0.01},16,1\n" for i in range(451)))
+    data = {"workload": {"format": "vidur", "path": str(trace)},
+            "replica": {"latency": {"kind": "constant", "iteration_s": TICK}}}
+    calls: list[tuple[int, int]] = []
+    with ProgressReport("simulating many", "arrivals", every_s=0.0) as progress:
+        def report(done: int, total: int) -> None:
+            calls.append((done, total))
+            progress.update(done, total)
+
+        run(data, on_progress=report)
+    assert calls[-1] == (451, 451) and len(calls) <= 451 // 2 + 1  # still every 2nd arrival
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        "simulating many: done 451/451 arrivals")
