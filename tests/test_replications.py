@@ -342,6 +342,24 @@ def test_compare_plain_and_replicated_replace_each_other(tmp_path, monkeypatch, 
     assert_one_line_error(code, err, "notes.txt")
 
 
+def test_results_lines_of_compare_and_capacity_fit_80_columns(tmp_path, monkeypatch, capsys):
+    # They were one line of 110 (compare), 181 (compare --replications) and 96 (capacity)
+    # columns for results/compare_prefix_caching_long: a terminal folded them inside paths.
+    monkeypatch.chdir(tmp_path)
+    path, out = comparison(tmp_path), "results/compare_prefix_caching_long"
+    runs = [("compare", str(path), "--out", out),
+            ("compare", str(path), "--replications", "2", "--workers", "1", "--out", out),
+            ("capacity", str(small(tmp_path)), "--tbt-p99", "0.1", "--replications", "1",
+             "--precision", "0.2", "--out", out + "-capacity")]
+    for args in runs:
+        code, printed = cli(monkeypatch, capsys, *args)
+        lines = printed.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("results: "))
+        assert lines[start].startswith(f"results: {args[-1]}/")
+        assert len(lines) - start >= 2 and all(len(line) <= 80 for line in lines[start:]), \
+            lines[start:]
+
+
 def test_interrupted_replicated_compare_leaves_the_earlier_one(tmp_path, monkeypatch, capsys):
     import sim.replications as reps
 

@@ -76,8 +76,9 @@ def compare(
                           "not written: run the comparison again") from None
     for part in comparison_tables(name, table, console.width):
         console.print(part)
-    console.print(f"results: {out_dir}/<variant>/ and {out_dir}/comparison.csv",
-                  soft_wrap=True)
+    # A line each, short enough for 80 columns, and never folded inside a path.
+    console.print(f"results: {out_dir}/", soft_wrap=True)
+    console.print("  comparison.csv, <variant>/ (one run each)", soft_wrap=True)
 
 
 def comparison_table(title: str, df: Any) -> Table:
@@ -173,8 +174,10 @@ def compare_replicated(name: str, scenarios: dict[str, Any], replications: int, 
     console.print(replicated_comparison_table(name, results))
     if len(results) > 1:
         console.print(differences_table(name, results))
-    console.print(f"results: {out_dir}/<variant>/rep<k>/, replications.json, "
-                  f"{out_dir}/{COMPARISON_FILE} and {DIFFERENCES_FILE}", soft_wrap=True)
+    console.print(f"results: {out_dir}/", soft_wrap=True)
+    console.print(f"  {COMPARISON_FILE}, {DIFFERENCES_FILE}", soft_wrap=True)
+    console.print("  <variant>/replications.json, <variant>/rep<k>/ (one run each)",
+                  soft_wrap=True)
 
 
 def replicated_comparison_table(title: str, results: dict[str, dict[str, Any]]) -> Table:
@@ -394,8 +397,9 @@ def capacity(
                           "capacity.json (the search did not finish): run it again") from None
     log.finish(loaded, targets, precision, result)
     console.print(capacity_table(loaded.name, result))
-    console.print(f"results: {out_dir}/trials.csv, capacity.json (servesim plot {out_dir})",
-                  soft_wrap=True)
+    console.print(f"results: {out_dir}/", soft_wrap=True)  # lines for 80 columns, as compare's
+    console.print("  trials.csv, capacity.json", soft_wrap=True)
+    console.print(f"  draw them: servesim plot {out_dir}", soft_wrap=True)
 
 
 def capacity_table(name: str, result: dict[str, Any]) -> Table:
