@@ -26,6 +26,7 @@ from sim.outdir import check_out_dir, check_writable_dir, is_run_dir, replace_fi
 from sim.overrides import Override, apply_overrides, named_by_overrides, resolved_defaults
 from sim.replications import check_only_comparison_entries
 from sim.runner import Results, run_scenario
+from sim.yaml_input import read_yaml
 
 TABLE = "comparison.csv"
 
@@ -33,12 +34,18 @@ TABLE = "comparison.csv"
 def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
                     ) -> dict[str, Scenario]:
     """Each variant of a comparison file as a full scenario, named `<name>/<variant>`;
-    `overrides` (`--set`) set in every variant, over the base and the variant's changes."""
+    `overrides` (`--set`) set in every variant, over the base and the variant's changes. The
+    base is a scenario mapping or, as a sweep's, a scenario file (relative to the comparison
+    file; its own relative paths then to it)."""
     path = Path(path)
     data = read_mapping(path, "comparison", {"name", "base", "variants"})
     base, variants = data.get("base"), data.get("variants")
+    base_dir = path.parent
+    if isinstance(base, str):
+        base_path = base_dir / base
+        base, base_dir = read_yaml(base_path), base_path.parent
     if not isinstance(base, dict):
-        raise InputError(path, "base", base, "must be a scenario mapping")
+        raise InputError(path, "base", base, "must be a scenario file or mapping")
     if not isinstance(variants, dict) or not variants:
         raise InputError(path, "variants", variants, "must map names to scenario changes")
     name = results_name(path, data)
@@ -60,10 +67,10 @@ def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
                              "name out (change the file's name, or the variant's key)")
         merged = merge_mappings(base, {**change, "name": f"{name}/{variant}"})
         if overrides:
-            defaults = resolved_defaults(merged, path, path.parent)
+            defaults = resolved_defaults(merged, path, base_dir)
             merged = apply_overrides(merged, overrides, defaults)
         try:
-            scenarios[str(variant)] = parse_scenario(merged, path, path.parent)
+            scenarios[str(variant)] = parse_scenario(merged, path, base_dir)
         except InputError as exc:  # each field within its variant, or named by its --set
             prefix = f"variants.{variant}."
             raise named_by_overrides(exc, overrides, path, prefix.__add__) from None

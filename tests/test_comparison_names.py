@@ -30,3 +30,30 @@ def test_the_shipped_layout_still_loads(tmp_path):
     path.write_text(COMPARISON)
     assert list(load_comparison(path)) == ["colocated", "first", "split"]
     assert load_comparison(path)["first"].name == "cmp/first"
+
+
+def test_the_base_may_be_a_scenario_file_as_a_sweeps_is(tmp_path):
+    """A sweep file's `base:` took a file and a comparison's only a mapping (found by a
+    walk-through): both now take either, a file's relative paths read from its own folder."""
+    import yaml
+
+    inline = tmp_path / "inline.yaml"
+    inline.write_text(COMPARISON)
+    data = yaml.safe_load(COMPARISON)
+    (tmp_path / "scenarios").mkdir()
+    lengths = tmp_path / "scenarios" / "lengths.csv"
+    lengths.write_text("num_prefill_tokens,num_decode_tokens\n100,5\n2000,60\n")
+    base = {**data["base"], "workload": {**data["base"]["workload"],
+                                         "lengths": {"file": "lengths.csv"}}}
+    (tmp_path / "scenarios" / "base.yaml").write_text(yaml.safe_dump(base))
+    from_file = tmp_path / "from_file.yaml"
+    from_file.write_text(yaml.safe_dump({**data, "base": "scenarios/base.yaml"}))
+    loaded = load_comparison(from_file)
+    assert list(loaded) == ["colocated", "first", "split"]
+    assert loaded["first"].workload.lengths.file == lengths  # its own folder's file
+    assert loaded["first"].replica.scheduler.name == "prefill_first"
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(yaml.safe_dump({**data, "base": "nowhere.yaml"}))
+    with pytest.raises(InputError) as exc:
+        load_comparison(missing)
+    assert "nowhere.yaml" in exc.value.one_line()
