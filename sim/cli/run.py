@@ -202,7 +202,9 @@ def summary_table(summary: dict[str, Any]) -> Table:
     on = run["gpu"] if split == "TP1" else f"{split} {run['gpu']}"
     # No padding at the table's edges: a 17-character label, five 9-character numbers (fmt's
     # widest) and "unfinished" fit 80 columns.
-    table = Table(title=f"{run['scenario']}: {run['model']} on {on}, {run['scheduler']}, "
+    # Two lines, what runs and how: rich wraps a title at the table's width, wherever a space
+    # falls ("..., seed" / "0" on an 80-column terminal).
+    table = Table(title=f"{run['scenario']}: {run['model']} on {on}\n{run['scheduler']}, "
                         f"{run['latency']} latency, seed {run['seed']}", pad_edge=False)
     table.add_column("metric", no_wrap=True)
     for col in ("P50", "P90", "P99", "max", "mean"):
