@@ -44,7 +44,7 @@ def test_intervals_over_seeds_are_written_and_reproducible(tmp_path, monkeypatch
     path = sweep_file(tmp_path)
     out = tmp_path / "out"
     printed = cli(monkeypatch, capsys, "sweep", str(path), "--out", str(out), "--workers", "1")
-    assert f"{out}/results_ci.csv" in printed.replace("\n", "")
+    assert f"results: {out}/" in printed and "results_ci.csv: 95% intervals over seeds" in printed
     ci = pd.read_csv(out / "results_ci.csv")
     assert ci["workload.arrivals.qps"].tolist() == [2, 8]
     assert ci["num_seeds"].tolist() == [3, 3]

@@ -295,10 +295,10 @@ def sweep(
         console.print(f"{over} of {len(table)} runs overloaded: a queue grew faster than it was "
                       "served (over the run, or through a burst: see each run's verdict), so "
                       "their latencies describe no steady state")
-    console.print(f"results: {out_dir}/results.parquet, results.csv, runs/<key>/",
-                  soft_wrap=True)
+    console.print(f"results: {out_dir}/", soft_wrap=True)  # lines for 80 columns, as compare's
+    console.print("  results.parquet, results.csv, runs/<key>/ (one run each)", soft_wrap=True)
     if (out_dir / "results_ci.csv").is_file():
-        console.print(f"95% intervals over seeds: {out_dir}/results_ci.csv", soft_wrap=True)
+        console.print("  results_ci.csv: 95% intervals over seeds", soft_wrap=True)
 
 
 def sweep_table(title: str, df: Any) -> Table:
