@@ -196,3 +196,20 @@ def test_result_directories_follow_the_umask(tmp_path):
         assert out.stat().st_mode & 0o777 == 0o750
     finally:
         os.umask(old)
+
+
+def test_ctrl_c_after_the_run_is_written_says_the_results_are_whole(tmp_path, monkeypatch,
+                                                                    capsys):
+    """A Ctrl-C while the tables print (the results already swapped in) exited 130 with only
+    "interrupted", as if nothing were kept."""
+    import sim.cli.run
+
+    def interrupted(summary):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim.cli.run, "summary_table", interrupted)
+    out = tmp_path / "run"
+    code, printed = cli(monkeypatch, capsys, "simulate", "--set", "workload.num_requests=20",
+                        "--out", str(out))
+    assert code == 130 and (out / "summary.json").is_file()
+    assert "interrupted after the run was complete" in " ".join(printed.split())

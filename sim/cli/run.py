@@ -58,18 +58,28 @@ def simulate(
             ProgressReport(f"simulating {loaded.name}", "arrivals") as progress:
         results = run_scenario(loaded, out_dir=out_dir,
                                on_progress=lambda done, total: progress.update(done, total))
+    try:
+        show_run(results.summary, out_dir, shown, as_json)
+    except KeyboardInterrupt:  # the results are written: say so, not only "interrupted"
+        shown.print(f"interrupted after the run was complete: its results are in {out_dir}/ "
+                    "whole")
+        raise typer.Exit(130) from None
+
+
+def show_run(summary: dict[str, Any], out_dir: Path, shown: Console, as_json: bool) -> None:
+    """A finished run's tables (or its summary as JSON) and what to know about it."""
     if as_json:
-        print(json.dumps(results.summary, indent=2, sort_keys=True))
+        print(json.dumps(summary, indent=2, sort_keys=True))
     else:
-        console.print(summary_table(results.summary))
-        if len(results.summary["replicas"]) > 1:
-            console.print(replica_table(results.summary))
-    shown.print(overload_line(results.summary["overload"]))
-    if line := rejected_line(results.summary):
+        console.print(summary_table(summary))
+        if len(summary["replicas"]) > 1:
+            console.print(replica_table(summary))
+    shown.print(overload_line(summary["overload"]))
+    if line := rejected_line(summary):
         shown.print(line)
-    for pool, note in results.summary["run"].get("blocks_beyond_memory", {}).items():
+    for pool, note in summary["run"].get("blocks_beyond_memory", {}).items():
         shown.print(f"[yellow]idealised KV cache[/] ({pool}): {note}")
-    if note := results.summary["run"].get("latency_device_note"):
+    if note := summary["run"].get("latency_device_note"):
         shown.print(f"[yellow]other device[/]: {note}")
     shown.print(f"results: {out_dir}/ ("
                 f"{', '.join(sorted(p.name for p in Path(out_dir).iterdir()))})")
