@@ -133,6 +133,8 @@ def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[st
             scenario = parse_scenario(scenario_data, path, base_dir)
         except InputError as exc:  # named by the override or sweep axis that set the field
             errors.append(named_by_overrides(exc, overrides, path, partial(_axis_of, point)))
+            if len(errors) == MAX_FAILED_POINTS:  # a bad base fails every point alike: enough
+                break
             continue
         runs.append(Run(point, scenario.seed, scenario, _given_paths(scenario, scenario_data)))
     if errors:
@@ -141,6 +143,9 @@ def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[st
 
 
 MAX_PROBLEMS = 20  # lines of a sweep's problems shown at once; a last line counts the rest
+# Points checked at most once this many have failed (each check parses a whole scenario: a bad
+# base in a sweep of 10,000 points would otherwise parse them all to say one thing).
+MAX_FAILED_POINTS = 200
 
 
 def _every_problem(path: Path, errors: list[InputError]) -> InputError:

@@ -140,6 +140,25 @@ def test_every_bad_point_of_a_sweep_is_reported_at_once(tmp_path):
                               "above): fix those and check again")
 
 
+def test_a_sweep_failing_everywhere_stops_checking_after_enough_points(tmp_path, monkeypatch):
+    """A bad --set fails every point alike: checking stops after MAX_FAILED_POINTS of them (each
+    check parses a whole scenario; a 10,000-point sweep would parse them all to say one line)."""
+    import sim.sweep
+    from sim.errors import InputError
+    from sim.overrides import parse_override
+
+    calls = []
+    real = sim.sweep.parse_scenario
+    monkeypatch.setattr(sim.sweep, "parse_scenario",
+                        lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    values = ", ".join(str(256 + k) for k in range(sim.sweep.MAX_FAILED_POINTS + 50))
+    path = sweep_file(tmp_path, f"grid:\n  replica.scheduler.token_budget: [{values}]\n")
+    with pytest.raises(InputError) as exc:
+        load_sweep(path, [parse_override("replica.kv_cache.block_size=-1")])
+    assert len(calls) == sim.sweep.MAX_FAILED_POINTS
+    assert len(exc.value.lines()) == 1 and "block_size" in exc.value.lines()[0]
+
+
 def test_ray_backend_when_installed(tmp_path):
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'servesim[ray]'")
     path = sweep_file(tmp_path, "grid:\n  replica.scheduler.token_budget: [256, 512]\n")
