@@ -179,8 +179,8 @@ def _unloaded_miss(higher: RateDecision, lower: RateDecision, targets: SLOTarget
     overloaded, and each target's metric (mean over the runs) is the same at both within
     UNLOADED_RTOL: the latency is the server's own, not the queue's."""
     runs = [*higher.trials, *lower.trials]
-    if "fails" != higher.decision or "fails" != lower.decision or any(
-            t.verdict == "overloaded" for t in runs):
+    both_failed = higher.decision == lower.decision == "fails"
+    if not both_failed or any(t.verdict == "overloaded" for t in runs):
         return None
     missed = []
     for name, target in targets.given().items():
