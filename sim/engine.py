@@ -255,7 +255,8 @@ class Replica:
                                        through_finishes=not state.kv.caches_prefixes and not (
                                            self.inbox is not None and self.inbox.pending),
                                        noise=self.noise, first_index=len(self.log),
-                                       max_steps=STRETCH_STEPS)
+                                       max_steps=STRETCH_STEPS,
+                                       num_preempted=len(plan.preempted_ids))
             if stretch is not None:
                 self._check_durations(stretch.starts_s, stretch.duration_s, stretch.end_s)
                 if stretch.end_s[-1] < quiet_s:

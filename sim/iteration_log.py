@@ -63,9 +63,10 @@ class IterationLog:
         self.columns["duration_s"][index] = duration_s
 
     def extend_decodes(self, start_s: np.ndarray, duration_s: np.ndarray,
-                       num_seqs: int | np.ndarray,
-                       num_kv_blocks_used: np.ndarray) -> int:
-        """Add a stretch of decode-only iterations; return the number of the first."""
+                       num_seqs: int | np.ndarray, num_kv_blocks_used: np.ndarray,
+                       num_preempted_first: int = 0) -> int:
+        """Add a stretch of decode-only iterations, the first of which preempted
+        `num_preempted_first` requests when it was planned; return the number of the first."""
         c = self.columns
         index = len(c["start_s"])
         k = len(start_s)
@@ -79,7 +80,10 @@ class IterationLog:
         c["num_decode_tokens"].extend(seqs)
         c["num_seqs"].extend(seqs)
         c["num_kv_blocks_used"].frombytes(num_kv_blocks_used.astype(np.int64, copy=False).tobytes())
-        c["num_preempted"].frombytes(bytes(8 * k))
+        preempted = array("q", bytes(8 * k))
+        if k:
+            preempted[0] = num_preempted_first
+        c["num_preempted"].extend(preempted)
         c["num_waiting"].frombytes(bytes(8 * k))  # a stretch runs only while nothing waits
         return index
 

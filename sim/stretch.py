@@ -48,6 +48,10 @@ class Stretch:
     # `num_steps_left.min()` as a plain int: read at every commit and every router look, where
     # a numpy reduction costs more than the rest of the test.
     min_steps_left: int
+    # Requests preempted while the first iteration was planned (a policy may preempt one and,
+    # with a prefix cache, take it back at once for its one uncomputed token): logged with that
+    # iteration, as a step-by-step run logs them; 0 once it is committed.
+    num_preempted: int = 0
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -70,7 +74,7 @@ class Stretch:
         return Stretch(self.requests, self.num_computed, self.starts_s[:keep],
                        self.duration_s[:keep], self.end_s[:keep], self.num_used_blocks,
                        self.block_size, self.num_allocated, self.num_steps_left,
-                       self.min_steps_left)
+                       self.min_steps_left, self.num_preempted)
 
     def num_steps_without_finish(self) -> int:
         """Iterations from the start in which no request samples its last token."""
@@ -102,13 +106,14 @@ def is_steady(state: ReplicaState, plan: Plan) -> bool:
 def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
                  horizon_s: float | None, *, through_finishes: bool = False,
                  noise: IterationNoise | None = None, first_index: int = 0,
-                 max_steps: int | None = None) -> Stretch | None:
+                 max_steps: int | None = None, num_preempted: int = 0) -> Stretch | None:
     """The longest stretch from `start_s`, after `schedule()` allocated its first iteration for
     every running request; None unless every running request is decoding. It ends when the
     first request finishes, or, `through_finishes`, when the last does (the batch shrinks as
     requests leave: with nothing waiting, nothing takes their place until work arrives), and
     after `max_steps` iterations at most (where it ends, the replica plans again, as at any
-    iteration: any shorter stretch gives the same results)."""
+    iteration: any shorter stretch gives the same results). `num_preempted`: requests the
+    plan of its first iteration preempted."""
     requests = list(state.running)
     computed = []
     left = []
@@ -148,7 +153,7 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
         max_steps = max(1, int(np.searchsorted(end, horizon_s, side="right")))
         starts, duration, end = starts[:max_steps], duration[:max_steps], end[:max_steps]
     return Stretch(requests, num_computed, starts, duration, end, kv.num_used_blocks,
-                   kv.block_size, num_computed + 1, num_steps_left, min(left))
+                   kv.block_size, num_computed + 1, num_steps_left, min(left), num_preempted)
 
 
 def batch_sizes(num_computed: np.ndarray, num_steps_left: np.ndarray, num_steps: int,
@@ -200,7 +205,7 @@ def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: I
         num_seqs = inside[:, :num_steps].sum(axis=0)
         steps_in = np.minimum(left, num_steps)
     first_iter = log.extend_decodes(stretch.starts_s[:num_steps], stretch.duration_s[:num_steps],
-                                    num_seqs, used[:num_steps])
+                                    num_seqs, used[:num_steps], stretch.num_preempted)
     # A plain loop over the batch for what lives on the requests (counters, token runs); the
     # arithmetic is done on the arrays, once per commit rather than once per request (a decode
     # replica of a disaggregated cluster commits its stretches an iteration or two at a time).
