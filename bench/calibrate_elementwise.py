@@ -86,7 +86,8 @@ def load(vidur: Path) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, str]]
 
 
 def predict(p: KernelParams, m: np.ndarray, size: np.ndarray) -> np.ndarray:
-    return p.launch_s + size * np.maximum(1.0 / p.row_bytes_s, m / p.bytes_s)
+    """`KernelParams.time_s`, each row with its own bytes (every measured row has tokens)."""
+    return np.asarray(p.time_s(m, size))
 
 
 def fit(m: np.ndarray, size: np.ndarray, measured: np.ndarray) -> KernelParams:

@@ -26,7 +26,7 @@ from sim.outdir import check_out_dir, check_writable_dir, is_run_dir, replace_fi
 from sim.overrides import Override, apply_overrides, named_by_overrides, resolved_defaults
 from sim.replications import check_only_comparison_entries
 from sim.runner import Results, run_scenario
-from sim.yaml_input import read_yaml
+from sim.yaml_input import read_base
 
 TABLE = "comparison.csv"
 
@@ -39,13 +39,8 @@ def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
     file; its own relative paths then to it)."""
     path = Path(path)
     data = read_mapping(path, "comparison", {"name", "base", "variants"})
-    base, variants = data.get("base"), data.get("variants")
-    base_dir = path.parent
-    if isinstance(base, str):
-        base_path = base_dir / base
-        base, base_dir = read_yaml(base_path), base_path.parent
-    if not isinstance(base, dict):
-        raise InputError(path, "base", base, "must be a scenario file or mapping")
+    base, base_dir = read_base(path, data)
+    variants = data.get("variants")
     if not isinstance(variants, dict) or not variants:
         raise InputError(path, "variants", variants, "must map names to scenario changes")
     name = results_name(path, data)

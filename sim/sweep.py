@@ -45,7 +45,6 @@ from sim.config import (
     Scenario,
     parse_scenario,
     read_mapping,
-    read_yaml,
     results_name,
 )
 from sim.errors import InputError, Problem
@@ -61,6 +60,7 @@ from sim.overrides import (
     set_path,
 )
 from sim.sweep_workers import Job, SweepFailed, run_jobs
+from sim.yaml_input import read_base
 
 SWEEP_MARKER = "sweep.json"
 TABLES = ("results.parquet", "results.csv")
@@ -93,13 +93,7 @@ def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[st
     path = Path(path)
     data = read_mapping(path, "sweep", {"name", "base", "seeds", "grid", "zip"})
     name = results_name(path, data)
-    base = data.get("base")
-    base_dir = path.parent
-    if isinstance(base, str):
-        base_path = base_dir / base
-        base, base_dir = read_yaml(base_path), base_path.parent
-    if not isinstance(base, dict):
-        raise InputError(path, "base", base, "must be a scenario file or mapping")
+    base, base_dir = read_base(path, data)
     _check_overrides(path, data, overrides)
     defaults = resolved_defaults(base, path, base_dir)
     base = apply_overrides(base, overrides, defaults)

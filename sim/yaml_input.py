@@ -150,6 +150,19 @@ def read_mapping(path: Path, kind: str, allowed: set[str]) -> dict[str, Any]:
     return data
 
 
+def read_base(path: Path, data: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """The `base` scenario of a sweep or comparison file `path` (its mapping `data`): given
+    inline, or as a scenario file relative to `path`; and the folder its relative paths are
+    read from (the scenario file's own, or `path`'s)."""
+    base, base_dir = data.get("base"), path.parent
+    if isinstance(base, str):
+        base_path = base_dir / base
+        base, base_dir = read_yaml(base_path), base_path.parent
+    if not isinstance(base, dict):
+        raise InputError(path, "base", base, "must be a scenario file or mapping")
+    return base, base_dir
+
+
 def _check_nodes(root: yaml.Node) -> None:
     """Every mapping key is text (`<<` merges aside), given once in its mapping; no integer
     is longer than MAX_INT_DIGITS digits. Each distinct node is read once; no recursion."""
