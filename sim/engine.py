@@ -165,20 +165,17 @@ class Replica:
         `req`, also how many of its tokens are cached here."""
         state = self.state
         work = self._inflight
-        decoded = 0
+        decoded = num_finished = 0
         if isinstance(work, Stretch) and req is None:
-            # A decode stretch in progress: the counts its ended iterations add, read without
-            # committing them (a router reads every replica at every arrival), until a request
-            # has left (then `sync` commits).
-            num_ended = work.num_ended_by(self.env.now)
-            if num_ended <= work.num_steps_without_finish():
-                decoded = num_ended * len(work.requests)
-            else:
-                self.sync()
+            # A decode stretch in progress: the counts its ended iterations change, read
+            # without committing them (a router reads every replica at every arrival).
+            decoded, num_finished, finished_tokens = work.ended_counts(
+                work.num_ended_by(self.env.now))
+            decoded -= finished_tokens
         else:
             self.sync()  # prefix hits read the cache as the ended iterations left it
         tokens = state.num_waiting_tokens + state.num_running_tokens + decoded
-        num_outstanding = state.num_outstanding
+        num_outstanding = state.num_outstanding - num_finished
         if self.inbox is not None:
             tokens += self.inbox.num_tokens
             num_outstanding += self.inbox.num_requests

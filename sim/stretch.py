@@ -62,6 +62,8 @@ class Stretch:
 
     def num_ended_by(self, now_s: float, *, inclusive: bool = True) -> int:
         """Iterations that have ended by `now_s` (at `now_s` too, if `inclusive`)."""
+        if now_s < self.end_s[0]:  # most reads, at a cost far below a search's
+            return 0
         return int(self.end_s.searchsorted(now_s, side="right" if inclusive else "left"))
 
     def cut_at(self, now_s: float, *, started_now: bool) -> Stretch | None:
@@ -76,9 +78,19 @@ class Stretch:
                        self.block_size, self.num_allocated, self.num_steps_left,
                        self.min_steps_left, self.num_preempted)
 
-    def num_steps_without_finish(self) -> int:
-        """Iterations from the start in which no request samples its last token."""
-        return self.min_steps_left - 1
+    def ended_counts(self, num_steps: int) -> tuple[int, int, int]:
+        """What committing the first `num_steps` iterations would do to the replica's counts,
+        without committing them (a router reads every replica at every arrival; committing a
+        stretch in pieces costs a piece's arrays each time): tokens sampled, requests finished,
+        and the known tokens (prompt plus output) those requests leave with."""
+        if num_steps < self.min_steps_left:
+            return num_steps * len(self.requests), 0, 0
+        left = self.num_steps_left
+        gone = left <= num_steps
+        # A decoding request knows one token more than it has computed.
+        leave_tokens = self.num_computed[gone] + 1 + left[gone]
+        return (int(np.minimum(left, num_steps).sum()), int(gone.sum()),
+                int(leave_tokens.sum()))
 
 
 def extra_blocks(num_computed: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
