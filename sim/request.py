@@ -97,6 +97,14 @@ class Request:
             self.run_start_iter = iteration
         self.last_token_iter = iteration
 
+    def decode_steps(self, first_iter: int, num_steps: int) -> None:
+        """Decoded in `num_steps` consecutive iterations from `first_iter` (a decode stretch):
+        one token computed and one sampled in each."""
+        self.num_computed_tokens += num_steps
+        self.num_output_tokens += num_steps
+        self.record_token(first_iter)
+        self.last_token_iter = first_iter + num_steps - 1
+
     def close_token_run(self) -> None:
         """End the open run (preempted, finished, or moving): the next token opens a new one,
         even if it comes in the very next iteration."""

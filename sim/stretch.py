@@ -223,10 +223,7 @@ def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: I
     # replica of a disaggregated cluster commits its stretches an iteration or two at a time).
     steps_list = [num_steps] * len(requests) if nobody_leaves else steps_in.tolist()
     for req, n in zip(requests, steps_list, strict=True):
-        req.num_computed_tokens += n
-        req.num_output_tokens += n
-        req.record_token(first_iter)
-        req.last_token_iter = first_iter + n - 1
+        req.decode_steps(first_iter, n)
     state.decoded(sum(steps_list))
     # Blocks to hold what each computed (a finishing request's too: with prefix caching, what
     # it frees is cached), in running order; the plan counted every request's growth, so they
