@@ -309,8 +309,7 @@ def run_sweep(runs: list[Run], out_dir: str | Path, *, workers: int | None = Non
     todo = {key: run for key, run in zip(keys, runs, strict=True)
             if force or not is_cached(out_dir / "runs" / key)}
     for key in todo:  # before any run: an earlier run there is replaced whole
-        if is_run_dir(out_dir / "runs" / key):
-            check_only_results(out_dir / "runs" / key)
+        check_point_dir(out_dir / "runs" / key)
     _mark(out_dir, len(runs))
     if todo:
         for name in (*TABLES, *CI_TABLES):  # a table of earlier runs would look current
@@ -318,8 +317,9 @@ def run_sweep(runs: list[Run], out_dir: str | Path, *, workers: int | None = Non
         for key in todo:
             run_dir = out_dir / "runs" / key
             if run_dir.is_dir() and not is_run_dir(run_dir):
-                # Damaged by hand (summary gone): the sweep owns runs/, so clear it for the new
-                # run; a whole earlier run stays until the new one replaces it atomically.
+                # Damaged by hand (summary gone), holding only servesim's files (checked
+                # above): cleared for the new run, which refuses a directory that is not a
+                # run's. A whole earlier run stays until the new one replaces it atomically.
                 shutil.rmtree(run_dir, ignore_errors=True)
     runs_per_key = {key: keys.count(key) for key in todo}
     done = len(runs) - sum(runs_per_key.values())
@@ -348,6 +348,19 @@ def run_sweep(runs: list[Run], out_dir: str | Path, *, workers: int | None = Non
     else:
         _write_tables(intervals, out_dir, CI_TABLES)
     return table
+
+
+def check_point_dir(run_dir: Path) -> None:
+    """A point's directory `runs/<key>` may be replaced by a new run: absent, or a directory
+    (an earlier run, or one damaged by hand) holding nothing but servesim's own files; a file
+    or a link there, or a user's entry inside, is refused naming it, before anything is
+    deleted (`sim.outdir.check_only_results`)."""
+    if run_dir.is_symlink() or (run_dir.exists() and not run_dir.is_dir()):
+        what = "a symbolic link" if run_dir.is_symlink() else "not a directory"
+        raise InputError(run_dir, "--out", str(run_dir), f"is {what}, which no sweep "
+                         "writes: replacing this point's run would delete it; move it, or "
+                         "choose another directory")
+    check_only_results(run_dir)
 
 
 def _keys(runs: list[Run]) -> list[str]:

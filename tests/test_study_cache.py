@@ -172,3 +172,37 @@ def test_a_directory_input_is_hashed_by_its_files(tmp_path):
     assert file_sha256(replay) == first
     (replay / "iterations.parquet").write_bytes(b"three")  # another size: no mtime needed
     assert file_sha256(replay) != first
+
+
+@pytest.mark.parametrize("summary", ["none", "corrupt"])
+def test_a_damaged_run_holding_a_users_file_is_refused_not_cleared(tmp_path, monkeypatch,
+                                                                   capsys, summary):
+    """A point's directory without a whole summary is cleared for the new run only where it holds
+    servesim's own files: a user's file there refuses the sweep (one line naming it, exit 2)
+    and nothing is deleted."""
+    sweep, out = make_inputs(tmp_path / "in"), tmp_path / "out"
+    _, keys = sweep_again(sweep, out)
+    run = out / "runs" / keys["b.csv@4"]
+    if summary == "none":
+        (run / "summary.json").unlink()
+    else:
+        (run / "summary.json").write_text("{not json")
+    (run / "notes.txt").write_text("mine")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    code, err = run_cli(monkeypatch, capsys, "sweep", str(sweep), "--out", str(out))
+    assert_one_line_error(code, err, str(run), "'notes.txt'", "no run writes")
+    assert before == {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def test_a_file_in_place_of_a_points_directory_is_refused_before_any_run(tmp_path, monkeypatch,
+                                                                         capsys):
+    sweep, out = make_inputs(tmp_path / "in"), tmp_path / "out"
+    _, keys = sweep_again(sweep, out)
+    before = run_times(out)
+    shutil.rmtree(out / "runs" / keys["b.csv@4"])
+    (out / "runs" / keys["b.csv@4"]).write_text("mine")
+    code, err = run_cli(monkeypatch, capsys, "sweep", str(sweep), "--out", str(out), "--force")
+    assert_one_line_error(code, err, keys["b.csv@4"], "is not a directory, which no sweep writes")
+    assert (out / "runs" / keys["b.csv@4"]).read_text() == "mine"
+    del before[keys["b.csv@4"]]
+    assert run_times(out) == before  # no other point ran again
