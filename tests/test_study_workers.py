@@ -4,11 +4,15 @@ other failure in a worker ends the sweep at once instead of breaking or hanging 
 
 from __future__ import annotations
 
+import re
+import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from sim.cli import main
 from sim.sweep import load_sweep, run_sweep
 from sim.sweep_workers import SweepCrashed
 from tests.conftest import assert_one_line_error, run_cli
@@ -90,3 +94,52 @@ def test_other_worker_failures_end_the_sweep_without_hanging(tmp_path, monkeypat
         run_sweep(runs, tmp_path / "out", workers=2)
     assert time.monotonic() - start < 30
     assert leftovers(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("backend,workers", [("local", "1"), ("local", "2"), ("ray", "2")])
+def test_a_failed_sweep_leaves_the_earlier_results_or_an_unfinished_sweep(
+        tmp_path, monkeypatch, capsys, backend, workers):
+    """`SweepFailed` at the command line: one line, exit 2. An input found unreadable before any
+    run (keying the points) leaves the earlier sweep exactly as it was; one met by a run leaves
+    the earlier runs whole and unchanged and no table from the earlier sweep beside the new
+    one's runs (the sweep reads as unfinished). Once the input is mended the sweep resumes,
+    running only what is missing."""
+    if backend == "ray":
+        pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'servesim[ray]'")
+    sweep = make_sweep(tmp_path, ["good.csv"], qps=(1, 2))
+    sweep.write_text(sweep.read_text() + "seeds: [0, 1]\n")
+    out = tmp_path / "out"
+
+    def sweep_with(files: list[str]) -> tuple[int, str]:
+        """Exit code (0: it returned) and stderr of the sweep over these length files."""
+        sweep.write_text(re.sub(r"file: \[.*\]", f"file: {files}", sweep.read_text()))
+        monkeypatch.setattr(sys, "argv", ["servesim", "sweep", str(sweep), "--out", str(out),
+                                          "--workers", workers, "--backend", backend])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        return code, capsys.readouterr().err
+
+    assert sweep_with(["good.csv"])[0] == 0
+    tables = ["results.parquet", "results.csv", "results_ci.parquet", "results_ci.csv"]
+    assert all((out / name).is_file() for name in tables)
+    earlier = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    assert_one_line_error(*sweep_with(["good.csv", "gone.csv"]), "gone.csv", "file not found")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == earlier
+
+    assert_one_line_error(*sweep_with(["good.csv", "bad.csv"]), "bad.csv",
+                          "num_prefill_tokens", "missing")
+    assert leftovers(out) == []  # whole runs only: no temporary or partial directory
+    runs = {p: data for p, data in earlier.items() if p.parent.parent.name == "runs"}
+    assert {p: p.read_bytes() for p in runs} == runs
+    assert not [name for name in tables if (out / name).exists()]
+    assert_one_line_error(*run_cli(monkeypatch, capsys, "plot", str(out)), "results.parquet",
+                          "the sweep has not finished")
+
+    (tmp_path / "bad.csv").write_text("num_prefill_tokens,num_decode_tokens\n10,2\n")
+    assert sweep_with(["good.csv", "bad.csv"])[0] == 0
+    assert len(pd.read_parquet(out / "results.parquet")) == 8
+    assert {p: p.read_bytes() for p in runs} == runs  # not run again
