@@ -104,9 +104,9 @@ def foreign_entry(out: Path) -> str | None:
         name = entry.name
         if entry.is_symlink():
             return name  # never written by servesim; replacing the run would drop the link
-        if entry.is_file() and (name in RUN_FILES or _is_leftover(name)):
+        if entry.is_file() and (name in RUN_FILES or is_leftover(name)):
             continue
-        if entry.is_dir() and (name == PLOTS_DIR or _is_leftover(name)):
+        if entry.is_dir() and (name == PLOTS_DIR or is_leftover(name)):
             continue
         if entry.is_dir() and _REP.fullmatch(name) and is_replications_dir(out) \
                 and is_run_dir(entry):
@@ -118,9 +118,10 @@ def foreign_entry(out: Path) -> str | None:
     return None
 
 
-def _is_leftover(name: str) -> bool:
+def is_leftover(name: str) -> bool:
     """A temporary that servesim itself names (`replace_file`'s `.NAME.XXXX.tmp`, a directory's
-    `.NAME.tmp-XXXX`), left by a crash, or the Finder's `.DS_Store`."""
+    `.NAME.tmp-XXXX`), left by a crash, or the Finder's `.DS_Store`: the only entries starting
+    with '.' that replacing a result directory may delete (any other is a user's)."""
     return name == ".DS_Store" or (name.startswith(".") and _TEMPORARY.search(name) is not None)
 
 

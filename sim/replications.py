@@ -30,6 +30,7 @@ from sim.outdir import (
     check_only_results,
     check_writable_dir,
     is_earlier_results,
+    is_leftover,
     is_run_dir,
     shown_path,
     swap_in,
@@ -296,11 +297,12 @@ def check_comparison_dir(out_dir: Path, variants: Sequence[str]) -> None:
 def check_only_comparison_entries(out_dir: Path) -> None:
     """`out_dir` is absent, empty or an earlier comparison (each entry a run's or replications'
     directory, a comparison table, or its plots or report): a comparison replaces the tables
-    there, so anything else (a user's own files) refuses it before any run."""
+    there, so anything else (a user's own files, `.notes` as much as `notes`: a replicated
+    comparison is swapped in whole) refuses it before any run."""
     if not out_dir.is_dir():
         return
-    for entry in out_dir.iterdir():
-        if entry.name.startswith(".") or entry.name in (*COMPARISON_TABLES, REPORT_FILE):
+    for entry in sorted(out_dir.iterdir(), key=lambda e: e.name):
+        if is_leftover(entry.name) or entry.name in (*COMPARISON_TABLES, REPORT_FILE):
             continue
         if entry.is_dir() and (entry.name == PLOTS_DIR or is_earlier_results(entry)):
             continue

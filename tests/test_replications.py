@@ -342,6 +342,31 @@ def test_compare_plain_and_replicated_replace_each_other(tmp_path, monkeypatch, 
     assert_one_line_error(code, err, "notes.txt")
 
 
+
+@pytest.mark.parametrize("entry", [".notes", ".git/HEAD"])
+def test_a_comparison_never_replaces_a_users_dot_entry(tmp_path, monkeypatch, capsys, entry):
+    """A replicated comparison replaces its directory whole: an entry of the user's whose name
+    starts with '.' was skipped by the check and deleted by the swap, without a word. Now it
+    refuses both kinds of comparison, naming the entry; servesim's own leftovers and the
+    Finder's .DS_Store do not."""
+    path, out = comparison(tmp_path), tmp_path / "out"
+    replicated = ("compare", str(path), "--replications", "2", "--workers", "1", "--out",
+                  str(out))
+    assert cli(monkeypatch, capsys, *replicated)[0] == 0
+    (out / ".DS_Store").write_text("finder")
+    (out / ".first.tmp-x1y2z3").mkdir()  # a crashed run's temporary
+    assert cli(monkeypatch, capsys, *replicated)[0] == 0
+    mine = out / entry
+    mine.parent.mkdir(exist_ok=True)
+    mine.write_text("mine")
+    for args in (replicated, ("compare", str(path), "--out", str(out))):
+        code, err = run_cli(monkeypatch, capsys, *args)
+        assert_one_line_error(code, err, f"holds {entry.split('/')[0]}",
+                              "not part of an earlier comparison")
+    assert mine.read_text() == "mine"
+    assert (out / "comparison_replications.csv").is_file()  # the earlier comparison, untouched
+
+
 def test_results_lines_of_compare_and_capacity_fit_80_columns(tmp_path, monkeypatch, capsys):
     # They were one line of 110 (compare), 181 (compare --replications) and 96 (capacity)
     # columns for results/compare_prefix_caching_long: a terminal folded them inside paths.
