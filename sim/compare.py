@@ -22,13 +22,23 @@ from sim.config import (
     results_name,
 )
 from sim.errors import InputError
-from sim.outdir import check_out_dir, check_writable_dir, is_run_dir, replace_file
+from sim.outdir import (
+    PLOTS_DIR,
+    REPORT_FILE,
+    check_out_dir,
+    check_writable_dir,
+    is_run_dir,
+    replace_file,
+)
 from sim.overrides import Override, apply_overrides, named_by_overrides, resolved_defaults
-from sim.replications import check_only_comparison_entries
+from sim.replications import COMPARISON_TABLES, check_only_comparison_entries
 from sim.runner import Results, run_scenario
 from sim.yaml_input import read_base
 
 TABLE = "comparison.csv"
+# What a comparison (plain or replicated) writes beside its variants' folders, and what `plot`
+# and `report` write there: no variant may be named so.
+OWN_ENTRIES = frozenset({*COMPARISON_TABLES, PLOTS_DIR, REPORT_FILE})
 
 
 def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
@@ -56,6 +66,10 @@ def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
             raise InputError(path, "variants", variant, "a variant's name is its results' "
                              "folder: use letters, digits and _ . - + =, not starting with "
                              "'.', no '/'")
+        if str(variant).casefold() in OWN_ENTRIES:  # casefold: macOS's file system
+            raise InputError(path, "variants", variant, "the comparison's own file or folder "
+                             f"beside its variants ({', '.join(sorted(OWN_ENTRIES))}) has that "
+                             "name: rename the variant")
         if "name" in change:
             raise InputError(path, f"variants.{variant}.name", change["name"],
                              f"a variant is named {name}/{variant} by the comparison: leave "

@@ -12,6 +12,14 @@ from tests.test_cli import COMPARISON
 @pytest.mark.parametrize(("before", "after", "needle"), [
     ("  colocated: {", "  a/b: {", "variants='a/b': a variant's name is its results' folder"),
     ("  colocated: {", "  '..': {", "variants='..': a variant's name"),
+    # The comparison's own files and folders beside its variants: a variant named so would
+    # collide (comparison.csv: a traceback once every variant had run; plots: figures drawn
+    # into its run).
+    ("  colocated: {", "  comparison.csv: {", "variants='comparison.csv': the comparison's own"),
+    ("  colocated: {", "  comparison_replications.csv: {", "the comparison's own"),
+    ("  colocated: {", "  comparison_differences.csv: {", "the comparison's own"),
+    ("  colocated: {", "  plots: {", "variants='plots': the comparison's own"),
+    ("  colocated: {", "  report.html: {", "variants='report.html': the comparison's own"),
     ("name: cmp", "name: 5", "name=5: must be text"),
     ("name: cmp", "name: /abs", "name='/abs': names the directory results/<name>"),
     ("colocated: {cluster", "colocated: {name: mine, cluster",
