@@ -47,7 +47,8 @@ def ray_child(workers: int, out: Path) -> None:
 
     import ray
 
-    from sim.sweep import load_sweep, run_sweep
+    from sim.sweep import run_sweep
+    from sim.sweep_file import load_sweep
 
     t0 = time.perf_counter()
     ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR,

@@ -12,7 +12,7 @@ import yaml
 
 from sim.errors import InputError
 from sim.overrides import parse_override, set_path
-from sim.sweep import load_sweep
+from sim.sweep_file import load_sweep
 from tests.conftest import assert_one_line_error, run_cli
 from tests.conftest import run_cli_out as cli
 

@@ -334,7 +334,8 @@ def test_a_shared_expert_width_that_does_not_split_is_refused(tmp_path, monkeypa
 
 
 def test_a_sweep_over_splits_and_gpus_reports_gpus_and_cost_per_point(tmp_path):
-    from sim.sweep import load_sweep, run_sweep, short_value
+    from sim.sweep import run_sweep, short_value
+    from sim.sweep_file import load_sweep
 
     base = SYNTH + "replica: {model: llama-3.1-8b}\n"
     (tmp_path / "base.yaml").write_text(base)

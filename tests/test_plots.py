@@ -21,7 +21,8 @@ from sim.metrics import distribution
 from sim.plots import busiest_window, plot_results, tbt_sample
 from sim.plots.timeline import requests_in_flight
 from sim.runner import run_scenario
-from sim.sweep import load_sweep, run_sweep
+from sim.sweep import run_sweep
+from sim.sweep_file import load_sweep
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 
 # Chunked prefill on a small synthetic load; prompts long enough that the budget matters.

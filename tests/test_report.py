@@ -24,7 +24,8 @@ from sim.config import load_scenario, parse_scenario
 from sim.report import render_report, write_report
 from sim.report.markup import header, number, pre, scale
 from sim.runner import run_scenario
-from sim.sweep import load_sweep, run_sweep
+from sim.sweep import run_sweep
+from sim.sweep_file import load_sweep
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 from tests.test_study_outputs import one_at_a_time_sweep
 from tests.test_sweep import ONE_AT_A_TIME

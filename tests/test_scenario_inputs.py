@@ -133,7 +133,7 @@ def test_a_sweep_name_never_leaves_results(tmp_path, monkeypatch, capsys, name, 
 
 
 def test_a_sweep_without_seeds_keeps_the_base_seed(tmp_path):
-    from sim.sweep import load_sweep
+    from sim.sweep_file import load_sweep
 
     path = sweep(tmp_path, "grid:\n  workload.arrivals.qps: [2, 3]\n")
     _, runs = load_sweep(path)

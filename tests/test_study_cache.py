@@ -14,7 +14,8 @@ import pytest
 import sim.fingerprint
 from sim.cli import main
 from sim.fingerprint import file_sha256
-from sim.sweep import load_sweep, run_sweep
+from sim.sweep import run_sweep
+from sim.sweep_file import load_sweep
 from tests.conftest import assert_one_line_error, run_cli
 
 BASE = """

@@ -15,7 +15,8 @@ import yaml
 from sim.cli import main
 from sim.compare import compare
 from sim.config import parse_scenario
-from sim.sweep import load_sweep, run_sweep
+from sim.sweep import run_sweep
+from sim.sweep_file import load_sweep
 from tests.conftest import assert_one_line_error, run_cli
 from tests.test_sweep import ONE_AT_A_TIME  # capacity 10 requests/s, exactly
 

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.sweep import load_sweep, run_sweep
+from sim.sweep import run_sweep
+from sim.sweep_file import load_sweep
 from sim.sweep_workers import SweepCrashed
 from tests.conftest import assert_one_line_error, run_cli
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.sweep import METRICS, interval_table, load_sweep, run_sweep
+from sim.sweep import METRICS, interval_table, run_sweep
+from sim.sweep_file import load_sweep
 from tests.conftest import run_cli_out
 
 BASE = """

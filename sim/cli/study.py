@@ -274,7 +274,8 @@ def sweep(
     """Run every point of a sweep (cached: only new or changed points run); one table."""
     from sim.overrides import parse_overrides
     from sim.progress import ProgressReport
-    from sim.sweep import check_sweep_dir, load_sweep, run_sweep, runs_kept
+    from sim.sweep import check_sweep_dir, run_sweep, runs_kept
+    from sim.sweep_file import load_sweep
 
     name, runs = load_sweep(sweep_file, parse_overrides(set_))
     out_dir = out if out is not None else Path("results") / name
