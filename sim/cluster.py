@@ -9,7 +9,7 @@ from typing import overload
 
 import numpy as np
 
-from sim.config import ReplicaConfig, Scenario
+from sim.config import Scenario
 from sim.disaggregation import Disaggregation
 from sim.engine import Environment, Progress, Replica, simulate
 from sim.errors import InputError
@@ -20,6 +20,7 @@ from sim.models import ModelShape
 from sim.noise import IterationNoise
 from sim.pipeline import PipelinedReplica
 from sim.prefix_cache import Eviction, PrefixCachingKVManager
+from sim.replica_config import ReplicaConfig
 from sim.request import Request, Status
 from sim.routers import ROUTERS
 from sim.routers.base import ReplicaLoad

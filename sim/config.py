@@ -15,7 +15,6 @@ from typing import Any, NamedTuple
 
 import yaml
 from pydantic import (
-    BaseModel,
     Field,
     PrivateAttr,
     SerializeAsAny,
@@ -24,15 +23,10 @@ from pydantic import (
     model_validator,
 )
 
-from sim.errors import INPUT_MODEL, InputError, as_written, invalid
-from sim.gpus import GPUS, GPUSpec, GPUSpecInput
-from sim.latency import LATENCY_MODELS
-from sim.latency.base import LatencyConfig
-from sim.models import MODELS, ModelShape, resolve_model
-from sim.parallelism import Parallelism
-from sim.registry import Registry
+from sim.config_base import Frozen, changed_fields, dispatch
+from sim.errors import InputError, invalid
+from sim.replica_config import ReplicaConfig
 from sim.routers import ROUTERS, RouterConfig
-from sim.schedulers import SCHEDULERS, SchedulerConfig
 from sim.workloads import FORMATS, WorkloadConfig
 from sim.yaml_input import read_mapping, read_yaml
 
@@ -48,166 +42,7 @@ MAX_SEED = 2**63 - 1
 _NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=-]*")
 
 
-class _Frozen(BaseModel):
-    model_config = INPUT_MODEL
-
-
-def _dispatch(registry: Registry[Any], key: str, value: Any) -> Any:
-    """Validate a `{key: name, ...}` mapping with the parameter class the name registers."""
-    if not isinstance(value, dict):
-        return value
-    known = ", ".join(registry.names())
-    if key not in value:
-        raise ValueError(f"needs '{key}', one of: {known}")
-    name = value[key]
-    if not isinstance(name, str) or name not in registry:
-        raise invalid((key, name, f"unknown {registry.kind}; known: {known}"))
-    return registry.get(name).Config.model_validate(value)
-
-
-class KVCacheConfig(_Frozen):
-    # Bounds keep block counts times block sizes (KV slots) well inside int64.
-    block_size: int = Field(16, gt=0, le=65_536, description="token slots per KV block (tokens)")
-    num_blocks: int | None = Field(
-        None, gt=0, le=10**12, description="blocks per replica; None: derived from GPU memory"
-    )
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="fraction of GPU memory for weights, activations and KV, "
-                                     "as vLLM's flag")
-    activation_reserve_gb: float = Field(
-        2.0, ge=0, description="GB kept for activations when num_blocks is derived"
-    )
-
-    @model_validator(mode="after")
-    def _memory_or_blocks(self) -> KVCacheConfig:
-        # Memory settings only derive num_blocks: given beside it, they would be ignored.
-        ignored = _changed(self, "gpu_memory_utilization", "activation_reserve_gb")
-        if self.num_blocks is not None and ignored:
-            raise invalid(*[(name, value, "has no effect when num_blocks is given")
-                            for name, value in ignored])
-        return self
-
-
-def _changed(model: BaseModel, *names: str) -> list[tuple[str, Any]]:
-    """The named fields whose values differ from their defaults, each as a scenario writes it
-    (a model as its mapping). (Whether a field was given cannot be told from a resolved
-    scenario, which spells every default out.)"""
-    fields = type(model).model_fields
-    return [(name, _as_written(getattr(model, name))) for name in names
-            if getattr(model, name) != fields[name].get_default(call_default_factory=True)]
-
-
-def _as_written(value: Any) -> Any:
-    """A field's value shown in an error: a model as the mapping a scenario gives it."""
-    if isinstance(value, BaseModel):
-        return as_written(value.model_dump(mode="json"))
-    return value
-
-
-class ReplicaConfig(_Frozen):
-    model: str | Path = Field(
-        "llama-3-8b", description="a registered model, or the path of a Hugging Face "
-                                  "config.json (relative to the scenario)")
-    gpu: str | GPUSpecInput = Field(
-        "h100-sxm", description="a registered GPU, or a mapping of its figures")
-    parallelism: Parallelism = Field(default_factory=Parallelism,
-                                     description="how one replica splits over GPUs")
-    scheduler: SerializeAsAny[SchedulerConfig] = Field(
-        default_factory=lambda: SCHEDULERS.get("chunked_prefill").Config(name="chunked_prefill"),
-        description="the batching policy: {name: <scheduler>, <its parameters>}")
-    latency: SerializeAsAny[LatencyConfig] = Field(
-        default_factory=lambda: LATENCY_MODELS.get("roofline").Config(kind="roofline"),
-        description="how long an iteration takes: {kind: <latency model>, <its parameters>}")
-    kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig,
-                                    description="KV blocks per replica")
-    max_model_len: int | None = Field(
-        None, gt=0, le=10**9,
-        description="context window (prompt plus output) in tokens; None: the model's")
-    prefix_caching: bool = Field(
-        False, description="share and keep the KV of prefixes named by the requests' hash ids")
-
-    @property
-    def context_len(self) -> int | None:
-        """The context window in force: `max_model_len`, else the model's."""
-        return self.max_model_len or self.model_shape.max_model_len
-
-    @property
-    def model_shape(self) -> ModelShape:
-        """The model's shape (a config.json is read once per process)."""
-        return resolve_model(str(self.model))
-
-    @property
-    def gpu_spec(self) -> GPUSpec:
-        return self.gpu.to_spec() if isinstance(self.gpu, GPUSpecInput) else GPUS.get(self.gpu)
-
-    @property
-    def gpu_name(self) -> str:
-        return self.gpu if isinstance(self.gpu, str) else self.gpu.name
-
-    @property
-    def model_name(self) -> str:
-        """The registered name, or a config.json's folder (`.../Llama-3.1-70B/config.json`)
-        or file name; in a Hugging Face cache, the repository it came from
-        (`.../models--meta-llama--Llama-3.1-8B/snapshots/<commit>/config.json`:
-        `meta-llama/Llama-3.1-8B`)."""
-        if isinstance(self.model, str):
-            return self.model
-        if self.model.name != "config.json":
-            return self.model.stem
-        folder = self.model.parent
-        repo = folder.parent.parent.name
-        if folder.parent.name == "snapshots" and repo.startswith("models--"):
-            return repo.removeprefix("models--").replace("--", "/")
-        return folder.name
-
-    @field_validator("model", mode="before")
-    @classmethod
-    def _model(cls, value: Any) -> Any:
-        """A registered name stays a name; anything else is a config.json's path (read once
-        paths are resolved against the scenario's directory)."""
-        if isinstance(value, Path):
-            return value
-        if not isinstance(value, str):
-            raise ValueError("must be a registered model's name or a config.json's path")
-        if value in MODELS or not _looks_like_path(value):
-            return _known(MODELS, value)
-        return Path(value).expanduser()
-
-    @field_validator("gpu", mode="before")
-    @classmethod
-    def _gpu(cls, value: Any) -> Any:
-        """A name, or a mapping checked as a `GPUSpecInput` here (so its problems are reported
-        at their own fields, not once per member of the union)."""
-        if isinstance(value, dict):
-            return GPUSpecInput.model_validate(value)
-        if isinstance(value, GPUSpecInput):
-            return value
-        if not isinstance(value, str):
-            raise ValueError("must be a registered GPU's name or a mapping of its figures")
-        return _known(GPUS, value)
-
-    @field_validator("scheduler", mode="before")
-    @classmethod
-    def _scheduler(cls, value: Any) -> Any:
-        return _dispatch(SCHEDULERS, "name", value)
-
-    @field_validator("latency", mode="before")
-    @classmethod
-    def _latency(cls, value: Any) -> Any:
-        return _dispatch(LATENCY_MODELS, "kind", value)
-
-
-def _looks_like_path(value: str) -> bool:
-    return value.endswith(".json") or "/" in value or os.sep in value
-
-
-def _known(registry: Registry[Any], name: str) -> str:
-    if name not in registry:
-        raise ValueError(f"unknown {registry.kind}; known: {', '.join(registry.names())}")
-    return name
-
-
-class PoolConfig(_Frozen):
+class PoolConfig(Frozen):
     """A pool of identical replicas."""
 
     replicas: int = Field(1, gt=0, le=MAX_REPLICAS, description="replicas in the pool")
@@ -215,7 +50,7 @@ class PoolConfig(_Frozen):
                                    description="changes to the scenario's replica")
 
 
-class LinkConfig(_Frozen):
+class LinkConfig(Frozen):
     """The network a prefill replica sends KV over. The default is InfiniBand-class: NDR
     400 Gb/s = 50 GB/s per NIC with a few microseconds of latency. NVLink-class links inside one
     node move about 450 GB/s per direction (H100 NVLink 4: 900 GB/s both ways together)."""
@@ -224,7 +59,7 @@ class LinkConfig(_Frozen):
     latency_s: float = Field(5e-6, ge=0, description="seconds per transfer, before its bytes")
 
 
-class ClusterConfig(_Frozen):
+class ClusterConfig(Frozen):
     """Colocated: `replicas` copies of the scenario's `replica`. Disaggregated: a `prefill` and
     a `decode` pool, KV moving between them over `link`s (one per prefill replica); each pool's
     replica is the scenario's `replica` changed by what the pool gives."""
@@ -247,7 +82,7 @@ class ClusterConfig(_Frozen):
     @field_validator("router", "decode_router", mode="before")
     @classmethod
     def _router(cls, value: Any) -> Any:
-        return _dispatch(ROUTERS, "name", value)
+        return dispatch(ROUTERS, "name", value)
 
     @model_validator(mode="after")
     def _pools(self) -> ClusterConfig:
@@ -264,7 +99,7 @@ class ClusterConfig(_Frozen):
 
     def _only_disaggregated(self) -> None:
         """Settings of KV transfers mean nothing to a colocated cluster: refuse them."""
-        unused = _changed(self, "decode_router", "link", "overlap_transfer")
+        unused = changed_fields(self, "decode_router", "link", "overlap_transfer")
         if unused:
             raise invalid(*[(name, value, "only used by a disaggregated cluster (prefill and "
                              "decode pools)") for name, value in unused])
@@ -274,7 +109,7 @@ class ClusterConfig(_Frozen):
         return self.prefill is not None
 
 
-class SLOConfig(_Frozen):
+class SLOConfig(Frozen):
     ttft_s: float | None = Field(None, gt=0,
                                  description="target time to first token, seconds")
     tbt_s: float | None = Field(None, gt=0,
@@ -291,7 +126,7 @@ class Pool(NamedTuple):
     replica: ReplicaConfig
 
 
-class Scenario(_Frozen):
+class Scenario(Frozen):
     name: str = Field("scenario", description="names the results directory results/<name>")
     seed: int = Field(0, ge=0, le=MAX_SEED,
                       description="seeds every random draw (arrivals, lengths, noise)")
@@ -335,7 +170,7 @@ class Scenario(_Frozen):
     @field_validator("workload", mode="before")
     @classmethod
     def _workload(cls, value: Any) -> Any:
-        return _dispatch(FORMATS, "format", value)
+        return dispatch(FORMATS, "format", value)
 
 
 def name_problem(name: str) -> str | None:

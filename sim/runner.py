@@ -15,7 +15,7 @@ import numpy as np
 from sim.arrived import arrived_stats
 from sim.cluster import Cluster, blocks_beyond_memory
 from sim.columns import Columns, Table, column, to_frame, write_parquet
-from sim.config import ReplicaConfig, Scenario, load_scenario, scenario_yaml
+from sim.config import Scenario, load_scenario, scenario_yaml
 from sim.engine import Progress
 from sim.errors import InputError
 from sim.gpus import measured_on
@@ -24,6 +24,7 @@ from sim.kv_cache import KVCacheManager
 from sim.metrics import WeightedSample, pool_stats, replica_stats, summarize, transfer_stats
 from sim.outdir import check_out_dir, write_dir
 from sim.overload import overload
+from sim.replica_config import ReplicaConfig
 from sim.request import Request
 from sim.results import iteration_table, request_table, token_table, token_times
 from sim.warmup import generated_arrivals, warmup_stats

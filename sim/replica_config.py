@@ -1,0 +1,146 @@
+"""One replica's configuration: the model it serves, its GPU and how it splits over GPUs, its
+scheduler and latency model (each a registry entry with its own parameters), its KV cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SerializeAsAny, field_validator, model_validator
+
+from sim.config_base import Frozen, changed_fields, dispatch
+from sim.errors import invalid
+from sim.gpus import GPUS, GPUSpec, GPUSpecInput
+from sim.latency import LATENCY_MODELS
+from sim.latency.base import LatencyConfig
+from sim.models import MODELS, ModelShape, resolve_model
+from sim.parallelism import Parallelism
+from sim.registry import Registry
+from sim.schedulers import SCHEDULERS, SchedulerConfig
+
+
+class KVCacheConfig(Frozen):
+    # Bounds keep block counts times block sizes (KV slots) well inside int64.
+    block_size: int = Field(16, gt=0, le=65_536, description="token slots per KV block (tokens)")
+    num_blocks: int | None = Field(
+        None, gt=0, le=10**12, description="blocks per replica; None: derived from GPU memory"
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="fraction of GPU memory for weights, activations and KV, "
+                                     "as vLLM's flag")
+    activation_reserve_gb: float = Field(
+        2.0, ge=0, description="GB kept for activations when num_blocks is derived"
+    )
+
+    @model_validator(mode="after")
+    def _memory_or_blocks(self) -> KVCacheConfig:
+        # Memory settings only derive num_blocks: given beside it, they would be ignored.
+        ignored = changed_fields(self, "gpu_memory_utilization", "activation_reserve_gb")
+        if self.num_blocks is not None and ignored:
+            raise invalid(*[(name, value, "has no effect when num_blocks is given")
+                            for name, value in ignored])
+        return self
+
+
+class ReplicaConfig(Frozen):
+    model: str | Path = Field(
+        "llama-3-8b", description="a registered model, or the path of a Hugging Face "
+                                  "config.json (relative to the scenario)")
+    gpu: str | GPUSpecInput = Field(
+        "h100-sxm", description="a registered GPU, or a mapping of its figures")
+    parallelism: Parallelism = Field(default_factory=Parallelism,
+                                     description="how one replica splits over GPUs")
+    scheduler: SerializeAsAny[SchedulerConfig] = Field(
+        default_factory=lambda: SCHEDULERS.get("chunked_prefill").Config(name="chunked_prefill"),
+        description="the batching policy: {name: <scheduler>, <its parameters>}")
+    latency: SerializeAsAny[LatencyConfig] = Field(
+        default_factory=lambda: LATENCY_MODELS.get("roofline").Config(kind="roofline"),
+        description="how long an iteration takes: {kind: <latency model>, <its parameters>}")
+    kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig,
+                                    description="KV blocks per replica")
+    max_model_len: int | None = Field(
+        None, gt=0, le=10**9,
+        description="context window (prompt plus output) in tokens; None: the model's")
+    prefix_caching: bool = Field(
+        False, description="share and keep the KV of prefixes named by the requests' hash ids")
+
+    @property
+    def context_len(self) -> int | None:
+        """The context window in force: `max_model_len`, else the model's."""
+        return self.max_model_len or self.model_shape.max_model_len
+
+    @property
+    def model_shape(self) -> ModelShape:
+        """The model's shape (a config.json is read once per process)."""
+        return resolve_model(str(self.model))
+
+    @property
+    def gpu_spec(self) -> GPUSpec:
+        return self.gpu.to_spec() if isinstance(self.gpu, GPUSpecInput) else GPUS.get(self.gpu)
+
+    @property
+    def gpu_name(self) -> str:
+        return self.gpu if isinstance(self.gpu, str) else self.gpu.name
+
+    @property
+    def model_name(self) -> str:
+        """The registered name, or a config.json's folder (`.../Llama-3.1-70B/config.json`)
+        or file name; in a Hugging Face cache, the repository it came from
+        (`.../models--meta-llama--Llama-3.1-8B/snapshots/<commit>/config.json`:
+        `meta-llama/Llama-3.1-8B`)."""
+        if isinstance(self.model, str):
+            return self.model
+        if self.model.name != "config.json":
+            return self.model.stem
+        folder = self.model.parent
+        repo = folder.parent.parent.name
+        if folder.parent.name == "snapshots" and repo.startswith("models--"):
+            return repo.removeprefix("models--").replace("--", "/")
+        return folder.name
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, value: Any) -> Any:
+        """A registered name stays a name; anything else is a config.json's path (read once
+        paths are resolved against the scenario's directory)."""
+        if isinstance(value, Path):
+            return value
+        if not isinstance(value, str):
+            raise ValueError("must be a registered model's name or a config.json's path")
+        if value in MODELS or not _looks_like_path(value):
+            return _known(MODELS, value)
+        return Path(value).expanduser()
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu(cls, value: Any) -> Any:
+        """A name, or a mapping checked as a `GPUSpecInput` here (so its problems are reported
+        at their own fields, not once per member of the union)."""
+        if isinstance(value, dict):
+            return GPUSpecInput.model_validate(value)
+        if isinstance(value, GPUSpecInput):
+            return value
+        if not isinstance(value, str):
+            raise ValueError("must be a registered GPU's name or a mapping of its figures")
+        return _known(GPUS, value)
+
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _scheduler(cls, value: Any) -> Any:
+        return dispatch(SCHEDULERS, "name", value)
+
+    @field_validator("latency", mode="before")
+    @classmethod
+    def _latency(cls, value: Any) -> Any:
+        return dispatch(LATENCY_MODELS, "kind", value)
+
+
+def _looks_like_path(value: str) -> bool:
+    return value.endswith(".json") or "/" in value or os.sep in value
+
+
+def _known(registry: Registry[Any], name: str) -> str:
+    if name not in registry:
+        raise ValueError(f"unknown {registry.kind}; known: {', '.join(registry.names())}")
+    return name
