@@ -70,6 +70,10 @@ def check_replayable(scenario: Scenario) -> None:
         raise InputError(scenario.source, "replica.parallelism",
                          scenario.replica.parallelism.model_dump(),
                          "replay runs the model on one device")
+    if scenario.replica.kv_cache.dtype != "auto":
+        raise InputError(scenario.source, "replica.kv_cache.dtype",
+                         scenario.replica.kv_cache.dtype,
+                         "replay keeps the KV cache in the model's dtype")
     if scenario.replica.prefix_caching:
         # The executor's block tables are per request: shared prefix blocks are not built.
         raise InputError(scenario.source, "replica.prefix_caching", True,

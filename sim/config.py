@@ -91,6 +91,12 @@ class ClusterConfig(Frozen):
         if self.prefill is not None and self.decode is not None:
             if self.prefill.replica.model != self.decode.replica.model:
                 raise ValueError("prefill and decode pools must serve the same model")
+            if self.prefill.replica.kv_cache.dtype != self.decode.replica.kv_cache.dtype:
+                # The decode replica attends over the KV the prefill replica wrote and sent.
+                raise ValueError("prefill and decode pools must store KV alike: "
+                                 f"kv_cache.dtype {self.prefill.replica.kv_cache.dtype} "
+                                 f"(prefill) against {self.decode.replica.kv_cache.dtype} "
+                                 "(decode)")
             if self.replicas != 1:
                 raise ValueError("give replicas per pool (prefill.replicas, decode.replicas)")
         else:

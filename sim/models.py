@@ -58,8 +58,11 @@ class ModelShape:
     `q_lora_rank`), keys and values from a compressed latent of `kv_lora_rank` plus a shared RoPE
     key of `qk_rope_head_dim`; `head_dim`, `q_size` and `kv_size` then describe no real tensor.
     KV bytes per token are those of the latent vLLM caches, `num_layers * (kv_lora_rank +
-    qk_rope_head_dim) * dtype_bytes`: an approximation that ignores the layout padding of some
-    attention backends and FP8 KV caches.
+    qk_rope_head_dim) * kv_dtype_bytes`: an approximation that ignores the layout padding of
+    some attention backends.
+
+    `kv_dtype_bytes` is the KV cache's element size where it differs from the weights' (a replica
+    with `kv_cache.dtype: fp8` stores one byte per element); None: `dtype_bytes`.
     """
 
     name: str
@@ -72,6 +75,7 @@ class ModelShape:
     vocab_size: int
     tie_embeddings: bool = False
     dtype_bytes: int = 2  # bf16
+    kv_dtype_bytes: int | None = None  # the KV cache's element size; None: dtype_bytes
     # Context window, prompt plus output (`max_position_embeddings`, vLLM's default max_model_len).
     max_model_len: int | None = None
     source: str = ""
@@ -199,11 +203,17 @@ class ModelShape:
         return self.num_active_params * self.dtype_bytes
 
     @property
+    def kv_element_bytes(self) -> int:
+        """Bytes of one element of the KV cache."""
+        return self.dtype_bytes if self.kv_dtype_bytes is None else self.kv_dtype_bytes
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer for one token (MLA: the cached latent and RoPE key)."""
         if self.is_mla:
-            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * self.dtype_bytes
-        return 2 * self.num_layers * self.kv_size * self.dtype_bytes
+            return (self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim)
+                    * self.kv_element_bytes)
+        return 2 * self.num_layers * self.kv_size * self.kv_element_bytes
 
     @property
     def decode_attn_flops_per_pair_per_layer(self) -> int:

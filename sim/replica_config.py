@@ -3,9 +3,10 @@ scheduler and latency model (each a registry entry with its own parameters), its
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
@@ -32,6 +33,11 @@ class KVCacheConfig(Frozen):
     activation_reserve_gb: float = Field(
         2.0, ge=0, description="GB kept for activations when num_blocks is derived"
     )
+    dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="the KV cache's element type, as vLLM's --kv-cache-dtype: auto "
+                            "(the model's dtype) or an fp8 format (one byte per element: "
+                            "twice the KV slots in the same memory, half the bytes attention "
+                            "reads and a transfer sends)")
 
     @model_validator(mode="after")
     def _memory_or_blocks(self) -> KVCacheConfig:
@@ -72,8 +78,12 @@ class ReplicaConfig(Frozen):
 
     @property
     def model_shape(self) -> ModelShape:
-        """The model's shape (a config.json is read once per process)."""
-        return resolve_model(str(self.model))
+        """The model's shape (a config.json is read once per process), its KV cache's element
+        size set by `kv_cache.dtype`."""
+        shape = resolve_model(str(self.model))
+        if self.kv_cache.dtype != "auto":
+            shape = dataclasses.replace(shape, kv_dtype_bytes=1)
+        return shape
 
     @property
     def gpu_spec(self) -> GPUSpec:
