@@ -10,12 +10,12 @@ time to its first tokens, or decode tokens per second of a batch of one.
 
     python bench/roofline_vs_public.py [--markdown]
 
-Prints predicted/measured per row for the calibrated roofline (the default: fitted GEMMs), for
-it with the fitted elementwise kernels added (`elementwise: calibrated`: norms, rotary,
-activation, residual add, embedding) and for the naive one (datasheet max of compute and memory),
-with the all-reduce either from Vidur's measured H100 NCCL table (where ../shared/profiles is
-present) or from the NVLink bandwidth; then, per variant, the rows within 10% and 20% and the
-mean |log(predicted / measured)|.
+Prints predicted/measured per row for three rooflines: fitted GEMMs alone (`elementwise:
+none`), the default (fitted GEMMs plus the fitted elementwise kernels, `elementwise:
+calibrated`: norms, rotary, activation, residual add, embedding) and the naive one (datasheet
+max of compute and memory, no elementwise kernels), with the all-reduce either from Vidur's
+measured H100 NCCL table (where ../shared/profiles is present) or from the NVLink bandwidth;
+then, per variant, the rows within 10% and 20% and the mean |log(predicted / measured)|.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ MODELS = {"Meta-Llama-3-8B": "llama-3-8b", "Meta-Llama-3.1-8B": "llama-3.1-8b",
           "Meta-Llama-3-70B": "llama-3.1-70b"}  # 3.1-70B: Llama-3-70B's shape, longer context
 # Column -> the roofline's settings.
 VARIANTS: dict[str, dict[str, Any]] = {
-    "calibrated": {},
-    "+ elementwise": {"elementwise": "calibrated"},
-    "naive": {"linear": "naive"},
+    "no kernels": {"elementwise": "none"},
+    "default": {},
+    "naive": {"linear": "naive", "elementwise": "none"},
 }
 
 

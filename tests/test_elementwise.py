@@ -61,17 +61,17 @@ def test_kernel_time_is_elementwise_and_zero_for_no_tokens() -> None:
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v2-lite"])
 @pytest.mark.parametrize("tensor", [1, 2])
 def test_roofline_adds_exactly_the_kernels(name: str, tensor: int) -> None:
-    """`elementwise: calibrated` adds the kernels' time to the token term, nothing else;
-    `none` (the default) leaves the roofline as it was."""
+    """`elementwise: calibrated` (the default) adds the kernels' time to the token term,
+    nothing else; `none` leaves the roofline as it was."""
     model, gpu, split = MODELS.get(name), GPUS.get("h100-sxm"), Parallelism(tensor=tensor)
     shape = BatchShape(num_prefill_tokens=TOKENS, num_prefill_seqs=np.minimum(TOKENS, 1),
                        num_decode_tokens=np.zeros_like(TOKENS),
                        num_sampled_tokens=np.minimum(TOKENS, 1),
                        prefill_attn_pairs=TOKENS * (TOKENS + 1) // 2, prefill_kv_tokens=TOKENS)
-    assert RooflineConfig(kind="roofline").elementwise == "none"
-    with_kernels = RooflineLatency(RooflineConfig(kind="roofline", elementwise="calibrated"),
-                                   model, gpu, split)
-    without = RooflineLatency(RooflineConfig(kind="roofline"), model, gpu, split)
+    assert RooflineConfig(kind="roofline").elementwise == "calibrated"
+    with_kernels = RooflineLatency(RooflineConfig(kind="roofline"), model, gpu, split)
+    without = RooflineLatency(RooflineConfig(kind="roofline", elementwise="none"),
+                              model, gpu, split)
     kernels = ElementwiseModel.for_gpu(gpu).iteration_s(TOKENS, model, split)
     got = with_kernels.iteration_time_s(shape) - without.iteration_time_s(shape)
     np.testing.assert_allclose(got, kernels, rtol=1e-12, atol=1e-15)

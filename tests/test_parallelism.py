@@ -66,15 +66,15 @@ def shapes(seed: int, n: int = 200) -> list[BatchShape]:
 
 def test_one_gpu_naive_roofline_is_unchanged_bit_for_bit():
     for model, gpu in (("llama-3-8b", "h100-sxm"), ("mistral-7b", "a100-80gb")):
-        latency = roofline(model, gpu, linear="naive")
+        latency = roofline(model, gpu, linear="naive", elementwise="none")
         for shape in shapes(1):
             assert latency.iteration_time_s(shape) == old_roofline_s(shape, model, gpu)
 
 
 def test_tensor_parallel_halves_compute_per_gpu_and_adds_the_all_reduces():
     model = MODELS.get("llama-3.1-8b")
-    one = roofline("llama-3.1-8b", linear="naive")
-    two = roofline("llama-3.1-8b", tensor=2, linear="naive")
+    one = roofline("llama-3.1-8b", linear="naive", elementwise="none")
+    two = roofline("llama-3.1-8b", tensor=2, linear="naive", elementwise="none")
     gpu = GPUS.get("h100-sxm")
     m = 8192  # compute-bound: every GEMM's FLOPs outlast its weight bytes
     shape = BatchShape(num_prefill_tokens=m, num_prefill_seqs=1, prefill_attn_pairs=m * m,
@@ -120,7 +120,7 @@ def test_pool_adjacent_violators_gives_the_non_decreasing_least_squares_fit():
 def test_moe_decode_of_one_token_reads_only_the_active_experts():
     model = MODELS.get("mixtral-8x7b")
     gpu = GPUS.get("h100-sxm")
-    latency = roofline("mixtral-8x7b", linear="naive", tensor=2)
+    latency = roofline("mixtral-8x7b", linear="naive", tensor=2, elementwise="none")
     bytes_s = gpu.memory_bandwidth_bytes_s * 0.8
     h, t = model.hidden_size, 2
     # One token: weight-bound everywhere. Per layer: QKV and output shards, the router, and

@@ -8,10 +8,11 @@ Parts, timed separately because different kernels run them:
   model fitted to public H100/A100 GEMM measurements; `linear: naive` takes the longer of its
   FLOPs at `mfu` of peak and its weight bytes at `mbu` of the bandwidth (the datasheet roofline;
   its single-GPU predictions are exactly those of servesim before parallelism existed).
-- the elementwise kernels, with `elementwise: calibrated` (`sim.latency.elementwise`): each
-  layer's RMSNorms, rotary embedding, activation and residual add, and the embedding lookup,
-  fitted to the same public measurements (3-39% of a layer's measured token-proportional time,
-  10-13% at the median). `none`, the default for now, leaves them out, as servesim always has.
+- the elementwise kernels, with `elementwise: calibrated` (default; `sim.latency.elementwise`):
+  each layer's RMSNorms, rotary embedding, activation and residual add, and the embedding
+  lookup, fitted to the same public measurements (3-39% of a layer's measured
+  token-proportional time, 10-13% at the median). `none` leaves them out, as servesim did
+  before.
 - MoE layers: under uniform routing a batch of m tokens reaches E(1 - (1 - k/E)^m) of E
   experts in expectation (k per token); only their weights are read, each with m*k/that many
   tokens. `expert_imbalance` (>= 1) stretches the routed experts' time: the busiest expert
@@ -69,8 +70,8 @@ class RooflineConfig(LatencyConfig):
     linear: Literal["calibrated", "naive"] = Field(
         "calibrated", description="GEMM times: fitted to measurements, or datasheet max()")
     elementwise: Literal["none", "calibrated"] = Field(
-        "none", description="norms, rotary, activation, residual add, embedding: left out, "
-                            "or fitted to measurements")
+        "calibrated", description="norms, rotary, activation, residual add, embedding: fitted "
+                                  "to measurements, or left out")
     mfu: float = Field(0.6, gt=0, le=1, description="fraction of peak FLOP/s reached by "
                                                    "attention (and GEMMs when naive)")
     mbu: float = Field(0.8, gt=0, le=1, description="fraction of peak bandwidth reached")
