@@ -7,8 +7,8 @@ times the gate) and the residual add; each iteration also looks its tokens up in
 table. They are memory-bound and, in Vidur's measurements of seven Llama-family models on the
 H100 and A100, take 3-39% of the token-proportional time of a layer (its GEMMs plus these; 10%
 on the A100 and 12.6% on the H100 at the median, most for small models split many ways): a
-roofline of GEMMs alone is that much fast. `RooflineConfig.elementwise: calibrated` adds them;
-the default, `none`, leaves them out (see the README for the evidence and why).
+roofline of GEMMs alone is that much fast. `RooflineConfig.elementwise: calibrated`, the
+default, adds them; `none` leaves them out (see the README for the evidence and why).
 
 Each kernel `op` on m tokens, each token a row of `row_bytes` read and written on this GPU:
 
