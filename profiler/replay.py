@@ -74,6 +74,9 @@ def check_replayable(scenario: Scenario) -> None:
         raise InputError(scenario.source, "replica.kv_cache.dtype",
                          scenario.replica.kv_cache.dtype,
                          "replay keeps the KV cache in the model's dtype")
+    if scenario.replica.quantization != "none":
+        raise InputError(scenario.source, "replica.quantization", scenario.replica.quantization,
+                         "replay runs the model's weights in the model's dtype")
     if scenario.replica.prefix_caching:
         # The executor's block tables are per request: shared prefix blocks are not built.
         raise InputError(scenario.source, "replica.prefix_caching", True,

@@ -5,6 +5,8 @@ Units and conventions:
 
 - `peak_bf16_flops`: FLOP/s of dense bf16 matrix math (datasheets print the 2:4-sparse figure
   next to it, twice as large; it is never used here).
+- `peak_fp8_flops`: FLOP/s of dense fp8 matrix math, likewise without sparsity (`quantization:
+  fp8`); None where the part has no fp8 tensor cores (A100, A10G).
 - `memory_bandwidth_bytes_s`, `interconnect_bandwidth_bytes_s`: bytes/s, 1 GB/s = 1e9 bytes/s
   as datasheets count them.
 - `memory_bytes`: the datasheet's capacity, exact, in binary units: NVIDIA's and AMD's "80GB",
@@ -70,6 +72,9 @@ class GPUSpec:
     # Per GPU, one direction, to another node (scale-out NICs); None: unknown.
     network_bandwidth_bytes_s: float | None = None
     network_source: str = ""  # which server's NICs, and where that is from
+    # FLOP/s of dense fp8 matrix math (no sparsity); None: no fp8 tensor cores (Ampere), where
+    # fp8 weights run as weight-only quantization on the bf16 units.
+    peak_fp8_flops: float | None = None
 
     @property
     def memory_gib(self) -> float:
@@ -115,34 +120,38 @@ _add(GPUSpec(
 _add(GPUSpec(
     "h100-sxm", 989.4e12, 3.35e12, 80 * GiB,
     "NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with sparsity, 989.4 dense "
-    "(H100 architecture whitepaper); HBM3 3.35 TB/s, 80GB; NVLink 4 900 GB/s (both directions)",
+    "(H100 architecture whitepaper); FP8 3,958 TFLOPS with sparsity, 1,979 dense; HBM3 "
+    "3.35 TB/s, 80GB; NVLink 4 900 GB/s (both directions)",
     450e9, "nvlink4",
     55.04 / 8,
     f"{_AWS}: p5.48xlarge (8x H100 SXM5) $55.04/h / 8; {_RECEIPTS}",
-    50e9, _DGX_CX7))
+    50e9, _DGX_CX7, 1979e12))
 _add(GPUSpec(
     "h200", 989.4e12, 4.8e12, 141 * GiB,
     "NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity, so 989.4 "
-    "dense (the H100's GH100 die); HBM3e 4.8 TB/s, 141GB (GiB: nvidia-smi shows 143,771 MiB); "
+    "dense (the H100's GH100 die), FP8 3,958 with sparsity, 1,979 dense; HBM3e 4.8 TB/s, "
+    "141GB (GiB: nvidia-smi shows 143,771 MiB); "
     "NVLink 4 900 GB/s (both directions)",
     450e9, "nvlink4",
     63.296 / 8,
     f"{_AWS}: p5en.48xlarge (8x H200) $63.296/h / 8; `dstack offer` output in "
     "github.com/dstackai/dstack pull request #4110 (Aug 2026)",
-    50e9, _DGX_CX7))
+    50e9, _DGX_CX7, 1979e12))
 _add(GPUSpec(
     "b200", 2.25e15, 8e12, 180 * GiB,
     "NVIDIA HGX B200 datasheet: FP16/BF16 36 PFLOPS with sparsity for 8 GPUs, so 2.25 PFLOPS "
-    "dense per GPU (1,000 W HGX part; GB200's runs at 2.5); HBM3e 8 TB/s and 180GB per GPU "
+    "dense per GPU (1,000 W HGX part; GB200's runs at 2.5); FP8 72 PFLOPS with sparsity for 8, "
+    "so 4.5 dense per GPU; HBM3e 8 TB/s and 180GB per GPU "
     "(1.44 TB per 8; nvidia-smi shows about 179 GiB); NVLink 5 1.8 TB/s (both directions)",
     900e9, "nvlink5",
     113.9328 / 8,
     f"{_AWS}: p6-b200.48xlarge (8x B200) $113.9328/h / 8; instances.vantage.sh figures as "
     "quoted in a public test fixture (undated, seen Nov 2026), not re-checked here",
-    50e9, _DGX_CX7))
+    50e9, _DGX_CX7, 4.5e15))
 _add(GPUSpec(
     "l40s", 362.05e12, 864e9, 48 * GiB,
-    "NVIDIA L40S datasheet: BF16 Tensor Core 362.05 TFLOPS dense (733 with sparsity), GDDR6 "
+    "NVIDIA L40S datasheet: BF16 Tensor Core 362.05 TFLOPS dense (733 with sparsity), FP8 733 "
+    "dense (1,466 with sparsity), GDDR6 "
     "with ECC 864 GB/s, 48GB (45 GiB usable with ECC on); no NVLink: PCIe Gen4 x16 64 GB/s "
     "bidirectional",
     PCIE4_X16_BYTES_S, "pcie4",
@@ -150,7 +159,7 @@ _add(GPUSpec(
     f"{_AWS}: g6e.xlarge (1x L40S) $1.861/h; devzero.io/instances/aws/g6e.xlarge as cited in "
     "a public 2026 research note, seen Nov 2026",
     6.25e9, f"AWS g6e.48xlarge (8x L40S): 400 Gb/s of networking, 50 Gb/s per GPU "
-            f"({_FROM_MEMORY})"))
+            f"({_FROM_MEMORY})", 733e12))
 _add(GPUSpec(
     "a10g", 70e12, 600e9, 24 * GiB,
     "NVIDIA A10G (AWS G5; NVIDIA publishes no A10G datasheet): BF16/FP16 tensor 70 TFLOPS "
@@ -166,6 +175,7 @@ _add(GPUSpec(
 _add(GPUSpec(
     "mi300x", 1307.4e12, 5.3e12, 192 * GiB,
     "AMD Instinct MI300X datasheet: peak BF16 1,307.4 TFLOPS dense (2,614.9 with sparsity), "
+    "peak FP8 2,614.9 dense (5,229.8 with sparsity), "
     "HBM3 5.3 TB/s, 192GB (GiB: Azure lists 192 GiB per GPU); Infinity Fabric 7 links of 128 "
     "GB/s (both directions), so 448 GB/s out of one GPU each way",
     448e9, "infinity-fabric",
@@ -174,7 +184,7 @@ _add(GPUSpec(
     "repository's pricing table (undated, seen Nov 2026); AWS does not sell MI300X; not "
     "re-checked here",
     50e9, f"Azure ND MI300X v5: 8x 400 Gb/s InfiniBand (ConnectX-7), one per GPU "
-          f"({_FROM_MEMORY})"))
+          f"({_FROM_MEMORY})", 2614.9e12))
 
 
 # Bounds for a custom GPU: a few times beyond the largest part above, so that a unit slip
@@ -213,6 +223,9 @@ class GPUSpecInput(BaseModel):
                       description="a name for results; not a registered GPU's")
     peak_bf16_flops: float = Field(ge=_MIN_FLOPS, le=_MAX_FLOPS,
                                    description="FLOP/s, dense bf16 (no sparsity)")
+    peak_fp8_flops: float | None = Field(
+        None, ge=_MIN_FLOPS, le=_MAX_FLOPS,
+        description="FLOP/s, dense fp8 (no sparsity); None: no fp8 tensor cores")
     memory_bandwidth_bytes_s: float = Field(ge=_MIN_MEMORY_BANDWIDTH, le=_MAX_MEMORY_BANDWIDTH,
                                             description="bytes/s of GPU memory")
     memory_bytes: float = Field(ge=_MIN_MEMORY_BYTES, le=_MAX_MEMORY_BYTES,
@@ -247,6 +260,8 @@ class GPUSpecInput(BaseModel):
             "memory_bytes": spec.memory_bytes,
             "interconnect_bandwidth_bytes_s": spec.interconnect_bandwidth_bytes_s,
             "interconnect": spec.interconnect, "source": f"{spec.source} (changed in the scenario)"}
+        if "peak_fp8_flops" not in given and spec.peak_fp8_flops is not None:
+            defaults["peak_fp8_flops"] = spec.peak_fp8_flops
         if "network_bandwidth_bytes_s" not in given and spec.network_bandwidth_bytes_s:
             defaults["network_bandwidth_bytes_s"] = spec.network_bandwidth_bytes_s
         if "cost_per_gpu_hour" not in given and spec.cost_per_gpu_hour is not None:
@@ -270,7 +285,8 @@ class GPUSpecInput(BaseModel):
                        None if cost is None else float(cost),
                        "" if cost is None else self.cost_source,
                        None if network is None else float(network),
-                       "" if network is None else self.source)
+                       "" if network is None else self.source,
+                       None if self.peak_fp8_flops is None else float(self.peak_fp8_flops))
 
 
 def resolve_gpu(value: str | Mapping[str, Any]) -> GPUSpec:

@@ -63,6 +63,10 @@ class ModelShape:
 
     `kv_dtype_bytes` is the KV cache's element size where it differs from the weights' (a replica
     with `kv_cache.dtype: fp8` stores one byte per element); None: `dtype_bytes`.
+    `linear_dtype_bytes` likewise for the weights of the linear layers a replica with
+    `quantization: fp8` stores in fp8, as vLLM's fp8 method does (`Fp8LinearMethod`,
+    `Fp8MoEMethod`): attention projections, MLPs and experts; the embedding table, the LM
+    head, norms and MoE routers stay in `dtype_bytes`.
     """
 
     name: str
@@ -76,6 +80,9 @@ class ModelShape:
     tie_embeddings: bool = False
     dtype_bytes: int = 2  # bf16
     kv_dtype_bytes: int | None = None  # the KV cache's element size; None: dtype_bytes
+    # Bytes per weight of the quantized linear layers (attention projections, MLPs, experts)
+    # where they differ from `dtype_bytes` (`quantization: fp8`: 1); None: dtype_bytes.
+    linear_dtype_bytes: int | None = None
     # Context window, prompt plus output (`max_position_embeddings`, vLLM's default max_model_len).
     max_model_len: int | None = None
     source: str = ""
@@ -195,12 +202,28 @@ class ModelShape:
         return self.num_params - self.num_moe_layers * idle * self.expert_params
 
     @property
+    def linear_weight_bytes(self) -> int:
+        """Bytes of one weight of the (possibly quantized) linear layers."""
+        return self.dtype_bytes if self.linear_dtype_bytes is None else self.linear_dtype_bytes
+
+    @property
+    def num_unquantized_params(self) -> int:
+        """What fp8 quantization leaves in `dtype_bytes`: the embedding table and LM head,
+        the norms, the MoE routers."""
+        return (self.embedding_params + self.norm_params
+                + self.num_moe_layers * self.router_params_per_layer)
+
+    @property
     def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
+        kept = self.num_unquantized_params
+        return kept * self.dtype_bytes + (self.num_params - kept) * self.linear_weight_bytes
 
     @property
     def active_weight_bytes(self) -> int:
-        return self.num_active_params * self.dtype_bytes
+        """Bytes of the weights one token uses (`num_active_params`)."""
+        idle = self.num_experts - self.num_experts_per_token
+        return (self.weight_bytes
+                - self.num_moe_layers * idle * self.expert_params * self.linear_weight_bytes)
 
     @property
     def kv_element_bytes(self) -> int:

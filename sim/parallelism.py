@@ -125,37 +125,39 @@ class Parallelism(BaseModel):
         last. One GPU: `model.weight_bytes` where the vocabulary is a multiple of 64 (every
         committed model's)."""
         moe = set(model.moe_layer_indices)
-        layer = {False: self._layer_params(model, moe=False),
-                 True: self._layer_params(model, moe=True) if moe else 0}
-        table = self.vocab_rows_per_gpu(model) * model.hidden_size
+        layer = {False: self._layer_bytes(model, moe=False),
+                 True: self._layer_bytes(model, moe=True) if moe else 0}
+        b = model.dtype_bytes  # the embedding table, the LM head and norms are never quantized
+        table = self.vocab_rows_per_gpu(model) * model.hidden_size * b
         stages = self.stage_layers(model.num_layers)
         busiest = 0
         for index, layers in enumerate(stages):
-            params = sum(layer[i in moe] for i in layers)
+            num_bytes = sum(layer[i in moe] for i in layers)
             if index == 0:
-                params += table
+                num_bytes += table
             if index == len(stages) - 1:
-                params += model.hidden_size  # the final norm
+                num_bytes += model.hidden_size * b  # the final norm
                 if not (model.tie_embeddings and len(stages) == 1):
-                    params += table  # the LM head (tied on one stage: the table itself)
-            busiest = max(busiest, params)
-        return busiest * model.dtype_bytes
+                    num_bytes += table  # the LM head (tied on one stage: the table itself)
+            busiest = max(busiest, num_bytes)
+        return busiest
 
-    def _layer_params(self, model: ModelShape, moe: bool) -> int:
-        """One layer's parameters on one GPU of the tensor group."""
+    def _layer_bytes(self, model: ModelShape, moe: bool) -> int:
+        """One layer's weight bytes on one GPU of the tensor group: norms and MoE router in
+        the model's dtype, the linear layers in theirs (`quantization`)."""
         t, e, h = self.tensor, self.expert, model.hidden_size
-        norms = 2 * h + (model.kv_lora_rank + (model.q_lora_rank or 0) if model.is_mla else 0)
+        kept = 2 * h + (model.kv_lora_rank + (model.q_lora_rank or 0) if model.is_mla else 0)
         if moe:
             # Under expert parallelism E/e whole experts per GPU, each split t/e ways: the
             # same share, num_experts / t of all experts' weights.
             width = model.moe_intermediate_size * e // t
-            mlp = (model.router_params_per_layer
-                   + model.num_experts // e * 3 * h * width
+            kept += model.router_params_per_layer
+            mlp = (model.num_experts // e * 3 * h * width
                    + 3 * h * (model.shared_expert_intermediate_size // t))
         else:
             mlp = 3 * h * (model.intermediate_size // t)
         attention = sum(k * n for k, n in self.attention_projections(model))
-        return norms + attention + mlp
+        return kept * model.dtype_bytes + (attention + mlp) * model.linear_weight_bytes
 
     def attention_projections(self, model: ModelShape) -> list[tuple[int, int]]:
         """(in, out) widths of one layer's attention projections on one GPU of the tensor

@@ -70,6 +70,10 @@ class ReplicaConfig(Frozen):
         description="context window (prompt plus output) in tokens; None: the model's")
     prefix_caching: bool = Field(
         False, description="share and keep the KV of prefixes named by the requests' hash ids")
+    quantization: Literal["none", "fp8"] = Field(
+        "none", description="weights of the linear layers, as vLLM's --quantization: none (the "
+                            "model's dtype) or fp8 (one byte per weight; fp8 math where the GPU "
+                            "has it)")
 
     @property
     def context_len(self) -> int | None:
@@ -79,10 +83,12 @@ class ReplicaConfig(Frozen):
     @property
     def model_shape(self) -> ModelShape:
         """The model's shape (a config.json is read once per process), its KV cache's element
-        size set by `kv_cache.dtype`."""
+        size set by `kv_cache.dtype` and its linear layers' weights by `quantization`."""
         shape = resolve_model(str(self.model))
         if self.kv_cache.dtype != "auto":
             shape = dataclasses.replace(shape, kv_dtype_bytes=1)
+        if self.quantization == "fp8":
+            shape = dataclasses.replace(shape, linear_dtype_bytes=1)
         return shape
 
     @property

@@ -383,11 +383,11 @@ def test_pipeline_stages_take_layers_as_vllm_does_and_the_busiest_bounds_weights
                                                        range(22, 32)]
     assert [len(r) for r in Parallelism(pipeline=4).stage_layers(30)] == [7, 8, 8, 7]
     model = MODELS.get("llama-3.1-70b")
-    layer = Parallelism(pipeline=3)._layer_params(model, moe=False)
+    layer = Parallelism(pipeline=3)._layer_bytes(model, moe=False)
     table = model.vocab_size * model.hidden_size
     # Stages of 27, 27, 26 layers: the first's 27 layers and the table outweigh the last's 26
     # layers, LM head and norm.
-    assert Parallelism(pipeline=3).weight_bytes_per_gpu(model) == 2 * (27 * layer + table)
+    assert Parallelism(pipeline=3).weight_bytes_per_gpu(model) == 27 * layer + 2 * table
 
 
 def test_mla_down_projections_and_routers_are_replicated():
@@ -396,7 +396,8 @@ def test_mla_down_projections_and_routers_are_replicated():
     one, two = Parallelism(), Parallelism(tensor=2)
     kv_a = model.hidden_size * (model.kv_lora_rank + model.qk_rope_head_dim)
     # Halving every sliced matrix leaves kv_a (and the norms, the router) whole on each GPU.
-    dense, moe = (one._layer_params(model, m) - 2 * two._layer_params(model, m)
+    # In bytes: bf16, two per weight.
+    dense, moe = ((one._layer_bytes(model, m) - 2 * two._layer_bytes(model, m)) // 2
                   for m in (False, True))
     norms = 2 * model.hidden_size + model.kv_lora_rank
     assert dense == -(kv_a + norms)

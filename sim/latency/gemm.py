@@ -72,7 +72,7 @@ form). `extrapolated` says so, and `describe()` carries it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -116,6 +116,12 @@ class GemmModel:
     # The per-GPU efficiency correction: (knots in tokens, factors), the time multiplied by the
     # factor interpolated linearly between knots and held constant outside them; None: none.
     correction: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    # Bytes per element of the weights, of the activations read and of those written: bf16's
+    # 2, 2, 2; fp8 weights with fp8 activations (W8A8) 1, 1, 2; fp8 weights alone (W8A16,
+    # where the GPU has no fp8 math) 1, 2, 2.
+    weight_bytes: int = DTYPE_BYTES
+    input_bytes: int = DTYPE_BYTES
+    output_bytes: int = DTYPE_BYTES
 
     def __post_init__(self) -> None:
         if self.correction is not None:
@@ -166,6 +172,26 @@ class GemmModel:
                    f"extrapolated from {REFERENCE_GPU}'s fit by datasheet FLOP/s and bandwidth "
                    f"ratios (no measurements of {spec.name})")
 
+    def fp8(self, spec: GPUSpec) -> GemmModel:
+        """This model for fp8 weights (vLLM's `quantization: fp8`). Where `spec` has fp8
+        tensor cores (W8A8: activations quantized to fp8 too), the math runs at the same
+        fraction of the fp8 peak as this model's at the bf16 peak; elsewhere (W8A16) at this
+        model's rate. Weights stream at one byte each. Not measured: the result is marked
+        extrapolated and drops the bf16 efficiency correction, whose steps are cuBLAS's bf16
+        kernels' (the naive form stays naive)."""
+        w8a8 = spec.peak_fp8_flops is not None
+        params = self.params
+        if w8a8:
+            params = replace(params, flops_s=params.flops_s * (spec.peak_fp8_flops
+                                                               / spec.peak_bf16_flops))
+        kind = "W8A8 at the fp8 peak" if w8a8 else "W8A16 (no fp8 math on this GPU)"
+        naive = self.form == "naive"
+        return replace(self, params=params, form=self.form if naive else "extrapolated",
+                       source=f"{self.source}; fp8 weights, {kind}"
+                       + ("" if naive else ", not measured"),
+                       correction=None if not naive else self.correction,
+                       weight_bytes=1, input_bytes=1 if w8a8 else DTYPE_BYTES)
+
     @classmethod
     def naive(cls, spec: GPUSpec, mfu: float = 0.6, mbu: float = 0.8) -> GemmModel:
         """max(FLOPs at `mfu` of peak, weight bytes at `mbu` of bandwidth): the datasheet
@@ -205,13 +231,14 @@ class GemmModel:
 
     def _kernel(self, m: np.ndarray, k: int, n: int) -> np.ndarray:
         p = self.params
-        kn2 = 2.0 * float(k) * float(n)  # FLOPs per token, and bytes of the weights
+        kn2 = 2.0 * float(k) * float(n)  # FLOPs per token
+        weights = float(self.weight_bytes * k * n)  # bytes (bf16: kn2 to the last bit)
         idle = m == 0
         # In place, a few buffers.
         if self.form == "naive":
             t = np.multiply(m, kn2)
             t /= p.flops_s
-            np.maximum(t, kn2 / p.bytes_s, out=t)
+            np.maximum(t, weights / p.bytes_s, out=t)
             t[idle] = 0.0
             return t
         tile = float(p.m_tile)
@@ -221,8 +248,10 @@ class GemmModel:
         np.copyto(b, m, where=m < tile)
         b *= kn2
         b /= p.flops_s
-        a = np.multiply(m, 2.0 * (k + n))  # memory: 2 (k n + m (k + n)) / B
-        a += kn2
+        # memory: (w k n + m (i k + o n)) / B, bytes of weights, inputs and outputs (bf16:
+        # 2 (k n + m (k + n)))
+        a = np.multiply(m, float(self.input_bytes * k + self.output_bytes * n))
+        a += weights
         a /= p.bytes_s
         s = np.subtract(a, b)  # smax(a, b) = (a + b + sqrt((a - b)^2 + c a b)) / 2
         s *= s

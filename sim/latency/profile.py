@@ -129,6 +129,11 @@ class ProfileLatency(LatencyModel):
                              f"the profile {config.path} was measured with the KV cache in "
                              "the model's dtype; an fp8 KV cache reads half the bytes, which "
                              "it cannot predict (use the roofline, or kv_cache.dtype: auto)")
+        if model.linear_weight_bytes != model.dtype_bytes:
+            raise InputError(None, "quantization", "fp8",
+                             f"the profile {config.path} was measured with the model's weights "
+                             "in its dtype; it cannot predict fp8 weights (use the roofline, "
+                             "or measure a profile of the quantized model)")
         data = load_fitted(config.path)
         if data["model"] != model.name:
             raise InputError(config.path, "model", data["model"],

@@ -98,6 +98,7 @@ class RooflineLatency(LatencyModel):
     def __init__(self, config: RooflineConfig, model: ModelShape, gpu: GPUSpec,
                  parallelism: Parallelism = SINGLE_GPU) -> None:
         self.tables = _tables(config, model, gpu, parallelism)
+        self.gpu_has_fp8 = gpu.peak_fp8_flops is not None
         flops_s = gpu.peak_bf16_flops * config.mfu
         bytes_s = gpu.memory_bandwidth_bytes_s * config.mbu
         m, t = model, parallelism.tensor
@@ -137,6 +138,10 @@ class RooflineLatency(LatencyModel):
                                  "elementwise": tables.config.elementwise}
         if tables.elementwise is not None:
             facts.update(tables.elementwise.describe())
+        if tables.quantized:
+            facts["quantization"] = ("fp8 linear layers, W8A8 at the GPU's fp8 peak"
+                                     if self.gpu_has_fp8 else
+                                     "fp8 linear layers, W8A16 (no fp8 math on this GPU)")
         if tables.parallelism.num_gpus > 1:
             facts["parallelism"] = tables.parallelism.model_dump()
             facts["communication"] = {
@@ -155,7 +160,11 @@ class _Tables:
     def __init__(self, config: RooflineConfig, model: ModelShape, gpu: GPUSpec,
                  parallelism: Parallelism) -> None:
         self.config, self.model, self.gpu, self.parallelism = config, model, gpu, parallelism
-        self.gemm = _gemm_model(config, gpu)
+        # fp8 linear layers (`quantization: fp8`); the LM head and MoE routers keep the
+        # model's dtype, as vLLM's fp8 method leaves them.
+        self.quantized = model.linear_weight_bytes != model.dtype_bytes
+        self.gemm = _gemm_model(config, gpu, fp8=self.quantized)
+        self.gemm_kept = _gemm_model(config, gpu) if self.quantized else self.gemm
         self.elementwise = (ElementwiseModel.for_gpu(gpu) if config.elementwise == "calibrated"
                             else None)
         self.comm = _collectives(config, gpu, parallelism)
@@ -175,7 +184,8 @@ class _Tables:
 
     def _linear_s(self, m: np.ndarray) -> np.ndarray:
         model, par, gemm = self.model, self.parallelism, self.gemm
-        if self.config.linear == "naive" and par.num_gpus == 1 and not model.num_experts:
+        if (self.config.linear == "naive" and par.num_gpus == 1 and not model.num_experts
+                and not self.quantized):
             return _naive_single_gpu(self.config, model, self.gpu, m)
         t, h = par.tensor, model.hidden_size
         time = model.num_layers * self._attention_gemms_s(m)
@@ -217,7 +227,7 @@ class _Tables:
         model, par, gemm, h = self.model, self.parallelism, self.gemm, self.model.hidden_size
         t, e = par.tensor, par.expert
         num_experts, k = model.num_experts, model.num_experts_per_token
-        time = gemm(m, h, num_experts)  # the router, replicated
+        time = self.gemm_kept(m, h, num_experts)  # the router, replicated, unquantized
         # Experts reached by m tokens choosing k of num_experts each, uniformly (expected).
         # math.pow entry by entry: libm's, as a scalar would get it, on every CPU (numpy's
         # vectorised pow/expm1 may round differently where SIMD versions exist).
@@ -242,9 +252,9 @@ class _Tables:
         if self.config.linear == "naive" and par.num_gpus == 1:
             return _naive_lm_head(self.config, model, self.gpu, s)
         if par.tensor == 1:
-            return self.gemm(s, model.hidden_size, model.vocab_size)
+            return self.gemm_kept(s, model.hidden_size, model.vocab_size)
         rows = par.vocab_rows_per_gpu(model)  # the padded vocabulary's slice
-        return (self.gemm(s, model.hidden_size, rows)
+        return (self.gemm_kept(s, model.hidden_size, rows)
                 + self.comm.all_gather(s * par.logits_bytes_per_row(model)))
 
 
@@ -272,10 +282,13 @@ def _naive_lm_head(config: RooflineConfig, m: ModelShape, gpu: GPUSpec,
 class _NaiveGemm:
     """max(FLOPs at mfu of peak, weight bytes at mbu of bandwidth) for one GEMM."""
 
-    def __init__(self, config: RooflineConfig, gpu: GPUSpec, dtype_bytes: int = 2) -> None:
-        self.flops_s = gpu.peak_bf16_flops * config.mfu
+    def __init__(self, config: RooflineConfig, gpu: GPUSpec, fp8: bool = False) -> None:
+        # fp8 weights: one byte each, and fp8 math where the GPU has it (W8A8).
+        fp8_math = fp8 and gpu.peak_fp8_flops is not None
+        peak = gpu.peak_fp8_flops if fp8_math else gpu.peak_bf16_flops
+        self.flops_s = peak * config.mfu
         self.bytes_s = gpu.memory_bandwidth_bytes_s * config.mbu
-        self.dtype_bytes = dtype_bytes
+        self.dtype_bytes = 1 if fp8 else 2
 
     launch_s = 0.0
 
@@ -291,10 +304,12 @@ class _NaiveGemm:
 class _CalibratedGemm:
     """`sim.latency.gemm`'s fitted GEMM time (0 for no tokens)."""
 
-    def __init__(self, gpu: GPUSpec) -> None:
+    def __init__(self, gpu: GPUSpec, fp8: bool = False) -> None:
         from sim.latency.gemm import GemmModel
 
         self.model = GemmModel.for_gpu(gpu)
+        if fp8:
+            self.model = self.model.fp8(gpu)
         self.launch_s = self.model.params.launch_s
 
     def __call__(self, m: np.ndarray, k: int, n: int) -> np.ndarray:
@@ -304,8 +319,10 @@ class _CalibratedGemm:
         return self.model.describe()
 
 
-def _gemm_model(config: RooflineConfig, gpu: GPUSpec) -> _NaiveGemm | _CalibratedGemm:
-    return _NaiveGemm(config, gpu) if config.linear == "naive" else _CalibratedGemm(gpu)
+def _gemm_model(config: RooflineConfig, gpu: GPUSpec, fp8: bool = False
+                ) -> _NaiveGemm | _CalibratedGemm:
+    return (_NaiveGemm(config, gpu, fp8) if config.linear == "naive"
+            else _CalibratedGemm(gpu, fp8))
 
 
 def _collectives(config: RooflineConfig, gpu: GPUSpec, parallelism: Parallelism) -> Collectives:
