@@ -15,7 +15,9 @@ none`), the default (fitted GEMMs plus the fitted elementwise kernels, `elementw
 calibrated`: norms, rotary, activation, residual add, embedding) and the naive one (datasheet
 max of compute and memory, no elementwise kernels), with the all-reduce either from Vidur's
 measured H100 NCCL table (where ../shared/profiles is present) or from the NVLink bandwidth;
-then, per variant, the rows within 10% and 20% and the mean |log(predicted / measured)|.
+then, per variant, the rows within 10% and 20% and the mean |log(predicted / measured)|. Then
+the same for the CSV's fp8 rows, simulated with `quantization: fp8` (`tpot_ms`: time per
+output token after the first, of a batch of one).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from sim.runner import run_scenario  # noqa: E402
 
 TABLE = REPO.parent / "shared" / "profiles" / "vidur" / "network" / "h100_dgx" / "all_reduce.csv"
 MODELS = {"Meta-Llama-3-8B": "llama-3-8b", "Meta-Llama-3.1-8B": "llama-3.1-8b",
-          "Meta-Llama-3-70B": "llama-3.1-70b"}  # 3.1-70B: Llama-3-70B's shape, longer context
+          "Meta-Llama-3-70B": "llama-3.1-70b",  # 3.1-70B: Llama-3-70B's shape, longer context
+          "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.3-70B-Instruct": "llama-3.1-70b"}
+METRICS = ("e2e_latency_s", "ttft_ms", "tpot_ms", "output_tokens_per_s")
 # Column -> the roofline's settings.
 VARIANTS: dict[str, dict[str, Any]] = {
     "no kernels": {"elementwise": "none"},
@@ -46,13 +50,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def usable(row: dict[str, str]) -> bool:
-    return (row["dtype"] in ("fp16", "bf16") and row["model"] in MODELS
-            and row["batch_size"] != "" and row["metric"] in
-            ("e2e_latency_s", "ttft_ms", "output_tokens_per_s"))
+def usable(row: dict[str, str], dtypes: tuple[str, ...] = ("fp16", "bf16")) -> bool:
+    return (row["dtype"] in dtypes and row["model"] in MODELS
+            and row["batch_size"] != "" and row["metric"] in METRICS)
 
 
 def predict(row: dict[str, str], settings: dict[str, Any], workdir: Path) -> float:
+    """The row's figure as servesim predicts it; an fp8 row runs `quantization: fp8` (weights
+    in fp8, KV in bf16: the sources do not say how their KV was stored)."""
     batch = int(row["batch_size"])
     prompt = int(row["input_tokens"]) if row["input_tokens"] else 1
     output = int(row["output_tokens"])
@@ -67,6 +72,7 @@ def predict(row: dict[str, str], settings: dict[str, Any], workdir: Path) -> flo
         "name": "public", "workload": {"format": "vidur", "path": str(trace)},
         "replica": {"model": MODELS[row["model"]], "gpu": "h100-sxm",
                     "parallelism": {"tensor": tensor},
+                    "quantization": "fp8" if row["dtype"] == "fp8" else "none",
                     "scheduler": {"name": "prefill_first", "max_num_batched_tokens": 8192},
                     "latency": latency}}, "<bench>")
     results = run_scenario(scenario)
@@ -75,6 +81,8 @@ def predict(row: dict[str, str], settings: dict[str, Any], workdir: Path) -> flo
         return float(req["finish_s"].max())
     if row["metric"] == "ttft_ms":
         return 1e3 * float((req["arrival_s"] + req["ttft_s"]).max())
+    if row["metric"] == "tpot_ms":  # a batch of one: time per output token after the first
+        return 1e3 * float((req["finish_s"].max() - req["ttft_s"].max()) / (output - 1))
     # Decode tokens per second of one request: output tokens after the first, over their time.
     return float((output - 1) / (req["finish_s"].max() - req["ttft_s"].max()))
 
@@ -85,7 +93,16 @@ def main() -> None:
     parser.add_argument("--csv", type=Path, default=REPO / "bench" / "public_llama_h100.csv")
     args = parser.parse_args()
     with open(args.csv, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if usable(r)]
+        all_rows = list(csv.DictReader(f))
+    for title, dtypes in (("fp16/bf16 rows", ("fp16", "bf16")),
+                          ("fp8 rows (quantization: fp8)", ("fp8",))):
+        rows = [r for r in all_rows if usable(r, dtypes)]
+        print(f"{title}: {len(rows)}")
+        report(rows, args.markdown)
+        print()
+
+
+def report(rows: list[dict[str, str]], markdown: bool) -> None:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for row in rows:
@@ -93,29 +110,29 @@ def main() -> None:
             got = {name: predict(row, settings, Path(tmp))
                    for name, settings in VARIANTS.items()}
             out.append((row, measured, got))
-    sep = " | " if args.markdown else "  "
+    sep = " | " if markdown else "  "
     head = ["model", "TP", "engine", "batch", "in/out tokens", "metric", "measured"]
     for name in VARIANTS:
         head += [name, "ratio"]
-    print(("| " if args.markdown else "") + sep.join(head) + (" |" if args.markdown else ""))
-    if args.markdown:
+    print(("| " if markdown else "") + sep.join(head) + (" |" if markdown else ""))
+    if markdown:
         print("|---|---:|---|---:|---|---|---:|" + "---:|---:|" * len(VARIANTS))
     ratios: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for row, measured, got in out:
-        cells = [row["model"], row["tensor_parallel"], row["engine"].split(" ")[0],
+        engine = row["engine"].removeprefix("NVIDIA ").split(" ")[0]
+        cells = [row["model"], row["tensor_parallel"], engine,
                  row["batch_size"], f"{row['input_tokens'] or '-'}/{row['output_tokens']}",
                  row["metric"], f"{measured:.4g}"]
         for name, value in got.items():
             ratios[name].append(value / measured)
             cells += [f"{value:.4g}", f"{value / measured:.2f}"]
-        print(("| " if args.markdown else "") + sep.join(cells) + (" |" if args.markdown else ""))
+        print(("| " if markdown else "") + sep.join(cells) + (" |" if markdown else ""))
     print()
     for name, values in ratios.items():
         r = np.array(values)
         print(f"{name}: {len(r)} rows, within 10% {np.mean(np.abs(r - 1) <= 0.1):.0%}, within "
               f"20% {np.mean(np.abs(r - 1) <= 0.2):.0%}, mean |log ratio| "
               f"{np.mean(np.abs(np.log(r))):.3f}, {r.min():.2f} to {r.max():.2f}")
-
 
 if __name__ == "__main__":
     main()

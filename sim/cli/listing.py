@@ -54,18 +54,21 @@ def list_registered(
 def gpu_table(gpus: list[Any]) -> Table:
     """Each GPU's datasheet figures and price (their sources and dates are in sim/gpus.py)."""
     table = Table(title="GPUs", caption_justify="left",
-                  caption="TFLOP/s: dense bf16, no sparsity; link: per GPU, one direction, over "
+                  caption="TFLOP/s: dense, no sparsity (fp8 -: no fp8 math); link: per GPU, "
+                          "one direction, over "
                           "the tensor-parallel fabric; $: on-demand list price per GPU-hour "
                           "(sources and dates: sim/gpus.py)")
     table.add_column("gpu", no_wrap=True)
-    for col in ("bf16\nTFLOP/s", "memory\nGB/s", "memory\nGiB", "link\nGB/s"):
+    for col in ("TFLOP/s\nbf16", "\nfp8", "memory\nGB/s", "\nGiB", "link\nGB/s"):
         table.add_column(col, justify="right")
     table.add_column("fabric", no_wrap=True)
     table.add_column("$/GPU\n-hour", justify="right")
     for g in gpus:
         cost = getattr(g, "cost_per_gpu_hour", None)
         link = getattr(g, "interconnect_bandwidth_bytes_s", None)
+        fp8 = getattr(g, "peak_fp8_flops", None)
         table.add_row(g.name, f"{g.peak_bf16_flops / 1e12:,.0f}",
+                      "-" if fp8 is None else f"{fp8 / 1e12:,.0f}",
                       f"{g.memory_bandwidth_bytes_s / 1e9:,.0f}", f"{g.memory_bytes / 2**30:,.0f}",
                       "-" if link is None else f"{link / 1e9:,.0f}",
                       getattr(g, "interconnect", "-"), "-" if cost is None else f"{cost:.2f}")
