@@ -8,6 +8,9 @@ Parts, timed separately because different kernels run them:
   model fitted to public H100/A100 GEMM measurements; `linear: naive` takes the longer of its
   FLOPs at `mfu` of peak and its weight bytes at `mbu` of the bandwidth (the datasheet roofline;
   its single-GPU predictions are exactly those of servesim before parallelism existed).
+  With fp8 weights (the replica's `quantization: fp8`, seen here as the model's
+  `linear_dtype_bytes`), every GEMM but the LM head's and the MoE router's reads one-byte
+  weights and, on a GPU with fp8 math, runs at its fp8 peak (`GemmModel.fp8`).
 - the elementwise kernels, with `elementwise: calibrated` (default; `sim.latency.elementwise`):
   each layer's RMSNorms, rotary embedding, activation and residual add, and the embedding
   lookup, fitted to the same public measurements (3-39% of a layer's measured
@@ -17,8 +20,9 @@ Parts, timed separately because different kernels run them:
   experts in expectation (k per token); only their weights are read, each with m*k/that many
   tokens. `expert_imbalance` (>= 1) stretches the routed experts' time: the busiest expert
   (or GPU, under expert parallelism) sets the pace.
-- attention: prefill FLOPs from query-key pairs, decode bytes of KV read, per GPU (heads split
-  over the tensor group; KV heads replicated where fewer than GPUs).
+- attention: prefill FLOPs from query-key pairs, decode bytes of KV read (one byte per element
+  with `kv_cache.dtype: fp8`), per GPU (heads split over the tensor group; KV heads replicated
+  where fewer than GPUs).
 - communication (`sim.latency.comm`: measured NCCL tables or bandwidth): under tensor
   parallelism two all-reduces of the activations per layer, one more after the embedding
   (vLLM's `VocabParallelEmbedding` looks each token up in its vocabulary slice, zeros
