@@ -174,6 +174,13 @@ def _split_name(cfg: ReplicaConfig) -> str:
     return "x".join(parts)
 
 
+def _precision(cfg: ReplicaConfig) -> str:
+    """What a replica stores in fp8 ("" for neither)."""
+    parts = (["fp8 weights"] if cfg.quantization == "fp8" else []) + (
+        ["fp8 KV"] if cfg.kv_cache.dtype != "auto" else [])
+    return ", ".join(parts)
+
+
 def cost_stats(summary: dict[str, Any], requests: Table,
                pools: dict[str, ReplicaConfig], replicas: Sequence[ReplicaRecord]
                ) -> dict[str, Any]:
@@ -419,6 +426,10 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
               if (note := blocks_beyond_memory(cfg)) is not None}
     if beyond:  # only then: summaries of runs within memory stay as they were
         summary["run"]["blocks_beyond_memory"] = beyond
+    precisions = [_precision(cfg) for cfg in pools.values()]
+    if any(precisions):  # only then, likewise: "fp8 weights", "fp8 KV", both (per pool)
+        summary["run"]["precision"] = "/".join(
+            dict.fromkeys(p or "model dtype" for p in precisions))
     if device := latency.get("device_name"):  # latencies measured on a machine (a profile)
         summary["run"]["latency_measured_on"] = device
         other = sorted({cfg.gpu_name for cfg in pools.values()

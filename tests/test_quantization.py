@@ -108,11 +108,15 @@ def test_the_lm_head_keeps_the_models_dtype(linear: str) -> None:
 
 
 def test_a_run_says_how_its_weights_were_timed() -> None:
-    summary = run_scenario(replica_cfg(quantization="fp8")).summary["latency_model"]
+    full = run_scenario(replica_cfg(quantization="fp8")).summary
+    summary = full["latency_model"]
     assert summary["quantization"] == "fp8 linear layers, W8A8 at the GPU's fp8 peak"
     assert "not measured" in summary["gemm_source"]
-    plain = run_scenario(replica_cfg()).summary["latency_model"]
-    assert "quantization" not in plain
+    assert full["run"]["precision"] == "fp8 weights"
+    plain = run_scenario(replica_cfg()).summary
+    assert "quantization" not in plain["latency_model"] and "precision" not in plain["run"]
+    both = run_scenario(replica_cfg(quantization="fp8", kv_cache={"dtype": "fp8"})).summary
+    assert both["run"]["precision"] == "fp8 weights, fp8 KV"
     a100 = run_scenario(replica_cfg(gpu="a100-80gb", quantization="fp8")).summary
     assert a100["latency_model"]["quantization"].endswith("W8A16 (no fp8 math on this GPU)")
 

@@ -214,7 +214,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
     # widest) and "unfinished" fit 80 columns.
     # Two lines, what runs and how: rich wraps a title at the table's width, wherever a space
     # falls ("..., seed" / "0" on an 80-column terminal).
-    table = Table(title=f"{run['scenario']}: {run['model']} on {on}\n{run['scheduler']}, "
+    model = f"{run['model']} ({run['precision']})" if run.get("precision") else run["model"]
+    table = Table(title=f"{run['scenario']}: {model} on {on}\n{run['scheduler']}, "
                         f"{run['latency']} latency, seed {run['seed']}", pad_edge=False)
     table.add_column("metric", no_wrap=True)
     for col in ("P50", "P90", "P99", "max", "mean"):
