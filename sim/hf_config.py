@@ -68,6 +68,9 @@ DECODERS: dict[str, tuple[str, str]] = {
     "deepseek_v3": ("deepseek", "DeepseekV3ForCausalLM"),
 }
 _BY_ARCHITECTURE = {arch: model_type for model_type, (_, arch) in DECODERS.items()}
+# `quantization_config.quant_method` of checkpoints whose linear layers hold fp8 weights, as
+# vLLM's `fp8` and `fbgemm_fp8` methods load them (the rest stays in `torch_dtype`).
+FP8_METHODS = ("fp8", "fbgemm_fp8")
 # `torch_dtype` (or `dtype`, its newer name) -> bytes per weight; absent: bf16.
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _MISSING = object()
@@ -137,9 +140,15 @@ class _Config:
 
     def shape(self, name: str) -> ModelShape:
         family = DECODERS[self.model_type()][0]
+        checkpoint_fp8 = False
         if "quantization_config" in self.data:
-            raise ValueError(f"{self.path}: quantization_config: quantized checkpoints are not "
-                             "modelled (their weights would be mis-sized)")
+            config = self.data["quantization_config"]
+            method = config.get("quant_method") if isinstance(config, dict) else None
+            if method not in FP8_METHODS:
+                raise ValueError(f"{self.path}: quantization_config: quant_method {method!r}: "
+                                 f"quantized checkpoints other than fp8 ({', '.join(FP8_METHODS)}"
+                                 ") are not modelled (their weights would be mis-sized)")
+            checkpoint_fp8 = True
         layers = self.integer("num_hidden_layers")
         hidden = self.integer("hidden_size")
         heads = self.integer("num_attention_heads")
@@ -168,6 +177,7 @@ class _Config:
             "dtype_bytes": DTYPE_BYTES[dtype],
             "max_model_len": self.integer("max_position_embeddings", None),
             "source": self.path,
+            "checkpoint_fp8": checkpoint_fp8,
         }
         if fields["num_kv_heads"] > heads or heads % fields["num_kv_heads"]:
             raise self.fail("num_key_value_heads", fields["num_kv_heads"],

@@ -83,6 +83,9 @@ class ModelShape:
     # Bytes per weight of the quantized linear layers (attention projections, MLPs, experts)
     # where they differ from `dtype_bytes` (`quantization: fp8`: 1); None: dtype_bytes.
     linear_dtype_bytes: int | None = None
+    # A config.json whose `quantization_config` says its linear layers are stored in fp8: a
+    # replica must run it with `quantization: fp8`.
+    checkpoint_fp8: bool = False
     # Context window, prompt plus output (`max_position_embeddings`, vLLM's default max_model_len).
     max_model_len: int | None = None
     source: str = ""

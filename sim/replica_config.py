@@ -85,6 +85,11 @@ class ReplicaConfig(Frozen):
         """The model's shape (a config.json is read once per process), its KV cache's element
         size set by `kv_cache.dtype` and its linear layers' weights by `quantization`."""
         shape = resolve_model(str(self.model))
+        if shape.checkpoint_fp8 and self.quantization != "fp8":
+            # vLLM loads such a checkpoint quantized whatever its flag; simulated in bf16, its
+            # weights would be twice their size.
+            raise ValueError(f"{shape.source}: quantization_config: an fp8 checkpoint: set "
+                             "replica.quantization: fp8")
         if self.kv_cache.dtype != "auto":
             shape = dataclasses.replace(shape, kv_dtype_bytes=1)
         if self.quantization == "fp8":

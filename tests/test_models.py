@@ -247,7 +247,8 @@ def test_unreadable_files(tmp_path: Path, content: str, needle: str) -> None:
     ({"torch_dtype": 0}, "torch_dtype=0: must be one of bfloat16, float16, float32"),
     ({"torch_dtype": "bfloat16", "dtype": False}, None),  # torch_dtype is read first
     ({"model_type": "bert"}, "model_type='bert': not a decoder servesim models"),
-    ({"quantization_config": {"quant_method": "awq"}}, "quantization_config: quantized"),
+    ({"quantization_config": {"quant_method": "awq"}},
+     "quant_method 'awq': quantized checkpoints other than fp8"),
 ])
 def test_bad_fields_are_named(tmp_path: Path, fields: dict[str, object],
                               needle: str | None) -> None:

@@ -142,3 +142,22 @@ def test_what_measured_weights_in_bf16_refuses_fp8() -> None:
     assert info.value.problems[0][0] == "replica.quantization"
     with pytest.raises(InputError, match="replay runs the model's weights in the model's dtype"):
         check_replayable(replica_cfg(quantization="fp8"))
+
+
+def test_an_fp8_checkpoint_runs_only_as_fp8(tmp_path: Path) -> None:
+    """A config.json whose quantization_config says fp8 (as Meta's and NVIDIA's fp8 releases
+    of Llama-3.1 say): vLLM loads it quantized, so a bf16 replica of it is refused (its weights
+    would count twice their size); with `quantization: fp8` it is the registered model in fp8."""
+    import json
+
+    config = json.loads((REPO / "sim" / "data" / "models" / "llama-3.1-8b.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    path = tmp_path / "Llama-3.1-8B-FP8" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(config))
+    with pytest.raises(InputError) as info:
+        replica_cfg(str(path))
+    assert info.value.problems[0][0] == "replica.model"
+    assert "an fp8 checkpoint: set replica.quantization: fp8" in str(info.value)
+    shape = replica_cfg(str(path), quantization="fp8").replica.model_shape
+    assert shape.weight_bytes == replica_cfg(quantization="fp8").replica.model_shape.weight_bytes
