@@ -59,6 +59,7 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
     if model not in MODELS:
         raise InputError(COMMAND_LINE, "--model", model,
                          f"unknown; known: {', '.join(MODELS.names())}")
+    check_buildable(MODELS.get(model), COMMAND_LINE, "--model", model)
     check_tensor_parallel(MODELS.get(model), tensor_parallel)
     check_profile_out(out)
     torch, dtype = torch_setup(device, threads)
@@ -123,6 +124,14 @@ def _check_out_file(out: Path, suffix: str) -> None:
     except FileProblem as exc:
         hint = f": name a {suffix} file" if out.is_dir() else ""
         raise InputError(out, "--out", str(out), f"{exc}{hint}") from None
+
+
+def check_buildable(shape: ModelShape, source: Path | str, field: str, value: Any) -> None:
+    """One line, exit 2, for a model the profiler's decoder cannot build (`unbuildable`)."""
+    from profiler.model import unbuildable
+
+    if why := unbuildable(shape):
+        raise InputError(source, field, value, why)
 
 
 def check_tensor_parallel(shape: ModelShape, tensor_parallel: int) -> None:
@@ -209,8 +218,9 @@ def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int 
         raise InputError(fitted_path, "tensor_parallel", fitted_tp,
                          f"the profile times a shard of TP{fitted_tp}, --tensor-parallel is "
                          f"{tensor_parallel} (leave it out with --check)")
-    torch, dtype = torch_setup(device, threads)
     shape = MODELS.get(fitted["model"])
+    check_buildable(shape, fitted_path, "model", fitted["model"])
+    torch, dtype = torch_setup(device, threads)
     spec = GridSpec(**{f.name: meta["grid"][f.name] for f in fields(GridSpec)
                        if f.name in meta.get("grid", {})})
     rng = np.random.default_rng(seed + 1_000_003)  # a different draw from the profile's

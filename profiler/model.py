@@ -57,6 +57,21 @@ class SeqInput:
         return self.block_ids[pos // block_size] * block_size + pos % block_size
 
 
+def unbuildable(shape: ModelShape) -> str | None:
+    """Why the decoder cannot build `shape` (None: it can). It builds dense MLPs and
+    grouped-query attention only: a mixture of experts or latent attention would be timed as
+    another model, silently."""
+    if shape.is_moe:
+        return (f"a mixture of experts ({shape.num_experts} experts, {shape.num_experts_per_token} "
+                "per token): the profiler builds dense decoders only, so it would time another "
+                "model; use a dense model")
+    if shape.is_mla:
+        return ("multi-head latent attention (kv_lora_rank "
+                f"{shape.kv_lora_rank}): the profiler builds grouped-query attention only, so it "
+                "would time another model; use a model without MLA")
+    return None
+
+
 class Decoder:
     """Weights, KV pool and `forward`. Not a `nn.Module`: inference only, no autograd."""
 
@@ -64,6 +79,8 @@ class Decoder:
                  dtype: torch.dtype = torch.float32, seed: int = 0, attention: str = "sdpa",
                  block_size: int = 16, varlen_fn: Callable[..., Any] | None = None,
                  tensor_parallel: int = 1) -> None:
+        if why := unbuildable(shape):
+            raise ValueError(f"{shape.name}: {why}")
         problems = Parallelism(tensor=tensor_parallel).problems(shape)
         if problems:
             raise ValueError(f"tensor_parallel={tensor_parallel}: {problems[0][2]}")

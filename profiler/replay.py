@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from profiler.executor import Executor
+from profiler.model import unbuildable
 from sim.cluster import kv_cache_for, make_scheduler
 from sim.config import Scenario
 from sim.errors import InputError
@@ -70,6 +71,8 @@ def check_replayable(scenario: Scenario) -> None:
         raise InputError(scenario.source, "replica.parallelism",
                          scenario.replica.parallelism.model_dump(),
                          "replay runs the model on one device")
+    if why := unbuildable(scenario.replica.model_shape):
+        raise InputError(scenario.source, "replica.model", str(scenario.replica.model), why)
     if scenario.replica.kv_cache.dtype != "auto":
         raise InputError(scenario.source, "replica.kv_cache.dtype",
                          scenario.replica.kv_cache.dtype,

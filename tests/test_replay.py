@@ -253,3 +253,29 @@ def test_a_cpu_replay_says_its_verdict_and_prices_no_gpu(tmp_path, monkeypatch, 
     assert "cost $/M tokens" not in out
     assert f"cost: none (served on {summary['run']['gpu']}, not on h100-sxm" in " ".join(
         out.split())
+
+
+TINY_MOE = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 64,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 2048,
+            "num_local_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False}
+
+
+def test_a_model_the_decoder_cannot_build_is_refused(tmp_path, monkeypatch, capsys):
+    """The decoder is dense with grouped-query attention: a mixture of experts (a tiny Mixtral
+    replayed as a dense model of one expert's width, silently) or latent attention is one line,
+    before anything is built or measured."""
+    config = tmp_path / "moe" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(TINY_MOE))
+    path = trace_scenario(tmp_path, ROWS)
+    path.write_text(path.read_text().replace("model: tiny", f"model: {config}"))
+    out = tmp_path / "o"
+    code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--out", str(out))
+    assert_one_line_error(code, err, "replica.model=", "mixture of experts", "dense")
+    assert not out.exists()
+    code, err = run_cli(monkeypatch, capsys, "profile", "--model", "deepseek-v2-lite", "--out",
+                        str(tmp_path / "p.parquet"), "--max-context", "64", "--max-tokens", "8",
+                        "--max-batch", "1", "--holdout", "1", "--reps", "1", "--warmup", "0")
+    assert_one_line_error(code, err, "--model='deepseek-v2-lite'", "mixture of experts")
+    assert not (tmp_path / "p.parquet").exists()
