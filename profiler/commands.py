@@ -134,6 +134,18 @@ def check_buildable(shape: ModelShape, source: Path | str, field: str, value: An
         raise InputError(source, field, value, why)
 
 
+def check_memory(shape: ModelShape, num_kv_slots: int, device: str, dtype: Any,
+                 tensor_parallel: int, source: Path | str, field: str, value: Any) -> None:
+    """One line, exit 2, where the decoder and its KV pool would not fit in memory here."""
+    from profiler.model import does_not_fit
+
+    problem = does_not_fit(shape, num_kv_slots, device, dtype, tensor_parallel)
+    if problem is not None:
+        raise InputError(source, field, value, f"{problem[0]}: profile a smaller model here"
+                         + (" or give a smaller --max-context / --max-batch" if problem[1]
+                            else ""))
+
+
 def check_tensor_parallel(shape: ModelShape, tensor_parallel: int) -> None:
     """One line, exit 2, where the model's heads do not split `tensor_parallel` ways."""
     from sim.parallelism import MAX_GPUS_PER_REPLICA, Parallelism
@@ -224,6 +236,8 @@ def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int 
     spec = GridSpec(**{f.name: meta["grid"][f.name] for f in fields(GridSpec)
                        if f.name in meta.get("grid", {})})
     rng = np.random.default_rng(seed + 1_000_003)  # a different draw from the profile's
+    check_memory(shape, spec.max_kv_tokens, device, dtype, fitted_tp, fitted_path, "model",
+                 fitted["model"])
     mixes = random_mixes(spec, num, rng)
     decoder = Decoder(shape, spec.max_kv_tokens, device=device, dtype=dtype, seed=seed,
                       attention=meta.get("attention_backend", "sdpa"),

@@ -22,7 +22,7 @@ import torch
 from profiler.fit import check_profile
 from profiler.mixes import GridSpec, Mix
 from profiler.model import Decoder, SeqInput
-from sim.errors import InputError
+from sim.errors import COMMAND_LINE, InputError
 from sim.input_file import FileProblem, check_regular, loads
 from sim.models import ModelShape
 from sim.parallelism import Parallelism
@@ -255,6 +255,10 @@ def profile(shape: ModelShape, device: str, out: Path, spec: GridSpec, mixes: li
     # Measure in random order: drift of the machine over the run (clocks, heat, neighbours)
     # then spreads over all kinds of mix instead of biasing the last ones measured.
     todo = [todo[i] for i in rng.permutation(len(todo))]
+    from profiler.commands import check_memory
+
+    check_memory(shape, spec.max_kv_tokens, device, dtype, tensor_parallel, COMMAND_LINE,
+                 "--model", shape.name)
     decoder = Decoder(shape, spec.max_kv_tokens, device=device, dtype=dtype, seed=seed,
                       attention=attention, tensor_parallel=tensor_parallel)
     timer = Timer(device)

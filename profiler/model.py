@@ -22,6 +22,7 @@ Attention backends:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,43 @@ def unbuildable(shape: ModelShape) -> str | None:
                 f"{shape.kv_lora_rank}): the profiler builds grouped-query attention only, so it "
                 "would time another model; use a model without MLA")
     return None
+
+
+def footprint_bytes(shape: ModelShape, num_kv_slots: int, itemsize: int,
+                    tensor_parallel: int = 1, block_size: int = 16) -> tuple[int, int]:
+    """Bytes of the weights and of the KV pool that `Decoder` allocates (one shard's)."""
+    t = tensor_parallel
+    h = shape.hidden_size
+    q = shape.num_heads // t * shape.head_dim
+    kv = Parallelism(tensor=t).kv_heads_per_gpu(shape) * shape.head_dim
+    inter = -(-shape.intermediate_size // t)
+    per_layer = (q + 2 * kv) * h + h * q + 3 * inter * h + 2 * h
+    lm_head = 0 if shape.tie_embeddings else -(-shape.vocab_size // t) * h
+    weights = shape.vocab_size * h + shape.num_layers * per_layer + h + lm_head
+    slots = -(-num_kv_slots // block_size) * block_size
+    return weights * itemsize, 2 * shape.num_layers * slots * kv * itemsize
+
+
+def memory_limit_bytes(device: str) -> tuple[float, str]:
+    """What the decoder may take on `device`, and how that was set."""
+    if device.startswith("cuda"):
+        return 0.8 * torch.cuda.mem_get_info(torch.device(device))[0], "80% of the free GPU memory"
+    return 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "half the memory"
+
+
+def does_not_fit(shape: ModelShape, num_kv_slots: int, device: str, dtype: torch.dtype,
+                 tensor_parallel: int = 1, block_size: int = 16) -> tuple[str, bool] | None:
+    """Why the decoder would not fit in memory on `device` (and whether its KV pool, rather
+    than the weights, is the bulk), or None where it fits. Checked before anything is
+    allocated: a model too big for the CPU otherwise ran the machine out of memory."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    weights, pool = footprint_bytes(shape, num_kv_slots, itemsize, tensor_parallel, block_size)
+    limit, how = memory_limit_bytes(device)
+    if weights + pool <= limit:
+        return None
+    return (f"its weights ({weights / 1e9:.1f} GB in {str(dtype).removeprefix('torch.')}) and "
+            f"KV pool ({pool / 1e9:.1f} GB) do not fit in {limit / 1e9:.1f} GB ({how} here)",
+            pool > weights)
 
 
 class Decoder:

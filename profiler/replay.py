@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from profiler.executor import Executor
-from profiler.model import unbuildable
+from profiler.model import does_not_fit, unbuildable
 from sim.cluster import kv_cache_for, make_scheduler
 from sim.config import Scenario
 from sim.errors import InputError
@@ -217,8 +217,8 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
     cfg = scenario.replica
     model = cfg.model_shape
     scheduler = make_scheduler(cfg)
+    check_fits(scenario, device, dtype)
     kv = kv_cache_for(cfg, model, "replica", scenario.source)
-    _check_pool_fits(scenario, kv.num_blocks * kv.block_size, model, dtype, device)
     requests = make_requests(load_workload(scenario))
     arrivals = mark_after_horizon(requests, scenario.horizon_s)
     state = ReplicaState(kv)
@@ -264,21 +264,20 @@ def _largest_iteration(scenario: Scenario) -> int:
     return 512
 
 
-def _check_pool_fits(scenario: Scenario, num_slots: int, model: Any, dtype: Any,
-                     device: str) -> None:
-    """The KV pool is allocated for real: refuse one that cannot fit in memory."""
-    itemsize = 2 if "16" in str(dtype) else 4
-    pool_bytes = num_slots * 2 * model.num_layers * model.kv_size * itemsize
-    if device.startswith("cuda"):
-        import torch
-
-        limit = 0.8 * torch.cuda.mem_get_info()[0]
-    else:
-        limit = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if pool_bytes > limit:
-        raise InputError(scenario.source, "replica.kv_cache.num_blocks", num_slots // max(
-            1, scenario.replica.kv_cache.block_size), f"a KV pool of {pool_bytes / 1e9:.1f} GB "
-            f"does not fit in {limit / 1e9:.1f} GB here: give fewer blocks")
+def check_fits(scenario: Scenario, device: str, dtype: Any) -> None:
+    """The model and its KV pool are allocated for real: refuse what cannot fit in memory."""
+    cfg = scenario.replica
+    kv = kv_cache_for(cfg, cfg.model_shape, "replica", scenario.source)
+    problem = does_not_fit(cfg.model_shape, kv.num_blocks * kv.block_size, device, dtype,
+                           block_size=kv.block_size)
+    if problem is None:
+        return
+    why, pool_is_bulk = problem
+    if pool_is_bulk:
+        raise InputError(scenario.source, "replica.kv_cache.num_blocks", kv.num_blocks,
+                         f"{why}: give fewer blocks")
+    raise InputError(scenario.source, "replica.model", str(cfg.model),
+                     f"{why}: replay a smaller model here")
 
 
 def _mark_interrupted(requests: list[Request], stop_s: float) -> None:

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.agreement import compare_runs, iteration_error
-from profiler.replay import _largest_iteration, check_replayable, replay
+from profiler.replay import _largest_iteration, check_fits, check_replayable, replay
 from sim.capacity import rate_knob, trace_qps, with_rate
 from sim.config import Scenario, scenario_yaml
 from sim.errors import COMMAND_LINE, InputError
@@ -170,7 +170,7 @@ def profile_spec(scenarios: list[Scenario], opts: Options) -> Any:
 
 def measure_profile(scenarios: list[Scenario], model: str, opts: Options, where: Path,
                     say: Any) -> tuple[Path, dict[str, Any]]:
-    from profiler.commands import torch_setup
+    from profiler.commands import check_memory, torch_setup
     from profiler.fit import fit_profile
     from profiler.measure import default_attention, load
     from profiler.measure import profile as measure
@@ -183,6 +183,8 @@ def measure_profile(scenarios: list[Scenario], model: str, opts: Options, where:
             shutil.rmtree(where)  # measured afresh: this sitting's machine, not an earlier one
         _, dtype = torch_setup(opts.device, opts.threads)
         spec = profile_spec(scenarios, opts)
+        check_memory(resolve_model(model), spec.max_kv_tokens, opts.device, dtype, 1,
+                     scenarios[0].source, "replica.model", model)
         rng = np.random.default_rng(0)
         mixes = [(m, "train") for m in grid(spec, rng)]
         mixes += [(m, "holdout") for m in random_mixes(spec, opts.profile_holdout, rng)]
@@ -420,7 +422,9 @@ def run_validation(scenarios: list[Scenario], opts: Options, out: Path, say: Any
     from profiler.report import error_table, figure, goal_lines, header_lines, iteration_table
 
     model = check_inputs(scenarios, opts)
-    torch_setup(opts.device, opts.threads)
+    _, dtype = torch_setup(opts.device, opts.threads)
+    for scn in scenarios:
+        check_fits(scn, opts.device, dtype)
     here = machine(opts.device)
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     out.mkdir(parents=True, exist_ok=True)

@@ -279,3 +279,22 @@ def test_a_model_the_decoder_cannot_build_is_refused(tmp_path, monkeypatch, caps
                         "--max-batch", "1", "--holdout", "1", "--reps", "1", "--warmup", "0")
     assert_one_line_error(code, err, "--model='deepseek-v2-lite'", "mixture of experts")
     assert not (tmp_path / "p.parquet").exists()
+
+
+def test_a_model_too_big_for_this_machine_is_refused_before_it_is_built(tmp_path, monkeypatch,
+                                                                        capsys):
+    """Only the KV pool was checked: llama-2-70b (276 GB of float32 weights on the CPU, a tiny
+    pool) started building until the machine ran out of memory. Weights and pool are checked
+    together, before anything is allocated, by replay, validate and profile."""
+    path = trace_scenario(tmp_path, ROWS, num_blocks=4)
+    path.write_text(path.read_text().replace("model: tiny", "model: llama-2-70b, gpu: mi300x"))
+    code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "replica.model='llama-2-70b'",
+                          "weights (275.9 GB in float32)", "do not fit")
+    code, err = run_cli(monkeypatch, capsys, "validate", str(path), "--out", str(tmp_path / "v"))
+    assert_one_line_error(code, err, "replica.model='llama-2-70b'", "do not fit")
+    code, err = run_cli(monkeypatch, capsys, "profile", "--model", "llama-2-70b", "--out",
+                        str(tmp_path / "p.parquet"), "--max-context", "64", "--max-tokens", "8",
+                        "--max-batch", "1", "--holdout", "1", "--reps", "1", "--warmup", "0")
+    assert_one_line_error(code, err, "--model='llama-2-70b'", "weights (275.9 GB", "do not fit")
+    assert not {p.name for p in tmp_path.iterdir()} & {"o", "v", "p.parquet"}
