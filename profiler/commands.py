@@ -146,6 +146,23 @@ def check_memory(shape: ModelShape, num_kv_slots: int, device: str, dtype: Any,
                             else ""))
 
 
+PLOT_SUFFIXES = (".png", ".svg")
+
+
+def check_plot_out(plot: Path) -> None:
+    """`--plot` names a .png or .svg file, checked before anything is measured: a directory was
+    saved beside it as DIR.png (and reported as DIR), another suffix failed after the check
+    had run, in a traceback."""
+    if plot.exists():
+        try:
+            stat_regular(plot)
+        except FileProblem as exc:
+            hint = ": name a .png or .svg file" if plot.is_dir() else ""
+            raise InputError(plot, "--plot", str(plot), f"{exc}{hint}") from None
+    if plot.suffix.lower() not in PLOT_SUFFIXES:
+        raise InputError(COMMAND_LINE, "--plot", str(plot), "name a .png or .svg file")
+
+
 def check_tensor_parallel(shape: ModelShape, tensor_parallel: int) -> None:
     """One line, exit 2, where the model's heads do not split `tensor_parallel` ways."""
     from sim.parallelism import MAX_GPUS_PER_REPLICA, Parallelism
@@ -223,6 +240,8 @@ def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int 
     from profiler.mixes import GridSpec, random_mixes
     from profiler.model import Decoder
 
+    if plot is not None:
+        check_plot_out(plot)
     fitted = load_fitted(fitted_path)
     meta = fitted.get("measurement", {})
     fitted_tp = int(fitted.get("tensor_parallel", 1))

@@ -221,3 +221,19 @@ def test_varlen_backend_builds_the_right_paged_batch():
     meta = varlen._varlen_metadata(seqs)
     assert meta["cu_seq_q"].tolist() == [0, 37, 57, 58, 59, 60]
     assert meta["seqused_k"].tolist() == [137, 20, 6, 301, 17]
+
+
+def test_the_check_plot_is_checked_before_measuring(tiny_profile, monkeypatch, capsys,
+                                                    tmp_path):
+    """`--plot DIR` was saved as DIR.png and reported as DIR; `--plot x.txt` failed in
+    matplotlib's traceback after the mixes were measured."""
+    plot_dir = tmp_path / "plots"
+    plot_dir.mkdir()
+    for plot, needles in ((plot_dir, ["--plot=", "is a directory"]),
+                          (tmp_path / "x.txt", ["--plot=", "x.txt", ".png or .svg"])):
+        assert cli(monkeypatch, "profile", "--check", str(tiny_profile[1]), "--num", "2",
+                   "--plot", str(plot)) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and err.startswith("error: "), err
+        assert all(n in err for n in needles), err
+    assert not (tmp_path / "plots.png").exists() and not (tmp_path / "x.txt").exists()
