@@ -201,6 +201,7 @@ RESUME_CONDITIONS = {
     "grid.max_batch": "--max-batch", "grid.max_kv_tokens": "--max-context / --max-batch",
     "grid.token_knots": "--max-tokens", "warmup": "--warmup", "reps": "--reps",
     "seed": "--seed", "attention_backend": "--attention", "dtype": "--device",
+    "torch_threads": "--threads", "torch": "torch (install the version that measured it)",
     "device_name": "--device (on the machine that measured it)",
 }
 

@@ -176,7 +176,10 @@ def test_check_says_when_it_is_worse_than_recorded(tiny_profile, monkeypatch, ca
 
 
 @pytest.mark.parametrize("option,value,key", [("--max-context", "4096", "grid.max_context"),
-                                              ("--reps", "3", "reps")])
+                                              ("--reps", "3", "reps"),
+                                              # was resumed: rows of 1 and 2 threads, recorded
+                                              # as measured with 2
+                                              ("--threads", "2", "torch_threads")])
 def test_a_profile_is_resumed_only_under_its_own_conditions(tiny_profile, monkeypatch, capsys,
                                                            tmp_path, option, value, key):
     """Resuming with another grid or repetitions would add rows measured otherwise under the
