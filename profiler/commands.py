@@ -53,7 +53,7 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
     `tensor_parallel` T > 1: one GPU's shard of a T-way tensor-parallel replica."""
     from dataclasses import replace
 
-    from profiler.measure import default_attention, default_grid, profile
+    from profiler.measure import ProfileInterrupted, default_attention, default_grid, profile
     from profiler.mixes import grid, random_mixes
 
     if model not in MODELS:
@@ -78,13 +78,22 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
     command = shlex.join(["servesim", *sys.argv[1:]])
     what = f"{model} (one shard of TP{tensor_parallel})" if tensor_parallel > 1 else model
     kept = len(load(out, "--out")[0]) if out.exists() else 0
-    with _progress() as progress:
-        task = progress.add_task(f"profiling {what} on {device}", total=len(mixes))
-        df = profile(shape, device, out, spec, mixes, dtype=dtype, warmup=warmup, reps=reps,
-                     seed=seed, command=command, attention=attention,
-                     tensor_parallel=tensor_parallel,
-                     on_progress=lambda done, total: progress.update(task, completed=done,
-                                                                     total=total))
+    try:
+        with _progress() as progress:
+            task = progress.add_task(f"profiling {what} on {device}", total=len(mixes),
+                                     completed=kept)
+            df = profile(shape, device, out, spec, mixes, dtype=dtype, warmup=warmup, reps=reps,
+                         seed=seed, command=command, attention=attention,
+                         tensor_parallel=tensor_parallel,
+                         on_progress=lambda done, total: progress.update(task, completed=done,
+                                                                         total=total))
+    except ProfileInterrupted as stop:
+        console.print(f"interrupted: {stop.num_rows - kept} mixes measured"
+                      + (f", {kept} kept from before" if kept else "")
+                      + (f" -> {out}" if stop.num_rows else ", nothing written")
+                      + f"; {stop.num_todo - (stop.num_rows - kept)} left: the same command "
+                      "resumes")
+        raise
     console.print(f"{len(df) - kept} mixes measured" + (f", {kept} kept from before"
                                                           if kept else "") + f" -> {out}")
 

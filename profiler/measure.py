@@ -24,6 +24,7 @@ from profiler.mixes import GridSpec, Mix
 from profiler.model import Decoder, SeqInput
 from sim.errors import COMMAND_LINE, InputError
 from sim.input_file import FileProblem, check_regular, loads
+from sim.interrupts import on_sigint
 from sim.models import ModelShape
 from sim.parallelism import Parallelism
 
@@ -264,12 +265,27 @@ def profile(shape: ModelShape, device: str, out: Path, spec: GridSpec, mixes: li
                       attention=attention, tensor_parallel=tensor_parallel)
     timer = Timer(device)
     last_save = time.monotonic()
-    for i, (mix, split) in enumerate(todo, start=1):
-        rows.append(row(mix, split, measure_mix(decoder, mix, timer, warmup, reps, rng)))
-        if on_progress is not None:
-            on_progress(len(rows), len(rows) + len(todo) - i)
-        if time.monotonic() - last_save > save_every_s:
+    stop = []  # Ctrl-C: stop after the mix in progress, save, then say so
+    with on_sigint(lambda: stop.append(True)):
+        for i, (mix, split) in enumerate(todo, start=1):
+            rows.append(row(mix, split, measure_mix(decoder, mix, timer, warmup, reps, rng)))
+            if on_progress is not None:
+                on_progress(len(rows), len(rows) + len(todo) - i)
+            if stop:
+                break
+            if time.monotonic() - last_save > save_every_s:
+                save(out, rows, metadata)
+                last_save = time.monotonic()
+        if rows:
             save(out, rows, metadata)
-            last_save = time.monotonic()
-    save(out, rows, metadata)
+    if stop:
+        raise ProfileInterrupted(len(rows), len(todo))
     return pd.DataFrame(rows)
+
+
+class ProfileInterrupted(KeyboardInterrupt):
+    """Ctrl-C while profiling: the mixes measured so far (`num_rows` in all) are saved."""
+
+    def __init__(self, num_rows: int, num_todo: int) -> None:
+        super().__init__(num_rows, num_todo)
+        self.num_rows, self.num_todo = num_rows, num_todo
