@@ -37,6 +37,7 @@ from sim.errors import COMMAND_LINE, InputError
 from sim.latency import LATENCY_MODELS, BatchShape
 from sim.latency.profile import load_fitted
 from sim.models import resolve_model
+from sim.outdir import check_writable_dir
 from sim.progress import ProgressReport
 from sim.runner import load_workload, run_scenario
 
@@ -413,6 +414,25 @@ def ratio_spread(measured_s: np.ndarray, predicted_s: np.ndarray, its: pd.DataFr
     return out
 
 
+# What `run_validation` writes into its directory (and `servesim report` adds).
+VALIDATION_ENTRIES = frozenset({"errors.csv", "iterations.csv", "meta.json", "table.txt",
+                                "validation.png", "profile", "profile_host.json", "runs",
+                                "report.html"})
+
+
+def check_validation_out(out: Path) -> None:
+    """`--out` is a new directory or an earlier sitting's, checked before anything is measured:
+    a file ended in a traceback after the checks, and any directory was written into, its
+    own files left among the sitting's (`--out scenarios` would have mixed them)."""
+    check_writable_dir(out)
+    if not out.is_dir():
+        return
+    for entry in sorted(out.iterdir(), key=lambda e: e.name):
+        if entry.name not in VALIDATION_ENTRIES or entry.is_symlink():
+            raise InputError(out, "--out", str(out), f"holds {entry.name!r}, which validate "
+                             "does not write (not an earlier sitting): choose another directory")
+
+
 def run_validation(scenarios: list[Scenario], opts: Options, out: Path, say: Any
                    ) -> dict[str, Any]:
     """The whole sitting; writes errors.csv, iterations.csv, meta.json, table.txt and
@@ -422,14 +442,15 @@ def run_validation(scenarios: list[Scenario], opts: Options, out: Path, say: Any
     from profiler.report import error_table, figure, goal_lines, header_lines, iteration_table
 
     model = check_inputs(scenarios, opts)
+    check_validation_out(out)
     _, dtype = torch_setup(opts.device, opts.threads)
     for scn in scenarios:
         check_fits(scn, opts.device, dtype)
     here = machine(opts.device)
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    out.mkdir(parents=True, exist_ok=True)
     runs = out / "runs"
     profile_path, profile_info = obtain_profile(scenarios, model, opts, out, here, say)
+    out.mkdir(parents=True, exist_ok=True)
     for flag in profile_info["flags"]:
         say(f"warning: profile {profile_path} {flag}")
     labels = labels_for(scenarios)

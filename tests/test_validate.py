@@ -198,3 +198,26 @@ def test_a_profile_of_another_model_is_a_one_line_error(tmp_path, monkeypatch, c
                         str(small_scenario(tmp_path, "chunked_prefill")), "--profile", str(path),
                         "--out", str(tmp_path / "v"))
     assert_one_line_error(code, err, "other.json: model='llama-3-8b'", "scenarios run tiny")
+
+
+def test_out_is_checked_before_the_sitting(tmp_path, monkeypatch, capsys):
+    """`--out` a file ended in FileExistsError's traceback after every check had passed; a
+    directory of something else (`--out scenarios`) was written into; a bad --profile left an
+    empty --out behind."""
+    pytest.importorskip("torch")
+    scenario = str(small_scenario(tmp_path, "chunked_prefill"))
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    code, err = run_cli(monkeypatch, capsys, "validate", scenario, "--out", str(a_file))
+    assert_one_line_error(code, err, "--out=", "exists and is not a directory")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    code, err = run_cli(monkeypatch, capsys, "validate", scenario, "--out", str(other))
+    assert_one_line_error(code, err, "--out=", "holds 'notes.txt'", "not an earlier sitting")
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+    fresh = tmp_path / "fresh"
+    code, err = run_cli(monkeypatch, capsys, "validate", scenario, "--out", str(fresh),
+                        "--profile", str(tmp_path / "nope.json"))
+    assert_one_line_error(code, err, "nope.json", "file not found")
+    assert not fresh.exists()
