@@ -79,10 +79,18 @@ def request_agreement(reference: pd.DataFrame, other: pd.DataFrame) -> dict[str,
     return out
 
 
+def verdict(summary: dict[str, Any]) -> str | None:
+    """A run's overload verdict (stable, overloaded, unknown); None where it has none."""
+    overload = summary.get("overload")
+    return overload.get("verdict") if isinstance(overload, dict) else None
+
+
 def compare_runs(reference_dir: Path, other_dir: Path) -> dict[str, Any]:
     """Everything the table says about `other` against `reference`."""
     ref, oth = Path(reference_dir), Path(other_dir)
-    out: dict[str, Any] = metric_errors(read_summary(ref), read_summary(oth))
+    ref_summary, other_summary = read_summary(ref), read_summary(oth)
+    out: dict[str, Any] = metric_errors(ref_summary, other_summary)
+    out.update(reference_verdict=verdict(ref_summary), verdict=verdict(other_summary))
     out.update(plan_agreement(pd.read_parquet(ref / "iterations.parquet"),
                               pd.read_parquet(oth / "iterations.parquet")))
     out.update(request_agreement(pd.read_parquet(ref / "requests.parquet"),

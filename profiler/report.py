@@ -82,6 +82,22 @@ def error_table(errors: pd.DataFrame) -> list[str]:
     return lines
 
 
+def verdict_lines(errors: pd.DataFrame) -> list[str]:
+    """Each point's overload verdict (replay 1's), and every run whose verdict differs: near
+    capacity a point is overloaded, and its latencies then grow with the trace's length."""
+    lines = ["", "overload verdict of replay 1 (and of each run that says otherwise)"]
+    for (sched, load), rows in errors.groupby(["scheduler", "load"], sort=False):
+        if "reference_verdict" not in rows:
+            continue
+        reference = rows["reference_verdict"].iloc[0]
+        differ = [f"{SHORT.get(r['compared'], r['compared'])} {r['verdict']}"
+                  for _, r in rows.iterrows()
+                  if not failed(r) and r["verdict"] != reference]
+        lines += wrap([f"{str(sched)[:6]:<6}{load:>5.2f} {reference}"
+                       + (f"; otherwise: {', '.join(differ)}" if differ else "")])
+    return lines
+
+
 def iteration_table(iters: pd.DataFrame) -> list[str]:
     """Latency models on the iterations that ran: median signed / mean absolute error (%)."""
     lines = ["", "per-iteration error on replay 1's shapes, % (median signed / mean abs)",

@@ -439,7 +439,14 @@ def run_validation(scenarios: list[Scenario], opts: Options, out: Path, say: Any
     validation.png into `out` (runs in `out/runs`); returns the meta with the table lines."""
     from profiler.commands import torch_setup
     from profiler.fit import add_host_overhead
-    from profiler.report import error_table, figure, goal_lines, header_lines, iteration_table
+    from profiler.report import (
+        error_table,
+        figure,
+        goal_lines,
+        header_lines,
+        iteration_table,
+        verdict_lines,
+    )
 
     model = check_inputs(scenarios, opts)
     check_validation_out(out)
@@ -490,8 +497,8 @@ def run_validation(scenarios: list[Scenario], opts: Options, out: Path, say: Any
     errors.to_csv(out / "errors.csv", index=False)
     iters.to_csv(out / "iterations.csv", index=False)
     (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
-    lines = (header_lines(meta) + error_table(errors) + iteration_table(iters)
-             + goal_lines(errors))
+    lines = (header_lines(meta) + error_table(errors) + verdict_lines(errors)
+             + iteration_table(iters) + goal_lines(errors))
     (out / "table.txt").write_text("\n".join(lines) + "\n")
     figure(errors, meta, out / "validation.png")
     meta["lines"] = lines

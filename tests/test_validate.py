@@ -29,12 +29,15 @@ def dist(p50: float | None, p90: float | None = None, p99: float | None = None) 
 
 def hand_made_run(path: Path, *, ttft: tuple, tbt: tuple, e2e: tuple, delay: float | None,
                   tokens_per_s: float, iterations: list[tuple[int, int, int, int]],
-                  requests: list[tuple[str, int, float, float]]) -> Path:
+                  requests: list[tuple[str, int, float, float]],
+                  overload: str | None = None) -> Path:
     """A result folder with only what the table reads."""
     path.mkdir()
     summary = {"ttft_s": dist(*ttft), "tbt_s": dist(*tbt), "e2e_s": dist(*e2e),
                "scheduling_delay_s": dist(delay), "throughput": {"output_tokens_per_s":
                                                                  tokens_per_s}}
+    if overload is not None:
+        summary["overload"] = {"verdict": overload, "detail": "hand-made"}
     (path / "summary.json").write_text(json.dumps(summary))
     pd.DataFrame(iterations, columns=["num_prefill_tokens", "num_decode_tokens", "num_seqs",
                                       "num_preempted"]).to_parquet(path / "iterations.parquet")
@@ -70,6 +73,26 @@ def test_error_table_arithmetic_on_hand_made_runs(tmp_path):
     assert got["max_request_e2e_error"] == pytest.approx(0.25)
     assert compare_runs(ref, ref)["same_plans"] is True
     assert relative_error(2.0, 3.0) == 0.5 and relative_error(None, 1.0) is None
+
+
+def test_the_table_says_which_points_are_overloaded(tmp_path):
+    """The README says the simulations' overload verdicts agree with every replay's (stable at
+    0.5 and 0.8, overloaded at 0.95); neither errors.csv nor the table said any verdict."""
+    from profiler.report import verdict_lines
+
+    run = {"ttft": (0.1, 0.2, 0.4), "tbt": (0.01, 0.02, 0.05), "e2e": (1.0, 2.0, 4.0),
+           "delay": 0.0, "tokens_per_s": 200.0, "iterations": [(64, 0, 1, 0)],
+           "requests": [("finished", 3, 0.1, 1.0)]}
+    ref = hand_made_run(tmp_path / "replay", **run, overload="overloaded")
+    rows = [{"scheduler": "chunked_prefill", "load": 0.95, "compared": name,
+             **compare_runs(ref, hand_made_run(tmp_path / name, **run, overload=verdict))}
+            for name, verdict in (("replay_2", "overloaded"), ("recorded", "overloaded"),
+                                  ("roofline", "stable"))]
+    assert [(r["reference_verdict"], r["verdict"]) for r in rows] == [
+        ("overloaded", "overloaded"), ("overloaded", "overloaded"), ("overloaded", "stable")]
+    lines = verdict_lines(pd.DataFrame(rows))
+    assert lines[1].startswith("overload verdict") and all(len(x) <= 80 for x in lines)
+    assert lines[2:] == ["chunke 0.95 overloaded; otherwise: roofline stable"]
 
 
 def test_iteration_error_is_signed_and_relative():
@@ -184,6 +207,8 @@ def test_a_small_sitting_end_to_end(tmp_path, monkeypatch, capsys):
     table = (out / "table.txt").read_text().splitlines()
     assert all(len(line) <= 80 for line in table), [x for x in table if len(x) > 80]
     assert "recorded: plans identical" in printed
+    assert "overload verdict of replay 1" in printed and "overload verdict" in "".join(table)
+    assert {"reference_verdict", "verdict"} <= set(errors.columns)
     assert any(line.split()[:1] == ["host+noise"] or " host+noise " in line for line in table)
     assert (out / "validation.png").stat().st_size > 10_000
 
