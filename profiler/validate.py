@@ -37,7 +37,7 @@ from sim.errors import COMMAND_LINE, InputError
 from sim.latency import LATENCY_MODELS, BatchShape
 from sim.latency.profile import load_fitted
 from sim.models import resolve_model
-from sim.outdir import check_writable_dir
+from sim.outdir import check_writable_dir, replace_text
 from sim.progress import ProgressReport
 from sim.runner import load_workload, run_scenario
 
@@ -121,16 +121,21 @@ def obtain_profile(scenarios: list[Scenario], model: str, opts: Options, out: Pa
                    here: dict[str, Any], say: Any) -> tuple[Path, dict[str, Any]]:
     """The fitted profile to validate: given (checked, flagged if stale) or measured now."""
     if opts.profile is not None:
-        fitted = load_fitted(opts.profile)
-        if fitted["model"] != model:
-            raise InputError(opts.profile, "model", fitted["model"],
-                             f"profile was measured for {fitted['model']}, the scenarios run "
-                             f"{model}")
+        fitted = given_profile(opts.profile, model)
         return opts.profile, {"source": str(opts.profile), "measured_now": False,
                               "date": fitted.get("measurement", {}).get("date"),
                               "flags": profile_flags(fitted, here),
                               "holdout": fitted.get("holdout"), "noise": noise_facts(fitted)}
     return measure_profile(scenarios, model, opts, out / "profile", say)
+
+
+def given_profile(path: Path, model: str) -> dict[str, Any]:
+    """A fitted profile given with --profile, of the scenarios' model."""
+    fitted = load_fitted(path)
+    if fitted["model"] != model:
+        raise InputError(path, "model", fitted["model"],
+                         f"profile was measured for {fitted['model']}, the scenarios run {model}")
+    return fitted
 
 
 def profile_flags(fitted: dict[str, Any], here: dict[str, Any]) -> list[str]:
@@ -420,6 +425,11 @@ VALIDATION_ENTRIES = frozenset({"errors.csv", "iterations.csv", "meta.json", "ta
                                 "report.html"})
 
 
+# A sitting's own tables, removed when the next one starts (runs/ and profile/ are reused).
+SITTING_FILES = ("errors.csv", "iterations.csv", "meta.json", "table.txt", "validation.png",
+                 "profile_host.json", "report.html")
+
+
 def check_validation_out(out: Path) -> None:
     """`--out` is a new directory or an earlier sitting's, checked before anything is measured:
     a file ended in a traceback after the checks, and any directory was written into, its
@@ -438,6 +448,33 @@ def run_validation(scenarios: list[Scenario], opts: Options, out: Path, say: Any
     """The whole sitting; writes errors.csv, iterations.csv, meta.json, table.txt and
     validation.png into `out` (runs in `out/runs`); returns the meta with the table lines."""
     from profiler.commands import torch_setup
+
+    model = check_inputs(scenarios, opts)
+    check_validation_out(out)
+    _, dtype = torch_setup(opts.device, opts.threads)
+    for scn in scenarios:
+        check_fits(scn, opts.device, dtype)
+    if opts.profile is not None:
+        given_profile(opts.profile, model)
+    # The previous sitting's tables go before anything is measured: never beside this one's runs.
+    for name in SITTING_FILES:
+        (out / name).unlink(missing_ok=True)
+    try:
+        return _sitting(scenarios, model, opts, out, say)
+    except KeyboardInterrupt:
+        out.mkdir(parents=True, exist_ok=True)
+        replace_text(out / "meta.json", json.dumps(
+            {"complete": False, "command": opts.command,
+             "interrupted": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")},
+            indent=1, sort_keys=True) + "\n")
+        say(f"interrupted: no tables written (meta.json: complete false); what ran is in "
+            f"{out}/runs, each replay marked complete or not: the same command with --reuse "
+            "goes on from it")
+        raise
+
+
+def _sitting(scenarios: list[Scenario], model: str, opts: Options, out: Path, say: Any
+             ) -> dict[str, Any]:
     from profiler.fit import add_host_overhead
     from profiler.report import (
         error_table,
@@ -448,11 +485,6 @@ def run_validation(scenarios: list[Scenario], opts: Options, out: Path, say: Any
         verdict_lines,
     )
 
-    model = check_inputs(scenarios, opts)
-    check_validation_out(out)
-    _, dtype = torch_setup(opts.device, opts.threads)
-    for scn in scenarios:
-        check_fits(scn, opts.device, dtype)
     here = machine(opts.device)
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     runs = out / "runs"
@@ -493,7 +525,7 @@ def run_validation(scenarios: list[Scenario], opts: Options, out: Path, say: Any
                                      for r in range(1, opts.repeats + 1)]),
             "command": opts.command, "profile": profile_info, "capacity": capacity,
             "host": host, "loads": opts.loads, "repeats": opts.repeats,
-            "scenarios": [s.source for s in scenarios]}
+            "scenarios": [s.source for s in scenarios], "complete": True}
     errors.to_csv(out / "errors.csv", index=False)
     iters.to_csv(out / "iterations.csv", index=False)
     (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")

@@ -246,3 +246,40 @@ def test_out_is_checked_before_the_sitting(tmp_path, monkeypatch, capsys):
                         "--profile", str(tmp_path / "nope.json"))
     assert_one_line_error(code, err, "nope.json", "file not found")
     assert not fresh.exists()
+
+
+def test_ctrl_c_leaves_no_table_of_an_earlier_sitting_beside_new_runs(tmp_path):
+    """SIGINT mid-sitting exited 130 without a word and left the previous sitting's table.txt
+    and errors.csv beside this sitting's new profile and replays (and simulations of the old
+    ones): a mix. Now the old tables go when the sitting starts, and an interrupted one says so
+    and leaves meta.json with complete false."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    pytest.importorskip("torch")
+    scenario = small_scenario(tmp_path, "chunked_prefill")
+    scenario.write_text(scenario.read_text().replace("num_requests: 8", "num_requests: 200"))
+    out = tmp_path / "v"
+    out.mkdir()
+    for name in ("table.txt", "errors.csv", "meta.json"):
+        (out / name).write_text("an earlier sitting's\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim", "validate", str(scenario), "--loads", "0.5", "--out",
+         str(out), "--profile-max-tokens", "64", "--profile-reps", "1", "--profile-holdout", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None
+    deadline, seen = time.monotonic() + 120, ""
+    while "capacity" not in seen and time.monotonic() < deadline and proc.poll() is None:
+        seen += proc.stdout.readline()
+    time.sleep(1.0)  # into the replays at half load
+    os.kill(proc.pid, signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    said = " ".join((seen + rest).split())
+    assert proc.returncode == 130, said
+    assert "Traceback" not in said and "interrupted: no tables written" in said, said
+    assert not (out / "table.txt").exists() and not (out / "errors.csv").exists()
+    assert json.loads((out / "meta.json").read_text())["complete"] is False
+    assert (out / "runs" / "chunked_prefill" / "capacity" / "summary.json").is_file()
