@@ -302,3 +302,19 @@ def test_beyond_the_measured_tokens_the_curve_never_turns_down():
     assert model.iteration_time_s(shape) > model.iteration_time_s(
         BatchShape(num_prefill_tokens=512, num_prefill_seqs=1, num_sampled_tokens=1,
                    prefill_attn_pairs=512 * 513 // 2, prefill_kv_tokens=512)) > 0
+
+
+def test_a_fitted_file_given_by_an_option_is_named_by_it(tmp_path, monkeypatch, capsys):
+    """`profile --check nope.json` said `latency.path='nope.json'`, a scenario's field; so did
+    `validate --profile`."""
+    pytest.importorskip("torch")
+    code, err = run_cli(monkeypatch, capsys, "profile", "--check", str(tmp_path / "nope.json"))
+    assert_one_line_error(code, err, "--check=", "nope.json", "file not found")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\nworkload: {format: synthetic, num_requests: 4, arrivals: "
+                        "{qps: 10}, lengths: {prompt: {dist: uniform, low: 10, high: 90}, "
+                        "output: {dist: uniform, low: 2, high: 12}}}\n"
+                        "replica: {model: tiny, kv_cache: {num_blocks: 64}}\n")
+    code, err = run_cli(monkeypatch, capsys, "validate", str(scenario), "--profile",
+                        str(tmp_path / "nope.json"), "--out", str(tmp_path / "v"))
+    assert_one_line_error(code, err, "--profile=", "nope.json", "file not found")
