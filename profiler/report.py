@@ -54,7 +54,8 @@ def header_lines(meta: dict[str, Any]) -> list[str]:
              f"replays: {r['num']}, {r['first_date']} to {r['last_date']}; {load}",
              f"profile: {p['source']} ({when}, {p.get('date')}; held-out MAPE "
              f"{100 * hold.get('mape', float('nan')):.1f}%)",
-             f"host overhead (replays 2+): median {1e3 * meta['host']['median_s']:.2f} ms, "
+             f"host overhead ({'replays 2+' if meta.get('repeats', 2) > 1 else 'replay 1'}): "
+             f"median {1e3 * meta['host']['median_s']:.2f} ms, "
              f"mean {1e3 * meta['host']['mean_s']:.2f} ms per iteration"]
     lines += [f"WARNING: profile {flag}" for flag in p["flags"]]
     for label, cap in meta["capacity"].items():

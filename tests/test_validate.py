@@ -95,6 +95,23 @@ def test_the_table_says_which_points_are_overloaded(tmp_path):
     assert lines[2:] == ["chunke 0.95 overloaded; otherwise: roofline stable"]
 
 
+def test_the_header_says_which_replays_the_host_time_is_from():
+    """With --repeats 1 the host time comes from replay 1 (there is no other); the header said
+    `replays 2+`."""
+    from profiler.report import header_lines
+
+    meta = {"date": "d", "command": "c", "capacity": {}, "repeats": 1,
+            "machine": {"device_name": "cpu: x", "cpu_count": 2, "torch": "t",
+                        "torch_threads": 1},
+            "profile": {"source": "p.json", "measured_now": False, "date": "d", "flags": [],
+                        "holdout": {"mape": 0.1}},
+            "replays": {"num": 1, "first_date": "d", "last_date": "d", "loadavg_1m": None},
+            "host": {"median_s": 3e-4, "mean_s": 4e-4}}
+    assert "host overhead (replay 1): median 0.30 ms" in "\n".join(header_lines(meta))
+    meta["repeats"] = 3
+    assert "host overhead (replays 2+): median 0.30 ms" in "\n".join(header_lines(meta))
+
+
 def test_iteration_error_is_signed_and_relative():
     err = iteration_error(np.array([1.0, 2.0, 4.0]), np.array([1.5, 2.0, 2.0]))
     assert err["median_signed"] == pytest.approx(0.0)
