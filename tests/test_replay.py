@@ -298,3 +298,21 @@ def test_a_model_too_big_for_this_machine_is_refused_before_it_is_built(tmp_path
                         "--max-batch", "1", "--holdout", "1", "--reps", "1", "--warmup", "0")
     assert_one_line_error(code, err, "--model='llama-2-70b'", "weights (275.9 GB", "do not fit")
     assert not {p.name for p in tmp_path.iterdir()} & {"o", "v", "p.parquet"}
+
+
+def test_the_report_of_a_replay_says_it_was_measured(tmp_path, monkeypatch, capsys):
+    """`servesim report` of a replay showed it as a simulation (its resolved scenario's
+    roofline latency, a 'simulated span'), without the forward and host times, the machine or
+    that its timings were measured and differ from one replay to the next."""
+    out = tmp_path / "o"
+    code, _ = run_cli_out(monkeypatch, capsys, "replay", str(trace_scenario(tmp_path, ROWS)),
+                          "--out", str(out))
+    assert code == 0
+    code, _ = run_cli_out(monkeypatch, capsys, "report", str(out))
+    assert code == 0
+    page = (out / "report.html").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert "Replay: measured, not simulated" in page
+    assert f"Served for real on {summary['replay']['device_name']}" in page
+    assert "another replay of the same scenario and seed gives other timings" in page
+    assert "forward pass" in page and "host time around it" in page

@@ -75,9 +75,12 @@ def _cannot(exc: OSError) -> str:
 
 def _run(run_dir: Path) -> list[str]:
     summary = read_json(run_dir / "summary.json")
+    replayed = ([m.section("Replay: measured, not simulated", s.replay_measured(summary))]
+                if isinstance(summary.get("replay"), dict) else [])
     return [
         m.section("Overload verdict", s.overload_verdict(summary)),
         m.section("Headline metrics", s.run_headline(summary)),
+        *replayed,
         m.section("Run", s.run_setup(summary)),
         m.section("Resolved scenario", s.scenarios([("scenario.yaml",
                                                      run_dir / "scenario.yaml")])),

@@ -191,3 +191,34 @@ def inputs_and_versions(run_dirs: Sequence[Path]) -> str:
     parts.append(m.table(["package", "version"], here, text_columns=2))
     return "\n".join(parts)
 
+
+
+def replay_measured(summary: dict[str, Any]) -> str:
+    """What a `servesim replay` measured and where: its timings are the wall clock's, so another
+    replay of the same scenario and seed gives other numbers (the simulated parts of a run are
+    reproducible to the byte; these are not)."""
+    rep = summary.get("replay") or {}
+    run = summary.get("run") or {}
+    said = (f"Served for real on {rep.get('device_name')} (torch {rep.get('torch')}, "
+            f"{rep.get('torch_threads')} thread(s), {rep.get('dtype')}, "
+            f"{rep.get('attention_backend')} attention), {rep.get('date')}. Every time here was "
+            "measured on the wall clock: another replay of the same scenario and seed gives "
+            "other timings, and can make other plans. The scenario's latency model was not "
+            "used.")
+    if run.get("complete") is False:
+        said += (f" Interrupted at {rep.get('interrupted_at_s')} s: incomplete (requests not "
+                 "done have the reason interrupted or after_stop).")
+    rows = []
+    for key, name in (("forward_s", "forward pass"), ("host_s", "host time around it"),
+                      ("wake_s", "late wake-up after idling")):
+        stats = rep.get(key) or {}
+        rows.append([name, stats.get("count"), *[None if stats.get(x) is None
+                                                 else m.MS_PER_S * stats[x] for x in STATS]])
+    load = rep.get("loadavg_1m") or [None, None]
+    share = rep.get("host_share")
+    other = [("host share of busy time", "%", None if share is None else 100 * share),
+             ("1-minute load average, start / end", "", " / ".join(map(m.number, load))),
+             ("command", "", rep.get("command"))]
+    return (m.paragraph(said)
+            + m.table(["per iteration", "count", *[f"{x} (ms)" for x in STATS]], rows)
+            + "\n" + m.table(["quantity", "unit", "value"], other, text_columns=2))
