@@ -284,3 +284,19 @@ def test_report_renders_in_chromium(reports, tmp_path, kind):
     # Saturated colour comes only from the figures' lines and bars (text is grey, the
     # verdict's box pale): 0 if no image decoded, 0.2-2% of the page when they show.
     assert ((pixels.max(axis=2) - pixels.min(axis=2)) > 60).mean() > 0.0005
+
+
+def test_a_validation_directory_says_where_its_table_is(tmp_path, monkeypatch, capsys):
+    """`servesim report` and `plot` of `servesim validate`'s output said 'no servesim results
+    here', of a directory servesim wrote: they name its table and figure, and its runs."""
+    shutil.copytree(Path(__file__).parent.parent / "validation" / "azure_conv",
+                    tmp_path / "v")
+    run = tmp_path / "v" / "runs" / "chunked_prefill" / "load_0.50" / "replay_1"
+    run.mkdir(parents=True)
+    for command in ("report", "plot"):
+        code, err = run_cli(monkeypatch, capsys, command, str(tmp_path / "v"))
+        assert_one_line_error(code, err, "a `servesim validate` directory",
+                              f"its table is {tmp_path / 'v' / 'table.txt'}",
+                              "validation.png", f"e.g. {run}")
+    assert not (tmp_path / "v" / "report.html").exists()
+    assert not (tmp_path / "v" / "plots").exists()

@@ -44,7 +44,10 @@ def plot(
 ) -> None:
     """Draw the figures a result directory's own files support (PNG and SVG)."""
     from sim.plots import plot_results
+    from sim.report import refuse_validation_dir
 
+    for path in results:
+        refuse_validation_dir(path)
     window_s = parse_window(window) if window is not None else None
     for f in plot_results(results, out, window_s=window_s, replicas=replica or None,
                           worst_tbt=worst_tbt):

@@ -27,6 +27,21 @@ TITLES: dict[Kind, str] = {"run": "run", "sweep": "sweep", "comparison": "compar
                            "replicated_comparison": "replicated comparison"}
 
 
+def refuse_validation_dir(results: Path) -> None:
+    """A `servesim validate` directory is not one result: say where its table and figure are
+    and which runs can be drawn (it was 'no servesim results here')."""
+    if not ((results / "meta.json").is_file()
+            and ((results / "errors.csv").is_file() or (results / "runs").is_dir())):
+        return
+    runs = sorted((results / "runs").glob("*/load_*/replay_1"))
+    what = (f"its table is {results / 'table.txt'} and its figure {results / 'validation.png'}"
+            if (results / "table.txt").is_file()
+            else "an interrupted sitting (meta.json: complete false), no tables")
+    raise InputError(results, "RESULTS", str(results), (
+        f"a `servesim validate` directory: {what}; report or plot one of its runs"
+        + (f", e.g. {runs[0]}" if runs else "")))
+
+
 def render_report(results: Path) -> str:
     """The report of `results` as one HTML document; `InputError` if it holds no results."""
     kind = directory_kind(results)
@@ -44,6 +59,7 @@ def render_report(results: Path) -> str:
 
 def write_report(results: Path, out: Path | None = None) -> Path:
     """Write the report of `results` to `out` (default `results/report.html`); return it."""
+    refuse_validation_dir(results)
     directory_kind(results)  # not results: say so before checking where the page goes
     out = out if out is not None else results / REPORT_FILE
     check_not_a_result_file(out, results)
