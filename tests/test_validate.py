@@ -300,3 +300,15 @@ def test_ctrl_c_leaves_no_table_of_an_earlier_sitting_beside_new_runs(tmp_path):
     assert not (out / "table.txt").exists() and not (out / "errors.csv").exists()
     assert json.loads((out / "meta.json").read_text())["complete"] is False
     assert (out / "runs" / "chunked_prefill" / "capacity" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400"])
+def test_an_infinite_capacity_is_refused(tmp_path, monkeypatch, capsys, value):
+    """`--capacity inf` (or 1e400) ran a whole sitting with arrivals at an infinite rate and
+    the table said 'capacity chunked_prefill: inf req/s'."""
+    code, err = run_cli(monkeypatch, capsys, "validate",
+                        str(small_scenario(tmp_path, "chunked_prefill")), "--capacity", value,
+                        "--profile", str(REPO / "profiles" / "cpu_tiny.json"), "--repeats", "1",
+                        "--loads", "0.5", "--out", str(tmp_path / "v"))
+    assert_one_line_error(code, err, "--capacity=inf", "finite")
+    assert not (tmp_path / "v").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import shlex
 import sys
 from enum import Enum
@@ -193,6 +194,9 @@ def validate(
         fractions = [float(x) for x in loads.split(",") if x.strip()]
     except ValueError:
         raise InputError(COMMAND_LINE, "--loads", loads, "comma-separated numbers") from None
+    if capacity is not None and not math.isfinite(capacity):  # typer takes inf and 1e400
+        raise InputError(COMMAND_LINE, "--capacity", capacity,
+                         "must be a finite rate in requests/s")
     loaded = [load_scenario(path) for path in scenarios]
     out_dir = out if out is not None else Path("validation") / loaded[0].name
     opts = Options(device=device, loads=fractions, profile=profile, capacity_rps=capacity,
