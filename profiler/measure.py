@@ -248,6 +248,13 @@ def profile(shape: ModelShape, device: str, out: Path, spec: GridSpec, mixes: li
                              f"this profile is of another shard; cannot resume it with "
                              f"--tensor-parallel {tensor_parallel}")
         check_same_conditions(out, old_meta, metadata)
+        # The record keeps when and how its first rows were measured; each resumption is
+        # added (its date and command replaced them: a profile measured days ago and resumed
+        # for two mixes read as measured today).
+        resumed = [*old_meta.get("resumed", []),
+                   {"date": metadata["date"], "command": command, "num_rows_before": len(previous)}]
+        metadata.update({k: old_meta[k] for k in ("date", "command") if k in old_meta},
+                        resumed=resumed)
         rows = [{str(k): v for k, v in r.items()} for r in previous.to_dict("records")]
         for r in rows:
             r["samples_s"] = list(r["samples_s"])

@@ -150,9 +150,14 @@ def test_resume_keeps_measurements(tiny_profile, monkeypatch, tmp_path):
     before, _ = load(out)
     assert cli(monkeypatch, "profile", "--model", "tiny", "--out", str(out), "--holdout", "62",
                "--reps", "5", "--warmup", "1", "--max-context", "2048") == 0
-    after, _ = load(out)
+    after, meta = load(out)
     assert len(after) == len(before) + 2  # only the two new held-out mixes were measured
     assert after["key"].iloc[: len(before)].tolist() == before["key"].tolist()
+    # The record keeps when its rows were first measured (a resumption said: all today).
+    first = load(tiny_profile[0])[1]
+    assert (meta["date"], meta["command"]) == (first["date"], first["command"])
+    assert [r["num_rows_before"] for r in meta["resumed"]] == [len(before)]
+    assert "--holdout 62" in meta["resumed"][0]["command"]
 
 
 def test_check_measures_fresh_mixes_and_plots(tiny_profile, monkeypatch, tmp_path):
