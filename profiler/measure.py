@@ -260,6 +260,8 @@ def profile(shape: ModelShape, device: str, out: Path, spec: GridSpec, mixes: li
             r["samples_s"] = list(r["samples_s"])
     done = {r["key"] for r in rows}
     todo = [(m, split) for m, split in mixes if m.key not in done]
+    if rows and not todo:  # complete: the file stays as it was, byte for byte
+        return pd.DataFrame(rows)
     rng = np.random.default_rng(seed)
     # Measure in random order: drift of the machine over the run (clocks, heat, neighbours)
     # then spreads over all kinds of mix instead of biasing the last ones measured.

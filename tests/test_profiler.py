@@ -160,6 +160,16 @@ def test_resume_keeps_measurements(tiny_profile, monkeypatch, tmp_path):
     assert "--holdout 62" in meta["resumed"][0]["command"]
 
 
+def test_resuming_a_complete_profile_leaves_it_as_it_was(tiny_profile, monkeypatch, tmp_path):
+    """The README's command on the committed profile measured nothing and still rewrote it
+    (`git status`: modified), its record now of another date."""
+    out = tmp_path / "same.parquet"
+    out.write_bytes(tiny_profile[0].read_bytes())
+    assert cli(monkeypatch, "profile", "--model", "tiny", "--out", str(out), "--holdout", "60",
+               "--reps", "5", "--warmup", "1", "--max-context", "2048") == 0
+    assert out.read_bytes() == tiny_profile[0].read_bytes()
+
+
 def test_check_measures_fresh_mixes_and_plots(tiny_profile, monkeypatch, tmp_path):
     plot = tmp_path / "check.png"
     assert cli(monkeypatch, "profile", "--check", str(tiny_profile[1]), "--num", "12",
