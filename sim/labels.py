@@ -83,7 +83,7 @@ METRICS: dict[str, tuple[str, Unit]] = {
     "overloaded_replications": ("overloaded replications", NONE),
     "num_runs": ("runs", NONE),
     "num_iterations": ("iterations", NONE),
-    "span_s": ("simulated span", SECONDS),
+    "span_s": ("span of the run", SECONDS),  # a simulation's or a replay's (wall clock)
 }
 
 # Scenario fields by dotted path, as sweeps vary them.
