@@ -124,8 +124,12 @@ def check_profile_out(out: Path) -> None:
 
 
 def _check_out_file(out: Path, suffix: str) -> None:
-    """`--out` names a file to write: a new one or a regular file, never a directory or a named
-    pipe (the write would fail in one, hang on the other)."""
+    """`--out` names a file to write, ending in `suffix` (a profile is parquet, a fitted model
+    JSON: `x.json` holding parquet would be read as neither): a new one or a regular file,
+    never a directory or a named pipe (the write would fail in one, hang on the other)."""
+    if out.suffix.lower() != suffix and not out.is_dir():
+        raise InputError(COMMAND_LINE, "--out", str(out),
+                         f"what this writes is a {suffix} file: name it so")
     if not out.exists():
         return
     try:

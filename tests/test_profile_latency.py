@@ -220,12 +220,15 @@ def test_profile_options_are_checked_before_measuring(tmp_path, monkeypatch, cap
             (["--out", str(tmp_path)], ["--out", "is a directory", "name a .parquet file"]),
             (["--out", str(fifo)], ["--out", "not a regular file"]),
             (["--out", str(garbage)], ["--out", "not a profile (not parquet"]),
+            # Parquet under another name would be read as neither a profile nor a fit.
+            (["--out", str(tmp_path / "p.json")], ["--out", "p.json", "a .parquet file"]),
             (["--max-context", "16"], ["--max-context=16: must be at least 32"]),  # low >= high
             (["--model", "nosuch"], ["<command line>: --model='nosuch': unknown"])):
         out = [] if "--out" in args else ["--out", str(tmp_path / "p.parquet")]
         code, err = run_cli(monkeypatch, capsys, "profile", *small, *out, *args)
         assert_one_line_error(code, err, *needles)
     assert garbage.read_text() == "garbage" and not (tmp_path / "p.parquet").exists()
+    assert not (tmp_path / "p.json").exists()
 
 
 def broken(change):
