@@ -312,3 +312,15 @@ def test_an_infinite_capacity_is_refused(tmp_path, monkeypatch, capsys, value):
                         "--loads", "0.5", "--out", str(tmp_path / "v"))
     assert_one_line_error(code, err, "--capacity=inf", "finite")
     assert not (tmp_path / "v").exists()
+
+
+def test_a_profile_that_misses_its_own_held_out_mixes_is_flagged() -> None:
+    """A sitting built on a profile whose held-out error is large says so: its simulations
+    cannot be judged against replays closer than that (seen: 49.7% on a busy VM, no word)."""
+    from profiler.validate import fit_flags
+
+    assert fit_flags({"mape": 0.0966, "n": 200}) == []  # the committed CPU profile's
+    (flag,) = fit_flags({"mape": 0.497, "n": 8})
+    assert flag.startswith("misses its own held-out mixes by 49.7% (mean; over 20%)")
+    assert "--profile-reps" in flag
+    assert fit_flags(None) == ["records no held-out error: how well it fits is unknown"]
