@@ -288,8 +288,9 @@ class _NaiveGemm:
 
     def __init__(self, config: RooflineConfig, gpu: GPUSpec, fp8: bool = False) -> None:
         # fp8 weights: one byte each, and fp8 math where the GPU has it (W8A8).
-        fp8_math = fp8 and gpu.peak_fp8_flops is not None
-        peak = gpu.peak_fp8_flops if fp8_math else gpu.peak_bf16_flops
+        peak = gpu.peak_bf16_flops
+        if fp8 and gpu.peak_fp8_flops is not None:
+            peak = gpu.peak_fp8_flops
         self.flops_s = peak * config.mfu
         self.bytes_s = gpu.memory_bandwidth_bytes_s * config.mbu
         self.dtype_bytes = 1 if fp8 else 2
