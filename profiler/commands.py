@@ -127,16 +127,15 @@ def _check_out_file(out: Path, suffix: str) -> None:
     """`--out` names a file to write, ending in `suffix` (a profile is parquet, a fitted model
     JSON: `x.json` holding parquet would be read as neither): a new one or a regular file,
     never a directory or a named pipe (the write would fail in one, hang on the other)."""
-    if out.suffix.lower() != suffix and not out.is_dir():
+    if out.exists():
+        try:
+            stat_regular(out)
+        except FileProblem as exc:
+            hint = f": name a {suffix} file" if out.is_dir() else ""
+            raise InputError(out, "--out", str(out), f"{exc}{hint}") from None
+    if out.suffix.lower() != suffix:
         raise InputError(COMMAND_LINE, "--out", str(out),
                          f"what this writes is a {suffix} file: name it so")
-    if not out.exists():
-        return
-    try:
-        stat_regular(out)
-    except FileProblem as exc:
-        hint = f": name a {suffix} file" if out.is_dir() else ""
-        raise InputError(out, "--out", str(out), f"{exc}{hint}") from None
 
 
 def check_buildable(shape: ModelShape, source: Path | str, field: str, value: Any) -> None:
