@@ -227,8 +227,11 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
     executor.warm_up(_largest_iteration(scenario), cfg.scheduler.max_num_seqs)
     loop = ReplayLoop(scheduler, state, executor, arrivals, scenario.horizon_s, progress)
     if progress is not None:
-        progress.note(f"replaying {len(arrivals)} requests of {scenario.name} on {device} "
-                      f"({torch.get_num_threads()} thread(s)); Ctrl-C stops and keeps what ran")
+        # The report's own title first: validate names the scheduler, load and replay there
+        # (the scenario's name is the same for every one of its replays).
+        progress.note(f"{progress.description}: {len(arrivals)} requests of {scenario.name} "
+                      f"on {device} ({torch.get_num_threads()} thread(s)); Ctrl-C stops and "
+                      "keeps what ran")
     loadavg_start = os.getloadavg()[0]
     gc.collect()
     gc.freeze()  # the setup's objects: later collections scan only what the loop creates

@@ -195,7 +195,11 @@ def test_a_small_sitting_end_to_end(tmp_path, monkeypatch, capsys):
         "--profile-max-tokens", "64", "--profile-reps", "2", "--profile-holdout", "8",
         "--capacity-requests", "6"])
     main()  # returns: exit code 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    # Each replay's line says which scheduler, load and replay it is (the scenario's name is
+    # the same in all of them).
+    assert "prefill_first load 0.60: replay 2/2: " in captured.err
     errors = pd.read_csv(out / "errors.csv")
     assert set(errors["compared"]) == {"replay_2", "recorded", "profile", "profile_host",
                                        "host+noise", "roofline"}
