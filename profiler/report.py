@@ -64,15 +64,43 @@ def header_lines(meta: dict[str, Any]) -> list[str]:
     return wrap(lines)
 
 
+NAME_WIDTH = 6  # the tables' first column: 80 columns leave no more
+
+
+def short_names(names: Any) -> dict[str, str]:
+    """Each scheduler's (or scenario's) label in the tables' six-character column: as it is if
+    short enough; cut if the cut ones stay apart; else the long ones cut shorter and numbered
+    (`azur#1`, `azur#2`: two scenarios named `azure_conv_...` must not share a row label).
+    The same mapping for every table of a sitting (sorted, whatever order a table has)."""
+    labels = sorted({str(name) for name in names})
+    if all(len(label) <= NAME_WIDTH for label in labels):
+        return {label: label for label in labels}
+    cut = {label: label[:NAME_WIDTH] for label in labels}
+    if len(set(cut.values())) == len(labels):
+        return cut
+    long = [label for label in labels if len(label) > NAME_WIDTH]
+    keep = NAME_WIDTH - 1 - len(str(len(long)))
+    numbered = {label: f"{label[:keep]}#{i}" for i, label in enumerate(long, start=1)}
+    return {label: numbered.get(label, label) for label in labels}
+
+
+def legend(names: dict[str, str]) -> list[str]:
+    """Which label a cut name stands for; nothing when none was cut."""
+    cut = [f"{short} = {name}" for name, short in names.items() if short != name]
+    return wrap(["names: " + ", ".join(cut)]) if cut else []
+
+
 def error_table(errors: pd.DataFrame) -> list[str]:
     """Signed relative error (%) of each comparison against replay 1, per scheduler and load."""
+    names = short_names(errors["scheduler"])
     lines = ["", "signed error vs replay 1, % (replay 2: run-to-run variation, the floor)",
+             *legend(names),
              f"{'sched':<6}{'load':>5} {'vs':<10}"
              + "".join(f"{name:>7}" for name in TABLE_METRICS.values())]
     last = None
     for _, row in errors.iterrows():
         key = (row["scheduler"], row["load"])
-        head = (f"{str(row['scheduler'])[:6]:<6}{row['load']:>5.2f} " if key != last
+        head = (f"{names[str(row['scheduler'])]:<6}{row['load']:>5.2f} " if key != last
                 else " " * 12)
         last = key
         name = f"{SHORT.get(row['compared'], row['compared'])[:10]:<10}"
@@ -87,6 +115,7 @@ def verdict_lines(errors: pd.DataFrame) -> list[str]:
     """Each point's overload verdict (replay 1's), and every run whose verdict differs: near
     capacity a point is overloaded, and its latencies then grow with the trace's length."""
     lines = ["", "overload verdict of replay 1 (and of each run that says otherwise)"]
+    names = short_names(errors["scheduler"])
     for (sched, load), rows in errors.groupby(["scheduler", "load"], sort=False):
         if "reference_verdict" not in rows:
             continue
@@ -94,7 +123,7 @@ def verdict_lines(errors: pd.DataFrame) -> list[str]:
         differ = [f"{SHORT.get(r['compared'], r['compared'])} {r['verdict']}"
                   for _, r in rows.iterrows()
                   if not failed(r) and r["verdict"] != reference]
-        lines += wrap([f"{str(sched)[:6]:<6}{load:>5.2f} {reference}"
+        lines += wrap([f"{names[str(sched)]:<6}{load:>5.2f} {reference}"
                        + (f"; otherwise: {', '.join(differ)}" if differ else "")])
     return lines
 
@@ -104,13 +133,14 @@ def iteration_table(iters: pd.DataFrame) -> list[str]:
     lines = ["", "per-iteration error on replay 1's shapes, % (median signed / mean abs)",
              f"{'sched':<6}{'load':>5}{'iters':>6}{'host ms':>8}{'host%':>6}"
              f"{'prof/fwd':>12}{'prof/dur':>12}{'p+host/dur':>12}{'roof/dur':>12}"]
+    names = short_names(iters["scheduler"])
     for _, r in iters.iterrows():
         cells = []
         for name in ("profile_vs_forward", "profile_vs_duration", "profile_host_vs_duration",
                      "roofline_vs_duration"):
             cells.append(f"{signed_pct(r[f'{name}_median_signed'])}/"
                          f"{100 * r[f'{name}_mape']:.0f}")
-        lines.append(f"{str(r['scheduler'])[:6]:<6}{r['load']:>5.2f}{r['num_iterations']:>6}"
+        lines.append(f"{names[str(r['scheduler'])]:<6}{r['load']:>5.2f}{r['num_iterations']:>6}"
                      f"{r['host_ms_median']:>8.2f}{100 * r['host_share']:>6.1f}"
                      + "".join(f"{c:>12}" for c in cells))
     return lines
@@ -128,15 +158,16 @@ def goal_lines(errors: pd.DataFrame) -> list[str]:
     """The issue's goals, point by point: recorded reproduces replay (same plans, per-request
     timestamps within 1%); prof+host within twice the replay-vs-replay floor."""
     lines = ["", "goals"]
+    names = short_names(errors["scheduler"])
     for (sched, load), rows in errors.groupby(["scheduler", "load"], sort=False):
         rec = rows[rows["compared"] == "recorded"].iloc[0]
         prof = rows[rows["compared"] == "profile_host"].iloc[0]
         if failed(rec) or failed(prof):
-            lines.append(f"{str(sched)[:6]:<6}{load:>5.2f} a simulation failed: no verdict")
+            lines.append(f"{names[str(sched)]:<6}{load:>5.2f} a simulation failed: no verdict")
             continue
         worst = max(rec["max_request_ttft_error"] or 0.0, rec["max_request_e2e_error"] or 0.0)
         ok = bool(rec["same_plans"]) and worst <= 0.01
-        lines.append(f"{str(sched)[:6]:<6}{load:>5.2f} recorded: plans "
+        lines.append(f"{names[str(sched)]:<6}{load:>5.2f} recorded: plans "
                      f"{'identical' if rec['same_plans'] else 'differ'}, worst request "
                      f"{100 * worst:.2g}% -> {'met' if ok else 'NOT met'}")
         misses = []

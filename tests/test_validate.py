@@ -328,3 +328,19 @@ def test_a_profile_that_misses_its_own_held_out_mixes_is_flagged() -> None:
     assert flag.startswith("misses its own held-out mixes by 49.7% (mean; over 20%)")
     assert "--profile-reps" in flag
     assert fit_flags(None) == ["records no held-out error: how well it fits is unknown"]
+
+
+def test_table_names_stay_apart_in_six_columns() -> None:
+    """Two scenarios of one scheduler are labelled by their names, which may share their first
+    six characters: cut to six they were one row label for both (`azure_`)."""
+    from profiler.report import legend, short_names
+
+    assert short_names(["sglang", "vllm"]) == {"sglang": "sglang", "vllm": "vllm"}
+    assert legend(short_names(["sglang", "vllm"])) == []
+    cut = short_names(["prefill_first", "chunked_prefill"])
+    assert cut == {"chunked_prefill": "chunke", "prefill_first": "prefil"}
+    assert legend(cut) == ["names: chunke = chunked_prefill, prefil = prefill_first"]
+    apart = short_names(["azure_conv_budget2048", "azure_conv_budget256", "sglang"])
+    assert apart == {"azure_conv_budget2048": "azur#1", "azure_conv_budget256": "azur#2",
+                     "sglang": "sglang"}
+    assert len(set(apart.values())) == 3 and all(len(v) <= 6 for v in apart.values())
