@@ -76,6 +76,13 @@ class GPUSpec:
     # fp8 weights run as weight-only quantization on the bf16 units.
     peak_fp8_flops: float | None = None
 
+    def matmul_flops(self, fp8: bool = False) -> float:
+        """Dense FLOP/s of matrix math: the fp8 peak if `fp8` and the GPU has fp8 tensor
+        cores, else the bf16 peak (fp8 weights there run on the bf16 units, W8A16)."""
+        if fp8 and self.peak_fp8_flops is not None:
+            return self.peak_fp8_flops
+        return self.peak_bf16_flops
+
     @property
     def memory_gib(self) -> float:
         return self.memory_bytes / GiB

@@ -179,11 +179,11 @@ class GemmModel:
         model's rate. Weights stream at one byte each. Not measured: the result is marked
         extrapolated and drops the bf16 efficiency correction, whose steps are cuBLAS's bf16
         kernels' (the naive form stays naive)."""
-        fp8_flops = spec.peak_fp8_flops
-        w8a8 = fp8_flops is not None
+        w8a8 = spec.peak_fp8_flops is not None
         params = self.params
-        if fp8_flops is not None:
-            params = replace(params, flops_s=params.flops_s * (fp8_flops / spec.peak_bf16_flops))
+        if w8a8:
+            params = replace(params, flops_s=params.flops_s * (spec.matmul_flops(fp8=True)
+                                                               / spec.peak_bf16_flops))
         kind = "W8A8 at the fp8 peak" if w8a8 else "W8A16 (no fp8 math on this GPU)"
         naive = self.form == "naive"
         return replace(self, params=params, form=self.form if naive else "extrapolated",

@@ -102,7 +102,6 @@ class RooflineLatency(LatencyModel):
     def __init__(self, config: RooflineConfig, model: ModelShape, gpu: GPUSpec,
                  parallelism: Parallelism = SINGLE_GPU) -> None:
         self.tables = _tables(config, model, gpu, parallelism)
-        self.gpu_has_fp8 = gpu.peak_fp8_flops is not None
         flops_s = gpu.peak_bf16_flops * config.mfu
         bytes_s = gpu.memory_bandwidth_bytes_s * config.mbu
         m, t = model, parallelism.tensor
@@ -144,7 +143,7 @@ class RooflineLatency(LatencyModel):
             facts.update(tables.elementwise.describe())
         if tables.quantized:
             facts["quantization"] = ("fp8 linear layers, W8A8 at the GPU's fp8 peak"
-                                     if self.gpu_has_fp8 else
+                                     if tables.gpu.peak_fp8_flops is not None else
                                      "fp8 linear layers, W8A16 (no fp8 math on this GPU)")
         if tables.parallelism.num_gpus > 1:
             facts["parallelism"] = tables.parallelism.model_dump()
@@ -288,10 +287,7 @@ class _NaiveGemm:
 
     def __init__(self, config: RooflineConfig, gpu: GPUSpec, fp8: bool = False) -> None:
         # fp8 weights: one byte each, and fp8 math where the GPU has it (W8A8).
-        peak = gpu.peak_bf16_flops
-        if fp8 and gpu.peak_fp8_flops is not None:
-            peak = gpu.peak_fp8_flops
-        self.flops_s = peak * config.mfu
+        self.flops_s = gpu.matmul_flops(fp8) * config.mfu
         self.bytes_s = gpu.memory_bandwidth_bytes_s * config.mbu
         self.dtype_bytes = 1 if fp8 else 2
 
