@@ -120,22 +120,24 @@ def check_grid(spec: GridSpec) -> None:
 def check_profile_out(out: Path) -> None:
     """Where the profile goes, before anything is measured: a new file, or a regular file to
     resume (read and checked when the measuring starts)."""
-    _check_out_file(out, ".parquet")
+    _check_out_file(out, (".parquet",))
 
 
-def _check_out_file(out: Path, suffix: str) -> None:
-    """`--out` names a file to write, ending in `suffix` (a profile is parquet, a fitted model
-    JSON: `x.json` holding parquet would be read as neither): a new one or a regular file,
-    never a directory or a named pipe (the write would fail in one, hang on the other)."""
+def _check_out_file(out: Path, suffixes: tuple[str, ...], option: str = "--out") -> None:
+    """`option` names a file to write, ending in one of `suffixes` (a profile is parquet, a
+    fitted model JSON: `x.json` holding parquet would be read as neither; a plot's format
+    follows its suffix): a new one or a regular file, never a directory or a named pipe (the
+    write would fail in one, hang on the other; a directory given as --plot was saved beside
+    it as DIR.png)."""
+    kinds = " or ".join(suffixes)
     if out.exists():
         try:
             stat_regular(out)
         except FileProblem as exc:
-            hint = f": name a {suffix} file" if out.is_dir() else ""
-            raise InputError(out, "--out", str(out), f"{exc}{hint}") from None
-    if out.suffix.lower() != suffix:
-        raise InputError(COMMAND_LINE, "--out", str(out),
-                         f"what this writes is a {suffix} file: name it so")
+            hint = f": name a {kinds} file" if out.is_dir() else ""
+            raise InputError(out, option, str(out), f"{exc}{hint}") from None
+    if out.suffix.lower() not in suffixes:
+        raise InputError(COMMAND_LINE, option, str(out), f"name a {kinds} file")
 
 
 def check_buildable(shape: ModelShape, source: Path | str, field: str, value: Any) -> None:
@@ -162,17 +164,9 @@ PLOT_SUFFIXES = (".png", ".svg")
 
 
 def check_plot_out(plot: Path) -> None:
-    """`--plot` names a .png or .svg file, checked before anything is measured: a directory was
-    saved beside it as DIR.png (and reported as DIR), another suffix failed after the check
-    had run, in a traceback."""
-    if plot.exists():
-        try:
-            stat_regular(plot)
-        except FileProblem as exc:
-            hint = ": name a .png or .svg file" if plot.is_dir() else ""
-            raise InputError(plot, "--plot", str(plot), f"{exc}{hint}") from None
-    if plot.suffix.lower() not in PLOT_SUFFIXES:
-        raise InputError(COMMAND_LINE, "--plot", str(plot), "name a .png or .svg file")
+    """`--plot` names a .png or .svg file, checked before anything is measured (another
+    suffix failed after the check had run, in a traceback)."""
+    _check_out_file(plot, PLOT_SUFFIXES, "--plot")
 
 
 def check_tensor_parallel(shape: ModelShape, tensor_parallel: int) -> None:
@@ -193,7 +187,7 @@ def _check_fit_out(out: Path, profile_path: Path) -> None:
     if out.exists() and out.resolve() == profile_path.resolve():
         raise InputError(out, "--out", str(out), "is the profile being fitted, which this would "
                          "overwrite: name a .json file")
-    _check_out_file(out, ".json")
+    _check_out_file(out, (".json",))
     if not out.absolute().parent.is_dir():
         raise InputError(out, "--out", str(out), "its directory does not exist")
 
