@@ -260,3 +260,110 @@ def test_a_stretch_logs_the_preemptions_of_its_first_plan():
     assert fast.requests.equals(slow.requests)
     assert slow.iterations["num_preempted"].sum() > 0
     assert fast.iterations.equals(slow.iterations)
+
+
+@pytest.mark.parametrize("cluster", [
+    {},
+    {"prefill": {"replicas": 1, "replica": None}, "decode": {"replicas": 2, "replica": None},
+     "router": {"name": "least_kv_load"}},
+])
+def test_stretches_with_noise_shortfalls_and_a_horizon_equal_stepping(monkeypatch, cluster):
+    """Stretches committed one iteration in and past a block's worth of iterations (16), with
+    noise, KV shortfalls, finishes inside stretches and a horizon that stops the run
+    mid-stretch: every result file equals a step-by-step run's."""
+    lengths = []
+    commit_stretch = sim.engine.commit_stretch
+
+    def committed(state, stretch, num_steps, log):
+        lengths.append(num_steps)
+        return commit_stretch(state, stretch, num_steps, log)
+
+    monkeypatch.setattr(sim.engine, "commit_stretch", committed)
+    replica = {"scheduler": {"name": "chunked_prefill", "token_budget": 256},
+               "latency": {"kind": "roofline",
+                           "noise": {"kind": "lognormal", "sigma": 0.2, "correlation": 0.5}},
+               "kv_cache": {"block_size": 16, "num_blocks": 500}}
+    scenario = synthetic(replica, cluster, seed=11, num_requests=250, qps=25,
+                         max_prompt=500, max_output=150)
+    scenario = scenario.model_copy(update={"horizon_s": 9.0})
+    fast = run_scenario(scenario)
+    slow = run_scenario(scenario, fast_forward=False)
+    assert min(lengths) == 1 and max(lengths) > 16 and len(lengths) > 50, lengths
+    assert 0 < fast.summary["requests"]["finished"] < 250  # the horizon stopped it
+    assert fast.requests.equals(slow.requests)
+    assert fast.iterations.equals(slow.iterations)
+    assert fast.tokens.equals(slow.tokens)
+    assert fast.summary == slow.summary
+
+
+def test_a_commit_counts_blocks_batch_sizes_and_finishes_request_by_request():
+    """`commit_stretch` against a count made request by request and iteration by iteration,
+    on random batches (block sizes 1, 2 and 16, so blocks fill at every offset; requests
+    leaving inside the commit and after it): the log's rows, the blocks held, who finished
+    when and in which order, and the rest of the stretch."""
+    from sim.iteration_log import IterationLog
+    from sim.kv_cache import KVCacheManager
+    from sim.request import Request, Status
+    from sim.stretch import Stretch, commit_stretch
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(1, 10))
+        bs = int(rng.choice([1, 2, 16]))
+        computed = rng.integers(20, 300, size=n)
+        left = rng.integers(1, 60, size=n)
+        num_steps = int(rng.integers(1, 41))
+        length = num_steps + int(rng.integers(0, 3))
+        kv = KVCacheManager(num_blocks=100_000, block_size=bs)
+        state = ReplicaState(kv)
+        for i in range(n):
+            out = int(rng.integers(1, 6))  # tokens sampled so far; the last is not computed
+            req = Request(i, 0.0, int(computed[i]) - out + 1, out + int(left[i]))
+            req.num_computed_tokens, req.num_output_tokens = int(computed[i]), out
+            req.status = Status.RUNNING
+            state.requests[i] = req
+            state.running.append(req)
+            state.num_running_tokens += req.num_tokens
+            kv.grow_blocks(i, -(-(int(computed[i]) + 1) // bs))  # the first step's blocks
+        base = kv.num_used_blocks
+        durations = np.full(length, 0.01)
+        ends = np.add.accumulate(durations)
+        stretch = Stretch(list(state.running), computed.copy(), ends - durations, durations,
+                          ends, base, bs, computed + 1, left.copy(), int(left.min()))
+        log = IterationLog()
+        done, rest = commit_stretch(state, stretch, num_steps, log)
+        state.check()
+
+        # Iteration j: a request still in the batch (left > j) holds the blocks of computed
+        # + j + 1 tokens; one gone holds none.
+        def held(i, j, computed=computed, left=left, bs=bs):
+            return -(-(int(computed[i]) + j + 1) // bs) if left[i] > j else 0
+
+        start = [held(i, 0) for i in range(n)]
+        used = [base + sum(held(i, j) - start[i] for i in range(n))
+                for j in range(num_steps + 1)]
+        rows = log.arrays()
+        assert rows["num_kv_blocks_used"].tolist() == used[:num_steps]
+        assert rows["num_seqs"].tolist() == [int((left > j).sum()) for j in range(num_steps)]
+        assert rows["num_decode_tokens"].tolist() == rows["num_seqs"].tolist()
+        expected_done = sorted((int(left[i]), i) for i in range(n) if left[i] <= num_steps)
+        assert [(int(left[r.request_id]), r.request_id) for r in done] == expected_done
+        assert [r.finish_s for r in done] == [float(ends[k - 1]) for k, _ in expected_done]
+        for i, req in state.requests.items():
+            steps_in = min(int(left[i]), num_steps)
+            assert req.num_computed_tokens == computed[i] + steps_in
+            assert req.all_token_runs() == [(-1, 0, steps_in)]  # iterations 0 .. steps_in - 1
+            # What it computed; the rest's first iteration allocates its own (as `schedule()`
+            # would when it plans it).
+            assert kv.num_held_blocks(i) == (-(-(int(computed[i]) + num_steps) // bs)
+                                             if left[i] > num_steps else 0)
+        assert kv.num_used_blocks == sum(kv.num_held_blocks(i) for i in range(n))
+        if num_steps == length:
+            assert rest is None
+            continue
+        staying = [i for i in range(n) if left[i] > num_steps]
+        assert [r.request_id for r in rest.requests] == staying
+        assert rest.num_computed.tolist() == [int(computed[i]) + num_steps for i in staying]
+        assert rest.num_steps_left.tolist() == [int(left[i]) - num_steps for i in staying]
+        assert rest.num_used_blocks == used[num_steps]
+        assert len(rest) == length - num_steps
