@@ -87,6 +87,9 @@ class ReplicaState:
         the running list: finished, or (on a prefill replica) prefilled and handed off."""
         done: list[Request] = []
         requests = self.requests
+        prefill_only = self.prefill_only
+        num_sampled = 0
+        previous = iteration - 1
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
             if req.first_scheduled_s is None:
@@ -95,10 +98,14 @@ class ReplicaState:
             # Caught up with prompt plus output (`num_tokens`, inlined: hot loop): sample one.
             if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens:
                 req.num_output_tokens += 1
-                self.num_running_tokens += 1
-                req.record_token(iteration)
-                if req.num_output_tokens == req.num_target_output_tokens or self.prefill_only:
+                num_sampled += 1
+                if req.last_token_iter == previous:  # `record_token`'s usual case, no call
+                    req.last_token_iter = iteration
+                else:
+                    req.record_token(iteration)
+                if req.num_output_tokens == req.num_target_output_tokens or prefill_only:
                     done.append(req)
+        self.num_running_tokens += num_sampled
         if done:
             self._leave(done, end_s)
         return done
