@@ -1,0 +1,150 @@
+"""Instructions a simulation executes, counted by valgrind: a measure of the hot path's cost
+that the VM's noise does not move, for judging a change against the code before it.
+
+Wall and CPU times on these VMs move by 20-40% between runs of the same code (`bench/
+sim_speed.py` has taken 3.0 s and 5.2 s minutes apart), more than most single changes to the
+hot path gain or lose. Valgrind's callgrind counts every instruction the process executes,
+the same to a few parts in a thousand run after run, whatever else the machine does. A run
+under it is about 40x slower, so the cases are the first few thousand requests of
+`bench/sim_speed.py`'s and `bench/cluster_scaling.py`'s workloads, and the count is taken as
+the difference between a run of N requests and one of 10 (imports, reading the trace and
+building the scenario cancel out).
+
+    python bench/instructions.py [--case azure ...] [--num-requests N]
+                                 [--checkout DIR ...]
+
+Each checkout (default: this one) runs each case; with two or more the table adds each
+one's ratio to the first. Checkouts run two at a time (one per core: counts do not depend on
+it). Instructions are not time: a numpy call's instructions and a Python loop's do not cost
+the same per instruction, so confirm a change that moves the count by a few percent against
+wall time too (`bench/sim_speed.py`, alternated runs). Needs valgrind (Debian: `valgrind`).
+
+Cases:
+- `azure`: the Azure 2023 conversation trace on one Llama-3.1-8B H100 replica, chunked prefill
+  with a 512-token budget; `azure_v1`: the same under vLLM v1.
+- `colocated4`: the same trace at 4x its rate on 4 replicas (least KV load routing);
+  `disagg`: at 4x on 2 prefill + 2 decode replicas (`bench/sim_speed.py`'s clusters).
+- `cluster16`: generated requests (Azure conversation lengths) at 14 req/s per replica on 16
+  replicas (`bench/cluster_scaling.py`'s case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = (REPO / ".." / "shared" / "traces").resolve()
+AZURE_CONV = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+CONV_LENGTHS = TRACES / "vidur" / "splitwise_conv.csv"
+REPLICA = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "latency": {"kind": "roofline"}}
+CHUNKED = {"name": "chunked_prefill", "token_budget": 512}
+ROUTER = {"name": "least_kv_load"}
+CASES = ("azure", "azure_v1", "colocated4", "disagg", "cluster16")
+BASELINE_REQUESTS = 10
+
+
+def scenario(case: str, num_requests: int) -> dict[str, Any]:
+    """The case's scenario as a mapping (plain data: any checkout's parser reads it)."""
+    azure: dict[str, Any] = {"format": "azure", "path": str(AZURE_CONV),
+                             "num_requests": num_requests}
+    replica = {**REPLICA, "scheduler": CHUNKED}
+    if case in ("azure", "azure_v1"):
+        if case == "azure_v1":
+            replica = {**REPLICA, "scheduler": {"name": "vllm_v1"}}
+        return {"name": case, "workload": azure, "replica": replica}
+    if case == "colocated4":
+        return {"name": case, "workload": {**azure, "rate_scale": 4.0}, "replica": replica,
+                "cluster": {"replicas": 4, "router": ROUTER}}
+    if case == "disagg":
+        prefill = {**REPLICA, "scheduler": {"name": "chunked_prefill", "token_budget": 2048,
+                                            "max_num_seqs": 64}}
+        return {"name": case, "workload": {**azure, "rate_scale": 4.0},
+                "cluster": {"prefill": {"replicas": 2, "replica": prefill},
+                            "decode": {"replicas": 2, "replica": replica},
+                            "router": ROUTER}}
+    return {"name": case, "seed": 0,
+            "workload": {"format": "synthetic", "num_requests": num_requests,
+                         "arrivals": {"process": "poisson", "qps": 14.0 * 16},
+                         "lengths": {"file": str(CONV_LENGTHS)}},
+            "replica": REPLICA, "cluster": {"replicas": 16, "router": ROUTER}}
+
+
+# Run in the checkout under valgrind: parse and run one scenario, nothing else.
+CHILD = """
+import json, sys
+sys.path.insert(0, ".")
+from sim.config import parse_scenario
+from sim.runner import run_scenario
+run_scenario(parse_scenario(json.loads(sys.argv[1]), "bench/instructions.py"))
+"""
+
+
+def instructions(checkout: Path, spec: dict[str, Any]) -> int:
+    """Instructions callgrind counts for one run of `spec` in `checkout`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
+             sys.executable, "-c", CHILD, json.dumps(spec)],
+            cwd=checkout, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{checkout}: the run failed:\n{out.stderr[-3000:]}")
+    for line in out.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.split(":")[-1])
+    raise SystemExit(f"{checkout}: no instruction count in valgrind's output")
+
+
+def simulation_instructions(checkout: Path, case: str, num_requests: int) -> int:
+    """A run of `num_requests` less one of BASELINE_REQUESTS: the simulation's own cost."""
+    # Compiled modules, so that neither run pays for compiling them (PYTHONDONTWRITEBYTECODE
+    # is set on the development VMs).
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "sim"], cwd=checkout,
+                   env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+                   check=True, capture_output=True)
+    return (instructions(checkout, scenario(case, num_requests))
+            - instructions(checkout, scenario(case, BASELINE_REQUESTS)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--case", choices=CASES, action="append",
+                        help="a case (repeatable; default azure and cluster16)")
+    parser.add_argument("--num-requests", type=int, default=3000)
+    parser.add_argument("--checkout", type=Path, action="append",
+                        help="a checkout of servesim (repeatable; default this one)")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("bench/instructions.py: valgrind is not installed "
+                         "(Debian: apt-get install valgrind)")
+    if args.num_requests <= BASELINE_REQUESTS:
+        raise SystemExit(f"bench/instructions.py: --num-requests {args.num_requests}: "
+                         f"must exceed {BASELINE_REQUESTS}")
+    cases = args.case or ["azure", "cluster16"]
+    checkouts = [c.resolve() for c in (args.checkout or [REPO])]
+    jobs = [(case, checkout) for case in cases for checkout in checkouts]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        counts = list(pool.map(
+            lambda job: simulation_instructions(job[1], job[0], args.num_requests), jobs))
+    result = dict(zip(jobs, counts, strict=True))
+    print(f"instructions of the simulation, first {args.num_requests:,} requests "
+          f"(less a run of {BASELINE_REQUESTS}), millions:")
+    print(f"{'case':<12} {'checkout':<40} {'instructions':>12} {'ratio':>7}")
+    for case in cases:
+        first = result[(case, checkouts[0])]
+        for checkout in checkouts:
+            count = result[(case, checkout)]
+            print(f"{case:<12} {str(checkout)[-40:]:<40} {count / 1e6:>12,.0f} "
+                  f"{count / first:>7.3f}")
+
+
+if __name__ == "__main__":
+    main()
