@@ -122,12 +122,13 @@ def main() -> None:
     parser.add_argument("--checkout", type=Path, action="append",
                         help="a checkout of servesim (repeatable; default this one)")
     args = parser.parse_args()
-    if shutil.which("valgrind") is None:
-        raise SystemExit("bench/instructions.py: valgrind is not installed "
-                         "(Debian: apt-get install valgrind)")
     if args.num_requests <= BASELINE_REQUESTS:
-        raise SystemExit(f"bench/instructions.py: --num-requests {args.num_requests}: "
-                         f"must exceed {BASELINE_REQUESTS}")
+        parser.error(f"--num-requests {args.num_requests}: must exceed {BASELINE_REQUESTS}")
+    for checkout in args.checkout or []:
+        if not (checkout / "sim" / "runner.py").is_file():
+            parser.error(f"--checkout {checkout}: not a servesim checkout (no sim/runner.py)")
+    if shutil.which("valgrind") is None:
+        parser.error("valgrind is not installed (Debian: apt-get install valgrind)")
     cases = args.case or ["azure", "cluster16"]
     checkouts = [c.resolve() for c in (args.checkout or [REPO])]
     jobs = [(case, checkout) for case in cases for checkout in checkouts]

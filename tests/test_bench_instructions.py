@@ -1,0 +1,44 @@
+"""`bench/instructions.py`'s cases stay valid scenarios: each runs, under the project's own
+parser, what the counter runs under valgrind (valgrind itself is not needed here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim import run_scenario
+from sim.config import parse_scenario
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "instructions.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_instructions", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("case", ["azure", "azure_v1", "colocated4", "disagg", "cluster16"])
+def test_each_case_runs_its_requests(traces, case):
+    bench = load_bench()
+    assert case in bench.CASES
+    data = bench.scenario(case, 40)
+    result = run_scenario(parse_scenario(data, "bench/instructions.py"))
+    assert result.summary["requests"]["total"] == 40
+    assert result.summary["requests"]["finished"] == 40
+    # The baseline run is smaller: the difference is the simulation of the extra requests.
+    assert bench.scenario(case, bench.BASELINE_REQUESTS)["workload"]["num_requests"] == 10
+
+
+def test_bad_options_are_refused_in_one_line():
+    out = subprocess.run([sys.executable, str(BENCH), "--num-requests", "5"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        "instructions.py: error: --num-requests 5: must exceed 10")
