@@ -63,31 +63,22 @@ class IterationLog:
         self.columns["duration_s"][index] = duration_s
 
     def extend_decodes(self, start_s: np.ndarray, duration_s: np.ndarray,
-                       num_seqs: int | list[int] | np.ndarray,
-                       num_kv_blocks_used: list[int] | np.ndarray,
+                       num_seqs: int | list[int], num_kv_blocks_used: list[int],
                        num_preempted_first: int = 0) -> int:
         """Add a stretch of decode-only iterations, the first of which preempted
         `num_preempted_first` requests when it was planned; return the number of the first.
-        Counts per iteration come as arrays or (a short commit's) lists."""
+        `num_seqs`: one number for every iteration, or one per iteration where requests leave
+        the batch as they finish."""
         c = self.columns
         index = len(c["start_s"])
         k = len(start_s)
         c["start_s"].frombytes(start_s.astype(np.float64, copy=False).tobytes())
         c["duration_s"].frombytes(duration_s.astype(np.float64, copy=False).tobytes())
         c["num_prefill_tokens"].extend(array("q", bytes(8 * k)))
-        if isinstance(num_seqs, np.ndarray):  # requests leave the batch as they finish
-            seqs = array("q", num_seqs.astype(np.int64, copy=False).tobytes())
-        elif isinstance(num_seqs, list):
-            seqs = array("q", num_seqs)
-        else:
-            seqs = array("q", (num_seqs,)) * k
+        seqs = array("q", num_seqs) if isinstance(num_seqs, list) else array("q", (num_seqs,)) * k
         c["num_decode_tokens"].extend(seqs)
         c["num_seqs"].extend(seqs)
-        if isinstance(num_kv_blocks_used, list):
-            c["num_kv_blocks_used"].extend(array("q", num_kv_blocks_used))
-        else:
-            c["num_kv_blocks_used"].frombytes(
-                num_kv_blocks_used.astype(np.int64, copy=False).tobytes())
+        c["num_kv_blocks_used"].extend(array("q", num_kv_blocks_used))
         preempted = array("q", bytes(8 * k))
         if k:
             preempted[0] = num_preempted_first

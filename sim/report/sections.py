@@ -192,7 +192,6 @@ def inputs_and_versions(run_dirs: Sequence[Path]) -> str:
     return "\n".join(parts)
 
 
-
 def replay_measured(summary: dict[str, Any]) -> str:
     """What a `servesim replay` measured and where: its timings are the wall clock's, so another
     replay of the same scenario and seed gives other numbers (the simulated parts of a run are
