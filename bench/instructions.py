@@ -42,40 +42,33 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = (REPO / ".." / "shared" / "traces").resolve()
-AZURE_CONV = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
-CONV_LENGTHS = TRACES / "vidur" / "splitwise_conv.csv"
-REPLICA = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "latency": {"kind": "roofline"}}
-CHUNKED = {"name": "chunked_prefill", "token_budget": 512}
-ROUTER = {"name": "least_kv_load"}
+sys.path.insert(0, str(REPO / "bench"))
+
+# The workloads `bench/sim_speed.py` and `bench/cluster_scaling.py` time.
+from cluster_scaling import CONV_LENGTHS, ROUTER, generated  # noqa: E402
+from sim_speed import CHUNKED, DEFAULT_TRACE, DISAGGREGATED, REPLICA  # noqa: E402
+
 CASES = ("azure", "azure_v1", "colocated4", "disagg", "cluster16")
 BASELINE_REQUESTS = 10
 
 
 def scenario(case: str, num_requests: int) -> dict[str, Any]:
     """The case's scenario as a mapping (plain data: any checkout's parser reads it)."""
-    azure: dict[str, Any] = {"format": "azure", "path": str(AZURE_CONV),
-                             "num_requests": num_requests}
-    replica = {**REPLICA, "scheduler": CHUNKED}
-    if case in ("azure", "azure_v1"):
-        if case == "azure_v1":
-            replica = {**REPLICA, "scheduler": {"name": "vllm_v1"}}
-        return {"name": case, "workload": azure, "replica": replica}
-    if case == "colocated4":
-        return {"name": case, "workload": {**azure, "rate_scale": 4.0}, "replica": replica,
-                "cluster": {"replicas": 4, "router": ROUTER}}
-    if case == "disagg":
-        prefill = {**REPLICA, "scheduler": {"name": "chunked_prefill", "token_budget": 2048,
-                                            "max_num_seqs": 64}}
-        return {"name": case, "workload": {**azure, "rate_scale": 4.0},
-                "cluster": {"prefill": {"replicas": 2, "replica": prefill},
-                            "decode": {"replicas": 2, "replica": replica},
-                            "router": ROUTER}}
-    return {"name": case, "seed": 0,
-            "workload": {"format": "synthetic", "num_requests": num_requests,
-                         "arrivals": {"process": "poisson", "qps": 14.0 * 16},
-                         "lengths": {"file": str(CONV_LENGTHS)}},
-            "replica": REPLICA, "cluster": {"replicas": 16, "router": ROUTER}}
+    if case == "cluster16":
+        return generated(num_requests, 16, 14.0, CONV_LENGTHS)
+    data: dict[str, Any] = {
+        "name": case, "replica": {**REPLICA, "scheduler": CHUNKED},
+        "workload": {"format": "azure", "path": str(DEFAULT_TRACE),
+                     "num_requests": num_requests}}
+    if case == "azure_v1":
+        data["replica"] = {**REPLICA, "scheduler": {"name": "vllm_v1"}}
+    elif case == "colocated4":
+        data["workload"]["rate_scale"] = 4.0
+        data["cluster"] = {"replicas": 4, "router": ROUTER}
+    elif case == "disagg":
+        data["workload"]["rate_scale"] = 4.0
+        data["cluster"] = DISAGGREGATED
+    return data
 
 
 # Run in the checkout under valgrind: parse and run one scenario, nothing else.
@@ -103,13 +96,16 @@ def instructions(checkout: Path, spec: dict[str, Any]) -> int:
     raise SystemExit(f"{checkout}: no instruction count in valgrind's output")
 
 
-def simulation_instructions(checkout: Path, case: str, num_requests: int) -> int:
-    """A run of `num_requests` less one of BASELINE_REQUESTS: the simulation's own cost."""
-    # Compiled modules, so that neither run pays for compiling them (PYTHONDONTWRITEBYTECODE
-    # is set on the development VMs).
+def compile_modules(checkout: Path) -> None:
+    """Write `checkout`'s bytecode, so that no counted run pays for compiling its modules
+    (PYTHONDONTWRITEBYTECODE is set on the development VMs)."""
     subprocess.run([sys.executable, "-m", "compileall", "-q", "sim"], cwd=checkout,
                    env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
                    check=True, capture_output=True)
+
+
+def simulation_instructions(checkout: Path, case: str, num_requests: int) -> int:
+    """A run of `num_requests` less one of BASELINE_REQUESTS: the simulation's own cost."""
     return (instructions(checkout, scenario(case, num_requests))
             - instructions(checkout, scenario(case, BASELINE_REQUESTS)))
 
@@ -131,6 +127,8 @@ def main() -> None:
         parser.error("valgrind is not installed (Debian: apt-get install valgrind)")
     cases = args.case or ["azure", "cluster16"]
     checkouts = [c.resolve() for c in (args.checkout or [REPO])]
+    for checkout in checkouts:
+        compile_modules(checkout)
     jobs = [(case, checkout) for case in cases for checkout in checkouts]
     with ThreadPoolExecutor(max_workers=2) as pool:
         counts = list(pool.map(

@@ -33,6 +33,11 @@ DEFAULT_TRACE = (Path(__file__).resolve().parents[1] / ".." / "shared" / "traces
                  "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv").resolve()
 REPLICA = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "latency": {"kind": "roofline"}}
 CHUNKED = {"name": "chunked_prefill", "token_budget": 512}
+# The disaggregated case: 2 prefill replicas (large chunks) and 2 decode replicas.
+DISAGGREGATED = {"prefill": {"replicas": 2, "replica": {**REPLICA, "scheduler": {
+                     "name": "chunked_prefill", "token_budget": 2048, "max_num_seqs": 64}}},
+                 "decode": {"replicas": 2, "replica": {**REPLICA, "scheduler": CHUNKED}},
+                 "router": {"name": "least_kv_load"}}
 console = Console(width=170)
 
 
@@ -100,14 +105,11 @@ def main() -> None:
         ("vllm_v1", scenario(trace, "v1", {"name": "vllm_v1"})),
         ("sglang", scenario(trace, "sg", {"name": "sglang"})),
     ]))
-    disagg = {"prefill": {"replicas": 2, "replica": {**REPLICA, "scheduler": {
-                  "name": "chunked_prefill", "token_budget": 2048, "max_num_seqs": 64}}},
-              "decode": {"replicas": 2, "replica": {**REPLICA, "scheduler": CHUNKED}},
-              "router": {"name": "least_kv_load"}}
     console.print(speed_table("clusters at 4x the trace's rate", [
         ("4 colocated chunked", scenario(trace, "c4", CHUNKED, rate_scale=4.0, cluster={
             "replicas": 4, "router": {"name": "least_kv_load"}})),
-        ("2P+2D disaggregated", scenario(trace, "d4", CHUNKED, rate_scale=4.0, cluster=disagg)),
+        ("2P+2D disaggregated", scenario(trace, "d4", CHUNKED, rate_scale=4.0,
+                                         cluster=DISAGGREGATED)),
     ]))
     if args.overload:
         console.print(speed_table("overloaded: one replica at 8x the trace's rate", [
