@@ -152,7 +152,7 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
 
     # One call on arrays of shapes: a latency model is element-wise, so this is exactly what
     # `max_steps` calls on one shape each would give.
-    num_seqs, kv_tokens = batch_sizes(num_computed, num_steps_left, max_steps, min(left))
+    num_seqs, kv_tokens = batch_sizes(computed, left, max_steps)
     duration = latency.iteration_time_s(BatchShape.decode_only(num_seqs, kv_tokens))
     if not isinstance(duration, np.ndarray) or duration.shape != (max_steps,):
         duration = np.broadcast_to(np.asarray(duration, dtype=np.float64), (max_steps,))
@@ -169,25 +169,38 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
                    kv.block_size, num_computed + 1, num_steps_left, min(left), num_preempted)
 
 
-def batch_sizes(num_computed: np.ndarray, num_steps_left: np.ndarray, num_steps: int,
-                min_steps_left: int | None = None) -> tuple[Any, np.ndarray]:
+def batch_sizes(num_computed: list[int], num_steps_left: list[int], num_steps: int
+                ) -> tuple[Any, np.ndarray]:
     """Requests decoding in each of `num_steps` iterations (one number if none leaves before
     the last), and the KV tokens their attention reads: each request's computed tokens + 1 at
-    step 0, one more each step, while it is in the batch. `min_steps_left`, the least of
-    `num_steps_left`, if the caller knows it."""
+    step 0, one more each step, while it is in the batch (it is in steps j < its
+    `num_steps_left`)."""
     n = len(num_computed)
-    if min_steps_left is None:
-        min_steps_left = int(num_steps_left.min())
-    if min_steps_left >= num_steps:
-        first = int(num_computed.sum()) + n
+    computed = sum(num_computed)
+    if min(num_steps_left) >= num_steps:
+        first = computed + n
         return n, np.arange(first, first + n * num_steps, n, dtype=np.int64)
-    steps = np.arange(num_steps, dtype=np.int64)
-    order = np.argsort(num_steps_left, kind="stable")
-    # Requests gone by step j: those whose last step is before j.
-    gone = np.searchsorted(num_steps_left[order], steps, side="right")
-    computed_after = np.concatenate((np.cumsum(num_computed[order][::-1])[::-1], [0]))
-    num_seqs = n - gone
-    return num_seqs, computed_after[gone] + num_seqs * (steps + 1)
+    # Between two leaving steps the batch, and the computed tokens of the requests in it, stay
+    # the same: one segment each, found in a loop over the few requests, then spread over the
+    # steps by one `repeat` (a dozen numpy calls on requests x steps arrays cost more).
+    lengths, seqs, tokens = [], [], []
+    start, in_batch = 0, n
+    for left, c in sorted(zip(num_steps_left, num_computed, strict=True)):
+        if left >= num_steps:
+            break
+        if left > start:
+            lengths.append(left - start)
+            seqs.append(in_batch)
+            tokens.append(computed)
+            start = left
+        in_batch -= 1
+        computed -= c
+    lengths.append(num_steps - start)
+    seqs.append(in_batch)
+    tokens.append(computed)
+    rows = np.repeat(np.array((seqs, tokens), dtype=np.int64), lengths, axis=1)
+    num_seqs = rows[0]
+    return num_seqs, rows[1] + num_seqs * np.arange(1, num_steps + 1, dtype=np.int64)
 
 
 def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: IterationLog

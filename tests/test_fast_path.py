@@ -185,7 +185,7 @@ def test_batch_sizes_follow_the_requests_left():
         computed = rng.integers(1, 5000, size=n)
         left = rng.integers(1, 60, size=n)
         num_steps = int(rng.integers(1, int(left.max()) + 1))
-        seqs, kv = batch_sizes(computed, left, num_steps)
+        seqs, kv = batch_sizes(computed.tolist(), left.tolist(), num_steps)
         for j in range(num_steps):
             inside = left > j
             assert np.broadcast_to(seqs, (num_steps,))[j] == inside.sum()

@@ -145,9 +145,11 @@ class TokenTable:
             return self.values[n]
         if isinstance(n, np.ndarray):
             index = n.astype(np.intp, copy=False)
-            if index.size and int(index.max()) >= len(self.values):
+            try:  # counts are never negative: only past the end can an index miss
+                return self.array[index]
+            except IndexError:  # beyond the table: grow it (rare, so not checked first)
                 self.grow(int(index.max()))
-            return self.array[index]
+                return self.array[index]
         n = int(n)
         if n >= len(self.values):
             self.grow(n)
