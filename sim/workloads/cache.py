@@ -1,5 +1,5 @@
 """Reading trace tables: CSV through pyarrow's reader, each large CSV parsed once and kept as a
-parquet file in a cache directory; JSON lines through the json module.
+parquet file in a cache directory; JSON lines through the json module. Neither imports pandas.
 
 A cached table is named by the sha256 of the CSV's content, the parser's version (ours and
 pyarrow's) and the columns read, so an edited trace is parsed again and a stale entry is never
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal
 from sim.errors import InputError
 from sim.input_file import FileProblem, check_regular, loads, open_regular
 from sim.outdir import replace_file
-from sim.workloads.table import TraceTable, from_arrow, from_frame, numpy_column
+from sim.workloads.table import TraceTable, from_arrow, from_rows, numpy_column
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -301,9 +301,7 @@ def _write_atomically(table: pa.Table, entry: Path) -> None:
 def _read_jsonl(path: Path, field: str) -> TraceTable:
     """One JSON object per line (blank lines skipped), read as strictly as every JSON input
     (`sim.input_file.loads`: a key given twice, NaN, huge integers, deep nesting are refused);
-    errors give the line number."""
-    import pandas as pd
-
+    errors give the line number. No pandas: see `sim.workloads.table`."""
     rows, lines = [], []
     try:
         with open_regular(path) as raw, io.TextIOWrapper(raw, encoding="utf-8") as file:
@@ -325,4 +323,4 @@ def _read_jsonl(path: Path, field: str) -> TraceTable:
         raise InputError(path, field, str(path), str(exc)) from None
     except UnicodeDecodeError:
         raise InputError(path, field, str(path), "not UTF-8 text") from None
-    return from_frame(pd.DataFrame.from_records(rows), lines)
+    return from_rows(rows, lines)

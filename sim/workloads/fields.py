@@ -34,16 +34,26 @@ def line_of(table: TraceTable, row: int) -> int:
 
 
 def column(table: TraceTable, name: str, path: Path) -> np.ndarray | pd.Series:
-    """Column `name` (see `TraceTable`: numpy, or a pandas Series for text and JSON lines)."""
+    """Column `name` (see `TraceTable`: numpy, or a pandas Series for text and missing
+    values; a JSON-lines file's values of other types are an object array)."""
     if name not in table.columns:
         raise InputError(path, f"column {name!r}", list(table.columns), "missing")
     return table.columns[name]
 
 
+def _checked_column(table: TraceTable, name: str, path: Path) -> np.ndarray | pd.Series:
+    """Column `name` for the checks of numbers and times: JSON values they do not type (text,
+    lists, mixed types) as pandas' Series of them, which the checks read as they always did."""
+    values = column(table, name, path)
+    if isinstance(values, np.ndarray) and values.dtype == object:
+        return table.series(name)
+    return values
+
+
 def token_counts(table: TraceTable, name: str, path: Path) -> np.ndarray:
     """A column of token counts, each an integer in [1, MAX_TOKENS]; errors name the first bad
     row."""
-    values = column(table, name, path)
+    values = _checked_column(table, name, path)
     numeric, bad = _numbers(table, values)
     bad |= (numeric != np.floor(numeric)) | (numeric < 1)
     if bad.any():
@@ -107,7 +117,7 @@ def _booleans(values: pd.Series) -> np.ndarray:
 
 def seconds(table: TraceTable, name: str, unit: str, path: Path) -> np.ndarray:
     """An arrival-time column as seconds since its first value, checked non-decreasing."""
-    values = column(table, name, path)
+    values = _checked_column(table, name, path)
     if unit == "datetime":
         arrival, bad = _datetimes(table, values, name, path)
     elif values.dtype.kind == "M":  # datetime64, with a zone or without (numpy or pandas)

@@ -5,9 +5,13 @@ The readers (`sim.workloads.cache`) give a `TraceTable` and the column checks
 simulating a trace of thousands of requests, and pyarrow imports it from nearly every
 convenience it has: `pa.array`, `to_pandas`, even `Int64Array.to_numpy` (it probes for pandas
 types). So the columns that traces hold (integers, floats, booleans, timestamps, none missing)
-are read from their arrow buffers, as `sim.columns` writes them. Every other column (text,
-missing values, other types, and each column of a JSON-lines file) stays the pandas Series it
-always was, made only then: the checks and errors read the values they always did.
+are read from their arrow buffers, as `sim.columns` writes them. A JSON-lines file's columns
+are made from its parsed rows: integers, numbers or booleans in every row as the numpy array
+pandas typed them as, any other values as an object array of them (a Mooncake trace's
+`hash_ids` lists). Every other column (text, missing values, other types) is the pandas Series
+it always was, made only then, and a check reading an object array (a JSON string where a
+number belongs) reads pandas' Series of it: the checks and errors read the values they always
+did.
 """
 
 from __future__ import annotations
@@ -29,9 +33,9 @@ class TraceTable:
 
     columns: dict[str, np.ndarray | pd.Series]  # in the file's order; every kept row
     positions: np.ndarray  # int64: each kept row's position among the file's rows (0 = first)
-    # Every row read: a pyarrow table (CSV) or the DataFrame of a JSON-lines file, which
+    # Every row read: a pyarrow table (CSV) or a JSON-lines file's rows, whose DataFrame
     # `where:` evaluates on and the error values of numpy columns are taken from.
-    source: pa.Table | pd.DataFrame
+    source: pa.Table | JsonRows
     lines: list[int] | None = None  # JSON lines: each position's line (blank lines skipped)
     csv_path: Path | None = None  # a CSV, whose lines are counted to name one (`csv_line`)
 
@@ -50,10 +54,8 @@ class TraceTable:
 
     def frame(self) -> pd.DataFrame:
         """Every row read, as the DataFrame pandas makes of it."""
-        import pandas as pd
-
-        if isinstance(self.source, pd.DataFrame):
-            return self.source
+        if isinstance(self.source, JsonRows):
+            return self.source.frame()
         return self.source.to_pandas()
 
     def series(self, name: str) -> pd.Series:
@@ -61,7 +63,9 @@ class TraceTable:
         values = self.columns[name]
         if not isinstance(values, np.ndarray):
             return values
-        arrow: pa.Table = self.source  # numpy columns come from a CSV's arrow table only
+        if isinstance(self.source, JsonRows):
+            return self.source.frame()[name].iloc[self.positions]
+        arrow: pa.Table = self.source
         index = list(self.columns).index(name)
         return arrow.select([index]).to_pandas().iloc[self.positions, 0]
 
@@ -87,10 +91,54 @@ def from_arrow(table: pa.Table, csv_path: Path) -> TraceTable:
 _NUMPY_TYPES = {"int64": np.int64, "double": np.float64, "bool": np.bool_}
 
 
-def from_frame(df: pd.DataFrame, lines: list[int]) -> TraceTable:
-    """A JSON-lines file's rows (DataFrame row i from line `lines[i]`): its Series as they are."""
-    return TraceTable({name: df[name] for name in df.columns}, np.arange(len(df)), df,
-                      lines=lines)
+class JsonRows:
+    """A JSON-lines file's parsed rows (one dict each, in file order), made the DataFrame pandas
+    makes of them only when something needs pandas: a `where:` condition, an error's value, a
+    column with missing values."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        self._frame: pd.DataFrame | None = None
+
+    def frame(self) -> pd.DataFrame:
+        if self._frame is None:
+            import pandas as pd
+
+            self._frame = pd.DataFrame.from_records(self.rows)
+        return self._frame
+
+
+def from_rows(rows: list[dict[str, Any]], lines: list[int]) -> TraceTable:
+    """A JSON-lines file's rows (row i from line `lines[i]`), columns in the order pandas gives
+    them (as their names first appear): see the module's docstring."""
+    source = JsonRows(rows)
+    columns: dict[str, np.ndarray | pd.Series] = {}
+    for name in dict.fromkeys(key for row in rows for key in row):
+        values = [row.get(name, _MISSING) for row in rows]
+        array = _json_column(values)
+        # Missing from some rows, or null: pandas' Series, with what it puts there (NaN).
+        columns[name] = array if array is not None else source.frame()[name]
+    return TraceTable(columns, np.arange(len(rows)), source, lines=lines)
+
+
+_MISSING = object()
+
+
+def _json_column(values: list[Any]) -> np.ndarray | None:
+    """One JSON value per row as the array of pandas' type for it: int64 if every value is an
+    integer that fits it, float64 for numbers, bool for booleans; else the values as objects.
+    None where a value is missing or null."""
+    types = set(map(type, values))  # exact types: a boolean is no integer here
+    if type(None) in types or object in types:  # null, or `_MISSING`
+        return None
+    if types == {int}:
+        if min(values) >= -(2**63) and max(values) < 2**63:
+            return np.array(values, dtype=np.int64)
+    elif types == {bool}:
+        return np.array(values, dtype=np.bool_)
+    elif types <= {int, float}:
+        return np.array(values, dtype=np.float64)
+    return np.fromiter(values, dtype=object, count=len(values))
 
 
 def numpy_column(chunked: pa.ChunkedArray) -> np.ndarray | None:
