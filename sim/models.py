@@ -80,6 +80,7 @@ class ModelShape:
     tie_embeddings: bool = False
     dtype_bytes: int = 2  # bf16
     kv_dtype_bytes: int | None = None  # the KV cache's element size; None: dtype_bytes
+    kv_dtype: str = "auto"  # the KV cache's type as the scenario names it (`kv_cache.dtype`)
     # Bytes per weight of the quantized linear layers (attention projections, MLPs, experts)
     # where they differ from `dtype_bytes` (`quantization: fp8`: 1); None: dtype_bytes.
     linear_dtype_bytes: int | None = None

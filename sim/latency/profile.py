@@ -125,7 +125,7 @@ class ProfileLatency(LatencyModel):
                              "and expert parallelism are not modelled by it (use the roofline)")
         if model.kv_element_bytes != model.dtype_bytes:
             # Its attention terms were measured on a KV cache of the model's own dtype.
-            raise InputError(None, "kv_cache.dtype", "fp8",
+            raise InputError(None, "kv_cache.dtype", model.kv_dtype,
                              f"the profile {config.path} was measured with the KV cache in "
                              "the model's dtype; an fp8 KV cache reads half the bytes, which "
                              "it cannot predict (use the roofline, or kv_cache.dtype: auto)")
