@@ -236,15 +236,6 @@ def error_table(title: str, fitted: dict[str, Any]) -> Table:
     return table
 
 
-def load_fitted_option(path: Path, option: str) -> dict[str, Any]:
-    """`load_fitted` of a file given by a command-line option: a file that cannot be read is
-    named with that option (it said `latency.path`, a scenario's field, for `--check x.json`)."""
-    try:
-        return load_fitted(path)
-    except InputError as exc:
-        raise exc.moved(exc.source, lambda f: option if f == "latency.path" else f) from None
-
-
 def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int | None,
               plot: Path | None, tensor_parallel: int | None = None) -> dict[str, float]:
     """Measure `num` fresh random mixes and score the fitted model on them (on the shard the
@@ -257,7 +248,7 @@ def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int 
 
     if plot is not None:
         check_plot_out(plot)
-    fitted = load_fitted_option(fitted_path, "--check")
+    fitted = load_fitted(fitted_path, "--check")
     meta = fitted.get("measurement", {})
     fitted_tp = int(fitted.get("tensor_parallel", 1))
     if tensor_parallel is not None and tensor_parallel != fitted_tp:

@@ -134,9 +134,7 @@ def obtain_profile(scenarios: list[Scenario], model: str, opts: Options, out: Pa
 
 def given_profile(path: Path, model: str) -> dict[str, Any]:
     """A fitted profile given with --profile, of the scenarios' model."""
-    from profiler.commands import load_fitted_option
-
-    fitted = load_fitted_option(path, "--profile")
+    fitted = load_fitted(path, "--profile")
     if fitted["model"] != model:
         raise InputError(path, "model", fitted["model"],
                          f"profile was measured for {fitted['model']}, the scenarios run {model}")

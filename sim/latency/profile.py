@@ -313,12 +313,14 @@ class _Fitted(BaseModel):
         return self
 
 
-def load_fitted(path: Path) -> dict[str, Any]:
+def load_fitted(path: Path, field: str = "latency.path") -> dict[str, Any]:
     """Read and check a fitted latency file: every problem found, one line each, naming the
     file and field. Returns the file's mapping. Read strictly (`sim.input_file`): a key given
     twice (JSON readers keep the last, silently), NaN, a 5,000-digit number or nesting past
-    the recursion limit is refused, as is a file that is not a regular one."""
-    data = read_json_file(Path(path), path, "latency.path", MAX_FITTED_BYTES)
+    the recursion limit is refused, as is a file that is not a regular one. `field`: what
+    named the file (a scenario's field, or a command-line option), named where it cannot be
+    read."""
+    data = read_json_file(Path(path), path, field, MAX_FITTED_BYTES)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         value = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise InputError(path, "format", value, f"expected {FORMAT} (run `servesim fit`)")
