@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -88,11 +89,44 @@ def footprint_bytes(shape: ModelShape, num_kv_slots: int, itemsize: int,
     return weights * itemsize, 2 * shape.num_layers * slots * kv * itemsize
 
 
-def memory_limit_bytes(device: str) -> tuple[float, str]:
-    """What the decoder may take on `device`, and how that was set."""
+def memory_limit_bytes(device: str, root: Path = Path("/")) -> tuple[float, str]:
+    """What the decoder may take on `device`, and how that was set: 80% of the memory free now
+    (on the CPU, what Linux says it can give without swapping, within the cgroup's limit if
+    one is set), else half the physical memory. `root`: where /proc and /sys are (tests)."""
     if device.startswith("cuda"):
         return 0.8 * torch.cuda.mem_get_info(torch.device(device))[0], "80% of the free GPU memory"
+    available = available_memory_bytes(root)
+    if available is not None:
+        return 0.8 * available, "80% of the available memory"
     return 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "half the memory"
+
+
+def available_memory_bytes(root: Path = Path("/")) -> int | None:
+    """Bytes this process could allocate without swapping: Linux's `MemAvailable`, less where
+    a cgroup's memory limit leaves less (v2 `memory.max`, v1 `memory.limit_in_bytes`, less
+    what the group uses); None where /proc/meminfo says nothing (not Linux)."""
+    available = None
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024  # in kB
+    except (OSError, ValueError, IndexError):
+        return None
+    if available is None:
+        return None
+    cgroup = root / "sys/fs/cgroup"
+    for limit_file, usage_file in (("memory.max", "memory.current"),  # v2, then v1
+                                   ("memory/memory.limit_in_bytes",
+                                    "memory/memory.usage_in_bytes")):
+        try:
+            limit = (cgroup / limit_file).read_text().strip()
+            usage = int((cgroup / usage_file).read_text())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit():  # "max" (v2) or a huge number (v1): no limit
+            available = min(available, max(0, int(limit) - usage))
+        break
+    return available
 
 
 def does_not_fit(shape: ModelShape, num_kv_slots: int, device: str, dtype: torch.dtype,

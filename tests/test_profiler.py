@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -282,3 +283,51 @@ def test_ctrl_c_keeps_the_mixes_measured_and_says_so(tmp_path):
     said = " ".join(stdout.split())
     assert f"interrupted: {len(df)} mixes measured -> {out}" in said, said
     assert "the same command resumes" in said and len(df) > 0
+
+
+def _machine(root, meminfo: str | None, cgroup: dict[str, str]):
+    if meminfo is not None:
+        (root / "proc").mkdir(parents=True)
+        (root / "proc" / "meminfo").write_text(meminfo)
+    for name, text in cgroup.items():
+        path = root / "sys" / "fs" / "cgroup" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+MEMINFO = "MemTotal:       24684092 kB\nMemFree:         2000000 kB\nMemAvailable:   10000000 kB\n"
+
+
+@pytest.mark.parametrize(("meminfo", "cgroup", "expected"), [
+    (MEMINFO, {}, 10_240_000_000),
+    (MEMINFO, {"memory.max": "max\n", "memory.current": "5\n"}, 10_240_000_000),
+    (MEMINFO, {"memory.max": "4000000000\n", "memory.current": "1000000000\n"}, 3_000_000_000),
+    (MEMINFO, {"memory/memory.limit_in_bytes": "9223372036854771712\n",
+               "memory/memory.usage_in_bytes": "3258486784\n"}, 10_240_000_000),
+    (MEMINFO, {"memory/memory.limit_in_bytes": "2000000000\n",
+               "memory/memory.usage_in_bytes": "500000000\n"}, 1_500_000_000),
+    ("MemTotal: 100 kB\n", {}, None),
+    (None, {}, None),
+], ids=["meminfo", "v2_no_limit", "v2_limit", "v1_no_limit", "v1_limit", "old_kernel", "no_proc"])
+def test_the_cpu_memory_limit_is_what_is_available(tmp_path, meminfo, cgroup, expected):
+    """The decoder may take 80% of the memory free now, within a container's limit; where
+    Linux does not say (another OS), half the physical memory."""
+    from profiler.model import available_memory_bytes, memory_limit_bytes
+
+    root = _machine(tmp_path, meminfo, cgroup)
+    assert available_memory_bytes(root) == expected
+    limit, how = memory_limit_bytes("cpu", root)
+    if expected is None:
+        assert how == "half the memory"
+    else:
+        assert (limit, how) == (0.8 * expected, "80% of the available memory")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/meminfo")
+def test_this_machine_says_what_memory_is_available():
+    from profiler.model import available_memory_bytes
+
+    available = available_memory_bytes()
+    assert available is not None and 0 < available <= os.sysconf("SC_PAGE_SIZE") * os.sysconf(
+        "SC_PHYS_PAGES")
