@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from profiler.fit import check_profile, errors, fit_profile, predict
@@ -22,13 +21,9 @@ from sim.input_file import FileProblem, stat_regular
 from sim.latency.profile import load_fitted
 from sim.models import MODELS, ModelShape
 from sim.outdir import replace_text
+from sim.progress import ProgressReport
 
 console = Console()
-
-
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("left"), TimeRemainingColumn(), console=console)
 
 
 def torch_setup(device: str, threads: int | None) -> tuple[Any, Any]:
@@ -79,14 +74,12 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
     what = f"{model} (one shard of TP{tensor_parallel})" if tensor_parallel > 1 else model
     kept = len(load(out, "--out")[0]) if out.exists() else 0
     try:
-        with _progress() as progress:
-            task = progress.add_task(f"profiling {what} on {device}", total=len(mixes),
-                                     completed=kept)
+        # A bar on a terminal; a line every 10 s in a log (a GPU job left running).
+        with ProgressReport(f"profiling {what} on {device}", "mixes", total=len(mixes)) as progress:
+            progress.update(kept)
             df = profile(shape, device, out, spec, mixes, dtype=dtype, warmup=warmup, reps=reps,
                          seed=seed, command=command, attention=attention,
-                         tensor_parallel=tensor_parallel,
-                         on_progress=lambda done, total: progress.update(task, completed=done,
-                                                                         total=total))
+                         tensor_parallel=tensor_parallel, on_progress=progress.update)
     except ProfileInterrupted as stop:
         console.print(f"interrupted: {stop.num_rows - kept} mixes measured"
                       + (f", {kept} kept from before" if kept else "")
@@ -269,13 +262,13 @@ def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int 
                       tensor_parallel=fitted_tp)
     timer = Timer(device)
     rows = []
-    with _progress() as progress:
-        task = progress.add_task(f"checking {fitted_path.name} on {device}", total=num)
+    with ProgressReport(f"checking {fitted_path.name} on {device}", "mixes",
+                        total=num) as progress:
         for mix in mixes:
             samples = measure_mix(decoder, mix, timer, meta.get("warmup", 2),
                                   meta.get("reps", 5), rng)
             rows.append(row(mix, "check", samples))
-            progress.advance(task)
+            progress.update(len(rows))
     df = pd.DataFrame(rows)
     result = errors(fitted, df)
     console.print(error_table(f"held-out check of {fitted_path.name}", {**fitted,

@@ -263,6 +263,8 @@ def test_ctrl_c_keeps_the_mixes_measured_and_says_so(tmp_path):
     lost, silently (exit 130, no file, no line). Now the mix in progress ends, everything
     measured is saved, and a line says how many and that the same command resumes."""
     import os
+    import re
+    import select
     import signal
     import subprocess
     import time
@@ -274,7 +276,16 @@ def test_ctrl_c_keeps_the_mixes_measured_and_says_so(tmp_path):
          "--warmup", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "COLUMNS": "200"})
-    time.sleep(8)  # torch imported, the decoder built, some mixes measured
+    # Interrupted once it has measured some mixes: the first line of progress it logs (every
+    # 10 s when not on a terminal) counts them. Waiting a fixed time failed on a busy machine,
+    # where importing torch and building the decoder took longer.
+    first_line, deadline = "", time.monotonic() + 300
+    while "progress" not in first_line and time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], deadline - time.monotonic())
+        first_line = proc.stderr.readline() if ready else ""
+        if ready and not first_line:  # it ended
+            break
+    assert re.search(r": progress [1-9]\d*/\d+ mixes", first_line), first_line
     os.kill(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, (stdout, stderr)
