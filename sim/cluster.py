@@ -9,9 +9,10 @@ from typing import overload
 
 import numpy as np
 
+from sim.clock import Environment, Progress, simulate
 from sim.config import Scenario
 from sim.disaggregation import Disaggregation
-from sim.engine import Environment, Progress, Replica, simulate
+from sim.engine import Replica
 from sim.errors import InputError
 from sim.kv_cache import KVCacheManager
 from sim.latency import LATENCY_MODELS

@@ -30,8 +30,9 @@ from sim.request import Request
 from sim.routers.base import ReplicaLoad, Router
 
 if TYPE_CHECKING:
+    from sim.clock import Environment
     from sim.config import LinkConfig
-    from sim.engine import Environment, Replica
+    from sim.engine import Replica
     from sim.models import ModelShape
 
 

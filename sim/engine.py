@@ -1,16 +1,11 @@
-"""The SimPy engine: it owns time. Arrivals feed replicas; each replica runs its scheduler's
-plans for as long as the latency model says, then commits them.
+"""The SimPy engine's replicas: each runs its scheduler's plans for as long as the latency
+model says, then commits them; stretches of decode iterations and iterations nothing outside
+can see in between run ahead without an event each (the fast path). `sim.clock` owns the order
+of events at one instant.
 
-Events at the same instant happen in one fixed order, whether a replica steps every iteration or
-fast-forwards a stretch of them, so both give identical results:
-1. iterations ending at that instant are complete: whoever looks at a replica (a router reading
-   its load, a transfer handing it KV) first commits the work it has finished by now (`sync`);
-2. arrivals, KV transfers and everything else, in the order they were scheduled;
-3. last, replicas plan their next iteration, in replica order (priority `PLAN + replica_id`),
-   having seen everything else that happened at that instant.
-
-SimPy is imported here, in `sim/pipeline.py` (a replica keeping several iterations in flight
-down a pipeline of GPUs) and in `sim/disaggregation.py`, nowhere else in `sim/`.
+SimPy is imported here, in `sim/clock.py`, in `sim/pipeline.py` (a replica keeping several
+iterations in flight down a pipeline of GPUs) and in `sim/disaggregation.py`, nowhere else in
+`sim/`.
 """
 
 from __future__ import annotations
@@ -18,12 +13,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from heapq import heappush
 from typing import Any
 
 import numpy as np
 import simpy
 
+from sim.clock import PLAN, At, Environment, Hook
 from sim.disaggregation import DecodeInbox
 from sim.errors import InputError
 from sim.iteration_log import IterationLog
@@ -37,52 +32,10 @@ from sim.state import InFlight, ReplicaState
 from sim.stretch import Stretch, allocate_first_step, commit_stretch, is_steady, plan_stretch
 from sim.workloads.base import MAX_SPAN_S
 
-Hook = Callable[[Request], None]
-NORMAL = simpy.events.NORMAL
-PLAN = NORMAL + 1  # a replica's turn to plan: after everything else at the same instant
 # Most iterations a decode stretch is planned for. New work cuts most stretches after a few
 # dozen iterations, while planning costs grow with the length; one that runs to the end is
 # followed by another (the same results, one more event).
 STRETCH_STEPS = 128
-
-
-class Environment(simpy.Environment):
-    """SimPy's environment, able to schedule an event at an absolute time (a stretch's iteration
-    ends must fall on exactly the floats a step-by-step run reaches, and `now + delay` cannot
-    always reach a given float), and to say which priorities the current instant has reached."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._phase_s = -math.inf  # the instant `_phase` belongs to
-        self._phase = 0  # the highest priority processed at that instant so far
-        self.next_arrival_s = math.inf  # when the next request not yet routed arrives
-
-    def schedule_at(self, event: simpy.Event, priority: int, at_s: float) -> None:
-        assert at_s >= self._now
-        entry = (at_s, simpy.events.EventPriority(priority), next(self._eid), event)
-        heappush(self._queue, entry)
-
-    def step(self) -> None:
-        if self._queue:
-            at_s, priority = self._queue[0][0], self._queue[0][1]
-            self._phase = priority if at_s != self._phase_s else max(self._phase, priority)
-            self._phase_s = at_s
-        super().step()
-
-    def reached(self, priority: int) -> bool:
-        """Whether this instant's events have reached `priority`: a replica whose planning turn
-        that is has planned (or, mid-stretch, would have, stepping) its iteration starting now."""
-        return self._phase_s == self._now and self._phase >= priority
-
-
-class At(simpy.Event):
-    """An event processed at the absolute time `at_s`, after any earlier `priority`."""
-
-    def __init__(self, env: Environment, at_s: float, priority: int) -> None:
-        super().__init__(env)
-        self._ok = True  # as `simpy.Timeout`: triggered from the start, processed at `at_s`
-        self._value = None
-        env.schedule_at(self, priority, at_s)
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs 3x, on a hot path
@@ -138,6 +91,9 @@ class Replica:
         self._poke: simpy.Event | None = None
         # Work planned and not yet committed: one iteration, or a decode stretch.
         self._inflight: Iteration | Stretch | None = None
+        # A stretch cut short by new work, and the iterations of it kept: resumed if, once the
+        # replica has taken the work in, its plan would be the same (`_resume`).
+        self._uncut: tuple[Stretch, int] | None = None
         self.process = env.process(self.run())
 
     # -- what the rest of the cluster sees and does --------------------------------------------
@@ -235,41 +191,85 @@ class Replica:
             self.sync()
             if self.inbox is not None and self.inbox.pending:
                 yield from self._admit_transfers(now)
-            plan = self.scheduler.schedule(state, now) if state.running or state.waiting else None
-            if not plan:
-                yield from self._wait_idle(plan, now)
-                now = self.env.now
-                continue
+            # A stretch cut short by new work goes on where that work changes no plan.
+            work: Stretch | Iteration | None = self._resume() if self._uncut is not None \
+                else None
+            if work is None:
+                plan = self.scheduler.schedule(state, now) if state.running or state.waiting \
+                    else None
+                if not plan:
+                    yield from self._wait_idle(plan, now)
+                    now = self.env.now
+                    continue
+                work = self._plan(plan, now)
             # Nothing outside this replica can look at it or change it before `quiet_s`, so
             # the iterations that end before then are committed at once, with no event each:
             # what a step-by-step run computes, in the same order, without the event loop.
             quiet_s = self.quiet_until() if self.fast_forward else -math.inf
-            stretch = None
-            if self.fast_forward and not self.latency.sequential and is_steady(state, plan):
-                # Past finishes only where freeing blocks decides nothing: no prefix cache (which
-                # frees into its eviction order) and no transfer waiting for a decode slot.
-                stretch = plan_stretch(state, self.latency, now, self.horizon_s,
-                                       through_finishes=not state.kv.caches_prefixes and not (
-                                           self.inbox is not None and self.inbox.pending),
-                                       noise=self.noise, first_index=len(self.log),
-                                       max_steps=STRETCH_STEPS,
-                                       num_preempted=len(plan.preempted_ids))
+            if isinstance(work, Stretch):
+                if work.end_s[-1] < quiet_s:
+                    self._left_running(commit_stretch(state, work, len(work), self.log)[0])
+                    now = float(work.end_s[-1])
+                    continue
+                yield from self._run_stretch(work)
+            else:
+                if work.end_s < quiet_s:
+                    self._commit(work)
+                    now = work.end_s
+                    continue
+                self._inflight = work
+                yield At(self.env, work.end_s, self.turn)
+            now = self.env.now
+
+    def _plan(self, plan: Plan, now_s: float) -> Stretch | Iteration:
+        """The work of `plan` from `now_s`: a stretch of decode iterations where every following
+        plan repeats it (`is_steady`; the fast path), else its one iteration."""
+        state = self.state
+        if self.fast_forward and not self.latency.sequential and is_steady(state, plan):
+            stretch = plan_stretch(state, self.latency, now_s, self.horizon_s,
+                                   through_finishes=self._through_finishes(),
+                                   noise=self.noise, first_index=len(self.log),
+                                   max_steps=STRETCH_STEPS, num_preempted=len(plan.preempted_ids))
             if stretch is not None:
                 self._check_durations(stretch.starts_s, stretch.duration_s, stretch.end_s)
-                if stretch.end_s[-1] < quiet_s:
-                    self._left_running(commit_stretch(state, stretch, len(stretch), self.log)[0])
-                    now = float(stretch.end_s[-1])
-                    continue
-                yield from self._run_stretch(stretch)
-            else:
-                it = self._plan_iteration(plan, now)
-                if it.end_s < quiet_s:
-                    self._commit(it)
-                    now = it.end_s
-                    continue
-                self._inflight = it
-                yield At(self.env, it.end_s, self.turn)
-            now = self.env.now
+                return stretch
+        return self._plan_iteration(plan, now_s)
+
+    def _through_finishes(self) -> bool:
+        """Whether a stretch may run past its requests' finishes: only where freeing blocks
+        decides nothing (no prefix cache, which frees into its eviction order, and no transfer
+        waiting for a decode slot)."""
+        return not self.state.kv.caches_prefixes and not (
+            self.inbox is not None and self.inbox.pending)
+
+    def _resume(self) -> Stretch | None:
+        """The rest of the stretch that new work cut short, if this replica, having taken the
+        work in (a decode replica admits a transfer: blocks for KV still on its way), would plan
+        its iterations all the same; else None (and the replica plans as usual). The same
+        plan: nothing waits and the running requests are the stretch's, so every policy gives
+        each its one decode token, as it did when the stretch was planned; and the blocks its
+        iterations may add (one per request per block of tokens, as `plan_stretch` counts)
+        are free, so none is preempted. It stops at its first finish where a finish now
+        decides something (a transfer still waits for a slot)."""
+        assert self._uncut is not None
+        stretch, num_kept = self._uncut
+        self._uncut = None
+        state = self.state
+        kv = state.kv
+        if state.waiting or num_kept >= len(stretch):
+            return None
+        rest = stretch.after(num_kept, 0)
+        num_steps = len(rest)
+        # The running list is the rest's requests, in order (the same objects): nobody joined.
+        if state.running != rest.requests:
+            return None
+        if len(rest.requests) * ((num_steps - 1) // kv.block_size + 2) > kv.num_free_blocks:
+            return None
+        if not self._through_finishes() and rest.min_steps_left < num_steps:
+            rest = rest.head(rest.min_steps_left)
+        rest = allocate_first_step(state, rest)
+        rest.num_used_blocks = kv.num_used_blocks
+        return rest
 
     def _admit_transfers(self, now_s: float) -> Generator[simpy.Event, Any, None]:
         """Admit the transfers waiting in the inbox at this replica's clock `now_s` (admitting
@@ -338,6 +338,8 @@ class Replica:
             self._inflight = rest.cut_at(cut_s, started_now=self.env.reached(self.turn))
             if self._inflight is not None:
                 cut_s = float(self._inflight.end_s[-1])
+                if not self.state.waiting:  # a request waiting here changes the plan
+                    self._uncut = (rest, len(self._inflight))
         yield At(self.env, cut_s, self.turn)
 
     def _commit(self, it: Iteration) -> None:
@@ -388,31 +390,3 @@ _ENDED = object()  # what a stretch's own end pokes with
 
 def _never() -> float:
     return -math.inf
-
-
-def feed_arrivals(env: Environment, requests: list[Request], route: Hook,
-                  on_progress: Callable[[int, int], None] | None = None
-                  ) -> Generator[simpy.Event, Any, None]:
-    """Hand each request to `route` at its arrival time; report progress now and then, and
-    after the last arrival (the final report says every request was fed)."""
-    total = len(requests)
-    every = max(1, total // 200)
-    for i, req in enumerate(requests):
-        if req.arrival_s > env.now:
-            env.next_arrival_s = req.arrival_s
-            yield At(env, req.arrival_s, NORMAL)
-        route(req)
-        if on_progress is not None and ((i + 1) % every == 0 or i + 1 == total):
-            on_progress(i + 1, total)
-    env.next_arrival_s = math.inf
-
-
-Progress = Callable[[int, int], None]
-
-
-def simulate(env: Environment, requests: list[Request], route: Hook,
-             horizon_s: float | None, on_progress: Progress | None = None) -> None:
-    """Feed the arrivals and run to completion, or to the horizon (events at the horizon
-    itself do not happen)."""
-    env.process(feed_arrivals(env, requests, route, on_progress))
-    env.run(until=horizon_s)

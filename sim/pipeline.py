@@ -28,7 +28,8 @@ from typing import Any
 
 import simpy
 
-from sim.engine import At, Iteration, Replica
+from sim.clock import At
+from sim.engine import Iteration, Replica
 from sim.plan import Plan
 
 

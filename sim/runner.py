@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sim.arrived import arrived_stats
+from sim.clock import Progress
 from sim.cluster import Cluster, blocks_beyond_memory
 from sim.columns import Columns, Table, column, to_frame, write_parquet
 from sim.config import Scenario, load_scenario, scenario_yaml
-from sim.engine import Progress
 from sim.errors import InputError
 from sim.gpus import measured_on
 from sim.iteration_log import COLUMNS, IterationLog

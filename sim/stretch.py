@@ -72,12 +72,35 @@ class Stretch:
         An iteration starting exactly now is in progress if `started_now` (the replica's
         planning turn at this instant has come: a step-by-step run has planned it)."""
         keep = int(self.starts_s.searchsorted(now_s, side="right" if started_now else "left"))
-        if not keep:
-            return None
-        return Stretch(self.requests, self.num_computed, self.starts_s[:keep],
-                       self.duration_s[:keep], self.end_s[:keep], self.num_used_blocks,
+        return self.head(keep) if keep else None
+
+    def head(self, num_steps: int) -> Stretch:
+        """The stretch's first `num_steps` iterations."""
+        return Stretch(self.requests, self.num_computed, self.starts_s[:num_steps],
+                       self.duration_s[:num_steps], self.end_s[:num_steps], self.num_used_blocks,
                        self.block_size, self.num_allocated, self.num_steps_left,
                        self.min_steps_left, self.num_preempted)
+
+    def after(self, num_steps: int, num_used_blocks: int) -> Stretch:
+        """The iterations after the first `num_steps` (fewer than all), once those are
+        committed: the requests still in the batch, their counters then, and
+        `num_used_blocks`, the blocks in use during its first iteration."""
+        left = self.num_steps_left
+        if self.min_steps_left > num_steps:  # nobody left
+            computed_now = self.num_computed + num_steps
+            return Stretch(self.requests, computed_now, self.starts_s[num_steps:],
+                           self.duration_s[num_steps:], self.end_s[num_steps:],
+                           num_used_blocks, self.block_size,
+                           np.maximum(computed_now, self.num_allocated), left - num_steps,
+                           self.min_steps_left - num_steps)
+        keep = np.flatnonzero(left > num_steps)
+        computed_now = self.num_computed[keep] + num_steps
+        left_now = left[keep] - num_steps
+        return Stretch([self.requests[i] for i in keep.tolist()], computed_now,
+                       self.starts_s[num_steps:], self.duration_s[num_steps:],
+                       self.end_s[num_steps:], num_used_blocks, self.block_size,
+                       np.maximum(computed_now, self.num_allocated[keep]), left_now,
+                       int(left_now.min()) if len(left_now) else 0)
 
     def ended_counts(self, num_steps: int) -> tuple[int, int, int]:
         """What committing the first `num_steps` iterations would do to the replica's counts,
@@ -213,22 +236,7 @@ def commit_stretch(state: ReplicaState, stretch: Stretch, num_steps: int, log: I
     done, num_used_next = _commit_requests(state, stretch, num_steps, log)
     if num_steps == len(stretch):
         return done, None
-    left = stretch.num_steps_left
-    if stretch.min_steps_left > num_steps:  # nobody left
-        computed_now = stretch.num_computed + num_steps
-        return done, Stretch(stretch.requests, computed_now, stretch.starts_s[num_steps:],
-                             stretch.duration_s[num_steps:], stretch.end_s[num_steps:],
-                             num_used_next, stretch.block_size,
-                             np.maximum(computed_now, stretch.num_allocated),
-                             left - num_steps, stretch.min_steps_left - num_steps)
-    keep = np.flatnonzero(left > num_steps)
-    computed_now = stretch.num_computed[keep] + num_steps
-    left_now = left[keep] - num_steps
-    return done, Stretch([stretch.requests[i] for i in keep.tolist()], computed_now,
-                         stretch.starts_s[num_steps:], stretch.duration_s[num_steps:],
-                         stretch.end_s[num_steps:], num_used_next, stretch.block_size,
-                         np.maximum(computed_now, stretch.num_allocated[keep]), left_now,
-                         int(left_now.min()) if len(left_now) else 0)
+    return done, stretch.after(num_steps, num_used_next)
 
 
 def _commit_requests(state: ReplicaState, stretch: Stretch, num_steps: int, log: IterationLog

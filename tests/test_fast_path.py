@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import sim.clock
 import sim.engine
 from sim import run_scenario
 from sim.config import parse_scenario
@@ -72,13 +73,13 @@ def registered():
 def count_events(monkeypatch) -> list[int]:
     """How many SimPy events the runs process (appended to the returned list)."""
     counts = [0]
-    step = sim.engine.Environment.step
+    step = sim.clock.Environment.step
 
     def counting(env):
         counts[0] += 1
         step(env)
 
-    monkeypatch.setattr(sim.engine.Environment, "step", counting)
+    monkeypatch.setattr(sim.clock.Environment, "step", counting)
     return counts
 
 
@@ -367,3 +368,53 @@ def test_a_commit_counts_blocks_batch_sizes_and_finishes_request_by_request():
         assert rest.num_steps_left.tolist() == [int(left[i]) - num_steps for i in staying]
         assert rest.num_used_blocks == used[num_steps]
         assert len(rest) == length - num_steps
+
+
+@pytest.mark.parametrize("scheduler", [{"name": "chunked_prefill", "token_budget": 256},
+                                       {"name": "vllm_v1"}, {"name": "sglang"},
+                                       {"name": "prefill_first"}, {"name": "new_policy"}])
+@pytest.mark.parametrize("decode", [
+    {"max_num_seqs": 64, "num_blocks": 2000},  # room: admissions rarely change a plan
+    {"max_num_seqs": 6, "num_blocks": 150},  # transfers wait for slots and blocks
+    {"max_num_seqs": 12, "num_blocks": 60},  # blocks run short: decodes are preempted
+    # A slow link: KV takes long to arrive, so the rest of a stretch runs long enough for its
+    # blocks to run short (vLLM v1 admits a transfer while blocks last).
+    {"max_num_seqs": 24, "num_blocks": 50, "link_gb_s": 0.05, "seed": 7},
+], ids=["room", "tight", "short", "slow_link"])
+def test_a_stretch_cut_by_an_admission_resumes_as_stepping_plans(registered, monkeypatch,
+                                                                 scheduler, decode):
+    """A decode replica admitting a transfer (blocks for KV on its way) cuts its stretch; where
+    its plan would not change, the rest of the stretch resumes instead of being planned again
+    (`Replica._resume`): results equal stepping, with noise, whether the rest runs whole,
+    stops at its first finish (a transfer still waits) or is refused (a join, blocks short)."""
+    outcomes = []
+    resume = sim.engine.Replica._resume
+
+    def resumed(self):
+        rest = resume(self)
+        outcomes.append(rest is not None)
+        return rest
+
+    monkeypatch.setattr(sim.engine.Replica, "_resume", resumed)
+    prefill = {"scheduler": {"name": "chunked_prefill", "token_budget": 512},
+               "latency": {"kind": "roofline", "noise": {"kind": "lognormal", "sigma": 0.1}}}
+    replica = {"scheduler": {**scheduler, "max_num_seqs": decode["max_num_seqs"]},
+               "latency": {"kind": "roofline", "noise": {"kind": "lognormal", "sigma": 0.1}},
+               "kv_cache": {"block_size": 16, "num_blocks": decode["num_blocks"]}}
+    if scheduler["name"] == "new_policy":
+        replica["latency"] = {"kind": "new_latency"}
+    cluster = {"prefill": {"replicas": 1, "replica": None},
+               "decode": {"replicas": 2, "replica": None}, "router": {"name": "least_kv_load"},
+               "link": {"bandwidth_gb_s": decode.get("link_gb_s", 50.0)}}
+    scenario = synthetic(replica, cluster, seed=decode.get("seed", 5), num_requests=200, qps=30,
+                         max_prompt=300, max_output=120)
+    data = scenario.model_dump(mode="json")
+    data["cluster"]["prefill"]["replica"] = {**data["cluster"]["prefill"]["replica"], **prefill}
+    scenario = parse_scenario(data, "test")
+    fast = run_scenario(scenario)
+    assert any(outcomes) and not all(outcomes), (sum(outcomes), len(outcomes))
+    slow = run_scenario(scenario, fast_forward=False)
+    assert fast.requests.equals(slow.requests)
+    assert fast.iterations.equals(slow.iterations)
+    assert fast.tokens.equals(slow.tokens)
+    assert fast.summary == slow.summary

@@ -95,8 +95,8 @@ def test_numpy_blas_threads(given, expected):
 
 
 def test_simpy_and_torch_stay_where_the_architecture_puts_them():
-    """SimPy only in the engine, the pipelined replica and the disaggregation module; torch
-    nowhere under sim/."""
+    """SimPy only in the clock, the engine, the pipelined replica and the disaggregation module;
+    torch nowhere under sim/."""
     sim_dir = pathlib.Path(__file__).resolve().parents[1] / "sim"
     found: dict[str, set[str]] = {"simpy": set(), "torch": set()}
     for path in sim_dir.rglob("*.py"):
@@ -107,5 +107,6 @@ def test_simpy_and_torch_stay_where_the_architecture_puts_them():
                 top = name.split(".")[0]
                 if top in found:
                     found[top].add(path.relative_to(sim_dir.parent).as_posix())
-    assert found["simpy"] == {"sim/engine.py", "sim/pipeline.py", "sim/disaggregation.py"}
+    assert found["simpy"] == {"sim/clock.py", "sim/engine.py", "sim/pipeline.py",
+                              "sim/disaggregation.py"}
     assert not found["torch"]
