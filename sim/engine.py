@@ -201,7 +201,19 @@ class Replica:
                     yield from self._wait_idle(plan, now)
                     now = self.env.now
                     continue
-                work = self._plan(plan, now)
+                # A stretch of decode iterations where every following plan repeats this one
+                # (`is_steady`: the fast path), else its one iteration.
+                work = None
+                if self.fast_forward and not self.latency.sequential and is_steady(state, plan):
+                    work = plan_stretch(state, self.latency, now, self.horizon_s,
+                                        through_finishes=self._through_finishes(),
+                                        noise=self.noise, first_index=len(self.log),
+                                        max_steps=STRETCH_STEPS,
+                                        num_preempted=len(plan.preempted_ids))
+                    if work is not None:
+                        self._check_durations(work.starts_s, work.duration_s, work.end_s)
+                if work is None:
+                    work = self._plan_iteration(plan, now)
             # Nothing outside this replica can look at it or change it before `quiet_s`, so
             # the iterations that end before then are committed at once, with no event each:
             # what a step-by-step run computes, in the same order, without the event loop.
@@ -220,20 +232,6 @@ class Replica:
                 self._inflight = work
                 yield At(self.env, work.end_s, self.turn)
             now = self.env.now
-
-    def _plan(self, plan: Plan, now_s: float) -> Stretch | Iteration:
-        """The work of `plan` from `now_s`: a stretch of decode iterations where every following
-        plan repeats it (`is_steady`; the fast path), else its one iteration."""
-        state = self.state
-        if self.fast_forward and not self.latency.sequential and is_steady(state, plan):
-            stretch = plan_stretch(state, self.latency, now_s, self.horizon_s,
-                                   through_finishes=self._through_finishes(),
-                                   noise=self.noise, first_index=len(self.log),
-                                   max_steps=STRETCH_STEPS, num_preempted=len(plan.preempted_ids))
-            if stretch is not None:
-                self._check_durations(stretch.starts_s, stretch.duration_s, stretch.end_s)
-                return stretch
-        return self._plan_iteration(plan, now_s)
 
     def _through_finishes(self) -> bool:
         """Whether a stretch may run past its requests' finishes: only where freeing blocks

@@ -119,25 +119,17 @@ def test_a_mooncake_run_imports_no_pandas(tmp_path):
     assert (tmp_path / "run" / "requests.parquet").is_file()
 
 
-def test_a_generic_jsonl_run_imports_no_pandas(tmp_path):
+@pytest.mark.parametrize(("where", "with_pandas"), [(None, False), ("p > 20", True)],
+                         ids=["plain", "where"])
+def test_a_generic_jsonl_run_imports_pandas_only_for_where(tmp_path, where, with_pandas):
+    """A `where:` condition is evaluated by pandas: there the probe sees it (it can fail)."""
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps({"t": 0.5 * i, "p": 10 + i, "o": 1 + i % 5}) + "\n"
                              for i in range(30)))
+    condition = f", where: '{where}'" if where else ""
     scenario = tmp_path / "s.yaml"
-    scenario.write_text(f"workload: {{format: jsonl, path: {trace}, time_unit: s, columns: "
-                        f"{{arrival: t, prompt_tokens: p, output_tokens: o}}}}\n{FAST}")
+    scenario.write_text(f"workload: {{format: jsonl, path: {trace}, time_unit: s{condition}, "
+                        f"columns: {{arrival: t, prompt_tokens: p, output_tokens: o}}}}\n{FAST}")
     run = cli("simulate", str(scenario), "--out", str(tmp_path / "run"))
-    assert imported_by(run, NOT_FOR_CSV_TRACES) == []
+    assert imported_by(run, NOT_FOR_CSV_TRACES) == (["pandas"] if with_pandas else [])
     assert (tmp_path / "run" / "requests.parquet").is_file()
-
-
-def test_a_where_condition_on_jsonl_still_reads_pandas(tmp_path):
-    """The probe can fail here: `where:` is evaluated by pandas."""
-    trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(json.dumps({"t": 0.5 * i, "p": 10 + i, "o": 1 + i % 5}) + "\n"
-                             for i in range(30)))
-    scenario = tmp_path / "s.yaml"
-    scenario.write_text(f"workload: {{format: jsonl, path: {trace}, time_unit: s, where: 'p > 20',"
-                        f" columns: {{arrival: t, prompt_tokens: p, output_tokens: o}}}}\n{FAST}")
-    run = cli("simulate", str(scenario), "--out", str(tmp_path / "run"))
-    assert "pandas" in imported_by(run, NOT_FOR_CSV_TRACES)
