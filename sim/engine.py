@@ -203,7 +203,6 @@ class Replica:
                     continue
                 # A stretch of decode iterations where every following plan repeats this one
                 # (`is_steady`: the fast path), else its one iteration.
-                work = None
                 if self.fast_forward and not self.latency.sequential and is_steady(state, plan):
                     work = plan_stretch(state, self.latency, now, self.horizon_s,
                                         through_finishes=self._through_finishes(),
