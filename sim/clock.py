@@ -68,7 +68,7 @@ class At(simpy.Event):
 
 
 def feed_arrivals(env: Environment, requests: list[Request], route: Hook,
-                  on_progress: Callable[[int, int], None] | None = None
+                  on_progress: Progress | None = None
                   ) -> Generator[simpy.Event, Any, None]:
     """Hand each request to `route` at its arrival time; report progress now and then, and
     after the last arrival (the final report says every request was fed)."""
@@ -82,7 +82,6 @@ def feed_arrivals(env: Environment, requests: list[Request], route: Hook,
         if on_progress is not None and ((i + 1) % every == 0 or i + 1 == total):
             on_progress(i + 1, total)
     env.next_arrival_s = math.inf
-
 
 
 def simulate(env: Environment, requests: list[Request], route: Hook,

@@ -255,7 +255,7 @@ class Replica:
         kv = state.kv
         if state.waiting or num_kept >= len(stretch):
             return None
-        rest = stretch.after(num_kept, 0)
+        rest = stretch.after(num_kept, 0)  # blocks in use: known once its first step allocates
         num_steps = len(rest)
         # The running list is the rest's requests, in order (the same objects): nobody joined.
         if state.running != rest.requests:

@@ -58,11 +58,11 @@ class ModelShape:
     `q_lora_rank`), keys and values from a compressed latent of `kv_lora_rank` plus a shared RoPE
     key of `qk_rope_head_dim`; `head_dim`, `q_size` and `kv_size` then describe no real tensor.
     KV bytes per token are those of the latent vLLM caches, `num_layers * (kv_lora_rank +
-    qk_rope_head_dim) * kv_dtype_bytes`: an approximation that ignores the layout padding of
+    qk_rope_head_dim) * kv_element_bytes`: an approximation that ignores the layout padding of
     some attention backends.
 
-    `kv_dtype_bytes` is the KV cache's element size where it differs from the weights' (a replica
-    with `kv_cache.dtype: fp8` stores one byte per element); None: `dtype_bytes`.
+    `kv_dtype` is the KV cache's type as a replica's `kv_cache.dtype` names it: "auto" (the
+    weights' dtype), or an fp8 format (one byte per element).
     `linear_dtype_bytes` likewise for the weights of the linear layers a replica with
     `quantization: fp8` stores in fp8, as vLLM's fp8 method does (`Fp8LinearMethod`,
     `Fp8MoEMethod`): attention projections, MLPs and experts; the embedding table, the LM
@@ -79,7 +79,6 @@ class ModelShape:
     vocab_size: int
     tie_embeddings: bool = False
     dtype_bytes: int = 2  # bf16
-    kv_dtype_bytes: int | None = None  # the KV cache's element size; None: dtype_bytes
     kv_dtype: str = "auto"  # the KV cache's type as the scenario names it (`kv_cache.dtype`)
     # Bytes per weight of the quantized linear layers (attention projections, MLPs, experts)
     # where they differ from `dtype_bytes` (`quantization: fp8`: 1); None: dtype_bytes.
@@ -232,7 +231,7 @@ class ModelShape:
     @property
     def kv_element_bytes(self) -> int:
         """Bytes of one element of the KV cache."""
-        return self.dtype_bytes if self.kv_dtype_bytes is None else self.kv_dtype_bytes
+        return self.dtype_bytes if self.kv_dtype == "auto" else 1  # every other type is fp8
 
     @property
     def kv_bytes_per_token(self) -> int:

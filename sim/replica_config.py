@@ -91,7 +91,7 @@ class ReplicaConfig(Frozen):
             raise ValueError(f"{shape.source}: quantization_config: an fp8 checkpoint: set "
                              "replica.quantization: fp8")
         if self.kv_cache.dtype != "auto":
-            shape = dataclasses.replace(shape, kv_dtype_bytes=1, kv_dtype=self.kv_cache.dtype)
+            shape = dataclasses.replace(shape, kv_dtype=self.kv_cache.dtype)
         if self.quantization == "fp8":
             shape = dataclasses.replace(shape, linear_dtype_bytes=1)
         return shape

@@ -161,7 +161,8 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
         left.append(r.num_target_output_tokens - r.num_output_tokens)
     num_computed = np.array(computed, dtype=np.int64)
     num_steps_left = np.array(left, dtype=np.int64)
-    longest = max(left) if through_finishes else min(left)
+    min_left = min(left)
+    longest = max(left) if through_finishes else min_left
     max_steps = longest if max_steps is None else min(longest, max_steps)
     kv = state.kv
     # The stretch stops before the blocks run out, counting every request's growth as if none
@@ -189,7 +190,7 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
         max_steps = max(1, int(np.searchsorted(end, horizon_s, side="right")))
         starts, duration, end = starts[:max_steps], duration[:max_steps], end[:max_steps]
     return Stretch(requests, num_computed, starts, duration, end, kv.num_used_blocks,
-                   kv.block_size, num_computed + 1, num_steps_left, min(left), num_preempted)
+                   kv.block_size, num_computed + 1, num_steps_left, min_left, num_preempted)
 
 
 def batch_sizes(num_computed: list[int], num_steps_left: list[int], num_steps: int

@@ -46,7 +46,7 @@ def test_kv_bytes_per_token_by_hand() -> None:
 def test_auto_is_the_model_as_registered() -> None:
     cfg = scenario(replica()).replica
     assert cfg.kv_cache.dtype == "auto"
-    assert cfg.model_shape.kv_dtype_bytes is None
+    assert cfg.model_shape.kv_dtype == "auto"
     assert cfg.model_shape.kv_element_bytes == cfg.model_shape.dtype_bytes == 2
 
 
