@@ -194,6 +194,7 @@ class Replica:
             # A stretch cut short by new work goes on where that work changes no plan.
             work: Stretch | Iteration | None = self._resume() if self._uncut is not None \
                 else None
+            plan = None
             if work is None:
                 plan = self.scheduler.schedule(state, now) if state.running or state.waiting \
                     else None
@@ -201,22 +202,34 @@ class Replica:
                     yield from self._wait_idle(plan, now)
                     now = self.env.now
                     continue
-                # A stretch of decode iterations where every following plan repeats this one
-                # (`is_steady`: the fast path), else its one iteration.
-                if self.fast_forward and not self.latency.sequential and is_steady(state, plan):
-                    work = plan_stretch(state, self.latency, now, self.horizon_s,
-                                        through_finishes=self._through_finishes(),
-                                        noise=self.noise, first_index=len(self.log),
-                                        max_steps=STRETCH_STEPS,
-                                        num_preempted=len(plan.preempted_ids))
-                    if work is not None:
-                        self._check_durations(work.starts_s, work.duration_s, work.end_s)
-                if work is None:
-                    work = self._plan_iteration(plan, now)
             # Nothing outside this replica can look at it or change it before `quiet_s`, so
             # the iterations that end before then are committed at once, with no event each:
             # what a step-by-step run computes, in the same order, without the event loop.
             quiet_s = self.quiet_until() if self.fast_forward else -math.inf
+            if plan is not None:
+                # A stretch of iterations where every following plan repeats this one
+                # (`is_steady`: the fast path), else its one iteration.
+                if self.fast_forward and not self.latency.sequential and is_steady(state, plan):
+                    first = None
+                    if plan.total_num_scheduled_tokens > plan.num_seqs:
+                        # A prompt's chunk. Where new work may come before it ends, it would
+                        # most likely cut a stretch there: the iteration is stepped, at a
+                        # fraction of the cost of a stretch planned and cut.
+                        first = work = self._plan_iteration(plan, now)
+                    if first is None or first.end_s < quiet_s:
+                        stretch = plan_stretch(
+                            state, plan, self.latency, now, self.horizon_s,
+                            through_finishes=self._through_finishes(), noise=self.noise,
+                            first_index=len(self.log), max_steps=STRETCH_STEPS,
+                            num_preempted=len(plan.preempted_ids),
+                            first_s=None if first is None else first.duration_s)
+                        if stretch is not None:
+                            self._check_durations(stretch.starts_s, stretch.duration_s,
+                                                  stretch.end_s)
+                            work = stretch
+                if work is None:
+                    work = self._plan_iteration(plan, now)
+            assert work is not None  # planned, or resumed
             if isinstance(work, Stretch):
                 if work.end_s[-1] < quiet_s:
                     self._left_running(commit_stretch(state, work, len(work), self.log)[0])
@@ -256,6 +269,8 @@ class Replica:
         if state.waiting or num_kept >= len(stretch):
             return None
         rest = stretch.after(num_kept, 0)  # blocks in use: known once its first step allocates
+        if rest.prefill_pos >= 0:  # a prompt's chunks: blocks the policy may give otherwise
+            return None
         num_steps = len(rest)
         # The running list is the rest's requests, in order (the same objects): nobody joined.
         if state.running != rest.requests:

@@ -62,21 +62,32 @@ class IterationLog:
         after committing it)."""
         self.columns["duration_s"][index] = duration_s
 
-    def extend_decodes(self, start_s: np.ndarray, duration_s: np.ndarray,
+    def extend_stretch(self, start_s: np.ndarray, duration_s: np.ndarray,
                        num_seqs: int | list[int], num_kv_blocks_used: list[int],
-                       num_preempted_first: int = 0) -> int:
-        """Add a stretch of decode-only iterations, the first of which preempted
+                       num_preempted_first: int = 0,
+                       num_prefill_tokens: list[int] | None = None) -> int:
+        """Add a stretch of iterations (`sim.stretch`), the first of which preempted
         `num_preempted_first` requests when it was planned; return the number of the first.
         `num_seqs`: one number for every iteration, or one per iteration where requests leave
-        the batch as they finish."""
+        the batch as they finish. Each request in an iteration decodes but for one computing
+        a chunk of its prompt in the first `len(num_prefill_tokens)` iterations."""
         c = self.columns
         index = len(c["start_s"])
         k = len(start_s)
         c["start_s"].frombytes(start_s.astype(np.float64, copy=False).tobytes())
         c["duration_s"].frombytes(duration_s.astype(np.float64, copy=False).tobytes())
-        c["num_prefill_tokens"].extend(array("q", bytes(8 * k)))
         seqs = array("q", num_seqs) if isinstance(num_seqs, list) else array("q", (num_seqs,)) * k
-        c["num_decode_tokens"].extend(seqs)
+        if num_prefill_tokens:
+            chunks = len(num_prefill_tokens)
+            c["num_prefill_tokens"].extend(array("q", num_prefill_tokens))
+            c["num_prefill_tokens"].frombytes(bytes(8 * (k - chunks)))
+            decodes = array("q", seqs)
+            for j in range(chunks):
+                decodes[j] -= 1
+            c["num_decode_tokens"].extend(decodes)
+        else:
+            c["num_prefill_tokens"].frombytes(bytes(8 * k))
+            c["num_decode_tokens"].extend(seqs)
         c["num_seqs"].extend(seqs)
         c["num_kv_blocks_used"].extend(array("q", num_kv_blocks_used))
         preempted = array("q", bytes(8 * k))

@@ -1,10 +1,12 @@
-"""Decode fast-forward: advance a stretch of identical decode-only iterations in one step.
+"""Fast-forward: advance a stretch of predictable iterations in one step.
 
 When every running request decodes and nothing waits, each following iteration is the same plan
 (less the requests that have finished) until a request arrives or needs a KV block that is not
-free. The stretch is computed with a few numpy operations whatever its length, and every token
-still gets its own time: the cost of a simulation follows its events, not its tokens. Pure: no
-SimPy, no clock.
+free. So it is when one running request still computes its prompt in chunks beside them: each
+chunk is the one before (the last, what is left), and once the prompt is computed the request
+decodes with the others. The stretch is computed with a few numpy operations whatever its
+length, and every token still gets its own time: the cost of a simulation follows its events,
+not its tokens. Pure: no SimPy, no clock.
 
 A stretch can be committed in pieces (whoever looks at the replica mid-stretch sees the
 iterations that have ended, as a step-by-step run would show them) and cut short after the
@@ -29,9 +31,16 @@ from sim.state import ReplicaState
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs 3x, on a hot path
 class Stretch:
-    """`len(end_s)` decode iterations of `requests`; the first iteration's KV blocks are
-    allocated (as `schedule()` allocates a plan's). Per-iteration arrays are computed once, when
-    the stretch is planned; committing or cutting it takes slices."""
+    """`len(end_s)` iterations of `requests`; the first iteration's KV blocks are allocated
+    (as `schedule()` allocates a plan's). Per-iteration arrays are computed once, when the
+    stretch is planned; committing or cutting it takes slices.
+
+    Every request decodes in every iteration it is in, but for one (at `prefill_pos`) that may
+    first compute the rest of its prompt in `num_prefill_steps` chunks, `prefill_tokens`; its
+    per-request numbers are those of a request that had decoded through those iterations (its
+    known tokens less `num_prefill_steps` computed before the stretch, and in it from the
+    first), so that committing, cutting or reading the stretch treats every request alike and
+    corrects for that one where the chunks differ."""
 
     requests: list[Request]
     num_computed: np.ndarray  # each request's computed tokens before the stretch
@@ -53,6 +62,13 @@ class Stretch:
     # with a prefix cache, take it back at once for its one uncomputed token): logged with that
     # iteration, as a step-by-step run logs them; 0 once it is committed.
     num_preempted: int = 0
+    # The request computing its prompt: the tokens of its chunks, one per iteration from the
+    # first (as many as the stretch has iterations, or fewer: it decodes in the rest), its
+    # place in `requests`, and the iterations of chunks it has left (possibly more than the
+    # stretch's). None, -1 and 0 when every request decodes throughout.
+    prefill_tokens: list[int] | None = None
+    prefill_pos: int = -1
+    num_prefill_steps: int = 0
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -76,44 +92,61 @@ class Stretch:
 
     def head(self, num_steps: int) -> Stretch:
         """The stretch's first `num_steps` iterations."""
+        prefill = self.prefill_tokens
         return Stretch(self.requests, self.num_computed, self.starts_s[:num_steps],
                        self.duration_s[:num_steps], self.end_s[:num_steps], self.num_used_blocks,
                        self.block_size, self.num_allocated, self.num_steps_left,
-                       self.min_steps_left, self.num_preempted)
+                       self.min_steps_left, self.num_preempted,
+                       None if prefill is None else prefill[:num_steps], self.prefill_pos,
+                       self.num_prefill_steps)
 
     def after(self, num_steps: int, num_used_blocks: int) -> Stretch:
         """The iterations after the first `num_steps` (fewer than all), once those are
         committed: the requests still in the batch, their counters then, and
         `num_used_blocks`, the blocks in use during its first iteration."""
         left = self.num_steps_left
+        # The request computing its prompt, if it has chunks left (and so is still in).
+        prefill: list[int] | None = None
+        pos = -1
+        num_prefill_steps = self.num_prefill_steps - num_steps
+        if self.prefill_tokens is not None and num_prefill_steps > 0:
+            prefill, pos = self.prefill_tokens[num_steps:], self.prefill_pos
+        else:
+            num_prefill_steps = 0
         if self.min_steps_left > num_steps:  # nobody left
             computed_now = self.num_computed + num_steps
             return Stretch(self.requests, computed_now, self.starts_s[num_steps:],
                            self.duration_s[num_steps:], self.end_s[num_steps:],
                            num_used_blocks, self.block_size,
                            np.maximum(computed_now, self.num_allocated), left - num_steps,
-                           self.min_steps_left - num_steps)
+                           self.min_steps_left - num_steps, 0, prefill, pos, num_prefill_steps)
         keep = np.flatnonzero(left > num_steps)
         computed_now = self.num_computed[keep] + num_steps
         left_now = left[keep] - num_steps
+        if pos >= 0:
+            pos = int(np.count_nonzero(keep < pos))
         return Stretch([self.requests[i] for i in keep.tolist()], computed_now,
                        self.starts_s[num_steps:], self.duration_s[num_steps:],
                        self.end_s[num_steps:], num_used_blocks, self.block_size,
                        np.maximum(computed_now, self.num_allocated[keep]), left_now,
-                       int(left_now.min()) if len(left_now) else 0)
+                       int(left_now.min()) if len(left_now) else 0, 0, prefill, pos,
+                       num_prefill_steps)
 
     def ended_counts(self, num_steps: int) -> tuple[int, int, int]:
         """What committing the first `num_steps` iterations would do to the replica's counts,
         without committing them (a router reads every replica at every arrival; committing a
         stretch in pieces costs a piece's arrays each time): tokens sampled, requests finished,
         and the known tokens (prompt plus output) those requests leave with."""
+        # The request computing its prompt samples in none of its chunks' iterations but the
+        # last: counted as decoding from the first, it has that many samples fewer.
+        not_sampled = min(num_steps, self.num_prefill_steps - 1) if self.prefill_pos >= 0 else 0
         if num_steps < self.min_steps_left:
-            return num_steps * len(self.requests), 0, 0
+            return num_steps * len(self.requests) - not_sampled, 0, 0
         left = self.num_steps_left
         gone = left <= num_steps
         # A decoding request knows one token more than it has computed.
         leave_tokens = self.num_computed[gone] + 1 + left[gone]
-        return (int(np.minimum(left, num_steps).sum()), int(gone.sum()),
+        return (int(np.minimum(left, num_steps).sum()) - not_sampled, int(gone.sum()),
                 int(leave_tokens.sum()))
 
 
@@ -131,57 +164,115 @@ def extra_blocks(num_computed: np.ndarray, block_size: int, num_steps: int) -> n
     return extra
 def is_steady(state: ReplicaState, plan: Plan) -> bool:
     """Whether, until a request arrives, finishes or needs a KV block that is not free, every
-    following plan repeats `plan`, whatever the policy: nothing waits, so there is nothing to
-    admit or to choose between, and every running request computes one token, which (checked by
-    `plan_stretch`) is its decode. Any policy that schedules each running decode while nothing
-    waits, as every engine does, gets the fast-forward without knowing of it."""
-    return (not state.waiting and plan.num_seqs == len(state.running)
-            and plan.total_num_scheduled_tokens == plan.num_seqs)
+    following plan repeats `plan` (checked further by `plan_stretch`), whatever the policy:
+    nothing waits, so there is nothing to admit or to choose between, and the plan gives every
+    running request its tokens. Each decode then gets its one token again, and a prompt
+    computed in chunks (one at most) the chunk it got, until what is left of it is less.
+
+    That is all a policy is asked (`Scheduler`): while nothing waits and the running requests
+    stay the same, it schedules each decode, and gives a prompt it cut into chunks the same
+    chunk again (its budget less the same decodes, or a chunk size), as every engine does. It
+    then gets the fast-forward without knowing of it."""
+    # (On a prefill replica every request leaves at its first token: none ever decodes.)
+    return not state.waiting and plan.num_seqs == len(state.running) and not state.prefill_only
 
 
-def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
+def plan_stretch(state: ReplicaState, plan: Plan, latency: LatencyModel, start_s: float,
                  horizon_s: float | None, *, through_finishes: bool = False,
                  noise: IterationNoise | None = None, first_index: int = 0,
-                 max_steps: int | None = None, num_preempted: int = 0) -> Stretch | None:
-    """The longest stretch from `start_s`, after `schedule()` allocated its first iteration for
-    every running request; None unless every running request is decoding. It ends when the
-    first request finishes, or, `through_finishes`, when the last does (the batch shrinks as
-    requests leave: with nothing waiting, nothing takes their place until work arrives), and
-    after `max_steps` iterations at most (where it ends, the replica plans again, as at any
-    iteration: any shorter stretch gives the same results). `num_preempted`: requests the
-    plan of its first iteration preempted."""
+                 max_steps: int | None = None, num_preempted: int = 0,
+                 first_s: float | None = None) -> Stretch | None:
+    """The longest stretch from `start_s` of a steady `plan` (`is_steady`), which `schedule()`
+    allocated; None unless every running request is decoding, but for one computing its prompt
+    (replicas without prefix caching that decode what they prefill). It ends when the first
+    request finishes, or, `through_finishes`, when the last does (the batch shrinks as
+    requests leave: with nothing waiting, nothing takes their place until work arrives; not
+    before the prompt is computed, whose chunks would grow), and after `max_steps`
+    iterations at most (where it ends, the replica plans again, as at any iteration: any
+    shorter stretch gives the same results). `num_preempted`: requests the plan of its first
+    iteration preempted. `first_s`: the first iteration's duration where the caller has
+    timed it already (a latency model is asked once per iteration: some count their
+    predictions)."""
     requests = list(state.running)
     computed = []
     left = []
+    prefill_pos = chunk = num_prefill_steps = 0
+    prefill: Request | None = None
     for r in requests:  # a plain loop: a few requests, called once per stretch
-        if not r.is_decoding:
+        if r.is_decoding:
+            computed.append(r.num_computed_tokens)
+            # The iteration in which a request samples its last token is its last.
+            left.append(r.num_target_output_tokens - r.num_output_tokens)
+            continue
+        # A prompt (or, preempted, its prompt and output again) computed in chunks of what
+        # the plan gives it now, the last what is left; it samples at the end of that one.
+        if prefill is not None or state.kv.caches_prefixes:
             return None
-        computed.append(r.num_computed_tokens)
-        # The iteration in which a request samples its last token is its last.
-        left.append(r.num_target_output_tokens - r.num_output_tokens)
-    num_computed = np.array(computed, dtype=np.int64)
-    num_steps_left = np.array(left, dtype=np.int64)
+        chunk = plan.num_scheduled_tokens.get(r.request_id, 0)
+        if not chunk:
+            return None
+        num_prefill_steps = -(-r.num_uncomputed_tokens // chunk)
+        if r.num_output_tokens and r.num_uncomputed_tokens == chunk * (num_prefill_steps - 1) + 1:
+            # Recomputed after a preemption, its last chunk would be one token: a decode, by
+            # `is_decoding` (so its iteration's shape), that samples. Stepped.
+            return None
+        prefill, prefill_pos = r, len(computed)
+        # Counted as decoding from the stretch's first iteration (`Stretch`).
+        computed.append(r.num_tokens - num_prefill_steps)
+        left.append(num_prefill_steps + r.num_target_output_tokens - r.num_output_tokens - 1)
     min_left = min(left)
     longest = max(left) if through_finishes else min_left
+    if prefill is not None and through_finishes and len(left) > 1:
+        # A decode leaving while the prompt is computed would leave its chunks more budget.
+        first_leave = min(left[:prefill_pos] + left[prefill_pos + 1:])
+        if first_leave < num_prefill_steps:
+            longest = first_leave
     max_steps = longest if max_steps is None else min(longest, max_steps)
     kv = state.kv
     # The stretch stops before the blocks run out, counting every request's growth as if none
     # finished (freed blocks are not counted on: the stretch may stop early, never late). Each
-    # request adds at most one block per `block_size` steps; only if that could exceed the
-    # free blocks is the exact count needed (the log's per-iteration counts are taken when
-    # iterations are committed: most stretches are cut short by new work).
-    if len(requests) * ((max_steps - 1) // kv.block_size + 1) > kv.num_free_blocks:
+    # request adds at most one block per `block_size` steps of decoding, and the prompt the
+    # blocks of its chunks; only if that could exceed the free blocks is the exact count
+    # needed (the log's per-iteration counts are taken when iterations are committed: most
+    # stretches are cut short by new work).
+    most_blocks = len(requests) * ((max_steps - 1) // kv.block_size + 1)
+    prefill_tokens: list[int] | None = None
+    if prefill is not None:
+        # Its blocks for the rest of the prompt, taken by its later chunks: when they may not
+        # fit, the iterations are stepped (the policy decides who gets blocks).
+        most_blocks += (-(-prefill.num_tokens // kv.block_size)
+                        - kv.num_held_blocks(prefill.request_id))
+        if most_blocks > kv.num_free_blocks:
+            return None
+        # Its chunks' iterations one by one (a few), each as a step computes it; nobody leaves
+        # before the last (`longest`), so each has every request in its batch.
+        num_chunks = min(num_prefill_steps, max_steps)
+        chunk_args = (latency, prefill, chunk, num_prefill_steps, computed[prefill_pos],
+                      len(requests), sum(computed) + len(requests), noise, first_index)
+        if first_s is None:
+            prefill_tokens, first = _chunk_durations(*chunk_args, 0, num_chunks)
+        else:
+            prefill_tokens, first = _chunk_durations(*chunk_args, 1, num_chunks)
+            prefill_tokens.insert(0, chunk)
+            first.insert(0, first_s)
+    num_computed = np.array(computed, dtype=np.int64)
+    num_steps_left = np.array(left, dtype=np.int64)
+    if prefill is None and most_blocks > kv.num_free_blocks:
         extra = extra_blocks(num_computed, kv.block_size, max_steps)
         max_steps = min(max_steps, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
 
-    # One call on arrays of shapes: a latency model is element-wise, so this is exactly what
-    # `max_steps` calls on one shape each would give.
-    num_seqs, kv_tokens = batch_sizes(computed, left, max_steps)
-    duration = latency.iteration_time_s(BatchShape.decode_only(num_seqs, kv_tokens))
-    if not isinstance(duration, np.ndarray) or duration.shape != (max_steps,):
-        duration = np.broadcast_to(np.asarray(duration, dtype=np.float64), (max_steps,))
-    if noise is not None:  # iteration `first_index + j`'s own factor, as a step would get it
-        duration = duration * noise.factors_from(first_index, max_steps, 0, num_seqs)
+    if prefill_tokens is None:
+        num_seqs, kv_tokens = batch_sizes(computed, left, max_steps)
+        duration = _decode_durations(latency, num_seqs, kv_tokens, noise, first_index)
+    elif num_chunks == max_steps:
+        duration = np.array(first)
+    else:  # the decodes after its chunks: on arrays, as any stretch's
+        num_seqs, kv_tokens = batch_sizes(computed, left, max_steps)
+        duration = np.empty(max_steps)
+        duration[:num_chunks] = first
+        duration[num_chunks:] = _decode_durations(
+            latency, num_seqs[num_chunks:] if isinstance(num_seqs, np.ndarray) else num_seqs,
+            kv_tokens[num_chunks:], noise, first_index + num_chunks)
     # Sequential accumulation, so each end equals start + duration exactly as one step would be.
     bounds = np.add.accumulate(np.concatenate(([start_s], duration)))
     starts, end = bounds[:-1], bounds[1:]
@@ -189,8 +280,57 @@ def plan_stretch(state: ReplicaState, latency: LatencyModel, start_s: float,
         # Iterations after the horizon never complete; keep one so the engine can wait for it.
         max_steps = max(1, int(np.searchsorted(end, horizon_s, side="right")))
         starts, duration, end = starts[:max_steps], duration[:max_steps], end[:max_steps]
+        if prefill_tokens is not None:
+            prefill_tokens = prefill_tokens[:max_steps]
+    if prefill is None:
+        return Stretch(requests, num_computed, starts, duration, end, kv.num_used_blocks,
+                       kv.block_size, num_computed + 1, num_steps_left, min_left, num_preempted)
     return Stretch(requests, num_computed, starts, duration, end, kv.num_used_blocks,
-                   kv.block_size, num_computed + 1, num_steps_left, min_left, num_preempted)
+                   kv.block_size, num_computed + 1, num_steps_left, min_left, num_preempted,
+                   prefill_tokens, prefill_pos, num_prefill_steps)
+
+
+def _decode_durations(latency: LatencyModel, num_seqs: Any, kv_tokens: np.ndarray,
+                      noise: IterationNoise | None, first_index: int) -> np.ndarray:
+    """Durations of decode-only iterations (`batch_sizes`' arrays), from iteration
+    `first_index` of the replica: one call on arrays of shapes (a latency model is
+    element-wise, so this is exactly what a call on each shape would give)."""
+    num_steps = len(kv_tokens)
+    duration = latency.iteration_time_s(BatchShape.decode_only(num_seqs, kv_tokens))
+    if not isinstance(duration, np.ndarray) or duration.shape != (num_steps,):
+        duration = np.broadcast_to(np.asarray(duration, dtype=np.float64), (num_steps,))
+    if noise is not None:  # iteration `first_index + j`'s own factor, as a step would get it
+        duration = duration * noise.factors_from(first_index, num_steps, 0, num_seqs)
+    return duration
+
+
+def _chunk_durations(latency: LatencyModel, req: Request, chunk: int, num_prefill_steps: int,
+                     num_computed: int, num_seqs: int, num_kv_tokens: int,
+                     noise: IterationNoise | None, first_index: int, first_step: int,
+                     end_step: int) -> tuple[list[int], list[float]]:
+    """The chunks of `req` (`chunk` tokens each, the last what is left) in iterations
+    `first_step` .. `end_step - 1` of a stretch of `num_seqs` requests, and those iterations'
+    durations, each shape summed as `BatchShape.from_plan` sums a plan's. `num_kv_tokens`, the
+    KV tokens the first iteration would read were `req` decoding with `num_computed` tokens
+    (`Stretch`'s count), grows by `num_seqs` an iteration."""
+    cached = req.num_computed_tokens + chunk * first_step
+    last = req.num_uncomputed_tokens - chunk * (num_prefill_steps - 1)
+    num_decodes = num_seqs - 1
+    tokens: list[int] = []
+    durations: list[float] = []
+    for j in range(first_step, end_step):
+        final = j == num_prefill_steps - 1  # it samples at the end of its last chunk
+        n = last if final else chunk
+        shape = BatchShape(n, 1, num_decodes, num_decodes + final,
+                           n * cached + n * (n + 1) // 2, cached + n,
+                           num_kv_tokens + num_seqs * j - (num_computed + 1 + j))
+        duration = float(latency.iteration_time_s(shape))
+        if noise is not None:
+            duration = duration * noise.factor(first_index + j, n, num_decodes)
+        tokens.append(n)
+        durations.append(duration)
+        cached += n
+    return tokens, durations
 
 
 def batch_sizes(num_computed: list[int], num_steps_left: list[int], num_steps: int
@@ -262,9 +402,18 @@ def _commit_requests(state: ReplicaState, stretch: Stretch, num_steps: int, log:
     leaving: list[tuple[int, int]] = []  # (iterations it is in, position in the batch)
     grow_blocks = state.kv.grow_blocks
     num_decoded = 0
+    requests_in = requests
+    num_computed = stretch.num_computed.tolist()
+    num_steps_left = stretch.num_steps_left.tolist()
+    num_allocated = stretch.num_allocated.tolist()
+    prefill_pos = stretch.prefill_pos
+    if prefill_pos >= 0:  # the request computing its prompt: after the loop
+        requests_in = requests[:prefill_pos] + requests[prefill_pos + 1:]
+        prefill_computed = num_computed.pop(prefill_pos)
+        prefill_left = num_steps_left.pop(prefill_pos)
+        num_allocated.pop(prefill_pos)
     for pos, (req, computed, left, allocated) in enumerate(zip(
-            requests, stretch.num_computed.tolist(), stretch.num_steps_left.tolist(),
-            stretch.num_allocated.tolist(), strict=True)):
+            requests_in, num_computed, num_steps_left, num_allocated, strict=True)):
         steps_in = left if left < num_steps else num_steps
         # It holds the blocks of computed + j + 1 tokens during iteration j: one more from
         # each j where computed + j fills its blocks, while it is in the batch.
@@ -276,7 +425,8 @@ def _commit_requests(state: ReplicaState, stretch: Stretch, num_steps: int, log:
         if left <= num_steps:  # gone from iteration `left` on, with every block it held
             used_change[left] -= -(-(computed + left) // bs)
             seqs_change[left] -= 1
-            leaving.append((left, pos))
+            # (Its place in the batch: `requests_in` lacks the prompt's request.)
+            leaving.append((left, pos + (0 <= prefill_pos <= pos)))
         req.decode_steps(first_iter, steps_in)
         num_decoded += steps_in
         # Blocks to hold what it computed (a finishing request's too: with prefix caching,
@@ -284,12 +434,31 @@ def _commit_requests(state: ReplicaState, stretch: Stretch, num_steps: int, log:
         grow = -(-(computed + steps_in) // bs) + (-allocated // bs)
         if grow > 0:
             grow_blocks(req.request_id, grow)
+    if prefill_pos >= 0:
+        # Its chunks' blocks, then, from its first decode, the same as any request's.
+        req, computed, left = requests[prefill_pos], prefill_computed, prefill_left
+        in_until = left if left <= num_steps else num_steps + 1
+        j = _prompt_blocks(req, stretch, min(in_until, len(stretch)), used_change)
+        j += -(computed + j) % bs
+        while j < in_until:
+            used_change[j] += 1
+            j += bs
+        if left <= num_steps:
+            used_change[left] -= -(-(computed + left) // bs)
+            seqs_change[left] -= 1
+            leaving.append((left, prefill_pos))
+        num_decoded += _prompt_steps(req, stretch, first_iter, min(left, num_steps))
+        grow = -(-req.num_computed_tokens // bs) - state.kv.num_held_blocks(req.request_id)
+        if grow > 0:
+            grow_blocks(req.request_id, grow)
     used = list(accumulate(used_change[1:], initial=stretch.num_used_blocks))
     num_seqs: int | list[int] = len(requests)
     if leaving:
         num_seqs = list(accumulate(seqs_change[1:num_steps], initial=len(requests)))
-    log.extend_decodes(stretch.starts_s[:num_steps], stretch.duration_s[:num_steps], num_seqs,
-                       used[:num_steps], stretch.num_preempted)
+    prefill = stretch.prefill_tokens
+    log.extend_stretch(stretch.starts_s[:num_steps], stretch.duration_s[:num_steps], num_seqs,
+                       used[:num_steps], stretch.num_preempted,
+                       None if prefill is None else prefill[:num_steps])
     state.decoded(num_decoded)
     done: list[Request] = []
     leaving.sort()  # by the iteration that ends it, then running order, as stepping finishes them
@@ -301,13 +470,55 @@ def _commit_requests(state: ReplicaState, stretch: Stretch, num_steps: int, log:
     return done, used[num_steps]
 
 
+def _prompt_blocks(req: Request, stretch: Stretch, num_steps: int, used_change: list[int]
+                   ) -> int:
+    """Add to `used_change` the blocks the chunks of `stretch`'s prompt take in its first
+    `num_steps` iterations (the first's are allocated already: counted in the stretch's
+    blocks in use); return the first iteration it may decode in."""
+    assert stretch.prefill_tokens is not None
+    bs = stretch.block_size
+    last = min(stretch.num_prefill_steps, num_steps)
+    computed = req.num_computed_tokens
+    held = -(-(computed + stretch.prefill_tokens[0]) // bs)
+    for j, chunk in enumerate(stretch.prefill_tokens[:last]):
+        computed += chunk
+        blocks = -(-computed // bs)
+        if j:
+            used_change[j] += blocks - held
+        held = blocks
+    return max(stretch.num_prefill_steps, 1)
+
+
+def _prompt_steps(req: Request, stretch: Stretch, first_iter: int, num_steps: int) -> int:
+    """Apply the first `num_steps` iterations (those it is in) to the request of `stretch`
+    computing its prompt: its chunks, then its first token at the end of the last and a decode
+    in each iteration after. Returns the tokens it sampled."""
+    assert stretch.prefill_tokens is not None
+    if req.first_scheduled_s is None:  # its first chunk is the stretch's first iteration
+        req.first_scheduled_s = float(stretch.starts_s[0])
+    num_prefill_steps = stretch.num_prefill_steps
+    if num_steps < num_prefill_steps:
+        req.num_computed_tokens += sum(stretch.prefill_tokens[:num_steps])
+        return 0
+    req.num_computed_tokens = req.num_tokens  # the prompt (and output before) computed
+    req.num_output_tokens += 1
+    req.record_token(first_iter + num_prefill_steps - 1)
+    if num_steps > num_prefill_steps:
+        req.decode_steps(first_iter + num_prefill_steps, num_steps - num_prefill_steps)
+    return num_steps - num_prefill_steps + 1
+
+
 def allocate_first_step(state: ReplicaState, stretch: Stretch) -> Stretch:
     """KV blocks for the first iteration of `stretch` (as `schedule()` allocates a plan's), if
     not allocated yet; the stretch, knowing they are."""
     if stretch.num_allocated[0] > stretch.num_computed[0]:
         return stretch
-    for req in stretch.requests:
-        grow = state.kv.num_blocks_to_grow(req, 1)
+    for pos, req in enumerate(stretch.requests):
+        num_tokens = 1
+        if pos == stretch.prefill_pos:
+            assert stretch.prefill_tokens is not None
+            num_tokens = stretch.prefill_tokens[0]
+        grow = state.kv.num_blocks_to_grow(req, num_tokens)
         if grow:
             state.kv.grow_blocks(req.request_id, grow)
     stretch.num_allocated = stretch.num_computed + 1

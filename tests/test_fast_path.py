@@ -418,3 +418,181 @@ def test_a_stretch_cut_by_an_admission_resumes_as_stepping_plans(registered, mon
     assert fast.iterations.equals(slow.iterations)
     assert fast.tokens.equals(slow.tokens)
     assert fast.summary == slow.summary
+
+
+def _batch_with_a_prompt(bs: int, decodes: list[tuple[int, int, int]], pos: int, prompt: int,
+                         out0: int, computed0: int, chunk: int, target: int
+                         ) -> tuple[ReplicaState, Plan]:
+    """A replica running `decodes` (computed tokens, output tokens, iterations left) and, at
+    `pos` among them, request `len(decodes)` computing its prompt in chunks of `chunk` tokens,
+    with the plan of their first iteration, its blocks allocated."""
+    from sim.kv_cache import KVCacheManager
+    from sim.request import Request, Status
+
+    n = len(decodes)
+    state = ReplicaState(KVCacheManager(num_blocks=100_000, block_size=bs))
+    reqs = [Request(i, 0.0, c - o + 1, o + left) for i, (c, o, left) in enumerate(decodes)]
+    for req, (c, o, _) in zip(reqs, decodes, strict=True):
+        req.num_computed_tokens, req.num_output_tokens = c, o
+        req.first_scheduled_s = -1.0
+    p = Request(n, 0.0, prompt, target)
+    p.num_computed_tokens, p.num_output_tokens = computed0, out0
+    if computed0 or out0:  # scheduled before
+        p.first_scheduled_s = -1.0
+    reqs.insert(pos, p)
+    plan = Plan()
+    for req in reqs:
+        req.status = Status.RUNNING
+        state.requests[req.request_id] = req
+        state.running.append(req)
+        state.num_running_tokens += req.num_tokens
+        tokens = 1 if req.is_decoding else chunk
+        assert state.kv.try_allocate(req, tokens)  # the first iteration's blocks
+        plan.num_scheduled_tokens[req.request_id] = tokens
+    return state, plan
+
+
+def test_a_stretch_with_a_prompt_in_chunks_commits_as_stepping():
+    """A stretch in which one request computes the rest of its prompt in chunks beside
+    decodes (`plan_stretch` from the plan of its first iteration), committed in two pieces,
+    against the same iterations stepped (`ReplicaState.commit`, blocks allocated before each
+    as a policy does) on random batches: block sizes 1, 2 and 16; the prompt first, last or
+    among the decodes, new or recomputed after a preemption, in one chunk or many, its first
+    token its last or not; decodes leaving before, during and after its chunks. Compared: the
+    log's rows, every request's counters, tokens, finish and blocks (with the next
+    iteration's, where the run stops mid-stretch), the replica's token count, and what a
+    router reads mid-stretch (`ended_counts`)."""
+    from sim.iteration_log import IterationLog
+    from sim.request import Status
+    from sim.stretch import allocate_first_step, commit_stretch, plan_stretch
+
+    latency = NewLatency(LatencyConfig(kind="new_latency"), None, None)
+    rng = np.random.default_rng(5)
+    seen = {"chunks": 0, "cut_in_chunks": 0, "first_is_last": 0, "recompute": 0,
+            "leave_in_chunks": 0, "refused": 0}
+    for _ in range(400):
+        bs = int(rng.choice([1, 2, 16]))
+        n = int(rng.integers(0, 6))
+        pos = int(rng.integers(0, n + 1))
+        decodes = [(int(rng.integers(20, 300)), int(rng.integers(1, 6)),
+                    int(rng.integers(1, 40))) for _ in range(n)]  # computed, output, left
+        out0 = int(rng.choice([0, 0, 0, int(rng.integers(1, 4))]))
+        prompt = int(rng.integers(1, 400))
+        known = prompt + out0
+        # (A recompute with one token left is a decode: `is_decoding`.)
+        computed0 = int(rng.integers(0, known - 1 if out0 else known))
+        chunk = int(rng.integers(1, known - computed0 + 1))
+        target = out0 + int(rng.choice([1, int(rng.integers(1, 40))]))
+
+        args = (bs, decodes, pos, prompt, out0, computed0, chunk, target)
+        state, plan = _batch_with_a_prompt(*args)
+        stretch = plan_stretch(state, plan, latency, 0.0, None, through_finishes=True,
+                               max_steps=int(rng.integers(1, 80)))
+        if stretch is None:  # a recompute's last chunk would be a decode's one token
+            assert out0 and (known - computed0 - 1) % chunk == 0
+            seen["refused"] += 1
+            continue
+        assert stretch.prefill_pos == pos
+        length = len(stretch)
+        first = int(rng.integers(1, length + 1))
+        peek = int(rng.integers(0, length + 1))
+        counts = stretch.ended_counts(peek)
+        tokens_before = state.num_running_tokens
+        log = IterationLog()
+        done, rest = commit_stretch(state, stretch, first, log)
+        if rest is not None:
+            more, rest = commit_stretch(state, rest, int(rng.integers(1, len(rest) + 1)), log)
+            done += more
+        if rest is not None:  # the run stops mid-stretch: the next iteration's blocks held
+            rest = allocate_first_step(state, rest)
+        num_steps = len(log)
+
+        ref, _ = _batch_with_a_prompt(*args)
+        ref_log = IterationLog()
+        ref_done = []
+        p = ref.requests[n]
+        for j in range(num_steps):
+            if j == peek:
+                assert counts[0] - counts[2] == ref.num_running_tokens - tokens_before
+                assert counts[1] == len(ref_done)
+            step = Plan()
+            for req in ref.running:
+                tokens = 1 if req.is_decoding else min(chunk, req.num_uncomputed_tokens)
+                if j:
+                    assert ref.kv.try_allocate(req, tokens)
+                step.num_scheduled_tokens[req.request_id] = tokens
+            prefill_tokens = 0 if p.is_decoding or p.status is not Status.RUNNING \
+                else step.num_scheduled_tokens[n]
+            ref_log.append(float(stretch.starts_s[j]), float(stretch.duration_s[j]),
+                           prefill_tokens, step.num_seqs - (prefill_tokens > 0), step.num_seqs,
+                           ref.kv.num_used_blocks, 0, 0)
+            ref_done += ref.commit(step, j, float(stretch.starts_s[j]),
+                                   float(stretch.end_s[j]))
+        if rest is not None:
+            for req in ref.running:
+                tokens = 1 if req.is_decoding else min(chunk, req.num_uncomputed_tokens)
+                assert ref.kv.try_allocate(req, tokens)
+        state.check()
+        for name, column in ref_log.arrays().items():
+            assert log.arrays()[name].tolist() == column.tolist(), name
+        assert sorted(r.request_id for r in done) == sorted(r.request_id for r in ref_done)
+        assert [r.request_id for r in state.running] == [r.request_id for r in ref.running]
+        assert state.num_running_tokens == ref.num_running_tokens
+        for i, req in state.requests.items():
+            other = ref.requests[i]
+            assert (req.num_computed_tokens, req.num_output_tokens, req.status, req.finish_s,
+                    req.first_scheduled_s, req.all_token_runs()) == (
+                other.num_computed_tokens, other.num_output_tokens, other.status,
+                other.finish_s, other.first_scheduled_s, other.all_token_runs()), i
+            assert state.kv.num_held_blocks(i) == ref.kv.num_held_blocks(i), i
+        k = stretch.num_prefill_steps
+        seen["chunks"] += k > 1
+        seen["cut_in_chunks"] += first < min(k, length)
+        seen["first_is_last"] += target == out0 + 1 and num_steps >= k
+        seen["recompute"] += out0 > 0
+        seen["leave_in_chunks"] += any(left < k for _, _, left in decodes)
+    assert min(seen.values()) >= 5, seen
+
+
+@pytest.mark.parametrize("scheduler", [
+    {"name": "chunked_prefill", "token_budget": 128},
+    {"name": "chunked_prefill", "token_budget": 256, "chunk_size": 96, "min_chunk_tokens": 32},
+    {"name": "vllm_v1", "max_num_batched_tokens": 256, "long_prefill_token_threshold": 80},
+    {"name": "sglang", "chunked_prefill_size": 128, "mixed_chunk": True},
+    {"name": "sglang", "chunked_prefill_size": 128},
+    {"name": "new_policy"},
+], ids=["chunked", "chunk_size", "vllm_v1", "sglang_mixed", "sglang", "new_policy"])
+@pytest.mark.parametrize("num_blocks", [2000, 140], ids=["room", "tight"])
+def test_prompts_in_chunks_fast_forward_as_stepping(registered, monkeypatch, scheduler,
+                                                    num_blocks):
+    """Long prompts cut into chunks beside decodes on two replicas (a router reading them
+    mid-stretch), with noise: stretches that begin with a prompt's chunks (`plan_stretch`)
+    give every result file of a step-by-step run, with KV to spare or so short that
+    requests are preempted and recomputed and a prompt's chunks may not find their blocks."""
+    planned = []
+    plan_stretch = sim.engine.plan_stretch
+
+    def counted(*args, **kwargs):
+        stretch = plan_stretch(*args, **kwargs)
+        planned.append(stretch is not None and stretch.prefill_pos >= 0)
+        return stretch
+
+    monkeypatch.setattr(sim.engine, "plan_stretch", counted)
+    # Admitting while blocks last (no reserve for decodes' future tokens) runs them short.
+    replica = {"scheduler": {**scheduler, "max_num_seqs": 16, "decode_reserve_tokens": 0},
+               "latency": {"kind": "roofline",
+                           "noise": {"kind": "lognormal", "sigma": 0.2, "correlation": 0.5}},
+               "kv_cache": {"block_size": 16, "num_blocks": num_blocks}}
+    if scheduler["name"] == "new_policy":
+        replica["latency"] = {"kind": "new_latency"}
+    cluster = {"replicas": 2, "router": {"name": "least_kv_load"}}
+    scenario = synthetic(replica, cluster, seed=13, num_requests=150, qps=8,
+                         max_prompt=1200, max_output=100)
+    fast, slow, num_fast, num_slow = fast_and_stepped(monkeypatch, scenario)
+    assert sum(planned) > 20, (sum(planned), len(planned))
+    if num_blocks < 1000 and scheduler["name"] != "new_policy":  # it reserves every token
+        assert slow.iterations["num_preempted"].sum() > 0
+    assert fast.requests.equals(slow.requests)
+    assert fast.iterations.equals(slow.iterations)
+    assert fast.tokens.equals(slow.tokens)
+    assert fast.summary == slow.summary

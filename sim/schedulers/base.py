@@ -54,7 +54,13 @@ class Scheduler(ABC):
 
     @abstractmethod
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
-        """Build the next iteration's plan; allocate its KV blocks; preempt if it must."""
+        """Build the next iteration's plan; allocate its KV blocks; preempt if it must.
+
+        The fast path (`sim.stretch.is_steady`) asks one thing of a policy, which every
+        engine's does: while nothing waits and the running requests stay the same, with blocks
+        for them, a plan that gives every running request its tokens is repeated: each decode
+        its one token, and a prompt cut into chunks the same chunk again until what is left of
+        it is less."""
 
     def reject_reason(self, req: Request, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
         """Why `req`, needing `num_kv_tokens` KV slots at most, can never be served on a replica
