@@ -427,7 +427,13 @@ def _commit_requests(state: ReplicaState, stretch: Stretch, num_steps: int, log:
             seqs_change[left] -= 1
             # (Its place in the batch: `requests_in` lacks the prompt's request.)
             leaving.append((left, pos + (0 <= prefill_pos <= pos)))
-        req.decode_steps(first_iter, steps_in)
+        # `req.decode_steps(first_iter, steps_in)` written out, its token run extended in place
+        # where it continues (the call stays for a new run): a call per request per commit.
+        req.num_computed_tokens += steps_in
+        req.num_output_tokens += steps_in
+        if req.last_token_iter != first_iter - 1:
+            req.record_token(first_iter)
+        req.last_token_iter = first_iter + steps_in - 1
         num_decoded += steps_in
         # Blocks to hold what it computed (a finishing request's too: with prefix caching,
         # what it frees is cached); the plan counted every request's growth, so they fit.

@@ -458,7 +458,8 @@ def test_a_stretch_with_a_prompt_in_chunks_commits_as_stepping():
     against the same iterations stepped (`ReplicaState.commit`, blocks allocated before each
     as a policy does) on random batches: block sizes 1, 2 and 16; the prompt first, last or
     among the decodes, new or recomputed after a preemption, in one chunk or many, its first
-    token its last or not; decodes leaving before, during and after its chunks. Compared: the
+    token its last or not; decodes leaving before, during and after its chunks; the stretch
+    running through finishes or stopping at the first. Compared: the
     log's rows, every request's counters, tokens, finish and blocks (with the next
     iteration's, where the run stops mid-stretch), the replica's token count, and what a
     router reads mid-stretch (`ended_counts`)."""
@@ -486,7 +487,8 @@ def test_a_stretch_with_a_prompt_in_chunks_commits_as_stepping():
 
         args = (bs, decodes, pos, prompt, out0, computed0, chunk, target)
         state, plan = _batch_with_a_prompt(*args)
-        stretch = plan_stretch(state, plan, latency, 0.0, None, through_finishes=True,
+        stretch = plan_stretch(state, plan, latency, 0.0, None,
+                               through_finishes=bool(rng.integers(0, 2)),
                                max_steps=int(rng.integers(1, 80)))
         if stretch is None:  # a recompute's last chunk would be a decode's one token
             assert out0 and (known - computed0 - 1) % chunk == 0
