@@ -1,7 +1,7 @@
 """The SimPy engine's replicas: each runs its scheduler's plans for as long as the latency
-model says, then commits them; stretches of decode iterations and iterations nothing outside
-can see in between run ahead without an event each (the fast path). `sim.clock` owns the order
-of events at one instant.
+model says, then commits them; stretches of predictable iterations (`sim.stretch`) and
+iterations nothing outside can see in between run ahead without an event each (the fast
+path). `sim.clock` owns the order of events at one instant.
 
 SimPy is imported here, in `sim/clock.py`, in `sim/pipeline.py` (a replica keeping several
 iterations in flight down a pipeline of GPUs) and in `sim/disaggregation.py`, nowhere else in
@@ -89,7 +89,7 @@ class Replica:
         self.where = where
         self.log = IterationLog()
         self._poke: simpy.Event | None = None
-        # Work planned and not yet committed: one iteration, or a decode stretch.
+        # Work planned and not yet committed: one iteration, or a stretch.
         self._inflight: Iteration | Stretch | None = None
         # A stretch cut short by new work, and the iterations of it kept: resumed if, once the
         # replica has taken the work in, its plan would be the same (`_resume`).
@@ -123,7 +123,7 @@ class Replica:
         work = self._inflight
         decoded = num_finished = 0
         if isinstance(work, Stretch) and req is None:
-            # A decode stretch in progress: the counts its ended iterations change, read
+            # A stretch in progress: the counts its ended iterations change, read
             # without committing them (a router reads every replica at every arrival).
             decoded, num_finished, finished_tokens = work.ended_counts(
                 work.num_ended_by(self.env.now))
@@ -269,7 +269,7 @@ class Replica:
         if state.waiting or num_kept >= len(stretch):
             return None
         rest = stretch.after(num_kept, 0)  # blocks in use: known once its first step allocates
-        if rest.prefill_pos >= 0:  # a prompt's chunks: blocks the policy may give otherwise
+        if rest.prefill_pos >= 0:  # a prompt still in chunks: its blocks are not in the bound below
             return None
         num_steps = len(rest)
         # The running list is the rest's requests, in order (the same objects): nobody joined.
@@ -327,7 +327,7 @@ class Replica:
                          len(state.waiting))
 
     def _run_stretch(self, stretch: Stretch) -> Generator[simpy.Event, Any, None]:
-        """Decode-only iterations until the first completion or KV shortfall, or new work."""
+        """A stretch's iterations until its end (a finish or a KV shortfall), or new work."""
         self._inflight = stretch
         poke = self._poke = self.env.event()
         # The stretch's end pokes too (a callback, cheaper than waiting on `end | poke`); a
