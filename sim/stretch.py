@@ -196,7 +196,8 @@ def plan_stretch(state: ReplicaState, plan: Plan, latency: LatencyModel, start_s
     requests = list(state.running)
     computed = []
     left = []
-    prefill_pos = chunk = num_prefill_steps = 0
+    prefill_pos = -1
+    chunk = num_prefill_steps = 0
     prefill: Request | None = None
     for r in requests:  # a plain loop: a few requests, called once per stretch
         if r.is_decoding:
@@ -282,9 +283,6 @@ def plan_stretch(state: ReplicaState, plan: Plan, latency: LatencyModel, start_s
         starts, duration, end = starts[:max_steps], duration[:max_steps], end[:max_steps]
         if prefill_tokens is not None:
             prefill_tokens = prefill_tokens[:max_steps]
-    if prefill is None:
-        return Stretch(requests, num_computed, starts, duration, end, kv.num_used_blocks,
-                       kv.block_size, num_computed + 1, num_steps_left, min_left, num_preempted)
     return Stretch(requests, num_computed, starts, duration, end, kv.num_used_blocks,
                    kv.block_size, num_computed + 1, num_steps_left, min_left, num_preempted,
                    prefill_tokens, prefill_pos, num_prefill_steps)
@@ -427,13 +425,7 @@ def _commit_requests(state: ReplicaState, stretch: Stretch, num_steps: int, log:
             seqs_change[left] -= 1
             # (Its place in the batch: `requests_in` lacks the prompt's request.)
             leaving.append((left, pos + (0 <= prefill_pos <= pos)))
-        # `req.decode_steps(first_iter, steps_in)` written out, its token run extended in place
-        # where it continues (the call stays for a new run): a call per request per commit.
-        req.num_computed_tokens += steps_in
-        req.num_output_tokens += steps_in
-        if req.last_token_iter != first_iter - 1:
-            req.record_token(first_iter)
-        req.last_token_iter = first_iter + steps_in - 1
+        req.decode_steps(first_iter, steps_in)
         num_decoded += steps_in
         # Blocks to hold what it computed (a finishing request's too: with prefix caching,
         # what it frees is cached); the plan counted every request's growth, so they fit.
@@ -485,14 +477,14 @@ def _prompt_blocks(req: Request, stretch: Stretch, num_steps: int, used_change: 
     bs = stretch.block_size
     last = min(stretch.num_prefill_steps, num_steps)
     computed = req.num_computed_tokens
-    held = -(-(computed + stretch.prefill_tokens[0]) // bs)
+    held = 0
     for j, chunk in enumerate(stretch.prefill_tokens[:last]):
         computed += chunk
         blocks = -(-computed // bs)
         if j:
             used_change[j] += blocks - held
         held = blocks
-    return max(stretch.num_prefill_steps, 1)
+    return stretch.num_prefill_steps
 
 
 def _prompt_steps(req: Request, stretch: Stretch, first_iter: int, num_steps: int) -> int:
