@@ -29,7 +29,8 @@ from sim.request import Request, Status
 from sim.routers.base import ReplicaLoad
 from sim.schedulers.base import Scheduler
 from sim.state import InFlight, ReplicaState
-from sim.stretch import Stretch, allocate_first_step, commit_stretch, is_steady, plan_stretch
+from sim.stretch import Stretch, is_steady, plan_stretch
+from sim.stretch_commit import allocate_first_step, commit_stretch
 from sim.workloads.base import MAX_SPAN_S
 
 # Most iterations a decode stretch is planned for. New work cuts most stretches after a few

@@ -305,7 +305,8 @@ def test_a_commit_counts_blocks_batch_sizes_and_finishes_request_by_request():
     from sim.iteration_log import IterationLog
     from sim.kv_cache import KVCacheManager
     from sim.request import Request, Status
-    from sim.stretch import Stretch, commit_stretch
+    from sim.stretch import Stretch
+    from sim.stretch_commit import commit_stretch
 
     rng = np.random.default_rng(7)
     for _ in range(300):
@@ -465,7 +466,8 @@ def test_a_stretch_with_a_prompt_in_chunks_commits_as_stepping():
     router reads mid-stretch (`ended_counts`)."""
     from sim.iteration_log import IterationLog
     from sim.request import Status
-    from sim.stretch import allocate_first_step, commit_stretch, plan_stretch
+    from sim.stretch import plan_stretch
+    from sim.stretch_commit import allocate_first_step, commit_stretch
 
     latency = NewLatency(LatencyConfig(kind="new_latency"), None, None)
     rng = np.random.default_rng(5)
