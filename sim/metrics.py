@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,17 @@ class WeightedSample:
     @property
     def size(self) -> int:
         return int(self.counts.sum())
+
+    @cached_property
+    def distinct(self) -> WeightedSample:
+        """The same sample as its distinct values, ascending, each with its total count (those
+        counted zero times left out); NaNs, if any, as one value at the end. Kept once made:
+        the summary's percentiles and the gaps' file both read it (sorting a million gaps
+        twice cost a fifth of a run's summary and files)."""
+        values, inverse = np.unique(self.values, return_inverse=True)
+        counts = np.bincount(inverse, weights=self.counts, minlength=len(values))
+        keep = counts > 0
+        return WeightedSample(values[keep], counts[keep].astype(np.int64))
 
     def fraction_at_most(self, limit: float) -> float | None:
         """Share of the sample <= limit, as `(expanded <= limit).mean()` gives it."""
@@ -74,11 +86,12 @@ def _weighted_distribution(sample: WeightedSample) -> dict[str, float | int | No
     if total == 0:
         out.update({"mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None})
         return out
+    # Summed in the sample's own order: the distinct values' sum may round differently.
     out["mean"] = float((values * counts).sum() / total)
-    order = np.argsort(values)  # equal values are interchangeable: any order of ties
-    values, counts = values[order], counts[order]
-    del order
-    np.cumsum(counts, out=counts)
+    # Order statistics of the distinct values with their counts are those of the sample.
+    distinct = sample.distinct
+    finite = np.isfinite(distinct.values)
+    values, counts = distinct.values[finite], np.cumsum(distinct.counts[finite])
     for p, q in zip(PERCENTILES, weighted_percentile(values, counts, PERCENTILES),
                     strict=True):
         out[f"p{p}"] = float(q)

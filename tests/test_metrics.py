@@ -107,6 +107,28 @@ def test_weighted_distribution_is_the_expanded_one(pairs):
                 (expanded <= limit).mean())
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.one_of(VALUES, st.just(np.inf), st.just(np.nan)),
+                          st.integers(0, 6)), max_size=30))
+def test_distinct_is_the_same_sample_sorted(pairs):
+    """The distinct values (read by the summary's percentiles and written as the gaps' file):
+    ascending, each once with its total count, none counted zero times; the same expansion."""
+    values = np.array([v for v, _ in pairs], dtype=np.float64)
+    counts = np.array([c for _, c in pairs], dtype=np.int64)
+    distinct = WeightedSample(values, counts).distinct
+    finite = np.isfinite(distinct.values)
+    assert (np.diff(distinct.values[finite]) > 0).all()
+    assert (distinct.counts > 0).all() and distinct.counts.dtype == np.int64
+    assert np.array_equal(np.repeat(distinct.values, distinct.counts),
+                          np.sort(np.repeat(values, counts)), equal_nan=True)
+    # Its distribution is the sample's: the order statistics to the bit, the mean (summed in
+    # another order) up to rounding.
+    got, want = distribution(distinct), distribution(WeightedSample(values, counts))
+    mean, expected_mean = got.pop("mean"), want.pop("mean")
+    assert mean == (None if expected_mean is None else pytest.approx(expected_mean, rel=1e-12))
+    assert got == want
+
+
 def test_weighted_percentile_of_large_counts():
     values = np.array([0.001, 0.0125, 0.0126, 0.2])
     counts = np.array([1_000_003, 7, 5_000_011, 13], dtype=np.int64)
