@@ -106,7 +106,7 @@ class Results:
         (out / "inputs.json").write_text(json.dumps(run_record(self.scenario, inputs),
                                                     indent=2, sort_keys=True) + "\n")
         for name, table in self.tables.items():
-            write_parquet(table, out / f"{name}.parquet")
+            write_parquet(table, out / f"{name}.parquet", COUNTER_COLUMNS.get(name, ()))
         # Last: its presence marks a directory as a servesim run. Strict JSON, as it is read
         # back (`sim.result_files`): a NaN here is a bug to see now, not a file refused later.
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True,
@@ -147,6 +147,9 @@ REQUEST_COLUMNS = ("request_id", "replica_id", "decode_replica_id", "arrival_s",
 ITERATION_COLUMNS = ("replica_id", "pool", "iteration", *COLUMNS)
 TOKEN_COLUMNS = ("request_id", "token_index", "time_s")
 GAP_COLUMNS = ("gap_s", "count")
+# Integer columns stored as differences (`write_parquet`): they mostly step by one or little.
+COUNTER_COLUMNS = {"requests": ("request_id",), "tokens": ("token_index",),
+                   "iterations": ("iteration", "num_kv_blocks_used")}
 
 
 @dataclass(frozen=True)
