@@ -56,6 +56,35 @@ def test_written_files_do_not_depend_on_the_frames_read_first(tmp_path):
                                                             ).read_bytes(), name
 
 
+def test_counters_are_stored_as_differences_and_times_split_by_byte(tmp_path):
+    """The encodings that halve the files (`write_parquet`), and what reads them back: the
+    columns as written, with their types."""
+    import pyarrow.parquet as pq
+
+    rows = [(0.05 * i, 20 + 3 * i, 2 + i % 3) for i in range(6)]
+    scenario = parse_scenario({"workload": {"format": "vidur", "path": trace(tmp_path, rows)},
+                               "replica": replica(), "record_token_times": True}, "test")
+    res = run_scenario(scenario, out_dir=tmp_path / "run")
+    expected = {"iterations.parquet": {"iteration": "DELTA_BINARY_PACKED",
+                                       "num_kv_blocks_used": "DELTA_BINARY_PACKED",
+                                       "start_s": "BYTE_STREAM_SPLIT",
+                                       "num_seqs": "RLE_DICTIONARY"},
+                "tokens.parquet": {"token_index": "DELTA_BINARY_PACKED",
+                                   "time_s": "BYTE_STREAM_SPLIT"},
+                "requests.parquet": {"request_id": "DELTA_BINARY_PACKED",
+                                     "ttft_s": "BYTE_STREAM_SPLIT"}}
+    for name, columns in expected.items():
+        meta = pq.ParquetFile(tmp_path / "run" / name).metadata.row_group(0)
+        found = {meta.column(i).path_in_schema: meta.column(i).encodings
+                 for i in range(meta.num_columns)}
+        for column_name, encoding in columns.items():
+            assert encoding in found[column_name], (name, column_name, found[column_name])
+    back = type(res).load(tmp_path / "run")
+    for frame, again in ((res.requests, back.requests), (res.iterations, back.iterations),
+                         (res.tokens, back.tokens)):
+        pd.testing.assert_frame_equal(frame, again)
+
+
 def edit_summary(run: Path, edit: Callable[[dict], object]) -> None:
     summary = json.loads((run / "summary.json").read_text())
     edit(summary)
