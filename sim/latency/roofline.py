@@ -166,8 +166,8 @@ class _Tables:
         # fp8 linear layers (`quantization: fp8`); the LM head and MoE routers keep the
         # model's dtype, as vLLM's fp8 method leaves them.
         self.quantized = model.linear_weight_bytes != model.dtype_bytes
-        self.gemm = _gemm_model(config, gpu, fp8=self.quantized)
-        self.gemm_kept = _gemm_model(config, gpu) if self.quantized else self.gemm
+        self.gemm = _Gemm(config, gpu, fp8=self.quantized)
+        self.gemm_kept = _Gemm(config, gpu) if self.quantized else self.gemm
         self.elementwise = (ElementwiseModel.for_gpu(gpu) if config.elementwise == "calibrated"
                             else None)
         self.comm = _collectives(config, gpu, parallelism)
@@ -282,34 +282,17 @@ def _naive_lm_head(config: RooflineConfig, m: ModelShape, gpu: GPUSpec,
     return np.maximum(token_s * num_sampled, weights_s * (num_sampled > 0))
 
 
-class _NaiveGemm:
-    """max(FLOPs at mfu of peak, weight bytes at mbu of bandwidth) for one GEMM."""
+class _Gemm:
+    """A `sim.latency.gemm.GemmModel`'s time of one GEMM (0 for no tokens): the fitted model,
+    or with `linear: naive` the datasheet roofline, max(FLOPs at mfu of peak, weight bytes at
+    mbu of bandwidth)."""
 
     def __init__(self, config: RooflineConfig, gpu: GPUSpec, fp8: bool = False) -> None:
-        # fp8 weights: one byte each, and fp8 math where the GPU has it (W8A8).
-        self.flops_s = gpu.matmul_flops(fp8) * config.mfu
-        self.bytes_s = gpu.memory_bandwidth_bytes_s * config.mbu
-        self.dtype_bytes = 1 if fp8 else 2
-
-    launch_s = 0.0
-
-    def __call__(self, m: np.ndarray, k: int, n: int) -> np.ndarray:
-        compute = 2.0 * m * k * n / self.flops_s
-        weights = k * n * self.dtype_bytes / self.bytes_s
-        return np.where(m > 0, np.maximum(compute, weights), 0.0)
-
-    def describe(self) -> dict[str, Any]:
-        return {"gemm_form": "naive"}
-
-
-class _CalibratedGemm:
-    """`sim.latency.gemm`'s fitted GEMM time (0 for no tokens)."""
-
-    def __init__(self, gpu: GPUSpec, fp8: bool = False) -> None:
         from sim.latency.gemm import GemmModel
 
-        self.model = GemmModel.for_gpu(gpu)
-        if fp8:
+        self.model = (GemmModel.naive(gpu, config.mfu, config.mbu) if config.linear == "naive"
+                      else GemmModel.for_gpu(gpu))
+        if fp8:  # fp8 weights: one byte each, and fp8 math where the GPU has it (W8A8)
             self.model = self.model.fp8(gpu)
         self.launch_s = self.model.params.launch_s
 
@@ -318,12 +301,6 @@ class _CalibratedGemm:
 
     def describe(self) -> dict[str, Any]:
         return self.model.describe()
-
-
-def _gemm_model(config: RooflineConfig, gpu: GPUSpec, fp8: bool = False
-                ) -> _NaiveGemm | _CalibratedGemm:
-    return (_NaiveGemm(config, gpu, fp8) if config.linear == "naive"
-            else _CalibratedGemm(gpu, fp8))
 
 
 def _collectives(config: RooflineConfig, gpu: GPUSpec, parallelism: Parallelism) -> Collectives:
