@@ -3,9 +3,18 @@
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.errors import InputError
-from sim.input_file import FileProblem, check_regular, loads, read_bytes, read_json_file
+from sim.input_file import (
+    FileProblem,
+    _loads_checking_each_number,
+    check_regular,
+    loads,
+    read_bytes,
+    read_json_file,
+)
 
 
 @pytest.mark.parametrize(("text", "problem"), [
@@ -25,6 +34,37 @@ def test_plain_json_is_read_as_json_reads_it():
     text = '{"a": [1, 2.5, -3e-7, "x", null, true], "b": {"c": 123456789012345678901234567890}}'
     assert loads(text) == {"a": [1, 2.5, -3e-7, "x", None, True],
                            "b": {"c": 123456789012345678901234567890}}
+
+
+# Numbers on both sides of every bound the strict reader keeps: 30 and 31 digits, floats near
+# 1e30 and past the largest double, as literals (the text is what is parsed).
+NUMBER_TEXT = st.one_of(
+    st.integers(-(10**32), 10**32).map(str),
+    st.sampled_from(["9" * 30, "-" + "9" * 30, "1" + "0" * 30, "-1" + "0" * 30, "1e29",
+                     "9.99e29", "1e30", "-1e30", "1e308", "2e308", "-1e999", "1e-400", "-0.0",
+                     "0", "5e-324"]),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr))
+JSON_TEXT = st.recursive(
+    st.one_of(NUMBER_TEXT, st.sampled_from(['"x"', "true", "null", '"7"'])),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5).map(lambda items: "[" + ", ".join(items) + "]"),
+        st.lists(st.tuples(st.sampled_from("abc"), inner), max_size=4).map(
+            lambda pairs: "{" + ", ".join(f'"{k}": {v}' for k, v in pairs) + "}")),
+    max_leaves=12)
+
+
+@settings(max_examples=600, deadline=None)
+@given(JSON_TEXT)
+def test_numbers_checked_in_bulk_read_as_when_checked_one_by_one(text):
+    """`loads` parses numbers in C and checks them after; whatever it returns or refuses is
+    what the parse that checks each number returns or refuses (keys given twice included)."""
+    def outcome(parse):
+        try:
+            return "value", parse(text)
+        except FileProblem as exc:
+            return "problem", str(exc)
+
+    assert outcome(loads) == outcome(_loads_checking_each_number)
 
 
 def test_only_a_regular_file_is_opened(tmp_path):
