@@ -165,10 +165,11 @@ class ReplayLoop:
         t = self.clock()
         if self.horizon_s is not None and t >= self.horizon_s:
             return t  # ends after the horizon: not committed, as in the simulator
+        since = self.log.last_decode_iteration  # before this one is logged
         index = self.log.append(start_s, t - start_s, shape.num_prefill_tokens,
                                 shape.num_decode_tokens, plan.num_seqs, num_used_blocks,
                                 len(plan.preempted_ids), num_waiting)
-        done = state.commit(plan, index, start_s, t)
+        done = state.commit(plan, index, start_s, t, since)
         self.executor.release(done)
         self.num_done += len(done)
         self._record(shape, forward_s)

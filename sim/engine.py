@@ -356,8 +356,9 @@ class Replica:
         yield At(self.env, cut_s, self.turn)
 
     def _commit(self, it: Iteration) -> None:
+        since = self.log.last_decode_iteration  # before this one is logged
         iteration = self._log(it)
-        self._left_running(self.state.commit(it.plan, iteration, it.start_s, it.end_s))
+        self._left_running(self.state.commit(it.plan, iteration, it.start_s, it.end_s, since))
 
     def _log(self, it: Iteration) -> int:
         """Add an iteration that has ended to the log; return its number."""

@@ -31,6 +31,9 @@ class IterationLog:
         # (`Request.token_runs`) would hold one per token; these hold 16 bytes per token.
         self.sampled_request_ids = array("q")
         self.sampled_iterations = array("q")
+        # The last iteration in which any request decoded (-1: none yet): a request's run of
+        # token iterations goes on through the iterations after it (`Request.record_token`).
+        self.last_decode_iteration = -1
 
     def __len__(self) -> int:
         return len(self.columns["start_s"])
@@ -50,6 +53,8 @@ class IterationLog:
         kv_blocks(num_kv_blocks_used)
         preempted(num_preempted)
         waiting(num_waiting)
+        if num_decode_tokens:
+            self.last_decode_iteration = index
         return index
 
     def add_sampled(self, iteration: int, request_ids: list[int]) -> None:
@@ -85,9 +90,14 @@ class IterationLog:
             for j in range(chunks):
                 decodes[j] -= 1
             c["num_decode_tokens"].extend(decodes)
+            # The prompt's request decodes after its chunks; beside them, the others do.
+            if k > chunks or decodes[0]:
+                self.last_decode_iteration = index + k - 1
         else:
             c["num_prefill_tokens"].frombytes(bytes(8 * k))
             c["num_decode_tokens"].extend(seqs)
+            if k:
+                self.last_decode_iteration = index + k - 1
         c["num_seqs"].extend(seqs)
         c["num_kv_blocks_used"].extend(array("q", num_kv_blocks_used))
         preempted = array("q", bytes(8 * k))

@@ -50,9 +50,12 @@ class Request:
     transfer_start_s: float | None = None
     transfer_wire_start_s: float | None = None  # when its link began sending (links queue)
     transfer_end_s: float | None = None
-    # Token times are kept as runs of consecutive iteration indices, not one object per token:
+    # Token times are kept as runs of iteration indices, not one object per token:
     # `token_runs` holds closed (replica_id, first_iter, end_iter) runs; the open run, on
-    # `replica_id`, is [run_start_iter, last_token_iter + 1).
+    # `replica_id`, is [run_start_iter, last_token_iter + 1). A run holds a token at its first
+    # iteration and at every later one in it in which any request of its replica decoded: it
+    # goes on through iterations without decodes (a prefill-first policy's prompts, which
+    # pause every decode), and `sim.results.token_runs` splits it there.
     token_runs: list[tuple[int, int, int]] = field(default_factory=list)
     run_start_iter: int = -1
     last_token_iter: int = -2
@@ -90,19 +93,22 @@ class Request:
         """KV slots the request needs at its largest: the last sampled token is never computed."""
         return self.num_prompt_tokens + self.num_target_output_tokens - 1
 
-    def record_token(self, iteration: int) -> None:
-        """Note that this request sampled a token at the end of iteration `iteration`."""
-        if iteration != self.last_token_iter + 1:
+    def record_token(self, iteration: int, since: int | None = None) -> None:
+        """Note that this request sampled a token at the end of iteration `iteration`. `since`:
+        the last iteration before it in which any request here decoded (default: the one
+        before it). The open run goes on unless an iteration with decodes went by without
+        a token of this request."""
+        if self.last_token_iter < (iteration - 1 if since is None else since):
             self.close_token_run()
             self.run_start_iter = iteration
         self.last_token_iter = iteration
 
-    def decode_steps(self, first_iter: int, num_steps: int) -> None:
+    def decode_steps(self, first_iter: int, num_steps: int, since: int | None = None) -> None:
         """Decoded in `num_steps` consecutive iterations from `first_iter` (a decode stretch):
-        one token computed and one sampled in each."""
+        one token computed and one sampled in each (`since`: as `record_token`'s)."""
         self.num_computed_tokens += num_steps
         self.num_output_tokens += num_steps
-        self.record_token(first_iter)
+        self.record_token(first_iter, since)
         self.last_token_iter = first_iter + num_steps - 1
 
     def close_token_run(self) -> None:

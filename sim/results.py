@@ -46,13 +46,17 @@ def token_runs(requests: Sequence[Request], logs: Sequence[IterationLog]) -> Tok
         runs = req.all_token_runs()
         count(len(runs))
         # One call a request: a request decoding beside others' prefills has a run per
-        # prefill that paused it (millions in all under overload).
+        # prefill that kept it out of the batch.
         extend(chain.from_iterable(runs))
     triples = np.frombuffer(flat, dtype=np.int64).reshape(-1, 3)
     per_request = np.frombuffer(num_runs, dtype=np.int64)
     base = offsets[triples[:, 0]] if len(triples) else np.zeros(0, dtype=np.int64)
     start, end = base + triples[:, 1], base + triples[:, 2]
     owner = np.repeat(np.arange(len(requests), dtype=np.int64), per_request)
+    split = split_where_none_decoded(owner, start, end, logs)
+    if split is not None:
+        owner, start, end = split
+        per_request = np.bincount(owner, minlength=len(requests)).astype(np.int64)
     if any(len(log.sampled_iterations) for log in logs):
         owner, start, end = _with_sampled(requests, logs, offsets, owner, start, end)
         per_request = np.bincount(owner, minlength=len(requests)).astype(np.int64)
@@ -61,6 +65,36 @@ def token_runs(requests: Sequence[Request], logs: Sequence[IterationLog]) -> Tok
         owner, start, end = owner[keep], start[keep], end[keep]
         per_request = np.bincount(owner, minlength=len(requests)).astype(np.int64)
     return TokenRuns(owner, start, end, per_request.copy())
+
+
+def split_where_none_decoded(owner: np.ndarray, start: np.ndarray, end: np.ndarray,
+                             logs: Sequence[IterationLog]
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A recorded run goes on through iterations in which no request of its replica decoded
+    (`Request.record_token`: a prefill-first policy's prompts pause every decode, and would
+    otherwise close every running request's run, millions of them under overload). Here it
+    is cut before each such iteration and starts again after it: runs of consecutive
+    iterations, each with a token, as the tables need. None if no run spans one."""
+    if not len(start):
+        return None
+    decodes = np.concatenate([np.frombuffer(log.columns["num_decode_tokens"], dtype=np.int64)
+                              for log in logs])
+    idle = np.flatnonzero(decodes == 0)
+    # The idle iterations inside each run, (start, end): a run's first may be idle itself
+    # (the first token, at the end of a prompt's last chunk).
+    lo = np.searchsorted(idle, start, side="right")
+    cuts = np.searchsorted(idle, end, side="left") - lo
+    if not cuts.any():
+        return None
+    pieces = cuts + 1
+    run = np.repeat(np.arange(len(start)), pieces)
+    pos = np.arange(len(run)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    cut = lo[run] + pos  # the idle iteration that ends piece `pos` (all but the last piece)
+    last = len(idle) - 1
+    piece_start = np.where(pos == 0, start[run], idle[np.minimum(cut - 1, last)] + 1)
+    piece_end = np.where(pos == cuts[run], end[run], idle[np.minimum(cut, last)])
+    keep = piece_end > piece_start  # nothing between two idle iterations in a row
+    return owner[run][keep], piece_start[keep], piece_end[keep]
 
 
 def _with_sampled(requests: Sequence[Request], logs: Sequence[IterationLog],

@@ -82,14 +82,18 @@ class ReplicaState:
         self.waiting.appendleft(req)
         self.num_waiting_tokens += req.num_uncomputed_tokens
 
-    def commit(self, plan: Plan, iteration: int, start_s: float, end_s: float) -> list[Request]:
+    def commit(self, plan: Plan, iteration: int, start_s: float, end_s: float,
+               since: int | None = None) -> list[Request]:
         """Apply an iteration that ran from `start_s` to `end_s`; return the requests that left
-        the running list: finished, or (on a prefill replica) prefilled and handed off."""
+        the running list: finished, or (on a prefill replica) prefilled and handed off.
+        `since`: the last iteration before this one in which any request here decoded (default
+        the one before it): a request's run of token iterations goes on through those between
+        (`Request.record_token`)."""
         done: list[Request] = []
         requests = self.requests
         prefill_only = self.prefill_only
         num_sampled = 0
-        previous = iteration - 1
+        previous = iteration - 1 if since is None else since
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
             if req.first_scheduled_s is None:
@@ -99,10 +103,10 @@ class ReplicaState:
             if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens:
                 req.num_output_tokens += 1
                 num_sampled += 1
-                if req.last_token_iter == previous:  # `record_token`'s usual case, no call
+                if req.last_token_iter >= previous:  # `record_token`'s usual case, no call
                     req.last_token_iter = iteration
                 else:
-                    req.record_token(iteration)
+                    req.record_token(iteration, previous)
                 if req.num_output_tokens == req.num_target_output_tokens or prefill_only:
                     done.append(req)
         self.num_running_tokens += num_sampled

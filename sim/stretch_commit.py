@@ -46,6 +46,7 @@ def _commit_requests(state: ReplicaState, stretch: Stretch, num_steps: int, log:
     bs = stretch.block_size
     requests = stretch.requests
     first_iter = len(log)
+    since = log.last_decode_iteration  # before the stretch's iterations are logged
     # Changes from iteration j on, j = 1 .. num_steps (index num_steps: the rest's first).
     used_change = [0] * (num_steps + 1)
     seqs_change = [0] * (num_steps + 1)
@@ -77,7 +78,7 @@ def _commit_requests(state: ReplicaState, stretch: Stretch, num_steps: int, log:
             seqs_change[left] -= 1
             # (Its place in the batch: `requests_in` lacks the prompt's request.)
             leaving.append((left, pos + (0 <= prefill_pos <= pos)))
-        req.decode_steps(first_iter, steps_in)
+        req.decode_steps(first_iter, steps_in, since)
         num_decoded += steps_in
         # Blocks to hold what it computed (a finishing request's too: with prefix caching,
         # what it frees is cached); the plan counted every request's growth, so they fit.

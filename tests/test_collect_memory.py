@@ -43,10 +43,13 @@ def simulate(scenario: Scenario) -> tuple[list[Request], list[ReplicaRecord], Re
 def per_token(requests: list[Request], logs: list[IterationLog]) -> dict[str, Any]:
     """The old way, one entry per token (written out in Python, apart from `sim.results`):
     every token's time; per request its count, first and last time and largest gap; all the
-    gaps of all requests pooled, in request order."""
+    gaps of all requests pooled, in request order. A recorded run holds a token at its first
+    iteration and at each later one in it with decodes (`Request.record_token`)."""
     ends = [log.end_s() for log in logs]
+    decodes = [log.arrays()["num_decode_tokens"] for log in logs]
     times = [np.array([ends[replica][j] for replica, first, end in req.all_token_runs()
-                       for j in range(first, end)], dtype=np.float64) for req in requests]
+                       for j in range(first, end) if j == first or decodes[replica][j] > 0],
+                      dtype=np.float64) for req in requests]
     gaps = [t[1:] - t[:-1] for t in times]
     return {
         "times": times,
@@ -204,3 +207,83 @@ def test_request_frame_columns_unchanged():
         "decode_wait_s", "transfer_s"]
     assert frame["num_generated_tokens"].dtype == np.int64
     assert all(frame[c].dtype == np.float64 for c in FINISHED_COLUMNS)
+
+
+def test_runs_through_iterations_without_decodes_give_the_same_results(monkeypatch):
+    """Prefill-first pauses every decode while prompts run: a run of token iterations goes
+    on through those iterations (one run, not one per prompt) and the tables cut it there.
+    Every result is what closing the run at each of them gives."""
+    from sim.results import split_where_none_decoded
+    from sim.state import ReplicaState
+
+    data = {"seed": 3, "workload": {**WORKLOAD, "num_requests": 60},
+            "replica": {**REPLICA, "scheduler": {"name": "prefill_first", "max_num_seqs": 8},
+                        "kv_cache": {"block_size": 4, "num_blocks": 400}},
+            "record_token_times": True}
+    scenario = parse_scenario(data, "test")
+    requests, records, res = simulate(scenario)
+    logs = [r.log for r in records]
+    spans = [(first, end) for req in requests for _, first, end in req.all_token_runs()
+             if (logs[0].arrays()["num_decode_tokens"][first + 1:end] == 0).any()]
+    assert len(spans) > 10  # runs that go on through iterations without decodes
+    assert_same_as_per_token(scenario)
+
+    # Every run closed where this request decoded not in the iteration before, as before.
+    commit, record_token = ReplicaState.commit, Request.record_token
+    monkeypatch.setattr(ReplicaState, "commit",
+                        lambda self, plan, iteration, start_s, end_s, since=None: commit(
+                            self, plan, iteration, start_s, end_s))
+    monkeypatch.setattr(Request, "record_token",
+                        lambda self, iteration, since=None: record_token(self, iteration))
+    requests_closed, records_closed, closed = simulate(scenario)
+    assert sum(len(r.all_token_runs()) for r in requests_closed) > sum(
+        len(r.all_token_runs()) for r in requests)
+    for name in ("requests", "iterations", "tokens", "tbt_gaps"):
+        pd.testing.assert_frame_equal(getattr(res, name), getattr(closed, name))
+    assert res.summary == closed.summary
+    assert split_where_none_decoded(*_runs(requests_closed, [r.log for r in records_closed]),
+                                    [r.log for r in records_closed]) is None
+
+
+def _runs(requests: list[Request], logs: list[IterationLog]
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows = [(i, first, end) for i, req in enumerate(requests)
+            for _, first, end in req.all_token_runs()]
+    owner, start, end = (np.array(col, dtype=np.int64) for col in zip(*rows, strict=True))
+    return owner, start, end
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=1, max_size=40), st.data())
+def test_runs_are_cut_at_each_iteration_without_decodes(decodes, data):
+    """`split_where_none_decoded` against the tokens written out: a run [first, end) holds a
+    token at first and at each later iteration with decodes; the pieces are those tokens'
+    runs of consecutive iterations."""
+    from sim.results import split_where_none_decoded
+
+    log = IterationLog()
+    for n in decodes:
+        log.append(0.0, 1.0, 0, n, max(n, 1), 0, 0, 0)
+    num = len(decodes)
+    # Runs whose last iteration holds a token (its first, or one with decodes).
+    ends_ok = [j for j in range(num) if decodes[j] > 0]
+    runs = []
+    for owner in range(data.draw(st.integers(1, 6))):
+        first = data.draw(st.integers(0, num - 1))
+        last = data.draw(st.sampled_from([first] + [j for j in ends_ok if j > first]))
+        runs.append((owner, first, last + 1))
+    owner, start, end = (np.array(col, dtype=np.int64) for col in zip(*runs, strict=True))
+    expected = []
+    for o, first, stop in runs:
+        tokens = [j for j in range(first, stop) if j == first or decodes[j] > 0]
+        piece = [tokens[0]]
+        for j in tokens[1:]:
+            if j == piece[-1] + 1:
+                piece.append(j)
+            else:
+                expected.append((o, piece[0], piece[-1] + 1))
+                piece = [j]
+        expected.append((o, piece[0], piece[-1] + 1))
+    split = split_where_none_decoded(owner, start, end, [log])
+    got = runs if split is None else list(zip(*(a.tolist() for a in split), strict=True))
+    assert got == expected
