@@ -90,8 +90,8 @@ def write_parquet(table: Columns | pd.DataFrame, path: Path,
     # other integers and text repeat (dictionary pages, the default).
     encoding = {}
     for name, col in table.items():
-        if name in counters:
-            encoding[name] = "DELTA_BINARY_PACKED"
+        if name in counters and not isinstance(col, Categorical) and col.dtype.kind in "iu":
+            encoding[name] = "DELTA_BINARY_PACKED"  # integers only (pyarrow refuses others)
         elif not isinstance(col, Categorical) and col.dtype.kind == "f":
             encoding[name] = "BYTE_STREAM_SPLIT"
     pq.write_table(pa.Table.from_arrays(arrays, names=list(table)), path,

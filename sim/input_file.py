@@ -87,15 +87,24 @@ def loads(raw: bytes | str) -> Any:
     # Numbers parsed by json's C scanner, then checked in bulk, cost less than a Python call
     # for each (a Mooncake trace's lines are mostly integers: its 12k lines parse in 95-109
     # ms, not 127-154). What the check cannot vouch for, and every error, goes through the
-    # parse that checks each number as it reads it.
-    try:
-        value = json.loads(raw, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-    except (ValueError, RecursionError):  # JSON and decoding errors too: worded below
-        pass
-    else:
-        if _numbers_within(value):
-            return value
+    # parse that checks each number as it reads it. So does a document with many brackets:
+    # that parse's hook is one call deeper, so near the recursion limit only it refuses.
+    brackets = raw.count(b"[") + raw.count(b"{") if isinstance(raw, bytes) else \
+        raw.count("[") + raw.count("{")
+    if brackets <= MAX_BULK_BRACKETS:
+        try:
+            value = json.loads(raw, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        except (ValueError, RecursionError):  # JSON and decoding errors too: worded below
+            pass
+        else:
+            if _numbers_within(value):
+                return value
     return _loads_checking_each_number(raw)
+
+
+# Fewer brackets than this cannot nest deep enough to reach Python's recursion limit (1,000
+# by default) from any reasonable caller: both parses then read a document alike.
+MAX_BULK_BRACKETS = 500
 
 
 def _numbers_within(value: Any) -> bool:

@@ -42,7 +42,8 @@ class WeightedSample:
         counted zero times left out); NaNs, if any, as one value at the end. Kept once made:
         the summary's percentiles and the gaps' file both read it (sorting a million gaps
         twice cost a fifth of a run's summary and files)."""
-        values, inverse = np.unique(self.values, return_inverse=True)
+        values, inverse = np.unique(np.asarray(self.values, dtype=np.float64),
+                                    return_inverse=True)
         counts = np.bincount(inverse, weights=self.counts, minlength=len(values))
         keep = counts > 0
         return WeightedSample(values[keep], counts[keep].astype(np.int64))

@@ -193,12 +193,20 @@ class GemmModel:
                        weight_bytes=1, input_bytes=1 if w8a8 else DTYPE_BYTES)
 
     @classmethod
-    def naive(cls, spec: GPUSpec, mfu: float = 0.6, mbu: float = 0.8) -> GemmModel:
+    def naive(cls, spec: GPUSpec, mfu: float = 0.6, mbu: float = 0.8, *,
+              fp8: bool = False) -> GemmModel:
         """max(FLOPs at `mfu` of peak, weight bytes at `mbu` of bandwidth): the datasheet
-        roofline, no launch cost, no activations, no tiles."""
+        roofline, no launch cost, no activations, no tiles. `fp8`: for fp8 weights, as
+        `fp8()` makes it, at `mfu` of the fp8 peak itself (where the GPU has fp8 math)."""
         params = GemmParams(0.0, spec.peak_bf16_flops * mfu,
                             spec.memory_bandwidth_bytes_s * mbu, 0.0, 1)
-        return cls(params, spec.name, "naive", f"datasheet roofline, mfu {mfu}, mbu {mbu}")
+        model = cls(params, spec.name, "naive", f"datasheet roofline, mfu {mfu}, mbu {mbu}")
+        if not fp8:
+            return model
+        # `fp8()` scales the bf16 rate by the peaks' ratio, which rounds differently where
+        # that ratio is not exact in binary (L40S): the product itself, as the roofline had it.
+        return replace(model.fp8(spec), params=replace(
+            params, flops_s=spec.matmul_flops(fp8=True) * mfu))
 
     @overload
     def time_s(self, m: int | float | np.integer | np.floating, k: int, n: int) -> float: ...

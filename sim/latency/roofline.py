@@ -290,10 +290,13 @@ class _Gemm:
     def __init__(self, config: RooflineConfig, gpu: GPUSpec, fp8: bool = False) -> None:
         from sim.latency.gemm import GemmModel
 
-        self.model = (GemmModel.naive(gpu, config.mfu, config.mbu) if config.linear == "naive"
-                      else GemmModel.for_gpu(gpu))
-        if fp8:  # fp8 weights: one byte each, and fp8 math where the GPU has it (W8A8)
-            self.model = self.model.fp8(gpu)
+        # fp8 weights: one byte each, and fp8 math where the GPU has it (W8A8).
+        if config.linear == "naive":
+            self.model = GemmModel.naive(gpu, config.mfu, config.mbu, fp8=fp8)
+        else:
+            self.model = GemmModel.for_gpu(gpu)
+            if fp8:
+                self.model = self.model.fp8(gpu)
         self.launch_s = self.model.params.launch_s
 
     def __call__(self, m: np.ndarray, k: int, n: int) -> np.ndarray:
