@@ -36,10 +36,18 @@ class ReplicaState:
         # known tokens (prompt plus output) of the running ones.
         self.num_waiting_tokens = 0
         self.num_running_tokens = 0
+        # Blocks the running requests need at their largest (`num_kv_tokens_needed`), summed:
+        # what a full reservation keeps for them is this less what they hold
+        # (`sim.schedulers.base.reserved_blocks`, at every iteration where requests wait).
+        self.num_running_max_blocks = 0
 
     def num_kv_tokens_needed(self, req: Request) -> int:
         """KV slots `req` needs here at its largest: its prompt on a prefill replica."""
         return req.num_prompt_tokens if self.prefill_only else req.num_max_kv_tokens
+
+    def max_blocks(self, req: Request) -> int:
+        """KV blocks `req` needs here at its largest."""
+        return -(-self.num_kv_tokens_needed(req) // self.kv.block_size)
 
     def add(self, req: Request) -> None:
         self.requests[req.request_id] = req
@@ -54,6 +62,7 @@ class ReplicaState:
         self.waiting.popleft()
         self.num_waiting_tokens -= req.num_uncomputed_tokens
         self.num_running_tokens += req.num_tokens
+        self.num_running_max_blocks += self.max_blocks(req)
         if num_cached_tokens:
             req.num_computed_tokens += num_cached_tokens
             if not req.num_preemptions:  # vLLM reports the hit of the first admission
@@ -68,11 +77,13 @@ class ReplicaState:
         req.status = Status.RUNNING
         self.running.append(req)
         self.num_running_tokens += req.num_tokens
+        self.num_running_max_blocks += self.max_blocks(req)
 
     def preempt(self, req: Request) -> None:
         """Preemption by recompute: drop the request's KV and put it back at the queue front."""
         self.running.remove(req)
         self.num_running_tokens -= req.num_tokens
+        self.num_running_max_blocks -= self.max_blocks(req)
         self.kv.free(req)
         req.num_recomputed_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
@@ -122,6 +133,7 @@ class ReplicaState:
             else:
                 self.running.remove(req)
                 self.num_running_tokens -= req.num_tokens
+                self.num_running_max_blocks -= self.max_blocks(req)
                 req.status = Status.TRANSFERRING
                 req.prefill_end_s = end_s
                 self.num_transferring += 1
@@ -188,6 +200,7 @@ class ReplicaState:
     def finish(self, req: Request, end_s: float) -> None:
         self.running.remove(req)
         self.num_running_tokens -= req.num_tokens
+        self.num_running_max_blocks -= self.max_blocks(req)
         self.kv.free(req)
         req.close_token_run()
         req.status = Status.FINISHED
@@ -207,3 +220,9 @@ class ReplicaState:
             assert self.kv.num_held_blocks(req.request_id) == 0
         assert self.num_waiting_tokens == sum(r.num_uncomputed_tokens for r in self.waiting)
         assert self.num_running_tokens == sum(r.num_tokens for r in self.running)
+        assert self.num_running_max_blocks == sum(self.max_blocks(r) for r in self.running)
+        # A request never holds more than it needs at its largest (`reserved_blocks` counts
+        # on it; a prefix cache's shared blocks are counted apart).
+        if not self.kv.caches_prefixes:
+            for req in self.running:
+                assert self.kv.num_held_blocks(req.request_id) <= self.max_blocks(req)

@@ -326,6 +326,7 @@ def test_a_commit_counts_blocks_batch_sizes_and_finishes_request_by_request():
             state.requests[i] = req
             state.running.append(req)
             state.num_running_tokens += req.num_tokens
+            state.num_running_max_blocks += state.max_blocks(req)
             kv.grow_blocks(i, -(-(int(computed[i]) + 1) // bs))  # the first step's blocks
         base = kv.num_used_blocks
         durations = np.full(length, 0.01)
@@ -447,6 +448,7 @@ def _batch_with_a_prompt(bs: int, decodes: list[tuple[int, int, int]], pos: int,
         state.requests[req.request_id] = req
         state.running.append(req)
         state.num_running_tokens += req.num_tokens
+        state.num_running_max_blocks += state.max_blocks(req)
         tokens = 1 if req.is_decoding else chunk
         assert state.kv.try_allocate(req, tokens)  # the first iteration's blocks
         plan.num_scheduled_tokens[req.request_id] = tokens

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sim import run_scenario
@@ -273,3 +273,55 @@ def test_cluster_fast_forward_is_exact(data):
     assert fast.iterations.equals(slow.iterations)
     assert fast.tokens.equals(slow.tokens)
     assert fast.summary == slow.summary
+
+
+def run_checking_reserved_blocks(data: dict) -> list[bool]:
+    """Run `data` with every policy's `reserved_blocks` checked against the sum over the
+    running requests (`summed_reserved_blocks`) at every call; return, per call, whether it
+    asked for a full reservation (the kept counts' case)."""
+    import sim.schedulers.base as base
+    from sim.schedulers import chunked_prefill, prefill_first, sglang, vllm_v1
+
+    calls: list[bool] = []
+    kept = base.reserved_blocks
+
+    def checked(state, reserve_tokens):
+        got = kept(state, reserve_tokens)
+        assert got == base.summed_reserved_blocks(state, reserve_tokens)
+        calls.append(reserve_tokens is None)
+        return got
+
+    modules = (base, chunked_prefill, prefill_first, sglang, vllm_v1)
+    saved = [module.reserved_blocks for module in modules]
+    try:
+        for module in modules:
+            module.reserved_blocks = checked
+        run_scenario(parse_scenario(data, "hypothesis"))
+    finally:
+        for module, original in zip(modules, saved, strict=True):
+            module.reserved_blocks = original
+    return calls
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters())
+def test_reserved_blocks_from_kept_counts_equal_the_sum(data):
+    """`reserved_blocks` takes a full reservation from two kept counts where every block in
+    use is a running request's; at every call of every policy it equals the sum."""
+    calls = run_checking_reserved_blocks(data)
+    event(f"full reservations asked: {any(calls)}")
+
+
+def test_reserved_blocks_kept_counts_under_overload():
+    """A queue that never drains: a full reservation asked at most iterations."""
+    for name in ("prefill_first", "sglang", "chunked_prefill"):
+        data = {"seed": 1, "workload": {
+            "format": "synthetic", "num_requests": 200,
+            "arrivals": {"process": "poisson", "qps": 400},
+            "lengths": {"prompt": {"dist": "uniform", "low": 10, "high": 300},
+                        "output": {"dist": "uniform", "low": 5, "high": 120}}},
+            "replica": {"model": "tiny", "latency": {"kind": "constant", "iteration_s": 0.01},
+                        "scheduler": {"name": name, "max_num_seqs": 16},
+                        "kv_cache": {"block_size": 4, "num_blocks": 600}}}
+        calls = run_checking_reserved_blocks(data)
+        assert sum(calls) > 50, (name, len(calls))

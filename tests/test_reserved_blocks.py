@@ -1,6 +1,6 @@
 """`reserved_blocks` is `future_blocks` summed over the running requests (written out as one
-loop for speed): the same on random replica states, colocated and prefill-only, whatever the
-reservation cap."""
+loop, or, for a full reservation, from two kept counts): the same on random replica states,
+colocated and prefill-only, whatever the reservation cap."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from sim.kv_cache import KVCacheManager
 from sim.request import Request
-from sim.schedulers.base import future_blocks, reserved_blocks
+from sim.schedulers.base import future_blocks, reserved_blocks, summed_reserved_blocks
 from sim.state import ReplicaState
 
 
@@ -35,8 +35,10 @@ def test_reserved_blocks_sums_future_blocks(seed, prefill_only):
     for cap in (None, 0, 1, 17, 500):
         expected = sum(future_blocks(state, req, cap) for req in state.running)
         assert reserved_blocks(state, cap) == expected
+        assert summed_reserved_blocks(state, cap) == expected
     # Prefill-only replicas reserve for the prompt alone: less than a colocated one would.
     if prefill_only:
         colocated = ReplicaState(state.kv, prefill_only=False)
         colocated.running = state.running
+        colocated.num_running_max_blocks = sum(colocated.max_blocks(r) for r in state.running)
         assert reserved_blocks(state, None) <= reserved_blocks(colocated, None)
