@@ -156,19 +156,19 @@ def future_blocks(state: ReplicaState, req: Request, reserve_tokens: int | None)
 
 def reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> int:
     """Blocks running requests may still need for their future tokens (capped per request):
-    `future_blocks` summed, written out (a policy sums them whenever requests wait, over every
-    running request: under overload, every iteration)."""
+    `future_blocks` summed (a policy asks whenever requests wait: under overload, every
+    iteration), from kept counts where it can be."""
     kv = state.kv
     if (reserve_tokens is None and not kv.caches_prefixes and not state.incoming
             and not state.num_transferring):
         # Every block in use is then a running request's, and none holds more than it needs
-        # at its largest (`ReplicaState.check`): the sum below, from two kept counts.
+        # at its largest (`ReplicaState.check`): `summed_reserved_blocks` from two kept counts.
         return state.num_running_max_blocks - kv.num_used_blocks
     return summed_reserved_blocks(state, reserve_tokens)
 
 
 def summed_reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> int:
-    """`reserved_blocks`, request by request."""
+    """`reserved_blocks`, request by request (`future_blocks` written out: one loop)."""
     kv = state.kv
     block_size = kv.block_size
     held = kv.num_held_blocks
