@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from sim.kv_cache import KVCacheManager
+from sim.kv_cache import KVCacheManager, cdiv
 from sim.plan import Plan
 from sim.request import Request, Status
 
@@ -47,7 +47,7 @@ class ReplicaState:
 
     def max_blocks(self, req: Request) -> int:
         """KV blocks `req` needs here at its largest."""
-        return -(-self.num_kv_tokens_needed(req) // self.kv.block_size)
+        return cdiv(self.num_kv_tokens_needed(req), self.kv.block_size)
 
     def add(self, req: Request) -> None:
         self.requests[req.request_id] = req
