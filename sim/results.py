@@ -127,11 +127,13 @@ def end_times(logs: Sequence[IterationLog]) -> np.ndarray:
     return np.concatenate([log.end_s() for log in logs]) if logs else np.zeros(0)
 
 
-def token_times(requests: Sequence[Request], logs: Sequence[IterationLog]
-                ) -> tuple[np.ndarray, np.ndarray]:
+def token_times(requests: Sequence[Request], logs: Sequence[IterationLog],
+                runs: TokenRuns | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every sampled token's time, grouped by request in order: (request position, time_s).
-    One entry per token: only for the tokens table (`record_token_times`)."""
-    runs = token_runs(requests, logs)
+    One entry per token: only for the tokens table (`record_token_times`). `runs`: the
+    requests' `token_runs`, where the caller has them already."""
+    if runs is None:
+        runs = token_runs(requests, logs)
     lengths = runs.end - runs.start
     total = int(lengths.sum())
     run_begin = np.cumsum(lengths) - lengths
@@ -212,11 +214,14 @@ def token_stats(runs: TokenRuns, end_s: np.ndarray) -> TokenStats:
     return TokenStats(num_tokens, first_token, last_token, max_gap, gaps)
 
 
-def request_table(requests: Sequence[Request], logs: Sequence[IterationLog]
-                  ) -> tuple[Columns, WeightedSample]:
+def request_table(requests: Sequence[Request], logs: Sequence[IterationLog],
+                  runs: TokenRuns | None = None) -> tuple[Columns, WeightedSample]:
     """Per-request records with derived latencies, and the pooled TBT gaps of all requests
-    (as distinct values with counts). `logs[i]` is replica i's."""
-    tokens = token_stats(token_runs(requests, logs), end_times(logs))
+    (as distinct values with counts). `logs[i]` is replica i's. `runs`: the requests'
+    `token_runs`, where the caller has them already."""
+    if runs is None:
+        runs = token_runs(requests, logs)
+    tokens = token_stats(runs, end_times(logs))
     counts = tokens.num_tokens
     first_token, last_token = tokens.first_token_s, tokens.last_token_s
 

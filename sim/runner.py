@@ -26,7 +26,7 @@ from sim.outdir import check_out_dir, write_dir
 from sim.overload import overload
 from sim.replica_config import ReplicaConfig
 from sim.request import Request
-from sim.results import iteration_table, request_table, token_table, token_times
+from sim.results import iteration_table, request_table, token_runs, token_table, token_times
 from sim.warmup import generated_arrivals, warmup_stats
 from sim.workloads import FORMATS, Workload, select
 
@@ -356,8 +356,9 @@ def request_results(scenario: Scenario, requests: Sequence[Request],
     """The request table and pooled TBT gaps from the requests' token runs: nothing here holds
     one entry per token (a million requests generate some 200 million), unless the tokens
     table is asked for."""
-    request_cols, gaps = request_table(requests, logs)
-    tokens = (token_table(requests, *token_times(requests, logs))
+    runs = token_runs(requests, logs)  # once: the tokens table reads them too
+    request_cols, gaps = request_table(requests, logs, runs)
+    tokens = (token_table(requests, *token_times(requests, logs, runs))
               if scenario.record_token_times else None)
     return RequestResults(request_cols, gaps, tokens)
 
