@@ -1,8 +1,9 @@
 """How far two runs of the same requests are apart: the arithmetic of `servesim validate`.
 
 Pure functions of result directories (summary.json, requests.parquet, iterations.parquet), so the
-error table can be checked on hand-made folders. Errors are signed and relative to the reference
-run (a replay): (other - reference) / reference.
+error table can be checked on hand-made folders, and of a replay's iteration times against a
+latency model's predictions. Errors are signed and relative to the reference run (a replay):
+(other - reference) / reference.
 """
 
 from __future__ import annotations
@@ -108,3 +109,36 @@ def iteration_error(measured_s: np.ndarray, predicted_s: np.ndarray) -> dict[str
             "median_signed": float(np.median(rel)) if rel.size else float("nan"),
             "mape": float(np.mean(np.abs(rel))) if rel.size else float("nan"),
             "total_signed": float(np.sum(predicted_s) / total - 1) if total > 0 else float("nan")}
+
+
+def ratio_spread(measured_s: np.ndarray, predicted_s: np.ndarray, its: pd.DataFrame,
+                 latency: Any) -> dict[str, float | None]:
+    """Replay 1's forward time over the profile's prediction, iteration by iteration: the
+    std of its log and its lag-1 correlation (consecutive iterations; normal scores within
+    regimes, as the profile's correlation is fitted), beside the same of the
+    profile's measured ratios (`noise.regimes`, pooled by how many iterations of each regime
+    replay 1 ran; its `noise.correlation`), which `host+noise` draws from."""
+    from profiler.fit import lag1_correlation
+    from sim.noise import REGIMES, regime_index
+
+    regime = regime_index(its["num_prefill_tokens"].to_numpy(),
+                          its["num_decode_tokens"].to_numpy())
+    ok = (measured_s > 0) & (predicted_s > 0)
+    log = np.log(measured_s[ok] / predicted_s[ok])
+    out: dict[str, float | None] = {
+        "replay_ratio_log_std": float(log.std()) if log.size else None,
+        "replay_ratio_lag1": lag1_correlation(log, regime[ok]),
+        "profile_ratio_log_std": None, "profile_correlation": None}
+    quantiles = latency.noise_quantiles()
+    if quantiles:
+        weights = np.bincount(regime, minlength=len(REGIMES)) / max(1, len(regime))
+        # Each regime's factor at a uniform u (linear between quantiles), as log-moments.
+        u = np.linspace(0, 1, 4097)
+        logs = [np.log(np.interp(u, np.linspace(0, 1, len(quantiles[r])), quantiles[r]))
+                for r in REGIMES]
+        mean = sum(w * x.mean() for w, x in zip(weights, logs, strict=True))
+        second = sum(w * (x * x).mean() for w, x in zip(weights, logs, strict=True))
+        out["profile_ratio_log_std"] = float(np.sqrt(max(second - mean * mean, 0.0)))
+        out["profile_correlation"] = (latency.describe().get("measured_noise")
+                                      or {}).get("correlation")
+    return out

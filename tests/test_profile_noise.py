@@ -16,7 +16,7 @@ import yaml
 
 from profiler.fit import MIN_REGIME_SAMPLES, fit_profile, measured_noise, predict
 from profiler.mixes import GridSpec, grid, random_mixes
-from profiler.validate import noise_correlation, noise_facts
+from profiler.validate_profile import noise_correlation, noise_facts
 from sim.config import parse_scenario
 from sim.errors import InputError
 from sim.gpus import GPUS

@@ -321,7 +321,7 @@ def test_an_infinite_capacity_is_refused(tmp_path, monkeypatch, capsys, value):
 def test_a_profile_that_misses_its_own_held_out_mixes_is_flagged() -> None:
     """A sitting built on a profile whose held-out error is large says so: its simulations
     cannot be judged against replays closer than that (seen: 49.7% on a busy VM, no word)."""
-    from profiler.validate import fit_flags
+    from profiler.validate_profile import fit_flags
 
     assert fit_flags({"mape": 0.0966, "n": 200}) == []  # the committed CPU profile's
     (flag,) = fit_flags({"mape": 0.497, "n": 8})
