@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 from rich.console import Console
 
-from sim.cli.study import comparison_tables
+from sim.cli.compare import comparison_tables
 
 
 def rows(names: list[str], **changes) -> pd.DataFrame:

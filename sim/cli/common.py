@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -68,3 +69,9 @@ def pct(value: float | None) -> str:
 def wide_console(min_width: int = 150) -> Console:
     """A console at least `min_width` wide, for tables with many columns."""
     return Console(width=max(console.width, min_width))
+
+
+def interrupted(kept: str) -> typer.Exit:
+    """Say what an interrupted command kept; the exit to raise (130, as after SIGINT)."""
+    print(f"interrupted: {kept}", file=sys.stderr, flush=True)
+    return typer.Exit(130)
