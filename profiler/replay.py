@@ -38,9 +38,9 @@ from sim.metrics import distribution
 from sim.outdir import check_out_dir
 from sim.progress import ProgressReport
 from sim.request import Request, Status
+from sim.run_dir import Results
 from sim.runner import (
     ReplicaRecord,
-    Results,
     collect,
     load_workload,
     make_requests,

@@ -48,14 +48,15 @@ if TYPE_CHECKING:
     from sim.errors import InputError
     from sim.fingerprint import scenario_key
     from sim.rate_decision import SLOTargets
-    from sim.runner import Results, run_scenario
+    from sim.run_dir import Results
+    from sim.runner import run_scenario
     from sim.sweep import run_sweep
     from sim.sweep_file import Run, load_sweep
 
 # public name -> the module that defines it
 _HOMES = {
     "Scenario": "sim.config", "load_scenario": "sim.config", "parse_scenario": "sim.config",
-    "Results": "sim.runner", "run_scenario": "sim.runner",
+    "Results": "sim.run_dir", "run_scenario": "sim.runner",
     "Run": "sim.sweep_file", "load_sweep": "sim.sweep_file", "run_sweep": "sim.sweep",
     "run_comparison": "sim.compare", "load_comparison": "sim.compare",
     "SLOTargets": "sim.rate_decision", "search_capacity": "sim.capacity",

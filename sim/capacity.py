@@ -68,7 +68,8 @@ from sim.rate_decision import (
     violations,
 )
 from sim.replications import check_replicable, replication_seeds, variation_sources
-from sim.runner import Results, cluster_gpus, load_workload, run_scenario
+from sim.run_dir import Results
+from sim.runner import cluster_gpus, load_workload, run_scenario
 
 DEFAULT_REPLICATIONS = 5  # up to this many runs per rate, where seeds make runs differ
 

@@ -32,7 +32,8 @@ from sim.outdir import (
 )
 from sim.overrides import Override, apply_overrides, named_by_overrides, resolved_defaults
 from sim.replications import COMPARISON_TABLES, check_only_comparison_entries
-from sim.runner import Results, run_scenario
+from sim.run_dir import Results
+from sim.runner import run_scenario
 from sim.yaml_input import read_base
 
 TABLE = "comparison.csv"

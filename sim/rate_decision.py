@@ -13,7 +13,7 @@ import numpy as np
 
 from sim.errors import COMMAND_LINE, InputError
 from sim.intervals import CONFIDENCE, t_bounds
-from sim.runner import Results
+from sim.run_dir import Results
 
 # target field -> (command-line option, label, summary section, percentile)
 TARGETS = {

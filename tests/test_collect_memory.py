@@ -19,9 +19,9 @@ from sim.iteration_log import IterationLog
 from sim.metrics import FINISHED_COLUMNS, WeightedSample, distribution, summarize
 from sim.request import Request
 from sim.results import TokenRuns, request_table, token_stats
+from sim.run_dir import Results
 from sim.runner import (
     ReplicaRecord,
-    Results,
     collect,
     load_workload,
     make_requests,

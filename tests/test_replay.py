@@ -27,7 +27,8 @@ from sim.config import load_scenario, parse_scenario  # noqa: E402
 from sim.kv_cache import KVCacheManager  # noqa: E402
 from sim.models import MODELS  # noqa: E402
 from sim.plan import Plan  # noqa: E402
-from sim.runner import Results, run_scenario  # noqa: E402
+from sim.run_dir import Results  # noqa: E402
+from sim.runner import run_scenario  # noqa: E402
 from tests.conftest import (  # noqa: E402
     assert_one_line_error,
     make_request,

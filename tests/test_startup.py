@@ -110,3 +110,16 @@ def test_simpy_and_torch_stay_where_the_architecture_puts_them():
     assert found["simpy"] == {"sim/clock.py", "sim/engine.py", "sim/pipeline.py",
                               "sim/disaggregation.py"}
     assert not found["torch"]
+
+
+def test_reading_a_run_back_imports_no_simulator(tmp_path):
+    """Notebooks, plots and reports read result files through `sim.Results`: loading a run
+    imports neither the engine (SimPy) nor the runner, only the readers."""
+    from sim import load_scenario, run_scenario
+
+    scenario = load_scenario()  # the embedded default: the Azure conversation trace
+    workload = scenario.workload.model_copy(update={"num_requests": 5})
+    run_scenario(scenario.model_copy(update={"workload": workload}), out_dir=tmp_path / "run")
+    code = f"from sim import Results\nresults = Results.load({str(tmp_path / 'run')!r})"
+    assert imported_by(code, ("simpy", "sim.engine", "sim.runner", "sim.cluster")) == []
+    assert probe(code, "len(results.requests)") == 5

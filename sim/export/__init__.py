@@ -23,7 +23,7 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
     directory, `DEFAULT_FILES[fmt]`); return the path written. `percentiles` and `detailed`
     (per-request arrays) shape a vllm file, `num_flows` a chrome trace."""
     # Imported here: `sim.export` is imported by the CLI, which starts without pandas.
-    from sim.runner import Results
+    from sim.run_dir import Results
 
     if fmt not in FORMATS:
         raise InputError(COMMAND_LINE, "--format", fmt,

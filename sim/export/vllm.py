@@ -50,7 +50,7 @@ import numpy as np
 from sim.errors import COMMAND_LINE, InputError
 
 if TYPE_CHECKING:
-    from sim.runner import Results
+    from sim.run_dir import Results
 
 NO_TOKENS_NOTE = ("no per-token times in this run (tokens.parquet): itls and the ITL statistics "
                   "are left out and max_output_tokens_per_s is null; set record_token_times: "
