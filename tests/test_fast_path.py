@@ -455,6 +455,17 @@ def _batch_with_a_prompt(bs: int, decodes: list[tuple[int, int, int]], pos: int,
     return state, plan
 
 
+
+def _ended_counts_direct(stretch, num_steps):
+    """`Stretch.ended_counts` computed from its arrays for this `num_steps` alone."""
+    left = stretch.num_steps_left
+    gone = left <= num_steps
+    not_sampled = (min(num_steps, stretch.num_prefill_steps - 1)
+                   if stretch.prefill_pos >= 0 else 0)
+    return (int(np.minimum(left, num_steps).sum()) - not_sampled, int(gone.sum()),
+            int((stretch.num_computed[gone] + 1 + left[gone]).sum()))
+
+
 def test_a_stretch_with_a_prompt_in_chunks_commits_as_stepping():
     """A stretch in which one request computes the rest of its prompt in chunks beside
     decodes (`plan_stretch` from the plan of its first iteration), committed in two pieces,
@@ -503,6 +514,8 @@ def test_a_stretch_with_a_prompt_in_chunks_commits_as_stepping():
         first = int(rng.integers(1, length + 1))
         peek = int(rng.integers(0, length + 1))
         counts = stretch.ended_counts(peek)
+        for k in range(length + 1):  # the table read past finishes, against the arrays
+            assert stretch.ended_counts(k) == _ended_counts_direct(stretch, k), k
         tokens_before = state.num_running_tokens
         log = IterationLog()
         done, rest = commit_stretch(state, stretch, first, log)
