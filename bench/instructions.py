@@ -26,6 +26,9 @@ Cases:
   `disagg`: at 4x on 2 prefill + 2 decode replicas (`bench/sim_speed.py`'s clusters).
 - `cluster16`: generated requests (Azure conversation lengths) at 14 req/s per replica on 16
   replicas (`bench/cluster_scaling.py`'s case).
+- `cluster64`: the Azure trace at 64x its rate on 64 replicas (`bench/cluster_scaling.py`'s
+  Azure case), where a router reads 64 replicas at every arrival: the case a regression of
+  those reads slowed by 46% unseen for a day (DEVELOPERS.md, "At scale and under overload").
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from cluster_scaling import CONV_LENGTHS, ROUTER, generated  # noqa: E402
 from sim_speed import CHUNKED, DEFAULT_TRACE, DISAGGREGATED, REPLICA  # noqa: E402
 
-CASES = ("azure", "azure_v1", "colocated4", "disagg", "cluster16")
+CASES = ("azure", "azure_v1", "colocated4", "disagg", "cluster16", "cluster64")
 BASELINE_REQUESTS = 10
 
 
@@ -68,6 +71,9 @@ def scenario(case: str, num_requests: int) -> dict[str, Any]:
     elif case == "disagg":
         data["workload"]["rate_scale"] = 4.0
         data["cluster"] = DISAGGREGATED
+    elif case == "cluster64":
+        data["workload"]["rate_scale"] = 64.0
+        data["cluster"] = {"replicas": 64, "router": ROUTER}
     return data
 
 

@@ -24,7 +24,8 @@ def load_bench():
     return module
 
 
-@pytest.mark.parametrize("case", ["azure", "azure_v1", "colocated4", "disagg", "cluster16"])
+@pytest.mark.parametrize("case", ["azure", "azure_v1", "colocated4", "disagg", "cluster16",
+                                  "cluster64"])
 def test_each_case_runs_its_requests(traces, case):
     bench = load_bench()
     assert case in bench.CASES
