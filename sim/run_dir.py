@@ -1,6 +1,7 @@
 """A run's results (`Results`): its tables and summary, written into a run directory beside
-its resolved scenario, and read back from one. Importing it does not import the simulator:
-notebooks, plots and reports that only read result files need nothing more."""
+its resolved scenario, and read back from one. Importing it imports neither SimPy nor the
+engine, the cluster or the runner (the scenario models it reads `scenario.yaml` with register
+the policies): notebooks, plots and reports that only read result files need no more."""
 
 from __future__ import annotations
 

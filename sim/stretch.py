@@ -15,7 +15,7 @@ short after the iteration in progress (new work arrived).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -68,7 +68,8 @@ class Stretch:
     prefill_pos: int = -1
     num_prefill_steps: int = 0
     # `ended_counts` for every number of iterations, made on the first read past a finish.
-    _ended: tuple[list[int], list[int], list[int]] | None = None
+    _ended: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False,
+                                                                    compare=False)
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -136,7 +137,8 @@ class Stretch:
         """What committing the first `num_steps` iterations would do to the replica's counts,
         without committing them (a router reads every replica at every arrival; committing a
         stretch in pieces costs a piece's arrays each time): tokens sampled, requests finished,
-        and the known tokens (prompt plus output) those requests leave with."""
+        and the known tokens (prompt plus output) those requests leave with. `num_steps`: at
+        most `len(self)` (`num_ended_by`)."""
         # The request computing its prompt samples in none of its chunks' iterations but the
         # last: counted as decoding from the first, it has that many samples fewer.
         not_sampled = min(num_steps, self.num_prefill_steps - 1) if self.prefill_pos >= 0 else 0

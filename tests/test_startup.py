@@ -112,9 +112,9 @@ def test_simpy_and_torch_stay_where_the_architecture_puts_them():
     assert not found["torch"]
 
 
-def test_reading_a_run_back_imports_no_simulator(tmp_path):
+def test_reading_a_run_back_imports_no_engine(tmp_path):
     """Notebooks, plots and reports read result files through `sim.Results`: loading a run
-    imports neither the engine (SimPy) nor the runner, only the readers."""
+    imports neither SimPy nor the engine, the cluster or the runner."""
     from sim import load_scenario, run_scenario
 
     scenario = load_scenario()  # the embedded default: the Azure conversation trace
