@@ -15,6 +15,7 @@ short after the iteration in progress (new work arrived).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,8 @@ class Stretch:
     # `ended_counts` for every number of iterations, made on the first read past a finish.
     _ended: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False,
                                                                     compare=False)
+    # `end_s` as a list, made on the first `num_ended_by`.
+    _end_list: list[float] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -80,9 +83,12 @@ class Stretch:
 
     def num_ended_by(self, now_s: float, *, inclusive: bool = True) -> int:
         """Iterations that have ended by `now_s` (at `now_s` too, if `inclusive`)."""
-        if now_s < self.end_s[0]:  # most reads, at a cost far below a search's
-            return 0
-        return int(self.end_s.searchsorted(now_s, side="right" if inclusive else "left"))
+        ends = self._end_list
+        if ends is None:
+            # A list of the same floats, searched by `bisect`: a router reads every replica
+            # at every arrival, where numpy's search (and its scalars) cost several times more.
+            ends = self._end_list = self.end_s.tolist()
+        return bisect_right(ends, now_s) if inclusive else bisect_left(ends, now_s)
 
     def cut_at(self, now_s: float, *, started_now: bool) -> Stretch | None:
         """The stretch stopped after the iteration in progress at `now_s`; None if none is.
