@@ -61,29 +61,34 @@ class ReplicaState:
         assert self.waiting[0] is req
         self.waiting.popleft()
         self.num_waiting_tokens -= req.num_uncomputed_tokens
-        self.num_running_tokens += req.num_tokens
-        self.num_running_max_blocks += self.max_blocks(req)
         if num_cached_tokens:
             req.num_computed_tokens += num_cached_tokens
             if not req.num_preemptions:  # vLLM reports the hit of the first admission
                 req.num_cached_tokens = num_cached_tokens
-        req.status = Status.RUNNING
-        self.running.append(req)
+        self._start_running(req)
 
     def join(self, req: Request) -> None:
         """Decode side: `req`, prefilled elsewhere, has its KV here and runs from now on."""
         del self.incoming[req.request_id]
         self.requests[req.request_id] = req
+        self._start_running(req)
+
+    def _start_running(self, req: Request) -> None:
+        """`req` joins the running list, and the counts kept of it (`check`)."""
         req.status = Status.RUNNING
         self.running.append(req)
         self.num_running_tokens += req.num_tokens
         self.num_running_max_blocks += self.max_blocks(req)
 
-    def preempt(self, req: Request) -> None:
-        """Preemption by recompute: drop the request's KV and put it back at the queue front."""
+    def _stop_running(self, req: Request) -> None:
+        """`req` leaves the running list, and the counts kept of it."""
         self.running.remove(req)
         self.num_running_tokens -= req.num_tokens
         self.num_running_max_blocks -= self.max_blocks(req)
+
+    def preempt(self, req: Request) -> None:
+        """Preemption by recompute: drop the request's KV and put it back at the queue front."""
+        self._stop_running(req)
         self.kv.free(req)
         req.num_recomputed_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
@@ -131,9 +136,7 @@ class ReplicaState:
             if req.num_output_tokens == req.num_target_output_tokens:
                 self.finish(req, end_s)
             else:
-                self.running.remove(req)
-                self.num_running_tokens -= req.num_tokens
-                self.num_running_max_blocks -= self.max_blocks(req)
+                self._stop_running(req)
                 req.status = Status.TRANSFERRING
                 req.prefill_end_s = end_s
                 self.num_transferring += 1
@@ -198,9 +201,7 @@ class ReplicaState:
         self.num_running_tokens += num_tokens
 
     def finish(self, req: Request, end_s: float) -> None:
-        self.running.remove(req)
-        self.num_running_tokens -= req.num_tokens
-        self.num_running_max_blocks -= self.max_blocks(req)
+        self._stop_running(req)
         self.kv.free(req)
         req.close_token_run()
         req.status = Status.FINISHED
