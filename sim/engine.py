@@ -315,7 +315,7 @@ class Replica:
         """The iteration of `plan` from `start_s`; `num_before` iterations not yet logged come
         before it (a pipeline's in flight)."""
         state = self.state
-        shape = BatchShape.from_plan(plan, state.requests)
+        shape = BatchShape.of_replica(plan, state)
         duration_s = float(self.latency.iteration_time_s(shape))
         if self.noise is not None:
             duration_s = duration_s * self.noise.factor(

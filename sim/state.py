@@ -40,6 +40,11 @@ class ReplicaState:
         # what a full reservation keeps for them is this less what they hold
         # (`sim.schedulers.base.reserved_blocks`, at every iteration where requests wait).
         self.num_running_max_blocks = 0
+        # Running requests that may have prompt tokens left: those that joined before their
+        # prompt was computed, in running order, pruned as they catch up (`prefilling`). A
+        # running request that decodes never prefills again (preempted, it leaves and joins
+        # anew), so a policy finds its chunked requests without a pass over every decode.
+        self._maybe_prefilling: list[Request] = []
 
     def num_kv_tokens_needed(self, req: Request) -> int:
         """KV slots `req` needs here at its largest: its prompt on a prefill replica."""
@@ -79,12 +84,25 @@ class ReplicaState:
         self.running.append(req)
         self.num_running_tokens += req.num_tokens
         self.num_running_max_blocks += self.max_blocks(req)
+        if not req.is_decoding:
+            self._maybe_prefilling.append(req)
 
     def _stop_running(self, req: Request) -> None:
         """`req` leaves the running list, and the counts kept of it."""
         self.running.remove(req)
         self.num_running_tokens -= req.num_tokens
         self.num_running_max_blocks -= self.max_blocks(req)
+        if req in self._maybe_prefilling:  # (by identity: `Request` compares so)
+            self._maybe_prefilling.remove(req)
+
+    def prefilling(self) -> list[Request]:
+        """Running requests with prompt tokens left to schedule, in running order: neither
+        decoding nor, on a pipelined replica, caught up (their last chunk in flight)."""
+        maybe = self._maybe_prefilling
+        if not maybe:
+            return []
+        self._maybe_prefilling = maybe = [r for r in maybe if not r.is_decoding]
+        return [r for r in maybe if not r.is_caught_up]
 
     def preempt(self, req: Request) -> None:
         """Preemption by recompute: drop the request's KV and put it back at the queue front."""
@@ -222,6 +240,12 @@ class ReplicaState:
         assert self.num_waiting_tokens == sum(r.num_uncomputed_tokens for r in self.waiting)
         assert self.num_running_tokens == sum(r.num_tokens for r in self.running)
         assert self.num_running_max_blocks == sum(self.max_blocks(r) for r in self.running)
+        # `_maybe_prefilling`: running requests, once each, in running order, and every one
+        # with prompt tokens left among them.
+        maybe = {id(r) for r in self._maybe_prefilling}
+        assert [id(r) for r in self._maybe_prefilling] == [
+            id(r) for r in self.running if id(r) in maybe]
+        assert maybe >= {id(r) for r in self.running if not r.is_decoding and not r.is_caught_up}
         # A request never holds more than it needs at its largest (`reserved_blocks` counts
         # on it; a prefix cache's shared blocks are counted apart).
         if not self.kv.caches_prefixes:

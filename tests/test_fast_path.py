@@ -304,7 +304,7 @@ def test_a_commit_counts_blocks_batch_sizes_and_finishes_request_by_request():
     when and in which order, and the rest of the stretch."""
     from sim.iteration_log import IterationLog
     from sim.kv_cache import KVCacheManager
-    from sim.request import Request, Status
+    from sim.request import Request
     from sim.stretch import Stretch
     from sim.stretch_commit import commit_stretch
 
@@ -322,11 +322,8 @@ def test_a_commit_counts_blocks_batch_sizes_and_finishes_request_by_request():
             out = int(rng.integers(1, 6))  # tokens sampled so far; the last is not computed
             req = Request(i, 0.0, int(computed[i]) - out + 1, out + int(left[i]))
             req.num_computed_tokens, req.num_output_tokens = int(computed[i]), out
-            req.status = Status.RUNNING
             state.requests[i] = req
-            state.running.append(req)
-            state.num_running_tokens += req.num_tokens
-            state.num_running_max_blocks += state.max_blocks(req)
+            state._start_running(req)  # (and the counts kept of the running list)
             kv.grow_blocks(i, -(-(int(computed[i]) + 1) // bs))  # the first step's blocks
         base = kv.num_used_blocks
         durations = np.full(length, 0.01)
@@ -429,7 +426,7 @@ def _batch_with_a_prompt(bs: int, decodes: list[tuple[int, int, int]], pos: int,
     `pos` among them, request `len(decodes)` computing its prompt in chunks of `chunk` tokens,
     with the plan of their first iteration, its blocks allocated."""
     from sim.kv_cache import KVCacheManager
-    from sim.request import Request, Status
+    from sim.request import Request
 
     n = len(decodes)
     state = ReplicaState(KVCacheManager(num_blocks=100_000, block_size=bs))
@@ -444,11 +441,8 @@ def _batch_with_a_prompt(bs: int, decodes: list[tuple[int, int, int]], pos: int,
     reqs.insert(pos, p)
     plan = Plan()
     for req in reqs:
-        req.status = Status.RUNNING
         state.requests[req.request_id] = req
-        state.running.append(req)
-        state.num_running_tokens += req.num_tokens
-        state.num_running_max_blocks += state.max_blocks(req)
+        state._start_running(req)  # (and the counts kept of the running list)
         tokens = 1 if req.is_decoding else chunk
         assert state.kv.try_allocate(req, tokens)  # the first iteration's blocks
         plan.num_scheduled_tokens[req.request_id] = tokens

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,6 +23,9 @@ from sim.parallelism import SINGLE_GPU, Parallelism
 from sim.plan import Plan
 from sim.registry import Registry
 from sim.request import Request
+
+if TYPE_CHECKING:
+    from sim.state import ReplicaState
 
 Num = Any  # float, int, or a numpy array of one value per iteration
 
@@ -54,7 +57,8 @@ class BatchShape:
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
             cached = req.num_computed_tokens
-            if req.is_decoding:
+            num_output = req.num_output_tokens
+            if num_output and cached == req.num_prompt_tokens + num_output - 1:  # is_decoding
                 num_decodes += 1
                 decode_kv += cached + 1
                 continue
@@ -66,6 +70,18 @@ class BatchShape:
                 num_final_chunks += 1
         return cls(prefill_tokens, prefill_seqs, num_decodes, num_decodes + num_final_chunks,
                    attn_pairs, prefill_kv, decode_kv)
+
+    @classmethod
+    def of_replica(cls, plan: Plan, state: ReplicaState) -> BatchShape:
+        """`from_plan` of a plan for `state`'s running requests. Where it schedules every one
+        of them and none has prompt tokens left, each decodes its one token (all it has to
+        compute), and the KV they read is their known tokens, which the state counts as they
+        move: the same shape, without a pass over a batch that is often hundreds (one per
+        stepped iteration)."""
+        num_seqs = plan.num_seqs
+        if num_seqs == len(state.running) and not state.prefilling():
+            return cls.decode_only(num_seqs, state.num_running_tokens)
+        return cls.from_plan(plan, state.requests)
 
     @classmethod
     def decode_only(cls, num_seqs: int, decode_kv_tokens: Num) -> BatchShape:

@@ -121,11 +121,13 @@ def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:
     for req in list(state.running):
         if req.status is not running:
             continue  # preempted by an earlier decode of this loop
-        if not req.is_decoding:
+        computed = req.num_computed_tokens
+        num_output = req.num_output_tokens
+        if not num_output or computed != req.num_prompt_tokens + num_output - 1:
+            # Not `req.is_decoding` (written out: the hot loop).
             if not req.is_caught_up:  # else in flight on a pipeline: nothing to compute
                 prefilling.append(req)
             continue
-        computed = req.num_computed_tokens
         # A block is needed only when the computed tokens exactly fill the blocks held.
         while computed % block_size == 0 and not kv.try_allocate(req, 1):
             victim = state.running[-1]

@@ -138,11 +138,8 @@ class SGLang(Scheduler):
     def _build(self, state: ReplicaState) -> Plan:
         cfg = self.config
         plan = Plan()
-        if cfg.mixed_chunk:
-            prefilling = schedule_decodes(state, plan)
-        else:
-            prefilling = [req for req in state.running
-                          if not req.is_decoding and not req.is_caught_up]
+        # Mixed: the decodes first, in the prefill's batch; else only the chunked request(s).
+        prefilling = schedule_decodes(state, plan) if cfg.mixed_chunk else state.prefilling()
         self._prefill(state, plan, prefilling, cfg.chunked_prefill_size - plan.num_seqs)
         if not plan:
             schedule_decodes(state, plan)

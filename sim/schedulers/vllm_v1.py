@@ -212,9 +212,11 @@ class VllmV1(Scheduler):
             # A decode gets its one token whatever the rules on chunks, and needs a block only
             # when its computed tokens fill the blocks it holds: elsewhere allocating changes
             # nothing (as in `schedule_decodes`; this loop runs for every running request
-            # every iteration).
-            if req.is_decoding:
-                if req.num_computed_tokens % block_size:
+            # every iteration; hence `req.is_decoding` written out).
+            computed = req.num_computed_tokens
+            num_output = req.num_output_tokens
+            if num_output and computed == req.num_prompt_tokens + num_output - 1:
+                if computed % block_size:
                     scheduled[req.request_id] = 1
                     budget -= 1
                     continue

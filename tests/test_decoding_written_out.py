@@ -1,0 +1,142 @@
+"""`Request.is_decoding` is written out in the hot loops (`schedule_decodes`, vLLM v1's loop
+over the running requests, `BatchShape.from_plan`), and SGLang finds its chunked requests in
+`ReplicaState.prefilling` without looking at the decodes: each against the definition, on the
+cases where a request is one token short of its prompt or of its output."""
+
+from __future__ import annotations
+
+import itertools
+
+from sim.kv_cache import KVCacheManager
+from sim.latency.base import BatchShape
+from sim.plan import Plan
+from sim.request import Request
+from sim.schedulers.base import schedule_decodes
+from sim.schedulers.vllm_v1 import VllmV1, VllmV1Config
+from sim.state import ReplicaState
+
+PROMPT = 20
+
+
+def _running(block_size: int) -> tuple[ReplicaState, list[Request]]:
+    """Requests of every kind running on one replica: a prompt not started, part-computed, one
+    token short (never sampled: a prefill); decoding; recomputed after a preemption to one
+    token short of its output (a decode, by definition) or fewer; and, as a pipelined replica
+    has them, caught up (everything known computed: nothing to schedule)."""
+    state = ReplicaState(KVCacheManager(num_blocks=10_000, block_size=block_size))
+    cases = []
+    for num_output, num_computed in itertools.product(range(4), range(PROMPT + 4)):
+        if num_computed > PROMPT + num_output:
+            continue
+        cases.append((num_output, num_computed))
+    requests = []
+    for request_id, (num_output, num_computed) in enumerate(cases):
+        req = Request(request_id, 0.0, PROMPT, 10)
+        req.num_output_tokens, req.num_computed_tokens = num_output, num_computed
+        state.add(req)
+        assert state.kv.try_allocate(req, 0)
+        state.admit(req)
+        requests.append(req)
+    return state, requests
+
+
+def test_hot_loops_agree_with_is_decoding():
+    for block_size in (1, 16):
+        state, requests = _running(block_size)
+        decoding = [r.request_id for r in requests if r.is_decoding]
+        prefilling = [r.request_id for r in requests if not r.is_decoding and not r.is_caught_up]
+        assert decoding and prefilling
+        # The edges: a prompt one token short, a recompute one token short of its output.
+        assert any(r.num_output_tokens == 0 and r.num_uncomputed_tokens == 1 for r in requests
+                   if r.request_id in prefilling)
+        assert any(r.num_output_tokens > 1 and r.num_uncomputed_tokens == 1 for r in requests
+                   if r.request_id in decoding)
+
+        assert [r.request_id for r in state.prefilling()] == prefilling
+        plan = Plan()
+        left = schedule_decodes(state, plan)
+        assert [r.request_id for r in left] == prefilling
+        assert plan.num_scheduled_tokens == dict.fromkeys(decoding, 1)
+
+        # A plan giving the decodes their token and each prefill the rest of its prompt.
+        for req in left:
+            plan.num_scheduled_tokens[req.request_id] = req.num_uncomputed_tokens
+        shape = BatchShape.from_plan(plan, state.requests)
+        assert shape.num_decode_tokens == len(decoding)
+        assert shape.num_prefill_seqs == len(prefilling)
+        assert shape.num_prefill_tokens == sum(r.num_uncomputed_tokens for r in left)
+
+        state, requests = _running(block_size)
+        v1_plan = Plan()
+        budget = 10**6
+        scheduler = VllmV1(VllmV1Config(name="vllm_v1"))
+        scheduler._schedule_running(state, v1_plan, budget)
+        assert {k: v for k, v in v1_plan.num_scheduled_tokens.items() if k in decoding} == \
+            dict.fromkeys(decoding, 1)
+        assert {k: v for k, v in v1_plan.num_scheduled_tokens.items()
+                if k not in decoding} == {r.request_id: r.num_uncomputed_tokens
+                                           for r in requests if r.request_id in prefilling}
+
+
+def test_prefilling_follows_requests_that_join_leave_and_catch_up():
+    """`ReplicaState.prefilling` after admissions, a prefill's last chunk, a preemption and a
+    readmission: always the running requests with prompt tokens left, in running order."""
+    state = ReplicaState(KVCacheManager(num_blocks=1000, block_size=16))
+    reqs = [Request(i, 0.0, 40, 5) for i in range(4)]
+    for req in reqs:
+        state.add(req)
+
+    def expect() -> list[int]:
+        return [r.request_id for r in state.running
+                if not r.is_decoding and not r.is_caught_up]
+
+    for req in reqs[:3]:
+        assert state.kv.try_allocate(req, 40)
+        state.admit(req)
+    assert [r.request_id for r in state.prefilling()] == expect() == [0, 1, 2]
+    plan = Plan(num_scheduled_tokens={0: 40, 1: 16, 2: 40})
+    state.commit(plan, 0, 0.0, 1.0)  # 0 and 2 sample their first token; 1 has 24 left
+    assert [r.request_id for r in state.prefilling()] == expect() == [1]
+    state.preempt(reqs[1])
+    assert state.prefilling() == [] and expect() == []
+    state.check()
+    assert state.kv.try_allocate(reqs[1], 40)
+    state.admit(reqs[1])  # at the queue's front again, recomputed from scratch
+    assert [r.request_id for r in state.prefilling()] == expect() == [1]
+    state.check()
+
+
+def test_the_shape_of_an_iteration_from_the_replicas_counts():
+    """`BatchShape.of_replica` (a batch that only decodes, from the token count the replica
+    keeps) against `from_plan` at every iteration of three policies stepping random requests
+    through preemptions (few blocks) and queues (few seats): equal, and the count is used."""
+    import numpy as np
+
+    from sim.schedulers.chunked_prefill import ChunkedPrefill, ChunkedPrefillConfig
+    from sim.schedulers.prefill_first import PrefillFirst, PrefillFirstConfig
+    from sim.schedulers.sglang import SGLang, SGLangConfig
+    from tests.conftest import Stepper
+
+    rng = np.random.default_rng(3)
+    used = 0
+    for make in (lambda: ChunkedPrefill(ChunkedPrefillConfig(
+                     name="chunked_prefill", token_budget=64, max_num_seqs=6)),
+                 lambda: PrefillFirst(PrefillFirstConfig(name="prefill_first", max_num_seqs=6)),
+                 lambda: SGLang(SGLangConfig(name="sglang", chunked_prefill_size=64,
+                                             max_running_requests=6))):
+        state = ReplicaState(KVCacheManager(num_blocks=24, block_size=4))
+        for i in range(30):
+            state.add(Request(i, 0.0, int(rng.integers(1, 60)), int(rng.integers(1, 30))))
+        run = Stepper(make(), state)
+        for _ in range(2000):
+            if not (state.running or state.waiting):
+                break
+            plan = run.scheduler.schedule(state, float(run.iteration))
+            shape = BatchShape.of_replica(plan, state)
+            assert shape == BatchShape.from_plan(plan, state.requests)
+            used += shape.num_prefill_seqs == 0 and plan.num_seqs == len(state.running)
+            state.commit(plan, run.iteration, float(run.iteration), run.iteration + 1.0)
+            state.check()
+            run.iteration += 1
+        assert not (state.running or state.waiting)
+    assert used > 100
