@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import resource
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sim import Results, Scenario, run_scenario
-from sim.config import parse_scenario
+# This checkout's sim, not the installed one: a venv's editable install points at one
+# checkout, and timing another worktree against it would time the same code twice.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import sim  # noqa: E402
+from sim import Results, Scenario, run_scenario  # noqa: E402
+from sim.config import parse_scenario  # noqa: E402
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" /
                  "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv").resolve()
@@ -98,6 +103,7 @@ def main() -> None:
     global REPEAT
     REPEAT = args.repeat
     trace = args.trace
+    console.print(f"sim package: {Path(sim.__file__).parent}", highlight=False)
 
     console.print(speed_table(f"one replica: {trace.name}, llama-3.1-8b on h100-sxm, roofline", [
         ("prefill_first", scenario(trace, "pf", {"name": "prefill_first"})),
