@@ -115,7 +115,6 @@ def test_the_shape_of_an_iteration_from_the_replicas_counts():
     from sim.schedulers.chunked_prefill import ChunkedPrefill, ChunkedPrefillConfig
     from sim.schedulers.prefill_first import PrefillFirst, PrefillFirstConfig
     from sim.schedulers.sglang import SGLang, SGLangConfig
-    from tests.conftest import Stepper
 
     rng = np.random.default_rng(3)
     used = 0
@@ -127,16 +126,16 @@ def test_the_shape_of_an_iteration_from_the_replicas_counts():
         state = ReplicaState(KVCacheManager(num_blocks=24, block_size=4))
         for i in range(30):
             state.add(Request(i, 0.0, int(rng.integers(1, 60)), int(rng.integers(1, 30))))
-        run = Stepper(make(), state)
-        for _ in range(2000):
+        scheduler = make()
+        # (Not `Stepper`: the shape is read between the plan and its commit.)
+        for iteration in range(2000):
             if not (state.running or state.waiting):
                 break
-            plan = run.scheduler.schedule(state, float(run.iteration))
+            plan = scheduler.schedule(state, float(iteration))
             shape = BatchShape.of_replica(plan, state)
             assert shape == BatchShape.from_plan(plan, state.requests)
             used += shape.num_prefill_seqs == 0 and plan.num_seqs == len(state.running)
-            state.commit(plan, run.iteration, float(run.iteration), run.iteration + 1.0)
+            state.commit(plan, iteration, float(iteration), iteration + 1.0)
             state.check()
-            run.iteration += 1
         assert not (state.running or state.waiting)
     assert used > 100

@@ -277,9 +277,9 @@ class VllmV1(Scheduler):
             return 0, 0
         threshold = cfg.long_prefill_token_threshold
         num_partial = num_long = 0
-        for req in state.running:
+        for req in state.prefilling():  # (a decode has no prompt tokens to leave over)
             left = req.num_uncomputed_tokens - plan.num_scheduled_tokens.get(req.request_id, 0)
-            if left > 0 and not req.is_decoding:
+            if left > 0:
                 num_partial += 1
                 num_long += 0 < threshold < req.num_uncomputed_tokens
         return num_partial, num_long
