@@ -45,6 +45,11 @@ class ReplicaState:
         # running request that decodes never prefills again (preempted, it leaves and joins
         # anew), so a policy finds its chunked requests without a pass over every decode.
         self._maybe_prefilling: list[Request] = []
+        # Whether iterations run on a pipeline (`start` / `complete`): only then can a running
+        # request be caught up, its token in flight. Elsewhere every running request that is
+        # not `prefilling()` decodes, which the policies' loops over the running requests and
+        # `BatchShape.of_replica` use instead of asking each request (`check` asserts it).
+        self.pipelined = False
 
     def num_kv_tokens_needed(self, req: Request) -> int:
         """KV slots `req` needs here at its largest: its prompt on a prefill replica."""
@@ -97,7 +102,10 @@ class ReplicaState:
 
     def prefilling(self) -> list[Request]:
         """Running requests with prompt tokens left to schedule, in running order: neither
-        decoding nor, on a pipelined replica, caught up (their last chunk in flight)."""
+        decoding nor, on a pipelined replica, caught up (their last chunk in flight). Every
+        other running request decodes, unless the replica is `pipelined`: a loop over the
+        running requests tells the two apart by identity with this list's next one, without
+        asking each request (one definition, `Request.is_decoding`, kept here)."""
         maybe = self._maybe_prefilling
         if not maybe:
             return []
@@ -165,6 +173,7 @@ class ReplicaState:
         built while this one is in flight skips what it computes: a request caught up waits
         for its token; a prompt's next chunk may follow its previous one. Returns what
         `complete` needs when the iteration leaves the last stage."""
+        self.pipelined = True
         in_flight = []
         requests = self.requests
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
@@ -246,6 +255,8 @@ class ReplicaState:
         assert [id(r) for r in self._maybe_prefilling] == [
             id(r) for r in self.running if id(r) in maybe]
         assert maybe >= {id(r) for r in self.running if not r.is_decoding and not r.is_caught_up}
+        if not self.pipelined:  # every running request decodes or has prompt tokens left
+            assert not any(r.is_caught_up for r in self.running)
         # A request never holds more than it needs at its largest (`reserved_blocks` counts
         # on it; a prefix cache's shared blocks are counted apart).
         if not self.kv.caches_prefixes:

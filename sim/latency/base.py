@@ -50,38 +50,69 @@ class BatchShape:
 
     @classmethod
     def from_plan(cls, plan: Plan, requests: Mapping[int, Request]) -> BatchShape:
-        # Sums in locals, one object at the end: called for every stepped iteration, and a
-        # slot's `+=` costs several times a local's (integers: the same sums either way).
+        """The shape of `plan`, whose requests `requests` holds as they are before it runs."""
         num_decodes = decode_kv = 0
-        prefill_tokens = prefill_seqs = attn_pairs = prefill_kv = num_final_chunks = 0
+        prefill = []
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
-            cached = req.num_computed_tokens
-            num_output = req.num_output_tokens
-            if num_output and cached == req.num_prompt_tokens + num_output - 1:  # is_decoding
+            if req.is_decoding:
                 num_decodes += 1
-                decode_kv += cached + 1
-                continue
+                decode_kv += req.num_tokens  # its context, and the token it computes
+            else:
+                prefill.append((req, num_tokens))
+        return cls._with_chunks(prefill, num_decodes, decode_kv)
+
+    @classmethod
+    def of_replica(cls, plan: Plan, state: ReplicaState) -> BatchShape:
+        """`from_plan` of a plan for `state`'s running requests, as the engine asks it at every
+        stepped iteration: without a pass over the decodes, which are often hundreds. Those
+        with prompt tokens left are `state.prefilling()`; every other running request decodes
+        (the replica not pipelined), and where the plan schedules them all, the KV the decodes
+        read is the running requests' known tokens, which the state counts as they move, less
+        the prefilling ones'."""
+        if state.pipelined:  # some may wait for a token in flight
+            return cls.from_plan(plan, state.requests)
+        prefilling = state.prefilling()
+        scheduled = plan.num_scheduled_tokens
+        num_seqs = plan.num_seqs
+        if num_seqs == len(state.running):
+            if not prefilling:
+                return cls.decode_only(num_seqs, state.num_running_tokens)
+            decode_kv = state.num_running_tokens
+            prefill = []
+            for req in prefilling:
+                decode_kv -= req.num_tokens
+                prefill.append((req, scheduled[req.request_id]))
+            return cls._with_chunks(prefill, num_seqs - len(prefilling), decode_kv)
+        # Some are not scheduled (a budget spent, prompts first): a pass over the plan.
+        chunked = {req.request_id for req in prefilling}
+        requests = state.requests
+        num_decodes = decode_kv = 0
+        prefill = []
+        for request_id, num_tokens in scheduled.items():
+            req = requests[request_id]
+            if request_id in chunked:
+                prefill.append((req, num_tokens))
+            else:
+                num_decodes += 1
+                decode_kv += req.num_tokens
+        return cls._with_chunks(prefill, num_decodes, decode_kv)
+
+    @classmethod
+    def _with_chunks(cls, prefill: list[tuple[Request, int]], num_decodes: int,
+                     decode_kv: int) -> BatchShape:
+        """The shape of `num_decodes` decodes reading `decode_kv` KV tokens beside the chunks
+        `prefill` (each request and its tokens now)."""
+        prefill_tokens = attn_pairs = prefill_kv = num_final_chunks = 0
+        for req, num_tokens in prefill:
+            cached = req.num_computed_tokens
             prefill_tokens += num_tokens
-            prefill_seqs += 1
             attn_pairs += num_tokens * cached + num_tokens * (num_tokens + 1) // 2
             prefill_kv += cached + num_tokens
             if cached + num_tokens == req.num_tokens:
                 num_final_chunks += 1
-        return cls(prefill_tokens, prefill_seqs, num_decodes, num_decodes + num_final_chunks,
+        return cls(prefill_tokens, len(prefill), num_decodes, num_decodes + num_final_chunks,
                    attn_pairs, prefill_kv, decode_kv)
-
-    @classmethod
-    def of_replica(cls, plan: Plan, state: ReplicaState) -> BatchShape:
-        """`from_plan` of a plan for `state`'s running requests. Where it schedules every one
-        of them and none has prompt tokens left, each decodes its one token (all it has to
-        compute), and the KV they read is their known tokens, which the state counts as they
-        move: the same shape, without a pass over a batch that is often hundreds (one per
-        stepped iteration)."""
-        num_seqs = plan.num_seqs
-        if num_seqs == len(state.running) and not state.prefilling():
-            return cls.decode_only(num_seqs, state.num_running_tokens)
-        return cls.from_plan(plan, state.requests)
 
     @classmethod
     def decode_only(cls, num_seqs: int, decode_kv_tokens: Num) -> BatchShape:

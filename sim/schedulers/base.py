@@ -116,18 +116,23 @@ def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:
     kv = state.kv
     block_size = kv.block_size
     scheduled = plan.num_scheduled_tokens
-    prefilling = []
-    running = Status.RUNNING  # a local: this loop runs for every request every iteration
+    # The running requests not in `prefilling` decode (or, pipelined, wait for a token in
+    # flight): told apart by identity with the next prefilling one, in running order, so this
+    # loop, which runs for every request every iteration, asks no request what it is.
+    prefilling = state.prefilling()
+    ahead = iter(prefilling)
+    following = next(ahead, None)
+    pipelined = state.pipelined
+    running = Status.RUNNING  # a local: read for every request
     for req in list(state.running):
+        if req is following:
+            following = next(ahead, None)
+            continue
         if req.status is not running:
             continue  # preempted by an earlier decode of this loop
+        if pipelined and req.is_caught_up:
+            continue  # in flight on a pipeline: nothing to compute
         computed = req.num_computed_tokens
-        num_output = req.num_output_tokens
-        if not num_output or computed != req.num_prompt_tokens + num_output - 1:
-            # Not `req.is_decoding` (written out: the hot loop).
-            if not req.is_caught_up:  # else in flight on a pipeline: nothing to compute
-                prefilling.append(req)
-            continue
         # A block is needed only when the computed tokens exactly fill the blocks held.
         while computed % block_size == 0 and not kv.try_allocate(req, 1):
             victim = state.running[-1]
@@ -138,7 +143,7 @@ def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:
                 break
         else:
             scheduled[req.request_id] = 1
-    return [req for req in prefilling if req.status is Status.RUNNING]
+    return [req for req in prefilling if req.status is running]
 
 
 def any_in_flight(state: ReplicaState) -> bool:

@@ -205,26 +205,32 @@ class VllmV1(Scheduler):
         """Rules 2-4; returns the budget left."""
         kv, scheduled = state.kv, plan.num_scheduled_tokens
         block_size = kv.block_size
+        # Told apart as in `schedule_decodes`: the requests with prompt tokens left, by
+        # identity with the next of `prefilling()`; the others decode (or, pipelined, wait
+        # for a token in flight). Preemptions take the newest, past `index`, or stop the loop.
+        ahead = iter(state.prefilling())
+        following = next(ahead, None)
+        pipelined = state.pipelined
         index = 0
         while index < len(state.running) and budget > 0:
             req = state.running[index]
             index += 1
-            # A decode gets its one token whatever the rules on chunks, and needs a block only
-            # when its computed tokens fill the blocks it holds: elsewhere allocating changes
-            # nothing (as in `schedule_decodes`; this loop runs for every running request
-            # every iteration; hence `req.is_decoding` written out).
-            computed = req.num_computed_tokens
-            num_output = req.num_output_tokens
-            if num_output and computed == req.num_prompt_tokens + num_output - 1:
-                if computed % block_size:
+            if req is following:
+                following = next(ahead, None)
+                num_tokens = self._chunk(req.num_uncomputed_tokens, budget)
+                if not num_tokens:
+                    continue
+            elif pipelined and req.is_caught_up:
+                continue
+            else:
+                # A decode gets its one token whatever the rules on chunks, and needs a block
+                # only when its computed tokens fill the blocks it holds: elsewhere allocating
+                # changes nothing.
+                if req.num_computed_tokens % block_size:
                     scheduled[req.request_id] = 1
                     budget -= 1
                     continue
                 num_tokens = 1
-            else:
-                num_tokens = self._chunk(req.num_uncomputed_tokens, budget)
-                if not num_tokens:
-                    continue
             while not kv.try_allocate(req, num_tokens):
                 victim = state.running[-1]
                 budget += scheduled.pop(victim.request_id, 0)

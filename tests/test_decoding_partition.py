@@ -1,7 +1,9 @@
-"""`Request.is_decoding` is written out in the hot loops (`schedule_decodes`, vLLM v1's loop
-over the running requests, `BatchShape.from_plan`), and SGLang finds its chunked requests in
-`ReplicaState.prefilling` without looking at the decodes: each against the definition, on the
-cases where a request is one token short of its prompt or of its output."""
+"""One definition of a decode, `Request.is_decoding`: the hot loops over the running requests
+(`schedule_decodes`, vLLM v1's, `BatchShape.of_replica`) tell decodes from prompts by identity
+with `ReplicaState.prefilling()` (kept as requests join, catch up and leave) instead of asking
+each request. Each against the definition, on the cases where a request is one token short of
+its prompt or of its output, on a replica with and without a pipeline (where a request may be
+caught up, its token in flight)."""
 
 from __future__ import annotations
 
@@ -18,15 +20,17 @@ from sim.state import ReplicaState
 PROMPT = 20
 
 
-def _running(block_size: int) -> tuple[ReplicaState, list[Request]]:
+def _running(block_size: int, pipelined: bool) -> tuple[ReplicaState, list[Request]]:
     """Requests of every kind running on one replica: a prompt not started, part-computed, one
     token short (never sampled: a prefill); decoding; recomputed after a preemption to one
-    token short of its output (a decode, by definition) or fewer; and, as a pipelined replica
-    has them, caught up (everything known computed: nothing to schedule)."""
+    token short of its output (a decode, by definition) or fewer; and, `pipelined`, caught up
+    (everything known computed: nothing to schedule), which only a pipeline's iterations in
+    flight leave (`ReplicaState.start`)."""
     state = ReplicaState(KVCacheManager(num_blocks=10_000, block_size=block_size))
+    state.pipelined = pipelined
     cases = []
     for num_output, num_computed in itertools.product(range(4), range(PROMPT + 4)):
-        if num_computed > PROMPT + num_output:
+        if num_computed > PROMPT + num_output - (not pipelined):
             continue
         cases.append((num_output, num_computed))
     requests = []
@@ -37,15 +41,17 @@ def _running(block_size: int) -> tuple[ReplicaState, list[Request]]:
         assert state.kv.try_allocate(req, 0)
         state.admit(req)
         requests.append(req)
+    state.check()
     return state, requests
 
 
 def test_hot_loops_agree_with_is_decoding():
-    for block_size in (1, 16):
-        state, requests = _running(block_size)
+    for block_size, pipelined in itertools.product((1, 16), (False, True)):
+        state, requests = _running(block_size, pipelined)
         decoding = [r.request_id for r in requests if r.is_decoding]
         prefilling = [r.request_id for r in requests if not r.is_decoding and not r.is_caught_up]
         assert decoding and prefilling
+        assert pipelined == any(r.is_caught_up for r in requests)
         # The edges: a prompt one token short, a recompute one token short of its output.
         assert any(r.num_output_tokens == 0 and r.num_uncomputed_tokens == 1 for r in requests
                    if r.request_id in prefilling)
@@ -57,16 +63,19 @@ def test_hot_loops_agree_with_is_decoding():
         left = schedule_decodes(state, plan)
         assert [r.request_id for r in left] == prefilling
         assert plan.num_scheduled_tokens == dict.fromkeys(decoding, 1)
-
-        # A plan giving the decodes their token and each prefill the rest of its prompt.
+        # Decodes alone (some running requests unscheduled), then with every prompt's rest.
+        assert BatchShape.of_replica(plan, state) == BatchShape.from_plan(plan, state.requests)
         for req in left:
             plan.num_scheduled_tokens[req.request_id] = req.num_uncomputed_tokens
-        shape = BatchShape.from_plan(plan, state.requests)
+        shape = BatchShape.of_replica(plan, state)
+        assert shape == BatchShape.from_plan(plan, state.requests)
         assert shape.num_decode_tokens == len(decoding)
         assert shape.num_prefill_seqs == len(prefilling)
         assert shape.num_prefill_tokens == sum(r.num_uncomputed_tokens for r in left)
+        assert shape.decode_kv_tokens == sum(r.num_computed_tokens + 1 for r in requests
+                                             if r.request_id in decoding)
 
-        state, requests = _running(block_size)
+        state, requests = _running(block_size, pipelined)
         v1_plan = Plan()
         budget = 10**6
         scheduler = VllmV1(VllmV1Config(name="vllm_v1"))
@@ -107,9 +116,10 @@ def test_prefilling_follows_requests_that_join_leave_and_catch_up():
 
 
 def test_the_shape_of_an_iteration_from_the_replicas_counts():
-    """`BatchShape.of_replica` (a batch that only decodes, from the token count the replica
-    keeps) against `from_plan` at every iteration of three policies stepping random requests
-    through preemptions (few blocks) and queues (few seats): equal, and the count is used."""
+    """`BatchShape.of_replica` (the decodes' KV from the token count the replica keeps, less
+    the prompts') against `from_plan` at every iteration of three policies stepping random
+    requests through preemptions (few blocks) and queues (few seats): equal, and the count is
+    used on batches that only decode and on batches with chunks beside decodes."""
     import numpy as np
 
     from sim.schedulers.chunked_prefill import ChunkedPrefill, ChunkedPrefillConfig
@@ -117,14 +127,17 @@ def test_the_shape_of_an_iteration_from_the_replicas_counts():
     from sim.schedulers.sglang import SGLang, SGLangConfig
 
     rng = np.random.default_rng(3)
-    used = 0
+    used = mixed = 0
     for make in (lambda: ChunkedPrefill(ChunkedPrefillConfig(
                      name="chunked_prefill", token_budget=64, max_num_seqs=6)),
                  lambda: PrefillFirst(PrefillFirstConfig(name="prefill_first", max_num_seqs=6)),
                  lambda: SGLang(SGLangConfig(name="sglang", chunked_prefill_size=64,
-                                             max_running_requests=6))):
-        state = ReplicaState(KVCacheManager(num_blocks=24, block_size=4))
-        for i in range(30):
+                                             max_running_requests=6)),
+                 lambda: VllmV1(VllmV1Config(name="vllm_v1", max_num_batched_tokens=64,
+                                             max_num_seqs=6))):
+        state = ReplicaState(KVCacheManager(num_blocks=int(rng.choice([24, 200])),
+                                            block_size=4))
+        for i in range(40):
             state.add(Request(i, 0.0, int(rng.integers(1, 60)), int(rng.integers(1, 30))))
         scheduler = make()
         # (Not `Stepper`: the shape is read between the plan and its commit.)
@@ -134,8 +147,10 @@ def test_the_shape_of_an_iteration_from_the_replicas_counts():
             plan = scheduler.schedule(state, float(iteration))
             shape = BatchShape.of_replica(plan, state)
             assert shape == BatchShape.from_plan(plan, state.requests)
-            used += shape.num_prefill_seqs == 0 and plan.num_seqs == len(state.running)
+            every = plan.num_seqs == len(state.running)
+            used += every and shape.num_prefill_seqs == 0
+            mixed += every and shape.num_prefill_seqs > 0 and shape.num_decode_tokens > 0
             state.commit(plan, iteration, float(iteration), iteration + 1.0)
             state.check()
         assert not (state.running or state.waiting)
-    assert used > 100
+    assert used > 100 and mixed > 30, (used, mixed)
