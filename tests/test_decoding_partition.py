@@ -154,3 +154,57 @@ def test_the_shape_of_an_iteration_from_the_replicas_counts():
             state.check()
         assert not (state.running or state.waiting)
     assert used > 100 and mixed > 30, (used, mixed)
+
+
+def test_the_partition_against_asking_each_request():
+    """Two replicas stepped side by side through the same random requests, preemptions (few
+    blocks) and queues (few seats), under each policy: one as any replica, the other marked
+    `pipelined` (nothing is ever in flight on it), which makes every loop ask each request
+    what it is (`is_decoding`, `is_caught_up`) and `commit` test each request for a sample.
+    Same plans, shapes, requests and finishes at every iteration; and the first replica
+    commits batches that only decode without those tests."""
+    import dataclasses
+
+    import numpy as np
+
+    from sim.schedulers.chunked_prefill import ChunkedPrefill, ChunkedPrefillConfig
+    from sim.schedulers.prefill_first import PrefillFirst, PrefillFirstConfig
+    from sim.schedulers.sglang import SGLang, SGLangConfig
+
+    makers = (
+        lambda: ChunkedPrefill(ChunkedPrefillConfig(name="chunked_prefill", token_budget=64,
+                                                    max_num_seqs=6)),
+        lambda: PrefillFirst(PrefillFirstConfig(name="prefill_first", max_num_seqs=6)),
+        lambda: SGLang(SGLangConfig(name="sglang", chunked_prefill_size=64,
+                                    max_running_requests=6)),
+        lambda: VllmV1(VllmV1Config(name="vllm_v1", max_num_batched_tokens=64, max_num_seqs=6)))
+    rng = np.random.default_rng()
+    decode_only = 0
+    for make in makers:
+        num_blocks = int(rng.choice([24, 200]))
+        lengths = [(int(rng.integers(1, 60)), int(rng.integers(1, 30))) for _ in range(40)]
+        states = []
+        for pipelined in (False, True):
+            state = ReplicaState(KVCacheManager(num_blocks=num_blocks, block_size=4))
+            state.pipelined = pipelined
+            for i, (prompt, output) in enumerate(lengths):
+                state.add(Request(i, 0.0, prompt, output))
+            states.append((state, make()))
+        for iteration in range(3000):
+            if not any(s.running or s.waiting for s, _ in states):
+                break
+            plans = [policy.schedule(s, float(iteration)) for s, policy in states]
+            assert plans[0] == plans[1]
+            shapes = [BatchShape.of_replica(p, s)
+                      for p, (s, _) in zip(plans, states, strict=True)]
+            assert shapes[0] == shapes[1]
+            decode_only += shapes[0].num_prefill_seqs == 0 and not states[0][0].prefilling()
+            done = [s.commit(p, iteration, float(iteration), iteration + 1.0)
+                    for p, (s, _) in zip(plans, states, strict=True)]
+            assert [r.request_id for r in done[0]] == [r.request_id for r in done[1]]
+            for a, b in zip(states[0][0].requests.values(), states[1][0].requests.values(),
+                            strict=True):
+                assert dataclasses.astuple(a) == dataclasses.astuple(b)
+            states[0][0].check()
+        assert not any(s.running or s.waiting for s, _ in states)
+    assert decode_only > 50
