@@ -110,6 +110,8 @@ class ReplicaState:
         if not maybe:
             return []
         self._maybe_prefilling = maybe = [r for r in maybe if not r.is_decoding]
+        if not self.pipelined:  # none is caught up
+            return list(maybe)  # (a copy: the caller may preempt, which edits the kept list)
         return [r for r in maybe if not r.is_caught_up]
 
     def preempt(self, req: Request) -> None:
