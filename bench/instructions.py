@@ -29,6 +29,10 @@ Cases:
 - `cluster64`: the Azure trace at 64x its rate on 64 replicas (`bench/cluster_scaling.py`'s
   Azure case), where a router reads 64 replicas at every arrival: the case a regression of
   those reads slowed by 46% unseen for a day (DEVELOPERS.md, "At scale and under overload").
+- `overload`: the Azure trace at 8x its rate on one replica with chunked prefill
+  (`bench/sim_speed.py --overload`): queues never drain, every iteration is stepped with a
+  full batch and a prompt's chunk beside its decodes; `overload_sglang`: the same under
+  SGLang, whose batches mostly only decode. Where the per-request loops cost most.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ sys.path.insert(0, str(REPO / "bench"))
 from cluster_scaling import CONV_LENGTHS, ROUTER, generated  # noqa: E402
 from sim_speed import CHUNKED, DEFAULT_TRACE, DISAGGREGATED, REPLICA  # noqa: E402
 
-CASES = ("azure", "azure_v1", "colocated4", "disagg", "cluster16", "cluster64")
+CASES = ("azure", "azure_v1", "colocated4", "disagg", "cluster16", "cluster64", "overload",
+         "overload_sglang")
 BASELINE_REQUESTS = 10
 
 
@@ -74,6 +79,10 @@ def scenario(case: str, num_requests: int) -> dict[str, Any]:
     elif case == "cluster64":
         data["workload"]["rate_scale"] = 64.0
         data["cluster"] = {"replicas": 64, "router": ROUTER}
+    elif case.startswith("overload"):
+        data["workload"]["rate_scale"] = 8.0
+        if case == "overload_sglang":
+            data["replica"] = {**REPLICA, "scheduler": {"name": "sglang"}}
     return data
 
 

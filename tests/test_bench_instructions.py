@@ -25,7 +25,7 @@ def load_bench():
 
 
 @pytest.mark.parametrize("case", ["azure", "azure_v1", "colocated4", "disagg", "cluster16",
-                                  "cluster64"])
+                                  "cluster64", "overload", "overload_sglang"])
 def test_each_case_runs_its_requests(traces, case):
     bench = load_bench()
     assert case in bench.CASES
