@@ -65,38 +65,26 @@ class BatchShape:
     @classmethod
     def of_replica(cls, plan: Plan, state: ReplicaState) -> BatchShape:
         """`from_plan` of a plan for `state`'s running requests, as the engine asks it at every
-        stepped iteration: without a pass over the decodes, which are often hundreds. Those
-        with prompt tokens left are `state.prefilling()`; every other running request decodes
-        (the replica not pipelined), and where the plan schedules them all, the KV the decodes
-        read is the running requests' known tokens, which the state counts as they move, less
-        the prefilling ones'."""
-        if state.pipelined:  # some may wait for a token in flight
+        stepped iteration: where the plan schedules every running request, without a pass
+        over the decodes, which are often hundreds. Those with prompt tokens left are
+        `state.prefilling()`; every other running request decodes (the replica not
+        pipelined), and the KV the decodes read is the running requests' known tokens, which
+        the state counts as they move, less the prefilling ones'."""
+        num_seqs = plan.num_seqs
+        if state.pipelined or num_seqs != len(state.running):
+            # Some may wait for a token in flight, or are not scheduled (a budget spent, or
+            # prompts first: a plan of a few): each of the plan's requests asked.
             return cls.from_plan(plan, state.requests)
         prefilling = state.prefilling()
+        if not prefilling:
+            return cls.decode_only(num_seqs, state.num_running_tokens)
         scheduled = plan.num_scheduled_tokens
-        num_seqs = plan.num_seqs
-        if num_seqs == len(state.running):
-            if not prefilling:
-                return cls.decode_only(num_seqs, state.num_running_tokens)
-            decode_kv = state.num_running_tokens
-            prefill = []
-            for req in prefilling:
-                decode_kv -= req.num_tokens
-                prefill.append((req, scheduled[req.request_id]))
-            return cls._with_chunks(prefill, num_seqs - len(prefilling), decode_kv)
-        # Some are not scheduled (a budget spent, prompts first): a pass over the plan.
-        chunked = {req.request_id for req in prefilling}
-        requests = state.requests
-        num_decodes = decode_kv = 0
+        decode_kv = state.num_running_tokens
         prefill = []
-        for request_id, num_tokens in scheduled.items():
-            req = requests[request_id]
-            if request_id in chunked:
-                prefill.append((req, num_tokens))
-            else:
-                num_decodes += 1
-                decode_kv += req.num_tokens
-        return cls._with_chunks(prefill, num_decodes, decode_kv)
+        for req in prefilling:
+            decode_kv -= req.num_tokens
+            prefill.append((req, scheduled[req.request_id]))
+        return cls._with_chunks(prefill, num_seqs - len(prefilling), decode_kv)
 
     @classmethod
     def _with_chunks(cls, prefill: list[tuple[Request, int]], num_decodes: int,
