@@ -220,33 +220,35 @@ def plan_stretch(state: ReplicaState, plan: Plan, latency: LatencyModel, start_s
     timed it already (a latency model is asked once per iteration: some count their
     predictions)."""
     requests = list(state.running)
-    computed = []
-    left = []
+    # Every running request decodes but those `prefilling()` lists (no pipeline here: a
+    # pipelined replica plans its own iterations), so the counters are read without asking
+    # each request what it is: the iteration in which a request samples its last token is
+    # its last.
+    computed = [r.num_computed_tokens for r in requests]
+    left = [r.num_target_output_tokens - r.num_output_tokens for r in requests]
     prefill_pos = -1
     chunk = num_prefill_steps = 0
     prefill: Request | None = None
-    for r in requests:  # a plain loop: a few requests, called once per stretch
-        if r.is_decoding:
-            computed.append(r.num_computed_tokens)
-            # The iteration in which a request samples its last token is its last.
-            left.append(r.num_target_output_tokens - r.num_output_tokens)
-            continue
+    prompts = state.prefilling()
+    if prompts:
         # A prompt (or, preempted, its prompt and output again) computed in chunks of what
         # the plan gives it now, the last what is left; it samples at the end of that one.
-        if prefill is not None or state.kv.caches_prefixes:
+        if len(prompts) > 1 or state.kv.caches_prefixes:
             return None
-        chunk = plan.num_scheduled_tokens.get(r.request_id, 0)
+        prefill = prompts[0]
+        chunk = plan.num_scheduled_tokens.get(prefill.request_id, 0)
         if not chunk:
             return None
-        num_prefill_steps = -(-r.num_uncomputed_tokens // chunk)
-        if r.num_output_tokens and r.num_uncomputed_tokens == chunk * (num_prefill_steps - 1) + 1:
+        num_uncomputed = prefill.num_uncomputed_tokens
+        num_prefill_steps = -(-num_uncomputed // chunk)
+        if prefill.num_output_tokens and num_uncomputed == chunk * (num_prefill_steps - 1) + 1:
             # Recomputed after a preemption, its last chunk would be one token: a decode, by
             # `is_decoding` (so its iteration's shape), that samples. Stepped.
             return None
-        prefill, prefill_pos = r, len(computed)
+        prefill_pos = requests.index(prefill)  # (by identity: `Request` compares so)
         # Counted as decoding from the stretch's first iteration (`Stretch`).
-        computed.append(r.num_tokens - num_prefill_steps)
-        left.append(num_prefill_steps + r.num_target_output_tokens - r.num_output_tokens - 1)
+        computed[prefill_pos] = prefill.num_tokens - num_prefill_steps
+        left[prefill_pos] += num_prefill_steps - 1
     min_left = min(left)
     longest = max(left) if through_finishes else min_left
     if prefill is not None and through_finishes and len(left) > 1:
