@@ -42,18 +42,21 @@ class Stretch:
     corrects for that one where the chunks differ."""
 
     requests: list[Request]
-    num_computed: np.ndarray  # each request's computed tokens before the stretch
+    # Per request, plain lists: a few requests, read in loops (a commit's, a plan's); numpy
+    # only where a table is made of them.
+    num_computed: list[int]  # each request's computed tokens before the stretch
     starts_s: np.ndarray  # each iteration's start
     duration_s: np.ndarray
     end_s: np.ndarray
     num_used_blocks: int  # KV blocks in use during the first iteration (its blocks allocated)
     block_size: int
-    # KV tokens each request's blocks were sized for: computed + 1 once `schedule()` allocated
-    # the first iteration, computed after a partial commit (the next iteration allocates).
-    num_allocated: np.ndarray
+    # Whether the first iteration's KV blocks are allocated, as `schedule()` allocates a
+    # plan's: each request's blocks then hold its computed tokens + 1; after a partial commit,
+    # its computed tokens (the next iteration allocates).
+    first_allocated: bool
     # Iterations of the stretch each request is in: it samples its last token in the last one
     # (at least `len(self)` for a request that does not finish in the stretch).
-    num_steps_left: np.ndarray
+    num_steps_left: list[int]
     # `num_steps_left.min()` as a plain int: read at every commit and every router look, where
     # a numpy reduction costs more than the rest of the test.
     min_steps_left: int
@@ -102,7 +105,7 @@ class Stretch:
         prefill = self.prefill_tokens
         return Stretch(self.requests, self.num_computed, self.starts_s[:num_steps],
                        self.duration_s[:num_steps], self.end_s[:num_steps], self.num_used_blocks,
-                       self.block_size, self.num_allocated, self.num_steps_left,
+                       self.block_size, self.first_allocated, self.num_steps_left,
                        self.min_steps_left, self.num_preempted,
                        None if prefill is None else prefill[:num_steps], self.prefill_pos,
                        self.num_prefill_steps)
@@ -120,24 +123,23 @@ class Stretch:
             prefill, pos = self.prefill_tokens[num_steps:], self.prefill_pos
         else:
             num_prefill_steps = 0
+        # Its first iteration's blocks are not allocated: each request's computed tokens now
+        # (at least one more than the blocks were allocated for) fill them.
+        computed = self.num_computed
         if self.min_steps_left > num_steps:  # nobody left
-            computed_now = self.num_computed + num_steps
-            return Stretch(self.requests, computed_now, self.starts_s[num_steps:],
-                           self.duration_s[num_steps:], self.end_s[num_steps:],
-                           num_used_blocks, self.block_size,
-                           np.maximum(computed_now, self.num_allocated), left - num_steps,
-                           self.min_steps_left - num_steps, 0, prefill, pos, num_prefill_steps)
-        keep = np.flatnonzero(left > num_steps)
-        computed_now = self.num_computed[keep] + num_steps
-        left_now = left[keep] - num_steps
+            return Stretch(self.requests, [c + num_steps for c in computed],
+                           self.starts_s[num_steps:], self.duration_s[num_steps:],
+                           self.end_s[num_steps:], num_used_blocks, self.block_size, False,
+                           [k - num_steps for k in left], self.min_steps_left - num_steps, 0,
+                           prefill, pos, num_prefill_steps)
+        keep = [i for i, k in enumerate(left) if k > num_steps]
+        left_now = [left[i] - num_steps for i in keep]
         if pos >= 0:
-            pos = int(np.count_nonzero(keep < pos))
-        return Stretch([self.requests[i] for i in keep.tolist()], computed_now,
+            pos = bisect_left(keep, pos)  # requests kept before it
+        return Stretch([self.requests[i] for i in keep], [computed[i] + num_steps for i in keep],
                        self.starts_s[num_steps:], self.duration_s[num_steps:],
-                       self.end_s[num_steps:], num_used_blocks, self.block_size,
-                       np.maximum(computed_now, self.num_allocated[keep]), left_now,
-                       int(left_now.min()) if len(left_now) else 0, 0, prefill, pos,
-                       num_prefill_steps)
+                       self.end_s[num_steps:], num_used_blocks, self.block_size, False,
+                       left_now, min(left_now, default=0), 0, prefill, pos, num_prefill_steps)
 
     def ended_counts(self, num_steps: int) -> tuple[int, int, int]:
         """What committing the first `num_steps` iterations would do to the replica's counts,
@@ -164,12 +166,12 @@ class Stretch:
         min(its `num_steps_left`, k) of them, so the tokens sampled by k add up, iteration
         by iteration, the requests still in."""
         n = len(self)
-        left = self.num_steps_left
+        left = np.array(self.num_steps_left, dtype=np.int64)
         bucket = np.minimum(left, n + 1)  # the iteration it is gone from (n + 1: not in this one)
         finished = np.cumsum(np.bincount(bucket, minlength=n + 2))[:n + 1]
         # A decoding request knows one token more than it has computed.
         by_bucket = np.zeros(n + 2, dtype=np.int64)
-        np.add.at(by_bucket, bucket, self.num_computed + 1 + left)
+        np.add.at(by_bucket, bucket, np.array(self.num_computed, dtype=np.int64) + 1 + left)
         leave_tokens = np.cumsum(by_bucket)[:n + 1]
         sampled = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(len(left) - finished[:n], out=sampled[1:])
@@ -284,10 +286,8 @@ def plan_stretch(state: ReplicaState, plan: Plan, latency: LatencyModel, start_s
             prefill_tokens, first = _chunk_durations(*chunk_args, 1, num_chunks)
             prefill_tokens.insert(0, chunk)
             first.insert(0, first_s)
-    num_computed = np.array(computed, dtype=np.int64)
-    num_steps_left = np.array(left, dtype=np.int64)
     if prefill is None and most_blocks > kv.num_free_blocks:
-        extra = extra_blocks(num_computed, kv.block_size, max_steps)
+        extra = extra_blocks(np.array(computed, dtype=np.int64), kv.block_size, max_steps)
         max_steps = min(max_steps, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
 
     if prefill_tokens is None:
@@ -311,9 +311,9 @@ def plan_stretch(state: ReplicaState, plan: Plan, latency: LatencyModel, start_s
         starts, duration, end = starts[:max_steps], duration[:max_steps], end[:max_steps]
         if prefill_tokens is not None:
             prefill_tokens = prefill_tokens[:max_steps]
-    return Stretch(requests, num_computed, starts, duration, end, kv.num_used_blocks,
-                   kv.block_size, num_computed + 1, num_steps_left, min_left, num_preempted,
-                   prefill_tokens, prefill_pos, num_prefill_steps)
+    return Stretch(requests, computed, starts, duration, end, kv.num_used_blocks,
+                   kv.block_size, True, left, min_left, num_preempted, prefill_tokens,
+                   prefill_pos, num_prefill_steps)
 
 
 def _decode_durations(latency: LatencyModel, num_seqs: Any, kv_tokens: np.ndarray,

@@ -54,17 +54,19 @@ def _commit_requests(state: ReplicaState, stretch: Stretch, num_steps: int, log:
     grow_blocks = state.kv.grow_blocks
     num_decoded = 0
     requests_in = requests
-    num_computed = stretch.num_computed.tolist()
-    num_steps_left = stretch.num_steps_left.tolist()
-    num_allocated = stretch.num_allocated.tolist()
+    num_computed = stretch.num_computed
+    num_steps_left = stretch.num_steps_left
+    # Tokens the blocks were allocated for, beyond the computed ones (the first iteration's).
+    allocated_ahead = 1 if stretch.first_allocated else 0
     prefill_pos = stretch.prefill_pos
     if prefill_pos >= 0:  # the request computing its prompt: after the loop
         requests_in = requests[:prefill_pos] + requests[prefill_pos + 1:]
-        prefill_computed = num_computed.pop(prefill_pos)
-        prefill_left = num_steps_left.pop(prefill_pos)
-        num_allocated.pop(prefill_pos)
-    for pos, (req, computed, left, allocated) in enumerate(zip(
-            requests_in, num_computed, num_steps_left, num_allocated, strict=True)):
+        prefill_computed = num_computed[prefill_pos]
+        prefill_left = num_steps_left[prefill_pos]
+        num_computed = num_computed[:prefill_pos] + num_computed[prefill_pos + 1:]
+        num_steps_left = num_steps_left[:prefill_pos] + num_steps_left[prefill_pos + 1:]
+    for pos, (req, computed, left) in enumerate(zip(requests_in, num_computed, num_steps_left,
+                                                    strict=True)):
         steps_in = left if left < num_steps else num_steps
         # It holds the blocks of computed + j + 1 tokens during iteration j: one more from
         # each j where computed + j fills its blocks, while it is in the batch.
@@ -82,7 +84,7 @@ def _commit_requests(state: ReplicaState, stretch: Stretch, num_steps: int, log:
         num_decoded += steps_in
         # Blocks to hold what it computed (a finishing request's too: with prefix caching,
         # what it frees is cached); the plan counted every request's growth, so they fit.
-        grow = -(-(computed + steps_in) // bs) + (-allocated // bs)
+        grow = -(-(computed + steps_in) // bs) + (-(computed + allocated_ahead) // bs)
         if grow > 0:
             grow_blocks(req.request_id, grow)
     if prefill_pos >= 0:
@@ -162,7 +164,7 @@ def _prompt_steps(req: Request, stretch: Stretch, first_iter: int, num_steps: in
 def allocate_first_step(state: ReplicaState, stretch: Stretch) -> Stretch:
     """KV blocks for the first iteration of `stretch` (as `schedule()` allocates a plan's), if
     not allocated yet; the stretch, knowing they are."""
-    if stretch.num_allocated[0] > stretch.num_computed[0]:
+    if stretch.first_allocated:
         return stretch
     for pos, req in enumerate(stretch.requests):
         num_tokens = 1
@@ -172,5 +174,5 @@ def allocate_first_step(state: ReplicaState, stretch: Stretch) -> Stretch:
         grow = state.kv.num_blocks_to_grow(req, num_tokens)
         if grow:
             state.kv.grow_blocks(req.request_id, grow)
-    stretch.num_allocated = stretch.num_computed + 1
+    stretch.first_allocated = True
     return stretch

@@ -328,8 +328,8 @@ def test_a_commit_counts_blocks_batch_sizes_and_finishes_request_by_request():
         base = kv.num_used_blocks
         durations = np.full(length, 0.01)
         ends = np.add.accumulate(durations)
-        stretch = Stretch(list(state.running), computed.copy(), ends - durations, durations,
-                          ends, base, bs, computed + 1, left.copy(), int(left.min()))
+        stretch = Stretch(list(state.running), computed.tolist(), ends - durations, durations,
+                          ends, base, bs, True, left.tolist(), int(left.min()))
         log = IterationLog()
         done, rest = commit_stretch(state, stretch, num_steps, log)
         state.check()
@@ -363,8 +363,9 @@ def test_a_commit_counts_blocks_batch_sizes_and_finishes_request_by_request():
             continue
         staying = [i for i in range(n) if left[i] > num_steps]
         assert [r.request_id for r in rest.requests] == staying
-        assert rest.num_computed.tolist() == [int(computed[i]) + num_steps for i in staying]
-        assert rest.num_steps_left.tolist() == [int(left[i]) - num_steps for i in staying]
+        assert rest.num_computed == [int(computed[i]) + num_steps for i in staying]
+        assert rest.num_steps_left == [int(left[i]) - num_steps for i in staying]
+        assert not rest.first_allocated
         assert rest.num_used_blocks == used[num_steps]
         assert len(rest) == length - num_steps
 
@@ -451,12 +452,13 @@ def _batch_with_a_prompt(bs: int, decodes: list[tuple[int, int, int]], pos: int,
 
 def _ended_counts_direct(stretch, num_steps):
     """`Stretch.ended_counts` computed from its arrays for this `num_steps` alone."""
-    left = stretch.num_steps_left
+    left = np.array(stretch.num_steps_left, dtype=np.int64)
+    computed = np.array(stretch.num_computed, dtype=np.int64)
     gone = left <= num_steps
     not_sampled = (min(num_steps, stretch.num_prefill_steps - 1)
                    if stretch.prefill_pos >= 0 else 0)
     return (int(np.minimum(left, num_steps).sum()) - not_sampled, int(gone.sum()),
-            int((stretch.num_computed[gone] + 1 + left[gone]).sum()))
+            int((computed[gone] + 1 + left[gone]).sum()))
 
 
 def test_ended_counts_of_decode_stretches_and_their_pieces():
@@ -473,8 +475,8 @@ def test_ended_counts_of_decode_stretches_and_their_pieces():
         computed = rng.integers(1, 500, n).astype(np.int64)
         left = rng.integers(1, 80, n).astype(np.int64)
         end = np.cumsum(rng.uniform(0.01, 0.02, length))
-        stretch = Stretch(list(range(n)), computed, end - 0.01, np.full(length, 0.01), end, 0,
-                          16, computed + 1, left, int(left.min()))
+        stretch = Stretch(list(range(n)), computed.tolist(), end - 0.01, np.full(length, 0.01),
+                          end, 0, 16, True, left.tolist(), int(left.min()))
         cut = int(rng.integers(1, length + 1))
         pieces = [stretch, stretch.head(cut)]
         if cut < length:
