@@ -30,10 +30,17 @@ from sim.outdir import (
     is_run_dir,
     replace_file,
 )
-from sim.overrides import Override, apply_overrides, named_by_overrides, resolved_defaults
+from sim.overrides import (
+    Override,
+    apply_overrides,
+    named_by_overrides,
+    problems_alone,
+    resolved_defaults,
+    split_base_problems,
+)
 from sim.replications import COMPARISON_TABLES, check_only_comparison_entries
 from sim.run_dir import Results
-from sim.runner import run_scenario
+from sim.runner import load_workload, run_scenario
 from sim.yaml_input import read_base
 
 TABLE = "comparison.csv"
@@ -82,18 +89,27 @@ def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
         try:
             scenarios[str(variant)] = parse_scenario(merged, path, base_dir)
         except InputError as exc:  # each field within its variant, or named by its --set
+            if isinstance(data["base"], str):  # the base file's own problems: named by it
+                base_file = path.parent / data["base"]
+                own, _ = split_base_problems(exc, problems_alone(
+                    {"name": name, **base}, base_file, base_dir), overrides)
+                if own:
+                    raise InputError.many(base_file, own) from None
             prefix = f"variants.{variant}."
             raise named_by_overrides(exc, overrides, path, prefix.__add__) from None
     return scenarios
 
 
 def compare(scenarios: dict[str, Scenario], out_dir: Path | None = None, *,
-            on_variant: Callable[[str, Results], None] | None = None
-            ) -> tuple[pd.DataFrame, dict[str, Results]]:
+            on_variant: Callable[[str, Results], None] | None = None,
+            workloads_checked: bool = False) -> tuple[pd.DataFrame, dict[str, Results]]:
     """Run every variant (`on_variant(name, results)` after each); one row per variant with
     its overload verdict and headline numbers. With `out_dir`, each variant's results go to
     `out_dir/<variant>/` and the table to `comparison.csv`, written only once every variant
-    is done (an earlier table is removed first: it would look current)."""
+    is done (an earlier table is removed first: it would look current). Every variant's
+    workload is read first (`check_workloads`), unless the caller has (`workloads_checked`)."""
+    if len(scenarios) > 1 and not workloads_checked:
+        check_workloads(scenarios)
     if out_dir is not None:
         check_comparison_dir(out_dir, scenarios)
         (out_dir / TABLE).unlink(missing_ok=True)
@@ -107,6 +123,23 @@ def compare(scenarios: dict[str, Scenario], out_dir: Path | None = None, *,
     if out_dir is not None:
         replace_file(out_dir / TABLE, lambda tmp: table.to_csv(tmp, index=False))
     return table, results
+
+
+def check_workloads(scenarios: dict[str, Scenario]) -> None:
+    """Read every variant's requests before any variant runs: a variant whose workload is
+    bad (a time window holding no request, a trace it cannot read) fails the comparison
+    before a run is written, rather than after the variants before it (a comparison is
+    kept whole or not at all). A problem of the comparison file's is named within its
+    variant (`variants.<variant>.workload...`)."""
+    for variant, scenario in scenarios.items():
+        try:
+            load_workload(scenario)
+        except InputError as exc:
+            if exc.source != scenario.source:  # the trace's own problem: named by the trace
+                raise
+            prefix = f"variants.{variant}."
+            raise InputError.many(exc.source, [(prefix + field, value, problem) for
+                                               field, value, problem in exc.problems]) from None
 
 
 def check_comparison_dir(out_dir: Path, variants: Iterable[str]) -> None:

@@ -33,6 +33,8 @@ def stat_regular(path: Path) -> os.stat_result:
     """`path`'s stat, if it is a regular file (symlinks followed)."""
     try:
         stat = path.stat()
+    except ValueError:  # the system takes no NUL in a name
+        raise FileProblem("not a file name: it holds a NUL character") from None
     except FileNotFoundError:
         raise FileProblem("file not found") from None
     except OSError as exc:  # a name too long, a component that is a file, no permission

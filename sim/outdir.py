@@ -6,6 +6,7 @@ temporary sibling, then swapped into place. An interrupt or a crash leaves the p
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -129,6 +130,11 @@ def check_writable_dir(out: Path, field: str = "--out") -> None:
     """`out` can be a directory we write in: not empty, not the current directory or one above
     it, not a file or below one, not a symbolic link to nothing, a name the system takes, and
     writable (its parents are created)."""
+    try:
+        str(out).encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8, kept by Python as surrogates
+        raise InputError(out, field, str(out), "not a UTF-8 name, which the parquet writer "
+                         "(pyarrow) needs: name another directory") from None
     if str(out) in ("", ".") or Path(os.path.abspath(out)) in (Path.cwd(), *Path.cwd().parents):
         raise InputError(out, field, str(out), "is the current directory or above it: name a "
                          "directory of its own")
@@ -178,6 +184,11 @@ def temporary_dir(out: Path) -> Path:
     return tmp
 
 
+# Errors of a place results cannot be written to, as opposed to a fault of servesim's.
+_CANNOT_WRITE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES,
+                           errno.EPERM})
+
+
 def write_dir(out: Path, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp)` to fill a fresh temporary sibling of `out`, then put it in `out`'s place
     (replacing an earlier run there whole). On any failure or interrupt `out` is unchanged."""
@@ -186,6 +197,13 @@ def write_dir(out: Path, write: Callable[[Path], None]) -> Path:
     try:
         write(tmp)
         swap_in(tmp, out)
+    except OSError as exc:
+        if exc.errno not in _CANNOT_WRITE:
+            raise
+        # The disk filled up (or the place became unwritable) after `check_out_dir`: the
+        # results are lost, and whatever `out` held is as it was.
+        raise InputError(out, "--out", str(out), f"cannot write the results there: "
+                         f"{os.strerror(exc.errno)}; nothing was replaced") from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

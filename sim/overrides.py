@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.errors import COMMAND_LINE, InputError
+from sim.errors import COMMAND_LINE, InputError, Problem
 from sim.yaml_input import MALFORMED, NO_ALIASES, YamlProblem, load_yaml
 
 if TYPE_CHECKING:  # pydantic's models are imported only when a scenario is loaded
@@ -130,6 +130,32 @@ def named_by_overrides(exc: InputError, overrides: Sequence[Override], source: s
         at = "" if rename(field) == dotted else f"{rename(field)}: "
         problems.append((f"--set {dotted}", given, at + problem))
     return InputError.many(source, problems)
+
+
+def problems_alone(base: dict[str, Any], base_file: Path, base_dir: Path) -> list[Problem]:
+    """The problems a sweep's or comparison's base scenario file (`base_file`, read as
+    `base`) has by itself; none if it is a whole scenario as it stands."""
+    from sim.config import parse_scenario
+
+    try:
+        parse_scenario(base, base_file, base_dir)
+    except InputError as exc:
+        return list(exc.problems)
+    return []
+
+
+def split_base_problems(exc: InputError, alone: list[Problem],
+                        overrides: Sequence[Override] = ()
+                        ) -> tuple[list[Problem], list[Problem]]:
+    """`exc`'s problems (a sweep point's or a comparison variant's) split into those its base
+    file has by itself (`problems_alone`: the same field, value and problem, and no override
+    sets the field), to be named by the base file, and the rest."""
+    own: list[Problem] = []
+    rest: list[Problem] = []
+    for problem in exc.problems:
+        in_base = problem in alone and not any(related(problem[0], d) for d, _ in overrides)
+        (own if in_base else rest).append(problem)
+    return own, rest
 
 
 def load_scenario(path: str | Path | None, overrides: Sequence[Override] = ()) -> Scenario:

@@ -41,9 +41,11 @@ from sim.overrides import (
     Override,
     apply_overrides,
     named_by_overrides,
+    problems_alone,
     related,
     resolved_defaults,
     set_path,
+    split_base_problems,
 )
 from sim.sweep_workers import SweepFailed
 from sim.yaml_input import read_base
@@ -76,6 +78,10 @@ def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[st
     data = read_mapping(path, "sweep", {"name", "base", "seeds", "grid", "zip"})
     name = results_name(path, data)
     base, base_dir = read_base(path, data)
+    # A base scenario file's own problems are named by it, not by the sweep (below).
+    base_file = path.parent / data["base"] if isinstance(data.get("base"), str) else None
+    base_alone: list[Problem] | None = None
+    raw_base = {"name": name, **base}
     _check_overrides(path, data, overrides)
     defaults = resolved_defaults(base, path, base_dir)
     base = apply_overrides(base, overrides, defaults)
@@ -108,7 +114,16 @@ def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[st
         try:
             scenario = parse_scenario(scenario_data, path, base_dir)
         except InputError as exc:  # named by the override or sweep axis that set the field
-            errors.append(named_by_overrides(exc, overrides, path, partial(_axis_of, point)))
+            problems = list(exc.problems)
+            if base_file is not None:
+                if base_alone is None:
+                    base_alone = problems_alone(raw_base, base_file, base_dir)
+                own, problems = split_base_problems(exc, base_alone, overrides)
+                if own:
+                    errors.append(InputError.many(base_file, own))
+            if problems:
+                errors.append(named_by_overrides(InputError.many(exc.source, problems),
+                                                 overrides, path, partial(_axis_of, point)))
             if len(errors) == MAX_FAILED_POINTS:  # a bad base fails every point alike: enough
                 break
             continue

@@ -72,7 +72,8 @@ def test_only_a_regular_file_is_opened(tmp_path):
     os.mkfifo(fifo)  # opening it for reading would block until a writer came
     cases = {fifo: "not a regular file", tmp_path: "is a directory",
              tmp_path / "missing": "file not found",
-             tmp_path / ("x" * 300): "cannot read it: File name too long"}
+             tmp_path / ("x" * 300): "cannot read it: File name too long",
+             tmp_path / "a\0b": "not a file name: it holds a NUL character"}
     for path, problem in cases.items():
         with pytest.raises(FileProblem, match=problem):
             read_bytes(path, 100)

@@ -206,3 +206,53 @@ def test_a_capacity_result_with_nan_is_refused(tmp_path, monkeypatch, capsys):
                  ("report", str(cap), "--out", str(tmp_path / "r.html"))):
         code, err = run_cli(monkeypatch, capsys, *args)
         assert_one_line_error(code, err, "capacity.json", "NaN is not a JSON number")
+
+
+def test_names_pyarrow_cannot_take_are_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """A trace or an output directory whose name holds bytes that are not UTF-8 (pyarrow
+    reads and writes only UTF-8 names): one line naming it, before anything is written."""
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/dir\xff"))
+    folder.mkdir()
+    (folder / "t.csv").write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                                  "0.0,100,5\n0.5,120,6\n")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\nworkload: {format: vidur, path: t.csv}\n"
+                        "replica: {model: tiny}\n")
+    shutil.copy(scenario, folder / "s.yaml")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(folder / "s.yaml"), "--out",
+                        str(tmp_path / "r"))
+    assert_one_line_error(code, err, "workload.path=", "not a UTF-8 file name")
+    out = Path(os.fsdecode(bytes(tmp_path) + b"/out\xff"))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(scenario), "--out", str(out))
+    assert_one_line_error(code, err, "--out=", "not a UTF-8 name")
+    assert not out.exists()
+
+
+def test_a_full_disk_while_writing_keeps_the_earlier_results(good_run, tmp_path):
+    """Writing fails after the output directory was checked (the disk filled up): a one-line
+    error naming it, and the earlier run there untouched."""
+    import errno
+
+    from sim.outdir import write_dir
+
+    out = tmp_path / "r"
+    shutil.copytree(good_run, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    def fill_up(tmp: Path) -> None:
+        (tmp / "requests.parquet").write_bytes(b"part")
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space "
+                                    "left on device")
+
+    with pytest.raises(InputError) as caught:
+        write_dir(out, fill_up)
+    assert caught.value.lines() == [f"{out}: --out='{out}': cannot write the results there: "
+                                    "No space left on device; nothing was replaced"]
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["r"]  # no temporary left
+
+    def bug(tmp: Path) -> None:
+        raise OSError(errno.EBADF, "a fault of ours, not the place's")
+
+    with pytest.raises(OSError, match="a fault of ours"):
+        write_dir(out, bug)

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from sim.cli import main
-from sim.compare import compare
+from sim.compare import compare, load_comparison
 from sim.config import parse_scenario
+from sim.errors import InputError
 from sim.sweep import run_sweep
 from sim.sweep_file import load_sweep
 from tests.conftest import assert_one_line_error, run_cli
@@ -154,3 +155,65 @@ def test_plot_draws_a_directory_of_its_own_kind(sweep_dir, monkeypatch, capsys):
     assert "cdf.png" in printed and "p99_tbt_vs_load" not in printed
     printed, _ = succeed(monkeypatch, capsys, "plot", str(sweep_dir))
     assert "p99_tbt_vs_load.png" in printed and "cdf" not in printed
+
+
+def test_a_variant_with_a_bad_workload_fails_the_comparison_before_any_run(
+        traces, tmp_path, monkeypatch, capsys):
+    """Every variant's requests are read before the first runs: a window holding no request
+    in the second variant leaves nothing written (not the first variant's run without a
+    table), and the error names the variant's field."""
+    trace = traces / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+    path = tmp_path / "w.cmp.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "w",
+        "base": {"workload": {"format": "azure", "path": str(trace), "num_requests": 20},
+                 "replica": {"model": "tiny"}},
+        "variants": {"a": {}, "b": {"workload": {"start_s": 100000.0}}}}))
+    out = tmp_path / "out"
+    code, err = run_cli(monkeypatch, capsys, "compare", str(path), "--out", str(out))
+    assert_one_line_error(code, err, "w.cmp.yaml", "variants.b.workload.start_s=100000.0",
+                          "holds no request")
+    assert not out.exists()
+    with pytest.raises(InputError, match="variants.b.workload.start_s"):
+        compare(load_comparison(path), tmp_path / "api")
+    assert not (tmp_path / "api").exists()
+
+
+BAD_BASE = """
+name: b
+seed: -1
+workload:
+  format: synthetic
+  num_requests: 10
+  arrivals: {qps: 2}
+  lengths: {prompt: {dist: fixed, value: 100}, output: {dist: fixed, value: 5}}
+replica: {model: tiny, scheduler: {name: chunked_prefill, token_budget: 512}}
+"""
+
+
+def test_a_base_files_own_problems_are_named_by_it(tmp_path, monkeypatch, capsys):
+    """A sweep's or comparison's base scenario file with a bad field: the line names the base
+    file and the field as it is written there; a problem an axis brings is still the sweep
+    file's."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "base.yaml").write_text(BAD_BASE)
+    sweep = tmp_path / "s.sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "s", "base": "sub/base.yaml", "grid": {
+        "replica.scheduler.token_budget": [256, -5]}}))
+    code, err = run_cli(monkeypatch, capsys, "sweep", str(sweep), "--out", str(tmp_path / "o"))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 2, err
+    assert "base.yaml: seed=-1:" in lines[0] and "s.sweep.yaml" not in lines[0]
+    assert "s.sweep.yaml: replica.scheduler.token_budget=-5:" in lines[1]
+    comparison = tmp_path / "c.cmp.yaml"
+    comparison.write_text(yaml.safe_dump({"name": "c", "base": "sub/base.yaml",
+                                          "variants": {"a": {}}}))
+    code, err = run_cli(monkeypatch, capsys, "compare", str(comparison), "--out",
+                        str(tmp_path / "c"))
+    assert_one_line_error(code, err, "base.yaml", "seed=-1")
+    assert "c.cmp.yaml" not in err and "variants.a" not in err
+    # Set by an option, the same field is the option's.
+    code, err = run_cli(monkeypatch, capsys, "compare", str(comparison), "--out",
+                        str(tmp_path / "c"), "--set", "seed=-2")
+    assert_one_line_error(code, err, "c.cmp.yaml", "--set seed=-2")

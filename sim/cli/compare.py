@@ -47,9 +47,10 @@ def compare(
     if replications > 1:
         compare_replicated(name, scenarios, replications, out_dir, workers)
         return
-    from sim.compare import check_comparison_dir
+    from sim.compare import check_comparison_dir, check_workloads
     from sim.replications import COMPARISON_FILE
 
+    check_workloads(scenarios)  # before anything is written
     check_comparison_dir(out_dir, scenarios)
     # An earlier replicated comparison's table would look current beside these runs.
     (out_dir / COMPARISON_FILE).unlink(missing_ok=True)
@@ -62,7 +63,7 @@ def compare(
                 verdict = results.summary.get("overload", {}).get("verdict", "unknown")
                 progress.note(f"{variant}: done ({verdict})")
 
-            table, _ = run_all(scenarios, out_dir, on_variant=advance)
+            table, _ = run_all(scenarios, out_dir, on_variant=advance, workloads_checked=True)
     except KeyboardInterrupt:
         raise interrupted(f"{len(done)} of {len(scenarios)} variants complete and kept in "
                           f"{out_dir}/<variant>/ ({', '.join(done) or 'none'}); comparison.csv "

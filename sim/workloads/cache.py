@@ -239,6 +239,9 @@ def _parse_csv(path: Path, field: str, columns: list[str]) -> pa.Table:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
+    if not str(path).isprintable() and _not_utf8(str(path)):
+        raise InputError(path, field, str(path), "not a UTF-8 file name, which the CSV reader "
+                         "(pyarrow) needs: rename the file or its folder")
     try:
         table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(include_columns=columns))
     except pa.ArrowInvalid as exc:
@@ -324,3 +327,12 @@ def _read_jsonl(path: Path, field: str) -> TraceTable:
     except UnicodeDecodeError:
         raise InputError(path, field, str(path), "not UTF-8 text") from None
     return from_rows(rows, lines)
+
+
+def _not_utf8(name: str) -> bool:
+    """Whether a file name holds bytes that are not UTF-8 (kept by Python as surrogates)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
