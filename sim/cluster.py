@@ -57,7 +57,7 @@ class Cluster:
         self.disaggregation = Disaggregation(
             env, self.front, self.decode, decode_router, cfg.link, cfg.overlap_transfer,
             cfg.prefill.replica.model_shape, lambda replicas: Loads(replicas, None),
-            self._next_arrival)
+            self._next_arrival, str(self.source))
 
     def _replica(self, cfg: ReplicaConfig, pool: str) -> Replica:
         model = cfg.model_shape

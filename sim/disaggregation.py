@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
+from sim.errors import InputError
 from sim.request import Request
 from sim.routers.base import ReplicaLoad, Router
+from sim.workloads.base import MAX_SPAN_S
 
 if TYPE_CHECKING:
     from sim.clock import Environment
@@ -89,8 +91,9 @@ class Disaggregation:
     def __init__(self, env: Environment, prefill: list[Replica], decode: list[Replica],
                  decode_router: Router, link: LinkConfig, overlap_transfer: bool,
                  model: ModelShape, loads: Callable[[list[Replica]], Sequence[ReplicaLoad]],
-                 next_arrival: Callable[[], float]) -> None:
+                 next_arrival: Callable[[], float], source: str = "<scenario>") -> None:
         self.env = env
+        self.source = source  # the scenario file its errors name
         self.prefill = prefill
         self.decode = decode
         self.decode_router = decode_router
@@ -160,6 +163,14 @@ class Disaggregation:
             yield slot
             req.transfer_wire_start_s = self.env.now
             wire_s = self.transfer_time_s(req)
+            if not self.env.now + wire_s < MAX_SPAN_S:
+                # Past 2**32 s, times lose their resolution (the engine refuses iterations
+                # there): the link's settings, not the replica's latency model, are at fault.
+                raise InputError(self.source, "cluster.link", self.link.model_dump(),
+                                 f"a transfer of {req.num_prompt_tokens} tokens' KV takes "
+                                 f"{wire_s:.3g} s and would end at t={self.env.now + wire_s:.3g} "
+                                 "s, past 2**32 s (136 years), where times lose their "
+                                 "resolution: check the link's bandwidth_gb_s and latency_s")
             self._arrival_due_s[req.request_id] = self.env.now + wire_s
             yield self.env.timeout(wire_s)
         del self._arrival_due_s[req.request_id]

@@ -115,6 +115,16 @@ CLUSTER_CASES = {
         "cluster: {prefill: {replicas: 1}, decode: {replicas: 1}, link: {bandwidth_gb_s: 0}}\n",
         ["cluster.link.bandwidth_gb_s", "=0"]),
     "only a prefill pool": ("cluster: {prefill: {replicas: 1}}\n", ["cluster", "decode pool"]),
+    # Transfers so slow that the run passes 2**32 s: the link is at fault, not the latency
+    # model the engine's own check of iteration times would name.
+    "a link too slow for the clock": (
+        "cluster: {prefill: {replicas: 1}, decode: {replicas: 1},\n"
+        "          link: {bandwidth_gb_s: 1.0e-14}}\n",
+        ["cluster.link=", "bandwidth_gb_s", "past 2**32 s"]),
+    "a link latency beyond the clock": (
+        "cluster: {prefill: {replicas: 1}, decode: {replicas: 1},\n"
+        "          link: {latency_s: 1.0e+12}}\n",
+        ["cluster.link=", "latency_s", "past 2**32 s"]),
     "unknown router": ("cluster: {replicas: 2, router: {name: fastest}}\n",
                        ["cluster.router", "fastest", "least_kv_load"]),
     "pools of different models": (
