@@ -87,6 +87,9 @@ def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[st
     base = apply_overrides(base, overrides, defaults)
     seeds = _seeds(path, data, base)
     grid, zipped = _axes(path, data)
+    if not grid and not zipped and not seeds:
+        raise InputError(path, "<top level>", sorted(data), "nothing to sweep: no grid, zip or "
+                         "seeds (one run is `servesim simulate`)")
     run_seeds: list[int | None] = list(seeds) if seeds else [None]
     # Counted before the points are listed: ten axes of ten values are 10**10 of them.
     sizes = [*(len(v) for v in grid.values()), len(next(iter(zipped.values()), [None])),
@@ -178,6 +181,10 @@ def _axes(path: Path, data: dict[str, Any]) -> tuple[dict[str, list[Any]], dict[
     """`grid` and `zip`: each axis a field's dotted path, once in the file and not inside
     another axis (which value was meant would be a guess), with a non-empty list of distinct
     values; zipped lists of one length."""
+    for section in ("grid", "zip"):
+        if section in data and not data[section]:
+            raise InputError(path, section, data[section], "holds no axis: map field paths to "
+                             "lists of values, or leave it out")
     sections = {section: data.get(section) or {} for section in ("grid", "zip")}
     seen: dict[str, str] = {}
     for section, axes in sections.items():

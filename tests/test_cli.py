@@ -243,3 +243,36 @@ def test_table_numbers_are_never_in_exponent_form():
     assert fmt(11_854_512.0) == "1.185e+07"  # then an exponent: an 80-column table cuts none
     assert fmt(12.3456) == "12.35"
     assert fmt(None) == fmt(float("nan")) == "-"
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["simulate", "--workers", "3"], ["--workers=3", "only with --replications"]),
+    (["compare", "COMPARISON", "--workers", "2"], ["--workers=2", "only with --replications"]),
+    (["sweep", "SWEEP", "--address", "10.0.0.1:6379"],
+     ["--address='10.0.0.1:6379'", "only with --backend ray"]),
+    (["export", "RUN", "--format", "chrome", "--percentiles", "50"],
+     ["--percentiles='50'", "only with --format vllm"]),
+    (["export", "RUN", "--format", "chrome", "--summary-only"],
+     ["--summary-only=True", "only with --format vllm"]),
+    (["export", "RUN", "--format", "vllm", "--num-flows", "5"],
+     ["--num-flows=5", "only with --format chrome"]),
+])
+def test_an_option_this_command_would_ignore_is_refused(args, needles, tmp_path, monkeypatch,
+                                                        capsys):
+    """An option given where it does nothing (workers for one run, a Ray address for local
+    processes, another export format's option) is one line, before anything runs or is
+    written, not dropped in silence."""
+    from tests.conftest import assert_one_line_error, run_cli
+
+    comparison = tmp_path / "c.yaml"
+    comparison.write_text("name: c\nbase: {}\nvariants: {a: {}, b: {seed: 3}}\n")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("name: s\nbase: {}\ngrid: {seed: [1, 2]}\n")
+    run = tmp_path / "run"
+    run_scenario(None, out_dir=run) if args[0] == "export" else None
+    given = [{"COMPARISON": str(comparison), "SWEEP": str(sweep), "RUN": str(run)}.get(a, a)
+             for a in args]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, err = run_cli(monkeypatch, capsys, *given, "--out", str(tmp_path / "out"))
+    assert_one_line_error(code, err, "<command line>", *needles)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

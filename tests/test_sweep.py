@@ -111,6 +111,10 @@ def test_parallel_workers_give_the_same_table(tmp_path):
     ("zip:\n  workload.arrivals.qps: [1, 2]\n  name: [a]\n", ["zip", "same length"]),
     ("grid:\n  replica.scheduler.token_budget: [-5]\n", ["replica.scheduler.token_budget",
                                                        "-5"]),
+    # Nothing to sweep: it ran as one point.
+    ("grid: {}\n", ["grid={}", "holds no axis"]),
+    ("zip:\n", ["zip=None", "holds no axis"]),
+    ("", ["nothing to sweep"]),
 ])
 def test_bad_sweep_files(tmp_path, monkeypatch, capsys, body, needles):
     path = sweep_file(tmp_path, body)

@@ -75,3 +75,17 @@ def interrupted(kept: str) -> typer.Exit:
     """Say what an interrupted command kept; the exit to raise (130, as after SIGINT)."""
     print(f"interrupted: {kept}", file=sys.stderr, flush=True)
     return typer.Exit(130)
+
+
+def refuse_unused(ctx: typer.Context, unused: dict[str, str]) -> None:
+    """Options given on the command line that this invocation would ignore are refused, not
+    dropped: `unused` maps each such parameter's name to when it applies (a default left
+    alone is fine)."""
+    from sim.errors import COMMAND_LINE, InputError
+
+    for name, applies in unused.items():
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name == "COMMANDLINE":
+            option = "--" + name.rstrip("_").replace("_", "-")
+            raise InputError(COMMAND_LINE, option, ctx.params[name],
+                             f"{applies}: here it would be ignored")

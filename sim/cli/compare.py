@@ -15,11 +15,12 @@ import typer
 from rich import box
 from rich.table import Table
 
-from sim.cli.common import app, console, fmt, interrupted, pct, set_option
+from sim.cli.common import app, console, fmt, interrupted, pct, refuse_unused, set_option
 
 
 @app.command()
 def compare(
+    ctx: typer.Context,
     comparison: Annotated[Path, typer.Argument(
         metavar="COMPARISON", help="comparison YAML: base + variants")],
     out: Annotated[Path | None, typer.Option(
@@ -38,6 +39,8 @@ def compare(
     from sim.overrides import parse_overrides
     from sim.progress import ProgressReport
 
+    if replications == 1:
+        refuse_unused(ctx, {"workers": "only with --replications N (N > 1)"})
     overrides = parse_overrides(set_)
     scenarios = load_comparison(comparison, overrides)
     # Each variant is named <name>/<variant>, and a name may itself hold '/' (x/y).

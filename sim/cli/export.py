@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from sim.cli.common import app, console
+from sim.cli.common import app, console, refuse_unused
 
 
 class ExportFormat(str, Enum):  # noqa: UP042  (typer takes str-mixin enums as choices)
@@ -18,6 +18,7 @@ class ExportFormat(str, Enum):  # noqa: UP042  (typer takes str-mixin enums as c
 
 @app.command()
 def export(
+    ctx: typer.Context,
     results: Annotated[Path, typer.Argument(help="a run's result directory (one simulation)")],
     format: Annotated[ExportFormat, typer.Option(
         "--format", case_sensitive=False,
@@ -41,6 +42,10 @@ def export(
     from sim.export import export_run
     from sim.workloads.base import MAX_REQUESTS
 
+    refuse_unused(ctx, {"num_flows": "only with --format chrome"}
+                  if format is ExportFormat.vllm else
+                  {"percentiles": "only with --format vllm",
+                   "summary_only": "only with --format vllm"})
     if num_flows > MAX_REQUESTS:  # more than any run's requests; 10**11 ran out of memory
         raise InputError(COMMAND_LINE, "--num-flows", num_flows,
                          f"at most {MAX_REQUESTS:,} (a run's most requests)")

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sim.cli.common import app, check_seed, console, fmt, pct, set_option
+from sim.cli.common import app, check_seed, console, fmt, pct, refuse_unused, set_option
 
 if TYPE_CHECKING:
     from sim.config import Scenario
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 @app.command()
 def simulate(
+    ctx: typer.Context,
     scenario: Annotated[Path | None, typer.Argument(
         metavar="SCENARIO", help="scenario YAML; omit to run the embedded default scenario")
     ] = None,
@@ -46,6 +47,8 @@ def simulate(
     from sim.runner import run_scenario
 
     check_seed(seed)
+    if replications == 1:
+        refuse_unused(ctx, {"workers": "only with --replications N (N > 1)"})
     loaded = load_scenario(scenario, parse_overrides(set_))
     if seed is not None:
         loaded = loaded.model_copy(update={"seed": seed})

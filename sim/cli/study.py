@@ -15,7 +15,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from sim.cli.common import app, console, fmt, interrupted, pct, set_option
+from sim.cli.common import app, console, fmt, interrupted, pct, refuse_unused, set_option
 
 
 class Backend(str, Enum):  # noqa: UP042  (typer takes str-mixin enums as choices)
@@ -27,6 +27,7 @@ class Backend(str, Enum):  # noqa: UP042  (typer takes str-mixin enums as choice
 
 @app.command()
 def sweep(
+    ctx: typer.Context,
     sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP", help="sweep YAML")],
     out: Annotated[Path | None, typer.Option(
         help="sweep directory", show_default="results/<name>")] = None,
@@ -47,6 +48,8 @@ def sweep(
     from sim.sweep import check_sweep_dir, run_sweep, runs_kept
     from sim.sweep_file import load_sweep
 
+    if backend is Backend.local:
+        refuse_unused(ctx, {"address": "only with --backend ray"})
     name, runs = load_sweep(sweep_file, parse_overrides(set_))
     out_dir = out if out is not None else Path("results") / name
     check_sweep_dir(out_dir)
