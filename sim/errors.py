@@ -95,6 +95,11 @@ def as_written(value: Any) -> Any:
     return _Shown(" ".join(text.split()))
 
 
+def verbatim(text: str) -> Any:
+    """`text` shown in an error as written, unquoted (a YAML literal such as `0100`)."""
+    return _Shown(text)
+
+
 class _Shown(str):
     """A value already turned into its short text: shown as is, not quoted again."""
 

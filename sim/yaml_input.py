@@ -4,12 +4,13 @@ problem a one-line error naming the file."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from sim.errors import InputError
+from sim.errors import InputError, verbatim
 from sim.input_file import MAX_INT_DIGITS, FileProblem, read_bytes
 
 # A scenario has about a hundred YAML nodes, a sweep a few thousand. Counting them with aliases
@@ -24,6 +25,12 @@ NO_ALIASES = "YAML anchors and aliases are not taken here"
 MALFORMED = "malformed YAML: "
 
 _STR, _MERGE = "tag:yaml.org,2002:str", "tag:yaml.org,2002:merge"
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+# "Numbers are strict": YAML 1.1 (PyYAML) also reads 0100 as octal 64, 0x10, 0b110010, 1_0 and
+# 1:00:00 (base 60, 3600) as numbers, which a reader of the file would take for other numbers
+# or for text. Integers must be plain decimal; a float must not hold `_` or `:`.
+_PLAIN_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+_CONSTRUCT = yaml.constructor.SafeConstructor()
 _KINDS = {"tag:yaml.org,2002:int": "a number", "tag:yaml.org,2002:float": "a number",
           "tag:yaml.org,2002:bool": "a boolean", "tag:yaml.org,2002:null": "none",
           "tag:yaml.org,2002:timestamp": "a date"}
@@ -55,7 +62,8 @@ def load_yaml(text: str, *, aliases: bool = True) -> Any:
     """`yaml.safe_load`, strictly: one document, at most MAX_YAML_NODES nodes with aliases
     expanded and MAX_YAML_DEPTH deep, each mapping key text given once (`<<` merges aside), no
     integer of more than MAX_INT_DIGITS digits (Python refuses to read past 4,300 digits, and
-    no count we take is that large); no alias at all unless `aliases`. Problems raise
+    no count we take is that large), every number plain decimal (no octal `0100`, `0x10`,
+    `1_000` or base-60 `1:00:00`); no alias at all unless `aliases`. Problems raise
     `YamlProblem`."""
     try:
         return _load_bounded(text, aliases)
@@ -165,7 +173,8 @@ def read_base(path: Path, data: dict[str, Any]) -> tuple[dict[str, Any], Path]:
 
 def _check_nodes(root: yaml.Node) -> None:
     """Every mapping key is text (`<<` merges aside), given once in its mapping; no integer
-    is longer than MAX_INT_DIGITS digits. Each distinct node is read once; no recursion."""
+    is longer than MAX_INT_DIGITS digits; every number is plain decimal. Each distinct node is
+    read once; no recursion."""
     seen_nodes: set[int] = set()
     stack: list[tuple[yaml.Node, str]] = [(root, "")]
     while stack:
@@ -198,12 +207,45 @@ def _check_nodes(root: yaml.Node) -> None:
                 stack.append((value, f"{where}{key.value}."))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((item, f"{where}{i}.") for i, item in enumerate(node.value))
-        elif node.tag == "tag:yaml.org,2002:int":
+        elif node.tag == _INT:
             digits = len(_digits(node.value))
             if digits > MAX_INT_DIGITS:
                 raise YamlProblem(f"{where.rstrip('.') or '<top level>'} (line {line})",
                                   node.value, f"an integer of {digits} digits (at most "
                                   f"{MAX_INT_DIGITS})")
+        if node.tag in (_INT, _FLOAT) and isinstance(node, yaml.ScalarNode):
+            problem = _not_plain(node)
+            if problem:
+                raise YamlProblem(f"{where.rstrip('.') or '<top level>'} (line {line})",
+                                  verbatim(node.value), problem)
+
+
+def _not_plain(node: yaml.ScalarNode) -> str | None:
+    """Why a number literal is not plain decimal (None if it is), with what YAML 1.1 makes of
+    it. Its digits are already bounded, so constructing it is cheap. An explicit tag on a
+    non-number (`!!int abc`) is refused here too, where PyYAML would raise a ValueError."""
+    text = node.value
+    if node.tag == _INT and _PLAIN_INT.fullmatch(text):
+        return None
+    if node.tag == _FLOAT and "_" not in text and ":" not in text:
+        construct = _CONSTRUCT.construct_yaml_float
+        form = None
+    else:
+        bare = text.lstrip("+-").replace("_", "")
+        construct = (_CONSTRUCT.construct_yaml_int if node.tag == _INT
+                     else _CONSTRUCT.construct_yaml_float)
+        form = ("the base-60 number" if ":" in bare else
+                "the binary number" if bare[:2].lower() == "0b" else
+                "the hexadecimal number" if bare[:2].lower() == "0x" else
+                "the octal number" if node.tag == _INT and bare[:1] == "0" else
+                "the number")
+    try:
+        value = construct(node)
+    except (ValueError, IndexError):
+        return f"tagged as a number, but {text!r} is not one YAML reads"
+    if form is None:
+        return None
+    return f"YAML 1.1 reads {text} as {form} {value}: write it in plain decimal"
 
 
 def _digits(literal: str) -> str:

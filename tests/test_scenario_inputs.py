@@ -82,6 +82,57 @@ def test_set_values_that_cannot_be_read_as_meant(value, problem):
     assert info.value.field == "--set" and problem in info.value.one_line()
 
 
+# YAML 1.1 (PyYAML) reads these as numbers nobody reading the file would see: 0100 is 64, 1:00:00
+# is 3600. They were silently taken; "Numbers are strict" refuses them.
+@pytest.mark.parametrize(("old", "new", "needles"), [
+    ("num_requests: 20", "num_requests: 0100",
+     ["workload.num_requests (line 5)=0100: YAML 1.1 reads 0100 as the octal number 64: write it "
+      "in plain decimal"]),
+    ("seed: 0", "seed: 010", ["seed (line 2)=010", "octal number 8"]),
+    ("name: tiny", "name: tiny\nhorizon_s: 1:00:00", ["horizon_s (line 2)=1:00:00",
+                                                     "base-60 number 3600"]),
+    ("model: llama-3.1-8b", "model: llama-3.1-8b\n  scheduler: {name: chunked_prefill, "
+     "token_budget: 0512}", ["replica.scheduler.token_budget (line 10)=0512",
+                             "octal number 330"]),
+    ("qps: 5", "qps: 1_0.5", ["workload.arrivals.qps (line 6)=1_0.5", "number 10.5"]),
+    ("qps: 5", "qps: 0:30.5", ["workload.arrivals.qps (line 6)=0:30.5", "base-60 number 30.5"]),
+    ("seed: 0", "seed: !!int abc", ["seed (line 2)=abc", "not one YAML reads"]),
+    ("seed: 0", "seed: !!float abc", ["seed (line 2)=abc", "not one YAML reads"]),
+])
+def test_yaml_1_1_number_forms_in_a_scenario_are_one_line(tmp_path, monkeypatch, capsys, old,
+                                                          new, needles):
+    path = write(tmp_path, "s.yaml", SCENARIO.replace(old, new))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, str(path), *needles)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("062", "octal number 50"), ("0b110010", "binary number 50"),
+    ("0x10", "hexadecimal number 16"), ("1_0", "number 10"), ("-0x10", "hexadecimal number -16"),
+    ("00", "octal number 0"),
+])
+def test_yaml_1_1_number_forms_in_set_are_one_line(tmp_path, monkeypatch, capsys, value,
+                                                   problem):
+    path = write(tmp_path, "s.yaml", SCENARIO)
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "o"),
+                        "--set", f"workload.num_requests={value}")
+    assert_one_line_error(code, err, f"--set='workload.num_requests={value}'",
+                          f"VALUE: YAML 1.1 reads {value} as the {problem}: write it in plain "
+                          "decimal")
+
+
+def test_plain_numbers_still_read(tmp_path):
+    # Every float form PyYAML's resolver takes without `_` or `:` (1e3, with no '.' and no
+    # exponent sign, is text to YAML 1.1 and stays so); a quoted 0100 is text.
+    path = write(tmp_path, "s.yaml", "a: [512, -1, 0, -0, +5, 1.5, 1.0e+3, 1.e-3, .5, 1., "
+                                     "010.5, -2.5E+2, .inf, 1e3, '0100', !!float 1]\n")
+    assert read_yaml(path) == {"a": [512, -1, 0, 0, 5, 1.5, 1000.0, 0.001, 0.5, 1.0, 10.5,
+                                     -250.0, float("inf"), "1e3", "0100", 1.0]}
+    assert parse_override("workload.num_requests=512") == ("workload.num_requests", 512)
+    assert parse_override("workload.arrivals.qps=.5") == ("workload.arrivals.qps", 0.5)
+
+
 # -- sweeps ------------------------------------------------------------------------------------
 
 def sweep(tmp_path: Path, body: str, name: str = "name: sw\n") -> Path:
@@ -102,6 +153,8 @@ def sweep(tmp_path: Path, body: str, name: str = "name: sw\n") -> Path:
                                                    "listed twice"]),
     ("zip:\n  name: [a, a]\n", ["zip.name='a'", "listed twice"]),
     ("seeds: [1, 1]\n", ["seeds=1", "listed twice"]),
+    ("grid:\n  workload.num_requests: [10, 0100]\n",
+     ["grid.workload.num_requests.1 (line 4)=0100", "octal number 64"]),
     ("seeds: [9223372036854775808]\n", ["seeds=", "2**63 - 1"]),
     ("grid:\n" + "".join(f"  replica.scheduler.x{i}: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n"
                          for i in range(10)),

@@ -141,6 +141,19 @@ IMPOSSIBLE = {
         "workload: {format: synthetic, num_requests: 5, arrivals: {qps: 5}, lengths: "
         "{prompt: {dist: lognormal, mean: 50, std: 5, min: 90, max: 10}, "
         "output: {dist: fixed, value: 2}}}", ["workload.lengths.prompt.min=90", "above max"]),
+    # Was taken, every prompt then exactly 1000 tokens (as a fixed value outside [min, max] is
+    # refused).
+    "lognormal clipped whole to min": (
+        "workload: {format: synthetic, num_requests: 5, arrivals: {qps: 5}, lengths: "
+        "{prompt: {dist: lognormal, mean: 10, std: 1, min: 1000}, "
+        "output: {dist: fixed, value: 2}}}",
+        ["workload.lengths.prompt.min=1000", "clips 100.000% of lognormal draws (mean 10, std 1)"
+         " to [min, max] = [1000, 1000000000]"]),
+    "lognormal with min equal to max": (
+        "workload: {format: synthetic, num_requests: 5, arrivals: {qps: 5}, lengths: "
+        "{prompt: {dist: fixed, value: 5}, "
+        "output: {dist: lognormal, mean: 50, std: 5, min: 60, max: 60}}}",
+        ["workload.lengths.output.min=60", "[min, max] = [60, 60]"]),
     "length file and distributions": (
         "workload: {format: synthetic, num_requests: 5, arrivals: {qps: 5}, lengths: "
         "{file: trace.csv, prompt: {dist: fixed, value: 5}}}",

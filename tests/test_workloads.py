@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from sim.config import parse_scenario
+from sim.errors import InputError
 from sim.runner import load_workload
 from tests.conftest import assert_one_line_error, run_cli
 
@@ -141,6 +142,24 @@ def test_synthetic_lengths(traces):
     share = traces / "sarathi_serve/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
     sampled = workload({**base, "lengths": {"file": str(share)}})
     assert sampled.num_prompt_tokens.mean() == pytest.approx(2340, rel=0.05)
+
+
+# A lognormal of mean 10 and std 1 has 0.37% of its mass above 13, 0.031% above 14, 0.021% below
+# 7 and 1.4% below 8: a bound that leaves less than 0.1% of the draws unclipped is refused.
+@pytest.mark.parametrize(("bounds", "refused"), [
+    ({"min": 13}, None), ({"min": 14}, "min=14"), ({"max": 8}, None), ({"max": 7}, "max=7"),
+    ({"min": 10, "max": 10}, "min=10"), ({"min": 9, "max": 10}, None),
+])
+def test_lognormal_lengths_clipped_almost_whole_are_refused(bounds, refused):
+    lengths = {"prompt": {"dist": "lognormal", "mean": 10, "std": 1, **bounds},
+               "output": {"dist": "fixed", "value": 2}}
+    data = {"format": "synthetic", "num_requests": 5, "arrivals": {"qps": 1}, "lengths": lengths}
+    if refused is None:
+        assert len(workload(data).num_prompt_tokens) == 5
+        return
+    with pytest.raises(InputError) as info:
+        workload(data)
+    assert f"workload.lengths.prompt.{refused}: clips " in info.value.one_line()
 
 
 def test_mooncake_style_jsonl_written_here_round_trips(tmp_path):

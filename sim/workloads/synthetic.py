@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +25,10 @@ from sim.workloads.cache import read_table
 from sim.workloads.fields import token_counts
 
 PARAMS = {"fixed": ("value",), "uniform": ("low", "high"), "lognormal": ("mean", "std")}
+# A lognormal clipped so hard that fewer draws than this stay inside [min, max] is no longer
+# the distribution asked for (mean 10, min 1000 makes every length 1000): refused, as a fixed
+# value or uniform range outside [min, max] is.
+MIN_UNCLIPPED = 1e-3
 
 
 class TokenDist(BaseModel):
@@ -62,9 +68,36 @@ class TokenDist(BaseModel):
             return [("min", self.min, f"above max ({top})")]
         if self.dist == "uniform" and self.low > self.high:  # type: ignore[operator]
             return [("low", self.low, f"above high ({self.high})")]
+        if self.dist == "lognormal":
+            return self._lognormal_clipping(top)
         exact = {"fixed": ("value",), "uniform": ("low", "high")}.get(self.dist, ())
         return [(name, getattr(self, name), f"outside [min, max] = [{self.min}, {top}]")
                 for name in exact if not self.min <= getattr(self, name) <= top]
+
+    def _lognormal_clipping(self, top: int) -> list[Problem]:
+        """[min, max] leaving fewer than MIN_UNCLIPPED of the draws unclipped (min equal to max
+        included), from the lognormal's CDF (before rounding, which moves a bound by at most half
+        a token). Named at the bound that clips more."""
+        assert self.mean is not None and self.std is not None
+        # As in `sample`: log(X) is normal with these mu and sigma.
+        sigma2 = math.log1p((self.std / self.mean) ** 2)
+        mu = math.log(self.mean) - sigma2 / 2
+        # A std below ~1e-154 of the mean makes sigma 0: a point mass, still no division by 0.
+        scale = max(math.sqrt(2 * sigma2), sys.float_info.min)
+
+        def below(x: float) -> float:  # P(X < x) for the lognormal drawn in `sample`
+            return 0.5 * math.erfc(-(math.log(x) - mu) / scale)
+
+        def above(x: float) -> float:  # P(X > x), accurate far in the upper tail
+            return 0.5 * math.erfc((math.log(x) - mu) / scale)
+
+        low, high = below(self.min), above(top)
+        if 1 - low - high >= MIN_UNCLIPPED:
+            return []
+        name, bound = ("min", self.min) if low >= high else ("max", top)
+        return [(name, bound, f"clips {low + high:.3%} of lognormal draws (mean {self.mean:g}, "
+                 f"std {self.std:g}) to [min, max] = [{self.min}, {top}]: at most "
+                 f"{1 - MIN_UNCLIPPED:.1%} may be clipped")]
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         if self.dist == "fixed":
