@@ -70,6 +70,7 @@ from sim.rate_decision import (
 from sim.replications import check_replicable, replication_seeds, variation_sources
 from sim.run_dir import Results
 from sim.runner import cluster_gpus, load_workload, run_scenario
+from sim.workloads.base import MAX_RATE_QPS
 
 DEFAULT_REPLICATIONS = 5  # up to this many runs per rate, where seeds make runs differ
 
@@ -97,7 +98,9 @@ def search(scenario: Scenario, targets: SLOTargets, seeds: list[int], *,
     """Expand, then bisect both ends of the knee; every probed rate, in the order probed.
     Expanding stops at a rate that cannot be simulated (halved until its arrivals span more
     than 2**32 s, say), saying why in `stopped`: the user gave the starting rate, not that
-    one, so its input error would blame a value they never wrote."""
+    one, so its input error would blame a value they never wrote. Doubling goes no further
+    than MAX_RATE_QPS arrivals per second: it probes that rate last and, if it holds, says
+    so in `stopped`."""
     knob = rate_knob(scenario)
     start = (scenario.workload.arrivals.qps if knob == "qps"  # type: ignore[attr-defined]
              else scenario.workload.rate_scale)
@@ -139,10 +142,21 @@ def search(scenario: Scenario, targets: SLOTargets, seeds: list[int], *,
                                f"simulated ({exc.field}: {exc.problem})")
             return None
 
+    # The highest rate simulated (MAX_RATE_QPS arrivals per second): doubling stops there,
+    # probing it rather than a rate beyond, which would be refused.
+    top = MAX_RATE_QPS / qps_per_unit if qps_per_unit > 0 else math.inf
+    while top * qps_per_unit > MAX_RATE_QPS:  # rounded up: the last float below it
+        top = math.nextafter(top, 0.0)
     first = probe(start)
     rate = start
     for _ in range(max_steps if first != "fails" else 0):  # up to a rate that fails
-        rate *= 2
+        if rate >= top:
+            if stopped is not None:
+                stopped.append(f"at {rate * qps_per_unit:.4g} req/s, the highest arrival rate "
+                               f"simulated ({MAX_RATE_QPS:.0e} req/s: arrivals a nanosecond "
+                               "apart on average)")
+            break
+        rate = min(rate * 2, top)
         if probe_beyond(rate) in ("fails", None):
             break
     rate = start
@@ -281,8 +295,8 @@ def capacity(scenario: Scenario, targets: SLOTargets,
                     f"overloaded, so the lower end is the highest rate that held "
                     f"({held * qps_per_unit:.4g} req/s) less {100 * GROWTH_LIMIT:g}%")
     if hi is None:
-        meaning += (f"; no rate probed failed within {max_steps} doublings: the upper end is "
-                    "unbounded (null)")
+        within = "" if stopped else f" within {max_steps} doublings"
+        meaning += f"; no rate probed failed{within}: the upper end is unbounded (null)"
     if held == 0.0 and hi is not None:
         meaning += ("; no rate probed held: the targets are missed even at the lowest rate "
                     f"probed, {hi * qps_per_unit:.4g} req/s (below an unloaded server's "

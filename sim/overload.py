@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,7 @@ def overload(requests: Table, end_s: float) -> dict[str, Any]:
             matching = [f for f in matching
                         if f["growth_limit_share"] == GROWTH_LIMIT] or matching
         if matching:  # the queue and window closest to (or deepest in) overload
-            return max(matching, key=lambda f: f.get("t", 0.0))
+            return max(matching, key=_t)
     return {"verdict": "unknown", "detail": "no queue to test"}
 
 
@@ -86,32 +87,56 @@ def too_few(requests: Table, minimum: int) -> str:
 def _growth(queue: str, window: str, times_s: np.ndarray, length: np.ndarray,
             growth_limit: float) -> dict[str, Any]:
     """Slope of `length` against `times_s` from batch means, with its standard error;
-    overloaded when it is above `growth_limit` of the arrival rate and T_LIMIT errors."""
+    overloaded when it is above `growth_limit` of the arrival rate and T_LIMIT errors.
+
+    The regression runs on times in units of the window's span (0 to 1): its sums of squares
+    then stay well inside float64 however close together the arrivals come (in seconds, gaps
+    of 1e-160 s square to zero and the slope was inf or NaN), and the share of arrivals and
+    the t statistic, which do not depend on the unit, are computed in it. Every number
+    returned is finite: a queue growing exactly linearly (no scatter, a standard error of 0)
+    has `t` None, and a window too short for its growth in requests/s to be a float64
+    (under about 1e-300 s) is `unknown`."""
     span_s = float(times_s[-1] - times_s[0])
     if span_s <= 0:
         return {"verdict": "unknown", "detail": f"all arrivals of {window} come at once"}
+    unit = (times_s - times_s[0]) / span_s
     batches = np.array_split(np.arange(len(times_s)), 10)
-    x = np.array([times_s[b].mean() for b in batches])
+    x = np.array([unit[b].mean() for b in batches])
     y = np.array([length[b].mean() for b in batches])
     dx = x - x.mean()
-    slope = float((dx * (y - y.mean())).sum() / (dx**2).sum())
-    residual = y - y.mean() - slope * dx
-    se = float(np.sqrt((residual**2).sum() / (len(x) - 2) / (dx**2).sum()))
-    rate = (len(times_s) - 1) / span_s  # arrivals per second over the window
-    share = slope / rate
-    t = slope / se if se > 0 else (np.inf if slope > 0 else 0.0)
-    overloaded = share > growth_limit and t > T_LIMIT
+    sxx = float((dx**2).sum())  # at least 1/2: the first batch holds 0, the last 1
+    slope_unit = float((dx * (y - y.mean())).sum() / sxx)  # requests per window span
+    residual = y - y.mean() - slope_unit * dx
+    se_unit = float(np.sqrt((residual**2).sum() / (len(x) - 2) / sxx))
+    slope, se = slope_unit / span_s, se_unit / span_s
+    if not (math.isfinite(slope) and math.isfinite(se)):
+        return {"verdict": "unknown",
+                "detail": f"the arrivals of {window} come within {span_s:.3g} s: too close "
+                          "together to measure a queue's growth per second"}
+    # Over the window `len - 1` arrivals came in `span_s`: the share is the slope over that rate.
+    share = slope_unit / (len(times_s) - 1)
+    t = slope_unit / se_unit if se_unit > 0 else None  # None: exact, no scatter to measure
+    overloaded = share > growth_limit and (slope > 0 if t is None else t > T_LIMIT)
     verb = "grows" if slope > 0 else "shrinks"
+    errors = "exactly, no scatter" if t is None else f"{t:.1f} s.e."
     return {
         "verdict": "overloaded" if overloaded else "stable",
         "queue": queue,
         "growth_requests_per_s": slope,
         "growth_se": se,
         "growth_share_of_arrivals": share,
-        "t": float(t),
+        "t": t,
         "growth_limit_share": growth_limit,
         "window_start_s": float(times_s[0]),
         "window": window,
         "detail": (f"{queue.replace('_', ' ')} queue {verb} by {abs(slope):.3g} requests/s "
-                   f"({100 * abs(share):.1f}% of arrivals; {t:.1f} s.e.) over {window}"),
+                   f"({100 * abs(share):.1f}% of arrivals; {errors}) over {window}"),
     }
+
+
+def _t(found: dict[str, Any]) -> float:
+    """A window's t statistic for ranking; an exact slope (`t` None) ranks by its sign."""
+    t = found.get("t", 0.0)
+    if t is None:
+        return math.inf if found["growth_requests_per_s"] > 0 else 0.0
+    return float(t)

@@ -103,3 +103,69 @@ def test_a_burst_that_builds_a_backlog_and_drains_it_is_overload(tmp_path):
     assert verdict["verdict"] == "overloaded", verdict
     assert "quarter" in verdict["window"], verdict
     assert verdict["growth_share_of_arrivals"] > 0.2
+
+
+def strict_json(verdict: dict) -> str:
+    """summary.json is written strictly: an inf or NaN in the verdict ends the run in a
+    traceback."""
+    import json
+
+    return json.dumps(verdict, allow_nan=False)
+
+
+@pytest.mark.parametrize("gap_s", [1.0, 1e-9, 1e-160, 1e-300])
+def test_growth_is_finite_however_close_together_arrivals_come(gap_s, recwarn):
+    """A queue growing by one request per arrival: its share of arrivals is 1 at any time
+    scale. In seconds the regression's squares of 1e-160 s underflowed to zero, giving inf
+    or NaN (a traceback writing summary.json, or 'stable' for an overloaded run)."""
+    from sim.overload import _growth
+
+    rng = np.random.default_rng(0)
+    times = np.cumsum(rng.exponential(gap_s, 200))
+    length = np.arange(200, dtype=np.float64) + rng.integers(0, 3, 200)
+    verdict = _growth("waiting", "the whole run", times, length, 0.01)
+    strict_json(verdict)
+    assert verdict["verdict"] == "overloaded", verdict
+    assert verdict["growth_share_of_arrivals"] == pytest.approx(1.0, abs=0.1)
+    assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_window_too_short_for_a_growth_per_second_is_unknown():
+    """Arrivals within 1e-310 s: the growth in requests/s is past float64, so no verdict from
+    this window (rather than inf in summary.json)."""
+    from sim.overload import _growth
+
+    times = np.arange(40) * 1e-320
+    verdict = _growth("waiting", "the whole run", times, np.arange(40.0), 0.01)
+    strict_json(verdict)
+    assert verdict["verdict"] == "unknown" and "too close together" in verdict["detail"]
+
+
+def test_a_queue_growing_exactly_linearly_is_overloaded_with_finite_numbers(recwarn):
+    """No scatter about the line: a standard error of 0. The t statistic was inf, and
+    summary.json could not be written."""
+    from sim.overload import _growth
+
+    times = np.arange(100, dtype=np.float64)
+    verdict = _growth("waiting", "the whole run", times, times.copy(), 0.01)
+    strict_json(verdict)
+    assert verdict["verdict"] == "overloaded", verdict
+    assert verdict["growth_share_of_arrivals"] == pytest.approx(1.0)
+    assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_an_evenly_spaced_trace_never_served_writes_its_summary(tmp_path):
+    """80 requests one second apart, each iteration 1,000 s: every request after the first
+    queues, the queue grows by exactly one per arrival; the run used to fail writing
+    summary.json (t = inf)."""
+    trace = tmp_path / "trace.csv"
+    pd.DataFrame({"arrived_at": np.arange(80.0), "num_prefill_tokens": 1,
+                  "num_decode_tokens": 1}).to_csv(trace, index=False)
+    scenario = single_server(1.0, 0).model_dump()
+    scenario["workload"] = {"format": "vidur", "path": str(trace)}
+    scenario["replica"]["latency"] = {"kind": "constant", "iteration_s": 1000.0}
+    results = run_scenario(parse_scenario(scenario, "test"), out_dir=tmp_path / "out")
+    verdict = results.summary["overload"]
+    assert verdict["verdict"] == "overloaded", verdict
+    strict_json(verdict)
+    assert (tmp_path / "out" / "summary.json").is_file()

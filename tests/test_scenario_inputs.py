@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sim.errors import InputError
@@ -324,6 +325,53 @@ def test_a_rate_that_cannot_be_simulated_ends_the_search_with_its_reason():
     assert [d.decision for d in rates] == ["fails"]
     assert len(stopped) == 1
     assert "cannot be simulated (workload.arrivals.qps: arrivals span long)" in stopped[0]
+
+
+def test_capacity_refuses_a_starting_rate_above_the_highest(tmp_path, monkeypatch, capsys):
+    """At qps 1e200 the search called every rate stable (arrival times 1e-200 s apart squared
+    to zero in the overload test) and reported a capacity of at least 1.1e+212 req/s."""
+    path = write(tmp_path, "s.yaml", SCENARIO)
+    code, err = run_cli(monkeypatch, capsys, "capacity", str(path), "--tbt-p99", "0.04",
+                        "--replications", "1", "--precision", "0.2",
+                        "--set", "workload.arrivals.qps=1.0e+200",
+                        "--out", str(tmp_path / "out"))
+    assert_one_line_error(code, err, "--set workload.arrivals.qps=1e+200",
+                          "faster than 1e+09 req/s")
+
+
+@pytest.mark.parametrize("workload,start", [
+    ("", "workload.arrivals.qps=3.0e+8"),
+    # A trace's knob is its rate scale: the highest is 1e9 over the trace's rate (19 arrivals
+    # in 5.9 s), rounded down so that the probe is not refused.
+    ("workload: {format: vidur, path: v.csv}\n", "workload.rate_scale=1.0e+8"),
+])
+def test_capacity_doubling_stops_at_the_highest_rate_and_says_so(tmp_path, monkeypatch, capsys,
+                                                                 workload, start):
+    """Targets met at any rate: doubling used to go on for 40 steps (to 3e+20 req/s from
+    3e+8). It probes the highest rate simulated, 1e9 req/s, last, and says it stopped there."""
+    import json
+
+    text = SCENARIO
+    if workload:
+        gaps = np.random.default_rng(11).exponential(0.3, 19)
+        times = np.concatenate([[0.0], np.cumsum(gaps)])  # 1e9 / rate * rate > 1e9 here
+        write(tmp_path, "v.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+              + "".join(f"{t:.6f},100,10\n" for t in times))
+        text = text[:text.index("workload:")] + workload + text[text.index("replica:"):]
+    path = write(tmp_path, "s.yaml", text)
+    code, out = run_cli_out(monkeypatch, capsys, "capacity", str(path), "--tbt-p99", "1",
+                            "--replications", "1", "--precision", "0.3", "--set", start,
+                            "--out", str(tmp_path / "out"))
+    assert code == 0
+    data = json.loads((tmp_path / "out" / "capacity.json").read_text())
+    assert data["interval_qps"][1] is None
+    assert data["interval_qps"][0] == pytest.approx(1e9, rel=1e-9)
+    assert data["interval_qps"][0] <= 1e9
+    assert max(r["qps"] for r in data["rates"]) <= 1e9 and len(data["rates"]) <= 5
+    assert "the search stopped at 1e+09 req/s, the highest arrival rate simulated" in (
+        data["interval_meaning"])
+    assert "cannot be simulated" not in data["interval_meaning"]
+    assert "the highest arrival rate" in " ".join(out.split())
 
 
 def test_export_refuses_a_percentile_given_twice(tmp_path, monkeypatch, capsys):

@@ -11,7 +11,7 @@ import pytest
 from sim.config import parse_scenario
 from sim.errors import InputError
 from sim.runner import load_workload
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 
 
 def workload(spec: dict, seed: int = 0):
@@ -246,20 +246,40 @@ def test_jsonl_errors_give_the_line_number(tmp_path, monkeypatch, capsys, lines,
     ("start_s: 100", ["workload.start_s=100.0", "holds no request", "0 to 0.5 s"]),
     ("start_s: 0.1, end_s: 0.3", ["workload.end_s=0.3", "[0.1, 0.3) s holds no request"]),
     ("rate_scale: 1.0e-10", ["workload.rate_scale=1e-10", "arrivals span 5e+09 s", "2**32"]),
+    # A scale so small the span overflows: refused, and numpy's overflow warning not printed.
+    ("rate_scale: 5.0e-324", ["workload.rate_scale=5e-324", "arrivals span inf s", "2**32"]),
+    # Arrivals 1e-300 s apart used to end in a traceback (inf in summary.json).
+    ("rate_scale: 1.0e+300", ["workload.rate_scale=1e+300", "makes 2e+300 arrivals per second",
+                              "faster than 1e+09 req/s"]),
+    ("rate_scale: 1.0e+160", ["workload.rate_scale=1e+160", "faster than 1e+09 req/s"]),
+    ("rate_scale: 6.0e+8", ["workload.rate_scale=600000000.0", "makes 1.2e+09 arrivals",
+                            "faster than 1e+09 req/s"]),  # 2 req/s at scale 1
 ])
-def test_selections_that_cannot_be_run_are_refused(tmp_path, monkeypatch, capsys, selection,
-                                                   needles):
+def test_selections_that_cannot_be_run_are_refused(tmp_path, monkeypatch, capsys, recwarn,
+                                                   selection, needles):
     code, err, _, scenario = simulate_trace(tmp_path, monkeypatch, capsys, "v.csv",
                                             VIDUR_HEADER + "0.0,10,2\n0.5,20,3\n",
                                             "format: vidur, path: {path}, " + selection)
     assert_one_line_error(code, err, str(scenario), *needles)
+    # pytest keeps warnings out of capsys: on a terminal they are extra lines on stderr.
+    assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
-def test_far_apart_arrivals_in_a_trace_are_refused(tmp_path, monkeypatch, capsys):
-    code, err, _, scenario = simulate_trace(tmp_path, monkeypatch, capsys, "v.csv",
-                                            VIDUR_HEADER + "0.0,10,2\n1e300,20,3\n",
-                                            "format: vidur, path: {path}")
-    assert_one_line_error(code, err, str(scenario), "workload.rate_scale=1.0", "1e+300 s")
+def test_a_trace_at_the_highest_rate_runs(tmp_path, monkeypatch, capsys, recwarn):
+    """2 req/s scaled by 5e8: 1e9 arrivals per second, the most simulated. The run completes,
+    called overloaded, with finite numbers everywhere in summary.json."""
+    trace = tmp_path / "v.csv"
+    trace.write_text(VIDUR_HEADER + "".join(f"{i * 0.5},10,2\n" for i in range(60)))
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(f"workload: {{format: vidur, path: {trace}, rate_scale: 5.0e+8}}\n"
+                        "replica: {latency: {kind: constant, iteration_s: 0.01}}\n")
+    code, _ = run_cli_out(monkeypatch, capsys, "simulate", str(scenario),
+                          "--out", str(tmp_path / "o"))
+    assert code == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text(),
+                         parse_constant=lambda c: pytest.fail(f"{c} in summary.json"))
+    assert summary["overload"]["verdict"] == "overloaded"
+    assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
 SYNTHETIC = ("format: synthetic, num_requests: {n}, arrivals: {{qps: {qps}}}, lengths: "
@@ -271,14 +291,32 @@ SYNTHETIC = ("format: synthetic, num_requests: {n}, arrivals: {{qps: {qps}}}, le
     ("1.0e+12", "1", ["workload.num_requests=1000000000000.0", "integer"]),
     ("100", "1.0e-9", ["workload.arrivals.qps=1e-09", "arrivals span", "2**32"]),
     ("100", "5.0e-324", ["workload.arrivals.qps=5e-324", "arrivals span inf s"]),
+    # Arrivals 1e-160 s apart used to end in a traceback (inf in summary.json, numpy warnings
+    # before it); at 1e+200 a capacity search called every rate stable.
+    ("100", "1.0e+160", ["workload.arrivals.qps=1e+160", "faster than 1e+09 req/s"]),
+    ("100", "1.0e+200", ["workload.arrivals.qps=1e+200", "faster than 1e+09 req/s"]),
+    ("100", "1.0e+300", ["workload.arrivals.qps=1e+300", "faster than 1e+09 req/s"]),
+    ("100", "1.1e+9", ["workload.arrivals.qps=1100000000.0", "faster than 1e+09 req/s"]),
 ])
-def test_synthetic_workloads_too_large_to_simulate(tmp_path, monkeypatch, capsys, n, qps,
-                                                   needles):
+def test_synthetic_workloads_too_large_to_simulate(tmp_path, monkeypatch, capsys, recwarn, n,
+                                                   qps, needles):
     start = time.perf_counter()
     code, err, _, scenario = simulate_trace(tmp_path, monkeypatch, capsys, "unused", "",
                                             SYNTHETIC.format(n=n, qps=qps))
     assert time.perf_counter() - start < 10  # refused before allocating anything
     assert_one_line_error(code, err, str(scenario), *needles)
+    assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_rate_scale_on_generated_arrivals_counts_towards_the_highest_rate(
+        tmp_path, monkeypatch, capsys):
+    """qps 1e6 is allowed alone; scaled by 1e4 it makes 1e10 arrivals per second, and the
+    error names the scale, the knob that went too far."""
+    code, err, _, scenario = simulate_trace(
+        tmp_path, monkeypatch, capsys, "unused", "",
+        SYNTHETIC.format(n=100, qps="1.0e+6") + ", rate_scale: 1.0e+4")
+    assert_one_line_error(code, err, str(scenario), "workload.rate_scale=10000.0",
+                          "makes 1e+10 arrivals per second")
 
 
 def test_a_directory_given_as_a_trace(tmp_path, monkeypatch, capsys):

@@ -28,6 +28,11 @@ MAX_REQUESTS = 10_000_000
 # Simulated times are float64 seconds since the first arrival: below 2**32 s (136 years) they
 # resolve 2**-20 s, about a microsecond, so TTFT and TBT keep their resolution.
 MAX_SPAN_S = float(2**32)
+# Arrivals per second, at most: a nanosecond apart on average, a thousand to the microsecond
+# the results resolve, and far beyond any serving cluster (a replica's iteration takes about a
+# millisecond). Without it a rate of 1e160 req/s put arrivals 1e-160 s apart, whose squares
+# (the overload test's regression on arrival times) underflow to zero.
+MAX_RATE_QPS = 1e9
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class ArrivalConfig(BaseModel):
     model_config = INPUT_MODEL
 
     process: Literal["poisson", "gamma"] = "poisson"
-    qps: float = Field(gt=0)
+    qps: float = Field(gt=0, description=f"arrivals per second (at most {MAX_RATE_QPS:.0e})")
     # Gamma's shape is 1/cv**2: the bounds keep it a normal float.
     cv: float = Field(1.0, ge=1e-3, le=1e3,
                       description="coefficient of variation of inter-arrival times (gamma)")
@@ -93,6 +98,8 @@ class ArrivalConfig(BaseModel):
     def _cv_is_gamma(self) -> ArrivalConfig:
         if self.process == "poisson" and self.cv != 1.0:
             raise invalid(("cv", self.cv, "Poisson arrivals have cv 1: use process: gamma"))
+        if self.qps > MAX_RATE_QPS:
+            raise invalid(("qps", self.qps, TOO_FAST))
         return self
 
     def sample(self, num_requests: int, rng: np.random.Generator) -> np.ndarray:
@@ -190,8 +197,11 @@ def select(workload: Workload, config: WorkloadConfig) -> Workload:
                              f"only {len(chosen)} requests "
                              f"{'in the window' if windowed else 'in the trace'}")
         chosen = chosen.take(slice(0, config.num_requests))
-    # Time restarts at the first kept arrival, then compresses by the rate scale.
-    shifted = (chosen.arrival_s - chosen.arrival_s[0]) / config.rate_scale
+    _check_rate(chosen.arrival_s, config)
+    # Time restarts at the first kept arrival, then compresses by the rate scale (a tiny
+    # scale overflows to inf, refused by `_check_span` without numpy's warning).
+    with np.errstate(over="ignore"):
+        shifted = (chosen.arrival_s - chosen.arrival_s[0]) / config.rate_scale
     _check_span(shifted, config)
     prompt, output = chosen.num_prompt_tokens, chosen.num_output_tokens
     hash_block_tokens = chosen.hash_block_tokens
@@ -212,16 +222,45 @@ def _scaled(num_tokens: np.ndarray, config: WorkloadConfig) -> np.ndarray:
     return scaled.astype(np.int64)
 
 
+TOO_FAST = (f"arrivals faster than {MAX_RATE_QPS:.0e} req/s (a nanosecond apart on average) "
+            "are not simulated")
+
+
+def _knob(config: WorkloadConfig) -> tuple[str, float]:
+    """The field that set the arrival times: the rate scale, or (at scale 1) the rate of
+    generated arrivals."""
+    arrivals = getattr(config, "arrivals", None)
+    if isinstance(arrivals, ArrivalConfig) and config.rate_scale == 1.0:
+        return "workload.arrivals.qps", arrivals.qps
+    return "workload.rate_scale", config.rate_scale
+
+
+def _check_rate(arrival_s: np.ndarray, config: WorkloadConfig) -> None:
+    """The mean arrival rate, once scaled, is at most MAX_RATE_QPS: the generated rate times
+    the rate scale (the rate asked for, not the sample's, which a valid rate may exceed), or a
+    trace's requests over their span times it. Requests that all arrive at one instant have
+    no rate to scale."""
+    arrivals = getattr(config, "arrivals", None)
+    if isinstance(arrivals, ArrivalConfig):
+        rate = arrivals.qps * config.rate_scale
+    else:
+        span_s = float(arrival_s[-1] - arrival_s[0])
+        if not span_s > 0:
+            return
+        rate = (len(arrival_s) - 1) / span_s * config.rate_scale  # Python floats: inf, no error
+    if rate > MAX_RATE_QPS:
+        field, value = _knob(config)
+        raise InputError(config._source, field, value,
+                         f"makes {rate:.3g} arrivals per second; {TOO_FAST}")
+
+
 def _check_span(arrival_s: np.ndarray, config: WorkloadConfig) -> None:
     """Arrival times must be finite and span less than MAX_SPAN_S; the error names the knob
     that set them: the rate scale, or the rate of generated arrivals."""
     span_s = float(arrival_s[-1]) if np.isfinite(arrival_s).all() else float("inf")
     if span_s < MAX_SPAN_S:
         return
-    field, value = "workload.rate_scale", config.rate_scale
-    arrivals = getattr(config, "arrivals", None)
-    if isinstance(arrivals, ArrivalConfig) and config.rate_scale == 1.0:
-        field, value = "workload.arrivals.qps", arrivals.qps
+    field, value = _knob(config)
     raise InputError(config._source, field, value,
                      f"arrivals span {span_s:.3g} s; simulated times keep microsecond "
                      f"resolution only below 2**32 s (136 years)")
