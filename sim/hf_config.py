@@ -74,6 +74,23 @@ FP8_METHODS = ("fp8", "fbgemm_fp8")
 # `torch_dtype` (or `dtype`, its newer name) -> bytes per weight; absent: bf16.
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _MISSING = object()
+# Upper bounds on the fields that size a model, far above any published decoder's (so that a
+# slip, `"num_hidden_layers": 1000000000`, is one line rather than minutes in per-layer loops
+# or sizes of petabytes). For comparison, the largest published: 126 layers, hidden 16,384 and
+# MLP 53,248 (Llama-3.1-405B), 128 heads, head dim 256, vocabulary 262,144, 384 routed experts
+# (Kimi K2), MLA ranks 1,536.
+_LAYERS, _WIDTH, _HEADS, _VOCAB, _EXPERTS, _RANK = 10_000, 2**20, 2**16, 2**24, 2**16, 2**16
+MAXIMA: dict[str, int] = {
+    "num_hidden_layers": _LAYERS,
+    "hidden_size": _WIDTH, "intermediate_size": _WIDTH, "moe_intermediate_size": _WIDTH,
+    "shared_expert_intermediate_size": _WIDTH,
+    "num_attention_heads": _HEADS, "num_key_value_heads": _HEADS, "head_dim": _HEADS,
+    "vocab_size": _VOCAB,
+    "num_local_experts": _EXPERTS, "num_experts": _EXPERTS, "n_routed_experts": _EXPERTS,
+    "num_experts_per_tok": _EXPERTS, "n_shared_experts": _EXPERTS,
+    "kv_lora_rank": _RANK, "q_lora_rank": _RANK, "qk_nope_head_dim": _RANK,
+    "qk_rope_head_dim": _RANK, "v_head_dim": _RANK,
+}
 
 
 class _Config:
@@ -98,6 +115,9 @@ class _Config:
             raise self.fail(key, value, f"must be an integer, not {_kind(value)}")
         if value < minimum:
             raise self.fail(key, value, f"must be at least {minimum}")
+        if key in MAXIMA and value > MAXIMA[key]:
+            raise self.fail(key, value, f"must be at most {MAXIMA[key]:,} (well above any "
+                                        "published model's)")
         return value
 
     def flag(self, key: str, default: bool) -> bool:

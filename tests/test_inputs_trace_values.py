@@ -1,6 +1,7 @@
 """Bad trace values: one line naming the file, the field with the row's line and the value,
 never a traceback or a run on values that mean something else (a quoted JSON number, times with
-and without a zone, dates read as numbers); and `where:` conditions nested too deeply."""
+and without a zone, dates read as numbers); and `where:` conditions nested too deeply, or that
+would hang, write files or crash."""
 
 from __future__ import annotations
 
@@ -56,6 +57,61 @@ def test_a_where_nested_too_deeply_is_one_line(tmp_path, prefix):
     trace = write(tmp_path, "t.csv", VIDUR_HEADER + "0,5,2\n")
     refused({"format": "vidur", "path": str(trace), "where": prefix + "num_prefill_tokens > 0"},
             "workload.where", "nested too deeply")
+
+
+@pytest.mark.parametrize("condition,problem", [
+    # Python computes powers of literals exactly: each of these never returned (fuzzing,
+    # 2026-11-24), or took 10 GB.
+    ("9**9**9**9 > 1", "'**' takes a number of at most 64 as its exponent"),
+    ("10**10**8 > 1", "'**' takes a number of at most 64 as its exponent"),
+    ("num_prefill_tokens > 2**10000000", "'**' takes a number of at most 64"),
+    ("num_prefill_tokens < 2 ** num_decode_tokens", "'**' takes a number of at most 64"),
+    ("(2**64)**64 > 1", "'**' inside the operand of another '**'"),
+    ("'a' * 10**10 == 'b'", "arithmetic on a string or list literal"),
+    ("('a' + 'b') * 10**10 == 'b'", "arithmetic on a string or list literal"),
+    ("'%0999999999d' % 1 == 'b'", "arithmetic on a string or list literal"),
+    ("num_prefill_tokens in [5] * 10**9", "arithmetic on a string or list literal"),
+    ("1 << 10**10 > 1", "'LShift' is not allowed in a row filter"),
+    # Methods and `@` variables ran on the data or in servesim: they wrote files.
+    ("num_prefill_tokens.repeat(10**9).sum() > 1", "only a named function can be called"),
+    ("num_prefill_tokens.to_csv('written.csv') is None", "only a named function"),
+    ("num_prefill_tokens.size > 0", "an attribute or method ('.name') is not allowed"),
+    ("@path > 0", "'@path' is a Python variable, not a column"),
+    ("num_prefill_tokens[0] > 0", "indexing ('[]') is not allowed"),
+    ("lambda x: x", "a lambda is not allowed"),
+    # Arithmetic errors and an unclosed bracket were tracebacks.
+    ("num_prefill_tokens > 1e308**2", "cannot evaluate: (34, 'Numerical result out of range')"),
+    ("num_prefill_tokens > 1/0", "cannot evaluate: division by zero"),
+    ("num_prefill_tokens > 1 % 0", "cannot evaluate: integer modulo by zero"),
+    ("(num_prefill_tokens > 0", "not a pandas expression: EOF in multi-line statement"),
+])
+def test_a_where_that_would_hang_write_or_crash_is_one_line(tmp_path, monkeypatch, condition,
+                                                            problem):
+    import time
+
+    from tests.test_inputs_traces import within
+
+    monkeypatch.chdir(tmp_path)
+    trace = write(tmp_path, "t.csv", VIDUR_HEADER + "0,5,2\n1,6,3\n")
+    started = time.perf_counter()
+    with within(20):
+        refused({"format": "vidur", "path": str(trace), "where": condition},
+                str(trace), f"workload.where={condition!r}", problem)
+    assert time.perf_counter() - started < 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]  # nothing written
+
+
+@pytest.mark.parametrize("condition,kept", [
+    ("num_prefill_tokens > 2**2", [5, 6]),
+    ("num_prefill_tokens ** 2 > 30", [6]),
+    ("num_prefill_tokens ** -0.5 < 0.42", [6]),
+    ("num_prefill_tokens < 2**64 and abs(num_decode_tokens) == 3", [6]),
+    ("num_prefill_tokens in [5, 7] | `num_decode_tokens` > 5 * 0.5 + 1", [5]),
+])
+def test_a_where_of_columns_numbers_powers_and_functions_still_works(tmp_path, condition, kept):
+    trace = write(tmp_path, "t.csv", VIDUR_HEADER + "0,5,2\n1,6,3\n")
+    rows = workload({"format": "vidur", "path": str(trace), "where": condition})
+    assert rows.num_prompt_tokens.tolist() == kept
 
 
 # -- times ------------------------------------------------------------------------------------

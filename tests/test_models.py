@@ -249,6 +249,22 @@ def test_unreadable_files(tmp_path: Path, content: str, needle: str) -> None:
     ({"model_type": "bert"}, "model_type='bert': not a decoder servesim models"),
     ({"quantization_config": {"quant_method": "awq"}},
      "quant_method 'awq': quantized checkpoints other than fp8"),
+    # Sizes far past any published model's (per-layer loops ran for minutes on 10**9 layers).
+    ({"num_hidden_layers": 10_001}, "num_hidden_layers=10001: must be at most 10,000"),
+    ({"num_hidden_layers": 10_000}, None),
+    ({"hidden_size": 2**20 + 1, "head_dim": 64},
+     "hidden_size=1048577: must be at most 1,048,576"),
+    ({"intermediate_size": 10**15}, "intermediate_size=1000000000000000: must be at most"),
+    ({"num_attention_heads": 2**16 + 1}, "num_attention_heads=65537: must be at most 65,536"),
+    ({"num_key_value_heads": 10**9}, "num_key_value_heads=1000000000: must be at most 65,536"),
+    ({"head_dim": 10**9}, "head_dim=1000000000: must be at most 65,536"),
+    ({"vocab_size": 2**24 + 1}, "vocab_size=16777217: must be at most 16,777,216"),
+    ({"model_type": "mixtral", "num_local_experts": 10**9, "num_experts_per_tok": 2},
+     "num_local_experts=1000000000: must be at most 65,536"),
+    ({"model_type": "qwen3_moe", "num_experts": 10**9, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 64}, "num_experts=1000000000: must be at most 65,536"),
+    ({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 10**9}, "moe_intermediate_size=1000000000: must be at most"),
 ])
 def test_bad_fields_are_named(tmp_path: Path, fields: dict[str, object],
                               needle: str | None) -> None:
@@ -393,6 +409,33 @@ def test_bad_config_files_are_one_line_at_the_cli(tmp_path: Path,
         code, err = run_cli(monkeypatch, capsys, "simulate", str(scenario), "--out",
                             str(tmp_path / "out"))
     assert_one_line_error(code, err, f"{scenario}: replica.model=", f"{tmp_path}/{needle}")
+
+
+def test_a_config_of_a_billion_layers_is_one_line_at_once(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    """A committed config with `num_hidden_layers` set to 10**9 ran for minutes (fuzzing,
+    2026-11-24: sizing the weights loops over the layers); so did a DeepSeek one's experts."""
+    import time
+
+    from tests.test_inputs_traces import within
+
+    for name, key, value, cap in (("llama-3.1-8b", "num_hidden_layers", 10**9, "10,000"),
+                                  ("deepseek-v2-lite", "num_hidden_layers", 10**7, "10,000"),
+                                  ("deepseek-v2-lite", "n_routed_experts", 10**9, "65,536")):
+        config = json.loads((DATA_DIR / f"{name}.json").read_text())
+        config[key] = value
+        path = _write(tmp_path / name / "config.json", config)
+        scenario = tmp_path / "run.yaml"
+        scenario.write_text(SCENARIO_HEAD + f"replica: {{model: {path}}}\n")
+        started = time.perf_counter()
+        with within(30):
+            code, err = run_cli(monkeypatch, capsys, "simulate", str(scenario), "--out",
+                                str(tmp_path / "out"))
+        assert time.perf_counter() - started < 10
+        assert_one_line_error(code, err, f"{scenario}: replica.model=",
+                              f"{path}: {key}={value}: must be at most {cap}")
 
 
 def test_a_snapshot_directory_in_a_scenario(tmp_path: Path) -> None:
