@@ -114,6 +114,23 @@ def test_a_where_of_columns_numbers_powers_and_functions_still_works(tmp_path, c
     assert rows.num_prompt_tokens.tolist() == kept
 
 
+def test_the_where_check_holds_without_pandas_private_preparser(tmp_path, monkeypatch):
+    """The check reads an expression with pandas' own (private) preparser; a pandas that moved
+    it still gets the check, with backticked names read as plain ones and '@' refused."""
+    import pandas.core.computation.expr as expr
+
+    monkeypatch.delattr(expr, "_preparse")
+    trace = write(tmp_path, "t.csv", VIDUR_HEADER + "0,5,2\n1,6,3\n")
+    for condition, problem in [("num_prefill_tokens > @x", "'@' (a Python variable)"),
+                               ("9**9**9**9 > 1", "'**' takes a number"),
+                               ("num_prefill_tokens.to_csv('f') is None", "only a named function")]:
+        refused({"format": "vidur", "path": str(trace), "where": condition},
+                str(trace), f"workload.where={condition!r}", problem)
+    rows = workload({"format": "vidur", "path": str(trace),
+                     "where": "`num_prefill_tokens` ** 2 > 30"})
+    assert rows.num_prompt_tokens.tolist() == [6]
+
+
 # -- times ------------------------------------------------------------------------------------
 
 def dated(tmp_path, times: list[str], unit: str = "datetime") -> dict:

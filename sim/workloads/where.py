@@ -4,6 +4,7 @@ imported only when a filter is given): errors name the file, the condition and t
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NoReturn
 
@@ -100,21 +101,32 @@ def _refuse_unsafe(condition: str, path: Path) -> None:
     to pandas, which says why."""
     import tokenize
 
-    from pandas.core.computation.expr import (  # type: ignore[attr-defined]
-        _compose,
-        _preparse,
-        _replace_booleans,
-        _replace_locals,
-    )
-    from pandas.core.computation.ops import LOCAL_TAG  # type: ignore[attr-defined]
-    from pandas.core.computation.parsing import clean_backtick_quoted_toks
-
     def refuse(problem: str) -> NoReturn:
         raise InputError(path, "workload.where", condition, problem)
 
-    try:  # DataFrame.eval's preparser (pandas' PandasExprVisitor)
-        tree = ast.parse(_preparse(condition, f=_compose(
-            _replace_locals, _replace_booleans, clean_backtick_quoted_toks)))
+    try:  # DataFrame.eval's preparser (pandas' PandasExprVisitor): private names
+        from pandas.core.computation.expr import (  # type: ignore[attr-defined]
+            _compose,
+            _preparse,
+            _replace_booleans,
+            _replace_locals,
+        )
+        from pandas.core.computation.ops import LOCAL_TAG  # type: ignore[attr-defined]
+        from pandas.core.computation.parsing import clean_backtick_quoted_toks
+    except ImportError:  # a pandas that moved them: backticked names as plain ones, no '@'
+        if "@" in re.sub(r"`[^`]*`|'[^']*'|\"[^\"]*\"", "", condition):
+            refuse("'@' (a Python variable) is not allowed: a row filter reads only the "
+                   "file's columns")
+        LOCAL_TAG = "__pd_eval_local_"
+        prepared = re.sub(r"`[^`]*`", "_column", condition)
+    else:
+        try:
+            prepared = _preparse(condition, f=_compose(
+                _replace_locals, _replace_booleans, clean_backtick_quoted_toks))
+        except (SyntaxError, tokenize.TokenError, ValueError):
+            return  # pandas parses it the same way and says why
+    try:
+        tree = ast.parse(prepared)
     except (SyntaxError, tokenize.TokenError, ValueError):
         return  # pandas parses it the same way and says why
     except RecursionError:
