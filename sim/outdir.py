@@ -247,6 +247,11 @@ def replace_file(path: Path, write: Callable[[Path], object]) -> None:
         write(tmp)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.errno not in _CANNOT_WRITE:
+            raise
+        raise InputError(path, "<file>", str(path), f"cannot write it: "
+                         f"{os.strerror(exc.errno)}; the earlier file, if any, is kept") from None
     finally:
         tmp.unlink(missing_ok=True)
 

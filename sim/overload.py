@@ -84,6 +84,10 @@ def too_few(requests: Table, minimum: int) -> str:
             f"{len(column(requests, 'status')):,} rejected)")
 
 
+# A standard error below this share of the slope is rounding, not scatter: the fit is exact.
+EXACT_SE = 1e-12
+
+
 def _growth(queue: str, window: str, times_s: np.ndarray, length: np.ndarray,
             growth_limit: float) -> dict[str, Any]:
     """Slope of `length` against `times_s` from batch means, with its standard error;
@@ -104,7 +108,7 @@ def _growth(queue: str, window: str, times_s: np.ndarray, length: np.ndarray,
     x = np.array([unit[b].mean() for b in batches])
     y = np.array([length[b].mean() for b in batches])
     dx = x - x.mean()
-    sxx = float((dx**2).sum())  # at least 1/2: the first batch holds 0, the last 1
+    sxx = float((dx**2).sum())  # > 0: sorted times spanning > 0 give unequal batch means
     slope_unit = float((dx * (y - y.mean())).sum() / sxx)  # requests per window span
     residual = y - y.mean() - slope_unit * dx
     se_unit = float(np.sqrt((residual**2).sum() / (len(x) - 2) / sxx))
@@ -115,7 +119,10 @@ def _growth(queue: str, window: str, times_s: np.ndarray, length: np.ndarray,
                           "together to measure a queue's growth per second"}
     # Over the window `len - 1` arrivals came in `span_s`: the share is the slope over that rate.
     share = slope_unit / (len(times_s) - 1)
-    t = slope_unit / se_unit if se_unit > 0 else None  # None: exact, no scatter to measure
+    # None: exact, no scatter to measure (a residual of rounding alone, a few ulps of the
+    # slope, would give a t of 1e16).
+    exact = se_unit <= EXACT_SE * abs(slope_unit)
+    t = None if exact else slope_unit / se_unit
     overloaded = share > growth_limit and (slope > 0 if t is None else t > T_LIMIT)
     verb = "grows" if slope > 0 else "shrinks"
     errors = "exactly, no scatter" if t is None else f"{t:.1f} s.e."

@@ -151,6 +151,7 @@ def test_a_queue_growing_exactly_linearly_is_overloaded_with_finite_numbers(recw
     strict_json(verdict)
     assert verdict["verdict"] == "overloaded", verdict
     assert verdict["growth_share_of_arrivals"] == pytest.approx(1.0)
+    assert verdict["t"] is None and "exactly, no scatter" in verdict["detail"], verdict
     assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 

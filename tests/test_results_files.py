@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -256,3 +258,35 @@ def test_a_full_disk_while_writing_keeps_the_earlier_results(good_run, tmp_path)
 
     with pytest.raises(OSError, match="a fault of ours"):
         write_dir(out, bug)
+
+
+def _with_file_size_limit(limit_bytes: int, *args: str) -> subprocess.CompletedProcess:
+    """`python -m sim ARGS` where no file may grow past `limit_bytes` (the system's own limit,
+    RLIMIT_FSIZE: a write past it fails with EFBIG, as one past a full disk fails with
+    ENOSPC)."""
+    import resource
+    import signal
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write, do not kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return subprocess.run([sys.executable, "-m", "sim", *args], preexec_fn=limit,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_write_the_system_refuses_is_one_line_and_keeps_what_was_there(good_run, tmp_path):
+    """Files that cannot be written in full (here the system's file-size limit) while a run's
+    results, plots or report are written: one line, exit 2, the earlier run unchanged."""
+    out = tmp_path / "run"
+    shutil.copytree(good_run, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    proc = _with_file_size_limit(300, "simulate", str(out / "scenario.yaml"), "--out", str(out))
+    assert_one_line_error(proc.returncode, proc.stderr, "--out=",
+                          "cannot write the results there: File too large; nothing was "
+                          "replaced")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    for command in ("plot", "report"):
+        proc = _with_file_size_limit(300, command, str(out))
+        assert_one_line_error(proc.returncode, proc.stderr, "cannot write it: File too large")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before

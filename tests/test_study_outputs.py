@@ -177,6 +177,19 @@ def test_a_variant_with_a_bad_workload_fails_the_comparison_before_any_run(
     with pytest.raises(InputError, match="variants.b.workload.start_s"):
         compare(load_comparison(path), tmp_path / "api")
     assert not (tmp_path / "api").exists()
+    # Replicated (generated arrivals: seeds make runs differ), the same, before any run.
+    path.write_text(yaml.safe_dump({
+        "name": "w",
+        "base": {"workload": {"format": "synthetic", "num_requests": 20, "arrivals": {"qps": 4},
+                              "lengths": {"prompt": {"dist": "uniform", "low": 10, "high": 900},
+                                          "output": {"dist": "uniform", "low": 1, "high": 50}}},
+                 "replica": {"model": "tiny"}},
+        "variants": {"a": {}, "b": {"workload": {"start_s": 100000.0}}}}))
+    code, err = run_cli(monkeypatch, capsys, "compare", str(path), "--out", str(out),
+                        "--replications", "2", "--workers", "1")
+    assert_one_line_error(code, err, "w.cmp.yaml", "variants.b.workload.start_s=100000.0",
+                          "holds no request")
+    assert not out.exists()
 
 
 BAD_BASE = """

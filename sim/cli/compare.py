@@ -47,13 +47,15 @@ def compare(
     variant, first = next(iter(scenarios.items()))
     name = first.name.removesuffix(f"/{variant}")
     out_dir = out if out is not None else Path("results") / name
+    from sim.compare import check_comparison_dir, check_workloads
+
+    if len(scenarios) > 1:
+        check_workloads(scenarios)  # before anything is written, replicated or not
     if replications > 1:
         compare_replicated(name, scenarios, replications, out_dir, workers)
         return
-    from sim.compare import check_comparison_dir, check_workloads
     from sim.replications import COMPARISON_FILE
 
-    check_workloads(scenarios)  # before anything is written
     check_comparison_dir(out_dir, scenarios)
     # An earlier replicated comparison's table would look current beside these runs.
     (out_dir / COMPARISON_FILE).unlink(missing_ok=True)
