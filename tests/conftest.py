@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import settings
@@ -114,3 +116,12 @@ def is_finished(req: Request) -> bool:
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script that is not a package module (a benchmark under bench/), imported by path."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

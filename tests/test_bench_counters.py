@@ -3,22 +3,19 @@ prototype: the prototype must count what the simulator does, or the comparison m
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "counters_as_arrays.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_counters_as_arrays", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "bench_counters_as_arrays")
 
 
 @pytest.mark.parametrize("num_running", [1, 7, 20])

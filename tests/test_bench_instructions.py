@@ -3,7 +3,6 @@ parser, what the counter runs under valgrind (valgrind itself is not needed here
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +11,13 @@ import pytest
 
 from sim import run_scenario
 from sim.config import parse_scenario
+from tests.conftest import load_script
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "instructions.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_instructions", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "bench_instructions")
 
 
 @pytest.mark.parametrize("case", ["azure", "azure_v1", "colocated4", "disagg", "cluster16",
