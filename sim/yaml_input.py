@@ -70,7 +70,7 @@ def load_yaml(text: str, *, aliases: bool = True) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem = " ".join((getattr(exc, "problem", None) or str(exc)).split())  # one line
         raise YamlProblem("<yaml>", where, f"{MALFORMED}{problem}") from None
     except RecursionError:
         raise YamlProblem("<yaml>", f"more than {MAX_YAML_DEPTH} levels",

@@ -87,11 +87,15 @@ def test_values_are_read_as_yaml(text, expected):
     ("seed=", "give a value"),
     ("seed=[1", "not YAML"),
     ("seed=[&a 1, *a]", "anchors"),
+    # PyYAML's message for a character it refuses spans two lines.
+    ("name=a\x01", "unacceptable character #x0001"),
+    ("name=a\udcff", "unacceptable character #xdcff"),
 ])
 def test_malformed_overrides_are_refused(text, problem):
     with pytest.raises(InputError) as exc:
         parse_override(text)
     assert exc.value.field == "--set" and problem in exc.value.one_line()
+    assert len(exc.value.lines()) == 1 and "\n" not in exc.value.lines()[0]
 
 
 # simulate
