@@ -57,7 +57,7 @@ def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
     file; its own relative paths then to it)."""
     path = Path(path)
     data = read_mapping(path, "comparison", {"name", "base", "variants"})
-    base, base_dir = read_base(path, data)
+    base, base_dir, base_file = read_base(path, data)
     variants = data.get("variants")
     if not isinstance(variants, dict) or not variants:
         raise InputError(path, "variants", variants, "must map names to scenario changes")
@@ -89,8 +89,7 @@ def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
         try:
             scenarios[str(variant)] = parse_scenario(merged, path, base_dir)
         except InputError as exc:  # each field within its variant, or named by its --set
-            if isinstance(data["base"], str):  # the base file's own problems: named by it
-                base_file = path.parent / data["base"]
+            if base_file is not None:  # the base file's own problems: named by it
                 own, _ = split_base_problems(exc, problems_alone(
                     {"name": name, **base}, base_file, base_dir), overrides)
                 if own:

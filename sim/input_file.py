@@ -29,6 +29,16 @@ class FileProblem(ValueError):
     """What is wrong with a file or its content, without the file's name."""
 
 
+def is_utf8_name(path: Path) -> bool:
+    """Whether a path's name is UTF-8, as pyarrow needs to read or write it (bytes that are
+    not are kept by Python as surrogates, which do not encode)."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def stat_regular(path: Path) -> os.stat_result:
     """`path`'s stat, if it is a regular file (symlinks followed)."""
     try:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.input_file import is_utf8_name
 from sim.interrupts import on_sigint
 
 # A directory holding this file is a servesim run and may be replaced by a new run.
@@ -130,11 +131,9 @@ def check_writable_dir(out: Path, field: str = "--out") -> None:
     """`out` can be a directory we write in: not empty, not the current directory or one above
     it, not a file or below one, not a symbolic link to nothing, a name the system takes, and
     writable (its parents are created)."""
-    try:
-        str(out).encode("utf-8")
-    except UnicodeEncodeError:  # bytes that are not UTF-8, kept by Python as surrogates
+    if not is_utf8_name(out):
         raise InputError(out, field, str(out), "not a UTF-8 name, which the parquet writer "
-                         "(pyarrow) needs: name another directory") from None
+                         "(pyarrow) needs: name another directory")
     if str(out) in ("", ".") or Path(os.path.abspath(out)) in (Path.cwd(), *Path.cwd().parents):
         raise InputError(out, field, str(out), "is the current directory or above it: name a "
                          "directory of its own")
@@ -189,21 +188,30 @@ _CANNOT_WRITE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS,
                            errno.EPERM})
 
 
+@contextlib.contextmanager
+def _refused_writes(path: Path, field: str, problem: str, kept: str) -> Iterator[None]:
+    """A write the place refuses (the disk filled up, or it became unwritable, after it was
+    checked) as one line naming `path`; any other OSError is a fault of servesim's, raised
+    as it is."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _CANNOT_WRITE:
+            raise
+        raise InputError(path, field, str(path), f"{problem}: {os.strerror(exc.errno)}; "
+                         f"{kept}") from None
+
+
 def write_dir(out: Path, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp)` to fill a fresh temporary sibling of `out`, then put it in `out`'s place
     (replacing an earlier run there whole). On any failure or interrupt `out` is unchanged."""
     check_out_dir(out)
     tmp = temporary_dir(out)
     try:
-        write(tmp)
-        swap_in(tmp, out)
-    except OSError as exc:
-        if exc.errno not in _CANNOT_WRITE:
-            raise
-        # The disk filled up (or the place became unwritable) after `check_out_dir`: the
-        # results are lost, and whatever `out` held is as it was.
-        raise InputError(out, "--out", str(out), f"cannot write the results there: "
-                         f"{os.strerror(exc.errno)}; nothing was replaced") from None
+        with _refused_writes(out, "--out", "cannot write the results there",
+                             "nothing was replaced"):
+            write(tmp)
+            swap_in(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -244,14 +252,11 @@ def replace_file(path: Path, write: Callable[[Path], object]) -> None:
     os.close(fd)
     tmp = Path(name)
     try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if exc.errno not in _CANNOT_WRITE:
-            raise
-        raise InputError(path, "<file>", str(path), f"cannot write it: "
-                         f"{os.strerror(exc.errno)}; the earlier file, if any, is kept") from None
+        with _refused_writes(path, "<file>", "cannot write it",
+                             "the earlier file, if any, is kept"):
+            write(tmp)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 

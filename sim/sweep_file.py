@@ -77,9 +77,8 @@ def load_sweep(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[st
     path = Path(path)
     data = read_mapping(path, "sweep", {"name", "base", "seeds", "grid", "zip"})
     name = results_name(path, data)
-    base, base_dir = read_base(path, data)
     # A base scenario file's own problems are named by it, not by the sweep (below).
-    base_file = path.parent / data["base"] if isinstance(data.get("base"), str) else None
+    base, base_dir, base_file = read_base(path, data)
     base_alone: list[Problem] | None = None
     raw_base = {"name": name, **base}
     _check_overrides(path, data, overrides)

@@ -158,17 +158,19 @@ def read_mapping(path: Path, kind: str, allowed: set[str]) -> dict[str, Any]:
     return data
 
 
-def read_base(path: Path, data: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+def read_base(path: Path, data: dict[str, Any]
+              ) -> tuple[dict[str, Any], Path, Path | None]:
     """The `base` scenario of a sweep or comparison file `path` (its mapping `data`): given
-    inline, or as a scenario file relative to `path`; and the folder its relative paths are
-    read from (the scenario file's own, or `path`'s)."""
-    base, base_dir = data.get("base"), path.parent
+    inline, or as a scenario file relative to `path`; the folder its relative paths are read
+    from (the scenario file's own, or `path`'s); and that scenario file (None if inline),
+    which names the base's own problems."""
+    base, base_dir, base_path = data.get("base"), path.parent, None
     if isinstance(base, str):
         base_path = base_dir / base
         base, base_dir = read_yaml(base_path), base_path.parent
     if not isinstance(base, dict):
         raise InputError(path, "base", base, "must be a scenario file or mapping")
-    return base, base_dir
+    return base, base_dir, base_path
 
 
 def _check_nodes(root: yaml.Node) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from sim.errors import InputError
-from sim.input_file import FileProblem, check_regular, loads, open_regular
+from sim.input_file import FileProblem, check_regular, is_utf8_name, loads, open_regular
 from sim.outdir import replace_file
 from sim.workloads.table import TraceTable, from_arrow, from_rows, numpy_column
 
@@ -239,7 +239,7 @@ def _parse_csv(path: Path, field: str, columns: list[str]) -> pa.Table:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    if not str(path).isprintable() and _not_utf8(str(path)):
+    if not is_utf8_name(path):
         raise InputError(path, field, str(path), "not a UTF-8 file name, which the CSV reader "
                          "(pyarrow) needs: rename the file or its folder")
     try:
@@ -328,11 +328,3 @@ def _read_jsonl(path: Path, field: str) -> TraceTable:
         raise InputError(path, field, str(path), "not UTF-8 text") from None
     return from_rows(rows, lines)
 
-
-def _not_utf8(name: str) -> bool:
-    """Whether a file name holds bytes that are not UTF-8 (kept by Python as surrogates)."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
