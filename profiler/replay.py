@@ -219,7 +219,7 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
     model = cfg.model_shape
     scheduler = make_scheduler(cfg)
     check_fits(scenario, device, dtype)
-    kv = kv_cache_for(cfg, model, "replica", scenario.source)
+    kv = kv_cache_for(cfg, model, "replica", scenario.source, scheduler)
     requests = make_requests(load_workload(scenario))
     arrivals = mark_after_horizon(requests, scenario.horizon_s)
     state = ReplicaState(kv)
@@ -271,7 +271,7 @@ def _largest_iteration(scenario: Scenario) -> int:
 def check_fits(scenario: Scenario, device: str, dtype: Any) -> None:
     """The model and its KV pool are allocated for real: refuse what cannot fit in memory."""
     cfg = scenario.replica
-    kv = kv_cache_for(cfg, cfg.model_shape, "replica", scenario.source)
+    kv = kv_cache_for(cfg, cfg.model_shape, "replica", scenario.source, make_scheduler(cfg))
     problem = does_not_fit(cfg.model_shape, kv.num_blocks * kv.block_size, device, dtype,
                            block_size=kv.block_size)
     if problem is None:

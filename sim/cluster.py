@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator, Sequence
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 
+from sim.block_cache import BlockPrefixCache
 from sim.clock import Environment, Progress, simulate
 from sim.config import Scenario
 from sim.disaggregation import Disaggregation
@@ -64,15 +65,17 @@ class Cluster:
         scheduler = make_scheduler(cfg)
         field = "replica" if pool == "colocated" else f"cluster.{pool}.replica"
         latency = make_latency(cfg, model, self.source, field)
-        state = ReplicaState(kv_cache_for(cfg, model, field, self.source,
-                                          eviction=type(scheduler).prefix_cache_eviction),
+        state = ReplicaState(kv_cache_for(cfg, model, field, self.source, scheduler),
                              prefill_only=pool == "prefill")
         kind: type[Replica] = Replica
-        extra = {}
-        if cfg.parallelism.pipeline > 1:  # stages as vLLM splits the layers
+        extra: dict[str, Any] = {}
+        num_in_flight = scheduler.num_batches_in_flight(cfg.parallelism.pipeline)
+        if num_in_flight > 1:  # a pipeline (stages as vLLM splits the layers), or async
             kind = PipelinedReplica
             extra = {"stage_layers": [len(layers) for layers in
-                                      cfg.parallelism.stage_layers(model.num_layers)]}
+                                      cfg.parallelism.stage_layers(model.num_layers)],
+                     "num_in_flight": num_in_flight,
+                     "placeholders": scheduler.output_placeholders}
         replica = kind(self.env, len(self.replicas), scheduler, latency, state,
                        horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
                        quiet_until=self._next_arrival if pool == "colocated" else None,
@@ -199,12 +202,15 @@ def make_scheduler(cfg: ReplicaConfig) -> Scheduler:
 
 
 def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
-                 source: str = "<scenario>", eviction: Eviction = "lru_block"
+                 source: str = "<scenario>", scheduler: Scheduler | None = None
                  ) -> KVCacheManager:
-    """The replica's KV cache: the blocks given, or what GPU memory holds after the weights;
-    with prefix caching, evicting unused prefixes by `eviction`. Memory is counted per GPU, as
-    vLLM does: each holds its share of the weights and of every token's KV, so the most loaded
-    GPU bounds the replica."""
+    """The replica's KV cache: the blocks given, or what GPU memory holds after the weights,
+    less the blocks `scheduler`'s engine never allocates (vLLM's null block); with prefix
+    caching, evicting unused prefixes in the scheduler's engine's order. Memory is counted per
+    GPU, as vLLM does: each holds its share of the weights and of every token's KV, so the
+    most loaded GPU bounds the replica."""
+    eviction: Eviction = "lru_block" if scheduler is None else scheduler.prefix_cache_eviction
+    num_null = 0 if scheduler is None else scheduler.num_null_blocks
     kv = cfg.kv_cache
     gpu, par = cfg.gpu_spec, cfg.parallelism
     weight_bytes = par.weight_bytes_per_gpu(model)  # the busiest GPU's, as vLLM shards them
@@ -220,10 +226,15 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
                              f"weights per GPU; a {gpu.name} holds "
                              f"{gpu.memory_bytes / 2**30:.1f} GiB: raise parallelism.tensor "
                              "or pick a larger GPU")
-        return _manager(cfg, kv.num_blocks, eviction)
+        if kv.num_blocks <= num_null:
+            raise InputError(source, f"{field}.kv_cache.num_blocks", kv.num_blocks,
+                             f"the engine keeps {num_null} block(s) it never allocates (vLLM's "
+                             f"null block): give more than {num_null}")
+        return _manager(cfg, kv.num_blocks - num_null, eviction)
     usable_bytes = gpu.memory_bytes * kv.gpu_memory_utilization
     free_bytes = usable_bytes - weight_bytes - kv.activation_reserve_gb * 1e9
     num_blocks = int(free_bytes // (kv.block_size * par.kv_bytes_per_token_per_gpu(model)))
+    num_blocks -= num_null
     if num_blocks <= 0:
         split = f" split {par.num_gpus} ways (TP{par.tensor} x PP{par.pipeline})" \
             if par.num_gpus > 1 else ""
@@ -252,6 +263,8 @@ def blocks_beyond_memory(cfg: ReplicaConfig) -> str | None:
 
 
 def _manager(cfg: ReplicaConfig, num_blocks: int, eviction: Eviction) -> KVCacheManager:
+    if cfg.prefix_caching and eviction in ("lru_block", "fifo_block"):  # vLLM's, by block
+        return BlockPrefixCache(num_blocks, cfg.kv_cache.block_size, eviction)
     if cfg.prefix_caching:
         return PrefixCachingKVManager(num_blocks, cfg.kv_cache.block_size, eviction)
     return KVCacheManager(num_blocks, cfg.kv_cache.block_size)

@@ -89,6 +89,9 @@ class Replica:
         # (file, field, value) named by errors about this replica's latency model.
         self.where = where
         self.log = IterationLog()
+        # Set to a list to keep the plan of every iteration logged one by one (stepped, not
+        # in a stretch): the golden schedules compare them with an engine's steps.
+        self.plans: list[Plan] | None = None
         self._poke: simpy.Event | None = None
         # Work planned and not yet committed: one iteration, or a stretch.
         self._inflight: Iteration | Stretch | None = None
@@ -363,6 +366,8 @@ class Replica:
     def _log(self, it: Iteration) -> int:
         """Add an iteration that has ended to the log; return its number."""
         shape = it.shape
+        if self.plans is not None:
+            self.plans.append(it.plan)
         return self.log.append(it.start_s, it.duration_s, shape.num_prefill_tokens,
                                shape.num_decode_tokens, it.plan.num_seqs, it.num_kv_blocks_used,
                                len(it.plan.preempted_ids), it.num_waiting)

@@ -37,9 +37,16 @@ class PipelinedReplica(Replica):
     """A replica of P pipeline stages (P > 1): up to P iterations in flight, as vLLM v1's
     batch queue keeps them. `stage_layers` holds each stage's number of layers."""
 
-    def __init__(self, *args: Any, stage_layers: Sequence[int], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, stage_layers: Sequence[int], num_in_flight: int | None = None,
+                 placeholders: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.pipeline_depth = len(stage_layers)
+        self.num_stages = len(stage_layers)
+        # Iterations in flight at most: one per stage, or more where the engine schedules
+        # ahead (vLLM's async scheduling: two on one stage).
+        self.pipeline_depth = self.num_stages if num_in_flight is None else num_in_flight
+        # Async scheduling: a request's token in flight is an output placeholder, and the
+        # request may be scheduled again at once (`ReplicaState.start`).
+        self.placeholders = placeholders
         # Each stage's share of a pass; None where the layers divide evenly (T / P each, the
         # same floats as before uneven splits were modelled).
         num_layers = sum(stage_layers)
@@ -47,7 +54,7 @@ class PipelinedReplica(Replica):
                               else [n / num_layers for n in stage_layers])
         # Sent and not yet out of the last stage, oldest first; when each stage is next free.
         self._batches: deque[Iteration] = deque()
-        self._stage_free_s = [-math.inf] * self.pipeline_depth
+        self._stage_free_s = [-math.inf] * self.num_stages
 
     def sync(self, *, before_s: float | None = None) -> None:
         """Complete the iterations that have left the last stage by now (or strictly before
@@ -111,7 +118,7 @@ class PipelinedReplica(Replica):
         before and the iteration ahead has left this one."""
         it = self._plan_iteration(plan, now_s, len(self._batches))
         free, shares = self._stage_free_s, self._stage_shares
-        stages_s = ([it.duration_s / self.pipeline_depth] * self.pipeline_depth
+        stages_s = ([it.duration_s / self.num_stages] * self.num_stages
                     if shares is None else [it.duration_s * share for share in shares])
         start_s = end_s = max(now_s, free[0])
         for k, stage_s in enumerate(stages_s):
@@ -119,7 +126,7 @@ class PipelinedReplica(Replica):
             free[k] = end_s
         it.start_s, it.duration_s = start_s, end_s - start_s
         it.end_s = start_s + it.duration_s  # as the log will compute it
-        it.in_flight = self.state.start(plan, start_s)
+        it.in_flight = self.state.start(plan, start_s, placeholders=self.placeholders)
         return it
 
     def _complete_batches(self, now_s: float, *, inclusive: bool) -> None:

@@ -42,7 +42,9 @@ from typing import Literal
 from sim.kv_cache import KVCacheManager, cdiv
 from sim.request import Request
 
-Eviction = Literal["lru_block", "lru_leaf"]
+# "lru_block" and "fifo_block": vLLM's free queue by release (`sim.block_cache`); "lru_leaf":
+# SGLang's radix cache (this module).
+Eviction = Literal["lru_block", "fifo_block", "lru_leaf"]
 
 
 class Unit:

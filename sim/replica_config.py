@@ -151,6 +151,22 @@ class ReplicaConfig(Frozen):
     def _scheduler(cls, value: Any) -> Any:
         return dispatch(SCHEDULERS, "name", value)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _scheduler_for_parallelism(cls, data: Any) -> Any:
+        """A scheduler's defaults that depend on the replica's split (vLLM resolves async
+        scheduling off on a pipeline): its Config's `for_pipeline`, before it is validated."""
+        if not isinstance(data, dict) or not isinstance(data.get("scheduler"), dict):
+            return data
+        name = data["scheduler"].get("name")
+        par = data.get("parallelism")
+        pipeline = par.get("pipeline", 1) if isinstance(par, dict) else getattr(
+            par, "pipeline", 1)
+        if not isinstance(name, str) or name not in SCHEDULERS or type(pipeline) is not int:
+            return data  # reported by the fields' own validators
+        scheduler = SCHEDULERS.get(name).Config.for_pipeline(data["scheduler"], pipeline)
+        return {**data, "scheduler": scheduler}
+
     @field_validator("latency", mode="before")
     @classmethod
     def _latency(cls, value: Any) -> Any:

@@ -13,8 +13,10 @@ from sim.plan import Plan
 from sim.request import Request, Status
 
 # A request in a pipelined iteration: it, its tokens there, its preemptions when sent, whether
-# it samples at the end, and whether this iteration scheduled it first.
-InFlight = tuple[Request, int, int, bool, bool]
+# it samples at the end (SAMPLES; PLACEHOLDER: and the token counts as sampled already), and
+# whether this iteration scheduled it first.
+InFlight = tuple[Request, int, int, int, bool]
+SAMPLES, PLACEHOLDER = 1, 2
 
 
 class ReplicaState:
@@ -188,12 +190,19 @@ class ReplicaState:
                 req.prefill_end_s = end_s
                 self.num_transferring += 1
 
-    def start(self, plan: Plan, start_s: float) -> list[InFlight]:
+    def start(self, plan: Plan, start_s: float, *, placeholders: bool = False
+              ) -> list[InFlight]:
         """Pipelined replica: the plan's tokens count as computed from now, when it is sent
         down the pipeline (vLLM v1 advances `num_computed_tokens` when it schedules), so a plan
         built while this one is in flight skips what it computes: a request caught up waits
         for its token; a prompt's next chunk may follow its previous one. Returns what
-        `complete` needs when the iteration leaves the last stage."""
+        `complete` needs when the iteration leaves the last stage.
+
+        With `placeholders` (vLLM's async scheduling, `AsyncScheduler._update_after_schedule`)
+        the token a request will sample counts as sampled from now, an output placeholder, so
+        the next plan schedules its next decode at once; except its last token, which leaves it
+        caught up: vLLM schedules no step past a request's `max_tokens` ("Avoid scheduling an
+        extra step", `Scheduler.schedule`), and it finishes when that token comes back."""
         self.pipelined = True
         in_flight = []
         requests = self.requests
@@ -203,7 +212,13 @@ class ReplicaState:
             if first:
                 req.first_scheduled_s = start_s
             req.num_computed_tokens += num_tokens
-            in_flight.append((req, num_tokens, req.num_preemptions, req.is_caught_up, first))
+            samples = SAMPLES if req.is_caught_up else 0
+            if (samples and placeholders and not self.prefill_only
+                    and req.num_output_tokens + 1 < req.num_target_output_tokens):
+                samples = PLACEHOLDER
+                req.num_output_tokens += 1
+                self.num_running_tokens += 1
+            in_flight.append((req, num_tokens, req.num_preemptions, samples, first))
         return in_flight
 
     def complete(self, in_flight: list[InFlight], end_s: float
@@ -216,6 +231,9 @@ class ReplicaState:
         done: list[Request] = []
         sampled = []
         for req, _, num_preemptions, samples, _ in in_flight:
+            if samples == PLACEHOLDER:  # counted when sent: its time is now
+                sampled.append(req.request_id)
+                continue
             if not samples or req.num_preemptions != num_preemptions:
                 continue
             req.num_output_tokens += 1
@@ -231,13 +249,21 @@ class ReplicaState:
         """Pipelined replica: an iteration `start` sent off never ends (the run stopped at its
         horizon): its tokens are not computed, as a step-by-step replica leaves the iteration
         in progress uncommitted; its KV blocks stay allocated. Newest iteration first."""
-        for req, num_tokens, num_preemptions, _, first in in_flight:
+        for req, num_tokens, num_preemptions, samples, first in in_flight:
             if req.num_preemptions == num_preemptions:
                 req.num_computed_tokens -= num_tokens
             else:  # preempted since: `preempt` counted these tokens as computed, then dropped
                 req.num_recomputed_tokens -= num_tokens
+            if samples == PLACEHOLDER:  # never sampled after all
+                req.num_output_tokens -= 1
+                if req.status is Status.RUNNING:
+                    self.num_running_tokens -= 1
+                elif req.status is Status.WAITING:
+                    self.num_waiting_tokens -= 1
             if first:  # never scheduled in an iteration that ran
                 req.first_scheduled_s = None
+        # A placeholder taken back can leave a request short of its prompt again.
+        self._maybe_prefilling = [r for r in self.running if not r.is_decoding]
 
     def release(self, req: Request) -> None:
         """A handed-off request's KV has reached its decode replica: free its blocks here."""

@@ -118,8 +118,9 @@ def test_a_new_policy_and_latency_model_get_the_fast_path(registered, monkeypatc
 
 
 @pytest.mark.parametrize("scheduler", [{"name": "chunked_prefill", "token_budget": 512},
-                                       {"name": "vllm_v1"}, {"name": "sglang"},
-                                       {"name": "prefill_first"}])
+                                       {"name": "vllm_v1"},
+                                       {"name": "vllm_v1", "async_scheduling": False},
+                                       {"name": "sglang"}, {"name": "prefill_first"}])
 def test_fast_path_equals_stepping_on_a_real_trace(traces, scheduler):
     """The first 1,500 requests of the Azure conversation trace (long stretches, finishes
     inside them, arrivals cutting them): every result file equals a step-by-step run."""
@@ -371,7 +372,9 @@ def test_a_commit_counts_blocks_batch_sizes_and_finishes_request_by_request():
 
 
 @pytest.mark.parametrize("scheduler", [{"name": "chunked_prefill", "token_budget": 256},
-                                       {"name": "vllm_v1"}, {"name": "sglang"},
+                                       # (stretches: the synchronous engine's fast path)
+                                       {"name": "vllm_v1", "async_scheduling": False},
+                                       {"name": "sglang"},
                                        {"name": "prefill_first"}, {"name": "new_policy"}])
 @pytest.mark.parametrize("decode", [
     {"max_num_seqs": 64, "num_blocks": 2000},  # room: admissions rarely change a plan
@@ -598,7 +601,8 @@ def test_a_stretch_with_a_prompt_in_chunks_commits_as_stepping():
 @pytest.mark.parametrize("scheduler", [
     {"name": "chunked_prefill", "token_budget": 128},
     {"name": "chunked_prefill", "token_budget": 256, "chunk_size": 96, "min_chunk_tokens": 32},
-    {"name": "vllm_v1", "max_num_batched_tokens": 256, "long_prefill_token_threshold": 80},
+    {"name": "vllm_v1", "max_num_batched_tokens": 256, "long_prefill_token_threshold": 80,
+     "async_scheduling": False},  # (stretches: the synchronous engine's fast path)
     {"name": "sglang", "chunked_prefill_size": 128, "mixed_chunk": True},
     {"name": "sglang", "chunked_prefill_size": 128},
     {"name": "new_policy"},

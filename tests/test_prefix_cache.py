@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from sim import run_scenario
+from sim.block_cache import BlockPrefixCache
 from sim.config import parse_scenario
 from sim.prefix_cache import PrefixCachingKVManager
 from sim.request import Request
@@ -24,7 +25,10 @@ def hashed(request_id: int, prompt: int, output: int, ids: tuple[int, ...], unit
 
 def cached_state(num_blocks: int = 64, block_size: int = 16, eviction: str = "lru_block"
                  ) -> ReplicaState:
-    return ReplicaState(PrefixCachingKVManager(num_blocks, block_size, eviction))
+    """vLLM's block cache (`lru_block`, `fifo_block`), or SGLang's radix cache (`lru_leaf`)."""
+    if eviction == "lru_leaf":
+        return ReplicaState(PrefixCachingKVManager(num_blocks, block_size, eviction))
+    return ReplicaState(BlockPrefixCache(num_blocks, block_size, eviction))  # type: ignore[arg-type]
 
 
 def serve(state: ReplicaState, req: Request) -> int:
@@ -63,23 +67,26 @@ def test_a_shared_prefix_is_computed_once_and_its_blocks_shared():
     for req in (first, second):
         req.num_computed_tokens = req.num_prompt_tokens
         state.finish(req, 1.0)
-    # Cached units nobody uses are free (and evictable), as in vLLM's free queue.
-    assert kv.num_used_blocks == 0 and kv.num_cached_blocks == 6
+    # Every full block is cached (vLLM's `cache_full_blocks`): the first request's 6, and the
+    # second's own fifth block; nobody uses them: free, and evictable.
+    assert kv.num_used_blocks == 0 and kv.num_cached_blocks == 7
     kv.check()
 
 
-def test_a_hit_leaves_the_last_token_to_compute_and_follows_unit_boundaries():
+def test_a_hit_leaves_the_last_token_to_compute_and_follows_block_boundaries():
     state = cached_state()
     assert serve(state, hashed(0, prompt=64, output=2, ids=(1, 2))) == 0
-    # Same 64 tokens again: a full hit would leave nothing to compute, so only unit 1 (32).
+    # Same 64 tokens again: a full hit would leave nothing to compute, so 3 blocks of 4.
     again = hashed(1, prompt=64, output=2, ids=(1, 2))
-    assert serve(state, again) == 32
-    # Units that are not a multiple of the block size own the blocks whose last token they
-    # hold: 24-token units over 16-token blocks own 1, 2, 1, 2 ... blocks.
+    assert serve(state, again) == 48
+    # Ids of 24 tokens over 16-token blocks: a block is shared under the ids its tokens lie
+    # in (block 1, tokens 16-31, under ids 5 and 6); past what the ids cover (72 tokens),
+    # blocks are the request's own.
     odd = cached_state()
     serve(odd, hashed(2, prompt=100, output=2, ids=(5, 6, 7), unit=24))
-    assert odd.kv.num_cached_blocks == 4  # 72 tokens: blocks 0..3 end inside units 0..2
+    assert odd.kv.num_cached_blocks == 6  # 100 tokens: 6 full blocks, 4 under the ids
     assert odd.kv.prefix_hit_tokens(hashed(3, prompt=100, output=2, ids=(5, 6, 9), unit=24)) == 48
+    assert odd.kv.prefix_hit_tokens(hashed(4, prompt=100, output=2, ids=(5, 6, 7), unit=24)) == 64
 
 
 def test_lru_block_evicts_the_least_recently_freed_tail_first():
@@ -214,7 +221,7 @@ def test_mooncake_hits_are_real_and_fast_forward_equals_stepping(traces, schedul
     stats = fast.summary["prefix_cache"]
     assert 0.05 < stats["hit_rate_tokens"] < 1 and stats["num_evicted_blocks"] > 0
     assert (req["num_cached_tokens"] <= req["num_prompt_tokens"] - 1).all()
-    assert (req["num_cached_tokens"] % 512 == 0).all()  # whole Mooncake blocks
+    assert (req["num_cached_tokens"] % 16 == 0).all()  # whole KV blocks (vLLM's hits)
     # The same trace without caching computes every prompt token: more prefill work.
     off = run_scenario(parse_scenario({**data, "replica": {**data["replica"],
                                                            "prefix_caching": False}}, "m.yaml"))
@@ -226,24 +233,21 @@ def test_mooncake_hits_are_real_and_fast_forward_equals_stepping(traces, schedul
 
 
 def test_an_unbounded_cache_finds_exactly_the_reuse_in_the_trace(traces):
-    """One replica whose KV never runs out hits every prompt block seen before (whole 512-token
-    blocks, at least one token left to compute): the share computed offline from the file."""
+    """One replica whose KV never runs out hits every prompt block seen before (whole 16-token
+    blocks, as vLLM caches them, under the 512-token ids that cover them; at least one token
+    left to compute): the share computed offline from the file."""
     path = traces / "mooncake_fast25" / "conversation_trace.jsonl"
     rows = pd.read_json(path, lines=True).head(1500)
     seen: set[tuple[int, ...]] = set()
     expected = 0
     for ids, prompt in zip(rows["hash_ids"], rows["input_length"], strict=True):
-        chain, hit = (), 0
-        for i, key in enumerate(ids):
-            chain = (*chain, key)
-            if chain not in seen or (i + 1) * 512 > prompt - 1:
-                break
-            hit = (i + 1) * 512
-        expected += hit
-        chain = ()
-        for key in ids[: prompt // 512]:  # full blocks only are cached
-            chain = (*chain, key)
-            seen.add(chain)
+        # Block j's place: the ids up to the one holding its tokens (512 = 32 blocks).
+        chains = [tuple(ids[: j // 32 + 1]) + (j,) for j in range(len(ids) * 32)]
+        hit = 0
+        while hit < min(len(chains), (prompt - 1) // 16) and chains[hit] in seen:
+            hit += 1
+        expected += hit * 16
+        seen.update(chains[: prompt // 16])  # its full prompt blocks are cached
     data = mooncake(traces, prefix_caching=True, kv_cache={"num_blocks": 2_000_000})
     data["workload"]["num_requests"] = 1500
     data["cluster"] = {"replicas": 1}

@@ -8,7 +8,7 @@ No SimPy, no clock, no torch here: the same objects can drive a real executor.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
@@ -38,6 +38,13 @@ class SchedulerConfig(BaseModel):
         ),
     )
 
+    @classmethod
+    def for_pipeline(cls, data: dict[str, Any], pipeline_size: int) -> dict[str, Any]:
+        """The scheduler's settings as given, with the defaults that depend on the replica's
+        pipeline size filled in (before validation); also where a setting cannot be had with
+        that split. As given by default."""
+        return data
+
 
 class Scheduler(ABC):
     """Decides, iteration by iteration, which requests compute how many tokens."""
@@ -45,12 +52,25 @@ class Scheduler(ABC):
     Config: ClassVar[type[SchedulerConfig]] = SchedulerConfig
     # Which unused cached prefixes go first when prefix caching needs room (see
     # `sim.prefix_cache`): vLLM's block LRU unless the policy's engine does otherwise.
-    prefix_cache_eviction: ClassVar[Literal["lru_block", "lru_leaf"]] = "lru_block"
+    prefix_cache_eviction: Literal["lru_block", "fifo_block", "lru_leaf"] = "lru_block"
+    # KV blocks of the cache given (or sized from memory) that the engine never allocates.
+    num_null_blocks: ClassVar[int] = 0
 
     def __init__(self, config: SchedulerConfig, *, max_model_len: int | None = None) -> None:
         self.config = config
         # The model's context window on this replica (prompt plus output); None: no limit.
         self.max_model_len = max_model_len
+
+    def num_batches_in_flight(self, pipeline_size: int) -> int:
+        """Iterations the engine keeps in flight on a replica of `pipeline_size` stages (one
+        per stage: `sim.pipeline`); more where the engine schedules ahead (async)."""
+        return pipeline_size
+
+    @property
+    def output_placeholders(self) -> bool:
+        """Whether a request may be scheduled again while the token it samples is in flight
+        (vLLM's async scheduling: an output placeholder), rather than wait for it."""
+        return False
 
     @abstractmethod
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:

@@ -68,12 +68,13 @@ chunk alignment, the running pass's max_model_len cap (such requests are rejecte
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from sim.errors import invalid
-from sim.kv_cache import KVCacheManager
+from sim.kv_cache import KVCacheManager, cdiv
 from sim.plan import Plan
 from sim.schedulers.base import (
     SCHEDULERS,
@@ -92,6 +93,35 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_MAX_NUM_SEQS = 256
 
 
+@dataclass(frozen=True)
+class EngineRules:
+    """What a vLLM release does where releases differ (rules 11-14 of the module docstring)."""
+
+    # `long_prefill_token_threshold` not applied while one request is running or waiting.
+    threshold_spares_lone_request: bool
+    # Default of `scheduler_reserve_full_isl` (None: the release has no such setting, off).
+    reserve_full_isl: bool | None
+    # Default of `async_scheduling` (`VllmConfig.__post_init__` resolves None to it).
+    async_scheduling: bool
+    # Where freed blocks go in the free queue (`block_pool.py`, `free_blocks`): `sim.block_cache`.
+    free_order: Literal["lru_block", "fifo_block"]
+
+
+# Checked against each release's own scheduler code by the golden schedules (`tools/golden/`).
+ENGINE_VERSIONS: dict[str, EngineRules] = {
+    # The release the public H100 measurements ran (`../shared/realruns/`): async scheduling
+    # already on by default (`config/vllm.py`: None -> True with the uni or mp executor); no
+    # full-prompt admission check; the threshold always applies (`scheduler.py` ~375).
+    "0.15.1": EngineRules(threshold_spares_lone_request=False, reserve_full_isl=None,
+                          async_scheduling=True, free_order="fifo_block"),
+    # `scheduler.py` ~753-763: "When it is the only request there is nobody to starve";
+    # `config/scheduler.py`: `scheduler_reserve_full_isl: bool = True`.
+    "0.33.0": EngineRules(threshold_spares_lone_request=True, reserve_full_isl=True,
+                          async_scheduling=True, free_order="lru_block"),
+}
+DEFAULT_ENGINE_VERSION = "0.15.1"
+
+
 class VllmV1Config(SchedulerConfig):
     max_num_batched_tokens: int = Field(
         DEFAULT_MAX_NUM_BATCHED_TOKENS, gt=0,
@@ -108,17 +138,64 @@ class VllmV1Config(SchedulerConfig):
         None, gt=0, description="smallest chunk that does not finish a prefill; None: any")
     decode_reserve_tokens: int | None = Field(
         0, ge=0, description="KV slots kept per running request when admitting: 0 as in vLLM")
+    engine_version: str = Field(
+        DEFAULT_ENGINE_VERSION,
+        description=("vLLM release whose rules and defaults apply: "
+                     + "; ".join(f"{v} (async_scheduling {'on' if r.async_scheduling else 'off'}"
+                                 f", scheduler_reserve_full_isl "
+                                 f"{'n/a' if r.reserve_full_isl is None else r.reserve_full_isl}"
+                                 f", threshold spares a lone request "
+                                 f"{r.threshold_spares_lone_request})"
+                                 for v, r in ENGINE_VERSIONS.items())))
+    async_scheduling: bool | None = Field(
+        None, description=("two iterations in flight, the next scheduled while one runs "
+                           "(output placeholders); None: the engine version's default"))
+    scheduler_reserve_full_isl: bool | None = Field(
+        None, description=("admit a request only if blocks for its whole prompt (after its "
+                           "prefix hit) are free; None: the engine version's default"))
 
     @model_validator(mode="before")
     @classmethod
-    def _default_max_num_seqs(cls, data: Any) -> Any:
+    def _defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
         # Unless given, no more running requests than the budget has tokens (vLLM requires it),
         # so that a small budget alone just works.
-        if isinstance(data, dict) and "max_num_seqs" not in data:
+        if "max_num_seqs" not in data:
             budget = data.get("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
             if type(budget) is int and budget > 0:  # not a bool: strict validation refuses it
                 data = {**data, "max_num_seqs": min(DEFAULT_MAX_NUM_SEQS, budget)}
+        # The engine version's defaults, spelled out in the resolved scenario.
+        version = data.get("engine_version", DEFAULT_ENGINE_VERSION)
+        rules = ENGINE_VERSIONS.get(version) if isinstance(version, str) else None
+        if rules is None:
+            raise invalid(("engine_version", version,
+                           f"unknown vLLM version; known: {', '.join(ENGINE_VERSIONS)}"))
+        if data.get("async_scheduling") is None:
+            data = {**data, "async_scheduling": rules.async_scheduling}
+        if data.get("scheduler_reserve_full_isl") is None:
+            data = {**data, "scheduler_reserve_full_isl": bool(rules.reserve_full_isl)}
+        elif rules.reserve_full_isl is None and data["scheduler_reserve_full_isl"] is True:
+            raise invalid(("scheduler_reserve_full_isl", True,
+                           f"vLLM {version} has no such setting (added later: 0.33.0 has it)"))
         return data
+
+    @classmethod
+    def for_pipeline(cls, data: dict[str, Any], pipeline_size: int) -> dict[str, Any]:
+        # `VllmConfig.__post_init__` resolves async scheduling off on a pipeline (the V1 model
+        # runner's "pipeline parallelism" incompatibility) and refuses it asked for there.
+        if pipeline_size <= 1:
+            return data
+        if data.get("async_scheduling") is None:
+            return {**data, "async_scheduling": False}
+        if data["async_scheduling"] is True:
+            raise invalid(("async_scheduling", True, "vLLM's V1 model runner does not "
+                           f"schedule asynchronously on a pipeline ({pipeline_size} stages)"))
+        return data
+
+    @property
+    def rules(self) -> EngineRules:
+        return ENGINE_VERSIONS[self.engine_version]
 
     @model_validator(mode="after")
     def _consistent(self) -> VllmV1Config:
@@ -159,6 +236,23 @@ class VllmV1(Scheduler):
 
     Config = VllmV1Config
     config: VllmV1Config
+    num_null_blocks = 1  # rule 13: `BlockPool` takes block 0 as its null block
+
+    def __init__(self, config: VllmV1Config, *, max_model_len: int | None = None) -> None:
+        super().__init__(config, max_model_len=max_model_len)
+        self._threshold = config.long_prefill_token_threshold  # this step's (rule 11)
+        self.prefix_cache_eviction = config.rules.free_order  # rule 15
+
+    def num_batches_in_flight(self, pipeline_size: int) -> int:
+        # Rule 14: `VllmConfig.max_concurrent_batches`: 2 with async scheduling on one stage,
+        # else one per pipeline stage (V1 model runner).
+        if self.config.async_scheduling:
+            return max(2, pipeline_size)
+        return pipeline_size
+
+    @property
+    def output_placeholders(self) -> bool:
+        return bool(self.config.async_scheduling)
 
     def capacity_reason(self, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
         reason = super().capacity_reason(kv, num_kv_tokens)
@@ -183,6 +277,11 @@ class VllmV1(Scheduler):
         return plan
 
     def _step(self, state: ReplicaState) -> Plan:
+        cfg = self.config
+        self._threshold = cfg.long_prefill_token_threshold
+        if (cfg.rules.threshold_spares_lone_request
+                and len(state.running) + len(state.waiting) <= 1):
+            self._threshold = 0  # rule 11: nobody to starve
         plan = Plan()
         budget = self._schedule_running(state, plan, self.config.max_num_batched_tokens)
         if not plan.preempted_ids:
@@ -193,8 +292,8 @@ class VllmV1(Scheduler):
         """Tokens a request with `num_uncomputed` tokens to catch up gets now (0: none)."""
         cfg = self.config
         num_tokens = num_uncomputed
-        if 0 < cfg.long_prefill_token_threshold < num_tokens:
-            num_tokens = cfg.long_prefill_token_threshold
+        if 0 < self._threshold < num_tokens:
+            num_tokens = self._threshold
         num_tokens = min(num_tokens, budget)
         minimum = cfg.min_chunk_tokens
         if minimum is not None and num_tokens < min(minimum, num_uncomputed):
@@ -263,10 +362,15 @@ class VllmV1(Scheduler):
             if not num_tokens:
                 break
             is_partial = num_tokens < num_new
-            is_long = 0 < cfg.long_prefill_token_threshold < num_new
+            is_long = 0 < self._threshold < num_new
             if is_partial and not self._may_add_partial(num_partial, num_long, is_long):
                 break
-            own_reserve = try_admit(state, req, num_tokens, reserve, reserved, num_cached)
+            # Rule 12: blocks for every known token beyond the chunk must be free too.
+            rest = 0
+            if cfg.scheduler_reserve_full_isl:
+                after = req.num_computed_tokens + num_cached + num_tokens
+                rest = max(0, cdiv(req.num_tokens, kv.block_size) - cdiv(after, kv.block_size))
+            own_reserve = try_admit(state, req, num_tokens, reserve, reserved + rest, num_cached)
             if own_reserve is None:
                 break
             reserved += own_reserve
@@ -281,7 +385,7 @@ class VllmV1(Scheduler):
         cfg = self.config
         if cfg.max_num_partial_prefills is None and cfg.max_long_partial_prefills is None:
             return 0, 0
-        threshold = cfg.long_prefill_token_threshold
+        threshold = self._threshold
         num_partial = num_long = 0
         for req in state.prefilling():  # (a decode has no prompt tokens to leave over)
             left = req.num_uncomputed_tokens - plan.num_scheduled_tokens.get(req.request_id, 0)

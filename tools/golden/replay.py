@@ -1,0 +1,191 @@
+"""servesim's side of a golden fixture: the same workload through servesim's policy and engine,
+with the same step-time function, and the first place where the two schedules differ.
+
+    python -m tools.golden.replay tests/golden/vllm-0.33.0/light.json.gz [...]
+
+prints, per fixture, whether every step, preemption and request time is identical, or the
+first divergence: the step, both sides' maps and preemptions, and the requests that differ.
+Needs servesim only (no vLLM, no SGLang).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tools.golden.fixture import read_fixture
+from tools.golden.workloads import prompt_token_ids
+
+Step = tuple[float, float, list[tuple[int, int]], list[int]]
+
+
+def scenario_data(doc: dict[str, Any]) -> dict[str, Any]:
+    """The servesim scenario that stands for the fixture's engine settings."""
+    w = doc["workload"]
+    s = w["settings"]
+    if doc["engine"] == "vllm":
+        scheduler: dict[str, Any] = {
+            "name": "vllm_v1", "engine_version": doc["engine_version"],
+            "max_num_batched_tokens": s["max_num_batched_tokens"],
+            "max_num_seqs": s["max_num_seqs"],
+            "enable_chunked_prefill": s["enable_chunked_prefill"],
+            "long_prefill_token_threshold": s["long_prefill_token_threshold"],
+            "async_scheduling": s["async_scheduling"]}
+        prefix_caching = s["enable_prefix_caching"]
+    else:
+        scheduler = {"name": "sglang", "chunked_prefill_size": s["chunked_prefill_size"],
+                     "max_num_seqs": s["max_running_requests"]}
+        prefix_caching = not s["disable_radix_cache"]
+    step = w["step_time"]
+    return {
+        "name": f"golden-{w['name']}",
+        # Not read: `replay` gives the cluster the fixture's requests itself.
+        "workload": {"format": "synthetic", "num_requests": 1,
+                     "arrivals": {"process": "poisson", "qps": 1.0},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                 "output": {"dist": "fixed", "value": 1}}},
+        "replica": {
+            "scheduler": scheduler,
+            "latency": {"kind": "linear", "base_s": step["base_s"],
+                        "per_token_s": step["per_token_s"]},
+            "kv_cache": {"block_size": w["block_size"], "num_blocks": w["num_gpu_blocks"]},
+            "max_model_len": w["max_model_len"],
+            "prefix_caching": prefix_caching,
+        },
+    }
+
+
+def requests_of(doc: dict[str, Any]) -> list[Any]:
+    """The fixture's requests as servesim's, with a prefix-block id per full block of the
+    prompt (shared blocks share ids, as the engine's block hashes do)."""
+    from sim.request import Request
+
+    w = doc["workload"]
+    block = w["block_size"]
+    reqs = []
+    for rid, (arrival_s, num_prompt, num_output, group, _) in enumerate(w["requests"]):
+        hash_ids = None
+        if group >= 0:
+            tokens = prompt_token_ids(w, rid)
+            # An id per full block, chained from the block before it (as vLLM chains block
+            # hashes): equal ids mean equal prefixes.
+            ids = []
+            last = 0
+            for i in range(num_prompt // block):
+                last = hash((last, *tokens[i * block:(i + 1) * block]))
+                ids.append(last)
+            hash_ids = tuple(ids)
+        reqs.append(Request(rid, arrival_s, num_prompt, num_output, hash_ids,
+                            block if hash_ids else 0))
+    return reqs
+
+
+@dataclass
+class Replayed:
+    steps: list[Step]
+    requests: list[list[Any]]  # first_scheduled_s, first_token_s, finish_s, num_preemptions
+
+
+def replay(doc: dict[str, Any], *, fast_forward: bool = False) -> Replayed:
+    """Run servesim on the fixture's workload; every iteration's plan, and request times."""
+    from sim.cluster import Cluster
+    from sim.config import parse_scenario
+
+    scenario = parse_scenario(scenario_data(doc), f"<golden {doc['workload']['name']}>")
+    cluster = Cluster(scenario, fast_forward=fast_forward)
+    replica = cluster.replicas[0]
+    replica.plans = []
+    requests = requests_of(doc)
+    cluster.run(list(requests))
+    log = replica.log
+    starts = log.columns["start_s"]
+    ends = log.end_s().tolist()
+    steps: list[Step] = [
+        (starts[i], ends[i], list(plan.num_scheduled_tokens.items()), list(plan.preempted_ids))
+        for i, plan in enumerate(replica.plans)]
+    first_iter: dict[int, int] = {}
+    for rid, it in zip(log.sampled_request_ids, log.sampled_iterations, strict=True):
+        first_iter[rid] = min(first_iter.get(rid, it), it)
+    times = []
+    for req in requests:
+        runs = req.all_token_runs()
+        it = runs[0][1] if runs else first_iter.get(req.request_id)
+        times.append([req.first_scheduled_s, None if it is None else ends[it], req.finish_s,
+                      req.num_preemptions])
+    return Replayed(steps, times)
+
+
+def engine_steps(doc: dict[str, Any]) -> list[Step]:
+    """The fixture's steps, an engine step that scheduled nothing folded into the next (a
+    simulated iteration is never empty: servesim logs those preemptions with the next plan)."""
+    steps: list[Step] = []
+    carried: list[int] = []
+    for start_s, end_s, scheduled, preempted in doc["steps"]:
+        if not scheduled:
+            carried += preempted
+            continue
+        steps.append((start_s, end_s, [(r, n) for r, n in scheduled], carried + preempted))
+        carried = []
+    return steps
+
+
+def first_divergence(doc: dict[str, Any], replayed: Replayed) -> str | None:
+    """None if servesim's schedule is the engine's, step for step; else what differs first."""
+    name = f"{doc['engine']}-{doc['engine_version']} {doc['workload']['name']}"
+    want = engine_steps(doc)
+    got = replayed.steps
+    for index, (w, g) in enumerate(zip(want, got, strict=False)):
+        if w != g:
+            what = [label for label, a, b in (("start", w[0], g[0]), ("end", w[1], g[1]),
+                                             ("scheduled", w[2], g[2]),
+                                             ("preempted", w[3], g[3])) if a != b]
+            return (f"{name}: step {index} differs ({', '.join(what)}):\n"
+                    f"  engine   t={w[0]!r}..{w[1]!r} scheduled={_short(w[2])} "
+                    f"preempted={w[3]}\n"
+                    f"  servesim t={g[0]!r}..{g[1]!r} scheduled={_short(g[2])} "
+                    f"preempted={g[3]}" + _diff(w[2], g[2]))
+    if len(want) != len(got):
+        return f"{name}: engine ran {len(want)} steps, servesim {len(got)}"
+    fields = ("first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
+    for rid, (w, g) in enumerate(zip(doc["requests"], replayed.requests, strict=True)):
+        if list(w) != list(g):
+            bad = [f"{f} {a!r} vs {b!r}" for f, a, b in zip(fields, w, g, strict=True)
+                   if a != b]
+            return f"{name}: request {rid} differs (engine vs servesim): {'; '.join(bad)}"
+    return None
+
+
+def _short(pairs: list[tuple[int, int]]) -> str:
+    text = "{" + ", ".join(f"{r}: {n}" for r, n in pairs) + "}"
+    return text if len(text) <= 400 else text[:400] + f"... ({len(pairs)} requests)"
+
+
+def _diff(want: list[tuple[int, int]], got: list[tuple[int, int]]) -> str:
+    w, g = dict(want), dict(got)
+    only_w = {r: n for r, n in w.items() if g.get(r) != n}
+    only_g = {r: n for r, n in g.items() if w.get(r) != n}
+    if not only_w and not only_g:
+        return "\n  (same map, other order)" if want != got else ""
+    return f"\n  engine only: {only_w}\n  servesim only: {only_g}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("fixtures", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    bad = 0
+    for path in args.fixtures:
+        doc = read_fixture(path)
+        problem = first_divergence(doc, replay(doc))
+        n = len(engine_steps(doc))
+        print(problem or f"{doc['engine']}-{doc['engine_version']} {doc['workload']['name']}: "
+                         f"identical ({n} steps, {len(doc['requests'])} requests)")
+        bad += problem is not None
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

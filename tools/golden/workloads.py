@@ -1,0 +1,148 @@
+"""The golden workloads: seeded request lists and engine settings, the same for every recorder.
+
+A workload is a plain dict (it is stored whole in each fixture, so a test needs nothing else):
+
+    name, engine ("vllm" | "sglang"), seed,
+    settings: the engine's own scheduler settings, by the engine's names
+        (vLLM: max_num_batched_tokens, max_num_seqs, enable_chunked_prefill,
+        long_prefill_token_threshold, enable_prefix_caching, async_scheduling;
+        SGLang: chunked_prefill_size, max_running_requests, ...),
+    num_gpu_blocks, block_size: the KV cache the engine is given (vLLM keeps one block as its
+        null block: `num_gpu_blocks - 1` are usable), max_model_len: the context window,
+    step_time: {base_s, per_token_s}: an iteration scheduling n tokens takes
+        base_s + per_token_s * n seconds (per_token_s 0: a constant step),
+    requests: [arrival_s, num_prompt_tokens, num_output_tokens, prefix_group,
+        num_prefix_tokens] each, by request id (their index); requests of one prefix group
+        share their first num_prefix_tokens prompt tokens (group -1: none shared).
+
+Token ids are made from these by `prompt_token_ids`, so every recorder and servesim's side
+(`tools.golden.replay`) agree on which blocks are shared. No vLLM, SGLang or servesim import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+Workload = dict[str, Any]
+VOCAB = 32_000  # the one-layer Llama config's vocabulary (tokens must be below it)
+
+
+def _requests(rng: np.random.Generator, n: int, rate_per_s: float, prompt: tuple[int, int],
+              output: tuple[int, int], *, start_s: float = 0.0) -> list[list[Any]]:
+    """`n` Poisson arrivals at `rate_per_s`, lengths uniform in the closed ranges given."""
+    gaps = rng.exponential(1.0 / rate_per_s, n)
+    arrivals = start_s + np.cumsum(gaps)
+    prompts = rng.integers(prompt[0], prompt[1] + 1, n)
+    outputs = rng.integers(output[0], output[1] + 1, n)
+    # Arrivals rounded to the microsecond: exact in every recorder's and servesim's float sums.
+    return [[round(float(t), 6), int(p), int(o), -1, 0]
+            for t, p, o in zip(arrivals, prompts, outputs, strict=True)]
+
+
+def _bursts(rng: np.random.Generator, n: int, burst: tuple[int, int], quiet_s: tuple[float, float],
+            prompt: tuple[int, int], output: tuple[int, int]) -> list[list[Any]]:
+    """Bursts of a few requests 10 ms apart, separated by quiet periods (a request then runs
+    alone)."""
+    out: list[list[Any]] = []
+    t = 0.0
+    while len(out) < n:
+        size = int(rng.integers(burst[0], burst[1] + 1))
+        for _ in range(min(size, n - len(out))):
+            out.append([round(t, 6), int(rng.integers(prompt[0], prompt[1] + 1)),
+                        int(rng.integers(output[0], output[1] + 1)), -1, 0])
+            t += 0.01
+        t += float(rng.uniform(*quiet_s))
+    return out
+
+
+def _prefixed(rng: np.random.Generator, n: int, rate_per_s: float, num_groups: int,
+              prefix: tuple[int, int], suffix: tuple[int, int], output: tuple[int, int]
+              ) -> list[list[Any]]:
+    """Requests sharing one of `num_groups` system prompts (Zipf-like popularity)."""
+    prefix_len = rng.integers(prefix[0], prefix[1] + 1, num_groups)
+    weights = 1.0 / np.arange(1, num_groups + 1)
+    groups = rng.choice(num_groups, n, p=weights / weights.sum())
+    reqs = _requests(rng, n, rate_per_s, (0, 0), output)
+    for req, g in zip(reqs, groups, strict=True):
+        unique = int(rng.integers(suffix[0], suffix[1] + 1))
+        req[1] = int(prefix_len[g]) + unique
+        req[3], req[4] = int(g), int(prefix_len[g])
+    return reqs
+
+
+def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 20_000,
+          step: tuple[float, float] = (0.004, 2e-5), max_model_len: int = 32_768,
+          **settings: Any) -> Workload:
+    base = {"max_num_batched_tokens": 8192, "max_num_seqs": 256, "enable_chunked_prefill": True,
+            "long_prefill_token_threshold": 0, "enable_prefix_caching": False,
+            "async_scheduling": False}
+    unknown = set(settings) - set(base)
+    assert not unknown, unknown
+    return {"name": name, "engine": "vllm", "seed": seed, "settings": {**base, **settings},
+            "num_gpu_blocks": num_gpu_blocks, "block_size": 16, "max_model_len": max_model_len,
+            "step_time": {"base_s": step[0], "per_token_s": step[1]}, "requests": requests}
+
+
+def vllm_workloads() -> list[Workload]:
+    """The vLLM workloads, each of 300 requests, each aimed at one rule."""
+    def rng(seed: int) -> np.random.Generator:
+        return np.random.default_rng(seed)
+
+    return [
+        _vllm("light", 1, _requests(rng(1), 300, 4.0, (32, 1024), (8, 128))),
+        _vllm("long_prompts_chunked", 2, _requests(rng(2), 300, 1.5, (4096, 16384), (4, 64)),
+              max_num_batched_tokens=2048),
+        _vllm("threshold_quiet", 3,
+              _bursts(rng(3), 300, (1, 5), (1.0, 3.0), (256, 4096), (4, 32)),
+              max_num_batched_tokens=2048, long_prefill_token_threshold=512),
+        _vllm("kv_starved", 4, _requests(rng(4), 300, 20.0, (256, 2048), (64, 512)),
+              num_gpu_blocks=600),
+        _vllm("max_num_seqs", 5, _requests(rng(5), 300, 10.0, (64, 512), (32, 256)),
+              max_num_seqs=8),
+        _vllm("prefix_eviction", 6,
+              _prefixed(rng(6), 300, 8.0, 12, (512, 3000), (16, 512), (8, 64)),
+              num_gpu_blocks=800, enable_prefix_caching=True),
+        _vllm("prefix_shared", 7,
+              _prefixed(rng(7), 300, 6.0, 4, (256, 2048), (16, 512), (8, 64)),
+              enable_prefix_caching=True),
+        _vllm("async_light", 8, _requests(rng(8), 300, 6.0, (32, 2048), (8, 128)),
+              async_scheduling=True),
+        _vllm("async_chunked", 9, _requests(rng(9), 300, 3.0, (256, 8192), (4, 96)),
+              max_num_batched_tokens=2048, async_scheduling=True),
+        _vllm("async_kv_starved", 11, _requests(rng(11), 300, 20.0, (256, 2048), (64, 512)),
+              num_gpu_blocks=600, async_scheduling=True),
+        _vllm("async_threshold_quiet", 12,
+              _bursts(rng(12), 300, (1, 5), (0.5, 2.0), (256, 4096), (4, 48)),
+              max_num_batched_tokens=2048, long_prefill_token_threshold=512,
+              async_scheduling=True),
+        _vllm("kv_starved_prefix_caching", 13,
+              _prefixed(rng(13), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
+              num_gpu_blocks=500, enable_prefix_caching=True),
+        _vllm("no_chunking_constant_step", 10,
+              _requests(rng(10), 300, 12.0, (64, 6000), (8, 64)), step=(0.02, 0.0),
+              enable_chunked_prefill=False, max_num_batched_tokens=8192, max_model_len=8192),
+    ]
+
+
+def prompt_token_ids(workload: Workload, request_id: int) -> list[int]:
+    """Request `request_id`'s prompt as token ids: its group's shared prefix, then tokens of
+    its own (seeded by the workload's seed and the request)."""
+    _, num_prompt, _, group, num_prefix = workload["requests"][request_id]
+    seed = workload["seed"]
+    ids: list[int] = []
+    if group >= 0:
+        ids += np.random.default_rng([seed, 1, group]).integers(1, VOCAB, num_prefix).tolist()
+    ids += np.random.default_rng([seed, 2, request_id]).integers(
+        1, VOCAB, num_prompt - len(ids)).tolist()
+    return ids
+
+
+def output_token_id(request_id: int, index: int) -> int:
+    """The token a fake model samples for request `request_id`'s `index`-th output: any token
+    not ending the request (every request ignores EOS)."""
+    return 1 + (request_id * 7919 + index * 104_729) % (VOCAB - 1)
+
+
+WORKLOADS = {w["name"]: w for w in vllm_workloads()}

@@ -1,0 +1,78 @@
+"""The SGLang golden workloads (`tools/golden/record_sglang.py` records them).
+
+Same dict format as `workloads.py` (see its docstring), with `engine` "sglang" and `settings`
+holding SGLang server arguments by SGLang's names:
+
+    chunked_prefill_size, max_running_requests, disable_radix_cache (bool),
+    schedule_policy ("fcfs"),
+
+and `num_gpu_blocks` the KV token pool (`--max-total-tokens`, SGLang's max_total_num_tokens:
+every one of those token slots is usable, no null slot), `block_size` 1 (`--page-size 1`).
+Each workload has 40-80 requests: the recorder runs SGLang's real model forward on a CPU,
+about 0.05-0.4 s a step. No SGLang or servesim import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tools.golden.workloads import Workload, _bursts, _prefixed, _requests
+
+
+def _sglang(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 200_000,
+            step: tuple[float, float] = (0.004, 2e-5), max_model_len: int = 32_768,
+            **settings: Any) -> Workload:
+    base = {"chunked_prefill_size": 8192, "max_running_requests": 256,
+            "disable_radix_cache": True, "schedule_policy": "fcfs"}
+    unknown = set(settings) - set(base)
+    assert not unknown, unknown
+    return {"name": name, "engine": "sglang", "seed": seed, "settings": {**base, **settings},
+            "num_gpu_blocks": num_gpu_blocks, "block_size": 1, "max_model_len": max_model_len,
+            "step_time": {"base_s": step[0], "per_token_s": step[1]}, "requests": requests}
+
+
+def sglang_workloads() -> list[Workload]:
+    """The SGLang workloads, each aimed at one rule."""
+    def rng(seed: int) -> np.random.Generator:
+        return np.random.default_rng(seed)
+
+    return [
+        # Little queueing: prefill-before-decode, prefill batches of whatever has arrived.
+        _sglang("light", 101, _requests(rng(101), 60, 4.0, (32, 1024), (8, 96))),
+        # Prompts longer than the chunk: one chunked request at a time, continued first.
+        _sglang("long_prompts_chunked", 102,
+                _requests(rng(102), 40, 2.0, (1024, 4096), (4, 48)),
+                chunked_prefill_size=1024),
+        # Bursts with chunking: several requests share one prefill budget, the last chunked.
+        _sglang("bursts_chunked", 103,
+                _bursts(rng(103), 50, (2, 6), (0.3, 1.0), (128, 2048), (4, 40)),
+                chunked_prefill_size=512),
+        # A small token pool: PrefillAdder's admission (the whole output of every ignore_eos
+        # request reserved, the "everyone finishes in order" check) holds requests back.
+        _sglang("kv_starved", 104, _requests(rng(104), 60, 20.0, (128, 768), (32, 256)),
+                num_gpu_blocks=3000),
+        # A small pool and small chunks: a chunked request reserves no output until its last
+        # chunk, and a continuing chunk takes KV even beyond the reservations
+        # (PrefillBudget.available_chunk_tokens), so decodes can run out: retract_decode.
+        _sglang("kv_starved_chunked", 108,
+                _requests(rng(108), 60, 20.0, (128, 1024), (32, 256)),
+                num_gpu_blocks=3000, chunked_prefill_size=256),
+        # max_running_requests binding.
+        _sglang("max_running_requests", 105,
+                _requests(rng(105), 60, 10.0, (64, 512), (16, 128)),
+                max_running_requests=6),
+        # Shared system prompts, radix cache on (ignore_eos requests then take the general
+        # add_one_req path).
+        _sglang("prefix_shared", 106,
+                _prefixed(rng(106), 60, 6.0, 4, (256, 1536), (16, 256), (8, 48)),
+                disable_radix_cache=False),
+        # Shared prefixes, radix cache on, a small pool: cached prefixes are evicted.
+        _sglang("prefix_kv_starved", 107,
+                _prefixed(rng(107), 60, 15.0, 6, (256, 1024), (16, 256), (16, 128)),
+                num_gpu_blocks=4000, disable_radix_cache=False),
+    ]
+
+
+SGLANG_WORKLOADS = {w["name"]: w for w in sglang_workloads()}
