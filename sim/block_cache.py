@@ -105,6 +105,9 @@ class BlockPrefixCache(KVCacheManager):
     def prefix_hit_tokens(self, req: Request) -> int:
         return len(self._match(req)) * self.block_size
 
+    def unused_prefix_tokens(self, req: Request) -> int:
+        return sum(1 for b in self._match(req) if not b.ref_cnt) * self.block_size
+
     # -- allocation -----------------------------------------------------------------------
 
     def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0,

@@ -48,6 +48,11 @@ class KVCacheManager:
         0 without prefix caching."""
         return 0
 
+    def unused_prefix_tokens(self, req: Request) -> int:
+        """Tokens of the cached prefix `req` would reuse that nobody uses now (free, and
+        evictable until it takes them): 0 without prefix caching."""
+        return 0
+
     def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0,
                      num_cached_tokens: int = 0) -> bool:
         """Grow `req` for its next `num_new_tokens`, keeping `num_reserved_blocks` free.

@@ -111,6 +111,9 @@ class PrefixCachingKVManager(KVCacheManager):
     def prefix_hit_tokens(self, req: Request) -> int:
         return self._hit_tokens(req, len(self._match(req)))
 
+    def unused_prefix_tokens(self, req: Request) -> int:
+        return sum(u.num_blocks for u in self._match(req) if not u.num_users) * self.block_size
+
     # -- allocation -----------------------------------------------------------------------
 
     def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0,

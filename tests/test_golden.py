@@ -23,11 +23,9 @@ FIXTURES = sorted(GOLDEN.glob("*/*.json.gz"))
 # Fixtures servesim does not reproduce yet, and the engine rule that explains it. Strict: a
 # fix that makes one identical fails here until it is taken off this list.
 KNOWN_DIFFERENCES: dict[str, str] = {
-    "sglang-0.5.23/kv_starved": "SGLang admits an ignore_eos request when its prompt fits and "
-                                "everyone can finish in order (issue 42, rule 6)",
-    "sglang-0.5.23/kv_starved_chunked": "SGLang's in-order admission check (rule 6)",
-    "sglang-0.5.23/prefix_kv_starved": "SGLang evicts whole radix nodes and admits only below "
-                                       "its budget, strictly (rule 6)",
+    "sglang-0.5.23/prefix_kv_starved": "SGLang's radix cache evicts whole tree nodes (a "
+                                       "request's unshared tail at once), servesim's by "
+                                       "prefix unit (issue 42, rule 6)",
 }
 
 

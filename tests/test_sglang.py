@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from sim import run_scenario
 from sim.config import parse_scenario
 from sim.errors import InputError
+from sim.kv_cache import KVCacheManager
 from sim.schedulers.sglang import SGLang, SGLangConfig
 from tests.conftest import Stepper, is_finished, make_request, make_state
 from tests.test_properties import assert_nothing_lost, clusters
@@ -57,22 +58,32 @@ def test_chunked_request_continues_first_and_decodes_wait_for_it():
     assert run.step().num_scheduled_tokens == {0: 1, 1: 1, 2: 1, 3: 1}
 
 
-def test_admission_needs_room_for_prompt_and_output_beside_running_reservations():
-    # Blocks of 4. R holds 2 blocks (8 computed) and may need 5 (8 + 10 - 1 tokens): 3 reserved.
+def test_admission_needs_everyone_to_finish_in_order():
+    """SGLang's `add_one_req_ignore_eos` (KV in tokens): W (12 + 10) joins R (8 + 10, one token
+    out) only once, by outputs left, each of them could finish with one token a step for
+    everyone still running, one token spare each."""
     r = make_request(0, prompt=8, output=10, generated=1)
-    w = make_request(1, prompt=12, output=10)  # 3 blocks of prompt, 6 at most (21 tokens)
-    state = make_state(num_blocks=10, block_size=4, running=(r,), waiting=(w,))
-    run = Stepper(sglang(), state)
-    # 8 free, 3 reserved for R: W's prompt alone (3) would fit, prompt + output (6) does not.
-    for step in range(9):
+    w = make_request(1, prompt=12, output=10)
+    state = make_state(num_blocks=40, block_size=1, running=(r,), waiting=(w,))
+    policy = sglang()
+    run = Stepper(policy, state)
+    # 32 free; R first (9 left): 32 - 13 (W's prompt and a page) - 9 x 2 = 1, not above 2.
+    assert run.step().num_scheduled_tokens == {0: 1}
+    # The refusal latched the batch full (`batch_is_full`): no prefill is tried, though two
+    # tokens later (30 free, R 7 left: 3 > 2) W would pass, until a running request leaves.
+    for step in range(8):
         assert run.step().num_scheduled_tokens == {0: 1}, f"step {step}"
     assert is_finished(r)
-    assert run.step().num_scheduled_tokens == {1: 12}  # R's blocks are back: W is admitted
-    # One output token fewer and W fits beside R at once (3 + 2 of its own + 3 for R = 8).
-    r2 = make_request(0, prompt=8, output=10, generated=1)
-    w2 = make_request(1, prompt=12, output=9)
-    state2 = make_state(num_blocks=10, block_size=4, running=(r2,), waiting=(w2,))
+    assert run.step().num_scheduled_tokens == {1: 12}
+    # Unlatched, W joins as soon as the check passes: at 30 free, R 7 left.
+    r2 = make_request(0, prompt=8, output=10, generated=3)
+    state2 = make_state(num_blocks=40, block_size=1, running=(r2,),
+                        waiting=(make_request(1, prompt=12, output=10),))
+    assert state2.kv.num_free_blocks == 30
     assert Stepper(sglang(), state2).step().num_scheduled_tokens == {1: 12}
+    # Alone, W needs its prompt, its output and 3 spare tokens: 25 of 24 never fit.
+    assert sglang().reject_reason(w, KVCacheManager(24, 1), 21) is not None
+    assert sglang().reject_reason(w, KVCacheManager(25, 1), 21) is None
 
 
 def test_fcfs_stops_at_the_first_request_refused():

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from sim.errors import invalid
+from sim.kv_cache import KVCacheManager
 from sim.plan import Plan
 from sim.request import Request
 from sim.schedulers.base import (
@@ -28,6 +29,7 @@ from sim.schedulers.base import (
     schedule_decodes,
     try_admit,
 )
+from sim.schedulers.sglang_admission import PrefillAdder, left_running
 from sim.state import ReplicaState
 
 
@@ -42,6 +44,11 @@ class SGLangConfig(SchedulerConfig):
                      "max_extend_tokens"),
         json_schema_extra={"unit": "tokens"},
     )
+    decode_reserve_tokens: int | None = Field(
+        None, ge=0,
+        description=("None: SGLang's own admission (PrefillAdder: budget remainders, the "
+                     "in-order check, the full-batch latch); an integer: admit while the "
+                     "chunk fits beside that many future tokens per running request"))
     mixed_chunk: bool = Field(
         False,
         description=("--enable-mixed-chunk: running decodes join each prefill batch, one token "
@@ -84,21 +91,14 @@ class SGLang(Scheduler):
        iteration: `_get_new_batch_prefill_raw` skips its early exits while `self.chunked_req`
        is set and calls `add_chunked_req` before the waiting queue, so the next batch is a
        prefill again and running decodes wait through every chunk of a long prompt (doc 001's
-       40,000-token document: five prefill iterations, then decodes). Only when its next chunk
-       gets no KV does the iteration fall back to decodes (`add_chunked_req` adds nothing).
+       40,000-token document: five prefill iterations, then decodes). Its chunk is what is
+       left of the KV budget, or a whole chunk if nothing is (`available_chunk_tokens`).
     5. Admission, first come first served (SGLang's default `schedule_policy` fcfs), stopping at
-       the first request refused (`_get_new_batch_prefill_raw`: `add_one_req` not CONTINUE,
-       break): a request is admitted only if its extend tokens plus its output fit beside what
-       running requests may still need (doc 001 and Mini-SGLang
-       `PrefillAdder._try_allocate_one`: `extend_len + output_len + reserved_size <=
-       available_size`, `reserved_size` = `DecodeManager.inflight_tokens`, their remaining
-       tokens; SGLang `add_one_req`: extend + min(max_new_tokens, 4096) within
-       `rem_total_tokens`). The default `decode_reserve_tokens: None` reserves every future
-       token, as Mini-SGLang does. NOT modelled: SGLang counts running requests' remaining
-       outputs (clipped at 4096) times `new_token_ratio` (0.7, decaying to 0.098 over 600 decode
-       steps, raised again by `retract_decode`) and retracts decodes when that was optimistic;
-       with a trace's true output lengths the full reservation never preempts. An integer
-       `decode_reserve_tokens` reserves less (4096 ~ SGLang's clip at ratio 1).
+       the first request refused: SGLang's `PrefillAdder` for requests of known output length
+       (`ignore_eos`), every rule in `sim.schedulers.sglang_admission` (budget remainders,
+       the in-order check without a radix cache, the strict check with one, the full-batch
+       latch). An integer `decode_reserve_tokens` replaces it by Mini-SGLang's rule capped:
+       extend plus that many output tokens beside as many for every running request.
     6. Prefix cache: a waiting request's cached prefix (`match_prefix`; `prefix_hit_tokens`
        here, 0 without caching) is reused, and only the rest is chunked and computed.
     7. `max_running_requests` (= `max_num_seqs`) caps running requests, the chunked one
@@ -111,13 +111,49 @@ class SGLang(Scheduler):
        outputs and longest prompt instead). If nothing at all can run while requests hold KV
        (only with `decode_reserve_tokens` set), the newest running request is preempted.
 
-    Not modelled: `max_prefill_tokens` (16384, not binding under the 8192 chunk),
-    `--prefill-decode-interval` (default 0), page rounding (SGLang's page size is 1), priorities.
+    Not modelled: `--prefill-decode-interval` (default 0), pages other than SGLang's default
+    of 1 token, priorities, the overlap event loop (SGLang's default), the radix cache's
+    eviction by whole tree node, `retract_decode`'s choice and order (with the in-order
+    admission check and outputs below 4096 tokens SGLang never retracts), requests without
+    `ignore_eos` (their `new_token_ratio` estimate: here every output length is known).
     """
 
     Config = SGLangConfig
     config: SGLangConfig
     prefix_cache_eviction = "lru_leaf"  # SGLang's RadixCache evicts least recently used leaves
+
+    def __init__(self, config: SGLangConfig, *, max_model_len: int | None = None) -> None:
+        super().__init__(config, max_model_len=max_model_len)
+        # `running_batch.batch_is_full`: the ids running when a pass found no room (or the
+        # request cap), and those joining since; None while not latched.
+        self._full: set[int] | None = None
+
+    def capacity_reason(self, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
+        reason = super().capacity_reason(kv, num_kv_tokens)
+        if reason is not None or self.config.decode_reserve_tokens is not None:
+            return reason
+        # Admission needs, on an empty replica, the prompt, every output token and spare
+        # tokens: a page and, without a radix cache, 1 more for the in-order check, plus 1
+        # (`sim.schedulers.sglang_admission`); a request that never fits would wait for ever.
+        spare = 2 if kv.caches_prefixes else 3
+        if num_kv_tokens + 1 + spare > kv.capacity_tokens:
+            return (f"kv_capacity: SGLang admits a request with room for its prompt, its "
+                    f"output and {spare} spare tokens: needs {num_kv_tokens + 1 + spare} KV "
+                    f"slots, a replica holds {kv.capacity_tokens}")
+        return None
+
+    def batch_is_full(self, state: ReplicaState, decoding: list[Request]) -> bool:
+        """Whether the latch holds: set, and nobody has left the running batch since."""
+        if self._full is None:
+            return False
+        if not decoding or left_running(self._full, state):
+            self._full = None
+            return False
+        self._full.update(r.request_id for r in decoding)
+        return True
+
+    def latch(self, decoding: list[Request]) -> None:
+        self._full = {r.request_id for r in decoding}
 
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
         preempted: list[int] = []
@@ -148,10 +184,19 @@ class SGLang(Scheduler):
     def _prefill(self, state: ReplicaState, plan: Plan, prefilling: list[Request],
                  budget: int) -> None:
         """Continue the chunked request, then admit waiting requests, within `budget` tokens."""
-        cfg = self.config
-        scheduled = plan.num_scheduled_tokens
         if budget <= 0:  # mixed decodes took the whole budget
             return
+        if self.config.decode_reserve_tokens is None:
+            PrefillAdder(self, state, plan, prefilling, budget).run()
+        else:
+            self._prefill_reserving(state, plan, prefilling, budget)
+
+    def _prefill_reserving(self, state: ReplicaState, plan: Plan, prefilling: list[Request],
+                           budget: int) -> None:
+        """`decode_reserve_tokens` set: admit while the chunk fits beside that many future
+        tokens of every running request (Mini-SGLang's rule with a cap)."""
+        cfg = self.config
+        scheduled = plan.num_scheduled_tokens
         for req in prefilling:  # the chunked request (one, unless the engine made more)
             num_tokens = min(req.num_uncomputed_tokens, budget)
             if num_tokens <= 0 or not state.kv.try_allocate(req, num_tokens):

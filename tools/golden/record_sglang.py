@@ -13,8 +13,8 @@ arguments into a process-wide context):
   torch allocations on the host); `HF_HUB_OFFLINE=1`.
 * `ServerArgs(model_path=<temp dir with a one-layer Llama config.json>, device="cpu",
   load_format="dummy", skip_tokenizer_init=True, attention_backend="torch_native",
-  disable_overlap_schedule=True, disable_cuda_graph=True, dtype="float32", page_size=1,
-  max_total_tokens=num_gpu_blocks, context_length=max_model_len, chunked_prefill_size,
+  disable_overlap_schedule (the workload's), disable_cuda_graph=True, dtype="float32",
+  page_size=1, max_total_tokens=num_gpu_blocks, context_length=max_model_len, chunked_prefill_size,
   max_running_requests, disable_radix_cache, schedule_policy, random_seed=0)`, then, as
   `run_scheduler_process` does: `publish(server_args, role="scheduler", ranks=SpawnRanks(...))`
   and `Scheduler(server_args, PortArgs.init_new(server_args))` in this process. Its model
@@ -24,12 +24,35 @@ arguments into a process-wide context):
   one returning `TokenizedGenerateReqInput`s (prompt ids from `workloads.prompt_token_ids`,
   `SamplingParams(max_new_tokens=output length, ignore_eos=True, temperature=0)`, normalized
   and verified as the tokenizer manager does) for the requests whose `arrival_s <= now`.
-* The loop is `event_loop_normal`'s body, on a virtual clock: `ingest_requests`,
-  `get_next_batch_to_run`, then `run_batch` + `process_batch_result` (the real forward pass of
-  the one-layer dummy-weight model on the CPU, greedy sampling) or, with no batch, `on_idle`
-  (which resets new_token_ratio when fully idle) and a jump to the next arrival. A batch of n
-  new tokens (the extend lengths of an extend batch, one per request of a decode batch) runs
-  base_s + per_token_s * n, from the moment it is scheduled.
+* With disable_overlap_schedule true, the loop is `event_loop_normal`'s body, on a virtual
+  clock: `ingest_requests`, `get_next_batch_to_run`, then `run_batch` + `process_batch_result`
+  (the real forward pass of the one-layer dummy-weight model on the CPU, greedy sampling) or,
+  with no batch, `on_idle` (which resets new_token_ratio when fully idle) and a jump to the
+  next arrival.
+* With disable_overlap_schedule false (SGLang's default), it is `event_loop_overlap`'s body,
+  call for call (`_loop_overlap`): `ingest_requests`; `get_next_batch_to_run`;
+  `is_disable_overlap_for_batch` (and its early `pop_and_process`); `run_batch` (overlap mode:
+  the future map, `record_batch_in_overlap`), `_apply_war_barrier`, `result_queue.append(
+  (batch.copy(), result))`; then `pop_and_process` of the previous batch (its
+  `process_batch_result`) or, with neither batch, `on_idle`; `launch_batch_sample_if_needed`;
+  `last_batch = batch`. `enable_skip_finishing_decode` is set as the loop sets it, so
+  `_reqs_finishing_inflight` leaves out of a decode batch the requests whose queued result
+  finishes them. Replaced: the request receiver, the clock (a queue of batch end times kept
+  beside `result_queue`: `pop_and_process` first moves the clock to the end of the batch it
+  pops), and the idle wait (no batch and none in flight: jump to the next arrival); left out:
+  the `gracefully_exit` and `_engine_paused` branches (never taken here). Set first, as
+  `run_event_loop` / `_dispatch_event_loop_once` do on a CPU: `enable_continuous_input_polling`
+  off, `schedule_stream.synchronize` a no-op, `_war_barrier_enabled`, the schedule stream as
+  the current stream, the loop under `DynamicGradMode`.
+* The clock (as `record_vllm.py`'s async mode): a batch of n new tokens (the extend lengths of
+  an extend batch, one per request of a decode batch) runs base_s + per_token_s * n, from
+  max(the moment it is scheduled, the end of the batch before it); a batch's result is
+  processed, and its tokens' times are, at its end; requests arrive (between iterations) when
+  arrival_s <= now. In the normal loop a batch's result is processed before the next batch is
+  scheduled, so each batch starts when it is scheduled; in the overlap loop batch k is
+  scheduled right after batch k-1 is launched and batch k-2's result processed (at k-2's end,
+  the start of k-1; after an idle spell, batch 2 at batch 1's launch), and runs from the end
+  of batch k-1.
 
 Recorded per step: [start_s, end_s, [[request id, tokens], ...] in the batch's order
 (`batch.reqs`), [request ids retracted by `retract_decode` while this batch was built, in
@@ -42,6 +65,7 @@ ZMQ) and the clock.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -49,6 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +119,8 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
     s = workload["settings"]
     server_args = ServerArgs(
         model_path=model_dir, device="cpu", load_format="dummy", skip_tokenizer_init=True,
-        attention_backend="torch_native", disable_overlap_schedule=True,
+        attention_backend="torch_native",
+        disable_overlap_schedule=s["disable_overlap_schedule"],
         disable_cuda_graph=True, dtype="float32", page_size=workload["block_size"],
         max_total_tokens=workload["num_gpu_blocks"], context_length=workload["max_model_len"],
         chunked_prefill_size=s["chunked_prefill_size"],
@@ -111,6 +137,7 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
     assert (sched.token_to_kv_pool_allocator.available_size()
             == workload["num_gpu_blocks"]), sched.token_to_kv_pool_allocator.available_size()
     assert sched.max_running_requests == s["max_running_requests"], sched.max_running_requests
+    assert sched.enable_overlap == (not s["disable_overlap_schedule"]), sched.enable_overlap
     assert sched.chunked_prefill_size == s["chunked_prefill_size"], sched.chunked_prefill_size
     assert bool(getattr(sched.tree_cache, "disable", True)) == s["disable_radix_cache"]
     return sched
@@ -144,6 +171,208 @@ class _Receiver:
         return list(local_reqs or []) + out
 
 
+class _Recorder:
+    """The virtual clock and what is recorded, shared by both loops."""
+
+    def __init__(self, workload: Workload, sched: Any, receiver: _Receiver,
+                 retracted: list[int]) -> None:
+        self.workload, self.sched, self.receiver, self.retracted = (workload, sched, receiver,
+                                                                    retracted)
+        step = workload["step_time"]
+        self.base_s, self.per_token_s = step["base_s"], step["per_token_s"]
+        self.arrivals = workload["requests"]
+        self.handles: dict[int, Any] = {}
+        self.times: dict[int, dict[str, Any]] = {}
+        self.steps: list[list[Any]] = []
+        self.now_s = 0.0
+        self.gpu_free_s = 0.0
+        self.next_arrival = 0
+
+    def add_arrived(self) -> None:
+        arrivals = self.arrivals
+        while (self.next_arrival < len(arrivals)
+               and arrivals[self.next_arrival][0] <= self.now_s):
+            rid = self.next_arrival
+            self.receiver.pending.append(make_request(self.workload, rid))
+            self.times[rid] = {"first_scheduled_s": None, "first_token_s": None,
+                               "finish_s": None}
+            self.next_arrival += 1
+
+    def note_waiting(self) -> None:
+        for req in self.sched.waiting_queue:
+            self.handles.setdefault(int(req.rid), req)
+
+    def launch(self, batch: Any) -> float:
+        """Record `batch` as launched now; its end on the clock. It starts when it is
+        scheduled or when the batch before it ends, whichever is later."""
+        if batch.forward_mode.is_extend():
+            scheduled = [[int(r.rid), int(n)] for r, n in zip(batch.reqs, batch.extend_lens,
+                                                             strict=True)]
+        else:
+            assert batch.forward_mode.is_decode(), batch.forward_mode
+            scheduled = [[int(r.rid), 1] for r in batch.reqs]
+        total = sum(n for _, n in scheduled)
+        start_s = max(self.now_s, self.gpu_free_s)
+        end_s = start_s + (self.base_s + self.per_token_s * total)
+        self.gpu_free_s = end_s
+        self.steps.append([start_s, end_s, scheduled, list(self.retracted)])
+        for rid, _ in scheduled:
+            if self.times[rid]["first_scheduled_s"] is None:
+                self.times[rid]["first_scheduled_s"] = start_s
+        return end_s
+
+    def note_result(self, reqs: list[Any]) -> None:
+        """A batch's result was just processed (at `now_s`, its end)."""
+        for req in reqs:
+            t = self.times[int(req.rid)]
+            if t["first_token_s"] is None and len(req.output_ids) > 0:
+                t["first_token_s"] = self.now_s
+            if t["finish_s"] is None and req.finished():
+                t["finish_s"] = self.now_s
+
+    def wait_for_arrival(self) -> bool:
+        """Nothing runs: jump to the next arrival; False when none is left."""
+        sched = self.sched
+        if self.next_arrival == len(self.arrivals):
+            if sched.waiting_queue or not sched.running_batch.is_empty():
+                raise RuntimeError(f"{self.workload['name']}: requests left, none can run")
+            return False
+        self.now_s = max(self.now_s, self.arrivals[self.next_arrival][0])
+        return True
+
+
+def _loop_normal(rec: _Recorder) -> None:
+    """`event_loop_normal`'s body on the virtual clock (each batch's result is processed
+    before the next is scheduled, so a batch starts when it is scheduled)."""
+    sched = rec.sched
+    while True:
+        rec.add_arrived()
+        del rec.retracted[:]
+        sched.ingest_requests()
+        rec.note_waiting()
+        plan = sched.get_next_batch_to_run(running_batch=sched.running_batch,
+                                           last_batch=sched.last_batch)
+        sched.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        if batch:
+            end_s = rec.launch(batch)
+            result = sched.run_batch(batch)
+            sched.process_batch_result(batch, result)
+            rec.now_s = end_s
+            rec.note_result(batch.reqs)
+        else:
+            assert not rec.retracted, rec.retracted
+            sched.on_idle()
+        sched.last_batch = batch
+        if not batch and not rec.wait_for_arrival():
+            break
+
+
+def _loop_overlap(rec: _Recorder) -> None:
+    """`event_loop_overlap`'s body, line for line, on the virtual clock.
+
+    Replaced: the request receiver (`rec.add_arrived` before `ingest_requests`), the clock
+    (`rec.launch` next to `run_batch`; `pop_and_process` first moves the clock to the end of
+    the batch it pops, then notes its requests' token times), and the idle wait (with no
+    batch and no batch in flight, jump to the next arrival). Left out: the
+    `gracefully_exit` / `_engine_paused` branches (never taken here). As
+    `run_event_loop` and `_dispatch_event_loop_once` do first: input polling off, the CPU
+    schedule stream's `synchronize` a no-op, the WAR barrier flag, the schedule stream as
+    the current stream; `event_loop_overlap` itself then sets
+    `enable_skip_finishing_decode` and the `result_queue`."""
+    from sglang.srt.environ import envs
+    from sglang.srt.managers.scheduler import is_cuda
+    from sglang.srt.utils.common import DynamicGradMode
+
+    sched = rec.sched
+    # run_event_loop / _dispatch_event_loop_once
+    sched.enable_continuous_input_polling = False
+    sched.enable_skip_finishing_decode = False
+    assert sched.device == "cpu"
+    sched.schedule_stream.synchronize = lambda: None  # No-op for CPU
+    sched._war_barrier_enabled = is_cuda() or envs.SGLANG_ENABLE_WAR_BARRIER.get()
+    # event_loop_overlap
+    sched.enable_skip_finishing_decode = True
+    sched.result_queue = deque()
+    in_flight: deque[tuple[float, list[Any]]] = deque()  # (end_s, reqs), as result_queue
+
+    def pop_and_process() -> None:
+        # Process the results of the last batch
+        tmp_batch, tmp_result = sched.result_queue.popleft()
+        end_s, reqs = in_flight.popleft()
+        rec.now_s = max(rec.now_s, end_s)
+        sched.process_batch_result(tmp_batch, tmp_result)
+        rec.note_result(reqs)
+
+    @DynamicGradMode()
+    def loop() -> None:
+        while True:
+            assert len(in_flight) == len(sched.result_queue)
+            # Receive requests
+            rec.add_arrived()
+            del rec.retracted[:]
+            sched.ingest_requests()
+            rec.note_waiting()
+            assert not sched._engine_paused
+
+            # Get the next batch to run
+            plan = sched.get_next_batch_to_run(running_batch=sched.running_batch,
+                                               last_batch=sched.last_batch)
+            sched.running_batch = plan.running_batch
+            batch = plan.batch_to_run
+            sched.cur_batch_for_debug = batch
+            disable_overlap_for_batch = sched.is_disable_overlap_for_batch(
+                batch, last_batch=sched.last_batch)
+
+            # If we do not need to overlap the current batch with the last batch,
+            # we can process the last batch immediately.
+            if disable_overlap_for_batch:
+                pop_and_process()
+                if sched.enable_unified_memory:
+                    with contextlib.suppress(Exception):
+                        sched.token_to_kv_pool_allocator.flush_opportunistic()
+
+            # Launch the current batch
+            if batch:
+                end_s = rec.launch(batch)
+                reqs = list(batch.reqs)
+                batch_result = sched.run_batch(batch)
+                sched._apply_war_barrier()
+                sched.result_queue.append((batch.copy(), batch_result))
+                in_flight.append((end_s, reqs))
+            else:
+                assert not rec.retracted, rec.retracted
+                batch_result = None
+                sched._sched_idled = True
+
+            # Process the last batch
+            if sched.last_batch:
+                if not disable_overlap_for_batch:
+                    pop_and_process()
+            elif batch is None:
+                # When the server is idle, do self-check and re-init some states
+                sched.on_idle()
+
+            # Run sample of the current batch
+            if sched.is_generation:
+                sched.launch_batch_sample_if_needed(batch_result, batch)
+
+            # Update last_batch
+            was_idle = batch is None and sched.last_batch is None
+            sched.last_batch = batch
+
+            if envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY.get():
+                sched.invariant_checker.self_check_during_busy()
+
+            if was_idle:
+                assert not sched.result_queue
+                if not rec.wait_for_arrival():
+                    break
+
+    with sched.device_module.StreamContext(sched.schedule_stream):
+        loop()
+
+
 def record(workload: Workload) -> dict[str, Any]:
     """Drive SGLang's scheduler through `workload`; the fixture's body (see `fixture.py`)."""
     with tempfile.TemporaryDirectory() as model_dir:
@@ -163,75 +392,20 @@ def record(workload: Workload) -> dict[str, Any]:
     ScheduleBatch.retract_decode = retract_decode  # type: ignore[method-assign]
     receiver = _Receiver()
     sched.request_receiver = receiver
-
-    step = workload["step_time"]
-    base_s, per_token_s = step["base_s"], step["per_token_s"]
-    arrivals = workload["requests"]
-    handles: dict[int, Any] = {}
-    times: dict[int, dict[str, Any]] = {}
-    steps: list[list[Any]] = []
-    now_s = 0.0
-    next_arrival = 0
+    rec = _Recorder(workload, sched, receiver, retracted)
     wall = time.monotonic()
-
-    def add_arrived() -> None:
-        nonlocal next_arrival
-        while next_arrival < len(arrivals) and arrivals[next_arrival][0] <= now_s:
-            rid = next_arrival
-            receiver.pending.append(make_request(workload, rid))
-            times[rid] = {"first_scheduled_s": None, "first_token_s": None, "finish_s": None}
-            next_arrival += 1
-
-    while True:
-        add_arrived()
-        del retracted[:]
-        sched.ingest_requests()
-        for req in sched.waiting_queue:
-            handles.setdefault(int(req.rid), req)
-        plan = sched.get_next_batch_to_run(running_batch=sched.running_batch,
-                                           last_batch=sched.last_batch)
-        sched.running_batch = plan.running_batch
-        batch = plan.batch_to_run
-        if batch:
-            if batch.forward_mode.is_extend():
-                scheduled = [[int(r.rid), int(n)] for r, n in zip(batch.reqs, batch.extend_lens,
-                                                                 strict=True)]
-            else:
-                assert batch.forward_mode.is_decode(), batch.forward_mode
-                scheduled = [[int(r.rid), 1] for r in batch.reqs]
-            total = sum(n for _, n in scheduled)
-            start_s = now_s
-            end_s = start_s + (base_s + per_token_s * total)
-            steps.append([start_s, end_s, scheduled, list(retracted)])
-            for rid, _ in scheduled:
-                if times[rid]["first_scheduled_s"] is None:
-                    times[rid]["first_scheduled_s"] = start_s
-            result = sched.run_batch(batch)
-            sched.process_batch_result(batch, result)
-            now_s = end_s
-            for req in batch.reqs:
-                t = times[int(req.rid)]
-                if t["first_token_s"] is None and len(req.output_ids) > 0:
-                    t["first_token_s"] = now_s
-                if t["finish_s"] is None and req.finished():
-                    t["finish_s"] = now_s
-        else:
-            assert not retracted, retracted
-            sched.on_idle()
-        sched.last_batch = batch
-        if not batch:
-            if next_arrival == len(arrivals):
-                if sched.waiting_queue or not sched.running_batch.is_empty():
-                    raise RuntimeError(f"{workload['name']}: requests left, none can run")
-                break
-            now_s = max(now_s, arrivals[next_arrival][0])
+    if workload["settings"]["disable_overlap_schedule"]:
+        _loop_normal(rec)
+    else:
+        _loop_overlap(rec)
+    times, handles, arrivals = rec.times, rec.handles, rec.arrivals
     unfinished = [rid for rid, t in times.items() if t["finish_s"] is None]
     assert not unfinished and len(times) == len(arrivals), unfinished[:5]
     for rid, req in handles.items():
         assert len(req.output_ids) == arrivals[rid][2], (rid, len(req.output_ids))
-    print(f"{workload['name']}: {len(steps)} steps in {time.monotonic() - wall:.0f} s",
+    print(f"{workload['name']}: {len(rec.steps)} steps in {time.monotonic() - wall:.0f} s",
           file=sys.stderr)
-    return {"steps": steps,
+    return {"steps": rec.steps,
             "requests": [[times[r]["first_scheduled_s"], times[r]["first_token_s"],
                           times[r]["finish_s"], int(handles[r].retraction_count)]
                          for r in range(len(arrivals))]}

@@ -4,7 +4,8 @@ Same dict format as `workloads.py` (see its docstring), with `engine` "sglang" a
 holding SGLang server arguments by SGLang's names:
 
     chunked_prefill_size, max_running_requests, disable_radix_cache (bool),
-    schedule_policy ("fcfs"),
+    schedule_policy ("fcfs"), disable_overlap_schedule (bool: true drives SGLang's
+    event_loop_normal, false its overlap scheduler, event_loop_overlap),
 
 and `num_gpu_blocks` the KV token pool (`--max-total-tokens`, SGLang's max_total_num_tokens:
 every one of those token slots is usable, no null slot), `block_size` 1 (`--page-size 1`).
@@ -25,7 +26,8 @@ def _sglang(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: 
             step: tuple[float, float] = (0.004, 2e-5), max_model_len: int = 32_768,
             **settings: Any) -> Workload:
     base = {"chunked_prefill_size": 8192, "max_running_requests": 256,
-            "disable_radix_cache": True, "schedule_policy": "fcfs"}
+            "disable_radix_cache": True, "schedule_policy": "fcfs",
+            "disable_overlap_schedule": True}
     unknown = set(settings) - set(base)
     assert not unknown, unknown
     return {"name": name, "engine": "sglang", "seed": seed, "settings": {**base, **settings},
@@ -72,6 +74,26 @@ def sglang_workloads() -> list[Workload]:
         _sglang("prefix_kv_starved", 107,
                 _prefixed(rng(107), 60, 15.0, 6, (256, 1024), (16, 256), (16, 128)),
                 num_gpu_blocks=4000, disable_radix_cache=False),
+        # The overlap scheduler (SGLang's default): batch k is scheduled while batch k-1 runs
+        # and runs from its end; k-1's result is processed after k is launched.
+        # Little queueing: the one-step lag between a batch and its result.
+        _sglang("overlap_light", 111, _requests(rng(111), 60, 4.0, (32, 1024), (8, 96)),
+                disable_overlap_schedule=False),
+        # Prompts longer than the chunk: the next chunk is scheduled before the last one's
+        # result is processed.
+        _sglang("overlap_chunked", 112,
+                _requests(rng(112), 50, 2.0, (1024, 4096), (4, 48)),
+                chunked_prefill_size=1024, disable_overlap_schedule=False),
+        # A small token pool, radix cache off: admission with one result still in flight
+        # (output_ids one token behind), requests finishing in flight left out.
+        _sglang("overlap_kv_starved", 114,
+                _requests(rng(114), 60, 20.0, (128, 768), (32, 256)),
+                num_gpu_blocks=3000, disable_overlap_schedule=False),
+        # A small pool and small chunks: retract_decode under the overlap loop, and the
+        # "kv full but a queued result frees finishing requests: skip this decode" path.
+        _sglang("overlap_kv_starved_chunked", 118,
+                _requests(rng(118), 60, 20.0, (128, 1024), (32, 256)),
+                num_gpu_blocks=3000, chunked_prefill_size=256, disable_overlap_schedule=False),
     ]
 
 

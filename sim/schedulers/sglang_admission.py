@@ -1,0 +1,199 @@
+"""SGLang's admission of a prefill batch (`PrefillAdder`), as SGLang 0.5.23 runs it for requests
+whose output length is known (`ignore_eos`, `max_new_tokens` = the trace's output).
+
+Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check these rules.
+
+- The budget of one pass (`mem_cache/prefill_budget.py`): `available + evictable` tokens (free
+  KV, and cached prefixes nobody uses), less two offsets: `total_offset`, which starts as every
+  running (decoding) request's remaining output, clipped at 4096 (`CLIP_MAX_NEW_TOKENS`;
+  `PrefillAdder._get_running_request_total_token_offset`, ratio 1 for `ignore_eos`), and
+  `current_offset`, which starts at 0. Each request this pass takes adds `extend + page +
+  min(max_new_tokens, 4096)` to the first (its output: 0 for a chunk that does not finish its
+  prompt) and `extend + page` to the second (`reserve`; page: SGLang's default 1). Free KV is
+  read once for the pass: SGLang allocates after it.
+- The chunked request continues first (`add_chunked_req`), with min(chunk budget, what is left
+  of the total) tokens, or a whole chunk if that is nothing ("must make progress").
+- The waiting queue, FCFS, stops at the first request refused:
+  - at `max_running_requests` (the pass's requests, the chunked one included, beside the
+    running ones; `get_num_allocatable_reqs`), which latches the batch as full;
+  - without a radix cache (`add_one_req_ignore_eos`): its whole remaining prompt plus a page
+    must fit both remainders (`can_allocate_prefill`), and every request, it included, must be
+    able to finish in order: sorted by outputs left, each in turn must find room for one
+    token a step for everyone still running, counting what those before it freed
+    (`IGNORE_EOS_RESERVE_TOKENS` = 1 per request kept spare; `schedule_policy.py` ~1259-1303,
+    its insertion order kept, quirk included);
+  - with a radix cache (`add_one_req`, `_select_prefill_admission`): extend + min(output
+    left, 4096) + page must be strictly below the total remainder, its matched prefix locked
+    (not evictable) while it is checked;
+  - what does not fit the chunk budget becomes the chunked request (its output reserved only
+    with its last chunk); after each request, the pass stops when a remainder is spent (no
+    token: latches the batch as full if anything runs) or the chunk budget or
+    `max_prefill_tokens` (16384) is.
+- The latch (`running_batch.batch_is_full`, `scheduler.py`): while set and no request is being
+  chunked, no prefill is tried at all; it clears when a running request leaves (finishes) or
+  nothing runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.kv_cache import cdiv
+from sim.plan import Plan
+from sim.request import Request, Status
+from sim.state import ReplicaState
+
+if TYPE_CHECKING:
+    from sim.schedulers.sglang import SGLang
+
+CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION's default
+IGNORE_EOS_RESERVE_TOKENS = 1
+MAX_PREFILL_TOKENS = 16384  # `--max-prefill-tokens`' default
+
+
+class PrefillAdder:
+    """One prefill pass of SGLang's scheduler over `state` (module docstring)."""
+
+    def __init__(self, policy: SGLang, state: ReplicaState, plan: Plan,
+                 prefilling: list[Request], budget: int) -> None:
+        self.policy = policy
+        self.state = state
+        self.plan = plan
+        self.prefilling = prefilling
+        self.rem_chunk = budget
+        self.rem_input = MAX_PREFILL_TOKENS
+        kv = state.kv
+        # SGLang's page (`--page-size`, 1 by default): its admission arithmetic; servesim's
+        # KV blocks only count memory (free tokens: free blocks x block size).
+        self.page = 1
+        chunked = {id(r) for r in prefilling}
+        # SGLang's running batch: the requests past their prefill.
+        self.decoding = [r for r in state.running if id(r) not in chunked]
+        self.free = kv.num_free_blocks * kv.block_size  # available + evictable, read once
+        # A prefill replica of a disaggregated cluster computes each request's first token.
+        self.prefill_only = state.prefill_only
+        self.total_offset = sum(min(self._target(r) - r.num_output_tokens,
+                                    CLIP_MAX_NEW_TOKENS) for r in self.decoding)
+        self.current_offset = 0
+        self.can_run: list[Request] = []
+        self.req_states: list[tuple[int, int]] | None = None
+
+    def _target(self, req: Request) -> int:
+        """The request's `max_new_tokens` here."""
+        return 1 if self.prefill_only else req.num_target_output_tokens
+
+    def _paged(self, num_tokens: int) -> int:
+        return cdiv(num_tokens, self.page) * self.page
+
+    def _reserve(self, extend: int, max_new: int) -> None:
+        immediate = self._paged(extend) + self.page
+        self.total_offset += immediate + max_new
+        self.current_offset += immediate
+        self.rem_chunk -= self._paged(extend)
+        self.rem_input -= self._paged(extend)
+
+    def run(self) -> None:
+        policy, state = self.policy, self.state
+        full = policy.batch_is_full(state, self.decoding)
+        if (full or not state.waiting) and not self.prefilling:
+            return
+        for req in self.prefilling:  # the chunked request
+            if not self._continue_chunk(req):
+                return
+        while state.waiting and not full:
+            if len(self.can_run) >= policy.config.max_num_seqs - len(self.decoding):
+                policy.latch(self.decoding)
+                return  # (the latch stops the loop at once: `batch_is_full`, break)
+            result = self._add(state.waiting[0])
+            if result != "continue":
+                if result == "no_token" and (self.can_run or self.decoding):
+                    policy.latch(self.decoding)
+                return
+
+    def _continue_chunk(self, req: Request) -> bool:
+        left = req.num_uncomputed_tokens
+        rem = min(self.rem_chunk, self.free - self.total_offset)
+        if rem <= 0:
+            rem = self.rem_chunk
+        num_tokens = min(left, rem)
+        if num_tokens <= 0 or not self.state.kv.try_allocate(req, num_tokens):
+            return False  # it keeps its place: nobody is admitted past it
+        self.plan.num_scheduled_tokens[req.request_id] = num_tokens
+        self._reserve(num_tokens, 0 if num_tokens < left else min(
+            self._target(req), CLIP_MAX_NEW_TOKENS))
+        self.can_run.append(req)
+        return True
+
+    def _add(self, req: Request) -> str:
+        """`add_one_req` for the head of the queue: 'continue', 'no_token' or 'other'."""
+        kv = self.state.kv
+        hit = kv.prefix_hit_tokens(req)
+        extend = req.num_uncomputed_tokens - hit
+        max_new = min(self._target(req), CLIP_MAX_NEW_TOKENS)
+        if not kv.caches_prefixes:
+            paged_input = self._paged(extend) + self.page
+            if paged_input > min(self.free - self.current_offset, self.free - self.total_offset):
+                return "no_token"
+            if not self._everyone_finishes(req, paged_input):
+                return "no_token"
+        else:
+            left = min(max(self._target(req) - req.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
+            locked = kv.unused_prefix_tokens(req)
+            if not self._paged(extend) + left + self.page < self.free - locked - self.total_offset:
+                return "no_token"
+        num_tokens = extend
+        if extend > self.rem_chunk:
+            if self.rem_chunk <= 0:
+                return "other"
+            num_tokens = self.rem_chunk // self.page * self.page
+            if num_tokens <= 0:
+                return "other"
+            max_new = 0
+        if not kv.try_allocate(req, num_tokens, 0, hit):
+            return "no_token"  # the pool itself is short (blocks rounding up): stop here
+        self.state.admit(req, hit)
+        self.plan.num_scheduled_tokens[req.request_id] = num_tokens
+        self._reserve(num_tokens, max_new)
+        self.can_run.append(req)
+        if self.free - self.total_offset <= 0 or self.free - self.current_offset <= 0:
+            return "no_token"
+        if self.rem_input <= 0 or self.rem_chunk <= 0:
+            return "other"
+        return "continue"
+
+    def _everyone_finishes(self, req: Request, paged_input: int) -> bool:
+        """The in-order check of `add_one_req_ignore_eos`: `req` and everyone running or taken
+        this pass, by outputs left, can each finish with one token a step for those after."""
+        def state_of(r: Request) -> tuple[int, int] | None:
+            left = self._target(r) - r.num_output_tokens
+            return (left, r.num_tokens) if left > 0 else None
+
+        states = self.req_states
+        if states is None:
+            states = [s for s in map(state_of, [req, *self.decoding, *self.can_run])
+                      if s is not None]
+            states.sort(key=lambda s: s[0])
+            self.req_states = states
+        else:
+            new = state_of(req)
+            if new is not None:
+                i = 0
+                for i in range(len(states)):  # SGLang's insertion: before the last at worst
+                    if new[0] <= states[i][0]:
+                        break
+                states.insert(i, new)
+        current = self.free - self.current_offset - paged_input
+        freed = 0
+        n = len(states)
+        for i, (left, occupied) in enumerate(states):
+            batch = n - i
+            if current + freed - left * batch <= IGNORE_EOS_RESERVE_TOKENS * batch:
+                return False
+            freed += occupied
+        return True
+
+
+def left_running(latched: set[int], state: ReplicaState) -> bool:
+    """Whether a request that was running when the batch latched full has left since."""
+    requests = state.requests
+    return any(requests[rid].status is not Status.RUNNING for rid in latched)
