@@ -138,7 +138,8 @@ class BlockPrefixCache(KVCacheManager):
             self._take(grow)
             blocks.extend(Block(None, 1) for _ in range(grow))
         self._held[rid] = held + grow
-        self._cache(req, min(computed + num_new_tokens, req.num_tokens))
+        # Up to the tokens known: outputs still in flight (async placeholders) are not.
+        self._cache(req, min(computed + num_new_tokens, req.num_tokens - req.num_placeholders))
         return True
 
     def grow_blocks(self, request_id: int, num_blocks: int) -> None:
@@ -151,7 +152,9 @@ class BlockPrefixCache(KVCacheManager):
         rid = req.request_id
         if rid not in self._held:
             return
-        self._cache(req, req.num_computed_tokens)
+        # What vLLM cached by then: every computed token but those of iterations in flight
+        # (async: `update_from_output` caches up to `num_computed_tokens - num_in_flight`).
+        self._cache(req, req.num_computed_tokens - req.num_in_flight_tokens)
         del self._held[rid]
         self._num_hashed.pop(rid, None)
         uncached_first = self.eviction == "lru_block"

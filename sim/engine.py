@@ -213,7 +213,8 @@ class Replica:
             if plan is not None:
                 # A stretch of iterations where every following plan repeats this one
                 # (`is_steady`: the fast path), else its one iteration.
-                if self.fast_forward and not self.latency.sequential and is_steady(state, plan):
+                if (self.fast_forward and not self.latency.sequential
+                        and self.scheduler.allows_stretches and is_steady(state, plan)):
                     first = None
                     if plan.total_num_scheduled_tokens > plan.num_seqs:
                         # A prompt's chunk. Where new work may come before it ends, it would
@@ -362,6 +363,7 @@ class Replica:
         since = self.log.last_decode_iteration  # before this one is logged
         iteration = self._log(it)
         self._left_running(self.state.commit(it.plan, iteration, it.start_s, it.end_s, since))
+        self.scheduler.iteration_ended(it.plan)
 
     def _log(self, it: Iteration) -> int:
         """Add an iteration that has ended to the log; return its number."""

@@ -136,6 +136,8 @@ class PipelinedReplica(Replica):
             it = batches.popleft()
             iteration = self._log(it)
             assert it.in_flight is not None
-            done, sampled = self.state.complete(it.in_flight, it.end_s)
+            done, sampled = self.state.complete(it.in_flight, it.end_s,
+                                                stale_delivered=self.placeholders)
             self.log.add_sampled(iteration, sampled)
+            self.scheduler.iteration_ended(it.plan)
             self._left_running(done)

@@ -41,6 +41,11 @@ class Request:
     num_recomputed_tokens: int = 0  # KV tokens dropped by preemption and computed again
     # Prompt tokens found in the prefix cache when first admitted (vLLM's `num_cached_tokens`).
     num_cached_tokens: int = 0
+    # Pipelined or async replica (`ReplicaState.start`): tokens of this request in iterations
+    # still in flight (vLLM's `num_in_flight_tokens`: after a preemption, stale ones), and of
+    # its outputs, those counted as sampled while their iteration is in flight (placeholders).
+    num_in_flight_tokens: int = 0
+    num_placeholders: int = 0
     replica_id: int = -1  # where it runs now (the decode replica, once transferred)
     prefill_replica_id: int = -1  # where it arrived
     first_scheduled_s: float | None = None

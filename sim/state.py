@@ -212,29 +212,40 @@ class ReplicaState:
             if first:
                 req.first_scheduled_s = start_s
             req.num_computed_tokens += num_tokens
+            req.num_in_flight_tokens += num_tokens
             samples = SAMPLES if req.is_caught_up else 0
             if (samples and placeholders and not self.prefill_only
                     and req.num_output_tokens + 1 < req.num_target_output_tokens):
                 samples = PLACEHOLDER
                 req.num_output_tokens += 1
+                req.num_placeholders += 1
                 self.num_running_tokens += 1
             in_flight.append((req, num_tokens, req.num_preemptions, samples, first))
         return in_flight
 
-    def complete(self, in_flight: list[InFlight], end_s: float
+    def complete(self, in_flight: list[InFlight], end_s: float, *, stale_delivered: bool = False
                  ) -> tuple[list[Request], list[int]]:
         """Pipelined replica: the iteration `start` sent off has ended: each request it caught
-        up samples its token, as `commit` does (one preempted since has dropped its KV and
-        will compute it again: nothing of this iteration counts for it). Returns the requests
-        that left the running list, and the ids of those that sampled (the caller records
-        their tokens: `IterationLog.add_sampled`)."""
+        up samples its token, as `commit` does. One preempted since has dropped its KV and
+        will compute it again; its token counts only where `stale_delivered` (vLLM's async
+        scheduling delivers it: `update_from_output`, "Its tokens are still delivered on
+        return"), and it may then finish, even from the queue. Returns the requests that left
+        the running list, and the ids of those that sampled (the caller records their tokens:
+        `IterationLog.add_sampled`)."""
         done: list[Request] = []
         sampled = []
-        for req, _, num_preemptions, samples, _ in in_flight:
+        for req, num_tokens, num_preemptions, samples, _ in in_flight:
+            req.num_in_flight_tokens -= num_tokens
             if samples == PLACEHOLDER:  # counted when sent: its time is now
+                req.num_placeholders -= 1
                 sampled.append(req.request_id)
                 continue
-            if not samples or req.num_preemptions != num_preemptions:
+            if not samples:
+                continue
+            if req.num_preemptions != num_preemptions:
+                if stale_delivered and req.status is not Status.FINISHED:
+                    self._deliver_stale(req, end_s, done)
+                    sampled.append(req.request_id)
                 continue
             req.num_output_tokens += 1
             self.num_running_tokens += 1
@@ -245,16 +256,36 @@ class ReplicaState:
             self._leave(done, end_s)
         return done, sampled
 
+    def _deliver_stale(self, req: Request, end_s: float, done: list[Request]) -> None:
+        """A token sampled before `req` was preempted comes back: it joins its output (one
+        more token to compute again), and may be its last."""
+        req.num_output_tokens += 1
+        last = req.num_output_tokens == req.num_target_output_tokens
+        if req.status is Status.RUNNING:  # admitted again meanwhile
+            self.num_running_tokens += 1
+            if last:
+                done.append(req)
+        elif req.status is Status.WAITING:
+            self.num_waiting_tokens += 1
+            if last:  # finished in the queue: it holds no KV
+                self.waiting.remove(req)
+                self.num_waiting_tokens -= req.num_uncomputed_tokens
+                req.close_token_run()
+                req.status = Status.FINISHED
+                req.finish_s = end_s
+
     def cancel(self, in_flight: list[InFlight]) -> None:
         """Pipelined replica: an iteration `start` sent off never ends (the run stopped at its
         horizon): its tokens are not computed, as a step-by-step replica leaves the iteration
         in progress uncommitted; its KV blocks stay allocated. Newest iteration first."""
         for req, num_tokens, num_preemptions, samples, first in in_flight:
+            req.num_in_flight_tokens -= num_tokens
             if req.num_preemptions == num_preemptions:
                 req.num_computed_tokens -= num_tokens
             else:  # preempted since: `preempt` counted these tokens as computed, then dropped
                 req.num_recomputed_tokens -= num_tokens
             if samples == PLACEHOLDER:  # never sampled after all
+                req.num_placeholders -= 1
                 req.num_output_tokens -= 1
                 if req.status is Status.RUNNING:
                     self.num_running_tokens -= 1

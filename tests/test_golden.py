@@ -10,6 +10,7 @@ count must be identical. A failure names the first step or request that differs,
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,36 @@ def test_a_divergence_is_reported_with_both_sides():
     assert f"step {index - folded} differs (scheduled)" in problem
     assert "engine only" in problem and "servesim only" in problem
     assert len(engine_steps(doc)) == len(replayed.steps)
+
+
+def _installed_vllm() -> str | None:
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from importlib.metadata import version
+
+    return version("vllm")
+
+
+VLLM_FIXTURES = [p for p in FIXTURES if p.parent.name == f"vllm-{_installed_vllm()}"]
+
+
+@pytest.mark.skipif(not VLLM_FIXTURES, reason="no vLLM installed (or none of its fixtures)")
+@pytest.mark.parametrize("path", VLLM_FIXTURES, ids=lambda p: p.name.removesuffix(".json.gz"))
+def test_vllm_engine_schedules_as_the_fixture(path):
+    """`vllm_engine` (the installed vLLM's own scheduler inside servesim's engine) gives the
+    recorded schedule too: its plumbing (arrivals, async batches, KV mirroring) is exact."""
+    doc = read_fixture(path)
+    problem = first_divergence(doc, replay(doc, policy="vllm_engine"))
+    assert problem is None, problem
+
+
+@pytest.mark.skipif(_installed_vllm() is not None, reason="vLLM is installed here")
+def test_vllm_engine_without_vllm_is_one_line():
+    from sim.config import parse_scenario
+    from sim.errors import InputError
+    from tools.golden.replay import scenario_data
+
+    doc = read_fixture(GOLDEN / "vllm-0.33.0" / "light.json.gz")
+    with pytest.raises(InputError, match="needs vLLM installed") as err:
+        parse_scenario(scenario_data(doc, "vllm_engine"), "s.yaml")
+    assert "\n" not in str(err.value)

@@ -153,8 +153,11 @@ def test_invariants(data):
         assert (req["num_cached_tokens"] < req["num_prompt_tokens"]).all()
     else:
         assert computed == held and (req["num_cached_tokens"] == 0).all()
-    assert (done["num_computed_tokens"] == done["num_prompt_tokens"]
-            + done["num_output_tokens"] - 1).all()
+    # A finished request computed all but its last token; or, preempted with its last token in
+    # flight (vLLM's async scheduling delivers it), it finished from the queue, holding none.
+    whole = done["num_computed_tokens"] == done["num_prompt_tokens"] + done["num_output_tokens"] - 1
+    from_queue = (done["num_computed_tokens"] == 0) & (done["num_preemptions"] > 0)
+    assert (whole | from_queue).all()
     assert len(tokens) == int(req["num_generated_tokens"].sum())
 
     # Time moves forward: TBTs positive, latencies non-negative, iterations back to back.
@@ -315,8 +318,9 @@ def test_reserved_blocks_from_kept_counts_equal_the_sum(data):
 
 
 def test_reserved_blocks_kept_counts_under_overload():
-    """A queue that never drains: a full reservation asked at most iterations."""
-    for name in ("prefill_first", "sglang", "chunked_prefill"):
+    """A queue that never drains: a full reservation asked at most iterations (`sglang` admits
+    by SGLang's own budget, `sim.schedulers.sglang_admission`, and asks none)."""
+    for name in ("prefill_first", "chunked_prefill"):
         data = {"seed": 1, "workload": {
             "format": "synthetic", "num_requests": 200,
             "arrivals": {"process": "poisson", "qps": 400},

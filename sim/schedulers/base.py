@@ -55,6 +55,9 @@ class Scheduler(ABC):
     prefix_cache_eviction: Literal["lru_block", "fifo_block", "lru_leaf"] = "lru_block"
     # KV blocks of the cache given (or sized from memory) that the engine never allocates.
     num_null_blocks: ClassVar[int] = 0
+    # Whether the engine may run a stretch of iterations without asking for each plan (the
+    # fast path, `sim.stretch`): not for a policy that must see every iteration end.
+    allows_stretches: ClassVar[bool] = True
 
     def __init__(self, config: SchedulerConfig, *, max_model_len: int | None = None) -> None:
         self.config = config
@@ -71,6 +74,10 @@ class Scheduler(ABC):
         """Whether a request may be scheduled again while the token it samples is in flight
         (vLLM's async scheduling: an output placeholder), rather than wait for it."""
         return False
+
+    def iteration_ended(self, plan: Plan) -> None:  # noqa: B027  (a hook: most need none)
+        """The iteration of `plan` has ended and its outcome is committed to the state (a
+        policy wrapping an engine's scheduler feeds the engine its output here)."""
 
     @abstractmethod
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:

@@ -22,12 +22,19 @@ from tools.golden.workloads import prompt_token_ids
 Step = tuple[float, float, list[tuple[int, int]], list[int]]
 
 
-def scenario_data(doc: dict[str, Any]) -> dict[str, Any]:
-    """The servesim scenario that stands for the fixture's engine settings."""
+def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, Any]:
+    """The servesim scenario that stands for the fixture's engine settings; `policy`
+    "vllm_engine" runs the installed vLLM's own scheduler instead of `vllm_v1`."""
     w = doc["workload"]
     s = w["settings"]
-    if doc["engine"] == "vllm":
+    if doc["engine"] == "vllm" and policy == "vllm_engine":
         scheduler: dict[str, Any] = {
+            "name": "vllm_engine", **{k: s[k] for k in (
+                "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill",
+                "long_prefill_token_threshold", "async_scheduling")}}
+        prefix_caching = s["enable_prefix_caching"]
+    elif doc["engine"] == "vllm":
+        scheduler = {
             "name": "vllm_v1", "engine_version": doc["engine_version"],
             "max_num_batched_tokens": s["max_num_batched_tokens"],
             "max_num_seqs": s["max_num_seqs"],
@@ -89,12 +96,14 @@ class Replayed:
     requests: list[list[Any]]  # first_scheduled_s, first_token_s, finish_s, num_preemptions
 
 
-def replay(doc: dict[str, Any], *, fast_forward: bool = False) -> Replayed:
+def replay(doc: dict[str, Any], *, fast_forward: bool = False, policy: str | None = None
+           ) -> Replayed:
     """Run servesim on the fixture's workload; every iteration's plan, and request times."""
     from sim.cluster import Cluster
     from sim.config import parse_scenario
 
-    scenario = parse_scenario(scenario_data(doc), f"<golden {doc['workload']['name']}>")
+    scenario = parse_scenario(scenario_data(doc, policy),
+                              f"<golden {doc['workload']['name']}>")
     cluster = Cluster(scenario, fast_forward=fast_forward)
     replica = cluster.replicas[0]
     replica.plans = []
@@ -175,11 +184,15 @@ def _diff(want: list[tuple[int, int]], got: list[tuple[int, int]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("fixtures", nargs="+", type=Path)
+    parser.add_argument("--policy", choices=["vllm_engine"],
+                        help="replay vLLM fixtures with the installed vLLM's own scheduler")
     args = parser.parse_args(argv)
     bad = 0
     for path in args.fixtures:
         doc = read_fixture(path)
-        problem = first_divergence(doc, replay(doc))
+        if args.policy and doc["engine"] != "vllm":
+            continue
+        problem = first_divergence(doc, replay(doc, policy=args.policy))
         n = len(engine_steps(doc))
         print(problem or f"{doc['engine']}-{doc['engine_version']} {doc['workload']['name']}: "
                          f"identical ({n} steps, {len(doc['requests'])} requests)")
