@@ -75,7 +75,8 @@ class Cluster:
             extra = {"stage_layers": [len(layers) for layers in
                                       cfg.parallelism.stage_layers(model.num_layers)],
                      "num_in_flight": num_in_flight,
-                     "placeholders": scheduler.output_placeholders}
+                     "placeholders": scheduler.output_placeholders,
+                     "stale_delivered": scheduler.delivers_stale_tokens}
         replica = kind(self.env, len(self.replicas), scheduler, latency, state,
                        horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
                        quiet_until=self._next_arrival if pool == "colocated" else None,

@@ -38,7 +38,8 @@ class PipelinedReplica(Replica):
     batch queue keeps them. `stage_layers` holds each stage's number of layers."""
 
     def __init__(self, *args: Any, stage_layers: Sequence[int], num_in_flight: int | None = None,
-                 placeholders: bool = False, **kwargs: Any) -> None:
+                 placeholders: bool = False, stale_delivered: bool = False, **kwargs: Any
+                 ) -> None:
         super().__init__(*args, **kwargs)
         self.num_stages = len(stage_layers)
         # Iterations in flight at most: one per stage, or more where the engine schedules
@@ -47,6 +48,7 @@ class PipelinedReplica(Replica):
         # Async scheduling: a request's token in flight is an output placeholder, and the
         # request may be scheduled again at once (`ReplicaState.start`).
         self.placeholders = placeholders
+        self.stale_delivered = stale_delivered  # `ReplicaState.complete`
         # Each stage's share of a pass; None where the layers divide evenly (T / P each, the
         # same floats as before uneven splits were modelled).
         num_layers = sum(stage_layers)
@@ -137,7 +139,7 @@ class PipelinedReplica(Replica):
             iteration = self._log(it)
             assert it.in_flight is not None
             done, sampled = self.state.complete(it.in_flight, it.end_s,
-                                                stale_delivered=self.placeholders)
+                                                stale_delivered=self.stale_delivered)
             self.log.add_sampled(iteration, sampled)
             self.scheduler.iteration_ended(it.plan)
             self._left_running(done)

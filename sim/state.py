@@ -238,6 +238,9 @@ class ReplicaState:
             req.num_in_flight_tokens -= num_tokens
             if samples == PLACEHOLDER:  # counted when sent: its time is now
                 req.num_placeholders -= 1
+                if req.num_preemptions != num_preemptions and not stale_delivered:
+                    self._take_back(req)  # preempted since: the engine drops it
+                    continue
                 sampled.append(req.request_id)
                 continue
             if not samples:
@@ -255,6 +258,20 @@ class ReplicaState:
         if done:
             self._leave(done, end_s)
         return done, sampled
+
+    def _take_back(self, req: Request) -> None:
+        """An output counted when its iteration was sent never comes: `req` was preempted."""
+        req.num_output_tokens -= 1
+        if req.status is Status.RUNNING:
+            self.num_running_tokens -= 1
+            # Admitted again meanwhile, its recompute took that token as input: the token is
+            # sampled again, its KV slot computed again (as recomputed work).
+            last = req.num_prompt_tokens + req.num_output_tokens - 1
+            if req.num_computed_tokens > last:
+                req.num_recomputed_tokens += req.num_computed_tokens - last
+                req.num_computed_tokens = last
+        elif req.status is Status.WAITING:
+            self.num_waiting_tokens -= 1
 
     def _deliver_stale(self, req: Request, end_s: float, done: list[Request]) -> None:
         """A token sampled before `req` was preempted comes back: it joins its output (one
@@ -286,11 +303,7 @@ class ReplicaState:
                 req.num_recomputed_tokens -= num_tokens
             if samples == PLACEHOLDER:  # never sampled after all
                 req.num_placeholders -= 1
-                req.num_output_tokens -= 1
-                if req.status is Status.RUNNING:
-                    self.num_running_tokens -= 1
-                elif req.status is Status.WAITING:
-                    self.num_waiting_tokens -= 1
+                self._take_back(req)
             if first:  # never scheduled in an iteration that ran
                 req.first_scheduled_s = None
         # A placeholder taken back can leave a request short of its prompt again.

@@ -246,7 +246,8 @@ PREEMPT_THEN_STRETCH = {
     "cluster": {
         **{pool: {"replicas": 2, "replica": {
             "scheduler": {"name": "sglang", "chunked_prefill_size": 14, "max_num_seqs": 31,
-                          "mixed_chunk": True, "decode_reserve_tokens": 8},
+                          "mixed_chunk": True, "decode_reserve_tokens": 8,
+                          "overlap_schedule": False},  # (stretches: the synchronous loop)
             "latency": {"kind": "roofline",
                         "noise": {"kind": "lognormal", "sigma": 0.1, "correlation": 0.8}},
             "kv_cache": {"block_size": 16, "num_blocks": 28}, "prefix_caching": True}}
@@ -374,7 +375,7 @@ def test_a_commit_counts_blocks_batch_sizes_and_finishes_request_by_request():
 @pytest.mark.parametrize("scheduler", [{"name": "chunked_prefill", "token_budget": 256},
                                        # (stretches: the synchronous engine's fast path)
                                        {"name": "vllm_v1", "async_scheduling": False},
-                                       {"name": "sglang"},
+                                       {"name": "sglang", "overlap_schedule": False},
                                        {"name": "prefill_first"}, {"name": "new_policy"}])
 @pytest.mark.parametrize("decode", [
     {"max_num_seqs": 64, "num_blocks": 2000},  # room: admissions rarely change a plan
@@ -603,8 +604,9 @@ def test_a_stretch_with_a_prompt_in_chunks_commits_as_stepping():
     {"name": "chunked_prefill", "token_budget": 256, "chunk_size": 96, "min_chunk_tokens": 32},
     {"name": "vllm_v1", "max_num_batched_tokens": 256, "long_prefill_token_threshold": 80,
      "async_scheduling": False},  # (stretches: the synchronous engine's fast path)
-    {"name": "sglang", "chunked_prefill_size": 128, "mixed_chunk": True},
-    {"name": "sglang", "chunked_prefill_size": 128},
+    {"name": "sglang", "chunked_prefill_size": 128, "mixed_chunk": True,
+     "overlap_schedule": False},
+    {"name": "sglang", "chunked_prefill_size": 128, "overlap_schedule": False},
     {"name": "new_policy"},
 ], ids=["chunked", "chunk_size", "vllm_v1", "sglang_mixed", "sglang", "new_policy"])
 @pytest.mark.parametrize("num_blocks", [2000, 140], ids=["room", "tight"])

@@ -75,6 +75,10 @@ class Scheduler(ABC):
         (vLLM's async scheduling: an output placeholder), rather than wait for it."""
         return False
 
+    # Whether a token sampled before its request was preempted still joins its output when
+    # its iteration ends (vLLM: "still delivered"), rather than being dropped (SGLang).
+    delivers_stale_tokens: ClassVar[bool] = False
+
     def iteration_ended(self, plan: Plan) -> None:  # noqa: B027  (a hook: most need none)
         """The iteration of `plan` has ended and its outcome is committed to the state (a
         policy wrapping an engine's scheduler feeds the engine its output here)."""

@@ -49,6 +49,9 @@ class SGLangConfig(SchedulerConfig):
         description=("None: SGLang's own admission (PrefillAdder: budget remainders, the "
                      "in-order check, the full-batch latch); an integer: admit while the "
                      "chunk fits beside that many future tokens per running request"))
+    overlap_schedule: bool = Field(
+        True, description=("SGLang's default event loop (off: --disable-overlap-schedule): the "
+                           "next batch decided while one runs, two in flight; one stage only"))
     mixed_chunk: bool = Field(
         False,
         description=("--enable-mixed-chunk: running decodes join each prefill batch, one token "
@@ -111,11 +114,19 @@ class SGLang(Scheduler):
        outputs and longest prompt instead). If nothing at all can run while requests hold KV
        (only with `decode_reserve_tokens` set), the newest running request is preempted.
 
+    10. The overlap event loop (`event_loop_overlap`, SGLang's default; `overlap_schedule`):
+       batch k is decided right after k-1 is launched and runs after it (two in flight,
+       `sim.pipeline`); a decode follows its prefill at once with a future token (an output
+       placeholder here); a request whose last token is in flight is left out of the next
+       decode batch (`_reqs_finishing_inflight`) but still counts in admission; admission
+       reads outputs one token behind for requests in flight (`sglang_admission._outputs`);
+       a retracted request's token in flight is dropped.
+
     Not modelled: `--prefill-decode-interval` (default 0), pages other than SGLang's default
-    of 1 token, priorities, the overlap event loop (SGLang's default), the radix cache's
-    eviction by whole tree node, `retract_decode`'s choice and order (with the in-order
-    admission check and outputs below 4096 tokens SGLang never retracts), requests without
-    `ignore_eos` (their `new_token_ratio` estimate: here every output length is known).
+    of 1 token, priorities, the radix cache's eviction by whole tree node, `retract_decode`'s
+    choice and order (with the in-order admission check and outputs below 4096 tokens SGLang
+    never retracts), requests without `ignore_eos` (their `new_token_ratio` estimate: here
+    every output length is known).
     """
 
     Config = SGLangConfig
@@ -127,6 +138,18 @@ class SGLang(Scheduler):
         # `running_batch.batch_is_full`: the ids running when a pass found no room (or the
         # request cap), and those joining since; None while not latched.
         self._full: set[int] | None = None
+
+    def num_batches_in_flight(self, pipeline_size: int) -> int:
+        # The overlap loop (`event_loop_overlap`): batch k is decided when k-1 is launched and
+        # runs after it; a pipeline keeps SGLang's stages in flight instead.
+        if self.config.overlap_schedule and pipeline_size == 1:
+            return 2
+        return pipeline_size
+
+    @property
+    def output_placeholders(self) -> bool:
+        # The next decode is scheduled with a future token (`FutureMap`) while one runs.
+        return self.config.overlap_schedule
 
     def capacity_reason(self, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
         reason = super().capacity_reason(kv, num_kv_tokens)

@@ -72,8 +72,8 @@ class PrefillAdder:
         self.free = kv.num_free_blocks * kv.block_size  # available + evictable, read once
         # A prefill replica of a disaggregated cluster computes each request's first token.
         self.prefill_only = state.prefill_only
-        self.total_offset = sum(min(self._target(r) - r.num_output_tokens,
-                                    CLIP_MAX_NEW_TOKENS) for r in self.decoding)
+        self.total_offset = sum(min(self._target(r) - _outputs(r), CLIP_MAX_NEW_TOKENS)
+                                for r in self.decoding)
         self.current_offset = 0
         self.can_run: list[Request] = []
         self.req_states: list[tuple[int, int]] | None = None
@@ -137,7 +137,7 @@ class PrefillAdder:
             if not self._everyone_finishes(req, paged_input):
                 return "no_token"
         else:
-            left = min(max(self._target(req) - req.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
+            left = min(max(self._target(req) - _outputs(req), 0), CLIP_MAX_NEW_TOKENS)
             locked = kv.unused_prefix_tokens(req)
             if not self._paged(extend) + left + self.page < self.free - locked - self.total_offset:
                 return "no_token"
@@ -165,8 +165,9 @@ class PrefillAdder:
         """The in-order check of `add_one_req_ignore_eos`: `req` and everyone running or taken
         this pass, by outputs left, can each finish with one token a step for those after."""
         def state_of(r: Request) -> tuple[int, int] | None:
-            left = self._target(r) - r.num_output_tokens
-            return (left, r.num_tokens) if left > 0 else None
+            out = _outputs(r)
+            left = self._target(r) - out
+            return (left, r.num_prompt_tokens + out) if left > 0 else None
 
         states = self.req_states
         if states is None:
@@ -191,6 +192,12 @@ class PrefillAdder:
                 return False
             freed += occupied
         return True
+
+
+def _outputs(req: Request) -> int:
+    """`len(req.output_ids)` as SGLang reads it: with the overlap loop, a token still in
+    flight (a placeholder here) is not there yet, so each such request reserves one more."""
+    return req.num_output_tokens - req.num_placeholders
 
 
 def left_running(latched: set[int], state: ReplicaState) -> bool:

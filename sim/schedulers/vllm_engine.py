@@ -29,6 +29,7 @@ from sim.errors import invalid
 from sim.plan import Plan
 from sim.request import Request
 from sim.schedulers.base import SCHEDULERS, Scheduler, SchedulerConfig
+from sim.schedulers.vllm_v1 import unchunked_reason
 from sim.state import ReplicaState
 
 _VOCAB = 32_000
@@ -72,6 +73,7 @@ class VllmEngine(Scheduler):
     Config = VllmEngineConfig
     config: VllmEngineConfig
     num_null_blocks = 1
+    delivers_stale_tokens = True  # `update_from_output`: "still delivered on return"
     allows_stretches = False  # vLLM must see every iteration end
 
     def __init__(self, config: VllmEngineConfig, *, max_model_len: int | None = None) -> None:
@@ -82,12 +84,9 @@ class VllmEngine(Scheduler):
         self._preempted: list[str] = []
 
     def capacity_reason(self, kv: Any, num_kv_tokens: int) -> str | None:
-        reason = super().capacity_reason(kv, num_kv_tokens)
-        budget = self.config.max_num_batched_tokens
-        if reason is None and not self.config.enable_chunked_prefill and num_kv_tokens > budget:
-            reason = (f"max_num_batched_tokens: needs {num_kv_tokens} tokens in one prefill, "
-                      f"max_num_batched_tokens is {budget} and chunked prefill is off")
-        return reason
+        return super().capacity_reason(kv, num_kv_tokens) or unchunked_reason(
+            self.config.enable_chunked_prefill, self.config.max_num_batched_tokens,
+            num_kv_tokens)
 
     def num_batches_in_flight(self, pipeline_size: int) -> int:
         return max(2, pipeline_size) if self.config.async_scheduling else pipeline_size

@@ -61,9 +61,33 @@ Each rule, and where it comes from (vLLM files as read on vLLM's main branch; "d
    tokens but they are not finished yet", `continue`), as `_chunk` gives 0 here; a step that
    schedules nothing while iterations are in flight just waits for them.
 
-Not modelled: speculative decoding and lookahead slots, encoder inputs, async scheduling, the
-priority policy, KV connectors, structured output, LoRA limits, Mamba or deterministic-caching
-chunk alignment, the running pass's max_model_len cap (such requests are rejected on arrival).
+Release by release (`engine_version`; `ENGINE_VERSIONS` below; the golden schedules under
+`tests/golden/vllm-<version>/` check each against that release's own scheduler code):
+11. 0.33.0: `long_prefill_token_threshold` is not applied while one request at most is
+   running or waiting (`schedule`, ~753-763: "When it is the only request there is nobody to
+   starve"); 0.15.1 always applies it.
+12. 0.33.0: `scheduler_reserve_full_isl` (default on): a waiting request is admitted only if
+   blocks for all its known tokens beyond its prefix hit are free, not just its first chunk's
+   (`KVCacheManager.allocate_slots(full_sequence_must_fit=...)`).
+13. The null block: `BlockPool` takes one of `num_gpu_blocks` as a null block, never allocated;
+   `kv_cache.num_blocks` is vLLM's `num_gpu_blocks`, one fewer usable (`num_null_blocks`).
+14. Async scheduling (`async_scheduling`, both releases' default: `VllmConfig.__post_init__`
+   resolves None to on with the uni or mp executor, off on a pipeline): the engine keeps two
+   iterations in flight (`step_with_batch_queue`, `max_concurrent_batches` 2), scheduling the
+   next as soon as one is sent; a request's token in flight is an output placeholder
+   (`AsyncScheduler._update_after_schedule`), so its next decode is scheduled at once, except
+   past its `max_tokens` ("Avoid scheduling an extra step"). A request arriving during
+   iteration k first runs in k+2. `sim.pipeline` runs it; `ReplicaState.start` counts.
+15. The prefix cache works block by block, each release's free-queue order its own
+   (`sim.block_cache`: 0.33.0 reuses uncached free blocks first, 0.15.1 in freeing order).
+16. Async, a request preempted with a token in flight still gets it when its iteration ends
+   (`update_from_output`: "still delivered on return"), and may finish from the queue.
+
+Not modelled: speculative decoding and lookahead slots, encoder inputs, the priority policy,
+KV connectors, structured output, LoRA limits, Mamba or deterministic-caching chunk alignment,
+the running pass's max_model_len cap (such requests are rejected on arrival), 0.33.0's skip of
+a waiting request whose stale output is still in flight (it drains before the next plan in
+every golden workload), a watermark, prefill throttling (off by default).
 """
 
 from __future__ import annotations
@@ -228,6 +252,15 @@ class VllmV1Config(SchedulerConfig):
         return self
 
 
+def unchunked_reason(chunking: bool, budget: int, num_kv_tokens: int) -> str | None:
+    """Rule 6: without chunking a prefill, or a recompute after preemption, is one iteration:
+    a request needing more than the budget never runs."""
+    if chunking or num_kv_tokens <= budget:
+        return None
+    return (f"max_num_batched_tokens: needs {num_kv_tokens} tokens in one prefill, "
+            f"max_num_batched_tokens is {budget} and chunked prefill is off")
+
+
 @SCHEDULERS.register("vllm_v1")
 class VllmV1(Scheduler):
     """vLLM v1's policy (rules in the module docstring): running requests catch up first, in
@@ -237,6 +270,7 @@ class VllmV1(Scheduler):
     Config = VllmV1Config
     config: VllmV1Config
     num_null_blocks = 1  # rule 13: `BlockPool` takes block 0 as its null block
+    delivers_stale_tokens = True  # rule 16: `update_from_output`, "still delivered on return"
 
     def __init__(self, config: VllmV1Config, *, max_model_len: int | None = None) -> None:
         super().__init__(config, max_model_len=max_model_len)
@@ -255,13 +289,9 @@ class VllmV1(Scheduler):
         return bool(self.config.async_scheduling)
 
     def capacity_reason(self, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
-        reason = super().capacity_reason(kv, num_kv_tokens)
-        budget = self.config.max_num_batched_tokens
-        # Rule 6: without chunking a prefill, or a recompute after preemption, is one iteration.
-        if reason is None and not self.config.enable_chunked_prefill and num_kv_tokens > budget:
-            reason = (f"max_num_batched_tokens: needs {num_kv_tokens} tokens in one prefill, "
-                      f"max_num_batched_tokens is {budget} and chunked prefill is off")
-        return reason
+        return super().capacity_reason(kv, num_kv_tokens) or unchunked_reason(
+            self.config.enable_chunked_prefill, self.config.max_num_batched_tokens,
+            num_kv_tokens)
 
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
         plan = self._step(state)
