@@ -44,7 +44,8 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
         prefix_caching = s["enable_prefix_caching"]
     else:
         scheduler = {"name": "sglang", "chunked_prefill_size": s["chunked_prefill_size"],
-                     "max_num_seqs": s["max_running_requests"]}
+                     "max_num_seqs": s["max_running_requests"],
+                     "overlap_schedule": not s["disable_overlap_schedule"]}
         prefix_caching = not s["disable_radix_cache"]
     step = w["step_time"]
     return {

@@ -89,11 +89,16 @@ def sglang_workloads() -> list[Workload]:
         _sglang("overlap_kv_starved", 114,
                 _requests(rng(114), 60, 20.0, (128, 768), (32, 256)),
                 num_gpu_blocks=3000, disable_overlap_schedule=False),
-        # A small pool and small chunks: retract_decode under the overlap loop, and the
-        # "kv full but a queued result frees finishing requests: skip this decode" path.
+        # A small pool and small chunks: continuing chunks taking KV beyond the reservations
+        # with one result in flight (as recorded, no request is retracted).
         _sglang("overlap_kv_starved_chunked", 118,
                 _requests(rng(118), 60, 20.0, (128, 1024), (32, 256)),
                 num_gpu_blocks=3000, chunked_prefill_size=256, disable_overlap_schedule=False),
+        # max_running_requests binding: a request finishing in flight still holds its slot
+        # when the next batch is scheduled.
+        _sglang("overlap_max_running_requests", 115,
+                _requests(rng(115), 60, 10.0, (64, 512), (16, 128)),
+                max_running_requests=6, disable_overlap_schedule=False),
     ]
 
 
