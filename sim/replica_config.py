@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SerializeAsAny, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from sim.config_base import Frozen, changed_fields, dispatch
 from sim.errors import invalid
@@ -164,7 +164,11 @@ class ReplicaConfig(Frozen):
             par, "pipeline", 1)
         if not isinstance(name, str) or name not in SCHEDULERS or type(pipeline) is not int:
             return data  # reported by the fields' own validators
-        scheduler = SCHEDULERS.get(name).Config.for_pipeline(data["scheduler"], pipeline)
+        try:
+            scheduler = SCHEDULERS.get(name).Config.for_pipeline(data["scheduler"], pipeline)
+        except ValidationError as exc:  # located within the scheduler's settings
+            raise invalid(*[(".".join(["scheduler", *map(str, e["loc"])]), e["input"], e["msg"])
+                            for e in exc.errors()]) from None
         return {**data, "scheduler": scheduler}
 
     @field_validator("latency", mode="before")

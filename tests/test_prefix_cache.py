@@ -275,3 +275,29 @@ def test_admitting_a_transferred_request_is_each_policys_own_decision():
         arriving.num_computed_tokens, arriving.num_output_tokens = 64, 1
         assert scheduler.admit_transfer(state, arriving) is admitted
         assert state.kv.num_held_blocks(1) == (4 if admitted else 0)
+
+
+@pytest.mark.parametrize("order", ["lru_block", "fifo_block"])
+def test_vllm_free_queue_orders(order):
+    """vLLM 0.33.0 (`lru_block`) reuses a freed block that holds no cached prefix before any
+    cached one; 0.15.1 (`fifo_block`) takes free blocks in the order they were freed, cached or
+    not. 6 blocks of 16: A caches 2 full blocks and frees them and its partial third; B (one
+    block of its own, uncached: 8 tokens) frees after A; three blocks are then wanted."""
+    state = cached_state(num_blocks=6, eviction=order)
+    kv = state.kv
+    a = hashed(0, prompt=40, output=1, ids=(1, 2, 3), unit=16)  # blocks 0, 1 full; 2 partial
+    serve(state, a)
+    b = hashed(1, prompt=8, output=1, ids=(9,), unit=16)
+    serve(state, b)
+    assert kv.num_cached_blocks == 2 and kv.num_free_blocks == 6
+    # Never-used blocks come first in both: 2 of the 6 were never used.
+    c = hashed(2, prompt=80, output=1, ids=(7, 7, 7, 7, 7), unit=16)
+    state.add(c)
+    assert kv.try_allocate(c, 64)  # 4 blocks: the 2 never used, then two freed
+    # 0.33.0 takes the two freed uncached blocks (A's partial, B's): A's prefix stays whole;
+    # 0.15.1 takes the first two freed: A's partial, then its block 1 (freed tail first),
+    # evicting it.
+    hit = kv.prefix_hit_tokens(hashed(3, prompt=60, output=1, ids=(1, 2, 3, 4), unit=16))
+    assert hit == (32 if order == "lru_block" else 16)
+    assert kv.num_evicted_blocks == (0 if order == "lru_block" else 1)
+    kv.check()

@@ -255,3 +255,48 @@ def test_bad_settings_are_one_line_input_errors():
     with pytest.raises(InputError, match="min_chunk_tokens"):
         parse_scenario(scenario({"max_num_batched_tokens": 256, "min_chunk_tokens": 300}, 0),
                        "test")
+
+
+def test_engine_versions_spell_out_their_defaults_and_unknown_ones_are_refused():
+    old = VllmV1Config(name="vllm_v1")  # 0.15.1, the release the public H100 runs used
+    new = VllmV1Config(name="vllm_v1", engine_version="0.33.0")
+    assert (old.engine_version, old.async_scheduling, old.scheduler_reserve_full_isl) == (
+        "0.15.1", True, False)
+    assert (new.async_scheduling, new.scheduler_reserve_full_isl) == (True, True)
+    assert VllmV1Config(name="vllm_v1", async_scheduling=False).async_scheduling is False
+    with pytest.raises(ValidationError, match=r"unknown vLLM version; known: 0\.15\.1, 0\.33\.0"):
+        VllmV1Config(name="vllm_v1", engine_version="0.20.0")
+    with pytest.raises(ValidationError, match="has no such setting"):
+        VllmV1Config(name="vllm_v1", scheduler_reserve_full_isl=True)
+
+
+def test_async_scheduling_resolves_off_on_a_pipeline_and_is_refused_there():
+    replica = {"model": "tiny", "latency": {"kind": "constant"},
+               "parallelism": {"pipeline": 2}, "scheduler": {"name": "vllm_v1"}}
+    base = {"workload": {"format": "synthetic", "num_requests": 1,
+                         "arrivals": {"process": "poisson", "qps": 1.0},
+                         "lengths": {"prompt": {"dist": "fixed", "value": 8},
+                                     "output": {"dist": "fixed", "value": 2}}}}
+    scenario = parse_scenario({**base, "replica": replica}, "s.yaml")
+    assert scenario.replica.scheduler.async_scheduling is False
+    replica["scheduler"] = {"name": "vllm_v1", "async_scheduling": True}
+    with pytest.raises(InputError, match=r"replica\.scheduler\.async_scheduling=True: .*pipeline"):
+        parse_scenario({**base, "replica": replica}, "s.yaml")
+
+
+def test_the_null_block_is_never_allocated():
+    """vLLM's `BlockPool` keeps one of `num_gpu_blocks` as its null block: 4 blocks of 16 hold
+    a 48-token request, not a 64-token one."""
+    def run_one(prompt: int, num_blocks: int):
+        return run_scenario(parse_scenario({
+            "workload": {"format": "synthetic", "num_requests": 1,
+                         "arrivals": {"process": "poisson", "qps": 1.0},
+                         "lengths": {"prompt": {"dist": "fixed", "value": prompt},
+                                     "output": {"dist": "fixed", "value": 1}}},
+            "replica": {"model": "tiny", "latency": {"kind": "constant"},
+                        "scheduler": {"name": "vllm_v1"},
+                        "kv_cache": {"block_size": 16, "num_blocks": num_blocks}}}, "s.yaml"))
+    assert run_one(48, 4).requests["status"].tolist() == ["finished"]
+    assert run_one(64, 4).requests["reason"].str.startswith("kv_capacity").all()
+    with pytest.raises(InputError, match="null block"):
+        run_one(8, 1)
