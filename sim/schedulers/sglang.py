@@ -32,6 +32,9 @@ from sim.schedulers.base import (
 from sim.schedulers.sglang_admission import PrefillAdder, left_running
 from sim.state import ReplicaState
 
+# Releases checked by the golden schedules (`tests/golden/sglang-<version>/`).
+SGLANG_VERSIONS = ("0.5.23",)
+
 
 class SGLangConfig(SchedulerConfig):
     """SGLang's server arguments that shape scheduling. `max_running_requests` (SGLang's name) is
@@ -49,6 +52,9 @@ class SGLangConfig(SchedulerConfig):
         description=("None: SGLang's own admission (PrefillAdder: budget remainders, the "
                      "in-order check, the full-batch latch); an integer: admit while the "
                      "chunk fits beside that many future tokens per running request"))
+    engine_version: str = Field(
+        "0.5.23", description=("SGLang release whose rules and defaults apply: 0.5.23 "
+                               "(overlap_schedule on)"))
     overlap_schedule: bool = Field(
         True, description=("SGLang's default event loop (off: --disable-overlap-schedule): the "
                            "next batch decided while one runs, two in flight; one stage only"))
@@ -71,6 +77,13 @@ class SGLangConfig(SchedulerConfig):
             raise invalid(("max_running_requests", value, "is SGLang's name for max_num_seqs "
                            f"({data['max_num_seqs']}): give one of them"))
         return data
+
+    @model_validator(mode="after")
+    def _known_version(self) -> SGLangConfig:
+        if self.engine_version not in SGLANG_VERSIONS:
+            raise invalid(("engine_version", self.engine_version,
+                           f"unknown SGLang version; known: {', '.join(SGLANG_VERSIONS)}"))
+        return self
 
     @property
     def max_running_requests(self) -> int:

@@ -43,7 +43,8 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
             "async_scheduling": s["async_scheduling"]}
         prefix_caching = s["enable_prefix_caching"]
     else:
-        scheduler = {"name": "sglang", "chunked_prefill_size": s["chunked_prefill_size"],
+        scheduler = {"name": "sglang", "engine_version": doc["engine_version"],
+                     "chunked_prefill_size": s["chunked_prefill_size"],
                      "max_num_seqs": s["max_running_requests"],
                      "overlap_schedule": not s["disable_overlap_schedule"]}
         prefix_caching = not s["disable_radix_cache"]
