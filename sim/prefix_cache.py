@@ -22,7 +22,9 @@ What is modelled (rule, and where it comes from):
   sooner than this).
 - Eviction `lru_block` (vLLM v1 `FreeKVCacheBlockQueue`): the unit released longest ago goes
   first; a request releases its units tail first (vLLM frees blocks in reverse order).
-- Eviction `lru_leaf` (SGLang `RadixCache.evict`): only leaves go, least recently used first;
+- Eviction `lru_leaf` (SGLang `RadixCache.evict`): only leaf nodes go, least recently used
+  first, each whole: a node ends where an insertion ended (a chunk, a request's end), where
+  paths diverge, or where a match ended (`_split_node`);
   a unit is used when a request takes it, caches it or releases it (SGLang's insertion at a
   request's end touches its whole path). Lookups alone touch nothing, so a router or a blocked
   queue head asking again and again does not keep a prefix alive.
@@ -50,7 +52,7 @@ Eviction = Literal["lru_block", "fifo_block", "lru_leaf"]
 class Unit:
     """One cached unit: `num_blocks` KV blocks holding tokens of one prefix block."""
 
-    __slots__ = ("children", "key", "last_use", "num_blocks", "parent", "num_users")
+    __slots__ = ("children", "end", "key", "last_use", "num_blocks", "parent", "num_users")
 
     def __init__(self, key: int, parent: Unit | None, num_blocks: int) -> None:
         self.key = key
@@ -59,6 +61,10 @@ class Unit:
         self.num_blocks = num_blocks
         self.num_users = 0  # running requests sharing it; 0: evictable
         self.last_use = 0
+        # The last unit of a radix-tree node (SGLang, `lru_leaf`): an insertion ended here, or
+        # paths diverge after it, or a match ended at it (`_split_node`). Eviction takes a
+        # leaf node whole: units up to the last one of the node above.
+        self.end = False
 
 
 class PrefixCachingKVManager(KVCacheManager):
@@ -134,6 +140,7 @@ class PrefixCachingKVManager(KVCacheManager):
             return False
         if hit:
             self._units[rid] = hit
+            hit[-1].end = True  # a match ending inside a node splits it there
             for unit in hit:
                 self._use(unit)
             self._held[rid] = self._held.get(rid, 0) + num_cached_tokens // self.block_size
@@ -183,6 +190,8 @@ class PrefixCachingKVManager(KVCacheManager):
             num_blocks = self._unit_blocks(req, index)
             if unit is None:
                 unit = Unit(key, parent, num_blocks)
+                if parent.children:  # a second path from here: the node above ends here
+                    parent.end = True
                 parent.children[key] = unit
                 self._num_cached_blocks += num_blocks
                 unit.num_users = 1
@@ -192,6 +201,7 @@ class PrefixCachingKVManager(KVCacheManager):
                 self.num_free_blocks += num_blocks
             units.append(unit)
             parent = unit
+        parent.end = True  # an insertion ends here (SGLang: `cache_unfinished_req`, `insert`)
 
     def _touch(self, unit: Unit) -> None:
         self._clock += 1
@@ -238,6 +248,19 @@ class PrefixCachingKVManager(KVCacheManager):
                 if (not unit.num_users and not unit.children and last_use == unit.last_use
                         and unit.parent is not None):
                     break
+        while True:
+            parent = self._drop(unit)
+            # lru_leaf: the rest of the leaf's node goes with it.
+            if (self.eviction != "lru_leaf" or parent is self.root or parent.end
+                    or parent.children or parent.num_users):
+                break
+            unit = parent
+        if (self.eviction == "lru_leaf" and not parent.children and not parent.num_users
+                and parent is not self.root):
+            self._push_leaf(parent)
+
+    def _drop(self, unit: Unit) -> Unit:
+        """Evict one unused, childless unit; return its parent."""
         parent = unit.parent
         assert parent is not None
         if parent.children.get(unit.key) is unit:
@@ -246,9 +269,7 @@ class PrefixCachingKVManager(KVCacheManager):
         self._num_cached_blocks -= unit.num_blocks
         self._num_evictable_blocks -= unit.num_blocks
         self.num_evicted_blocks += unit.num_blocks
-        if (self.eviction == "lru_leaf" and not parent.children and not parent.num_users
-                and parent is not self.root):
-            self._push_leaf(parent)
+        return parent
 
     # -- checks ---------------------------------------------------------------------------
 

@@ -24,9 +24,9 @@ FIXTURES = sorted(GOLDEN.glob("*/*.json.gz"))
 # Fixtures servesim does not reproduce yet, and the engine rule that explains it. Strict: a
 # fix that makes one identical fails here until it is taken off this list.
 KNOWN_DIFFERENCES: dict[str, str] = {
-    "sglang-0.5.23/prefix_kv_starved": "SGLang's radix cache evicts whole tree nodes (a "
-                                       "request's unshared tail at once), servesim's by "
-                                       "prefix unit (issue 42, rule 6)",
+    "sglang-0.5.23/prefix_kv_starved": "SGLang's radix cache under eviction: from step 305, "
+                                       "servesim keeps 337 tokens of a prefix SGLang "
+                                       "evicted (its nodes' access times, issue 42 rule 6)",
 }
 
 

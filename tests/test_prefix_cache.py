@@ -119,17 +119,30 @@ def test_an_evicted_prefix_is_computed_and_cached_again():
     assert kv.prefix_hit_tokens(hashed(3, prompt=100, output=1, ids=(1, 2, 4))) == 64
 
 
-def test_lru_leaf_evicts_only_leaves_least_recently_used_first():
+def test_lru_leaf_evicts_whole_leaf_nodes_least_recently_used_first():
+    """SGLang's radix tree evicts a leaf node whole: what one insertion added, up to where
+    paths diverge or another insertion or a match ended."""
     state = cached_state(num_blocks=8, eviction="lru_leaf")
     kv = state.kv
     serve(state, hashed(0, prompt=97, output=1, ids=(1, 2, 3, 4)))  # 1 -> 2 -> 3 (6 blocks)
     serve(state, hashed(1, prompt=33, output=1, ids=(5, 6)))  # 5 (2 blocks), used later
     req = hashed(2, prompt=40, output=1, ids=(7, 7))
     state.add(req)
-    assert kv.try_allocate(req, 40)  # 3 blocks: leaf 3 (oldest), then its parent 2
-    assert kv.num_evicted_blocks == 4
-    assert kv.prefix_hit_tokens(hashed(3, prompt=200, output=1, ids=(1, 2, 3, 4))) == 32
+    assert kv.try_allocate(req, 40)  # 3 blocks: the oldest leaf node, 1 -> 2 -> 3, whole
+    assert kv.num_evicted_blocks == 6
+    assert kv.prefix_hit_tokens(hashed(3, prompt=200, output=1, ids=(1, 2, 3, 4))) == 0
     assert kv.prefix_hit_tokens(hashed(4, prompt=200, output=1, ids=(5, 6))) == 32
+    kv.check()
+    # A path that diverges splits the node: evicting the new leaf leaves the shared part.
+    state = cached_state(num_blocks=8, eviction="lru_leaf")
+    kv = state.kv
+    serve(state, hashed(5, prompt=65, output=1, ids=(1, 2, 3)))  # 1 -> 2 (4 blocks)
+    serve(state, hashed(6, prompt=65, output=1, ids=(1, 8, 3)))  # hits 1; adds 8 (2 blocks)
+    req = hashed(7, prompt=48, output=1, ids=(9,))
+    state.add(req)
+    assert kv.try_allocate(req, 48)  # 3 blocks, 2 uncached: leaf 2 (older), not unit 1 too
+    assert kv.num_evicted_blocks == 2
+    assert kv.prefix_hit_tokens(hashed(8, prompt=200, output=1, ids=(1, 8))) == 64
     kv.check()
 
 

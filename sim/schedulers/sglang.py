@@ -136,7 +136,7 @@ class SGLang(Scheduler):
        a retracted request's token in flight is dropped.
 
     Not modelled: `--prefill-decode-interval` (default 0), pages other than SGLang's default
-    of 1 token, priorities, the radix cache's eviction by whole tree node, `retract_decode`'s
+    of 1 token, priorities, the radix cache's node access times exactly, `retract_decode`'s
     choice and order (with the in-order admission check and outputs below 4096 tokens SGLang
     never retracts), requests without `ignore_eos` (their `new_token_ratio` estimate: here
     every output length is known).
