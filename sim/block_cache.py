@@ -67,6 +67,10 @@ class BlockPrefixCache(KVCacheManager):
         self._num_front = num_blocks
         self._queue: OrderedDict[Block, None] = OrderedDict()
         self.num_evicted_blocks = 0
+        # Changes whenever a chain hash is cached or evicted: a match kept from before is
+        # stale (`_match_len`).
+        self._version = 0
+        self._memo: dict[int, tuple[int, int, int]] = {}
 
     # -- hashes ---------------------------------------------------------------------------
 
@@ -87,23 +91,35 @@ class BlockPrefixCache(KVCacheManager):
                 key = (j, -1, req.request_id)
             parent = hash((parent, key))
             hashes.append(parent)
-        return hashes[:num_blocks] if len(hashes) > num_blocks else hashes
+        return hashes  # (at least `num_blocks` long)
+
+    def _match_len(self, req: Request) -> int:
+        """How many blocks `req` (holding none) would reuse: the longest cached chain within
+        its first `num_tokens - 1` tokens. Kept until the cache changes (a queue head is
+        asked at every plan, and twice when admitted)."""
+        rid = req.request_id
+        if self._held.get(rid):
+            return 0
+        limit = (req.num_tokens - 1) // self.block_size
+        memo = self._memo.get(rid)
+        if memo is not None and memo[0] == self._version and memo[1] == limit:
+            return memo[2]
+        hashes = self._chain(req, limit)
+        cached = self._cached
+        n = 0
+        while n < limit and hashes[n] in cached:
+            n += 1
+        self._memo[rid] = (self._version, limit, n)
+        return n
 
     def _match(self, req: Request) -> list[Block]:
-        """The cached blocks `req` (holding none) would reuse: the longest cached chain within
-        its first `num_tokens - 1` tokens."""
-        if self._held.get(req.request_id):
-            return []
-        found = []
-        for block_hash in self._chain(req, (req.num_tokens - 1) // self.block_size):
-            copies = self._cached.get(block_hash)
-            if copies is None:
-                break
-            found.append(copies[0])
-        return found
+        """The cached blocks `req` would reuse (the oldest copy of each)."""
+        n = self._match_len(req)
+        cached = self._cached
+        return [cached[h][0] for h in self._hashes[req.request_id][:n]] if n else []
 
     def prefix_hit_tokens(self, req: Request) -> int:
-        return len(self._match(req)) * self.block_size
+        return self._match_len(req) * self.block_size
 
     def unused_prefix_tokens(self, req: Request) -> int:
         return sum(1 for b in self._match(req) if not b.ref_cnt) * self.block_size
@@ -114,13 +130,16 @@ class BlockPrefixCache(KVCacheManager):
                      num_cached_tokens: int = 0) -> bool:
         rid = req.request_id
         bs = self.block_size
-        hit: list[Block] = []
-        if num_cached_tokens:
-            hit = self._match(req)[:num_cached_tokens // bs]
-            assert len(hit) * bs == num_cached_tokens, "not a cached prefix"
+        num_hit = num_cached_tokens // bs
         computed = req.num_computed_tokens + num_cached_tokens
-        held = self._held.get(rid, 0) + len(hit)
+        held = self._held.get(rid, 0) + num_hit
         grow = max(0, cdiv(computed + num_new_tokens, bs) - held)
+        if grow + num_reserved_blocks > self.num_free_blocks:
+            return False  # (whatever its hit pins: a queue head asks at every plan)
+        hit: list[Block] = []
+        if num_hit:
+            hit = self._match(req)[:num_hit]
+            assert len(hit) * bs == num_cached_tokens, "not a cached prefix"
         # A hit block nobody uses is in the free queue: taking it leaves one free block less.
         pinned = sum(1 for b in hit if not b.ref_cnt)
         if grow + pinned + num_reserved_blocks > self.num_free_blocks:
@@ -168,6 +187,7 @@ class BlockPrefixCache(KVCacheManager):
                     self._queue[block] = None  # the back of the queue
         if req.num_output_tokens >= req.num_target_output_tokens:
             self._hashes.pop(rid, None)  # finished: it will not ask again
+            self._memo.pop(rid, None)
 
     def _cache(self, req: Request, num_tokens: int) -> None:
         """Cache `req`'s full blocks within its first `num_tokens` tokens."""
@@ -178,10 +198,16 @@ class BlockPrefixCache(KVCacheManager):
             return
         blocks = self._blocks[rid]
         hashes = self._chain(req, last)
+        cached = self._cached
         for j in range(done, last):
             block = blocks[j]
-            block.hash = hashes[j]
-            self._cached.setdefault(hashes[j], []).append(block)
+            block.hash = block_hash = hashes[j]
+            copies = cached.get(block_hash)
+            if copies is None:
+                cached[block_hash] = [block]
+                self._version += 1  # a new hash: a match may be longer now
+            else:
+                copies.append(block)
         self._num_hashed[rid] = last
 
     def _take(self, num_blocks: int) -> None:
@@ -199,6 +225,7 @@ class BlockPrefixCache(KVCacheManager):
                 copies.remove(block)
                 if not copies:
                     del self._cached[block.hash]
+                    self._version += 1  # a hash gone: a match may be shorter now
                 block.hash = None
                 self.num_evicted_blocks += 1
 
