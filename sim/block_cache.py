@@ -13,8 +13,10 @@ What is modelled, and where it comes from (vLLM v1, `vllm/v1/core/`, 0.15.1 and 
   (`KVCacheManager.get_computed_blocks`), for a request that holds nothing.
 - Caching: `allocate_slots` caches the full blocks the scheduled tokens fill
   (`cache_blocks(request, min(computed + new, num_tokens))`); here, the blocks full at each
-  allocation, and at free every full block of computed tokens (the decodes that complete a
-  block without allocating one are caught up then: only the request itself could hit them).
+  allocation of a prompt chunk (or a recompute), and at free every full block of computed
+  tokens: a decode's blocks are cached then, not as they fill (only the request itself, or a
+  later turn naming its answer while it still runs, could hit them sooner; the fast path
+  grows decodes' blocks without a call per iteration).
   A block computed while an equal one is cached stays a second copy (`_insert_block_hash`);
   a hit takes the oldest copy (`get_one_block`).
 - The free queue (`block_pool.py`, `FreeKVCacheBlockQueue`, `free_blocks`): it starts with
@@ -157,8 +159,13 @@ class BlockPrefixCache(KVCacheManager):
             self._take(grow)
             blocks.extend(Block(None, 1) for _ in range(grow))
         self._held[rid] = held + grow
-        # Up to the tokens known: outputs still in flight (async placeholders) are not.
-        self._cache(req, min(computed + num_new_tokens, req.num_tokens - req.num_placeholders))
+        # Up to the tokens known: outputs still in flight (async placeholders) are not. A
+        # decode's blocks are cached when it frees them, as the fast path (which grows a
+        # decode's blocks without asking) leaves them: only the request itself, or a later
+        # turn naming its answer while it still runs, could hit them before.
+        if num_new_tokens != 1 or not req.is_decoding:
+            self._cache(req, min(computed + num_new_tokens,
+                                 req.num_tokens - req.num_placeholders))
         return True
 
     def grow_blocks(self, request_id: int, num_blocks: int) -> None:

@@ -75,7 +75,10 @@ class Cluster:
             extra = {"stage_layers": [len(layers) for layers in
                                       cfg.parallelism.stage_layers(model.num_layers)],
                      "num_in_flight": num_in_flight,
-                     "placeholders": scheduler.output_placeholders,
+                     # Placeholders where the engine schedules ahead of its stages (async,
+                     # overlap); a plain pipeline waits for each token.
+                     "placeholders": (scheduler.output_placeholders
+                                      and num_in_flight > cfg.parallelism.pipeline),
                      "stale_delivered": scheduler.delivers_stale_tokens}
         replica = kind(self.env, len(self.replicas), scheduler, latency, state,
                        horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
