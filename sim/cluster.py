@@ -72,14 +72,14 @@ class Cluster:
         num_in_flight = scheduler.num_batches_in_flight(cfg.parallelism.pipeline)
         if num_in_flight > 1:  # a pipeline (stages as vLLM splits the layers), or async
             kind = PipelinedReplica
+            # Placeholders where the engine schedules ahead of its stages (async, overlap); a
+            # plain pipeline waits for each token. Stale tokens as the engine treats them,
+            # there only (checked by the golden schedules; a pipeline drops them).
+            ahead = scheduler.output_placeholders and num_in_flight > cfg.parallelism.pipeline
             extra = {"stage_layers": [len(layers) for layers in
                                       cfg.parallelism.stage_layers(model.num_layers)],
-                     "num_in_flight": num_in_flight,
-                     # Placeholders where the engine schedules ahead of its stages (async,
-                     # overlap); a plain pipeline waits for each token.
-                     "placeholders": (scheduler.output_placeholders
-                                      and num_in_flight > cfg.parallelism.pipeline),
-                     "stale_delivered": scheduler.delivers_stale_tokens}
+                     "num_in_flight": num_in_flight, "placeholders": ahead,
+                     "stale_delivered": ahead and scheduler.delivers_stale_tokens}
         replica = kind(self.env, len(self.replicas), scheduler, latency, state,
                        horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
                        quiet_until=self._next_arrival if pool == "colocated" else None,
