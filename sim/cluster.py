@@ -269,6 +269,6 @@ def blocks_beyond_memory(cfg: ReplicaConfig) -> str | None:
 def _manager(cfg: ReplicaConfig, num_blocks: int, eviction: Eviction) -> KVCacheManager:
     if cfg.prefix_caching and eviction in ("lru_block", "fifo_block"):  # vLLM's, by block
         return BlockPrefixCache(num_blocks, cfg.kv_cache.block_size, eviction)
-    if cfg.prefix_caching:
-        return PrefixCachingKVManager(num_blocks, cfg.kv_cache.block_size, eviction)
+    if cfg.prefix_caching:  # SGLang's radix cache
+        return PrefixCachingKVManager(num_blocks, cfg.kv_cache.block_size)
     return KVCacheManager(num_blocks, cfg.kv_cache.block_size)

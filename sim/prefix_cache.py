@@ -1,51 +1,42 @@
-"""Prefix caching: KV blocks of a shared prefix are computed once and shared by the requests
-that start with it, and kept after those requests end until their room is needed.
+"""SGLang's prefix cache (`sglang` policy): KV blocks of a shared prefix are computed once and
+shared by the requests that start with it, and kept after those requests end until their room
+is needed. (vLLM's, block by block, is `sim.block_cache`.)
 
 Requests name their prefix by `hash_ids`: id i stands for tokens [i * H, (i + 1) * H) (H =
 `hash_block_tokens`, 512 for Mooncake), and requests sharing leading ids share those tokens. The
-cache is a tree of such units (a unit's place in the tree is its whole prefix, as vLLM chains its
-block hashes and SGLang's radix tree keys a path). A unit owns the KV blocks whose last token it
-holds, so a hit is block-aligned, as vLLM's is.
+cache is a tree of such units (a unit's place in the tree is its whole prefix, as SGLang's radix
+tree keys a path). A unit owns the KV blocks whose last token it holds.
 
 What is modelled (rule, and where it comes from):
 - A hit skips computing those tokens; at least the last known token is always computed, to get
-  logits (vLLM v1 `KVCacheManager.get_computed_blocks`: `max_cache_hit_length = num_tokens - 1`).
-- Units are cached when allocated for prompt tokens (vLLM v1 `allocate_slots` caches the blocks
-  that the scheduled tokens fill), and a request's later units (its answer, where its ids cover
-  it) when it frees its blocks (SGLang `cache_finished_req`). Only full units are cached.
+  logits (SGLang's match leaves `len - 1` at most).
+- Units are cached when allocated for prompt tokens, and a request's later units (its answer,
+  where its ids cover it) when it frees its blocks (SGLang `cache_finished_req`). Only full
+  units are cached.
 - Cached blocks are shared, not duplicated: a request computing a unit already cached (computed
-  concurrently) takes the cached one and gives its own back (SGLang's radix `insert`; vLLM keeps
-  the duplicate until freed, a difference of a few blocks for a few iterations).
+  concurrently) takes the cached one and gives its own back (SGLang's radix `insert`).
 - Cached blocks nobody uses are free: they count in `num_free_blocks` and are evicted only when
-  an allocation finds no other free block (vLLM's free queue also reuses never-cached blocks
-  first; it does not tell a freed cached block from a freed uncached one, so it evicts a little
-  sooner than this).
-- Eviction `lru_block` (vLLM v1 `FreeKVCacheBlockQueue`): the unit released longest ago goes
-  first; a request releases its units tail first (vLLM frees blocks in reverse order).
-- Eviction `lru_leaf` (SGLang `RadixCache.evict`): only leaf nodes go, least recently used
-  first, each whole: a node ends where an insertion ended (a chunk, a request's end), where
-  paths diverge, or where a match ended (`_split_node`);
-  a unit is used when a request takes it, caches it or releases it (SGLang's insertion at a
-  request's end touches its whole path). Lookups alone touch nothing, so a router or a blocked
-  queue head asking again and again does not keep a prefix alive.
-  As a request only ever holds a unit with its whole prefix and releases tail first, a prefix's
-  head is always released after its tail: both rules then evict the same units, tails first.
-  The engines differ in what they cache (vLLM: full 16-token blocks; SGLang: every token), which
-  units of `hash_block_tokens` blur; a run's eviction counts tell how much the choice matters.
+  an allocation finds no other free block.
+- Eviction (SGLang `RadixCache.evict`): only leaf nodes go, least recently used first, each
+  whole: a node ends where an insertion ended (a chunk, a request's end), where paths diverge,
+  or where a match ended (`_split_node`); a unit is used when a request takes it, caches it or
+  releases it (SGLang's insertion at a request's end touches its whole path). Lookups alone
+  touch nothing, so a router or a blocked queue head asking again and again does not keep a
+  prefix alive (SGLang's `match_prefix` does touch: the golden schedules' `prefix_kv_starved`
+  still differs).
 Only block counts are tracked, never which physical block holds what.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 from typing import Literal
 
 from sim.kv_cache import KVCacheManager, cdiv
 from sim.request import Request
 
-# "lru_block" and "fifo_block": vLLM's free queue by release (`sim.block_cache`); "lru_leaf":
-# SGLang's radix cache (this module).
+# How a cache evicts: "lru_block" and "fifo_block", vLLM's free queue by release
+# (`sim.block_cache`); "lru_leaf", SGLang's radix cache (this module).
 Eviction = Literal["lru_block", "fifo_block", "lru_leaf"]
 
 
@@ -72,18 +63,17 @@ class PrefixCachingKVManager(KVCacheManager):
 
     caches_prefixes = True
 
-    def __init__(self, num_blocks: int, block_size: int, eviction: Eviction = "lru_block"
-                 ) -> None:
+    eviction = "lru_leaf"
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)
-        self.eviction = eviction
         self.root = Unit(-1, None, 0)
         # request id -> the units it shares, in order; its other held blocks are its own.
         self._units: dict[int, list[Unit]] = {}
         self._num_cached_blocks = 0  # blocks held by cached units, reachable or not
         self._num_evictable_blocks = 0  # of those, blocks of units nobody uses
-        self._lru: OrderedDict[Unit, None] = OrderedDict()  # lru_block: evictable, oldest first
-        self._leaves: list[tuple[int, int, Unit]] = []  # lru_leaf: (last_use, seq, unit) heap
-        self._clock = 0  # orders uses (lru_leaf) and heap entries
+        self._leaves: list[tuple[int, int, Unit]] = []  # evictable leaves: (last_use, seq, unit)
+        self._clock = 0  # orders uses and heap entries
         self.num_evicted_blocks = 0
 
     # -- lookups --------------------------------------------------------------------------
@@ -212,7 +202,6 @@ class PrefixCachingKVManager(KVCacheManager):
         if not unit.num_users:
             self.num_free_blocks -= unit.num_blocks
             self._num_evictable_blocks -= unit.num_blocks
-            self._lru.pop(unit, None)
         unit.num_users += 1
         self._touch(unit)
 
@@ -223,9 +212,7 @@ class PrefixCachingKVManager(KVCacheManager):
             return
         self.num_free_blocks += unit.num_blocks
         self._num_evictable_blocks += unit.num_blocks
-        if self.eviction == "lru_block":
-            self._lru[unit] = None
-        elif not unit.children:
+        if not unit.children:
             self._push_leaf(unit)
 
     def _push_leaf(self, unit: Unit) -> None:
@@ -239,24 +226,20 @@ class PrefixCachingKVManager(KVCacheManager):
         self.num_free_blocks -= num_blocks
 
     def _evict_one(self) -> None:
-        if self.eviction == "lru_block":
-            unit, _ = self._lru.popitem(last=False)
-        else:
-            while True:
-                last_use, _, unit = heapq.heappop(self._leaves)
-                # Stale entries: used again since, or no longer a leaf, or already gone.
-                if (not unit.num_users and not unit.children and last_use == unit.last_use
-                        and unit.parent is not None):
-                    break
+        """Evict the least recently used leaf node, whole."""
+        while True:
+            last_use, _, unit = heapq.heappop(self._leaves)
+            # Stale entries: used again since, or no longer a leaf, or already gone.
+            if (not unit.num_users and not unit.children and last_use == unit.last_use
+                    and unit.parent is not None):
+                break
         while True:
             parent = self._drop(unit)
-            # lru_leaf: the rest of the leaf's node goes with it.
-            if (self.eviction != "lru_leaf" or parent is self.root or parent.end
-                    or parent.children or parent.num_users):
+            # The rest of the leaf's node goes with it.
+            if parent is self.root or parent.end or parent.children or parent.num_users:
                 break
             unit = parent
-        if (self.eviction == "lru_leaf" and not parent.children and not parent.num_users
-                and parent is not self.root):
+        if not parent.children and not parent.num_users and parent is not self.root:
             self._push_leaf(parent)
 
     def _drop(self, unit: Unit) -> Unit:

@@ -27,7 +27,7 @@ def cached_state(num_blocks: int = 64, block_size: int = 16, eviction: str = "lr
                  ) -> ReplicaState:
     """vLLM's block cache (`lru_block`, `fifo_block`), or SGLang's radix cache (`lru_leaf`)."""
     if eviction == "lru_leaf":
-        return ReplicaState(PrefixCachingKVManager(num_blocks, block_size, eviction))
+        return ReplicaState(PrefixCachingKVManager(num_blocks, block_size))
     return ReplicaState(BlockPrefixCache(num_blocks, block_size, eviction))  # type: ignore[arg-type]
 
 

@@ -58,6 +58,9 @@ class Scheduler(ABC):
     # Whether the engine may run a stretch of iterations without asking for each plan (the
     # fast path, `sim.stretch`): not for a policy that must see every iteration end.
     allows_stretches: ClassVar[bool] = True
+    # Whether a token sampled before its request was preempted still joins its output when
+    # its iteration ends (vLLM: "still delivered"), rather than being dropped (SGLang).
+    delivers_stale_tokens: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig, *, max_model_len: int | None = None) -> None:
         self.config = config
@@ -74,10 +77,6 @@ class Scheduler(ABC):
         """Whether a request may be scheduled again while the token it samples is in flight
         (vLLM's async scheduling: an output placeholder), rather than wait for it."""
         return False
-
-    # Whether a token sampled before its request was preempted still joins its output when
-    # its iteration ends (vLLM: "still delivered"), rather than being dropped (SGLang).
-    delivers_stale_tokens: ClassVar[bool] = False
 
     def iteration_ended(self, plan: Plan) -> None:  # noqa: B027  (a hook: most need none)
         """The iteration of `plan` has ended and its outcome is committed to the state (a
