@@ -174,7 +174,7 @@ class BlockPrefixCache(KVCacheManager):
         self._blocks.setdefault(request_id, []).extend(Block(None, 1) for _ in range(num_blocks))
         self._held[request_id] = self._held.get(request_id, 0) + num_blocks
 
-    def free(self, req: Request) -> None:
+    def free(self, req: Request, *, preempted: bool = False) -> None:
         rid = req.request_id
         if rid not in self._held:
             return

@@ -6,6 +6,8 @@ cost of an allocation does not depend on the number of tokens.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 from sim.request import Request
 
 
@@ -53,6 +55,25 @@ class KVCacheManager:
         evictable until it takes them): 0 without prefix caching."""
         return 0
 
+    def match_prefix(self, req: Request) -> int:
+        """`prefix_hit_tokens`, asked by a scheduler about to admit `req`: a cache that orders
+        eviction by use counts it as one (SGLang's `match_prefix`)."""
+        return self.prefix_hit_tokens(req)
+
+    def touch_prefix(self, req: Request) -> None:
+        """Count `req`'s cached prefix as used now, matching nothing (SGLang's waiting-queue
+        refresh); nothing without prefix caching."""
+
+    def checkpoint(self, req: Request) -> None:
+        """Cache what `req` has computed so far, as it runs (SGLang inserts a request's prompt
+        when its prefill or a chunk ends); nothing here."""
+
+    def deferred_evictions(self) -> AbstractContextManager[None]:
+        """Within it, allocations take evictable cached blocks without evicting yet; leaving it
+        evicts what they took, at once (SGLang evicts once for a whole prefill batch, after
+        matching every request in it)."""
+        return nullcontext()
+
     def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0,
                      num_cached_tokens: int = 0) -> bool:
         """Grow `req` for its next `num_new_tokens`, keeping `num_reserved_blocks` free.
@@ -75,7 +96,9 @@ class KVCacheManager:
         self.num_free_blocks -= num_blocks
         self._held[request_id] = self._held.get(request_id, 0) + num_blocks
 
-    def free(self, req: Request) -> None:
+    def free(self, req: Request, *, preempted: bool = False) -> None:
+        """Give back `req`'s blocks: it finished, or it was `preempted` (SGLang keeps in its
+        radix cache only what a finished request computed)."""
         self.num_free_blocks += self._held.pop(req.request_id, 0)
 
     def check(self) -> None:

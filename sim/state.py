@@ -119,7 +119,7 @@ class ReplicaState:
     def preempt(self, req: Request) -> None:
         """Preemption by recompute: drop the request's KV and put it back at the queue front."""
         self._stop_running(req)
-        self.kv.free(req)
+        self.kv.free(req, preempted=True)
         req.num_recomputed_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
         req.num_preemptions += 1

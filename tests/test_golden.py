@@ -23,11 +23,7 @@ FIXTURES = sorted(GOLDEN.glob("*/*.json.gz"))
 
 # Fixtures servesim does not reproduce yet, and the engine rule that explains it. Strict: a
 # fix that makes one identical fails here until it is taken off this list.
-KNOWN_DIFFERENCES: dict[str, str] = {
-    "sglang-0.5.23/prefix_kv_starved": "SGLang's radix cache under eviction: from step 305, "
-                                       "servesim keeps 337 tokens of a prefix SGLang "
-                                       "evicted (its nodes' access times, issue 42 rule 6)",
-}
+KNOWN_DIFFERENCES: dict[str, str] = {}
 
 
 def _param(path: Path) -> object:

@@ -12,6 +12,7 @@ Sources: SGLang `python/sglang/srt/managers/scheduler.py` (`get_next_batch_to_ru
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -19,7 +20,7 @@ from pydantic import Field, model_validator
 from sim.errors import invalid
 from sim.kv_cache import KVCacheManager
 from sim.plan import Plan
-from sim.request import Request
+from sim.request import Request, Status
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
@@ -34,6 +35,9 @@ from sim.state import ReplicaState
 
 # Releases checked by the golden schedules (`tests/golden/sglang-<version>/`).
 SGLANG_VERSIONS = ("0.5.23",)
+# `schedule_policy.py`: how often, and how many of, the waiting requests' prefixes are refreshed.
+WAITING_PREFIX_REFRESH_INTERVAL = 32
+WAITING_QUEUE_PREFIX_MATCH_MAX = 128
 
 
 class SGLangConfig(SchedulerConfig):
@@ -115,8 +119,12 @@ class SGLang(Scheduler):
        the in-order check without a radix cache, the strict check with one, the full-batch
        latch). An integer `decode_reserve_tokens` replaces it by Mini-SGLang's rule capped:
        extend plus that many output tokens beside as many for every running request.
-    6. Prefix cache: a waiting request's cached prefix (`match_prefix`; `prefix_hit_tokens`
-       here, 0 without caching) is reused, and only the rest is chunked and computed.
+    6. Prefix cache: a waiting request's cached prefix (`match_prefix`, 0 without caching)
+       is reused, and only the rest is chunked and computed. The radix cache is SGLang's
+       (`sim.prefix_cache`): every request the pass tries is matched (a use), every 32nd pass
+       refreshes the queue's first 128 prefixes, a prompt is inserted when its prefill ends
+       (`iteration_ended`) and a chunk at the next pass (`stash_chunked_request`), a batch
+       evicts once, after matching.
     7. `max_running_requests` (= `max_num_seqs`) caps running requests, the chunked one
        included (`get_num_allocatable_reqs`); SGLang derives its default from memory, 256 here.
     8. `mixed_chunk`: running decodes join a prefill batch (`mix_with_running`) and the budget
@@ -136,7 +144,7 @@ class SGLang(Scheduler):
        a retracted request's token in flight is dropped.
 
     Not modelled: `--prefill-decode-interval` (default 0), pages other than SGLang's default
-    of 1 token, priorities, the radix cache's node access times exactly, `retract_decode`'s
+    of 1 token, priorities, `retract_decode`'s
     choice and order (with the in-order admission check and outputs below 4096 tokens SGLang
     never retracts), requests without `ignore_eos` (their `new_token_ratio` estimate: here
     every output length is known).
@@ -151,6 +159,14 @@ class SGLang(Scheduler):
         # `running_batch.batch_is_full`: the ids running when a pass found no room (or the
         # request cap), and those joining since; None while not latched.
         self._full: set[int] | None = None
+        # The radix cache's insertions (`sim.prefix_cache`): plans whose batch ends a prompt,
+        # with those requests and their preemption counts (checkpointed when it ends), and
+        # the chunked request's tokens cached so far (stashed at the next pass).
+        self._prompts_ending: deque[tuple[Plan, list[tuple[Request, int]]]] = deque()
+        self._stashed: dict[int, tuple[int, int]] = {}
+        self._state: ReplicaState | None = None
+        self._num_prefill_passes = 0  # passes with a queue: SGLang refreshes every 32nd
+        self._last_extend: list[Request] = []  # the requests of the last batch, a prefill
 
     def num_batches_in_flight(self, pipeline_size: int) -> int:
         # The overlap loop (`event_loop_overlap`): batch k is decided when k-1 is launched and
@@ -191,7 +207,60 @@ class SGLang(Scheduler):
     def latch(self, decoding: list[Request]) -> None:
         self._full = {r.request_id for r in decoding}
 
+    def refresh_waiting_prefixes(self, state: ReplicaState) -> None:
+        """SGLang's `_touch_waiting_prefixes` (fcfs, LRU, a radix cache; `calc_priority` each
+        pass with a queue): every 32nd pass, from the first, the cached prefixes of the first
+        128 waiting requests count as used, the head's last (evicted last)."""
+        if not self._num_prefill_passes % WAITING_PREFIX_REFRESH_INTERVAL:
+            waiting = state.waiting
+            for i in range(min(len(waiting), WAITING_QUEUE_PREFIX_MATCH_MAX) - 1, -1, -1):
+                state.kv.touch_prefix(waiting[i])
+        self._num_prefill_passes += 1
+
+    def prompts_ending(self, plan: Plan, requests: list[Request]) -> None:
+        """`requests` compute the last of their prompt in `plan`'s batch."""
+        if requests:
+            self._prompts_ending.append((plan, [(r, r.num_preemptions) for r in requests]))
+
+    def iteration_ended(self, plan: Plan) -> None:
+        # `process_batch_result_prefill`: a request whose prefill ended is inserted in the
+        # radix cache (`checkpoint_kv_cache`), in the batch's order; one that finished was
+        # at its release.
+        pending = self._prompts_ending
+        if self._state is None or not any(p is plan for p, _ in pending):
+            return  # (no prompt ends in it)
+        while pending[0][0] is not plan:
+            pending.popleft()  # older plans: ended without this hook, or never ran
+        kv = self._state.kv
+        for req, num_preemptions in pending.popleft()[1]:
+            if req.status is Status.RUNNING and req.num_preemptions == num_preemptions:
+                kv.checkpoint(req)
+
+    def _stash_chunked(self, state: ReplicaState) -> None:
+        """`stash_chunked_request`: the chunked request's tokens computed since the last pass
+        are inserted in the radix cache before the next batch is built."""
+        stashed = self._stashed
+        for req in state.prefilling():
+            progress = (req.num_preemptions, req.num_computed_tokens)
+            if stashed.get(req.request_id) != progress and req.num_computed_tokens:
+                state.kv.checkpoint(req)
+                stashed[req.request_id] = progress
+        if len(stashed) > 64:  # requests long past their prompt
+            live = {r.request_id for r in state.prefilling()}
+            for rid in [rid for rid in stashed if rid not in live]:
+                del stashed[rid]
+
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+        self._state = state
+        last, self._last_extend = self._last_extend, []
+        if self._full is not None and last:
+            # `get_next_batch_to_run` filters the last batch, a prefill, of the requests that
+            # finished and of the one still chunked: if it shrank, the latch clears.
+            prefilling = {id(r) for r in state.prefilling()}
+            if any(r.status is not Status.RUNNING or id(r) in prefilling for r in last):
+                self._full = None
+        if state.kv.caches_prefixes:
+            self._stash_chunked(state)
         preempted: list[int] = []
         while True:
             plan = self._build(state)
@@ -223,7 +292,10 @@ class SGLang(Scheduler):
         if budget <= 0:  # mixed decodes took the whole budget
             return
         if self.config.decode_reserve_tokens is None:
-            PrefillAdder(self, state, plan, prefilling, budget).run()
+            adder = PrefillAdder(self, state, plan, prefilling, budget)
+            adder.run()
+            self.prompts_ending(plan, adder.completing)
+            self._last_extend = adder.can_run
         else:
             self._prefill_reserving(state, plan, prefilling, budget)
 

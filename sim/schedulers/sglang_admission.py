@@ -10,7 +10,11 @@ Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check thes
   `current_offset`, which starts at 0. Each request this pass takes adds `extend + page +
   min(max_new_tokens, 4096)` to the first (its output: 0 for a chunk that does not finish its
   prompt) and `extend + page` to the second (`reserve`; page: SGLang's default 1). Free KV is
-  read once for the pass: SGLang allocates after it.
+  read live (`PrefillBudget._available_and_evictable`), but SGLang allocates after the pass,
+  so within it only locks move it: an admitted request's matched prefix is no longer
+  evictable.
+- The pass stops before matching anyone once a budget is spent (`budget_state()` OTHER), and
+  does not start with no request slot left (`get_num_allocatable_reqs`, which latches).
 - The chunked request continues first (`add_chunked_req`), with min(chunk budget, what is left
   of the total) tokens, or a whole chunk if that is nothing ("must make progress").
 - The waiting queue, FCFS, stops at the first request refused:
@@ -30,8 +34,9 @@ Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check thes
     token: latches the batch as full if anything runs) or the chunk budget or
     `max_prefill_tokens` (16384) is.
 - The latch (`running_batch.batch_is_full`, `scheduler.py`): while set and no request is being
-  chunked, no prefill is tried at all; it clears when a running request leaves (finishes) or
-  nothing runs.
+  chunked, no prefill is tried at all; it clears when a running request leaves (finishes),
+  when nothing runs, or when the last batch was a prefill that lost a request before the next
+  pass (`last_batch.filter_batch`: one finished at its first token, or the chunked one).
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ class PrefillAdder:
                                 for r in self.decoding)
         self.current_offset = 0
         self.can_run: list[Request] = []
+        self.completing: list[Request] = []  # of those, the ones whose prompt ends here
         self.req_states: list[tuple[int, int]] | None = None
 
     def _target(self, req: Request) -> int:
@@ -97,18 +103,28 @@ class PrefillAdder:
         full = policy.batch_is_full(state, self.decoding)
         if (full or not state.waiting) and not self.prefilling:
             return
-        for req in self.prefilling:  # the chunked request
-            if not self._continue_chunk(req):
-                return
-        while state.waiting and not full:
-            if len(self.can_run) >= policy.config.max_num_seqs - len(self.decoding):
-                policy.latch(self.decoding)
-                return  # (the latch stops the loop at once: `batch_is_full`, break)
-            result = self._add(state.waiting[0])
-            if result != "continue":
-                if result == "no_token" and (self.can_run or self.decoding):
+        max_new_reqs = policy.config.max_num_seqs - len(self.decoding)
+        if max_new_reqs <= 0 and not self.prefilling:
+            policy.latch(self.decoding)  # `get_num_allocatable_reqs` <= 0, before matching
+            return
+        kv = state.kv
+        if kv.caches_prefixes and state.waiting:
+            policy.refresh_waiting_prefixes(state)
+        with kv.deferred_evictions():  # one allocation for the batch (`prepare_for_extend`)
+            for req in self.prefilling:  # the chunked request
+                if not self._continue_chunk(req):
+                    return
+            while state.waiting and not full:
+                if self.rem_input <= 0 or self.rem_chunk <= 0:
+                    return  # `budget_state()` OTHER: stop before matching anyone
+                if len(self.can_run) >= max_new_reqs:
                     policy.latch(self.decoding)
-                return
+                    return  # (the latch stops the loop at once: `batch_is_full`, break)
+                result = self._add(state.waiting[0])
+                if result != "continue":
+                    if result == "no_token" and (self.can_run or self.decoding):
+                        policy.latch(self.decoding)
+                    return
 
     def _continue_chunk(self, req: Request) -> bool:
         left = req.num_uncomputed_tokens
@@ -122,14 +138,17 @@ class PrefillAdder:
         self._reserve(num_tokens, 0 if num_tokens < left else min(
             self._target(req), CLIP_MAX_NEW_TOKENS))
         self.can_run.append(req)
+        if num_tokens == left:
+            self.completing.append(req)
         return True
 
     def _add(self, req: Request) -> str:
         """`add_one_req` for the head of the queue: 'continue', 'no_token' or 'other'."""
         kv = self.state.kv
-        hit = kv.prefix_hit_tokens(req)
+        hit = kv.match_prefix(req)  # (`init_next_round_input`: a use, even if refused)
         extend = req.num_uncomputed_tokens - hit
         max_new = min(self._target(req), CLIP_MAX_NEW_TOKENS)
+        locked = 0
         if not kv.caches_prefixes:
             paged_input = self._paged(extend) + self.page
             if paged_input > min(self.free - self.current_offset, self.free - self.total_offset):
@@ -152,9 +171,12 @@ class PrefillAdder:
         if not kv.try_allocate(req, num_tokens, 0, hit):
             return "no_token"  # the pool itself is short (blocks rounding up): stop here
         self.state.admit(req, hit)
+        self.free -= locked  # its prefix, locked now, is no longer evictable (read live)
         self.plan.num_scheduled_tokens[req.request_id] = num_tokens
         self._reserve(num_tokens, max_new)
         self.can_run.append(req)
+        if num_tokens == extend:
+            self.completing.append(req)
         if self.free - self.total_offset <= 0 or self.free - self.current_offset <= 0:
             return "no_token"
         if self.rem_input <= 0 or self.rem_chunk <= 0:

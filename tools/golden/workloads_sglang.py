@@ -74,6 +74,15 @@ def sglang_workloads() -> list[Workload]:
         _sglang("prefix_kv_starved", 107,
                 _prefixed(rng(107), 60, 15.0, 6, (256, 1024), (16, 256), (16, 128)),
                 num_gpu_blocks=4000, disable_radix_cache=False),
+        # The radix cache under eviction with chunks: a chunk is inserted when the next batch
+        # is built (`stash_chunked_request`), a prompt when its prefill ends.
+        _sglang("prefix_kv_starved_chunked", 108,
+                _prefixed(rng(108), 60, 15.0, 6, (256, 2048), (16, 512), (16, 128)),
+                num_gpu_blocks=4000, chunked_prefill_size=512, disable_radix_cache=False),
+        # Outputs of a token or a few: requests finish in their prefill batch, which clears
+        # the full-batch latch (`last_batch.filter_batch`); the radix cache holds their KV.
+        _sglang("short_outputs", 109, _requests(rng(109), 60, 20.0, (128, 1536), (1, 6)),
+                num_gpu_blocks=3000, chunked_prefill_size=1024, disable_radix_cache=False),
         # The overlap scheduler (SGLang's default): batch k is scheduled while batch k-1 runs
         # and runs from its end; k-1's result is processed after k is launched.
         # Little queueing: the one-step lag between a batch and its result.
@@ -94,6 +103,11 @@ def sglang_workloads() -> list[Workload]:
         _sglang("overlap_kv_starved_chunked", 118,
                 _requests(rng(118), 60, 20.0, (128, 1024), (32, 256)),
                 num_gpu_blocks=3000, chunked_prefill_size=256, disable_overlap_schedule=False),
+        # The radix cache under eviction with the overlap loop: insertions and releases one
+        # batch later, matches of the batch after.
+        _sglang("overlap_prefix_kv_starved", 116,
+                _prefixed(rng(116), 60, 15.0, 6, (256, 1024), (16, 256), (16, 128)),
+                num_gpu_blocks=4000, disable_radix_cache=False, disable_overlap_schedule=False),
         # max_running_requests binding: a request finishing in flight still holds its slot
         # when the next batch is scheduled.
         _sglang("overlap_max_running_requests", 115,

@@ -1,0 +1,84 @@
+"""Random held-out SGLang workloads, recorded with the installed SGLang, for checking servesim on
+workloads its rules were not developed against (not committed as fixtures).
+
+    ~/venv-sglang/bin/python tools/golden/heldout_sglang.py --out /tmp/heldout 0 1 2 ...
+    .venv/bin/python -m tools.golden.replay /tmp/heldout/sglang-*/*.json.gz
+
+Each seed draws 40 requests (shared prefixes mostly, else Poisson or bursts, outputs from one
+token), a chunk size, `max_running_requests`, the radix cache (on for 3 in 4), the overlap loop
+(on for 1 in 2), a token pool of 1.2-6 times the largest request, and a step time. Each seed is
+recorded in a fresh process (SGLang's server arguments are process-wide), 20-120 s each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tools.golden import workloads as W  # noqa: E402
+from tools.golden.fixture import write_fixture  # noqa: E402
+from tools.golden.workloads_sglang import _sglang  # noqa: E402
+
+
+def make(seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(2000 + seed)
+    n = 40
+    kind = seed % 4
+    if kind == 0:
+        reqs = W._requests(rng, n, float(rng.uniform(2, 30)),
+                           (int(rng.integers(16, 300)), int(rng.integers(300, 3000))),
+                           (1, int(rng.integers(2, 200))))
+    elif kind == 1:
+        reqs = W._bursts(rng, n, (1, int(rng.integers(2, 10))), (0.05, 1.0),
+                         (16, int(rng.integers(200, 3000))), (1, int(rng.integers(2, 200))))
+    else:
+        reqs = W._prefixed(rng, n, float(rng.uniform(2, 30)), int(rng.integers(1, 8)),
+                           (16, 1500), (1, 600), (1, int(rng.integers(2, 200))))
+    largest = max(r[1] + r[2] for r in reqs)
+    settings = dict(chunked_prefill_size=int(rng.choice([256, 512, 1024, 2048, 8192])),
+                    max_running_requests=int(rng.choice([4, 16, 256])),
+                    disable_radix_cache=bool(rng.random() < 0.25),
+                    disable_overlap_schedule=bool(rng.random() < 0.5))
+    tokens = int(largest * float(rng.uniform(1.2, 6.0))) + 16
+    step = (float(rng.choice([0.002, 0.01])), float(rng.choice([0.0, 1e-5, 5e-5])))
+    return _sglang(f"heldout_{seed}", 2000 + seed, reqs, num_gpu_blocks=tokens, step=step,
+                   **settings)
+
+
+def _record_one(out: Path, seed: int) -> None:
+    import sglang
+
+    from tools.golden.record_sglang import record
+
+    workload = make(seed)
+    body = record(workload)
+    path = write_fixture(out, workload, body, engine="sglang",
+                         engine_version=sglang.__version__,
+                         command=f"python tools/golden/heldout_sglang.py --out DIR {seed}")
+    print(f"{seed}: {len(body['steps'])} steps -> {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--in-process", action="store_true",
+                        help="record one seed in this process (used per seed)")
+    parser.add_argument("seeds", type=int, nargs="+")
+    args = parser.parse_args()
+    if args.in_process:
+        assert len(args.seeds) == 1, "--in-process records one seed"
+        _record_one(args.out, args.seeds[0])
+        return
+    for seed in args.seeds:
+        subprocess.run([sys.executable, __file__, "--out", str(args.out), "--in-process",
+                        str(seed)], check=False, timeout=900)
+
+
+if __name__ == "__main__":
+    main()
