@@ -33,6 +33,8 @@ if str(ROOT) not in sys.path:
 
 from bench.calibrate_gemm import DEFAULT_VIDUR, GPU_DIRS, MAX_TOKENS, VIDUR_COMMIT  # noqa: E402
 from bench.calibrate_gemm import OPS as GEMM_OPS  # noqa: E402
+from sim.hardware.models import ModelShape  # noqa: E402
+from sim.hardware.parallelism import Parallelism  # noqa: E402
 from sim.latency.elementwise import (  # noqa: E402
     CALIBRATION_PATH,
     LAYER_OPS,
@@ -40,8 +42,6 @@ from sim.latency.elementwise import (  # noqa: E402
     KernelParams,
 )
 from sim.latency.elementwise import row_bytes as elementwise_row_bytes  # noqa: E402
-from sim.models import ModelShape  # noqa: E402
-from sim.parallelism import Parallelism  # noqa: E402
 
 
 def row_bytes(r: dict[str, str]) -> dict[str, float]:

@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sim.gpus import GPUS  # noqa: E402
+from sim.hardware.gpus import GPUS  # noqa: E402
 from sim.latency.gemm import (  # noqa: E402
     CALIBRATION_PATH,
     REFERENCE_GPU,

@@ -68,8 +68,8 @@ def child(spec: str) -> None:
     import resource
 
     import sim.runner as runner
-    from sim.cluster import Cluster
-    from sim.config import parse_scenario
+    from sim.config.scenario import parse_scenario
+    from sim.engine.cluster import Cluster
 
     events: list[int] = []
 

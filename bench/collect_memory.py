@@ -57,8 +57,8 @@ def child(text: str) -> None:
     import resource
 
     import sim
-    from sim.cluster import Cluster
-    from sim.config import parse_scenario
+    from sim.config.scenario import parse_scenario
+    from sim.engine.cluster import Cluster
     from sim.runner import (
         ReplicaRecord,
         collect,

@@ -33,10 +33,10 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sim.kv_cache import KVCacheManager  # noqa: E402
-from sim.request import Request  # noqa: E402
+from sim.core.kv_cache import KVCacheManager  # noqa: E402
+from sim.core.request import Request  # noqa: E402
+from sim.core.state import ReplicaState  # noqa: E402
 from sim.schedulers.chunked_prefill import ChunkedPrefill, ChunkedPrefillConfig  # noqa: E402
-from sim.state import ReplicaState  # noqa: E402
 
 BLOCK_SIZE = 16
 NUM_ITERATIONS = 2_000  # timed per round: 125 block boundaries per request, no finish

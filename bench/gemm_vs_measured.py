@@ -1,4 +1,4 @@
-"""The roofline's GEMM model against GEMMs timed on a device (`profiler.gemm_timing`).
+"""The roofline's GEMM model against GEMMs timed on a device (`profiler.measure.gemm_timing`).
 
     python bench/gemm_vs_measured.py gemm_h100_llama-3.1-8b_tp1.csv [--gpu h100-sxm]
 
@@ -21,7 +21,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sim.gpus import GPUS, measured_on  # noqa: E402
+from sim.hardware.gpus import GPUS, measured_on  # noqa: E402
 from sim.latency.gemm import GemmModel  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Where a run's time goes: calls, total and per-call cost of the engine's hot calls.
 
-DEVELOPERS.md ("Where the time goes") quotes these numbers; this prints them for a case, so a
+bench/README.md ("Where the time goes") quotes these numbers; this prints them for a case, so a
 change to the hot path can be judged call by call, not only by a whole run's wall time. Each
 call below is wrapped with `perf_counter` (about 0.2 us per call added; nested calls are counted
 in their callers too, e.g. `schedule` inside neither `_plan_iteration` nor `_commit`), and the
@@ -30,11 +30,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-import sim.cluster  # noqa: E402
-import sim.engine  # noqa: E402
-from sim.config import parse_scenario  # noqa: E402
+import sim.engine.cluster  # noqa: E402
+import sim.engine.replica  # noqa: E402
+from sim.config.scenario import parse_scenario  # noqa: E402
+from sim.core.state import ReplicaState  # noqa: E402
 from sim.runner import run_scenario  # noqa: E402
-from sim.state import ReplicaState  # noqa: E402
 
 Counter = dict[str, list[float]]  # name -> [calls, seconds]
 
@@ -81,12 +81,13 @@ def main() -> None:
 
     counts: Counter = {}
     undo = [
-        wrap(sim.engine, "plan_stretch", "plan_stretch", counts),
-        wrap(sim.engine, "commit_stretch", "commit_stretch", counts),
-        wrap(sim.engine.Replica, "_plan_iteration", "_plan_iteration (shape, latency)", counts),
+        wrap(sim.engine.replica, "plan_stretch", "plan_stretch", counts),
+        wrap(sim.engine.replica, "commit_stretch", "commit_stretch", counts),
+        wrap(sim.engine.replica.Replica, "_plan_iteration", "_plan_iteration (shape, latency)",
+             counts),
         wrap(ReplicaState, "commit", "ReplicaState.commit", counts),
-        wrap(sim.engine.Replica, "load", "Replica.load (router reads)", counts),
-        wrap(sim.cluster.Cluster, "route", "Cluster.route", counts),
+        wrap(sim.engine.replica.Replica, "load", "Replica.load (router reads)", counts),
+        wrap(sim.engine.cluster.Cluster, "route", "Cluster.route", counts),
     ]
     # The policy's schedule(), whichever class it is.
     from sim.schedulers.base import SCHEDULERS

@@ -28,7 +28,7 @@ Cases:
   replicas (`bench/cluster_scaling.py`'s case).
 - `cluster64`: the Azure trace at 64x its rate on 64 replicas (`bench/cluster_scaling.py`'s
   Azure case), where a router reads 64 replicas at every arrival: the case a regression of
-  those reads slowed by 46% unseen for a day (DEVELOPERS.md, "At scale and under overload").
+  those reads slowed by 46% unseen for a day (bench/README.md, "At scale and under overload").
 - `overload`: the Azure trace at 8x its rate on one replica with chunked prefill
   (`bench/sim_speed.py --overload`): queues never drain, every iteration is stepped with a
   full batch and a prompt's chunk beside its decodes; `overload_sglang`: the same under
@@ -90,7 +90,7 @@ def scenario(case: str, num_requests: int) -> dict[str, Any]:
 CHILD = """
 import json, sys
 sys.path.insert(0, ".")
-from sim.config import parse_scenario
+from sim.config.scenario import parse_scenario
 from sim.runner import run_scenario
 run_scenario(parse_scenario(json.loads(sys.argv[1]), "bench/instructions.py"))
 """

@@ -28,7 +28,7 @@ TRACE = (ROOT / ".." / "shared" / "traces" / "mooncake_fast25" / "conversation_t
 def one(num_requests: int, caching: bool, num_blocks: int, scheduler: str) -> dict:
     sys.path.insert(0, str(ROOT))  # this checkout's sim, not the installed one
     from sim import run_scenario
-    from sim.config import parse_scenario
+    from sim.config.scenario import parse_scenario
 
     data = {
         "name": "prefix-bench", "seed": 0,

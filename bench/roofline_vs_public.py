@@ -34,7 +34,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sim.config import parse_scenario  # noqa: E402
+from sim.config.scenario import parse_scenario  # noqa: E402
 from sim.runner import run_scenario  # noqa: E402
 
 TABLE = REPO.parent / "shared" / "profiles" / "vidur" / "network" / "h100_dgx" / "all_reduce.csv"

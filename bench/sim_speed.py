@@ -32,7 +32,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sim  # noqa: E402
 from sim import Results, Scenario, run_scenario  # noqa: E402
-from sim.config import parse_scenario  # noqa: E402
+from sim.config.scenario import parse_scenario  # noqa: E402
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" /
                  "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv").resolve()

@@ -4,7 +4,7 @@ of each whole process and the ratio 1 worker / 2 workers (2.0 = perfect scaling)
 
 - local: `servesim sweep bench/sweep_16.yaml --workers N --force --out TMP`.
 - Ray: each Ray case is a child process of this script that starts local Ray with
-  `num_cpus=N`, then runs the same sweep through `sim.sweep.run_sweep(..., backend="ray")`
+  `num_cpus=N`, then runs the same sweep through `sim.studies.sweep.run_sweep(..., backend="ray")`
   (whose `ray.init` joins that instance) and shuts Ray down, so that Ray's start and stop are
   reported apart from the sweep (its wall time includes them). With `--ray-cli` the table adds
   the CLI's own `servesim sweep --backend ray` run (every CPU; `--workers N` caps it).
@@ -47,8 +47,8 @@ def ray_child(workers: int, out: Path) -> None:
 
     import ray
 
-    from sim.sweep import run_sweep
-    from sim.sweep_file import load_sweep
+    from sim.studies.sweep import run_sweep
+    from sim.studies.sweep_file import load_sweep
 
     t0 = time.perf_counter()
     ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR,

@@ -2,7 +2,7 @@
 
 For each variant of `scenarios/compare_llama70b_tp_h100.yaml` (chunked prefill, the Azure 2023
 conversation trace), search the largest rate scale at which P99 TBT <= 100 ms and P90 TTFT <=
-2 s hold (`sim.capacity`, the same search as `servesim capacity`), then report capacity in
+2 s hold (`sim.studies.capacity`, the same search as `servesim capacity`), then report capacity in
 requests/s, per GPU, the cost per million tokens at that rate, and the latencies there.
 
     python bench/tp_sizing.py [--precision 0.05] [--markdown]
@@ -18,10 +18,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sim.capacity import capacity, with_rate  # noqa: E402
-from sim.compare import load_comparison  # noqa: E402
-from sim.rate_decision import SLOTargets  # noqa: E402
 from sim.runner import run_scenario  # noqa: E402
+from sim.studies.capacity import capacity, with_rate  # noqa: E402
+from sim.studies.compare import load_comparison  # noqa: E402
+from sim.studies.rate_decision import SLOTargets  # noqa: E402
 
 
 def main() -> None:
@@ -58,7 +58,7 @@ def main() -> None:
         else:
             print("  ".join(f"{c:>11}" for c in cells))
     print(f"searched in {sum(r[-1] for r in rows):.0f} s; SLOs P99 TBT <= 0.1 s, "
-          "P90 TTFT <= 2 s; prices: sim/gpus.py")
+          "P90 TTFT <= 2 s; prices: sim/hardware/gpus.py")
 
 
 if __name__ == "__main__":

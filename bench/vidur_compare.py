@@ -91,7 +91,7 @@ def profile(scenario: Path, top: int) -> None:
     import pstats
 
     from sim import run_scenario
-    from sim.config import load_scenario
+    from sim.config.scenario import load_scenario
 
     loaded = load_scenario(scenario)
     t0 = time.perf_counter()

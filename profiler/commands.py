@@ -13,31 +13,18 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from profiler.fit import check_profile, errors, fit_profile, predict
-from profiler.measure import load
-from profiler.mixes import GridSpec
-from sim.errors import COMMAND_LINE, InputError
-from sim.input_file import FileProblem, stat_regular
+from profiler.fit.fitting import check_profile, errors, fit_profile, predict
+from profiler.measure.device import check_buildable, check_memory, torch_setup
+from profiler.measure.mixes import GridSpec
+from profiler.measure.timing import load
+from sim.config.errors import COMMAND_LINE, InputError
+from sim.config.input_file import FileProblem, stat_regular
+from sim.hardware.models import MODELS, ModelShape
 from sim.latency.profile import load_fitted
-from sim.models import MODELS, ModelShape
-from sim.outdir import replace_text
-from sim.progress import ProgressReport
+from sim.results.outdir import replace_text
+from sim.studies.progress import ProgressReport
 
 console = Console()
-
-
-def torch_setup(device: str, threads: int | None) -> tuple[Any, Any]:
-    """torch, set up for `device` (threads on the CPU), and the dtype measured there."""
-    import torch
-
-    if device != "cpu" and not device.startswith("cuda"):
-        raise InputError(COMMAND_LINE, "--device", device, "expected cpu, cuda or cuda:N")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(COMMAND_LINE, "--device", device, "CUDA is not available on this machine")
-    if device == "cpu":
-        # One thread by default: steadier timings than a pool shared with the rest of the box.
-        torch.set_num_threads(threads or 1)
-    return torch, (torch.bfloat16 if device.startswith("cuda") else torch.float32)
 
 
 def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, holdout: int,
@@ -48,8 +35,8 @@ def run_profile(model: str, device: str, out: Path, *, reps: int, warmup: int, h
     `tensor_parallel` T > 1: one GPU's shard of a T-way tensor-parallel replica."""
     from dataclasses import replace
 
-    from profiler.measure import ProfileInterrupted, default_attention, default_grid, profile
-    from profiler.mixes import grid, random_mixes
+    from profiler.measure.mixes import grid, random_mixes
+    from profiler.measure.timing import ProfileInterrupted, default_attention, default_grid, profile
 
     if model not in MODELS:
         raise InputError(COMMAND_LINE, "--model", model,
@@ -133,26 +120,6 @@ def _check_out_file(out: Path, suffixes: tuple[str, ...], option: str = "--out")
         raise InputError(COMMAND_LINE, option, str(out), f"name a {kinds} file")
 
 
-def check_buildable(shape: ModelShape, source: Path | str, field: str, value: Any) -> None:
-    """One line, exit 2, for a model the profiler's decoder cannot build (`unbuildable`)."""
-    from profiler.model import unbuildable
-
-    if why := unbuildable(shape):
-        raise InputError(source, field, value, why)
-
-
-def check_memory(shape: ModelShape, num_kv_slots: int, device: str, dtype: Any,
-                 tensor_parallel: int, source: Path | str, field: str, value: Any) -> None:
-    """One line, exit 2, where the decoder and its KV pool would not fit in memory here."""
-    from profiler.model import does_not_fit
-
-    problem = does_not_fit(shape, num_kv_slots, device, dtype, tensor_parallel)
-    if problem is not None:
-        raise InputError(source, field, value, f"{problem[0]}: profile a smaller model here"
-                         + (" or give a smaller --max-context / --max-batch" if problem[1]
-                            else ""))
-
-
 PLOT_SUFFIXES = (".png", ".svg")
 
 
@@ -164,7 +131,7 @@ def check_plot_out(plot: Path) -> None:
 
 def check_tensor_parallel(shape: ModelShape, tensor_parallel: int) -> None:
     """One line, exit 2, where the model's heads do not split `tensor_parallel` ways."""
-    from sim.parallelism import MAX_GPUS_PER_REPLICA, Parallelism
+    from sim.hardware.parallelism import MAX_GPUS_PER_REPLICA, Parallelism
 
     if not 1 <= tensor_parallel <= MAX_GPUS_PER_REPLICA:
         raise InputError(COMMAND_LINE, "--tensor-parallel", tensor_parallel,
@@ -196,8 +163,8 @@ def run_fit(profile_path: Path, out: Path | None, host_overhead_from: list[Path]
     fitted = fit_profile(df, meta)
     fitted["source"] = str(profile_path)
     if host_overhead_from:
-        from profiler.fit import add_host_overhead
-        from profiler.validate import host_overhead
+        from profiler.fit.fitting import add_host_overhead
+        from profiler.replay.validate import host_overhead
 
         stats = host_overhead(list(host_overhead_from))
         fitted = add_host_overhead(fitted, stats["median_s"], stats)
@@ -235,9 +202,9 @@ def run_check(fitted_path: Path, device: str, num: int, seed: int, threads: int 
     profile measured: its `tensor_parallel`)."""
     from dataclasses import fields
 
-    from profiler.measure import Timer, measure_mix, row
-    from profiler.mixes import GridSpec, random_mixes
-    from profiler.model import Decoder
+    from profiler.measure.mixes import GridSpec, random_mixes
+    from profiler.measure.model import Decoder
+    from profiler.measure.timing import Timer, measure_mix, row
 
     if plot is not None:
         check_plot_out(plot)

@@ -14,10 +14,10 @@ may change without notice:
 - `run_sweep(runs, out_dir)`: run the points not yet cached under `out_dir/runs/<key>`; the
   results table (also `out_dir/results.parquet`).
 - `load_comparison(path)`: a comparison file's variants of one scenario, by name.
-- `run_comparison(variants, out_dir)`: run them; one table (`sim.compare.compare`).
+- `run_comparison(variants, out_dir)`: run them; one table (`sim.studies.compare.compare`).
 - `SLOTargets`: SLO upper bounds in seconds (P99 TBT, P90 TTFT, P50 scheduling delay).
 - `search_capacity(scenario, targets)`: the largest rate at which the SLOs hold, as an interval
-  (`interval_qps`, `capacity_qps_per_gpu`, every probed rate; `sim.capacity.capacity`).
+  (`interval_qps`, `capacity_qps_per_gpu`, every probed rate; `sim.studies.capacity.capacity`).
 - `CapacityLog(out_dir)`: a capacity search on disk (`on_trial=log.add`, then `log.finish`),
   as `servesim capacity` writes it: `trials.csv` and `capacity.json`.
 - `scenario_key(scenario)`: the cache key of a scenario (its fields, its input files'
@@ -40,29 +40,29 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from sim import plots
-    from sim.capacity import capacity as search_capacity
-    from sim.capacity_log import CapacityLog
-    from sim.compare import compare as run_comparison
-    from sim.compare import load_comparison
-    from sim.config import Scenario, load_scenario, parse_scenario
-    from sim.errors import InputError
-    from sim.fingerprint import scenario_key
-    from sim.rate_decision import SLOTargets
-    from sim.run_dir import Results
+    from sim.config.errors import InputError
+    from sim.config.scenario import Scenario, load_scenario, parse_scenario
+    from sim.results.fingerprint import scenario_key
+    from sim.results.run_dir import Results
     from sim.runner import run_scenario
-    from sim.sweep import run_sweep
-    from sim.sweep_file import Run, load_sweep
+    from sim.studies.capacity import capacity as search_capacity
+    from sim.studies.capacity_log import CapacityLog
+    from sim.studies.compare import compare as run_comparison
+    from sim.studies.compare import load_comparison
+    from sim.studies.rate_decision import SLOTargets
+    from sim.studies.sweep import run_sweep
+    from sim.studies.sweep_file import Run, load_sweep
 
 # public name -> the module that defines it
 _HOMES = {
-    "Scenario": "sim.config", "load_scenario": "sim.config", "parse_scenario": "sim.config",
-    "Results": "sim.run_dir", "run_scenario": "sim.runner",
-    "Run": "sim.sweep_file", "load_sweep": "sim.sweep_file", "run_sweep": "sim.sweep",
-    "run_comparison": "sim.compare", "load_comparison": "sim.compare",
-    "SLOTargets": "sim.rate_decision", "search_capacity": "sim.capacity",
-    "CapacityLog": "sim.capacity_log",
-    "scenario_key": "sim.fingerprint",
-    "InputError": "sim.errors",
+    "Scenario": "sim.config.scenario", "load_scenario": "sim.config.scenario",
+    "parse_scenario": "sim.config.scenario", "Results": "sim.results.run_dir",
+    "run_scenario": "sim.runner", "Run": "sim.studies.sweep_file",
+    "load_sweep": "sim.studies.sweep_file", "run_sweep": "sim.studies.sweep",
+    "run_comparison": "sim.studies.compare", "load_comparison": "sim.studies.compare",
+    "SLOTargets": "sim.studies.rate_decision", "search_capacity": "sim.studies.capacity",
+    "CapacityLog": "sim.studies.capacity_log", "scenario_key": "sim.results.fingerprint",
+    "InputError": "sim.config.errors",
 }
 # A function named like its module is exported under another name: importing the module sets
 # `sim.<module>`, which would hide the function.

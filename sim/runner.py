@@ -11,22 +11,28 @@ from typing import Any
 
 import numpy as np
 
-from sim.arrived import arrived_stats
-from sim.clock import Progress
-from sim.cluster import Cluster, blocks_beyond_memory
-from sim.columns import Columns, Table, column
-from sim.config import Scenario, load_scenario
-from sim.gpus import measured_on
-from sim.iteration_log import IterationLog
-from sim.kv_cache import KVCacheManager
-from sim.metrics import WeightedSample, pool_stats, replica_stats, summarize, transfer_stats
-from sim.outdir import check_out_dir
-from sim.overload import overload
-from sim.replica_config import ReplicaConfig
-from sim.request import Request
-from sim.results import iteration_table, request_table, token_runs, token_table, token_times
-from sim.run_dir import Results
-from sim.warmup import generated_arrivals, warmup_stats
+from sim.config.replica import ReplicaConfig
+from sim.config.scenario import Scenario, load_scenario
+from sim.core.kv_cache import KVCacheManager
+from sim.core.request import Request
+from sim.engine.clock import Progress
+from sim.engine.cluster import Cluster, blocks_beyond_memory
+from sim.engine.iteration_log import IterationLog
+from sim.hardware.gpus import measured_on
+from sim.results.columns import Columns, Table, column
+from sim.results.metrics.arrived import arrived_stats
+from sim.results.metrics.overload import overload
+from sim.results.metrics.summary import (
+    WeightedSample,
+    pool_stats,
+    replica_stats,
+    summarize,
+    transfer_stats,
+)
+from sim.results.metrics.warmup import generated_arrivals, warmup_stats
+from sim.results.outdir import check_out_dir
+from sim.results.records import iteration_table, request_table, token_runs, token_table, token_times
+from sim.results.run_dir import Results
 from sim.workloads import FORMATS, Workload, select
 
 

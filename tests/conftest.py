@@ -13,10 +13,10 @@ from hypothesis import settings
 
 from sim import traces_dir
 from sim.cli import main
-from sim.kv_cache import KVCacheManager
-from sim.plan import Plan
-from sim.request import Request, Status
-from sim.state import ReplicaState
+from sim.core.kv_cache import KVCacheManager
+from sim.core.plan import Plan
+from sim.core.request import Request, Status
+from sim.core.state import ReplicaState
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = traces_dir()  # the rule the notebooks and benchmarks use

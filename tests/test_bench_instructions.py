@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sim import run_scenario
-from sim.config import parse_scenario
+from sim.config.scenario import parse_scenario
 from tests.conftest import load_script
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "instructions.py"

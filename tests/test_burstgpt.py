@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import sim.workloads.burstgpt  # noqa: F401  # registers the format
-from sim.config import parse_scenario
+from sim.config.scenario import parse_scenario
 from sim.runner import load_workload
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 

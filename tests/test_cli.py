@@ -12,9 +12,9 @@ import pytest
 
 from sim import Results, load_scenario, run_scenario
 from sim.cli import main
-from sim.compare import compare, load_comparison
-from sim.sweep import run_sweep
-from sim.sweep_file import Run, load_sweep
+from sim.studies.compare import compare, load_comparison
+from sim.studies.sweep import run_sweep
+from sim.studies.sweep_file import Run, load_sweep
 from tests.conftest import REPO
 from tests.conftest import run_cli_out as cli
 

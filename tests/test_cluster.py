@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from sim import run_scenario
-from sim.config import parse_scenario, scenario_yaml
-from sim.errors import InputError
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario, scenario_yaml
 
 TICK = 0.25
 TINY_KV_BYTES = 2048  # tiny model: 4 layers x 2 KV heads x 64 x (K, V) x 2 bytes
@@ -178,7 +178,7 @@ def test_pools_start_from_the_scenarios_replica():
     # The resolved scenario reads back to the same one.
     import yaml
 
-    from sim.config import scenario_yaml
+    from sim.config.scenario import scenario_yaml
     again = parse_scenario(yaml.safe_load(scenario_yaml(scenario)), "again")
     assert scenario_yaml(again) == scenario_yaml(scenario)
 

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 import sim.runner as runner
-from sim.cluster import Cluster, Loads
-from sim.config import Scenario, parse_scenario
-from sim.request import Request
+from sim.config.scenario import Scenario, parse_scenario
+from sim.core.request import Request
+from sim.engine.cluster import Cluster, Loads
 from sim.routers.base import ReplicaLoad, argmin_first
 from sim.runner import (
     ReplicaRecord,

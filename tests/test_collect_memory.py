@@ -12,14 +12,14 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sim.cluster import Cluster
-from sim.columns import to_frame
-from sim.config import Scenario, parse_scenario
-from sim.iteration_log import IterationLog
-from sim.metrics import FINISHED_COLUMNS, WeightedSample, distribution, summarize
-from sim.request import Request
-from sim.results import TokenRuns, request_table, token_stats
-from sim.run_dir import Results
+from sim.config.scenario import Scenario, parse_scenario
+from sim.core.request import Request
+from sim.engine.cluster import Cluster
+from sim.engine.iteration_log import IterationLog
+from sim.results.columns import to_frame
+from sim.results.metrics.summary import FINISHED_COLUMNS, WeightedSample, distribution, summarize
+from sim.results.records import TokenRuns, request_table, token_stats
+from sim.results.run_dir import Results
 from sim.runner import (
     ReplicaRecord,
     collect,
@@ -41,7 +41,7 @@ def simulate(scenario: Scenario) -> tuple[list[Request], list[ReplicaRecord], Re
 
 
 def per_token(requests: list[Request], logs: list[IterationLog]) -> dict[str, Any]:
-    """The old way, one entry per token (written out in Python, apart from `sim.results`):
+    """The old way, one entry per token (written out in Python, apart from `sim.results.records`):
     every token's time; per request its count, first and last time and largest gap; all the
     gaps of all requests pooled, in request order. A recorded run holds a token at its first
     iteration and at each later one in it with decodes (`Request.record_token`)."""
@@ -219,8 +219,8 @@ def test_runs_through_iterations_without_decodes_give_the_same_results(monkeypat
     """Prefill-first pauses every decode while prompts run: a run of token iterations goes
     on through those iterations (one run, not one per prompt) and the tables cut it there.
     Every result is what closing the run at each of them gives."""
-    from sim.results import split_where_none_decoded
-    from sim.state import ReplicaState
+    from sim.core.state import ReplicaState
+    from sim.results.records import split_where_none_decoded
 
     data = {"seed": 3, "workload": {**WORKLOAD, "num_requests": 60},
             "replica": {**REPLICA, "scheduler": {"name": "prefill_first", "max_num_seqs": 8},
@@ -265,7 +265,7 @@ def test_runs_are_cut_at_each_iteration_without_decodes(decodes, data):
     """`split_where_none_decoded` against the tokens written out: a run [first, end) holds a
     token at first and at each later iteration with decodes; the pieces are those tokens'
     runs of consecutive iterations."""
-    from sim.results import split_where_none_decoded
+    from sim.results.records import split_where_none_decoded
 
     log = IterationLog()
     for n in decodes:

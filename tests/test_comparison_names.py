@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.compare import load_comparison
-from sim.errors import InputError
+from sim.config.errors import InputError
+from sim.studies.compare import load_comparison
 from tests.test_cli import COMPARISON
 
 

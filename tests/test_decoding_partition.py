@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import itertools
 
-from sim.kv_cache import KVCacheManager
+from sim.core.kv_cache import KVCacheManager
+from sim.core.plan import Plan
+from sim.core.request import Request
+from sim.core.state import ReplicaState
 from sim.latency.base import BatchShape
-from sim.plan import Plan
-from sim.request import Request
 from sim.schedulers.base import schedule_decodes
 from sim.schedulers.vllm_v1 import VllmV1, VllmV1Config
-from sim.state import ReplicaState
 
 PROMPT = 20
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sim.config import load_scenario
+from sim.config.scenario import load_scenario
 from sim.runner import run_scenario
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.gpus import GPUS
+from sim.hardware.gpus import GPUS
+from sim.hardware.models import MODELS
+from sim.hardware.parallelism import Parallelism
 from sim.latency.base import BatchShape
 from sim.latency.elementwise import (
     CALIBRATION_PATH,
@@ -22,8 +24,6 @@ from sim.latency.elementwise import (
     row_bytes,
 )
 from sim.latency.roofline import RooflineConfig, RooflineLatency
-from sim.models import MODELS
-from sim.parallelism import Parallelism
 
 VIDUR = Path(__file__).resolve().parents[2] / "shared" / "profiles" / "vidur"
 TOKENS = np.array([0, 1, 7, 64, 65, 512, 4096, 8192])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sim import run_scenario
-from sim.config import parse_scenario
+from sim.config.scenario import parse_scenario
 
 TICK = 0.25  # a binary fraction, so sums of iteration times are exact
 
@@ -139,7 +139,7 @@ def test_horizon_before_any_token(tmp_path):
 def test_progress_ends_with_every_request_fed(tmp_path, capsys):
     # Reported every total // 200 arrivals only: 451 requests ended at 450/451 (a 2p2d re-run
     # at 19,296/19,366), so the final "done" line never said the total.
-    from sim.progress import ProgressReport
+    from sim.studies.progress import ProgressReport
 
     trace = tmp_path / "many.csv"
     trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"

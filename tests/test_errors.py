@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.errors import InputError
+from sim.config.errors import InputError
 from tests.conftest import REPO, assert_one_line_error, run_cli, run_cli_out
 
 VALID_TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,2\n0.5,20,3\n"

@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 
 from sim import run_scenario
-from sim.config import parse_scenario
-from sim.errors import InputError
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
 from sim.export import export_run
 from sim.export.chrome import chrome_trace, sample_requests, wire_intervals
-from sim.run_dir import Results
+from sim.results.run_dir import Results
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 from tests.test_cluster import disaggregated, replica, trace
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import sim.clock
-import sim.engine
+import sim.engine.clock
+import sim.engine.replica
 from sim import run_scenario
-from sim.config import parse_scenario
+from sim.config.scenario import parse_scenario
+from sim.core.plan import Plan
+from sim.core.state import ReplicaState
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
-from sim.plan import Plan
 from sim.schedulers.base import SCHEDULERS, Scheduler, schedule_decodes, try_admit
-from sim.state import ReplicaState
 
 
 class NewPolicy(Scheduler):
@@ -73,13 +73,13 @@ def registered():
 def count_events(monkeypatch) -> list[int]:
     """How many SimPy events the runs process (appended to the returned list)."""
     counts = [0]
-    step = sim.clock.Environment.step
+    step = sim.engine.clock.Environment.step
 
     def counting(env):
         counts[0] += 1
         step(env)
 
-    monkeypatch.setattr(sim.clock.Environment, "step", counting)
+    monkeypatch.setattr(sim.engine.clock.Environment, "step", counting)
     return counts
 
 
@@ -155,17 +155,17 @@ def test_routers_read_stretches_in_progress_as_stepping_shows_them(traces, route
             "cluster": {"replicas": 4, "router": {"name": router}}}
     scenario = parse_scenario(data, "test")
     commits = []
-    commit_stretch = sim.engine.commit_stretch
+    commit_stretch = sim.engine.replica.commit_stretch
 
     def counting(state, stretch, num_steps, log):
         commits.append(num_steps == len(stretch))
         return commit_stretch(state, stretch, num_steps, log)
 
-    sim.engine.commit_stretch = counting
+    sim.engine.replica.commit_stretch = counting
     try:
         fast = run_scenario(scenario)
     finally:
-        sim.engine.commit_stretch = commit_stretch
+        sim.engine.replica.commit_stretch = commit_stretch
     slow = run_scenario(scenario, fast_forward=False)
     assert fast.requests.equals(slow.requests)
     assert fast.iterations.equals(slow.iterations)
@@ -179,7 +179,7 @@ def test_routers_read_stretches_in_progress_as_stepping_shows_them(traces, route
 
 def test_batch_sizes_follow_the_requests_left():
     """A shrinking stretch's batch sizes and KV reads, against a request-by-request count."""
-    from sim.stretch import batch_sizes
+    from sim.engine.fastpath.stretch import batch_sizes
 
     rng = np.random.default_rng(0)
     for _ in range(300):
@@ -204,13 +204,13 @@ def test_stretches_planned_short_equal_stepping(monkeypatch, max_steps, cluster)
     """The engine plans a stretch for `STRETCH_STEPS` iterations at most, then plans again:
     stretches cut that short (and committed in pieces, finishing requests inside them) still
     give every result file of a step-by-step run."""
-    monkeypatch.setattr(sim.engine, "STRETCH_STEPS", max_steps)
+    monkeypatch.setattr(sim.engine.replica, "STRETCH_STEPS", max_steps)
     replica = {"scheduler": {"name": "chunked_prefill", "token_budget": 256},
                "latency": {"kind": "roofline"}, "kv_cache": {"block_size": 16, "num_blocks": 600}}
     scenario = synthetic(replica, cluster, seed=5, num_requests=200, qps=30,
                          max_prompt=600, max_output=120)
     lengths = []
-    plan_stretch = sim.engine.plan_stretch
+    plan_stretch = sim.engine.replica.plan_stretch
 
     def planned(*args, **kwargs):
         stretch = plan_stretch(*args, **kwargs)
@@ -218,7 +218,7 @@ def test_stretches_planned_short_equal_stepping(monkeypatch, max_steps, cluster)
             lengths.append(len(stretch))
         return stretch
 
-    monkeypatch.setattr(sim.engine, "plan_stretch", planned)
+    monkeypatch.setattr(sim.engine.replica, "plan_stretch", planned)
     fast = run_scenario(scenario)
     slow = run_scenario(scenario, fast_forward=False)
     assert max(lengths) == max_steps  # stretches were planned, and cut at the cap
@@ -275,13 +275,13 @@ def test_stretches_with_noise_shortfalls_and_a_horizon_equal_stepping(monkeypatc
     noise, KV shortfalls, finishes inside stretches and a horizon that stops the run
     mid-stretch: every result file equals a step-by-step run's."""
     lengths = []
-    commit_stretch = sim.engine.commit_stretch
+    commit_stretch = sim.engine.replica.commit_stretch
 
     def committed(state, stretch, num_steps, log):
         lengths.append(num_steps)
         return commit_stretch(state, stretch, num_steps, log)
 
-    monkeypatch.setattr(sim.engine, "commit_stretch", committed)
+    monkeypatch.setattr(sim.engine.replica, "commit_stretch", committed)
     replica = {"scheduler": {"name": "chunked_prefill", "token_budget": 256},
                "latency": {"kind": "roofline",
                            "noise": {"kind": "lognormal", "sigma": 0.2, "correlation": 0.5}},
@@ -304,11 +304,11 @@ def test_a_commit_counts_blocks_batch_sizes_and_finishes_request_by_request():
     on random batches (block sizes 1, 2 and 16, so blocks fill at every offset; requests
     leaving inside the commit and after it): the log's rows, the blocks held, who finished
     when and in which order, and the rest of the stretch."""
-    from sim.iteration_log import IterationLog
-    from sim.kv_cache import KVCacheManager
-    from sim.request import Request
-    from sim.stretch import Stretch
-    from sim.stretch_commit import commit_stretch
+    from sim.core.kv_cache import KVCacheManager
+    from sim.core.request import Request
+    from sim.engine.fastpath.commit import commit_stretch
+    from sim.engine.fastpath.stretch import Stretch
+    from sim.engine.iteration_log import IterationLog
 
     rng = np.random.default_rng(7)
     for _ in range(300):
@@ -392,14 +392,14 @@ def test_a_stretch_cut_by_an_admission_resumes_as_stepping_plans(registered, mon
     (`Replica._resume`): results equal stepping, with noise, whether the rest runs whole,
     stops at its first finish (a transfer still waits) or is refused (a join, blocks short)."""
     outcomes = []
-    resume = sim.engine.Replica._resume
+    resume = sim.engine.replica.Replica._resume
 
     def resumed(self):
         rest = resume(self)
         outcomes.append(rest is not None)
         return rest
 
-    monkeypatch.setattr(sim.engine.Replica, "_resume", resumed)
+    monkeypatch.setattr(sim.engine.replica.Replica, "_resume", resumed)
     prefill = {"scheduler": {"name": "chunked_prefill", "token_budget": 512},
                "latency": {"kind": "roofline", "noise": {"kind": "lognormal", "sigma": 0.1}}}
     replica = {"scheduler": {**scheduler, "max_num_seqs": decode["max_num_seqs"]},
@@ -430,8 +430,8 @@ def _batch_with_a_prompt(bs: int, decodes: list[tuple[int, int, int]], pos: int,
     """A replica running `decodes` (computed tokens, output tokens, iterations left) and, at
     `pos` among them, request `len(decodes)` computing its prompt in chunks of `chunk` tokens,
     with the plan of their first iteration, its blocks allocated."""
-    from sim.kv_cache import KVCacheManager
-    from sim.request import Request
+    from sim.core.kv_cache import KVCacheManager
+    from sim.core.request import Request
 
     n = len(decodes)
     state = ReplicaState(KVCacheManager(num_blocks=100_000, block_size=bs))
@@ -469,7 +469,7 @@ def test_ended_counts_of_decode_stretches_and_their_pieces():
     """What a router reads of a decode-only stretch (`ended_counts`, from a table made on the
     first read past a finish), against the stretch's arrays, for every number of iterations
     of random stretches and of what `head` and `after` leave of them."""
-    from sim.stretch import Stretch
+    from sim.engine.fastpath.stretch import Stretch
 
     rng = np.random.default_rng(11)
     past_finish = 0
@@ -503,10 +503,10 @@ def test_a_stretch_with_a_prompt_in_chunks_commits_as_stepping():
     log's rows, every request's counters, tokens, finish and blocks (with the next
     iteration's, where the run stops mid-stretch), the replica's token count, and what a
     router reads mid-stretch (`ended_counts`)."""
-    from sim.iteration_log import IterationLog
-    from sim.request import Status
-    from sim.stretch import plan_stretch
-    from sim.stretch_commit import allocate_first_step, commit_stretch
+    from sim.core.request import Status
+    from sim.engine.fastpath.commit import allocate_first_step, commit_stretch
+    from sim.engine.fastpath.stretch import plan_stretch
+    from sim.engine.iteration_log import IterationLog
 
     latency = NewLatency(LatencyConfig(kind="new_latency"), None, None)
     rng = np.random.default_rng(5)
@@ -617,14 +617,14 @@ def test_prompts_in_chunks_fast_forward_as_stepping(registered, monkeypatch, sch
     give every result file of a step-by-step run, with KV to spare or so short that
     requests are preempted and recomputed and a prompt's chunks may not find their blocks."""
     planned = []
-    plan_stretch = sim.engine.plan_stretch
+    plan_stretch = sim.engine.replica.plan_stretch
 
     def counted(*args, **kwargs):
         stretch = plan_stretch(*args, **kwargs)
         planned.append(stretch is not None and stretch.prefill_pos >= 0)
         return stretch
 
-    monkeypatch.setattr(sim.engine, "plan_stretch", counted)
+    monkeypatch.setattr(sim.engine.replica, "plan_stretch", counted)
     # Admitting while blocks last (no reserve for decodes' future tokens) runs them short.
     replica = {"scheduler": {**scheduler, "max_num_seqs": 16, "decode_reserve_tokens": 0},
                "latency": {"kind": "roofline",

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.gpus import GPUS, GPUSpec
+from sim.hardware.gpus import GPUS, GPUSpec
 from sim.latency.gemm import (
     CALIBRATION_PATH,
     REFERENCE_GPU,

@@ -1,5 +1,5 @@
-"""`profiler.gemm_timing` times a layer's GEMMs in bf16 and fp8 (real torch, on the CPU here;
-on a GPU in a session that has one), and `bench/gemm_vs_measured.py` compares them with the
+"""`profiler.measure.gemm_timing` times a layer's GEMMs in bf16 and fp8 (real torch, on the CPU
+here; on a GPU in a session that has one), and `bench/gemm_vs_measured.py` compares them with the
 roofline's GEMM model."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler.gemm_timing import layer_gemms, measure, write
-from sim.models import MODELS
+from profiler.measure.gemm_timing import layer_gemms, measure, write
+from sim.hardware.models import MODELS
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -95,8 +95,8 @@ def test_vllm_engine_schedules_as_the_fixture(path):
 
 @pytest.mark.skipif(_installed_vllm() is not None, reason="vLLM is installed here")
 def test_vllm_engine_without_vllm_is_one_line():
-    from sim.config import parse_scenario
-    from sim.errors import InputError
+    from sim.config.errors import InputError
+    from sim.config.scenario import parse_scenario
     from tools.golden.replay import scenario_data
 
     doc = read_fixture(GOLDEN / "vllm-0.33.0" / "light.json.gz")

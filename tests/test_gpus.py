@@ -8,9 +8,9 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from sim.errors import InputError
-from sim.gpus import GPUS, GPUSpec, GPUSpecInput, resolve_gpu
-from sim.models import MODELS
+from sim.config.errors import InputError
+from sim.hardware.gpus import GPUS, GPUSpec, GPUSpecInput, resolve_gpu
+from sim.hardware.models import MODELS
 from tests.conftest import run_cli_out as cli
 from tests.test_startup import cli as cli_code
 from tests.test_startup import imported_by
@@ -147,5 +147,6 @@ def test_list_params(monkeypatch, capsys):
 
 
 def test_help_imports_no_gpu_figures_and_no_pydantic():
-    """sim.gpus imports pydantic (for GPUSpecInput): it stays off the top-level help's path."""
-    assert imported_by(cli_code("--help"), ("sim.gpus", "pydantic")) == []
+    """sim.hardware.gpus imports pydantic (for GPUSpecInput): it stays off the top-level help's
+    path."""
+    assert imported_by(cli_code("--help"), ("sim.hardware.gpus", "pydantic")) == []

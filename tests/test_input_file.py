@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.errors import InputError
-from sim.input_file import (
+from sim.config.errors import InputError
+from sim.config.input_file import (
     FileProblem,
     _loads_checking_each_number,
     check_regular,

@@ -1,5 +1,5 @@
-"""The other readers of a user's file share sim.input_file's rules: a communication table and a
-model's config.json (bounded, regular files only, strict JSON), and the GEMM calibration."""
+"""The other readers of a user's file share sim.config.input_file's rules: a communication table and
+a model's config.json (bounded, regular files only, strict JSON), and the GEMM calibration."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import sim.latency.comm
-from sim.errors import InputError
-from sim.hf_config import read_config
+from sim.config.errors import InputError
+from sim.hardware.hf_config import read_config
 from sim.latency.comm import read_table
 from sim.latency.gemm import load_calibration
 from tests.test_models import _config

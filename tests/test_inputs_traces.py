@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.config import parse_scenario
-from sim.errors import InputError
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
 from sim.runner import load_workload
 from tests.conftest import assert_one_line_error, run_cli
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.cluster import kv_cache_for, make_latency
-from sim.config import parse_scenario
-from sim.errors import InputError
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
+from sim.engine.cluster import kv_cache_for, make_latency
 from sim.runner import run_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def test_a_profile_refuses_an_fp8_cache(dtype: str) -> None:
 
 
 def test_replay_refuses_an_fp8_cache() -> None:
-    from profiler.replay import check_replayable
+    from profiler.replay.serve import check_replayable
 
     with pytest.raises(InputError, match="replay keeps the KV cache in the model's dtype"):
         check_replayable(scenario(replica(dtype="fp8")))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.gpus import GPUS
+from sim.core.plan import Plan
+from sim.hardware.gpus import GPUS
+from sim.hardware.models import MODELS
 from sim.latency import LATENCY_MODELS, BatchShape
-from sim.models import MODELS
-from sim.plan import Plan
 from tests.conftest import make_request
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sim import load_scenario, run_scenario
-from sim.gpus import measured_on
+from sim.hardware.gpus import measured_on
 from tests.conftest import REPO
 
 

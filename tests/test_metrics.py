@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.config import SLOConfig
-from sim.metrics import (
+from sim.config.slo import SLOConfig
+from sim.results.metrics.summary import (
     PERCENTILES,
     WeightedSample,
     distribution,

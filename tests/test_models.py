@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.models import COMMITTED, DATA_DIR, MODELS, ModelShape, resolve_model
+from sim.hardware.models import COMMITTED, DATA_DIR, MODELS, ModelShape, resolve_model
 from tests.conftest import assert_one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def test_every_committed_config_is_registered_and_parses() -> None:
 
 
 def test_importing_reads_no_config() -> None:
-    code = "import sim.models as m; print(sorted(m.MODELS._entries))"
+    code = "import sim.hardware.models as m; print(sorted(m.MODELS._entries))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=REPO).stdout
     assert out.strip() == "['tiny']"
@@ -354,7 +354,7 @@ def test_only_regular_files_of_bounded_size_are_read(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A device or a named pipe is refused before it is opened (reading /dev/zero would fill
     memory, a pipe with no writer blocks forever); a file past the cap before it is parsed."""
-    import sim.hf_config
+    import sim.hardware.hf_config
 
     fifo = tmp_path / "config.json"
     os.mkfifo(fifo)
@@ -364,12 +364,12 @@ def test_only_regular_files_of_bounded_size_are_read(tmp_path: Path,
     # A pipe put where a regular file was, after it was looked at: opened without blocking and
     # refused, not read.
     with _never_blocked(fifo), pytest.raises(ValueError, match="not a regular file"):
-        sim.hf_config._read_config(str(fifo), 0, 0)
+        sim.hardware.hf_config._read_config(str(fifo), 0, 0)
     if Path("/dev/zero").exists():
         with pytest.raises(ValueError,
                            match=r"^/dev/zero: not a regular file \(a named pipe or a device\)$"):
             resolve_model("/dev/zero")
-    monkeypatch.setattr(sim.hf_config, "MAX_CONFIG_BYTES", 1000)
+    monkeypatch.setattr(sim.hardware.hf_config, "MAX_CONFIG_BYTES", 1000)
     big = _write(tmp_path / "big.json", _config(padding="x" * 1000))
     size = big.stat().st_size
     with pytest.raises(ValueError) as info:
@@ -378,7 +378,7 @@ def test_only_regular_files_of_bounded_size_are_read(tmp_path: Path,
                                "1000 are read)")
     # What is read is capped as well: a file that grew since it was looked at.
     with pytest.raises(ValueError, match="too large for a config.json"):
-        sim.hf_config._read_config(str(big), 0, 10)
+        sim.hardware.hf_config._read_config(str(big), 0, 10)
 
 
 SCENARIO_HEAD = ("name: snap\nworkload: {format: synthetic, num_requests: 2, arrivals: {qps: 1}, "
@@ -441,8 +441,8 @@ def test_a_config_of_a_billion_layers_is_one_line_at_once(tmp_path: Path,
 def test_a_snapshot_directory_in_a_scenario(tmp_path: Path) -> None:
     """`model:` naming a directory laid out as Hugging Face snapshots are (config.json beside
     the weights) reads its config.json; one without a config.json is one line at the field."""
-    from sim.config import load_scenario
-    from sim.errors import InputError
+    from sim.config.errors import InputError
+    from sim.config.scenario import load_scenario
 
     snapshot = tmp_path / "models--acme--Tiny-6L" / "snapshots" / "abc123"
     _write(snapshot / "config.json", _config(num_hidden_layers=6))

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from sim.config import parse_scenario
-from sim.noise import BLOCK, IterationNoise, NoiseConfig, mean_one_quantiles
+from sim.config.scenario import parse_scenario
+from sim.latency.noise import BLOCK, IterationNoise, NoiseConfig, mean_one_quantiles
 from sim.runner import run_scenario
 from tests.conftest import assert_one_line_error, run_cli
 

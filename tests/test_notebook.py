@@ -58,8 +58,9 @@ def test_notebook_uses_only_the_public_api(notebook):
 
 
 def test_the_public_api_check_catches_private_uses():
-    assert sorted(private_uses("from sim.sweep import Run\nimport sim.config\nfrom sim import Run")
-                  ) == ["from sim.sweep import ...", "sim.config"]
+    code = "from sim.studies.sweep import Run\nimport sim.config.scenario\nfrom sim import Run"
+    assert sorted(private_uses(code)) == ["from sim.studies.sweep import ...",
+                                          "sim.config.scenario"]
     assert private_uses("from sim import load_workload") == ["sim.load_workload"]
     assert sorted(private_uses("import sim\nsim.runner.collect\nfrom sim import plots\nplots._cdf")
                   ) == ["plots._cdf", "sim.runner"]
@@ -73,7 +74,7 @@ def test_every_public_name_resolves_and_is_documented():
         assert f"- `{name}" in (sim.__doc__ or ""), name
     assert set(sim.__all__) == {*sim._HOMES, "plots", "traces_dir"}
     # A function named like its module would be hidden by that module once imported.
-    for module in ("sim.capacity", "sim.compare"):
+    for module in ("sim.studies.capacity", "sim.studies.compare"):
         importlib.import_module(module)
     assert callable(sim.search_capacity) and callable(sim.run_comparison)
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from sim import run_scenario
-from sim.config import parse_scenario
+from sim.config.scenario import parse_scenario
 
 SERVICE_S = 0.01  # one request per iteration of 10 ms: capacity 100 requests/s
 
@@ -118,7 +118,7 @@ def test_growth_is_finite_however_close_together_arrivals_come(gap_s, recwarn):
     """A queue growing by one request per arrival: its share of arrivals is 1 at any time
     scale. In seconds the regression's squares of 1e-160 s underflowed to zero, giving inf
     or NaN (a traceback writing summary.json, or 'stable' for an overloaded run)."""
-    from sim.overload import _growth
+    from sim.results.metrics.overload import _growth
 
     rng = np.random.default_rng(0)
     times = np.cumsum(rng.exponential(gap_s, 200))
@@ -133,7 +133,7 @@ def test_growth_is_finite_however_close_together_arrivals_come(gap_s, recwarn):
 def test_a_window_too_short_for_a_growth_per_second_is_unknown():
     """Arrivals within 1e-310 s: the growth in requests/s is past float64, so no verdict from
     this window (rather than inf in summary.json)."""
-    from sim.overload import _growth
+    from sim.results.metrics.overload import _growth
 
     times = np.arange(40) * 1e-320
     verdict = _growth("waiting", "the whole run", times, np.arange(40.0), 0.01)
@@ -144,7 +144,7 @@ def test_a_window_too_short_for_a_growth_per_second_is_unknown():
 def test_a_queue_growing_exactly_linearly_is_overloaded_with_finite_numbers(recwarn):
     """No scatter about the line: a standard error of 0. The t statistic was inf, and
     summary.json could not be written."""
-    from sim.overload import _growth
+    from sim.results.metrics.overload import _growth
 
     times = np.arange(100, dtype=np.float64)
     verdict = _growth("waiting", "the whole run", times, times.copy(), 0.01)

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.errors import InputError
-from sim.overrides import parse_override, set_path
-from sim.sweep_file import load_sweep
+from sim.config.errors import InputError
+from sim.config.overrides import parse_override, set_path
+from sim.studies.sweep_file import load_sweep
 from tests.conftest import assert_one_line_error, run_cli
 from tests.conftest import run_cli_out as cli
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.config import load_scenario
-from sim.fingerprint import input_files
-from sim.gpus import GPUS
+from sim.config.scenario import load_scenario
+from sim.hardware.gpus import GPUS
+from sim.hardware.models import MODELS
+from sim.hardware.parallelism import Parallelism
 from sim.latency import LATENCY_MODELS
 from sim.latency.base import BatchShape
 from sim.latency.comm import _non_decreasing, read_table
-from sim.models import MODELS
-from sim.parallelism import Parallelism
+from sim.results.fingerprint import input_files
 from sim.runner import run_scenario
 from tests.conftest import REPO, assert_one_line_error, run_cli
 
@@ -293,7 +293,7 @@ def test_moe_with_every_expert_active_is_finite(tmp_path):
     config = json.loads((REPO / "sim" / "data" / "models" / "mixtral-8x7b.json").read_text())
     config["num_local_experts"] = config["num_experts_per_tok"] = 2
     (tmp_path / "m.json").write_text(json.dumps(config))
-    from sim.models import resolve_model
+    from sim.hardware.models import resolve_model
 
     shape = resolve_model(str(tmp_path / "m.json"))
     cls = LATENCY_MODELS.get("roofline")
@@ -334,8 +334,8 @@ def test_a_shared_expert_width_that_does_not_split_is_refused(tmp_path, monkeypa
 
 
 def test_a_sweep_over_splits_and_gpus_reports_gpus_and_cost_per_point(tmp_path):
-    from sim.sweep import run_sweep, short_value
-    from sim.sweep_file import load_sweep
+    from sim.studies.sweep import run_sweep, short_value
+    from sim.studies.sweep_file import load_sweep
 
     base = SYNTH + "replica: {model: llama-3.1-8b}\n"
     (tmp_path / "base.yaml").write_text(base)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim import run_scenario
-from sim.config import parse_scenario
+from sim.config.scenario import parse_scenario
 from tests.test_fast_path import fast_and_stepped
 from tests.test_properties import assert_nothing_lost, clusters, scenarios
 

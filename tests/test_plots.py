@@ -1,6 +1,6 @@
 """Figures a paper would print: legends by the scenario's own names in numeric order, a log-2
 budget axis, TTFT beside TBT for sweeps, CDFs of every TBT gap, a busiest-window timeline
-with both pools, a comparison's variants overlaid; labels from `sim.labels`."""
+with both pools, a comparison's variants overlaid; labels from `sim.results.labels`."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import pytest
 import yaml
 from matplotlib.container import BarContainer
 
-from sim import labels
-from sim.compare import compare
-from sim.config import parse_scenario
-from sim.metrics import distribution
+from sim.config.scenario import parse_scenario
 from sim.plots import busiest_window, plot_results, tbt_sample
 from sim.plots.timeline import requests_in_flight
+from sim.results import labels
+from sim.results.metrics.summary import distribution
 from sim.runner import run_scenario
-from sim.sweep import run_sweep
-from sim.sweep_file import load_sweep
+from sim.studies.compare import compare
+from sim.studies.sweep import run_sweep
+from sim.studies.sweep_file import load_sweep
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 
 # Chunked prefill on a small synthetic load; prompts long enough that the budget matters.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.kv_cache import KVCacheManager
+from sim.core.kv_cache import KVCacheManager
 from sim.schedulers.chunked_prefill import ChunkedPrefill, ChunkedPrefillConfig
 from sim.schedulers.prefill_first import PrefillFirst, PrefillFirstConfig
 from tests.conftest import Stepper, is_finished, make_request, make_state

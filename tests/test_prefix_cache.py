@@ -1,4 +1,5 @@
-"""Prefix caching (sim/prefix_cache.py), model context limits, and the prefix-affinity router."""
+"""Prefix caching (sim/core/radix_cache.py), model context limits, and the prefix-affinity
+router."""
 
 from __future__ import annotations
 
@@ -6,15 +7,15 @@ import pandas as pd
 import pytest
 
 from sim import run_scenario
-from sim.block_cache import BlockPrefixCache
-from sim.config import parse_scenario
-from sim.prefix_cache import PrefixCachingKVManager
-from sim.request import Request
+from sim.config.scenario import parse_scenario
+from sim.core.block_cache import BlockPrefixCache
+from sim.core.radix_cache import PrefixCachingKVManager
+from sim.core.request import Request
+from sim.core.state import ReplicaState
 from sim.routers.base import ReplicaLoad
 from sim.routers.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
 from sim.schedulers.chunked_prefill import ChunkedPrefill, ChunkedPrefillConfig
 from sim.schedulers.prefill_first import PrefillFirst, PrefillFirstConfig
-from sim.state import ReplicaState
 from tests.conftest import Stepper
 
 
@@ -272,7 +273,7 @@ def test_an_unbounded_cache_finds_exactly_the_reuse_in_the_trace(traces):
 def test_admitting_a_transferred_request_is_each_policys_own_decision():
     """Decode side of a disaggregated cluster: vLLM v1 takes the KV while blocks last; SGLang
     (Mini-SGLang's rule) keeps room for every future token of the requests already there."""
-    from sim.kv_cache import KVCacheManager
+    from sim.core.kv_cache import KVCacheManager
     from sim.schedulers.sglang import SGLang, SGLangConfig
     from sim.schedulers.vllm_v1 import VllmV1, VllmV1Config
 

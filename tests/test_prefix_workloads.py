@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from sim import run_scenario
-from sim.config import parse_scenario
+from sim.config.scenario import parse_scenario
 from sim.runner import load_workload
 from sim.workloads import Workload
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out

@@ -12,13 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from profiler.fit import errors, predict
+from profiler.fit.fitting import errors, predict
 from sim import load_scenario, run_scenario
 from sim.cli import main
-from sim.gpus import GPUS
+from sim.hardware.gpus import GPUS
+from sim.hardware.models import MODELS
 from sim.latency import LATENCY_MODELS, BatchShape
 from sim.latency.profile import token_curve
-from sim.models import MODELS
 from tests.conftest import REPO, assert_one_line_error, run_cli
 
 PROFILES = sorted((REPO / "profiles").glob("*.json"))
@@ -96,7 +96,7 @@ def scenario_with_profile(tmp_path, profile: str, model: str = "tiny") -> str:
     ('{"format": "other"}', "tiny", ["format='other'", "servesim fit"]),
     (None, "llama-3-8b", ["model='tiny'", "measured for tiny"]),
     ("missing", "tiny", ["latency.path", "file not found"]),
-    # Read strictly (sim.input_file): these were a traceback or, for a key given twice, the
+    # Read strictly (sim.config.input_file): these were a traceback or, for a key given twice, the
     # last value taken silently.
     (CPU_TINY.read_text().rstrip()[:-1] + ', "model": "llama-3-8b", "model": "tiny"}', "tiny",
      ["latency.path", "model='tiny', then 'llama-3-8b': given twice"]),

@@ -14,16 +14,16 @@ import pandas as pd
 import pytest
 import yaml
 
-from profiler.fit import MIN_REGIME_SAMPLES, fit_profile, measured_noise, predict
-from profiler.mixes import GridSpec, grid, random_mixes
-from profiler.validate_profile import noise_correlation, noise_facts
-from sim.config import parse_scenario
-from sim.errors import InputError
-from sim.gpus import GPUS
+from profiler.fit.fitting import MIN_REGIME_SAMPLES, fit_profile, measured_noise, predict
+from profiler.measure.mixes import GridSpec, grid, random_mixes
+from profiler.replay.validate_profile import noise_correlation, noise_facts
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
+from sim.hardware.gpus import GPUS
+from sim.hardware.models import MODELS
 from sim.latency import LATENCY_MODELS
+from sim.latency.noise import REGIMES, regime_index
 from sim.latency.profile import FORMAT, TERMS, load_fitted, predict_s
-from sim.models import MODELS
-from sim.noise import REGIMES, regime_index
 from sim.runner import run_scenario
 from tests.conftest import REPO, assert_one_line_error, run_cli, run_cli_out
 
@@ -301,8 +301,8 @@ def test_validate_keeps_the_noise_facts_without_the_quantiles(synthetic):
 
 
 def test_fit_through_the_cli_writes_the_noise_section(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("torch", reason="profiler.measure needs torch")
-    from profiler.measure import save
+    pytest.importorskip("torch", reason="profiler.measure.timing needs torch")
+    from profiler.measure.timing import save
 
     df, meta = synthetic_profile(sigma=0.05, phi=0.3, reps=4, holdout=120, seed=6)
     parquet = tmp_path / "p.parquet"
@@ -317,8 +317,8 @@ def test_fit_through_the_cli_writes_the_noise_section(tmp_path, monkeypatch, cap
 def test_fit_never_writes_over_the_profile_it_fits(tmp_path, monkeypatch, capsys):
     # `--out` the measured parquet itself would replace the measurements with JSON; a
     # directory, a FIFO or a missing directory would be a traceback or a hang.
-    pytest.importorskip("torch", reason="profiler.measure needs torch")
-    from profiler.measure import save
+    pytest.importorskip("torch", reason="profiler.measure.timing needs torch")
+    from profiler.measure.timing import save
 
     df, meta = synthetic_profile(sigma=0.05, phi=0.3, reps=2, holdout=20, seed=1)
     parquet = tmp_path / "p.parquet"

@@ -13,19 +13,19 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the profiler needs torch (pip install -e .[profile])")
 
-from profiler.fit import predict  # noqa: E402
-from profiler.measure import load  # noqa: E402
-from profiler.model import Decoder, SeqInput  # noqa: E402
+from profiler.fit.fitting import predict  # noqa: E402
+from profiler.measure.model import Decoder, SeqInput  # noqa: E402
+from profiler.measure.timing import load  # noqa: E402
 from sim import load_scenario, run_scenario  # noqa: E402
 from sim.cli import main  # noqa: E402
-from sim.errors import InputError  # noqa: E402
-from sim.gpus import GPUS  # noqa: E402
+from sim.config.errors import InputError  # noqa: E402
+from sim.hardware.gpus import GPUS  # noqa: E402
+from sim.hardware.models import MODELS  # noqa: E402
+from sim.hardware.parallelism import SINGLE_GPU, Parallelism  # noqa: E402
 from sim.latency import LATENCY_MODELS, BatchShape  # noqa: E402
 from sim.latency.comm import BandwidthCollectives, read_table  # noqa: E402
 from sim.latency.profile import ProfileConfig  # noqa: E402
 from sim.latency.roofline import RooflineConfig  # noqa: E402
-from sim.models import MODELS  # noqa: E402
-from sim.parallelism import SINGLE_GPU, Parallelism  # noqa: E402
 from tests.conftest import REPO, assert_one_line_error, run_cli  # noqa: E402
 
 TINY = MODELS.get("tiny")  # 4 layers, hidden 256, 4 heads, 2 KV heads of 64, MLP 688, vocab 4096
@@ -88,9 +88,9 @@ def test_a_shard_holds_its_share_of_every_split_weight():
 def test_the_paged_backend_reads_a_shards_kv_pool():
     """varlen (CUDA's paged FlashAttention; here its SDPA stand-in) on the shard's one KV head
     gives the reference path's logits."""
-    from profiler.measure import inputs_for
-    from profiler.mixes import Chunk, Mix
-    from profiler.model import reference_varlen
+    from profiler.measure.mixes import Chunk, Mix
+    from profiler.measure.model import reference_varlen
+    from profiler.measure.timing import inputs_for
 
     sdpa = Decoder(TINY, 4096, seed=3, tensor_parallel=2)
     varlen = Decoder(TINY, 4096, seed=3, attention="varlen", varlen_fn=reference_varlen,

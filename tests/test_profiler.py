@@ -11,12 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the profiler needs torch (pip install -e .[profile])")
 
-from profiler.fit import errors, fit_profile  # noqa: E402
-from profiler.measure import load  # noqa: E402
-from profiler.mixes import Chunk, GridSpec, Mix, grid, random_mixes  # noqa: E402
-from profiler.model import Decoder, SeqInput  # noqa: E402
+from profiler.fit.fitting import errors, fit_profile  # noqa: E402
+from profiler.measure.mixes import Chunk, GridSpec, Mix, grid, random_mixes  # noqa: E402
+from profiler.measure.model import Decoder, SeqInput  # noqa: E402
+from profiler.measure.timing import load  # noqa: E402
 from sim.cli import main  # noqa: E402
-from sim.models import MODELS  # noqa: E402
+from sim.hardware.models import MODELS  # noqa: E402
 
 
 def cli(monkeypatch, *args: str) -> int:
@@ -97,7 +97,7 @@ def remeasured_spread(profile_path, num: int = 30) -> float:
     """Time `num` held-out mixes of the profile again, now, with the profile's settings; return
     the mean |again - first| / first. This is the noise no model can beat on this machine in
     this run, including the drift since the profile was measured (neighbours' load, clocks)."""
-    from profiler.measure import Timer, measure_mix
+    from profiler.measure.timing import Timer, measure_mix
 
     df, meta = load(profile_path)
     rows = df[df["split"] == "holdout"].head(num)
@@ -224,8 +224,8 @@ def test_profile_of_another_model_is_not_resumed(tiny_profile, monkeypatch, caps
 def test_varlen_backend_builds_the_right_paged_batch():
     """The varlen path (CUDA's paged FlashAttention) builds cumulative lengths and block tables;
     with the SDPA-based stand-in for the kernel it must give the reference path's logits."""
-    from profiler.measure import inputs_for
-    from profiler.model import reference_varlen
+    from profiler.measure.model import reference_varlen
+    from profiler.measure.timing import inputs_for
 
     shape = MODELS.get("tiny")
     sdpa = Decoder(shape, 8192, seed=3)
@@ -324,7 +324,7 @@ MEMINFO = "MemTotal:       24684092 kB\nMemFree:         2000000 kB\nMemAvailabl
 def test_the_cpu_memory_limit_is_what_is_available(tmp_path, meminfo, cgroup, expected):
     """The decoder may take 80% of the memory free now, within a container's limit; where
     Linux does not say (another OS), half the physical memory."""
-    from profiler.model import available_memory_bytes, memory_limit_bytes
+    from profiler.measure.model import available_memory_bytes, memory_limit_bytes
 
     root = _machine(tmp_path, meminfo, cgroup)
     assert available_memory_bytes(root) == expected
@@ -337,7 +337,7 @@ def test_the_cpu_memory_limit_is_what_is_available(tmp_path, meminfo, cgroup, ex
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/meminfo")
 def test_this_machine_says_what_memory_is_available():
-    from profiler.model import available_memory_bytes
+    from profiler.measure.model import available_memory_bytes
 
     available = available_memory_bytes()
     assert available is not None and 0 < available <= os.sysconf("SC_PAGE_SIZE") * os.sysconf(

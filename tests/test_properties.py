@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sim import run_scenario
-from sim.config import parse_scenario
+from sim.config.scenario import parse_scenario
 
 
 @st.composite

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.cluster import kv_cache_for, make_latency
-from sim.config import parse_scenario
-from sim.errors import InputError
-from sim.gpus import GPUS, resolve_gpu
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
+from sim.engine.cluster import kv_cache_for, make_latency
+from sim.hardware.gpus import GPUS, resolve_gpu
 from sim.latency.gemm import GemmModel
 from sim.runner import run_scenario
 
@@ -132,7 +132,7 @@ def test_a_custom_gpu_gives_its_fp8_peak_or_inherits_it() -> None:
 
 
 def test_what_measured_weights_in_bf16_refuses_fp8() -> None:
-    from profiler.replay import check_replayable
+    from profiler.replay.serve import check_replayable
 
     sc = replica_cfg("tiny", quantization="fp8",
                      latency={"kind": "profile", "path": str(REPO / "profiles" /

@@ -1,11 +1,11 @@
-"""SGLang's radix cache (`sim/prefix_cache.py`): what counts as a use, when a request's tokens
+"""SGLang's radix cache (`sim/core/radix_cache.py`): what counts as a use, when a request's tokens
 are inserted, and when a batch evicts. Token-level, as SGLang's tree (block and unit of 1)."""
 
 from __future__ import annotations
 
-from sim.prefix_cache import PrefixCachingKVManager
-from sim.request import Request
-from sim.state import ReplicaState
+from sim.core.radix_cache import PrefixCachingKVManager
+from sim.core.request import Request
+from sim.core.state import ReplicaState
 
 
 def token_request(request_id: int, ids: tuple[int, ...], output: int = 1) -> Request:

@@ -18,16 +18,16 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="replay needs torch (pip install -e .[profile])")
 
-from profiler.agreement import PLAN_COLUMNS  # noqa: E402
-from profiler.blocks import BlockMap  # noqa: E402
-from profiler.executor import Executor  # noqa: E402
-from profiler.model import Decoder, SeqInput  # noqa: E402
-from profiler.replay import replay  # noqa: E402
-from sim.config import load_scenario, parse_scenario  # noqa: E402
-from sim.kv_cache import KVCacheManager  # noqa: E402
-from sim.models import MODELS  # noqa: E402
-from sim.plan import Plan  # noqa: E402
-from sim.run_dir import Results  # noqa: E402
+from profiler.measure.model import Decoder, SeqInput  # noqa: E402
+from profiler.replay.agreement import PLAN_COLUMNS  # noqa: E402
+from profiler.replay.blocks import BlockMap  # noqa: E402
+from profiler.replay.executor import Executor  # noqa: E402
+from profiler.replay.serve import replay  # noqa: E402
+from sim.config.scenario import load_scenario, parse_scenario  # noqa: E402
+from sim.core.kv_cache import KVCacheManager  # noqa: E402
+from sim.core.plan import Plan  # noqa: E402
+from sim.hardware.models import MODELS  # noqa: E402
+from sim.results.run_dir import Results  # noqa: E402
 from sim.runner import run_scenario  # noqa: E402
 from tests.conftest import (  # noqa: E402
     assert_one_line_error,
@@ -250,7 +250,7 @@ def test_a_cpu_replay_says_its_verdict_and_prices_no_gpu(tmp_path, monkeypatch, 
     assert f"{verdict['verdict']}: " in out
     cost = summary["cost"]
     assert cost["usd_per_million_tokens"] is None and cost["usd_per_hour"] is None
-    Results.load(tmp_path / "o")  # read back as every reader does (`sim.result_files`)
+    Results.load(tmp_path / "o")  # read back as every reader does (`sim.results.read`)
     assert "cost $/M tokens" not in out
     assert f"cost: none (served on {summary['run']['gpu']}, not on h100-sxm" in " ".join(
         out.split())

@@ -17,14 +17,14 @@ from matplotlib.transforms import Bbox
 
 import sim.plots.compare as compare_plots
 import sim.plots.replicated as replicated
-from sim.config import parse_scenario
-from sim.metrics import WeightedSample
+from sim.config.scenario import parse_scenario
 from sim.plots import plot_results
 from sim.plots.replicated import cdf_at, common_grid, load_replicated, pooled
-from sim.replications import compare_replications, run_replications
 from sim.report import render_report
 from sim.report.markup import number
-from sim.result_files import directory_kind
+from sim.results.metrics.summary import WeightedSample
+from sim.results.read import directory_kind
+from sim.studies.replications import compare_replications, run_replications
 from tests.conftest import assert_one_line_error, run_cli
 
 # 120 requests, noisy roofline iterations: a fraction of a second a replication

@@ -16,13 +16,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.capacity import capacity
-from sim.capacity_log import CapacityLog
-from sim.config import parse_scenario
-from sim.intervals import bootstrap_interval, estimate, t_interval, t_quantile
-from sim.rate_decision import SLOTargets, Trial, censored, decide, measured, violations
-from sim.replications import DETERMINISTIC, variation_sources
+from sim.config.scenario import parse_scenario
+from sim.results.metrics.intervals import bootstrap_interval, estimate, t_interval, t_quantile
 from sim.runner import run_scenario
+from sim.studies.capacity import capacity
+from sim.studies.capacity_log import CapacityLog
+from sim.studies.rate_decision import SLOTargets, Trial, censored, decide, measured, violations
+from sim.studies.replications import DETERMINISTIC, variation_sources
 from tests.conftest import assert_one_line_error, run_cli
 from tests.conftest import run_cli_out as cli
 
@@ -386,7 +386,7 @@ def test_results_lines_of_compare_and_capacity_fit_80_columns(tmp_path, monkeypa
 
 
 def test_interrupted_replicated_compare_leaves_the_earlier_one(tmp_path, monkeypatch, capsys):
-    import sim.replications as reps
+    import sim.studies.replications as reps
 
     path, out = comparison(tmp_path), tmp_path / "out"
     args = ("compare", str(path), "--replications", "2", "--workers", "1", "--out", str(out))
@@ -408,8 +408,8 @@ def test_interrupted_replicated_compare_leaves_the_earlier_one(tmp_path, monkeyp
 
 
 def test_interrupt_during_the_swap_says_the_new_results_are_in(tmp_path, monkeypatch, capsys):
-    import sim.replications as reps
-    from sim.outdir import SwappedInterrupt, swap_in
+    import sim.studies.replications as reps
+    from sim.results.outdir import SwappedInterrupt, swap_in
 
     def swap_then_interrupt(tmp, out):
         swap_in(tmp, out)
@@ -424,7 +424,7 @@ def test_interrupt_during_the_swap_says_the_new_results_are_in(tmp_path, monkeyp
 
 
 def test_interrupt_during_a_single_runs_swap_says_it_is_in(tmp_path, monkeypatch, capsys):
-    import sim.outdir as outdir
+    import sim.results.outdir as outdir
 
     real = outdir.swap_in
 
@@ -470,7 +470,7 @@ def test_a_missing_tbt_p99_is_no_gap_not_a_zero():
 
 
 def test_bonferroni_over_targets():
-    from sim.intervals import t_bounds
+    from sim.results.metrics.intervals import t_bounds
 
     targets = SLOTargets(tbt_p99_s=1.0, ttft_p90_s=1.0)
     values = [0.5, 0.6, 0.55]
@@ -559,7 +559,7 @@ def test_capacity_with_no_failing_rate_has_an_unbounded_upper_end(tmp_path, monk
 
 
 def test_capacity_lines_show_milliseconds_never_equal_to_a_target_they_miss():
-    from sim.rate_decision import ms
+    from sim.studies.rate_decision import ms
 
     assert ms(0.03928) == "39.28 ms"
     assert ms(2.0) == "2,000 ms"

@@ -19,13 +19,13 @@ import pytest
 import yaml
 from PIL import Image
 
-from sim.compare import compare
-from sim.config import load_scenario, parse_scenario
+from sim.config.scenario import load_scenario, parse_scenario
 from sim.report import render_report, write_report
 from sim.report.markup import header, number, pre, scale
 from sim.runner import run_scenario
-from sim.sweep import run_sweep
-from sim.sweep_file import load_sweep
+from sim.studies.compare import compare
+from sim.studies.sweep import run_sweep
+from sim.studies.sweep_file import load_sweep
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 from tests.test_study_outputs import one_at_a_time_sweep
 from tests.test_sweep import ONE_AT_A_TIME
@@ -120,8 +120,8 @@ RAW_KEY = re.compile(r"\w\.\w|_s\b|_")  # a dotted scenario path, a `*_s` key, a
 
 
 def check_readable_headers(page: Page) -> None:
-    """Every table heading is a name from `sim.labels` (as the CLI tables and figures say it),
-    never a raw column key."""
+    """Every table heading is a name from `sim.results.labels` (as the CLI tables and figures say
+    it), never a raw column key."""
     raw = sorted({h for h in page.headers if RAW_KEY.search(h)})
     assert not raw, raw
 

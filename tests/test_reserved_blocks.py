@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.kv_cache import KVCacheManager
-from sim.request import Request
+from sim.core.kv_cache import KVCacheManager
+from sim.core.request import Request
+from sim.core.state import ReplicaState
 from sim.schedulers.base import future_blocks, reserved_blocks, summed_reserved_blocks
-from sim.state import ReplicaState
 
 
 @pytest.mark.parametrize("seed", range(20))

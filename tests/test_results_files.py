@@ -1,4 +1,4 @@
-"""Result directories read back (`sim.result_files`): a file that is corrupt, edited or of
+"""Result directories read back (`sim.results.read`): a file that is corrupt, edited or of
 another version is one line naming it, the field and the value, from plot, report and export
 alike (they share the readers), never a traceback and never output drawn from nonsense."""
 
@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.config import parse_scenario
-from sim.errors import InputError
-from sim.result_files import check_table, read_csv, read_json, read_parquet
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
+from sim.results.read import check_table, read_csv, read_json, read_parquet
 from sim.runner import run_scenario
 from tests.conftest import assert_one_line_error, run_cli
 from tests.test_cluster import replica, trace
@@ -235,7 +235,7 @@ def test_a_full_disk_while_writing_keeps_the_earlier_results(good_run, tmp_path)
     error naming it, and the earlier run there untouched."""
     import errno
 
-    from sim.outdir import write_dir
+    from sim.results.outdir import write_dir
 
     out = tmp_path / "r"
     shutil.copytree(good_run, out)

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.errors import InputError
-from sim.overrides import parse_override
-from sim.yaml_input import read_yaml
+from sim.config.errors import InputError
+from sim.config.overrides import parse_override
+from sim.config.yaml_input import read_yaml
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 
 SCENARIO = """name: tiny
@@ -187,7 +187,7 @@ def test_a_sweep_name_never_leaves_results(tmp_path, monkeypatch, capsys, name, 
 
 
 def test_a_sweep_without_seeds_keeps_the_base_seed(tmp_path):
-    from sim.sweep_file import load_sweep
+    from sim.studies.sweep_file import load_sweep
 
     path = sweep(tmp_path, "grid:\n  workload.arrivals.qps: [2, 3]\n")
     _, runs = load_sweep(path)
@@ -307,10 +307,10 @@ def test_a_rate_that_cannot_be_simulated_ends_the_search_with_its_reason():
     the search stops there and says why, rather than fail on a rate the user never gave."""
     import yaml
 
-    from sim.capacity import search
-    from sim.config import parse_scenario
-    from sim.rate_decision import SLOTargets
+    from sim.config.scenario import parse_scenario
     from sim.runner import run_scenario
+    from sim.studies.capacity import search
+    from sim.studies.rate_decision import SLOTargets
 
     def run(scenario):  # type: ignore[no-untyped-def]
         qps = scenario.workload.arrivals.qps

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from sim import run_scenario
-from sim.config import parse_scenario
-from sim.errors import InputError
-from sim.kv_cache import KVCacheManager
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
+from sim.core.kv_cache import KVCacheManager
 from sim.schedulers.sglang import SGLang, SGLangConfig
 from tests.conftest import Stepper, is_finished, make_request, make_state
 from tests.test_properties import assert_nothing_lost, clusters

@@ -105,7 +105,7 @@ def test_an_earlier_run_holding_a_nested_run_or_notes_is_never_replaced(tmp_path
 def test_an_earlier_run_with_what_servesim_writes_there_is_replaced(tmp_path, monkeypatch,
                                                                     capsys):
     from sim.export import DEFAULT_FILES
-    from sim.outdir import EXPORT_FILES, REPORT_FILE
+    from sim.results.outdir import EXPORT_FILES, REPORT_FILE
 
     assert set(DEFAULT_FILES.values()) == EXPORT_FILES
     out, path = tmp_path / "run", str(scenario(tmp_path))
@@ -185,7 +185,7 @@ def test_result_directories_follow_the_umask(tmp_path):
     0700 of the temporary directory it was filled in: teammates read results on a shared disk."""
     import os
 
-    from sim.outdir import write_dir
+    from sim.results.outdir import write_dir
 
     old = os.umask(0o022)
     try:

@@ -1,7 +1,7 @@
 """Start-up of the command line: which modules `servesim --help`, `servesim list` and a command's
 `--help` import. Structural, not timed (`python bench/startup.py` times them): pandas, pyarrow,
 matplotlib, scipy, ray, torch and the profiler are imported only inside the functions that use
-them, and the top-level help builds no scenario model (no sim.config, so no numpy either).
+them, and the top-level help builds no scenario model (no sim.config.scenario, so no numpy either).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from tests.conftest import REPO
 
 HEAVY = ("pandas", "matplotlib", "scipy", "pyarrow", "ray", "torch", "profiler")
-# What the top-level help needs none of: sim.config brings numpy, pydantic and every model.
-NOT_FOR_HELP = (*HEAVY, "numpy", "sim.config")
+# What the top-level help needs none of: sim.config.scenario brings numpy, pydantic and every model.
+NOT_FOR_HELP = (*HEAVY, "numpy", "sim.config.scenario")
 
 
 def probe(code: str, expression: str, env: dict[str, str] | None = None) -> object:
@@ -61,7 +61,7 @@ def test_commands_start_without_heavy_imports(args):
 
 
 def test_list_builds_no_scenario_model():
-    assert imported_by(cli("list"), ("sim.config", *HEAVY)) == []
+    assert imported_by(cli("list"), ("sim.config.scenario", *HEAVY)) == []
 
 
 # What a simulation written to parquet needs none of: its tables are numpy columns, written by
@@ -81,7 +81,7 @@ def test_simulate_imports_no_pandas(scenario, tmp_path):
 
 def test_the_probe_sees_an_import():
     """The checks can fail: code that does import pandas is seen doing so."""
-    assert "pandas" in imported_by("import sim.result_files", HEAVY)
+    assert "pandas" in imported_by("import sim.results.read", HEAVY)
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("3", "3")])
@@ -107,8 +107,8 @@ def test_simpy_and_torch_stay_where_the_architecture_puts_them():
                 top = name.split(".")[0]
                 if top in found:
                     found[top].add(path.relative_to(sim_dir.parent).as_posix())
-    assert found["simpy"] == {"sim/clock.py", "sim/engine.py", "sim/pipeline.py",
-                              "sim/disaggregation.py"}
+    assert found["simpy"] == {"sim/engine/clock.py", "sim/engine/replica.py",
+                              "sim/engine/pipeline.py", "sim/engine/disaggregation.py"}
     assert not found["torch"]
 
 
@@ -121,5 +121,6 @@ def test_reading_a_run_back_imports_no_engine(tmp_path):
     workload = scenario.workload.model_copy(update={"num_requests": 5})
     run_scenario(scenario.model_copy(update={"workload": workload}), out_dir=tmp_path / "run")
     code = f"from sim import Results\nresults = Results.load({str(tmp_path / 'run')!r})"
-    assert imported_by(code, ("simpy", "sim.engine", "sim.runner", "sim.cluster")) == []
+    assert imported_by(code, ("simpy", "sim.engine.replica", "sim.runner",
+                              "sim.engine.cluster")) == []
     assert probe(code, "len(results.requests)") == 5

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import sim.fingerprint
+import sim.results.fingerprint
 from sim.cli import main
-from sim.fingerprint import file_sha256
-from sim.sweep import run_sweep
-from sim.sweep_file import load_sweep
+from sim.config.file_hash import file_sha256
+from sim.studies.sweep import run_sweep
+from sim.studies.sweep_file import load_sweep
 from tests.conftest import assert_one_line_error, run_cli
 
 BASE = """
@@ -104,7 +104,7 @@ def test_a_code_change_changes_every_key(tmp_path, monkeypatch):
     sweep = make_inputs(tmp_path / "in")
     _, runs = load_sweep(sweep)
     keys = {r.key for r in runs}
-    monkeypatch.setattr(sim.fingerprint, "code_fingerprint", lambda: "9.9.9+edited")
+    monkeypatch.setattr(sim.results.fingerprint, "code_fingerprint", lambda: "9.9.9+edited")
     _, edited = load_sweep(sweep)
     assert len(keys) == 4 and not keys & {r.key for r in edited}
 
@@ -144,7 +144,7 @@ def test_bad_seeds_are_refused(tmp_path, monkeypatch, capsys, seeds):
 
 
 def test_each_file_is_hashed_once_per_process_until_it_changes(tmp_path):
-    from sim.fingerprint import _sha256
+    from sim.config.file_hash import _sha256
 
     path = tmp_path / "trace.csv"
     path.write_text("a")

@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from sim.cli import main
-from sim.compare import compare, load_comparison
-from sim.config import parse_scenario
-from sim.errors import InputError
-from sim.sweep import run_sweep
-from sim.sweep_file import load_sweep
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
+from sim.studies.compare import compare, load_comparison
+from sim.studies.sweep import run_sweep
+from sim.studies.sweep_file import load_sweep
 from tests.conftest import assert_one_line_error, run_cli
 from tests.test_sweep import ONE_AT_A_TIME  # capacity 10 requests/s, exactly
 

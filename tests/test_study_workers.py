@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.sweep import run_sweep
-from sim.sweep_file import load_sweep
-from sim.sweep_workers import SweepCrashed
+from sim.studies.sweep import run_sweep
+from sim.studies.sweep_file import load_sweep
+from sim.studies.workers import SweepCrashed
 from tests.conftest import assert_one_line_error, run_cli
 
 LENGTHS = """
@@ -42,8 +42,8 @@ def make_sweep(tmp_path: Path, files: list[str], qps: tuple[int, ...] = (1, 2, 3
     return sweep
 
 
-# The line a sweep logs every 10 s when stderr is not a terminal (`sim.progress`). A short sweep
-# prints none, but on a loaded machine (Ray starting on two busy cores) it runs that long, and
+# The line a sweep logs every 10 s when stderr is not a terminal (`sim.studies.progress`). A short
+# sweep prints none, but on a loaded machine (Ray starting on two busy cores) it runs that long, and
 # one such line came before the error: the error itself is still one line.
 PROGRESS = re.compile(r"sweep \S+: progress \d+/\d+ runs, \d+ s")
 

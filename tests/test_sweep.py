@@ -8,13 +8,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.capacity import capacity, with_rate
 from sim.cli import main
-from sim.config import parse_scenario
-from sim.rate_decision import SLOTargets, violations
+from sim.config.scenario import parse_scenario
 from sim.runner import run_scenario
-from sim.sweep import run_sweep
-from sim.sweep_file import load_sweep
+from sim.studies.capacity import capacity, with_rate
+from sim.studies.rate_decision import SLOTargets, violations
+from sim.studies.sweep import run_sweep
+from sim.studies.sweep_file import load_sweep
 from tests.conftest import assert_one_line_error, run_cli
 
 BASE = """
@@ -80,7 +80,7 @@ def test_cache_skips_runs_already_done_and_resumes(tmp_path):
 
 
 def test_forced_sweep_never_replaces_a_point_holding_a_users_file(tmp_path):
-    from sim.errors import InputError
+    from sim.config.errors import InputError
 
     path = sweep_file(tmp_path, "grid:\n  replica.scheduler.token_budget: [256, 1024]\n")
     _, runs = load_sweep(path)
@@ -124,7 +124,7 @@ def test_bad_sweep_files(tmp_path, monkeypatch, capsys, body, needles):
 
 def test_every_bad_point_of_a_sweep_is_reported_at_once(tmp_path):
     # Only the first bad point's problem was reported: qps=-2.0, never qps=True or '512'.
-    from sim.errors import InputError
+    from sim.config.errors import InputError
 
     path = sweep_file(tmp_path, "grid:\n  workload.arrivals.qps: [1.0, -2.0, true]\n"
                                 "  replica.scheduler.token_budget: [256, '512']\n")
@@ -134,7 +134,9 @@ def test_every_bad_point_of_a_sweep_is_reported_at_once(tmp_path):
         "replica.scheduler.token_budget='512'", "workload.arrivals.qps=-2.0",
         "workload.arrivals.qps=True"]  # each once, in the order the points come
     assert {line.split(": ")[0] for line in exc.value.lines()} == {str(path)}
-    from sim.sweep_file import MAX_PROBLEMS  # at most that many lines, then one counting the rest
+    from sim.studies.sweep_file import (
+        MAX_PROBLEMS,  # at most that many lines, then one counting the rest
+    )
 
     values = ", ".join(str(-q) for q in range(1, MAX_PROBLEMS + 6))
     with pytest.raises(InputError) as exc:
@@ -148,19 +150,19 @@ def test_every_bad_point_of_a_sweep_is_reported_at_once(tmp_path):
 def test_a_sweep_failing_everywhere_stops_checking_after_enough_points(tmp_path, monkeypatch):
     """A bad --set fails every point alike: checking stops after MAX_FAILED_POINTS of them (each
     check parses a whole scenario; a 10,000-point sweep would parse them all to say one line)."""
-    import sim.sweep_file
-    from sim.errors import InputError
-    from sim.overrides import parse_override
+    import sim.studies.sweep_file
+    from sim.config.errors import InputError
+    from sim.config.overrides import parse_override
 
     calls = []
-    real = sim.sweep_file.parse_scenario
-    monkeypatch.setattr(sim.sweep_file, "parse_scenario",
+    real = sim.studies.sweep_file.parse_scenario
+    monkeypatch.setattr(sim.studies.sweep_file, "parse_scenario",
                         lambda *args, **kw: calls.append(1) or real(*args, **kw))
-    values = ", ".join(str(256 + k) for k in range(sim.sweep_file.MAX_FAILED_POINTS + 50))
+    values = ", ".join(str(256 + k) for k in range(sim.studies.sweep_file.MAX_FAILED_POINTS + 50))
     path = sweep_file(tmp_path, f"grid:\n  replica.scheduler.token_budget: [{values}]\n")
     with pytest.raises(InputError) as exc:
         load_sweep(path, [parse_override("replica.kv_cache.block_size=-1")])
-    assert len(calls) == sim.sweep_file.MAX_FAILED_POINTS
+    assert len(calls) == sim.studies.sweep_file.MAX_FAILED_POINTS
     assert len(exc.value.lines()) == 1 and "block_size" in exc.value.lines()[0]
 
 

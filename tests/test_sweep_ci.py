@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.sweep import METRICS, interval_table, run_sweep
-from sim.sweep_file import load_sweep
+from sim.results.formats import METRICS
+from sim.studies.sweep import interval_table, run_sweep
+from sim.studies.sweep_file import load_sweep
 from tests.conftest import run_cli_out
 
 BASE = """

@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import run_scenario
-from sim.arrived import arrived_stats, censored_distribution
 from sim.cli.common import console
 from sim.cli.run import summary_table
-from sim.config import parse_scenario
-from sim.metrics import PERCENTILES, distribution
-from sim.warmup import generated_arrivals, mser, warmup_stats
+from sim.config.scenario import parse_scenario
+from sim.results.metrics.arrived import arrived_stats, censored_distribution
+from sim.results.metrics.summary import PERCENTILES, distribution
+from sim.results.metrics.warmup import generated_arrivals, mser, warmup_stats
 from tests.test_metrics import REQUESTS
 from tests.test_overload import SERVICE_S, single_server
 

@@ -9,15 +9,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sim.errors import InputError
-from sim.gpus import GPUS
+from sim.config.errors import InputError
+from sim.hardware.gpus import GPUS
+from sim.hardware.models import MODELS
+from sim.hardware.parallelism import SINGLE_GPU, Parallelism
 from sim.latency.base import BatchShape
 from sim.latency.comm import read_table
 from sim.latency.gemm import GemmModel
 from sim.latency.profile import ProfileConfig, ProfileLatency
 from sim.latency.roofline import RooflineConfig, RooflineLatency
-from sim.models import MODELS
-from sim.parallelism import SINGLE_GPU, Parallelism
 from tests.conftest import REPO
 
 H100 = GPUS.get("h100-sxm")

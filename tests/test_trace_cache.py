@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import sim.workloads.cache as cache
-from sim.config import parse_scenario
-from sim.errors import InputError
-from sim.fingerprint import _sha256
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
+from sim.config.file_hash import _sha256
 from sim.runner import load_workload
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"

@@ -14,7 +14,7 @@ import pyarrow.csv as pcsv
 import pytest
 
 import sim.workloads.azure as azure
-from sim.config import parse_scenario
+from sim.config.scenario import parse_scenario
 from sim.runner import load_workload
 from sim.workloads import Workload
 from sim.workloads.table import numpy_column, seconds_since_first

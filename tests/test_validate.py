@@ -12,14 +12,14 @@ import pandas as pd
 import pytest
 import yaml
 
-from profiler.agreement import compare_runs, iteration_error, relative_error
-from profiler.fit import add_host_overhead
+from profiler.fit.fitting import add_host_overhead
+from profiler.replay.agreement import compare_runs, iteration_error, relative_error
 from sim.cli import main
-from sim.errors import InputError
-from sim.gpus import GPUS
+from sim.config.errors import InputError
+from sim.hardware.gpus import GPUS
+from sim.hardware.models import MODELS
 from sim.latency import LATENCY_MODELS, BatchShape
 from sim.latency.profile import TERMS, load_fitted, predict_s
-from sim.models import MODELS
 from tests.conftest import REPO, assert_one_line_error, run_cli
 
 
@@ -78,7 +78,7 @@ def test_error_table_arithmetic_on_hand_made_runs(tmp_path):
 def test_the_table_says_which_points_are_overloaded(tmp_path):
     """The README says the simulations' overload verdicts agree with every replay's (stable at
     0.5 and 0.8, overloaded at 0.95); neither errors.csv nor the table said any verdict."""
-    from profiler.report import verdict_lines
+    from profiler.replay.report import verdict_lines
 
     run = {"ttft": (0.1, 0.2, 0.4), "tbt": (0.01, 0.02, 0.05), "e2e": (1.0, 2.0, 4.0),
            "delay": 0.0, "tokens_per_s": 200.0, "iterations": [(64, 0, 1, 0)],
@@ -98,7 +98,7 @@ def test_the_table_says_which_points_are_overloaded(tmp_path):
 def test_the_header_says_which_replays_the_host_time_is_from():
     """With --repeats 1 the host time comes from replay 1 (there is no other); the header said
     `replays 2+`."""
-    from profiler.report import header_lines
+    from profiler.replay.report import header_lines
 
     meta = {"date": "d", "command": "c", "capacity": {}, "repeats": 1,
             "machine": {"device_name": "cpu: x", "cpu_count": 2, "torch": "t",
@@ -321,7 +321,7 @@ def test_an_infinite_capacity_is_refused(tmp_path, monkeypatch, capsys, value):
 def test_a_profile_that_misses_its_own_held_out_mixes_is_flagged() -> None:
     """A sitting built on a profile whose held-out error is large says so: its simulations
     cannot be judged against replays closer than that (seen: 49.7% on a busy VM, no word)."""
-    from profiler.validate_profile import fit_flags
+    from profiler.replay.validate_profile import fit_flags
 
     assert fit_flags({"mape": 0.0966, "n": 200}) == []  # the committed CPU profile's
     (flag,) = fit_flags({"mape": 0.497, "n": 8})
@@ -333,7 +333,7 @@ def test_a_profile_that_misses_its_own_held_out_mixes_is_flagged() -> None:
 def test_table_names_stay_apart_in_six_columns() -> None:
     """Two scenarios of one scheduler are labelled by their names, which may share their first
     six characters: cut to six they were one row label for both (`azure_`)."""
-    from profiler.report import legend, short_names
+    from profiler.replay.report import legend, short_names
 
     assert short_names(["sglang", "vllm"]) == {"sglang": "sglang", "vllm": "vllm"}
     assert legend(short_names(["sglang", "vllm"])) == []

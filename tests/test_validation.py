@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.config import load_scenario, parse_scenario
+from sim.config.scenario import load_scenario, parse_scenario
 from tests.conftest import assert_one_line_error, run_cli
 
 TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,2\n0.5,20,3\n"

@@ -6,9 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from sim import run_scenario
-from sim.config import parse_scenario
-from sim.errors import InputError
-from sim.kv_cache import KVCacheManager
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
+from sim.core.kv_cache import KVCacheManager
 from sim.schedulers.vllm_v1 import VllmV1, VllmV1Config
 from tests.conftest import Stepper, is_finished, make_request, make_state
 

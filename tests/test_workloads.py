@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from sim.config import parse_scenario
-from sim.errors import InputError
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
 from sim.runner import load_workload
 from tests.conftest import assert_one_line_error, run_cli, run_cli_out
 

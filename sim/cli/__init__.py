@@ -32,7 +32,7 @@ def _run() -> object:
     import typer
 
     from sim.cli.app import app
-    from sim.errors import InputError
+    from sim.config.errors import InputError
 
     try:
         return app(standalone_mode=False)

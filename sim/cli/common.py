@@ -10,6 +10,8 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from sim.results.labels import fmt, pct  # noqa: F401  (the commands' number formats)
+
 
 class _Typer(typer.Typer):
     """typer (0.29) prints a command's docstring with its line breaks kept after the first
@@ -44,26 +46,11 @@ def set_option(precedence: str) -> Any:
 def check_seed(seed: int | None) -> None:
     """`--seed` at most MAX_SEED: it replaces the scenario's with `model_copy`, which does not
     validate (the scenario's own field is bounded)."""
-    from sim.config import MAX_SEED  # here: `servesim --help` starts without pydantic
-    from sim.errors import COMMAND_LINE, InputError
+    from sim.config.errors import COMMAND_LINE, InputError
+    from sim.config.scenario import MAX_SEED  # here: `servesim --help` starts without pydantic
 
     if seed is not None and seed > MAX_SEED:
         raise InputError(COMMAND_LINE, "--seed", seed, f"at most {MAX_SEED} (2**63 - 1)")
-
-
-def fmt(value: float | None, scale: float = 1.0) -> str:
-    """A number for a table, at most 9 characters wide (10 if negative): 4 significant digits,
-    thousands separated (whole numbers from 10,000 to 9,999,999: 274,200, not 2.742e+05), then
-    in exponent notation (1.185e+07), so that an 80-column table never cuts one; '-' for
-    none."""
-    if value is None or value != value:
-        return "-"
-    scaled = value * scale
-    return f"{scaled:,.0f}" if 1e4 <= abs(scaled) < 9_999_999.5 else f"{scaled:,.4g}"
-
-
-def pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def wide_console(min_width: int = 150) -> Console:
@@ -81,7 +68,7 @@ def refuse_unused(ctx: typer.Context, unused: dict[str, str]) -> None:
     """Options given on the command line that this invocation would ignore are refused, not
     dropped: `unused` maps each such parameter's name to when it applies (a default left
     alone is fine)."""
-    from sim.errors import COMMAND_LINE, InputError
+    from sim.config.errors import COMMAND_LINE, InputError
 
     for name, applies in unused.items():
         source = ctx.get_parameter_source(name)

@@ -34,10 +34,10 @@ def compare(
         "in every variant, over the base and the variant's own changes")] = None,
 ) -> None:
     """Run every variant of a comparison file on the same trace; print one table."""
-    from sim.compare import compare as run_all
-    from sim.compare import load_comparison
-    from sim.overrides import parse_overrides
-    from sim.progress import ProgressReport
+    from sim.config.overrides import parse_overrides
+    from sim.studies.compare import compare as run_all
+    from sim.studies.compare import load_comparison
+    from sim.studies.progress import ProgressReport
 
     if replications == 1:
         refuse_unused(ctx, {"workers": "only with --replications N (N > 1)"})
@@ -47,14 +47,14 @@ def compare(
     variant, first = next(iter(scenarios.items()))
     name = first.name.removesuffix(f"/{variant}")
     out_dir = out if out is not None else Path("results") / name
-    from sim.compare import check_comparison_dir, check_workloads
+    from sim.studies.compare import check_comparison_dir, check_workloads
 
     if len(scenarios) > 1:
         check_workloads(scenarios)  # before anything is written, replicated or not
     if replications > 1:
         compare_replicated(name, scenarios, replications, out_dir, workers)
         return
-    from sim.replications import COMPARISON_FILE
+    from sim.studies.replications import COMPARISON_FILE
 
     check_comparison_dir(out_dir, scenarios)
     # An earlier replicated comparison's table would look current beside these runs.
@@ -81,12 +81,12 @@ def compare(
 
 
 def comparison_table(title: str, df: Any) -> Table:
-    """One column per variant, one row per number (named by `sim.labels`): three variants
+    """One column per variant, one row per number (named by `sim.results.labels`): three variants
     with 18-character names fit 80 columns (no vertical rules). A row no variant has a value
     for (KV transfer when none is disaggregated) is left out."""
     import pandas as pd
 
-    from sim.labels import label, unit
+    from sim.results.labels import label, unit
 
     rows = ("pools", "scheduler", "overload", "finished", "ttft_p50_s", "ttft_p99_s",
             "tbt_p50_s", "tbt_p99_s", "e2e_p99_s", "output_tokens_per_s", "slo_attainment",
@@ -145,10 +145,10 @@ def _same(value: Any) -> str:
 def compare_replicated(name: str, scenarios: dict[str, Any], replications: int, out_dir: Path,
                        workers: int | None) -> None:
     """`compare --replications N`: each variant N times; estimates with 95% intervals."""
-    from sim.outdir import SwappedInterrupt
-    from sim.paired import DIFFERENCES_FILE
-    from sim.progress import ProgressReport
-    from sim.replications import COMPARISON_FILE, compare_replications
+    from sim.results.metrics.paired import DIFFERENCES_FILE
+    from sim.results.outdir import SwappedInterrupt
+    from sim.studies.progress import ProgressReport
+    from sim.studies.replications import COMPARISON_FILE, compare_replications
 
     done: list[str] = []
     try:
@@ -181,8 +181,8 @@ def compare_replicated(name: str, scenarios: dict[str, Any], replications: int, 
 
 def replicated_comparison_table(title: str, results: dict[str, dict[str, Any]]) -> Table:
     """One column per variant; each cell the estimate over the 95% interval `[lo, hi]`."""
-    from sim.labels import label, unit
-    from sim.replications import COMPARED
+    from sim.results.labels import label, unit
+    from sim.studies.replications import COMPARED
 
     first = next(iter(results.values()))
     table = Table(title=f"{title}: {first['replications']} replications per variant, seeds "
@@ -216,9 +216,9 @@ def replicated_comparison_table(title: str, results: dict[str, dict[str, Any]]) 
 
 def differences_table(title: str, results: dict[str, dict[str, Any]]) -> Table:
     """Each variant's paired difference from the first, one column per other variant."""
-    from sim.labels import label, unit
-    from sim.paired import paired_differences
-    from sim.replications import COMPARED
+    from sim.results.labels import label, unit
+    from sim.results.metrics.paired import paired_differences
+    from sim.studies.replications import COMPARED
 
     rows = paired_differences(results, COMPARED)
     baseline = next(iter(results))

@@ -38,7 +38,7 @@ def export(
         "evenly spaced over request ids")] = 20,
 ) -> None:
     """Write a run's results as another tool's file: vLLM's benchmark result or a trace."""
-    from sim.errors import COMMAND_LINE, InputError
+    from sim.config.errors import COMMAND_LINE, InputError
     from sim.export import export_run
     from sim.workloads.base import MAX_REQUESTS
 
@@ -56,7 +56,7 @@ def export(
 
 def parse_percentiles(text: str) -> list[float]:
     """`50,90,99` as numbers in [0, 100]; a one-line `InputError` for anything else."""
-    from sim.errors import COMMAND_LINE, InputError
+    from sim.config.errors import COMMAND_LINE, InputError
 
     values = []
     for part in text.split(","):

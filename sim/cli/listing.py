@@ -22,10 +22,11 @@ def list_registered(
 
     Then each GPU's and model's figures; with --params, each scheduler's, latency model's and
     router's parameters."""
-    # From the packages that fill them, not sim.config: no scenario model is built to list names.
-    from sim.gpus import GPUS
+    # From the packages that fill them, not sim.config.scenario: no scenario model is built to list
+    # names.
+    from sim.hardware.gpus import GPUS
+    from sim.hardware.models import MODELS
     from sim.latency import LATENCY_MODELS
-    from sim.models import MODELS
     from sim.routers import ROUTERS
     from sim.schedulers import SCHEDULERS
     from sim.workloads import FORMATS
@@ -52,12 +53,13 @@ def list_registered(
 
 
 def gpu_table(gpus: list[Any]) -> Table:
-    """Each GPU's datasheet figures and price (their sources and dates are in sim/gpus.py)."""
+    """Each GPU's datasheet figures and price (their sources and dates are in
+    sim/hardware/gpus.py)."""
     table = Table(title="GPUs", caption_justify="left",
                   caption="TFLOP/s: dense, no sparsity (fp8 -: no fp8 math); link: per GPU, "
                           "one direction, over "
                           "the tensor-parallel fabric; $: on-demand list price per GPU-hour "
-                          "(sources and dates: sim/gpus.py)")
+                          "(sources and dates: sim/hardware/gpus.py)")
     table.add_column("gpu", no_wrap=True)
     for col in ("TFLOP/s\nbf16", "\nfp8", "memory\nGB/s", "\nGiB", "link\nGB/s"):
         table.add_column(col, justify="right")

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from sim.cli.common import app, check_seed, console
-from sim.errors import COMMAND_LINE, InputError
+from sim.config.errors import COMMAND_LINE, InputError
 
 
 def require_torch(device: str) -> None:
@@ -113,10 +113,10 @@ def replay(
     model; output lengths from the trace. Writes the simulator's result files, plus forward and
     host time per iteration. Ctrl-C stops and keeps what ran (marked incomplete)."""
     require_torch(device)
-    from profiler.replay import replay as serve
+    from profiler.replay.serve import replay as serve
     from sim.cli.run import overload_line, rejected_line, summary_table
-    from sim.config import load_scenario
-    from sim.progress import ProgressReport
+    from sim.config.scenario import load_scenario
+    from sim.studies.progress import ProgressReport
 
     check_seed(seed)
     loaded = load_scenario(scenario)
@@ -187,8 +187,8 @@ def validate(
     latency-model error (profile, with and without host overhead; roofline). Writes errors.csv,
     iterations.csv, meta.json, table.txt, validation.png."""
     require_torch(device)
-    from profiler.validate import Options, run_validation
-    from sim.config import load_scenario
+    from profiler.replay.validate import Options, run_validation
+    from sim.config.scenario import load_scenario
 
     try:
         fractions = [float(x) for x in loads.split(",") if x.strip()]

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from sim.cli.common import app, console
-from sim.errors import COMMAND_LINE, InputError
+from sim.config.errors import COMMAND_LINE, InputError
 
 
 def parse_window(text: str) -> tuple[float, float]:

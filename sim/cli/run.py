@@ -15,7 +15,7 @@ from rich.table import Table
 from sim.cli.common import app, check_seed, console, fmt, pct, refuse_unused, set_option
 
 if TYPE_CHECKING:
-    from sim.config import Scenario
+    from sim.config.scenario import Scenario
 
 
 @app.command()
@@ -42,9 +42,9 @@ def simulate(
                        "written as usual")] = False,
 ) -> None:
     """Run one scenario; print its latency table; write results beside the resolved scenario."""
-    from sim.overrides import load_scenario, parse_overrides
-    from sim.progress import ProgressReport
+    from sim.config.overrides import load_scenario, parse_overrides
     from sim.runner import run_scenario
+    from sim.studies.progress import ProgressReport
 
     check_seed(seed)
     if replications == 1:
@@ -93,8 +93,8 @@ def simulate_replicated(loaded: Scenario, replications: int, out_dir: Path,
     """`simulate --replications N`: N seeds in worker processes; the table of estimates."""
     import os
 
-    from sim.progress import ProgressReport
-    from sim.replications import (
+    from sim.studies.progress import ProgressReport
+    from sim.studies.replications import (
         RESULT_FILE,
         check_replicable,
         check_replications_dir,
@@ -130,7 +130,7 @@ def interrupt_exits(out_dir: Path, done: str, written: str,
                     shown: Console = console) -> Iterator[None]:
     """Ctrl-C exits 130 with what is on disk: the new results whole if the swap had begun
     (`done`: "the run was"), else the previous ones or nothing (`written`: "results are")."""
-    from sim.outdir import SwappedInterrupt, is_earlier_results
+    from sim.results.outdir import SwappedInterrupt, is_earlier_results
 
     try:
         yield
@@ -254,7 +254,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
             table.add_row("cost $/M tokens", fmt(cost["usd_per_million_tokens"]), "all",
                           fmt(cost["usd_per_million_output_tokens"]), "output", "")
     # Which SLO, and of what: requests (a request meets the TBT target when its worst gap
-    # does), or every TBT gap of the run (`sim.metrics.slo_attainment`).
+    # does), or every TBT gap of the run (`sim.results.metrics.summary.slo_attainment`).
     for name, value in summary["slo"].items():
         label, of = SLO_ROWS.get(name, (name, ""))
         table.add_row(label, pct(value), of, "", "", "")

@@ -43,10 +43,10 @@ def sweep(
         "where the sweep lists seeds): edit the sweep file for those")] = None,
 ) -> None:
     """Run every point of a sweep (cached: only new or changed points run); one table."""
-    from sim.overrides import parse_overrides
-    from sim.progress import ProgressReport
-    from sim.sweep import check_sweep_dir, run_sweep, runs_kept
-    from sim.sweep_file import load_sweep
+    from sim.config.overrides import parse_overrides
+    from sim.studies.progress import ProgressReport
+    from sim.studies.sweep import check_sweep_dir, run_sweep, runs_kept
+    from sim.studies.sweep_file import load_sweep
 
     if backend is Backend.local:
         refuse_unused(ctx, {"address": "only with --backend ray"})
@@ -77,9 +77,10 @@ def sweep(
 
 def sweep_table(title: str, df: Any) -> Table:
     """The varied fields (mappings shown by their values), then the headline numbers; names
-    and units from `sim.labels`, a word a line so that the numbers' columns stay narrow."""
-    from sim.labels import label, param_label, unit
-    from sim.sweep import METRICS, short_value
+    and units from `sim.results.labels`, a word a line so that the numbers' columns stay narrow."""
+    from sim.results.formats import METRICS
+    from sim.results.labels import label, param_label, unit
+    from sim.studies.sweep import short_value
 
     varied = [c for c in df.columns if c not in {"seed", "key", *METRICS}]
     seeds = df["seed"].nunique() > 1
@@ -135,14 +136,14 @@ def capacity(
     """Find the largest arrival rate at which every given SLO holds, as an interval.
 
     Expand, then bisect; each rate is decided by a sequential test over replications."""
-    from sim.capacity import capacity as search
-    from sim.capacity import default_replications
-    from sim.capacity_log import CapacityLog
-    from sim.errors import COMMAND_LINE, InputError
-    from sim.overrides import load_scenario, parse_overrides
-    from sim.progress import ProgressReport
-    from sim.rate_decision import SLOTargets, check_options
-    from sim.replications import check_replicable
+    from sim.config.errors import COMMAND_LINE, InputError
+    from sim.config.overrides import load_scenario, parse_overrides
+    from sim.studies.capacity import capacity as search
+    from sim.studies.capacity import default_replications
+    from sim.studies.capacity_log import CapacityLog
+    from sim.studies.progress import ProgressReport
+    from sim.studies.rate_decision import SLOTargets, check_options
+    from sim.studies.replications import check_replicable
 
     targets = SLOTargets(tbt_p99, ttft_p90, sched_delay_p50)
     check_options(targets, precision)
@@ -178,7 +179,7 @@ def capacity(
 
 def capacity_table(name: str, result: dict[str, Any]) -> Table:
     """Each probed rate: its runs, decision and why; the interval in the caption."""
-    from sim.labels import label, unit
+    from sim.results.labels import label, unit
 
     table = Table(title=f"capacity of {name} ({result['knob']})", caption_justify="left")
     table.add_column(f"{label('qps')}\n{unit('qps').name}", justify="right", no_wrap=True)

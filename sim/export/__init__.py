@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from sim.errors import COMMAND_LINE, InputError
-from sim.outdir import check_not_a_result_file, replace_text
+from sim.config.errors import COMMAND_LINE, InputError
+from sim.results.outdir import check_not_a_result_file, replace_text
 
 Format = Literal["vllm", "chrome"]
 FORMATS: tuple[Format, ...] = ("vllm", "chrome")
@@ -23,7 +23,7 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
     directory, `DEFAULT_FILES[fmt]`); return the path written. `percentiles` and `detailed`
     (per-request arrays) shape a vllm file, `num_flows` a chrome trace."""
     # Imported here: `sim.export` is imported by the CLI, which starts without pandas.
-    from sim.run_dir import Results
+    from sim.results.run_dir import Results
 
     if fmt not in FORMATS:
         raise InputError(COMMAND_LINE, "--format", fmt,

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from sim.run_dir import Results
+    from sim.results.run_dir import Results
 
 US = 1e6  # trace time unit: microseconds
 # Each replica's iteration starts and ends (s), as the engine computed them, and the thread

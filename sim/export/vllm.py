@@ -47,10 +47,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.errors import COMMAND_LINE, InputError
+from sim.config.errors import COMMAND_LINE, InputError
 
 if TYPE_CHECKING:
-    from sim.run_dir import Results
+    from sim.results.run_dir import Results
 
 NO_TOKENS_NOTE = ("no per-token times in this run (tokens.parquet): itls and the ITL statistics "
                   "are left out and max_output_tokens_per_s is null; set record_token_times: "
@@ -178,7 +178,7 @@ def weighted_metric_stats(name: str, values_s: np.ndarray, counts: np.ndarray,
     """`metric_stats` of the sample in which `values_s[i]` occurs `counts[i]` times, without
     expanding it (the same order statistics and interpolation as numpy's; the mean and std
     summed as value times count, so equal up to rounding)."""
-    from sim.metrics import weighted_percentile
+    from sim.results.metrics.summary import weighted_percentile
 
     keep = counts > 0
     values_s, counts = values_s[keep], counts[keep]

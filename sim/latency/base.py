@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from sim.gpus import GPUSpec
-from sim.models import ModelShape
-from sim.noise import NoiseConfig
-from sim.parallelism import SINGLE_GPU, Parallelism
-from sim.plan import Plan
-from sim.registry import Registry
-from sim.request import Request
+from sim.core.plan import Plan
+from sim.core.registry import Registry
+from sim.core.request import Request
+from sim.hardware.gpus import GPUSpec
+from sim.hardware.models import ModelShape
+from sim.hardware.parallelism import SINGLE_GPU, Parallelism
+from sim.latency.noise import NoiseConfig
 
 if TYPE_CHECKING:
-    from sim.state import ReplicaState
+    from sim.core.state import ReplicaState
 
 Num = Any  # float, int, or a numpy array of one value per iteration
 
@@ -112,7 +112,7 @@ class LatencyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: str
     noise: NoiseConfig = Field(default_factory=NoiseConfig,
-                               description="per-iteration jitter (sim.noise)")
+                               description="per-iteration jitter (sim.latency.noise)")
 
 
 class LatencyModel(ABC):

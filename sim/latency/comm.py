@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.errors import InputError
-from sim.input_file import FileProblem, read_bytes
-from sim.parallelism import GPUS_PER_NODE
+from sim.config.errors import InputError
+from sim.config.input_file import FileProblem, read_bytes
+from sim.hardware.parallelism import GPUS_PER_NODE
 
 if TYPE_CHECKING:
-    from sim.parallelism import Parallelism
+    from sim.hardware.parallelism import Parallelism
 
 Array = np.ndarray
 

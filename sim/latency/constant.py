@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from sim.errors import INPUT_MODEL
-from sim.gpus import GPUSpec
+from sim.config.errors import INPUT_MODEL
+from sim.hardware.gpus import GPUSpec
+from sim.hardware.models import ModelShape
+from sim.hardware.parallelism import SINGLE_GPU, Parallelism
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
-from sim.models import ModelShape
-from sim.parallelism import SINGLE_GPU, Parallelism
 
 
 class ConstantConfig(LatencyConfig):

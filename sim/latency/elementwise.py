@@ -8,7 +8,7 @@ table. They are memory-bound and, in Vidur's measurements of seven Llama-family 
 H100 and A100, take 3-39% of the token-proportional time of a layer (its GEMMs plus these; 10%
 on the A100 and 12.6% on the H100 at the median, most for small models split many ways): a
 roofline of GEMMs alone is that much fast. `RooflineConfig.elementwise: calibrated`, the
-default, adds them; `none` leaves them out (see the README for the evidence and why).
+default, adds them; `none` leaves them out (see docs/fidelity.md for the evidence and why).
 
 Each kernel `op` on m tokens, each token a row of `row_bytes` read and written on this GPU:
 
@@ -53,10 +53,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from sim.gpus import GPUSpec
-from sim.input_file import FileProblem, loads, read_bytes
-from sim.models import ModelShape
-from sim.parallelism import Parallelism
+from sim.config.input_file import FileProblem, loads, read_bytes
+from sim.hardware.gpus import GPUSpec
+from sim.hardware.models import ModelShape
+from sim.hardware.parallelism import Parallelism
 
 CALIBRATION_PATH = Path(__file__).resolve().parents[1] / "data" / "elementwise_calibration.json"
 MAX_CALIBRATION_BYTES = 2**20
@@ -118,7 +118,7 @@ class ElementwiseModel:
         fitted, source = _calibration()
         if gpu.name in fitted:
             return cls(fitted[gpu.name], gpu.name, "calibrated", source)
-        from sim.gpus import GPUS
+        from sim.hardware.gpus import GPUS
 
         ratio = gpu.memory_bandwidth_bytes_s / GPUS.get(REFERENCE_GPU).memory_bandwidth_bytes_s
         scaled = {op: KernelParams(p.launch_s, p.row_bytes_s * ratio, p.bytes_s * ratio)

@@ -79,8 +79,8 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from sim.gpus import GPUSpec
-from sim.input_file import loads, read_bytes
+from sim.config.input_file import loads, read_bytes
+from sim.hardware.gpus import GPUSpec
 
 CALIBRATION_PATH = Path(__file__).resolve().parents[1] / "data" / "gemm_calibration.json"
 MAX_CALIBRATION_BYTES = 10 * 2**20  # a few KB per GPU

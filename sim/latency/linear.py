@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from sim.errors import INPUT_MODEL
-from sim.gpus import GPUSpec
+from sim.config.errors import INPUT_MODEL
+from sim.hardware.gpus import GPUSpec
+from sim.hardware.models import ModelShape
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
-from sim.models import ModelShape
 
 
 class LinearConfig(LatencyConfig):

@@ -19,8 +19,8 @@ all-reduces of the activations per layer and one after the embedding, from a mea
 
 A profile fitted by this version also keeps what the fit leaves unexplained (`noise.regimes`:
 quantiles of measured/predicted by regime; `noise.correlation`: their lag-1 correlation in run
-order, see `profiler.fit.measured_noise`), for `latency.noise: {kind: empirical}`; an older one
-has none, and empirical noise is refused with it.
+order, see `profiler.fit.fitting.measured_noise`), for `latency.noise: {kind: empirical}`; an
+older one has none, and empirical noise is refused with it.
 """
 
 from __future__ import annotations
@@ -40,9 +40,11 @@ from pydantic import (
     model_validator,
 )
 
-from sim.errors import INPUT_MODEL, InputError, Problem, invalid
-from sim.gpus import GPUSpec
-from sim.input_file import read_json_file
+from sim.config.errors import INPUT_MODEL, InputError, Problem, invalid
+from sim.config.input_file import read_json_file
+from sim.hardware.gpus import GPUSpec
+from sim.hardware.models import ModelShape
+from sim.hardware.parallelism import MAX_GPUS_PER_REPLICA, SINGLE_GPU, Parallelism
 from sim.latency.base import (
     LATENCY_MODELS,
     BatchShape,
@@ -58,9 +60,7 @@ from sim.latency.comm import (
     BandwidthCollectives,
     Collectives,
 )
-from sim.models import ModelShape
-from sim.noise import REGIMES, mean_one_quantiles
-from sim.parallelism import MAX_GPUS_PER_REPLICA, SINGLE_GPU, Parallelism
+from sim.latency.noise import REGIMES, mean_one_quantiles
 
 FORMAT = "servesim-latency-profile/1"
 # A fitted file is tens of kilobytes (knots, coefficients, noise quantiles); far past that it
@@ -315,7 +315,7 @@ class _Fitted(BaseModel):
 
 def load_fitted(path: Path, field: str = "latency.path") -> dict[str, Any]:
     """Read and check a fitted latency file: every problem found, one line each, naming the
-    file and field. Returns the file's mapping. Read strictly (`sim.input_file`): a key given
+    file and field. Returns the file's mapping. Read strictly (`sim.config.input_file`): a key given
     twice (JSON readers keep the last, silently), NaN, a 5,000-digit number or nesting past
     the recursion limit is refused, as is a file that is not a regular one. `field`: what
     named the file (a scenario's field, or a command-line option), named where it cannot be

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field
 
-from sim.errors import InputError
-from sim.gpus import GPUSpec
+from sim.config.errors import InputError
+from sim.hardware.gpus import GPUSpec
+from sim.hardware.models import ModelShape
+from sim.hardware.parallelism import SINGLE_GPU, Parallelism
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyConfig, LatencyModel, Num
-from sim.models import ModelShape
-from sim.parallelism import SINGLE_GPU, Parallelism
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -33,7 +33,7 @@ Parts, timed separately because different kernels run them:
 
 Under pipeline parallelism a prediction is one iteration's whole pass: every stage in turn
 plus P-1 hand-offs. The engine keeps up to P iterations in flight and holds each stage for
-the pass times its share of the layers (`sim.pipeline`), so iterations overlap as in vLLM v1.
+the pass times its share of the layers (`sim.engine.pipeline`), so iterations overlap as in vLLM v1.
 
 Terms that depend only on the number of tokens (GEMMs, elementwise kernels, communication) are
 tabulated
@@ -51,8 +51,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from sim.errors import INPUT_MODEL
-from sim.gpus import GPUSpec
+from sim.config.errors import INPUT_MODEL
+from sim.hardware.gpus import GPUSpec
+from sim.hardware.models import ModelShape
+from sim.hardware.parallelism import SINGLE_GPU, Parallelism
 from sim.latency.base import (
     LATENCY_MODELS,
     BatchShape,
@@ -64,8 +66,6 @@ from sim.latency.base import (
 )
 from sim.latency.comm import BandwidthCollectives, Collectives
 from sim.latency.elementwise import ElementwiseModel
-from sim.models import ModelShape
-from sim.parallelism import SINGLE_GPU, Parallelism
 
 
 class RooflineConfig(LatencyConfig):

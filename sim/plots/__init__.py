@@ -1,6 +1,6 @@
 """Figures, drawn from result files only (a run's directory, a sweep's table, a comparison's
 variants, a capacity search's trials, replications and replicated comparisons). Each is
-written as PNG and SVG (PNG first), titled, named and unit-labelled from `sim.labels`;
+written as PNG and SVG (PNG first), titled, named and unit-labelled from `sim.results.labels`;
 overloaded runs are marked. `plot_results` draws what a directory's own kind supports;
 unreadable files are one-line `InputError`s."""
 
@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from sim.errors import COMMAND_LINE, InputError
-from sim.outdir import check_writable_dir
+from sim.config.errors import COMMAND_LINE, InputError
 from sim.plots.capacity import capacity_bars, capacity_figure, capacity_trials, plot_capacity
 from sim.plots.common import save
 from sim.plots.compare import headline_bars, plot_comparison
@@ -23,7 +22,8 @@ from sim.plots.replicated import (
 from sim.plots.run import cdfs, tbt_sample, ttft_sample
 from sim.plots.sweep import latency_vs_throughput, p99_tbt_vs_load, plot_sweep, ttft_vs_load
 from sim.plots.timeline import busiest_window, iteration_timeline
-from sim.result_files import directory_kind
+from sim.results.outdir import check_writable_dir
+from sim.results.read import directory_kind
 
 __all__ = ["busiest_window", "capacity_bars", "capacity_figure", "capacity_trials", "cdfs",
            "headline_bars", "iteration_timeline", "latency_vs_throughput", "p99_tbt_vs_load",

@@ -13,10 +13,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sim.errors import InputError
-from sim.labels import axis_label, capacity_interval, slo_targets
+from sim.config.errors import InputError
 from sim.plots.common import legend, mark_overloaded, overloaded, save
-from sim.result_files import read_csv, read_json
+from sim.results.labels import axis_label, capacity_interval, slo_targets
+from sim.results.read import read_csv, read_json
 
 Span = tuple[float, float | None]  # an interval's ends; the upper None: unbounded
 
@@ -27,7 +27,7 @@ def capacity_bars(capacities: Mapping[str, Mapping[str, float]], path: Path,
                   ) -> list[Path]:
     """Capacity per scenario under each SLO (Sarathi-Serve's figure): {slo: {scenario: qps}},
     with `intervals` ({slo: {scenario: (low, high)}}) as error bars, said to be `interval` (a
-    search's own kind of interval, `sim.labels.capacity_interval`): in the title, or, given
+    search's own kind of interval, `sim.results.labels.capacity_interval`): in the title, or, given
     per scenario, in the legend. An upper end None is unbounded (no rate probed failed): no
     upper whisker, its number shown as `>=`. `per_gpu`: the values are per GPU, as the axis
     says."""
@@ -88,7 +88,7 @@ def _entry(result: Mapping[str, Any], per_gpu: bool) -> tuple[str, str, float, S
 
 def capacity_figure(results: Sequence[Mapping[str, Any]], path: Path, *,
                     per_gpu: bool = False) -> list[Path]:
-    """Capacity searches' results (`capacity.json`, or what `sim.capacity.capacity` returns
+    """Capacity searches' results (`capacity.json`, or what `sim.studies.capacity.capacity` returns
     with `targets_s` and `scenario` added) as bars grouped by SLO, one per scenario, their own
     intervals as error bars; `per_gpu`: `capacity_qps_per_gpu`, the interval over `num_gpus`."""
     values: dict[str, dict[str, float]] = {}

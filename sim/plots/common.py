@@ -15,8 +15,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-from sim.labels import natural_key, unit, variant_label  # noqa: E402
-from sim.outdir import replace_file  # noqa: E402
+from sim.results.labels import natural_key, unit, variant_label  # noqa: E402
+from sim.results.outdir import replace_file  # noqa: E402
 
 OVERLOADED = {"marker": "o", "markersize": 11, "markerfacecolor": "none",
               "markeredgecolor": "red", "markeredgewidth": 1.5, "linestyle": "none"}

@@ -9,10 +9,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sim.labels import PERCENT, label, time_unit
 from sim.plots.common import overloaded, save
 from sim.plots.run import cdfs
-from sim.result_files import read_csv
+from sim.results.labels import PERCENT, label, time_unit
+from sim.results.read import read_csv
 
 HEADLINE_PANELS = (("TTFT", ("ttft_p50_s", "ttft_p99_s")), ("TBT", ("tbt_p50_s", "tbt_p99_s")),
                    ("SLO attainment", ("slo_attainment",)))

@@ -21,9 +21,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from sim.errors import InputError
-from sim.labels import MS, Unit, label, time_unit
-from sim.metrics import WeightedSample
+from sim.config.errors import InputError
 from sim.plots.common import BAND_ALPHA, save
 from sim.plots.compare import headline_bars
 from sim.plots.run import (
@@ -35,8 +33,12 @@ from sim.plots.run import (
     tbt_sample_worst,
     ttft_sample,
 )
-from sim.replications import COMPARISON_FILE, DISTRIBUTIONS, RESULT_FILE
-from sim.result_files import read_csv, read_json
+from sim.results.formats import DISTRIBUTIONS
+from sim.results.formats import REPLICATED_COMPARISON_FILE as COMPARISON_FILE
+from sim.results.formats import REPLICATIONS_FILE as RESULT_FILE
+from sim.results.labels import MS, Unit, label, time_unit
+from sim.results.metrics.summary import WeightedSample
+from sim.results.read import read_csv, read_json
 
 GRID_POINTS = 2000  # values where replications' CDFs are compared, at most
 BAND_NOTE = ("line: all replications pooled; band: range of the replications' CDFs; "

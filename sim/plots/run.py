@@ -12,10 +12,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.lines import Line2D
 
-from sim.labels import MS, Unit, label, time_unit
-from sim.metrics import WeightedSample
 from sim.plots.common import log_time_axis, save
-from sim.result_files import read_json, read_parquet, read_yaml_file
+from sim.results.labels import MS, Unit, label, time_unit
+from sim.results.metrics.summary import WeightedSample
+from sim.results.read import read_json, read_parquet, read_yaml_file
 
 GAPS_FILE = "tbt_gaps.parquet"  # every gap as distinct values with counts, when written
 TIMELINE_WINDOW_S = 5.0

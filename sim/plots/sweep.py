@@ -10,17 +10,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sim.labels import (
-    MS,
-    axis_label,
-    is_load,
-    label,
-    natural_key,
-    param_label,
-    time_unit,
-    unit,
-    variant_label,
-)
 from sim.plots.common import (
     band_line,
     groups,
@@ -32,8 +21,19 @@ from sim.plots.common import (
     save,
     swept_axis,
 )
-from sim.result_files import read_parquet, read_yaml_file
-from sim.sweep import CI_TABLES, METRICS
+from sim.results.formats import CI_TABLES, METRICS
+from sim.results.labels import (
+    MS,
+    axis_label,
+    is_load,
+    label,
+    natural_key,
+    param_label,
+    time_unit,
+    unit,
+    variant_label,
+)
+from sim.results.read import read_parquet, read_yaml_file
 
 PERCENTILE_STYLES = {"p99": "-", "p50": "--"}
 

@@ -11,9 +11,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sim.errors import COMMAND_LINE, InputError
+from sim.config.errors import COMMAND_LINE, InputError
 from sim.plots.common import legend, save
-from sim.result_files import read_json, read_parquet
+from sim.results.read import read_json, read_parquet
 
 WINDOW_S = 5.0  # the default window's length
 COLUMNS = ["replica_id", "pool", "start_s", "duration_s", "num_decode_tokens",

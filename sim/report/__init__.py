@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.errors import InputError
-from sim.labels import label, param_label
-from sim.outdir import REPORT_FILE, check_not_a_result_file, replace_text
+from sim.config.errors import InputError
 from sim.report import markup as m
 from sim.report import sections as s
 from sim.report.replicated import replicated_comparison_body, replications_body
-from sim.result_files import Kind, directory_kind, read_csv, read_json
+from sim.results.labels import label, param_label
+from sim.results.outdir import REPORT_FILE, check_not_a_result_file, replace_text
+from sim.results.read import Kind, directory_kind, read_csv, read_json
 
 TITLES: dict[Kind, str] = {"run": "run", "sweep": "sweep", "comparison": "comparison",
                            "capacity": "capacity search", "replications": "replications",

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.labels import axis_label, label, param_label, unit
+from sim.results.labels import axis_label, label, param_label, unit
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
@@ -60,7 +60,7 @@ class Html(str):
 
 
 def header(name: str) -> str:
-    """A result column's heading as the CLI tables and figures name it (`sim.labels`): a
+    """A result column's heading as the CLI tables and figures name it (`sim.results.labels`): a
     scenario field by its meaning, a metric with its unit; an unknown `*_s` column in seconds,
     any other unknown column by its words."""
     if "." in name:

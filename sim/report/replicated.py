@@ -10,12 +10,13 @@ from typing import Any
 
 import pandas as pd
 
-from sim.errors import InputError
-from sim.labels import PERCENT, label, unit
-from sim.replications import DISTRIBUTIONS, PERCENTILES, RESULT_FILE, THROUGHPUT
+from sim.config.errors import InputError
 from sim.report import markup as m
 from sim.report import sections as s
-from sim.result_files import read_csv, read_json
+from sim.results.formats import DISTRIBUTIONS, PERCENTILES, THROUGHPUT
+from sim.results.formats import REPLICATIONS_FILE as RESULT_FILE
+from sim.results.labels import PERCENT, label, unit
+from sim.results.read import read_csv, read_json
 
 INTERVAL_HEADERS = ["metric", "unit", "estimate", "95% CI", "replications", "method"]
 
@@ -33,7 +34,7 @@ def read_replications(rep_dir: Path) -> dict[str, Any]:
 
 def _rows(data: dict[str, Any]) -> list[tuple[str, str, float, dict[str, Any]]]:
     """(metric, unit, scale, interval) for each headline metric, in the CLI table's order,
-    named and scaled as `sim.labels` names the columns they fill."""
+    named and scaled as `sim.results.labels` names the columns they fill."""
     metrics = data["metrics"]
     rows = []
     for key in DISTRIBUTIONS:
@@ -138,7 +139,7 @@ def replications_body(rep_dir: Path) -> list[str]:
 def replicated_comparison_body(compare_dir: Path) -> list[str]:
     """The sections of a replicated comparison: its table of estimates with intervals, then
     each variant's full interval table."""
-    from sim.replications import COMPARISON_FILE
+    from sim.results.formats import REPLICATED_COMPARISON_FILE as COMPARISON_FILE
 
     table = read_csv(compare_dir / COMPARISON_FILE, ["variant"])
     variants = [str(v) for v in table["variant"]]

@@ -10,10 +10,10 @@ from typing import Any
 
 import pandas as pd
 
-from sim.errors import InputError
-from sim.labels import axis_label, capacity_interval, label, slo_targets, unit
+from sim.config.errors import InputError
 from sim.report import markup as m
-from sim.result_files import read_csv, read_json, read_parquet
+from sim.results.labels import axis_label, capacity_interval, label, slo_targets, unit
+from sim.results.read import read_csv, read_json, read_parquet
 
 LATENCIES = ("ttft_s", "tbt_s", "tpot_s", "e2e_s", "scheduling_delay_s",
              "max_tbt_per_request_s")
@@ -44,7 +44,7 @@ def run_headline(summary: dict[str, Any]) -> str:
 
 
 def _quantity(key: str, value: Any) -> tuple[str, str, Any]:
-    """(name, unit, value in that unit) of a result field, as `sim.labels` names it."""
+    """(name, unit, value in that unit) of a result field, as `sim.results.labels` names it."""
     shown = unit(key)
     scaled = value * shown.scale if isinstance(value, int | float) and shown.scale != 1 else value
     return label(key), shown.name, scaled
@@ -180,7 +180,7 @@ def inputs_and_versions(run_dirs: Sequence[Path]) -> str:
     else:
         inputs = m.paragraph("These results record no input hashes (written before runs "
                              "wrote inputs.json).")
-    from sim.fingerprint import code_fingerprint, versions
+    from sim.results.fingerprint import code_fingerprint, versions
 
     here = [("servesim (version + source hash)", code_fingerprint()),
             *versions(("matplotlib",)).items()]

@@ -11,9 +11,9 @@ from typing import ClassVar
 import numpy as np
 from pydantic import BaseModel
 
-from sim.errors import INPUT_MODEL
-from sim.registry import Registry
-from sim.request import Request
+from sim.config.errors import INPUT_MODEL
+from sim.core.registry import Registry
+from sim.core.request import Request
 
 
 # Not frozen: a frozen dataclass's __init__ costs 3x, and one is made per replica at every

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sim.request import Request
+from sim.core.request import Request
 from sim.routers.base import ROUTERS, ReplicaLoad, Router, argmin_first
 
 

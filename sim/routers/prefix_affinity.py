@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from sim.request import Request
+from sim.core.request import Request
 from sim.routers.base import ROUTERS, ReplicaLoad, Router, RouterConfig, argmin_first
 
 

@@ -12,12 +12,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from sim.errors import INPUT_MODEL
-from sim.kv_cache import KVCacheManager, cdiv
-from sim.plan import Plan
-from sim.registry import Registry
-from sim.request import Request, Status
-from sim.state import ReplicaState
+from sim.config.errors import INPUT_MODEL
+from sim.core.kv_cache import KVCacheManager, cdiv
+from sim.core.plan import Plan
+from sim.core.registry import Registry
+from sim.core.request import Request, Status
+from sim.core.state import ReplicaState
 
 
 class SchedulerConfig(BaseModel):
@@ -51,12 +51,12 @@ class Scheduler(ABC):
 
     Config: ClassVar[type[SchedulerConfig]] = SchedulerConfig
     # Which unused cached prefixes go first when prefix caching needs room (see
-    # `sim.prefix_cache`): vLLM's block LRU unless the policy's engine does otherwise.
+    # `sim.core.radix_cache`): vLLM's block LRU unless the policy's engine does otherwise.
     prefix_cache_eviction: Literal["lru_block", "fifo_block", "lru_leaf"] = "lru_block"
     # KV blocks of the cache given (or sized from memory) that the engine never allocates.
     num_null_blocks: ClassVar[int] = 0
     # Whether the engine may run a stretch of iterations without asking for each plan (the
-    # fast path, `sim.stretch`): not for a policy that must see every iteration end.
+    # fast path, `sim.engine.fastpath.stretch`): not for a policy that must see every iteration end.
     allows_stretches: ClassVar[bool] = True
     # Whether a token sampled before its request was preempted still joins its output when
     # its iteration ends (vLLM: "still delivered"), rather than being dropped (SGLang).
@@ -69,7 +69,7 @@ class Scheduler(ABC):
 
     def num_batches_in_flight(self, pipeline_size: int) -> int:
         """Iterations the engine keeps in flight on a replica of `pipeline_size` stages (one
-        per stage: `sim.pipeline`); more where the engine schedules ahead (async)."""
+        per stage: `sim.engine.pipeline`); more where the engine schedules ahead (async)."""
         return pipeline_size
 
     @property
@@ -86,8 +86,8 @@ class Scheduler(ABC):
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
         """Build the next iteration's plan; allocate its KV blocks; preempt if it must.
 
-        The fast path (`sim.stretch.is_steady`) asks one thing of a policy, which every
-        engine's does: while nothing waits and the running requests stay the same, with blocks
+        The fast path (`sim.engine.fastpath.stretch.is_steady`) asks one thing of a policy, which
+        every engine's does: while nothing waits and the running requests stay the same, with blocks
         for them, a plan that gives every running request its tokens is repeated: each decode
         its one token, and a prompt cut into chunks the same chunk again until what is left of
         it is less."""

@@ -16,8 +16,9 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from sim.errors import invalid
-from sim.plan import Plan
+from sim.config.errors import invalid
+from sim.core.plan import Plan
+from sim.core.state import ReplicaState
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
@@ -27,7 +28,6 @@ from sim.schedulers.base import (
     schedule_decodes,
     try_admit,
 )
-from sim.state import ReplicaState
 
 
 class ChunkedPrefillConfig(SchedulerConfig):

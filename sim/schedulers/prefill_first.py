@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from sim.kv_cache import KVCacheManager
-from sim.plan import Plan
+from sim.core.kv_cache import KVCacheManager
+from sim.core.plan import Plan
+from sim.core.state import ReplicaState
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
@@ -14,7 +15,6 @@ from sim.schedulers.base import (
     schedule_decodes,
     try_admit,
 )
-from sim.state import ReplicaState
 
 
 class PrefillFirstConfig(SchedulerConfig):

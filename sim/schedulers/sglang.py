@@ -17,10 +17,11 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from sim.errors import invalid
-from sim.kv_cache import KVCacheManager
-from sim.plan import Plan
-from sim.request import Request, Status
+from sim.config.errors import invalid
+from sim.core.kv_cache import KVCacheManager
+from sim.core.plan import Plan
+from sim.core.request import Request, Status
+from sim.core.state import ReplicaState
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
@@ -31,7 +32,6 @@ from sim.schedulers.base import (
     try_admit,
 )
 from sim.schedulers.sglang_admission import PrefillAdder, left_running
-from sim.state import ReplicaState
 
 # Releases checked by the golden schedules (`tests/golden/sglang-<version>/`).
 SGLANG_VERSIONS = ("0.5.23",)
@@ -121,7 +121,7 @@ class SGLang(Scheduler):
        extend plus that many output tokens beside as many for every running request.
     6. Prefix cache: a waiting request's cached prefix (`match_prefix`, 0 without caching)
        is reused, and only the rest is chunked and computed. The radix cache is SGLang's
-       (`sim.prefix_cache`): every request the pass tries is matched (a use), every 32nd pass
+       (`sim.core.radix_cache`): every request the pass tries is matched (a use), every 32nd pass
        refreshes the queue's first 128 prefixes, a prompt is inserted when its prefill ends
        (`iteration_ended`) and a chunk at the next pass (`stash_chunked_request`), a batch
        evicts once, after matching.
@@ -137,7 +137,7 @@ class SGLang(Scheduler):
 
     10. The overlap event loop (`event_loop_overlap`, SGLang's default; `overlap_schedule`):
        batch k is decided right after k-1 is launched and runs after it (two in flight,
-       `sim.pipeline`); a decode follows its prefill at once with a future token (an output
+       `sim.engine.pipeline`); a decode follows its prefill at once with a future token (an output
        placeholder here); a request whose last token is in flight is left out of the next
        decode batch (`_reqs_finishing_inflight`) but still counts in admission; admission
        reads outputs one token behind for requests in flight (`sglang_admission._outputs`);
@@ -159,7 +159,7 @@ class SGLang(Scheduler):
         # `running_batch.batch_is_full`: the ids running when a pass found no room (or the
         # request cap), and those joining since; None while not latched.
         self._full: set[int] | None = None
-        # The radix cache's insertions (`sim.prefix_cache`): plans whose batch ends a prompt,
+        # The radix cache's insertions (`sim.core.radix_cache`): plans whose batch ends a prompt,
         # with those requests and their preemption counts (checkpointed when it ends), and
         # the chunked request's tokens cached so far (stashed at the next pass).
         self._prompts_ending: deque[tuple[Plan, list[tuple[Request, int]]]] = deque()

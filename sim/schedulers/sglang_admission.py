@@ -43,10 +43,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sim.kv_cache import cdiv
-from sim.plan import Plan
-from sim.request import Request, Status
-from sim.state import ReplicaState
+from sim.core.kv_cache import cdiv
+from sim.core.plan import Plan
+from sim.core.request import Request, Status
+from sim.core.state import ReplicaState
 
 if TYPE_CHECKING:
     from sim.schedulers.sglang import SGLang

@@ -25,12 +25,12 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from sim.errors import invalid
-from sim.plan import Plan
-from sim.request import Request
+from sim.config.errors import invalid
+from sim.core.plan import Plan
+from sim.core.request import Request
+from sim.core.state import ReplicaState
 from sim.schedulers.base import SCHEDULERS, Scheduler, SchedulerConfig
 from sim.schedulers.vllm_v1 import unchunked_reason
-from sim.state import ReplicaState
 
 _VOCAB = 32_000
 _LLAMA = {

@@ -55,7 +55,7 @@ Each rule, and where it comes from (vLLM files as read on vLLM's main branch; "d
 9. A step that preempted every running request schedules nothing in vLLM; the next step admits
    from the queue. A simulated iteration cannot be empty, so that next step is planned at once.
 10. Pipeline parallelism (P > 1 stages): tokens count as computed when scheduled, and up to P
-   iterations are in flight (the engine's batch queue; `sim.pipeline`). A running
+   iterations are in flight (the engine's batch queue; `sim.engine.pipeline`). A running
    request with nothing left to compute gets 0 tokens and is skipped (`schedule`: "No new
    tokens to schedule. This may happen when PP>1 and we have already scheduled all prompt
    tokens but they are not finished yet", `continue`), as `_chunk` gives 0 here; a step that
@@ -77,9 +77,9 @@ Release by release (`engine_version`; `ENGINE_VERSIONS` below; the golden schedu
    next as soon as one is sent; a request's token in flight is an output placeholder
    (`AsyncScheduler._update_after_schedule`), so its next decode is scheduled at once, except
    past its `max_tokens` ("Avoid scheduling an extra step"). A request arriving during
-   iteration k first runs in k+2. `sim.pipeline` runs it; `ReplicaState.start` counts.
+   iteration k first runs in k+2. `sim.engine.pipeline` runs it; `ReplicaState.start` counts.
 15. The prefix cache works block by block, each release's free-queue order its own
-   (`sim.block_cache`: 0.33.0 reuses uncached free blocks first, 0.15.1 in freeing order).
+   (`sim.core.block_cache`: 0.33.0 reuses uncached free blocks first, 0.15.1 in freeing order).
 16. Async, a request preempted with a token in flight still gets it when its iteration ends
    (`update_from_output`: "still delivered on return"), and may finish from the queue.
 
@@ -97,9 +97,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from sim.errors import invalid
-from sim.kv_cache import KVCacheManager, cdiv
-from sim.plan import Plan
+from sim.config.errors import invalid
+from sim.core.kv_cache import KVCacheManager, cdiv
+from sim.core.plan import Plan
+from sim.core.state import ReplicaState
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
@@ -108,7 +109,6 @@ from sim.schedulers.base import (
     reserved_blocks,
     try_admit,
 )
-from sim.state import ReplicaState
 
 # vLLM `EngineArgs.get_batch_defaults` (vllm/engine/arg_utils.py): an OpenAI-compatible server on
 # a GPU of 70 GiB or more other than an A100 (H100, H200, MI300x; servesim's default GPU is an
@@ -127,7 +127,8 @@ class EngineRules:
     reserve_full_isl: bool | None
     # Default of `async_scheduling` (`VllmConfig.__post_init__` resolves None to it).
     async_scheduling: bool
-    # Where freed blocks go in the free queue (`block_pool.py`, `free_blocks`): `sim.block_cache`.
+    # Where freed blocks go in the free queue (`block_pool.py`, `free_blocks`):
+    # `sim.core.block_cache`.
     free_order: Literal["lru_block", "fifo_block"]
 
 

@@ -15,8 +15,8 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
-from sim.errors import INPUT_MODEL, InputError, invalid
-from sim.registry import Registry
+from sim.config.errors import INPUT_MODEL, InputError, invalid
+from sim.core.registry import Registry
 
 # Tokens in one request's prompt or output. The longest contexts served today are about 10**7
 # tokens; 10**9 leaves room while a chunk's causal attention pairs (about q**2 / 2) and every

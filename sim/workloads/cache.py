@@ -31,9 +31,10 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from sim.errors import InputError
-from sim.input_file import FileProblem, check_regular, is_utf8_name, loads, open_regular
-from sim.outdir import replace_file
+from sim.config.errors import InputError
+from sim.config.file_hash import file_sha256
+from sim.config.input_file import FileProblem, check_regular, is_utf8_name, loads, open_regular
+from sim.results.outdir import replace_file
 from sim.workloads.table import TraceTable, from_arrow, from_rows, numpy_column
 
 if TYPE_CHECKING:
@@ -130,8 +131,6 @@ def _cached(path: Path, field: str, columns: list[str]) -> pa.Table:
 
     if path.stat().st_size < MIN_CACHED_BYTES:
         return _parse_csv(path, field, columns)
-    from sim.fingerprint import file_sha256  # here: sim.fingerprint imports the scenario config
-
     variant = json.dumps([PARSER_VERSION, pa.__version__, columns])
     key = hashlib.sha256(variant.encode()).hexdigest()[:16]
     entry = cache_dir() / f"{file_sha256(path, source=str(path), field=field)}-{key}.parquet"
@@ -303,8 +302,8 @@ def _write_atomically(table: pa.Table, entry: Path) -> None:
 
 def _read_jsonl(path: Path, field: str) -> TraceTable:
     """One JSON object per line (blank lines skipped), read as strictly as every JSON input
-    (`sim.input_file.loads`: a key given twice, NaN, huge integers, deep nesting are refused);
-    errors give the line number. No pandas: see `sim.workloads.table`."""
+    (`sim.config.input_file.loads`: a key given twice, NaN, huge integers, deep nesting are
+    refused); errors give the line number. No pandas: see `sim.workloads.table`."""
     rows, lines = [], []
     try:
         with open_regular(path) as raw, io.TextIOWrapper(raw, encoding="utf-8") as file:

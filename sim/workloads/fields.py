@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.errors import InputError
+from sim.config.errors import InputError
 from sim.workloads.base import MAX_TOKENS
 from sim.workloads.cache import csv_line
 from sim.workloads.table import TraceTable, seconds_since_first

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import InputError
+from sim.config.errors import InputError
 from sim.workloads.base import FORMATS, FilteredTraceConfig, Format, Workload
 from sim.workloads.fields import column, seconds, token_counts, where
 from sim.workloads.where import read_trace

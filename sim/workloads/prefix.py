@@ -51,7 +51,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BeforeValidator, Field, model_validator
 
-from sim.errors import InputError, Problem, invalid
+from sim.config.errors import InputError, Problem, invalid
 from sim.workloads.base import (
     FORMATS,
     MAX_REQUESTS,

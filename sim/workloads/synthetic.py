@@ -10,7 +10,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field, model_validator
 
-from sim.errors import INPUT_MODEL, Problem, invalid
+from sim.config.errors import INPUT_MODEL, Problem, invalid
 from sim.workloads.base import (
     FORMATS,
     MAX_REQUESTS,

@@ -5,7 +5,7 @@ The readers (`sim.workloads.cache`) give a `TraceTable` and the column checks
 simulating a trace of thousands of requests, and pyarrow imports it from nearly every
 convenience it has: `pa.array`, `to_pandas`, even `Int64Array.to_numpy` (it probes for pandas
 types). So the columns that traces hold (integers, floats, booleans, timestamps, none missing)
-are read from their arrow buffers, as `sim.columns` writes them. A JSON-lines file's columns
+are read from their arrow buffers, as `sim.results.columns` writes them. A JSON-lines file's columns
 are made from its parsed rows: integers, numbers or booleans in every row as the numpy array
 pandas typed them as, any other values as an object array of them (a Mooncake trace's
 `hash_ids` lists). Every other column (text, missing values, other types) is the pandas Series

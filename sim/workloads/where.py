@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 
 import numpy as np
 
-from sim.errors import InputError
+from sim.config.errors import InputError
 from sim.workloads.base import FilteredTraceConfig, resolve
 from sim.workloads.cache import csv_header, read_table
 from sim.workloads.table import TraceTable

@@ -70,7 +70,7 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
 def requests_of(doc: dict[str, Any]) -> list[Any]:
     """The fixture's requests as servesim's, with a prefix-block id per full block of the
     prompt (shared blocks share ids, as the engine's block hashes do)."""
-    from sim.request import Request
+    from sim.core.request import Request
 
     w = doc["workload"]
     block = w["block_size"]
@@ -101,8 +101,8 @@ class Replayed:
 def replay(doc: dict[str, Any], *, fast_forward: bool = False, policy: str | None = None
            ) -> Replayed:
     """Run servesim on the fixture's workload; every iteration's plan, and request times."""
-    from sim.cluster import Cluster
-    from sim.config import parse_scenario
+    from sim.config.scenario import parse_scenario
+    from sim.engine.cluster import Cluster
 
     scenario = parse_scenario(scenario_data(doc, policy),
                               f"<golden {doc['workload']['name']}>")

@@ -1,0 +1,187 @@
+"""One replica's configuration: the model it serves, its GPU and how it splits over GPUs, its
+scheduler and latency model (each a registry entry with its own parameters), its KV cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
+
+from sim.config.base import Frozen, changed_fields, dispatch
+from sim.config.errors import invalid
+from sim.core.registry import Registry
+from sim.hardware.gpus import GPUS, GPUSpec, GPUSpecInput
+from sim.hardware.models import MODELS, ModelShape, resolve_model
+from sim.hardware.parallelism import Parallelism
+from sim.latency import LATENCY_MODELS
+from sim.latency.base import LatencyConfig
+from sim.schedulers import SCHEDULERS, SchedulerConfig
+
+
+class KVCacheConfig(Frozen):
+    # Bounds keep block counts times block sizes (KV slots) well inside int64.
+    block_size: int = Field(16, gt=0, le=65_536, description="token slots per KV block (tokens)")
+    num_blocks: int | None = Field(
+        None, gt=0, le=10**12, description="blocks per replica; None: derived from GPU memory"
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="fraction of GPU memory for weights, activations and KV, "
+                                     "as vLLM's flag")
+    activation_reserve_gb: float = Field(
+        2.0, ge=0, description="GB kept for activations when num_blocks is derived"
+    )
+    dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="the KV cache's element type, as vLLM's --kv-cache-dtype: auto "
+                            "(the model's dtype) or an fp8 format (one byte per element: "
+                            "twice the KV slots in the same memory, half the bytes attention "
+                            "reads and a transfer sends)")
+
+    @model_validator(mode="after")
+    def _memory_or_blocks(self) -> KVCacheConfig:
+        # Memory settings only derive num_blocks: given beside it, they would be ignored.
+        ignored = changed_fields(self, "gpu_memory_utilization", "activation_reserve_gb")
+        if self.num_blocks is not None and ignored:
+            raise invalid(*[(name, value, "has no effect when num_blocks is given")
+                            for name, value in ignored])
+        return self
+
+
+class ReplicaConfig(Frozen):
+    model: str | Path = Field(
+        "llama-3-8b", description="a registered model, or the path of a Hugging Face "
+                                  "config.json (relative to the scenario)")
+    gpu: str | GPUSpecInput = Field(
+        "h100-sxm", description="a registered GPU, or a mapping of its figures")
+    parallelism: Parallelism = Field(default_factory=Parallelism,
+                                     description="how one replica splits over GPUs")
+    scheduler: SerializeAsAny[SchedulerConfig] = Field(
+        default_factory=lambda: SCHEDULERS.get("chunked_prefill").Config(name="chunked_prefill"),
+        description="the batching policy: {name: <scheduler>, <its parameters>}")
+    latency: SerializeAsAny[LatencyConfig] = Field(
+        default_factory=lambda: LATENCY_MODELS.get("roofline").Config(kind="roofline"),
+        description="how long an iteration takes: {kind: <latency model>, <its parameters>}")
+    kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig,
+                                    description="KV blocks per replica")
+    max_model_len: int | None = Field(
+        None, gt=0, le=10**9,
+        description="context window (prompt plus output) in tokens; None: the model's")
+    prefix_caching: bool = Field(
+        False, description="share and keep the KV of prefixes named by the requests' hash ids")
+    quantization: Literal["none", "fp8"] = Field(
+        "none", description="weights of the linear layers, as vLLM's --quantization: none (the "
+                            "model's dtype) or fp8 (one byte per weight; fp8 math where the GPU "
+                            "has it)")
+
+    @property
+    def context_len(self) -> int | None:
+        """The context window in force: `max_model_len`, else the model's."""
+        return self.max_model_len or self.model_shape.max_model_len
+
+    @property
+    def model_shape(self) -> ModelShape:
+        """The model's shape (a config.json is read once per process), its KV cache's element
+        size set by `kv_cache.dtype` and its linear layers' weights by `quantization`."""
+        shape = resolve_model(str(self.model))
+        if shape.checkpoint_fp8 and self.quantization != "fp8":
+            # vLLM loads such a checkpoint quantized whatever its flag; simulated in bf16, its
+            # weights would be twice their size.
+            raise ValueError(f"{shape.source}: quantization_config: an fp8 checkpoint: set "
+                             "replica.quantization: fp8")
+        if self.kv_cache.dtype != "auto":
+            shape = dataclasses.replace(shape, kv_dtype=self.kv_cache.dtype)
+        if self.quantization == "fp8":
+            shape = dataclasses.replace(shape, linear_dtype_bytes=1)
+        return shape
+
+    @property
+    def gpu_spec(self) -> GPUSpec:
+        return self.gpu.to_spec() if isinstance(self.gpu, GPUSpecInput) else GPUS.get(self.gpu)
+
+    @property
+    def gpu_name(self) -> str:
+        return self.gpu if isinstance(self.gpu, str) else self.gpu.name
+
+    @property
+    def model_name(self) -> str:
+        """The registered name, or a config.json's folder (`.../Llama-3.1-70B/config.json`)
+        or file name; in a Hugging Face cache, the repository it came from
+        (`.../models--meta-llama--Llama-3.1-8B/snapshots/<commit>/config.json`:
+        `meta-llama/Llama-3.1-8B`)."""
+        if isinstance(self.model, str):
+            return self.model
+        if self.model.name != "config.json":
+            return self.model.stem
+        folder = self.model.parent
+        repo = folder.parent.parent.name
+        if folder.parent.name == "snapshots" and repo.startswith("models--"):
+            return repo.removeprefix("models--").replace("--", "/")
+        return folder.name
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, value: Any) -> Any:
+        """A registered name stays a name; anything else is a config.json's path (read once
+        paths are resolved against the scenario's directory)."""
+        if isinstance(value, Path):
+            return value
+        if not isinstance(value, str):
+            raise ValueError("must be a registered model's name or a config.json's path")
+        if value in MODELS or not _looks_like_path(value):
+            return _known(MODELS, value)
+        return Path(value).expanduser()
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu(cls, value: Any) -> Any:
+        """A name, or a mapping checked as a `GPUSpecInput` here (so its problems are reported
+        at their own fields, not once per member of the union)."""
+        if isinstance(value, dict):
+            return GPUSpecInput.model_validate(value)
+        if isinstance(value, GPUSpecInput):
+            return value
+        if not isinstance(value, str):
+            raise ValueError("must be a registered GPU's name or a mapping of its figures")
+        return _known(GPUS, value)
+
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _scheduler(cls, value: Any) -> Any:
+        return dispatch(SCHEDULERS, "name", value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scheduler_for_parallelism(cls, data: Any) -> Any:
+        """A scheduler's defaults that depend on the replica's split (vLLM resolves async
+        scheduling off on a pipeline): its Config's `for_pipeline`, before it is validated."""
+        if not isinstance(data, dict) or not isinstance(data.get("scheduler"), dict):
+            return data
+        name = data["scheduler"].get("name")
+        par = data.get("parallelism")
+        pipeline = par.get("pipeline", 1) if isinstance(par, dict) else getattr(
+            par, "pipeline", 1)
+        if not isinstance(name, str) or name not in SCHEDULERS or type(pipeline) is not int:
+            return data  # reported by the fields' own validators
+        try:
+            scheduler = SCHEDULERS.get(name).Config.for_pipeline(data["scheduler"], pipeline)
+        except ValidationError as exc:  # located within the scheduler's settings
+            raise invalid(*[(".".join(["scheduler", *map(str, e["loc"])]), e["input"], e["msg"])
+                            for e in exc.errors()]) from None
+        return {**data, "scheduler": scheduler}
+
+    @field_validator("latency", mode="before")
+    @classmethod
+    def _latency(cls, value: Any) -> Any:
+        return dispatch(LATENCY_MODELS, "kind", value)
+
+
+def _looks_like_path(value: str) -> bool:
+    return value.endswith(".json") or "/" in value or os.sep in value
+
+
+def _known(registry: Registry[Any], name: str) -> str:
+    if name not in registry:
+        raise ValueError(f"unknown {registry.kind}; known: {', '.join(registry.names())}")
+    return name

@@ -1,0 +1,356 @@
+"""SGLang's prefix cache (`sglang` policy), its radix tree as SGLang 0.5.23 keeps it: KV blocks
+of a shared prefix are computed once and shared by the requests that start with it, and kept
+after those requests end until their room is needed. (vLLM's, block by block, is
+`sim.core.block_cache`.)
+
+Requests name their prefix by `hash_ids`: id i stands for tokens [i * H, (i + 1) * H) (H =
+`hash_block_tokens`, 512 for Mooncake; 1 for the golden schedules, SGLang's token-level tree).
+The cache is a tree of such units (a unit's place in the tree is its whole prefix, as SGLang's
+radix tree keys a path). A unit owns the KV blocks whose last token it holds. Only block counts
+are tracked, never which physical block holds what.
+
+What is modelled (rule, and where it comes from; paths under `sglang/srt/`):
+- A hit skips computing those tokens; at least the last known token is always computed, to get
+  logits (`_compute_max_prefix_len`: `len - 1` at most).
+- Insertion (`mem_cache/radix_cache.py` `checkpoint`): a request's prompt is cached when its
+  prefill ends and, chunk by chunk, when the next batch is scheduled (`stash_chunked_request`);
+  a finished request's whole KV when it leaves (`release_kv_cache(checkpoint=True)`): its
+  prompt's units, and the rest (its output, a partial unit) as one node of its own under them
+  that nobody can match (`split_prompt`). A preempted (retracted) request caches nothing more.
+  Only full units are shared. A request inserting a unit already cached (computed by another
+  meanwhile) takes the cached one and gives its own back (`_insert_cache` frees duplicates).
+- Cached blocks nobody uses (lock count 0) are free: they count in `num_free_blocks` and are
+  evicted only when an allocation finds no other free block; a whole prefill batch allocates,
+  and evicts, once, after every request in it was matched (`deferred_evictions`).
+- Eviction (`evict`, `LRUStrategy`): only leaf nodes go, least recently used first, each whole.
+  A node ends where an insertion ended, where paths diverge, or where a match ended
+  (`_split_node`). Used means touched: a match (`match_prefix`, the scheduler's, each waiting
+  request it tries), a refresh (`touch_prefix`, every 32nd pass, the first 128 waiting
+  requests, head last) and an insertion touch their whole path, and a match or insertion that
+  ends inside a node the whole node (the split keeps the old node's part below with the new
+  time). Locking and unlocking touch nothing; nor do lookups of routers and metrics
+  (`prefix_hit_tokens`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+from sim.core.kv_cache import KVCacheManager, cdiv
+from sim.core.request import Request
+
+# How a cache evicts: "lru_block" and "fifo_block", vLLM's free queue by release
+# (`sim.core.block_cache`); "lru_leaf", SGLang's radix cache (this module).
+Eviction = Literal["lru_block", "fifo_block", "lru_leaf"]
+
+
+class Unit:
+    """One cached unit: `num_blocks` KV blocks holding tokens of one prefix block."""
+
+    __slots__ = ("children", "end", "key", "last_use", "num_blocks", "parent", "num_users")
+
+    def __init__(self, key: int, parent: Unit | None, num_blocks: int) -> None:
+        self.key = key
+        self.parent = parent
+        self.children: dict[int, Unit] = {}
+        self.num_blocks = num_blocks
+        self.num_users = 0  # running requests sharing it (SGLang's lock_ref); 0: evictable
+        self.last_use = 0
+        # The last unit of a radix-tree node: an insertion ended here, or paths diverge after
+        # it, or a match ended at it (`_split_node`). Eviction takes a leaf node whole: units up
+        # to the last one of the node above.
+        self.end = False
+
+
+# Keys of the nodes holding a finished request's uncached rest (below the hash ids' range:
+# Mooncake's are >= 0, the golden tool's are 64-bit hashes), so nobody matches them.
+_REST_KEY = -(2**63) - 1
+
+
+class PrefixCachingKVManager(KVCacheManager):
+    """A KV manager whose requests share cached prefix blocks (see the module docstring)."""
+
+    caches_prefixes = True
+
+    eviction = "lru_leaf"
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        self.root = Unit(-1, None, 0)
+        # request id -> the units it shares, in order; its other held blocks are its own.
+        self._units: dict[int, list[Unit]] = {}
+        self._num_cached_blocks = 0  # blocks held by cached units, reachable or not
+        # Of those, blocks of units nobody uses. Within `deferred_evictions` allocations may
+        # take some before they are evicted: `num_free_blocks` below this by what they owe.
+        self._num_evictable_blocks = 0
+        self._leaves: list[tuple[int, int, Unit]] = []  # evictable leaves: (last_use, seq, unit)
+        self._clock = 0  # orders touches (SGLang's `last_access_time`)
+        self._seq = 0  # orders heap entries of equal times
+        self._deferring = False
+        self.num_evicted_blocks = 0
+
+    # -- lookups --------------------------------------------------------------------------
+
+    def _unit_blocks(self, req: Request, index: int) -> int:
+        """Blocks owned by unit `index` of `req`: those whose last token it holds."""
+        h = req.hash_block_tokens
+        return (index + 1) * h // self.block_size - index * h // self.block_size
+
+    def _match(self, req: Request, limit: int | None = None) -> list[Unit]:
+        """The cached units `req` can reuse: the longest cached chain of its ids within its
+        first `limit` tokens (default: leaving at least one token to compute)."""
+        ids = req.hash_ids
+        if not ids or self._held.get(req.request_id):
+            return []
+        h, bs = req.hash_block_tokens, self.block_size
+        if limit is None:
+            limit = req.num_tokens - 1
+        units = []
+        node = self.root
+        for index, key in enumerate(ids):
+            child = node.children.get(key)
+            if child is None or (index + 1) * h // bs * bs > limit:
+                break
+            units.append(child)
+            node = child
+        return units
+
+    def _hit_tokens(self, req: Request, num_units: int) -> int:
+        return num_units * req.hash_block_tokens // self.block_size * self.block_size
+
+    def prefix_hit_tokens(self, req: Request) -> int:
+        return self._hit_tokens(req, len(self._match(req)))
+
+    def unused_prefix_tokens(self, req: Request) -> int:
+        return sum(u.num_blocks for u in self._match(req) if not u.num_users) * self.block_size
+
+    def match_prefix(self, req: Request) -> int:
+        units = self._match(req)
+        if units:
+            self._touch_path(units)
+        return self._hit_tokens(req, len(units))
+
+    def touch_prefix(self, req: Request) -> None:
+        # The whole key, prompt and output (`touch_waiting_prefix`): no token kept to compute.
+        units = self._match(req, req.num_tokens)
+        if units:
+            self._touch_path(units)
+
+    # -- allocation -----------------------------------------------------------------------
+
+    def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0,
+                     num_cached_tokens: int = 0) -> bool:
+        rid = req.request_id
+        hit: list[Unit] = []
+        if num_cached_tokens:
+            hit = self._match(req)
+            while hit and self._hit_tokens(req, len(hit)) > num_cached_tokens:
+                hit.pop()
+            assert self._hit_tokens(req, len(hit)) == num_cached_tokens, "not a cached prefix"
+        computed = req.num_computed_tokens + num_cached_tokens
+        held = self._held.get(rid, 0) + num_cached_tokens // self.block_size
+        grow = max(0, cdiv(computed + num_new_tokens, self.block_size) - held)
+        # Taking an unused cached unit removes its blocks from the free ones.
+        pinned = sum(u.num_blocks for u in hit if not u.num_users)
+        if grow + pinned + num_reserved_blocks > self.num_free_blocks:
+            return False
+        if hit:
+            self._units[rid] = hit
+            hit[-1].end = True  # a match ending inside a node splits it there
+            for unit in hit:
+                self._use(unit)
+            self._held[rid] = self._held.get(rid, 0) + num_cached_tokens // self.block_size
+        if grow:
+            self._take(grow)
+            self._held[rid] = self._held.get(rid, 0) + grow
+        return True
+
+    def grow_blocks(self, request_id: int, num_blocks: int) -> None:
+        assert 0 <= num_blocks <= self.num_free_blocks
+        self._take(num_blocks)
+        self._held[request_id] = self._held.get(request_id, 0) + num_blocks
+
+    def checkpoint(self, req: Request) -> None:
+        if self._held.get(req.request_id):
+            self._insert(req, min(req.num_computed_tokens, req.num_prompt_tokens))
+
+    def free(self, req: Request, *, preempted: bool = False) -> None:
+        rid = req.request_id
+        if rid not in self._held:
+            return
+        rest = None
+        if not preempted:  # SGLang's `release_kv_cache(checkpoint=True)`
+            rest = self._insert(req, req.num_computed_tokens, release=True)
+        units = self._units.pop(rid, [])
+        owned = sum(u.num_blocks for u in units) + (rest.num_blocks if rest else 0)
+        self.num_free_blocks += self._held.pop(rid) - owned
+        for unit in units:
+            self._release(unit)
+        if rest is not None:
+            self._release(rest)
+
+    # -- the cache ------------------------------------------------------------------------
+
+    def _insert(self, req: Request, num_tokens: int, *, release: bool = False) -> Unit | None:
+        """SGLang's `checkpoint`: cache `req`'s full units within its first `num_tokens`
+        tokens, from its blocks, and touch its path. At its release (`num_tokens` all it
+        computed) its full blocks past those units become a node of their own under them,
+        `release`: returned (in use by `req` until it lets go)."""
+        rid = req.request_id
+        ids = req.hash_ids or ()
+        units = self._units.get(rid)
+        done = len(units) if units else 0
+        h = req.hash_block_tokens
+        last = min(num_tokens // h, len(ids)) if ids else 0
+        if units is None:
+            units = self._units[rid] = []
+        parent = units[-1] if units else self.root
+        for index in range(done, last):
+            key = ids[index]
+            unit = parent.children.get(key)
+            num_blocks = self._unit_blocks(req, index)
+            if unit is None:
+                unit = self._new_unit(key, parent, num_blocks)
+            else:  # cached meanwhile by another request: share it, give ours back
+                self._use(unit)
+                self.num_free_blocks += num_blocks
+            units.append(unit)
+            parent = unit
+        if last > done:
+            parent.end = True  # the new node ends here (`_insert_helper`)
+        if units:
+            self._touch_path(units)  # split where the insertion ends inside a node
+        rest = None
+        if release:
+            num_rest = num_tokens // self.block_size - last * h // self.block_size
+            if num_rest > 0:  # split at the prompt's end (`split_prompt`), touched with it
+                rest = self._new_unit(_REST_KEY - rid, parent, num_rest)
+                rest.end = True
+                if not units:
+                    self._clock += 1
+                rest.last_use = self._clock
+        if not units:
+            del self._units[rid]
+        return rest
+
+    def _new_unit(self, key: int, parent: Unit, num_blocks: int) -> Unit:
+        """A unit of blocks a request held, now cached under `parent`, in use by it."""
+        unit = Unit(key, parent, num_blocks)
+        if parent.children:  # a second path from here: the node above ends here
+            parent.end = True
+        parent.children[key] = unit
+        self._num_cached_blocks += num_blocks
+        unit.num_users = 1
+        return unit
+
+    def _touch_path(self, units: list[Unit]) -> None:
+        """`units`, a path from the root, are used now (one time for all, as SGLang stamps a
+        path); a path ending inside a node splits it there, and the node's part below is
+        touched too."""
+        self._clock += 1
+        now = self._clock
+        for unit in units:
+            unit.last_use = now
+        unit = units[-1]
+        if not unit.end:
+            unit.end = True
+            while True:  # inside a node: one child each, down to the node's end
+                (unit,) = unit.children.values()
+                unit.last_use = now
+                if unit.end:
+                    break
+        if not unit.num_users and not unit.children:  # an evictable leaf, re-ordered
+            self._push_leaf(unit)
+
+    def _use(self, unit: Unit) -> None:
+        """One more request shares `unit` (if it was unused, its blocks stop being free)."""
+        if not unit.num_users:
+            self.num_free_blocks -= unit.num_blocks
+            self._num_evictable_blocks -= unit.num_blocks
+        unit.num_users += 1
+
+    def _release(self, unit: Unit) -> None:
+        unit.num_users -= 1
+        if unit.num_users:
+            return
+        self.num_free_blocks += unit.num_blocks
+        self._num_evictable_blocks += unit.num_blocks
+        if not unit.children:
+            self._push_leaf(unit)
+
+    def _push_leaf(self, unit: Unit) -> None:
+        self._seq += 1
+        heapq.heappush(self._leaves, (unit.last_use, self._seq, unit))
+
+    def _take(self, num_blocks: int) -> None:
+        """Use `num_blocks` free blocks, evicting unused cached units if the others run out
+        (later, when deferred)."""
+        self.num_free_blocks -= num_blocks
+        if not self._deferring:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Evict until the blocks taken are all uncached ones."""
+        while self.num_free_blocks < self._num_evictable_blocks:
+            self._evict_one()
+
+    @contextmanager
+    def deferred_evictions(self) -> Iterator[None]:
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+            self._settle()
+
+    def _evict_one(self) -> None:
+        """Evict the least recently used leaf node, whole."""
+        while True:
+            last_use, _, unit = heapq.heappop(self._leaves)
+            # Stale entries: used again since, or no longer a leaf, or already gone.
+            if (not unit.num_users and not unit.children and last_use == unit.last_use
+                    and unit.parent is not None):
+                break
+        while True:
+            parent = self._drop(unit)
+            # The rest of the leaf's node goes with it.
+            if parent is self.root or parent.end or parent.children or parent.num_users:
+                break
+            unit = parent
+        if not parent.children and not parent.num_users and parent is not self.root:
+            self._push_leaf(parent)
+
+    def _drop(self, unit: Unit) -> Unit:
+        """Evict one unused, childless unit; return its parent."""
+        parent = unit.parent
+        assert parent is not None
+        if parent.children.get(unit.key) is unit:
+            del parent.children[unit.key]
+        unit.parent = None
+        self._num_cached_blocks -= unit.num_blocks
+        self._num_evictable_blocks -= unit.num_blocks
+        self.num_evicted_blocks += unit.num_blocks
+        return parent
+
+    # -- checks ---------------------------------------------------------------------------
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks holding cached units (in use or not)."""
+        return self._num_cached_blocks
+
+    def check(self) -> None:
+        """Blocks are conserved: private blocks of requests, cached units (each counted once)
+        and the blocks that are free and hold nothing add up to the total."""
+        num_private = sum(self._held.values()) - sum(
+            u.num_blocks for units in self._units.values() for u in units)
+        num_uncached_free = self.num_free_blocks - self._num_evictable_blocks
+        assert num_private >= 0 and num_uncached_free >= 0
+        assert 0 <= self._num_evictable_blocks <= self._num_cached_blocks
+        assert num_private + self._num_cached_blocks + num_uncached_free == self.num_blocks
+        for rid, units in self._units.items():
+            assert all(u.num_users > 0 for u in units)
+            assert sum(u.num_blocks for u in units) <= self._held[rid]

@@ -1,0 +1,355 @@
+"""What one replica holds: its queues and KV cache, and the mechanics of applying a plan.
+
+Schedulers read and update this state through `preempt` and the KV manager; `commit` applies the
+outcome of an iteration once the engine says it has ended. Nothing here knows about time sources.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from sim.core.kv_cache import KVCacheManager, cdiv
+from sim.core.plan import Plan
+from sim.core.request import Request, Status
+
+# A request in a pipelined iteration: it, its tokens there, its preemptions when sent, whether
+# it samples at the end (SAMPLES; PLACEHOLDER: and the token counts as sampled already), and
+# whether this iteration scheduled it first.
+InFlight = tuple[Request, int, int, int, bool]
+SAMPLES, PLACEHOLDER = 1, 2
+
+
+class ReplicaState:
+    """Waiting queue (FCFS, preempted requests at the front), running list (admission order), KV."""
+
+    def __init__(self, kv: KVCacheManager, prefill_only: bool = False) -> None:
+        self.kv = kv
+        # A prefill replica of a disaggregated cluster: a request leaves `running` after its
+        # first token, keeping its KV blocks until the transfer to a decode replica is done.
+        self.prefill_only = prefill_only
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_transferring = 0  # handed off, KV still held here
+        # Decode side: requests whose blocks are allocated here and whose KV is on its way.
+        self.incoming: dict[int, Request] = {}
+        self.requests: dict[int, Request] = {}  # every request this replica has held
+        # Kept as requests move, so a router reads a replica's load without a pass over its
+        # queues (`check` recounts them): tokens still to compute of the waiting requests, and
+        # known tokens (prompt plus output) of the running ones.
+        self.num_waiting_tokens = 0
+        self.num_running_tokens = 0
+        # Blocks the running requests need at their largest (`num_kv_tokens_needed`), summed:
+        # what a full reservation keeps for them is this less what they hold
+        # (`sim.schedulers.base.reserved_blocks`, at every iteration where requests wait).
+        self.num_running_max_blocks = 0
+        # Running requests that may have prompt tokens left: those that joined before their
+        # prompt was computed, in running order, pruned as they catch up (`prefilling`). A
+        # running request that decodes never prefills again (preempted, it leaves and joins
+        # anew), so a policy finds its chunked requests without a pass over every decode.
+        self._maybe_prefilling: list[Request] = []
+        # Whether iterations run on a pipeline (`start` / `complete`): only then can a running
+        # request be caught up, its token in flight. Elsewhere every running request that is
+        # not `prefilling()` decodes, which the policies' loops over the running requests and
+        # `BatchShape.of_replica` use instead of asking each request (`check` asserts it).
+        self.pipelined = False
+
+    def num_kv_tokens_needed(self, req: Request) -> int:
+        """KV slots `req` needs here at its largest: its prompt on a prefill replica."""
+        return req.num_prompt_tokens if self.prefill_only else req.num_max_kv_tokens
+
+    def max_blocks(self, req: Request) -> int:
+        """KV blocks `req` needs here at its largest."""
+        return cdiv(self.num_kv_tokens_needed(req), self.kv.block_size)
+
+    def add(self, req: Request) -> None:
+        self.requests[req.request_id] = req
+        req.status = Status.WAITING
+        self.waiting.append(req)
+        self.num_waiting_tokens += req.num_uncomputed_tokens
+
+    def admit(self, req: Request, num_cached_tokens: int = 0) -> None:
+        """Move the head of the waiting queue to the running list (its blocks are allocated);
+        its first `num_cached_tokens` came from the prefix cache and count as computed."""
+        assert self.waiting[0] is req
+        self.waiting.popleft()
+        self.num_waiting_tokens -= req.num_uncomputed_tokens
+        if num_cached_tokens:
+            req.num_computed_tokens += num_cached_tokens
+            if not req.num_preemptions:  # vLLM reports the hit of the first admission
+                req.num_cached_tokens = num_cached_tokens
+        self._start_running(req)
+
+    def join(self, req: Request) -> None:
+        """Decode side: `req`, prefilled elsewhere, has its KV here and runs from now on."""
+        del self.incoming[req.request_id]
+        self.requests[req.request_id] = req
+        self._start_running(req)
+
+    def _start_running(self, req: Request) -> None:
+        """`req` joins the running list, and the counts kept of it (`check`)."""
+        req.status = Status.RUNNING
+        self.running.append(req)
+        self.num_running_tokens += req.num_tokens
+        self.num_running_max_blocks += self.max_blocks(req)
+        if not req.is_decoding:
+            self._maybe_prefilling.append(req)
+
+    def _stop_running(self, req: Request) -> None:
+        """`req` leaves the running list, and the counts kept of it."""
+        self.running.remove(req)
+        self.num_running_tokens -= req.num_tokens
+        self.num_running_max_blocks -= self.max_blocks(req)
+        if req in self._maybe_prefilling:  # (by identity: `Request` compares so)
+            self._maybe_prefilling.remove(req)
+
+    def prefilling(self) -> list[Request]:
+        """Running requests with prompt tokens left to schedule, in running order: neither
+        decoding nor, on a pipelined replica, caught up (their last chunk in flight). Every
+        other running request decodes, unless the replica is `pipelined`: a loop over the
+        running requests tells the two apart by identity with this list's next one, without
+        asking each request (one definition, `Request.is_decoding`, kept here)."""
+        maybe = self._maybe_prefilling
+        if not maybe:
+            return []
+        self._maybe_prefilling = maybe = [r for r in maybe if not r.is_decoding]
+        if not self.pipelined:  # none is caught up
+            return list(maybe)  # (a copy: the caller may preempt, which edits the kept list)
+        return [r for r in maybe if not r.is_caught_up]
+
+    def preempt(self, req: Request) -> None:
+        """Preemption by recompute: drop the request's KV and put it back at the queue front."""
+        self._stop_running(req)
+        self.kv.free(req, preempted=True)
+        req.num_recomputed_tokens += req.num_computed_tokens
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.close_token_run()
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+        self.num_waiting_tokens += req.num_uncomputed_tokens
+
+    def commit(self, plan: Plan, iteration: int, start_s: float, end_s: float,
+               since: int | None = None) -> list[Request]:
+        """Apply an iteration that ran from `start_s` to `end_s`; return the requests that left
+        the running list: finished, or (on a prefill replica) prefilled and handed off.
+        `since`: the last iteration before this one in which any request here decoded (default
+        the one before it): a request's run of token iterations goes on through those between
+        (`Request.record_token`)."""
+        done: list[Request] = []
+        requests = self.requests
+        prefill_only = self.prefill_only
+        num_sampled = 0
+        previous = iteration - 1 if since is None else since
+        if not self.pipelined and not self.prefilling():
+            # Every running request decodes (`prefilling`), so every one in the plan computes
+            # its one token, catches up and samples, and was scheduled before: the loop below
+            # without its tests, where a batch is often hundreds (under overload, every
+            # iteration).
+            for request_id in plan.num_scheduled_tokens:
+                req = requests[request_id]
+                req.num_computed_tokens += 1
+                num_output = req.num_output_tokens = req.num_output_tokens + 1
+                if req.last_token_iter >= previous:  # `record_token`, as below
+                    req.last_token_iter = iteration
+                else:
+                    req.record_token(iteration, previous)
+                if num_output == req.num_target_output_tokens or prefill_only:
+                    done.append(req)
+            self.num_running_tokens += len(plan.num_scheduled_tokens)
+            if done:
+                self._leave(done, end_s)
+            return done
+        for request_id, num_tokens in plan.num_scheduled_tokens.items():
+            req = requests[request_id]
+            if req.first_scheduled_s is None:
+                req.first_scheduled_s = start_s
+            req.num_computed_tokens += num_tokens
+            # Caught up with prompt plus output (`num_tokens`, inlined: hot loop): sample one.
+            if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens:
+                req.num_output_tokens += 1
+                num_sampled += 1
+                if req.last_token_iter >= previous:  # `record_token`'s usual case, no call
+                    req.last_token_iter = iteration
+                else:
+                    req.record_token(iteration, previous)
+                if req.num_output_tokens == req.num_target_output_tokens or prefill_only:
+                    done.append(req)
+        self.num_running_tokens += num_sampled
+        if done:
+            self._leave(done, end_s)
+        return done
+
+    def _leave(self, done: list[Request], end_s: float) -> None:
+        """Requests that sampled their last token here leave: finished, or handed off."""
+        for req in done:
+            if req.num_output_tokens == req.num_target_output_tokens:
+                self.finish(req, end_s)
+            else:
+                self._stop_running(req)
+                req.status = Status.TRANSFERRING
+                req.prefill_end_s = end_s
+                self.num_transferring += 1
+
+    def start(self, plan: Plan, start_s: float, *, placeholders: bool = False
+              ) -> list[InFlight]:
+        """Pipelined replica: the plan's tokens count as computed from now, when it is sent
+        down the pipeline (vLLM v1 advances `num_computed_tokens` when it schedules), so a plan
+        built while this one is in flight skips what it computes: a request caught up waits
+        for its token; a prompt's next chunk may follow its previous one. Returns what
+        `complete` needs when the iteration leaves the last stage.
+
+        With `placeholders` (vLLM's async scheduling, `AsyncScheduler._update_after_schedule`)
+        the token a request will sample counts as sampled from now, an output placeholder, so
+        the next plan schedules its next decode at once; except its last token, which leaves it
+        caught up: vLLM schedules no step past a request's `max_tokens` ("Avoid scheduling an
+        extra step", `Scheduler.schedule`), and it finishes when that token comes back."""
+        self.pipelined = True
+        in_flight = []
+        requests = self.requests
+        for request_id, num_tokens in plan.num_scheduled_tokens.items():
+            req = requests[request_id]
+            first = req.first_scheduled_s is None
+            if first:
+                req.first_scheduled_s = start_s
+            req.num_computed_tokens += num_tokens
+            req.num_in_flight_tokens += num_tokens
+            samples = SAMPLES if req.is_caught_up else 0
+            if (samples and placeholders and not self.prefill_only
+                    and req.num_output_tokens + 1 < req.num_target_output_tokens):
+                samples = PLACEHOLDER
+                req.num_output_tokens += 1
+                req.num_placeholders += 1
+                self.num_running_tokens += 1
+            in_flight.append((req, num_tokens, req.num_preemptions, samples, first))
+        return in_flight
+
+    def complete(self, in_flight: list[InFlight], end_s: float, *, stale_delivered: bool = False
+                 ) -> tuple[list[Request], list[int]]:
+        """Pipelined replica: the iteration `start` sent off has ended: each request it caught
+        up samples its token, as `commit` does. One preempted since has dropped its KV and
+        will compute it again; its token counts only where `stale_delivered` (vLLM's async
+        scheduling delivers it: `update_from_output`, "Its tokens are still delivered on
+        return"), and it may then finish, even from the queue. Returns the requests that left
+        the running list, and the ids of those that sampled (the caller records their tokens:
+        `IterationLog.add_sampled`)."""
+        done: list[Request] = []
+        sampled = []
+        for req, num_tokens, num_preemptions, samples, _ in in_flight:
+            req.num_in_flight_tokens -= num_tokens
+            if samples == PLACEHOLDER:  # counted when sent: its time is now
+                req.num_placeholders -= 1
+                if req.num_preemptions != num_preemptions and not stale_delivered:
+                    self._take_back(req)  # preempted since: the engine drops it
+                    continue
+                sampled.append(req.request_id)
+                continue
+            if not samples:
+                continue
+            if req.num_preemptions != num_preemptions:
+                if stale_delivered and req.status is not Status.FINISHED:
+                    self._deliver_stale(req, end_s, done)
+                    sampled.append(req.request_id)
+                continue
+            req.num_output_tokens += 1
+            self.num_running_tokens += 1
+            sampled.append(req.request_id)
+            if req.num_output_tokens == req.num_target_output_tokens or self.prefill_only:
+                done.append(req)
+        if done:
+            self._leave(done, end_s)
+        return done, sampled
+
+    def _take_back(self, req: Request) -> None:
+        """An output counted when its iteration was sent never comes: `req` was preempted."""
+        req.num_output_tokens -= 1
+        if req.status is Status.RUNNING:
+            self.num_running_tokens -= 1
+            # Admitted again meanwhile, its recompute took that token as input: the token is
+            # sampled again, its KV slot computed again (as recomputed work).
+            last = req.num_prompt_tokens + req.num_output_tokens - 1
+            if req.num_computed_tokens > last:
+                req.num_recomputed_tokens += req.num_computed_tokens - last
+                req.num_computed_tokens = last
+        elif req.status is Status.WAITING:
+            self.num_waiting_tokens -= 1
+
+    def _deliver_stale(self, req: Request, end_s: float, done: list[Request]) -> None:
+        """A token sampled before `req` was preempted comes back: it joins its output (one
+        more token to compute again), and may be its last."""
+        req.num_output_tokens += 1
+        last = req.num_output_tokens == req.num_target_output_tokens
+        if req.status is Status.RUNNING:  # admitted again meanwhile
+            self.num_running_tokens += 1
+            if last:
+                done.append(req)
+        elif req.status is Status.WAITING:
+            self.num_waiting_tokens += 1
+            if last:  # finished in the queue: it holds no KV
+                self.waiting.remove(req)
+                self.num_waiting_tokens -= req.num_uncomputed_tokens
+                req.close_token_run()
+                req.status = Status.FINISHED
+                req.finish_s = end_s
+
+    def cancel(self, in_flight: list[InFlight]) -> None:
+        """Pipelined replica: an iteration `start` sent off never ends (the run stopped at its
+        horizon): its tokens are not computed, as a step-by-step replica leaves the iteration
+        in progress uncommitted; its KV blocks stay allocated. Newest iteration first."""
+        for req, num_tokens, num_preemptions, samples, first in in_flight:
+            req.num_in_flight_tokens -= num_tokens
+            if req.num_preemptions == num_preemptions:
+                req.num_computed_tokens -= num_tokens
+            else:  # preempted since: `preempt` counted these tokens as computed, then dropped
+                req.num_recomputed_tokens -= num_tokens
+            if samples == PLACEHOLDER:  # never sampled after all
+                req.num_placeholders -= 1
+                self._take_back(req)
+            if first:  # never scheduled in an iteration that ran
+                req.first_scheduled_s = None
+        # A placeholder taken back can leave a request short of its prompt again.
+        self._maybe_prefilling = [r for r in self.running if not r.is_decoding]
+
+    def release(self, req: Request) -> None:
+        """A handed-off request's KV has reached its decode replica: free its blocks here."""
+        self.kv.free(req)
+        self.num_transferring -= 1
+
+    def decoded(self, num_tokens: int) -> None:
+        """Running requests sampled `num_tokens` tokens in all (a decode stretch)."""
+        self.num_running_tokens += num_tokens
+
+    def finish(self, req: Request, end_s: float) -> None:
+        self._stop_running(req)
+        self.kv.free(req)
+        req.close_token_run()
+        req.status = Status.FINISHED
+        req.finish_s = end_s
+
+    @property
+    def num_outstanding(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def check(self) -> None:
+        """Invariants: KV conserved; nobody both waiting and running; no KV held while waiting."""
+        self.kv.check()
+        running_ids = {r.request_id for r in self.running}
+        assert len(running_ids) == len(self.running)
+        assert not running_ids.intersection(r.request_id for r in self.waiting)
+        for req in self.waiting:
+            assert self.kv.num_held_blocks(req.request_id) == 0
+        assert self.num_waiting_tokens == sum(r.num_uncomputed_tokens for r in self.waiting)
+        assert self.num_running_tokens == sum(r.num_tokens for r in self.running)
+        assert self.num_running_max_blocks == sum(self.max_blocks(r) for r in self.running)
+        # `_maybe_prefilling`: running requests, once each, in running order, and every one
+        # with prompt tokens left among them.
+        maybe = {id(r) for r in self._maybe_prefilling}
+        assert [id(r) for r in self._maybe_prefilling] == [
+            id(r) for r in self.running if id(r) in maybe]
+        assert maybe >= {id(r) for r in self.running if not r.is_decoding and not r.is_caught_up}
+        if not self.pipelined:  # every running request decodes or has prompt tokens left
+            assert not any(r.is_caught_up for r in self.running)
+        # A request never holds more than it needs at its largest (`reserved_blocks` counts
+        # on it; a prefix cache's shared blocks are counted apart).
+        if not self.kv.caches_prefixes:
+            for req in self.running:
+                assert self.kv.num_held_blocks(req.request_id) <= self.max_blocks(req)

@@ -1,0 +1,274 @@
+"""A cluster in SimPy: replicas behind a router, colocated or split into prefill and decode
+pools joined by KV-transfer links (`sim.engine.disaggregation`)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+
+from sim.config.errors import InputError
+from sim.config.replica import ReplicaConfig
+from sim.config.scenario import Scenario
+from sim.core.block_cache import BlockPrefixCache
+from sim.core.kv_cache import KVCacheManager
+from sim.core.radix_cache import Eviction, PrefixCachingKVManager
+from sim.core.request import Request, Status
+from sim.core.state import ReplicaState
+from sim.engine.clock import Environment, Progress, simulate
+from sim.engine.disaggregation import Disaggregation
+from sim.engine.pipeline import PipelinedReplica
+from sim.engine.replica import Replica
+from sim.hardware.models import ModelShape
+from sim.latency import LATENCY_MODELS
+from sim.latency.base import LatencyModel
+from sim.latency.noise import IterationNoise
+from sim.routers import ROUTERS
+from sim.routers.base import ReplicaLoad
+from sim.schedulers import SCHEDULERS, Scheduler
+
+
+class Cluster:
+    """Builds the replicas a scenario describes and routes requests to them."""
+
+    def __init__(self, scenario: Scenario, *, fast_forward: bool = True) -> None:
+        self.env = env = Environment()
+        self.source = scenario.source  # the scenario's file, named by errors found while building
+        cfg = scenario.cluster
+        self.horizon_s = scenario.horizon_s
+        self.fast_forward = fast_forward
+        self.seed = scenario.seed
+        seeds = np.random.SeedSequence(scenario.seed).spawn(2)
+        self.router = ROUTERS.get(cfg.router.name)(cfg.router, np.random.default_rng(seeds[0]))
+        self.replicas: list[Replica] = []
+        if cfg.prefill is None or cfg.decode is None:
+            self.front = [self._replica(scenario.replica, "colocated")
+                          for _ in range(cfg.replicas)]
+            self.decode: list[Replica] = []
+            self.disaggregation: Disaggregation | None = None
+            return
+        self.front = [self._replica(cfg.prefill.replica, "prefill")
+                      for _ in range(cfg.prefill.replicas)]
+        self.decode = [self._replica(cfg.decode.replica, "decode")
+                       for _ in range(cfg.decode.replicas)]
+        decode_router = ROUTERS.get(cfg.decode_router.name)(
+            cfg.decode_router, np.random.default_rng(seeds[1]))
+        self.disaggregation = Disaggregation(
+            env, self.front, self.decode, decode_router, cfg.link, cfg.overlap_transfer,
+            cfg.prefill.replica.model_shape, lambda replicas: Loads(replicas, None),
+            self._next_arrival, str(self.source))
+
+    def _replica(self, cfg: ReplicaConfig, pool: str) -> Replica:
+        model = cfg.model_shape
+        scheduler = make_scheduler(cfg)
+        field = "replica" if pool == "colocated" else f"cluster.{pool}.replica"
+        latency = make_latency(cfg, model, self.source, field)
+        state = ReplicaState(kv_cache_for(cfg, model, field, self.source, scheduler),
+                             prefill_only=pool == "prefill")
+        kind: type[Replica] = Replica
+        extra: dict[str, Any] = {}
+        num_in_flight = scheduler.num_batches_in_flight(cfg.parallelism.pipeline)
+        if num_in_flight > 1:  # a pipeline (stages as vLLM splits the layers), or async
+            kind = PipelinedReplica
+            # Placeholders where the engine schedules ahead of its stages (async, overlap); a
+            # plain pipeline waits for each token. Stale tokens as the engine treats them,
+            # there only (checked by the golden schedules; a pipeline drops them).
+            ahead = scheduler.output_placeholders and num_in_flight > cfg.parallelism.pipeline
+            extra = {"stage_layers": [len(layers) for layers in
+                                      cfg.parallelism.stage_layers(model.num_layers)],
+                     "num_in_flight": num_in_flight, "placeholders": ahead,
+                     "stale_delivered": ahead and scheduler.delivers_stale_tokens}
+        replica = kind(self.env, len(self.replicas), scheduler, latency, state,
+                       horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
+                       quiet_until=self._next_arrival if pool == "colocated" else None,
+                       where=(self.source, f"{field}.latency",
+                              str(getattr(cfg.latency, "path", "")) or cfg.latency.kind),
+                       noise=self._noise(cfg, latency, len(self.replicas), field), **extra)
+        self.replicas.append(replica)
+        return replica
+
+    def _noise(self, cfg: ReplicaConfig, latency: LatencyModel, replica_id: int,
+               field: str) -> IterationNoise | None:
+        """The replica's jitter stream (seeded by the scenario's seed and the replica)."""
+        noise = cfg.latency.noise
+        if not noise.enabled:
+            return None
+        if not latency.accepts_noise:
+            raise InputError(self.source, f"{field}.latency.noise.kind", noise.kind,
+                             f"latency model {cfg.latency.kind!r} replays measured durations, "
+                             "which carry their own jitter: noise on them would count it twice")
+        quantiles = latency.noise_quantiles()
+        if noise.kind == "empirical" and not quantiles:
+            fix = ("fit the profile again (profiles fitted before servesim kept ratios have "
+                   "none)" if cfg.latency.kind == "profile" else "use a profile")
+            raise InputError(self.source, f"{field}.latency.noise.kind", "empirical",
+                             f"latency model {cfg.latency.kind!r} keeps no measured ratios; "
+                             f"{fix}, or lognormal noise with a sigma")
+        return IterationNoise(noise, self.seed, replica_id, quantiles)
+
+    def _next_arrival(self) -> float:
+        """When the next request arrives, or the horizon if sooner (nothing happens from then
+        on). A colocated replica is read or changed only by arrivals (the router reads every
+        replica's load), never by another replica."""
+        horizon = self.horizon_s
+        arrival = self.env.next_arrival_s
+        return arrival if horizon is None or arrival < horizon else horizon
+
+    def run(self, requests: list[Request], on_progress: Progress | None = None) -> None:
+        """Simulate the arrivals to completion (or the horizon); check every replica after."""
+        simulate(self.env, requests, self.route, self.horizon_s, on_progress)
+        for replica in self.replicas:
+            if self.horizon_s is not None:
+                replica.stop(self.horizon_s)
+            replica.state.check()
+
+    def route(self, req: Request) -> None:
+        """A request arrives: reject it if no decode replica could ever hold it, else route."""
+        if self.disaggregation is not None:
+            reason = self.disaggregation.reject_reason(req)
+            if reason is not None:
+                req.status, req.reason = Status.REJECTED, reason
+                return
+        front = self.front
+        index = 0 if len(front) == 1 else self.router.choose(
+            req, Loads(front, req if self.router.needs_prefix_hits else None))
+        front[index].submit(req)
+
+
+class Loads(Sequence[ReplicaLoad]):
+    """The replicas' loads as a router reads them, each taken when first read: reading a
+    replica's load commits the work it has finished (`Replica.sync`), which a router that does
+    not look (round robin, random) need not pay for."""
+
+    def __init__(self, replicas: list[Replica], req: Request | None) -> None:
+        self.replicas = replicas
+        self.req = req
+        self.loads: list[ReplicaLoad | None] = [None] * len(replicas)
+
+    def __len__(self) -> int:
+        return len(self.replicas)
+
+    def __iter__(self) -> Iterator[ReplicaLoad]:
+        # Routers that weigh loads read every replica's at every arrival: without this,
+        # `Sequence.__iter__` goes through `__getitem__` and ends on an IndexError.
+        loads, replicas, req = self.loads, self.replicas, self.req
+        for i, load in enumerate(loads):
+            if load is None:
+                load = loads[i] = replicas[i].load(req)
+            yield load
+
+    @overload
+    def __getitem__(self, index: int) -> ReplicaLoad: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[ReplicaLoad]: ...
+
+    def __getitem__(self, index: int | slice) -> ReplicaLoad | Sequence[ReplicaLoad]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        load = self.loads[index]
+        if load is None:
+            load = self.loads[index] = self.replicas[index].load(self.req)
+        return load
+
+
+def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
+                 field: str = "replica") -> LatencyModel:
+    """The replica's latency model. A split replica's parallelism is passed only to models
+    that take it: one written for a single GPU is refused for a split, not run as if whole."""
+    cls = LATENCY_MODELS.get(cfg.latency.kind)
+    split = cfg.parallelism.num_gpus > 1
+    if split and "parallelism" not in inspect.signature(cls.__init__).parameters:
+        raise InputError(source, f"{field}.parallelism", cfg.parallelism.model_dump(),
+                         f"latency model {cfg.latency.kind!r} does not model a replica "
+                         "split over GPUs")
+    try:
+        if not split:
+            return cls(cfg.latency, model, cfg.gpu_spec)
+        return cls(cfg.latency, model, cfg.gpu_spec, parallelism=cfg.parallelism)
+    except InputError as exc:
+        if exc.source != "<scenario>":
+            # A file the latency settings name (a communication table): its field named in
+            # full, so that a pool's replica is told from the other's.
+            if all(name.startswith("latency.") for name, _, _ in exc.problems):
+                raise exc.moved(exc.source, lambda name: f"{field}.{name}") from None
+            raise
+        # A model's own problem with the replica (e.g. a profile measured for another split),
+        # named relative to the replica: placed in the scenario here.
+        raise exc.moved(source, lambda name: f"{field}.{name}") from None
+
+
+def make_scheduler(cfg: ReplicaConfig) -> Scheduler:
+    """The replica's scheduler, knowing the context window in force."""
+    return SCHEDULERS.get(cfg.scheduler.name)(cfg.scheduler, max_model_len=cfg.context_len)
+
+
+def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
+                 source: str = "<scenario>", scheduler: Scheduler | None = None
+                 ) -> KVCacheManager:
+    """The replica's KV cache: the blocks given, or what GPU memory holds after the weights,
+    less the blocks `scheduler`'s engine never allocates (vLLM's null block); with prefix
+    caching, evicting unused prefixes in the scheduler's engine's order. Memory is counted per
+    GPU, as vLLM does: each holds its share of the weights and of every token's KV, so the
+    most loaded GPU bounds the replica."""
+    eviction: Eviction = "lru_block" if scheduler is None else scheduler.prefix_cache_eviction
+    num_null = 0 if scheduler is None else scheduler.num_null_blocks
+    kv = cfg.kv_cache
+    gpu, par = cfg.gpu_spec, cfg.parallelism
+    weight_bytes = par.weight_bytes_per_gpu(model)  # the busiest GPU's, as vLLM shards them
+    if kv.num_blocks is not None:
+        # Blocks given (vLLM's `num_gpu_blocks_override`) skip the memory budget; the weights
+        # must still fit, or the deployment could not exist. More blocks than the rest of
+        # memory holds are allowed (an idealised cache) and said in the summary
+        # (`blocks_beyond_memory`).
+        if weight_bytes > gpu.memory_bytes:
+            split = f" split {par.num_gpus} ways" if par.num_gpus > 1 else ""
+            raise InputError(source, f"{field}.kv_cache.num_blocks", kv.num_blocks,
+                             f"{model.name}{split} needs {weight_bytes / 2**30:.1f} GiB of "
+                             f"weights per GPU; a {gpu.name} holds "
+                             f"{gpu.memory_bytes / 2**30:.1f} GiB: raise parallelism.tensor "
+                             "or pick a larger GPU")
+        if kv.num_blocks <= num_null:
+            raise InputError(source, f"{field}.kv_cache.num_blocks", kv.num_blocks,
+                             f"the engine keeps {num_null} block(s) it never allocates (vLLM's "
+                             f"null block): give more than {num_null}")
+        return _manager(cfg, kv.num_blocks - num_null, eviction)
+    usable_bytes = gpu.memory_bytes * kv.gpu_memory_utilization
+    free_bytes = usable_bytes - weight_bytes - kv.activation_reserve_gb * 1e9
+    num_blocks = int(free_bytes // (kv.block_size * par.kv_bytes_per_token_per_gpu(model)))
+    num_blocks -= num_null
+    if num_blocks <= 0:
+        split = f" split {par.num_gpus} ways (TP{par.tensor} x PP{par.pipeline})" \
+            if par.num_gpus > 1 else ""
+        raise InputError(source, f"{field}.kv_cache", f"{model.name} on {gpu.name}",
+                         f"no room for KV: weights{split} need {weight_bytes / 2**30:.1f} GiB "
+                         f"per GPU plus {kv.activation_reserve_gb * 1e9 / 2**30:.1f} GiB for "
+                         f"activations (activation_reserve_gb {kv.activation_reserve_gb:g}), "
+                         f"{usable_bytes / 2**30:.1f} GiB usable of {gpu.memory_bytes / 2**30:.1f}"
+                         f" GiB (gpu_memory_utilization {kv.gpu_memory_utilization:g}); "
+                         "raise parallelism.tensor or pick a larger GPU")
+    return _manager(cfg, num_blocks, eviction)
+
+
+def blocks_beyond_memory(cfg: ReplicaConfig) -> str | None:
+    """If the replica's KV blocks are given and, with the weights, exceed its GPUs' memory:
+    by how much (an idealised cache, e.g. to find every reuse a trace holds); else None."""
+    kv, gpu, par, model = cfg.kv_cache, cfg.gpu_spec, cfg.parallelism, cfg.model_shape
+    if kv.num_blocks is None:
+        return None
+    need_bytes = (par.weight_bytes_per_gpu(model)
+                  + kv.num_blocks * kv.block_size * par.kv_bytes_per_token_per_gpu(model))
+    if need_bytes <= gpu.memory_bytes:
+        return None
+    return (f"{kv.num_blocks:,} KV blocks given: with the weights, {need_bytes / 2**30:,.1f} "
+            f"GiB per GPU, of {gpu.memory_bytes / 2**30:,.1f} GiB on a {gpu.name}")
+
+
+def _manager(cfg: ReplicaConfig, num_blocks: int, eviction: Eviction) -> KVCacheManager:
+    if cfg.prefix_caching and eviction in ("lru_block", "fifo_block"):  # vLLM's, by block
+        return BlockPrefixCache(num_blocks, cfg.kv_cache.block_size, eviction)
+    if cfg.prefix_caching:  # SGLang's radix cache
+        return PrefixCachingKVManager(num_blocks, cfg.kv_cache.block_size)
+    return KVCacheManager(num_blocks, cfg.kv_cache.block_size)

@@ -1,0 +1,189 @@
+"""Disaggregated serving: a prefill pool and a decode pool joined by KV-transfer links.
+
+Everything that exists only because prefill and decode run apart lives here:
+- the hand-off (`Disaggregation.handoff`): a request leaves its prefill replica after its first
+  token, keeping its KV blocks there until the transfer is done;
+- decode-side reservation (`DecodeInbox`): it waits, FCFS, until the decode replica's scheduler
+  takes it (`Scheduler.admit_transfer` allocates the blocks its prompt's KV will fill; admitting
+  is a scheduling decision, not the engine's);
+- the links and the transfer time.
+
+The replica state keeps only the counters its scheduler reads (`ReplicaState.incoming`,
+`num_transferring`, `prefill_only`). SimPy is used here as in `sim/engine/replica.py`.
+
+Links: each prefill replica sends KV through its own NIC, a `simpy.Resource` of capacity one, so
+its transfers queue FIFO at full bandwidth while different replicas' transfers run in parallel.
+FIFO rather than fair sharing because an RDMA NIC works through its send queue in order; for
+equal transfers both give the same throughput and FIFO gives earlier first completions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import simpy
+
+from sim.config.errors import InputError
+from sim.core.request import Request
+from sim.routers.base import ReplicaLoad, Router
+from sim.workloads.base import MAX_SPAN_S
+
+if TYPE_CHECKING:
+    from sim.config.scenario import LinkConfig
+    from sim.engine.clock import Environment
+    from sim.engine.replica import Replica
+    from sim.hardware.models import ModelShape
+
+
+class DecodeInbox:
+    """A decode replica's transfers waiting for KV blocks there, first come first served."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.pending: deque[tuple[Request, simpy.Event]] = deque()
+        # Known tokens of the requests waiting here or on their way: the KV they bring.
+        self.num_tokens = 0
+
+    def reserve(self, req: Request) -> simpy.Event:
+        """An event that fires once the replica's scheduler has taken `req` and allocated
+        blocks for its prompt's KV."""
+        done = self.replica.env.event()
+        self.pending.append((req, done))
+        self.num_tokens += req.num_tokens
+        # Blocks are taken when the replica plans (a stretch in progress is cut), so every
+        # iteration's plan sees the KV it was scheduled with.
+        self.replica.wake()
+        return done
+
+    def admit(self) -> None:
+        """At the replica's planning turn: hand transfers to the scheduler, FCFS, while it takes
+        them. A taken request counts in `state.incoming` until its KV arrives."""
+        state, scheduler = self.replica.state, self.replica.scheduler
+        while self.pending:
+            req, event = self.pending[0]
+            if not scheduler.admit_transfer(state, req):
+                return
+            self.pending.popleft()
+            state.incoming[req.request_id] = req
+            event.succeed()
+
+    def join(self, req: Request) -> None:
+        """`req`'s KV has arrived: it decodes on this replica from now on."""
+        replica = self.replica
+        req.move_to(replica.replica_id)
+        replica.state.join(req)
+        self.num_tokens -= req.num_tokens
+        replica.wake()
+
+    @property
+    def num_requests(self) -> int:
+        """Requests waiting here for blocks or on their way (blocks allocated)."""
+        return len(self.pending) + len(self.replica.state.incoming)
+
+
+
+class Disaggregation:
+    """The prefill and decode pools of one cluster, the links between them, and hand-offs."""
+
+    def __init__(self, env: Environment, prefill: list[Replica], decode: list[Replica],
+                 decode_router: Router, link: LinkConfig, overlap_transfer: bool,
+                 model: ModelShape, loads: Callable[[list[Replica]], Sequence[ReplicaLoad]],
+                 next_arrival: Callable[[], float], source: str = "<scenario>") -> None:
+        self.env = env
+        self.source = source  # the scenario file its errors name
+        self.prefill = prefill
+        self.decode = decode
+        self.decode_router = decode_router
+        self.link = link
+        self.overlap = overlap_transfer
+        self.model = model
+        self.loads = loads  # the replicas' loads as a router reads them
+        # When the next request arrives (or the horizon, if sooner): the cluster's answer.
+        self.next_arrival = next_arrival
+        # When each transfer on a link will have arrived (request id -> time).
+        self._arrival_due_s: dict[int, float] = {}
+        self.sources = {r.replica_id: r for r in prefill}
+        self.links = {r.replica_id: simpy.Resource(env, capacity=1) for r in prefill}
+        self.inboxes = {r.replica_id: DecodeInbox(r) for r in decode}
+        for replica in decode:
+            replica.inbox = self.inboxes[replica.replica_id]
+            replica.quiet_until = self._decode_quiet_until(replica)
+        for replica in prefill:
+            replica.on_handoff = self.handoff
+
+    def _decode_quiet_until(self, replica: Replica) -> Callable[[], float]:
+        """The earliest time anything may touch decode `replica`: a hand-off (a prefill
+        replica's iteration ending, at the earliest when the ones in progress end, when a
+        transfer frees one's blocks, or when a request arrives) or the arrival of KV on its
+        way to it. Other decode replicas never touch it."""
+        env = self.env
+        prefill, due = self.prefill, self._arrival_due_s
+        incoming = replica.state.incoming
+
+        def quiet_until() -> float:
+            now = env.now
+            bound = min(self.next_arrival(), min(due.values(), default=math.inf))
+            for source in prefill:
+                bound = min(bound, source.next_commit_s())
+            for request_id in incoming:
+                # KV on its way: it lands when its transfer says; before it has a link, now.
+                bound = min(bound, due.get(request_id, now))
+            return bound
+
+        return quiet_until
+
+    def reject_reason(self, req: Request) -> str | None:
+        """Why no decode replica could ever hold `req`; None if one can."""
+        dec = self.decode[0]
+        reason = dec.scheduler.reject_reason(req, dec.state.kv,
+                                             dec.state.num_kv_tokens_needed(req))
+        if reason is None:
+            return None
+        kind, _, detail = reason.partition(": ")
+        return f"{kind}: decode pool {detail}"
+
+    def handoff(self, req: Request) -> None:
+        """`req` has its first token on its prefill replica: move it to a decode replica."""
+        self.env.process(self._transfer(req))
+
+    def _transfer(self, req: Request) -> Generator[simpy.Event, Any, None]:
+        """Wait for blocks on a decode replica (KV stays on the prefill side meanwhile), then
+        move the prompt's KV over the prefill replica's link."""
+        source = self.sources[req.prefill_replica_id]
+        decode = self.decode
+        target = decode[0 if len(decode) == 1 else self.decode_router.choose(
+            req, self.loads(decode))]
+        inbox = self.inboxes[target.replica_id]
+        yield inbox.reserve(req)
+        req.transfer_start_s = self.env.now
+        with self.links[source.replica_id].request() as slot:
+            yield slot
+            req.transfer_wire_start_s = self.env.now
+            wire_s = self.transfer_time_s(req)
+            if not self.env.now + wire_s < MAX_SPAN_S:
+                # Past 2**32 s, times lose their resolution (the engine refuses iterations
+                # there): the link's settings, not the replica's latency model, are at fault.
+                raise InputError(self.source, "cluster.link", self.link.model_dump(),
+                                 f"a transfer of {req.num_prompt_tokens} tokens' KV takes "
+                                 f"{wire_s:.3g} s and would end at t={self.env.now + wire_s:.3g} "
+                                 "s, past 2**32 s (136 years), where times lose their "
+                                 "resolution: check the link's bandwidth_gb_s and latency_s")
+            self._arrival_due_s[req.request_id] = self.env.now + wire_s
+            yield self.env.timeout(wire_s)
+        del self._arrival_due_s[req.request_id]
+        source.state.release(req)  # its KV has been sent: the blocks there are free again
+        source.wake()
+        req.transfer_end_s = self.env.now
+        inbox.join(req)
+
+    def transfer_time_s(self, req: Request) -> float:
+        """Link latency plus the prompt's KV bytes over the bandwidth; with overlap, only the
+        part not already streamed while the prefill ran."""
+        num_bytes = req.num_prompt_tokens * self.model.kv_bytes_per_token
+        wire_s = num_bytes / (self.link.bandwidth_gb_s * 1e9)
+        if self.overlap and req.first_scheduled_s is not None and req.prefill_end_s is not None:
+            wire_s = max(0.0, wire_s - (req.prefill_end_s - req.first_scheduled_s))
+        return self.link.latency_s + wire_s

@@ -1,0 +1,117 @@
+"""Per-iteration records, kept as compact columns (no object per iteration)."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+COLUMNS = {
+    "start_s": "d",
+    "duration_s": "d",
+    "num_prefill_tokens": "q",
+    "num_decode_tokens": "q",
+    "num_seqs": "q",
+    "num_kv_blocks_used": "q",
+    "num_preempted": "q",
+    "num_waiting": "q",  # queue length when the iteration was scheduled
+}
+
+
+class IterationLog:
+    """Columns of one replica's iterations; the index of a row is the iteration's number."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, array] = {name: array(code) for name, code in COLUMNS.items()}
+        # Each column's bound `append`, in COLUMNS order: `append` runs for every stepped
+        # iteration, and eight dictionary look-ups cost as much as the appends.
+        self._appends = tuple(col.append for col in self.columns.values())
+        # Tokens sampled by a pipelined replica's iterations, as (request id, iteration) pairs:
+        # a request there is in every k-th iteration, so runs of consecutive iterations
+        # (`Request.token_runs`) would hold one per token; these hold 16 bytes per token.
+        self.sampled_request_ids = array("q")
+        self.sampled_iterations = array("q")
+        # The last iteration in which any request decoded (-1: none yet): a request's run of
+        # token iterations goes on through the iterations after it (`Request.record_token`).
+        self.last_decode_iteration = -1
+
+    def __len__(self) -> int:
+        return len(self.columns["start_s"])
+
+    def append(self, start_s: float, duration_s: float, num_prefill_tokens: int,
+               num_decode_tokens: int, num_seqs: int, num_kv_blocks_used: int,
+               num_preempted: int, num_waiting: int) -> int:
+        """Add one iteration; return its number."""
+        index = len(self.columns["start_s"])
+        (start, duration, prefill, decode, seqs, kv_blocks, preempted,
+         waiting) = self._appends
+        start(start_s)
+        duration(duration_s)
+        prefill(num_prefill_tokens)
+        decode(num_decode_tokens)
+        seqs(num_seqs)
+        kv_blocks(num_kv_blocks_used)
+        preempted(num_preempted)
+        waiting(num_waiting)
+        if num_decode_tokens:
+            self.last_decode_iteration = index
+        return index
+
+    def add_sampled(self, iteration: int, request_ids: list[int]) -> None:
+        """Requests that sampled a token at the end of `iteration` (a pipelined replica)."""
+        self.sampled_request_ids.extend(request_ids)
+        self.sampled_iterations.extend(array("q", (iteration,)) * len(request_ids))
+
+    def set_duration(self, index: int, duration_s: float) -> None:
+        """Correct an iteration's duration once its end is known (a replay ends an iteration
+        after committing it)."""
+        self.columns["duration_s"][index] = duration_s
+
+    def extend_stretch(self, start_s: np.ndarray, duration_s: np.ndarray,
+                       num_seqs: int | list[int], num_kv_blocks_used: list[int],
+                       num_preempted_first: int = 0,
+                       num_prefill_tokens: list[int] | None = None) -> int:
+        """Add a stretch of iterations (`sim.engine.fastpath.stretch`), the first of which preempted
+        `num_preempted_first` requests when it was planned; return the number of the first.
+        `num_seqs`: one number for every iteration, or one per iteration where requests leave
+        the batch as they finish. Each request in an iteration decodes but for one computing
+        a chunk of its prompt in the first `len(num_prefill_tokens)` iterations."""
+        c = self.columns
+        index = len(c["start_s"])
+        k = len(start_s)
+        c["start_s"].frombytes(start_s.astype(np.float64, copy=False).tobytes())
+        c["duration_s"].frombytes(duration_s.astype(np.float64, copy=False).tobytes())
+        seqs = array("q", num_seqs) if isinstance(num_seqs, list) else array("q", (num_seqs,)) * k
+        if num_prefill_tokens:
+            chunks = len(num_prefill_tokens)
+            c["num_prefill_tokens"].extend(array("q", num_prefill_tokens))
+            c["num_prefill_tokens"].frombytes(bytes(8 * (k - chunks)))
+            decodes = array("q", seqs)
+            for j in range(chunks):
+                decodes[j] -= 1
+            c["num_decode_tokens"].extend(decodes)
+            # The prompt's request decodes after its chunks; beside them, the others do.
+            if k > chunks or decodes[0]:
+                self.last_decode_iteration = index + k - 1
+        else:
+            c["num_prefill_tokens"].frombytes(bytes(8 * k))
+            c["num_decode_tokens"].extend(seqs)
+            if k:
+                self.last_decode_iteration = index + k - 1
+        c["num_seqs"].extend(seqs)
+        c["num_kv_blocks_used"].extend(array("q", num_kv_blocks_used))
+        preempted = array("q", bytes(8 * k))
+        if k:
+            preempted[0] = num_preempted_first
+        c["num_preempted"].extend(preempted)
+        c["num_waiting"].frombytes(bytes(8 * k))  # a stretch runs only while nothing waits
+        return index
+
+    def end_s(self) -> np.ndarray:
+        """End time of every iteration (start plus duration, as the engine computed it)."""
+        return np.frombuffer(self.columns["start_s"], dtype=np.float64) + np.frombuffer(
+            self.columns["duration_s"], dtype=np.float64)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: np.frombuffer(col, dtype=np.float64 if col.typecode == "d" else np.int64)
+                for name, col in self.columns.items()}

@@ -1,0 +1,145 @@
+"""A replica split into pipeline stages, run as vLLM v1 runs one: up to P iterations in flight.
+
+vLLM v1's engine (`EngineCore.step_with_batch_queue`) keeps a queue of `max_concurrent_batches`
+(the pipeline size P) iterations. While fewer are in flight, the scheduler plans another at once
+from what is not in flight: it counts scheduled tokens as computed (`ReplicaState.start`), so a
+decode waits for its own token and a prompt's next chunk may follow its previous one down the
+pipeline. With P in flight, or nothing more to schedule, the engine blocks on the oldest
+iteration's result: work arriving meanwhile waits until that iteration leaves the last stage.
+
+Stages are servers in tandem. An iteration whose whole pass takes T (the latency model's
+answer: every stage in turn plus the hand-offs) holds each stage for its share of the model's
+layers times T (`Parallelism.stage_layers`, vLLM's split: T / P each where the layers divide
+evenly), once it has left the stage before and the iteration ahead has left this one. The
+per-iteration overhead, the LM head and the hand-offs are spread the same way, an
+approximation: they belong to the engine step, the last stage and the stage sending.
+
+Iterations ending before anything outside the replica can look at it complete without an
+event each, as on any replica (`Replica.run`); there is no decode fast path (stretches) for
+pipelined replicas yet: each iteration is scheduled and shaped on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import simpy
+
+from sim.core.plan import Plan
+from sim.engine.clock import At
+from sim.engine.replica import Iteration, Replica
+
+
+class PipelinedReplica(Replica):
+    """A replica of P pipeline stages (P > 1): up to P iterations in flight, as vLLM v1's
+    batch queue keeps them. `stage_layers` holds each stage's number of layers."""
+
+    def __init__(self, *args: Any, stage_layers: Sequence[int], num_in_flight: int | None = None,
+                 placeholders: bool = False, stale_delivered: bool = False, **kwargs: Any
+                 ) -> None:
+        super().__init__(*args, **kwargs)
+        self.num_stages = len(stage_layers)
+        # Iterations in flight at most: one per stage, or more where the engine schedules
+        # ahead (vLLM's async scheduling: two on one stage).
+        self.pipeline_depth = self.num_stages if num_in_flight is None else num_in_flight
+        # Async scheduling: a request's token in flight is an output placeholder, and the
+        # request may be scheduled again at once (`ReplicaState.start`).
+        self.placeholders = placeholders
+        self.stale_delivered = stale_delivered  # `ReplicaState.complete`
+        # Each stage's share of a pass; None where the layers divide evenly (T / P each, the
+        # same floats as before uneven splits were modelled).
+        num_layers = sum(stage_layers)
+        self._stage_shares = (None if len(set(stage_layers)) == 1
+                              else [n / num_layers for n in stage_layers])
+        # Sent and not yet out of the last stage, oldest first; when each stage is next free.
+        self._batches: deque[Iteration] = deque()
+        self._stage_free_s = [-math.inf] * self.num_stages
+
+    def sync(self, *, before_s: float | None = None) -> None:
+        """Complete the iterations that have left the last stage by now (or strictly before
+        `before_s`)."""
+        if self._batches:
+            self._complete_batches(self.env.now if before_s is None else before_s,
+                                   inclusive=before_s is None)
+
+    def next_commit_s(self) -> float:
+        if self._batches:
+            return self._batches[0].end_s
+        state = self.state
+        return self.env.now if state.waiting or state.running else math.inf
+
+    def stop(self, horizon_s: float) -> None:
+        """The clock stopped at `horizon_s`: complete what left the pipeline before it; the
+        iterations still in flight never end, and their tokens are not computed."""
+        self.sync(before_s=horizon_s)
+        while self._batches:  # newest first: a prompt's chunks come off in reverse
+            in_flight = self._batches.pop().in_flight
+            assert in_flight is not None
+            self.state.cancel(in_flight)
+
+    def run(self) -> Generator[simpy.Event, Any, None]:
+        state, batches = self.state, self._batches
+        preempted: list[int] = []  # by plans that scheduled nothing: logged with the next
+        # The replica's own clock: ahead of the environment's while it runs ahead (below).
+        now = self.env.now
+        while True:
+            if batches:
+                self._complete_batches(now, inclusive=True)
+            if self.inbox is not None and self.inbox.pending:
+                yield from self._admit_transfers(now)
+            plan = None
+            while len(batches) < self.pipeline_depth and (state.running or state.waiting):
+                plan = self.scheduler.schedule(state, now)
+                if not plan:
+                    preempted += plan.preempted_ids
+                    break
+                if preempted:
+                    plan.preempted_ids[:0] = preempted
+                    preempted = []
+                batches.append(self._send(plan, now))
+            if not batches:
+                yield from self._wait_idle(plan, now)
+                now = self.env.now
+                continue
+            # Blocked on the oldest result: no poke (`wake` finds none), as vLLM's engine
+            # reads new requests only between steps. Nothing outside this replica can look at
+            # it or change it before `quiet_until()`: a result due before then is taken at
+            # once, with no event, as `Replica.run` commits its iterations.
+            end_s = batches[0].end_s
+            if self.fast_forward and end_s < self.quiet_until():
+                now = end_s
+                continue
+            yield At(self.env, end_s, self.turn)
+            now = self.env.now
+
+    def _send(self, plan: Plan, now_s: float) -> Iteration:
+        """`plan` sent down the pipeline now: it enters each stage once it has left the one
+        before and the iteration ahead has left this one."""
+        it = self._plan_iteration(plan, now_s, len(self._batches))
+        free, shares = self._stage_free_s, self._stage_shares
+        stages_s = ([it.duration_s / self.num_stages] * self.num_stages
+                    if shares is None else [it.duration_s * share for share in shares])
+        start_s = end_s = max(now_s, free[0])
+        for k, stage_s in enumerate(stages_s):
+            end_s = max(end_s, free[k]) + stage_s
+            free[k] = end_s
+        it.start_s, it.duration_s = start_s, end_s - start_s
+        it.end_s = start_s + it.duration_s  # as the log will compute it
+        it.in_flight = self.state.start(plan, start_s, placeholders=self.placeholders)
+        return it
+
+    def _complete_batches(self, now_s: float, *, inclusive: bool) -> None:
+        """Log and apply the iterations that have left the last stage by `now_s`."""
+        batches = self._batches
+        while batches and (batches[0].end_s < now_s or (inclusive and batches[0].end_s == now_s)):
+            it = batches.popleft()
+            iteration = self._log(it)
+            assert it.in_flight is not None
+            done, sampled = self.state.complete(it.in_flight, it.end_s,
+                                                stale_delivered=self.stale_delivered)
+            self.log.add_sampled(iteration, sampled)
+            self.scheduler.iteration_ended(it.plan)
+            self._left_running(done)

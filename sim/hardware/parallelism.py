@@ -1,0 +1,200 @@
+"""How one replica is split over GPUs: tensor, pipeline and expert parallelism.
+
+A replica spans `tensor * pipeline` GPUs. Tensor parallelism (Megatron style, as vLLM shards a
+decoder) splits every layer's heads and MLP width over `tensor` GPUs and all-reduces the
+activations twice per layer; pipeline parallelism gives each of `pipeline` stages a contiguous
+run of layers and hands the activations on between stages; expert parallelism places whole
+routed experts of an MoE layer on `expert` of the tensor-parallel GPUs instead of slicing every
+expert (vLLM's `enable_expert_parallel` inside the tensor-parallel group).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, Field
+
+from sim.config.errors import INPUT_MODEL
+
+if TYPE_CHECKING:
+    from sim.hardware.models import ModelShape
+
+MAX_GPUS_PER_REPLICA = 1024
+GPUS_PER_NODE = 8  # an NVLink domain (HGX/DGX); larger groups would cross slower links
+VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE (vocab_parallel_embedding.py)
+
+
+class Parallelism(BaseModel):
+    """`parallelism: {tensor: T, pipeline: P, expert: E}` of a replica."""
+
+    model_config = INPUT_MODEL
+
+    tensor: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA,
+                        description="GPUs splitting each layer (heads, MLP width)")
+    pipeline: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA,
+                          description="stages, each a contiguous run of layers")
+    expert: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA,
+                        description="GPUs of the tensor group holding whole routed experts")
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs one replica occupies."""
+        return self.tensor * self.pipeline
+
+    @property
+    def num_cross_node_handoffs(self) -> int:
+        """Of the `pipeline - 1` hand-offs between stages, those between two nodes of
+        `GPUS_PER_NODE`: stages fill nodes in order, `tensor` GPUs each (TP8 x PP2 spans two
+        nodes, one hand-off between them; TP4 x PP2 stays in one)."""
+        t = self.tensor
+        return sum((k * t) // GPUS_PER_NODE != ((k + 1) * t) // GPUS_PER_NODE
+                   for k in range(self.pipeline - 1))
+
+    def problems(self, model: ModelShape) -> list[tuple[str, int, str]]:
+        """What does not divide: (field, value, why) for each, empty if the split is valid.
+        The rules are vLLM's: heads divide evenly over the tensor group (KV heads may be
+        replicated when there are fewer of them than GPUs), every stage gets a layer."""
+        found = []
+        t, p, e = self.tensor, self.pipeline, self.expert
+        if model.num_heads % t:
+            found.append(("tensor", t, f"{model.name} has {model.num_heads} attention heads, "
+                                       "not divisible by it"))
+        kv = model.num_kv_heads
+        if not found and (t <= kv and kv % t or t > kv and t % kv):  # else the heads' says it
+            found.append(("tensor", t, f"{model.name}'s {kv} KV heads neither divide over it "
+                                       "nor replicate evenly"))
+        if t > GPUS_PER_NODE:
+            found.append(("tensor", t, f"a tensor-parallel group spans one node's NVLink "
+                                       f"domain here (at most {GPUS_PER_NODE} GPUs); add "
+                                       "pipeline stages across nodes instead"))
+        if not found:
+            found += [("tensor", t, f"{model.name}'s {what} ({size}) does not split evenly "
+                                    "over it") for what, size in _uneven_widths(model, t, e)]
+        if p > model.num_layers:
+            found.append(("pipeline", p, f"more stages than {model.name}'s "
+                                         f"{model.num_layers} layers"))
+        if e > 1 and not model.num_experts:
+            found.append(("expert", e, f"{model.name} is dense: it has no experts to place"))
+        elif e > 1 and (t % e or model.num_experts % e):
+            found.append(("expert", e, f"must divide tensor ({t}) and {model.name}'s "
+                                       f"{model.num_experts} experts"))
+        return found
+
+    def kv_heads_per_gpu(self, model: ModelShape) -> int:
+        """KV heads each GPU of the tensor group stores (replicated if fewer than GPUs)."""
+        return max(1, model.num_kv_heads // self.tensor)
+
+    def kv_bytes_per_layer_token_per_gpu(self, model: ModelShape) -> float:
+        """KV bytes one token takes in one layer on each GPU of the tensor group: its share of
+        the KV heads (an MLA latent is not split by heads: every GPU keeps all of it)."""
+        per_layer = model.kv_bytes_per_token / model.num_layers
+        if model.is_mla:
+            return per_layer
+        return per_layer * self.kv_heads_per_gpu(model) / model.num_kv_heads
+
+    def kv_bytes_per_token_per_gpu(self, model: ModelShape) -> float:
+        """KV bytes one token takes on the busiest GPU (its stage's layers), which bounds the
+        replica's KV capacity."""
+        return (self.kv_bytes_per_layer_token_per_gpu(model)
+                * -(-model.num_layers // self.pipeline))
+
+    def stage_layers(self, num_layers: int) -> list[range]:
+        """The layers of each pipeline stage, as vLLM assigns them (`get_pp_indices`): an
+        even share each, the remainder one apiece to the stages before the last (which also
+        holds the LM head), counting back from it."""
+        base, extra = divmod(num_layers, self.pipeline)
+        sizes = [base] * self.pipeline
+        for i in range(2, extra + 2):
+            sizes[-i] += 1
+        starts = [sum(sizes[:i]) for i in range(self.pipeline)]
+        return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+
+    def vocab_rows_per_gpu(self, model: ModelShape) -> int:
+        """Rows of the embedding table and of the LM head on each GPU of the tensor group:
+        vLLM pads the vocabulary to a multiple of 64 and splits it evenly
+        (`VocabParallelEmbedding`, `ParallelLMHead`)."""
+        padded = -(-model.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+        return -(-padded // self.tensor)
+
+    def weight_bytes_per_gpu(self, model: ModelShape) -> int:
+        """Weight bytes on the busiest GPU (the largest pipeline stage's), as vLLM shards
+        them: sliced weights divided by `tensor`; K/V projections of at least one KV head per
+        GPU (replicated when there are fewer KV heads than GPUs); replicated norms, MoE routers
+        and MLA's down-projections (`q_a_proj`, `kv_a_proj_with_mqa`, `ReplicatedLinear`); the
+        embedding table on the first stage, the LM head (and, tied, a copy of the table) on the
+        last. One GPU: `model.weight_bytes` where the vocabulary is a multiple of 64 (every
+        committed model's)."""
+        moe = set(model.moe_layer_indices)
+        layer = {False: self._layer_bytes(model, moe=False),
+                 True: self._layer_bytes(model, moe=True) if moe else 0}
+        b = model.dtype_bytes  # the embedding table, the LM head and norms are never quantized
+        table = self.vocab_rows_per_gpu(model) * model.hidden_size * b
+        stages = self.stage_layers(model.num_layers)
+        busiest = 0
+        for index, layers in enumerate(stages):
+            num_bytes = sum(layer[i in moe] for i in layers)
+            if index == 0:
+                num_bytes += table
+            if index == len(stages) - 1:
+                num_bytes += model.hidden_size * b  # the final norm
+                if not (model.tie_embeddings and len(stages) == 1):
+                    num_bytes += table  # the LM head (tied on one stage: the table itself)
+            busiest = max(busiest, num_bytes)
+        return busiest
+
+    def _layer_bytes(self, model: ModelShape, moe: bool) -> int:
+        """One layer's weight bytes on one GPU of the tensor group: norms and MoE router in
+        the model's dtype, the linear layers in theirs (`quantization`)."""
+        t, e, h = self.tensor, self.expert, model.hidden_size
+        kept = 2 * h + (model.kv_lora_rank + (model.q_lora_rank or 0) if model.is_mla else 0)
+        if moe:
+            # Under expert parallelism E/e whole experts per GPU, each split t/e ways: the
+            # same share, num_experts / t of all experts' weights.
+            width = model.moe_intermediate_size * e // t
+            kept += model.router_params_per_layer
+            mlp = (model.num_experts // e * 3 * h * width
+                   + 3 * h * (model.shared_expert_intermediate_size // t))
+        else:
+            mlp = 3 * h * (model.intermediate_size // t)
+        attention = sum(k * n for k, n in self.attention_projections(model))
+        return kept * model.dtype_bytes + (attention + mlp) * model.linear_weight_bytes
+
+    def attention_projections(self, model: ModelShape) -> list[tuple[int, int]]:
+        """(in, out) widths of one layer's attention projections on one GPU of the tensor
+        group, in the order they run: GQA's fused QKV (KV heads replicated where fewer than
+        GPUs) and output; MLA's q_a/q_b pair (or q_proj), kv_a_proj_with_mqa, kv_b_proj and
+        o_proj, the down-projections (q_a, kv_a) replicated on every GPU and the rest split by
+        heads, as vLLM does. What the weights count and what the roofline times."""
+        t, h = self.tensor, model.hidden_size
+        if model.is_mla:
+            heads = model.num_heads // t
+            qk = heads * (model.qk_nope_head_dim + model.qk_rope_head_dim)
+            r = model.q_lora_rank
+            query = [(h, r), (r, qk)] if r else [(h, qk)]
+            return [*query, (h, model.kv_lora_rank + model.qk_rope_head_dim),
+                    (model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim)),
+                    (heads * model.v_head_dim, h)]
+        q = model.num_heads // t * model.head_dim
+        kv = self.kv_heads_per_gpu(model) * model.head_dim
+        return [(h, q + 2 * kv), (q, h)]
+
+    def logits_bytes_per_row(self, model: ModelShape) -> int:
+        """Bytes of one sampled row's logits gathered over the tensor group: every GPU's slice
+        of the padded vocabulary."""
+        return self.vocab_rows_per_gpu(model) * self.tensor * model.dtype_bytes
+
+
+def _uneven_widths(model: ModelShape, t: int, e: int) -> list[tuple[str, int]]:
+    """The widths tensor parallelism slices that leave a remainder (vLLM refuses those; the
+    vocabulary it pads instead). Under expert parallelism each expert is split t/e ways."""
+    widths = [("intermediate_size", model.intermediate_size, t)] if model.num_dense_layers else []
+    if model.num_experts:
+        ways = t // e if t % e == 0 else t  # an e not dividing t is reported on its own
+        widths.append(("moe_intermediate_size", model.moe_intermediate_size, ways))
+        # Shared experts are a dense MLP sliced over the whole tensor group, whatever `expert`.
+        widths.append(("shared_expert_intermediate_size",
+                       model.shared_expert_intermediate_size, t))
+    return [(what, size) for what, size, ways in widths if size % ways]
+
+
+SINGLE_GPU = Parallelism()
