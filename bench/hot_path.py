@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import sim.engine.cluster  # noqa: E402
+import sim.engine.fastpath.replica  # noqa: E402
 import sim.engine.replica  # noqa: E402
 from sim.config.scenario import parse_scenario  # noqa: E402
 from sim.core.state import ReplicaState  # noqa: E402
@@ -81,18 +82,19 @@ def main() -> None:
 
     counts: Counter = {}
     undo = [
-        wrap(sim.engine.replica, "plan_stretch", "plan_stretch", counts),
-        wrap(sim.engine.replica, "commit_stretch", "commit_stretch", counts),
+        wrap(sim.engine.fastpath.replica, "plan_stretch", "plan_stretch", counts),
+        wrap(sim.engine.fastpath.replica, "commit_stretch", "commit_stretch", counts),
         wrap(sim.engine.replica.Replica, "_plan_iteration", "_plan_iteration (shape, latency)",
              counts),
         wrap(ReplicaState, "commit", "ReplicaState.commit", counts),
-        wrap(sim.engine.replica.Replica, "load", "Replica.load (router reads)", counts),
+        wrap(sim.engine.fastpath.replica.FastReplica, "load", "Replica.load (router reads)",
+             counts),
         wrap(sim.engine.cluster.Cluster, "route", "Cluster.route", counts),
     ]
-    # The policy's schedule(), whichever class it is.
+    # The policy's decide(), whichever class it is.
     from sim.schedulers.base import SCHEDULERS
     scheduler_class = SCHEDULERS.get(sc.replica.scheduler.name)
-    undo.append(wrap(scheduler_class, "schedule", f"{scheduler_class.__name__}.schedule",
+    undo.append(wrap(scheduler_class, "decide", f"{scheduler_class.__name__}.decide",
                      counts))
     start = time.perf_counter()
     run_scenario(sc)

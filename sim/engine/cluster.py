@@ -68,6 +68,10 @@ class Cluster:
         state = ReplicaState(kv_cache_for(cfg, model, field, self.source, scheduler),
                              prefill_only=pool == "prefill")
         kind: type[Replica] = Replica
+        if self.fast_forward:
+            from sim.engine.fastpath.replica import FastReplica  # not needed to step
+
+            kind = FastReplica
         extra: dict[str, Any] = {}
         num_in_flight = scheduler.num_batches_in_flight(cfg.parallelism.pipeline)
         if num_in_flight > 1:  # a pipeline (stages as vLLM splits the layers), or async

@@ -14,9 +14,10 @@ evenly), once it has left the stage before and the iteration ahead has left this
 per-iteration overhead, the LM head and the hand-offs are spread the same way, an
 approximation: they belong to the engine step, the last stage and the stage sending.
 
-Iterations ending before anything outside the replica can look at it complete without an
-event each, as on any replica (`Replica.run`); there is no decode fast path (stretches) for
-pipelined replicas yet: each iteration is scheduled and shaped on its own.
+It runs the reference step (`Replica.run`) with its planning, waiting and commit overridden.
+Iterations ending before anything outside the replica can look at it complete without an event
+each, as on a `FastReplica`; there is no decode fast path (stretches) for pipelined replicas
+yet: each iteration is scheduled and shaped on its own.
 """
 
 from __future__ import annotations
@@ -24,13 +25,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Generator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import simpy
 
 from sim.core.plan import Plan
 from sim.engine.clock import At
 from sim.engine.replica import Iteration, Replica
+
+if TYPE_CHECKING:
+    from sim.engine.fastpath.stretch import Stretch
 
 
 class PipelinedReplica(Replica):
@@ -57,6 +61,7 @@ class PipelinedReplica(Replica):
         # Sent and not yet out of the last stage, oldest first; when each stage is next free.
         self._batches: deque[Iteration] = deque()
         self._stage_free_s = [-math.inf] * self.num_stages
+        self._preempted: list[int] = []  # by plans that scheduled nothing
 
     def sync(self, *, before_s: float | None = None) -> None:
         """Complete the iterations that have left the last stage by now (or strictly before
@@ -80,40 +85,37 @@ class PipelinedReplica(Replica):
             assert in_flight is not None
             self.state.cancel(in_flight)
 
-    def run(self) -> Generator[simpy.Event, Any, None]:
+    # The reference step (`Replica.run`) with its planning, waiting and commit (`sync`)
+    # overridden: several iterations in flight, each completed when it leaves the last stage.
+
+    def _next_work(self, now_s: float) -> tuple[Plan | None, Iteration | None]:
+        """Schedule and send iterations while fewer than the pipeline's depth are in flight;
+        the work to wait for is the oldest in flight (None: none)."""
         state, batches = self.state, self._batches
-        preempted: list[int] = []  # by plans that scheduled nothing: logged with the next
-        # The replica's own clock: ahead of the environment's while it runs ahead (below).
-        now = self.env.now
-        while True:
-            if batches:
-                self._complete_batches(now, inclusive=True)
-            if self.inbox is not None and self.inbox.pending:
-                yield from self._admit_transfers(now)
-            plan = None
-            while len(batches) < self.pipeline_depth and (state.running or state.waiting):
-                plan = self.scheduler.schedule(state, now)
-                if not plan:
-                    preempted += plan.preempted_ids
-                    break
-                if preempted:
-                    plan.preempted_ids[:0] = preempted
-                    preempted = []
-                batches.append(self._send(plan, now))
-            if not batches:
-                yield from self._wait_idle(plan, now)
-                now = self.env.now
-                continue
-            # Blocked on the oldest result: no poke (`wake` finds none), as vLLM's engine
-            # reads new requests only between steps. Nothing outside this replica can look at
-            # it or change it before `quiet_until()`: a result due before then is taken at
-            # once, with no event, as `Replica.run` commits its iterations.
-            end_s = batches[0].end_s
-            if self.fast_forward and end_s < self.quiet_until():
-                now = end_s
-                continue
-            yield At(self.env, end_s, self.turn)
-            now = self.env.now
+        plan = None
+        while len(batches) < self.pipeline_depth and (state.running or state.waiting):
+            plan = self.scheduler.schedule(state, now_s)
+            if not plan:
+                self._preempted += plan.preempted_ids  # logged with the next plan
+                break
+            if self._preempted:
+                plan.preempted_ids[:0] = self._preempted
+                self._preempted = []
+            batches.append(self._send(plan, now_s))
+        return plan, batches[0] if batches else None
+
+    def _wait(self, work: Iteration | Stretch) -> Generator[simpy.Event, Any, float]:
+        """Blocked on the oldest result: no poke (`wake` finds none), as vLLM's engine reads
+        new requests only between steps. Nothing outside this replica can look at it or change
+        it before `quiet_until()`: a result due before then is taken at once, with no event
+        (run-ahead, as `FastReplica` commits its iterations)."""
+        end_s = work.end_s
+        assert isinstance(end_s, float)
+        if self.fast_forward and end_s < self.quiet_until():
+            self._complete_batches(end_s, inclusive=True)
+            return end_s
+        yield At(self.env, end_s, self.turn)
+        return self.env.now
 
     def _send(self, plan: Plan, now_s: float) -> Iteration:
         """`plan` sent down the pipeline now: it enters each stage once it has left the one

@@ -1,7 +1,9 @@
-"""The SimPy engine's replicas: each runs its scheduler's plans for as long as the latency
-model says, then commits them; stretches of predictable iterations (`sim.engine.fastpath.stretch`)
-and iterations nothing outside can see in between run ahead without an event each (the fast
-path). `sim.engine.clock` owns the order of events at one instant.
+"""The SimPy engine's replica: the reference step. Each runs its scheduler's plans for as long
+as the latency model says, then commits them, one event per iteration. The fast path
+(`sim.engine.fastpath.replica.FastReplica`, used unless `fast_forward=False`) overrides how the
+next work is planned and waited for: stretches of predictable iterations, and iterations nothing
+outside can see run ahead without an event each. `sim.engine.clock` owns the order of events at
+one instant.
 
 SimPy is imported here, in `sim/engine/clock.py`, in `sim/engine/pipeline.py` (a replica keeping
 several iterations in flight down a pipeline of GPUs) and in `sim/engine/disaggregation.py`, nowhere
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -24,8 +26,6 @@ from sim.core.request import Request, Status
 from sim.core.state import InFlight, ReplicaState
 from sim.engine.clock import PLAN, At, Environment, Hook
 from sim.engine.disaggregation import DecodeInbox
-from sim.engine.fastpath.commit import allocate_first_step, commit_stretch
-from sim.engine.fastpath.stretch import Stretch, is_steady, plan_stretch
 from sim.engine.iteration_log import IterationLog
 from sim.latency.base import BatchShape, LatencyModel
 from sim.latency.noise import IterationNoise
@@ -33,11 +33,8 @@ from sim.routers.base import ReplicaLoad
 from sim.schedulers.base import Scheduler
 from sim.workloads.base import MAX_SPAN_S
 
-# Most iterations a decode stretch is planned for. New work cuts most stretches after a few
-# dozen iterations, while planning costs grow with the length; one that runs to the end is
-# followed by another (the same results, one more event).
-STRETCH_STEPS = 128
-
+if TYPE_CHECKING:
+    from sim.engine.fastpath.stretch import Stretch
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs 3x, on a hot path
 class Iteration:
@@ -55,7 +52,8 @@ class Iteration:
 
 
 class Replica:
-    """One model instance: a scheduler, a latency model and a KV cache, run as a SimPy process.
+    """One model instance: a scheduler, a latency model and a KV cache, run as a SimPy process,
+    one iteration at a time (the reference; `FastReplica` adds the fast path).
 
     In a disaggregated cluster (`sim.engine.disaggregation`) a prefill replica hands each request
     off after its first token (`on_handoff`), and a decode replica's `inbox` holds the requests
@@ -93,11 +91,8 @@ class Replica:
         # in a stretch): the golden schedules compare them with an engine's steps.
         self.plans: list[Plan] | None = None
         self._poke: simpy.Event | None = None
-        # Work planned and not yet committed: one iteration, or a stretch.
+        # Work planned and not yet committed: one iteration, or (`FastReplica`) a stretch.
         self._inflight: Iteration | Stretch | None = None
-        # A stretch cut short by new work, and the iterations of it kept: resumed if, once the
-        # replica has taken the work in, its plan would be the same (`_resume`).
-        self._uncut: tuple[Stretch, int] | None = None
         self.process = env.process(self.run())
 
     # -- what the rest of the cluster sees and does --------------------------------------------
@@ -123,17 +118,12 @@ class Replica:
     def load(self, req: Request | None = None) -> ReplicaLoad:
         """Requests in flight here, and tokens of work queued or resident, as of now; with
         `req`, also how many of its tokens are cached here."""
+        self.sync()  # prefix hits read the cache as the ended iterations left it
+        return self._load(req, 0, 0)
+
+    def _load(self, req: Request | None, decoded: int, num_finished: int) -> ReplicaLoad:
+        """The load, given tokens decoded and requests finished in work not yet committed."""
         state = self.state
-        work = self._inflight
-        decoded = num_finished = 0
-        if isinstance(work, Stretch) and req is None:
-            # A stretch in progress: the counts its ended iterations change, read
-            # without committing them (a router reads every replica at every arrival).
-            decoded, num_finished, finished_tokens = work.ended_counts(
-                work.num_ended_by(self.env.now))
-            decoded -= finished_tokens
-        else:
-            self.sync()  # prefix hits read the cache as the ended iterations left it
         tokens = state.num_waiting_tokens + state.num_running_tokens + decoded
         num_outstanding = state.num_outstanding - num_finished
         if self.inbox is not None:
@@ -150,23 +140,11 @@ class Replica:
         work = self._inflight
         if work is None:
             return
-        inclusive = before_s is None
         now = self.env.now if before_s is None else before_s
-        if isinstance(work, Iteration):
-            if work.end_s < now or (inclusive and work.end_s == now):
-                self._inflight = None
-                self._commit(work)
-            return
-        num_steps = work.num_ended_by(now, inclusive=inclusive)
-        if num_steps:
-            done, work = commit_stretch(self.state, work, num_steps, self.log)
-            self._inflight = work
-            self._left_running(done)
-        # With prefix caching, the blocks the iteration in progress allocated may have evicted
-        # cached prefixes, which a router reads: allocate them as a step-by-step run has.
-        if work is not None and self.state.kv.caches_prefixes and inclusive and (
-                work.start_s < now or self.env.reached(self.turn)):
-            self._inflight = allocate_first_step(self.state, work)
+        assert isinstance(work, Iteration)
+        if work.end_s < now or (before_s is None and work.end_s == now):
+            self._inflight = None
+            self._commit(work)
 
     def next_commit_s(self) -> float:
         """The earliest time this replica may commit work (and, on a prefill replica, hand a
@@ -182,111 +160,39 @@ class Replica:
         """The clock stopped at `horizon_s`: commit what ended before it; the iteration in
         progress holds the KV blocks it was planned with, as in a step-by-step run."""
         self.sync(before_s=horizon_s)
-        if isinstance(self._inflight, Stretch):
-            self._inflight = allocate_first_step(self.state, self._inflight)
 
     # -- the replica's own process ---------------------------------------------------------
 
     def run(self) -> Generator[simpy.Event, Any, None]:
-        state = self.state
-        # The replica's own clock: ahead of the environment's while it runs ahead (below).
+        """The engine step, as `servesim replay` runs it on a wall clock: commit what has ended,
+        admit KV transfers, schedule and predict, wait for the work to end (its commit is the
+        next step's sync). `now`: the replica's own clock (ahead of the environment's while a
+        `FastReplica` runs ahead)."""
         now = self.env.now
         while True:
             self.sync()
             if self.inbox is not None and self.inbox.pending:
                 yield from self._admit_transfers(now)
-            # A stretch cut short by new work goes on where that work changes no plan.
-            work: Stretch | Iteration | None = self._resume() if self._uncut is not None \
-                else None
-            plan = None
+            plan, work = self._next_work(now)
             if work is None:
-                plan = self.scheduler.schedule(state, now) if state.running or state.waiting \
-                    else None
-                if not plan:
-                    yield from self._wait_idle(plan, now)
-                    now = self.env.now
-                    continue
-            # Nothing outside this replica can look at it or change it before `quiet_s`, so
-            # the iterations that end before then are committed at once, with no event each:
-            # what a step-by-step run computes, in the same order, without the event loop.
-            quiet_s = self.quiet_until() if self.fast_forward else -math.inf
-            if plan is not None:
-                # A stretch of iterations where every following plan repeats this one
-                # (`is_steady`: the fast path), else its one iteration.
-                if (self.fast_forward and not self.latency.sequential
-                        and self.scheduler.allows_stretches and is_steady(state, plan)):
-                    first = None
-                    if plan.total_num_scheduled_tokens > plan.num_seqs:
-                        # A prompt's chunk. Where new work may come before it ends, it would
-                        # most likely cut a stretch there: the iteration is stepped, at a
-                        # fraction of the cost of a stretch planned and cut.
-                        first = work = self._plan_iteration(plan, now)
-                    if first is None or first.end_s < quiet_s:
-                        stretch = plan_stretch(
-                            state, plan, self.latency, now, self.horizon_s,
-                            through_finishes=self._through_finishes(), noise=self.noise,
-                            first_index=len(self.log), max_steps=STRETCH_STEPS,
-                            num_preempted=len(plan.preempted_ids),
-                            first_s=None if first is None else first.duration_s)
-                        if stretch is not None:
-                            self._check_durations(stretch.starts_s, stretch.duration_s,
-                                                  stretch.end_s)
-                            work = stretch
-                if work is None:
-                    work = self._plan_iteration(plan, now)
-            assert work is not None  # planned, or resumed
-            if isinstance(work, Stretch):
-                if work.end_s[-1] < quiet_s:
-                    self._left_running(commit_stretch(state, work, len(work), self.log)[0])
-                    now = float(work.end_s[-1])
-                    continue
-                yield from self._run_stretch(work)
+                yield from self._wait_idle(plan, now)
+                now = self.env.now
             else:
-                if work.end_s < quiet_s:
-                    self._commit(work)
-                    now = work.end_s
-                    continue
-                self._inflight = work
-                yield At(self.env, work.end_s, self.turn)
-            now = self.env.now
+                now = yield from self._wait(work)
 
-    def _through_finishes(self) -> bool:
-        """Whether a stretch may run past its requests' finishes: only where freeing blocks
-        decides nothing (no prefix cache, which frees into its eviction order, and no transfer
-        waiting for a decode slot)."""
-        return not self.state.kv.caches_prefixes and not (
-            self.inbox is not None and self.inbox.pending)
-
-    def _resume(self) -> Stretch | None:
-        """The rest of the stretch that new work cut short, if this replica, having taken the
-        work in (a decode replica admits a transfer: blocks for KV still on its way), would plan
-        its iterations all the same; else None (and the replica plans as usual). The same
-        plan: nothing waits and the running requests are the stretch's, so every policy gives
-        each its one decode token, as it did when the stretch was planned; and the blocks its
-        iterations may add (one per request per block of tokens, as `plan_stretch` counts)
-        are free, so none is preempted. It stops at its first finish where a finish now
-        decides something (a transfer still waits for a slot)."""
-        assert self._uncut is not None
-        stretch, num_kept = self._uncut
-        self._uncut = None
+    def _next_work(self, now_s: float) -> tuple[Plan | None, Iteration | Stretch | None]:
+        """Schedule at `now_s` (None with nothing queued) and predict: the plan, and the work to
+        run (None where the plan is empty)."""
         state = self.state
-        kv = state.kv
-        if state.waiting or num_kept >= len(stretch):
-            return None
-        rest = stretch.after(num_kept, 0)  # blocks in use: known once its first step allocates
-        if rest.prefill_pos >= 0:  # a prompt still in chunks: its blocks are not in the bound below
-            return None
-        num_steps = len(rest)
-        # The running list is the rest's requests, in order (the same objects): nobody joined.
-        if state.running != rest.requests:
-            return None
-        if len(rest.requests) * ((num_steps - 1) // kv.block_size + 2) > kv.num_free_blocks:
-            return None
-        if not self._through_finishes() and rest.min_steps_left < num_steps:
-            rest = rest.head(rest.min_steps_left)
-        rest = allocate_first_step(state, rest)
-        rest.num_used_blocks = kv.num_used_blocks
-        return rest
+        plan = self.scheduler.schedule(state, now_s) if state.running or state.waiting else None
+        return plan, self._plan_iteration(plan, now_s) if plan else None
+
+    def _wait(self, work: Iteration | Stretch) -> Generator[simpy.Event, Any, float]:
+        """Wait for `work` to end; return the replica's clock then."""
+        assert isinstance(work, Iteration)
+        self._inflight = work
+        yield At(self.env, work.end_s, self.turn)
+        return self.env.now
 
     def _admit_transfers(self, now_s: float) -> Generator[simpy.Event, Any, None]:
         """Admit the transfers waiting in the inbox at this replica's clock `now_s` (admitting
@@ -330,34 +236,6 @@ class Replica:
                                   np.array([end_s]))
         return Iteration(plan, shape, start_s, duration_s, end_s, state.kv.num_used_blocks,
                          len(state.waiting))
-
-    def _run_stretch(self, stretch: Stretch) -> Generator[simpy.Event, Any, None]:
-        """A stretch's iterations until its end (a finish or a KV shortfall), or new work."""
-        self._inflight = stretch
-        poke = self._poke = self.env.event()
-        # The stretch's end pokes too (a callback, cheaper than waiting on `end | poke`); a
-        # stale end, of a stretch already cut, finds its poke triggered.
-        end = At(self.env, float(stretch.end_s[-1]), self.turn)
-        def on_end(_: simpy.Event) -> None:
-            if not poke.triggered:
-                poke.succeed(_ENDED)
-
-        end.callbacks.append(on_end)
-        ended = yield poke
-        self._poke = None
-        if ended is _ENDED:
-            return  # the stretch has ended; this is the replica's turn to plan
-        # New work: stop after the iteration in progress, then plan with it at that turn. An
-        # iteration starting now is in progress only if this replica's planning turn at this
-        # instant has passed (a step-by-step run would have planned it already).
-        rest, cut_s = self._inflight, self.env.now
-        if isinstance(rest, Stretch):
-            self._inflight = rest.cut_at(cut_s, started_now=self.env.reached(self.turn))
-            if self._inflight is not None:
-                cut_s = float(self._inflight.end_s[-1])
-                if not self.state.waiting:  # a request waiting here changes the plan
-                    self._uncut = (rest, len(self._inflight))
-        yield At(self.env, cut_s, self.turn)
 
     def _commit(self, it: Iteration) -> None:
         since = self.log.last_decode_iteration  # before this one is logged
@@ -404,9 +282,6 @@ class Replica:
                        f"an iteration of {value:.3g} s starting at t={starts[i]:.6g} s does not "
                        "move the clock (float64 resolution): the run spans too long")
             raise InputError(*self.where, problem)
-
-
-_ENDED = object()  # what a stretch's own end pokes with
 
 
 def _never() -> float:

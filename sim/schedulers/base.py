@@ -2,13 +2,17 @@
 
 A scheduler is a pure policy: `schedule(state, now_s) -> Plan` decides one iteration and allocates
 its KV blocks (as vLLM's does); the replica state's `commit` applies it once the iteration has run.
-No SimPy, no clock, no torch here: the same objects can drive a real executor.
+No SimPy, no clock, no torch here: the same objects can drive a real executor. `schedule` is the
+same for every policy: it asks the policy (`decide`) and checks what came back (the budget, the
+running limit, free blocks; with `checks(True)`, as the property tests run, every invariant of
+the state, every step).
 """
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, final
 
 from pydantic import BaseModel, Field
 
@@ -61,6 +65,9 @@ class Scheduler(ABC):
     # Whether a token sampled before its request was preempted still joins its output when
     # its iteration ends (vLLM: "still delivered"), rather than being dropped (SGLang).
     delivers_stale_tokens: ClassVar[bool] = False
+    # Whether `decide` reads `now_s`. None of the engines' policies does; one that does is
+    # asked at every iteration (no stretch: a stretch repeats one plan over many instants).
+    reads_clock: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig, *, max_model_len: int | None = None) -> None:
         self.config = config
@@ -82,9 +89,38 @@ class Scheduler(ABC):
         """The iteration of `plan` has ended and its outcome is committed to the state (a
         policy wrapping an engine's scheduler feeds the engine its output here)."""
 
-    @abstractmethod
+    @final
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
-        """Build the next iteration's plan; allocate its KV blocks; preempt if it must.
+        """The next iteration's plan (`decide`), checked: no more tokens than the policy's
+        `max_num_scheduled_tokens`, no more requests running than `max_num_seqs`, free KV
+        blocks not negative; with `checks(True)`, every scheduled request running (once: a plan
+        maps each to its tokens) and given some, and `ReplicaState.check`. (A request preempted
+        while the plan was built may be in it again: vLLM re-plans after preempting everyone.)"""
+        plan = self.decide(state, now_s)
+        budget = self.max_num_scheduled_tokens
+        assert budget is None or plan.total_num_scheduled_tokens <= budget, (
+            f"{type(self).__name__} scheduled {plan.total_num_scheduled_tokens} tokens, "
+            f"more than {budget}")
+        assert len(state.running) <= self.config.max_num_seqs, (
+            f"{type(self).__name__} runs {len(state.running)} requests, more than "
+            f"max_num_seqs {self.config.max_num_seqs}")
+        assert state.kv.num_free_blocks >= 0
+        if _checks[0]:
+            running = {req.request_id for req in state.running}
+            assert running.issuperset(plan.num_scheduled_tokens), "a request scheduled not running"
+            assert all(n > 0 for n in plan.num_scheduled_tokens.values())
+            state.check()
+        return plan
+
+    @property
+    def max_num_scheduled_tokens(self) -> int | None:
+        """The most tokens one iteration may compute under this policy (None: no bound)."""
+        return None
+
+    @abstractmethod
+    def decide(self, state: ReplicaState, now_s: float) -> Plan:
+        """Build the next iteration's plan; allocate its KV blocks; preempt if it must. A policy
+        that reads `now_s` must say so (`reads_clock`): it is then asked at every iteration.
 
         The fast path (`sim.engine.fastpath.stretch.is_steady`) asks one thing of a policy, which
         every engine's does: while nothing waits and the running requests stay the same, with blocks
@@ -134,6 +170,19 @@ class Scheduler(ABC):
 
 
 SCHEDULERS: Registry[type[Scheduler]] = Registry("scheduler")
+
+# Whether `Scheduler.schedule` checks every invariant of the state after every plan (slow: the
+# property tests turn it on; `SERVESIM_CHECKS=1` does too).
+_checks = [os.environ.get("SERVESIM_CHECKS") == "1"]
+
+
+def checks(on: bool | None = None) -> bool:
+    """Whether full checks run after every plan; `on` turns them on or off. Returns the setting
+    before."""
+    before = _checks[0]
+    if on is not None:
+        _checks[0] = on
+    return before
 
 
 def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:

@@ -83,7 +83,11 @@ class ChunkedPrefill(Scheduler):
     Config = ChunkedPrefillConfig
     config: ChunkedPrefillConfig
 
-    def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+    @property
+    def max_num_scheduled_tokens(self) -> int | None:
+        return self.config.token_budget
+
+    def decide(self, state: ReplicaState, now_s: float) -> Plan:
         preempted: list[int] = []
         while True:
             plan = self._build(state)

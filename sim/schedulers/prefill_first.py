@@ -48,7 +48,13 @@ class PrefillFirst(Scheduler):
                     f"max_num_batched_tokens is {budget}")
         return super().capacity_reason(kv, num_kv_tokens)
 
-    def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+    @property
+    def max_num_scheduled_tokens(self) -> int | None:
+        # A prefill batch within the budget, or a decode batch of every running request.
+        budget = self.max_num_batched_tokens
+        return None if budget is None else max(budget, self.config.max_num_seqs)
+
+    def decide(self, state: ReplicaState, now_s: float) -> Plan:
         cfg = self.config
         plan = Plan()
         budget = self.max_num_batched_tokens

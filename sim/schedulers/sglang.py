@@ -250,7 +250,12 @@ class SGLang(Scheduler):
             for rid in [rid for rid in stashed if rid not in live]:
                 del stashed[rid]
 
-    def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+    @property
+    def max_num_scheduled_tokens(self) -> int | None:
+        # A prefill batch within the chunk size, or a decode batch of every running request.
+        return max(self.config.chunked_prefill_size, self.config.max_num_seqs)
+
+    def decide(self, state: ReplicaState, now_s: float) -> Plan:
         self._state = state
         last, self._last_extend = self._last_extend, []
         if self._full is not None and last:

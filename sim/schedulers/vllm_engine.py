@@ -176,7 +176,11 @@ class VllmEngine(Scheduler):
 
     # -- planning -------------------------------------------------------------------------
 
-    def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+    @property
+    def max_num_scheduled_tokens(self) -> int | None:
+        return self.config.max_num_batched_tokens
+
+    def decide(self, state: ReplicaState, now_s: float) -> Plan:
         if self._sched is None:
             self._build(state)
         sched = self._sched

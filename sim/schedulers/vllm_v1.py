@@ -294,7 +294,11 @@ class VllmV1(Scheduler):
             self.config.enable_chunked_prefill, self.config.max_num_batched_tokens,
             num_kv_tokens)
 
-    def schedule(self, state: ReplicaState, now_s: float) -> Plan:
+    @property
+    def max_num_scheduled_tokens(self) -> int | None:
+        return self.config.max_num_batched_tokens
+
+    def decide(self, state: ReplicaState, now_s: float) -> Plan:
         plan = self._step(state)
         if not plan and plan.preempted_ids and not state.running:  # rule 9: all preempted
             preempted = plan.preempted_ids
@@ -302,9 +306,6 @@ class VllmV1(Scheduler):
             plan.preempted_ids[:0] = preempted
         # Else only requests in flight on a pipeline may be left running, with nothing to do.
         assert plan or not (plan.preempted_ids and state.running) or any_in_flight(state)
-        cfg = self.config
-        assert plan.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
-        assert len(state.running) <= cfg.max_num_seqs
         return plan
 
     def _step(self, state: ReplicaState) -> Plan:
