@@ -205,7 +205,10 @@ class SGLang(Scheduler):
         return True
 
     def latch(self, decoding: list[Request]) -> None:
-        self._full = {r.request_id for r in decoding}
+        """Set the latch over the running requests `decoding`. With none running it never
+        holds: SGLang sets it on an empty running batch, which the next pass replaces with the
+        prefill batch just run (`running_batch = last_batch`), or clears while empty."""
+        self._full = {r.request_id for r in decoding} if decoding else None
 
     def refresh_waiting_prefixes(self, state: ReplicaState) -> None:
         """SGLang's `_touch_waiting_prefixes` (fcfs, LRU, a radix cache; `calc_priority` each

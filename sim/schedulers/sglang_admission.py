@@ -36,7 +36,9 @@ Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check thes
 - The latch (`running_batch.batch_is_full`, `scheduler.py`): while set and no request is being
   chunked, no prefill is tried at all; it clears when a running request leaves (finishes),
   when nothing runs, or when the last batch was a prefill that lost a request before the next
-  pass (`last_batch.filter_batch`: one finished at its first token, or the chunked one).
+  pass (`last_batch.filter_batch`: one finished at its first token, or the chunked one); set
+  while nothing decodes, it does not hold (the flag is on the running batch object, which the
+  prefill batch then replaces).
 """
 
 from __future__ import annotations
