@@ -214,15 +214,24 @@ def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:
         computed = req.num_computed_tokens
         # A block is needed only when the computed tokens exactly fill the blocks held.
         while computed % block_size == 0 and not kv.try_allocate(req, 1):
-            victim = state.running[-1]
-            scheduled.pop(victim.request_id, None)
-            plan.preempted_ids.append(victim.request_id)
-            state.preempt(victim)
+            victim, _ = preempt_newest(state, plan.preempted_ids, scheduled)
             if victim is req:
                 break
         else:
             scheduled[req.request_id] = 1
     return [req for req in prefilling if req.status is running]
+
+
+def preempt_newest(state: ReplicaState, preempted: list[int],
+                   scheduled: dict[int, int] | None = None) -> tuple[Request, int]:
+    """Preempt the newest running request by recompute (vLLM's victim, and SGLang's as
+    modelled here), note it in `preempted` and take its tokens out of `scheduled`; return it
+    and those tokens. The one preemption rule every policy shares."""
+    victim = state.running[-1]
+    num_tokens = scheduled.pop(victim.request_id, 0) if scheduled is not None else 0
+    preempted.append(victim.request_id)
+    state.preempt(victim)
+    return victim, num_tokens
 
 
 def any_in_flight(state: ReplicaState) -> bool:

@@ -24,6 +24,7 @@ from sim.schedulers.base import (
     Scheduler,
     SchedulerConfig,
     any_in_flight,
+    preempt_newest,
     reserved_blocks,
     schedule_decodes,
     try_admit,
@@ -96,9 +97,7 @@ class ChunkedPrefill(Scheduler):
                 plan.preempted_ids = preempted
                 return plan
             # Partial prefills hold all the blocks and none can grow: free the newest.
-            victim = state.running[-1]
-            state.preempt(victim)
-            preempted.append(victim.request_id)
+            preempt_newest(state, preempted)
 
     def _build(self, state: ReplicaState) -> Plan:
         cfg = self.config

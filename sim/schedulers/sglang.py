@@ -27,6 +27,7 @@ from sim.schedulers.base import (
     Scheduler,
     SchedulerConfig,
     any_in_flight,
+    preempt_newest,
     reserved_blocks,
     schedule_decodes,
     try_admit,
@@ -278,9 +279,7 @@ class SGLang(Scheduler):
             if plan or not (state.running or plan.preempted_ids) or any_in_flight(state):
                 break
             if state.running:
-                victim = state.running[-1]
-                state.preempt(victim)
-                preempted.append(victim.request_id)
+                preempt_newest(state, preempted)
         plan.preempted_ids = preempted
         return plan
 

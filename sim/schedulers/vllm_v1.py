@@ -106,6 +106,7 @@ from sim.schedulers.base import (
     Scheduler,
     SchedulerConfig,
     any_in_flight,
+    preempt_newest,
     reserved_blocks,
     try_admit,
 )
@@ -363,10 +364,8 @@ class VllmV1(Scheduler):
                     continue
                 num_tokens = 1
             while not kv.try_allocate(req, num_tokens):
-                victim = state.running[-1]
-                budget += scheduled.pop(victim.request_id, 0)
-                plan.preempted_ids.append(victim.request_id)
-                state.preempt(victim)
+                victim, num_freed = preempt_newest(state, plan.preempted_ids, scheduled)
+                budget += num_freed
                 if victim is req:
                     return budget
             scheduled[req.request_id] = num_tokens
