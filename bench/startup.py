@@ -4,7 +4,7 @@ untimed run), beside the floor `python -c "import pydantic, numpy, typer"`.
 
 Target (issue 14): at most 0.3 s for each command on the 2-core development VM, judged on the
 best run (these VMs are noisy: the median says how noisy). What keeps it there is structural and
-tested in tests/test_startup.py: pandas, pyarrow, matplotlib, scipy, ray, torch and the profiler
+tested in tests/cli/test_startup.py: pandas, pyarrow, matplotlib, scipy, ray, torch and the profiler
 are imported only inside the functions that use them, and `--help` builds no scenario model.
 The floor is a plain interpreter's: numpy's OpenBLAS starts its default threads there, where
 servesim asks for one (on a busy VM those spinning threads cost 40-60 ms).

@@ -22,11 +22,14 @@ SAMPLES, PLACEHOLDER = 1, 2
 class ReplicaState:
     """Waiting queue (FCFS, preempted requests at the front), running list (admission order), KV."""
 
-    def __init__(self, kv: KVCacheManager, prefill_only: bool = False) -> None:
+    def __init__(self, kv: KVCacheManager, prefill_only: bool = False,
+                 decode_only: bool = False) -> None:
         self.kv = kv
         # A prefill replica of a disaggregated cluster: a request leaves `running` after its
         # first token, keeping its KV blocks until the transfer to a decode replica is done.
         self.prefill_only = prefill_only
+        # A decode replica of one: requests join `running` as their KV arrives (`join`).
+        self.decode_only = decode_only
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_transferring = 0  # handed off, KV still held here

@@ -43,9 +43,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# pydantic, for `GPUSpecInput`: this module is not on the path of `servesim --help` (sim.cli.app
-# does not import it; tests/test_gpus.py checks), and everything that imports it (the scenario
-# models, the latency models, `servesim list`) loads pydantic anyway.
+# pydantic, for `GPUSpecInput`: this module is not on the path of `servesim --help`
+# (sim.cli.app does not import it; tests/hardware/test_gpus.py checks), and everything that
+# imports it (the scenario models, the latency models, `servesim list`) loads pydantic anyway.
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from sim.config.errors import INPUT_MODEL

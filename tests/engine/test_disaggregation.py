@@ -1,0 +1,114 @@
+"""Disaggregated prefill and decode pools (`sim.engine.disaggregation`), with the constant
+latency model: exact timestamps of prefills, KV transfers queueing on a prefill replica's link,
+decode back-pressure, a transfer overlapped with its prefill, and each policy's own rule for
+admitting a transferred request."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim import run_scenario
+from sim.core.request import Request
+from sim.core.state import ReplicaState
+from tests.helpers import disaggregated, replica
+
+
+def tokens_of(res, request_id):
+    t = res.tokens
+    return t.loc[t["request_id"] == request_id, "time_s"].tolist()
+
+
+def test_one_prefill_one_decode_exact_timestamps(tmp_path):
+    # 409,600 B/s: A's 100-token KV (204,800 B) takes 0.5 s; B's 40 tokens 0.2 s.
+    res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 3), (0.125, 40, 2)]))
+    df = res.requests.set_index("request_id")
+    # Prefill replica: A prefilled in [0, 0.25], B in [0.25, 0.5]; first tokens there.
+    assert df["prefill_end_s"].tolist() == [0.25, 0.5]
+    assert df["ttft_s"].tolist() == [0.25, 0.5 - 0.125]
+    # A's KV crosses the link in [0.25, 0.75]; B's waits behind it (FIFO) until 0.75, then 0.2 s.
+    assert df["transfer_start_s"].tolist() == [0.25, 0.5]
+    assert df["transfer_end_s"].tolist() == pytest.approx([0.75, 0.95], abs=1e-12)
+    assert df["decode_wait_s"].tolist() == [0.0, 0.0]
+    # Decode replica: A alone in [0.75, 1.0]; B joins at 0.95 and decodes with A in [1.0, 1.25].
+    assert tokens_of(res, 0) == [0.25, 1.0, 1.25]
+    assert tokens_of(res, 1) == [0.5, 1.25]
+    assert df["max_tbt_s"].tolist() == [0.75, 0.75]  # the gap across the transfer counts
+    assert df["replica_id"].tolist() == [0, 0] and df["decode_replica_id"].tolist() == [1, 1]
+    assert df["finish_s"].tolist() == [1.25, 1.25]
+    assert df["transfer_s"].tolist() == pytest.approx([0.5, 0.45])
+    assert res.summary["transfer"]["transfer_s"]["max"] == pytest.approx(0.5)
+    pools = {r["replica_id"]: r["pool"] for r in res.summary["replicas"]}
+    assert pools == {0: "prefill", 1: "decode"}
+    prefill, decode = res.summary["pools"]["prefill"], res.summary["pools"]["decode"]
+    assert (prefill["num_replicas"], prefill["num_iterations"]) == (1, 2)
+    assert decode["num_iterations"] == 2  # [0.75, 1.0] and [1.0, 1.25]
+    # Busy 0.5 s of the 1.25 s from first arrival to last finish, on each side.
+    assert prefill["mean_busy_fraction"] == pytest.approx(0.4)
+    assert decode["mean_busy_fraction"] == pytest.approx(0.4)
+
+
+def test_transfers_from_one_prefill_replica_queue_on_its_link(tmp_path):
+    # Three prompts prefilled in one iteration; their transfers leave one after another.
+    res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 2), (0.0, 100, 2), (0.0, 100, 2)],
+                                     prefill=replica(token_budget=512)))
+    df = res.requests.sort_values("transfer_end_s")
+    assert df["prefill_end_s"].tolist() == [0.25] * 3
+    assert df["transfer_end_s"].tolist() == pytest.approx([0.75, 1.25, 1.75])
+    assert df["transfer_s"].tolist() == pytest.approx([0.5, 1.0, 1.5])
+
+
+def test_two_prefill_replicas_send_in_parallel(tmp_path):
+    scenario = disaggregated(tmp_path, [(0.0, 100, 2), (0.0, 100, 2)])
+    cluster = scenario.cluster.model_copy(update={
+        "prefill": scenario.cluster.prefill.model_copy(update={"replicas": 2})})
+    res = run_scenario(scenario.model_copy(update={"cluster": cluster}))
+    assert sorted(res.requests["replica_id"]) == [0, 1]  # round robin over the prefill pool
+    assert res.requests["transfer_end_s"].tolist() == pytest.approx([0.75, 0.75])
+
+
+def test_decode_back_pressure_keeps_kv_on_the_prefill_side(tmp_path):
+    # The decode replica holds 10 blocks (160 slots): one 100-token request at a time.
+    res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 4), (0.0, 100, 4)],
+                                     decode=replica(num_blocks=10),
+                                     link={"bandwidth_gb_s": 1000.0, "latency_s": 0.0}))
+    df = res.requests.set_index("request_id")
+    first, second = df.loc[0], df.loc[1]
+    assert first["decode_wait_s"] == 0.0
+    # The second waits until the first finishes on the decode replica and frees its blocks.
+    assert second["transfer_start_s"] == first["finish_s"]
+    assert second["decode_wait_s"] == first["finish_s"] - 0.25
+    prefill_its = res.iterations[res.iterations["pool"] == "prefill"]
+    assert prefill_its["num_kv_blocks_used"].tolist() == [14]  # both prompts' 7 blocks each
+    assert res.summary["transfer"]["decode_wait_s"]["max"] == second["decode_wait_s"]
+    assert (df["status"] == "finished").all()
+
+
+def test_overlap_hides_transfer_behind_the_prefill(tmp_path):
+    plain = run_scenario(disaggregated(tmp_path, [(0.0, 100, 2)]))
+    scenario = disaggregated(tmp_path, [(0.0, 100, 2)])
+    cluster = scenario.cluster.model_copy(update={"overlap_transfer": True})
+    overlap = run_scenario(scenario.model_copy(update={"cluster": cluster}))
+    assert plain.requests["transfer_s"].iloc[0] == pytest.approx(0.5)
+    # 0.25 s of the 0.5 s streamed while the prefill iteration ran.
+    assert overlap.requests["transfer_s"].iloc[0] == pytest.approx(0.25)
+
+
+def test_admitting_a_transferred_request_is_each_policys_own_decision():
+    """Decode side of a disaggregated cluster: vLLM v1 takes the KV while blocks last; SGLang
+    (Mini-SGLang's rule) keeps room for every future token of the requests already there."""
+    from sim.core.kv_cache import KVCacheManager
+    from sim.schedulers.sglang import SGLang, SGLangConfig
+    from sim.schedulers.vllm_v1 import VllmV1, VllmV1Config
+
+    for scheduler, admitted in ((VllmV1(VllmV1Config(name="vllm_v1")), True),
+                                (SGLang(SGLangConfig(name="sglang")), False)):
+        state = ReplicaState(KVCacheManager(num_blocks=10, block_size=16))
+        running = Request(0, 0.0, 64, 64)  # 4 blocks now, 8 at its end
+        running.num_computed_tokens, running.num_output_tokens = 64, 1
+        state.add(running)
+        assert state.kv.try_allocate(running, 0)
+        state.admit(running)
+        arriving = Request(1, 0.0, 64, 2)
+        arriving.num_computed_tokens, arriving.num_output_tokens = 64, 1
+        assert scheduler.admit_transfer(state, arriving) is admitted
+        assert state.kv.num_held_blocks(1) == (4 if admitted else 0)

@@ -1,0 +1,103 @@
+"""Records of a run (`sim.results.records`): token statistics from token runs (issue 14: no
+per-token arrays) by hand, runs split at iterations without decodes, and the request frame's
+columns."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.core.request import Request
+from sim.engine.iteration_log import IterationLog
+from sim.results.columns import to_frame
+from sim.results.metrics.summary import FINISHED_COLUMNS, WeightedSample, distribution
+from sim.results.records import TokenRuns, request_table, token_stats
+
+
+def runs(*rows: tuple[int, int, int], num_requests: int) -> TokenRuns:
+    owner, start, end = (np.array(col, dtype=np.int64) for col in zip(*rows, strict=True))
+    return TokenRuns(owner, start, end, np.bincount(owner, minlength=num_requests))
+
+
+def test_token_stats_by_hand():
+    # Iterations end at these times (one replica's log, or several laid end to end).
+    end_s = np.array([1.0, 2.0, 4.0, 7.0, 11.0, 16.0, 22.0])
+    stats = token_stats(runs(
+        (0, 0, 3),  # request 0: tokens at 1, 2, 4 (gaps 1, 2) ...
+        (0, 5, 7),  # ... then preempted: 16 (gap 12 across runs), 22 (gap 6)
+        (2, 3, 4),  # request 2: one token, at 7
+        (3, 1, 7),  # request 3: 2 .. 22, up to the last iteration (gaps 2, 3, 4, 5, 6)
+        (4, 6, 7),  # request 4: one token at 22 ...
+        num_requests=6), end_s)  # requests 1 and 5: no tokens
+    np.testing.assert_array_equal(stats.num_tokens, [5, 0, 1, 6, 1, 0])
+    np.testing.assert_array_equal(stats.first_token_s, [1.0, np.nan, 7.0, 2.0, 22.0, np.nan])
+    np.testing.assert_array_equal(stats.last_token_s, [22.0, np.nan, 7.0, 22.0, 22.0, np.nan])
+    np.testing.assert_array_equal(stats.max_gap_s, [12.0, np.nan, np.nan, 6.0, np.nan, np.nan])
+    expanded = np.repeat(stats.gaps.values, stats.gaps.counts)
+    assert sorted(expanded) == sorted([1.0, 2.0, 12.0, 6.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+
+
+def test_token_stats_of_nothing():
+    stats = token_stats(runs((0, 0, 1), num_requests=2), np.array([0.5]))
+    np.testing.assert_array_equal(stats.max_gap_s, [np.nan, np.nan])
+    assert stats.gaps.size == 0
+    assert distribution(stats.gaps)["count"] == 0
+    empty = token_stats(TokenRuns(*(np.zeros(0, dtype=np.int64),) * 3,
+                                  np.zeros(3, dtype=np.int64)), np.zeros(0))
+    np.testing.assert_array_equal(empty.num_tokens, [0, 0, 0])
+    assert empty.gaps.size == 0
+
+
+def test_request_frame_columns_unchanged():
+    """Column names and dtypes of the request frame (what result files and notebooks read)."""
+    requests = [Request(0, 0.0, 10, 3), Request(1, 0.5, 10, 3)]
+    table, gaps = request_table(requests, [IterationLog()])
+    frame = to_frame(table)
+    assert isinstance(gaps, WeightedSample)
+    assert list(frame.columns) == [
+        "request_id", "replica_id", "decode_replica_id", "arrival_s", "num_prompt_tokens",
+        "num_output_tokens", "num_generated_tokens", "first_scheduled_s", "first_token_s",
+        "finish_s", "num_computed_tokens", "num_cached_tokens", "num_preemptions",
+        "num_recomputed_tokens", "status", "reason", "scheduling_delay_s", "ttft_s", "e2e_s",
+        "tpot_s", "max_tbt_s", "prefill_end_s", "transfer_start_s", "transfer_wire_start_s",
+        "transfer_end_s",
+        "decode_wait_s", "transfer_s"]
+    assert frame["num_generated_tokens"].dtype == np.int64
+    assert all(frame[c].dtype == np.float64 for c in FINISHED_COLUMNS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=1, max_size=40), st.data())
+def test_runs_are_cut_at_each_iteration_without_decodes(decodes, data):
+    """`split_where_none_decoded` against the tokens written out: a run [first, end) holds a
+    token at first and at each later iteration with decodes; the pieces are those tokens'
+    runs of consecutive iterations."""
+    from sim.results.records import split_where_none_decoded
+
+    log = IterationLog()
+    for n in decodes:
+        log.append(0.0, 1.0, 0, n, max(n, 1), 0, 0, 0)
+    num = len(decodes)
+    # Runs whose last iteration holds a token (its first, or one with decodes).
+    ends_ok = [j for j in range(num) if decodes[j] > 0]
+    runs = []
+    for owner in range(data.draw(st.integers(1, 6))):
+        first = data.draw(st.integers(0, num - 1))
+        last = data.draw(st.sampled_from([first] + [j for j in ends_ok if j > first]))
+        runs.append((owner, first, last + 1))
+    owner, start, end = (np.array(col, dtype=np.int64) for col in zip(*runs, strict=True))
+    expected = []
+    for o, first, stop in runs:
+        tokens = [j for j in range(first, stop) if j == first or decodes[j] > 0]
+        piece = [tokens[0]]
+        for j in tokens[1:]:
+            if j == piece[-1] + 1:
+                piece.append(j)
+            else:
+                expected.append((o, piece[0], piece[-1] + 1))
+                piece = [j]
+        expected.append((o, piece[0], piece[-1] + 1))
+    split = split_where_none_decoded(owner, start, end, [log])
+    got = runs if split is None else list(zip(*(a.tolist() for a in split), strict=True))
+    assert got == expected

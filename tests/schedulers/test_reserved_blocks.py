@@ -1,0 +1,102 @@
+"""`reserved_blocks` is `future_blocks` summed over the running requests (written out as one
+loop, or, for a full reservation, from two kept counts): the same on random replica states,
+colocated and prefill-only, whatever the reservation cap."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+
+from sim import run_scenario
+from sim.config.scenario import parse_scenario
+from sim.core.kv_cache import KVCacheManager
+from sim.core.request import Request
+from sim.core.state import ReplicaState
+from sim.schedulers.base import future_blocks, reserved_blocks, summed_reserved_blocks
+from tests.strategies import clusters
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("prefill_only", [False, True])
+def test_reserved_blocks_sums_future_blocks(seed, prefill_only):
+    rng = np.random.default_rng(seed)
+    state = ReplicaState(KVCacheManager(100_000, int(rng.choice([1, 16, 32]))), prefill_only)
+    for rid in range(int(rng.integers(1, 40))):
+        req = Request(rid, 0.0, int(rng.integers(1, 3000)), int(rng.integers(1, 800)))
+        state.add(req)
+        # Admitted part-way: some of its prompt (and, colocated, of its output) computed.
+        done = int(rng.integers(0, req.num_prompt_tokens + 1))
+        assert state.kv.try_allocate(req, done)
+        state.admit(req)
+        req.num_computed_tokens = done
+        if not prefill_only and done == req.num_prompt_tokens and rng.random() < 0.7:
+            out = int(rng.integers(1, req.num_target_output_tokens + 1))
+            req.num_output_tokens = out
+            extra = out - 1
+            assert state.kv.try_allocate(req, extra)
+            req.num_computed_tokens += extra
+    for cap in (None, 0, 1, 17, 500):
+        expected = sum(future_blocks(state, req, cap) for req in state.running)
+        assert reserved_blocks(state, cap) == expected
+        assert summed_reserved_blocks(state, cap) == expected
+    # Prefill-only replicas reserve for the prompt alone: less than a colocated one would.
+    if prefill_only:
+        colocated = ReplicaState(state.kv, prefill_only=False)
+        colocated.running = state.running
+        colocated.num_running_max_blocks = sum(colocated.max_blocks(r) for r in state.running)
+        assert reserved_blocks(state, None) <= reserved_blocks(colocated, None)
+
+
+def run_checking_reserved_blocks(data: dict) -> list[bool]:
+    """Run `data` with every policy's `reserved_blocks` checked against the sum over the
+    running requests (`summed_reserved_blocks`) at every call; return, per call, whether it
+    asked for a full reservation (the kept counts' case)."""
+    import sim.schedulers.base as base
+    from sim.schedulers import chunked_prefill, prefill_first, sglang, vllm_v1
+
+    calls: list[bool] = []
+    kept = base.reserved_blocks
+
+    def checked(state, reserve_tokens):
+        got = kept(state, reserve_tokens)
+        assert got == base.summed_reserved_blocks(state, reserve_tokens)
+        calls.append(reserve_tokens is None)
+        return got
+
+    modules = (base, chunked_prefill, prefill_first, sglang, vllm_v1)
+    saved = [module.reserved_blocks for module in modules]
+    try:
+        for module in modules:
+            module.reserved_blocks = checked
+        run_scenario(parse_scenario(data, "hypothesis"))
+    finally:
+        for module, original in zip(modules, saved, strict=True):
+            module.reserved_blocks = original
+    return calls
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters())
+def test_reserved_blocks_from_kept_counts_equal_the_sum(data):
+    """`reserved_blocks` takes a full reservation from two kept counts where every block in
+    use is a running request's; at every call of every policy it equals the sum."""
+    calls = run_checking_reserved_blocks(data)
+    event(f"full reservations asked: {any(calls)}")
+
+
+def test_reserved_blocks_kept_counts_under_overload():
+    """A queue that never drains: a full reservation asked at most iterations (`sglang` admits
+    by SGLang's own budget, `sim.schedulers.sglang_admission`, and asks none)."""
+    for name in ("prefill_first", "chunked_prefill"):
+        data = {"seed": 1, "workload": {
+            "format": "synthetic", "num_requests": 200,
+            "arrivals": {"process": "poisson", "qps": 400},
+            "lengths": {"prompt": {"dist": "uniform", "low": 10, "high": 300},
+                        "output": {"dist": "uniform", "low": 5, "high": 120}}},
+            "replica": {"model": "tiny", "latency": {"kind": "constant", "iteration_s": 0.01},
+                        "scheduler": {"name": name, "max_num_seqs": 16},
+                        "kv_cache": {"block_size": 4, "num_blocks": 600}}}
+        calls = run_checking_reserved_blocks(data)
+        assert sum(calls) > 50, (name, len(calls))

@@ -1,0 +1,154 @@
+"""Random scenarios and clusters for the property tests (hypothesis), and the check that a run
+lost no request and no token."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+
+@st.composite
+def scenarios(draw):
+    block_size = draw(st.sampled_from([1, 4, 16]))
+    max_prompt = draw(st.integers(1, 800))
+    max_output = draw(st.integers(1, 80))
+    # Enough blocks for the largest request, sometimes barely (preemption), sometimes plenty.
+    min_blocks = -(-(max_prompt + max_output) // block_size)
+    num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
+    reserve = draw(st.sampled_from([None, 0, 8]))
+    policy = draw(st.sampled_from(["chunked_prefill", "prefill_first", "vllm_v1", "sglang"]))
+    if policy == "chunked_prefill":
+        budget = draw(st.integers(8, 1024))
+        max_num_seqs = draw(st.integers(1, min(budget, 64)))
+        scheduler = {"name": "chunked_prefill", "token_budget": budget,
+                     "max_num_seqs": max_num_seqs,
+                     "chunk_size": draw(st.sampled_from([None, max(1, budget // 2)])),
+                     "max_num_partial_prefills": draw(st.integers(1, min(3, max_num_seqs))),
+                     "min_chunk_tokens": draw(st.sampled_from([None, max(1, budget // 4)])),
+                     "decode_reserve_tokens": reserve}
+    elif policy == "prefill_first":
+        scheduler = {"name": "prefill_first", "max_num_seqs": draw(st.integers(1, 64)),
+                     "max_num_batched_tokens": draw(st.sampled_from([None, 2048])),
+                     "decode_reserve_tokens": reserve}
+    elif policy == "vllm_v1":
+        budget = draw(st.integers(8, 1024))
+        chunking = draw(st.booleans())
+        threshold = draw(st.sampled_from([0, max(1, budget // 3)])) if chunking else 0
+        scheduler = {"name": "vllm_v1", "max_num_batched_tokens": budget,
+                     "max_num_seqs": draw(st.integers(1, min(budget, 64))),
+                     "enable_chunked_prefill": chunking,
+                     "decode_reserve_tokens": draw(st.sampled_from([0, 0, None, 8]))}
+        if threshold:
+            scheduler["long_prefill_token_threshold"] = threshold
+            scheduler["max_num_partial_prefills"] = draw(st.sampled_from([None, 1, 2]))
+        if chunking:
+            scheduler["min_chunk_tokens"] = draw(st.sampled_from(
+                [None, max(1, min(budget, threshold or budget) // 4)]))
+    else:
+        scheduler = {"name": "sglang", "chunked_prefill_size": draw(st.integers(8, 1024)),
+                     "max_num_seqs": draw(st.integers(1, 64)),
+                     "mixed_chunk": draw(st.booleans()),
+                     "decode_reserve_tokens": reserve}
+    num_requests = draw(st.integers(1, 40))
+    arrivals = {"process": "gamma", "qps": draw(st.floats(0.5, 200)),
+                "cv": draw(st.floats(0.2, 4))}
+    if draw(st.booleans()):
+        workload = {"format": "synthetic", "num_requests": num_requests, "arrivals": arrivals,
+                    "lengths": {"prompt": {"dist": "uniform", "low": 1, "high": max_prompt},
+                                "output": {"dist": "uniform", "low": 1, "high": max_output}}}
+    else:
+        # Shared system prompts and multi-turn conversations: prefixes a cache can reuse.
+        system = draw(st.sampled_from([0, 40, 200]))
+        hash_block = draw(st.sampled_from([4, 16, 24, 32]))
+        workload = {"format": "prefix", "num_conversations": num_requests,
+                    "arrivals": arrivals,
+                    "question_tokens": {"dist": "uniform", "low": 1,
+                                        "high": max(1, max_prompt // 4)},
+                    "output_tokens": {"dist": "uniform", "low": 1, "high": max_output},
+                    "hash_block_tokens": hash_block}
+        if system >= hash_block:
+            workload.update(system_prompt_tokens=system,
+                            num_groups=draw(st.integers(1, 3)))
+        turns = draw(st.integers(1, 3))
+        if turns > 1:
+            workload.update(num_turns=turns, think_time_s=draw(st.sampled_from([0.0, 0.05, 1.0])))
+        workload["num_requests"] = num_requests
+        # The longest prompt: every turn's question and answer, after the system prompt.
+        max_prompt = system + turns * (max(1, max_prompt // 4) + max_output)
+        min_blocks = -(-(max_prompt + max_output) // block_size)
+        num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
+    return {
+        "seed": draw(st.integers(0, 2**16)),
+        "workload": workload,
+        "replica": {"scheduler": scheduler,
+                    "latency": {**draw(st.sampled_from([{"kind": "roofline"},
+                                                        {"kind": "constant",
+                                                         "iteration_s": 0.01}])),
+                                # Jitter sometimes: fast-forward must still equal stepping.
+                                "noise": draw(st.sampled_from([
+                                    {"kind": "none"}, {"kind": "none"},
+                                    {"kind": "lognormal", "sigma": 0.3},
+                                    {"kind": "lognormal", "sigma": 0.1, "correlation": 0.8}]))},
+                    # (vLLM never allocates its null block: one more for the largest request)
+                    "kv_cache": {"block_size": block_size,
+                                 "num_blocks": num_blocks + (scheduler["name"] == "vllm_v1")},
+                    "prefix_caching": draw(st.booleans())},
+        "horizon_s": draw(st.sampled_from([None, None, 0.5, 3.0])),
+        "record_token_times": True,
+    }
+
+
+def assert_nothing_lost(data, res):
+    """Every request appears once with a status and a reason; tokens are conserved (a request
+    generates exactly its output length, or fewer if unfinished); busy fractions within [0, 1]."""
+    req = res.requests
+    assert len(req) == data["workload"]["num_requests"]
+    assert req["request_id"].tolist() == list(range(len(req)))
+    assert set(req["status"]) <= {"finished", "rejected", "unfinished"}
+    assert ((req["status"] == "finished") == (req["reason"] == "")).all()
+    if data["horizon_s"] is None:
+        assert (req["status"] != "unfinished").all()
+    else:
+        late = req["arrival_s"] >= data["horizon_s"]
+        assert (req.loc[late, "reason"].str.startswith("after_horizon")).all()
+    done = req["status"] == "finished"
+    assert (req.loc[done, "num_generated_tokens"] == req.loc[done, "num_output_tokens"]).all()
+    assert (req["num_generated_tokens"] <= req["num_output_tokens"]).all()
+    if res.tokens is not None:
+        counts = res.tokens.groupby("request_id").size()
+        assert counts.reindex(req["request_id"], fill_value=0).tolist() == req[
+            "num_generated_tokens"].tolist()
+    summary = res.summary
+    assert summary["requests"]["total"] == len(req)
+    assert sum(summary["requests"]["reasons"].values()) == int((req["reason"] != "").sum())
+    for replica in summary["replicas"]:
+        assert replica["busy_fraction"] is None or 0 <= replica["busy_fraction"] <= 1 + 1e-12
+
+
+@st.composite
+def clusters(draw):
+    """A small workload through a random colocated or disaggregated cluster."""
+    data = draw(scenarios())
+    replica = data["replica"]
+    if replica["scheduler"]["name"] == "prefill_first":
+        # Keep whole prompts within a replica's reach in every pool.
+        replica["scheduler"]["max_num_batched_tokens"] = None
+    if draw(st.booleans()):
+        data["cluster"] = {"replicas": draw(st.integers(1, 3)),
+                           "router": {"name": draw(st.sampled_from(
+                               ["round_robin", "least_outstanding", "least_kv_load", "random",
+                                "prefix_affinity"]))}}
+    else:
+        decode = {**replica, "kv_cache": {**replica["kv_cache"]}}
+        decode["kv_cache"]["num_blocks"] = replica["kv_cache"]["num_blocks"] + draw(
+            st.integers(0, 50))
+        data["cluster"] = {
+            "prefill": {"replicas": draw(st.integers(1, 2)), "replica": replica},
+            "decode": {"replicas": draw(st.integers(1, 2)), "replica": decode},
+            "link": {"bandwidth_gb_s": draw(st.sampled_from([0.001, 0.1, 50.0])),
+                     "latency_s": draw(st.sampled_from([0.0, 1e-3]))},
+            "overlap_transfer": draw(st.booleans()),
+            "router": {"name": draw(st.sampled_from(["round_robin", "least_kv_load",
+                                                     "prefix_affinity"]))},
+        }
+        del data["replica"]  # the pools say what their replicas are
+    return data
