@@ -10,9 +10,9 @@ from typing import Any
 
 import pandas as pd
 
+import sim.report.markup as m
+import sim.report.sections as s
 from sim.config.errors import InputError
-from sim.report import markup as m
-from sim.report import sections as s
 from sim.results.formats import DISTRIBUTIONS, PERCENTILES, THROUGHPUT
 from sim.results.formats import REPLICATIONS_FILE as RESULT_FILE
 from sim.results.labels import PERCENT, label, unit

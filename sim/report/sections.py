@@ -10,8 +10,8 @@ from typing import Any
 
 import pandas as pd
 
+import sim.report.markup as m
 from sim.config.errors import InputError
-from sim.report import markup as m
 from sim.results.labels import axis_label, capacity_interval, label, slo_targets, unit
 from sim.results.read import read_csv, read_json, read_parquet
 
