@@ -243,16 +243,13 @@ class SGLang(Scheduler):
     def _stash_chunked(self, state: ReplicaState) -> None:
         """`stash_chunked_request`: the chunked request's tokens computed since the last pass
         are inserted in the radix cache before the next batch is built."""
-        stashed = self._stashed
+        stashed = {}
         for req in state.prefilling():
             progress = (req.num_preemptions, req.num_computed_tokens)
-            if stashed.get(req.request_id) != progress and req.num_computed_tokens:
+            if req.num_computed_tokens and self._stashed.get(req.request_id) != progress:
                 state.kv.checkpoint(req)
-                stashed[req.request_id] = progress
-        if len(stashed) > 64:  # requests long past their prompt
-            live = {r.request_id for r in state.prefilling()}
-            for rid in [rid for rid in stashed if rid not in live]:
-                del stashed[rid]
+            stashed[req.request_id] = progress
+        self._stashed = stashed  # only the requests still prefilling
 
     @property
     def max_num_scheduled_tokens(self) -> int | None:
