@@ -25,7 +25,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tools.golden import workloads as W  # noqa: E402
-from tools.golden.fixture import write_fixture  # noqa: E402
 from tools.golden.workloads_sglang import _sglang  # noqa: E402
 
 
@@ -55,16 +54,9 @@ def make(seed: int) -> dict[str, Any]:
 
 
 def _record_one(out: Path, seed: int) -> None:
-    import sglang
+    from tools.golden.record_sglang import record_fixture
 
-    from tools.golden.record_sglang import record
-
-    workload = make(seed)
-    body = record(workload)
-    path = write_fixture(out, workload, body, engine="sglang",
-                         engine_version=sglang.__version__,
-                         command=f"python tools/golden/heldout_sglang.py --out DIR {seed}")
-    print(f"{seed}: {len(body['steps'])} steps -> {path}")
+    record_fixture(out, make(seed), f"python tools/golden/heldout_sglang.py --out DIR {seed}")
 
 
 def main() -> None:

@@ -411,14 +411,19 @@ def record(workload: Workload) -> dict[str, Any]:
                          for r in range(len(arrivals))]}
 
 
-def _record_one(out: Path, name: str) -> None:
+def record_fixture(out: Path, workload: Workload, command: str) -> None:
+    """Record `workload` with the installed SGLang and write its fixture under `out`."""
     import sglang
 
-    workload = SGLANG_WORKLOADS[name]
     body = record(workload)
     path = write_fixture(out, workload, body, engine="sglang", engine_version=sglang.__version__,
-                         command=f"python tools/golden/record_sglang.py --out {out} {name}")
-    print(f"{name}: {len(body['steps'])} steps -> {path}")
+                         command=command)
+    print(f"{workload['name']}: {len(body['steps'])} steps -> {path}", flush=True)
+
+
+def _record_one(out: Path, name: str) -> None:
+    record_fixture(out, SGLANG_WORKLOADS[name],
+                   f"python tools/golden/record_sglang.py --out {out} {name}")
 
 
 def main() -> None:
