@@ -232,7 +232,8 @@ class ReplicaState:
         up samples its token, as `commit` does. One preempted since has dropped its KV and
         will compute it again; its token counts only where `stale_delivered` (vLLM's async
         scheduling delivers it: `update_from_output`, "Its tokens are still delivered on
-        return"), and it may then finish, even from the queue. Returns the requests that left
+        return"), and not on a prefill replica, and it may then finish, even from the queue.
+        Returns the requests that left
         the running list, and the ids of those that sampled (the caller records their tokens:
         `IterationLog.add_sampled`)."""
         done: list[Request] = []
@@ -249,7 +250,11 @@ class ReplicaState:
             if not samples:
                 continue
             if req.num_preemptions != num_preemptions:
-                if stale_delivered and req.status is not Status.FINISHED:
+                # A prefill replica's first token is only worth its KV, which was dropped: the
+                # prompt is computed again and samples again (handed off with no KV, a
+                # delivered token would have nothing to transfer).
+                if (stale_delivered and not self.prefill_only
+                        and req.status is not Status.FINISHED):
                     self._deliver_stale(req, end_s, done)
                     sampled.append(req.request_id)
                 continue
