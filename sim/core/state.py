@@ -247,7 +247,9 @@ class ReplicaState:
                     continue
                 sampled.append(req.request_id)
                 continue
-            if not samples:
+            if not samples or req.status is Status.FINISHED:
+                # Finished meanwhile (a stale token delivered was its last): vLLM drops the
+                # rest (`update_from_output`: "The request is already finished").
                 continue
             if req.num_preemptions != num_preemptions:
                 # A prefill replica's first token is only worth its KV, which was dropped: the
