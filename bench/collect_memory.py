@@ -62,10 +62,10 @@ def child(text: str) -> None:
     from sim.runner import (
         ReplicaRecord,
         collect,
-        load_workload,
         make_requests,
         mark_after_horizon,
     )
+    from sim.workloads.load import load_workload
 
     def peak_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -19,9 +19,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sim.runner import run_scenario  # noqa: E402
-from sim.studies.capacity import capacity, with_rate  # noqa: E402
+from sim.studies.capacity import capacity  # noqa: E402
 from sim.studies.compare import load_comparison  # noqa: E402
 from sim.studies.rate_decision import SLOTargets  # noqa: E402
+from sim.workloads.load import with_rate  # noqa: E402
 
 
 def main() -> None:

@@ -33,7 +33,8 @@ from sim.results.metrics.warmup import generated_arrivals, warmup_stats
 from sim.results.outdir import check_out_dir
 from sim.results.records import iteration_table, request_table, token_runs, token_table, token_times
 from sim.results.run_dir import Results
-from sim.workloads import FORMATS, Workload, select
+from sim.workloads import Workload
+from sim.workloads.load import load_workload
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,6 @@ class ReplicaRecord:
     pool: str  # colocated, prefill or decode
     log: IterationLog
     kv: KVCacheManager
-
-
-def load_workload(scenario: Scenario, base_dir: Path | None = None) -> Workload:
-    cfg = scenario.workload
-    rng = np.random.default_rng(scenario.seed)
-    full = FORMATS.get(cfg.format)().load(cfg, base_dir or Path.cwd(), rng)
-    return select(full, cfg)
 
 
 def _split_name(cfg: ReplicaConfig) -> str:

@@ -27,11 +27,11 @@ from sim.results.run_dir import Results
 from sim.runner import (
     ReplicaRecord,
     collect,
-    load_workload,
     make_requests,
     mark_after_horizon,
     run_scenario,
 )
+from sim.workloads.load import load_workload
 from tests.strategies import clusters
 
 

@@ -42,12 +42,12 @@ from sim.results.run_dir import Results
 from sim.runner import (
     ReplicaRecord,
     collect,
-    load_workload,
     make_requests,
     mark_after_horizon,
 )
 from sim.schedulers import Scheduler
 from sim.studies.progress import ProgressReport
+from sim.workloads.load import load_workload
 
 # Columns replay adds to iterations.parquet: the full shape of each iteration (the simulator's
 # log keeps only token counts), the forward pass, and what it measured around it.

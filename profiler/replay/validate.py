@@ -43,9 +43,9 @@ from sim.config.scenario import Scenario, scenario_yaml
 from sim.latency import LATENCY_MODELS, BatchShape
 from sim.latency.profile import load_fitted
 from sim.results.outdir import check_writable_dir, replace_text
-from sim.runner import load_workload, run_scenario
-from sim.studies.capacity import rate_knob, trace_qps, with_rate
+from sim.runner import run_scenario
 from sim.studies.progress import ProgressReport
+from sim.workloads.load import load_workload, rate_knob, trace_qps, with_rate
 
 SIMULATIONS: dict[str, dict[str, Any]] = {  # name -> latency config (paths: per point)
     "recorded": {"kind": "recorded", "column": "duration_s"},

@@ -20,8 +20,8 @@ from sim.config.errors import InputError
 from sim.config.scenario import Scenario
 from sim.hardware.models import resolve_model
 from sim.latency.profile import load_fitted
-from sim.runner import load_workload
 from sim.studies.progress import ProgressReport
+from sim.workloads.load import load_workload
 
 if TYPE_CHECKING:
     from profiler.replay.validate import Options

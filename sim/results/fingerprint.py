@@ -13,12 +13,14 @@ import json
 from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from sim.config.file_hash import file_sha256, size_bytes
-from sim.config.scenario import Scenario
+
+if TYPE_CHECKING:
+    from sim.config.scenario import Scenario
 
 
 def input_files(scenario: Scenario) -> dict[str, Path]:

@@ -56,7 +56,7 @@ from sim.config.scenario import Scenario
 from sim.results.metrics.intervals import CONFIDENCE
 from sim.results.metrics.overload import GROWTH_LIMIT
 from sim.results.run_dir import Results
-from sim.runner import cluster_gpus, load_workload, run_scenario
+from sim.runner import cluster_gpus, run_scenario
 from sim.studies.rate_decision import (
     TARGETS,
     RateDecision,
@@ -71,23 +71,9 @@ from sim.studies.rate_decision import (
 )
 from sim.studies.replications import check_replicable, replication_seeds, variation_sources
 from sim.workloads.base import MAX_RATE_QPS
+from sim.workloads.load import rate_knob, trace_qps, with_rate
 
 DEFAULT_REPLICATIONS = 5  # up to this many runs per rate, where seeds make runs differ
-
-def rate_knob(scenario: Scenario) -> str:
-    """`qps` for generated arrivals, `rate_scale` for timed traces."""
-    return "qps" if getattr(scenario.workload, "arrivals", None) is not None else "rate_scale"
-
-
-def with_rate(scenario: Scenario, rate: float, seed: int) -> Scenario:
-    workload = scenario.workload
-    if rate_knob(scenario) == "qps":
-        arrivals = workload.arrivals.model_copy(update={"qps": rate})  # type: ignore[attr-defined]
-        workload = workload.model_copy(update={"arrivals": arrivals})
-    else:
-        workload = workload.model_copy(update={"rate_scale": rate})
-    return scenario.model_copy(update={"workload": workload, "seed": seed})
-
 
 def search(scenario: Scenario, targets: SLOTargets, seeds: list[int], *,
            deterministic: bool = False, precision: float = 0.02, max_steps: int = 40,
@@ -224,13 +210,6 @@ def _ends(probed: dict[float, RateDecision]) -> tuple[float, float | None]:
     lo = max((r for r, d in probed.items() if d.decision == "holds" and (hi is None or r < hi)),
              default=0.0)
     return lo, hi
-
-
-def trace_qps(scenario: Scenario) -> float:
-    """Mean arrival rate of the selected trace at rate scale 1."""
-    workload = scenario.workload.model_copy(update={"rate_scale": 1.0})
-    arrivals = load_workload(scenario.model_copy(update={"workload": workload})).arrival_s
-    return (len(arrivals) - 1) / arrivals[-1] if len(arrivals) > 1 and arrivals[-1] > 0 else 0.0
 
 
 def default_replications(scenario: Scenario) -> int:

@@ -40,8 +40,9 @@ from sim.results.outdir import (
     replace_file,
 )
 from sim.results.run_dir import Results
-from sim.runner import load_workload, run_scenario
+from sim.runner import run_scenario
 from sim.studies.replications import COMPARISON_TABLES, check_only_comparison_entries
+from sim.workloads.load import load_workload
 
 TABLE = "comparison.csv"
 # What a comparison (plain or replicated) writes beside its variants' folders, and what `plot`

@@ -35,7 +35,7 @@ from sim.config.errors import InputError
 from sim.config.file_hash import file_sha256
 from sim.config.input_file import FileProblem, check_regular, is_utf8_name, loads, open_regular
 from sim.results.outdir import replace_file
-from sim.workloads.table import TraceTable, from_arrow, from_rows, numpy_column
+from sim.workloads.table import TraceTable, csv_line, from_arrow, from_rows, numpy_column
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -108,20 +108,6 @@ def _read_csv(path: Path, field: str, columns: Collection[str] | None) -> TraceT
                              f"named {count} times on line 1: rename all but one")
     # Numpy columns from arrow's buffers: `to_pandas` would import pandas (see `table.py`).
     return from_arrow(_cached(path, field, chosen), path)
-
-
-def csv_line(path: Path, position: int) -> int:
-    """The line of data row `position` (0 = the first after the header): pyarrow skips empty
-    lines, so row and line part where the file has any. Read only to word an error."""
-    with open(path, "rb") as f:
-        f.readline()  # the header, line 1
-        row = -1
-        for number, raw in enumerate(f, start=2):
-            if raw.strip(b"\r\n"):
-                row += 1
-                if row == position:
-                    return number
-    return position + 2
 
 
 def _cached(path: Path, field: str, columns: list[str]) -> pa.Table:

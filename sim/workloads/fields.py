@@ -10,8 +10,7 @@ import numpy as np
 
 from sim.config.errors import InputError
 from sim.workloads.base import MAX_TOKENS
-from sim.workloads.cache import csv_line
-from sim.workloads.table import TraceTable, seconds_since_first
+from sim.workloads.table import TraceTable, csv_line, seconds_since_first
 
 if TYPE_CHECKING:
     import pandas as pd

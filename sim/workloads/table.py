@@ -197,3 +197,17 @@ def _total_seconds(ticks: np.ndarray, per_second: int) -> np.ndarray:
         if on_ceil.any():
             result = np.where(on_ceil, np.nextafter(result, result - 1.0), result)
     return result
+
+
+def csv_line(path: Path, position: int) -> int:
+    """The line of data row `position` (0 = the first after the header): pyarrow skips empty
+    lines, so row and line part where the file has any. Read only to word an error."""
+    with open(path, "rb") as f:
+        f.readline()  # the header, line 1
+        row = -1
+        for number, raw in enumerate(f, start=2):
+            if raw.strip(b"\r\n"):
+                row += 1
+                if row == position:
+                    return number
+    return position + 2

@@ -15,9 +15,10 @@ import yaml
 from sim.cli import main
 from sim.config.scenario import parse_scenario
 from sim.runner import run_scenario
-from sim.studies.capacity import capacity, with_rate
+from sim.studies.capacity import capacity
 from sim.studies.capacity_log import CapacityLog
 from sim.studies.rate_decision import SLOTargets, violations
+from sim.workloads.load import with_rate
 from tests.helpers import ONE_AT_A_TIME, csv_replay
 from tests.helpers import run_cli_out as cli
 from tests.studies.test_rate_decision import fake_results

@@ -9,7 +9,7 @@ import pytest
 
 import sim.workloads.burstgpt  # noqa: F401  # registers the format
 from sim.config.scenario import parse_scenario
-from sim.runner import load_workload
+from sim.workloads.load import load_workload
 from tests.helpers import assert_one_line_error, run_cli, run_cli_out
 
 HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"

@@ -15,7 +15,7 @@ import sim.workloads.cache as cache
 from sim.config.errors import InputError
 from sim.config.file_hash import _sha256
 from sim.config.scenario import parse_scenario
-from sim.runner import load_workload
+from sim.workloads.load import load_workload
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 

@@ -15,8 +15,8 @@ import yaml
 
 from sim import run_scenario
 from sim.config.scenario import parse_scenario
-from sim.runner import load_workload
 from sim.workloads import Workload
+from sim.workloads.load import load_workload
 from tests.helpers import assert_one_line_error, run_cli, run_cli_out, within
 
 BASE = {"format": "prefix", "arrivals": {"qps": 4}}

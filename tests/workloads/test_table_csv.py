@@ -15,8 +15,8 @@ import pytest
 
 import sim.workloads.azure as azure
 from sim.config.scenario import parse_scenario
-from sim.runner import load_workload
 from sim.workloads import Workload
+from sim.workloads.load import load_workload
 from sim.workloads.table import numpy_column, seconds_since_first
 from tests.helpers import cli_code as cli
 from tests.helpers import imported_by, run_cli_out

@@ -12,7 +12,7 @@ import pytest
 
 from sim.config.errors import InputError
 from sim.config.scenario import parse_scenario
-from sim.runner import load_workload
+from sim.workloads.load import load_workload
 from tests.helpers import assert_one_line_error, run_cli, within
 
 VIDUR_HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"

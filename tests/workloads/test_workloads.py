@@ -9,7 +9,7 @@ import pytest
 
 from sim.config.errors import InputError
 from sim.config.scenario import parse_scenario
-from sim.runner import load_workload
+from sim.workloads.load import load_workload
 from tests.helpers import assert_one_line_error, run_cli, run_cli_out, within
 
 
