@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal, final
 
 from pydantic import BaseModel, Field
@@ -282,6 +283,47 @@ def summed_reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> i
         if blocks > 0:
             total += blocks
     return total
+
+
+def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_seqs: int,
+                  reserve_tokens: int | None, chunk: Callable[[Request, int, int | None], int],
+                  extra_blocks: Callable[[Request, int, int], int] | None = None,
+                  count_incoming: bool = True) -> int | None:
+    """Admit the head of the waiting queue, request after request, while one fits: the one
+    admission loop every policy runs. `chunk(req, num_new, budget)` is the policy's rule: how
+    many of the `num_new` tokens the head has to compute (beyond a prefix-cache hit) it gets
+    now, 0 to stop admitting (a policy counting what it admitted may count there: the loop ends
+    at the first request refused). `extra_blocks(req, num_cached, num_tokens)`: blocks the head
+    needs free beside its chunk and reserves (vLLM's `scheduler_reserve_full_isl`). The running
+    limit counts the requests whose KV is on its way (`state.incoming`, which hold their slots
+    already). Returns the budget left (None: unbounded)."""
+    kv, scheduled = state.kv, plan.num_scheduled_tokens
+    # Summed over the running requests only when one may be admitted (under overload the batch
+    # is mostly full): nothing changes it before the first admission.
+    reserved: int | None = None
+    while (state.waiting and (budget is None or budget > 0)
+           and len(state.running) + (len(state.incoming) if count_incoming else 0) < max_num_seqs):
+        req = state.waiting[0]
+        # (A waiting request with computed tokens would have them from elsewhere: vLLM's KV
+        # loaded by a connector.)
+        num_cached = kv.prefix_hit_tokens(req) if req.num_computed_tokens == 0 else 0
+        num_new = req.num_uncomputed_tokens - num_cached
+        assert num_new > 0, "a prefix hit must leave the last token to compute"
+        num_tokens = chunk(req, num_new, budget)
+        if not num_tokens:
+            break
+        if reserved is None:
+            reserved = reserved_blocks(state, reserve_tokens) if reserve_tokens != 0 else 0
+        extra = 0 if extra_blocks is None else extra_blocks(req, num_cached, num_tokens)
+        own_reserve = try_admit(state, req, num_tokens, reserve_tokens, reserved + extra,
+                                num_cached)
+        if own_reserve is None:
+            break
+        reserved += own_reserve
+        scheduled[req.request_id] = num_tokens
+        if budget is not None:
+            budget -= num_tokens
+    return budget
 
 
 def try_admit(

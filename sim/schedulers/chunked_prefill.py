@@ -18,16 +18,16 @@ from pydantic import Field, model_validator
 
 from sim.config.errors import invalid
 from sim.core.plan import Plan
+from sim.core.request import Request
 from sim.core.state import ReplicaState
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
     SchedulerConfig,
+    admit_waiting,
     any_in_flight,
     preempt_newest,
-    reserved_blocks,
     schedule_decodes,
-    try_admit,
 )
 
 
@@ -115,29 +115,19 @@ class ChunkedPrefill(Scheduler):
                 plan.num_scheduled_tokens[req.request_id] = num_tokens
                 budget -= num_tokens
 
-        # Blocks running requests keep for their future tokens: summed only when a request is
-        # about to be admitted (a partial prefill or a full batch mostly keeps the queue
-        # waiting), from the state as it is here: nothing changes it before the first admission.
-        reserved: int | None = None
-        while state.waiting and budget > 0 and len(state.running) < cfg.max_num_seqs:
-            req = state.waiting[0]
-            hit = state.kv.prefix_hit_tokens(req)
-            num_uncomputed = req.num_uncomputed_tokens - hit
-            num_tokens = min(num_uncomputed, chunk_size, budget)
-            partial = num_tokens < num_uncomputed
+        def chunk(req: Request, num_new: int, budget: int | None) -> int:
+            nonlocal num_partial
+            assert budget is not None
+            num_tokens = min(num_new, chunk_size, budget)
+            partial = num_tokens < num_new
             if partial and (num_partial >= cfg.max_num_partial_prefills
-                            or self._too_small(num_tokens, num_uncomputed)):
-                break
-            if reserved is None:
-                reserved = reserved_blocks(state, cfg.decode_reserve_tokens)
-            own_reserve = try_admit(state, req, num_tokens, cfg.decode_reserve_tokens, reserved,
-                                    hit)
-            if own_reserve is None:
-                break
-            reserved += own_reserve
-            plan.num_scheduled_tokens[req.request_id] = num_tokens
-            budget -= num_tokens
+                            or self._too_small(num_tokens, num_new)):
+                return 0
             num_partial += partial
+            return num_tokens
+
+        admit_waiting(state, plan, budget, cfg.max_num_seqs, cfg.decode_reserve_tokens, chunk,
+                      count_incoming=False)
         return plan
 
     def _too_small(self, num_tokens: int, num_uncomputed: int) -> bool:

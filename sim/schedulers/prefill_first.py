@@ -6,14 +6,14 @@ from pydantic import Field
 
 from sim.core.kv_cache import KVCacheManager
 from sim.core.plan import Plan
+from sim.core.request import Request
 from sim.core.state import ReplicaState
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
     SchedulerConfig,
-    reserved_blocks,
+    admit_waiting,
     schedule_decodes,
-    try_admit,
 )
 
 
@@ -58,25 +58,13 @@ class PrefillFirst(Scheduler):
         cfg = self.config
         plan = Plan()
         budget = self.max_num_batched_tokens
-        # Summed over the running requests only when one may be admitted (under overload the
-        # batch is mostly full): nothing changes it before the first admission.
-        reserved: int | None = None
-        while state.waiting and len(state.running) < cfg.max_num_seqs:
-            req = state.waiting[0]
-            hit = state.kv.prefix_hit_tokens(req)
-            num_tokens = req.num_uncomputed_tokens - hit
-            if budget is not None and num_tokens > budget:
-                break
-            if reserved is None:
-                reserved = reserved_blocks(state, cfg.decode_reserve_tokens)
-            own_reserve = try_admit(state, req, num_tokens, cfg.decode_reserve_tokens, reserved,
-                                    hit)
-            if own_reserve is None:
-                break
-            reserved += own_reserve
-            plan.num_scheduled_tokens[req.request_id] = num_tokens
-            if budget is not None:
-                budget -= num_tokens
+        admit_waiting(state, plan, budget, cfg.max_num_seqs, cfg.decode_reserve_tokens,
+                      _whole_prompt, count_incoming=False)
         if not plan:
             schedule_decodes(state, plan)
         return plan
+
+
+def _whole_prompt(req: Request, num_new: int, budget: int | None) -> int:
+    """A prompt is computed whole, within the budget, or waits."""
+    return num_new if budget is None or num_new <= budget else 0

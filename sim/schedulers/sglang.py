@@ -26,11 +26,10 @@ from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
     SchedulerConfig,
+    admit_waiting,
     any_in_flight,
     preempt_newest,
-    reserved_blocks,
     schedule_decodes,
-    try_admit,
 )
 from sim.schedulers.sglang_admission import PrefillAdder, left_running
 
@@ -316,20 +315,12 @@ class SGLang(Scheduler):
             scheduled[req.request_id] = num_tokens
             budget -= num_tokens
 
-        reserve = cfg.decode_reserve_tokens
-        # Summed over the running requests only when one may be admitted (under overload the
-        # batch is mostly full): nothing changes it before the first admission.
-        reserved: int | None = None
-        while state.waiting and budget > 0 and len(state.running) < cfg.max_num_seqs:
-            req = state.waiting[0]
-            hit = state.kv.prefix_hit_tokens(req)
-            num_tokens = min(req.num_uncomputed_tokens - hit, budget)
-            if reserved is None:
-                reserved = reserved_blocks(state, reserve)
-            own_reserve = try_admit(state, req, num_tokens, reserve, reserved, hit)
-            if own_reserve is None:
-                break
-            reserved += own_reserve
-            scheduled[req.request_id] = num_tokens
-            budget -= num_tokens
-        assert budget >= 0
+        left = admit_waiting(state, plan, budget, cfg.max_num_seqs, cfg.decode_reserve_tokens,
+                             _within_budget, count_incoming=False)
+        assert left is not None and left >= 0
+
+
+def _within_budget(req: Request, num_new: int, budget: int | None) -> int:
+    """As much of the prompt as the budget holds (a chunk, if it is short)."""
+    assert budget is not None
+    return min(num_new, budget)

@@ -100,15 +100,15 @@ from pydantic import Field, model_validator
 from sim.config.errors import invalid
 from sim.core.kv_cache import KVCacheManager, cdiv
 from sim.core.plan import Plan
+from sim.core.request import Request
 from sim.core.state import ReplicaState
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
     SchedulerConfig,
+    admit_waiting,
     any_in_flight,
     preempt_newest,
-    reserved_blocks,
-    try_admit,
 )
 
 # vLLM `EngineArgs.get_batch_defaults` (vllm/engine/arg_utils.py): an OpenAI-compatible server on
@@ -375,40 +375,32 @@ class VllmV1(Scheduler):
     def _schedule_waiting(self, state: ReplicaState, plan: Plan, budget: int) -> None:
         """Rules 5-8: admit the head of the queue while it fits."""
         cfg = self.config
-        kv, scheduled = state.kv, plan.num_scheduled_tokens
-        reserve = cfg.decode_reserve_tokens
-        reserved = reserved_blocks(state, reserve) if state.waiting and reserve != 0 else 0
-        partial = self._num_partial(state, plan) if state.waiting else (0, 0)
-        num_partial, num_long = partial
-        # Requests whose KV is on its way here (decode side) hold running slots already.
-        while (state.waiting and budget > 0
-               and len(state.running) + len(state.incoming) < cfg.max_num_seqs):
-            req = state.waiting[0]
-            num_cached = kv.prefix_hit_tokens(req) if req.num_computed_tokens == 0 else 0
-            num_new = req.num_uncomputed_tokens - num_cached
-            assert num_new > 0, "a prefix hit must leave the last token to compute"
+        if not state.waiting:
+            return
+        num_partial, num_long = self._num_partial(state, plan)
+
+        def chunk(req: Request, num_new: int, budget: int | None) -> int:
+            nonlocal num_partial, num_long
+            assert budget is not None
             if not cfg.enable_chunked_prefill and num_new > budget:
-                break  # the prompt waits whole
+                return 0  # the prompt waits whole
             num_tokens = self._chunk(num_new, budget)
-            if not num_tokens:
-                break
-            is_partial = num_tokens < num_new
+            is_partial = 0 < num_tokens < num_new
             is_long = 0 < self._threshold < num_new
             if is_partial and not self._may_add_partial(num_partial, num_long, is_long):
-                break
-            # Rule 12: blocks for every known token beyond the chunk must be free too.
-            rest = 0
-            if cfg.scheduler_reserve_full_isl:
-                after = req.num_computed_tokens + num_cached + num_tokens
-                rest = max(0, cdiv(req.num_tokens, kv.block_size) - cdiv(after, kv.block_size))
-            own_reserve = try_admit(state, req, num_tokens, reserve, reserved + rest, num_cached)
-            if own_reserve is None:
-                break
-            reserved += own_reserve
-            scheduled[req.request_id] = num_tokens
-            budget -= num_tokens
+                return 0
             num_partial += is_partial
             num_long += is_partial and is_long
+            return num_tokens
+
+        def rest_of_prompt(req: Request, num_cached: int, num_tokens: int) -> int:
+            """Rule 12: blocks for every known token beyond the chunk must be free too."""
+            after = req.num_computed_tokens + num_cached + num_tokens
+            return max(0, cdiv(req.num_tokens, block_size) - cdiv(after, block_size))
+
+        block_size = state.kv.block_size
+        admit_waiting(state, plan, budget, cfg.max_num_seqs, cfg.decode_reserve_tokens, chunk,
+                      rest_of_prompt if cfg.scheduler_reserve_full_isl else None)
 
     def _num_partial(self, state: ReplicaState, plan: Plan) -> tuple[int, int]:
         """Running requests part-way through their prefill after this plan, and the long ones

@@ -53,7 +53,6 @@ def run_checking_reserved_blocks(data: dict) -> list[bool]:
     running requests (`summed_reserved_blocks`) at every call; return, per call, whether it
     asked for a full reservation (the kept counts' case)."""
     import sim.schedulers.base as base
-    from sim.schedulers import chunked_prefill, prefill_first, sglang, vllm_v1
 
     calls: list[bool] = []
     kept = base.reserved_blocks
@@ -64,15 +63,12 @@ def run_checking_reserved_blocks(data: dict) -> list[bool]:
         calls.append(reserve_tokens is None)
         return got
 
-    modules = (base, chunked_prefill, prefill_first, sglang, vllm_v1)
-    saved = [module.reserved_blocks for module in modules]
+    # (Every policy admits through `base.admit_waiting`; `admit_transfer` is there too.)
+    base.reserved_blocks = checked
     try:
-        for module in modules:
-            module.reserved_blocks = checked
         run_scenario(parse_scenario(data, "hypothesis"))
     finally:
-        for module, original in zip(modules, saved, strict=True):
-            module.reserved_blocks = original
+        base.reserved_blocks = kept
     return calls
 
 
