@@ -102,12 +102,11 @@ class Scheduler(ABC):
         assert budget is None or plan.total_num_scheduled_tokens <= budget, (
             f"{type(self).__name__} scheduled {plan.total_num_scheduled_tokens} tokens, "
             f"more than {budget}")
-        # (Not on a decode replica: a request preempted there is admitted again beside the
-        # transfers still on their way, which join past the limit: a known fault, kept until
-        # it is fixed on purpose, as it changes disaggregated results.)
-        assert state.decode_only or len(state.running) <= self.config.max_num_seqs, (
-            f"{type(self).__name__} runs {len(state.running)} requests, more than "
-            f"max_num_seqs {self.config.max_num_seqs}")
+        # (A request whose KV is on its way holds its slot: `admit_transfer`.)
+        num_seqs = len(state.running) + len(state.incoming)
+        assert num_seqs <= self.config.max_num_seqs, (
+            f"{type(self).__name__} runs {num_seqs} requests (with those on their way), more "
+            f"than max_num_seqs {self.config.max_num_seqs}")
         assert state.kv.num_free_blocks >= 0
         if _checks[0]:
             running = {req.request_id for req in state.running}
@@ -287,8 +286,7 @@ def summed_reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> i
 
 def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_seqs: int,
                   reserve_tokens: int | None, chunk: Callable[[Request, int, int | None], int],
-                  extra_blocks: Callable[[Request, int, int], int] | None = None,
-                  count_incoming: bool = True) -> int | None:
+                  extra_blocks: Callable[[Request, int, int], int] | None = None) -> int | None:
     """Admit the head of the waiting queue, request after request, while one fits: the one
     admission loop every policy runs. `chunk(req, num_new, budget)` is the policy's rule: how
     many of the `num_new` tokens the head has to compute (beyond a prefix-cache hit) it gets
@@ -302,7 +300,7 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
     # is mostly full): nothing changes it before the first admission.
     reserved: int | None = None
     while (state.waiting and (budget is None or budget > 0)
-           and len(state.running) + (len(state.incoming) if count_incoming else 0) < max_num_seqs):
+           and len(state.running) + len(state.incoming) < max_num_seqs):
         req = state.waiting[0]
         # (A waiting request with computed tokens would have them from elsewhere: vLLM's KV
         # loaded by a connector.)

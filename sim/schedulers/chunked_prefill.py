@@ -126,8 +126,7 @@ class ChunkedPrefill(Scheduler):
             num_partial += partial
             return num_tokens
 
-        admit_waiting(state, plan, budget, cfg.max_num_seqs, cfg.decode_reserve_tokens, chunk,
-                      count_incoming=False)
+        admit_waiting(state, plan, budget, cfg.max_num_seqs, cfg.decode_reserve_tokens, chunk)
         return plan
 
     def _too_small(self, num_tokens: int, num_uncomputed: int) -> bool:

@@ -59,7 +59,7 @@ class PrefillFirst(Scheduler):
         plan = Plan()
         budget = self.max_num_batched_tokens
         admit_waiting(state, plan, budget, cfg.max_num_seqs, cfg.decode_reserve_tokens,
-                      _whole_prompt, count_incoming=False)
+                      _whole_prompt)
         if not plan:
             schedule_decodes(state, plan)
         return plan

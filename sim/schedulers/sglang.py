@@ -316,7 +316,7 @@ class SGLang(Scheduler):
             budget -= num_tokens
 
         left = admit_waiting(state, plan, budget, cfg.max_num_seqs, cfg.decode_reserve_tokens,
-                             _within_budget, count_incoming=False)
+                             _within_budget)
         assert left is not None and left >= 0
 
 

@@ -105,7 +105,8 @@ class PrefillAdder:
         full = policy.batch_is_full(state, self.decoding)
         if (full or not state.waiting) and not self.prefilling:
             return
-        max_new_reqs = policy.config.max_num_seqs - len(self.decoding)
+        # (On a decode replica, a request whose KV is on its way holds its slot already.)
+        max_new_reqs = policy.config.max_num_seqs - len(self.decoding) - len(state.incoming)
         if max_new_reqs <= 0 and not self.prefilling:
             policy.latch(self.decoding)  # `get_num_allocatable_reqs` <= 0, before matching
             return

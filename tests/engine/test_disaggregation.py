@@ -167,3 +167,33 @@ def test_decode_replica_drops_tokens_of_a_request_finished_by_a_stale_one():
     assert (df["status"] == "finished").all()
     assert (df["num_generated_tokens"] == df["num_output_tokens"]).all()
     assert res.summary["num_preemptions"] > 100
+
+
+@pytest.mark.parametrize("policy", ["chunked_prefill", "prefill_first", "sglang"])
+def test_decode_replica_counts_transfers_on_their_way_in_max_num_seqs(policy):
+    # A starved decode replica (2 slots, 30 blocks) preempts; a request it admits again from
+    # its queue must leave room for the transfers it took (each holds a slot, `admit_transfer`).
+    # Counting only the running ones ran 3 at once here with every one of these policies.
+    from sim.config.scenario import parse_scenario
+
+    extra = {"chunked_prefill": {"token_budget": 64}, "prefill_first": {},
+             "sglang": {"chunked_prefill_size": 64}}[policy]
+    decode = {"model": "tiny", "latency": {"kind": "constant", "iteration_s": 0.01},
+              "scheduler": {"name": policy, "max_num_seqs": 2, "decode_reserve_tokens": 0,
+                            **extra},
+              "kv_cache": {"block_size": 4, "num_blocks": 30}}
+    scenario = parse_scenario({
+        "seed": 0,
+        "workload": {"format": "synthetic", "num_requests": 40,
+                     "arrivals": {"process": "poisson", "qps": 40},
+                     "lengths": {"prompt": {"dist": "uniform", "low": 4, "high": 40},
+                                 "output": {"dist": "uniform", "low": 20, "high": 80}}},
+        "cluster": {"prefill": {"replicas": 1, "replica": replica()},
+                    "decode": {"replicas": 1, "replica": decode},
+                    "link": {"bandwidth_gb_s": 0.0001, "latency_s": 0.0}}}, "test")
+    res = _run_checked(scenario)
+    iterations = res.iterations
+    on_decode = iterations[iterations["replica_id"] == 1]
+    assert on_decode["num_seqs"].max() == 2
+    assert res.summary["num_preemptions"] > 10
+    assert (res.requests["status"] == "finished").all()
