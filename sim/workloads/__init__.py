@@ -7,6 +7,7 @@ from sim.workloads import (  # noqa: F401  (each registers its format)
     lengths,
     mooncake,
     prefix,
+    shared_prefix,
     synthetic,
     vidur,
 )
