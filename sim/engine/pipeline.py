@@ -52,6 +52,10 @@ class PipelinedReplica(Replica):
         # Async scheduling: a request's token in flight is an output placeholder, and the
         # request may be scheduled again at once (`ReplicaState.start`).
         self.placeholders = placeholders
+        # The engine schedules ahead of its stages (vLLM's async scheduling, SGLang's overlap
+        # loop): its host work for an iteration runs while the GPU runs the one before, so an
+        # iteration takes the larger of the two (`LatencyModel.host_time_s`).
+        self.overlaps_host = self.pipeline_depth > self.num_stages
         self.stale_delivered = stale_delivered  # `ReplicaState.complete`
         # Each stage's share of a pass; None where the layers divide evenly (T / P each, the
         # same floats as before uneven splits were modelled).

@@ -78,6 +78,7 @@ class Replica:
         self.fast_forward = fast_forward
         self.pool = pool
         self.on_handoff: Hook | None = None
+        self.overlaps_host = False  # host work beside the GPU's (`PipelinedReplica`)
         self.inbox: DecodeInbox | None = None
         # The earliest time anything outside this replica may read or change it, asked when it
         # plans: its iterations ending before then commit without an event each. By default
@@ -227,6 +228,9 @@ class Replica:
         state = self.state
         shape = BatchShape.of_replica(plan, state)
         duration_s = float(self.latency.iteration_time_s(shape))
+        if self.overlaps_host:
+            host_s = float(self.latency.host_time_s(shape))
+            duration_s = max(duration_s - host_s, host_s)
         if self.noise is not None:
             duration_s = duration_s * self.noise.factor(
                 len(self.log) + num_before, shape.num_prefill_tokens, shape.num_decode_tokens)

@@ -137,6 +137,13 @@ class LatencyModel(ABC):
         each entry exactly (bit for bit) what a call with that entry alone gives: the engine
         predicts a stretch of decode iterations with one call."""
 
+    def host_time_s(self, shape: BatchShape) -> Num:
+        """The part of `iteration_time_s` that is the engine's host work (scheduling, input
+        preparation, output processing) rather than the GPU's: an engine that overlaps it with
+        the GPU's previous iteration (vLLM's async scheduling, SGLang's overlap loop) takes the
+        larger of the two (`PipelinedReplica`). None of it by default."""
+        return 0.0
+
     def describe(self) -> dict[str, Any]:
         """Facts for the run summary (e.g. extrapolation warnings)."""
         return {}

@@ -26,8 +26,19 @@ The tables hold no all-gather (Vidur measured all_reduce and send_recv only), so
 the logits are always timed from the link: each GPU of a ring all-gather receives (n-1)/n of the
 gathered bytes (half an all-reduce's traffic), at the same efficiency and all-reduce start-up.
 
-Neither models vLLM's custom all-reduce kernel, which finishes small messages (decode
-batches) in under 10 us on NVLink: NCCL start-up makes decode of a deep TP model slower here.
+vLLM and SGLang do not all-reduce small messages with NCCL: their custom all-reduce kernel
+(vLLM's `csrc/custom_all_reduce.cuh`, `CustomAllreduce` in
+`distributed/device_communicators/custom_all_reduce.py`; SGLang uses the same kernel) takes
+every message below its buffer (8 MiB; 512 KiB over 6 GPUs and 256 KiB over 8 where
+vLLM's symmetric-memory path is on, its default) over 2, 4, 6 or 8 GPUs joined by NVLink
+(`CustomAllReduce`). Over 2 GPUs, and below 512 KiB over 4 or 256 KiB over up to 8, it is one
+stage (each GPU reads every peer's whole buffer): a + (n-1) S / B1; otherwise two (reduce-
+scatter, all-gather): a2 + 2 (n-1)/n S / B2. The four constants are fits to H100 timings
+inside CUDA graphs published with vLLM pull requests #24111 and #24532 (bf16, hidden 8192:
+1 stage over 4 GPUs 10/14/23/38 us at 0.5/1/2/4 MiB, 2 stages 17/18/26/42 us; over 2
+GPUs 7 us at 0.5 MiB): 6 us and 375 GB/s, 11.8 us and 212 GB/s, within 1.5 us of each. Larger
+messages (prefill chunks), other group sizes and GPUs on PCIe fall back to the tables or the
+link's ring above.
 """
 
 from __future__ import annotations
@@ -176,6 +187,40 @@ class BandwidthCollectives:
         return np.where(x > 0, t, 0.0)
 
 
+@dataclass(frozen=True)
+class CustomAllReduce:
+    """vLLM's custom all-reduce kernel (see the module's docstring): seconds for the messages
+    it takes, NaN for those it leaves to NCCL."""
+
+    one_stage_latency_s: float = 6e-6
+    one_stage_bytes_s: float = 375e9
+    two_stage_latency_s: float = 11.8e-6
+    two_stage_bytes_s: float = 212e9
+    max_bytes: int = 8 * 2**20
+
+    @staticmethod
+    def takes_group(num_gpus: int, interconnect: str) -> bool:
+        """Whether vLLM uses the kernel at all for this group (`should_custom_ar`: 2, 4, 6 or
+        8 GPUs; over 2, peer access suffices, but it is modelled on NVLink only here)."""
+        return num_gpus in (2, 4, 6, 8) and interconnect.startswith("nvlink")
+
+    def all_reduce_s(self, num_bytes: Array, num_gpus: int) -> Array:
+        x = np.asarray(num_bytes, dtype=np.float64)
+        # The buffer vLLM gives it where symmetric memory is on (`CUSTOM_ALL_REDUCE_MAX_SIZES`).
+        limit = {6: 512 * 2**10, 8: 256 * 2**10}.get(num_gpus, self.max_bytes)
+        if num_gpus == 2:
+            one = np.ones_like(x, dtype=bool)
+        elif num_gpus <= 4:
+            one = x < 512 * 2**10
+        else:
+            one = x < 256 * 2**10
+        t1 = self.one_stage_latency_s + (num_gpus - 1) * x / self.one_stage_bytes_s
+        t2 = (self.two_stage_latency_s
+              + 2 * (num_gpus - 1) / num_gpus * x / self.two_stage_bytes_s)
+        t = np.where(one, t1, t2)
+        return np.where(x < limit, np.where(x > 0, t, 0.0), np.nan)
+
+
 class Collectives:
     """The communication of one split replica, as the latency models charge it: measured tables
     where given (`all_reduce_table` read for the tensor group's size when tensor > 1,
@@ -184,8 +229,11 @@ class Collectives:
     def __init__(self, bandwidth: BandwidthCollectives, parallelism: Parallelism,
                  all_reduce_table: Path | None = None, send_recv_table: Path | None = None,
                  field_prefix: str = "latency",
-                 network: BandwidthCollectives | None = None) -> None:
+                 network: BandwidthCollectives | None = None,
+                 custom: CustomAllReduce | None = None) -> None:
         self.num_gpus = parallelism.tensor
+        # The engine's own kernel for the messages it takes; NCCL (table or link) for the rest.
+        self.custom = custom
         self.bandwidth = bandwidth
         # Pipeline hand-offs: those between nodes go over the network (`network`, the GPU's
         # scale-out NICs, or the table's rows across nodes), the rest over the node's fabric.
@@ -215,8 +263,13 @@ class Collectives:
     def all_reduce(self, num_bytes: Array) -> Array:
         """Seconds to all-reduce `num_bytes` over the tensor group."""
         if self.all_reduce_table is not None:
-            return self.all_reduce_table(num_bytes)
-        return self.bandwidth.all_reduce_s(num_bytes, self.num_gpus)
+            nccl = self.all_reduce_table(num_bytes)
+        else:
+            nccl = self.bandwidth.all_reduce_s(num_bytes, self.num_gpus)
+        if self.custom is None:
+            return nccl
+        custom = self.custom.all_reduce_s(num_bytes, self.num_gpus)
+        return np.where(np.isnan(custom), nccl, custom)
 
     def all_gather(self, num_bytes: Array) -> Array:
         """Seconds to gather `num_bytes` (the whole result) over the tensor group: always from

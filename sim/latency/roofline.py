@@ -64,7 +64,7 @@ from sim.latency.base import (
     TokenTable,
     maximum,
 )
-from sim.latency.comm import BandwidthCollectives, Collectives
+from sim.latency.comm import BandwidthCollectives, Collectives, CustomAllReduce
 from sim.latency.elementwise import ElementwiseModel
 
 
@@ -79,7 +79,10 @@ class RooflineConfig(LatencyConfig):
     mfu: float = Field(0.6, gt=0, le=1, description="fraction of peak FLOP/s reached by "
                                                    "attention (and GEMMs when naive)")
     mbu: float = Field(0.8, gt=0, le=1, description="fraction of peak bandwidth reached")
-    overhead_s: float = Field(0.002, ge=0, le=1, description="fixed cost per iteration (< 1 s)")
+    overhead_s: float = Field(
+        0.002, ge=0, le=1, description="host time per iteration (< 1 s); an engine that "
+        "overlaps it with the GPU (vLLM's async scheduling, SGLang's overlap loop) takes the "
+        "larger of it and the GPU's time")
     expert_imbalance: float = Field(
         1.0, ge=1, le=1000, description="busiest expert's load over the mean (MoE)")
     all_reduce_table: Path | None = Field(
@@ -87,6 +90,10 @@ class RooflineConfig(LatencyConfig):
                                         "the GPU's interconnect bandwidth")
     send_recv_table: Path | None = Field(
         None, strict=False, description="measured send/recv CSV for pipeline hand-offs")
+    all_reduce_kernel: Literal["custom", "nccl"] = Field(
+        "custom", description="custom: vLLM's and SGLang's own all-reduce kernel for the "
+                              "messages it takes (below 8 MiB, 2/4/6/8 GPUs on NVLink), NCCL "
+                              "for the rest; nccl: NCCL for every message")
     interconnect_efficiency: float = Field(
         0.75, gt=0, le=1, description="fraction of link bandwidth collectives reach")
     all_reduce_latency_s: float = Field(25e-6, ge=0, le=1, description="start-up per all-reduce")
@@ -133,6 +140,9 @@ class RooflineLatency(LatencyModel):
             time = time + self.tables.context_s(shape.prefill_kv_tokens - shape.num_prefill_tokens)
         return time
 
+    def host_time_s(self, shape: BatchShape) -> Num:
+        return self.overhead_s
+
     def describe(self) -> dict[str, Any]:
         """How GEMMs and communication are timed (e.g. a GEMM curve extrapolated from the
         H100's to another GPU)."""
@@ -148,8 +158,10 @@ class RooflineLatency(LatencyModel):
         if tables.parallelism.num_gpus > 1:
             facts["parallelism"] = tables.parallelism.model_dump()
             facts["communication"] = {
-                "all_reduce": "measured table" if tables.comm.all_reduce_table is not None
-                else "link bandwidth",
+                "all_reduce": ("custom kernel below its buffer, then " if tables.comm.custom
+                               is not None else "")
+                + ("measured table" if tables.comm.all_reduce_table is not None
+                   else "link bandwidth"),
                 "logits_gather": "link bandwidth",
                 "send_recv": "measured table" if tables.comm.send_recv_table is not None
                 else "link bandwidth"}
@@ -313,8 +325,10 @@ def _collectives(config: RooflineConfig, gpu: GPUSpec, parallelism: Parallelism)
     network = None if gpu.network_bandwidth_bytes_s is None else BandwidthCollectives(
         gpu.network_bandwidth_bytes_s, config.interconnect_efficiency,
         config.all_reduce_latency_s, config.network_latency_s)
+    custom = (CustomAllReduce() if config.all_reduce_kernel == "custom"
+              and CustomAllReduce.takes_group(parallelism.tensor, gpu.interconnect) else None)
     return Collectives(bandwidth, parallelism, config.all_reduce_table, config.send_recv_table,
-                       network=network)
+                       network=network, custom=custom)
 
 
 @lru_cache(maxsize=64)

@@ -37,7 +37,8 @@ def simulate(monkeypatch, capsys, tmp_path: Path, text: str) -> tuple[int, str]:
 
 def with_table(table: Path) -> str:
     return SYNTH + ("replica: {model: llama-3.1-8b, gpu: h100-sxm, parallelism: {tensor: 2}, "
-                    f"latency: {{kind: roofline, all_reduce_table: {table}}}}}\n")
+                    "latency: {kind: roofline, all_reduce_kernel: nccl, "
+                    f"all_reduce_table: {table}}}}}\n")
 
 
 def test_a_table_row_missing_values_is_refused_with_its_line(tmp_path, monkeypatch, capsys):

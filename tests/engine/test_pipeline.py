@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -222,3 +223,27 @@ def test_pipelined_replicas_run_ahead_between_arrivals(monkeypatch):
     assert fast.iterations.equals(slow.iterations)
     assert num_slow > fast.summary["num_iterations"]
     assert num_fast < num_slow / 3, (num_fast, num_slow)
+
+
+@pytest.mark.parametrize("host_s, async_s", [(0.004, 0.006), (0.007, 0.007)])
+def test_host_work_overlaps_the_gpu_under_async_scheduling(monkeypatch, host_s, async_s):
+    """vLLM's async scheduling prepares an iteration while the GPU runs the one before: a 10 ms
+    iteration of which `host_s` is host work takes max(10 ms - host, host); scheduling
+    synchronously, the whole 10 ms (`LatencyModel.host_time_s`)."""
+    from sim.latency.constant import ConstantLatency
+
+    monkeypatch.setattr(ConstantLatency, "host_time_s", lambda self, shape: host_s)
+
+    def durations(async_scheduling: bool) -> set[float]:
+        res = run_scenario(parse_scenario({
+            "workload": {"format": "synthetic", "num_requests": 20,
+                         "arrivals": {"process": "poisson", "qps": 50},
+                         "lengths": {"prompt": {"dist": "uniform", "low": 4, "high": 60},
+                                     "output": {"dist": "uniform", "low": 2, "high": 30}}},
+            "replica": {"model": "tiny", "latency": {"kind": "constant", "iteration_s": 0.01},
+                        "scheduler": {"name": "vllm_v1", "max_num_batched_tokens": 64,
+                                      "async_scheduling": async_scheduling}}}, "test"))
+        return {round(d, 12) for d in res.iterations["duration_s"]}
+
+    assert durations(True) == {async_s}
+    assert durations(False) == {0.01}

@@ -14,7 +14,7 @@ from sim.hardware.gpus import GPUS
 from sim.hardware.models import MODELS
 from sim.hardware.parallelism import SINGLE_GPU, Parallelism
 from sim.latency.base import BatchShape
-from sim.latency.comm import read_table
+from sim.latency.comm import CustomAllReduce, read_table
 from sim.latency.gemm import GemmModel
 from sim.latency.profile import ProfileConfig, ProfileLatency
 from sim.latency.roofline import RooflineConfig, RooflineLatency
@@ -64,8 +64,9 @@ def test_the_embedding_all_reduce_and_the_logits_gather_take_the_per_layer_sourc
     """A measured all-reduce table times the embedding's all-reduce as it times the layers';
     the logits' gather stays on the link (the tables hold no all-gather)."""
     table_path = NETWORK / "h100_dgx" / "all_reduce.csv"
-    measured = roofline("llama-3.1-8b", tensor=4, all_reduce_table=table_path)
-    link = roofline("llama-3.1-8b", tensor=4)
+    measured = roofline("llama-3.1-8b", tensor=4, all_reduce_table=table_path,
+                        all_reduce_kernel="nccl")
+    link = roofline("llama-3.1-8b", tensor=4, all_reduce_kernel="nccl")
     table = read_table(table_path, "all_reduce", 4, "t")
     model = MODELS.get("llama-3.1-8b")
     for m in (1, 37, 512, 8192):
@@ -137,3 +138,46 @@ def test_a_profile_of_another_split_names_the_scenarios_parallelism():
     assert moved.one_line().startswith("run.yaml: replica.parallelism.tensor=2: ")
     one = ProfileLatency(config, MODELS.get("tiny"), H100, parallelism=SINGLE_GPU)
     assert one.tensor_parallel == 1
+
+
+def test_the_custom_all_reduce_matches_the_published_h100_timings():
+    """vLLM's kernel inside CUDA graphs on H100 (pull requests #24111 and #24532): within
+    1.5 us of every published point, one stage or two as vLLM picks them."""
+    kernel = CustomAllReduce()
+    mib = 2**20
+    published = [(2, 0.5 * mib, 7e-6), (4, 0.5 * mib, 17e-6), (4, 1 * mib, 18e-6),
+                 (4, 2 * mib, 26e-6), (4, 4 * mib, 42e-6)]
+    # At 4 GPUs vLLM takes one stage below 512 KiB (10 us at 0.5 MiB - 1 byte) and two from it.
+    assert float(kernel.all_reduce_s(np.array(0.5 * mib - 16), 4)) == pytest.approx(10e-6,
+                                                                                    abs=1.5e-6)
+    for num_gpus, size, expected_s in published:
+        got = float(kernel.all_reduce_s(np.array(size), num_gpus))
+        assert got == pytest.approx(expected_s, abs=1.5e-6), (num_gpus, size)
+
+
+def test_the_custom_all_reduce_leaves_to_nccl_what_vllm_does():
+    """Messages from its buffer's size up (8 MiB; 256 KiB over 8 GPUs), other group sizes
+    and GPUs without NVLink go to NCCL (the link's ring); an empty message costs nothing."""
+    kernel = CustomAllReduce()
+    sizes = np.array([0, 4096, 200 * 2**10, 300 * 2**10, 8 * 2**20 - 16, 8 * 2**20])
+    four = kernel.all_reduce_s(sizes, 4)
+    assert four[0] == 0 and np.isfinite(four[:5]).all() and np.isnan(four[5])
+    eight = kernel.all_reduce_s(sizes, 8)
+    assert np.isfinite(eight[:3]).all() and np.isnan(eight[3:]).all()
+    assert CustomAllReduce.takes_group(4, "nvlink4") and CustomAllReduce.takes_group(2, "nvlink5")
+    assert not CustomAllReduce.takes_group(3, "nvlink4")
+    assert not CustomAllReduce.takes_group(2, "pcie4")
+    # In the roofline: a TP4 decode step pays (2L+1) kernel all-reduces instead of NCCL's.
+    custom, nccl = roofline("llama-3.1-8b", tensor=4), roofline("llama-3.1-8b", tensor=4,
+                                                                 all_reduce_kernel="nccl")
+    model = MODELS.get("llama-3.1-8b")
+    for m in (1, 64, 256):
+        act = np.array(m * model.hidden_size * 2)
+        expected = (2 * model.num_layers + 1) * float(
+            kernel.all_reduce_s(act, 4) - nccl.tables.comm.all_reduce(act))
+        assert custom.tables.tokens_s(m) - nccl.tables.tokens_s(m) == pytest.approx(
+            expected, rel=1e-9)
+        assert expected < 0  # the kernel is faster than NCCL's 25 us start-up here
+    # 8 MiB and more (a prefill chunk of 512+ tokens of this model) is NCCL in both.
+    big = 4096
+    assert custom.tables.tokens_s(big) == pytest.approx(nccl.tables.tokens_s(big), rel=1e-12)
