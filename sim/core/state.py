@@ -137,31 +137,14 @@ class ReplicaState:
         the running list: finished, or (on a prefill replica) prefilled and handed off.
         `since`: the last iteration before this one in which any request here decoded (default
         the one before it): a request's run of token iterations goes on through those between
-        (`Request.record_token`)."""
+        (`Request.record_token`). The one definition of token accounting: a committed stretch
+        (`sim.engine.fastpath.commit`) is this applied to a run of decode iterations
+        (tests/engine/test_commit.py checks the two agree)."""
         done: list[Request] = []
         requests = self.requests
         prefill_only = self.prefill_only
         num_sampled = 0
         previous = iteration - 1 if since is None else since
-        if not self.pipelined and not self.prefilling():
-            # Every running request decodes (`prefilling`), so every one in the plan computes
-            # its one token, catches up and samples, and was scheduled before: the loop below
-            # without its tests, where a batch is often hundreds (under overload, every
-            # iteration).
-            for request_id in plan.num_scheduled_tokens:
-                req = requests[request_id]
-                req.num_computed_tokens += 1
-                num_output = req.num_output_tokens = req.num_output_tokens + 1
-                if req.last_token_iter >= previous:  # `record_token`, as below
-                    req.last_token_iter = iteration
-                else:
-                    req.record_token(iteration, previous)
-                if num_output == req.num_target_output_tokens or prefill_only:
-                    done.append(req)
-            self.num_running_tokens += len(plan.num_scheduled_tokens)
-            if done:
-                self._leave(done, end_s)
-            return done
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
             if req.first_scheduled_s is None:
