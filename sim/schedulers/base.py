@@ -256,6 +256,8 @@ def reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> int:
     """Blocks running requests may still need for their future tokens (capped per request):
     `future_blocks` summed (a policy asks whenever requests wait: under overload, every
     iteration), from kept counts where it can be."""
+    if reserve_tokens == 0:  # no future token reserved: every request holds what it computed
+        return 0
     kv = state.kv
     if (reserve_tokens is None and not kv.caches_prefixes and not state.incoming
             and not state.num_transferring):
@@ -311,7 +313,7 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
         if not num_tokens:
             break
         if reserved is None:
-            reserved = reserved_blocks(state, reserve_tokens) if reserve_tokens != 0 else 0
+            reserved = reserved_blocks(state, reserve_tokens)
         extra = 0 if extra_blocks is None else extra_blocks(req, num_cached, num_tokens)
         own_reserve = try_admit(state, req, num_tokens, reserve_tokens, reserved + extra,
                                 num_cached)
