@@ -216,9 +216,8 @@ class ReplicaState:
         will compute it again; its token counts only where `stale_delivered` (vLLM's async
         scheduling delivers it: `update_from_output`, "Its tokens are still delivered on
         return"), and not on a prefill replica, and it may then finish, even from the queue.
-        Returns the requests that left
-        the running list, and the ids of those that sampled (the caller records their tokens:
-        `IterationLog.add_sampled`)."""
+        Returns the requests that left the running list, and the ids of those that sampled (the
+        caller records their tokens: `IterationLog.add_sampled`)."""
         done: list[Request] = []
         sampled = []
         for req, num_tokens, num_preemptions, samples, _ in in_flight:
