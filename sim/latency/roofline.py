@@ -102,6 +102,14 @@ class RooflineConfig(LatencyConfig):
                                      description="start-up per hand-off between nodes")
 
 
+# How far the defaults are from real runs (docs/fidelity.md), said in every run's summary.
+ROOFLINE_ERROR = (
+    "vs vLLM 0.15.1 serving on H100-SXM (TP1/2/4, async scheduling; validation/public): median "
+    "|error| TPOT 3.5%, E2E 3.7%, engine TTFT 19% below the client-side one; vs public batch "
+    "benchmarks (vLLM 0.5, TensorRT-LLM): 0.78-1.14x; other GPUs: GEMMs extrapolated "
+    "(docs/fidelity.md)")
+
+
 @LATENCY_MODELS.register("roofline")
 class RooflineLatency(LatencyModel):
     Config = RooflineConfig
@@ -148,7 +156,8 @@ class RooflineLatency(LatencyModel):
         H100's to another GPU)."""
         tables = self.tables
         facts: dict[str, Any] = {"linear": tables.config.linear, **tables.gemm.describe(),
-                                 "elementwise": tables.config.elementwise}
+                                 "elementwise": tables.config.elementwise,
+                                 "host_s": self.overhead_s, "error": ROOFLINE_ERROR}
         if tables.elementwise is not None:
             facts.update(tables.elementwise.describe())
         if tables.quantized:
