@@ -46,16 +46,31 @@ _REP = re.compile(r"rep[0-9]+")
 _TEMPORARY = re.compile(r"\.tmp$|\.(tmp|old|check)-[^/]+$")
 
 
+# Files that mark a directory as results of some kind (a run, replications, a sweep, a
+# capacity search, a comparison).
+RESULT_MARKERS = (RUN_MARKER, REPLICATIONS_MARKER, "sweep.json", "capacity.json",
+                  "comparison.csv")
+
+
 def check_not_a_result_file(out: Path, results: Path, field: str = "--out") -> None:
     """Refuse to write `out` over a file of the result directory `results` (or of one inside
-    it) that the results are read from: an export or a report there would destroy the run."""
+    it) that the results are read from: an export or a report there would destroy the run;
+    and anywhere inside other results (another run's directory, its plots, a sweep's runs),
+    which belong to those."""
     try:
-        inside = out.resolve().is_relative_to(results.resolve())
+        target, own = out.resolve(), results.resolve()
     except (OSError, RuntimeError):
         return  # unresolvable: the write itself reports the problem
-    if inside and out.name in RESULT_FILES and out.exists():
-        raise InputError(out, field, str(out), "is one of the results' own files, "
-                         "which this would overwrite: name another file")
+    if target.is_relative_to(own):
+        if out.name in RESULT_FILES and out.exists():
+            raise InputError(out, field, str(out), "is one of the results' own files, "
+                             "which this would overwrite: name another file")
+        return
+    # The directory it would land in and two above it (a run's `plots`, a sweep's runs).
+    for directory in list(target.parents)[:3]:
+        if any((directory / marker).is_file() for marker in RESULT_MARKERS):
+            raise InputError(out, field, str(out), f"is inside other results ({directory}), "
+                             "whose files this would change: write it elsewhere")
 
 
 def is_run_dir(path: Path) -> bool:

@@ -414,3 +414,25 @@ def test_an_export_or_report_never_writes_over_the_runs_own_files(tmp_path, monk
     assert (run / "summary.json").read_bytes() == summary
     # Beside them, any other name is fine.
     assert export_run(run, "vllm", run / "mine.json") == run / "mine.json"
+
+
+def test_an_export_or_report_never_writes_into_another_runs_results(tmp_path, monkeypatch,
+                                                                     capsys):
+    """`export RUN --out OTHER_RUN/summary.json` destroyed OTHER_RUN: nothing may be written
+    into other results (a run's directory, its plots, a sweep's runs), under any name."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    run = disaggregated_run(tmp_path / "a")
+    other = colocated_run(tmp_path / "b")
+    before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()}
+    (other / "plots").mkdir()
+    for target in (other / "summary.json", other / "vllm_result.json", other / "mine.json",
+                   other / "plots" / "x.json"):
+        for args in (("export", str(run), "--format", "vllm", "--out", str(target)),
+                     ("report", str(run), "--out", str(target))):
+            code, err = run_cli(monkeypatch, capsys, *args)
+            assert_one_line_error(code, err, "--out", "inside other results")
+            assert not (target.exists() and target.name not in before)
+    assert {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()} == before
+    # Outside any results, any name is fine.
+    assert export_run(run, "vllm", tmp_path / "out.json") == tmp_path / "out.json"
