@@ -22,7 +22,7 @@ from sim.plots.replicated import (
 from sim.plots.run import cdfs, tbt_sample, ttft_sample
 from sim.plots.sweep import latency_vs_throughput, p99_tbt_vs_load, plot_sweep, ttft_vs_load
 from sim.plots.timeline import busiest_window, iteration_timeline
-from sim.results.outdir import check_writable_dir
+from sim.results.outdir import PLOTS_DIR, check_writable_dir
 from sim.results.read import directory_kind
 
 __all__ = ["busiest_window", "capacity_bars", "capacity_figure", "capacity_trials", "cdfs",
@@ -65,6 +65,8 @@ def plot_results(dirs: Sequence[Path], out_dir: Path | None = None, *,
     if worst_tbt and kinds[0] not in ("run", "comparison"):
         raise InputError(dirs[0], "--worst-tbt", str(dirs[0]),
                          f"draws a run's or a comparison's CDF; this is a {kinds[0]}")
+    if out_dir is None:  # every kind draws into its (first) directory's `plots`
+        check_writable_dir(dirs[0] / PLOTS_DIR, "--out (default RESULTS/plots)")
     if kinds[0] == "capacity":
         return plot_capacity(dirs, out_dir)
     if kinds[0] == "run":

@@ -26,7 +26,7 @@ from sim.runner import run_scenario
 from sim.studies.compare import compare
 from sim.studies.sweep import run_sweep
 from sim.studies.sweep_file import load_sweep
-from tests.helpers import assert_one_line_error, run_cli, run_cli_out
+from tests.helpers import assert_one_line_error, colocated_run, run_cli, run_cli_out
 from tests.studies.test_sweep import sweep_file
 
 # Chunked prefill on a small synthetic load; prompts long enough that the budget matters.
@@ -354,3 +354,29 @@ def test_plots_are_written_for_runs_and_sweeps(tmp_path, monkeypatch, capsys):
                            "relaxed": {"chunked": 5.0, "prefill_first": 4.0}},
                           tmp_path / "cap")
     assert all(f.stat().st_size > 5_000 for f in files)
+
+
+def test_plot_says_in_one_line_that_a_file_holds_its_default_directory(tmp_path, monkeypatch,
+                                                                        capsys):
+    """A run directory holding a file named `plots`: one line naming the default figure
+    directory, not a traceback (FileExistsError)."""
+    run = colocated_run(tmp_path)
+    (run / "plots").write_text("not a directory")
+    code, err = run_cli(monkeypatch, capsys, "plot", str(run))
+    assert_one_line_error(code, err, "RESULTS/plots", "exists and is not a directory")
+
+
+def test_plot_says_in_one_line_that_a_read_only_run_cannot_hold_figures(tmp_path, monkeypatch,
+                                                                        capsys):
+    """A read-only copy of a run: one line, not a PermissionError traceback (give --out)."""
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only directories: run as another user")
+    run = colocated_run(tmp_path)
+    run.chmod(0o555)
+    try:
+        code, err = run_cli(monkeypatch, capsys, "plot", str(run))
+        assert_one_line_error(code, err, "RESULTS/plots", "cannot write there")
+    finally:
+        run.chmod(0o755)
