@@ -40,7 +40,8 @@ MAX_REPLICAS = 10_000  # per pool: each is a SimPy process with its own queues a
 # as int64: a larger seed ran, then failed writing them (numpy itself takes any size).
 MAX_SEED = 2**63 - 1
 # `name` becomes the directory results/<name>; comparisons name their runs `<name>/<variant>`.
-_NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=-]*")
+# Letters and digits of any script (`\w`: `テスト`, `ünïcödé`), as every file system here takes.
+_NAME_PART = re.compile(r"\w[\w.+=-]*")
 
 
 class PoolConfig(Frozen):
@@ -176,9 +177,16 @@ class Scenario(Frozen):
 def name_problem(name: str) -> str | None:
     """Why `name` cannot name a directory under results/ (a scenario's, a sweep's, a
     comparison's: absolute, with `..` or an empty part, it would leave results/), or None."""
-    if len(name) > 200 or not all(_NAME_PART.fullmatch(p) for p in name.split("/")):
-        return ("names the directory results/<name>: use letters, digits and _ . - + =, not "
-                "starting with '.', parts joined by single '/'")
+    parts = name.split("/")
+    if len(name) > 200 or not all(_NAME_PART.fullmatch(p) for p in parts):
+        return ("names the directory results/<name>: use letters (any script), digits and "
+                "_ . - + =, not starting with '.', parts joined by single '/'")
+    try:  # a directory name holds at most 255 bytes (UTF-8: up to 4 a letter)
+        too_long = any(len(p.encode()) > 255 for p in parts)
+    except UnicodeEncodeError:
+        return "names the directory results/<name>: not valid UTF-8 text"
+    if too_long:
+        return "names the directory results/<name>: a part over 255 bytes (UTF-8)"
     return None
 
 

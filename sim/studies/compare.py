@@ -73,8 +73,8 @@ def load_comparison(path: str | Path, overrides: Sequence[Override] = ()
         # A variant's results go to <out>/<variant>/: one folder, not a path below it.
         if "/" in variant or name_problem(variant):
             raise InputError(path, "variants", variant, "a variant's name is its results' "
-                             "folder: use letters, digits and _ . - + =, not starting with "
-                             "'.', no '/'")
+                             "folder: use letters (any script), digits and _ . - + =, not "
+                             "starting with '.', no '/'")
         if str(variant).casefold() in OWN_ENTRIES:  # casefold: macOS's file system
             raise InputError(path, "variants", variant, "the comparison's own file or folder "
                              f"beside its variants ({', '.join(sorted(OWN_ENTRIES))}) has that "

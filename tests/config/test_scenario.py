@@ -99,14 +99,16 @@ def test_ints_for_floats_and_strings_for_paths_still_load(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["../escape", "/abs/path", "a\\b", "a//b", "a/", "a b",
-                                  ".hidden", "a/../b", "a/./b", "", "x" * 201, "na:me"])
+                                  ".hidden", "a/../b", "a/./b", "", "x" * 201, "na:me",
+                                  "テ" * 86])  # 258 bytes: over a directory name's 255
 def test_names_that_are_not_safe_directories_are_refused(tmp_path, monkeypatch, capsys, name):
     code, err, path = simulate(tmp_path, monkeypatch, capsys, f"name: {name!r}\n" + synthetic(""))
     assert_one_line_error(code, err, str(path), "name=", "directory")
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("name", ["study", "cmp/variant", "run_1.2-a+b=c", "a/b/c"])
+@pytest.mark.parametrize("name", ["study", "cmp/variant", "run_1.2-a+b=c", "a/b/c", "テスト",
+                                  "ünïcödé/試験-1"])
 def test_safe_names_are_kept(name):
     data = {"name": name, "workload": {"format": "vidur", "path": "t.csv"}}
     assert parse_scenario(data, "test").name == name
