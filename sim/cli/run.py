@@ -48,6 +48,14 @@ def simulate(
 
     check_seed(seed)
     if replications == 1:
+        source = ctx.get_parameter_source("replications")
+        if source is not None and source.name == "COMMANDLINE":
+            # Taken as given, it would silently be a plain run.
+            from sim.config.errors import COMMAND_LINE, InputError
+
+            raise InputError(COMMAND_LINE, "--replications", 1, "one replication is a plain "
+                             "run, without intervals or replications.json: give 2 or more, "
+                             "or leave it out")
         refuse_unused(ctx, {"workers": "only with --replications N (N > 1)"})
     loaded = load_scenario(scenario, parse_overrides(set_))
     if seed is not None:

@@ -72,15 +72,17 @@ def test_table_has_intervals_and_repeats_byte_for_byte(tmp_path, monkeypatch, ca
         assert (out / f"rep{k}" / "requests.parquet").is_file()
 
 
-def test_one_replication_is_a_plain_run(tmp_path, monkeypatch, capsys):
+def test_one_replication_given_is_refused_not_run_plain(tmp_path, monkeypatch, capsys):
+    """`--replications 1` ran a plain run without a word (no intervals, no replications.json):
+    asked for, it is refused in one line; left out, the run is plain (issue 49)."""
     path = small(tmp_path)
-    code, plain = cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "a"))
-    code1, one = cli(monkeypatch, capsys, "simulate", str(path), "--replications", "1", "--out",
-                     str(tmp_path / "b"))
-    assert code == code1 == 0
-    assert plain.replace(str(tmp_path / "a"), "X") == one.replace(str(tmp_path / "b"), "X")
-    assert (tmp_path / "b" / "summary.json").is_file()
-    assert not (tmp_path / "b" / "replications.json").exists()
+    code, _ = cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "a"))
+    assert code == 0 and (tmp_path / "a" / "summary.json").is_file()
+    assert not (tmp_path / "a" / "replications.json").exists()
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--replications", "1",
+                        "--out", str(tmp_path / "b"))
+    assert_one_line_error(code, err, "--replications=1", "plain run", "2 or more")
+    assert not (tmp_path / "b").exists()
 
 
 def test_compare_with_replications(tmp_path, monkeypatch, capsys):
