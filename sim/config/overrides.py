@@ -61,8 +61,27 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[Override],
                     defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """`data` with each override set in turn (a later one wins where they meet)."""
     for dotted, value in overrides:
+        _check_path(data, dotted, defaults)
         data = set_path(data, dotted, value, defaults)
     return data
+
+
+def _check_path(data: Any, dotted: str, defaults: Any) -> None:
+    """A field set inside a value given by name (`replica.gpu.peak_bf16_flops` where
+    `replica.gpu` is `h100-sxm`) would replace the name by a mapping missing everything else:
+    say so in one line instead of listing what the new mapping lacks."""
+    parts = dotted.split(".")
+    for k, head in enumerate(parts[:-1]):
+        given = data.get(head) if isinstance(data, dict) else None
+        default = defaults.get(head) if isinstance(defaults, dict) else None
+        value = given if given is not None else default
+        if isinstance(value, str):
+            where = ".".join(parts[:k + 1])
+            raise InputError(COMMAND_LINE, "--set", dotted, (
+                f"{where} is {value!r}, a name, not a mapping with fields: set it as a "
+                f"mapping first, e.g. --set '{where}={{base: {value}, "
+                f"{parts[k + 1]}: ...}}' (for a GPU), or the whole {where}"))
+        data, defaults = given, default
 
 
 def resolved_defaults(data: Any, source: str | Path, base_dir: Path | None

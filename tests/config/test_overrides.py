@@ -130,6 +130,24 @@ def test_simulate_set_on_the_embedded_default_and_a_missing_scheduler(tmp_path, 
     assert summary["requests"]["total"] == 30
 
 
+def test_a_field_inside_a_named_gpu_says_to_give_a_mapping(tmp_path, monkeypatch, capsys):
+    """`--set replica.gpu.peak_bf16_flops=...` on a GPU given by name (in the file, or the
+    default one) printed every field the new mapping lacked; one line says what to do
+    (issue 49). Given as a mapping with `base`, the field is set."""
+    for gpu in ("  gpu: h100-sxm\n", ""):
+        path = small(tmp_path, SMALL.replace("replica:\n", "replica:\n" + gpu))
+        code, err = run_cli(monkeypatch, capsys, "simulate", str(path),
+                            "--out", str(tmp_path / "a"),
+                            "--set", "replica.gpu.peak_bf16_flops=1.0e+15")
+        assert_one_line_error(code, err, "replica.gpu is 'h100-sxm', a name",
+                              "replica.gpu={base: h100-sxm, peak_bf16_flops: ...}")
+    code, _ = cli(monkeypatch, capsys, "simulate", str(small(tmp_path)), "--out",
+                  str(tmp_path / "b"), "--set",
+                  "replica.gpu={base: h100-sxm, peak_bf16_flops: 1.0e+15}")
+    assert code == 0
+    assert resolved(tmp_path / "b")["replica"]["gpu"]["peak_bf16_flops"] == 1.0e15
+
+
 def test_another_scheduler_by_name_drops_the_old_ones_parameters(tmp_path, monkeypatch, capsys):
     out = tmp_path / "r"
     code, _ = cli(monkeypatch, capsys, "simulate", str(small(tmp_path)), "--out", str(out),
