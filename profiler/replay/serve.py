@@ -18,6 +18,7 @@ iteration's host time (and recorded as `wake_s`). With these durations the simul
 from __future__ import annotations
 
 import gc
+import math
 import os
 import time
 from pathlib import Path
@@ -84,6 +85,24 @@ def check_replayable(scenario: Scenario) -> None:
         # The executor's block tables are per request: shared prefix blocks are not built.
         raise InputError(scenario.source, "replica.prefix_caching", True,
                          "replay does not share KV between requests yet")
+
+
+# A replay serves its arrivals on the wall clock: longer than a day is not what anyone waits
+# for (a trace's years between arrivals once waited in real time until killed).
+MAX_REPLAY_SPAN_S = 24 * 3600.0
+
+
+def check_span(scenario: Scenario, requests: list[Request]) -> None:
+    """Refuse, before any set-up, arrivals a replay would wait more than a day of wall time
+    for (those after the horizon are never served)."""
+    horizon = scenario.horizon_s if scenario.horizon_s is not None else math.inf
+    last_s = max((r.arrival_s for r in requests if r.arrival_s < horizon), default=0.0)
+    if last_s > MAX_REPLAY_SPAN_S:
+        raise InputError(scenario.source, "workload", scenario.workload.format,
+                         f"its arrivals span {last_s:.3g} s ({last_s / 86400:.3g} days), "
+                         "which a replay serves on the wall clock: at most a day; cut it with "
+                         "horizon_s, workload.end_s or workload.num_requests, or raise "
+                         "workload.rate_scale")
 
 
 class ReplayLoop:
@@ -213,6 +232,8 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
     check_replayable(scenario)
     if out_dir is not None:
         check_out_dir(out_dir)
+    requests = make_requests(load_workload(scenario))
+    check_span(scenario, requests)
     torch, dtype = torch_setup(device, threads)
     attention = attention or default_attention(device)
     cfg = scenario.replica
@@ -220,7 +241,6 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
     scheduler = make_scheduler(cfg)
     check_fits(scenario, device, dtype)
     kv = kv_cache_for(cfg, model, "replica", scenario.source, scheduler)
-    requests = make_requests(load_workload(scenario))
     arrivals = mark_after_horizon(requests, scenario.horizon_s)
     state = ReplicaState(kv)
     executor = Executor(model, kv, device=device, dtype=dtype, seed=scenario.seed,

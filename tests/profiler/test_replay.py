@@ -34,6 +34,7 @@ from tests.helpers import (  # noqa: E402
     read_until,
     run_cli,
     run_cli_out,
+    within,
 )
 
 CHUNKED = "{name: chunked_prefill, token_budget: 64, max_num_seqs: 16}"
@@ -321,3 +322,20 @@ def test_the_report_of_a_replay_says_it_was_measured(tmp_path, monkeypatch, caps
     assert f"Served for real on {summary['replay']['device_name']}" in page
     assert "another replay of the same scenario and seed gives other timings" in page
     assert "forward pass" in page and "host time around it" in page
+
+
+def test_a_replay_of_arrivals_years_apart_is_refused_before_it_starts(tmp_path, monkeypatch,
+                                                                      capsys):
+    """Arrivals years apart waited in real time until killed (issue 49): refused in one line
+    before any set-up, naming the span; cut by a horizon, the replay runs."""
+    rows = [(0.0, 20, 2), (0.01, 20, 2), (3.2e7, 20, 2), (6.4e7, 20, 2), (9.6e7, 20, 2)]
+    path = trace_scenario(tmp_path, rows)
+    with within(120):  # refused, not waited for (the bound fails a hang, not a slow run)
+        code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--out",
+                            str(tmp_path / "o"))
+    assert_one_line_error(code, err, "workload", "9.6e+07 s", "at most a day", "horizon_s")
+    assert not (tmp_path / "o").exists()
+    path = trace_scenario(tmp_path, rows, extra="horizon_s: 1.0\n")
+    served = replay(load_scenario(path), out_dir=tmp_path / "cut")
+    assert served.summary["requests"]["total"] == 5
+    assert (served.requests["status"] == "finished").sum() == 2
