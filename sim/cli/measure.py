@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from sim.cli.common import app, check_seed, console
+from sim.cli.common import app, check_seed, console, interrupted
 from sim.config.errors import COMMAND_LINE, InputError
 
 
@@ -123,10 +123,16 @@ def replay(
     if seed is not None:
         loaded = loaded.model_copy(update={"seed": seed})
     out_dir = out if out is not None else Path("results") / f"{loaded.name}_replay"
-    with ProgressReport(f"replaying {loaded.name}", "requests") as progress:
-        results = serve(loaded, device=device, threads=threads,
-                        attention=attention.value if attention else None,
-                        out_dir=out_dir, progress=progress, command=command_line())
+    try:
+        with ProgressReport(f"replaying {loaded.name}", "requests") as progress:
+            results = serve(loaded, device=device, threads=threads,
+                            attention=attention.value if attention else None,
+                            out_dir=out_dir, progress=progress, command=command_line())
+    except KeyboardInterrupt:
+        # Ctrl-C while serving stops the loop and keeps what ran (handled inside): this one
+        # came during the set-up (loading, the model's warm-up) or the final write.
+        raise interrupted(f"before the replay's results were written: nothing new in "
+                          f"{out_dir}/") from None
     summary = results.summary
     console.print(summary_table(summary))
     rep, its = summary["replay"], results.iterations

@@ -339,3 +339,19 @@ def test_a_replay_of_arrivals_years_apart_is_refused_before_it_starts(tmp_path, 
     served = replay(load_scenario(path), out_dir=tmp_path / "cut")
     assert served.summary["requests"]["total"] == 5
     assert (served.requests["status"] == "finished").sum() == 2
+
+
+def test_an_interrupt_during_set_up_says_nothing_was_written(tmp_path, monkeypatch, capsys):
+    """Ctrl-C before the replay serves (loading, the model's warm-up) exited 130 without a
+    word (issue 49): it says so, and writes nothing."""
+    import profiler.replay.serve as serve
+
+    def interrupted_set_up(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(serve, "replay", interrupted_set_up)
+    path = trace_scenario(tmp_path, ROWS)
+    code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--out", str(tmp_path / "o"))
+    assert code == 130
+    assert "interrupted: before the replay's results were written" in err
+    assert "Traceback" not in err and not (tmp_path / "o").exists()
