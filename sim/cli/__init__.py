@@ -7,6 +7,7 @@ answered the same way, and `servesim --help` starts fast.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 
@@ -17,13 +18,24 @@ def main() -> None:
     # took 40-60 ms from every start-up. servesim has no BLAS work worth threads (torch uses MKL),
     # and sweep workers, one per core, are better off without them. A user's setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # SIGTERM (a job manager's stop) is met as Ctrl-C is: worker processes stopped, what ran
+    # kept or marked incomplete; then the exit a terminated process gives (143).
+    terminated = []
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         code = _run()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        code = 130
     # Without standalone mode, typer returns the exit code of an interrupt (130) or of
     # `typer.Exit(n)` instead of exiting.
+    if code == 130 and terminated:
+        code = 128 + signal.SIGTERM
     if isinstance(code, int) and code:
         sys.exit(code)
 

@@ -37,7 +37,7 @@ def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def interrupt_when(proc: subprocess.Popen[str], ready: Callable[[], bool], *,
-                   group: bool = True) -> str:
+                   group: bool = True, sig: int = signal.SIGINT) -> str:
     """Send SIGINT (to the process group, as Ctrl-C does, or to the main process only) once
     `ready()`; return the process's stderr. That it stopped at once is told by what it did
     (the runs it had not finished are not there), not by how long it took: the timeouts here
@@ -48,9 +48,9 @@ def interrupt_when(proc: subprocess.Popen[str], ready: Callable[[], bool], *,
         assert time.monotonic() < deadline, "never got ready"
         time.sleep(0.05)
     if group:
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, sig)
     else:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     return err
 
@@ -84,6 +84,24 @@ def test_sweep_stops_at_once_and_keeps_whole_runs(tmp_path, group):
             p.name for p in run.iterdir()}, run
     assert not (tmp_path / "out" / "results.parquet").exists()
     assert group_is_gone(proc.pid)  # the worker processes too
+
+
+def test_sweep_stops_on_sigterm_as_on_ctrl_c(tmp_path):
+    """SIGTERM to the main process (a job manager's stop) left its two workers running after
+    it exited (issue 49): now met as Ctrl-C is, exiting 143, no process of its group left."""
+    (tmp_path / "base.yaml").write_text(SCENARIO)
+    (tmp_path / "sweep.yaml").write_text(
+        "name: slow\nbase: base.yaml\ngrid:\n  workload.arrivals.qps: [4, 5, 6, 7, 8, 9]\n")
+    proc = start(tmp_path, "sweep", "sweep.yaml", "--out", "out", "--workers", "2")
+    err = interrupt_when(proc, lambda: bool(run_dirs(tmp_path / "out" / "runs")), group=False,
+                         sig=signal.SIGTERM)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "interrupted:" in err
+    assert not (tmp_path / "out" / "results.parquet").exists()
+    deadline = time.monotonic() + 60  # the workers end as the main process stops them
+    while not group_is_gone(proc.pid):
+        assert time.monotonic() < deadline, "worker processes left running"
+        time.sleep(0.1)
 
 
 def test_compare_stops_and_says_which_variants_it_kept(tmp_path):
