@@ -123,7 +123,78 @@ class Results:
                                   missing="missing, though the scenario records token times")
         gaps = (read_parquet(run / "tbt_gaps.parquet", GAP_COLUMNS)
                 if (run / "tbt_gaps.parquet").exists() else None)
+        check_claims(run, requests, iterations, tokens, gaps)
         return cls(scenario, requests, iterations, tokens, read_json(run / "summary.json"), gaps)
+
+
+def check_claims(run: Path, requests: pd.DataFrame, iterations: pd.DataFrame,
+                 tokens: pd.DataFrame | None, gaps: pd.DataFrame | None) -> None:
+    """What every run guarantees, checked on tables read back (edited by hand, or by another
+    tool): ids unique and known, times ordered, counts not negative. A table that breaks one
+    is refused in one line naming its file, column and first offending row, before an export,
+    plot or report draws from it."""
+    def refuse(file: str, column: str, values: Any, bad: np.ndarray, problem: str) -> None:
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise InputError(run / file, column, _plain(values[row]), f"row {row}: {problem}")
+
+    def col(frame: pd.DataFrame, name: str) -> np.ndarray:
+        return frame[name].to_numpy(dtype=np.float64, na_value=np.nan)
+
+    ids = requests["request_id"].to_numpy()
+    refuse("requests.parquet", "request_id", ids, _repeats(ids), "an id given twice")
+    arrival = col(requests, "arrival_s")
+    refuse("requests.parquet", "arrival_s", arrival, ~(np.isfinite(arrival) & (arrival >= 0)),
+           "every request arrives at a finite time, from 0")
+    for name, problem in (("ttft_s", "a first token before its arrival"),
+                          ("e2e_s", "a finish before its arrival"),
+                          ("max_tbt_s", "a negative gap between tokens")):
+        values = col(requests, name)
+        refuse("requests.parquet", name, values, values < 0, problem)
+    for name in ("first_token_s", "finish_s"):
+        values = col(requests, name)
+        refuse("requests.parquet", name, values, values < arrival, "before its arrival")
+    generated = col(requests, "num_generated_tokens")
+    refuse("requests.parquet", "num_generated_tokens", generated, generated < 0,
+           "a negative count")
+    if "num_output_tokens" in requests:
+        refuse("requests.parquet", "num_generated_tokens", generated,
+               generated > col(requests, "num_output_tokens"),
+               "more tokens than the request's output length (num_output_tokens)")
+    duration = col(iterations, "duration_s")
+    refuse("iterations.parquet", "duration_s", duration, ~(duration > 0),
+           "every iteration takes some time")
+    start = col(iterations, "start_s")
+    refuse("iterations.parquet", "start_s", start, ~(np.isfinite(start) & (start >= 0)),
+           "every iteration starts at a finite time, from 0")
+    for name in COLUMNS:
+        if name.startswith("num_"):
+            values = col(iterations, name)
+            refuse("iterations.parquet", name, values, values < 0, "a negative count")
+    if tokens is not None:
+        owner = tokens["request_id"].to_numpy()
+        refuse("tokens.parquet", "request_id", owner, ~np.isin(owner, ids),
+               "names a request that requests.parquet does not have")
+        time_s = col(tokens, "time_s")
+        refuse("tokens.parquet", "time_s", time_s, ~(np.isfinite(time_s) & (time_s >= 0)),
+               "every token comes at a finite time, from 0")
+    if gaps is not None:
+        gap, count = col(gaps, "gap_s"), col(gaps, "count")
+        refuse("tbt_gaps.parquet", "gap_s", gap, ~(gap >= 0), "a gap is never negative")
+        refuse("tbt_gaps.parquet", "count", count, ~(count >= 1), "each gap counted once or more")
+
+
+def _repeats(values: np.ndarray) -> np.ndarray:
+    """True where a value came earlier in `values`."""
+    _, first = np.unique(values, return_index=True)
+    repeated = np.ones(len(values), dtype=bool)
+    repeated[first] = False
+    return repeated
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python value an error shows."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 # The columns a loaded run must have: what the readers of `Results.load` rely on.

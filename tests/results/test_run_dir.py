@@ -12,6 +12,7 @@ from sim import run_scenario
 from sim.config.errors import InputError
 from sim.results.run_dir import Results
 from tests.helpers import (
+    colocated_run,
     disaggregated,
     disaggregated_run,
 )
@@ -51,3 +52,49 @@ def test_load_refuses_what_is_not_a_whole_run(tmp_path):
     (run / "iterations.parquet").write_bytes(b"not parquet")
     with pytest.raises(InputError, match="iterations.parquet.*cannot read it"):
         Results.load(run)
+
+
+def _edit(run, file, change):
+    frame = pd.read_parquet(run / file)
+    change(frame)
+    frame.to_parquet(run / file, index=False)
+
+
+def _set(column, row, value):
+    def change(frame):
+        frame.loc[row, column] = value
+    return change
+
+
+# (file, the edit, the column the error names, what it says): a run's guarantees broken by
+# hand (issue 49), each refused on load, before an export or plot reads the tables.
+BROKEN = {
+    "negative TTFT": ("requests.parquet", _set("ttft_s", 0, -1.0), "ttft_s",
+                      "first token before its arrival"),
+    "finish before arrival": ("requests.parquet", _set("e2e_s", 1, -5.0), "e2e_s",
+                              "finish before its arrival"),
+    "100x its output": ("requests.parquet",
+                        lambda f: f.__setitem__("num_generated_tokens",
+                                                f["num_output_tokens"] * 100),
+                        "num_generated_tokens", "more tokens than"),
+    "duplicate ids": ("requests.parquet", _set("request_id", 1, 0), "request_id",
+                      "an id given twice"),
+    "negative iteration": ("iterations.parquet", _set("duration_s", 2, -1.0), "duration_s",
+                           "takes some time"),
+    "unknown token owner": ("tokens.parquet", _set("request_id", 0, 10**6), "request_id",
+                            "does not have"),
+    "negative gap count": ("tbt_gaps.parquet", _set("count", 0, -5), "count",
+                           "counted once or more"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_tables_that_break_what_a_run_guarantees_are_refused_on_load(tmp_path, case):
+    file, change, column, problem = BROKEN[case]
+    run = colocated_run(tmp_path)
+    Results.load(run)  # as written: whole
+    _edit(run, file, change)
+    with pytest.raises(InputError) as info:
+        Results.load(run)
+    (line,) = info.value.lines()
+    assert file in line and f"{column}=" in line and "row " in line and problem in line
