@@ -38,6 +38,9 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, *,
     """The figures one run's files support: CDFs (TBT: every gap, or each request's worst
     with `worst_tbt`) and the iteration timeline (of `window_s` and `replicas`; by default
     the busiest window, the first replica of each pool)."""
+    from sim.results.run_dir import Results
+
+    Results.load(run_dir)  # refused in one line if its tables break what a run guarantees
     out_dir = out_dir or run_dir / "plots"
     # Its own name: the every-gap CDF drawn before stays beside it.
     files = cdfs([run_dir], out_dir / ("cdf_worst_tbt" if worst_tbt else "cdf"),

@@ -10,6 +10,7 @@ import pytest
 
 from sim import run_scenario
 from sim.config.errors import InputError
+from sim.plots import plot_run
 from sim.results.run_dir import Results
 from tests.helpers import (
     colocated_run,
@@ -98,3 +99,6 @@ def test_tables_that_break_what_a_run_guarantees_are_refused_on_load(tmp_path, c
         Results.load(run)
     (line,) = info.value.lines()
     assert file in line and f"{column}=" in line and "row " in line and problem in line
+    with pytest.raises(InputError):  # nor drawn
+        plot_run(run, tmp_path / "plots")
+    assert not (tmp_path / "plots").exists()
