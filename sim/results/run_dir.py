@@ -131,8 +131,8 @@ def check_claims(run: Path, requests: pd.DataFrame, iterations: pd.DataFrame,
                  tokens: pd.DataFrame | None, gaps: pd.DataFrame | None) -> None:
     """What every run guarantees, checked on tables read back (edited by hand, or by another
     tool): ids unique and known, times ordered, counts not negative. A table that breaks one
-    is refused in one line naming its file, column and first offending row, before an export,
-    plot or report draws from it."""
+    is refused in one line naming its file, column and first offending row, before an export
+    or a plot draws from it."""
     def refuse(file: str, column: str, values: Any, bad: np.ndarray, problem: str) -> None:
         if bad.any():
             row = int(np.argmax(bad))
