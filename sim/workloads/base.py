@@ -261,6 +261,9 @@ def _check_span(arrival_s: np.ndarray, config: WorkloadConfig) -> None:
     if span_s < MAX_SPAN_S:
         return
     field, value = _knob(config)
+    path = getattr(config, "path", None)
+    # A trace's own times may be what is wrong (milliseconds read as seconds): name it too.
+    whose = f" (the arrival times of {path}, scaled by {config.rate_scale:g})" if path else ""
     raise InputError(config._source, field, value,
-                     f"arrivals span {span_s:.3g} s; simulated times keep microsecond "
+                     f"arrivals span {span_s:.3g} s{whose}; simulated times keep microsecond "
                      f"resolution only below 2**32 s (136 years)")

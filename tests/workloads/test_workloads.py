@@ -244,7 +244,8 @@ def test_jsonl_errors_give_the_line_number(tmp_path, monkeypatch, capsys, lines,
     ("start_s: 0.2, num_requests: 2", ["workload.num_requests=2", "only 1 requests in the window"]),
     ("start_s: 100", ["workload.start_s=100.0", "holds no request", "0 to 0.5 s"]),
     ("start_s: 0.1, end_s: 0.3", ["workload.end_s=0.3", "[0.1, 0.3) s holds no request"]),
-    ("rate_scale: 1.0e-10", ["workload.rate_scale=1e-10", "arrivals span 5e+09 s", "2**32"]),
+    ("rate_scale: 1.0e-10", ["workload.rate_scale=1e-10", "arrivals span 5e+09 s", "2**32",
+                             "(the arrival times of", "v.csv, scaled by 1e-10)"]),
     # A scale so small the span overflows: refused, and numpy's overflow warning not printed.
     ("rate_scale: 5.0e-324", ["workload.rate_scale=5e-324", "arrivals span inf s", "2**32"]),
     # Arrivals 1e-300 s apart used to end in a traceback (inf in summary.json).
@@ -262,6 +263,16 @@ def test_selections_that_cannot_be_run_are_refused(tmp_path, monkeypatch, capsys
     assert_one_line_error(code, err, str(scenario), *needles)
     # pytest keeps warnings out of capsys: on a terminal they are extra lines on stderr.
     assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_trace_whose_own_times_span_too_long_is_named(tmp_path, monkeypatch, capsys):
+    """Times in milliseconds read as seconds, say: the error names the trace file, not only
+    the rate scale (issue 49)."""
+    code, err, _, scenario = simulate_trace(tmp_path, monkeypatch, capsys, "v.csv",
+                                            VIDUR_HEADER + "0.0,10,2\n5.0e+9,20,3\n",
+                                            "format: vidur, path: {path}")
+    assert_one_line_error(code, err, str(scenario), "workload.rate_scale=1.0",
+                          "arrivals span 5e+09 s (the arrival times of", "v.csv, scaled by 1)")
 
 
 def test_a_trace_at_the_highest_rate_runs(tmp_path, monkeypatch, capsys, recwarn):
