@@ -200,14 +200,20 @@ def _total_seconds(ticks: np.ndarray, per_second: int) -> np.ndarray:
 
 
 def csv_line(path: Path, position: int) -> int:
-    """The line of data row `position` (0 = the first after the header): pyarrow skips empty
-    lines, so row and line part where the file has any. Read only to word an error."""
-    with open(path, "rb") as f:
-        f.readline()  # the header, line 1
+    """The line data row `position` (0 = the first after the header) starts on: pyarrow skips
+    empty lines, and a quoted field may hold line breaks, so row and line part where the file
+    has either. Read only to word an error."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        reader = csv.reader(f)
+        next(reader, None)  # the header
         row = -1
-        for number, raw in enumerate(f, start=2):
-            if raw.strip(b"\r\n"):
+        start = reader.line_num + 1
+        for fields in reader:
+            if fields:  # (an empty line: no row)
                 row += 1
                 if row == position:
-                    return number
+                    return start
+            start = reader.line_num + 1
     return position + 2

@@ -150,3 +150,15 @@ def test_where_works_alike_for_the_other_csv_formats(tmp_path):
                   "columns": {"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"},
                   "where": "kind == 'chat'"})
     assert w.arrival_s.tolist() == [0.0, 3.5] and w.num_prompt_tokens.tolist() == [5, 7]
+
+
+def test_lines_are_counted_past_a_quoted_line_break(tmp_path, monkeypatch, capsys):
+    # A quoted field holding a line break makes one row of two lines: the bad value's row
+    # starts a line later than a row count says (issue 49: line 4 was named for the fifth).
+    rows = [*ROWS, (130.0, "ChatGPT", "many", 7, "API log")]
+    path = write_trace(tmp_path, rows)
+    lines = path.read_text().splitlines(keepends=True)
+    lines[1] = lines[1].replace("Conversation log", '"Conversation\nlog"')  # data row 0
+    path.write_text("".join(lines))
+    code, err = simulate(tmp_path, monkeypatch, capsys, path, f', where: "{CHATGPT_OK}"')
+    assert_one_line_error(code, err, str(path), "Request tokens (line 9)='many'")
