@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from tests.helpers import TRACES
+# Shared assertion helpers report their operands as the tests' own asserts do.
+pytest.register_assert_rewrite("tests.helpers", "tests.engine.fastpath_helpers")
+
+from tests.helpers import TRACES  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -84,6 +84,14 @@ def fast_and_stepped(monkeypatch, scenario):
     return fast, slow, num_fast, events[0] - num_fast
 
 
+def assert_same_results(fast, slow) -> None:
+    """Fast-forwarded and stepped runs agree to the last bit: every table and the summary."""
+    assert fast.requests.equals(slow.requests)
+    assert fast.iterations.equals(slow.iterations)
+    assert fast.tokens.equals(slow.tokens)
+    assert fast.summary == slow.summary
+
+
 def batch_with_a_prompt(bs: int, decodes: list[tuple[int, int, int]], pos: int, prompt: int,
                          out0: int, computed0: int, chunk: int, target: int
                          ) -> tuple[ReplicaState, Plan]:

@@ -14,7 +14,7 @@ import sim.engine.fastpath.replica
 import sim.engine.replica
 from sim import run_scenario
 from sim.config.scenario import parse_scenario
-from tests.engine.fastpath_helpers import fast_and_stepped, synthetic
+from tests.engine.fastpath_helpers import assert_same_results, fast_and_stepped, synthetic
 from tests.strategies import clusters, scenarios
 
 
@@ -65,10 +65,7 @@ def test_a_new_policy_and_latency_model_get_the_fast_path(registered, monkeypatc
     scenario = synthetic(replica, cluster, seed=3, num_requests=300, qps=20,
                          max_prompt=400, max_output=200)
     fast, slow, num_fast, num_slow = fast_and_stepped(monkeypatch, scenario)
-    assert fast.requests.equals(slow.requests)
-    assert fast.iterations.equals(slow.iterations)
-    assert fast.tokens.equals(slow.tokens)
-    assert fast.summary == slow.summary
+    assert_same_results(fast, slow)
     assert fast.summary["requests"]["finished"] == 300
     # Most iterations need no event of their own. Seen: colocated 1,370 events against 9,120
     # stepping; disaggregated 5,458 against 12,454 (prefill replicas step: their hand-offs are
@@ -94,10 +91,7 @@ def test_fast_path_equals_stepping_on_a_real_trace(traces, scheduler):
     scenario = parse_scenario(data, "test")
     fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
     assert fast.summary["requests"]["finished"] == 1500
-    assert fast.requests.equals(slow.requests)
-    assert fast.iterations.equals(slow.iterations)
-    assert fast.tokens.equals(slow.tokens)
-    assert fast.summary == slow.summary
+    assert_same_results(fast, slow)
 
 
 @pytest.mark.parametrize("router", ["least_kv_load", "least_outstanding"])
@@ -128,10 +122,7 @@ def test_routers_read_stretches_in_progress_as_stepping_shows_them(traces, route
     finally:
         sim.engine.fastpath.replica.commit_stretch = commit_stretch
     slow = run_scenario(scenario, fast_forward=False)
-    assert fast.requests.equals(slow.requests)
-    assert fast.iterations.equals(slow.iterations)
-    assert fast.tokens.equals(slow.tokens)
-    assert fast.summary == slow.summary
+    assert_same_results(fast, slow)
     # Each stretch is committed whole (cut short by new work on its replica, or not). When a
     # read past a finish committed the ended part, 936 of 2,108 commits were partial
     # (least_kv_load; least_outstanding 935 of 2,227).
@@ -184,10 +175,7 @@ def test_a_stretch_cut_by_an_admission_resumes_as_stepping_plans(registered, mon
     fast = run_scenario(scenario)
     assert any(outcomes) and not all(outcomes), (sum(outcomes), len(outcomes))
     slow = run_scenario(scenario, fast_forward=False)
-    assert fast.requests.equals(slow.requests)
-    assert fast.iterations.equals(slow.iterations)
-    assert fast.tokens.equals(slow.tokens)
-    assert fast.summary == slow.summary
+    assert_same_results(fast, slow)
 
 
 @pytest.mark.parametrize("scheduler", [
@@ -230,10 +218,7 @@ def test_prompts_in_chunks_fast_forward_as_stepping(registered, monkeypatch, sch
     assert sum(planned) > 20, (sum(planned), len(planned))
     if num_blocks < 1000 and scheduler["name"] != "new_policy":  # it reserves every token
         assert slow.iterations["num_preempted"].sum() > 0
-    assert fast.requests.equals(slow.requests)
-    assert fast.iterations.equals(slow.iterations)
-    assert fast.tokens.equals(slow.tokens)
-    assert fast.summary == slow.summary
+    assert_same_results(fast, slow)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -241,10 +226,7 @@ def test_prompts_in_chunks_fast_forward_as_stepping(registered, monkeypatch, sch
 def test_fast_forward_is_exact(data):
     scenario = parse_scenario(data, "hypothesis")
     fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
-    assert fast.requests.equals(slow.requests)
-    assert fast.iterations.equals(slow.iterations)
-    assert fast.tokens.equals(slow.tokens)
-    assert fast.summary == slow.summary
+    assert_same_results(fast, slow)
 
 
 @pytest.mark.slow
@@ -256,7 +238,4 @@ def test_cluster_fast_forward_is_exact(data):
     finished iterations first, then arrivals and transfers, then planning in replica order."""
     scenario = parse_scenario(data, "hypothesis")
     fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
-    assert fast.requests.equals(slow.requests)
-    assert fast.iterations.equals(slow.iterations)
-    assert fast.tokens.equals(slow.tokens)
-    assert fast.summary == slow.summary
+    assert_same_results(fast, slow)

@@ -12,7 +12,7 @@ import sim.engine.fastpath.replica
 import sim.engine.replica
 from sim import run_scenario
 from sim.config.scenario import parse_scenario
-from tests.engine.fastpath_helpers import ended_counts_direct, synthetic
+from tests.engine.fastpath_helpers import assert_same_results, ended_counts_direct, synthetic
 
 
 def test_batch_sizes_follow_the_requests_left():
@@ -61,10 +61,7 @@ def test_stretches_planned_short_equal_stepping(monkeypatch, max_steps, cluster)
     slow = run_scenario(scenario, fast_forward=False)
     assert max(lengths) == max_steps  # stretches were planned, and cut at the cap
     assert fast.summary["requests"]["finished"] == 200
-    assert fast.requests.equals(slow.requests)
-    assert fast.iterations.equals(slow.iterations)
-    assert fast.tokens.equals(slow.tokens)
-    assert fast.summary == slow.summary
+    assert_same_results(fast, slow)
 
 
 # Found by the cluster property test on a random seed (CI's derandomised seed never drew it):
@@ -131,10 +128,7 @@ def test_stretches_with_noise_shortfalls_and_a_horizon_equal_stepping(monkeypatc
     slow = run_scenario(scenario, fast_forward=False)
     assert min(lengths) == 1 and max(lengths) > 16 and len(lengths) > 50, lengths
     assert 0 < fast.summary["requests"]["finished"] < 250  # the horizon stopped it
-    assert fast.requests.equals(slow.requests)
-    assert fast.iterations.equals(slow.iterations)
-    assert fast.tokens.equals(slow.tokens)
-    assert fast.summary == slow.summary
+    assert_same_results(fast, slow)
 
 
 def test_ended_counts_of_decode_stretches_and_their_pieces():
