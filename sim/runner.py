@@ -23,7 +23,9 @@ from sim.results.columns import Columns, Table, column
 from sim.results.metrics.arrived import arrived_stats
 from sim.results.metrics.overload import overload
 from sim.results.metrics.summary import (
+    FINISHED,
     WeightedSample,
+    finished_distribution,
     pool_stats,
     replica_stats,
     summarize,
@@ -175,12 +177,14 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     # goes over; making them starts one per 25% more objects (2.7 s of 3.7 for a million).
     with collector_paused():
         requests = make_requests(workload)
+    stage = workload.stage
     del workload
     cluster = Cluster(scenario, fast_forward=fast_forward)
     cluster.run(mark_after_horizon(requests, scenario.horizon_s), on_progress)
     records = [ReplicaRecord(r.pool, r.log, r.state.kv) for r in cluster.replicas]
     latency = cluster.replicas[0].latency.describe()
     frames = request_results(scenario, requests, [r.log for r in records])
+    frames.stage = stage
     # Many requests (0.6 GB for a million, with their token runs) go before the summary and
     # the iteration frame are made, the peak otherwise (1.65 GB, not 1.98, for a million).
     # The cluster holds them too, in reference cycles (a replica and its SimPy process) that
@@ -213,6 +217,56 @@ def prefix_cache_stats(requests: Table, kvs: Sequence[KVCacheManager]) -> dict[s
     }
 
 
+CLIENT_COLUMNS = ("client_ttft_s", "client_e2e_s")
+
+
+STAGE_COLUMNS = ("ttft_s", "client_ttft_s", "tpot_s", "e2e_s", "client_e2e_s")
+
+
+def stage_stats(requests: Columns, scenario: Scenario, end_s: float) -> list[dict[str, Any]]:
+    """Each load stage's own metrics, as inference-perf reports a stage: its rate, requests,
+    finished requests per second (from its first arrival to its last finish), latency
+    distributions of its finished requests, and whether its queue grew."""
+    stages = scenario.workload.load_stages()  # type: ignore[attr-defined]
+    stage = column(requests, "stage")
+    out = []
+    for i, st in enumerate(stages):
+        rows = stage == i
+        sub = {name: column(requests, name)[rows] for name in requests}
+        done = sub["status"] == FINISHED
+        first_s = float(sub["arrival_s"].min()) if rows.any() else 0.0
+        span_s = float(np.nanmax(sub["finish_s"])) - first_s if done.any() else 0.0
+        out.append({
+            "stage": i, "rate_qps": st.rate_qps, "duration_s": st.duration_s,
+            "requests": {"total": int(rows.sum()), "finished": int(done.sum())},
+            "requests_per_s": int(done.sum()) / span_s if span_s > 0 else None,
+            **{name: finished_distribution(sub[name][done]) for name in STAGE_COLUMNS},
+            "overload": overload(sub, end_s) if rows.any() else None,
+        })
+    return out
+
+
+def calibration_facts(pools: dict[str, ReplicaConfig]) -> dict[str, Any]:
+    """Which engine calibration made the run (the first pool's; each pool's front end), where
+    it came from and how far it is from measured runs."""
+    cal = next(iter(pools.values())).calibration
+    return {"name": cal.name, "engine": cal.engine, "gpu": cal.gpu,
+            "frontend_s": {pool: cfg.frontend_latency_s for pool, cfg in pools.items()},
+            "provenance": cal.provenance, "error": cal.error}
+
+
+def client_latencies(requests: Columns, configs: Sequence[ReplicaConfig]) -> Columns:
+    """TTFT and E2E as a client sees them: the engine's plus the API front end of the replica
+    that took the request (`configs[i]` is replica i's; its engine calibration's
+    `frontend_latency_s`). A constant per replica: it shifts when a request reaches the engine
+    and when its tokens reach the client, and so no token gap (TPOT, TBT)."""
+    frontend_s = np.array([c.frontend_latency_s for c in configs] + [np.nan])
+    replica = column(requests, "replica_id")  # -1 (never on a replica): NaN, the last entry
+    added_s = frontend_s[np.where(replica >= 0, replica, len(configs))]
+    return {"client_ttft_s": column(requests, "ttft_s") + added_s,
+            "client_e2e_s": column(requests, "e2e_s") + added_s}
+
+
 def gap_table(gaps: WeightedSample) -> Columns:
     """The pooled TBT gaps as distinct values with their counts, sorted: a file of at most one
     row per iteration, where one row per token would be 200 million for a million requests."""
@@ -227,6 +281,7 @@ class RequestResults:
     requests: Columns
     gaps: WeightedSample | None  # every TBT gap, pooled; None once the summary has it
     tokens: Columns | None  # one row per token, if the scenario records token times
+    stage: np.ndarray | None = None  # each request's load stage, if sent in stages
 
 
 def request_results(scenario: Scenario, requests: Sequence[Request],
@@ -257,9 +312,16 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
     request_cols, gaps = frames.requests, frames.gaps
     assert gaps is not None, "collect_frames takes the gaps: once per RequestResults"
     frames.gaps = None
+    pools = pool_configs(scenario)
+    request_cols.update(client_latencies(request_cols, [pools[r.pool] for r in replicas]))
+    if frames.stage is not None:
+        request_cols["stage"] = frames.stage
     # The summary before the iteration table exists, and the gaps dropped before it is made:
     # the peak memory is the two tables, with nothing beside them.
     summary = summarize(request_cols, sum(len(log) for log in logs), gaps, scenario.slo)
+    done = column(request_cols, "status") == FINISHED
+    for name in CLIENT_COLUMNS:
+        summary[name] = finished_distribution(column(request_cols, name)[done])
     gap_cols = gap_table(gaps)
     del gaps
     iteration_cols = iteration_table(logs, [r.pool for r in replicas])
@@ -279,12 +341,13 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
     if any(r.pool == "decode" for r in replicas):
         summary["transfer"] = transfer_stats(request_cols)
     summary["overload"] = overload(request_cols, end_s)
+    if frames.stage is not None:
+        summary["stages"] = stage_stats(request_cols, scenario, end_s)
     summary.update(arrived_stats(request_cols, end_s))
     summary.update(warmup_stats(request_cols, end_s, summary["overload"],
                                 generated_arrivals(scenario.workload)))
     if any(r.kv.caches_prefixes for r in replicas):
         summary["prefix_cache"] = prefix_cache_stats(request_cols, [r.kv for r in replicas])
-    pools = pool_configs(scenario)
     summary["run"] = {
         "scenario": scenario.name,
         "seed": scenario.seed,
@@ -293,6 +356,7 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
         "parallelism": "/".join(_split_name(cfg) for cfg in pools.values()),
         "scheduler": "/".join(cfg.scheduler.name for cfg in pools.values()),
         "latency": "/".join(cfg.latency.kind for cfg in pools.values()),
+        "engine": "/".join(dict.fromkeys(cfg.calibration.name for cfg in pools.values())),
         "pools": {pool: sum(r.pool == pool for r in replicas) for pool in pools},
         "router": scenario.cluster.router.name,
         "num_kv_blocks": replicas[0].kv.num_blocks,
@@ -318,5 +382,5 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
                 f"latencies measured on {device}, not on {'/'.join(other)}; GPU count, KV "
                 f"capacity and cost are those of {'/'.join(other)} (replica.gpu)")
     summary["cost"] = cost_stats(summary, request_cols, pools, replicas)
-    summary["latency_model"] = latency
+    summary["latency_model"] = {**latency, "calibration": calibration_facts(pools)}
     return Results(scenario, request_cols, iteration_cols, frames.tokens, summary, gap_cols)

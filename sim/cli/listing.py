@@ -1,6 +1,6 @@
 """`servesim list`: what can be named in a scenario (schedulers, latency models, trace formats,
-routers, models, GPUs), the GPUs' and models' figures, and with `--params` every parameter
-with its default and unit."""
+routers, models, GPUs, engine calibrations), the GPUs', models' and calibrations' figures, and
+with `--params` every parameter with its default and unit."""
 
 from __future__ import annotations
 
@@ -36,7 +36,13 @@ def list_registered(
     table.add_column("names")
     for registry in (SCHEDULERS, LATENCY_MODELS, FORMATS, ROUTERS, MODELS, GPUS):
         table.add_row(registry.kind, ", ".join(registry.names()))
+    from sim.config.engine import AUTO, NONE, load_calibration, shipped_names
+
+    names = shipped_names()
+    table.add_row("engine calibration", ", ".join([AUTO, NONE, *names]))
     console.print(table)
+    for line in calibration_lines([load_calibration(name) for name in names]):
+        console.print(line)
     console.print(gpu_table([GPUS.get(name) for name in GPUS]))
     console.print(model_table([MODELS.get(name) for name in MODELS]))
     if not params:
@@ -50,6 +56,21 @@ def list_registered(
                                 ("latency model", LATENCY_MODELS, LatencyConfig),
                                 ("router", ROUTERS, RouterConfig)]):
         console.print(shown)
+
+
+def calibration_lines(calibrations: list[Any]) -> list[str]:
+    """Each shipped engine calibration, a paragraph: what it was measured on, its fitted
+    figures, and how far runs made with it are from the measurements (too long for a table's
+    cells in 80 columns)."""
+    lines = ["[bold]engine calibrations[/] (replica.engine; auto: vLLM's but for sglang)"]
+    for c in calibrations:
+        front = f"{c.frontend_s * 1e3:.3g} ms" + (
+            f" + {c.frontend_per_extra_gpu_s * 1e3:.3g} ms per GPU beyond the first"
+            if c.frontend_per_extra_gpu_s else "")
+        fitted = ", ".join(f"{k} {v}" for k, v in c.latency.items())
+        lines.append(f"[bold]{c.name}[/] ({c.engine}{', ' + c.gpu if c.gpu else ''}): front "
+                     f"end {front}; roofline {fitted or 'defaults'}. {c.error}")
+    return lines
 
 
 def gpu_table(gpus: list[Any]) -> Table:

@@ -92,6 +92,8 @@ def show_run(summary: dict[str, Any], out_dir: Path, shown: Console, as_json: bo
         shown.print(f"[yellow]idealised KV cache[/] ({pool}): {note}")
     if note := summary["run"].get("latency_device_note"):
         shown.print(f"[yellow]other device[/]: {note}")
+    if line := calibration_line(summary):
+        shown.print(line)
     shown.print(f"results: {out_dir}/ ("
                 f"{', '.join(sorted(p.name for p in Path(out_dir).iterdir()))})")
 
@@ -172,12 +174,23 @@ def overload_line(verdict: dict[str, Any]) -> str:
     return f"{verdict['verdict']}: {verdict['detail']}"
 
 
+def calibration_line(summary: dict[str, Any]) -> str | None:
+    """Which engine calibration timed the run, and how far it is from measured runs."""
+    cal = summary.get("latency_model", {}).get("calibration")
+    if not cal:
+        return None
+    return (f"engine calibration {cal['name']} ({cal['engine']}"
+            + (f", {cal['gpu']}" if cal["gpu"] else "") + f"): {cal['error']}")
+
+
 LATENCY_ROWS = (  # summary key, label, scale to the unit in the label
     ("ttft_s", "TTFT ms", 1e3),
+    ("client_ttft_s", "TTFT ms, client", 1e3),
     ("tbt_s", "TBT ms (all gaps)", 1e3),
     ("max_tbt_per_request_s", "worst TBT/req ms", 1e3),
     ("tpot_s", "TPOT ms", 1e3),
     ("e2e_s", "E2E s", 1.0),
+    ("client_e2e_s", "E2E s, client", 1.0),
     ("scheduling_delay_s", "sched. delay ms", 1e3),
 )
 
@@ -234,9 +247,13 @@ def summary_table(summary: dict[str, Any]) -> Table:
     stats = ("p50", "p90", "p99", "max", "mean")
     arrived = summary.get("ttft_all_arrived_s")
     for key, label, scale in LATENCY_ROWS:
-        dist = summary[key]
-        if key == "ttft_s" and "population" in dist:  # the rows of finished requests only
-            label = f"{label}, {dist['population']}"
+        dist = summary.get(key)
+        if dist is None:  # client-side rows: not in results made before they existed
+            continue
+        if key == "ttft_s" and "population" in dist and "client_ttft_s" not in summary:
+            label = f"{label}, {dist['population']}"  # results from before client-side rows
+        elif key in ("ttft_s", "e2e_s") and "client_ttft_s" in summary:
+            label = f"{label}, engine"
         table.add_row(label, *(fmt(dist[k], scale) for k in stats))
         if key == "ttft_s" and arrived and arrived["count"] != dist["count"]:
             # Every arrived request, one not served by the end at its wait so far: ">=" marks
@@ -245,7 +262,10 @@ def summary_table(summary: dict[str, Any]) -> Table:
             table.add_row("TTFT ms, arrived", *(
                 at_least(arrived[k], scale) if bound.get(k) else fmt(arrived[k], scale)
                 for k in stats))
-    table.caption = warmup_line()
+    lines = [warmup_line()]
+    if arrived and arrived["count"] != summary["ttft_s"]["count"]:
+        lines.append("latency rows: finished requests; 'arrived': every request that arrived")
+    table.caption = "\n".join(line for line in lines if line) or None
     table.caption_justify = "left"
     req, thr = summary["requests"], summary["throughput"]
     table.add_section()

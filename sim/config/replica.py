@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from sim.config.base import Frozen, changed_fields, dispatch
+from sim.config.engine import AUTO, EngineCalibration, auto_name, is_name, load_calibration
 from sim.config.errors import invalid
 from sim.core.registry import Registry
 from sim.hardware.gpus import GPUS, GPUSpec, GPUSpecInput
@@ -60,6 +61,11 @@ class ReplicaConfig(Frozen):
     scheduler: SerializeAsAny[SchedulerConfig] = Field(
         default_factory=lambda: SCHEDULERS.get("chunked_prefill").Config(name="chunked_prefill"),
         description="the batching policy: {name: <scheduler>, <its parameters>}")
+    engine: str | Path = Field(
+        AUTO, description="the engine calibration: a shipped name (`servesim list`), a "
+                          "YAML file, none, or auto (vLLM's for every scheduler but sglang); "
+                          "its latency fields are the roofline's defaults, its front end makes "
+                          "the client-side latencies")
     latency: SerializeAsAny[LatencyConfig] = Field(
         default_factory=lambda: LATENCY_MODELS.get("roofline").Config(kind="roofline"),
         description="how long an iteration takes: {kind: <latency model>, <its parameters>}")
@@ -74,6 +80,19 @@ class ReplicaConfig(Frozen):
         "none", description="weights of the linear layers, as vLLM's --quantization: none (the "
                             "model's dtype) or fp8 (one byte per weight; fp8 math where the GPU "
                             "has it)")
+
+    @property
+    def calibration(self) -> EngineCalibration:
+        """The engine calibration this replica names (`auto` resolved: `with_engine`)."""
+        engine = self.engine
+        if engine == AUTO:
+            engine = auto_name(self.scheduler.name)
+        return load_calibration(engine)
+
+    @property
+    def frontend_latency_s(self) -> float:
+        """What the API front end adds to this replica's TTFT and E2E (client-side)."""
+        return self.calibration.frontend_latency_s(self.parallelism.num_gpus)
 
     @property
     def context_len(self) -> int | None:
@@ -131,6 +150,19 @@ class ReplicaConfig(Frozen):
             raise ValueError("must be a registered model's name or a config.json's path")
         if value in MODELS or not _looks_like_path(value):
             return _known(MODELS, value)
+        return Path(value).expanduser()
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine(cls, value: Any) -> Any:
+        if isinstance(value, Path):
+            return value
+        if not isinstance(value, str) or not value:
+            raise ValueError("must be an engine calibration's name or a YAML file's path")
+        if is_name(value):
+            if value != AUTO:
+                load_calibration(value)  # an unknown name: ValueError, said at this field
+            return value
         return Path(value).expanduser()
 
     @field_validator("gpu", mode="before")

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from sim.config.base import Frozen, changed_fields, dispatch
+from sim.config.engine import with_engine
 from sim.config.errors import InputError, invalid
 from sim.config.replica import ReplicaConfig
 from sim.config.slo import SLOConfig
@@ -208,8 +209,9 @@ def parse_scenario(data: Any, source: str | Path, base_dir: Path | None = None) 
     problem found is reported at once, one line each."""
     if not isinstance(data, dict):
         raise InputError(source, "<top level>", type(data).__name__, "a scenario must be a mapping")
+    data = _with_engines(_pools_inherit(data), source, base_dir)
     try:
-        scenario = Scenario.model_validate(_pools_inherit(data))
+        scenario = Scenario.model_validate(data)
     except ValidationError as exc:
         raise InputError.from_validation(source, exc) from None
     if base_dir is not None:
@@ -251,6 +253,32 @@ def _pools_inherit(data: dict[str, Any]) -> dict[str, Any]:
         if isinstance(pool, dict) and isinstance(pool.get("replica", {}), dict):
             pools[name] = {**pool, "replica": merge_mappings(replica, pool.get("replica", {}))}
     return {**data, "cluster": {**cluster, **pools}} if pools else data
+
+
+def _with_engines(data: dict[str, Any], source: str | Path, base_dir: Path | None
+                  ) -> dict[str, Any]:
+    """Each replica's engine calibration applied (`sim.config.engine.with_engine`): the
+    top-level replica's (given or not) and each pool's."""
+    problems: list[tuple[str, Any, str]] = []
+
+    def apply(replica: Any, field: str) -> Any:
+        if not isinstance(replica, dict):
+            return replica  # reported by the field's own validation
+        out, problem = with_engine(replica, base_dir)
+        if problem is not None:
+            problems.append((f"{field}.engine", replica.get("engine"), problem))
+        return out
+
+    data = {**data, "replica": apply(data.get("replica", {}), "replica")}
+    cluster = data.get("cluster")
+    if isinstance(cluster, dict):
+        pools = {name: {**pool, "replica": apply(pool.get("replica", {}),
+                                                 f"cluster.{name}.replica")}
+                 for name in ("prefill", "decode") if isinstance(pool := cluster.get(name), dict)}
+        data["cluster"] = {**cluster, **pools}
+    if problems:
+        raise InputError.many(source, problems)
+    return data
 
 
 def _resolve_paths(scenario: Scenario, base_dir: Path) -> Scenario:
@@ -296,6 +324,8 @@ def _resolve_latency(replica: ReplicaConfig, base_dir: Path) -> ReplicaConfig:
             # the run's record and cache key; the weights beside it are never read).
             model = model / "config.json"
         replica = replica.model_copy(update={"model": model})
+    if isinstance(replica.engine, Path):
+        replica = replica.model_copy(update={"engine": _absolute(base_dir, replica.engine)})
     return replica
 
 

@@ -18,8 +18,10 @@ vLLM's definitions, kept here:
   1-second bucket counted from the first completed request's start.
 
 Where servesim differs (also listed in the file, under `servesim_notes`):
-- Times are the server's, from a request's arrival: no client, network or detokenizer delay.
-  `duration` is the run's end (`summary["run"]["end_s"]`: the horizon, else the last event)
+- TTFT and E2EL are client-side, as vLLM's benchmark client measures them: the engine's plus
+  the API front end of the run's engine calibration (`client_ttft_s`, `client_e2e_s`); results
+  from before servesim had them give the engine's own, and a note says so. `duration` is the
+  run's end (`summary["run"]["end_s"]`: the horizon, else the last event)
   from the first arrival; `start_times` are arrival times (first arrival = 0).
 - Rejected and unfinished requests (running, queued or transferring at the horizon, or
   arriving after it) are failed; `errors` holds `status: reason`. A failed request's `ttfts`
@@ -52,6 +54,12 @@ from sim.config.errors import COMMAND_LINE, InputError
 if TYPE_CHECKING:
     from sim.results.run_dir import Results
 
+CLIENT_NOTE = ("ttfts, latencies and their statistics are client-side: the engine's plus the "
+               "API front end of the run's engine calibration (requests.parquet: client_ttft_s, "
+               "client_e2e_s)")
+ENGINE_SIDE_NOTE = ("ttfts, latencies and their statistics are the engine's own, from a request's "
+                    "arrival: these results predate client-side latencies (simulate again for "
+                    "them)")
 NO_TOKENS_NOTE = ("no per-token times in this run (tokens.parquet): itls and the ITL statistics "
                   "are left out and max_output_tokens_per_s is null; set record_token_times: "
                   "true in the scenario and run it again for them")
@@ -104,8 +112,9 @@ def _result(results: Results, percentiles: Sequence[float]) -> dict[str, Any]:
     prompt = req["num_prompt_tokens"].to_numpy(dtype=np.int64)
     generated = req["num_generated_tokens"].to_numpy(dtype=np.int64)
     output_lens = np.where(ok, generated, 0)
-    ttft = req["ttft_s"].to_numpy(dtype=np.float64)
-    e2e = req["e2e_s"].to_numpy(dtype=np.float64)
+    client = "client_ttft_s" in req and "client_e2e_s" in req
+    ttft = req["client_ttft_s" if client else "ttft_s"].to_numpy(dtype=np.float64)
+    e2e = req["client_e2e_s" if client else "e2e_s"].to_numpy(dtype=np.float64)
     duration = float(results.summary["run"]["end_s"])
     total_input, total_output = int(prompt[ok].sum()), int(output_lens.sum())
     many = ok & (output_lens > 1)
@@ -148,6 +157,7 @@ def _result(results: Results, percentiles: Sequence[float]) -> dict[str, Any]:
             f"scenario {results.scenario.name}, seed {results.scenario.seed}",
         ],
     }
+    out["servesim_notes"].append(CLIENT_NOTE if client else ENGINE_SIDE_NOTE)
     if out["request_goodput"] is not None:
         out["servesim_notes"].append(GOODPUT_NOTE)
     out.update(metric_stats("ttft", ttft[ok], percentiles))

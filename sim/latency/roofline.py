@@ -21,8 +21,9 @@ Parts, timed separately because different kernels run them:
   tokens. `expert_imbalance` (>= 1) stretches the routed experts' time: the busiest expert
   (or GPU, under expert parallelism) sets the pace.
 - attention: prefill FLOPs from query-key pairs, decode bytes of KV read (one byte per element
-  with `kv_cache.dtype: fp8`), per GPU (heads split over the tensor group; KV heads replicated
-  where fewer than GPUs).
+  with `kv_cache.dtype: fp8`) at `attention_mbu` (else `mbu`) of the bandwidth, per GPU
+  (heads split over the tensor group; KV heads replicated where fewer than GPUs), and
+  `attention_layer_s` per layer whatever it reads.
 - communication (`sim.latency.comm`: measured NCCL tables or bandwidth): under tensor
   parallelism two all-reduces of the activations per layer, one more after the embedding
   (vLLM's `VocabParallelEmbedding` looks each token up in its vocabulary slice, zeros
@@ -78,7 +79,14 @@ class RooflineConfig(LatencyConfig):
                                   "to measurements, or left out")
     mfu: float = Field(0.6, gt=0, le=1, description="fraction of peak FLOP/s reached by "
                                                    "attention (and GEMMs when naive)")
-    mbu: float = Field(0.8, gt=0, le=1, description="fraction of peak bandwidth reached")
+    mbu: float = Field(0.8, gt=0, le=1, description="fraction of peak bandwidth reached "
+                                                   "(by attention, and GEMMs when naive)")
+    attention_mbu: float | None = Field(
+        None, gt=0, le=1, description="fraction of peak bandwidth attention reads KV at; "
+                                      "None: mbu")
+    attention_layer_s: float = Field(
+        0.0, ge=0, le=0.01, description="attention's fixed time per layer and iteration, "
+        "whatever the KV it reads (a kernel's launch and its smallest grid)")
     overhead_s: float = Field(
         0.002, ge=0, le=1, description="host time per iteration (< 1 s); an engine that "
         "overlaps it with the GPU (vLLM's async scheduling, SGLang's overlap loop) takes the "
@@ -102,12 +110,13 @@ class RooflineConfig(LatencyConfig):
                                      description="start-up per hand-off between nodes")
 
 
-# How far the defaults are from real runs (docs/fidelity.md), said in every run's summary.
+# How far the roofline is from real runs (docs/fidelity.md), said in every run's summary; the
+# engine calibration (`latency_model.calibration`) states its own.
 ROOFLINE_ERROR = (
-    "vs vLLM 0.15.1 serving on H100-SXM (TP1/2/4, async scheduling; validation/public): median "
-    "|error| TPOT 3.5%, E2E 3.7%, engine TTFT 19% below the client-side one; vs public batch "
-    "benchmarks (vLLM 0.5, TensorRT-LLM): 0.78-1.14x; other GPUs: GEMMs extrapolated "
-    "(docs/fidelity.md)")
+    "its own defaults (replica.engine: none) vs vLLM 0.15.1 serving on H100-SXM (TP1/2/4, "
+    "async scheduling; validation/public): median |error| TPOT 3.6%, E2E 3.8%, TTFT 19% short "
+    "(no API front end); with the default calibration vs public batch benchmarks (vLLM 0.5, "
+    "TensorRT-LLM): 0.78-1.16x; other GPUs: GEMMs extrapolated (docs/fidelity.md)")
 
 
 @LATENCY_MODELS.register("roofline")
@@ -118,9 +127,11 @@ class RooflineLatency(LatencyModel):
                  parallelism: Parallelism = SINGLE_GPU) -> None:
         self.tables = _tables(config, model, gpu, parallelism)
         flops_s = gpu.peak_bf16_flops * config.mfu
-        bytes_s = gpu.memory_bandwidth_bytes_s * config.mbu
+        bytes_s = gpu.memory_bandwidth_bytes_s * (config.attention_mbu or config.mbu)
         m, t = model, parallelism.tensor
         self.overhead_s = config.overhead_s
+        # Each GPU runs every layer's attention once per iteration (a pipeline: its stages).
+        self.attn_fixed_s = config.attention_layer_s * m.num_layers
         # Seconds per unit of each feature, precomputed so a prediction is a few multiply-adds.
         self.attn_pair_s = m.num_layers * m.attn_flops_per_pair_per_layer / t / flops_s
         # An iteration runs every stage in turn: KV of all layers, each GPU its share of heads.
@@ -144,6 +155,8 @@ class RooflineLatency(LatencyModel):
         )
         decode_attn = self.decode_kv_token_s * shape.decode_kv_tokens
         time = self.overhead_s + linear + prefill_attn + decode_attn + lm_head
+        if self.attn_fixed_s:  # 0 by default: predictions stay bit-for-bit as before
+            time = time + self.attn_fixed_s * (shape.num_tokens > 0)
         if self.tables.context_s is not None:  # MLA: the chunks' cached context, up-projected
             time = time + self.tables.context_s(shape.prefill_kv_tokens - shape.num_prefill_tokens)
         return time

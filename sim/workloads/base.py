@@ -46,6 +46,8 @@ class Workload:
     # prefix; each id stands for `hash_block_tokens` tokens (512 for Mooncake).
     hash_ids: list[tuple[int, ...]] | None = None
     hash_block_tokens: int = 0
+    # int64, each request's load stage (a workload sent in `stages`), else None
+    stage: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -55,7 +57,8 @@ class Workload:
         if self.hash_ids is not None:
             hash_ids = [self.hash_ids[i] for i in np.arange(len(self))[index]]
         return Workload(self.arrival_s[index], self.num_prompt_tokens[index],
-                        self.num_output_tokens[index], hash_ids, self.hash_block_tokens)
+                        self.num_output_tokens[index], hash_ids, self.hash_block_tokens,
+                        None if self.stage is None else self.stage[index])
 
 
 class WorkloadConfig(BaseModel):
@@ -210,7 +213,7 @@ def select(workload: Workload, config: WorkloadConfig) -> Workload:
         # Prefix blocks shrink with the tokens they stand for (approximately, once rounded).
         hash_block_tokens = max(1, round(hash_block_tokens * config.token_scale))
     return Workload(shifted, prompt, output, chosen.hash_ids,
-                    hash_block_tokens if chosen.hash_ids is not None else 0)
+                    hash_block_tokens if chosen.hash_ids is not None else 0, chosen.stage)
 
 
 def _scaled(num_tokens: np.ndarray, config: WorkloadConfig) -> np.ndarray:

@@ -39,3 +39,18 @@ def test_faster_memory_makes_decode_faster():
     a100 = roofline("a100-80gb")
     assert h200.iteration_time_s(shape) < h100.iteration_time_s(shape) < a100.iteration_time_s(
         shape)
+
+
+def test_attention_layer_s_is_paid_once_per_layer_by_an_iteration_with_tokens():
+    import numpy as np
+
+    layers = MODELS.get("llama-3-8b").num_layers
+    base, fixed = roofline(), roofline(attention_layer_s=1.0e-5)
+    shapes = [BatchShape.decode_only(1, 10), BatchShape.decode_only(64, 64 * 3000)]
+    for shape in shapes:
+        assert fixed.iteration_time_s(shape) - base.iteration_time_s(shape) == pytest.approx(
+            layers * 1.0e-5, rel=1e-9)
+    # Element-wise on arrays: nothing paid where a row has no token.
+    arrays = BatchShape.decode_only(np.array([0, 8]), np.array([0, 8000]))
+    extra = fixed.iteration_time_s(arrays) - base.iteration_time_s(arrays)
+    np.testing.assert_allclose(extra, [0.0, layers * 1.0e-5], atol=1e-15)

@@ -35,11 +35,17 @@ def test_vllm_exact_on_the_disaggregated_timings(tmp_path):
     """The timestamps of tests/engine/test_disaggregation.py by hand: first tokens at 0.25, 0.5,
     0.75 s; tokens of request 0 at 0.25, 1.0, 1.25; of 1 at 0.5, 1.25; of 2 at 0.75, 1.5, 1.75,
     2.0, 2.25."""
-    out = export_run(disaggregated_run(tmp_path), "vllm", percentiles=(50,))
+    run = disaggregated_run(tmp_path)
+    out = export_run(run, "vllm", percentiles=(50,))
     data = json.loads(out.read_text())
     assert (data["completed"], data["failed"], data["duration"]) == (3, 0, 2.25)
     assert data["total_input_tokens"] == 190 and data["total_output_tokens"] == 10
-    assert data["ttfts"] == [0.25, 0.375, 0.45]
+    # Client-side, as vLLM's client measures: plus the API front end (the prefill pool's).
+    summary = json.loads((run / "summary.json").read_text())
+    front = summary["latency_model"]["calibration"]["frontend_s"]["prefill"]
+    assert front > 0 and any("client-side" in note for note in data["servesim_notes"])
+    assert data["ttfts"] == pytest.approx([0.25 + front, 0.375 + front, 0.45 + front])
+    assert data["latencies"] == pytest.approx([1.25 + front, 1.125 + front, 1.95 + front])
     assert data["itls"] == [[0.75, 0.25], [0.75], [0.75, 0.25, 0.25, 0.25]]
     # TPOT excludes the first token: (1.25 - 0.25) / 2, (1.125 - 0.375) / 1, (1.95 - 0.45) / 4.
     assert data["mean_tpot_ms"] == pytest.approx((500 + 750 + 375) / 3)
@@ -63,8 +69,11 @@ def test_vllm_matches_numpy_on_the_result_files(tmp_path, monkeypatch, capsys):
     fin = req[ok]
     duration = 2.6  # the horizon
     gen = fin["num_generated_tokens"].to_numpy()
-    ttft = (fin["first_token_s"] - fin["arrival_s"]).to_numpy()
-    e2e = (fin["finish_s"] - fin["arrival_s"]).to_numpy()
+    # Client-side: the engine's times plus the API front end, the same for every request.
+    front = float((req["client_ttft_s"] - req["ttft_s"]).iloc[0])
+    assert front > 0
+    ttft = (fin["first_token_s"] - fin["arrival_s"]).to_numpy() + front
+    e2e = (fin["finish_s"] - fin["arrival_s"]).to_numpy() + front
     tpot = ((e2e - ttft) / (gen - 1))[gen > 1]
     per_request = {rid: np.diff(np.sort(g["time_s"].to_numpy()))
                    for rid, g in tok.groupby("request_id")}
@@ -88,7 +97,7 @@ def test_vllm_matches_numpy_on_the_result_files(tmp_path, monkeypatch, capsys):
     assert got["errors"][6].startswith("rejected: kv_capacity")
     assert got["latencies"][7] == 0.0 and got["ttfts"][7] > 0  # running at the horizon
     # In flight at once: the most intervals holding any instant (ends first at ties).
-    starts, ends = fin["arrival_s"].to_numpy(), fin["finish_s"].to_numpy()
+    starts, ends = fin["arrival_s"].to_numpy(), fin["finish_s"].to_numpy() + front
     assert got["max_concurrent_requests"] == max(
         int(((starts <= t) & (ends > t)).sum()) for t in starts)
     times = tok.loc[tok["request_id"].isin(fin["request_id"]), "time_s"].to_numpy()
@@ -149,7 +158,9 @@ def test_vllm_without_detail_drops_what_vllm_drops(tmp_path, monkeypatch, capsys
                           "--summary-only")
     data = json.loads((run / "vllm_result.json").read_text())
     assert code == 0 and not {"input_lens", "ttfts", "itls", "errors"} & data.keys()
-    assert data["latencies"] == [1.25, 1.125, 1.95] and data["mean_itl_ms"] > 0
+    front = data["latencies"][0] - 1.25  # client-side: plus the front end
+    assert front > 0 and data["mean_itl_ms"] > 0
+    assert data["latencies"] == pytest.approx([1.25 + front, 1.125 + front, 1.95 + front])
 
 
 # --- Chrome trace ---------------------------------------------------------------------------

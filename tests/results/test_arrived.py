@@ -164,7 +164,8 @@ def test_the_table_says_which_requests_it_counts(tmp_path):
         console.print(summary_table(s), width=80)
     text = capture.get()
     assert max(len(line) for line in text.splitlines()) <= 80
-    assert "TTFT ms, finished" in text and "TTFT ms, arrived" in text
+    assert "TTFT ms, engine" in text and "TTFT ms, arrived" in text
+    assert "latency rows: finished requests" in text
     assert ">=2,000" in text  # the all-arrived median, a lower bound, in ms
     assert "warm-up: none assumed (replayed trace)" in text
     s = run_scenario(single_server(80.0, 2)).summary

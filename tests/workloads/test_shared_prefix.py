@@ -12,6 +12,7 @@ import pytest
 from sim import run_scenario
 from sim.config.errors import InputError
 from sim.config.scenario import parse_scenario
+from sim.results.metrics.overload import overload
 from sim.workloads import Workload
 from sim.workloads.load import load_workload
 
@@ -80,3 +81,63 @@ def test_a_stage_that_cannot_be_sent_is_refused(fields, field):
     with pytest.raises(InputError) as info:
         workload(**fields)
     assert field in str(info.value)
+
+
+STAGES = [{"rate_qps": 5.0, "duration_s": 20.0}, {"rate_qps": 10.0, "duration_s": 10.0}]
+
+
+def test_stages_follow_one_another_each_from_the_first_prompt():
+    fields = {k: v for k, v in BASE.items() if k not in ("rate_qps", "duration_s")}
+    w = load_workload(parse_scenario({"seed": 0, "workload": {
+        **fields, "stages": STAGES, "stage_gap_s": 7.0}}, "test"))
+    assert w.stage is not None
+    first, second = w.stage == 0, w.stage == 1
+    assert first.sum() == 100 and second.sum() == 100
+    assert (np.diff(w.arrival_s) > 0).all()
+    # The second stage's first send comes stage_gap_s after the first stage's last.
+    start = w.arrival_s[second][0]
+    assert start - w.arrival_s[first][-1] == pytest.approx(7.0)
+    assert start + 9.0 < w.arrival_s[-1] < start + 10.0
+    # Each stage starts again at prompt 0 of the one shuffled order.
+    ids = w.hash_ids
+    assert ids is not None
+    num_full = 350 // 16
+    assert [i[:num_full] for i in ids[100:112]] == [i[:num_full] for i in ids[:12]]
+
+
+def test_a_run_in_stages_reports_each_stage():
+    fields = {k: v for k, v in BASE.items() if k not in ("rate_qps", "duration_s")}
+    res = run_scenario(parse_scenario({"workload": {**fields, "stages": STAGES,
+                                                    "stage_gap_s": 30.0},
+                                       "replica": {"model": "llama-2-7b"}}, "test"))
+    stages = res.summary["stages"]
+    assert [s["rate_qps"] for s in stages] == [5.0, 10.0]
+    assert [s["requests"] for s in stages] == [{"total": 100, "finished": 100}] * 2
+    stage = res.requests["stage"]
+    for i, s in enumerate(stages):
+        rows = (stage == i) & (res.requests["status"] == "finished")
+        assert s["ttft_s"]["mean"] == pytest.approx(float(res.requests["ttft_s"][rows].mean()))
+        assert s["ttft_s"]["count"] == 100
+        # The stage's queue alone is judged (its own requests, to the run's end).
+        table = {name: np.asarray(res.requests[name])[(stage == i).to_numpy()]
+                 for name in res.requests.columns}
+        assert s["overload"] == overload(table, res.summary["run"]["end_s"])
+        # Finished requests per second of the stage, from its first send to its last finish.
+        span = res.requests["finish_s"][rows].max() - res.requests["arrival_s"][rows].min()
+        assert s["requests_per_s"] == pytest.approx(100 / span)
+    # A one-stage workload has no stages section.
+    assert "stages" not in run_scenario(parse_scenario(
+        {"workload": {**BASE, "duration_s": 10.0}}, "test")).summary
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    ({"stages": STAGES}, "workload.stages"),  # besides rate_qps and duration_s
+    ({"rate_qps": None}, "workload.rate_qps"),
+    ({"stages": [{"rate_qps": 5.0, "duration_s": 0.01}], "rate_qps": None, "duration_s": None},
+     "workload.stages.0.duration_s"),
+])
+def test_stages_or_one_rate_but_not_both(fields: dict[str, Any], field: str):
+    data = {k: v for k, v in {**BASE, **fields}.items() if v is not None}
+    with pytest.raises(InputError) as err:
+        parse_scenario({"workload": data}, "test.yaml")
+    assert err.value.field == field

@@ -1,0 +1,395 @@
+"""`servesim calibrate`: fit an engine calibration (`sim.config.engine`) to measured serving runs.
+
+Measured runs come as a stage table: a CSV with one row per load stage (the layout of
+`../shared/realruns/h100_vllm0151/runs.csv`, `STAGE_COLUMNS` below: the deployment, the
+`shared_prefix` workload as inference-perf sent it, and the client-side TTFT, TPOT and E2E
+statistics the stage measured). Each experiment (its stages, in order) is simulated as one run,
+stages 10 s apart, so a later stage starts on a warm prefix cache as the real one did.
+
+The fit is physical and shared by every run, never per run or per model: a grid of roofline
+fields (attention's KV bandwidth `attention_mbu` and fixed time per layer `attention_layer_s` by
+default)
+is simulated with no front end; at each point the front end is the least-squares line
+`frontend_s + frontend_per_extra_gpu_s x (GPUs - 1)` through the stable stages' TTFT residuals
+(measured client-side minus simulated engine-side); the point kept has the smallest loss, the
+mean over stable stages of |error| of TPOT, TTFT and E2E means, each capped at 25% (one stage
+at the edge of capacity cannot outweigh the rest), plus 25 for each stage whose overload
+verdict differs from the measured one. Leave-one-model-out repeats the choice without each
+model's runs and reports that model's error: how the calibration carries to a model it never
+saw.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import hashlib
+import itertools
+import math
+import subprocess
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from sim.config.errors import InputError
+
+# (name, measured column in ms, servesim summary key, statistic)
+METRICS = (
+    ("TPOT mean", "tpot_mean_ms", "tpot_s", "mean"),
+    ("TPOT P50", "tpot_p50_ms", "tpot_s", "p50"),
+    ("TTFT mean", "ttft_mean_ms", "ttft_s", "mean"),
+    ("TTFT P50", "ttft_p50_ms", "ttft_s", "p50"),
+    ("TTFT P99", "ttft_p99_ms", "ttft_s", "p99"),
+    ("E2E mean", "e2e_mean_ms", "e2e_s", "mean"),
+)
+CLIENT_SIDE = {"TTFT mean", "TTFT P50", "TTFT P99", "E2E mean"}  # the front end adds to these
+LOSS_METRICS = ("TPOT mean", "TTFT mean", "E2E mean")
+CAP_PCT, VERDICT_PENALTY = 25.0, 25.0
+STAGE_GAP_S = 10.0  # from a stage's last send to the next's first: every request done
+DEFAULT_GRID = {"attention_mbu": [0.8, 0.85, 0.9, 0.95],
+                "attention_layer_s": [0.0, 5e-6, 1e-5]}
+
+STAGE_COLUMNS = (
+    "experiment", "row_type", "stage_index", "stage_rate_req_per_s", "stage_duration_s",
+    "overloaded_measured", "model_hf", "model_config", "tensor_parallel_size", "gpu", "engine",
+    "engine_version", "max_num_batched_tokens", "max_num_seqs", "chunked_prefill",
+    "prefix_caching", "gpu_memory_utilization", "kv_block_size_tokens", "data_generator",
+    "system_prompt_len_tokens", "question_len_tokens", "prompt_len_client_mean_tokens",
+    "max_tokens", "num_groups", "num_prompts_per_group",
+    *(column for _, column, _, _ in METRICS))
+GPU_NAMES = (("H100", "h100-sxm"), ("H200", "h200"), ("A100", "a100-80gb"), ("B200", "b200"),
+             ("L40S", "l40s"), ("A10G", "a10g"), ("MI300X", "mi300x"))
+
+
+@dataclass
+class Stage:
+    """One measured load stage: what servesim is compared with."""
+
+    name: str  # experiment@rate
+    model: str
+    num_gpus: int
+    overloaded: bool
+    measured_ms: dict[str, float]
+
+
+@dataclass
+class Experiment:
+    """The stages one server ran one after another: one simulated run."""
+
+    name: str
+    scenario: dict[str, Any]
+    stages: list[Stage]
+    engine: str
+    gpu: str
+
+
+@dataclass
+class Fit:
+    """A calibration's figures and its errors (% per stage and metric, client-side)."""
+
+    latency: dict[str, float]
+    frontend_s: float
+    frontend_per_extra_gpu_s: float
+    loss: float
+    errors: list[dict[str, float | None]]
+    verdicts: list[bool]  # simulated overloaded, per stage
+    held_out: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def read_stages(path: Path, gpu: str | None = None) -> list[Experiment]:
+    """The experiments of a stage table (`STAGE_COLUMNS`), each with its stages in order.
+    `model_config` paths resolve against the file's folder, else the one above it."""
+    from sim.config.input_file import check_regular
+
+    check_regular(path, path, "<file>")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise InputError(path, "<file>", str(path), f"not a CSV table: {exc}") from None
+    missing = [c for c in STAGE_COLUMNS if not rows or c not in rows[0]]
+    if missing:
+        raise InputError(path, missing[0], None, f"a stage table needs this column "
+                         f"({len(missing)} missing: {', '.join(missing[:4])}...)")
+    rows = [r for r in rows if r["row_type"] == "stage"]
+    if not rows:
+        raise InputError(path, "row_type", None, "no row of type 'stage'")
+    groups: dict[str, list[dict[str, str]]] = {}
+    for r in rows:
+        groups.setdefault(r["experiment"], []).append(r)
+    return [_experiment(path, name, sorted(group, key=lambda r: _int(path, r, "stage_index")),
+                        gpu) for name, group in groups.items()]
+
+
+def _int(path: Path, row: dict[str, str], column: str) -> int:
+    try:
+        return int(row[column])
+    except ValueError:
+        raise InputError(path, column, row[column], f"{row['experiment']}: not a whole "
+                         "number") from None
+
+
+def _float(path: Path, row: dict[str, str], column: str) -> float:
+    try:
+        value = float(row[column])
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise InputError(path, column, row[column], f"{row['experiment']}: not a number")
+    return value
+
+
+def _measured(path: Path, row: dict[str, str], column: str) -> float:
+    """A measured statistic: a number, or NaN where the table leaves it blank."""
+    return math.nan if not row[column].strip() else _float(path, row, column)
+
+
+def _experiment(path: Path, name: str, rows: list[dict[str, str]], gpu: str | None
+                ) -> Experiment:
+    row = rows[0]
+    if row["data_generator"] != "shared_prefix":
+        raise InputError(path, "data_generator", row["data_generator"],
+                         f"{name}: only shared_prefix stages are simulated")
+    gpu_name = gpu or next((ours for key, ours in GPU_NAMES if key in row["gpu"].upper()), None)
+    if gpu_name is None:
+        raise InputError(path, "gpu", row["gpu"], f"{name}: no servesim GPU by that name; "
+                         "give --gpu")
+    config = Path(row["model_config"])
+    model = next((p for p in (path.parent / config, path.parent.parent / config)
+                  if p.is_file()), None)
+    if model is None:
+        raise InputError(path, "model_config", row["model_config"],
+                         f"{name}: not found beside the table or in the folder above it")
+    system = _int(path, row, "system_prompt_len_tokens")
+    question = _int(path, row, "question_len_tokens")
+    prompt = round(_float(path, row, "prompt_len_client_mean_tokens"))
+    # The client's count runs ~5% above system prompt + question (its tokenizer's decode and
+    # re-encode): spread the difference over both.
+    system_tokens = round(system * prompt / (system + question))
+    tp = _int(path, row, "tensor_parallel_size")
+    scenario = {
+        "seed": 0,
+        "workload": {
+            "format": "shared_prefix", "num_groups": _int(path, row, "num_groups"),
+            "num_prompts_per_group": _int(path, row, "num_prompts_per_group"),
+            "system_prompt_tokens": system_tokens, "question_tokens": prompt - system_tokens,
+            "output_tokens": _int(path, row, "max_tokens"),
+            "stages": [{"rate_qps": _float(path, r, "stage_rate_req_per_s"),
+                        "duration_s": _float(path, r, "stage_duration_s")} for r in rows],
+            "stage_gap_s": STAGE_GAP_S,
+            "hash_block_tokens": _int(path, row, "kv_block_size_tokens")},
+        "replica": {
+            "model": str(model), "gpu": gpu_name, "parallelism": {"tensor": tp},
+            "scheduler": {"name": "vllm_v1", "engine_version": row["engine_version"],
+                          "max_num_batched_tokens": _int(path, row, "max_num_batched_tokens"),
+                          "max_num_seqs": _int(path, row, "max_num_seqs"),
+                          "enable_chunked_prefill": row["chunked_prefill"] == "true"},
+            "kv_cache": {"block_size": _int(path, row, "kv_block_size_tokens"),
+                         "gpu_memory_utilization": _float(path, row, "gpu_memory_utilization")},
+            "prefix_caching": row["prefix_caching"] == "true"},
+    }
+    stages = [Stage(f"{name}@{_float(path, r, 'stage_rate_req_per_s'):g}", r["model_hf"], tp,
+                    r["overloaded_measured"] == "true",
+                    {metric: _measured(path, r, column) for metric, column, _, _ in METRICS})
+              for r in rows]
+    return Experiment(name, scenario, stages, f"{row['engine']} {row['engine_version']}",
+                      gpu_name)
+
+
+def simulate(args: tuple[Experiment, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One experiment's stages as simulated with `replica` fields set (ms; engine-side unless
+    the replica's engine has a front end, then client-side) and overload verdicts."""
+    from sim import run_scenario
+    from sim.config.scenario import merge_mappings, parse_scenario
+
+    exp, replica = args
+    data = merge_mappings(exp.scenario, {"replica": replica})
+    summary = run_scenario(parse_scenario(data, exp.name)).summary
+    out = []
+    for stage in summary["stages"]:
+        got: dict[str, Any] = {"overloaded": stage["overload"]["verdict"] != "stable"}
+        for name, _, key, stat in METRICS:
+            key = f"client_{key}" if name in CLIENT_SIDE else key
+            value = stage[key][stat]
+            got[name] = None if value is None else value * 1e3
+        out.append(got)
+    return out
+
+
+def errors_pct(stages: Sequence[Stage], sims: Sequence[dict[str, Any]], added_ms: np.ndarray
+               ) -> list[dict[str, float | None]]:
+    """(simulated + front end - measured) / measured in %, per stable stage and metric; None
+    for overloaded stages (their survivors' latencies are no steady state) and missing
+    values."""
+    out: list[dict[str, float | None]] = []
+    for stage, sim, added in zip(stages, sims, added_ms, strict=True):
+        row: dict[str, float | None] = {}
+        for name, *_ in METRICS:
+            got, measured = sim[name], stage.measured_ms[name]
+            if stage.overloaded or got is None or not (math.isfinite(measured) and measured):
+                row[name] = None
+                continue
+            got += added if name in CLIENT_SIDE else 0.0
+            row[name] = 100.0 * (got - measured) / measured
+        out.append(row)
+    return out
+
+
+def fit_frontend(stages: Sequence[Stage], sims: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """The front end's `(frontend_s, frontend_per_extra_gpu_s)` from the stable stages' TTFT-mean
+    residuals (measured client-side minus simulated engine-side): a line in GPUs - 1 by least
+    squares through each GPU count's median residual, weighted by its stages (medians: a stage
+    at the edge of capacity, its TTFT off by a queue, does not move it), neither below 0."""
+    by_gpus: dict[int, list[float]] = {}
+    for stage, sim in zip(stages, sims, strict=True):
+        if not stage.overloaded and sim["TTFT mean"] is not None and math.isfinite(
+                stage.measured_ms["TTFT mean"]):
+            by_gpus.setdefault(stage.num_gpus - 1, []).append(
+                (stage.measured_ms["TTFT mean"] - sim["TTFT mean"]) / 1e3)
+    if not by_gpus:
+        return 0.0, 0.0
+    xs = np.array(sorted(by_gpus), dtype=float)
+    ys = np.array([np.median(by_gpus[int(x)]) for x in xs])
+    weights = np.array([len(by_gpus[int(x)]) for x in xs], dtype=float)
+    slope = 0.0
+    if len(xs) > 1:
+        mean_x = np.average(xs, weights=weights)
+        mean_y = np.average(ys, weights=weights)
+        slope = max(float(np.sum(weights * (xs - mean_x) * (ys - mean_y))
+                          / np.sum(weights * (xs - mean_x) ** 2)), 0.0)
+    intercept = max(float(np.average(ys - slope * xs, weights=weights)), 0.0)
+    return intercept, slope
+
+
+def loss(stages: Sequence[Stage], errors: Sequence[dict[str, float | None]],
+         verdicts: Sequence[bool]) -> float:
+    """Mean capped |error| of `LOSS_METRICS` over stable stages, plus the verdict penalty."""
+    capped = [min(abs(e), CAP_PCT) for row in errors for name in LOSS_METRICS
+              if (e := row[name]) is not None]
+    wrong = sum(stage.overloaded != v for stage, v in zip(stages, verdicts, strict=True))
+    return (float(np.mean(capped)) if capped else 0.0) + VERDICT_PENALTY * wrong
+
+
+def choose(stages: Sequence[Stage], by_point: Sequence[list[dict[str, Any]]],
+           points: Sequence[dict[str, float]], keep: np.ndarray) -> Fit:
+    """The grid point (with its fitted front end) of least loss on the stages where `keep`."""
+    best: Fit | None = None
+    kept = [s for s, k in zip(stages, keep, strict=True) if k]
+    for point, sims in zip(points, by_point, strict=True):
+        sub = [s for s, k in zip(sims, keep, strict=True) if k]
+        front, per_gpu = fit_frontend(kept, sub)
+        added = np.array([1e3 * (front + per_gpu * (s.num_gpus - 1)) for s in stages])
+        errs = errors_pct(stages, sims, added)
+        verdicts = [s["overloaded"] for s in sims]
+        value = loss(kept, [e for e, k in zip(errs, keep, strict=True) if k],
+                     [v for v, k in zip(verdicts, keep, strict=True) if k])
+        if best is None or value < best.loss:
+            best = Fit(dict(point), front, per_gpu, value, errs, verdicts)
+    assert best is not None
+    return best
+
+
+def median_abs(errors: Sequence[dict[str, float | None]], name: str) -> float | None:
+    values = [abs(e) for row in errors if (e := row[name]) is not None]
+    return float(np.median(values)) if values else None
+
+
+def calibrate(experiments: Sequence[Experiment], grid: dict[str, list[float]],
+              base_engine: str, jobs: int,
+              on_done: Callable[[int, int], None] | None = None) -> tuple[Fit, Fit]:
+    """The fitted calibration, and the errors of `base_engine` (before), over every stage of
+    `experiments`; the fit's `held_out` holds each model's errors when left out of it."""
+    points = [dict(zip(grid, values, strict=True))
+              for values in itertools.product(*grid.values())]
+    tasks: list[tuple[Experiment, dict[str, Any]]] = [
+        (exp, {"engine": base_engine}) for exp in experiments]
+    for point in points:
+        tasks += [(exp, {"engine": "none", "latency": {"kind": "roofline", **point}})
+                  for exp in experiments]
+    results: list[list[dict[str, Any]]] = []
+    with ProcessPoolExecutor(max(jobs, 1)) as pool:
+        for i, result in enumerate(pool.map(simulate, tasks), 1):
+            results.append(result)
+            if on_done is not None:
+                on_done(i, len(tasks))
+    n = len(experiments)
+    stages = [s for exp in experiments for s in exp.stages]
+
+    def flat(chunk: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        return [s for run in chunk for s in run]
+
+    before_sims = flat(results[:n])
+    before_errs = errors_pct(stages, before_sims, np.zeros(len(stages)))
+    before_verdicts = [s["overloaded"] for s in before_sims]
+    before = Fit({}, 0.0, 0.0, loss(stages, before_errs, before_verdicts), before_errs,
+                 before_verdicts)
+    by_point = [flat(results[n * (k + 1): n * (k + 2)]) for k in range(len(points))]
+    everything = np.ones(len(stages), dtype=bool)
+    fit = choose(stages, by_point, points, everything)
+    models = sorted({s.model for s in stages})
+    if len(models) > 1:
+        for model in models:
+            own = np.array([s.model == model for s in stages])
+            other = choose(stages, by_point, points, ~own)
+            held = [e for e, k in zip(other.errors, own, strict=True) if k]
+            fit.held_out[model] = {name: m for name, *_ in METRICS
+                                   if (m := median_abs(held, name)) is not None}
+    return fit, before
+
+
+def error_summary(stages: Sequence[Stage], fit: Fit) -> str:
+    """The one-paragraph validation error of a fit, as a calibration file states it."""
+    medians = {name: median_abs(fit.errors, name) for name, *_ in METRICS}
+    equal = sum(s.overloaded == v for s, v in zip(stages, fit.verdicts, strict=True))
+    stable = sum(not s.overloaded for s in stages)
+    text = (f"median |error| over {stable} stable stages, client-side: "
+            + ", ".join(f"{name} {m:.1f}%" for name, m in medians.items() if m is not None)
+            + f"; overload verdict equal at {equal} of {len(stages)} stages")
+    if fit.held_out:
+        worst = {name: max(h.get(name, 0.0) for h in fit.held_out.values())
+                 for name in LOSS_METRICS}
+        text += ("; leave-one-model-out, worst model's median: "
+                 + ", ".join(f"{name} {m:.1f}%" for name, m in worst.items()))
+    return text
+
+
+def calibration_yaml(name: str, experiments: Sequence[Experiment], files: Sequence[Path],
+                     grid: dict[str, list[float]], fit: Fit, command: str) -> str:
+    """The calibration file of a fit, with its provenance and validation error."""
+    stages = [s for exp in experiments for s in exp.stages]
+    engines = sorted({exp.engine for exp in experiments})
+    gpus = sorted({exp.gpu for exp in experiments})
+    digests = ", ".join(f"{p.name} sha256 {hashlib.sha256(p.read_bytes()).hexdigest()[:16]}"
+                        for p in files)
+    provenance = (f"servesim calibrate on {len(experiments)} experiments, {len(stages)} load "
+                  f"stages ({digests}); grid "
+                  + ", ".join(f"{k} {v}" for k, v in grid.items())
+                  + f"; front end by least squares on TTFT; `{command}` at {_commit()}, "
+                  f"{datetime.date.today().isoformat()}")
+    data = {"name": name, "engine": "/".join(engines), "gpu": "/".join(gpus),
+            "latency": {k: float(v) for k, v in fit.latency.items()},
+            "frontend_s": round(fit.frontend_s, 6),
+            "frontend_per_extra_gpu_s": round(fit.frontend_per_extra_gpu_s, 6),
+            "provenance": provenance, "error": error_summary(stages, fit)}
+    return yaml.safe_dump(data, sort_keys=False, width=100)
+
+
+def _commit() -> str:
+    """servesim's commit, if it runs from a checkout."""
+    root = Path(__file__).resolve().parents[2]
+    def git(*words: str) -> str:
+        try:
+            return subprocess.run(["git", *words], cwd=root, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return "an installed servesim"
+    return head + (" with changes to sim/" if git("status", "--porcelain", "--", "sim") else "")

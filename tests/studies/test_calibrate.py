@@ -1,0 +1,114 @@
+"""`servesim calibrate`: a stage table read as experiments, and a fit that finds the
+coefficients a known calibration made the "measurements" with (simulated here, so the truth is
+known), its front end included."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sim.cli.app import app
+from sim.config.engine import load_calibration
+from sim.config.errors import InputError
+from sim.studies.calibrate import (
+    METRICS,
+    STAGE_COLUMNS,
+    Stage,
+    fit_frontend,
+    read_stages,
+    simulate,
+)
+
+MODEL = Path(__file__).resolve().parents[2] / "sim" / "data" / "models" / "llama-2-7b.json"
+TRUTH = {"name": "truth", "engine": "vllm test", "latency": {"attention_mbu": 0.85},
+         "frontend_s": 0.005, "frontend_per_extra_gpu_s": 0.001}
+
+
+def row(experiment: str, tp: int, stage: int, rate: float) -> dict[str, Any]:
+    return {"experiment": experiment, "row_type": "stage", "stage_index": stage,
+            "stage_rate_req_per_s": rate, "stage_duration_s": 40, "overloaded_measured": "false",
+            "model_hf": f"llama-tp{tp}", "model_config": str(MODEL), "tensor_parallel_size": tp,
+            "gpu": "NVIDIA H100 80GB HBM3 (SXM)", "engine": "vllm", "engine_version": "0.15.1",
+            "max_num_batched_tokens": 2048, "max_num_seqs": 64, "chunked_prefill": "true",
+            "prefix_caching": "true", "gpu_memory_utilization": 0.9, "kv_block_size_tokens": 16,
+            "data_generator": "shared_prefix", "system_prompt_len_tokens": 100,
+            "question_len_tokens": 200, "prompt_len_client_mean_tokens": 300, "max_tokens": 40,
+            "num_groups": 2, "num_prompts_per_group": 5}
+
+
+def measured_table(tmp_path: Path) -> Path:
+    """Two experiments (TP1 and TP2, two stages each) 'measured' by simulating them with the
+    TRUTH calibration."""
+    truth = tmp_path / "truth.yaml"
+    truth.write_text(yaml.safe_dump(TRUTH))
+    rows = [row("a-tp1", 1, 0, 3.0), row("a-tp1", 1, 1, 6.0),
+            row("b-tp2", 2, 0, 3.0), row("b-tp2", 2, 1, 6.0)]
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(STAGE_COLUMNS))
+        writer.writeheader()
+        for exp in ("a-tp1", "b-tp2"):
+            stages = [r for r in rows if r["experiment"] == exp]
+            writer.writerows(stages)  # placeholders, read to build the scenario below
+    experiments = read_stages(path)
+    for exp in experiments:
+        sims = simulate((exp, {"engine": str(truth)}))
+        for r, got in zip([r for r in rows if r["experiment"] == exp.name], sims, strict=True):
+            r.update({column: got[name] for name, column, _, _ in METRICS})
+            assert not got["overloaded"]  # measured so: every stage is compared
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(STAGE_COLUMNS))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_calibrate_finds_the_coefficients_the_runs_were_made_with(tmp_path: Path):
+    path = measured_table(tmp_path)
+    out = tmp_path / "fitted.yaml"
+    result = CliRunner().invoke(app, ["calibrate", str(path), "--out", str(out),
+                                      "--grid", "attention_mbu=0.8,0.85,0.9", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    fitted = load_calibration(out)
+    assert fitted.name == "fitted" and fitted.latency == {"attention_mbu": 0.85}
+    assert fitted.frontend_s == pytest.approx(0.005, abs=1e-6)
+    assert fitted.frontend_per_extra_gpu_s == pytest.approx(0.001, abs=1e-6)
+    assert "TPOT mean 0.0%" in fitted.error and "runs.csv sha256" in fitted.provenance
+    assert "equal at 4 of 4 stages" in fitted.error
+    assert "leave one model out" in result.output
+    # Leaving a model out still finds the same point: the other model's runs pin it.
+    assert "llama-tp1" in result.output and "llama-tp2" in result.output
+
+
+def test_fit_frontend_is_a_line_in_gpus_never_below_zero():
+    def stage(gpus: int, measured_ms: float) -> Stage:
+        return Stage("s", "m", gpus, False, {"TTFT mean": measured_ms})
+
+    stages = [stage(1, 17.0), stage(2, 18.0), stage(4, 20.0)]
+    sims = [{"TTFT mean": 10.0}] * 3
+    assert fit_frontend(stages, sims) == pytest.approx((0.007, 0.001))
+    # One GPU count: no slope; residuals below zero: no front end.
+    assert fit_frontend(stages[:1], sims[:1]) == pytest.approx((0.007, 0.0))
+    assert fit_frontend([stage(1, 5.0)], sims[:1]) == (0.0, 0.0)
+
+
+def test_a_table_missing_a_column_or_naming_an_unknown_gpu_is_one_line(tmp_path: Path):
+    path = tmp_path / "runs.csv"
+    path.write_text("experiment,row_type\nx,stage\n")
+    with pytest.raises(InputError) as err:
+        read_stages(path)
+    assert err.value.source == str(path) and err.value.field == "stage_index"
+    values = row("x", 1, 0, 2.0) | {"gpu": "RTX 9090", **{c: 1 for _, c, _, _ in METRICS}}
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(STAGE_COLUMNS))
+        writer.writeheader()
+        writer.writerow(values)
+    with pytest.raises(InputError) as err:
+        read_stages(path)
+    assert err.value.field == "gpu" and "--gpu" in err.value.problem
+    assert read_stages(path, gpu="h100-sxm")[0].gpu == "h100-sxm"
