@@ -22,8 +22,8 @@ GRID_HELP = ("a roofline field and the values to try, FIELD=V1,V2,... (repeat fo
 @app.command()
 def calibrate(
     measured: Annotated[list[Path], typer.Argument(
-        help="stage tables of measured runs (CSV, one row per load stage; see "
-             "docs/fidelity.md)")],
+        help="measured runs: stage tables (CSV, one row per load stage) or vllm bench serve "
+             "results (JSON, with --deployment); see docs/fidelity.md")],
     out: Annotated[Path, typer.Option("--out", help="the calibration file to write (YAML)")],
     name: Annotated[str | None, typer.Option(
         help="the calibration's name (default: the file's stem)")] = None,
@@ -33,6 +33,9 @@ def calibrate(
     gpu: Annotated[str | None, typer.Option(
         help="the servesim GPU the runs used (default: read from the table's gpu column)")
     ] = None,
+    deployment: Annotated[Path | None, typer.Option(
+        help="for vllm bench serve results (.json): a scenario file of the server they "
+             "measured (its workload is replaced by each file's requests)")] = None,
     jobs: Annotated[int, typer.Option(min=1, max=512, help="simulations at once")] = 2,
 ) -> None:
     """Fit the engine calibration (roofline fields and front end) that makes servesim agree
@@ -46,7 +49,8 @@ def calibrate(
     if out.suffix not in (".yaml", ".yml"):
         raise InputError(COMMAND_LINE, "--out", str(out), "a calibration is a .yaml file")
     check_not_a_result_file(out, out.parent)
-    experiments = [exp for path in measured for exp in study.read_stages(path, gpu)]
+    experiments = [exp for path in measured
+                   for exp in study.read_measured(path, gpu, deployment)]
     num_runs = len(experiments) * (1 + len(list_points(points)))
     console.print(f"calibrating on {len(experiments)} experiments: {num_runs} simulations, "
                   f"{jobs} at once")
@@ -70,8 +74,8 @@ def calibrate(
         return "-" if value is None else f"{value:+.1f}"
 
     for k, stage in enumerate(stages):
-        verdict = (f"{'yes' if fit.verdicts[k] else 'no'}/"
-                   f"{'yes' if stage.overloaded else 'no'}")
+        real = "?" if stage.overloaded is None else "yes" if stage.overloaded else "no"
+        verdict = f"{'yes' if fit.verdicts[k] else 'no'}/{real}"
         table.add_row(stage.name, *(f"{cell(before.errors[k][m])}>{cell(fit.errors[k][m])}"
                                     for m in shown), verdict)
     table.add_section()
@@ -81,8 +85,10 @@ def calibrate(
 
     table.add_row("median |error|", *(f"{median(before.errors, m)}>{median(fit.errors, m)}"
                                       for m in shown), "")
-    wrong = sum(s.overloaded != v for s, v in zip(stages, before.verdicts, strict=True))
-    table.caption = f"overl.: overloaded, fitted/measured; {wrong} wrong before"
+    wrong = sum(s.overloaded is not None and s.overloaded != v
+                for s, v in zip(stages, before.verdicts, strict=True))
+    table.caption = (f"overl.: overloaded, fitted/measured (?: not measured); {wrong} wrong "
+                     "before")
     table.caption_justify = "left"
     console.print(table)
     if fit.held_out:

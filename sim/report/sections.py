@@ -15,8 +15,8 @@ from sim.config.errors import InputError
 from sim.results.labels import axis_label, capacity_interval, label, slo_targets, unit
 from sim.results.read import read_csv, read_json, read_parquet
 
-LATENCIES = ("ttft_s", "tbt_s", "tpot_s", "e2e_s", "scheduling_delay_s",
-             "max_tbt_per_request_s")
+LATENCIES = ("ttft_s", "client_ttft_s", "tbt_s", "tpot_s", "e2e_s", "client_e2e_s",
+             "scheduling_delay_s", "max_tbt_per_request_s")
 STATS = ("mean", "p50", "p90", "p99", "max")
 
 
@@ -24,6 +24,8 @@ def run_headline(summary: dict[str, Any]) -> str:
     """A run's latencies (ms) and its throughput, requests, SLO attainment and cost."""
     rows = []
     for key in LATENCIES:
+        if key.startswith("client_") and key not in summary:
+            continue  # results from before client-side latencies
         stats = summary.get(key) or {}
         rows.append([label(key), stats.get("count"),
                      *[None if stats.get(s) is None else m.MS_PER_S * stats[s] for s in STATS]])
@@ -55,8 +57,11 @@ def run_setup(summary: dict[str, Any]) -> str:
     rows = [(k, json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else v)
             for k, v in sorted(run.items())]
     warmup = (summary.get("warmup") or {}).get("reason")
+    cal = (summary.get("latency_model") or {}).get("calibration")
     return m.table(["field", "value"], rows, text_columns=2) + (
-        m.paragraph(f"Warm-up: {warmup}") if warmup else "")
+        m.paragraph(f"Warm-up: {warmup}") if warmup else "") + (
+        m.paragraph(f"Engine calibration {cal['name']} ({cal['engine']}): {cal['error']}")
+        if cal else "")
 
 
 def overload_verdict(summary: dict[str, Any]) -> str:

@@ -38,6 +38,8 @@ PERCENT = Unit("%", 100.0)
 DISTRIBUTIONS: dict[str, tuple[str, Unit]] = {
     "ttft": ("TTFT", MS),
     "ttft_all_arrived": ("TTFT (every arrived request)", MS),
+    "client_ttft": ("TTFT, client-side", MS),
+    "client_e2e": ("E2E latency, client-side", SECONDS),
     "tbt": ("TBT", MS),
     "max_tbt_per_request": ("worst TBT per request", MS),
     "max_tbt": ("worst TBT per request", MS),

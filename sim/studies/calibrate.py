@@ -73,7 +73,7 @@ class Stage:
     name: str  # experiment@rate
     model: str
     num_gpus: int
-    overloaded: bool
+    overloaded: bool | None  # None: not known (a benchmark's result file does not say)
     measured_ms: dict[str, float]
 
 
@@ -86,6 +86,7 @@ class Experiment:
     stages: list[Stage]
     engine: str
     gpu: str
+    base_dir: Path | None = None  # where the scenario's relative paths start
 
 
 @dataclass
@@ -124,6 +125,54 @@ def read_stages(path: Path, gpu: str | None = None) -> list[Experiment]:
         groups.setdefault(r["experiment"], []).append(r)
     return [_experiment(path, name, sorted(group, key=lambda r: _int(path, r, "stage_index")),
                         gpu) for name, group in groups.items()]
+
+
+# vLLM's result keys of the compared statistics (ms), per metric.
+VLLM_KEYS = {"TPOT mean": "mean_tpot_ms", "TPOT P50": "median_tpot_ms",
+             "TTFT mean": "mean_ttft_ms", "TTFT P50": "median_ttft_ms",
+             "TTFT P99": "p99_ttft_ms", "E2E mean": "mean_e2el_ms"}
+
+
+def read_measured(path: Path, gpu: str | None = None, deployment: Path | None = None
+                  ) -> list[Experiment]:
+    """The experiments of a measured file: a stage table (`.csv`, `read_stages`) or a `vllm
+    bench serve` result (`.json`, `read_vllm_bench`, with the `deployment` it ran on)."""
+    if path.suffix == ".json":
+        if deployment is None:
+            raise InputError(path, "<file>", str(path), "a vllm bench serve result needs "
+                             "--deployment: a scenario file of the server it measured")
+        return [read_vllm_bench(path, deployment)]
+    return read_stages(path, gpu)
+
+
+def read_vllm_bench(path: Path, deployment: Path) -> Experiment:
+    """One `vllm bench serve --save-result --save-detailed` run as an experiment of one stage:
+    its requests as sent (`format: vllm_bench`, failed ones left out) on the `deployment`
+    scenario's server (its workload replaced). Whether the server was overloaded is not in the
+    file: not compared."""
+    from sim.config.input_file import read_json_file
+    from sim.config.scenario import parse_scenario, scenario_source
+
+    data = read_json_file(path, None, "<file>", 2 << 30)
+    if not isinstance(data, dict):
+        raise InputError(path, "<top level>", type(data).__name__, "not a vllm bench result")
+    measured = {}
+    for metric, key in VLLM_KEYS.items():
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise InputError(path, key, value, "a number of milliseconds")
+        measured[metric] = math.nan if value is None else float(value)
+    base, source, base_dir = scenario_source(deployment)
+    if not isinstance(base, dict):
+        raise InputError(source, "<top level>", type(base).__name__,
+                         "a scenario must be a mapping")
+    scenario_data = {**base, "workload": {"format": "vllm_bench", "path": str(path.resolve()),
+                                          "failed": "skip"}}
+    replica = parse_scenario(scenario_data, source, base_dir).replica  # checked here, once
+    name = path.stem
+    stage = Stage(name, replica.model_name, replica.parallelism.num_gpus, None, measured)
+    return Experiment(name, scenario_data, [stage], f"{data.get('backend', 'vllm')} (vllm "
+                      "bench serve)", replica.gpu_name, base_dir)
 
 
 def _int(path: Path, row: dict[str, str], column: str) -> int:
@@ -209,9 +258,9 @@ def simulate(args: tuple[Experiment, dict[str, Any]]) -> list[dict[str, Any]]:
 
     exp, replica = args
     data = merge_mappings(exp.scenario, {"replica": replica})
-    summary = run_scenario(parse_scenario(data, exp.name)).summary
+    summary = run_scenario(parse_scenario(data, exp.name, exp.base_dir)).summary
     out = []
-    for stage in summary["stages"]:
+    for stage in summary.get("stages", [summary]):
         got: dict[str, Any] = {"overloaded": stage["overload"]["verdict"] != "stable"}
         for name, _, key, stat in METRICS:
             key = f"client_{key}" if name in CLIENT_SIDE else key
@@ -271,7 +320,8 @@ def loss(stages: Sequence[Stage], errors: Sequence[dict[str, float | None]],
     """Mean capped |error| of `LOSS_METRICS` over stable stages, plus the verdict penalty."""
     capped = [min(abs(e), CAP_PCT) for row in errors for name in LOSS_METRICS
               if (e := row[name]) is not None]
-    wrong = sum(stage.overloaded != v for stage, v in zip(stages, verdicts, strict=True))
+    wrong = sum(stage.overloaded is not None and stage.overloaded != v
+                for stage, v in zip(stages, verdicts, strict=True))
     return (float(np.mean(capped)) if capped else 0.0) + VERDICT_PENALTY * wrong
 
 
@@ -345,11 +395,14 @@ def calibrate(experiments: Sequence[Experiment], grid: dict[str, list[float]],
 def error_summary(stages: Sequence[Stage], fit: Fit) -> str:
     """The one-paragraph validation error of a fit, as a calibration file states it."""
     medians = {name: median_abs(fit.errors, name) for name, *_ in METRICS}
-    equal = sum(s.overloaded == v for s, v in zip(stages, fit.verdicts, strict=True))
+    known = [(s.overloaded, v) for s, v in zip(stages, fit.verdicts, strict=True)
+             if s.overloaded is not None]
     stable = sum(not s.overloaded for s in stages)
     text = (f"median |error| over {stable} stable stages, client-side: "
-            + ", ".join(f"{name} {m:.1f}%" for name, m in medians.items() if m is not None)
-            + f"; overload verdict equal at {equal} of {len(stages)} stages")
+            + ", ".join(f"{name} {m:.1f}%" for name, m in medians.items() if m is not None))
+    if known:
+        text += (f"; overload verdict equal at {sum(a == b for a, b in known)} of {len(known)} "
+                 "stages")
     if fit.held_out:
         worst = {name: max(h.get(name, 0.0) for h in fit.held_out.values())
                  for name in LOSS_METRICS}

@@ -10,6 +10,7 @@ from sim.workloads import (  # noqa: F401  (each registers its format)
     shared_prefix,
     synthetic,
     vidur,
+    vllm_bench,
 )
 from sim.workloads.base import FORMATS, Workload, WorkloadConfig, select
 

@@ -23,6 +23,7 @@ from sim.studies.calibrate import (
     read_stages,
     simulate,
 )
+from tests.helpers import assert_one_line_error, run_cli
 
 MODEL = Path(__file__).resolve().parents[2] / "sim" / "data" / "models" / "llama-2-7b.json"
 TRUTH = {"name": "truth", "engine": "vllm test", "latency": {"attention_mbu": 0.85},
@@ -112,3 +113,37 @@ def test_a_table_missing_a_column_or_naming_an_unknown_gpu_is_one_line(tmp_path:
         read_stages(path)
     assert err.value.field == "gpu" and "--gpu" in err.value.problem
     assert read_stages(path, gpu="h100-sxm")[0].gpu == "h100-sxm"
+
+
+def test_calibrate_reads_a_vllm_benchmark_result_beside_its_deployment(tmp_path: Path,
+                                                                       monkeypatch, capsys):
+    """A run exported as `vllm bench serve` writes it (client-side TTFT and E2E), read back as
+    a trace (`format: vllm_bench`) on the deployment it names: the fit finds the truth."""
+    truth = tmp_path / "truth.yaml"
+    truth.write_text(yaml.safe_dump(TRUTH))
+    replica = {"model": "llama-2-7b", "scheduler": {"name": "vllm_v1", "max_num_seqs": 64}}
+    workload = {"format": "synthetic", "num_requests": 150, "arrivals": {"qps": 5.0},
+                "lengths": {"prompt": {"dist": "uniform", "low": 100, "high": 900},
+                            "output": {"dist": "uniform", "low": 10, "high": 60}}}
+    (tmp_path / "measured.yaml").write_text(yaml.safe_dump(
+        {"name": "measured", "workload": workload, "replica": {**replica, "engine": "truth.yaml"}}))
+    (tmp_path / "deployment.yaml").write_text(yaml.safe_dump(
+        {"name": "deployment", "workload": workload, "replica": replica}))
+    runner = CliRunner()
+    result = runner.invoke(app, ["simulate", str(tmp_path / "measured.yaml"),
+                                 "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["export", str(tmp_path / "run"), "--format", "vllm",
+                                 "--out", str(tmp_path / "bench.json")])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "fitted.yaml"
+    args = ["calibrate", str(tmp_path / "bench.json"), "--out", str(out),
+            "--grid", "attention_mbu=0.8,0.85,0.9", "--jobs", "1"]
+    code, err = run_cli(monkeypatch, capsys, *args)  # no deployment: one line, exit 2
+    assert_one_line_error(code, err, "bench.json", "--deployment")
+    result = runner.invoke(app, [*args, "--deployment", str(tmp_path / "deployment.yaml")])
+    assert result.exit_code == 0, result.output
+    fitted = load_calibration(out)
+    assert fitted.latency == {"attention_mbu": 0.85}
+    assert fitted.frontend_s == pytest.approx(0.005, abs=1e-6)
+    assert "TPOT mean 0.0%" in fitted.error and "verdict" not in fitted.error
