@@ -76,3 +76,15 @@ def refuse_unused(ctx: typer.Context, unused: dict[str, str]) -> None:
             option = "--" + name.rstrip("_").replace("_", "-")
             raise InputError(COMMAND_LINE, option, ctx.params[name],
                              f"{applies}: here it would be ignored")
+
+
+def calibration_lines(scenarios: Any) -> list[str]:
+    """One line per engine calibration the scenarios' replicas use: its name, what it was
+    measured on and how far runs made with it are from the measurements."""
+    seen: dict[str, str] = {}
+    for scenario in scenarios:
+        for pool in scenario.pools():
+            cal = pool.replica.calibration
+            seen.setdefault(cal.name, f"engine calibration {cal.name} ({cal.engine}"
+                                      + (f", {cal.gpu}" if cal.gpu else "") + f"): {cal.error}")
+    return list(seen.values())

@@ -15,7 +15,16 @@ import typer
 from rich import box
 from rich.table import Table
 
-from sim.cli.common import app, console, fmt, interrupted, pct, refuse_unused, set_option
+from sim.cli.common import (
+    app,
+    calibration_lines,
+    console,
+    fmt,
+    interrupted,
+    pct,
+    refuse_unused,
+    set_option,
+)
 
 
 @app.command()
@@ -75,6 +84,8 @@ def compare(
                           "not written: run the comparison again") from None
     for part in comparison_tables(name, table, console.width):
         console.print(part)
+    for line in calibration_lines(scenarios.values()):
+        console.print(line)
     # A line each, short enough for 80 columns, and never folded inside a path.
     console.print(f"results: {out_dir}/", soft_wrap=True)
     console.print("  comparison.csv, <variant>/ (one run each)", soft_wrap=True)

@@ -15,7 +15,16 @@ import typer
 from rich import box
 from rich.table import Table
 
-from sim.cli.common import app, console, fmt, interrupted, pct, refuse_unused, set_option
+from sim.cli.common import (
+    app,
+    calibration_lines,
+    console,
+    fmt,
+    interrupted,
+    pct,
+    refuse_unused,
+    set_option,
+)
 
 
 class Backend(str, Enum):  # noqa: UP042  (typer takes str-mixin enums as choices)
@@ -69,6 +78,8 @@ def sweep(
         console.print(f"{over} of {len(table)} runs overloaded: a queue grew faster than it was "
                       "served (over the run, or through a burst: see each run's verdict), so "
                       "their latencies describe no steady state")
+    for line in calibration_lines(run.scenario for run in runs):
+        console.print(line)
     console.print(f"results: {out_dir}/", soft_wrap=True)  # lines for 80 columns, as compare's
     console.print("  results.parquet, results.csv, runs/<key>/ (one run each)", soft_wrap=True)
     if (out_dir / "results_ci.csv").is_file():
@@ -172,6 +183,8 @@ def capacity(
                           "capacity.json (the search did not finish): run it again") from None
     log.finish(loaded, targets, precision, result)
     console.print(capacity_table(loaded.name, result))
+    for line in calibration_lines([loaded]):
+        console.print(line)
     console.print(f"results: {out_dir}/", soft_wrap=True)  # lines for 80 columns, as compare's
     console.print("  trials.csv, capacity.json", soft_wrap=True)
     console.print(f"  draw them: servesim plot {out_dir}", soft_wrap=True)

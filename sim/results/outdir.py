@@ -191,11 +191,47 @@ def _umask() -> int:
 
 def temporary_dir(out: Path) -> Path:
     """A fresh, empty temporary sibling of `out` to fill and swap in, with the permissions a
-    plain `mkdir` gives (mkdtemp's 0700 would hide results from the rest of a team)."""
-    out.absolute().parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.absolute().parent, prefix=f".{out.name}.tmp-"))
+    plain `mkdir` gives (mkdtemp's 0700 would hide results from the rest of a team). Its name
+    carries this process's id; siblings an earlier, killed process left are removed first."""
+    parent = out.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out)
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.tmp-{os.getpid()}-"))
     os.chmod(tmp, 0o777 & ~_umask())
     return tmp
+
+
+def remove_stale_temporaries(out: Path) -> list[Path]:
+    """Remove the temporary siblings of `out` (`.NAME.tmp-PID-...`, `.NAME.old-PID-...`) whose
+    process is gone: a run killed (SIGKILL, a crash of the machine) while writing cannot remove
+    its own. Those of a live process, and unnamed ones, are left alone. Returns what went."""
+    parent = out.absolute().parent
+    gone = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return gone
+    for entry in entries:
+        match = _STALE.fullmatch(entry.name)
+        if match is None or match["name"] != out.name or _alive(int(match["pid"])):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        gone.append(entry)
+    return gone
+
+
+_STALE = re.compile(r"\.(?P<name>.+)\.(tmp|old)-(?P<pid>\d{1,10})-[^/]+")
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process `pid` exists (one of another user's counts: not ours to judge)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True
 
 
 # Errors of a place results cannot be written to, as opposed to a fault of servesim's.
@@ -239,7 +275,7 @@ def swap_in(tmp: Path, out: Path) -> None:
     are in place."""
     with _interrupts_deferred():
         if out.exists():
-            old = Path(tempfile.mkdtemp(dir=tmp.parent, prefix=f".{out.name}.old-"))
+            old = Path(tempfile.mkdtemp(dir=tmp.parent, prefix=f".{out.name}.old-{os.getpid()}-"))
             os.replace(out, old / "run")
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)

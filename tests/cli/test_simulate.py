@@ -217,3 +217,31 @@ def test_ctrl_c_after_the_run_is_written_says_the_results_are_whole(tmp_path, mo
                         "--out", str(out))
     assert code == 130 and (out / "summary.json").is_file()
     assert "interrupted after the run was complete" in " ".join(printed.split())
+
+
+def test_a_run_cleans_what_a_killed_run_left_beside_its_directory(tmp_path, monkeypatch,
+                                                                   capsys):
+    """A run killed while writing (SIGKILL: nothing of it runs again) leaves its temporary
+    siblings, named with its process id; the next run to the same place removes them, and
+    leaves those of a live process and of other directories alone."""
+    from sim.results.outdir import temporary_dir
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    left = [tmp_path / f".run.tmp-{dead}-ab12", tmp_path / f".run.old-{dead}-cd34" / "run"]
+    for path in left:
+        path.mkdir(parents=True)
+        (path / "summary.json").write_text("{}")
+    kept = [tmp_path / f".run.tmp-{os.getpid()}-live", tmp_path / f".other.tmp-{dead}-ef56",
+            tmp_path / ".run.tmp-noid"]
+    for path in kept:
+        path.mkdir()
+    code, _ = cli(monkeypatch, capsys, "simulate", str(scenario(tmp_path)), "--out",
+                  str(tmp_path / "run"))
+    assert code == 0
+    assert not (tmp_path / f".run.tmp-{dead}-ab12").exists()
+    assert not (tmp_path / f".run.old-{dead}-cd34").exists()
+    assert all(path.is_dir() for path in kept)
+    # This process's own temporaries carry its id, for the next run to judge.
+    tmp = temporary_dir(tmp_path / "run")
+    assert tmp.name.startswith(f".run.tmp-{os.getpid()}-")
