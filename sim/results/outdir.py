@@ -206,7 +206,7 @@ def remove_stale_temporaries(out: Path) -> list[Path]:
     process is gone: a run killed (SIGKILL, a crash of the machine) while writing cannot remove
     its own. Those of a live process, and unnamed ones, are left alone. Returns what went."""
     parent = out.absolute().parent
-    gone = []
+    gone: list[Path] = []
     try:
         entries = list(parent.iterdir())
     except OSError:
