@@ -44,13 +44,14 @@ def calibrate(
     from sim.config.errors import COMMAND_LINE, InputError
     from sim.results.outdir import check_not_a_result_file, replace_text
     from sim.studies import calibrate as study
+    from sim.studies import measured as runs
 
     points = parse_grid(grid) if grid else study.DEFAULT_GRID
     if out.suffix not in (".yaml", ".yml"):
         raise InputError(COMMAND_LINE, "--out", str(out), "a calibration is a .yaml file")
     check_not_a_result_file(out, out.parent)
     experiments = [exp for path in measured
-                   for exp in study.read_measured(path, gpu, deployment)]
+                   for exp in runs.read_measured(path, gpu, deployment)]
     num_runs = len(experiments) * (1 + len(list_points(points)))
     console.print(f"calibrating on {len(experiments)} experiments: {num_runs} simulations, "
                   f"{jobs} at once")
@@ -80,7 +81,7 @@ def calibrate(
                                     for m in shown), verdict)
     table.add_section()
     def median(errors: list[dict[str, float | None]], metric: str) -> str:
-        value = study.median_abs(errors, metric)
+        value = runs.median_abs(errors, metric)
         return "-" if value is None else f"{value:.1f}"
 
     table.add_row("median |error|", *(f"{median(before.errors, m)}>{median(fit.errors, m)}"
@@ -95,7 +96,7 @@ def calibrate(
         held = Table(title="leave one model out: its median |error|, %", box=box.SIMPLE_HEAD,
                      pad_edge=False)
         held.add_column("model left out", no_wrap=True)
-        names = [n for n, *_ in study.METRICS]
+        names = [n for n, *_ in runs.METRICS]
         for metric in names:
             held.add_column(metric, justify="right")
         for model, errs in fit.held_out.items():

@@ -1,15 +1,9 @@
-"""`servesim calibrate`: fit an engine calibration (`sim.config.engine`) to measured serving runs.
-
-Measured runs come as a stage table: a CSV with one row per load stage (the layout of
-`../shared/realruns/h100_vllm0151/runs.csv`, `STAGE_COLUMNS` below: the deployment, the
-`shared_prefix` workload as inference-perf sent it, and the client-side TTFT, TPOT and E2E
-statistics the stage measured). Each experiment (its stages, in order) is simulated as one run,
-stages 10 s apart, so a later stage starts on a warm prefix cache as the real one did.
+"""`servesim calibrate`: fit an engine calibration (`sim.config.engine`) to measured serving runs
+(`sim.studies.measured`).
 
 The fit is physical and shared by every run, never per run or per model: a grid of roofline
 fields (attention's KV bandwidth `attention_mbu` and fixed time per layer `attention_layer_s` by
-default)
-is simulated with no front end; at each point the front end is the least-squares line
+default) is simulated with no front end; at each point the front end is the least-squares line
 `frontend_s + frontend_per_extra_gpu_s x (GPUs - 1)` through the stable stages' TTFT residuals
 (measured client-side minus simulated engine-side); the point kept has the smallest loss, the
 mean over stable stages of |error| of TPOT, TTFT and E2E means, each capped at 25% (one stage
@@ -21,7 +15,6 @@ saw.
 
 from __future__ import annotations
 
-import csv
 import datetime
 import hashlib
 import itertools
@@ -36,57 +29,19 @@ from typing import Any
 import numpy as np
 import yaml
 
-from sim.config.errors import InputError
-
-# (name, measured column in ms, servesim summary key, statistic)
-METRICS = (
-    ("TPOT mean", "tpot_mean_ms", "tpot_s", "mean"),
-    ("TPOT P50", "tpot_p50_ms", "tpot_s", "p50"),
-    ("TTFT mean", "ttft_mean_ms", "ttft_s", "mean"),
-    ("TTFT P50", "ttft_p50_ms", "ttft_s", "p50"),
-    ("TTFT P99", "ttft_p99_ms", "ttft_s", "p99"),
-    ("E2E mean", "e2e_mean_ms", "e2e_s", "mean"),
+from sim.studies.measured import (
+    METRICS,
+    Experiment,
+    Stage,
+    errors_pct,
+    median_abs,
+    simulate,
 )
-CLIENT_SIDE = {"TTFT mean", "TTFT P50", "TTFT P99", "E2E mean"}  # the front end adds to these
+
 LOSS_METRICS = ("TPOT mean", "TTFT mean", "E2E mean")
 CAP_PCT, VERDICT_PENALTY = 25.0, 25.0
-STAGE_GAP_S = 10.0  # from a stage's last send to the next's first: every request done
 DEFAULT_GRID = {"attention_mbu": [0.8, 0.85, 0.9, 0.95],
                 "attention_layer_s": [0.0, 5e-6, 1e-5]}
-
-STAGE_COLUMNS = (
-    "experiment", "row_type", "stage_index", "stage_rate_req_per_s", "stage_duration_s",
-    "overloaded_measured", "model_hf", "model_config", "tensor_parallel_size", "gpu", "engine",
-    "engine_version", "max_num_batched_tokens", "max_num_seqs", "chunked_prefill",
-    "prefix_caching", "gpu_memory_utilization", "kv_block_size_tokens", "data_generator",
-    "system_prompt_len_tokens", "question_len_tokens", "prompt_len_client_mean_tokens",
-    "max_tokens", "num_groups", "num_prompts_per_group",
-    *(column for _, column, _, _ in METRICS))
-GPU_NAMES = (("H100", "h100-sxm"), ("H200", "h200"), ("A100", "a100-80gb"), ("B200", "b200"),
-             ("L40S", "l40s"), ("A10G", "a10g"), ("MI300X", "mi300x"))
-
-
-@dataclass
-class Stage:
-    """One measured load stage: what servesim is compared with."""
-
-    name: str  # experiment@rate
-    model: str
-    num_gpus: int
-    overloaded: bool | None  # None: not known (a benchmark's result file does not say)
-    measured_ms: dict[str, float]
-
-
-@dataclass
-class Experiment:
-    """The stages one server ran one after another: one simulated run."""
-
-    name: str
-    scenario: dict[str, Any]
-    stages: list[Stage]
-    engine: str
-    gpu: str
-    base_dir: Path | None = None  # where the scenario's relative paths start
 
 
 @dataclass
@@ -100,194 +55,6 @@ class Fit:
     errors: list[dict[str, float | None]]
     verdicts: list[bool]  # simulated overloaded, per stage
     held_out: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-def read_stages(path: Path, gpu: str | None = None) -> list[Experiment]:
-    """The experiments of a stage table (`STAGE_COLUMNS`), each with its stages in order.
-    `model_config` paths resolve against the file's folder, else the one above it."""
-    from sim.config.input_file import check_regular
-
-    check_regular(path, path, "<file>")
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise InputError(path, "<file>", str(path), f"not a CSV table: {exc}") from None
-    missing = [c for c in STAGE_COLUMNS if not rows or c not in rows[0]]
-    if missing:
-        raise InputError(path, missing[0], None, f"a stage table needs this column "
-                         f"({len(missing)} missing: {', '.join(missing[:4])}...)")
-    rows = [r for r in rows if r["row_type"] == "stage"]
-    if not rows:
-        raise InputError(path, "row_type", None, "no row of type 'stage'")
-    groups: dict[str, list[dict[str, str]]] = {}
-    for r in rows:
-        groups.setdefault(r["experiment"], []).append(r)
-    return [_experiment(path, name, sorted(group, key=lambda r: _int(path, r, "stage_index")),
-                        gpu) for name, group in groups.items()]
-
-
-# vLLM's result keys of the compared statistics (ms), per metric.
-VLLM_KEYS = {"TPOT mean": "mean_tpot_ms", "TPOT P50": "median_tpot_ms",
-             "TTFT mean": "mean_ttft_ms", "TTFT P50": "median_ttft_ms",
-             "TTFT P99": "p99_ttft_ms", "E2E mean": "mean_e2el_ms"}
-
-
-def read_measured(path: Path, gpu: str | None = None, deployment: Path | None = None
-                  ) -> list[Experiment]:
-    """The experiments of a measured file: a stage table (`.csv`, `read_stages`) or a `vllm
-    bench serve` result (`.json`, `read_vllm_bench`, with the `deployment` it ran on)."""
-    if path.suffix == ".json":
-        if deployment is None:
-            raise InputError(path, "<file>", str(path), "a vllm bench serve result needs "
-                             "--deployment: a scenario file of the server it measured")
-        return [read_vllm_bench(path, deployment)]
-    return read_stages(path, gpu)
-
-
-def read_vllm_bench(path: Path, deployment: Path) -> Experiment:
-    """One `vllm bench serve --save-result --save-detailed` run as an experiment of one stage:
-    its requests as sent (`format: vllm_bench`, failed ones left out) on the `deployment`
-    scenario's server (its workload replaced). Whether the server was overloaded is not in the
-    file: not compared."""
-    from sim.config.input_file import read_json_file
-    from sim.config.scenario import parse_scenario, scenario_source
-
-    data = read_json_file(path, None, "<file>", 2 << 30)
-    if not isinstance(data, dict):
-        raise InputError(path, "<top level>", type(data).__name__, "not a vllm bench result")
-    measured = {}
-    for metric, key in VLLM_KEYS.items():
-        value = data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise InputError(path, key, value, "a number of milliseconds")
-        measured[metric] = math.nan if value is None else float(value)
-    base, source, base_dir = scenario_source(deployment)
-    if not isinstance(base, dict):
-        raise InputError(source, "<top level>", type(base).__name__,
-                         "a scenario must be a mapping")
-    scenario_data = {**base, "workload": {"format": "vllm_bench", "path": str(path.resolve()),
-                                          "failed": "skip"}}
-    replica = parse_scenario(scenario_data, source, base_dir).replica  # checked here, once
-    name = path.stem
-    stage = Stage(name, replica.model_name, replica.parallelism.num_gpus, None, measured)
-    return Experiment(name, scenario_data, [stage], f"{data.get('backend', 'vllm')} (vllm "
-                      "bench serve)", replica.gpu_name, base_dir)
-
-
-def _int(path: Path, row: dict[str, str], column: str) -> int:
-    try:
-        return int(row[column])
-    except ValueError:
-        raise InputError(path, column, row[column], f"{row['experiment']}: not a whole "
-                         "number") from None
-
-
-def _float(path: Path, row: dict[str, str], column: str) -> float:
-    try:
-        value = float(row[column])
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        raise InputError(path, column, row[column], f"{row['experiment']}: not a number")
-    return value
-
-
-def _measured(path: Path, row: dict[str, str], column: str) -> float:
-    """A measured statistic: a number, or NaN where the table leaves it blank."""
-    return math.nan if not row[column].strip() else _float(path, row, column)
-
-
-def _experiment(path: Path, name: str, rows: list[dict[str, str]], gpu: str | None
-                ) -> Experiment:
-    row = rows[0]
-    if row["data_generator"] != "shared_prefix":
-        raise InputError(path, "data_generator", row["data_generator"],
-                         f"{name}: only shared_prefix stages are simulated")
-    gpu_name = gpu or next((ours for key, ours in GPU_NAMES if key in row["gpu"].upper()), None)
-    if gpu_name is None:
-        raise InputError(path, "gpu", row["gpu"], f"{name}: no servesim GPU by that name; "
-                         "give --gpu")
-    config = Path(row["model_config"])
-    model = next((p for p in (path.parent / config, path.parent.parent / config)
-                  if p.is_file()), None)
-    if model is None:
-        raise InputError(path, "model_config", row["model_config"],
-                         f"{name}: not found beside the table or in the folder above it")
-    system = _int(path, row, "system_prompt_len_tokens")
-    question = _int(path, row, "question_len_tokens")
-    prompt = round(_float(path, row, "prompt_len_client_mean_tokens"))
-    # The client's count runs ~5% above system prompt + question (its tokenizer's decode and
-    # re-encode): spread the difference over both.
-    system_tokens = round(system * prompt / (system + question))
-    tp = _int(path, row, "tensor_parallel_size")
-    scenario = {
-        "seed": 0,
-        "workload": {
-            "format": "shared_prefix", "num_groups": _int(path, row, "num_groups"),
-            "num_prompts_per_group": _int(path, row, "num_prompts_per_group"),
-            "system_prompt_tokens": system_tokens, "question_tokens": prompt - system_tokens,
-            "output_tokens": _int(path, row, "max_tokens"),
-            "stages": [{"rate_qps": _float(path, r, "stage_rate_req_per_s"),
-                        "duration_s": _float(path, r, "stage_duration_s")} for r in rows],
-            "stage_gap_s": STAGE_GAP_S,
-            "hash_block_tokens": _int(path, row, "kv_block_size_tokens")},
-        "replica": {
-            "model": str(model), "gpu": gpu_name, "parallelism": {"tensor": tp},
-            "scheduler": {"name": "vllm_v1", "engine_version": row["engine_version"],
-                          "max_num_batched_tokens": _int(path, row, "max_num_batched_tokens"),
-                          "max_num_seqs": _int(path, row, "max_num_seqs"),
-                          "enable_chunked_prefill": row["chunked_prefill"] == "true"},
-            "kv_cache": {"block_size": _int(path, row, "kv_block_size_tokens"),
-                         "gpu_memory_utilization": _float(path, row, "gpu_memory_utilization")},
-            "prefix_caching": row["prefix_caching"] == "true"},
-    }
-    stages = [Stage(f"{name}@{_float(path, r, 'stage_rate_req_per_s'):g}", r["model_hf"], tp,
-                    r["overloaded_measured"] == "true",
-                    {metric: _measured(path, r, column) for metric, column, _, _ in METRICS})
-              for r in rows]
-    return Experiment(name, scenario, stages, f"{row['engine']} {row['engine_version']}",
-                      gpu_name)
-
-
-def simulate(args: tuple[Experiment, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One experiment's stages as simulated with `replica` fields set (ms; engine-side unless
-    the replica's engine has a front end, then client-side) and overload verdicts."""
-    from sim import run_scenario
-    from sim.config.scenario import merge_mappings, parse_scenario
-
-    exp, replica = args
-    data = merge_mappings(exp.scenario, {"replica": replica})
-    summary = run_scenario(parse_scenario(data, exp.name, exp.base_dir)).summary
-    out = []
-    for stage in summary.get("stages", [summary]):
-        got: dict[str, Any] = {"overloaded": stage["overload"]["verdict"] != "stable"}
-        for name, _, key, stat in METRICS:
-            key = f"client_{key}" if name in CLIENT_SIDE else key
-            value = stage[key][stat]
-            got[name] = None if value is None else value * 1e3
-        out.append(got)
-    return out
-
-
-def errors_pct(stages: Sequence[Stage], sims: Sequence[dict[str, Any]], added_ms: np.ndarray
-               ) -> list[dict[str, float | None]]:
-    """(simulated + front end - measured) / measured in %, per stable stage and metric; None
-    for overloaded stages (their survivors' latencies are no steady state) and missing
-    values."""
-    out: list[dict[str, float | None]] = []
-    for stage, sim, added in zip(stages, sims, added_ms, strict=True):
-        row: dict[str, float | None] = {}
-        for name, *_ in METRICS:
-            got, measured = sim[name], stage.measured_ms[name]
-            if stage.overloaded or got is None or not (math.isfinite(measured) and measured):
-                row[name] = None
-                continue
-            got += added if name in CLIENT_SIDE else 0.0
-            row[name] = 100.0 * (got - measured) / measured
-        out.append(row)
-    return out
-
 
 def fit_frontend(stages: Sequence[Stage], sims: Sequence[dict[str, Any]]) -> tuple[float, float]:
     """The front end's `(frontend_s, frontend_per_extra_gpu_s)` from the stable stages' TTFT-mean
@@ -342,12 +109,6 @@ def choose(stages: Sequence[Stage], by_point: Sequence[list[dict[str, Any]]],
             best = Fit(dict(point), front, per_gpu, value, errs, verdicts)
     assert best is not None
     return best
-
-
-def median_abs(errors: Sequence[dict[str, float | None]], name: str) -> float | None:
-    values = [abs(e) for row in errors if (e := row[name]) is not None]
-    return float(np.median(values)) if values else None
-
 
 def calibrate(experiments: Sequence[Experiment], grid: dict[str, list[float]],
               base_engine: str, jobs: int,

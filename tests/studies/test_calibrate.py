@@ -15,14 +15,8 @@ from typer.testing import CliRunner
 from sim.cli.app import app
 from sim.config.engine import load_calibration
 from sim.config.errors import InputError
-from sim.studies.calibrate import (
-    METRICS,
-    STAGE_COLUMNS,
-    Stage,
-    fit_frontend,
-    read_stages,
-    simulate,
-)
+from sim.studies.calibrate import fit_frontend
+from sim.studies.measured import METRICS, STAGE_COLUMNS, Stage, read_stages, simulate
 from tests.helpers import assert_one_line_error, run_cli
 
 MODEL = Path(__file__).resolve().parents[2] / "sim" / "data" / "models" / "llama-2-7b.json"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.studies.calibrate import read_stages, simulate
+from sim.studies.measured import read_stages, simulate
 from tests.helpers import TRACES
 
 REALRUNS = TRACES.parent / "realruns" / "h100_vllm0151"

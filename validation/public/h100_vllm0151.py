@@ -12,7 +12,7 @@ generated, each stage's rate and duration, stages 10 s apart so the server idles
 with its prefix cache warm, as the real one did). Prompt lengths are the client tokenizer's
 mean (caveat 3 of the data's README). Nothing is fitted per run: `--set` changes a replica
 field for every experiment (e.g. `latency.overhead_s=0`). The scenarios are those `servesim
-calibrate` builds (`sim.studies.calibrate.read_stages`).
+calibrate` builds (`sim.studies.measured.read_stages`).
 
 Compared (servesim minus measured, over measured): TPOT mean and P50, TTFT mean, P50 and
 P99, E2E mean, on the stable stages; and on every stage whether servesim calls it overloaded
@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
-from sim.studies.calibrate import METRICS
+from sim.studies.measured import METRICS, errors_pct, median_abs
 
 ROOT = Path(__file__).resolve().parents[2]
 REALRUNS = ROOT.parent / "shared" / "realruns" / "h100_vllm0151"
@@ -69,7 +69,7 @@ def main() -> int:
         print(f"{path}: not found (give --realruns)", file=sys.stderr)
         return 2
     from sim.config.errors import InputError
-    from sim.studies.calibrate import read_stages, simulate
+    from sim.studies.measured import read_stages, simulate
 
     overrides = parse_set(args.set)
     replica: dict[str, Any] = {}
@@ -101,27 +101,21 @@ def main() -> int:
              "",
              "| stage | " + " | ".join(name for name, *_ in METRICS) + " | overloaded (sim/real) |",
              "|---|" + "---:|" * len(METRICS) + "---|"]
-    errors: dict[str, list[float]] = {name: [] for name, *_ in METRICS}
-    verdicts_equal = 0
-    for stage, sim in zip(stages, sims, strict=True):
-        verdicts_equal += sim["overloaded"] == stage.overloaded
-        cells = []
-        for name, *_ in METRICS:
-            measured, got = stage.measured_ms[name], sim[name]
-            if stage.overloaded or got is None or not measured:
-                cells.append("")
-                continue
-            error = 100 * (got - measured) / measured
-            errors[name].append(error)
-            cells.append(f"{error:+.1f}")
+    errors = errors_pct(stages, sims, np.zeros(len(stages)))
+    for stage, sim, row in zip(stages, sims, errors, strict=True):
+        cells = ["" if (e := row[name]) is None else f"{e:+.1f}" for name, *_ in METRICS]
         verdict = (f"{'yes' if sim['overloaded'] else 'no'}/"
                    f"{'yes' if stage.overloaded else 'no'}")
         lines.append(f"| {stage.name} | " + " | ".join(cells) + f" | {verdict} |")
+    equal = sum(sim["overloaded"] == stage.overloaded for stage, sim in zip(stages, sims,
+                                                                             strict=True))
     lines.append("| median abs, stable | " + " | ".join(
-        f"{_median([abs(e) for e in errs]):.1f}" if errs else "" for errs in errors.values())
-        + f" | {verdicts_equal}/{len(stages)} equal |")
+        "" if (m := median_abs(errors, name)) is None else f"{m:.1f}" for name, *_ in METRICS)
+        + f" | {equal}/{len(stages)} equal |")
     lines.append("| worst abs, stable | " + " | ".join(
-        f"{max(abs(e) for e in errs):.1f}" if errs else "" for errs in errors.values()) + " | |")
+        f"{max(values):.1f}" if (values := [abs(e) for row in errors
+                                            if (e := row[name]) is not None]) else ""
+        for name, *_ in METRICS) + " | |")
     lines += ["", f"engine calibration: {yaml.safe_dump(calibration, width=96).strip()}"]
     text = "\n".join(lines)
     print(text)
@@ -151,12 +145,6 @@ def _commit() -> str:
                               text=True).stdout.strip()
     head = git("rev-parse", "--short", "HEAD") or "unknown commit"
     return head + (" with changes" if git("status", "--porcelain", "--", "sim") else "")
-
-
-def _median(values: list[float]) -> float:
-    s = sorted(values)
-    n = len(s)
-    return math.nan if not n else (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2)
 
 
 if __name__ == "__main__":
