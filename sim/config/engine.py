@@ -28,7 +28,7 @@ from sim.latency import LATENCY_MODELS
 
 AUTO, NONE = "auto", "none"
 # `auto` for a replica whose scheduler is one of these: no calibration (none is shipped).
-UNCALIBRATED_SCHEDULERS = {"sglang": "no SGLang calibration is shipped"}
+UNCALIBRATED_SCHEDULERS = frozenset({"sglang"})
 DEFAULT_CALIBRATION = "vllm-0.15.1-h100"
 
 

@@ -447,3 +447,15 @@ def test_an_export_or_report_never_writes_into_another_runs_results(tmp_path, mo
     assert {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()} == before
     # Outside any results, any name is fine.
     assert export_run(run, "vllm", tmp_path / "out.json") == tmp_path / "out.json"
+
+
+def test_vllm_of_results_from_before_client_side_latencies_says_so(tmp_path):
+    """Results written before `client_ttft_s` existed export the engine's own times, and say
+    so (rather than a KeyError, or client-side figures made up)."""
+    run = disaggregated_run(tmp_path)
+    requests = pd.read_parquet(run / "requests.parquet")
+    requests.drop(columns=["client_ttft_s", "client_e2e_s"]).to_parquet(
+        run / "requests.parquet", index=False)
+    data = json.loads(export_run(run, "vllm", percentiles=(50,)).read_text())
+    assert data["ttfts"] == [0.25, 0.375, 0.45]
+    assert any("engine's own" in note for note in data["servesim_notes"])
