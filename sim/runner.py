@@ -218,8 +218,6 @@ def prefix_cache_stats(requests: Table, kvs: Sequence[KVCacheManager]) -> dict[s
 
 
 CLIENT_COLUMNS = ("client_ttft_s", "client_e2e_s")
-
-
 STAGE_COLUMNS = ("ttft_s", "client_ttft_s", "tpot_s", "e2e_s", "client_e2e_s")
 
 
@@ -229,19 +227,22 @@ def stage_stats(requests: Columns, scenario: Scenario, end_s: float) -> list[dic
     distributions of its finished requests, and whether its queue grew."""
     stages = scenario.workload.load_stages()  # type: ignore[attr-defined]
     stage = column(requests, "stage")
+    # Rows grouped by stage once (each stage a slice), not a mask over every row per stage.
+    order = np.argsort(stage, kind="stable")
+    ends = np.cumsum(np.bincount(stage, minlength=len(stages)))
     out = []
     for i, st in enumerate(stages):
-        rows = stage == i
+        rows = order[(ends[i - 1] if i else 0):ends[i]]
         sub = {name: column(requests, name)[rows] for name in requests}
         done = sub["status"] == FINISHED
-        first_s = float(sub["arrival_s"].min()) if rows.any() else 0.0
+        first_s = float(sub["arrival_s"].min()) if len(rows) else 0.0
         span_s = float(np.nanmax(sub["finish_s"])) - first_s if done.any() else 0.0
         out.append({
             "stage": i, "rate_qps": st.rate_qps, "duration_s": st.duration_s,
-            "requests": {"total": int(rows.sum()), "finished": int(done.sum())},
+            "requests": {"total": len(rows), "finished": int(done.sum())},
             "requests_per_s": int(done.sum()) / span_s if span_s > 0 else None,
             **{name: finished_distribution(sub[name][done]) for name in STAGE_COLUMNS},
-            "overload": overload(sub, end_s) if rows.any() else None,
+            "overload": overload(sub, end_s) if len(rows) else None,
         })
     return out
 

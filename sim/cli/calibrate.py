@@ -4,6 +4,7 @@ errors, and write the calibration file a scenario names as `replica.engine`."""
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -52,7 +53,7 @@ def calibrate(
     check_not_a_result_file(out, out.parent)
     experiments = [exp for path in measured
                    for exp in runs.read_measured(path, gpu, deployment)]
-    num_runs = len(experiments) * (1 + len(list_points(points)))
+    num_runs = len(experiments) * (1 + math.prod(len(v) for v in points.values()))
     console.print(f"calibrating on {len(experiments)} experiments: {num_runs} simulations, "
                   f"{jobs} at once")
     try:
@@ -130,8 +131,3 @@ def parse_grid(items: list[str]) -> dict[str, list[float]]:
             raise InputError(COMMAND_LINE, "--grid", item, "values must be numbers") from None
     return out
 
-
-def list_points(grid: dict[str, list[float]]) -> list[tuple[float, ...]]:
-    import itertools
-
-    return list(itertools.product(*grid.values()))
