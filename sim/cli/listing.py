@@ -82,10 +82,11 @@ def gpu_table(gpus: list[Any]) -> Table:
                           "the tensor-parallel fabric; $: on-demand list price per GPU-hour "
                           "(sources and dates: sim/hardware/gpus.py)")
     table.add_column("gpu", no_wrap=True)
+    # Figures never cut ("2,0..."); the fabric's name folds instead, so 80 columns hold it.
     for col in ("TFLOP/s\nbf16", "\nfp8", "memory\nGB/s", "\nGiB", "link\nGB/s"):
-        table.add_column(col, justify="right")
-    table.add_column("fabric", no_wrap=True)
-    table.add_column("$/GPU\n-hour", justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("fabric", max_width=9, overflow="fold")
+    table.add_column("$/GPU\n-hour", justify="right", no_wrap=True)
     for g in gpus:
         cost = getattr(g, "cost_per_gpu_hour", None)
         link = getattr(g, "interconnect_bandwidth_bytes_s", None)

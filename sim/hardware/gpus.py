@@ -53,8 +53,9 @@ from sim.core.registry import Registry
 
 GiB = 2**30
 
-# Scale-up fabric for a PCIe card without NVLink: PCIe Gen4 x16, one direction.
+# Scale-up fabric for a PCIe card without NVLink: PCIe Gen4 x16, one direction; Gen5 twice it.
 PCIE4_X16_BYTES_S = 32e9
+PCIE5_X16_BYTES_S = 64e9
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,8 @@ def measured_on(gpu_name: str, device_name: str) -> bool:
     "cpu: AMD EPYC") is one of the GPU kind `gpu_name` ("h100-sxm"): its family, the name up to
     its first '-' ("h100"), is in the device's name."""
     family = gpu_name.split("-")[0].lower()
-    return family in device_name.lower()
+    # Torch's names space words ("NVIDIA GeForce RTX 4090"); registered ones do not ("rtx4090").
+    return family in device_name.lower().replace(" ", "")
 
 
 def _add(spec: GPUSpec) -> None:
@@ -179,6 +181,41 @@ _add(GPUSpec(
     "... (2026)', June 2026",
     1.5625e9, f"AWS g5.48xlarge (8x A10G): 100 Gb/s of networking, 12.5 Gb/s per GPU "
               f"({_FROM_MEMORY})"))
+# Workstation and consumer parts: no hyperscaler lists them, so RunPod's on-demand price (about
+# half AWS's for the GPUs both list, see the module's docstring) stands in. Their figures were
+# read from public transcriptions of NVIDIA's documents (two or more agreeing, or one agreeing
+# with the per-SM arithmetic), not from the PDFs themselves.
+_ADA = ("NVIDIA Ada GPU Architecture whitepaper v2.02+, Appendix A 'GeForce RTX 4090 Full "
+        "Specifications' (images.nvidia.com/aem-dam/Solutions/geforce/ada/"
+        "nvidia-ada-gpu-architecture.pdf), as transcribed in several public files")
+_RTX_PRO = ("NVIDIA RTX Blackwell PRO GPU Architecture whitepaper v1.0/v1.1, Appendix A, and the "
+            "RTX PRO 6000 Blackwell datasheets, as transcribed in public files")
+_RUNPOD = ("RunPod on-demand (not AWS: no hyperscaler lists it), deploybase.ai 'RunPod GPU "
+           "Pricing: 2026 Comprehensive Pricing Guide', March 2026 table; prices there vary by "
+           "page (another gives $0.34 for the RTX 4090)")
+_add(GPUSpec(
+    "rtx4090", 165.2e12, 1008e9, 24 * GiB,
+    f"{_ADA}: 'Peak BF16 Tensor TFLOPS with FP32 Accumulate 165.2/330.4' (dense/sparse: a "
+    "GeForce part runs fp32 accumulation, what bf16 GEMMs use, at half its 330.3 fp16-"
+    "accumulate rate), 'Peak FP8 Tensor TFLOPS with FP32 Accumulate 330.3/660.6' (corrected "
+    "in v2.02 from 660.6), GDDR6X 1,008 GB/s, 24 GB (torch sees 23.52 GiB); no NVLink, and "
+    "no GPU peer access on the stock driver: PCIe Gen4 x16",
+    PCIE4_X16_BYTES_S, "pcie4", 0.60, f"{_RUNPOD}: RTX 4090 $0.60/h", None, "", 330.3e12))
+_add(GPUSpec(
+    "rtxpro6000", 503.8e12, 1792e9, 96 * GiB,
+    f"{_RTX_PRO}: Workstation Edition (600 W) 'Peak BF16 Tensor TFLOPS with FP32 Accumulate "
+    "503.8/1007.6' (no fp32-accumulate halving on RTX PRO parts), FP8 1,007.6 dense, GDDR7 "
+    "1,792 GB/s, 96 GB; no NVLink: PCIe Gen5 x16",
+    PCIE5_X16_BYTES_S, "pcie5", 1.57, f"{_RUNPOD}: RTX PRO 6000 $1.57/h", None, "",
+    1007.6e12))
+_add(GPUSpec(
+    "rtxpro6000-server", 467.8e12, 1597e9, 96 * GiB,
+    f"{_RTX_PRO}: Server Edition: GDDR7 1,597 GB/s, 96 GB (torch sees 94.97 GiB), PCIe Gen5 "
+    "x16, no NVLink; NVIDIA prints '1 PFLOP' BF16 without saying sparse, and no dense figure: "
+    "467.8 TFLOPS here is derived (188 SMs x 1,024 FLOP per clock x 2,430 MHz boost, the "
+    "Workstation Edition's rate per SM and clock), FP8 935.6 likewise: not a datasheet figure",
+    PCIE5_X16_BYTES_S, "pcie5", 1.57, f"{_RUNPOD}: RTX PRO 6000 $1.57/h (edition not said)",
+    None, "", 935.6e12))
 _add(GPUSpec(
     "mi300x", 1307.4e12, 5.3e12, 192 * GiB,
     "AMD Instinct MI300X datasheet: peak BF16 1,307.4 TFLOPS dense (2,614.9 with sparsity), "
