@@ -41,7 +41,7 @@ def list_registered(
     names = shipped_names()
     table.add_row("engine calibration", ", ".join([AUTO, NONE, *names]))
     console.print(table)
-    for line in calibration_lines([load_calibration(name) for name in names]):
+    for line in calibration_paragraphs([load_calibration(name) for name in names]):
         console.print(line)
     console.print(gpu_table([GPUS.get(name) for name in GPUS]))
     console.print(model_table([MODELS.get(name) for name in MODELS]))
@@ -58,7 +58,7 @@ def list_registered(
         console.print(shown)
 
 
-def calibration_lines(calibrations: list[Any]) -> list[str]:
+def calibration_paragraphs(calibrations: list[Any]) -> list[str]:
     """Each shipped engine calibration, a paragraph: what it was measured on, its fitted
     figures, and how far runs made with it are from the measurements (too long for a table's
     cells in 80 columns)."""
@@ -82,11 +82,10 @@ def gpu_table(gpus: list[Any]) -> Table:
                           "the tensor-parallel fabric; $: on-demand list price per GPU-hour "
                           "(sources and dates: sim/hardware/gpus.py)")
     table.add_column("gpu", no_wrap=True)
-    # Figures never cut ("2,0..."); the fabric's name folds instead, so 80 columns hold it.
-    for col in ("TFLOP/s\nbf16", "\nfp8", "memory\nGB/s", "\nGiB", "link\nGB/s"):
-        table.add_column(col, justify="right", no_wrap=True)
-    table.add_column("fabric", max_width=9, overflow="fold")
-    table.add_column("$/GPU\n-hour", justify="right", no_wrap=True)
+    for col in ("TFLOP/s\nbf16", "\nfp8", "mem\nGB/s", "\nGiB", "link\nGB/s"):
+        table.add_column(col, justify="right")
+    table.add_column("fabric", no_wrap=True)
+    table.add_column("$/GPU\n-hour", justify="right")
     for g in gpus:
         cost = getattr(g, "cost_per_gpu_hour", None)
         link = getattr(g, "interconnect_bandwidth_bytes_s", None)

@@ -205,17 +205,11 @@ _add(GPUSpec(
     "rtxpro6000", 503.8e12, 1792e9, 96 * GiB,
     f"{_RTX_PRO}: Workstation Edition (600 W) 'Peak BF16 Tensor TFLOPS with FP32 Accumulate "
     "503.8/1007.6' (no fp32-accumulate halving on RTX PRO parts), FP8 1,007.6 dense, GDDR7 "
-    "1,792 GB/s, 96 GB; no NVLink: PCIe Gen5 x16",
+    "1,792 GB/s, 96 GB; no NVLink: PCIe Gen5 x16. The Server Edition has 1,597 GB/s and no "
+    "published dense bf16 figure (its clock gives about 468 TFLOPS): describe it as a mapping "
+    "with base: rtxpro6000",
     PCIE5_X16_BYTES_S, "pcie5", 1.57, f"{_RUNPOD}: RTX PRO 6000 $1.57/h", None, "",
     1007.6e12))
-_add(GPUSpec(
-    "rtxpro6000-server", 467.8e12, 1597e9, 96 * GiB,
-    f"{_RTX_PRO}: Server Edition: GDDR7 1,597 GB/s, 96 GB (torch sees 94.97 GiB), PCIe Gen5 "
-    "x16, no NVLink; NVIDIA prints '1 PFLOP' BF16 without saying sparse, and no dense figure: "
-    "467.8 TFLOPS here is derived (188 SMs x 1,024 FLOP per clock x 2,430 MHz boost, the "
-    "Workstation Edition's rate per SM and clock), FP8 935.6 likewise: not a datasheet figure",
-    PCIE5_X16_BYTES_S, "pcie5", 1.57, f"{_RUNPOD}: RTX PRO 6000 $1.57/h (edition not said)",
-    None, "", 935.6e12))
 _add(GPUSpec(
     "mi300x", 1307.4e12, 5.3e12, 192 * GiB,
     "AMD Instinct MI300X datasheet: peak BF16 1,307.4 TFLOPS dense (2,614.9 with sparsity), "
