@@ -149,3 +149,18 @@ def test_help_imports_no_gpu_figures_and_no_pydantic():
     """sim.hardware.gpus imports pydantic (for GPUSpecInput): it stays off the top-level help's
     path."""
     assert imported_by(cli_code("--help"), ("sim.hardware.gpus", "pydantic")) == []
+
+
+def test_rtx_parts_use_their_fp32_accumulate_rates_and_match_torchs_names():
+    from sim.hardware.gpus import measured_on
+
+    rtx4090, pro = GPUS.get("rtx4090"), GPUS.get("rtxpro6000")
+    # A GeForce part runs bf16 with fp32 accumulation (what GEMMs use) at half its fp16 rate.
+    assert rtx4090.peak_bf16_flops == 165.2e12 and rtx4090.peak_fp8_flops == 330.3e12
+    assert pro.peak_bf16_flops == 503.8e12 and pro.memory_bandwidth_bytes_s == 1792e9
+    assert rtx4090.interconnect == "pcie4" and pro.interconnect == "pcie5"
+    # Torch's device names space their words; the registered names do not.
+    assert measured_on("rtx4090", "NVIDIA GeForce RTX 4090")
+    assert measured_on("rtxpro6000", "NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    assert not measured_on("rtx4090", "NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    assert measured_on("h100-sxm", "NVIDIA H100 80GB HBM3")
