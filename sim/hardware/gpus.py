@@ -185,29 +185,23 @@ _add(GPUSpec(
 # half AWS's for the GPUs both list, see the module's docstring) stands in. Their figures were
 # read from public transcriptions of NVIDIA's documents (two or more agreeing, or one agreeing
 # with the per-SM arithmetic), not from the PDFs themselves.
-_ADA = ("NVIDIA Ada GPU Architecture whitepaper v2.02+, Appendix A 'GeForce RTX 4090 Full "
-        "Specifications' (images.nvidia.com/aem-dam/Solutions/geforce/ada/"
-        "nvidia-ada-gpu-architecture.pdf), as transcribed in several public files")
-_RTX_PRO = ("NVIDIA RTX Blackwell PRO GPU Architecture whitepaper v1.0/v1.1, Appendix A, and the "
-            "RTX PRO 6000 Blackwell datasheets, as transcribed in public files")
+_ADA = "NVIDIA Ada GPU Architecture whitepaper v2.02+, Appendix A (as transcribed publicly)"
+_RTX_PRO = ("NVIDIA RTX Blackwell PRO GPU Architecture whitepaper v1.0, Appendix A, and the RTX "
+            "PRO 6000 Blackwell datasheets (as transcribed publicly)")
 _RUNPOD = ("RunPod on-demand (not AWS: no hyperscaler lists it), deploybase.ai 'RunPod GPU "
            "Pricing: 2026 Comprehensive Pricing Guide', March 2026 table; prices there vary by "
            "page (another gives $0.34 for the RTX 4090)")
 _add(GPUSpec(
     "rtx4090", 165.2e12, 1008e9, 24 * GiB,
-    f"{_ADA}: 'Peak BF16 Tensor TFLOPS with FP32 Accumulate 165.2/330.4' (dense/sparse: a "
-    "GeForce part runs fp32 accumulation, what bf16 GEMMs use, at half its 330.3 fp16-"
-    "accumulate rate), 'Peak FP8 Tensor TFLOPS with FP32 Accumulate 330.3/660.6' (corrected "
-    "in v2.02 from 660.6), GDDR6X 1,008 GB/s, 24 GB (torch sees 23.52 GiB); no NVLink, and "
-    "no GPU peer access on the stock driver: PCIe Gen4 x16",
+    f"{_ADA}: BF16 tensor with FP32 accumulate 165.2 TFLOPS dense (a GeForce part: half its "
+    "330.3 with FP16 accumulate), FP8 with FP32 accumulate 330.3 (v2.02's correction), "
+    "GDDR6X 1,008 GB/s, 24 GB; no NVLink, no peer access on the stock driver: PCIe Gen4 x16",
     PCIE4_X16_BYTES_S, "pcie4", 0.60, f"{_RUNPOD}: RTX 4090 $0.60/h", None, "", 330.3e12))
 _add(GPUSpec(
     "rtxpro6000", 503.8e12, 1792e9, 96 * GiB,
-    f"{_RTX_PRO}: Workstation Edition (600 W) 'Peak BF16 Tensor TFLOPS with FP32 Accumulate "
-    "503.8/1007.6' (no fp32-accumulate halving on RTX PRO parts), FP8 1,007.6 dense, GDDR7 "
-    "1,792 GB/s, 96 GB; no NVLink: PCIe Gen5 x16. The Server Edition has 1,597 GB/s and no "
-    "published dense bf16 figure (its clock gives about 468 TFLOPS): describe it as a mapping "
-    "with base: rtxpro6000",
+    f"{_RTX_PRO}: Workstation Edition BF16 with FP32 accumulate 503.8 TFLOPS dense (no "
+    "halving), FP8 1,007.6, GDDR7 1,792 GB/s, 96 GB, PCIe Gen5 x16, no NVLink. Server "
+    "Edition: 1,597 GB/s, no dense BF16 published (~468 by its clock)",
     PCIE5_X16_BYTES_S, "pcie5", 1.57, f"{_RUNPOD}: RTX PRO 6000 $1.57/h", None, "",
     1007.6e12))
 _add(GPUSpec(

@@ -66,6 +66,7 @@ class Experiment:
     engine: str
     gpu: str
     base_dir: Path | None = None  # where the scenario's relative paths start
+    engine_side: bool = False  # measured in the engine (no API server): compare engine-side
 
 def read_stages(path: Path, gpu: str | None = None) -> list[Experiment]:
     """The experiments of a stage table (`STAGE_COLUMNS`), each with its stages in order.
@@ -102,12 +103,109 @@ def read_measured(path: Path, gpu: str | None = None, deployment: Path | None = 
                   ) -> list[Experiment]:
     """The experiments of a measured file: a stage table (`.csv`, `read_stages`) or a `vllm
     bench serve` result (`.json`, `read_vllm_bench`, with the `deployment` it ran on)."""
+    if path.is_dir():
+        return [read_engine_run(path, gpu)]
     if path.suffix == ".json":
         if deployment is None:
             raise InputError(path, "<file>", str(path), "a vllm bench serve result needs "
                              "--deployment: a scenario file of the server it measured")
         return [read_vllm_bench(path, deployment)]
     return read_stages(path, gpu)
+
+
+# GPUs by the folder an engine run sits in (LLMServingSim's `bench/examples/<GPU>/...`).
+RUN_GPUS = {"RTX4090": "rtx4090", "RTXPRO6000": "rtxpro6000", "H100": "h100-sxm",
+            "A100": "a100-80gb", "H200": "h200", "B200": "b200", "L40S": "l40s"}
+
+
+def read_engine_run(run: Path, gpu: str | None = None) -> Experiment:
+    """A run of vLLM's engine with per-request engine timestamps (LLMServingSim's `bench`
+    layout: `meta.json` with the engine's arguments, `requests.jsonl` with each request's
+    lengths and `queued_ts`, `first_token_ts`, `last_token_ts`): its requests replayed as the
+    engine core received them (`format: jsonl`, arrivals at `queued_ts`) on the deployment its
+    arguments give, compared engine-side (no API server: the prompts came as token ids). A
+    data-parallel run (several engine cores, experts shared between them) is refused: not
+    modelled yet."""
+    from sim.config.input_file import read_json_file
+    from sim.hardware.models import COMMITTED
+
+    meta_path, requests = run / "meta.json", run / "requests.jsonl"
+    meta = read_json_file(meta_path, None, "<file>", 1 << 24)
+    args = meta.get("engine_kwargs") if isinstance(meta, dict) else None
+    if not isinstance(args, dict):
+        raise InputError(meta_path, "engine_kwargs", None, "an engine run's meta.json names "
+                         "the engine's arguments")
+    hf = str(args.get("model", ""))
+    model = next((name for name, repo in COMMITTED.items()
+                  if hf == repo or hf.startswith(repo + "-")), None)
+    if model is None:
+        raise InputError(meta_path, "engine_kwargs.model", hf, "no registered model by that "
+                         "Hugging Face name")
+    folder = next((part for part in reversed(run.parts) if part in RUN_GPUS), None)
+    gpu_name = gpu or (RUN_GPUS[folder] if folder else None)
+    if gpu_name is None:
+        raise InputError(run, "<folder>", str(run), "no GPU in its path (one of "
+                         f"{', '.join(RUN_GPUS)}): give --gpu")
+    kv = meta.get("kv_cache") if isinstance(meta.get("kv_cache"), dict) else {}
+    replica: dict[str, Any] = {
+        "model": model, "gpu": gpu_name,
+        "parallelism": {"tensor": int(args.get("tensor_parallel_size") or 1)},
+        "scheduler": {"name": "vllm_v1", "max_num_seqs": int(args.get("max_num_seqs") or 256),
+                      "max_num_batched_tokens": int(args.get("max_num_batched_tokens") or 2048)},
+        "prefix_caching": bool(kv.get("enable_prefix_caching", True)),
+    }
+    if args.get("max_model_len"):
+        replica["max_model_len"] = int(args["max_model_len"])
+    if kv.get("num_gpu_blocks"):  # what the engine logged it had, where it did
+        replica["kv_cache"] = {"num_blocks": int(kv["num_gpu_blocks"]),
+                               "block_size": int(kv.get("block_size") or 16)}
+    if int(args.get("data_parallel_size") or 1) > 1:
+        raise InputError(meta_path, "engine_kwargs.data_parallel_size",
+                         args["data_parallel_size"], "data-parallel engine cores (with "
+                         "expert parallelism across them) are not modelled yet")
+    scenario: dict[str, Any] = {
+        "seed": 0,
+        "workload": {"format": "jsonl", "path": str(requests.resolve()),
+                     "columns": {"arrival": "queued_ts", "prompt_tokens": "input_toks",
+                                 "output_tokens": "output_toks"}},
+        "replica": replica,
+    }
+    measured = _engine_run_stats(requests)
+    name = "/".join(run.parts[-3:-1]) if len(run.parts) >= 3 else run.name
+    stage = Stage(name, hf, replica["parallelism"]["tensor"], None, measured)
+    return Experiment(name, scenario, [stage], f"vllm {meta.get('vllm_version', '?')} (engine)",
+                      gpu_name, engine_side=True)
+
+
+def _engine_run_stats(path: Path) -> dict[str, float]:
+    """TTFT, TPOT and E2E statistics (ms) of an engine run's requests, as LLMServingSim
+    computes them: TTFT = first token - queued, TPOT = (last - first) / (outputs - 1), E2E =
+    last token - queued; numpy's linear percentiles."""
+    import json
+
+    ttft, tpot, e2e = [], [], []
+    number = 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                number += 1
+                if not line.strip():
+                    continue
+                r = json.loads(line)
+                queued, first, last = r["queued_ts"], r["first_token_ts"], r["last_token_ts"]
+                ttft.append(first - queued)
+                e2e.append(last - queued)
+                if r["output_toks"] > 1:
+                    tpot.append((last - first) / (r["output_toks"] - 1))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(path, "<file>", str(path), f"not an engine run's requests (line "
+                         f"{number}: {exc})") from None
+    if not ttft:
+        raise InputError(path, "<file>", str(path), "no request")
+    t, p, e = (1e3 * np.array(v) for v in (ttft, tpot, e2e))
+    return {"TPOT mean": float(p.mean()), "TPOT P50": float(np.percentile(p, 50)),
+            "TTFT mean": float(t.mean()), "TTFT P50": float(np.percentile(t, 50)),
+            "TTFT P99": float(np.percentile(t, 99)), "E2E mean": float(e.mean())}
 
 
 def read_vllm_bench(path: Path, deployment: Path) -> Experiment:
@@ -227,7 +325,7 @@ def simulate(args: tuple[Experiment, dict[str, Any]]) -> list[dict[str, Any]]:
     for stage in summary.get("stages", [summary]):
         got: dict[str, Any] = {"overloaded": stage["overload"]["verdict"] != "stable"}
         for name, _, key, stat in METRICS:
-            key = f"client_{key}" if name in CLIENT_SIDE else key
+            key = f"client_{key}" if name in CLIENT_SIDE and not exp.engine_side else key
             value = stage[key][stat]
             got[name] = None if value is None else value * 1e3
         out.append(got)

@@ -164,3 +164,11 @@ def test_rtx_parts_use_their_fp32_accumulate_rates_and_match_torchs_names():
     assert measured_on("rtxpro6000", "NVIDIA RTX PRO 6000 Blackwell Server Edition")
     assert not measured_on("rtx4090", "NVIDIA RTX PRO 6000 Blackwell Server Edition")
     assert measured_on("h100-sxm", "NVIDIA H100 80GB HBM3")
+
+
+@pytest.mark.parametrize("name", GPUS.names())
+def test_every_gpu_can_be_the_base_of_a_custom_one(name):
+    """A scenario's `gpu: {base: NAME, ...}` takes every registered GPU's figures and texts
+    (a source longer than a custom GPU's field may hold refused one)."""
+    spec = resolve_gpu({"base": name, "name": "mine", "cost_per_gpu_hour": 1.0})
+    assert spec.memory_bytes == GPUS.get(name).memory_bytes

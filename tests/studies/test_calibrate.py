@@ -8,6 +8,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -141,3 +142,40 @@ def test_calibrate_reads_a_vllm_benchmark_result_beside_its_deployment(tmp_path:
     assert fitted.latency == {"attention_mbu": 0.85}
     assert fitted.frontend_s == pytest.approx(0.005, abs=1e-6)
     assert "TPOT mean 0.0%" in fitted.error and "verdict" not in fitted.error
+
+
+def test_an_engine_run_with_per_request_timestamps_reads_back_exactly(tmp_path: Path):
+    """A run in LLMServingSim's layout (meta.json, requests.jsonl of engine timestamps), made
+    here from a servesim run, simulates back to its own statistics (engine-side)."""
+    import json
+
+    from sim import run_scenario
+    from sim.config.scenario import parse_scenario
+    from sim.studies.measured import errors_pct, read_engine_run
+
+    truth = run_scenario(parse_scenario({
+        "workload": {"format": "synthetic", "num_requests": 120, "arrivals": {"qps": 6.0},
+                     "lengths": {"prompt": {"dist": "uniform", "low": 100, "high": 1500},
+                                 "output": {"dist": "uniform", "low": 20, "high": 200}}},
+        "replica": {"model": "llama-2-7b", "prefix_caching": True,
+                    "scheduler": {"name": "vllm_v1", "max_num_seqs": 64,
+                                  "max_num_batched_tokens": 2048}}}, "truth"))
+    run = tmp_path / "vllm"
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({"vllm_version": "test", "engine_kwargs": {
+        "model": "meta-llama/Llama-2-7b-hf", "tensor_parallel_size": 1,
+        "data_parallel_size": 1, "max_num_seqs": 64, "max_num_batched_tokens": 2048}}))
+    req = truth.requests.sort_values("arrival_s")
+    with open(run / "requests.jsonl", "w") as f:
+        for r in req.itertuples():
+            f.write(json.dumps({"input_toks": r.num_prompt_tokens,
+                                "output_toks": r.num_output_tokens,
+                                "queued_ts": 1000 + r.arrival_s,
+                                "first_token_ts": 1000 + r.first_token_s,
+                                "last_token_ts": 1000 + r.finish_s}) + "\n")
+    experiment = read_engine_run(run, gpu="h100-sxm")
+    sims = simulate((experiment, {}))
+    errors = errors_pct(experiment.stages, sims, np.zeros(1))[0]
+    assert all(abs(e) < 1e-6 for e in errors.values() if e is not None), errors
+    assert experiment.stages[0].measured_ms["TTFT mean"] == pytest.approx(
+        1e3 * truth.summary["ttft_s"]["mean"])  # engine-side: no front end

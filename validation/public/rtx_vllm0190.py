@@ -1,0 +1,97 @@
+"""servesim against public measurements of real vLLM 0.19.0 on RTX GPUs: every run of
+`../shared/realruns/rtx_vllm0190` (LLMServingSim's validation examples, MIT) simulated as
+recorded, and the error table.
+
+    python validation/public/rtx_vllm0190.py [--realruns DIR] [--set FIELD=VALUE ...]
+        [--out FILE.md]
+
+Each run's 300 requests are replayed as its engine core received them (arrivals at
+`queued_ts`, prompt and output lengths as served) on the deployment its `meta.json` gives
+(model, TP, `max_num_seqs`, budget, the KV blocks the engine logged where it did), with the
+default engine calibration, and compared engine-side (the runs drove vLLM's `AsyncLLM` in
+process: no HTTP server). `sim.studies.measured.read_engine_run` builds each. Every run is
+overloaded (10 req/s of ~1,500-token requests): TTFT is mostly queueing, and the comparison is
+of whole runs. The RTX PRO 6000 edition is not recorded: `rtxpro6000` is the Workstation
+Edition's figures (`--gpu` in `servesim calibrate`, or `--set gpu=...` here, to try another).
+Known gaps: the data-parallel MoE run (Qwen3-30B-A3B, DP2 with expert parallelism) is not
+simulated; prefix caching has no hash ids here (at most 7.6% of prompt tokens repeat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.studies.measured import METRICS, errors_pct, median_abs
+
+ROOT = Path(__file__).resolve().parents[2]
+REALRUNS = ROOT.parent / "shared" / "realruns" / "rtx_vllm0190"
+sys.path.insert(0, str(Path(__file__).parent))
+from h100_vllm0151 import _commit, parse_set  # noqa: E402  (one script's helpers, shared)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--realruns", type=Path, default=REALRUNS)
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a replica field for every run, e.g. gpu=rtxpro6000")
+    parser.add_argument("--out", type=Path, help="also write the table here (Markdown)")
+    args = parser.parse_args()
+    from sim.config.errors import InputError
+    from sim.studies.measured import read_engine_run, simulate
+
+    runs = sorted(p.parent for p in args.realruns.glob("*/*/vllm/meta.json"))
+    if not runs:
+        print(f"{args.realruns}: no run (*/*/vllm/meta.json) there (give --realruns)",
+              file=sys.stderr)
+        return 2
+    replica: dict[str, Any] = {}
+    for dotted, value in parse_set(args.set).items():
+        *keys, last = dotted.split(".")
+        node = replica
+        for key in keys:
+            node = node.setdefault(key, {})
+        node[last] = value
+    stages, sims, skipped = [], [], []
+    for run in runs:
+        try:
+            experiment = read_engine_run(run)
+        except InputError as exc:
+            skipped.append(f"{'/'.join(run.parts[-3:-1])}: {exc.problem}")
+            continue
+        try:
+            got = simulate((experiment, replica))
+        except InputError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        stages += experiment.stages
+        sims += got
+    errors = errors_pct(stages, sims, np.zeros(len(stages)))
+    lines = ["servesim vs vLLM 0.19.0 on RTX GPUs, engine-side: (servesim - measured) / "
+             "measured, %" + (f"; --set {' '.join(args.set)}" if args.set else ""), "",
+             "| run | " + " | ".join(name for name, *_ in METRICS) + " | servesim overloaded |",
+             "|---|" + "---:|" * len(METRICS) + "---|"]
+    for stage, sim, row in zip(stages, sims, errors, strict=True):
+        cells = ["" if (e := row[name]) is None else f"{e:+.1f}" for name, *_ in METRICS]
+        lines.append(f"| {stage.name} | " + " | ".join(cells)
+                     + f" | {'yes' if sim['overloaded'] else 'no'} |")
+    lines.append("| median abs | " + " | ".join(
+        "" if (m := median_abs(errors, name)) is None else f"{m:.1f}" for name, *_ in METRICS)
+        + " | |")
+    lines += [f"| {line} |" + " |" * (len(METRICS) + 1) for line in skipped]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        command = "python validation/public/rtx_vllm0190.py " + " ".join(sys.argv[1:])
+        args.out.write_text(f"{text}\n\n`{command}` at {_commit()}, "
+                            f"{datetime.date.today().isoformat()}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
