@@ -11,8 +11,9 @@ Each run's 300 requests are replayed as its engine core received them (arrivals 
 default engine calibration, and compared engine-side (the runs drove vLLM's `AsyncLLM` in
 process: no HTTP server). `sim.studies.measured.read_engine_run` builds each. Every run is
 overloaded (10 req/s of ~1,500-token requests): TTFT is mostly queueing, and the comparison is
-of whole runs. The RTX PRO 6000 edition is not recorded: `rtxpro6000` is the Workstation
-Edition's figures (`--gpu` in `servesim calibrate`, or `--set gpu=...` here, to try another).
+of whole runs. The RTX PRO 6000 edition is not recorded: its runs are shown with `rtxpro6000`
+(the Workstation Edition's figures) and with the Server Edition's (1,597 GB/s; ~468 TFLOP/s
+bf16 derived from its clock, none published).
 Known gaps: the data-parallel MoE run (Qwen3-30B-A3B, DP2 with expert parallelism) is not
 simulated; prefix caching has no hash ids here (at most 7.6% of prompt tokens repeat).
 """
@@ -20,6 +21,7 @@ simulated; prefix caching has no hash ids here (at most 7.6% of prompt tokens re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import sys
 from pathlib import Path
@@ -31,6 +33,10 @@ from sim.studies.measured import METRICS, errors_pct, median_abs
 
 ROOT = Path(__file__).resolve().parents[2]
 REALRUNS = ROOT.parent / "shared" / "realruns" / "rtx_vllm0190"
+# NVIDIA publishes no dense bf16 figure for it: 188 SMs x 1,024 FLOP per clock x 2,430 MHz.
+SERVER_EDITION = {"base": "rtxpro6000", "name": "rtxpro6000-server",
+                  "memory_bandwidth_bytes_s": 1.597e12, "peak_bf16_flops": 4.678e14,
+                  "peak_fp8_flops": 9.356e14}
 sys.path.insert(0, str(Path(__file__).parent))
 from h100_vllm0151 import _commit, parse_set  # noqa: E402  (one script's helpers, shared)
 
@@ -64,13 +70,19 @@ def main() -> int:
         except InputError as exc:
             skipped.append(f"{'/'.join(run.parts[-3:-1])}: {exc.problem}")
             continue
-        try:
-            got = simulate((experiment, replica))
-        except InputError as exc:
-            print(exc, file=sys.stderr)
-            return 2
-        stages += experiment.stages
-        sims += got
+        variants = [("", replica)]
+        if experiment.gpu == "rtxpro6000" and "gpu" not in replica:
+            # The edition is not recorded; the Server Edition is the likelier (LLMServingSim's
+            # own RTX PRO 6000 profile reads 1,597.6 GB/s): both are shown.
+            variants.append((" (Server Edition)", {**replica, "gpu": SERVER_EDITION}))
+        for label, fields in variants:
+            try:
+                got = simulate((experiment, fields))
+            except InputError as exc:
+                print(exc, file=sys.stderr)
+                return 2
+            stages += [dataclasses.replace(s, name=s.name + label) for s in experiment.stages]
+            sims += got
     errors = errors_pct(stages, sims, np.zeros(len(stages)))
     lines = ["servesim vs vLLM 0.19.0 on RTX GPUs, engine-side: (servesim - measured) / "
              "measured, %" + (f"; --set {' '.join(args.set)}" if args.set else ""), "",
@@ -80,9 +92,17 @@ def main() -> int:
         cells = ["" if (e := row[name]) is None else f"{e:+.1f}" for name, *_ in METRICS]
         lines.append(f"| {stage.name} | " + " | ".join(cells)
                      + f" | {'yes' if sim['overloaded'] else 'no'} |")
-    lines.append("| median abs | " + " | ".join(
-        "" if (m := median_abs(errors, name)) is None else f"{m:.1f}" for name, *_ in METRICS)
-        + " | |")
+    server = [s.name.endswith("(Server Edition)") for s in stages]
+    has_server = {s.name.removesuffix(" (Server Edition)") for s, on in zip(stages, server,
+                                                                          strict=True) if on}
+    for title, keep in (("Workstation Edition figures", [not on for on in server]),
+                        ("Server Edition figures", [on or s.name not in has_server
+                                                    for s, on in zip(stages, server,
+                                                                     strict=True)])):
+        chosen = [e for e, k in zip(errors, keep, strict=True) if k]
+        lines.append(f"| median abs, RTX PRO 6000 at {title} | " + " | ".join(
+            "" if (m := median_abs(chosen, name)) is None else f"{m:.1f}"
+            for name, *_ in METRICS) + " | |")
     lines += [f"| {line} |" + " |" * (len(METRICS) + 1) for line in skipped]
     text = "\n".join(lines)
     print(text)
