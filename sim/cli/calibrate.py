@@ -23,8 +23,9 @@ GRID_HELP = ("a roofline field and the values to try, FIELD=V1,V2,... (repeat fo
 @app.command()
 def calibrate(
     measured: Annotated[list[Path], typer.Argument(
-        help="measured runs: stage tables (CSV, one row per load stage) or vllm bench serve "
-             "results (JSON, with --deployment); see docs/fidelity.md")],
+        help="measured runs: stage tables (CSV, one row per load stage), engine-run folders "
+             "(meta.json + requests.jsonl) or vllm bench serve results (JSON, with "
+             "--deployment); see docs/fidelity.md")],
     out: Annotated[Path, typer.Option("--out", help="the calibration file to write (YAML)")],
     name: Annotated[str | None, typer.Option(
         help="the calibration's name (default: the file's stem)")] = None,

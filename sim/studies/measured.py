@@ -6,8 +6,9 @@ Two layouts are read. A stage table: a CSV with one row per load stage (the layo
 `shared_prefix` workload as inference-perf sent it, the client-side TTFT, TPOT and E2E
 statistics the stage measured and whether it overloaded); each experiment (its stages, in
 order) is simulated as one run, stages 10 s apart, so a later stage starts on a warm prefix
-cache as the real one did. And a `vllm bench serve --save-result --save-detailed` result, one
-stage, replayed as sent on a deployment scenario.
+cache as the real one did. An engine run with per-request engine timestamps (LLMServingSim's
+layout), compared engine-side. And a `vllm bench serve --save-result --save-detailed` result,
+one stage, replayed as sent on a deployment scenario.
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ VLLM_KEYS = {"TPOT mean": "mean_tpot_ms", "TPOT P50": "median_tpot_ms",
 
 def read_measured(path: Path, gpu: str | None = None, deployment: Path | None = None
                   ) -> list[Experiment]:
-    """The experiments of a measured file: a stage table (`.csv`, `read_stages`) or a `vllm
-    bench serve` result (`.json`, `read_vllm_bench`, with the `deployment` it ran on)."""
+    """The experiments of a measured file: a stage table (`.csv`, `read_stages`), an engine
+    run's folder (`read_engine_run`) or a `vllm bench serve` result (`.json`,
+    `read_vllm_bench`, with the `deployment` it ran on)."""
     if path.is_dir():
         return [read_engine_run(path, gpu)]
     if path.suffix == ".json":
