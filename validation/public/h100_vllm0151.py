@@ -29,8 +29,6 @@ after 300 s); no KV offloading to CPU.
 from __future__ import annotations
 
 import argparse
-import datetime
-import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -39,20 +37,13 @@ from typing import Any
 import numpy as np
 import yaml
 
-from sim.studies.measured import METRICS, errors_pct, median_abs
+from sim.studies.measured import METRICS, errors_pct
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import error_cells, median_row, replica_fields, report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 REALRUNS = ROOT.parent / "shared" / "realruns" / "h100_vllm0151"
-
-
-def parse_set(items: list[str]) -> dict[str, Any]:
-    out = {}
-    for item in items:
-        field, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {item}: give FIELD=VALUE")
-        out[field] = yaml.safe_load(value)
-    return out
 
 
 def main() -> int:
@@ -71,14 +62,7 @@ def main() -> int:
     from sim.config.errors import InputError
     from sim.studies.measured import read_stages, simulate
 
-    overrides = parse_set(args.set)
-    replica: dict[str, Any] = {}
-    for dotted, value in overrides.items():
-        *keys, last = dotted.split(".")
-        node = replica
-        for key in keys:
-            node = node.setdefault(key, {})
-        node[last] = value
+    replica = replica_fields(args.set)
     try:
         experiments = read_stages(path)
         if args.stage:  # whole experiments run; only the stages asked for are shown
@@ -103,26 +87,18 @@ def main() -> int:
              "|---|" + "---:|" * len(METRICS) + "---|"]
     errors = errors_pct(stages, sims, np.zeros(len(stages)))
     for stage, sim, row in zip(stages, sims, errors, strict=True):
-        cells = ["" if (e := row[name]) is None else f"{e:+.1f}" for name, *_ in METRICS]
         verdict = (f"{'yes' if sim['overloaded'] else 'no'}/"
                    f"{'yes' if stage.overloaded else 'no'}")
-        lines.append(f"| {stage.name} | " + " | ".join(cells) + f" | {verdict} |")
+        lines.append(f"| {stage.name} | {error_cells(row)} | {verdict} |")
     equal = sum(sim["overloaded"] == stage.overloaded for stage, sim in zip(stages, sims,
                                                                              strict=True))
-    lines.append("| median abs, stable | " + " | ".join(
-        "" if (m := median_abs(errors, name)) is None else f"{m:.1f}" for name, *_ in METRICS)
-        + f" | {equal}/{len(stages)} equal |")
+    lines.append(median_row("median abs, stable", errors, f"{equal}/{len(stages)} equal"))
     lines.append("| worst abs, stable | " + " | ".join(
         f"{max(values):.1f}" if (values := [abs(e) for row in errors
                                             if (e := row[name]) is not None]) else ""
         for name, *_ in METRICS) + " | |")
     lines += ["", f"engine calibration: {yaml.safe_dump(calibration, width=96).strip()}"]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        command = "python validation/public/h100_vllm0151.py " + " ".join(sys.argv[1:])
-        args.out.write_text(f"{text}\n\n`{command}` at {_commit()}, "
-                            f"{datetime.date.today().isoformat()}\n")
+    report("\n".join(lines), args.out, "h100_vllm0151.py")
     return 0
 
 
@@ -136,15 +112,6 @@ def scenario_engine(experiment: Any, replica: dict[str, Any]) -> str:
     return yaml.safe_dump({"name": cal.name, "latency": cal.latency,
                            "frontend_s": cal.frontend_s,
                            "frontend_per_extra_gpu_s": cal.frontend_per_extra_gpu_s})
-
-
-def _commit() -> str:
-    """This checkout's commit, and whether files differ from it."""
-    def git(*words: str) -> str:
-        return subprocess.run(["git", *words], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip()
-    head = git("rev-parse", "--short", "HEAD") or "unknown commit"
-    return head + (" with changes" if git("status", "--porcelain", "--", "sim") else "")
 
 
 if __name__ == "__main__":

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from sim.studies.measured import METRICS, errors_pct, median_abs
+from sim.studies.measured import METRICS, errors_pct
 
 ROOT = Path(__file__).resolve().parents[2]
 REALRUNS = ROOT.parent / "shared" / "realruns" / "rtx_vllm0190"
@@ -38,7 +36,7 @@ SERVER_EDITION = {"base": "rtxpro6000", "name": "rtxpro6000-server",
                   "memory_bandwidth_bytes_s": 1.597e12, "peak_bf16_flops": 4.678e14,
                   "peak_fp8_flops": 9.356e14}
 sys.path.insert(0, str(Path(__file__).parent))
-from h100_vllm0151 import _commit, parse_set  # noqa: E402  (one script's helpers, shared)
+from common import error_cells, median_row, replica_fields, report  # noqa: E402
 
 
 def main() -> int:
@@ -56,13 +54,7 @@ def main() -> int:
         print(f"{args.realruns}: no run (*/*/vllm/meta.json) there (give --realruns)",
               file=sys.stderr)
         return 2
-    replica: dict[str, Any] = {}
-    for dotted, value in parse_set(args.set).items():
-        *keys, last = dotted.split(".")
-        node = replica
-        for key in keys:
-            node = node.setdefault(key, {})
-        node[last] = value
+    replica = replica_fields(args.set)
     stages, sims, skipped = [], [], []
     for run in runs:
         try:
@@ -89,9 +81,8 @@ def main() -> int:
              "| run | " + " | ".join(name for name, *_ in METRICS) + " | servesim overloaded |",
              "|---|" + "---:|" * len(METRICS) + "---|"]
     for stage, sim, row in zip(stages, sims, errors, strict=True):
-        cells = ["" if (e := row[name]) is None else f"{e:+.1f}" for name, *_ in METRICS]
-        lines.append(f"| {stage.name} | " + " | ".join(cells)
-                     + f" | {'yes' if sim['overloaded'] else 'no'} |")
+        lines.append(f"| {stage.name} | {error_cells(row)} | "
+                     f"{'yes' if sim['overloaded'] else 'no'} |")
     server = [s.name.endswith("(Server Edition)") for s in stages]
     has_server = {s.name.removesuffix(" (Server Edition)") for s, on in zip(stages, server,
                                                                           strict=True) if on}
@@ -99,17 +90,10 @@ def main() -> int:
                         ("Server Edition figures", [on or s.name not in has_server
                                                     for s, on in zip(stages, server,
                                                                      strict=True)])):
-        chosen = [e for e, k in zip(errors, keep, strict=True) if k]
-        lines.append(f"| median abs, RTX PRO 6000 at {title} | " + " | ".join(
-            "" if (m := median_abs(chosen, name)) is None else f"{m:.1f}"
-            for name, *_ in METRICS) + " | |")
+        lines.append(median_row(f"median abs, RTX PRO 6000 at {title}",
+                                [e for e, k in zip(errors, keep, strict=True) if k]))
     lines += [f"| {line} |" + " |" * (len(METRICS) + 1) for line in skipped]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        command = "python validation/public/rtx_vllm0190.py " + " ".join(sys.argv[1:])
-        args.out.write_text(f"{text}\n\n`{command}` at {_commit()}, "
-                            f"{datetime.date.today().isoformat()}\n")
+    report("\n".join(lines), args.out, "rtx_vllm0190.py")
     return 0
 
 
