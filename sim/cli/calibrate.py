@@ -17,7 +17,8 @@ from rich.table import Table
 from sim.cli.common import app, console, interrupted
 
 GRID_HELP = ("a roofline field and the values to try, FIELD=V1,V2,... (repeat for more fields; "
-             "default: attention_mbu=0.8,0.85,0.9,0.95 and attention_layer_s=0,5e-6,1e-5)")
+             "default: attention_mbu 0.8, 0.85, 0.9 and 0.95 with attention_layer_s 0, 5e-6 "
+             "and 1e-5)")
 
 
 @app.command()
