@@ -56,6 +56,7 @@ class Fit:
     verdicts: list[bool]  # simulated overloaded, per stage
     held_out: dict[str, dict[str, float]] = field(default_factory=dict)
 
+
 def fit_frontend(stages: Sequence[Stage], sims: Sequence[dict[str, Any]]) -> tuple[float, float]:
     """The front end's `(frontend_s, frontend_per_extra_gpu_s)` from the stable stages' TTFT-mean
     residuals (measured client-side minus simulated engine-side): a line in GPUs - 1 by least
@@ -109,6 +110,7 @@ def choose(stages: Sequence[Stage], by_point: Sequence[list[dict[str, Any]]],
             best = Fit(dict(point), front, per_gpu, value, errs, verdicts)
     assert best is not None
     return best
+
 
 def calibrate(experiments: Sequence[Experiment], grid: dict[str, list[float]],
               base_engine: str, jobs: int,
@@ -183,7 +185,7 @@ def calibration_yaml(name: str, experiments: Sequence[Experiment], files: Sequen
     provenance = (f"servesim calibrate on {len(experiments)} experiments, {len(stages)} load "
                   f"stages ({digests}); grid "
                   + ", ".join(f"{k} {v}" for k, v in grid.items())
-                  + f"; front end by least squares on TTFT; `{command}` at {_commit()}, "
+                  + f"; front end by least squares on TTFT; `{command}` at {checkout_commit()}, "
                   f"{datetime.date.today().isoformat()}")
     data = {"name": name, "engine": "/".join(engines), "gpu": "/".join(gpus),
             "latency": {k: float(v) for k, v in fit.latency.items()},
@@ -193,9 +195,10 @@ def calibration_yaml(name: str, experiments: Sequence[Experiment], files: Sequen
     return yaml.safe_dump(data, sort_keys=False, width=100)
 
 
-def _commit() -> str:
-    """servesim's commit, if it runs from a checkout."""
+def checkout_commit() -> str:
+    """servesim's commit, and whether `sim/` differs from it, if it runs from a checkout."""
     root = Path(__file__).resolve().parents[2]
+
     def git(*words: str) -> str:
         try:
             return subprocess.run(["git", *words], cwd=root, capture_output=True, text=True,

@@ -1,7 +1,7 @@
 """Measured serving runs, and servesim's error against them: what `servesim calibrate` fits to
 and `validation/public/` reports.
 
-Two layouts are read. A stage table: a CSV with one row per load stage (the layout of
+Three layouts are read. A stage table: a CSV with one row per load stage (the layout of
 `../shared/realruns/h100_vllm0151/runs.csv`, `STAGE_COLUMNS`: the deployment, the
 `shared_prefix` workload as inference-perf sent it, the client-side TTFT, TPOT and E2E
 statistics the stage measured and whether it overloaded); each experiment (its stages, in
@@ -46,6 +46,7 @@ STAGE_COLUMNS = (
 GPU_NAMES = (("H100", "h100-sxm"), ("H200", "h200"), ("A100", "a100-80gb"), ("B200", "b200"),
              ("L40S", "l40s"), ("A10G", "a10g"), ("MI300X", "mi300x"))
 
+
 @dataclass
 class Stage:
     """One measured load stage: what servesim is compared with."""
@@ -68,6 +69,7 @@ class Experiment:
     gpu: str
     base_dir: Path | None = None  # where the scenario's relative paths start
     engine_side: bool = False  # measured in the engine (no API server): compare engine-side
+
 
 def read_stages(path: Path, gpu: str | None = None) -> list[Experiment]:
     """The experiments of a stage table (`STAGE_COLUMNS`), each with its stages in order.
@@ -137,6 +139,10 @@ def read_engine_run(run: Path, gpu: str | None = None) -> Experiment:
     if not isinstance(args, dict):
         raise InputError(meta_path, "engine_kwargs", None, "an engine run's meta.json names "
                          "the engine's arguments")
+    if int(args.get("data_parallel_size") or 1) > 1:
+        raise InputError(meta_path, "engine_kwargs.data_parallel_size",
+                         args["data_parallel_size"], "data-parallel engine cores (with "
+                         "expert parallelism across them) are not modelled yet")
     hf = str(args.get("model", ""))
     model = next((name for name, repo in COMMITTED.items()
                   if hf == repo or hf.startswith(repo + "-")), None)
@@ -161,10 +167,6 @@ def read_engine_run(run: Path, gpu: str | None = None) -> Experiment:
     if kv.get("num_gpu_blocks"):  # what the engine logged it had, where it did
         replica["kv_cache"] = {"num_blocks": int(kv["num_gpu_blocks"]),
                                "block_size": int(kv.get("block_size") or 16)}
-    if int(args.get("data_parallel_size") or 1) > 1:
-        raise InputError(meta_path, "engine_kwargs.data_parallel_size",
-                         args["data_parallel_size"], "data-parallel engine cores (with "
-                         "expert parallelism across them) are not modelled yet")
     scenario: dict[str, Any] = {
         "seed": 0,
         "workload": {"format": "jsonl", "path": str(requests.resolve()),
@@ -180,10 +182,12 @@ def read_engine_run(run: Path, gpu: str | None = None) -> Experiment:
 
 
 def _engine_run_stats(path: Path) -> dict[str, float]:
-    """TTFT, TPOT and E2E statistics (ms) of an engine run's requests, as LLMServingSim
-    computes them: TTFT = first token - queued, TPOT = (last - first) / (outputs - 1), E2E =
-    last token - queued; numpy's linear percentiles."""
+    """The compared statistics (ms) of an engine run's requests, as LLMServingSim defines its
+    latencies (TTFT = first token - queued, TPOT = (last - first) / (outputs - 1), E2E = last
+    token - queued) and servesim's summary its statistics (`distribution`)."""
     import json
+
+    from sim.results.metrics.summary import distribution
 
     ttft, tpot, e2e = [], [], []
     number = 0
@@ -204,10 +208,11 @@ def _engine_run_stats(path: Path) -> dict[str, float]:
                          f"{number}: {exc})") from None
     if not ttft:
         raise InputError(path, "<file>", str(path), "no request")
-    t, p, e = (1e3 * np.array(v) for v in (ttft, tpot, e2e))
-    return {"TPOT mean": float(p.mean()), "TPOT P50": float(np.percentile(p, 50)),
-            "TTFT mean": float(t.mean()), "TTFT P50": float(np.percentile(t, 50)),
-            "TTFT P99": float(np.percentile(t, 99)), "E2E mean": float(e.mean())}
+    stats = {"ttft_s": distribution(ttft), "tpot_s": distribution(tpot),
+             "e2e_s": distribution(e2e)}
+    # None (no request with two tokens: no TPOT) as NaN, not compared (`errors_pct`).
+    return {name: math.nan if (v := stats[key][stat]) is None else 1e3 * float(v)
+            for name, _, key, stat in METRICS}
 
 
 def read_vllm_bench(path: Path, deployment: Path) -> Experiment:
@@ -314,9 +319,11 @@ def _experiment(path: Path, name: str, rows: list[dict[str, str]], gpu: str | No
     return Experiment(name, scenario, stages, f"{row['engine']} {row['engine_version']}",
                       gpu_name)
 
+
 def simulate(args: tuple[Experiment, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One experiment's stages as simulated with `replica` fields set (ms; engine-side unless
-    the replica's engine has a front end, then client-side) and overload verdicts."""
+    """One experiment's stages as simulated with `replica` fields set (ms; TTFT and E2E
+    client-side, engine-side for an experiment measured in the engine) and overload
+    verdicts."""
     from sim import run_scenario
     from sim.config.scenario import merge_mappings, parse_scenario
 
@@ -351,6 +358,7 @@ def errors_pct(stages: Sequence[Stage], sims: Sequence[dict[str, Any]], added_ms
             row[name] = 100.0 * (got - measured) / measured
         out.append(row)
     return out
+
 
 def median_abs(errors: Sequence[dict[str, float | None]], name: str) -> float | None:
     values = [abs(e) for row in errors if (e := row[name]) is not None]

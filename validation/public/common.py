@@ -4,7 +4,6 @@ with the command, commit and date that made it."""
 from __future__ import annotations
 
 import datetime
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from sim.studies.calibrate import checkout_commit
 from sim.studies.measured import METRICS, median_abs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,14 +56,5 @@ def report(text: str, out: Path | None, script: str) -> None:
     print(text)
     if out:
         command = f"python validation/public/{script} " + " ".join(sys.argv[1:])
-        out.write_text(f"{text}\n\n`{command}` at {_commit()}, "
+        out.write_text(f"{text}\n\n`{command}` at {checkout_commit()}, "
                        f"{datetime.date.today().isoformat()}\n")
-
-
-def _commit() -> str:
-    """This checkout's commit, and whether files differ from it."""
-    def git(*words: str) -> str:
-        return subprocess.run(["git", *words], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip()
-    head = git("rev-parse", "--short", "HEAD") or "unknown commit"
-    return head + (" with changes" if git("status", "--porcelain", "--", "sim") else "")
