@@ -81,10 +81,11 @@ def refuse_unused(ctx: typer.Context, unused: dict[str, str]) -> None:
 def calibration_lines(scenarios: Any) -> list[str]:
     """One line per engine calibration the scenarios' replicas use: its name, what it was
     measured on and how far runs made with it are from the measurements."""
+    from sim.config.engine import calibration_text
+
     seen: dict[str, str] = {}
     for scenario in scenarios:
         for pool in scenario.pools():
             cal = pool.replica.calibration
-            seen.setdefault(cal.name, f"engine calibration {cal.name} ({cal.engine}"
-                                      + (f", {cal.gpu}" if cal.gpu else "") + f"): {cal.error}")
+            seen.setdefault(cal.name, calibration_text(cal.model_dump()))
     return list(seen.values())

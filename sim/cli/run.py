@@ -176,11 +176,10 @@ def overload_line(verdict: dict[str, Any]) -> str:
 
 def calibration_line(summary: dict[str, Any]) -> str | None:
     """Which engine calibration timed the run, and how far it is from measured runs."""
+    from sim.config.engine import calibration_text
+
     cal = summary.get("latency_model", {}).get("calibration")
-    if not cal:
-        return None
-    return (f"engine calibration {cal['name']} ({cal['engine']}"
-            + (f", {cal['gpu']}" if cal["gpu"] else "") + f"): {cal['error']}")
+    return calibration_text(cal) if cal else None
 
 
 LATENCY_ROWS = (  # summary key, label, scale to the unit in the label

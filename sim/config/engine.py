@@ -14,6 +14,7 @@ its front end turns engine-side latencies into client-side ones (`client_ttft_s`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -56,6 +57,13 @@ class EngineCalibration(Frozen):
     def frontend_latency_s(self, num_gpus: int) -> float:
         """The front end's latency for a replica of `num_gpus` GPUs: added to TTFT and E2E."""
         return self.frontend_s + self.frontend_per_extra_gpu_s * max(num_gpus - 1, 0)
+
+
+def calibration_text(facts: Mapping[str, Any]) -> str:
+    """One line naming a calibration and its measured error, from its fields (an
+    `EngineCalibration`'s, or a summary's `latency_model.calibration`)."""
+    gpu = f", {facts['gpu']}" if facts.get("gpu") else ""
+    return f"engine calibration {facts['name']} ({facts['engine']}{gpu}): {facts['error']}"
 
 
 UNCALIBRATED = EngineCalibration(

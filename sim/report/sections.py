@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 import sim.report.markup as m
+from sim.config.engine import calibration_text
 from sim.config.errors import InputError
 from sim.results.labels import axis_label, capacity_interval, label, slo_targets, unit
 from sim.results.read import read_csv, read_json, read_parquet
@@ -60,8 +61,7 @@ def run_setup(summary: dict[str, Any]) -> str:
     cal = (summary.get("latency_model") or {}).get("calibration")
     return m.table(["field", "value"], rows, text_columns=2) + (
         m.paragraph(f"Warm-up: {warmup}") if warmup else "") + (
-        m.paragraph(f"Engine calibration {cal['name']} ({cal['engine']}): {cal['error']}")
-        if cal else "")
+        m.paragraph(calibration_text(cal)) if cal else "")
 
 
 def overload_verdict(summary: dict[str, Any]) -> str:
