@@ -24,6 +24,7 @@ from sim.plots.sweep import latency_vs_throughput, p99_tbt_vs_load, plot_sweep, 
 from sim.plots.timeline import busiest_window, iteration_timeline
 from sim.results.outdir import PLOTS_DIR, check_writable_dir
 from sim.results.read import directory_kind
+from sim.results.run_dir import Results
 
 __all__ = ["busiest_window", "capacity_bars", "capacity_figure", "capacity_trials", "cdfs",
            "headline_bars", "iteration_timeline", "latency_vs_throughput", "p99_tbt_vs_load",
@@ -38,14 +39,12 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, *,
     """The figures one run's files support: CDFs (TBT: every gap, or each request's worst
     with `worst_tbt`) and the iteration timeline (of `window_s` and `replicas`; by default
     the busiest window, the first replica of each pool)."""
-    from sim.results.run_dir import Results
-
-    Results.load(run_dir)  # refused in one line if its tables break what a run guarantees
+    run = Results.load(run_dir)  # refused in one line if its tables break what a run guarantees
     out_dir = out_dir or run_dir / "plots"
     # Its own name: the every-gap CDF drawn before stays beside it.
-    files = cdfs([run_dir], out_dir / ("cdf_worst_tbt" if worst_tbt else "cdf"),
+    files = cdfs([run], out_dir / ("cdf_worst_tbt" if worst_tbt else "cdf"), [run_dir.name],
                  worst_tbt=worst_tbt)
-    return files + iteration_timeline(run_dir, out_dir / "timeline", replicas, window_s)
+    return files + iteration_timeline(run, out_dir / "timeline", replicas, window_s)
 
 
 def plot_results(dirs: Sequence[Path], out_dir: Path | None = None, *,

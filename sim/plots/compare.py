@@ -13,6 +13,7 @@ from sim.plots.common import overloaded, save
 from sim.plots.run import cdfs
 from sim.results.labels import PERCENT, label, time_unit
 from sim.results.read import read_csv
+from sim.results.run_dir import Results
 
 HEADLINE_PANELS = (("TTFT", ("ttft_p50_s", "ttft_p99_s")), ("TBT", ("tbt_p50_s", "tbt_p99_s")),
                    ("SLO attainment", ("slo_attainment",)))
@@ -109,6 +110,7 @@ def plot_comparison(compare_dir: Path, out_dir: Path | None = None, *,
     out_dir = out_dir or compare_dir / "plots"
     # Its own name: the every-gap CDF drawn before stays beside it.
     name = "cdf_worst_tbt" if worst_tbt else "cdf"
-    files = cdfs([compare_dir / v for v in variants], out_dir / name, variants,
+    # Each variant's run checked as any run read back is (`Results.load`).
+    files = cdfs([Results.load(compare_dir / v) for v in variants], out_dir / name, variants,
                  worst_tbt=worst_tbt)
     return files + headline_bars(table, out_dir / "headline", compare_dir.name)

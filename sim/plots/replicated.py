@@ -39,6 +39,7 @@ from sim.results.formats import REPLICATIONS_FILE as RESULT_FILE
 from sim.results.labels import MS, Unit, label, time_unit
 from sim.results.metrics.summary import WeightedSample
 from sim.results.read import read_csv, read_json
+from sim.results.run_dir import Results
 
 GRID_POINTS = 2000  # values where replications' CDFs are compared, at most
 BAND_NOTE = ("line: all replications pooled; band: range of the replications' CDFs; "
@@ -75,16 +76,19 @@ def load_replicated(rep_dir: Path, name: str | None = None) -> Replicated:
             or not isinstance(metrics, dict)):
         raise InputError(path, "<file>", str(path),
                          "not a replications result (missing or malformed runs or metrics)")
-    dirs = [rep_dir / r for r in runs]
-    summaries = [read_json(d / "summary.json", missing=f"replication {d.name} is missing")
-                 for d in dirs]
-    tbts = [tbt_sample(d, s) for d, s in zip(dirs, summaries, strict=True)]
+    for r in runs:
+        if not (rep_dir / r / "summary.json").is_file():
+            path = rep_dir / r / "summary.json"
+            raise InputError(path, "<file>", str(path), f"replication {r} is missing")
+    # Each replication checked as any run read back is (`Results.load`), and read once.
+    done = [Results.load(rep_dir / r) for r in runs]
+    tbts = [tbt_sample(run) for run in done]
     if any(s.key != "tbt_s" for s in tbts):  # one quantity for all
-        tbts = [tbt_sample_worst(d) for d in dirs]
-    verdicts = [(s.get("overload") or {}).get("verdict") for s in summaries]
+        tbts = [tbt_sample_worst(run) for run in done]
+    verdicts = [(run.summary.get("overload") or {}).get("verdict") for run in done]
     return Replicated(name or str(data.get("scenario") or rep_dir.name),
-                      [ttft_sample(d, s) for d, s in zip(dirs, summaries, strict=True)], tbts,
-                      metrics, slo_targets_s(dirs[0]), verdicts.count("overloaded"))
+                      [ttft_sample(run) for run in done], tbts, metrics,
+                      slo_targets_s(done[0]), verdicts.count("overloaded"))
 
 
 def _kept(sample: WeightedSample) -> WeightedSample:

@@ -15,10 +15,8 @@ from matplotlib.lines import Line2D
 from sim.plots.common import log_time_axis, save
 from sim.results.labels import MS, Unit, label, time_unit
 from sim.results.metrics.summary import WeightedSample
-from sim.results.read import read_json, read_parquet, read_yaml_file
+from sim.results.run_dir import Results
 
-GAPS_FILE = "tbt_gaps.parquet"  # every gap as distinct values with counts, when written
-TIMELINE_WINDOW_S = 5.0
 MARKERS = {"p50": ("o", 0.5), "p99": ("D", 0.99)}
 
 
@@ -34,35 +32,34 @@ class Sample:
     key: str
 
 
-def tbt_sample(run_dir: Path, summary: dict[str, Any]) -> Sample:
+def tbt_sample(run: Results) -> Sample:
     """Every TBT gap of a run: from `tbt_gaps.parquet` (every run writes it) or, for a run
     written before it existed, `tokens.parquet`; failing both, each request's worst gap, which
     the figure then names as such."""
-    expected = summary.get("tbt_s") or {}
-    if (run_dir / GAPS_FILE).is_file():
-        g = read_parquet(run_dir / GAPS_FILE, ["gap_s", "count"])
-        sample = WeightedSample(g["gap_s"].to_numpy(float), g["count"].to_numpy(np.int64))
-    elif (run_dir / "tokens.parquet").is_file():
-        t = read_parquet(run_dir / "tokens.parquet", ["request_id", "time_s"])
-        sample = WeightedSample.of(t.groupby("request_id")["time_s"].diff().dropna())
+    expected = run.summary.get("tbt_s") or {}
+    gaps, tokens = run.tbt_gaps, run.tokens
+    if gaps is not None:
+        sample = WeightedSample(gaps["gap_s"].to_numpy(float), gaps["count"].to_numpy(np.int64))
+    elif tokens is not None:
+        sample = WeightedSample.of(tokens.groupby("request_id")["time_s"].diff().dropna())
     else:
-        return tbt_sample_worst(run_dir)
+        return tbt_sample_worst(run)
     return Sample(sample, expected.get("p50"), expected.get("p99"), "tbt_s")
 
 
-def ttft_sample(run_dir: Path, summary: dict[str, Any]) -> Sample:
+def ttft_sample(run: Results) -> Sample:
     """Finished requests' TTFT (the population of the summary's TTFT row)."""
-    req = read_parquet(run_dir / "requests.parquet", ["ttft_s", "status"])
+    req = run.requests
     values = req.loc[req["status"] == "finished", "ttft_s"].dropna()
-    ttft = summary.get("ttft_s") or {}
+    ttft = run.summary.get("ttft_s") or {}
     return Sample(WeightedSample.of(values), ttft.get("p50"), ttft.get("p99"), "ttft_s")
 
 
-def slo_targets_s(run_dir: Path) -> dict[str, float]:
+def slo_targets_s(run: Results) -> dict[str, float]:
     """The run's SLO targets in seconds, from its resolved scenario (`ttft_s`, `tbt_s`)."""
-    data = read_yaml_file(run_dir / "scenario.yaml")
-    slo = (data if isinstance(data, dict) else {}).get("slo") or {}
-    return {k: float(v) for k, v in slo.items() if isinstance(v, int | float)}
+    slo = run.scenario.slo
+    return {k: float(v) for k, v in (("ttft_s", slo.ttft_s), ("tbt_s", slo.tbt_s))
+            if v is not None}
 
 
 def _cdf_pair(top: Any, tail: Any, samples: list[Sample], names: list[str], shown: Unit,
@@ -112,23 +109,22 @@ def cdf_axes(top: Any, tail: Any, shown: Unit, slo_s: set[float], largest: int, 
     tail.set_ylabel("fraction above")
 
 
-def cdfs(run_dirs: Sequence[Path], path: Path, labels: Sequence[str] | None = None, *,
+def cdfs(runs: Sequence[Results], path: Path, labels: Sequence[str], *,
          worst_tbt: bool = False) -> list[Path]:
     """TTFT and TBT (every gap; each request's worst gap with `worst_tbt`) CDFs of runs, each
     over a log view of its tail (fraction above, log scale); P50 (circle) and P99 (diamond)
-    marked; the scenarios' SLOs as red lines; an overloaded run's label says so."""
+    marked; the scenarios' SLOs as red lines; an overloaded run's label says so. The runs are
+    read (and checked) by the caller: `Results.load`."""
     names, ttfts, tbts, slos = [], [], [], []
-    for i, run in enumerate(run_dirs):
-        summary = read_json(run / "summary.json")
-        name = labels[i] if labels else run.name
-        if (summary.get("overload") or {}).get("verdict") == "overloaded":
+    for name, run in zip(labels, runs, strict=True):
+        if (run.summary.get("overload") or {}).get("verdict") == "overloaded":
             name += " (overloaded)"
         names.append(name)
-        ttfts.append(ttft_sample(run, summary))
-        tbts.append(tbt_sample(run, summary))
+        ttfts.append(ttft_sample(run))
+        tbts.append(tbt_sample(run))
         slos.append(slo_targets_s(run))
     if worst_tbt or any(s.key != "tbt_s" for s in tbts):  # one quantity for all, titled
-        tbts = [tbt_sample_worst(run) for run in run_dirs]
+        tbts = [tbt_sample_worst(run) for run in runs]
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex="col",
                              gridspec_kw={"height_ratios": (3, 2)})
     peak = max((float(s.values.values.max()) for s in ttfts if s.values.values.size),
@@ -158,11 +154,10 @@ def cdfs(run_dirs: Sequence[Path], path: Path, labels: Sequence[str] | None = No
     return save(fig, path)
 
 
-def tbt_sample_worst(run_dir: Path) -> Sample:
+def tbt_sample_worst(run: Results) -> Sample:
     """Each finished request's worst gap, with the summary's percentiles of it."""
-    summary = read_json(run_dir / "summary.json")
-    req = read_parquet(run_dir / "requests.parquet", ["max_tbt_s", "status"])
+    req = run.requests
     done = req.loc[req["status"] == "finished", "max_tbt_s"].dropna()
-    per = summary.get("max_tbt_per_request_s") or {}
+    per = run.summary.get("max_tbt_per_request_s") or {}
     return Sample(WeightedSample.of(done), per.get("p50"), per.get("p99"),
                   "max_tbt_per_request_s")

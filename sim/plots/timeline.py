@@ -13,11 +13,9 @@ import pandas as pd
 
 from sim.config.errors import COMMAND_LINE, InputError
 from sim.plots.common import legend, save
-from sim.results.read import read_json, read_parquet
+from sim.results.run_dir import Results
 
 WINDOW_S = 5.0  # the default window's length
-COLUMNS = ["replica_id", "pool", "start_s", "duration_s", "num_decode_tokens",
-           "num_prefill_tokens", "num_seqs", "num_kv_blocks_used", "num_waiting"]
 
 
 def busiest_window(its: pd.DataFrame, length_s: float = WINDOW_S) -> tuple[float, float]:
@@ -53,15 +51,16 @@ def _pool(its: pd.DataFrame, replica: int) -> str:
     return str(pools.iloc[0]) if len(pools) else ""
 
 
-def iteration_timeline(run_dir: Path, path: Path, replica_id: int | Sequence[int] | None = None,
+def iteration_timeline(run: Results, path: Path, replica_id: int | Sequence[int] | None = None,
                        window_s: tuple[float, float] | None = None) -> list[Path]:
     """Each iteration's prefill and decode tokens over the window (default: the busiest
     `WINDOW_S` seconds), one panel per replica (default: the first of each pool), then each
     replica's share of KV blocks in use and its waiting queue and running requests (those in
-    its iterations in progress: `requests_in_flight`)."""
-    its = read_parquet(run_dir / "iterations.parquet", COLUMNS)
+    its iterations in progress: `requests_in_flight`). The run is read (and checked) by the
+    caller: `Results.load`."""
+    its = run.iterations
     ids = [replica_id] if isinstance(replica_id, int) else replica_id
-    replicas = chosen_replicas(its, ids, run_dir / "iterations.parquet")
+    replicas = chosen_replicas(its, ids, (run.path or Path(".")) / "iterations.parquet")
     mine = its[its["replica_id"].isin(replicas)]
     busiest = window_s is None
     if window_s is None:
@@ -74,8 +73,8 @@ def iteration_timeline(run_dir: Path, path: Path, replica_id: int | Sequence[int
                 if len(mine) else "none")
         raise InputError(COMMAND_LINE, "--window", f"{window_s[0]:g}:{window_s[1]:g}",
                          f"holds no iteration of the replicas shown (they run {span})")
-    run = read_json(run_dir / "summary.json").get("run") or {}
-    blocks = run.get("num_kv_blocks") if isinstance(run.get("num_kv_blocks"), int) else None
+    about = run.summary.get("run") or {}
+    blocks = about.get("num_kv_blocks") if isinstance(about.get("num_kv_blocks"), int) else None
     fig, axes = plt.subplots(len(replicas) + 2, 1, figsize=(10, 2.1 * (len(replicas) + 2)),
                              sharex=True, squeeze=False)
     axes = axes[:, 0]

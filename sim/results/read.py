@@ -222,6 +222,10 @@ def check_summary(data: dict[str, Any], path: Path) -> None:
 
 INTEGER, NUMBER, FINITE, TEXT, BOOLEAN = ("an integer", "a number", "a finite number", "text",
                                           "true or false")
+# A time, a duration or a rate: never negative in any table servesim writes; missing (NaN) where
+# a run had none to measure.
+NOT_NEGATIVE = "a number, not negative"
+COUNT = "a count (an integer, not negative; missing where not known)"
 # A run's tables, column by column, as `Results.write` writes them (columns not named pass,
 # except times: see `column_kind`).
 RUN_TABLES: dict[str, dict[str, str]] = {
@@ -238,12 +242,16 @@ RUN_TABLES: dict[str, dict[str, str]] = {
     "tokens.parquet": {"request_id": INTEGER, "token_index": INTEGER, "time_s": FINITE},
     "tbt_gaps.parquet": {"gap_s": FINITE, "count": INTEGER},
     "trials.csv": {"seed": INTEGER, "rate": FINITE, "qps": FINITE, "ok": BOOLEAN},
+    "comparison.csv": {"variant": TEXT, "finished": COUNT, "num_gpus": COUNT,
+                       "num_preemptions": COUNT, "slo_attainment": NOT_NEGATIVE,
+                       "usd_per_million_tokens": NOT_NEGATIVE},
 }
+RUN_FILES = ("requests.parquet", "iterations.parquet", "tokens.parquet", "tbt_gaps.parquet")
 STATUSES = ("finished", "rejected", "unfinished")
 # What every finished request has (the requests of a summary's latency rows).
 FINISHED_TIMES = ("first_token_s", "finish_s", "ttft_s", "e2e_s")
-# A time (`*_s`), a rate (`*_per_s`) or its interval's ends (`*_s_lo`, `*_s_hi`): a number,
-# missing (NaN) where a run had none to measure.
+# A time (`*_s`), a rate (`*_per_s`) or its interval's ends (`*_s_lo`, `*_s_hi`): a number, not
+# negative, missing (NaN) where a run had none to measure.
 _TIME = re.compile(r"_s(_lo|_hi)?$")
 # Tables written once their runs are done, with a row per run or variant: one with none would
 # draw an empty figure without a word.
@@ -261,7 +269,11 @@ def column_kind(table: str, column: str) -> str | None:
     known = RUN_TABLES.get(table, {}).get(column)
     if known is not None:
         return known
-    return NUMBER if "." not in column and _TIME.search(column) else None
+    if "." in column or not _TIME.search(column):
+        return None
+    # A run's own tables: `Results.load` checks their times against each other, and names
+    # what is wrong more closely than "negative" (a finish before its arrival, say).
+    return NUMBER if table in RUN_FILES else NOT_NEGATIVE
 
 
 def check_table(df: pd.DataFrame, path: Path) -> None:
@@ -296,12 +308,25 @@ def _check_column(series: pd.Series, kind: str, path: Path) -> None:
         if not pd.api.types.is_bool_dtype(dtype):
             raise _wrong(path, series.name, _first(series), f"must be {BOOLEAN}", 0)
         return
-    if series.isna().all() and kind == NUMBER:
+    if series.isna().all() and kind in (NUMBER, NOT_NEGATIVE):
         return  # nothing measured (a column of None reads back as objects)
     if pd.api.types.is_bool_dtype(dtype) or not pd.api.types.is_numeric_dtype(dtype):
         bad = next((i for i, v in enumerate(series) if not _is_number(v)), 0)
         raise _wrong(path, series.name, series.iloc[bad], f"must be {kind}", bad)
     values = series.to_numpy()
+    if kind in (NOT_NEGATIVE, COUNT):
+        with np.errstate(invalid="ignore"):
+            negative = np.flatnonzero(values.astype(np.float64) < 0)
+        if negative.size:
+            bad = int(negative[0])
+            raise _wrong(path, series.name, _plain(values[bad]), f"must be {kind}", bad)
+        if kind == COUNT and pd.api.types.is_float_dtype(dtype):
+            with np.errstate(invalid="ignore"):
+                bad_mask = np.isinf(values) | (np.isfinite(values) & (values != np.round(values)))
+            if bad_mask.any():
+                bad = int(np.flatnonzero(bad_mask)[0])
+                raise _wrong(path, series.name, values[bad], f"must be {kind}", bad)
+        kind = NUMBER
     if kind == INTEGER and not pd.api.types.is_integer_dtype(dtype):
         with np.errstate(invalid="ignore"):
             bad_mask = ~np.isfinite(values) | (values != np.round(values))
@@ -319,6 +344,11 @@ def _check_column(series: pd.Series, kind: str, path: Path) -> None:
 def _is_number(value: Any) -> bool:
     return (isinstance(value, int | float | np.integer | np.floating)
             and not isinstance(value, bool | np.bool_))
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python value an error shows."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _first(series: pd.Series) -> Any:

@@ -37,6 +37,7 @@ class Results:
                  summary: dict[str, Any], tbt_gaps: Columns | pd.DataFrame | None = None):
         self.scenario = scenario
         self.summary = summary
+        self.path: Path | None = None  # the run directory it was read from (`load`)
         self.tables: dict[str, Columns | pd.DataFrame] = {
             name: table for name, table in (("requests", requests), ("iterations", iterations),
                                             ("tokens", tokens), ("tbt_gaps", tbt_gaps))
@@ -124,7 +125,10 @@ class Results:
         gaps = (read_parquet(run / "tbt_gaps.parquet", GAP_COLUMNS)
                 if (run / "tbt_gaps.parquet").exists() else None)
         check_claims(run, requests, iterations, tokens, gaps)
-        return cls(scenario, requests, iterations, tokens, read_json(run / "summary.json"), gaps)
+        results = cls(scenario, requests, iterations, tokens, read_json(run / "summary.json"),
+                      gaps)
+        results.path = run
+        return results
 
 
 def check_claims(run: Path, requests: pd.DataFrame, iterations: pd.DataFrame,

@@ -6,7 +6,11 @@ runs and sweeps from the CLI."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -22,6 +26,7 @@ from sim.plots import busiest_window, plot_results, tbt_sample
 from sim.plots.timeline import requests_in_flight
 from sim.results import labels
 from sim.results.metrics.summary import distribution
+from sim.results.run_dir import Results
 from sim.runner import run_scenario
 from sim.studies.compare import compare
 from sim.studies.sweep import run_sweep
@@ -138,7 +143,7 @@ def test_the_written_gaps_are_the_summarys(tmp_path, scheduler):
     scenario = {**CHUNKED, "replica": {**CHUNKED["replica"], "scheduler": scheduler}}
     run_scenario(parse_scenario(scenario, "test")).write(out)
     summary = json.loads((out / "summary.json").read_text())
-    sample = tbt_sample(out, summary)
+    sample = tbt_sample(Results.load(out))
     assert sample.key == "tbt_s"
     got, want = distribution(sample.values), summary["tbt_s"]
     assert got["count"] == want["count"] > 60
@@ -151,7 +156,7 @@ def test_recorded_token_times_give_the_same_gaps(tmp_path):
     run_scenario(parse_scenario({**CHUNKED, "record_token_times": True}, "test")).write(out)
     (out / "tbt_gaps.parquet").unlink()  # as a run written before the gaps file existed
     summary = json.loads((out / "summary.json").read_text())
-    got = distribution(tbt_sample(out, summary).values)
+    got = distribution(tbt_sample(Results.load(out)).values)
     assert got["count"] == summary["tbt_s"]["count"]
     assert got["p99"] == pytest.approx(summary["tbt_s"]["p99"], rel=1e-12)
 
@@ -368,15 +373,35 @@ def test_plot_says_in_one_line_that_a_file_holds_its_default_directory(tmp_path,
 
 def test_plot_says_in_one_line_that_a_read_only_run_cannot_hold_figures(tmp_path, monkeypatch,
                                                                         capsys):
-    """A read-only copy of a run: one line, not a PermissionError traceback (give --out)."""
-    import os
-
-    if os.geteuid() == 0:
-        pytest.skip("root writes into read-only directories: run as another user")
-    run = colocated_run(tmp_path)
-    run.chmod(0o555)
-    try:
-        code, err = run_cli(monkeypatch, capsys, "plot", str(run))
+    """A read-only copy of a run: one line, not a PermissionError traceback (give --out). Root
+    writes into read-only directories, so as root the command runs as `nobody` (setpriv),
+    on a copy of the run that user can read."""
+    if os.geteuid() != 0:
+        run = colocated_run(tmp_path)
+        run.chmod(0o555)
+        try:
+            code, err = run_cli(monkeypatch, capsys, "plot", str(run))
+        finally:
+            run.chmod(0o755)
         assert_one_line_error(code, err, "RESULTS/plots", "cannot write there")
+        return
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("as root, needs setpriv (util-linux) to run the command as another user")
+    shared = Path(tempfile.mkdtemp(prefix="servesim-read-only-"))  # pytest's is root's alone
+    try:
+        shared.chmod(0o755)
+        run = shutil.copytree(colocated_run(tmp_path), shared / "run")
+        for path in [run, *run.iterdir()]:
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        config = shared / "matplotlib"  # somewhere `nobody` may write its font cache
+        config.mkdir(mode=0o777)
+        config.chmod(0o777)
+        done = subprocess.run(
+            [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+             "-m", "sim", "plot", str(run)], capture_output=True, text=True, timeout=300,
+            cwd=shared, env={**os.environ, "MPLCONFIGDIR": str(config), "HOME": str(config)})
+        assert_one_line_error(done.returncode, done.stderr, "RESULTS/plots", "cannot write there")
+        assert not (run / "plots").exists()
     finally:
-        run.chmod(0o755)
+        shutil.rmtree(shared, ignore_errors=True)

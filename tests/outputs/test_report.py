@@ -15,6 +15,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from PIL import Image
@@ -240,6 +241,30 @@ def test_bad_directory_or_output_is_a_one_line_error(dirs, tmp_path, monkeypatch
         code, err = run_cli(monkeypatch, capsys, "report", str(dirs["run"]), "--out", str(out))
         assert_one_line_error(code, err, "--out", needle)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "file"]
+
+
+@pytest.mark.parametrize(("kind", "table", "column", "value", "problem"), [
+    ("comparison", "comparison.csv", "ttft_p99_s", -1.0, "not negative"),
+    ("comparison", "comparison.csv", "num_preemptions", -3, "not negative"),
+    ("sweep", "results.parquet", "tbt_p99_s", -0.5, "not negative"),
+    # A variant's own run, drawn in the comparison's CDFs.
+    ("comparison", "heavy/requests.parquet", "ttft_s", -1.0, "a first token before its arrival"),
+])
+def test_an_edited_study_table_is_refused_by_report_and_plot(dirs, tmp_path, monkeypatch, capsys,
+                                                             kind, table, column, value, problem):
+    # Was a report (and a figure) with a negative latency drawn as if measured: a study's
+    # tables were checked for kinds only, and its runs not at all.
+    edited = tmp_path / kind
+    shutil.copytree(dirs[kind], edited)
+    path = edited / table
+    frame = pd.read_csv(path) if table.endswith(".csv") else pd.read_parquet(path)
+    frame.loc[1, column] = value
+    frame.to_csv(path, index=False) if table.endswith(".csv") else frame.to_parquet(path)
+    for args in (("report", str(edited), "--out", str(tmp_path / "r.html")),
+                 ("plot", str(edited), "--out", str(tmp_path / "plots"))):
+        code, err = run_cli(monkeypatch, capsys, *args)
+        assert_one_line_error(code, err, table, f"{column}={value}", problem, "row 1")
+    assert not (tmp_path / "r.html").exists() and not (tmp_path / "plots").exists()
 
 
 # Rendering in a browser -----------------------------------------------------------------------
