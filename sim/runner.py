@@ -222,8 +222,9 @@ STAGE_COLUMNS = ("ttft_s", "client_ttft_s", "tpot_s", "e2e_s", "client_e2e_s")
 
 
 def stage_stats(requests: Columns, scenario: Scenario, end_s: float) -> list[dict[str, Any]]:
-    """Each load stage's own metrics, as inference-perf reports a stage: its rate, requests,
-    finished requests per second (from its first arrival to its last finish), latency
+    """Each load stage's own metrics, as inference-perf reports a stage: its rate, requests
+    (finished, failed), finished requests per second (from its first arrival to its last
+    end), latency
     distributions of its finished requests, and whether its queue grew."""
     stages = scenario.workload.load_stages()  # type: ignore[attr-defined]
     stage = column(requests, "stage")
@@ -235,11 +236,15 @@ def stage_stats(requests: Columns, scenario: Scenario, end_s: float) -> list[dic
         rows = order[(ends[i - 1] if i else 0):ends[i]]
         sub = {name: column(requests, name)[rows] for name in requests}
         done = sub["status"] == FINISHED
+        failed = sub["status"] == "failed"
         first_s = float(sub["arrival_s"].min()) if len(rows) else 0.0
-        span_s = float(np.nanmax(sub["finish_s"])) - first_s if done.any() else 0.0
+        # Its last end: a failed request's (its client gave up) counts, as inference-perf's.
+        last_s = np.concatenate([sub["finish_s"][done], sub["failed_s"][failed]])
+        span_s = float(last_s.max()) - first_s if done.any() else 0.0
         out.append({
             "stage": i, "rate_qps": st.rate_qps, "duration_s": st.duration_s,
-            "requests": {"total": len(rows), "finished": int(done.sum())},
+            "requests": {"total": len(rows), "finished": int(done.sum()),
+                         "failed": int(failed.sum())},
             "requests_per_s": int(done.sum()) / span_s if span_s > 0 else None,
             **{name: finished_distribution(sub[name][done]) for name in STAGE_COLUMNS},
             "overload": overload(sub, end_s) if len(rows) else None,

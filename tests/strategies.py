@@ -76,6 +76,10 @@ def scenarios(draw):
         max_prompt = system + turns * (max(1, max_prompt // 4) + max_output)
         min_blocks = -(-(max_prompt + max_output) // block_size)
         num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
+    # A client timeout sometimes: aborts from the queue, the batch and (async) in flight.
+    timeout_s = draw(st.sampled_from([None, None, 0.02, 0.2, 1.0]))
+    if timeout_s is not None:
+        workload["timeout_s"] = timeout_s
     return {
         "seed": draw(st.integers(0, 2**16)),
         "workload": workload,
@@ -103,7 +107,12 @@ def assert_nothing_lost(data, res):
     req = res.requests
     assert len(req) == data["workload"]["num_requests"]
     assert req["request_id"].tolist() == list(range(len(req)))
-    assert set(req["status"]) <= {"finished", "rejected", "unfinished"}
+    assert set(req["status"]) <= {"finished", "rejected", "failed", "unfinished"}
+    failed = req["status"] == "failed"
+    assert req.loc[failed, "reason"].str.startswith("client_timeout").all()
+    assert (req.loc[failed, "failed_s"] == req.loc[failed, "arrival_s"]
+            + data["workload"].get("timeout_s", 0)).all()
+    assert req.loc[~failed, "failed_s"].isna().all()
     assert ((req["status"] == "finished") == (req["reason"] == "")).all()
     if data["horizon_s"] is None:
         assert (req["status"] != "unfinished").all()

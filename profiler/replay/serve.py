@@ -85,6 +85,9 @@ def check_replayable(scenario: Scenario) -> None:
         # The executor's block tables are per request: shared prefix blocks are not built.
         raise InputError(scenario.source, "replica.prefix_caching", True,
                          "replay does not share KV between requests yet")
+    if scenario.workload.timeout_s is not None:
+        raise InputError(scenario.source, "workload.timeout_s", scenario.workload.timeout_s,
+                         "replay does not abort requests on a client timeout yet: remove it")
 
 
 # A replay serves its arrivals on the wall clock: longer than a day is not what anyone waits

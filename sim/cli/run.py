@@ -270,6 +270,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_section()
     table.add_row("requests", str(req["total"]), "finished", str(req["finished"]), "", "")
     table.add_row("", "", "rejected", str(req["rejected"]), "", "")
+    if req.get("failed"):  # clients that gave up (`workload.timeout_s`)
+        table.add_row("", "", "failed", str(req["failed"]), "timed out", "")
     table.add_row("", "", "unfinished", str(req["unfinished"]), "", "")
     table.add_row("throughput", fmt(thr["requests_per_s"]), "req/s",
                   fmt(thr["output_tokens_per_s"]), "out tok/s", "")

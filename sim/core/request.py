@@ -9,6 +9,7 @@ of one token.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 
@@ -18,6 +19,7 @@ class Status(enum.Enum):
     TRANSFERRING = "transferring"  # prefilled on a prefill replica; KV on its way to a decode one
     FINISHED = "finished"
     REJECTED = "rejected"  # can never be served; `reason` says why
+    FAILED = "failed"  # aborted by its client (a timeout), its KV freed; `reason` says why
 
 
 @dataclass(eq=False, slots=True)
@@ -50,6 +52,10 @@ class Request:
     prefill_replica_id: int = -1  # where it arrived
     first_scheduled_s: float | None = None
     finish_s: float | None = None
+    # The client gives up at this time (`workload.timeout_s` after arrival): the engine aborts
+    # the request at its first step from then (`ReplicaState.expire`), and it fails.
+    deadline_s: float = math.inf
+    failed_s: float | None = None  # its deadline, once it failed
     # Disaggregated serving: prefill done, KV transfer started (decode blocks reserved) and done.
     prefill_end_s: float | None = None
     transfer_start_s: float | None = None

@@ -6,6 +6,8 @@ outcome of an iteration once the engine says it has ended. Nothing here knows ab
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import deque
 
 from sim.core.kv_cache import KVCacheManager, cdiv
@@ -55,6 +57,10 @@ class ReplicaState:
         # not `prefilling()` decodes, which the policies' loops over the running requests and
         # `BatchShape.of_replica` use instead of asking each request (`check` asserts it).
         self.pipelined = False
+        # Requests here that may time out, by deadline (`expire`): (deadline_s, request_id,
+        # request), pushed when a request joins a queue; stale entries (finished, handed on)
+        # are dropped when they come up.
+        self._deadlines: list[tuple[float, int, Request]] = []
 
     def num_kv_tokens_needed(self, req: Request) -> int:
         """KV slots `req` needs here at its largest: its prompt on a prefill replica."""
@@ -69,6 +75,8 @@ class ReplicaState:
         req.status = Status.WAITING
         self.waiting.append(req)
         self.num_waiting_tokens += req.num_uncomputed_tokens
+        if req.deadline_s != math.inf:
+            heapq.heappush(self._deadlines, (req.deadline_s, req.request_id, req))
 
     def admit(self, req: Request, num_cached_tokens: int = 0) -> None:
         """Move the head of the waiting queue to the running list (its blocks are allocated);
@@ -87,6 +95,8 @@ class ReplicaState:
         del self.incoming[req.request_id]
         self.requests[req.request_id] = req
         self._start_running(req)
+        if req.deadline_s != math.inf:
+            heapq.heappush(self._deadlines, (req.deadline_s, req.request_id, req))
 
     def _start_running(self, req: Request) -> None:
         """`req` joins the running list, and the counts kept of it (`check`)."""
@@ -222,6 +232,8 @@ class ReplicaState:
         sampled = []
         for req, num_tokens, num_preemptions, samples, _ in in_flight:
             req.num_in_flight_tokens -= num_tokens
+            if req.status is Status.FAILED:  # aborted meanwhile: its token is dropped
+                continue
             if samples == PLACEHOLDER:  # counted when sent: its time is now
                 req.num_placeholders -= 1
                 if req.num_preemptions != num_preemptions and not stale_delivered:
@@ -280,8 +292,7 @@ class ReplicaState:
                 self.waiting.remove(req)
                 self.num_waiting_tokens -= req.num_uncomputed_tokens
                 req.close_token_run()
-                req.status = Status.FINISHED
-                req.finish_s = end_s
+                _finished(req, end_s)
 
     def cancel(self, in_flight: list[InFlight]) -> None:
         """Pipelined replica: an iteration `start` sent off never ends (the run stopped at its
@@ -289,6 +300,8 @@ class ReplicaState:
         in progress uncommitted; its KV blocks stay allocated. Newest iteration first."""
         for req, num_tokens, num_preemptions, samples, first in in_flight:
             req.num_in_flight_tokens -= num_tokens
+            if req.status is Status.FAILED:  # aborted: nothing of it is kept
+                continue
             if req.num_preemptions == num_preemptions:
                 req.num_computed_tokens -= num_tokens
             else:  # preempted since: `preempt` counted these tokens as computed, then dropped
@@ -314,8 +327,40 @@ class ReplicaState:
         self._stop_running(req)
         self.kv.free(req)
         req.close_token_run()
-        req.status = Status.FINISHED
-        req.finish_s = end_s
+        _finished(req, end_s)
+
+    def expire(self, now_s: float) -> list[Request]:
+        """Abort the requests here whose client has given up by `now_s` (their deadline has
+        passed), as vLLM's engine applies the aborts it received before its next step: a
+        queued one leaves the queue, a running one the batch, its KV blocks freed (cached
+        prefixes stay cached); each fails, at its deadline, with the reason. A request
+        handed off (its KV on the way to a decode replica) is aborted there. Returns them."""
+        deadlines = self._deadlines
+        if not deadlines or deadlines[0][0] > now_s:
+            return []
+        aborted = []
+        while deadlines and deadlines[0][0] <= now_s:
+            req = heapq.heappop(deadlines)[2]
+            if self.prefill_only and req.prefill_end_s is not None:
+                continue  # handed off: a decode replica holds it (or its KV is on the way)
+            if req.status is Status.WAITING:
+                self.waiting.remove(req)
+                self.num_waiting_tokens -= req.num_uncomputed_tokens
+                where = "queued"
+            elif req.status is Status.RUNNING:
+                self._stop_running(req)
+                self.kv.free(req)
+                # Tokens in iterations still in flight never reach the client.
+                req.num_output_tokens -= req.num_placeholders
+                req.num_placeholders = 0
+                where = (f"running, {req.num_output_tokens:,} of "
+                         f"{req.num_target_output_tokens:,} tokens generated")
+            else:
+                continue  # finished
+            req.close_token_run()
+            _fail(req, where)
+            aborted.append(req)
+        return aborted
 
     @property
     def num_outstanding(self) -> int:
@@ -345,3 +390,21 @@ class ReplicaState:
         if not self.kv.caches_prefixes:
             for req in self.running:
                 assert self.kv.num_held_blocks(req.request_id) <= self.max_blocks(req)
+
+
+def _finished(req: Request, end_s: float) -> None:
+    """`req` sampled its last token at `end_s`: finished, or failed if its client had given up
+    before (its deadline passed during the iteration: the abort comes after it)."""
+    if end_s > req.deadline_s:
+        _fail(req, f"its last token {end_s - req.deadline_s:.3g} s too late")
+        return
+    req.status = Status.FINISHED
+    req.finish_s = end_s
+
+
+def _fail(req: Request, where: str) -> None:
+    """`req`'s client gave up at its deadline: it failed, with the reason."""
+    req.status = Status.FAILED
+    req.failed_s = req.deadline_s
+    req.reason = f"client_timeout: gave up {req.deadline_s - req.arrival_s:g} s after arriving, " \
+                 f"{where}"

@@ -4,7 +4,8 @@ pools joined by KV-transfer links (`sim.engine.disaggregation`)."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -17,7 +18,7 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.radix_cache import Eviction, PrefixCachingKVManager
 from sim.core.request import Request, Status
 from sim.core.state import ReplicaState
-from sim.engine.clock import Environment, Progress, simulate
+from sim.engine.clock import NORMAL, At, Environment, Progress, simulate
 from sim.engine.disaggregation import Disaggregation
 from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Replica
@@ -29,6 +30,9 @@ from sim.routers import ROUTERS
 from sim.routers.base import ReplicaLoad
 from sim.schedulers import SCHEDULERS, Scheduler
 
+# A request in one of these states can no longer time out.
+DONE = (Status.FINISHED, Status.REJECTED, Status.FAILED)
+
 
 class Cluster:
     """Builds the replicas a scenario describes and routes requests to them."""
@@ -39,6 +43,11 @@ class Cluster:
         cfg = scenario.cluster
         self.horizon_s = scenario.horizon_s
         self.fast_forward = fast_forward
+        # The client's timeout (`workload.timeout_s`): the requests that may time out, in
+        # arrival order, which is deadline order (one timeout for all).
+        self.timeout_s: float | None = scenario.workload.timeout_s
+        self._deadlines: deque[Request] = deque()
+        self._timeouts_idle: Any = None  # the timeouts' process, waiting for work
         self.seed = scenario.seed
         seeds = np.random.SeedSequence(scenario.seed).spawn(2)
         self.router = ROUTERS.get(cfg.router.name)(cfg.router, np.random.default_rng(seeds[0]))
@@ -113,15 +122,45 @@ class Cluster:
         return IterationNoise(noise, self.seed, replica_id, quantiles)
 
     def _next_arrival(self) -> float:
-        """When the next request arrives, or the horizon if sooner (nothing happens from then
-        on). A colocated replica is read or changed only by arrivals (the router reads every
-        replica's load), never by another replica."""
+        """When the next request arrives or times out, or the horizon if sooner (nothing
+        happens from then on). A colocated replica is read or changed only by arrivals (the
+        router reads every replica's load) and timeouts, never by another replica."""
         horizon = self.horizon_s
         arrival = self.env.next_arrival_s
+        if self._deadlines:
+            due = self._next_due()
+            if due is not None and due.deadline_s < arrival:
+                arrival = due.deadline_s
         return arrival if horizon is None or arrival < horizon else horizon
+
+    def _next_due(self) -> Request | None:
+        """The next request to time out that has not finished (or been rejected) yet."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0].status in DONE:
+            deadlines.popleft()
+        return deadlines[0] if deadlines else None
+
+    def _timeouts(self) -> Generator[Any, Any, None]:
+        """At each deadline of a request not finished yet, wake the replica holding it: it
+        aborts the request before its next step (`ReplicaState.expire`), at once if idle."""
+        env = self.env
+        while True:
+            due = self._next_due()
+            if due is None:
+                self._timeouts_idle = env.event()  # until a request that may time out arrives
+                yield self._timeouts_idle
+                self._timeouts_idle = None
+                continue
+            if due.deadline_s > env.now:
+                yield At(env, due.deadline_s, NORMAL)
+            while (due := self._next_due()) is not None and due.deadline_s <= env.now:
+                self._deadlines.popleft()
+                self.replicas[due.replica_id].wake()
 
     def run(self, requests: list[Request], on_progress: Progress | None = None) -> None:
         """Simulate the arrivals to completion (or the horizon); check every replica after."""
+        if self.timeout_s is not None:
+            self.env.process(self._timeouts())
         simulate(self.env, requests, self.route, self.horizon_s, on_progress)
         for replica in self.replicas:
             if self.horizon_s is not None:
@@ -129,7 +168,13 @@ class Cluster:
             replica.state.check()
 
     def route(self, req: Request) -> None:
-        """A request arrives: reject it if no decode replica could ever hold it, else route."""
+        """A request arrives: reject it if no decode replica could ever hold it, else route;
+        with a client timeout, it gives up `timeout_s` from now."""
+        if self.timeout_s is not None:
+            req.deadline_s = req.arrival_s + self.timeout_s
+            self._deadlines.append(req)
+            if self._timeouts_idle is not None and not self._timeouts_idle.triggered:
+                self._timeouts_idle.succeed()
         if self.disaggregation is not None:
             reason = self.disaggregation.reject_reason(req)
             if reason is not None:

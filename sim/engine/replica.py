@@ -166,12 +166,17 @@ class Replica:
 
     def run(self) -> Generator[simpy.Event, Any, None]:
         """The engine step, as `servesim replay` runs it on a wall clock: commit what has ended,
-        admit KV transfers, schedule and predict, wait for the work to end (its commit is the
-        next step's sync). `now`: the replica's own clock (ahead of the environment's while a
-        `FastReplica` runs ahead)."""
+        abort requests whose client gave up, admit KV transfers, schedule and predict, wait for
+        the work to end (its commit is the next step's sync). `now`: the replica's own clock
+        (ahead of the environment's while a `FastReplica` runs ahead)."""
         now = self.env.now
         while True:
             self.sync()
+            # Clients that gave up, before the next step; first, as the KV they free may admit
+            # a transfer now (a stretch stops for nothing else that frees KV).
+            aborted = self.state.expire(now)
+            if aborted:
+                self.scheduler.requests_aborted(aborted)
             if self.inbox is not None and self.inbox.pending:
                 yield from self._admit_transfers(now)
             plan, work = self._next_work(now)

@@ -23,10 +23,10 @@ Where servesim differs (also listed in the file, under `servesim_notes`):
   from before servesim had them give the engine's own, and a note says so. `duration` is the
   run's end (`summary["run"]["end_s"]`: the horizon, else the last event)
   from the first arrival; `start_times` are arrival times (first arrival = 0).
-- Rejected and unfinished requests (running, queued or transferring at the horizon, or
-  arriving after it) are failed; `errors` holds `status: reason`. A failed request's `ttfts`
-  entry is its TTFT if a token came out (as a stream cut short has one), else 0.0, and its
-  `latencies` entry 0.0, as in vLLM.
+- Rejected, failed (their client timed out) and unfinished requests (running, queued or
+  transferring at the horizon, or arriving after it) are failed; `errors` holds `status:
+  reason`. A failed request's `ttfts` entry is its TTFT if a token came out (as a stream cut
+  short has one), else 0.0, and its `latencies` entry 0.0, as in vLLM.
 - `request_goodput`: completed requests meeting the scenario's `slo` (TTFT, and TBT on each
   request's worst gap) per second; vLLM's `--goodput` takes TTFT, TPOT and E2EL targets.
   None without targets, as vLLM without `--goodput`.

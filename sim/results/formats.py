@@ -23,6 +23,8 @@ METRICS = {  # column -> path in summary.json
     "num_gpus": ("cost", "num_gpus"),
     "requests_per_s_per_gpu": ("cost", "requests_per_s_per_gpu"),
     "usd_per_million_tokens": ("cost", "usd_per_million_tokens"),
+    # Last: earlier columns keep their places. Requests whose client gave up (a timeout).
+    "failed": ("requests", "failed"),
 }
 
 # Replications of a run, and of a comparison.

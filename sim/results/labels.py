@@ -68,6 +68,7 @@ METRICS: dict[str, tuple[str, Unit]] = {
     "finished": ("finished requests", NONE),
     "rejected": ("rejected requests", NONE),
     "unfinished": ("unfinished requests", NONE),
+    "failed": ("failed requests (client timeout)", NONE),
     "overload": ("overload verdict", NONE),
     "num_preemptions": ("preemptions", NONE),
     "capacity_qps": ("capacity", Unit("req/s", 1.0)),

@@ -173,6 +173,7 @@ def _summary_model() -> Any:
         finished: int = Field(ge=0)
         rejected: int = Field(ge=0)
         unfinished: int = Field(ge=0)
+        failed: int = Field(0, ge=0)  # (results written before client timeouts have none)
 
     class Verdict(BaseModel):
         model_config = loose
@@ -247,7 +248,7 @@ RUN_TABLES: dict[str, dict[str, str]] = {
                        "usd_per_million_tokens": NOT_NEGATIVE},
 }
 RUN_FILES = ("requests.parquet", "iterations.parquet", "tokens.parquet", "tbt_gaps.parquet")
-STATUSES = ("finished", "rejected", "unfinished")
+STATUSES = ("finished", "rejected", "failed", "unfinished")
 # What every finished request has (the requests of a summary's latency rows).
 FINISHED_TIMES = ("first_token_s", "finish_s", "ttft_s", "e2e_s")
 # A time (`*_s`), a rate (`*_per_s`) or its interval's ends (`*_s_lo`, `*_s_hi`): a number, not

@@ -269,6 +269,8 @@ def request_table(requests: Sequence[Request], logs: Sequence[IterationLog],
         "transfer_end_s": transfer_end,
         "decode_wait_s": transfer_start - prefill_end,  # waiting for decode KV blocks
         "transfer_s": transfer_end - transfer_start,  # link queueing and wire time
+        # Last: earlier columns keep their places.
+        "failed_s": floats([r.failed_s for r in requests]),  # its client gave up (a timeout)
     }
     return table, tokens.gaps
 
@@ -305,9 +307,10 @@ def token_table(requests: Sequence[Request], owner: np.ndarray, times: np.ndarra
     return {"request_id": ids[owner], "token_index": index.astype(np.int64), "time_s": times}
 
 
-# A request's status in the results: finished, rejected, or unfinished (wherever it was).
-STATUS = {status: status.value if status in (Status.FINISHED, Status.REJECTED) else UNFINISHED
-          for status in Status}
+# A request's status in the results: finished, rejected, failed (its client gave up), or
+# unfinished (wherever it was).
+STATUS = {status: status.value if status in (Status.FINISHED, Status.REJECTED, Status.FAILED)
+          else UNFINISHED for status in Status}
 # Why a request is unfinished at the horizon, by where it was.
 AT_HORIZON = {Status.WAITING: "queued_at_horizon", Status.RUNNING: "running_at_horizon",
               Status.TRANSFERRING: "transferring_at_horizon"}

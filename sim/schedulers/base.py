@@ -90,6 +90,11 @@ class Scheduler(ABC):
         """The iteration of `plan` has ended and its outcome is committed to the state (a
         policy wrapping an engine's scheduler feeds the engine its output here)."""
 
+    def requests_aborted(self, requests: list[Request]) -> None:  # noqa: B027  (a hook)
+        """`requests` were aborted (their client timed out: `ReplicaState.expire`) and have
+        left the state, their KV freed (a policy wrapping an engine's scheduler aborts them
+        there too)."""
+
     @final
     def schedule(self, state: ReplicaState, now_s: float) -> Plan:
         """The next iteration's plan (`decide`), checked: no more tokens than the policy's

@@ -228,6 +228,13 @@ class VllmEngine(Scheduler):
             state.preempt(state.requests[rid])
         return ids
 
+    def requests_aborted(self, requests: list[Request]) -> None:
+        from vllm.v1.request import RequestStatus
+
+        if self._sched is not None:
+            ids = [str(r.request_id) for r in requests if r.request_id in self._known]
+            self._sched.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+
     def iteration_ended(self, plan: Plan) -> None:
         from vllm.v1.outputs import ModelRunnerOutput
 

@@ -34,6 +34,9 @@ METRICS = (
 )
 CLIENT_SIDE = {"TTFT mean", "TTFT P50", "TTFT P99", "E2E mean"}  # the front end adds to these
 STAGE_GAP_S = 10.0  # from a stage's last send to the next's first: every request done
+# The client's total timeout where the table says none was set: aiohttp's default, which
+# inference-perf's client then runs with (the data's README, caveat 7).
+AIOHTTP_DEFAULT_TIMEOUT_S = 300.0
 
 STAGE_COLUMNS = (
     "experiment", "row_type", "stage_index", "stage_rate_req_per_s", "stage_duration_s",
@@ -56,6 +59,8 @@ class Stage:
     num_gpus: int
     overloaded: bool | None  # None: not known (a benchmark's result file does not say)
     measured_ms: dict[str, float]
+    # Share of the stage's requests that succeeded (the rest: client timeouts); None: not known.
+    succeeded: float | None = None
 
 
 @dataclass
@@ -291,6 +296,7 @@ def _experiment(path: Path, name: str, rows: list[dict[str, str]], gpu: str | No
     # re-encode): spread the difference over both.
     system_tokens = round(system * prompt / (system + question))
     tp = _int(path, row, "tensor_parallel_size")
+    timeout_s = _timeout_s(path, row)
     scenario = {
         "seed": 0,
         "workload": {
@@ -301,7 +307,8 @@ def _experiment(path: Path, name: str, rows: list[dict[str, str]], gpu: str | No
             "stages": [{"rate_qps": _float(path, r, "stage_rate_req_per_s"),
                         "duration_s": _float(path, r, "stage_duration_s")} for r in rows],
             "stage_gap_s": STAGE_GAP_S,
-            "hash_block_tokens": _int(path, row, "kv_block_size_tokens")},
+            "hash_block_tokens": _int(path, row, "kv_block_size_tokens"),
+            **({"timeout_s": timeout_s} if timeout_s is not None else {})},
         "replica": {
             "model": str(model), "gpu": gpu_name, "parallelism": {"tensor": tp},
             "scheduler": {"name": "vllm_v1", "engine_version": row["engine_version"],
@@ -314,10 +321,31 @@ def _experiment(path: Path, name: str, rows: list[dict[str, str]], gpu: str | No
     }
     stages = [Stage(f"{name}@{_float(path, r, 'stage_rate_req_per_s'):g}", r["model_hf"], tp,
                     r["overloaded_measured"] == "true",
-                    {metric: _measured(path, r, column) for metric, column, _, _ in METRICS})
+                    {metric: _measured(path, r, column) for metric, column, _, _ in METRICS},
+                    _succeeded(path, r))
               for r in rows]
     return Experiment(name, scenario, stages, f"{row['engine']} {row['engine_version']}",
                       gpu_name)
+
+
+def _timeout_s(path: Path, row: dict[str, str]) -> float | None:
+    """The client's timeout (`request_timeout`: seconds, or text saying it was unset, when
+    aiohttp's default applied); None where the table has no such column or leaves it blank."""
+    text = (row.get("request_timeout") or "").strip()
+    if not text:
+        return None
+    if text.lower().startswith("unset"):
+        return AIOHTTP_DEFAULT_TIMEOUT_S
+    return _float(path, row, "request_timeout")
+
+
+def _succeeded(path: Path, row: dict[str, str]) -> float | None:
+    """The share of a stage's requests that succeeded, where the table counts them."""
+    if not (row.get("requests_sent") or "").strip() or not (
+            row.get("requests_succeeded") or "").strip():
+        return None
+    sent = _float(path, row, "requests_sent")
+    return _float(path, row, "requests_succeeded") / sent if sent > 0 else None
 
 
 def simulate(args: tuple[Experiment, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -332,7 +360,10 @@ def simulate(args: tuple[Experiment, dict[str, Any]]) -> list[dict[str, Any]]:
     summary = run_scenario(parse_scenario(data, exp.name, exp.base_dir)).summary
     out = []
     for stage in summary.get("stages", [summary]):
-        got: dict[str, Any] = {"overloaded": stage["overload"]["verdict"] != "stable"}
+        requests = stage["requests"]
+        got: dict[str, Any] = {"overloaded": stage["overload"]["verdict"] != "stable",
+                               "succeeded": requests["finished"] / requests["total"]
+                               if requests["total"] else None}
         for name, _, key, stat in METRICS:
             key = f"client_{key}" if name in CLIENT_SIDE and not exp.engine_side else key
             value = stage[key][stat]

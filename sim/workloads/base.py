@@ -76,6 +76,11 @@ class WorkloadConfig(BaseModel):
         1.0, gt=0, le=1000,
         description="multiply prompt and output lengths (rounded, at least 1 token): a trace's "
                     "shape served by a smaller model or machine (e.g. replay on a CPU)")
+    timeout_s: float | None = Field(
+        None, gt=0, le=MAX_SPAN_S,
+        description="the client gives up on a request not finished this long after it arrives: "
+                    "the engine aborts it (its KV freed) and it counts as failed "
+                    "(inference-perf's client: 300 s, aiohttp's default); none: never")
     # The scenario file, named by errors of the selection (set by `parse_scenario`).
     _source: str = PrivateAttr("<scenario>")
 

@@ -185,6 +185,11 @@ def test_bad_inputs_are_one_line_errors(tmp_path, monkeypatch, capsys):
     path = trace_scenario(tmp_path, ROWS, extra="cluster: {replicas: 2}\n")
     code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--out", str(tmp_path / "o"))
     assert_one_line_error(code, err, "cluster.replicas=2", "one colocated replica")
+    # A timeout replay would not apply: refused, not a run that silently ignores it.
+    path = trace_scenario(tmp_path, ROWS)
+    path.write_text(path.read_text().replace("format: vidur,", "format: vidur, timeout_s: 5,"))
+    code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "workload.timeout_s=5", "does not abort")
     path = trace_scenario(tmp_path, ROWS)
     if not torch.cuda.is_available():
         code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--device", "cuda")

@@ -64,7 +64,8 @@ def test_slo_attainment_leaves_out_requests_that_never_arrived():
 def test_summary_counts_and_throughput():
     iterations = pd.DataFrame({"start_s": [0.0]})
     s = summarize(REQUESTS, iterations, np.array([0.05, 0.2]), SLOConfig())
-    assert s["requests"] == {"total": 4, "finished": 3, "rejected": 1, "unfinished": 0,
+    assert s["requests"] == {"total": 4, "finished": 3, "rejected": 1, "failed": 0,
+                             "unfinished": 0,
                              "reasons": {"needs 9000 KV slots": 1}}
     assert s["throughput"]["span_s"] == 5.0
     assert s["throughput"]["requests_per_s"] == pytest.approx(3 / 5)

@@ -112,7 +112,7 @@ def test_a_run_in_stages_reports_each_stage():
                                        "replica": {"model": "llama-2-7b"}}, "test"))
     stages = res.summary["stages"]
     assert [s["rate_qps"] for s in stages] == [5.0, 10.0]
-    assert [s["requests"] for s in stages] == [{"total": 100, "finished": 100}] * 2
+    assert [s["requests"] for s in stages] == [{"total": 100, "finished": 100, "failed": 0}] * 2
     stage = res.requests["stage"]
     for i, s in enumerate(stages):
         rows = (stage == i) & (res.requests["status"] == "finished")

@@ -20,11 +20,11 @@ ARRIVED_LATENCIES = {"ttft_s": "first_token_s", "e2e_s": "finish_s",
 ARRIVED = "arrived"  # every request that arrived before the end of the run and was not rejected
 
 def arrived_mask(requests: Table) -> np.ndarray:
-    """The requests that arrived (before the horizon) and were not rejected: finished ones, and
-    unfinished ones queued or in progress at the end. Rejected requests (never admitted: too
-    long for the KV cache, or refused) are counted apart, in `requests.rejected`, as vLLM's
-    benchmark counts failed requests apart; requests after the horizon (or after an
-    interrupted replay stopped) never arrived."""
+    """The requests that arrived (before the horizon) and were not rejected: finished ones,
+    failed ones (their client gave up), and unfinished ones queued or in progress at the end.
+    Rejected requests (never admitted: too long for the KV cache, or refused) are counted
+    apart, in `requests.rejected`, as vLLM's benchmark counts failed requests apart; requests
+    after the horizon (or after an interrupted replay stopped) never arrived."""
     return (column(requests, "status") != "rejected") & ~never_arrived(requests)
 
 
@@ -32,12 +32,16 @@ def arrived_latencies(requests: Table, end_s: float, arrived: np.ndarray | None 
                       ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per latency of ARRIVED_LATENCIES, over the arrived requests in frame order (`arrived`:
     `arrived_mask`, if already made): (values, censored), where a censored value is a lower
-    bound (the event had not happened by `end_s`; the value is the time from arrival to
-    `end_s`)."""
+    bound (the event had not happened by `end_s`, or by the request's failure, its client
+    having given up; the value is the time from arrival to then)."""
     if arrived is None:
         arrived = arrived_mask(requests)
     arrival = column(requests, "arrival_s")[arrived]
-    so_far = np.maximum(end_s - arrival, 0.0)
+    ended = np.full(len(arrival), end_s)
+    if "failed_s" in requests:  # a request its client gave up on is known no further
+        failed_s = column(requests, "failed_s")[arrived]
+        ended = np.where(np.isnan(failed_s), ended, failed_s)
+    so_far = np.maximum(ended - arrival, 0.0)
     out = {}
     for key, event in ARRIVED_LATENCIES.items():
         censored = np.isnan(column(requests, event)[arrived])

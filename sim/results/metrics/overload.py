@@ -65,6 +65,10 @@ def overload(requests: Table, end_s: float) -> dict[str, Any]:
                       - np.searchsorted(out, sample_s, side="right"))
             found.append(_growth(queue, window, sample_s, length.astype(np.float64),
                                  growth_limit))
+    return _timed_out(requests, _queue_verdict(found))
+
+
+def _queue_verdict(found: list[dict[str, Any]]) -> dict[str, Any]:
     for verdict in ("overloaded", "stable", "unknown"):
         matching = [f for f in found if f["verdict"] == verdict]
         if verdict == "stable":  # told over the run or its end: a quarter's limit is another
@@ -73,6 +77,22 @@ def overload(requests: Table, end_s: float) -> dict[str, Any]:
         if matching:  # the queue and window closest to (or deepest in) overload
             return max(matching, key=_t)
     return {"verdict": "unknown", "detail": "no queue to test"}
+
+
+def _timed_out(requests: Table, verdict: dict[str, Any]) -> dict[str, Any]:
+    """A run in which clients gave up (`workload.timeout_s`) is overloaded, whatever its
+    queues did: a timeout bounds how long a queue can grow, and a server that keeps up answers
+    well within any timeout."""
+    status = column(requests, "status")
+    num_failed = int((status == "failed").sum())
+    if not num_failed:
+        return verdict
+    failed = (f"{num_failed:,} of {len(status):,} requests failed: their client gave up "
+              "(workload.timeout_s)")
+    if verdict["verdict"] == "overloaded":
+        return {**verdict, "detail": f"{verdict['detail']}; {failed}"}
+    return {"verdict": "overloaded", "num_failed": num_failed,
+            "detail": f"{failed} (queues: {verdict['detail']})"}
 
 
 def too_few(requests: Table, minimum: int) -> str:

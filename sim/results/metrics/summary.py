@@ -156,6 +156,10 @@ def summarize(requests: Table, iterations: Table | int,
     finished = {col: column(requests, col)[done] for col in FINISHED_COLUMNS}
     num_finished = int(done.sum())
     end_s = float(np.nanmax(column(requests, "finish_s"))) if num_finished else 0.0
+    if "failed_s" in requests:  # a failed request's end counts, as a benchmark client's does
+        failed_s = column(requests, "failed_s")
+        if np.isfinite(failed_s).any():
+            end_s = max(end_s, float(np.nanmax(failed_s)))
     start_s = float(column(requests, "arrival_s").min()) if len(status) else 0.0
     span_s = max(end_s - start_s, 0.0)
     counts = Counter(status.tolist())
@@ -167,6 +171,7 @@ def summarize(requests: Table, iterations: Table | int,
             "total": len(status),
             "finished": int(counts.get("finished", 0)),
             "rejected": int(counts.get("rejected", 0)),
+            "failed": int(counts.get("failed", 0)),
             "unfinished": int(counts.get("unfinished", 0)),
             "reasons": {str(k): int(v) for k, v in sorted(reasons.items())},
         },
