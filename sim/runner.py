@@ -22,6 +22,7 @@ from sim.hardware.gpus import measured_on
 from sim.results.columns import Columns, Table, column
 from sim.results.metrics.arrived import arrived_stats
 from sim.results.metrics.overload import overload
+from sim.results.metrics.sessions import session_stats
 from sim.results.metrics.summary import (
     FINISHED,
     WeightedSample,
@@ -36,6 +37,7 @@ from sim.results.outdir import check_out_dir
 from sim.results.records import iteration_table, request_table, token_runs, token_table, token_times
 from sim.results.run_dir import Results
 from sim.workloads import Workload
+from sim.workloads.base import Sessions
 from sim.workloads.load import load_workload
 
 
@@ -177,14 +179,18 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     # goes over; making them starts one per 25% more objects (2.7 s of 3.7 for a million).
     with collector_paused():
         requests = make_requests(workload)
-    stage = workload.stage
+    stage, sessions = workload.stage, workload.sessions
     del workload
     cluster = Cluster(scenario, fast_forward=fast_forward)
-    cluster.run(mark_after_horizon(requests, scenario.horizon_s), on_progress)
+    # Clients and sessions send each request when they can: the horizon tells which never went.
+    reacting = scenario.clients is not None or sessions is not None
+    cluster.run(requests if reacting else mark_after_horizon(requests, scenario.horizon_s),
+                on_progress, sessions)
     records = [ReplicaRecord(r.pool, r.log, r.state.kv) for r in cluster.replicas]
     latency = cluster.replicas[0].latency.describe()
     frames = request_results(scenario, requests, [r.log for r in records])
     frames.stage = stage
+    frames.sessions = sessions
     # Many requests (0.6 GB for a million, with their token runs) go before the summary and
     # the iteration frame are made, the peak otherwise (1.65 GB, not 1.98, for a million).
     # The cluster holds them too, in reference cycles (a replica and its SimPy process) that
@@ -288,6 +294,7 @@ class RequestResults:
     gaps: WeightedSample | None  # every TBT gap, pooled; None once the summary has it
     tokens: Columns | None  # one row per token, if the scenario records token times
     stage: np.ndarray | None = None  # each request's load stage, if sent in stages
+    sessions: Sessions | None = None  # each request's session and turn, if it has them
 
 
 def request_results(scenario: Scenario, requests: Sequence[Request],
@@ -322,6 +329,9 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
     request_cols.update(client_latencies(request_cols, [pools[r.pool] for r in replicas]))
     if frames.stage is not None:
         request_cols["stage"] = frames.stage
+    if frames.sessions is not None:
+        request_cols["session"] = frames.sessions.session
+        request_cols["turn"] = frames.sessions.turn
     # The summary before the iteration table exists, and the gaps dropped before it is made:
     # the peak memory is the two tables, with nothing beside them.
     summary = summarize(request_cols, sum(len(log) for log in logs), gaps, scenario.slo)
@@ -349,6 +359,8 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
     summary["overload"] = overload(request_cols, end_s)
     if frames.stage is not None:
         summary["stages"] = stage_stats(request_cols, scenario, end_s)
+    if frames.sessions is not None:
+        summary["sessions"] = session_stats(request_cols)
     summary.update(arrived_stats(request_cols, end_s))
     summary.update(warmup_stats(request_cols, end_s, summary["overload"],
                                 generated_arrivals(scenario.workload)))

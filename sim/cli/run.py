@@ -88,6 +88,8 @@ def show_run(summary: dict[str, Any], out_dir: Path, shown: Console, as_json: bo
     shown.print(overload_line(summary["overload"]))
     if line := rejected_line(summary):
         shown.print(line)
+    if line := sessions_line(summary):
+        shown.print(line)
     for pool, note in summary["run"].get("blocks_beyond_memory", {}).items():
         shown.print(f"[yellow]idealised KV cache[/] ({pool}): {note}")
     if note := summary["run"].get("latency_device_note"):
@@ -164,6 +166,27 @@ def rejected_line(summary: dict[str, Any]) -> str | None:
     reasons = ", ".join(f"{kind} {n:,}" for kind, n in req["reasons"].items())
     return (f"[bold yellow]REJECTED[/]: {req['rejected']:,} of {req['total']:,} requests can "
             f"never be served by this replica (reasons: {reasons})")
+
+
+def sessions_line(summary: dict[str, Any]) -> str | None:
+    """Sessions (multi-turn conversations): how many completed, how long they took, and how
+    TTFT and the prefix cache's hit rate went from the first turn to the later ones."""
+    sessions = summary.get("sessions")
+    if not sessions:
+        return None
+    line = (f"sessions: {sessions['num_completed']:,} of {sessions['num_sessions']:,} "
+            "completed")
+    if (p50 := sessions["duration_s"]["p50"]) is not None:
+        line += f", duration P50 {p50:.3g} s"
+    turns = sessions["by_turn"]
+    first, later = turns[0], turns[1:]
+    if later and first["ttft_s"]["p50"] is not None and later[0]["ttft_s"]["p50"] is not None:
+        hits = [f"{100 * t['hit_rate_tokens']:.0f}%" if t["hit_rate_tokens"] is not None
+                else "-" for t in turns[:4]]
+        line += (f"; TTFT P50 turn 0 {1e3 * first['ttft_s']['p50']:.3g} ms, turn 1 "
+                 f"{1e3 * later[0]['ttft_s']['p50']:.3g} ms; prefix hits by turn "
+                 f"{', '.join(hits)}{', ...' if len(turns) > 4 else ''}")
+    return line
 
 
 def overload_line(verdict: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from sim.config.base import Frozen, changed_fields, dispatch
+from sim.config.clients import ClientsConfig
 from sim.config.engine import with_engine
 from sim.config.errors import InputError, invalid
 from sim.config.replica import ReplicaConfig
@@ -139,6 +140,9 @@ class Scenario(Frozen):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig,
                                    description="replicas and routing, or disaggregated pools")
     slo: SLOConfig = Field(default_factory=SLOConfig, description="latency targets")
+    clients: ClientsConfig | None = Field(
+        None, description="closed-loop clients: at most `concurrency` requests in flight, each "
+                          "sent when a client is free; none: every request at its arrival time")
     horizon_s: float | None = Field(
         None, gt=0, description="seconds after the first arrival to stop; requests not done "
                                 "are reported unfinished"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Callable
 
 from sim.core.kv_cache import KVCacheManager, cdiv
 from sim.core.plan import Plan
@@ -61,6 +62,9 @@ class ReplicaState:
         # request), pushed when a request joins a queue; stale entries (finished, handed on)
         # are dropped when they come up.
         self._deadlines: list[tuple[float, int, Request]] = []
+        # Told of each request that finishes here, as its finish is committed (closed-loop
+        # clients send their next request then: `sim.engine.clients`).
+        self.on_finish: Callable[[Request], None] | None = None
 
     def num_kv_tokens_needed(self, req: Request) -> int:
         """KV slots `req` needs here at its largest: its prompt on a prefill replica."""
@@ -293,6 +297,8 @@ class ReplicaState:
                 self.num_waiting_tokens -= req.num_uncomputed_tokens
                 req.close_token_run()
                 _finished(req, end_s)
+                if self.on_finish is not None and req.status is Status.FINISHED:
+                    self.on_finish(req)
 
     def cancel(self, in_flight: list[InFlight]) -> None:
         """Pipelined replica: an iteration `start` sent off never ends (the run stopped at its
@@ -300,13 +306,12 @@ class ReplicaState:
         in progress uncommitted; its KV blocks stay allocated. Newest iteration first."""
         for req, num_tokens, num_preemptions, samples, first in in_flight:
             req.num_in_flight_tokens -= num_tokens
-            if req.status is Status.FAILED:  # aborted: nothing of it is kept
-                continue
             if req.num_preemptions == num_preemptions:
                 req.num_computed_tokens -= num_tokens
             else:  # preempted since: `preempt` counted these tokens as computed, then dropped
                 req.num_recomputed_tokens -= num_tokens
-            if samples == PLACEHOLDER:  # never sampled after all
+            # (An aborted request's placeholders were dropped when it was aborted.)
+            if samples == PLACEHOLDER and req.status is not Status.FAILED:
                 req.num_placeholders -= 1
                 self._take_back(req)
             if first:  # never scheduled in an iteration that ran
@@ -328,6 +333,8 @@ class ReplicaState:
         self.kv.free(req)
         req.close_token_run()
         _finished(req, end_s)
+        if self.on_finish is not None and req.status is Status.FINISHED:
+            self.on_finish(req)
 
     def expire(self, now_s: float) -> list[Request]:
         """Abort the requests here whose client has given up by `now_s` (their deadline has

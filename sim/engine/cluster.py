@@ -18,6 +18,7 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.radix_cache import Eviction, PrefixCachingKVManager
 from sim.core.request import Request, Status
 from sim.core.state import ReplicaState
+from sim.engine.clients import Dispatcher
 from sim.engine.clock import NORMAL, At, Environment, Progress, simulate
 from sim.engine.disaggregation import Disaggregation
 from sim.engine.pipeline import PipelinedReplica
@@ -29,6 +30,7 @@ from sim.latency.noise import IterationNoise
 from sim.routers import ROUTERS
 from sim.routers.base import ReplicaLoad
 from sim.schedulers import SCHEDULERS, Scheduler
+from sim.workloads.base import Sessions
 
 # A request in one of these states can no longer time out.
 DONE = (Status.FINISHED, Status.REJECTED, Status.FAILED)
@@ -48,9 +50,16 @@ class Cluster:
         self.timeout_s: float | None = scenario.workload.timeout_s
         self._deadlines: deque[Request] = deque()
         self._timeouts_idle: Any = None  # the timeouts' process, waiting for work
+        # Closed-loop clients (`scenario.clients`) or sessions (`run`'s): sending then depends
+        # on finishes (`sim.engine.clients`).
+        self.clients_config = scenario.clients
+        self.reacting = scenario.clients is not None
+        self.dispatcher: Dispatcher | None = None
+        self.frontend_s: list[float] = []  # each replica's API front end (a client's wait)
         self.seed = scenario.seed
-        seeds = np.random.SeedSequence(scenario.seed).spawn(2)
+        seeds = np.random.SeedSequence(scenario.seed).spawn(3)  # routers, clients
         self.router = ROUTERS.get(cfg.router.name)(cfg.router, np.random.default_rng(seeds[0]))
+        self._client_seed = seeds[2]
         self.replicas: list[Replica] = []
         if cfg.prefill is None or cfg.decode is None:
             self.front = [self._replica(scenario.replica, "colocated")
@@ -100,6 +109,7 @@ class Cluster:
                               str(getattr(cfg.latency, "path", "")) or cfg.latency.kind),
                        noise=self._noise(cfg, latency, len(self.replicas), field), **extra)
         self.replicas.append(replica)
+        self.frontend_s.append(cfg.frontend_latency_s)
         return replica
 
     def _noise(self, cfg: ReplicaConfig, latency: LatencyModel, replica_id: int,
@@ -126,7 +136,9 @@ class Cluster:
         happens from then on). A colocated replica is read or changed only by arrivals (the
         router reads every replica's load) and timeouts, never by another replica."""
         horizon = self.horizon_s
-        arrival = self.env.next_arrival_s
+        # With clients, any finish may send a request at once: nothing is quiet beyond the
+        # next event of any kind (every replica's own runs ahead no further than that).
+        arrival = self.env.peek() if self.reacting else self.env.next_arrival_s
         if self._deadlines:
             due = self._next_due()
             if due is not None and due.deadline_s < arrival:
@@ -156,16 +168,44 @@ class Cluster:
             while (due := self._next_due()) is not None and due.deadline_s <= env.now:
                 self._deadlines.popleft()
                 self.replicas[due.replica_id].wake()
+                if self.dispatcher is not None:
+                    self.dispatcher.done(due, env.now, gave_up=True)
 
-    def run(self, requests: list[Request], on_progress: Progress | None = None) -> None:
-        """Simulate the arrivals to completion (or the horizon); check every replica after."""
+    def run(self, requests: list[Request], on_progress: Progress | None = None,
+            sessions: Sessions | None = None) -> None:
+        """Simulate the arrivals to completion (or the horizon); check every replica after.
+        With clients or `sessions` (whose turns wait for answers), requests are sent as they
+        react (`sim.engine.clients`)."""
         if self.timeout_s is not None:
             self.env.process(self._timeouts())
-        simulate(self.env, requests, self.route, self.horizon_s, on_progress)
+        self.reacting = self.reacting or sessions is not None
+        if not self.reacting:
+            simulate(self.env, requests, self.route, self.horizon_s, on_progress)
+        else:
+            self._dispatch(requests, on_progress, sessions)
         for replica in self.replicas:
             if self.horizon_s is not None:
                 replica.stop(self.horizon_s)
             replica.state.check()
+
+    def _dispatch(self, requests: list[Request], on_progress: Progress | None,
+                  sessions: Sessions | None) -> None:
+        """Send the requests as clients and sessions react (`sim.engine.clients`), to the end
+        or the horizon; a request never sent says why."""
+        frontend_s = self.frontend_s
+        self.dispatcher = dispatcher = Dispatcher(
+            self.env, requests, self.route, lambda req: frontend_s[req.prefill_replica_id],
+            np.random.default_rng(self._client_seed), clients=self.clients_config,
+            sessions=sessions, on_progress=on_progress)
+        for replica in self.replicas:
+            replica.state.on_finish = self._finished
+        dispatcher.start()
+        self.env.run(until=self.horizon_s)
+        dispatcher.mark_unsent()
+
+    def _finished(self, req: Request) -> None:
+        assert self.dispatcher is not None and req.finish_s is not None
+        self.dispatcher.done(req, req.finish_s)
 
     def route(self, req: Request) -> None:
         """A request arrives: reject it if no decode replica could ever hold it, else route;

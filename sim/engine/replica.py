@@ -92,6 +92,7 @@ class Replica:
         # in a stretch): the golden schedules compare them with an engine's steps.
         self.plans: list[Plan] | None = None
         self._poke: simpy.Event | None = None
+        self._woken = False  # woken while not waiting for a poke
         # Work planned and not yet committed: one iteration, or (`FastReplica`) a stretch.
         self._inflight: Iteration | Stretch | None = None
         self.process = env.process(self.run())
@@ -115,6 +116,8 @@ class Replica:
         turn now, cutting a stretch in progress after its current iteration."""
         if self._poke is not None and not self._poke.triggered:
             self._poke.succeed()
+        else:
+            self._woken = True  # (read by `_wait_idle` catching up to its clock)
 
     def load(self, req: Request | None = None) -> ReplicaLoad:
         """Requests in flight here, and tokens of work queued or resident, as of now; with
@@ -218,7 +221,12 @@ class Replica:
                 state.num_transferring or state.incoming)):
             raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
         if now_s > self.env.now:
+            # Catching up to the replica's clock, run ahead: work may arrive at that very
+            # instant (a closed-loop client answered by the finish that left it idle).
+            self._woken = False
             yield At(self.env, now_s, self.turn)
+            if self._woken:
+                return
         yield from self._wait_for_work()
 
     def _wait_for_work(self) -> Generator[simpy.Event, Any, None]:

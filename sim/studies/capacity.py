@@ -88,8 +88,10 @@ def search(scenario: Scenario, targets: SLOTargets, seeds: list[int], *,
     than MAX_RATE_QPS arrivals per second: it probes that rate last and, if it holds, says
     so in `stopped`."""
     knob = rate_knob(scenario)
-    start = (scenario.workload.arrivals.qps if knob == "qps"  # type: ignore[attr-defined]
-             else scenario.workload.rate_scale)
+    workload = scenario.workload
+    start = (workload.rate_scale if knob != "qps"
+             else workload.retime.qps if workload.retime is not None
+             else workload.arrivals.qps)  # type: ignore[attr-defined]
     qps_per_unit = 1.0 if knob == "qps" else trace_qps(scenario)
     probed: dict[float, RateDecision] = {}
 

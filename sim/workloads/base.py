@@ -48,47 +48,42 @@ class Workload:
     hash_block_tokens: int = 0
     # int64, each request's load stage (a workload sent in `stages`), else None
     stage: np.ndarray | None = None
+    # Sessions whose turns wait for the answer before (multi-turn conversations), else None.
+    sessions: Sessions | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
 
     def take(self, index: np.ndarray | slice) -> Workload:
+        rows = np.arange(len(self))[index]
         hash_ids = None
         if self.hash_ids is not None:
-            hash_ids = [self.hash_ids[i] for i in np.arange(len(self))[index]]
+            hash_ids = [self.hash_ids[i] for i in rows]
         return Workload(self.arrival_s[index], self.num_prompt_tokens[index],
                         self.num_output_tokens[index], hash_ids, self.hash_block_tokens,
-                        None if self.stage is None else self.stage[index])
+                        None if self.stage is None else self.stage[index],
+                        None if self.sessions is None else self.sessions.take(rows))
 
 
-class WorkloadConfig(BaseModel):
-    """Fields every format has: which format, and which part of its requests to take."""
+@dataclass(frozen=True)
+class Sessions:
+    """Which request waits for which: request i is sent `delay_s[i]` after the answer to
+    request `after[i]` reaches its client (-1: at its own arrival time); each request's session
+    and turn in it (from 0)."""
 
-    model_config = INPUT_MODEL
+    after: np.ndarray  # int64, an earlier request's index in the workload, or -1
+    delay_s: np.ndarray  # float64, the think time after that answer
+    session: np.ndarray  # int64
+    turn: np.ndarray  # int64
 
-    format: str
-    start_s: float = Field(0.0, ge=0, description="skip requests arriving before this time")
-    end_s: float | None = Field(None, gt=0, description="drop requests arriving at or after it")
-    num_requests: int | None = Field(None, gt=0, le=MAX_REQUESTS,
-                                     description="then keep the first N")
-    rate_scale: float = Field(1.0, gt=0, description="2.0 replays the arrivals at twice the rate")
-    token_scale: float = Field(
-        1.0, gt=0, le=1000,
-        description="multiply prompt and output lengths (rounded, at least 1 token): a trace's "
-                    "shape served by a smaller model or machine (e.g. replay on a CPU)")
-    timeout_s: float | None = Field(
-        None, gt=0, le=MAX_SPAN_S,
-        description="the client gives up on a request not finished this long after it arrives: "
-                    "the engine aborts it (its KV freed) and it counts as failed "
-                    "(inference-perf's client: 300 s, aiohttp's default); none: never")
-    # The scenario file, named by errors of the selection (set by `parse_scenario`).
-    _source: str = PrivateAttr("<scenario>")
-
-    @model_validator(mode="after")
-    def _window(self) -> WorkloadConfig:
-        if self.end_s is not None and self.end_s <= self.start_s:
-            raise invalid(("end_s", self.end_s, f"must be after start_s ({self.start_s:g})"))
-        return self
+    def take(self, rows: np.ndarray) -> Sessions:
+        """The sessions of the requests at `rows`, in that order: a request whose predecessor
+        was left out is sent at its own arrival time."""
+        new_index = np.full(len(self.after), -1, dtype=np.int64)
+        new_index[rows] = np.arange(len(rows))
+        after = self.after[rows]
+        after = np.where(after >= 0, new_index[np.maximum(after, 0)], -1)
+        return Sessions(after, self.delay_s[rows], self.session[rows], self.turn[rows])
 
 
 class ArrivalConfig(BaseModel):
@@ -119,6 +114,48 @@ class ArrivalConfig(BaseModel):
             gaps = rng.gamma(shape, mean_gap_s / shape, num_requests)
         gaps[0] = 0.0  # the first request opens the trace
         return np.cumsum(gaps)
+
+
+class WorkloadConfig(BaseModel):
+    """Fields every format has: which format, and which part of its requests to take."""
+
+    model_config = INPUT_MODEL
+
+    format: str
+    start_s: float = Field(0.0, ge=0, description="skip requests arriving before this time")
+    end_s: float | None = Field(None, gt=0, description="drop requests arriving at or after it")
+    num_requests: int | None = Field(None, gt=0, le=MAX_REQUESTS,
+                                     description="then keep the first N")
+    rate_scale: float = Field(1.0, gt=0, description="2.0 replays the arrivals at twice the rate")
+    token_scale: float = Field(
+        1.0, gt=0, le=1000,
+        description="multiply prompt and output lengths (rounded, at least 1 token): a trace's "
+                    "shape served by a smaller model or machine (e.g. replay on a CPU)")
+    retime: ArrivalConfig | None = Field(
+        None, description="new arrival times for the trace's requests (Poisson or gamma at a "
+                          "rate), keeping their order, lengths and prefix ids")
+    timeout_s: float | None = Field(
+        None, gt=0, le=MAX_SPAN_S,
+        description="the client gives up on a request not finished this long after it arrives: "
+                    "the engine aborts it (its KV freed) and it counts as failed "
+                    "(inference-perf's client: 300 s, aiohttp's default); none: never")
+    # The scenario file, named by errors of the selection (set by `parse_scenario`).
+    _source: str = PrivateAttr("<scenario>")
+
+    @model_validator(mode="after")
+    def _window(self) -> WorkloadConfig:
+        if self.end_s is not None and self.end_s <= self.start_s:
+            raise invalid(("end_s", self.end_s, f"must be after start_s ({self.start_s:g})"))
+        if self.retime is not None:
+            if getattr(self, "arrivals", None) is not None or "rate_qps" in type(
+                    self).model_fields:
+                raise invalid(("retime", self.retime.model_dump(),
+                               f"the {self.format} format makes its own arrivals: set them "
+                               "there (arrivals:, rate_qps)"))
+            if self.rate_scale != 1.0:
+                raise invalid(("rate_scale", self.rate_scale,
+                               "has no effect with retime: set retime.qps"))
+        return self
 
 
 class Format(ABC):
@@ -160,6 +197,7 @@ class ColumnsConfig(BaseModel):
     arrival: str | None = None
     prompt_tokens: str
     output_tokens: str
+    hash_ids: str | None = None  # a column of lists of prefix-block ids (as Mooncake's)
 
 
 class GenericConfig(FilteredTraceConfig):
@@ -168,11 +206,17 @@ class GenericConfig(FilteredTraceConfig):
     columns: ColumnsConfig
     time_unit: Literal["s", "ms", "us", "datetime"] = "s"
     arrivals: ArrivalConfig | None = None
+    hash_block_tokens: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="tokens each id of columns.hash_ids stands for")
 
     @model_validator(mode="after")
     def _one_arrival_source(self) -> GenericConfig:
         if (self.columns.arrival is None) == (self.arrivals is None):
             raise ValueError("give exactly one of columns.arrival and arrivals")
+        if (self.columns.hash_ids is None) != (self.hash_block_tokens is None):
+            raise invalid(("hash_block_tokens", self.hash_block_tokens,
+                           "comes with columns.hash_ids (and they with it): how many tokens "
+                           "each prefix-block id stands for"))
         if self.arrivals is not None and self.time_unit != "s":
             raise invalid(("time_unit", self.time_unit, "has no effect on generated arrivals"))
         return self
@@ -218,7 +262,8 @@ def select(workload: Workload, config: WorkloadConfig) -> Workload:
         # Prefix blocks shrink with the tokens they stand for (approximately, once rounded).
         hash_block_tokens = max(1, round(hash_block_tokens * config.token_scale))
     return Workload(shifted, prompt, output, chosen.hash_ids,
-                    hash_block_tokens if chosen.hash_ids is not None else 0, chosen.stage)
+                    hash_block_tokens if chosen.hash_ids is not None else 0, chosen.stage,
+                    chosen.sessions)
 
 
 def _scaled(num_tokens: np.ndarray, config: WorkloadConfig) -> np.ndarray:

@@ -3,6 +3,8 @@ row is named by its line in the file, with the value and what is wrong with it."
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -188,3 +190,17 @@ def _check_zones(table: TraceTable, values: pd.Series, name: str, path: Path) ->
                              f"a time zone on some times and not on others (line "
                              f"{line_of(table, 0)} has {'one' if zoned else 'none'}): give one "
                              "on every time or on none")
+
+
+def hash_id_lists(table: TraceTable, name: str, path: Path) -> list[tuple[int, ...]]:
+    """Each row's prefix-block ids: a list of ints (a JSON-lines list, or a CSV cell holding one
+    as JSON text, `[3, 17, 42]`). Anything else is an error naming the row."""
+    out = []
+    for row, ids in enumerate(column(table, name, path)):
+        if isinstance(ids, str):
+            with contextlib.suppress(ValueError):  # (refused below, as not a list)
+                ids = json.loads(ids)
+        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            raise InputError(path, where(table, name, row), ids, "must be a list of ints")
+        out.append(tuple(ids))
+    return out

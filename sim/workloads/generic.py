@@ -8,14 +8,15 @@ from typing import Literal
 import numpy as np
 
 from sim.workloads.base import FORMATS, Format, GenericConfig, Workload
-from sim.workloads.fields import seconds, token_counts
+from sim.workloads.fields import hash_id_lists, seconds, token_counts
 from sim.workloads.where import read_trace
 
 
 def _load(config: GenericConfig, base_dir: Path, kind: Literal["csv", "jsonl"],
           rng: np.random.Generator) -> Workload:
     cols = config.columns
-    named = [cols.prompt_tokens, cols.output_tokens]
+    named = [cols.prompt_tokens, cols.output_tokens,
+             *([cols.hash_ids] if cols.hash_ids is not None else [])]
     path, table = read_trace(config, base_dir, kind,
                              named if cols.arrival is None else [cols.arrival, *named])
     prompt = token_counts(table, cols.prompt_tokens, path)
@@ -25,7 +26,11 @@ def _load(config: GenericConfig, base_dir: Path, kind: Literal["csv", "jsonl"],
     else:
         assert config.arrivals is not None
         arrival = config.arrivals.sample(len(prompt), rng)
-    return Workload(arrival, prompt, output)
+    if cols.hash_ids is None:
+        return Workload(arrival, prompt, output)
+    assert config.hash_block_tokens is not None
+    return Workload(arrival, prompt, output, hash_id_lists(table, cols.hash_ids, path),
+                    config.hash_block_tokens)
 
 
 @FORMATS.register("csv")

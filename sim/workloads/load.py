@@ -3,6 +3,7 @@ knob a study turns (`qps` of generated arrivals, `rate_scale` of a timed trace).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,18 +19,28 @@ def load_workload(scenario: Scenario, base_dir: Path | None = None) -> Workload:
     cfg = scenario.workload
     rng = np.random.default_rng(scenario.seed)
     full = FORMATS.get(cfg.format)().load(cfg, base_dir or Path.cwd(), rng)
-    return select(full, cfg)
+    chosen = select(full, cfg)
+    if cfg.retime is None:
+        return chosen
+    # The selected requests, in their order, at the new process's times.
+    return dataclasses.replace(chosen, arrival_s=cfg.retime.sample(len(chosen), rng))
 
 
 def rate_knob(scenario: Scenario) -> str:
-    """`qps` for generated arrivals, `rate_scale` for timed traces."""
-    return "qps" if getattr(scenario.workload, "arrivals", None) is not None else "rate_scale"
+    """`qps` for generated arrivals (a format's own, or a trace's `retime`), `rate_scale` for
+    timed traces."""
+    workload = scenario.workload
+    generated = getattr(workload, "arrivals", None) is not None or workload.retime is not None
+    return "qps" if generated else "rate_scale"
 
 
 def with_rate(scenario: Scenario, rate: float, seed: int) -> Scenario:
     """`scenario` at `rate` (on its knob) with `seed`."""
     workload = scenario.workload
-    if rate_knob(scenario) == "qps":
+    if workload.retime is not None:
+        workload = workload.model_copy(update={
+            "retime": workload.retime.model_copy(update={"qps": rate})})
+    elif rate_knob(scenario) == "qps":
         arrivals = workload.arrivals.model_copy(update={"qps": rate})  # type: ignore[attr-defined]
         workload = workload.model_copy(update={"arrivals": arrivals})
     else:

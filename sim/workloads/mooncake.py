@@ -7,9 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.config.errors import InputError
 from sim.workloads.base import FORMATS, FilteredTraceConfig, Format, Workload
-from sim.workloads.fields import column, seconds, token_counts, where
+from sim.workloads.fields import hash_id_lists, seconds, token_counts
 from sim.workloads.where import read_trace
 
 # Each Mooncake hash id stands for a block of 512 tokens (the trace's README).
@@ -23,15 +22,10 @@ class Mooncake(Format):
     def load(self, config: FilteredTraceConfig, base_dir: Path, rng: np.random.Generator
              ) -> Workload:
         path, table = read_trace(config, base_dir, "jsonl", [])
-        hash_ids = []
-        for row, ids in enumerate(column(table, "hash_ids", path)):
-            if not isinstance(ids, list) or not all(type(i) is int for i in ids):
-                raise InputError(path, where(table, "hash_ids", row), ids, "must be a list of ints")
-            hash_ids.append(tuple(ids))
         return Workload(
             seconds(table, "timestamp", "ms", path),
             token_counts(table, "input_length", path),
             token_counts(table, "output_length", path),
-            hash_ids,
+            hash_id_lists(table, "hash_ids", path),
             HASH_BLOCK_TOKENS,
         )

@@ -15,10 +15,11 @@ request holds only part (its last one) gets an id of its own, as does, by the sa
 block that straddles the end of a shared system prompt (it holds each conversation's own
 question). A request's ids cover its prompt and its answer.
 
-Arrivals are open-loop: conversations start by `arrivals`; each later turn arrives a think time
-after the previous turn's arrival. The simulator does not feed completions back, so a turn may
-arrive before the previous answer is done (then a prefix cache cannot have it yet): choose
-`think_time_s` well above the expected turn latency. Both benchmarks below wait for the answer.
+Conversations start by `arrivals`; each later turn is sent a think time after the previous
+answer reaches its client (`wait_for_answer`, as a chat user and both benchmarks below do: the
+prefix cache then holds that answer, unless evicted), or, with `wait_for_answer: false`,
+a think time after the previous turn was sent (open-loop: a turn may come before the answer
+it resends is done).
 
 Fields and the benchmark options they mirror (no code copied):
 
@@ -59,6 +60,7 @@ from sim.workloads.base import (
     MAX_TOKENS,
     ArrivalConfig,
     Format,
+    Sessions,
     Workload,
     WorkloadConfig,
 )
@@ -86,6 +88,9 @@ class PrefixConfig(WorkloadConfig):
     num_turns: Tokens = Field(default_factory=lambda: TokenDist(dist="fixed", value=1))
     think_time_s: float = Field(10.0, ge=0, description="mean gap between a conversation's turns")
     think_time: Literal["exponential", "fixed"] = "exponential"
+    wait_for_answer: bool = Field(
+        True, description="a later turn is sent a think time after the previous answer reaches "
+                          "its client (false: after the previous turn was sent, open-loop)")
     system_prompt_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
     num_groups: int = Field(1, ge=1, le=MAX_REQUESTS, description="distinct shared system prompts")
     shared_fraction: float = Field(1.0, ge=0, le=1,
@@ -111,7 +116,8 @@ class PrefixConfig(WorkloadConfig):
         """Fields changed from their defaults that would silently do nothing."""
         why: dict[str, str] = {}
         if self.num_turns.dist == "fixed" and self.num_turns.value == 1:
-            why |= dict.fromkeys(("think_time_s", "think_time"), "has no effect with one turn")
+            why |= dict.fromkeys(("think_time_s", "think_time", "wait_for_answer"),
+                                 "has no effect with one turn")
         if self.system_prompt_tokens == 0:
             why |= dict.fromkeys(("num_groups", "shared_fraction"),
                                  "has no effect without system_prompt_tokens")
@@ -148,8 +154,22 @@ class Prefix(Format):
         hash_ids = _hash_ids(config, group, turns, covered)
         # Stable: a conversation's turns arriving together keep their order.
         order = np.argsort(arrival_s, kind="stable")
+        sessions = None
+        if config.wait_for_answer and total > n:
+            sessions = _sessions(first, turns, think_s).take(order)
         return Workload(arrival_s[order], prompt[order], output[order],
-                        [hash_ids[i] for i in order.tolist()], config.hash_block_tokens)
+                        [hash_ids[i] for i in order.tolist()], config.hash_block_tokens,
+                        sessions=sessions)
+
+
+def _sessions(first: np.ndarray, turns: np.ndarray, think_s: np.ndarray) -> Sessions:
+    """Each conversation a session: turn k (k > 0) waits for the answer to turn k - 1, then
+    its think time; requests in conversation order."""
+    total = len(think_s)
+    session = np.repeat(np.arange(len(turns)), turns)
+    turn = np.arange(total) - np.repeat(first, turns)
+    after = np.where(turn > 0, np.arange(total) - 1, -1)
+    return Sessions(after.astype(np.int64), think_s, session, turn)
 
 
 def _groups(config: PrefixConfig, rng: np.random.Generator) -> np.ndarray:

@@ -138,9 +138,9 @@ class FastReplica(Replica):
     def _through_finishes(self) -> bool:
         """Whether a stretch may run past its requests' finishes: only where freeing blocks
         decides nothing (no prefix cache, which frees into its eviction order, and no transfer
-        waiting for a decode slot)."""
+        waiting for a decode slot) and nobody waits for a finish (closed-loop clients)."""
         return not self.state.kv.caches_prefixes and not (
-            self.inbox is not None and self.inbox.pending)
+            self.inbox is not None and self.inbox.pending) and self.state.on_finish is None
 
     def _resume(self) -> Stretch | None:
         """The rest of the stretch that new work cut short, if this replica, having taken the

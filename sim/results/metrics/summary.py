@@ -195,9 +195,10 @@ def summarize(requests: Table, iterations: Table | int,
     }
 
 
-# Reason kinds of requests that never arrived: after the run's horizon, or after an interrupted
-# replay stopped. They are in the results (nothing is lost) but were never offered to a server.
-NEVER_ARRIVED = ("after_horizon", "after_stop")
+# Reason kinds of requests that never arrived: after the run's horizon, after an interrupted
+# replay stopped, or a session's turn whose turn before got no answer. They are in the results
+# (nothing is lost) but were never offered to a server.
+NEVER_ARRIVED = ("after_horizon", "after_stop", "abandoned")
 
 
 def never_arrived(requests: Table) -> np.ndarray:

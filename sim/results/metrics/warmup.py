@@ -60,9 +60,10 @@ def mser(series: np.ndarray, batch: int = MSER_BATCH, ignore_end: int | None = N
 
 
 def generated_arrivals(workload: Any) -> bool:
-    """Arrivals drawn from a process (synthetic, lengths, prefix, csv/jsonl with `arrivals`),
-    rather than replayed from a trace."""
-    return isinstance(getattr(workload, "arrivals", None), ArrivalConfig)
+    """Arrivals drawn from a process (synthetic, lengths, prefix, csv/jsonl with `arrivals`, a
+    trace `retime`d), rather than replayed from a trace."""
+    return isinstance(getattr(workload, "arrivals", None), ArrivalConfig) or isinstance(
+        getattr(workload, "retime", None), ArrivalConfig)
 
 
 def warmup_stats(requests: Table, end_s: float, verdict: dict[str, Any],

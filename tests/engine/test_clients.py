@@ -1,0 +1,154 @@
+"""Closed-loop clients (`clients:`): exact send times on a constant-latency replica (worked by
+hand), think times, pacing by the workload's own arrivals, the API front end, rejections and
+timeouts freeing their client, the horizon, and the fast path equal to stepping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim import run_scenario
+from sim.config.scenario import parse_scenario
+from tests.engine.fastpath_helpers import assert_same_results
+from tests.helpers import TICK, assert_one_line_error, replica, run_cli, trace
+
+
+def closed_loop(tmp_path, rows, clients, **extra):
+    """Requests of `rows` on one tiny replica, each iteration TICK (0.25 s) long, no API
+    front end (`engine: none`): a request of prompt 10 and output 4 takes 4 iterations."""
+    return parse_scenario({
+        "workload": {"format": "vidur", "path": trace(tmp_path, rows)},
+        "replica": {**replica(), "engine": "none", **extra.pop("replica", {})},
+        "clients": clients, "record_token_times": True, **extra}, "test")
+
+
+def run_both(scenario):
+    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
+    assert_same_results(fast, slow)
+    return fast
+
+
+def test_two_clients_send_the_next_request_as_each_answer_comes(tmp_path):
+    # Two in flight at a time, batched together: each pair takes 1 s, then the next pair goes.
+    res = run_both(closed_loop(tmp_path, [(0.1 * i, 10, 4) for i in range(6)],
+                               {"concurrency": 2}))
+    req = res.requests
+    assert req["arrival_s"].tolist() == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
+    assert req["ttft_s"].tolist() == [TICK] * 6 and req["e2e_s"].tolist() == [1.0] * 6
+    assert res.summary["throughput"]["requests_per_s"] == 2.0  # 6 requests in 3 s
+    assert max(res.iterations["num_seqs"]) == 2
+
+
+def test_a_client_thinks_before_its_next_request(tmp_path):
+    res = run_both(closed_loop(tmp_path, [(0.0, 10, 4)] * 3,
+                               {"concurrency": 1, "think_time_s": 0.5}))
+    assert res.requests["arrival_s"].tolist() == [0.0, 1.5, 3.0]
+    assert res.requests["finish_s"].tolist() == [1.0, 2.5, 4.0]
+
+
+def test_paced_requests_wait_for_their_own_time_and_for_a_client(tmp_path):
+    # Due at 0, 0.3 and 2.0; one client: the second waits for the first's answer (1.0), the
+    # third for its own time.
+    res = run_both(closed_loop(tmp_path, [(0.0, 10, 4), (0.3, 10, 4), (2.0, 10, 4)],
+                               {"concurrency": 1, "paced": True}))
+    assert res.requests["arrival_s"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_the_answer_reaches_the_client_through_the_front_end(tmp_path):
+    # The default engine calibration's front end (7.8 ms on one GPU) delays every answer.
+    scenario = closed_loop(tmp_path, [(0.0, 10, 4)] * 3, {"concurrency": 1},
+                           replica={"engine": "auto"})
+    frontend_s = scenario.replica.frontend_latency_s
+    assert frontend_s > 0
+    res = run_both(scenario)
+    arrival = res.requests["arrival_s"].to_numpy()
+    assert np.allclose(np.diff(arrival), 1.0 + frontend_s)
+    assert np.allclose(res.requests["client_e2e_s"], 1.0 + frontend_s)
+
+
+def test_a_rejected_request_frees_its_client_at_once(tmp_path):
+    # The second needs more KV than the replica has: rejected when sent, at 1.0.
+    res = run_both(closed_loop(tmp_path, [(0.0, 10, 4), (0.0, 5000, 4), (0.0, 10, 4)],
+                               {"concurrency": 1}, replica={"kv_cache": {
+                                   "block_size": 16, "num_blocks": 10}}))
+    req = res.requests
+    assert req["status"].tolist() == ["finished", "rejected", "finished"]
+    assert req["arrival_s"].tolist() == [0.0, 1.0, 1.0]
+
+
+def test_a_client_that_gave_up_sends_its_next_request_at_the_deadline(tmp_path):
+    scenario = parse_scenario({
+        "workload": {"format": "vidur", "path": trace(tmp_path, [(0.0, 10, 12), (0.0, 10, 2)]),
+                     "timeout_s": 1.1},
+        "replica": {**replica(), "engine": "none"}, "clients": {"concurrency": 1},
+        "record_token_times": True}, "test")
+    res = run_both(scenario)
+    req = res.requests
+    # The first would take 3 s: given up at 1.1, aborted at the step ending 1.25; the second
+    # is sent at 1.1 and starts then.
+    assert req["status"].tolist() == ["failed", "finished"]
+    assert req["arrival_s"].tolist() == [0.0, 1.1]
+    assert req.loc[1, "first_scheduled_s"] == 1.25
+
+
+def test_requests_never_sent_by_the_horizon_say_so(tmp_path):
+    res = run_both(closed_loop(tmp_path, [(0.0, 10, 4)] * 5, {"concurrency": 1},
+                               horizon_s=2.5))
+    req = res.requests
+    assert req["status"].tolist() == ["finished", "finished", "unfinished", "unfinished",
+                                      "unfinished"]
+    assert req.loc[2, "reason"] == "running_at_horizon"
+    for i in (3, 4):
+        assert req.loc[i, "reason"] == "after_horizon: never sent (no client free)"
+    # Never sent: not offered, so not counted against the SLOs or the arrivals.
+    assert res.summary["requests"]["total"] == 5
+
+
+@pytest.mark.parametrize("cluster", [
+    {"replicas": 3, "router": {"name": "least_outstanding"}},
+    {"replicas": 2, "router": {"name": "round_robin"}},
+    {"prefill": {"replicas": 1, "replica": None}, "decode": {"replicas": 2, "replica": None},
+     "router": {"name": "round_robin"}},
+])
+@pytest.mark.parametrize("clients", [
+    {"concurrency": 16},
+    {"concurrency": 40, "think_time_s": 0.3, "think_time": "exponential"},
+    {"concurrency": 8, "paced": True},
+])
+def test_clients_fast_forward_as_stepping(cluster, clients):
+    rep = {"scheduler": {"name": "vllm_v1", "max_num_seqs": 32},
+           "latency": {"kind": "roofline"}, "prefix_caching": True,
+           "kv_cache": {"block_size": 16, "num_blocks": 2000}}
+    cluster = {**cluster}
+    if "prefill" in cluster:
+        cluster["prefill"] = {"replicas": 1, "replica": rep}
+        cluster["decode"] = {"replicas": 2, "replica": rep}
+    data = {"seed": 3, "clients": clients, "cluster": cluster, "record_token_times": True,
+            "workload": {"format": "prefix", "num_conversations": 150, "num_requests": 150,
+                         "arrivals": {"process": "poisson", "qps": 30},
+                         "system_prompt_tokens": 200, "num_groups": 4,
+                         "question_tokens": {"dist": "uniform", "low": 20, "high": 400},
+                         "output_tokens": {"dist": "uniform", "low": 1, "high": 120},
+                         "hash_block_tokens": 16}}
+    if "prefill" not in cluster:
+        data["replica"] = rep
+    res = run_both(parse_scenario(data, "test"))
+    req = res.requests
+    assert (req["status"] == "finished").all()
+    # Never more in flight than there are clients.
+    start, end = req["arrival_s"].to_numpy(), req["finish_s"].to_numpy()
+    times = np.sort(start)
+    in_flight = (np.searchsorted(np.sort(start), times, side="right")
+                 - np.searchsorted(np.sort(end), times, side="right"))
+    assert in_flight.max() <= clients["concurrency"]
+    if not clients.get("paced") and not clients.get("think_time_s"):
+        assert in_flight.max() == clients["concurrency"]
+
+
+def test_concurrency_must_be_a_positive_count(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(f"workload: {{format: vidur, path: {trace(tmp_path, [(0, 5, 5)])}}}\n"
+                    "clients: {concurrency: 0}\n")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                        str(tmp_path / "out"))
+    assert_one_line_error(code, err, "s.yaml", "clients.concurrency", "greater than 0")
