@@ -85,6 +85,10 @@ def check_replayable(scenario: Scenario) -> None:
         # The executor's block tables are per request: shared prefix blocks are not built.
         raise InputError(scenario.source, "replica.prefix_caching", True,
                          "replay does not share KV between requests yet")
+    if scenario.clients is not None:
+        raise InputError(scenario.source, "clients", scenario.clients.model_dump(),
+                         "replay sends every request at its arrival time: closed-loop clients "
+                         "are simulated only; remove them")
     if scenario.workload.timeout_s is not None:
         raise InputError(scenario.source, "workload.timeout_s", scenario.workload.timeout_s,
                          "replay does not abort requests on a client timeout yet: remove it")
@@ -235,7 +239,12 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
     check_replayable(scenario)
     if out_dir is not None:
         check_out_dir(out_dir)
-    requests = make_requests(load_workload(scenario))
+    workload = load_workload(scenario)
+    if workload.sessions is not None:
+        raise InputError(scenario.source, "workload.wait_for_answer", True,
+                         "replay sends every request at its arrival time: turns that wait for "
+                         "answers are simulated only; set it to false")
+    requests = make_requests(workload)
     check_span(scenario, requests)
     torch, dtype = torch_setup(device, threads)
     attention = attention or default_attention(device)

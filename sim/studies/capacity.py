@@ -87,6 +87,11 @@ def search(scenario: Scenario, targets: SLOTargets, seeds: list[int], *,
     one, so its input error would blame a value they never wrote. Doubling goes no further
     than MAX_RATE_QPS arrivals per second: it probes that rate last and, if it holds, says
     so in `stopped`."""
+    if scenario.clients is not None and not scenario.clients.paced:
+        raise InputError(scenario.source, "clients.paced", False,
+                         "unpaced clients send as fast as answers come back: there is no "
+                         "arrival rate to search; set clients.paced: true (a rate the clients "
+                         "cap), or sweep clients.concurrency")
     knob = rate_knob(scenario)
     workload = scenario.workload
     start = (workload.rate_scale if knob != "qps"

@@ -152,3 +152,14 @@ def test_concurrency_must_be_a_positive_count(tmp_path, monkeypatch, capsys):
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
                         str(tmp_path / "out"))
     assert_one_line_error(code, err, "s.yaml", "clients.concurrency", "greater than 0")
+
+
+def test_a_capacity_search_of_unpaced_clients_is_refused(tmp_path, monkeypatch, capsys):
+    # Unpaced clients send as fast as answers come: the rate searched would change nothing.
+    path = tmp_path / "s.yaml"
+    path.write_text("workload: {format: synthetic, num_requests: 50, arrivals: {qps: 5}, "
+                    "lengths: {prompt: {dist: fixed, value: 50}, "
+                    "output: {dist: fixed, value: 10}}}\nclients: {concurrency: 4}\n")
+    code, err = run_cli(monkeypatch, capsys, "capacity", str(path), "--tbt-p99", "0.1",
+                        "--out", str(tmp_path / "cap"))
+    assert_one_line_error(code, err, "s.yaml", "clients.paced=False", "no arrival rate")

@@ -190,6 +190,15 @@ def test_bad_inputs_are_one_line_errors(tmp_path, monkeypatch, capsys):
     path.write_text(path.read_text().replace("format: vidur,", "format: vidur, timeout_s: 5,"))
     code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--out", str(tmp_path / "o"))
     assert_one_line_error(code, err, "workload.timeout_s=5", "does not abort")
+    # Nor closed-loop clients, nor turns waiting for answers: replay sends at arrival times.
+    path = trace_scenario(tmp_path, ROWS, extra="clients: {concurrency: 2}\n")
+    code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "clients=", "closed-loop clients are simulated only")
+    path.write_text("workload: {format: prefix, num_conversations: 3, num_turns: 2, "
+                    "arrivals: {qps: 1}, question_tokens: 8, output_tokens: 4}\n"
+                    "replica: {model: tiny, kv_cache: {block_size: 16, num_blocks: 64}}\n")
+    code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "workload.wait_for_answer=True", "simulated only")
     path = trace_scenario(tmp_path, ROWS)
     if not torch.cuda.is_available():
         code, err = run_cli(monkeypatch, capsys, "replay", str(path), "--device", "cuda")
