@@ -1,0 +1,108 @@
+"""`servesim fit-workload`: a synthetic generator fitted to a trace reproduces its marginals
+(KS distances), burstiness and length correlation, on the Azure conversation trace and on a
+generated trace of known parameters; the empirical length distribution and the copula it
+draws through; the written scenario runs; bad input is one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+from scipy.stats import spearmanr
+
+from sim.config.scenario import load_scenario, parse_scenario
+from sim.studies.fit_workload import block_reuse, fit_workload, ks_distance
+from sim.workloads.load import load_workload
+from sim.workloads.synthetic import LengthsConfig, TokenDist
+from tests.helpers import assert_one_line_error, run_cli, run_cli_out
+
+
+def azure(traces, n=5000):
+    return parse_scenario({"workload": {
+        "format": "azure", "num_requests": n,
+        "path": str(traces / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")}}, "test")
+
+
+def test_the_azure_conversation_trace_is_fitted_closely(traces):
+    fit = fit_workload(azure(traces))
+    report = fit.report
+    assert max(report["ks"].values()) < 0.05
+    cv = report["burstiness_cv"]
+    assert abs(cv["fitted"] - cv["trace"]) < 0.1
+    corr = report["length_rank_correlation"]
+    assert abs(corr["fitted"] - corr["trace"]) < 0.05
+    assert fit.workload["lengths"]["prompt"]["dist"] == "empirical"
+
+
+def test_a_generated_trace_gives_back_its_parameters():
+    data = {"workload": {"format": "synthetic", "num_requests": 20_000,
+                         "arrivals": {"process": "gamma", "qps": 12.0, "cv": 2.0},
+                         "lengths": {"prompt": {"dist": "lognormal", "mean": 800, "std": 600},
+                                     "output": {"dist": "lognormal", "mean": 200, "std": 150},
+                                     "rank_correlation": 0.5}}, "seed": 4}
+    fit = fit_workload(parse_scenario(data, "test"))
+    arrivals = fit.workload["arrivals"]
+    assert arrivals["process"] == "gamma"
+    assert arrivals["qps"] == pytest.approx(12.0, rel=0.05)
+    assert arrivals["cv"] == pytest.approx(2.0, rel=0.05)
+    assert fit.workload["lengths"]["rank_correlation"] == pytest.approx(0.5, abs=0.03)
+    assert max(fit.report["ks"].values()) < 0.03
+
+
+def test_empirical_lengths_follow_their_quantiles_and_a_copula_its_correlation():
+    rng = np.random.default_rng(0)
+    dist = TokenDist(dist="empirical", quantiles=[10, 20, 20, 100, 1000])
+    draws = dist.sample(100_000, rng)
+    assert draws.min() == 10 and draws.max() == 1000
+    # A quarter of the mass between each pair of quantiles: the median is 20.
+    assert np.median(draws) == 20 and abs((draws <= 100).mean() - 0.75) < 0.01
+    lengths = LengthsConfig(prompt=TokenDist(dist="lognormal", mean=500, std=400),
+                            output=TokenDist(dist="uniform", low=1, high=300),
+                            rank_correlation=-0.4)
+    prompt, output = lengths.sample(50_000, rng)
+    assert spearmanr(prompt, output).statistic == pytest.approx(-0.4, abs=0.02)
+    assert ks_distance(output, rng.integers(1, 301, 50_000)) < 0.02  # the marginal is kept
+
+
+def test_prefix_reuse_is_counted_along_shared_prefixes():
+    # Reused: 1, 2 of the second; nothing of the third (5 starts anew); 1, 2, 3 of the last.
+    assert block_reuse([(1, 2, 3), (1, 2, 4), (5, 2, 3), (1, 2, 3, 6)]) == pytest.approx(5 / 13)
+
+
+def test_the_written_scenario_runs_and_says_how_close_it_is(traces, tmp_path, monkeypatch,
+                                                            capsys):
+    source = tmp_path / "azure.yaml"
+    source.write_text(yaml.safe_dump({"name": "azure_fit", "workload": {
+        "format": "azure", "num_requests": 500,
+        "path": str(traces / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")}}))
+    out = tmp_path / "fitted.yaml"
+    code, printed = run_cli_out(monkeypatch, capsys, "fit-workload", str(source), "--out",
+                                str(out))
+    assert code == 0 and "KS distance" in printed and "written" in printed
+    text = out.read_text()
+    assert text.startswith("# servesim fit-workload") and "KS distance" in text
+    fitted = load_scenario(out)
+    assert fitted.workload.format == "synthetic" and fitted.name == "azure_fit"
+    assert len(load_workload(fitted)) == 500
+    code, _ = run_cli_out(monkeypatch, capsys, "simulate", str(out), "--set",
+                          "workload.num_requests=100", "--out", str(tmp_path / "run"))
+    assert code == 0
+
+
+def test_bad_input_is_one_line(traces, tmp_path, monkeypatch, capsys):
+    source = tmp_path / "s.yaml"
+    source.write_text(yaml.safe_dump({"workload": {
+        "format": "azure", "num_requests": 5,
+        "path": str(traces / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")}}))
+    code, err = run_cli(monkeypatch, capsys, "fit-workload", str(source), "--out",
+                        str(tmp_path / "f.yaml"))
+    assert_one_line_error(code, err, "s.yaml", "5 requests", "at least 20")
+    code, err = run_cli(monkeypatch, capsys, "fit-workload", str(source), "--out",
+                        str(tmp_path / "f.txt"))
+    assert_one_line_error(code, err, "--out", "a scenario is a .yaml file")
+    bad = tmp_path / "q.yaml"
+    bad.write_text("workload: {format: synthetic, num_requests: 5, arrivals: {qps: 1}, "
+                   "lengths: {prompt: {dist: empirical, quantiles: [5, 3]}, "
+                   "output: {dist: fixed, value: 2}}}\n")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(bad), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "q.yaml", "quantiles", "must not decrease")
