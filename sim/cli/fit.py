@@ -64,6 +64,11 @@ def fit_table(report: dict[str, Any]) -> Table:
     if report["prefix_block_reuse"] is not None:
         table.add_row("prefix blocks reused", f"{100 * report['prefix_block_reuse']:.1f}%",
                       "none", "")
+    if (sessions := report.get("sessions")) is not None:
+        table.add_row("requests continuing one", f"{100 * sessions['continuing_share']:.1f}%",
+                      "none", "")
+        table.add_row("turns per session P50/max",
+                      f"{sessions['turns_p50']:g}/{sessions['turns_max']}", "", "")
     return table
 
 
@@ -81,6 +86,12 @@ def fit_lines(source: Path, report: dict[str, Any]) -> list[str]:
     if report["prefix_block_reuse"] is not None:
         lines.append(f"not kept: prefix blocks reused {100 * report['prefix_block_reuse']:.1f}%"
                      " (retime the trace to keep them)")
+    if (sessions := report.get("sessions")) is not None:
+        gap = sessions["gap_between_turns_p50_s"]
+        lines.append(f"not kept: sessions ({100 * sessions['continuing_share']:.1f}% of "
+                     f"requests continue an earlier one; turns P50 {sessions['turns_p50']:g}, "
+                     f"max {sessions['turns_max']}"
+                     + (f"; {gap:.3g} s between turns P50" if gap is not None else "") + ")")
     return lines
 
 

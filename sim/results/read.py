@@ -243,7 +243,7 @@ RUN_TABLES: dict[str, dict[str, str]] = {
     "tokens.parquet": {"request_id": INTEGER, "token_index": INTEGER, "time_s": FINITE},
     "tbt_gaps.parquet": {"gap_s": FINITE, "count": INTEGER},
     "trials.csv": {"seed": INTEGER, "rate": FINITE, "qps": FINITE, "ok": BOOLEAN},
-    "comparison.csv": {"variant": TEXT, "finished": COUNT, "num_gpus": COUNT,
+    "comparison.csv": {"variant": TEXT, "finished": COUNT, "failed": COUNT, "num_gpus": COUNT,
                        "num_preemptions": COUNT, "slo_attainment": NOT_NEGATIVE,
                        "usd_per_million_tokens": NOT_NEGATIVE},
 }

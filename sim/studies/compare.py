@@ -176,5 +176,6 @@ def row(variant: str, res: Results) -> dict[str, Any]:
         "num_gpus": (s.get("cost") or {}).get("num_gpus"),
         "usd_per_million_tokens": (s.get("cost") or {}).get("usd_per_million_tokens"),
         "num_preemptions": s["num_preemptions"],
-        "parallelism": s["run"].get("parallelism"),  # last: earlier columns keep their places
+        "parallelism": s["run"].get("parallelism"),  # later: earlier columns keep their places
+        "failed": s["requests"].get("failed", 0),  # its client gave up (workload.timeout_s)
     }

@@ -76,6 +76,8 @@ def fit_workload(scenario: Scenario) -> Fit:
             "fitted": rank_correlation(drawn.num_prompt_tokens, drawn.num_output_tokens)},
         "prefix_block_reuse": (None if trace.hash_ids is None
                                else block_reuse(trace.hash_ids)),
+        "sessions": (None if trace.hash_ids is None
+                     else session_shape(trace.hash_ids, trace.arrival_s)),
     }
     return Fit(workload, report)
 
@@ -126,3 +128,42 @@ def block_reuse(hash_ids: list[tuple[int, ...]]) -> float:
             node = child
         total += len(ids)
     return reused / total if total else 0.0
+
+
+def session_shape(hash_ids: list[tuple[int, ...]], arrival_s: np.ndarray) -> dict[str, Any]:
+    """What a trace's prefix ids say of its sessions: request j continues request i (earlier)
+    when j's ids start with all of i's but its last (a part-block, which grows), i brought
+    full blocks of its own (not only shared ones), and j goes on past them; the deepest such
+    i. Returns the share of requests that continue one, turns per
+    session (P50, max) and the gap between a turn's arrival and its continuation's (P50): what
+    a `prefix` workload's `num_turns` and `think_time_s` would be set from."""
+    ends: dict[tuple[int, int], int] = {}  # prefix-tree node -> the latest request ending there
+    nodes: dict[tuple[int, int], int] = {}
+    before = np.full(len(hash_ids), -1, dtype=np.int64)
+    for j, ids in enumerate(hash_ids):
+        node, new, last_full = 0, False, 0
+        for k, block in enumerate(ids):
+            if k and (node, -1) in ends:  # a request whose ids but the last end here
+                before[j] = ends[(node, -1)]
+            key = (node, block)
+            if key not in nodes:
+                nodes[key] = len(nodes) + 1
+                new = new or k < len(ids) - 1
+            node = nodes[key]
+            if k == len(ids) - 2:
+                last_full = node
+        # Only a request that brought full blocks of its own can be continued: one made of
+        # shared blocks only (a common system prompt) is a prefix of many, not a turn of one.
+        if len(ids) >= 2 and new:
+            ends[(last_full, -1)] = j
+    turns = np.ones(len(hash_ids), dtype=np.int64)
+    for j in range(len(hash_ids)):
+        if before[j] >= 0:
+            turns[j] = turns[before[j]] + 1
+    is_last = np.ones(len(hash_ids), dtype=bool)
+    is_last[before[before >= 0]] = False
+    continued = before >= 0
+    gaps = arrival_s[continued] - arrival_s[before[continued]]
+    return {"continuing_share": float(continued.mean()),
+            "turns_p50": float(np.median(turns[is_last])), "turns_max": int(turns.max()),
+            "gap_between_turns_p50_s": float(np.median(gaps)) if gaps.size else None}

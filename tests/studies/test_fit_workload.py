@@ -11,7 +11,7 @@ import yaml
 from scipy.stats import spearmanr
 
 from sim.config.scenario import load_scenario, parse_scenario
-from sim.studies.fit_workload import block_reuse, fit_workload, ks_distance
+from sim.studies.fit_workload import block_reuse, fit_workload, ks_distance, session_shape
 from sim.workloads.load import load_workload
 from sim.workloads.synthetic import LengthsConfig, TokenDist
 from tests.helpers import assert_one_line_error, run_cli, run_cli_out
@@ -67,6 +67,21 @@ def test_empirical_lengths_follow_their_quantiles_and_a_copula_its_correlation()
 def test_prefix_reuse_is_counted_along_shared_prefixes():
     # Reused: 1, 2 of the second; nothing of the third (5 starts anew); 1, 2, 3 of the last.
     assert block_reuse([(1, 2, 3), (1, 2, 4), (5, 2, 3), (1, 2, 3, 6)]) == pytest.approx(5 / 13)
+
+
+def test_sessions_are_read_from_prefix_ids_that_grow():
+    # r1 continues r0 (all of r0's ids but its last part-block, and more), r3 continues r1;
+    # r4 continues r0; r2 holds block 1 but not r0's block 2: it continues nothing.
+    ids = [(1, 2, 3), (1, 2, 3, 4, 5), (1, 9), (1, 2, 3, 4, 5, 6, 7), (1, 2, 8)]
+    shape = session_shape(ids, np.array([0.0, 1.0, 2.0, 3.0, 4.0]))
+    assert shape["continuing_share"] == 0.6
+    assert shape["turns_max"] == 3 and shape["turns_p50"] == 2.0  # sessions of 3, 2 and 1
+    assert shape["gap_between_turns_p50_s"] == 2.0  # gaps 1, 2 and 4
+    # r1 of (1, 2, 3) brings no full block of its own (1 and 2 were r0's): r2, holding 1 and
+    # 2, continues r0, not r1 (else a common system prompt would chain every request).
+    assert session_shape([(1, 2), (1, 2, 3)], np.array([0.0, 1.0]))["continuing_share"] == 0.5
+    assert session_shape([(1, 2), (1, 2, 3), (1, 2, 4)],
+                         np.array([0.0, 1.0, 2.0]))["turns_max"] == 2
 
 
 def test_the_written_scenario_runs_and_says_how_close_it_is(traces, tmp_path, monkeypatch,
