@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO
 
+import numpy as np
 import pytest
 import yaml
 
@@ -279,3 +280,11 @@ def read_until(stream: IO[str], pattern: str, timeout_s: int = 300) -> str:
             if re.search(pattern, line):
                 return seen
     raise AssertionError(f"ended before a line matching {pattern!r}: {seen}")
+
+
+def max_in_flight(requests) -> int:
+    """The most requests of a run's table in flight at once (sent, not yet finished), as
+    counted at each send."""
+    start, end = np.sort(requests["arrival_s"].to_numpy()), np.sort(requests["finish_s"])
+    return int((np.searchsorted(start, start, side="right")
+                - np.searchsorted(end, start, side="right")).max())

@@ -10,7 +10,7 @@ import pytest
 from sim import run_scenario
 from sim.config.scenario import parse_scenario
 from tests.engine.fastpath_helpers import assert_same_results
-from tests.helpers import TICK, assert_one_line_error, replica, run_cli, trace
+from tests.helpers import TICK, assert_one_line_error, max_in_flight, replica, run_cli, trace
 
 
 def closed_loop(tmp_path, rows, clients, **extra):
@@ -136,13 +136,9 @@ def test_clients_fast_forward_as_stepping(cluster, clients):
     req = res.requests
     assert (req["status"] == "finished").all()
     # Never more in flight than there are clients.
-    start, end = req["arrival_s"].to_numpy(), req["finish_s"].to_numpy()
-    times = np.sort(start)
-    in_flight = (np.searchsorted(np.sort(start), times, side="right")
-                 - np.searchsorted(np.sort(end), times, side="right"))
-    assert in_flight.max() <= clients["concurrency"]
+    assert max_in_flight(req) <= clients["concurrency"]
     if not clients.get("paced") and not clients.get("think_time_s"):
-        assert in_flight.max() == clients["concurrency"]
+        assert max_in_flight(req) == clients["concurrency"]
 
 
 def test_concurrency_must_be_a_positive_count(tmp_path, monkeypatch, capsys):

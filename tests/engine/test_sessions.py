@@ -5,13 +5,12 @@ a turn that gets no answer abandons the rest; exact times on a constant-latency 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from sim import run_scenario
 from sim.config.scenario import parse_scenario
 from tests.engine.fastpath_helpers import assert_same_results
-from tests.helpers import replica
+from tests.helpers import max_in_flight, replica
 
 
 def conversations(num, turns, *, think_s=0.5, wait=True, **extra):
@@ -102,11 +101,7 @@ def test_sessions_fast_forward_as_stepping(clients, cluster):
     # Later turns find their history cached.
     assert (later["num_cached_tokens"] > 0).mean() > 0.9
     if clients:
-        start, end = req["arrival_s"].to_numpy(), req["finish_s"].to_numpy()
-        times = np.sort(start)
-        in_flight = (np.searchsorted(np.sort(start), times, side="right")
-                     - np.searchsorted(np.sort(end), times, side="right"))
-        assert in_flight.max() <= clients["concurrency"]
+        assert max_in_flight(req) <= clients["concurrency"]
 
 
 def test_the_summary_says_how_sessions_went_turn_by_turn():
