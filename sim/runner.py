@@ -28,6 +28,7 @@ from sim.results.metrics.summary import (
     FINISHED,
     WeightedSample,
     finished_distribution,
+    never_arrived,
     pool_stats,
     replica_stats,
     summarize,
@@ -312,7 +313,8 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
         end_s = scenario.horizon_s
     if end_s is None:
         last = [float(log.end_s()[-1]) for log in logs if len(log)]
-        arrival = column(request_cols, "arrival_s")
+        # Requests never sent (a session abandoned) keep the times they were due: not an end.
+        arrival = column(request_cols, "arrival_s")[~never_arrived(request_cols)]
         end_s = max([*last, float(arrival.max()) if len(arrival) else 0.0])
     summary["replicas"] = replica_stats(iteration_cols, {i: r.kv.num_blocks
                                                        for i, r in enumerate(replicas)}, end_s)
@@ -354,6 +356,8 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
               if (note := blocks_beyond_memory(cfg)) is not None}
     if beyond:  # only then: summaries of runs within memory stay as they were
         summary["run"]["blocks_beyond_memory"] = beyond
+    if scenario.clients is not None:  # likewise: a closed loop says so
+        summary["run"]["clients"] = scenario.clients.model_dump()
     precisions = [_precision(cfg) for cfg in pools.values()]
     if any(precisions):  # only then, likewise: "fp8 weights", "fp8 KV", both (per pool)
         summary["run"]["precision"] = "/".join(

@@ -90,6 +90,11 @@ def show_run(summary: dict[str, Any], out_dir: Path, shown: Console, as_json: bo
         shown.print(line)
     if line := sessions_line(summary):
         shown.print(line)
+    if clients := summary["run"].get("clients"):
+        paced = ("each request also waits for its time in the workload" if clients["paced"]
+                 else "the workload's arrival times and rate are not used")
+        shown.print(f"closed loop: {clients['concurrency']:,} clients, think time "
+                    f"{clients['think_time_s']:g} s ({clients['think_time']}); {paced}")
     for pool, note in summary["run"].get("blocks_beyond_memory", {}).items():
         shown.print(f"[yellow]idealised KV cache[/] ({pool}): {note}")
     if note := summary["run"].get("latency_device_note"):

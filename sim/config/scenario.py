@@ -178,6 +178,23 @@ class Scenario(Frozen):
     def _workload(cls, value: Any) -> Any:
         return dispatch(FORMATS, "format", value)
 
+    @model_validator(mode="after")
+    def _clients_pace(self) -> Scenario:
+        """Unpaced clients send as answers come back, whatever times the workload gives: the
+        fields that only set those times would silently do nothing."""
+        clients, workload = self.clients, self.workload
+        if clients is None or clients.paced:
+            return self
+        unused = "has no effect: unpaced clients send as answers come back (clients.paced: " \
+                 "true sends each request no earlier than its time)"
+        problems = [(f"workload.{name}", value, unused) for name, value in (
+            ("rate_scale", workload.rate_scale if workload.rate_scale != 1.0 else None),
+            ("retime", workload.retime.model_dump() if workload.retime else None),
+            ("stages", getattr(workload, "stages", None))) if value is not None]
+        if problems:
+            raise invalid(*problems)
+        return self
+
 
 def name_problem(name: str) -> str | None:
     """Why `name` cannot name a directory under results/ (a scenario's, a sweep's, a

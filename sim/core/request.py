@@ -52,10 +52,12 @@ class Request:
     prefill_replica_id: int = -1  # where it arrived
     first_scheduled_s: float | None = None
     finish_s: float | None = None
-    # The client gives up at this time (`workload.timeout_s` after arrival): the engine aborts
-    # the request at its first step from then (`ReplicaState.expire`), and it fails.
+    # The client gives up at `give_up_s` (`workload.timeout_s` after arrival); an answer must
+    # leave the engine by `deadline_s` (that, less the API front end) to reach it in time. The
+    # engine aborts the request at its first step from its deadline (`ReplicaState.expire`).
+    give_up_s: float = math.inf
     deadline_s: float = math.inf
-    failed_s: float | None = None  # its deadline, once it failed
+    failed_s: float | None = None  # when its client gave up, once it failed
     # Disaggregated serving: prefill done, KV transfer started (decode blocks reserved) and done.
     prefill_end_s: float | None = None
     transfer_start_s: float | None = None

@@ -400,8 +400,9 @@ class ReplicaState:
 
 
 def _finished(req: Request, end_s: float) -> None:
-    """`req` sampled its last token at `end_s`: finished, or failed if its client had given up
-    before (its deadline passed during the iteration: the abort comes after it)."""
+    """`req` sampled its last token at `end_s`: finished, or failed if its answer can no longer
+    reach its client in time (its deadline passed during the iteration: the abort comes after
+    it)."""
     if end_s > req.deadline_s:
         _fail(req, f"its last token {end_s - req.deadline_s:.3g} s too late")
         return
@@ -412,6 +413,6 @@ def _finished(req: Request, end_s: float) -> None:
 def _fail(req: Request, where: str) -> None:
     """`req`'s client gave up at its deadline: it failed, with the reason."""
     req.status = Status.FAILED
-    req.failed_s = req.deadline_s
-    req.reason = f"client_timeout: gave up {req.deadline_s - req.arrival_s:g} s after arriving, " \
+    req.failed_s = req.give_up_s
+    req.reason = f"client_timeout: gave up {req.give_up_s - req.arrival_s:g} s after arriving, " \
                  f"{where}"

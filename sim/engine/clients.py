@@ -14,6 +14,7 @@ has it.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Callable, Sequence
@@ -79,7 +80,7 @@ class Dispatcher:
 
     def _send(self) -> None:
         """Send what is ready now, while clients are free; wake up when the next is ready."""
-        now, ready, requests = self.env.now, self.ready, self.requests
+        now, ready = self.env.now, self.ready
         while self.num_free and ready:
             ready_s, i = ready[0]
             if ready_s > now:
@@ -88,17 +89,21 @@ class Dispatcher:
                     self._at(ready_s, self._woken)
                 return
             heapq.heappop(ready)
-            req = requests[i]
-            self.sent[i] = True
-            self.num_sent += 1
             self.num_free -= 1
-            req.arrival_s = now
-            self.route(req)
-            if req.status is Status.REJECTED:  # the client has its error at once
-                self.done(req, now)
-            if self.on_progress is not None and (
-                    self.num_sent % self._every == 0 or self.num_sent == len(requests)):
-                self.on_progress(self.num_sent, len(requests))
+            self._dispatch(i)
+
+    def _dispatch(self, i: int) -> None:
+        """Send request `i` now, on a client already counted as busy."""
+        req, now = self.requests[i], self.env.now
+        self.sent[i] = True
+        self.num_sent += 1
+        req.arrival_s = now
+        self.route(req)
+        if req.status is Status.REJECTED:  # the client has its error at once
+            self.done(req, now)
+        if self.on_progress is not None and (
+                self.num_sent % self._every == 0 or self.num_sent == len(self.requests)):
+            self.on_progress(self.num_sent, len(self.requests))
 
     def _woken(self) -> None:
         self._wake_at = math.inf
@@ -106,33 +111,40 @@ class Dispatcher:
 
     def done(self, req: Request, end_s: float, *, gave_up: bool = False) -> None:
         """`req` is over for its client at `end_s` (the engine's finish: the answer comes
-        `reply_s` later; a give-up or a rejection: then). Its client thinks, then is free; the
-        session's next turn is ready its think time after a finished answer."""
+        `reply_s` later; a give-up or a rejection: then). A session's next turn goes on the
+        same client its think time after a finished answer (the client stays busy: a user
+        keeps their conversation), sent by an event even now (the replica that committed the
+        finish plans its next iteration first, run ahead or stepped); else the client thinks,
+        then is free."""
         rid = req.request_id
         if rid in self.done_ids:
             return  # (a request given up on finishes or is aborted later in the engine)
         self.done_ids.add(rid)
         answered = req.status is Status.FINISHED and not gave_up
         answer_s = end_s + self.reply_s(req) if answered else end_s
-        if self.clients is not None:
-            self._at(answer_s + self._think_s(), self._freed)
-        followers = self.followers.pop(rid, ())
+        followers = self.followers.pop(rid, [])
         if followers and answered:
             assert self.delay_s is not None
-            for i in followers:
+            for k, i in enumerate(followers):
                 ready_s = answer_s + float(self.delay_s[i])
-                heapq.heappush(self.ready, (ready_s, i))
-                # Sent by an event, even now: the replica that committed the finish plans its
-                # next iteration first, whether it runs ahead of the clock or steps.
-                self._at(ready_s, self._send)
-        elif followers:  # no answer to go on from: the rest of the session is abandoned
-            self._abandon(followers, rid)
+                if k == 0:  # the session's next turn, on this client
+                    self._at(ready_s, functools.partial(self._dispatch, i))
+                else:  # (a turn continued twice: the others wait for a client of their own)
+                    heapq.heappush(self.ready, (ready_s, i))
+                    self._at(ready_s, self._send)
+            return
+        self._abandon(followers, rid)
+        if self.clients is not None:
+            self._at(answer_s + self._think_s(), self._freed)
 
     def _abandon(self, followers: list[int], rid: int) -> None:
-        for i in followers:
+        """The turns after one that got no answer, and theirs: never sent."""
+        stack = list(followers)
+        while stack:
+            i = stack.pop()
             self.requests[i].reason = (f"abandoned: never sent, its session's turn before "
                                        f"(request {rid}) got no answer")
-            self._abandon(self.followers.pop(i, []), rid)
+            stack += self.followers.pop(i, [])
 
     def _freed(self) -> None:
         self.num_free += 1

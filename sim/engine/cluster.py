@@ -167,9 +167,13 @@ class Cluster:
                 yield At(env, due.deadline_s, NORMAL)
             while (due := self._next_due()) is not None and due.deadline_s <= env.now:
                 self._deadlines.popleft()
-                self.replicas[due.replica_id].wake()
-                if self.dispatcher is not None:
-                    self.dispatcher.done(due, env.now, gave_up=True)
+                replica = self.replicas[due.replica_id]
+                replica.sync()  # an iteration ending now may finish it in time
+                if due.status in DONE:
+                    continue
+                replica.wake()
+                if self.dispatcher is not None:  # it learns at the give-up, a front end later
+                    self.dispatcher.done(due, due.give_up_s, gave_up=True)
 
     def run(self, requests: list[Request], on_progress: Progress | None = None,
             sessions: Sessions | None = None) -> None:
@@ -211,7 +215,7 @@ class Cluster:
         """A request arrives: reject it if no decode replica could ever hold it, else route;
         with a client timeout, it gives up `timeout_s` from now."""
         if self.timeout_s is not None:
-            req.deadline_s = req.arrival_s + self.timeout_s
+            req.give_up_s = req.arrival_s + self.timeout_s
             self._deadlines.append(req)
             if self._timeouts_idle is not None and not self._timeouts_idle.triggered:
                 self._timeouts_idle.succeed()
@@ -223,6 +227,8 @@ class Cluster:
         front = self.front
         index = 0 if len(front) == 1 else self.router.choose(
             req, Loads(front, req if self.router.needs_prefix_hits else None))
+        if self.timeout_s is not None:  # its answer must leave the engine a front end earlier
+            req.deadline_s = req.give_up_s - self.frontend_s[front[index].replica_id]
         front[index].submit(req)
 
 

@@ -62,6 +62,8 @@ def fit_workload(scenario: Scenario) -> Fit:
         lengths["rank_correlation"] = round(correlation, 4)
     workload = {"format": "synthetic", "num_requests": n, "arrivals": arrivals,
                 "lengths": lengths}
+    if scenario.workload.timeout_s is not None:  # the client's, not the trace's: kept
+        workload["timeout_s"] = scenario.workload.timeout_s
     drawn = load_workload(scenario.model_validate(
         {**scenario.model_dump(), "workload": workload}))
     report = {

@@ -10,7 +10,15 @@ import pytest
 from sim import run_scenario
 from sim.config.scenario import parse_scenario
 from tests.engine.fastpath_helpers import assert_same_results
-from tests.helpers import TICK, assert_one_line_error, max_in_flight, replica, run_cli, trace
+from tests.helpers import (
+    TICK,
+    assert_one_line_error,
+    max_in_flight,
+    replica,
+    run_cli,
+    run_cli_out,
+    trace,
+)
 
 
 def closed_loop(tmp_path, rows, clients, **extra):
@@ -159,3 +167,22 @@ def test_a_capacity_search_of_unpaced_clients_is_refused(tmp_path, monkeypatch, 
     code, err = run_cli(monkeypatch, capsys, "capacity", str(path), "--tbt-p99", "0.1",
                         "--out", str(tmp_path / "cap"))
     assert_one_line_error(code, err, "s.yaml", "clients.paced=False", "no arrival rate")
+
+
+@pytest.mark.parametrize(("workload", "field"), [
+    ({"rate_scale": 2.0}, "workload.rate_scale"),
+    ({"retime": {"process": "poisson", "qps": 3.0}}, "workload.retime"),
+])
+def test_times_unpaced_clients_would_ignore_are_refused(tmp_path, monkeypatch, capsys,
+                                                       workload, field):
+    path = tmp_path / "s.yaml"
+    trace_path = trace(tmp_path, [(0.0, 5, 5), (1.0, 5, 5)])
+    fields = ", ".join(f"{k}: {v}" for k, v in workload.items())
+    path.write_text(f"workload: {{format: vidur, path: {trace_path}, {fields}}}\n"
+                    "clients: {concurrency: 2}\n")
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "s.yaml", field, "unpaced clients")
+    path.write_text(path.read_text().replace("{concurrency: 2}", "{concurrency: 2, paced: true}"))
+    code, _ = run_cli_out(monkeypatch, capsys, "simulate", str(path), "--out",
+                          str(tmp_path / "o"))
+    assert code == 0

@@ -5,6 +5,7 @@ a turn that gets no answer abandons the rest; exact times on a constant-latency 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sim import run_scenario
@@ -119,3 +120,41 @@ def test_the_summary_says_how_sessions_went_turn_by_turn():
     for t in turns:
         finished = req[(req["turn"] == t["turn"]) & (req["status"] == "finished")]
         assert t["finished"] == len(finished) and t["ttft_s"]["count"] == len(finished)
+
+
+def test_a_client_keeps_its_session_turn_after_turn():
+    # Eight clients, 60 conversations of 3 turns: a client's next turn goes out its think time
+    # after its answer (engine finish plus the front end), not after every first turn.
+    data = {"seed": 2, "clients": {"concurrency": 8}, "record_token_times": True,
+            "workload": {"format": "prefix", "num_conversations": 60, "num_turns": 3,
+                         "arrivals": {"process": "poisson", "qps": 5},
+                         "question_tokens": 200, "output_tokens": 50, "think_time_s": 1.0,
+                         "think_time": "fixed", "hash_block_tokens": 16},
+            "replica": {"prefix_caching": True}}
+    scenario = parse_scenario(data, "test")
+    res = run_both(scenario)
+    req = res.requests.set_index(["session", "turn"]).sort_index()
+    later = req[req.index.get_level_values("turn") > 0]
+    before = req.loc[[(s, t - 1) for s, t in later.index]]
+    answer_s = before["finish_s"].to_numpy() + scenario.replica.frontend_latency_s
+    assert np.allclose(later["arrival_s"].to_numpy(), answer_s + 1.0)
+    # Sessions take about three turns and two think times, not the whole run.
+    duration = res.summary["sessions"]["duration_s"]
+    assert res.summary["sessions"]["num_completed"] == 60 and duration["max"] < 10
+
+
+def test_a_long_session_abandoned_early_is_reported_whole():
+    # 1,500 turns whose first times out: the rest are abandoned (once recursion, 1,292 frames
+    # of traceback), and the run ends with its last iteration, not at the abandoned turns'
+    # planned times.
+    data = {"workload": {"format": "prefix", "num_conversations": 1, "num_turns": 1500,
+                         "arrivals": {"qps": 1}, "question_tokens": 1, "output_tokens": 400,
+                         "think_time_s": 0.1, "think_time": "fixed", "hash_block_tokens": 16,
+                         "timeout_s": 0.02},
+            "replica": {"model": "tiny"}}
+    res = run_scenario(parse_scenario(data, "test"))
+    req = res.requests
+    assert req.loc[0, "status"] == "failed"
+    assert req.loc[1:, "reason"].str.startswith("abandoned").all()
+    last_iteration_end_s = float((res.iterations["start_s"] + res.iterations["duration_s"]).max())
+    assert res.summary["run"]["end_s"] == pytest.approx(last_iteration_end_s)

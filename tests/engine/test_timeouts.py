@@ -18,11 +18,13 @@ from tests.engine.fastpath_helpers import assert_same_results
 from tests.helpers import TICK, assert_one_line_error, disaggregated, replica, run_cli, trace
 
 
-def one_at_a_time(tmp_path, rows, timeout_s, **extra):
-    """A replica that runs one request at a time, each iteration TICK (0.25 s) long."""
+def one_at_a_time(tmp_path, rows, timeout_s, engine="none", **extra):
+    """A replica that runs one request at a time, each iteration TICK (0.25 s) long; no API
+    front end unless `engine` has one."""
     return parse_scenario({
         "workload": {"format": "vidur", "path": trace(tmp_path, rows), "timeout_s": timeout_s},
-        "replica": replica(max_num_seqs=1), "record_token_times": True, **extra}, "test")
+        "replica": {**replica(max_num_seqs=1), "engine": engine}, "record_token_times": True,
+        **extra}, "test")
 
 
 def rows_by_id(results):
@@ -59,6 +61,32 @@ def test_a_request_finishing_after_its_deadline_fails(tmp_path):
     assert req.loc[1, "num_generated_tokens"] == 3
     assert req.loc[1, "reason"].startswith("client_timeout: gave up 1 s after arriving, its "
                                            "last token 0.15 s too late")
+
+
+def test_an_answer_must_leave_the_engine_a_front_end_before_the_give_up(tmp_path):
+    # With the default calibration's front end (7.8 ms), an answer finishing in the engine at
+    # exactly the timeout reaches its client too late: failed at the give-up, 1.0 s.
+    scenario = one_at_a_time(tmp_path, [(0.0, 10, 4), (0.0, 10, 3)], 1.0, engine="auto")
+    req = rows_by_id(run_scenario(scenario))
+    frontend_s = scenario.replica.frontend_latency_s
+    assert frontend_s > 0
+    assert req.loc[0, "status"] == "failed" and req.loc[0, "failed_s"] == 1.0
+    assert req.loc[0, "reason"].endswith(f"its last token {frontend_s:.3g} s too late")
+    assert req.loc[1, "status"] == "failed"  # queued behind it: its answer would come at 1.75
+    # Nobody finished late: every finished request's client-side E2E is within the timeout.
+    res = run_scenario(one_at_a_time(tmp_path, [(0.1 * i, 10, 1 + i % 5) for i in range(12)],
+                                     1.0, engine="auto"))
+    done = res.requests["status"] == "finished"
+    assert done.any() and (res.requests.loc[done, "client_e2e_s"] <= 1.0).all()
+
+
+def test_a_request_finishing_at_its_deadline_is_answered_and_its_session_goes_on():
+    # Each turn takes exactly 1 s (4 iterations); the timeout is 1 s: every turn is in time,
+    # and the timeouts, judging at the same instant, see its finish first.
+    from tests.engine.test_sessions import conversations
+
+    res = run_scenario(conversations(1, 3, workload={"timeout_s": 1.0}))
+    assert (res.requests["status"] == "finished").all()
 
 
 def test_a_queued_request_gives_up_and_never_runs(tmp_path):
@@ -162,3 +190,16 @@ def test_a_measured_tables_timeout_is_its_clients(tmp_path):
     assert _timeout_s(path, {"request_timeout": ""}) is None
     assert _timeout_s(path, {}) is None
     assert TICK == 0.25  # the exact times above assume it
+
+
+def test_requests_outlasting_the_timeout_on_an_idle_server_are_not_overload():
+    # One request every 5 s, outputs up to 2,500 tokens, 10 s timeout: the long ones fail
+    # while running, with no queue; that is not overload (a capacity search would find 0).
+    data = {"workload": {"format": "synthetic", "num_requests": 50, "timeout_s": 10.0,
+                         "arrivals": {"qps": 0.2},
+                         "lengths": {"prompt": {"dist": "uniform", "low": 10, "high": 500},
+                                     "output": {"dist": "uniform", "low": 1, "high": 2500}}}}
+    summary = run_scenario(parse_scenario(data, "test")).summary
+    assert summary["requests"]["failed"] > 5
+    assert summary["overload"]["verdict"] == "stable"
+    assert "none after queueing" in summary["overload"]["detail"]

@@ -104,6 +104,13 @@ def test_the_written_scenario_runs_and_says_how_close_it_is(traces, tmp_path, mo
     assert code == 0
 
 
+def test_the_clients_timeout_is_kept(traces):
+    scenario = azure(traces, 500)
+    scenario = scenario.model_copy(update={"workload": scenario.workload.model_copy(
+        update={"timeout_s": 30.0})})
+    assert fit_workload(scenario).workload["timeout_s"] == 30.0
+
+
 def test_bad_input_is_one_line(traces, tmp_path, monkeypatch, capsys):
     source = tmp_path / "s.yaml"
     source.write_text(yaml.safe_dump({"workload": {
