@@ -34,9 +34,16 @@ def run_headline(summary: dict[str, Any]) -> str:
     requests = summary.get("requests", {})
     throughput = summary.get("throughput", {})
     cost = summary.get("cost") or {}
+    # Failed (their client gave up) shown where any did, or where the run could say so.
+    kinds = ("finished", "rejected", "failed", "unfinished") if requests.get("failed") else (
+        "finished", "rejected", "unfinished")
+    sessions = summary.get("sessions")
     other = [
-        ("requests finished / rejected / unfinished", "", " / ".join(
-            m.number(requests.get(k)) for k in ("finished", "rejected", "unfinished"))),
+        (f"requests {' / '.join(kinds)}", "", " / ".join(
+            m.number(requests.get(k)) for k in kinds)),
+        *([("sessions completed / all", "", f"{m.number(sessions['num_completed'])} / "
+                                            f"{m.number(sessions['num_sessions'])}")]
+          if sessions else []),
         *[_quantity(k, throughput.get(k)) for k in ("requests_per_s", "output_tokens_per_s",
                                                       "span_s")],
         *[_quantity(k, v) for k, v in sorted((summary.get("slo") or {}).items())],

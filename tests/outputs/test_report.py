@@ -324,3 +324,22 @@ def test_a_validation_directory_says_where_its_table_is(tmp_path, monkeypatch, c
                               "validation.png", f"e.g. {run}")
     assert not (tmp_path / "v" / "report.html").exists()
     assert not (tmp_path / "v" / "plots").exists()
+
+
+def test_a_run_with_timeouts_and_sessions_shows_them(tmp_path):
+    data = {"workload": {"format": "prefix", "num_conversations": 30, "num_turns": 3,
+                         "arrivals": {"qps": 20.0}, "question_tokens": 300,
+                         "output_tokens": 300, "think_time_s": 0.1, "timeout_s": 4.0,
+                         "hash_block_tokens": 16},
+            "replica": {"scheduler": {"name": "vllm_v1", "max_num_seqs": 4}}}
+    run_scenario(parse_scenario(data, "test"), out_dir=tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["requests"]["failed"] > 0
+    page = Page(render_report(tmp_path / "run"))
+    counts = page.row("requests finished / rejected / failed / unfinished")
+    req = summary["requests"]
+    assert counts[-1] == " / ".join(str(req[k]) for k in ("finished", "rejected", "failed",
+                                                          "unfinished"))
+    sessions = summary["sessions"]
+    assert page.row("sessions completed / all")[-1] == (f"{sessions['num_completed']} / "
+                                                        f"{sessions['num_sessions']}")
