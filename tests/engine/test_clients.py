@@ -149,13 +149,15 @@ def test_clients_fast_forward_as_stepping(cluster, clients):
         assert max_in_flight(req) == clients["concurrency"]
 
 
-def test_concurrency_must_be_a_positive_count(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(("field", "value"), [("clients.concurrency", 0),
+                                            ("workload.timeout_s", 0)])
+def test_a_count_of_clients_or_a_timeout_must_be_positive(tmp_path, monkeypatch, capsys, field,
+                                                          value):
     path = tmp_path / "s.yaml"
-    path.write_text(f"workload: {{format: vidur, path: {trace(tmp_path, [(0, 5, 5)])}}}\n"
-                    "clients: {concurrency: 0}\n")
+    path.write_text(f"workload: {{format: vidur, path: {trace(tmp_path, [(0, 5, 5)])}}}\n")
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
-                        str(tmp_path / "out"))
-    assert_one_line_error(code, err, "s.yaml", "clients.concurrency", "greater than 0")
+                        str(tmp_path / "out"), "--set", f"{field}={value}")
+    assert_one_line_error(code, err, field, "greater than 0")
 
 
 def test_a_capacity_search_of_unpaced_clients_is_refused(tmp_path, monkeypatch, capsys):

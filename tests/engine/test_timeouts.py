@@ -15,7 +15,7 @@ from sim import run_scenario
 from sim.config.scenario import parse_scenario
 from sim.studies.measured import AIOHTTP_DEFAULT_TIMEOUT_S, _timeout_s
 from tests.engine.fastpath_helpers import assert_same_results
-from tests.helpers import TICK, assert_one_line_error, disaggregated, replica, run_cli, trace
+from tests.helpers import TICK, disaggregated, replica, trace
 
 
 def one_at_a_time(tmp_path, rows, timeout_s, engine="none", **extra):
@@ -171,15 +171,6 @@ def test_a_request_timing_out_in_transfer_fails_on_its_decode_replica(tmp_path):
     assert req["transfer_end_s"].round(2).tolist() == [1.56, 2.87]
     assert req["num_generated_tokens"].tolist() == [3, 1]
     assert fast.summary["replicas"][1]["busy_fraction"] is not None
-
-
-def test_a_timeout_must_be_positive(tmp_path, monkeypatch, capsys):
-    path = tmp_path / "s.yaml"
-    path.write_text(f"workload: {{format: vidur, path: {trace(tmp_path, [(0, 5, 5)])}, "
-                    "timeout_s: 0}\n")
-    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
-                        str(tmp_path / "out"))
-    assert_one_line_error(code, err, "s.yaml", "workload.timeout_s", "greater than 0")
 
 
 def test_a_measured_tables_timeout_is_its_clients(tmp_path):
