@@ -79,8 +79,7 @@ class ReplicaState:
         req.status = Status.WAITING
         self.waiting.append(req)
         self.num_waiting_tokens += req.num_uncomputed_tokens
-        if req.deadline_s != math.inf:
-            heapq.heappush(self._deadlines, (req.deadline_s, req.request_id, req))
+        self._watch_deadline(req)
 
     def admit(self, req: Request, num_cached_tokens: int = 0) -> None:
         """Move the head of the waiting queue to the running list (its blocks are allocated);
@@ -99,6 +98,10 @@ class ReplicaState:
         del self.incoming[req.request_id]
         self.requests[req.request_id] = req
         self._start_running(req)
+        self._watch_deadline(req)
+
+    def _watch_deadline(self, req: Request) -> None:
+        """`req` may time out here (`expire`)."""
         if req.deadline_s != math.inf:
             heapq.heappush(self._deadlines, (req.deadline_s, req.request_id, req))
 
@@ -296,9 +299,7 @@ class ReplicaState:
                 self.waiting.remove(req)
                 self.num_waiting_tokens -= req.num_uncomputed_tokens
                 req.close_token_run()
-                _finished(req, end_s)
-                if self.on_finish is not None and req.status is Status.FINISHED:
-                    self.on_finish(req)
+                self._settle(req, end_s)
 
     def cancel(self, in_flight: list[InFlight]) -> None:
         """Pipelined replica: an iteration `start` sent off never ends (the run stopped at its
@@ -332,8 +333,18 @@ class ReplicaState:
         self._stop_running(req)
         self.kv.free(req)
         req.close_token_run()
-        _finished(req, end_s)
-        if self.on_finish is not None and req.status is Status.FINISHED:
+        self._settle(req, end_s)
+
+    def _settle(self, req: Request, end_s: float) -> None:
+        """`req` sampled its last token at `end_s`: finished (told to `on_finish`), or failed
+        if its answer can no longer reach its client in time (its deadline passed during the
+        iteration: the abort comes after it)."""
+        if end_s > req.deadline_s:
+            _fail(req, f"its last token {end_s - req.deadline_s:.3g} s too late")
+            return
+        req.status = Status.FINISHED
+        req.finish_s = end_s
+        if self.on_finish is not None:
             self.on_finish(req)
 
     def expire(self, now_s: float) -> list[Request]:
@@ -343,8 +354,6 @@ class ReplicaState:
         prefixes stay cached); each fails, at its deadline, with the reason. A request
         handed off (its KV on the way to a decode replica) is aborted there. Returns them."""
         deadlines = self._deadlines
-        if not deadlines or deadlines[0][0] > now_s:
-            return []
         aborted = []
         while deadlines and deadlines[0][0] <= now_s:
             req = heapq.heappop(deadlines)[2]
@@ -397,17 +406,6 @@ class ReplicaState:
         if not self.kv.caches_prefixes:
             for req in self.running:
                 assert self.kv.num_held_blocks(req.request_id) <= self.max_blocks(req)
-
-
-def _finished(req: Request, end_s: float) -> None:
-    """`req` sampled its last token at `end_s`: finished, or failed if its answer can no longer
-    reach its client in time (its deadline passed during the iteration: the abort comes after
-    it)."""
-    if end_s > req.deadline_s:
-        _fail(req, f"its last token {end_s - req.deadline_s:.3g} s too late")
-        return
-    req.status = Status.FINISHED
-    req.finish_s = end_s
 
 
 def _fail(req: Request, where: str) -> None:

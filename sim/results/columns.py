@@ -140,3 +140,8 @@ def texts(values: Sequence[str]) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out
+
+
+def plain(value: Any) -> Any:
+    """A numpy scalar as the Python value an error shows."""
+    return value.item() if isinstance(value, np.generic) else value

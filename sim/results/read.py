@@ -25,6 +25,7 @@ import yaml
 from sim.config.errors import InputError
 from sim.config.input_file import FileProblem, loads, read_bytes, stat_regular
 from sim.engine.iteration_log import COLUMNS as ITERATION_LOG_COLUMNS
+from sim.results.columns import plain
 from sim.results.formats import REPLICATED_COMPARISON_FILE, REPLICATIONS_FILE
 from sim.results.outdir import is_run_dir
 
@@ -320,7 +321,7 @@ def _check_column(series: pd.Series, kind: str, path: Path) -> None:
             negative = np.flatnonzero(values.astype(np.float64) < 0)
         if negative.size:
             bad = int(negative[0])
-            raise _wrong(path, series.name, _plain(values[bad]), f"must be {kind}", bad)
+            raise _wrong(path, series.name, plain(values[bad]), f"must be {kind}", bad)
         if kind == COUNT and pd.api.types.is_float_dtype(dtype):
             with np.errstate(invalid="ignore"):
                 bad_mask = np.isinf(values) | (np.isfinite(values) & (values != np.round(values)))
@@ -345,11 +346,6 @@ def _check_column(series: pd.Series, kind: str, path: Path) -> None:
 def _is_number(value: Any) -> bool:
     return (isinstance(value, int | float | np.integer | np.floating)
             and not isinstance(value, bool | np.bool_))
-
-
-def _plain(value: Any) -> Any:
-    """A numpy scalar as the Python value an error shows."""
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def _first(series: pd.Series) -> Any:

@@ -14,7 +14,7 @@ import numpy as np
 from sim.config.errors import InputError
 from sim.config.scenario import Scenario, load_scenario, scenario_yaml
 from sim.engine.iteration_log import COLUMNS
-from sim.results.columns import Columns, to_frame, write_parquet
+from sim.results.columns import Columns, plain, to_frame, write_parquet
 from sim.results.outdir import write_dir
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ def check_claims(run: Path, requests: pd.DataFrame, iterations: pd.DataFrame,
     def refuse(file: str, column: str, values: Any, bad: np.ndarray, problem: str) -> None:
         if bad.any():
             row = int(np.argmax(bad))
-            raise InputError(run / file, column, _plain(values[row]), f"row {row}: {problem}")
+            raise InputError(run / file, column, plain(values[row]), f"row {row}: {problem}")
 
     def col(frame: pd.DataFrame, name: str) -> np.ndarray:
         return frame[name].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -196,11 +196,6 @@ def _repeats(values: np.ndarray) -> np.ndarray:
     repeated = np.ones(len(values), dtype=bool)
     repeated[first] = False
     return repeated
-
-
-def _plain(value: Any) -> Any:
-    """A numpy scalar as the Python value an error shows."""
-    return value.item() if isinstance(value, np.generic) else value
 
 
 # The columns a loaded run must have: what the readers of `Results.load` rely on.

@@ -74,7 +74,7 @@ def fit_workload(scenario: Scenario) -> Fit:
         "burstiness_cv": {"trace": cv, "fitted": float(np.diff(drawn.arrival_s).std()
                                                         / np.diff(drawn.arrival_s).mean())},
         "length_rank_correlation": {
-            "trace": rank_correlation(trace.num_prompt_tokens, trace.num_output_tokens),
+            "trace": correlation,
             "fitted": rank_correlation(drawn.num_prompt_tokens, drawn.num_output_tokens)},
         "prefix_block_reuse": (None if trace.hash_ids is None
                                else block_reuse(trace.hash_ids)),
