@@ -331,8 +331,10 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
     if frames.sessions is not None:
         summary["sessions"] = session_stats(request_cols)
     summary.update(arrived_stats(request_cols, end_s))
+    clients = scenario.clients
     summary.update(warmup_stats(request_cols, end_s, summary["overload"],
-                                generated_arrivals(scenario.workload)))
+                                generated_arrivals(scenario.workload, clients),
+                                clients.warmup_requests if clients is not None else 0))
     if any(r.kv.caches_prefixes for r in replicas):
         summary["prefix_cache"] = prefix_cache_stats(request_cols, [r.kv for r in replicas])
     summary["run"] = {

@@ -93,8 +93,13 @@ def show_run(summary: dict[str, Any], out_dir: Path, shown: Console, as_json: bo
     if clients := summary["run"].get("clients"):
         paced = ("each request also waits for its time in the workload" if clients["paced"]
                  else "the workload's arrival times and rate are not used")
+        sending = ""
+        if clients.get("duration_s") is not None:
+            unsent = summary["requests"]["reasons"].get("after_duration", 0)
+            sending = f"; sending for {clients['duration_s']:g} s ({unsent:,} never sent)"
         shown.print(f"closed loop: {clients['concurrency']:,} clients, think time "
-                    f"{clients['think_time_s']:g} s ({clients['think_time']}); {paced}")
+                    f"{clients['think_time_s']:g} s ({clients['think_time']}); {paced}"
+                    f"{sending}")
     for pool, note in summary["run"].get("blocks_beyond_memory", {}).items():
         shown.print(f"[yellow]idealised KV cache[/] ({pool}): {note}")
     if note := summary["run"].get("latency_device_note"):
@@ -168,7 +173,7 @@ def rejected_line(summary: dict[str, Any]) -> str | None:
     req = summary["requests"]
     if not req["rejected"]:
         return None
-    reasons = ", ".join(f"{kind} {n:,}" for kind, n in req["reasons"].items())
+    reasons = ", ".join(f"{kind} {n:,}" for kind, n in req["rejected_reasons"].items())
     return (f"[bold yellow]REJECTED[/]: {req['rejected']:,} of {req['total']:,} requests can "
             f"never be served by this replica (reasons: {reasons})")
 
@@ -235,14 +240,17 @@ def summary_table(summary: dict[str, Any]) -> Table:
         if not warmup["applies"]:
             return "warm-up: none assumed (replayed trace); nothing trimmed"
         head = f"warm-up ({warmup['method']}): "
-        if warmup["steady_state"] is None:
+        fixed = warmup["method"] == "clients.warmup_requests"
+        if warmup["steady_state"] is None and not fixed:
             return head + f"not checked ({warmup['reason']})"
-        if not warmup["steady_state"]:
+        if warmup["steady_state"] is False and not fixed:
             why = ("overloaded" if warmup["reason"].startswith("overloaded") else
                    f"truncation at request {warmup['mser_truncation_requests']:,} of "
                    f"{warmup['num_requests']:,}: run longer")
             return head + f"no steady state ({why}); nothing trimmed"
         cut = warmup["num_trimmed_requests"]
+        if fixed and not trimmed:
+            return head + f"all {warmup['num_requests']:,} requests sent were warm-up"
         if not cut or not trimmed:
             return head + "none found; nothing trimmed"
         ttft = trimmed["ttft_s"]

@@ -49,6 +49,8 @@ class Dispatcher:
         # Later turns, by the request they wait for; their think times.
         self.followers: dict[int, list[int]] = {}
         self.delay_s: np.ndarray | None = None
+        # A trace's follow-ups are not sent before their own time either.
+        self.paced_turns = sessions is not None and sessions.paced
         waits = np.zeros(len(requests), dtype=bool)
         if sessions is not None:
             self.delay_s = sessions.delay_s
@@ -70,8 +72,12 @@ class Dispatcher:
         self.done_ids: set[int] = set()
         self._wake_at = math.inf  # the earliest wake-up scheduled for a request's time
         self._every = max(1, len(requests) // 200)
+        # When the clients stop sending (`clients.duration_s` after the start).
+        self.stop_s = math.inf
 
     def start(self) -> None:
+        if self.clients is not None and self.clients.duration_s is not None:
+            self.stop_s = self.env.now + self.clients.duration_s
         self._send()
 
     def _at(self, at_s: float, callback: Callable[[], None]) -> None:
@@ -81,10 +87,12 @@ class Dispatcher:
     def _send(self) -> None:
         """Send what is ready now, while clients are free; wake up when the next is ready."""
         now, ready = self.env.now, self.ready
+        if now >= self.stop_s:
+            return
         while self.num_free and ready:
             ready_s, i = ready[0]
             if ready_s > now:
-                if ready_s < self._wake_at:
+                if ready_s < self._wake_at and ready_s < self.stop_s:
                     self._wake_at = ready_s
                     self._at(ready_s, self._woken)
                 return
@@ -93,8 +101,11 @@ class Dispatcher:
             self._dispatch(i)
 
     def _dispatch(self, i: int) -> None:
-        """Send request `i` now, on a client already counted as busy."""
+        """Send request `i` now, on a client already counted as busy (past the clients'
+        duration: not sent)."""
         req, now = self.requests[i], self.env.now
+        if now >= self.stop_s:
+            return
         self.sent[i] = True
         self.num_sent += 1
         req.arrival_s = now
@@ -127,6 +138,8 @@ class Dispatcher:
             assert self.delay_s is not None
             for k, i in enumerate(followers):
                 ready_s = answer_s + float(self.delay_s[i])
+                if self.paced_turns:
+                    ready_s = max(ready_s, self.requests[i].arrival_s)
                 if k == 0:  # the session's next turn, on this client
                     self._at(ready_s, functools.partial(self._dispatch, i))
                 else:  # (a turn continued twice: the others wait for a client of their own)
@@ -157,11 +170,17 @@ class Dispatcher:
             return float(self.rng.exponential(cfg.think_time_s))
         return cfg.think_time_s
 
-    def mark_unsent(self) -> None:
-        """Say why each request never sent (and not abandoned) was not: the run stopped at
-        its horizon first."""
+    def mark_unsent(self, horizon_s: float | None) -> None:
+        """Say why each request never sent (and not abandoned) was not: the clients' duration
+        ended, or the run stopped at its horizon first."""
+        stop_s = self.stop_s
+        stopped = stop_s < math.inf and (horizon_s is None or stop_s <= horizon_s)
         for i, req in enumerate(self.requests):
             if self.sent[i] or req.reason is not None:
+                continue
+            if stopped:
+                req.reason = (f"after_duration: never sent, the clients stopped sending at "
+                              f"{stop_s:.6g} s (clients.duration_s)")
                 continue
             if self.waits[i]:
                 why = "its session's turn before had no answer yet"

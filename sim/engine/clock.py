@@ -7,8 +7,12 @@ fast-forwards a stretch of them, so both give identical results:
    its load, a transfer handing it KV) first commits the work it has finished by now
    (`Replica.sync`);
 2. arrivals, KV transfers and everything else, in the order they were scheduled;
-3. last, replicas plan their next iteration, in replica order (priority `PLAN + replica_id`),
-   having seen everything else that happened at that instant.
+3. replicas plan their next iteration, in replica order (priority `PLAN + replica_id`),
+   having seen everything else that happened at that instant;
+4. last, clients learn of the answers finished at that instant (priority `ANSWERED`): what they
+   send then is planned for at the replicas' next turns, after the iterations just planned,
+   whether a replica committed the finish at its turn, when a router looked at it, or ahead of
+   the clock (fast-forward).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ Hook = Callable[[Request], None]
 Progress = Callable[[int, int], None]
 NORMAL = simpy.events.NORMAL
 PLAN = NORMAL + 1  # a replica's turn to plan: after everything else at the same instant
+ANSWERED = PLAN + 2**31  # after every replica's turn (replica ids stay far below 2**31)
 
 
 class Environment(simpy.Environment):

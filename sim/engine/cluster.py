@@ -19,7 +19,7 @@ from sim.core.radix_cache import Eviction, PrefixCachingKVManager
 from sim.core.request import Request, Status
 from sim.core.state import ReplicaState
 from sim.engine.clients import Dispatcher
-from sim.engine.clock import NORMAL, At, Environment, Progress, simulate
+from sim.engine.clock import ANSWERED, NORMAL, At, Environment, Progress, simulate
 from sim.engine.disaggregation import Disaggregation
 from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Replica
@@ -55,6 +55,7 @@ class Cluster:
         self.clients_config = scenario.clients
         self.reacting = scenario.clients is not None
         self.dispatcher: Dispatcher | None = None
+        self._answers: dict[float, list[Request]] = {}  # finishes by instant, not yet told
         self.frontend_s: list[float] = []  # each replica's API front end (a client's wait)
         self.seed = scenario.seed
         seeds = np.random.SeedSequence(scenario.seed).spawn(3)  # routers, clients
@@ -205,11 +206,27 @@ class Cluster:
             replica.state.on_finish = self._finished
         dispatcher.start()
         self.env.run(until=self.horizon_s)
-        dispatcher.mark_unsent()
+        dispatcher.mark_unsent(self.horizon_s)
 
     def _finished(self, req: Request) -> None:
-        assert self.dispatcher is not None and req.finish_s is not None
-        self.dispatcher.done(req, req.finish_s)
+        """`req` finished: its client learns at the instant of the finish, after every replica
+        planned at that instant (`ANSWERED`), however the finish was committed: at the
+        replica's turn, by a router looking at it, or ahead of the clock (fast-forward). The
+        answers of one instant are told together, by request id: what their clients send is
+        planned for together."""
+        end_s = req.finish_s
+        assert end_s is not None
+        batch = self._answers.get(end_s)
+        if batch is None:
+            batch = self._answers[end_s] = []
+            At(self.env, end_s, ANSWERED).callbacks.append(lambda _: self._answer(end_s))
+        batch.append(req)
+
+    def _answer(self, end_s: float) -> None:
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
+        for req in sorted(self._answers.pop(end_s), key=lambda r: r.request_id):
+            dispatcher.done(req, end_s)
 
     def route(self, req: Request) -> None:
         """A request arrives: reject it if no decode replica could ever hold it, else route;

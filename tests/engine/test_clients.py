@@ -188,3 +188,55 @@ def test_times_unpaced_clients_would_ignore_are_refused(tmp_path, monkeypatch, c
     code, _ = run_cli_out(monkeypatch, capsys, "simulate", str(path), "--out",
                           str(tmp_path / "o"))
     assert code == 0
+
+
+def test_clients_stop_sending_after_their_duration(tmp_path):
+    # One client, 1 s a request: sent at 0, 1, 2; the duration ends at 2.5, so the request in
+    # flight then (sent at 2) is answered and the last two are never sent.
+    res = run_both(closed_loop(tmp_path, [(0.0, 10, 4)] * 5,
+                               {"concurrency": 1, "duration_s": 2.5}))
+    req = res.requests
+    assert req["status"].tolist() == ["finished"] * 3 + ["unfinished"] * 2
+    assert req["finish_s"].tolist()[:3] == [1.0, 2.0, 3.0]
+    for reason in req["reason"].tolist()[3:]:
+        assert reason == ("after_duration: never sent, the clients stopped sending at 2.5 s "
+                          "(clients.duration_s)")
+    # Never sent: not offered, not in the latencies, not an end of the run.
+    assert res.summary["ttft_s"]["count"] == 3 and res.summary["run"]["end_s"] == 3.0
+
+
+def test_a_horizon_before_the_clients_duration_is_the_horizon(tmp_path):
+    res = run_both(closed_loop(tmp_path, [(0.0, 10, 4)] * 5,
+                               {"concurrency": 1, "duration_s": 10.0}, horizon_s=2.5))
+    reasons = res.requests["reason"].tolist()
+    assert reasons[2] == "running_at_horizon"
+    assert all(r.startswith("after_horizon: never sent") for r in reasons[3:])
+
+
+def test_warmup_requests_are_served_but_not_measured(tmp_path):
+    # Two clients: the first pair (10-token prompts) is the warm-up; the second pair's
+    # 40-token prompts take longer to their first token (a budget of 20 tokens an iteration).
+    rows = [(0.0, 10, 4), (0.0, 10, 4), (0.0, 40, 4), (0.0, 40, 4)]
+    scenario = closed_loop(tmp_path, rows, {"concurrency": 2, "warmup_requests": 2},
+                           replica={"scheduler": replica(token_budget=20)["scheduler"]})
+    res = run_both(scenario)
+    ttft = res.requests["ttft_s"].tolist()
+    assert ttft[:2] == [TICK, TICK] and min(ttft[2:]) >= 2 * TICK
+    warmup, trimmed = res.summary["warmup"], res.summary["trimmed"]
+    assert warmup["method"] == "clients.warmup_requests"
+    assert warmup["num_trimmed_requests"] == 2 and warmup["trimmed_until_s"] == 1.0
+    assert trimmed["ttft_s"]["count"] == 2
+    assert trimmed["ttft_s"]["mean"] == pytest.approx(sum(ttft[2:]) / 2)
+    assert trimmed["ttft_s"]["max"] == max(ttft[2:])
+    assert res.summary["ttft_s"]["count"] == 4  # the whole run is still reported
+    # More warm-up than requests: nothing left to measure, said so.
+    scenario = closed_loop(tmp_path, rows, {"concurrency": 2, "warmup_requests": 9})
+    res = run_scenario(scenario)
+    assert res.summary["trimmed"] is None
+    assert res.summary["warmup"]["num_trimmed_requests"] == 4
+
+
+def test_unpaced_clients_start_empty_and_are_checked_for_a_warm_up(tmp_path):
+    scenario = closed_loop(tmp_path, [(0.0, 10, 4)] * 60, {"concurrency": 4})
+    warmup = run_scenario(scenario).summary["warmup"]
+    assert warmup["method"] == "MSER-5" and warmup["applies"]

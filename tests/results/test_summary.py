@@ -66,7 +66,8 @@ def test_summary_counts_and_throughput():
     s = summarize(REQUESTS, iterations, np.array([0.05, 0.2]), SLOConfig())
     assert s["requests"] == {"total": 4, "finished": 3, "rejected": 1, "failed": 0,
                              "unfinished": 0,
-                             "reasons": {"needs 9000 KV slots": 1}}
+                             "reasons": {"needs 9000 KV slots": 1},
+                             "rejected_reasons": {"needs 9000 KV slots": 1}}
     assert s["throughput"]["span_s"] == 5.0
     assert s["throughput"]["requests_per_s"] == pytest.approx(3 / 5)
     assert s["throughput"]["output_tokens_per_s"] == pytest.approx(31 / 5)

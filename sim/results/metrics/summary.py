@@ -164,8 +164,10 @@ def summarize(requests: Table, iterations: Table | int,
     span_s = max(end_s - start_s, 0.0)
     counts = Counter(status.tolist())
     # Reasons are `kind: detail`; count them by kind (one key per kind, not per number).
-    reasons = Counter(reason.split(":", 1)[0] for reason in column(requests, "reason").tolist()
-                      if reason)
+    reason_kinds = [reason.split(":", 1)[0] for reason in column(requests, "reason").tolist()]
+    reasons = Counter(kind for kind in reason_kinds if kind)
+    rejected_reasons = Counter(kind for kind, s in zip(reason_kinds, status.tolist(), strict=True)
+                               if kind and s == "rejected")
     return {
         "requests": {
             "total": len(status),
@@ -174,6 +176,7 @@ def summarize(requests: Table, iterations: Table | int,
             "failed": int(counts.get("failed", 0)),
             "unfinished": int(counts.get("unfinished", 0)),
             "reasons": {str(k): int(v) for k, v in sorted(reasons.items())},
+            "rejected_reasons": {str(k): int(v) for k, v in sorted(rejected_reasons.items())},
         },
         "ttft_s": finished_distribution(finished["ttft_s"]),
         "tbt_s": distribution(tbt_gaps_s),
@@ -198,7 +201,7 @@ def summarize(requests: Table, iterations: Table | int,
 # Reason kinds of requests that never arrived: after the run's horizon, after an interrupted
 # replay stopped, or a session's turn whose turn before got no answer. They are in the results
 # (nothing is lost) but were never offered to a server.
-NEVER_ARRIVED = ("after_horizon", "after_stop", "abandoned")
+NEVER_ARRIVED = ("after_horizon", "after_stop", "abandoned", "after_duration")
 
 
 def never_arrived(requests: Table) -> np.ndarray:

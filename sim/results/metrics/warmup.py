@@ -59,15 +59,18 @@ def mser(series: np.ndarray, batch: int = MSER_BATCH, ignore_end: int | None = N
     return int(np.argmin(stat[:last])), k
 
 
-def generated_arrivals(workload: Any) -> bool:
+def generated_arrivals(workload: Any, clients: Any = None) -> bool:
     """Arrivals drawn from a process (synthetic, lengths, prefix, csv/jsonl with `arrivals`, a
-    trace `retime`d), rather than replayed from a trace."""
+    trace `retime`d), or sent by unpaced clients (a closed loop starts empty), rather than
+    replayed from a trace."""
+    if clients is not None and not clients.paced:
+        return True
     return isinstance(getattr(workload, "arrivals", None), ArrivalConfig) or isinstance(
         getattr(workload, "retime", None), ArrivalConfig)
 
 
 def warmup_stats(requests: Table, end_s: float, verdict: dict[str, Any],
-                 generated: bool) -> dict[str, Any]:
+                 generated: bool, warmup_requests: int = 0) -> dict[str, Any]:
     """`warmup` (where the run's start-up transient ends), `trimmed` (the headline
     distributions over the finished requests arriving after it; None where no warm-up is
     assumed or no steady state was found) and `overload` (`verdict`, with a line added when no
@@ -86,7 +89,12 @@ def warmup_stats(requests: Table, end_s: float, verdict: dict[str, Any],
     added to the verdict's detail and `steady_state: false`, without changing the verdict: the
     slope test on the queues decides overload (calibrated: a growth of 1% of arrivals, 3
     standard errors), and a late truncation also comes from slow swings of a loaded but stable
-    queue: it says to run longer, not that the system cannot keep up."""
+    queue: it says to run longer, not that the system cannot keep up.
+
+    `warmup_requests` (clients' `warmup_requests`) > 0: the first that many requests sent are
+    trimmed, as a benchmark leaves its warm-up requests out, whatever MSER-5 would say."""
+    if warmup_requests:
+        return _fixed_warmup(requests, end_s, verdict, warmup_requests)
     info: dict[str, Any] = {"method": "MSER-5", "applies": generated,
                             "steady_state": None, "num_trimmed_requests": None,
                             "trimmed_until_s": None}
@@ -143,19 +151,47 @@ def warmup_stats(requests: Table, end_s: float, verdict: dict[str, Any],
                           f"{info['mser_truncation_requests']} of {n} (second half) follows "
                           "bursts, delays being lower after it (a run starting empty warms "
                           "up from below); nothing trimmed")
-    # The finished requests arriving after the cut, by arrival rank (ties at the cut time
-    # split as the ranks do).
+    out["trimmed"] = _trimmed(requests, arrived, order, cut, latencies)
+    return out
+
+
+def _fixed_warmup(requests: Table, end_s: float, verdict: dict[str, Any], num_warmup: int
+                  ) -> dict[str, Any]:
+    """The first `num_warmup` requests sent are the warm-up (`warmup_stats`)."""
+    arrived = arrived_mask(requests)
+    arrival = column(requests, "arrival_s")[arrived]
+    order = np.argsort(arrival, kind="stable")
+    n = len(order)
+    cut = min(num_warmup, n)
+    info: dict[str, Any] = {
+        "method": "clients.warmup_requests", "applies": True,
+        "steady_state": None if verdict.get("verdict") != "overloaded" else False,
+        "num_requests": n, "num_trimmed_requests": cut,
+        "trimmed_until_s": float(arrival[order[cut]]) if cut < n else None,
+        "reason": f"the first {cut} of {n} requests sent are warm-up (clients.warmup_requests: "
+                  f"{num_warmup})"}
+    out: dict[str, Any] = {"warmup": info, "trimmed": None, "overload": verdict}
+    if cut < n:
+        latencies = arrived_latencies(requests, end_s, arrived)
+        out["trimmed"] = _trimmed(requests, arrived, order, cut, latencies)
+    return out
+
+
+def _trimmed(requests: Table, arrived: np.ndarray, order: np.ndarray, cut: int,
+             latencies: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    """The headline distributions over the requests arriving after the first `cut` (by
+    arrival rank; ties at the cut time split as the ranks do)."""
     kept = np.zeros(len(arrived), dtype=bool)
     kept[np.flatnonzero(arrived)[order[cut:]]] = True
     kept &= column(requests, "status") == "finished"
-    out["trimmed"] = {key: {**distribution(column(requests, col)[kept]),
-                            "population": "finished, after warm-up"}
-                      for key, col in TRIMMED.items()}
+    trimmed = {key: {**distribution(column(requests, col)[kept]),
+                     "population": "finished, after warm-up"}
+               for key, col in TRIMMED.items()}
     # And over every request arriving after the cut, one not there yet at the end counted at
     # its time so far (a lower bound), as `*_all_arrived_s` are for the whole run.
     after = order[cut:]
     for key, (values, censored) in latencies.items():
-        out["trimmed"][f"{key.removesuffix('_s')}_all_arrived_s"] = {
+        trimmed[f"{key.removesuffix('_s')}_all_arrived_s"] = {
             **censored_distribution(values[after], censored[after]),
             "population": "arrived, after warm-up"}
-    return out
+    return trimmed
