@@ -1,5 +1,6 @@
 """`servesim fit-workload`: a generator fitted to a trace (`sim.studies.fit_workload`), written
-as a scenario whose workload is `synthetic`, with the fit's report."""
+as a scenario whose workload is `synthetic` (or `prefix`, for a trace with sessions), with the
+fit's report."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ def fit_workload(
                                                     "with the fitted workload")],
     set_: Annotated[list[str] | None, set_option("over the scenario file")] = None,
 ) -> None:
-    """Fit a synthetic workload (arrival rate and burstiness, length percentiles and their
-    correlation) to a trace;
-    print how close it is (KS distances, burstiness, what it does not keep); write it."""
+    """Fit a generator to a trace (arrival rate and burstiness, length percentiles and their
+    correlation; sessions and a shared prompt where its prefix ids show them); print how close
+    it is (KS distances, burstiness, prefix reuse, sessions); write it."""
     from sim.config.errors import COMMAND_LINE, InputError
     from sim.config.overrides import load_scenario, parse_overrides
     from sim.config.scenario import parse_scenario, scenario_yaml
@@ -44,31 +45,36 @@ def fit_workload(
     except OSError as exc:
         raise InputError(COMMAND_LINE, "--out", str(out),
                          f"cannot write there ({exc.strerror or exc})") from None
-    console.print(f"written: {out} (run it: servesim simulate {out}; scale it: --set "
-                  "workload.arrivals.qps=...)", soft_wrap=True)
+    knob = ("workload.arrivals.qps=... (sessions started per second)"
+            if result.workload["format"] == "prefix" else "workload.arrivals.qps=...")
+    console.print(f"written: {out} (run it: servesim simulate {out}; scale it: --set {knob})",
+                  soft_wrap=True)
 
 
 def fit_table(report: dict[str, Any]) -> Table:
     """The fit, as the trace and the fitted generator each show it (80 columns)."""
     table = Table("", "trace", "fitted", "KS distance", box=box.SIMPLE_HEAD,
-                  title=f"{report['num_requests']:,} requests over {report['span_s']:,.1f} s")
+                  title=f"{report['num_requests']:,} requests over {report['span_s']:,.1f} s: "
+                        f"{report['generator']} workload fitted")
     ks = report["ks"]
     table.add_row("prompt tokens", "", "percentiles", f"{ks['prompt_tokens']:.3f}")
     table.add_row("output tokens", "", "percentiles", f"{ks['output_tokens']:.3f}")
     cv = report["burstiness_cv"]
-    table.add_row("gaps between arrivals", "", "", f"{ks['gap_s']:.3f}")
+    table.add_row("gaps between arrivals", "", report["arrival_process"] or "",
+                  f"{ks['gap_s']:.3f}")
     table.add_row("burstiness (CV of gaps)", f"{cv['trace']:.2f}", f"{cv['fitted']:.2f}", "")
     corr = report["length_rank_correlation"]
     table.add_row("prompt-output rank corr.", _number(corr["trace"]), _number(corr["fitted"]),
                   "")
-    if report["prefix_block_reuse"] is not None:
-        table.add_row("prefix blocks reused", f"{100 * report['prefix_block_reuse']:.1f}%",
-                      "none", "")
+    if (reuse := report["prefix_block_reuse"]) is not None:
+        table.add_row("prefix blocks reused", _share(reuse["trace"]), _share(reuse["fitted"]),
+                      "")
     if (sessions := report.get("sessions")) is not None:
-        table.add_row("requests continuing one", f"{100 * sessions['continuing_share']:.1f}%",
-                      "none", "")
-        table.add_row("turns per session P50/max",
-                      f"{sessions['turns_p50']:g}/{sessions['turns_max']}", "", "")
+        trace, fitted = sessions["trace"], sessions["fitted"]
+        table.add_row("requests continuing one", _share(trace["continuing_share"]),
+                      _share(fitted and fitted["continuing_share"]), "")
+        table.add_row("turns per session P50/max", _turns(trace), _turns(fitted), "")
+        table.add_row("gap between turns P50", _seconds(trace), _seconds(fitted), "")
     return table
 
 
@@ -76,23 +82,38 @@ def fit_lines(source: Path, report: dict[str, Any]) -> list[str]:
     """The fit's report, as the comment heading the written scenario."""
     ks, cv = report["ks"], report["burstiness_cv"]
     lines = [f"servesim fit-workload {source}: {report['num_requests']} requests over "
-             f"{report['span_s']:.1f} s",
+             f"{report['span_s']:.1f} s; a {report['generator']} workload, "
+             f"{report['arrival_process']} arrivals",
              f"KS distance, trace vs fitted: prompt {ks['prompt_tokens']:.3f}, output "
              f"{ks['output_tokens']:.3f}, gaps {ks['gap_s']:.3f}; burstiness (CV of gaps) "
              f"{cv['trace']:.2f} vs {cv['fitted']:.2f}",
              f"prompt-output rank correlation "
              f"{_number(report['length_rank_correlation']['trace'])} vs "
              f"{_number(report['length_rank_correlation']['fitted'])}"]
-    if report["prefix_block_reuse"] is not None:
-        lines.append(f"not kept: prefix blocks reused {100 * report['prefix_block_reuse']:.1f}%"
-                     " (retime the trace to keep them)")
+    if (reuse := report["prefix_block_reuse"]) is not None:
+        lines.append(f"prefix blocks reused: {_share(reuse['trace'])} vs {_share(reuse['fitted'])}"
+                     + ("" if reuse["fitted"] is not None else
+                        " (retime the trace to keep its prefixes)"))
     if (sessions := report.get("sessions")) is not None:
-        gap = sessions["gap_between_turns_p50_s"]
-        lines.append(f"not kept: sessions ({100 * sessions['continuing_share']:.1f}% of "
-                     f"requests continue an earlier one; turns P50 {sessions['turns_p50']:g}, "
-                     f"max {sessions['turns_max']}"
-                     + (f"; {gap:.3g} s between turns P50" if gap is not None else "") + ")")
+        trace, fitted = sessions["trace"], sessions["fitted"]
+        lines.append(f"requests continuing an earlier one: {_share(trace['continuing_share'])} "
+                     f"vs {_share(fitted and fitted['continuing_share'])}; turns P50/max "
+                     f"{_turns(trace)} vs {_turns(fitted)}; gap between turns P50 "
+                     f"{_seconds(trace)} vs {_seconds(fitted)}")
     return lines
+
+
+def _share(value: float | None) -> str:
+    return "none" if value is None else f"{100 * value:.1f}%"
+
+
+def _turns(shape: dict[str, Any] | None) -> str:
+    return "none" if shape is None else f"{shape['turns_p50']:g}/{shape['turns_max']}"
+
+
+def _seconds(shape: dict[str, Any] | None) -> str:
+    gap = None if shape is None else shape["gap_between_turns_p50_s"]
+    return "-" if gap is None else f"{gap:.3g} s"
 
 
 def _number(value: float | None) -> str:

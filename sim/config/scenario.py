@@ -380,7 +380,20 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     return parse_scenario(*scenario_source(path))
 
 
+class _Dumper(yaml.SafeDumper):
+    """Lists of plain values in flow style (`[1, 2, 3]`, wrapped at 80 columns): a fitted
+    distribution's thousand quantiles take a few dozen lines, not a thousand."""
+
+
+def _list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flow = all(isinstance(item, (int, float, str, bool)) or item is None for item in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _list)
+
+
 def scenario_yaml(scenario: Scenario) -> str:
     """The fully resolved scenario (every default spelled out), as YAML."""
     data = scenario.model_dump(mode="json")
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)

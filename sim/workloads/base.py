@@ -68,13 +68,15 @@ class Workload:
 @dataclass(frozen=True)
 class Sessions:
     """Which request waits for which: request i is sent `delay_s[i]` after the answer to
-    request `after[i]` reaches its client (-1: at its own arrival time); each request's session
-    and turn in it (from 0)."""
+    request `after[i]` reaches its client (-1: at its own arrival time), and, `paced`, not
+    before its own arrival time either (a trace's follow-ups); each request's session and turn
+    in it (from 0)."""
 
     after: np.ndarray  # int64, an earlier request's index in the workload, or -1
     delay_s: np.ndarray  # float64, the think time after that answer
     session: np.ndarray  # int64
     turn: np.ndarray  # int64
+    paced: bool = False
 
     def take(self, rows: np.ndarray) -> Sessions:
         """The sessions of the requests at `rows`, in that order: a request whose predecessor
@@ -83,24 +85,46 @@ class Sessions:
         new_index[rows] = np.arange(len(rows))
         after = self.after[rows]
         after = np.where(after >= 0, new_index[np.maximum(after, 0)], -1)
-        return Sessions(after, self.delay_s[rows], self.session[rows], self.turn[rows])
+        return Sessions(after, self.delay_s[rows], self.session[rows], self.turn[rows],
+                        self.paced)
 
 
 class ArrivalConfig(BaseModel):
-    """Generated arrivals: Poisson, or Gamma inter-arrival times with a given CV (burstier > 1)."""
+    """Generated arrivals: Poisson; gamma inter-arrival times with a given CV (burstier > 1);
+    or empirical, gaps drawn from `gap_quantiles` (a trace's gaps over their mean, at equally
+    spaced probabilities from 0 to 1, linear between: `servesim fit-workload`), scaled so that
+    the mean gap is 1 / `qps`. Each is a renewal process: gaps are drawn independently."""
 
     model_config = INPUT_MODEL
 
-    process: Literal["poisson", "gamma"] = "poisson"
+    process: Literal["poisson", "gamma", "empirical"] = "poisson"
     qps: float = Field(gt=0, description=f"arrivals per second (at most {MAX_RATE_QPS:.0e})")
     # Gamma's shape is 1/cv**2: the bounds keep it a normal float.
     cv: float = Field(1.0, ge=1e-3, le=1e3,
                       description="coefficient of variation of inter-arrival times (gamma)")
+    gap_quantiles: list[float] | None = Field(
+        None, min_length=2, max_length=10_001,
+        description="inter-arrival times relative to their mean, at probabilities 0 to 1 "
+                    "(empirical)")
 
     @model_validator(mode="after")
     def _cv_is_gamma(self) -> ArrivalConfig:
-        if self.process == "poisson" and self.cv != 1.0:
-            raise invalid(("cv", self.cv, "Poisson arrivals have cv 1: use process: gamma"))
+        if self.process != "gamma" and self.cv != 1.0:
+            raise invalid(("cv", self.cv, f"{self.process} arrivals take no cv: use process: "
+                                          "gamma"))
+        if (self.process == "empirical") != (self.gap_quantiles is not None):
+            raise invalid(("gap_quantiles", self.gap_quantiles,
+                           "comes with process: empirical (and it with them)"))
+        if self.gap_quantiles is not None:
+            q = np.asarray(self.gap_quantiles, dtype=np.float64)
+            if not (np.isfinite(q).all() and (q >= 0).all() and (q <= 1e6).all()):
+                raise invalid(("gap_quantiles", self.gap_quantiles[:3],
+                               "each a gap relative to the mean, in [0, 1e6]"))
+            if (np.diff(q) < 0).any():
+                raise invalid(("gap_quantiles", self.gap_quantiles[:3], "must not decrease"))
+            if not _quantile_mean(q) > 0:
+                raise invalid(("gap_quantiles", self.gap_quantiles[:3],
+                               "every gap is 0: no rate to scale"))
         if self.qps > MAX_RATE_QPS:
             raise invalid(("qps", self.qps, TOO_FAST))
         return self
@@ -109,11 +133,22 @@ class ArrivalConfig(BaseModel):
         mean_gap_s = 1.0 / self.qps
         if self.process == "poisson":
             gaps = rng.exponential(mean_gap_s, num_requests)
-        else:
+        elif self.process == "gamma":
             shape = 1.0 / self.cv**2
             gaps = rng.gamma(shape, mean_gap_s / shape, num_requests)
+        else:
+            q = np.asarray(self.gap_quantiles, dtype=np.float64)
+            u = rng.random(num_requests)
+            gaps = np.interp(u * (len(q) - 1), np.arange(len(q)), q) * (
+                mean_gap_s / _quantile_mean(q))
         gaps[0] = 0.0  # the first request opens the trace
         return np.cumsum(gaps)
+
+
+def _quantile_mean(q: np.ndarray) -> float:
+    """The mean of the distribution whose quantile function is `q`, linear between points:
+    what scales drawn gaps to a mean of exactly 1 / qps."""
+    return float(((q[1:] + q[:-1]) / 2).mean())
 
 
 class WorkloadConfig(BaseModel):
@@ -132,8 +167,8 @@ class WorkloadConfig(BaseModel):
         description="multiply prompt and output lengths (rounded, at least 1 token): a trace's "
                     "shape served by a smaller model or machine (e.g. replay on a CPU)")
     retime: ArrivalConfig | None = Field(
-        None, description="new arrival times for the trace's requests (Poisson or gamma at a "
-                          "rate), keeping their order, lengths and prefix ids")
+        None, description="new arrival times for the trace's requests (Poisson, gamma or "
+                          "empirical gaps at a rate), keeping their order, lengths and prefix ids")
     timeout_s: float | None = Field(
         None, gt=0, le=MAX_SPAN_S,
         description="the client gives up on a request not finished this long after it arrives: "
@@ -175,6 +210,17 @@ class TraceConfig(WorkloadConfig):
     path: Path = Field(strict=False)  # a string in YAML
 
 
+class TraceSessionsConfig(BaseModel):
+    """Sessions found in a trace's prefix ids (`sim.workloads.sessions`)."""
+
+    model_config = INPUT_MODEL
+
+    think_time_s: float = Field(
+        0.0, ge=0, le=MAX_SPAN_S,
+        description="a later turn waits at least this long after the answer to the turn it "
+                    "continues (and is never sent before its time in the trace)")
+
+
 class FilteredTraceConfig(TraceConfig):
     """A trace whose rows may be chosen by a condition on its own columns."""
 
@@ -183,6 +229,17 @@ class FilteredTraceConfig(TraceConfig):
         description="keep the rows where this pandas expression over the file's columns is "
                     "true, e.g. \"Model == 'ChatGPT' and `Response tokens` > 0\" (backticks "
                     "around names with spaces); times then start at the first row kept")
+
+
+SESSIONS_FIELD = Field(
+    None, description="requests continuing earlier ones (by their prefix ids) wait for those "
+                      "answers: sessions ({} for the defaults); none: sent at their times")
+
+
+class PrefixTraceConfig(FilteredTraceConfig):
+    """A trace with prefix ids, whose sessions may be replayed (`sim.workloads.sessions`)."""
+
+    sessions: TraceSessionsConfig | None = SESSIONS_FIELD
 
 
 class ArrivalsConfig(FilteredTraceConfig):
@@ -208,6 +265,7 @@ class GenericConfig(FilteredTraceConfig):
     arrivals: ArrivalConfig | None = None
     hash_block_tokens: int | None = Field(
         None, ge=1, le=MAX_TOKENS, description="tokens each id of columns.hash_ids stands for")
+    sessions: TraceSessionsConfig | None = SESSIONS_FIELD
 
     @model_validator(mode="after")
     def _one_arrival_source(self) -> GenericConfig:
@@ -217,6 +275,9 @@ class GenericConfig(FilteredTraceConfig):
             raise invalid(("hash_block_tokens", self.hash_block_tokens,
                            "comes with columns.hash_ids (and they with it): how many tokens "
                            "each prefix-block id stands for"))
+        if self.sessions is not None and self.columns.hash_ids is None:
+            raise invalid(("sessions", self.sessions.model_dump(),
+                           "are found in prefix ids: name them (columns.hash_ids)"))
         if self.arrivals is not None and self.time_unit != "s":
             raise invalid(("time_unit", self.time_unit, "has no effect on generated arrivals"))
         return self

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.workloads import FORMATS, Workload, select
+from sim.workloads.base import TraceSessionsConfig
+from sim.workloads.sessions import with_trace_sessions
 
 if TYPE_CHECKING:
     from sim.config.scenario import Scenario
@@ -20,6 +22,8 @@ def load_workload(scenario: Scenario, base_dir: Path | None = None) -> Workload:
     rng = np.random.default_rng(scenario.seed)
     full = FORMATS.get(cfg.format)().load(cfg, base_dir or Path.cwd(), rng)
     chosen = select(full, cfg)
+    if isinstance(sessions := getattr(cfg, "sessions", None), TraceSessionsConfig):
+        chosen = with_trace_sessions(chosen, cfg, sessions)
     if cfg.retime is None:
         return chosen
     # The selected requests, in their order, at the new process's times.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.workloads.base import FORMATS, FilteredTraceConfig, Format, Workload
+from sim.workloads.base import FORMATS, Format, PrefixTraceConfig, Workload
 from sim.workloads.fields import hash_id_lists, seconds, token_counts
 from sim.workloads.where import read_trace
 
@@ -17,9 +17,9 @@ HASH_BLOCK_TOKENS = 512
 
 @FORMATS.register("mooncake")
 class Mooncake(Format):
-    Config = FilteredTraceConfig
+    Config = PrefixTraceConfig
 
-    def load(self, config: FilteredTraceConfig, base_dir: Path, rng: np.random.Generator
+    def load(self, config: PrefixTraceConfig, base_dir: Path, rng: np.random.Generator
              ) -> Workload:
         path, table = read_trace(config, base_dir, "jsonl", [])
         return Workload(

@@ -83,7 +83,10 @@ Tokens = Annotated[TokenDist, BeforeValidator(_fixed)]
 class PrefixConfig(WorkloadConfig):
     num_conversations: int = Field(gt=0, le=MAX_REQUESTS)
     arrivals: ArrivalConfig  # when conversations start
-    question_tokens: Tokens  # each turn's new user message
+    question_tokens: Tokens  # each turn's new user message (a tool's output, for an agent)
+    first_question_tokens: Tokens | None = Field(
+        None, description="a first turn's message, if drawn apart from later turns' (a task "
+                          "with its documents, then short follow-ups); none: question_tokens")
     output_tokens: Tokens  # each turn's answer
     num_turns: Tokens = Field(default_factory=lambda: TokenDist(dist="fixed", value=1))
     think_time_s: float = Field(10.0, ge=0, description="mean gap between a conversation's turns")
@@ -140,9 +143,11 @@ class Prefix(Format):
         total = _num_requests(config, turns)
         question = config.question_tokens.sample(total, rng)
         output = config.output_tokens.sample(total, rng)
+        first = np.cumsum(turns) - turns  # each conversation's first request
+        if config.first_question_tokens is not None:
+            question[first] = config.first_question_tokens.sample(n, rng)
         think_s = (np.full(total, config.think_time_s) if config.think_time == "fixed"
                    else rng.exponential(config.think_time_s, total))
-        first = np.cumsum(turns) - turns  # each conversation's first request
         think_s[first] = 0.0
         # Stream tokens up to the end of each turn's answer; its prompt is all but the answer.
         covered = config.system_prompt_tokens + _within(question + output, first, turns)

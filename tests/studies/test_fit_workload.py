@@ -1,7 +1,9 @@
 """`servesim fit-workload`: a synthetic generator fitted to a trace reproduces its marginals
 (KS distances), burstiness and length correlation, on the Azure conversation trace and on a
-generated trace of known parameters; the empirical length distribution and the copula it
-draws through; the written scenario runs; bad input is one line."""
+generated trace of known parameters; a trace with sessions (Mooncake's) gets a `prefix`
+generator that keeps its prefix reuse and sessions, and a generated one gives back its
+parameters; bursts at one instant get the trace's own gaps; the empirical length distribution
+and the copula it draws through; the written scenario runs; bad input is one line."""
 
 from __future__ import annotations
 
@@ -10,8 +12,16 @@ import pytest
 import yaml
 from scipy.stats import spearmanr
 
+from sim.config.errors import InputError
 from sim.config.scenario import load_scenario, parse_scenario
-from sim.studies.fit_workload import block_reuse, fit_workload, ks_distance, session_shape
+from sim.studies.fit_workload import (
+    block_reuse,
+    fit_arrivals,
+    fit_workload,
+    ks_distance,
+    session_shape,
+)
+from sim.workloads.base import ArrivalConfig
 from sim.workloads.load import load_workload
 from sim.workloads.synthetic import LengthsConfig, TokenDist
 from tests.helpers import assert_one_line_error, run_cli, run_cli_out
@@ -47,6 +57,90 @@ def test_a_generated_trace_gives_back_its_parameters():
     assert arrivals["cv"] == pytest.approx(2.0, rel=0.05)
     assert fit.workload["lengths"]["rank_correlation"] == pytest.approx(0.5, abs=0.03)
     assert max(fit.report["ks"].values()) < 0.03
+
+
+def mooncake(traces, **extra):
+    return parse_scenario({"workload": {
+        "format": "mooncake", **extra,
+        "path": str(traces / "mooncake_fast25" / "conversation_trace.jsonl")}}, "test")
+
+
+def test_mooncake_conversations_are_fitted_with_their_sessions_and_prefixes(traces):
+    fit = fit_workload(mooncake(traces))
+    workload, report = fit.workload, fit.report
+    assert workload["format"] == "prefix" and report["generator"] == "prefix"
+    # Every first turn starts with the same 512-token block: one shared system prompt.
+    assert workload["system_prompt_tokens"] == 512 and workload["num_groups"] == 1
+    assert workload["hash_block_tokens"] == 512
+    # Its ticks (most requests at the same instant as the one before): the trace's own gaps.
+    assert workload["arrivals"]["process"] == "empirical"
+    ks = report["ks"]
+    assert ks["prompt_tokens"] < 0.05 and ks["output_tokens"] < 0.02
+    reuse = report["prefix_block_reuse"]
+    assert reuse["trace"] == pytest.approx(0.366, abs=0.001)
+    assert abs(reuse["fitted"] - reuse["trace"]) < 0.05
+    trace, fitted = report["sessions"]["trace"], report["sessions"]["fitted"]
+    assert abs(fitted["continuing_share"] - trace["continuing_share"]) < 0.06
+    assert fitted["gap_between_turns_p50_s"] == pytest.approx(
+        trace["gap_between_turns_p50_s"], rel=0.05)
+    # As many requests as the trace, within the draw of turns per session.
+    assert report["num_drawn_requests"] == pytest.approx(report["num_requests"], rel=0.05)
+
+
+def test_a_generated_conversation_workload_gives_back_its_shape():
+    data = {"seed": 3, "workload": {
+        "format": "prefix", "num_conversations": 2000, "num_turns": 3,
+        "arrivals": {"process": "poisson", "qps": 4.0},
+        "system_prompt_tokens": 1024, "num_groups": 4, "shared_fraction": 0.5,
+        "first_question_tokens": {"dist": "uniform", "low": 300, "high": 900},
+        "question_tokens": 200, "output_tokens": 100, "think_time_s": 30.0,
+        "hash_block_tokens": 64}}
+    fit = fit_workload(parse_scenario(data, "test"))
+    workload = fit.workload
+    assert workload["format"] == "prefix"
+    assert workload["num_turns"] == {"dist": "fixed", "value": 3}
+    assert workload["num_conversations"] == 2000
+    assert workload["system_prompt_tokens"] == 1024 and workload["num_groups"] == 4
+    assert workload["shared_fraction"] == pytest.approx(0.5, abs=0.01)
+    assert workload["question_tokens"] == {"dist": "fixed", "value": 200}
+    assert workload["output_tokens"] == {"dist": "fixed", "value": 100}
+    first = np.array(workload["first_question_tokens"]["quantiles"])
+    assert first[0] == 300 and first[-1] == 900
+    assert workload["arrivals"]["process"] == "poisson"
+    assert workload["arrivals"]["qps"] == pytest.approx(4.0, rel=0.05)
+    assert workload["think_time_s"] == pytest.approx(30.0, rel=0.1)
+    reuse = fit.report["prefix_block_reuse"]
+    assert reuse["fitted"] == pytest.approx(reuse["trace"], abs=0.01)
+
+
+def test_bursts_at_one_instant_get_the_traces_own_gaps():
+    # A request every 3 s, and nine more at the same instant: no gamma process has those gaps.
+    arrival = np.repeat(np.arange(200) * 3.0, 10)
+    arrivals = fit_arrivals(arrival)
+    assert arrivals["process"] == "empirical"
+    assert arrivals["qps"] == pytest.approx(1999 / 597)
+    gaps = np.diff(ArrivalConfig(**arrivals).sample(200_000, np.random.default_rng(0)))
+    assert (gaps == 0).mean() == pytest.approx(0.9, abs=0.01)
+    assert gaps.mean() == pytest.approx(597 / 1999, rel=0.02)
+
+
+def test_empirical_arrivals_keep_the_rate_asked_for():
+    arrivals = ArrivalConfig(process="empirical", qps=50.0, gap_quantiles=[0, 0, 1, 3])
+    draws = arrivals.sample(400_000, np.random.default_rng(1))
+    assert (len(draws) - 1) / draws[-1] == pytest.approx(50.0, rel=0.01)
+    for bad, words in [({"gap_quantiles": [0, 0]}, "every gap is 0"),
+                       ({"gap_quantiles": [2, 1]}, "must not decrease"),
+                       ({"gap_quantiles": [0, 1], "cv": 2.0}, "use process: gamma"),
+                       ({"process": "gamma", "cv": 2.0, "gap_quantiles": [0, 1]},
+                        "comes with process: empirical")]:
+        data = {"process": "empirical", "qps": 1.0, **bad}
+        with pytest.raises(InputError) as err:
+            parse_scenario({"workload": {"format": "synthetic", "num_requests": 3,
+                                         "arrivals": data, "lengths": {
+                                             "prompt": {"dist": "fixed", "value": 2},
+                                             "output": {"dist": "fixed", "value": 2}}}},
+                           "test")
+        assert "workload.arrivals" in str(err.value) and words in str(err.value)
 
 
 def test_empirical_lengths_follow_their_quantiles_and_a_copula_its_correlation():
