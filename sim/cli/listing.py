@@ -48,14 +48,19 @@ def list_registered(
     if not params:
         console.print("their parameters, defaults and units: servesim list --params")
         return
+    from sim.config.clients import ClientsConfig
     from sim.latency.base import LatencyConfig
     from sim.routers.base import RouterConfig
     from sim.schedulers.base import SchedulerConfig
+    from sim.workloads import FORMATS
+    from sim.workloads.base import WorkloadConfig
 
     for shown in params_tables([("scheduler", SCHEDULERS, SchedulerConfig),
                                 ("latency model", LATENCY_MODELS, LatencyConfig),
-                                ("router", ROUTERS, RouterConfig)]):
+                                ("router", ROUTERS, RouterConfig),
+                                ("workload format", FORMATS, WorkloadConfig)]):
         console.print(shown)
+    console.print(params_table("clients (closed loop)", parameter_rows(ClientsConfig)))
 
 
 def calibration_paragraphs(calibrations: list[Any]) -> list[str]:
