@@ -152,6 +152,31 @@ def test_hit_share_of_multi_turn_conversations():
     assert hit_share(w) == pytest.approx((64 * (turns - 1)).sum() / (64 * turns - 24).sum())
 
 
+def test_a_first_turn_may_have_a_message_of_its_own():
+    # Turn 0: system 128 + task 1000; turn k: + k * (answer 24 + follow-up 40).
+    w = workload(num_conversations=5, num_turns=3, system_prompt_tokens=128,
+                 first_question_tokens=1000, question_tokens=40, output_tokens=24,
+                 think_time_s=5.0, think_time="fixed", hash_block_tokens=16)
+    for conversation in conversations(w, key_block=8):
+        assert [prompt for _, prompt, _, _ in conversation] == [1128, 1192, 1256]
+
+
+def test_agentic_sessions_have_the_published_shape():
+    """scenarios/compare_agentic_sessions.yaml against the vLLM blog's Codex / SWE-bench Pro
+    figures (2026-05-06): 33 turns (the median), about 80K tokens of context by turn 30,
+    input:output 131:1, a 94.2% cache hit rate (ours: 95.2% by construction, see the file)."""
+    path = Path(__file__).parents[2] / "scenarios" / "compare_agentic_sessions.yaml"
+    base = yaml.safe_load(path.read_text())["base"]
+    w = load_workload(parse_scenario(base, path, path.parent))
+    assert w.sessions is not None
+    assert (np.bincount(w.sessions.session) == 33).all()
+    turn = w.sessions.turn
+    assert w.num_prompt_tokens[turn == 30].mean() == pytest.approx(80_000, rel=0.05)
+    ratio = w.num_prompt_tokens.mean() / w.num_output_tokens.mean()
+    assert ratio == pytest.approx(131, rel=0.07)
+    assert hit_share(w) == pytest.approx(0.942, abs=0.02)
+
+
 def test_runs_as_a_scenario():
     data = {"seed": 3,
             "workload": {**BASE, "num_conversations": 12, "num_turns": 2, "num_groups": 2,
