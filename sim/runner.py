@@ -325,7 +325,16 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
     summary["pools"] = pool_stats(summary["replicas"])
     if any(r.pool == "decode" for r in replicas):
         summary["transfer"] = transfer_stats(request_cols)
-    summary["overload"] = overload(request_cols, end_s)
+    if scenario.clients is not None and not scenario.clients.paced:
+        # The load follows the server: each client waits for its answer before sending again.
+        summary["overload"] = {
+            "verdict": "stable",
+            "detail": f"closed loop: {scenario.clients.concurrency:,} clients, at most that "
+                      "many requests in flight; the load follows the server, so queues cannot "
+                      "grow past them (throughput and latency at that concurrency are the "
+                      "answer)"}
+    else:
+        summary["overload"] = overload(request_cols, end_s)
     if frames.stage is not None:
         summary["stages"] = stage_stats(request_cols, scenario, end_s)
     if frames.sessions is not None:

@@ -4,6 +4,7 @@ with `--params` every parameter with its default and unit."""
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Any
 
 import typer
@@ -174,7 +175,16 @@ def parameter_rows(config: Any, prefix: str = "") -> dict[str, tuple[str, str]]:
         if key in ("name", "kind") and not prefix:
             continue
         nested = info.annotation
+        # `X | None` of a section: its fields, under a row saying it is optional.
+        options = [a for a in typing.get_args(nested) if a is not type(None)]
+        optional = len(options) == 1 and len(typing.get_args(nested)) == 2
+        if optional:
+            nested = options[0]
         if isinstance(nested, type) and issubclass(nested, BaseModel):
+            if optional:
+                rows[prefix + key] = ("None", "; ".join(part for part in (
+                    (info.description or "").rstrip("."), "optional: the fields below, "
+                                                          "when given") if part))
             rows.update(parameter_rows(nested, f"{prefix}{key}."))
             continue
         default = info.get_default(call_default_factory=True)

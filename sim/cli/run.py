@@ -250,6 +250,9 @@ def summary_table(summary: dict[str, Any]) -> Table:
             return head + f"no steady state ({why}); nothing trimmed"
         cut = warmup["num_trimmed_requests"]
         if fixed and not trimmed:
+            if cut < warmup["num_requests"]:
+                return head + (f"first {cut:,} of {warmup['num_requests']:,} requests sent "
+                               "trimmed; none after them was admitted (rejected)")
             return head + f"all {warmup['num_requests']:,} requests sent were warm-up"
         if not cut or not trimmed:
             return head + "none found; nothing trimmed"

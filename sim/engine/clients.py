@@ -49,8 +49,10 @@ class Dispatcher:
         # Later turns, by the request they wait for; their think times.
         self.followers: dict[int, list[int]] = {}
         self.delay_s: np.ndarray | None = None
-        # A trace's follow-ups are not sent before their own time either.
-        self.paced_turns = sessions is not None and sessions.paced
+        # A trace's follow-ups are not sent before their own time either (unpaced clients
+        # use no time of the workload's).
+        self.paced_turns = (sessions is not None and sessions.paced
+                            and (clients is None or clients.paced))
         waits = np.zeros(len(requests), dtype=bool)
         if sessions is not None:
             self.delay_s = sessions.delay_s

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from collections import deque
 from collections.abc import Generator, Iterator, Sequence
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Replica
 from sim.hardware.models import ModelShape
 from sim.latency import LATENCY_MODELS
-from sim.latency.base import LatencyModel
+from sim.latency.base import LatencyModel, ScaledLatency
 from sim.latency.noise import IterationNoise
 from sim.routers import ROUTERS
 from sim.routers.base import ReplicaLoad
@@ -298,8 +298,12 @@ def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
                          "split over GPUs")
     try:
         if not split:
-            return cls(cfg.latency, model, cfg.gpu_spec)
-        return cls(cfg.latency, model, cfg.gpu_spec, parallelism=cfg.parallelism)
+            latency = cls(cfg.latency, model, cfg.gpu_spec)
+        else:
+            latency = cls(cfg.latency, model, cfg.gpu_spec, parallelism=cfg.parallelism)
+        if cfg.latency.scale != 1.0:
+            return cast(LatencyModel, ScaledLatency(latency, cfg.latency.scale))
+        return latency
     except InputError as exc:
         if exc.source != "<scenario>":
             # A file the latency settings name (a communication table): its field named in

@@ -67,8 +67,14 @@ def fit_workload(scenario: Scenario) -> Fit:
     if span_s <= 0:
         raise InputError(scenario.source, "workload", scenario.workload.format,
                          "every request arrives at once: no arrival rate to fit")
-    before = None if trace.hash_ids is None else continuations(trace.hash_ids)
+    before = (None if trace.hash_ids is None
+              else continuations(trace.hash_ids, trace.num_prompt_tokens))
     if before is not None and (before >= 0).mean() >= MIN_CONTINUING_SHARE:
+        starts_s = trace.arrival_s[before < 0]
+        if len(starts_s) < 2 or not starts_s[-1] > starts_s[0]:
+            raise InputError(scenario.source, "workload", scenario.workload.format,
+                             f"its {len(starts_s)} session(s) all start at one instant: no "
+                             "rate of sessions to fit")
         workload = _fit_sessions(trace, before)
     else:
         lengths: dict[str, Any] = {"prompt": _empirical(trace.num_prompt_tokens),
@@ -108,8 +114,9 @@ def fit_workload(scenario: Scenario) -> Fit:
             "trace": block_reuse(ids),
             "fitted": None if drawn_ids is None else block_reuse(drawn_ids)}
         report["sessions"] = {
-            "trace": session_shape(ids, trace.arrival_s),
-            "fitted": None if drawn_ids is None else session_shape(drawn_ids, drawn.arrival_s)}
+            "trace": session_shape(ids, trace.arrival_s, trace.num_prompt_tokens),
+            "fitted": None if drawn_ids is None else session_shape(
+                drawn_ids, drawn.arrival_s, drawn.num_prompt_tokens)}
     return Fit(workload, report)
 
 
@@ -126,7 +133,7 @@ def _match_turn_gaps(scenario: Scenario, workload: dict[str, Any], trace: Any, d
     found in a draw is matched (a few rescalings converge: the gap is proportional to it)."""
     def median_gap(w: Any) -> float | None:
         ids = prompt_blocks(w.hash_ids, w.num_prompt_tokens, w.hash_block_tokens)
-        return session_shape(ids, w.arrival_s)["gap_between_turns_p50_s"]
+        return session_shape(ids, w.arrival_s, w.num_prompt_tokens)["gap_between_turns_p50_s"]
 
     target = median_gap(trace)
     for _ in range(3):
@@ -285,11 +292,12 @@ def block_reuse(hash_ids: list[tuple[int, ...]]) -> float:
     return reused / total if total else 0.0
 
 
-def session_shape(hash_ids: list[tuple[int, ...]], arrival_s: np.ndarray) -> dict[str, Any]:
+def session_shape(hash_ids: list[tuple[int, ...]], arrival_s: np.ndarray,
+                  num_prompt_tokens: np.ndarray | None = None) -> dict[str, Any]:
     """What prefix ids say of sessions (`continuations`): the share of requests that continue
     one, turns per session (P50, max) and the gap between a turn's arrival and its
     continuation's (P50)."""
-    before = continuations(hash_ids)
+    before = continuations(hash_ids, num_prompt_tokens)
     turns = np.ones(len(hash_ids), dtype=np.int64)
     for j in np.flatnonzero(before >= 0).tolist():
         turns[j] = turns[before[j]] + 1

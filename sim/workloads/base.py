@@ -121,7 +121,9 @@ class ArrivalConfig(BaseModel):
                 raise invalid(("gap_quantiles", self.gap_quantiles[:3],
                                "each a gap relative to the mean, in [0, 1e6]"))
             if (np.diff(q) < 0).any():
-                raise invalid(("gap_quantiles", self.gap_quantiles[:3], "must not decrease"))
+                i = int(np.argmax(np.diff(q) < 0)) + 1
+                raise invalid(("gap_quantiles", self.gap_quantiles[:3],
+                               f"must not decrease (item {i}, {q[i]:g}, after {q[i - 1]:g})"))
             if not _quantile_mean(q) > 0:
                 raise invalid(("gap_quantiles", self.gap_quantiles[:3],
                                "every gap is 0: no rate to scale"))

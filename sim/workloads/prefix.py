@@ -209,9 +209,13 @@ def _check_prompts(config: PrefixConfig, prompt: np.ndarray, first: np.ndarray,
     if prompt.max() > MAX_TOKENS:
         row = int(np.argmax(prompt > MAX_TOKENS))
         field, value = "num_turns", int(turns.max())
+        value_shown: Any = value
         if (first == row).any():
-            field, value = "system_prompt_tokens", config.system_prompt_tokens
-        raise InputError(config._source, f"workload.{field}", value,
+            field, value_shown = "system_prompt_tokens", config.system_prompt_tokens
+            if config.first_question_tokens is not None:
+                field = "first_question_tokens"
+                value_shown = config.first_question_tokens.model_dump(exclude_none=True)
+        raise InputError(config._source, f"workload.{field}", value_shown,
                          f"makes a prompt of {prompt[row]} tokens (at most {MAX_TOKENS})")
 
 

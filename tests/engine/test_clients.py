@@ -240,3 +240,24 @@ def test_unpaced_clients_start_empty_and_are_checked_for_a_warm_up(tmp_path):
     scenario = closed_loop(tmp_path, [(0.0, 10, 4)] * 60, {"concurrency": 4})
     warmup = run_scenario(scenario).summary["warmup"]
     assert warmup["method"] == "MSER-5" and warmup["applies"]
+
+
+def test_rejected_requests_count_as_sent_warm_up(tmp_path):
+    # The first two need more KV than there is: rejected when sent, still two of the three
+    # warm-up requests (a benchmark counts what it sent).
+    rows = [(0.0, 5000, 4)] * 2 + [(0.0, 10, 4)] * 6
+    scenario = closed_loop(tmp_path, rows, {"concurrency": 1, "warmup_requests": 3},
+                           replica={"kv_cache": {"block_size": 16, "num_blocks": 50}})
+    res = run_both(scenario)
+    warmup = res.summary["warmup"]
+    assert warmup["num_requests"] == 8 and warmup["num_trimmed_requests"] == 3
+    assert res.summary["trimmed"]["ttft_s"]["count"] == 5
+
+
+def test_an_unpaced_closed_loop_is_never_overloaded(tmp_path):
+    # 4 clients, 400 requests, 3 s of sending: the queue fills to the clients at the start
+    # (an open-loop test would call that growth overload), and can grow no further.
+    scenario = closed_loop(tmp_path, [(0.0, 100, 20)] * 400,
+                           {"concurrency": 4, "duration_s": 3.0})
+    verdict = run_scenario(scenario).summary["overload"]
+    assert verdict["verdict"] == "stable" and verdict["detail"].startswith("closed loop")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from sim import run_scenario
+from sim.config.clients import ClientsConfig
 from sim.config.scenario import parse_scenario
 from sim.workloads.load import load_workload
 from tests.engine.fastpath_helpers import assert_same_results
@@ -111,3 +112,33 @@ def test_sessions_need_prefix_ids(tmp_path, monkeypatch, capsys, traces):
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
                         str(tmp_path / "o"))
     assert_one_line_error(code, err, "s.yaml", "workload.sessions.think_time_s")
+
+
+def test_a_shared_prefix_sent_alone_first_is_no_turn(tmp_path):
+    # The first request is the shared system prompt (block 7) and a part-block: the three
+    # after it hold block 7 and go on, none longer than the one before: they share a prefix,
+    # they do not continue the first (which would hold them until its answer).
+    rows = [(0.0, 20, 200, (7, 100)), (0.1, 50, 4, (7, 201, 202, 203)),
+            (0.2, 50, 4, (7, 301, 302, 303)), (0.3, 50, 4, (7, 401, 402, 403))]
+    req = run_both(jsonl_trace(tmp_path, rows, {})).requests
+    assert req["arrival_s"].tolist() == [0.0, 0.1, 0.2, 0.3]
+    assert req["turn"].tolist() == [0, 0, 0, 0]
+
+
+def test_turns_too_short_for_a_block_of_their_own_are_a_chain(tmp_path):
+    # Turn 0 brings full blocks of its own; turns 1 and 2 add too few tokens to fill one, so
+    # both seem to continue turn 0: each longer than the one before, they are a chain.
+    rows = [(0.0, 40, 4, (1, 2, 3)), (0.5, 44, 4, (1, 2, 4)), (3.0, 47, 4, (1, 2, 5))]
+    req = run_both(jsonl_trace(tmp_path, rows, {})).requests
+    assert req["turn"].tolist() == [0, 1, 2]
+    assert req["arrival_s"].tolist() == [0.0, 1.0, 3.0]  # turn 1 waited for turn 0's answer
+
+
+def test_unpaced_clients_send_follow_ups_as_answers_come(tmp_path):
+    # One unpaced client: the trace's times are not used, the follow-ups' either (the last
+    # was due at 3.0, after its turn before's answer). The client keeps its session (requests
+    # 0, 2, 3, a second each), then sends the other session's request.
+    scenario = jsonl_trace(tmp_path, ROWS, {})
+    scenario = scenario.model_copy(update={"clients": ClientsConfig(concurrency=1)})
+    req = run_both(scenario).requests
+    assert req["arrival_s"].tolist() == [0.0, 3.0, 1.0, 2.0]

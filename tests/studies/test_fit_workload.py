@@ -7,6 +7,8 @@ and the copula it draws through; the written scenario runs; bad input is one lin
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import yaml
@@ -203,6 +205,27 @@ def test_the_clients_timeout_is_kept(traces):
     scenario = scenario.model_copy(update={"workload": scenario.workload.model_copy(
         update={"timeout_s": 30.0})})
     assert fit_workload(scenario).workload["timeout_s"] == 30.0
+
+
+def test_sessions_that_all_start_at_once_have_no_rate_to_fit(tmp_path, monkeypatch, capsys):
+    # Two sessions of 15 turns, both starting at t=0: each turn holds the one before's full
+    # blocks and one more (a part-block last).
+    rows, stems = [], {0: [], 1: []}
+    for i in range(30):
+        s = i % 2
+        stems[s] = stems[s][:-1] + [1000 * (s + 1) + 2 * i, 1000 * (s + 1) + 2 * i + 1, 9000 + i]
+        rows.append({"t": float(i // 2) if i > 1 else 0.0, "p": 16 * (len(stems[s]) - 1) + 5,
+                     "o": 4, "ids": list(stems[s])})
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"workload": {
+        "format": "jsonl", "path": str(trace), "hash_block_tokens": 16,
+        "columns": {"arrival": "t", "prompt_tokens": "p", "output_tokens": "o",
+                    "hash_ids": "ids"}}}))
+    code, err = run_cli(monkeypatch, capsys, "fit-workload", str(path), "--out",
+                        str(tmp_path / "f.yaml"))
+    assert_one_line_error(code, err, "s.yaml", "2 session(s) all start at one instant")
 
 
 def test_bad_input_is_one_line(traces, tmp_path, monkeypatch, capsys):

@@ -233,6 +233,8 @@ def test_simulate_cli(tmp_path, monkeypatch, capsys):
                                        "a prompt of 10000000", "(at most 1000000000)"]),
     ({"num_turns": 3, "question_tokens": 600_000_000}, ["workload.num_turns=3",
                                                          "(at most 1000000000)"]),
+    ({"first_question_tokens": 10**9}, ["workload.first_question_tokens=",
+                                        "(at most 1000000000)"]),
     ({"num_conversations": 200_000, "question_tokens": 1000, "hash_block_tokens": 1},
      ["workload.hash_block_tokens=1", "prefix-block ids"]),
 ])

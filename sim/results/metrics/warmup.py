@@ -10,7 +10,7 @@ import numpy as np
 from sim.results.columns import Table, column
 from sim.results.metrics.arrived import arrived_latencies, arrived_mask, censored_distribution
 from sim.results.metrics.overload import too_few
-from sim.results.metrics.summary import distribution
+from sim.results.metrics.summary import distribution, never_arrived
 from sim.workloads.base import ArrivalConfig
 
 # Warm-up: MSER-5 on scheduling delay, for generated arrivals.
@@ -151,45 +151,53 @@ def warmup_stats(requests: Table, end_s: float, verdict: dict[str, Any],
                           f"{info['mser_truncation_requests']} of {n} (second half) follows "
                           "bursts, delays being lower after it (a run starting empty warms "
                           "up from below); nothing trimmed")
-    out["trimmed"] = _trimmed(requests, arrived, order, cut, latencies)
+    out["trimmed"] = _trimmed(requests, arrived, order[cut:], latencies)
     return out
 
 
 def _fixed_warmup(requests: Table, end_s: float, verdict: dict[str, Any], num_warmup: int
                   ) -> dict[str, Any]:
-    """The first `num_warmup` requests sent are the warm-up (`warmup_stats`)."""
-    arrived = arrived_mask(requests)
-    arrival = column(requests, "arrival_s")[arrived]
-    order = np.argsort(arrival, kind="stable")
-    n = len(order)
+    """The first `num_warmup` requests sent (rejected ones too: a benchmark counts what it
+    sent) are the warm-up (`warmup_stats`)."""
+    sent = ~never_arrived(requests)
+    arrival = column(requests, "arrival_s")
+    order_sent = np.flatnonzero(sent)[np.argsort(arrival[sent], kind="stable")]
+    n = len(order_sent)
     cut = min(num_warmup, n)
     info: dict[str, Any] = {
         "method": "clients.warmup_requests", "applies": True,
         "steady_state": None if verdict.get("verdict") != "overloaded" else False,
         "num_requests": n, "num_trimmed_requests": cut,
-        "trimmed_until_s": float(arrival[order[cut]]) if cut < n else None,
+        "trimmed_until_s": float(arrival[order_sent[cut]]) if cut < n else None,
         "reason": f"the first {cut} of {n} requests sent are warm-up (clients.warmup_requests: "
                   f"{num_warmup})"}
     out: dict[str, Any] = {"warmup": info, "trimmed": None, "overload": verdict}
-    if cut < n:
+    warm = np.zeros(len(sent), dtype=bool)
+    warm[order_sent[:cut]] = True
+    arrived = arrived_mask(requests)
+    if (arrived & ~warm).any():
+        # The arrived requests after the warm-up, as arrival ranks among the arrived.
+        arrived_rows = np.flatnonzero(arrived)
+        order = np.argsort(arrival[arrived], kind="stable")
+        rest = order[~warm[arrived_rows[order]]]
         latencies = arrived_latencies(requests, end_s, arrived)
-        out["trimmed"] = _trimmed(requests, arrived, order, cut, latencies)
+        out["trimmed"] = _trimmed(requests, arrived, rest, latencies)
     return out
 
 
-def _trimmed(requests: Table, arrived: np.ndarray, order: np.ndarray, cut: int,
+def _trimmed(requests: Table, arrived: np.ndarray, after: np.ndarray,
              latencies: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
-    """The headline distributions over the requests arriving after the first `cut` (by
-    arrival rank; ties at the cut time split as the ranks do)."""
+    """The headline distributions over the arrived requests at positions `after` (of the
+    arrived ones, in frame order): the finished among them, and all of them with lower bounds
+    where unfinished."""
     kept = np.zeros(len(arrived), dtype=bool)
-    kept[np.flatnonzero(arrived)[order[cut:]]] = True
+    kept[np.flatnonzero(arrived)[after]] = True
     kept &= column(requests, "status") == "finished"
     trimmed = {key: {**distribution(column(requests, col)[kept]),
                      "population": "finished, after warm-up"}
                for key, col in TRIMMED.items()}
     # And over every request arriving after the cut, one not there yet at the end counted at
     # its time so far (a lower bound), as `*_all_arrived_s` are for the whole run.
-    after = order[cut:]
     for key, (values, censored) in latencies.items():
         trimmed[f"{key.removesuffix('_s')}_all_arrived_s"] = {
             **censored_distribution(values[after], censored[after]),
