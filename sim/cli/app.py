@@ -6,8 +6,8 @@ from importlib import import_module
 
 from sim.cli.common import app
 
-for _group in ("run", "listing", "compare", "study", "plot", "export", "report", "measure",
-               "calibrate", "fit"):
+for _group in ("run", "listing", "compare", "study", "plan", "plot", "export", "report",
+               "measure", "calibrate", "fit"):
     import_module(f"sim.cli.{_group}")
 
 __all__ = ["app"]

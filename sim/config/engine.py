@@ -31,6 +31,10 @@ AUTO, NONE = "auto", "none"
 # `auto` for a replica whose scheduler is one of these: no calibration (none is shipped).
 UNCALIBRATED_SCHEDULERS = frozenset({"sglang"})
 DEFAULT_CALIBRATION = "vllm-0.15.1-h100"
+# How far iteration times may be off on a GPU no calibration measured: the H100 calibration's
+# roofline on vLLM 0.19.0's RTX runs was off by up to 24% in TPOT (validation/public/
+# rtx_vllm0190.md, Qwen3-32B on two RTX PRO 6000s).
+EXTRAPOLATED_BAND = 0.25
 
 
 class EngineCalibration(Frozen):
@@ -53,6 +57,18 @@ class EngineCalibration(Frozen):
     provenance: str = Field("", max_length=4000, description="what was fitted to, and how")
     error: str = Field("", max_length=4000,
                        description="how far runs made with it are from the measurements")
+    error_band: float = Field(
+        EXTRAPOLATED_BAND, ge=0, le=1,
+        description="iteration times are trusted within this fraction either way on the GPU "
+                    "measured (the worst model's median error of TPOT and E2E, held out); other "
+                    "GPUs get EXTRAPOLATED_BAND")
+
+    def band(self, gpu: str) -> tuple[float, bool]:
+        """(fraction, extrapolated) for a replica on `gpu`: this calibration's band on the
+        GPU it measured, EXTRAPOLATED_BAND on any other."""
+        if self.gpu and gpu == self.gpu:
+            return self.error_band, False
+        return max(self.error_band, EXTRAPOLATED_BAND), True
 
     def frontend_latency_s(self, num_gpus: int) -> float:
         """The front end's latency for a replica of `num_gpus` GPUs: added to TTFT and E2E."""

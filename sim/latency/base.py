@@ -113,6 +113,10 @@ class LatencyConfig(BaseModel):
     kind: str
     noise: NoiseConfig = Field(default_factory=NoiseConfig,
                                description="per-iteration jitter (sim.latency.noise)")
+    scale: float = Field(1.0, gt=0, le=100,
+                         description="multiply every predicted iteration time: a "
+                                     "sensitivity, or an end of the model's error band "
+                                     "(servesim plan checks its answer at both)")
 
 
 class LatencyModel(ABC):
@@ -203,3 +207,22 @@ def maximum(a: Num, b: Num) -> Num:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.maximum(a, b)
     return a if a >= b else b
+
+
+class ScaledLatency:
+    """A latency model whose iteration times (and their host part) are `scale` times another's;
+    everything else is the other's. Element-wise as the model is, so a stretch and its steps
+    still agree bit for bit."""
+
+    def __init__(self, model: LatencyModel, scale: float) -> None:
+        self._model = model
+        self._scale = scale
+
+    def iteration_time_s(self, shape: BatchShape) -> Num:
+        return self._model.iteration_time_s(shape) * self._scale
+
+    def host_time_s(self, shape: BatchShape) -> Num:
+        return self._model.host_time_s(shape) * self._scale
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)

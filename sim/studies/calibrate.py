@@ -191,8 +191,20 @@ def calibration_yaml(name: str, experiments: Sequence[Experiment], files: Sequen
             "latency": {k: float(v) for k, v in fit.latency.items()},
             "frontend_s": round(fit.frontend_s, 6),
             "frontend_per_extra_gpu_s": round(fit.frontend_per_extra_gpu_s, 6),
-            "provenance": provenance, "error": error_summary(stages, fit)}
+            "provenance": provenance, "error": error_summary(stages, fit),
+            "error_band": error_band(fit)}
     return yaml.safe_dump(data, sort_keys=False, width=100)
+
+
+def error_band(fit: Fit) -> float:
+    """The fraction iteration times are trusted within on the GPU measured: the worst model's
+    median |error| of TPOT and E2E means, held out (all runs in, where one model only)."""
+    if fit.held_out:
+        worst = max(h.get(name, 0.0) for h in fit.held_out.values()
+                    for name in ("TPOT mean", "E2E mean"))
+    else:
+        worst = max(median_abs(fit.errors, name) or 0.0 for name in ("TPOT mean", "E2E mean"))
+    return round(worst / 100, 4)
 
 
 def checkout_commit() -> str:

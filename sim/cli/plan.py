@@ -1,0 +1,148 @@
+"""`servesim plan`: size a fleet (`sim.studies.plan`); a table of the kinds searched, the
+answer with its error-band check, and the files (`candidates.csv`, `plan.json`, `plan.png`)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from sim.cli.common import app, calibration_lines, console, interrupted
+
+
+@app.command()
+def plan(
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan YAML")],
+    out: Annotated[Path | None, typer.Option(
+        help="plan directory (runs cached there)", show_default="results/<name>")] = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="worker processes searching kinds at once",
+        show_default="one per CPU")] = None,
+) -> None:
+    """Find the cheapest deployment (GPUs, parallelism, replicas, prefill:decode, scheduler)
+    that holds a target load within SLOs, and whether it holds across the model's error band."""
+    from sim.config.scenario import results_name
+    from sim.config.yaml_input import read_yaml
+    from sim.results.outdir import check_writable_dir
+    from sim.studies.plan import KindResult, Searcher, run_plan
+    from sim.studies.plan_answer import answer, write_outputs
+    from sim.studies.plan_file import Plan
+
+    loaded = Plan(plan_file)
+    name = results_name(plan_file, read_yaml(plan_file))
+    out_dir = out or Path("results") / name
+    check_writable_dir(out_dir, "--out")
+    workers = workers or os.cpu_count() or 1
+    start = time.perf_counter()
+
+    def on_kind(result: KindResult) -> None:
+        ev = result.best()
+        if result.refused is not None:
+            line = f"[dim]refused: {result.refused}[/]"
+        elif ev is None:
+            line = ("[red]no deployment up to search.max_replicas holds[/] "
+                    f"({len(result.evaluations)} runs)")
+        else:
+            line = (f"[green]{ev.replicas} replica{'s' if ev.replicas != 1 else ''}, "
+                    f"{ev.num_gpus} GPUs hold[/], {_usd(ev.usd_per_hour)}/h "
+                    f"({len(result.evaluations)} runs, {result.seconds:.1f} s)")
+        console.print(f"{result.kind.label()}: {line}", soft_wrap=True)
+
+    try:
+        results = run_plan(loaded, out_dir, workers=workers, on_kind=on_kind)
+        found = answer(loaded, Searcher(loaded, out_dir), results)
+        seconds = time.perf_counter() - start
+        write_outputs(loaded, out_dir, results, found, seconds)
+        from sim.plots.plan import plan_figure
+
+        plan_figure(loaded, results, found, out_dir / "plan.png")
+    except KeyboardInterrupt:
+        raise interrupted(f"the runs finished are cached in {out_dir}/runs/; run the plan "
+                          "again to go on") from None
+    console.print(kinds_table(results))
+    for line in answer_lines(loaded, found):
+        console.print(line, soft_wrap=True)
+    for line in calibration_lines([loaded.base]):
+        console.print(line, soft_wrap=True)
+    runs = [ev for r in results for ev in r.evaluations]
+    console.print(f"{len(results)} kinds ({sum(r.refused is not None for r in results)} refused "
+                  f"unsimulated), {len(runs)} runs ({sum(ev.cached for ev in runs)} cached) in "
+                  f"{time.perf_counter() - start:.1f} s; results: {out_dir}/ (candidates.csv, "
+                  "plan.json, plan.png)", soft_wrap=True)
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None or math.isinf(value) else f"${value:,.2f}"
+
+
+def kinds_table(results: list[Any]) -> Table:
+    """Per kind searched: the smallest deployment that holds, its GPUs and cost (80 columns)."""
+    table = Table("kind", "replicas", "GPUs", "$/h", "runs", box=box.SIMPLE_HEAD,
+                  title="deployments searched, cheapest kind first")
+    for result in results:
+        ev = result.best()
+        if result.refused is not None:
+            table.add_row(result.kind.label(), "[dim]refused[/]", "", "", "0")
+        elif ev is None:
+            table.add_row(result.kind.label(), "[red]none holds[/]", "", "",
+                          str(len(result.evaluations)))
+        else:
+            table.add_row(result.kind.label(), str(ev.replicas), str(ev.num_gpus),
+                          _usd(ev.usd_per_hour), str(len(result.evaluations)))
+    return table
+
+
+def answer_lines(plan: Any, found: dict[str, Any]) -> list[str]:
+    """The chosen deployment, its SLO margins, the band check and the seeds."""
+    from sim.studies.plan_file import slo_label
+
+    chosen = found.get("chosen")
+    if chosen is None:
+        return [f"[red]no deployment found[/]: {found['why']}"]
+    margin = ", ".join(
+        f"{slo_label(k)} {_value(k, chosen['values'].get(k))} ({_margin(m)})"
+        for k, m in chosen["margins"].items())
+    lines = [f"[bold]chosen[/]: {chosen['kind']} x {chosen['replicas']} replicas, "
+             f"{chosen['num_gpus']} GPUs, {_usd(chosen['usd_per_hour'])}/h, "
+             f"{_usd(chosen['usd_per_million_tokens'])} per million tokens; {margin}"]
+    for raised in chosen.get("raised_for_seeds", []):
+        lines.append(f"one replica (unit) more than the search found: at {raised}")
+    for check in found["band_checks"]:
+        band = check["band"]
+        if not band:
+            continue
+        where = " (a GPU the calibration did not measure)" if check["extrapolated"] else ""
+        if check["holds_across_band"]:
+            verdict = "[green]holds across the band[/]"
+        elif check["units_at_slow_end"] is None:
+            verdict = ("[yellow]holds only at the nominal or fast end[/]: not even with 3 "
+                       "more at the slow end")
+        else:
+            verdict = (f"[yellow]holds only at the nominal or fast end[/]: "
+                       f"{check['units_at_slow_end']} units at the slow end")
+        fewer = ("; one fewer holds at the fast end" if check.get("fewer_hold_at_fast_end")
+                 else "")
+        lines.append(f"error band +/-{100 * band:.0f}%{where}: {check['kind']} x "
+                     f"{check['replicas']} {verdict}{fewer}")
+    seeds = found["seeds"]
+    lines.append(f"seeds {seeds['seeds']}: " + ("every SLO met in each" if seeds["all_hold"]
+                                                else "; ".join(seeds["failures"])))
+    return lines
+
+
+def _value(key: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if key == "attainment":
+        return f"{100 * value:.1f}%"
+    return "unbounded" if math.isinf(value) else f"{value * 1e3:,.4g} ms"
+
+
+def _margin(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.0f}% margin"

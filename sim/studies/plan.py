@@ -1,0 +1,480 @@
+"""Fleet sizing (`servesim plan`): the cheapest deployment (or the one with the fewest GPUs)
+that holds a target load within SLOs, searched over GPUs, parallelism, quantization, scheduler
+settings, colocated replicas and prefill:decode pools (`sim.studies.plan_file`).
+
+Per replica kind (a GPU, a split, a quantization, a scheduler): refused before any run where
+it cannot exist (weights beyond memory, a split the model does not divide into: the reason
+kept); else, colocated, the fewest replicas k for which one replica holds 1/k of the load
+(doubling, then bisecting: more replicas of one kind never hurt a stable SLO, so the
+smallest passing k is found in about 2 log2(k) single-replica runs), then the cluster of k
+replicas verified at the full load with the real router, one more added while it fails and
+one taken away while it still holds. A prefill:decode ratio P:D is searched the same way
+over units of P prefill and D decode replicas, each probe the whole cluster. Kinds go
+cheapest replica first; a kind whose single replica (or unit) already costs as much as the
+best deployment found is refused as dominated, unsimulated. A deployment fails an SLO when
+the run is overloaded, rejects a request, or misses a target (TTFT and scheduling delay over
+every arrived request, as `servesim capacity` judges them, a censored percentile at its worst
+case).
+
+Then the answer's uncertainty: the latency model's error band (`band`: the engine
+calibration's, wider on a GPU it did not measure) re-runs the cheapest passing deployments
+with every iteration time scaled to the band's slow end (`latency.scale` 1 + band), adding
+replicas until they hold, and one replica fewer at the fast end: a deployment that holds only
+at the nominal or fast end is marked. The chosen one is re-run with `seeds` seeds.
+
+Every run is cached under the key of its scenario (`runs/<key>/summary.json`): a search
+interrupted and started again re-runs nothing it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.config.errors import InputError
+from sim.config.scenario import Scenario
+from sim.results.fingerprint import scenario_key
+from sim.results.outdir import replace_text
+from sim.studies.plan_file import METRICS, SLO_KEY, GPUChoice, Plan, Ratio, slo_label
+from sim.workloads.load import rate_knob, trace_qps
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of deployment, before its size: what each replica (or P:D unit) is."""
+
+    gpu: GPUChoice
+    tensor: int
+    pipeline: int
+    quantization: str
+    scheduler: tuple[tuple[str, Any], ...]  # changes to the base's scheduler
+    ratio: Ratio | None = None  # prefill:decode, or None: colocated
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor * self.pipeline
+
+    def replicas(self, units: int) -> int:
+        """Replicas in a deployment of `units` (replicas, or P:D units)."""
+        return units if self.ratio is None else units * (self.ratio.prefill + self.ratio.decode)
+
+    def label(self) -> str:
+        parts = [self.gpu.name, f"TP{self.tensor}"]
+        if self.pipeline > 1:
+            parts.append(f"PP{self.pipeline}")
+        if self.quantization != "none":
+            parts.append(self.quantization)
+        parts += [f"{k}={v}" for k, v in self.scheduler]
+        if self.ratio is not None:
+            parts.append(f"P:D {self.ratio.prefill}:{self.ratio.decode}")
+        return " ".join(parts)
+
+    def changes(self, units: int) -> dict[str, Any]:
+        """Dotted scenario changes for a deployment of `units`."""
+        gpu: Any = self.gpu.name
+        if self.gpu.cost_per_gpu_hour is not None:
+            gpu = {"base": self.gpu.name, "cost_per_gpu_hour": self.gpu.cost_per_gpu_hour}
+        out: dict[str, Any] = {"replica.gpu": gpu, "replica.parallelism.tensor": self.tensor,
+                               "replica.parallelism.pipeline": self.pipeline,
+                               "replica.quantization": self.quantization}
+        out |= {f"replica.scheduler.{k}": v for k, v in self.scheduler}
+        if self.ratio is None:
+            out["cluster.replicas"] = units
+        else:
+            out["cluster.prefill"] = {"replicas": units * self.ratio.prefill}
+            out["cluster.decode"] = {"replicas": units * self.ratio.decode}
+        return out
+
+
+@dataclass
+class Evaluation:
+    """One run: which deployment, what it was asked, what it measured, and the verdict."""
+
+    kind: str
+    role: str  # probe (one replica at 1/k of the load) | cluster | slow_end | fast_end | seed
+    units: int
+    replicas: int
+    num_gpus: int
+    load_qps: float
+    scale: float
+    seed: int
+    ok: bool
+    why: str
+    values: dict[str, float | None]
+    verdict: str
+    usd_per_hour: float | None
+    usd_per_million_tokens: float | None
+    key: str
+    cached: bool
+
+
+@dataclass
+class KindResult:
+    kind: Kind
+    refused: str | None = None  # why it was never simulated
+    evaluations: list[Evaluation] = field(default_factory=list)
+    units: int | None = None  # the smallest deployment verified at the target, if any
+    seconds: float = 0.0
+
+    def best(self) -> Evaluation | None:
+        return next((e for e in self.evaluations if e.role == "cluster" and e.ok
+                     and e.units == self.units), None)
+
+
+def kinds(plan: Plan) -> list[Kind]:
+    """Every kind the search space names, colocated then by ratio."""
+    cfg, base = plan.config.search, plan.base.replica
+    gpus = cfg.gpus or [GPUChoice(name=base.gpu_spec.name)]
+    out = []
+    for gpu in gpus:
+        for tp in cfg.tensor:
+            for pp in cfg.pipeline:
+                for quant in cfg.quantization:
+                    for sched in cfg.schedulers:
+                        ratios: list[Ratio | None] = [None] if cfg.colocated else []
+                        ratios += list(cfg.disaggregated)
+                        for ratio in ratios:
+                            out.append(Kind(gpu, tp, pp, quant, tuple(sorted(sched.items())),
+                                            ratio))
+    return out
+
+
+def judge(summary: dict[str, Any], slo: dict[str, float]) -> tuple[bool, str,
+                                                                    dict[str, float | None]]:
+    """(every target met, why not, each target's measured value) for a run's summary."""
+    values: dict[str, float | None] = {}
+    why = []
+    for key, target in slo.items():
+        if key == "attainment":
+            value = (summary.get("slo") or {}).get("all_attainment")
+            values[key] = value
+            if value is None or value < target:
+                why.append(f"SLO attainment {_pct(value)} < {_pct(target)}")
+            continue
+        match = SLO_KEY.match(key)
+        assert match is not None
+        metric, stat = match.groups()
+        finished, arrived = METRICS[metric]
+        dist = summary.get(arrived) if arrived else None
+        if dist and dist.get(stat) is not None:
+            value = dist[stat]
+            if (dist.get("is_lower_bound") or {}).get(stat):  # censored: its worst case
+                worst = (dist.get("at_most") or {}).get(stat)
+                value = math.inf if worst is None else worst
+        else:
+            value = summary[finished].get(stat)
+        values[key] = value
+        if value is None:
+            if metric != "tbt":  # no request with two tokens: no gap to miss
+                why.append(f"no {slo_label(key)}")
+        elif value > target:
+            why.append(f"{slo_label(key)} {_ms(value)} > {_ms(target)}")
+    requests = summary["requests"]
+    if requests["rejected"]:
+        reasons = ", ".join(requests.get("rejected_reasons", {}))
+        why.append(f"rejects {requests['rejected']} requests ({reasons})")
+    verdict = (summary.get("overload") or {}).get("verdict", "unknown")
+    if verdict == "overloaded":
+        why.insert(0, "overloaded")
+    return not why, "; ".join(why), values
+
+
+def _ms(value_s: float) -> str:
+    return "unbounded" if math.isinf(value_s) else f"{value_s * 1e3:,.4g} ms"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+class Searcher:
+    """Runs (cached) the deployments of one plan; made again in each worker process."""
+
+    def __init__(self, plan: Plan, out_dir: Path) -> None:
+        self.plan = plan
+        self.out_dir = out_dir
+        base = plan.base
+        if base.clients is not None and not base.clients.paced:
+            raise InputError(plan.path, "base.clients.paced", False,
+                             "unpaced clients set no arrival rate: a plan holds a target rate "
+                             "(clients.paced: true caps it)")
+        knob = rate_knob(base)
+        workload = base.workload
+        if knob == "qps":
+            self.knob = ("workload.retime.qps" if workload.retime is not None
+                         else "workload.arrivals.qps")
+            self.knob_per_qps = 1.0
+        else:
+            self.knob = "workload.rate_scale"
+            qps = trace_qps(base)
+            if not qps > 0:
+                raise InputError(plan.path, "base.workload", workload.format,
+                                 "its requests arrive at one instant: no rate to scale")
+            self.knob_per_qps = base.workload.rate_scale / qps
+
+    def evaluate(self, kind: Kind, units: int, role: str, *, load_fraction: float = 1.0,
+                 scale: float = 1.0, seed: int | None = None) -> Evaluation:
+        """Run `kind` at `units` (`probe`: one replica, at `load_fraction` of the target)."""
+        from sim.results.read import read_json
+        from sim.runner import run_scenario
+
+        plan = self.plan
+        load_qps = plan.config.target_qps * load_fraction
+        changes = kind.changes(1 if role == "probe" else units)
+        changes[self.knob] = load_qps * self.knob_per_qps
+        if scale != 1.0:
+            changes["replica.latency.scale"] = scale
+        if seed is not None:
+            changes["seed"] = seed
+        scenario = plan.scenario(changes)
+        key = scenario_key(scenario)
+        path = self.out_dir / "runs" / key / "summary.json"
+        cached = path.is_file()
+        if cached:
+            summary = read_json(path)
+        else:
+            summary = run_scenario(scenario).summary
+            replace_text(path, json.dumps(summary, sort_keys=True, default=str))
+        ok, why, values = judge(summary, plan.config.slo)
+        cost = summary.get("cost") or {}
+        replicas = 1 if role == "probe" else kind.replicas(units)
+        return Evaluation(kind.label(), role, units, replicas,
+                          replicas * kind.gpus_per_replica, load_qps, scale, scenario.seed, ok,
+                          why, values, (summary.get("overload") or {}).get("verdict", "unknown"),
+                          cost.get("usd_per_hour"), cost.get("usd_per_million_tokens"), key,
+                          cached)
+
+    def precheck(self, kind: Kind) -> str | None:
+        """Why `kind` cannot exist (one line), or None: its scenario, scheduler, latency model
+        and KV cache are built, nothing simulated."""
+        from sim.engine.cluster import kv_cache_for, make_latency, make_scheduler
+
+        try:
+            scenario = self.plan.scenario(kind.changes(1))
+            for pool, cfg in _pools(scenario):
+                scheduler = make_scheduler(cfg)
+                make_latency(cfg, cfg.model_shape, scenario.source, pool)
+                kv_cache_for(cfg, cfg.model_shape, pool, scenario.source, scheduler)
+        except InputError as exc:
+            return exc.one_line()
+        return None
+
+    def search(self, kind: Kind) -> KindResult:
+        start = time.perf_counter()
+        result = KindResult(kind, refused=self.precheck(kind))
+        if result.refused is None:
+            try:
+                if kind.ratio is None:
+                    self._colocated(kind, result)
+                else:
+                    self._units(kind, result)
+            except InputError as exc:
+                result.refused = exc.one_line()
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def _colocated(self, kind: Kind, result: KindResult) -> None:
+        limit = self.plan.config.search.max_replicas
+
+        def probe(k: int) -> bool:
+            ev = self.evaluate(kind, k, "probe", load_fraction=1.0 / k)
+            result.evaluations.append(ev)
+            return ev.ok
+
+        k = _smallest(probe, limit)
+        if k is None:
+            return
+        self._verify(kind, result, k, limit)
+
+    def _units(self, kind: Kind, result: KindResult) -> None:
+        assert kind.ratio is not None
+        limit = self.plan.config.search.max_replicas // (kind.ratio.prefill + kind.ratio.decode)
+        if limit < 1:
+            result.refused = (f"one unit of {kind.ratio.prefill}:{kind.ratio.decode} is more "
+                              "than search.max_replicas replicas")
+            return
+
+        def cluster(m: int) -> bool:
+            ev = self.evaluate(kind, m, "cluster")
+            result.evaluations.append(ev)
+            return ev.ok
+
+        m = _smallest(cluster, limit)
+        result.units = m
+
+    def _verify(self, kind: Kind, result: KindResult, k: int, limit: int) -> None:
+        """The cluster of `k` at the full load with the real router; one more while it fails
+        (up to 4), one fewer while it holds (down to 1)."""
+        runs: dict[int, bool] = {}
+
+        def cluster(n: int) -> bool:
+            if n not in runs:
+                ev = self.evaluate(kind, n, "cluster")
+                result.evaluations.append(ev)
+                runs[n] = ev.ok
+            return runs[n]
+
+        n = k
+        while not cluster(n):
+            if n >= min(limit, k + 4):
+                return
+            n += 1
+        while n > 1 and cluster(n - 1):
+            n -= 1
+        result.units = n
+
+
+def _smallest(passes: Callable[[int], bool], limit: int) -> int | None:
+    """The smallest n in [1, limit] with `passes(n)`, for a `passes` monotone in n: doubling
+    from 1, then bisecting; None where `limit` fails."""
+    lo, n = 0, 1  # lo: largest known failing
+    while not passes(n):
+        if n >= limit:
+            return None
+        lo, n = n, min(2 * n, limit)
+    while n - lo > 1:
+        mid = (lo + n) // 2
+        if passes(mid):
+            n = mid
+        else:
+            lo = mid
+    return n
+
+
+def _pools(scenario: Scenario) -> list[tuple[str, Any]]:
+    cluster = scenario.cluster
+    if cluster.prefill is not None and cluster.decode is not None:
+        return [("cluster.prefill.replica", cluster.prefill.replica),
+                ("cluster.decode.replica", cluster.decode.replica)]
+    return [("replica", scenario.replica)]
+
+
+# -- the whole search, over processes ---------------------------------------------------------
+
+_SEARCHER: Searcher | None = None
+
+
+def _init_worker(plan: Plan, out_dir: Path) -> None:
+    import signal
+
+    global _SEARCHER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides what stops
+    _SEARCHER = Searcher(plan, out_dir)
+
+
+def _search_in_worker(kind: Kind) -> KindResult:
+    assert _SEARCHER is not None
+    return _SEARCHER.search(kind)
+
+
+def unit_cost(plan: Plan, kind: Kind) -> float:
+    """The objective for one replica (or P:D unit) of `kind`: USD an hour, or GPUs."""
+    gpus = kind.replicas(1) * kind.gpus_per_replica
+    if plan.config.objective == "gpus":
+        return float(gpus)
+    price = kind.gpu.cost_per_gpu_hour
+    if price is None:
+        from sim.hardware.gpus import GPUS
+
+        price = GPUS.get(kind.gpu.name).cost_per_gpu_hour
+    return math.inf if price is None else gpus * price
+
+
+def objective(plan: Plan, ev: Evaluation) -> float:
+    if plan.config.objective == "gpus":
+        return float(ev.num_gpus)
+    return math.inf if ev.usd_per_hour is None else ev.usd_per_hour
+
+
+def run_plan(plan: Plan, out_dir: Path, *, workers: int = 1,
+             on_kind: Callable[[KindResult], None] | None = None) -> list[KindResult]:
+    """Search every kind (cheapest first, `workers` at a time), refusing the dominated ones;
+    the results in the order searched."""
+    searcher = Searcher(plan, out_dir)
+    todo = sorted(kinds(plan), key=lambda k: unit_cost(plan, k))
+    best = math.inf
+
+    def finished(result: KindResult) -> None:
+        nonlocal best
+        done[result.kind] = result
+        if (ev := result.best()) is not None:
+            best = min(best, objective(plan, ev))
+        if on_kind is not None:
+            on_kind(result)
+
+    def dominated(kind: Kind, best: float) -> KindResult | None:
+        cost = unit_cost(plan, kind)
+        if cost < best:
+            return None
+        what = "USD an hour" if plan.config.objective == "cost" else "GPUs"
+        return KindResult(kind, refused=f"dominated: one {'unit' if kind.ratio else 'replica'} "
+                                        f"already takes {cost:,.4g} {what}, no less than the "
+                                        f"best deployment of a cheaper kind ({best:,.4g})")
+
+    done: dict[Kind, KindResult] = {}
+    if workers <= 1:
+        for kind in todo:
+            finished(dominated(kind, best) or searcher.search(kind))
+    else:
+        _run_parallel(plan, out_dir, todo, workers, finished, lambda k: dominated(k, best))
+    # The same answer whatever ran at once: a kind is dominated when a cheaper kind's best
+    # deployment costs no more than one of its replicas (one searched while that was not yet
+    # known is set aside, its runs cached).
+    results, best = [], math.inf
+    for kind in todo:
+        result = dominated(kind, best) or done[kind]
+        results.append(result)
+        if (ev := result.best()) is not None:
+            best = min(best, objective(plan, ev))
+    return results
+
+
+def _run_parallel(plan: Plan, out_dir: Path, todo: list[Kind], workers: int,
+                  finished: Callable[[KindResult], None],
+                  dominated: Callable[[Kind], KindResult | None]) -> None:
+    """Search `todo` in order on `workers` processes; a kind dominated by the results so far
+    is not started."""
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
+                               initargs=(plan, out_dir))
+    pending: dict[Future[KindResult], Kind] = {}
+    try:
+        queue = list(reversed(todo))
+        while queue or pending:
+            while queue and len(pending) < workers:
+                kind = queue.pop()
+                if (refused := dominated(kind)) is not None:
+                    finished(refused)
+                    continue
+                pending[pool.submit(_search_in_worker, kind)] = kind
+            if not pending:
+                continue
+            ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in ready:
+                pending.pop(future)
+                finished(future.result())
+    except BaseException:
+        from sim.studies.workers import _stop
+
+        _stop(pool)
+        raise
+    pool.shutdown()
+
+
+def evaluation_rows(results: list[KindResult]) -> list[dict[str, Any]]:
+    """Every run as a flat row (the candidates table), refused kinds as a row each."""
+    rows = []
+    for result in results:
+        if result.refused is not None:
+            rows.append({"kind": result.kind.label(), "role": "refused", "why": result.refused})
+        for ev in result.evaluations:
+            row = asdict(ev)
+            values = row.pop("values")
+            row |= {f"{k}": v for k, v in values.items()}
+            rows.append(row)
+    return rows

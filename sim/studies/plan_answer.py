@@ -1,0 +1,156 @@
+"""A plan's answer (`sim.studies.plan`): the cheapest deployment that holds, whether it holds
+across the latency model's error band, the same at other seeds, and the cost/SLO front; written
+as `plan.json` and `candidates.csv`."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sim.results.outdir import replace_text
+from sim.studies.plan import Evaluation, KindResult, Searcher, evaluation_rows, objective
+from sim.studies.plan_file import Plan
+
+NUM_DECIDING = 3  # the cheapest passing deployments checked across the band
+MAX_EXTRA = 3  # replicas (units) added at the band's slow end, at most
+
+
+def band_for(plan: Plan, result: KindResult) -> tuple[float, bool]:
+    """(fraction, extrapolated): the error band of `result`'s kind (`plan.band`: the engine
+    calibration's on the GPU it measured, wider elsewhere; or the plan's own), and whether
+    its GPU is one the calibration did not measure."""
+    cfg = plan.scenario(result.kind.changes(1)).replica
+    band, extrapolated = cfg.calibration.band(cfg.gpu_spec.name)
+    given = plan.config.band
+    if given == "none":
+        return 0.0, extrapolated
+    return (band if given == "auto" else float(given)), extrapolated
+
+
+def answer(plan: Plan, searcher: Searcher, results: list[KindResult],
+           on_run: Callable[[Evaluation], None] | None = None) -> dict[str, Any]:
+    """The chosen deployment and the checks around it (module docstring), as plan.json's
+    `answer`; runs the band ends and the seeds."""
+    def run(result: KindResult, units: int, role: str, **extra: Any) -> Evaluation:
+        ev = searcher.evaluate(result.kind, units, role, **extra)
+        same = next((e for e in result.evaluations if e.key == ev.key), None)
+        if same is not None:  # the very run the search made (the base's seed, nominal times)
+            return same
+        result.evaluations.append(ev)
+        if on_run is not None:
+            on_run(ev)
+        return ev
+
+    passing = sorted(((r, ev) for r in results if (ev := r.best()) is not None),
+                     key=lambda pair: objective(plan, pair[1]))
+    if not passing:
+        return {"chosen": None, "why": "no deployment searched holds the SLOs at the target "
+                                       "load (raise search.max_replicas, or widen the search)"}
+    # The cheapest, re-run with every seed; a replica (unit) more while one of them fails.
+    result, nominal = passing[0]
+    units, raised = nominal.units, []
+    while True:
+        # (the base's seed: the cluster run itself, cached where the search made it)
+        seeds = [run(result, units, "cluster" if i == 0 else "seed", seed=plan.base.seed + i)
+                 for i in range(plan.config.seeds)]
+        failed = [f"seed {ev.seed}: {ev.why}" for ev in seeds if not ev.ok]
+        if not failed or units >= nominal.units + MAX_EXTRA:
+            break
+        raised.append(f"{units} units: {failed[0]}")
+        units += 1
+    chosen = seeds[0]
+    deciding = []
+    for kind_result, units_checked in [(result, units)] + [(r, ev.units)
+                                                           for r, ev in passing[1:NUM_DECIDING]]:
+        band, extrapolated = band_for(plan, kind_result)
+        ev = kind_result.evaluations[-1] if kind_result is result else kind_result.best()
+        assert ev is not None
+        check: dict[str, Any] = {"kind": kind_result.kind.label(), "units": units_checked,
+                                 "replicas": kind_result.kind.replicas(units_checked),
+                                 "band": band, "extrapolated": extrapolated}
+        if band > 0:
+            slow = units_checked
+            while not (held := run(kind_result, slow, "slow_end", scale=1 + band).ok):
+                if slow >= units_checked + MAX_EXTRA:
+                    break
+                slow += 1
+            check["units_at_slow_end"] = slow if held else None
+            check["holds_across_band"] = held and slow == units_checked
+            check["fewer_hold_at_fast_end"] = (
+                units_checked > 1
+                and run(kind_result, units_checked - 1, "fast_end", scale=1 - band).ok)
+        deciding.append(check)
+    robust = [c for c in deciding if c.get("holds_across_band", True)]
+    return {
+        "chosen": {"kind": chosen.kind, "units": chosen.units, "replicas": chosen.replicas,
+                   "num_gpus": chosen.num_gpus, "usd_per_hour": chosen.usd_per_hour,
+                   "usd_per_million_tokens": chosen.usd_per_million_tokens,
+                   "values": chosen.values, "margins": margins(plan, chosen.values),
+                   "raised_for_seeds": raised},
+        "band_checks": deciding,
+        "robust_choice": robust[0]["kind"] if robust else None,
+        "seeds": {"seeds": [ev.seed for ev in seeds], "all_hold": not failed,
+                  "failures": failed},
+    }
+
+
+def margins(plan: Plan, values: dict[str, float | None]) -> dict[str, float | None]:
+    """Per target, how far inside it the value is, as a fraction of the target (attainment:
+    above it); negative outside."""
+    out: dict[str, float | None] = {}
+    for key, target in plan.config.slo.items():
+        value = values.get(key)
+        if value is None or math.isinf(value):
+            out[key] = None
+        elif key == "attainment":
+            out[key] = (value - target) / target
+        else:
+            out[key] = (target - value) / target
+    return out
+
+
+def front(plan: Plan, rows: list[Evaluation], key: str) -> list[Evaluation]:
+    """The cost/`key` Pareto front of the cluster runs at the target (nominal times): no
+    other run both costs no more and does better."""
+    better = (lambda a, b: a >= b) if key == "attainment" else (lambda a, b: a <= b)
+    points = sorted((ev for ev in rows if ev.values.get(key) is not None
+                     and ev.role == "cluster" and not math.isinf(ev.values[key] or 0)),
+                    key=lambda ev: (objective(plan, ev), ev.values[key]))
+    out: list[Evaluation] = []
+    for ev in points:
+        if not out or not better(out[-1].values[key], ev.values[key]):
+            out.append(ev)
+    return out
+
+
+def write_outputs(plan: Plan, out_dir: Path, results: list[KindResult],
+                  answer_: dict[str, Any], seconds: float) -> None:
+    """`candidates.csv` (every run, every refused kind) and `plan.json`."""
+    import pandas as pd
+
+    rows = evaluation_rows(results)
+    table = pd.DataFrame(rows)
+    replace_text(out_dir / "candidates.csv", table.to_csv(index=False))
+    runs = [ev for r in results for ev in r.evaluations]
+    record = {
+        "name": plan.config.name, "plan": plan.config.model_dump(mode="json"),
+        "target_qps": plan.config.target_qps, "objective": plan.config.objective,
+        "answer": answer_,
+        "kinds": [{"kind": r.kind.label(), "refused": r.refused, "units": r.units,
+                   "runs": len(r.evaluations), "seconds": round(r.seconds, 3),
+                   "best": None if (ev := r.best()) is None else {
+                       "replicas": ev.replicas, "num_gpus": ev.num_gpus,
+                       "usd_per_hour": ev.usd_per_hour, "values": ev.values}}
+                  for r in results],
+        "counts": {"kinds": len(results),
+                   "refused": sum(r.refused is not None for r in results),
+                   "runs": len(runs), "simulated": sum(not ev.cached for ev in runs),
+                   "cached": sum(ev.cached for ev in runs),
+                   "deployments": len({(ev.kind, ev.units) for ev in runs
+                                       if ev.role != "probe"})},
+        "seconds": round(seconds, 3),
+    }
+    replace_text(out_dir / "plan.json", json.dumps(record, indent=1, default=str) + "\n")

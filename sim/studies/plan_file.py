@@ -1,0 +1,191 @@
+"""A plan file (`servesim plan`): a base scenario, the load the fleet must hold, the SLOs it
+must meet, and the deployments to search::
+
+    name: llama70b_chat
+    base: chat.yaml              # a scenario file (relative to this file) or a mapping
+    target_qps: 16.5             # arrivals per second the fleet must hold
+    objective: cost              # cost (USD an hour) or gpus
+    slo:                         # any of ttft, tbt, tpot, e2e, sched_delay x mean, p50, p90, p99
+      ttft_p99_s: 2.0
+      tbt_p99_s: 0.05
+      attainment: 0.9            # share of requests meeting base.slo (ttft_s, tbt_s): goodput
+    search:
+      gpus: [h100-sxm, {name: a100-80gb, cost_per_gpu_hour: 1.8}]
+      tensor: [1, 2, 4, 8]
+      pipeline: [1]
+      quantization: [none, fp8]
+      schedulers: [{token_budget: 2048}, {token_budget: 8192}]   # changes to base's scheduler
+      disaggregated: [{prefill: 1, decode: 1}, {prefill: 1, decode: 2}]   # P:D ratios, too
+      max_replicas: 32
+    band: auto                   # check the answer at iteration times scaled by 1 -/+ band
+    seeds: 5                     # the chosen deployment re-simulated with these many seeds
+
+The search itself: `sim.studies.plan`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from sim.config.base import Frozen
+from sim.config.errors import InputError, invalid
+from sim.config.overrides import resolved_defaults, set_path
+from sim.config.scenario import MAX_REPLICAS, Scenario, parse_scenario
+from sim.config.yaml_input import read_base, read_yaml
+from sim.hardware.parallelism import MAX_GPUS_PER_REPLICA
+
+# SLO metric -> (summary distribution over finished requests, over every arrived request)
+METRICS = {"ttft": ("ttft_s", "ttft_all_arrived_s"), "tbt": ("tbt_s", None),
+           "tpot": ("tpot_s", None), "e2e": ("e2e_s", None),
+           "sched_delay": ("scheduling_delay_s", "scheduling_delay_all_arrived_s")}
+STATS = ("mean", "p50", "p90", "p99")
+SLO_KEY = re.compile(rf"^({'|'.join(METRICS)})_({'|'.join(STATS)})_s$")
+LABELS = {"ttft": "TTFT", "tbt": "TBT", "tpot": "TPOT", "e2e": "E2E",
+          "sched_delay": "scheduling delay"}
+
+
+def slo_label(key: str) -> str:
+    """`ttft_p99_s` -> `P99 TTFT`; `attainment` -> `SLO attainment`."""
+    match = SLO_KEY.match(key)
+    if match is None:
+        return "SLO attainment"
+    metric, stat = match.groups()
+    return f"{stat.upper() if stat != 'mean' else 'mean'} {LABELS[metric]}"
+
+
+class GPUChoice(Frozen):
+    name: str = Field(min_length=1, max_length=100, description="a GPU of `servesim list`")
+    cost_per_gpu_hour: float | None = Field(None, gt=0, le=1000,
+                                            description="USD an hour; none: the GPU table's")
+
+
+class Ratio(Frozen):
+    prefill: int = Field(ge=1, le=64)
+    decode: int = Field(ge=1, le=64)
+
+
+def _no_quantization() -> list[Literal["none", "fp8"]]:
+    return ["none"]
+
+
+def _base_scheduler() -> list[dict[str, Any]]:
+    return [{}]
+
+
+class PlanSearch(Frozen):
+    gpus: list[GPUChoice] = Field(default_factory=list, max_length=20,
+                                  description="GPUs to try; none: the base's")
+    tensor: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=8)
+    pipeline: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=8)
+    quantization: list[Literal["none", "fp8"]] = Field(default_factory=_no_quantization,
+                                                       min_length=1, max_length=2)
+    schedulers: list[dict[str, Any]] = Field(
+        default_factory=_base_scheduler, min_length=1, max_length=20,
+        description="changes to the base's scheduler, one per choice")
+    colocated: bool = Field(True, description="try colocated replicas")
+    disaggregated: list[Ratio] = Field(default_factory=list, max_length=20,
+                                       description="prefill:decode ratios to try")
+    max_replicas: int = Field(32, ge=1, le=MAX_REPLICAS,
+                              description="replicas (or P:D units x their sum) at most")
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _named(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("tensor", "pipeline")
+    @classmethod
+    def _sizes(cls, value: list[int]) -> list[int]:
+        bad = [v for v in value if not 1 <= v <= MAX_GPUS_PER_REPLICA]
+        if bad:
+            raise ValueError(f"{bad[0]}: each in [1, {MAX_GPUS_PER_REPLICA}]")
+        return sorted(set(value))
+
+    @model_validator(mode="after")
+    def _something(self) -> PlanSearch:
+        if not self.colocated and not self.disaggregated:
+            raise invalid(("colocated", False, "and no disaggregated ratio: nothing to search"))
+        return self
+
+
+class PlanConfig(Frozen):
+    name: str = Field("plan", min_length=1, max_length=200)
+    target_qps: float = Field(gt=0, le=1e6, description="arrivals per second to hold")
+    objective: Literal["cost", "gpus"] = "cost"
+    slo: dict[str, float] = Field(min_length=1, max_length=21)
+    search: PlanSearch = Field(default_factory=PlanSearch)
+    band: Literal["auto", "none"] | float = Field(
+        "auto", description="auto: the engine calibration's error band (wider on a GPU it did "
+                            "not measure); a fraction; none: no check")
+    seeds: int = Field(3, ge=1, le=20, description="seeds the chosen deployment is re-run with")
+
+    @field_validator("slo")
+    @classmethod
+    def _targets(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, target in value.items():
+            if key == "attainment":
+                if not 0 < target <= 1:
+                    raise ValueError(f"attainment={target}: a share in (0, 1]")
+            elif SLO_KEY.match(key) is None:
+                raise ValueError(f"{key}: not a target; one of <metric>_<stat>_s with metric "
+                                 f"{', '.join(METRICS)} and stat {', '.join(STATS)}, or "
+                                 "attainment")
+            elif not 0 < target <= 1e6:
+                raise ValueError(f"{key}={target}: a positive number of seconds")
+        return value
+
+    @field_validator("band")
+    @classmethod
+    def _band(cls, value: Any) -> Any:
+        if isinstance(value, float) and not 0 <= value < 1:
+            raise ValueError(f"{value}: a fraction in [0, 1)")
+        return value
+
+
+class Plan:
+    """A loaded plan file: its config, its base scenario (validated) and how to make each
+    deployment's scenario from it."""
+
+    def __init__(self, path: Path) -> None:
+        data = read_yaml(path)
+        if not isinstance(data, dict):
+            raise InputError(path, "<top level>", type(data).__name__, "a plan is a mapping")
+        base, self.base_dir, base_path = read_base(path, data)
+        rest = {k: v for k, v in data.items() if k != "base"}
+        try:
+            self.config = PlanConfig.model_validate(rest)
+        except ValidationError as exc:
+            raise InputError.from_validation(path, exc) from None
+        self.path = path
+        self.source = str(base_path or path)
+        self.base_data = base
+        self.base = parse_scenario(base, self.source, self.base_dir)
+        self._defaults = resolved_defaults(base, self.source, self.base_dir)
+        if "attainment" in self.config.slo and self.base.slo.ttft_s is None \
+                and self.base.slo.tbt_s is None:
+            raise InputError(path, "slo.attainment", self.config.slo["attainment"],
+                             "counts requests meeting the base scenario's slo (ttft_s, tbt_s): "
+                             "set them there")
+        from sim.hardware.gpus import GPUS
+
+        for i, gpu in enumerate(self.config.search.gpus):
+            if gpu.name not in GPUS.names():
+                raise InputError(path, f"search.gpus.{i}", gpu.name,
+                                 f"no such GPU; known: {', '.join(GPUS.names())}")
+        if self.base.cluster.prefill is not None:
+            raise InputError(path, "base.cluster", "prefill/decode",
+                             "the plan makes the cluster: give a base with one replica kind "
+                             "(search.disaggregated tries prefill:decode pools)")
+
+    def scenario(self, changes: dict[str, Any]) -> Scenario:
+        """The base with `changes` (dotted path -> value) set, validated."""
+        data = dict(self.base_data)
+        for dotted, value in changes.items():
+            data = set_path(data, dotted, value, self._defaults)
+        return parse_scenario(data, self.source, self.base_dir)

@@ -1,0 +1,170 @@
+"""`servesim plan`: the smallest passing size found by doubling and bisecting; a run judged
+against any SLO (censored percentiles at their worst, rejections, overload, attainment); a
+small plan end to end (the chosen deployment holds and one replica fewer does not, memory-
+infeasible kinds refused with their reason, dominated kinds never simulated, the error band
+and the seeds checked, everything cached); bad plan files are one line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from sim.studies.plan import _smallest, judge
+from tests.helpers import assert_one_line_error, run_cli, run_cli_out
+
+BASE = {"name": "small", "seed": 0,
+        "workload": {"format": "synthetic", "num_requests": 300,
+                     "arrivals": {"process": "poisson", "qps": 10},
+                     "lengths": {"prompt": {"dist": "lognormal", "mean": 600, "std": 400},
+                                 "output": {"dist": "lognormal", "mean": 150, "std": 100}}},
+        "replica": {"model": "llama-3.1-8b", "gpu": "h100-sxm",
+                    "scheduler": {"name": "vllm_v1"}},
+        "cluster": {"router": {"name": "least_kv_load"}}}
+
+
+@pytest.mark.parametrize("answer,limit", [(1, 16), (2, 16), (5, 16), (16, 16), (9, 12),
+                                          (13, 12)])
+def test_the_smallest_passing_size_is_found_in_few_runs(answer, limit):
+    calls = []
+
+    def passes(n):
+        calls.append(n)
+        return n >= answer
+
+    found = _smallest(passes, limit)
+    assert found == (answer if answer <= limit else None)
+    assert len(calls) <= 2 * math.ceil(math.log2(limit)) + 1
+
+
+def summary(**changes):
+    dist = {"count": 10, "mean": 0.1, "p50": 0.1, "p90": 0.2, "p99": 0.3, "max": 0.4}
+    out = {"ttft_s": dict(dist), "tbt_s": dict(dist), "tpot_s": dict(dist),
+           "e2e_s": dict(dist), "scheduling_delay_s": dict(dist),
+           "ttft_all_arrived_s": {**dist, "p99": 0.5, "is_lower_bound": {"p99": False}},
+           "requests": {"rejected": 0, "rejected_reasons": {}},
+           "overload": {"verdict": "stable"}, "slo": {"all_attainment": 0.92}}
+    out.update(changes)
+    return out
+
+
+def test_a_run_is_judged_against_any_slo():
+    ok, why, values = judge(summary(), {"ttft_p99_s": 0.6, "tbt_p90_s": 0.25,
+                                        "e2e_mean_s": 0.1, "attainment": 0.9})
+    assert ok and why == ""
+    assert values == {"ttft_p99_s": 0.5, "tbt_p90_s": 0.2, "e2e_mean_s": 0.1,
+                      "attainment": 0.92}
+    # TTFT over every arrival (0.5), not the finished (0.3); attainment below its share.
+    ok, why, _ = judge(summary(), {"ttft_p99_s": 0.4, "attainment": 0.95})
+    assert not ok and why == "P99 TTFT 500 ms > 400 ms; SLO attainment 92.0% < 95.0%"
+    # A censored percentile counts at its worst case (unbounded: it fails).
+    censored = {"count": 10, "p99": 0.5, "is_lower_bound": {"p99": True}, "at_most": {}}
+    ok, why, values = judge(summary(ttft_all_arrived_s=censored), {"ttft_p99_s": 10.0})
+    assert not ok and values["ttft_p99_s"] == math.inf and "unbounded" in why
+    ok, why, _ = judge(summary(overload={"verdict": "overloaded"},
+                               requests={"rejected": 2, "rejected_reasons": {"kv_capacity": 2}}),
+                       {"tpot_p50_s": 1.0})
+    assert not ok and why == "overloaded; rejects 2 requests (kv_capacity)"
+    # No request with two tokens: no gap to miss the TBT target.
+    gapless = {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    assert judge(summary(tbt_s=gapless), {"tbt_p99_s": 0.01})[0]
+
+
+def write_plan(tmp_path, **plan):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    data = {"name": "p", "base": "base.yaml", "target_qps": 60,
+            "slo": {"ttft_p99_s": 0.5, "tbt_p99_s": 0.05}, **plan}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_small_plan_end_to_end(tmp_path, monkeypatch, capsys):
+    path = write_plan(tmp_path, search={"gpus": ["h100-sxm", "l40s"], "tensor": [1, 2],
+                                        "max_replicas": 8}, seeds=2)
+    # Llama-3.1-70B on one L40S cannot hold its weights: refused before any run.
+    base = yaml.safe_load((tmp_path / "base.yaml").read_text())
+    out = tmp_path / "out"
+    code, printed = run_cli_out(monkeypatch, capsys, "plan", str(path), "--out", str(out),
+                                "--workers", "1")
+    assert code == 0, printed
+    record = json.loads((out / "plan.json").read_text())
+    chosen = record["answer"]["chosen"]
+    assert chosen["kind"] == "h100-sxm TP1" and "chosen: h100-sxm TP1" in printed
+    table = pd.read_csv(out / "candidates.csv")
+    mine = table[(table["kind"] == "h100-sxm TP1") & (table["role"] == "cluster")
+                 & (table["seed"] == 0)]
+    held = mine.set_index("units")["ok"]
+    assert held[chosen["units"]]  # the chosen holds at the target
+    if chosen["units"] > 1 and not chosen["raised_for_seeds"]:
+        assert not held[chosen["units"] - 1]  # and one replica fewer does not
+    # Every seed holds, at the size chosen.
+    assert record["answer"]["seeds"]["all_hold"]
+    seeds = table[(table["kind"] == "h100-sxm TP1") & (table["units"] == chosen["units"])
+                  & table["role"].isin(["cluster", "seed"])]
+    assert sorted(seeds["seed"].unique()) == [0, 1]
+    # The H100 TP2 replica costs as much as the best deployment: dominated, never run.
+    kinds = {k["kind"]: k for k in record["kinds"]}
+    assert kinds["h100-sxm TP2"]["refused"].startswith("dominated")
+    assert kinds["h100-sxm TP2"]["runs"] == 0
+    # The error band was checked at the calibration's +/-7% on the H100.
+    check = record["answer"]["band_checks"][0]
+    assert check["band"] == 0.07 and not check["extrapolated"]
+    assert (out / "plan.png").is_file()
+    # Again: every run cached, the same answer.
+    code, printed = run_cli_out(monkeypatch, capsys, "plan", str(path), "--out", str(out),
+                                "--workers", "2")
+    assert code == 0
+    again = json.loads((out / "plan.json").read_text())
+    assert again["answer"] == record["answer"]
+    assert again["counts"]["simulated"] == 0
+    assert base["replica"]["gpu"] == "h100-sxm"
+
+
+def test_a_kind_that_cannot_hold_its_weights_is_refused_unsimulated(tmp_path, monkeypatch,
+                                                                     capsys):
+    path = write_plan(tmp_path, search={"gpus": ["l40s"], "tensor": [1]}, band="none",
+                      seeds=1)
+    base = dict(BASE, replica={**BASE["replica"], "model": "llama-3.1-70b"})
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    code, printed = run_cli_out(monkeypatch, capsys, "plan", str(path), "--out",
+                                str(tmp_path / "out"), "--workers", "1")
+    assert code == 0
+    record = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert record["answer"]["chosen"] is None
+    refused = record["kinds"][0]["refused"]
+    assert "raise parallelism.tensor or pick a larger GPU" in refused
+    assert record["counts"]["runs"] == 0
+
+
+def test_a_wide_band_needs_more_replicas_at_its_slow_end(tmp_path, monkeypatch, capsys):
+    path = write_plan(tmp_path, search={"gpus": ["h100-sxm"], "max_replicas": 8},
+                      band=0.5, seeds=1)
+    code, printed = run_cli_out(monkeypatch, capsys, "plan", str(path), "--out",
+                                str(tmp_path / "out"), "--workers", "1")
+    assert code == 0
+    check = json.loads((tmp_path / "out" / "plan.json").read_text())["answer"][
+        "band_checks"][0]
+    assert check["band"] == 0.5 and not check["holds_across_band"]
+    assert check["units_at_slow_end"] is None or check["units_at_slow_end"] > check["units"]
+    assert "holds only at the nominal or fast end" in printed
+
+
+@pytest.mark.parametrize("change,needles", [
+    ({"slo": {"ttft_p95_s": 1.0}}, ["slo", "ttft_p95_s: not a target"]),
+    ({"slo": {"attainment": 0.9}}, ["slo.attainment", "set them there"]),
+    ({"slo": {"ttft_p99_s": -1.0}}, ["slo", "a positive number of seconds"]),
+    ({"band": 1.5}, ["band"]),
+    ({"search": {"colocated": False}}, ["search.colocated", "nothing to search"]),
+    ({"search": {"tensor": [0]}}, ["search.tensor"]),
+    ({"target_qps": 0}, ["target_qps"]),
+    ({"search": {"gpus": ["h100"]}}, ["search.gpus.0", "no such GPU"]),
+])
+def test_bad_plans_are_one_line(tmp_path, monkeypatch, capsys, change, needles):
+    path = write_plan(tmp_path, **change)
+    code, err = run_cli(monkeypatch, capsys, "plan", str(path), "--out", str(tmp_path / "o"),
+                        "--workers", "1")
+    assert_one_line_error(code, err, "plan.yaml", *needles)
