@@ -229,10 +229,14 @@ CLIENT_COLUMNS = ("client_ttft_s", "client_e2e_s")
 def calibration_facts(pools: dict[str, ReplicaConfig]) -> dict[str, Any]:
     """Which engine calibration made the run (the first pool's; each pool's front end), where
     it came from and how far it is from measured runs."""
+    from sim.config.engine import band_facts
+
     cal = next(iter(pools.values())).calibration
     return {"name": cal.name, "engine": cal.engine, "gpu": cal.gpu,
             "frontend_s": {pool: cfg.frontend_latency_s for pool, cfg in pools.items()},
-            "provenance": cal.provenance, "error": cal.error}
+            "provenance": cal.provenance, "error": cal.error,
+            "bands": {pool: band_facts(cfg.calibration, cfg.gpu_spec.name)
+                      for pool, cfg in pools.items()}}
 
 
 def client_latencies(requests: Columns, configs: Sequence[ReplicaConfig]) -> Columns:

@@ -81,11 +81,14 @@ def refuse_unused(ctx: typer.Context, unused: dict[str, str]) -> None:
 def calibration_lines(scenarios: Any) -> list[str]:
     """One line per engine calibration the scenarios' replicas use: its name, what it was
     measured on and how far runs made with it are from the measurements."""
-    from sim.config.engine import calibration_text
+    from sim.config.engine import band_facts, calibration_text
 
-    seen: dict[str, str] = {}
+    seen: dict[str, dict[str, Any]] = {}
     for scenario in scenarios:
         for pool in scenario.pools():
             cal = pool.replica.calibration
-            seen.setdefault(cal.name, calibration_text(cal.model_dump()))
-    return list(seen.values())
+            facts = seen.setdefault(cal.name, {**cal.model_dump(), "bands": {}})
+            gpu = pool.replica.gpu_spec.name
+            facts["bands"].setdefault(gpu, band_facts(cal, gpu))
+    # (bands keyed by GPU: several scenarios, one line per calibration)
+    return [calibration_text(facts) for facts in seen.values()]

@@ -61,7 +61,7 @@ def plan(
         write_outputs(loaded, out_dir, results, found, seconds)
         from sim.plots.plan import plan_figure
 
-        plan_figure(loaded, results, found, out_dir / "plan.png")
+        drawn = plan_figure(out_dir)
     except KeyboardInterrupt:
         raise interrupted(f"the runs finished are cached in {out_dir}/runs/; run the plan "
                           "again to go on") from None
@@ -71,10 +71,12 @@ def plan(
     for line in calibration_lines([loaded.base]):
         console.print(line, soft_wrap=True)
     runs = [ev for r in results for ev in r.evaluations]
-    console.print(f"{len(results)} kinds ({sum(r.refused is not None for r in results)} refused "
-                  f"unsimulated), {len(runs)} runs ({sum(ev.cached for ev in runs)} cached) in "
+    candidates = sum(loaded.config.search.max_replicas // r.kind.replicas(1) for r in results)
+    console.print(f"{candidates:,} candidate deployments ({len(results)} kinds x sizes); "
+                  f"{sum(r.refused is not None for r in results)} kinds refused unsimulated; "
+                  f"{len(runs)} runs ({sum(ev.cached for ev in runs)} cached) in "
                   f"{time.perf_counter() - start:.1f} s; results: {out_dir}/ (candidates.csv, "
-                  "plan.json, plan.png)", soft_wrap=True)
+                  f"plan.json{', plan.png' if drawn else ''})", soft_wrap=True)
 
 
 def _usd(value: float | None) -> str:
@@ -111,6 +113,9 @@ def answer_lines(plan: Any, found: dict[str, Any]) -> list[str]:
     lines = [f"[bold]chosen[/]: {chosen['kind']} x {chosen['replicas']} replicas, "
              f"{chosen['num_gpus']} GPUs, {_usd(chosen['usd_per_hour'])}/h, "
              f"{_usd(chosen['usd_per_million_tokens'])} per million tokens; {margin}"]
+    robust = found.get("robust_choice")
+    if robust is not None and robust != f"{chosen['kind']} x {chosen['replicas']}":
+        lines.append(f"[bold]robust choice[/] (holds at the band's slow end too): {robust}")
     for raised in chosen.get("raised_for_seeds", []):
         lines.append(f"one replica (unit) more than the search found: at {raised}")
     for check in found["band_checks"]:

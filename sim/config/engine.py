@@ -77,9 +77,28 @@ class EngineCalibration(Frozen):
 
 def calibration_text(facts: Mapping[str, Any]) -> str:
     """One line naming a calibration and its measured error, from its fields (an
-    `EngineCalibration`'s, or a summary's `latency_model.calibration`)."""
+    `EngineCalibration`'s, or a summary's `latency_model.calibration`), with each pool's
+    error band (`bands`, where given): a GPU the calibration did not measure is flagged."""
     gpu = f", {facts['gpu']}" if facts.get("gpu") else ""
-    return f"engine calibration {facts['name']} ({facts['engine']}{gpu}): {facts['error']}"
+    text = f"engine calibration {facts['name']} ({facts['engine']}{gpu}): {facts['error']}"
+    for pool, band in (facts.get("bands") or {}).items():
+        where = f" ({pool})" if pool in ("prefill", "decode") else ""
+        if band["extrapolated"] and not facts.get("gpu"):
+            text += (f"; UNCALIBRATED{where}: iteration times on {band['gpu']} trusted within "
+                     f"+/-{100 * band['band']:.0f}% at best")
+        elif band["extrapolated"]:
+            text += (f"; EXTRAPOLATED{where}: {band['gpu']} is not the GPU it measured, "
+                     f"iteration times trusted within +/-{100 * band['band']:.0f}% at best")
+        else:
+            text += (f"; iteration times within +/-{100 * band['band']:.0f}% on "
+                     f"{band['gpu']}{where}")
+    return text
+
+
+def band_facts(calibration: EngineCalibration, gpu: str) -> dict[str, Any]:
+    """A pool's error band, as summaries keep it (`calibration_text` reads it)."""
+    band, extrapolated = calibration.band(gpu)
+    return {"gpu": gpu, "band": band, "extrapolated": extrapolated}
 
 
 UNCALIBRATED = EngineCalibration(

@@ -1,61 +1,85 @@
-"""A plan's figure: each SLO's measured value against the deployment's cost, one panel per SLO,
-every deployment verified at the target load (held: filled, failed: hollow), the cost/SLO front
-as a step line, the target as a dashed line and the chosen deployment starred."""
+"""A plan's figure, drawn from its files (`plan.json`, `candidates.csv`): each SLO's measured
+value against the deployment's cost (log-log), one panel per SLO, every deployment run at the
+target load (holds: filled; fails: hollow; beyond the top of the panel: a triangle at its
+edge), the cost/SLO front, the target (dashed) and the chosen deployment (a star, named)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
-from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib import ticker
 
 from sim.plots.common import plt, save
-from sim.studies.plan import KindResult, objective
-from sim.studies.plan_answer import front
-from sim.studies.plan_file import Plan, slo_label
+from sim.studies.plan_file import slo_label
+
+TOP = 10.0  # the panel shows values up to this many times the target
 
 
-def plan_figure(plan: Plan, results: list[KindResult], found: dict[str, Any],
-                path: Path) -> list[Path]:
-    slo = plan.config.slo
-    runs = [ev for r in results for ev in r.evaluations if ev.role == "cluster"]
-    fig, axes = plt.subplots(1, len(slo), figsize=(4.6 * len(slo), 4.2), squeeze=False)
-    cost_label = "USD an hour" if plan.config.objective == "cost" else "GPUs"
-    chosen = found.get("chosen")
+def plan_figure(out_dir: Path) -> list[Path]:
+    """Draw `plan.png` (and .svg) from the plan's files; nothing where no deployment ran at
+    the target (every kind refused)."""
+    record = json.loads((out_dir / "plan.json").read_text())
+    table = pd.read_csv(out_dir / "candidates.csv")
+    slo = record["plan"]["slo"]
+    runs = table[table["role"] == "cluster"]  # at the target, nominal times, the base's seed
+    if runs.empty:
+        return []
+    by_gpus = record["objective"] == "gpus"
+    cost = runs["num_gpus" if by_gpus else "usd_per_hour"].to_numpy(np.float64)
+    fig, axes = plt.subplots(1, len(slo), figsize=(5.2 * len(slo), 5.4), squeeze=False)
+    chosen = record["answer"].get("chosen")
     for ax, (key, target) in zip(axes[0], slo.items(), strict=True):
-        scale = 100.0 if key == "attainment" else 1e3
-        unit = "%" if key == "attainment" else "ms"
-        shown = [ev for ev in runs if ev.values.get(key) is not None
-                 and not math.isinf(ev.values[key] or 0)]
-        for ok, style in ((True, {"marker": "o", "color": "tab:blue", "label": "holds"}),
-                          (False, {"marker": "o", "markerfacecolor": "none",
-                                   "color": "tab:gray", "label": "fails"})):
-            part = [ev for ev in shown if ev.ok is ok]
-            if part:
-                ax.plot([objective(plan, ev) for ev in part],
-                        [scale * (ev.values[key] or 0.0) for ev in part], linestyle="none",
-                        **style)
-        for ev in shown:
-            if ev.ok:
-                ax.annotate(f"{ev.kind} x{ev.replicas}", (objective(plan, ev),
-                            scale * (ev.values[key] or 0.0)), fontsize=6, alpha=0.8,
-                            xytext=(3, 3), textcoords="offset points")
-        edge = front(plan, shown, key)
-        if len(edge) > 1:
-            ax.step([objective(plan, ev) for ev in edge],
-                    [scale * (ev.values[key] or 0.0) for ev in edge], where="post",
-                    color="tab:green", linewidth=1, label="front")
+        percent = key == "attainment"
+        scale, unit = (100.0, "%") if percent else (1e3, "ms")
+        values = runs[key].to_numpy(np.float64) * scale if key in runs else np.full(
+            len(runs), np.nan)
+        ok = runs["ok"].astype(bool).to_numpy()
+        top = 100.0 if percent else TOP * target * scale
+        beyond = np.zeros(len(values), dtype=bool) if percent else values > top
+        shown = np.where(beyond, top, values)
+        for held, style in ((True, {"color": "tab:blue", "label": "holds"}),
+                            (False, {"markerfacecolor": "none", "color": "tab:gray",
+                                     "label": "fails"})):
+            mask = (ok == held) & ~beyond & np.isfinite(shown)
+            ax.plot(cost[mask], shown[mask], marker="o", linestyle="none", **style)
+        if beyond.any():
+            ax.plot(cost[beyond], shown[beyond], marker="^", linestyle="none",
+                    color="tab:gray", markerfacecolor="none",
+                    label=f"beyond {TOP:g}x the target")
+        order = np.lexsort((shown, cost))
+        front_x, front_y, best = [], [], math.inf
+        for i in order:  # each cost's best value, where it beats every cheaper one
+            value = shown[i] if not percent else -shown[i]
+            if np.isfinite(value) and value < best:
+                best = value
+                front_x.append(cost[i])
+                front_y.append(shown[i])
+        if len(front_x) > 1:
+            ax.step(front_x, front_y, where="post", color="tab:green", linewidth=1,
+                    label="front")
         ax.axhline(scale * target, color="red", linestyle="--", linewidth=1,
                    label=f"target {scale * target:g} {unit}")
         if chosen is not None and chosen["values"].get(key) is not None:
-            cost = (chosen["usd_per_hour"] if plan.config.objective == "cost"
-                    else chosen["num_gpus"])
-            ax.plot([cost], [scale * chosen["values"][key]], marker="*", markersize=16,
-                    color="gold", markeredgecolor="black", linestyle="none", label="chosen")
-        ax.set_xlabel(cost_label)
-        ax.set_ylabel(f"{slo_label(key)} ({unit})")
-        if key == "attainment":
+            x = chosen["num_gpus"] if by_gpus else chosen["usd_per_hour"]
+            y = scale * chosen["values"][key]
+            ax.plot([x], [y], marker="*", markersize=16, color="gold", markeredgecolor="black",
+                    linestyle="none", label=f"chosen: {chosen['kind']} x{chosen['replicas']}")
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        if not percent:
+            ax.set_yscale("log")
+            ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+            ax.set_ylim(top=top * 1.5)
+        else:
             ax.set_ylim(0, 105)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{plan.config.name}: deployments at {plan.config.target_qps:g} req/s")
-    return save(fig, path)
+        ax.set_xlabel("GPUs" if by_gpus else "USD an hour")
+        ax.set_ylabel(f"{slo_label(key)} ({unit})")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+                  frameon=False)
+    fig.suptitle(f"{record['name']}: deployments at {record['target_qps']:g} req/s")
+    return save(fig, out_dir / "plan.png")

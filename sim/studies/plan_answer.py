@@ -44,8 +44,11 @@ def answer(plan: Plan, searcher: Searcher, results: list[KindResult],
             on_run(ev)
         return ev
 
+    # Cheapest first; at one cost, the one with the most room inside its tightest target.
     passing = sorted(((r, ev) for r in results if (ev := r.best()) is not None),
-                     key=lambda pair: objective(plan, pair[1]))
+                     key=lambda pair: (objective(plan, pair[1]),
+                                       -min((m for m in margins(plan, pair[1].values).values()
+                                             if m is not None), default=0.0)))
     if not passing:
         return {"chosen": None, "why": "no deployment searched holds the SLOs at the target "
                                        "load (raise search.max_replicas, or widen the search)"}
@@ -84,6 +87,9 @@ def answer(plan: Plan, searcher: Searcher, results: list[KindResult],
                 and run(kind_result, units_checked - 1, "fast_end", scale=1 - band).ok)
         deciding.append(check)
     robust = [c for c in deciding if c.get("holds_across_band", True)]
+    robust_choice = None
+    if robust:
+        robust_choice = robust[0]["kind"] + f" x {robust[0]['replicas']}"
     return {
         "chosen": {"kind": chosen.kind, "units": chosen.units, "replicas": chosen.replicas,
                    "num_gpus": chosen.num_gpus, "usd_per_hour": chosen.usd_per_hour,
@@ -91,7 +97,7 @@ def answer(plan: Plan, searcher: Searcher, results: list[KindResult],
                    "values": chosen.values, "margins": margins(plan, chosen.values),
                    "raised_for_seeds": raised},
         "band_checks": deciding,
-        "robust_choice": robust[0]["kind"] if robust else None,
+        "robust_choice": robust_choice,
         "seeds": {"seeds": [ev.seed for ev in seeds], "all_hold": not failed,
                   "failures": failed},
     }
@@ -146,6 +152,9 @@ def write_outputs(plan: Plan, out_dir: Path, results: list[KindResult],
                        "usd_per_hour": ev.usd_per_hour, "values": ev.values}}
                   for r in results],
         "counts": {"kinds": len(results),
+                   # every size of every kind the search space holds
+                   "candidates": sum(plan.config.search.max_replicas // r.kind.replicas(1)
+                                     for r in results),
                    "refused": sum(r.refused is not None for r in results),
                    "runs": len(runs), "simulated": sum(not ev.cached for ev in runs),
                    "cached": sum(ev.cached for ev in runs),

@@ -11,7 +11,7 @@ from sim import load_scenario, run_scenario
 from tests.helpers import REPO
 
 SCENARIOS = sorted(p for p in (REPO / "scenarios").glob("*.yaml")
-                   if not p.name.startswith(("sweep_", "compare_")))
+                   if not p.name.startswith(("sweep_", "compare_", "plan_")))
 
 
 def studies_overload(path: Path) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -168,3 +169,39 @@ def test_bad_plans_are_one_line(tmp_path, monkeypatch, capsys, change, needles):
     code, err = run_cli(monkeypatch, capsys, "plan", str(path), "--out", str(tmp_path / "o"),
                         "--workers", "1")
     assert_one_line_error(code, err, "plan.yaml", *needles)
+
+
+@pytest.mark.slow
+def test_the_shipped_70b_plan_answers_its_question(tmp_path, monkeypatch, capsys, traces):
+    """scenarios/plan_llama70b_h100.yaml, narrowed to run in CI (TP2 and TP4 with fp8, two
+    budgets, colocated and 1:1, the trace's first 300 s): a deployment is chosen, it holds at
+    every seed, the error band is checked, and one replica (unit) fewer fails."""
+    shipped = Path(__file__).parents[2] / "scenarios" / "plan_llama70b_h100.yaml"
+    data = yaml.safe_load(shipped.read_text())
+    data["base"]["workload"]["path"] = str(traces / "azure_llm_2023" /
+                                           "AzureLLMInferenceTrace_conv.csv")
+    data["base"]["workload"]["end_s"] = 300
+    data["search"] |= {"tensor": [2, 4], "quantization": ["fp8"], "max_replicas": 16,
+                       "schedulers": [{"max_num_batched_tokens": 256},
+                                      {"max_num_batched_tokens": 8192}],
+                       "disaggregated": [{"prefill": 1, "decode": 1}]}
+    data["seeds"] = 2
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    code, printed = run_cli_out(monkeypatch, capsys, "plan", str(path), "--out", str(out),
+                                "--workers", "2")
+    assert code == 0, printed
+    record = json.loads((out / "plan.json").read_text())
+    chosen = record["answer"]["chosen"]
+    assert chosen is not None and chosen["kind"].startswith("h100-sxm TP")
+    assert record["answer"]["seeds"]["all_hold"]
+    assert all(m >= 0 for m in chosen["margins"].values())
+    assert record["answer"]["band_checks"][0]["band"] == 0.07
+    table = pd.read_csv(out / "candidates.csv")
+    mine = table[(table["kind"] == chosen["kind"]) & (table["role"] == "cluster")]
+    held = mine.groupby("units")["ok"].all()
+    assert held[chosen["units"]]
+    if chosen["units"] > 1 and not chosen["raised_for_seeds"]:
+        assert not held.get(chosen["units"] - 1, False)
+    assert record["counts"]["candidates"] >= 8 * 8
