@@ -30,9 +30,10 @@ def plan(
     from sim.config.scenario import results_name
     from sim.config.yaml_input import read_yaml
     from sim.results.outdir import check_writable_dir
-    from sim.studies.plan import KindResult, Searcher, run_plan
+    from sim.studies.plan import KindResult, Searcher
     from sim.studies.plan_answer import answer, write_outputs
     from sim.studies.plan_file import Plan
+    from sim.studies.plan_run import run_plan
 
     loaded = Plan(plan_file)
     name = results_name(plan_file, read_yaml(plan_file))

@@ -23,7 +23,8 @@ replicas until they hold, and one replica fewer at the fast end: a deployment th
 at the nominal or fast end is marked. The chosen one is re-run with `seeds` seeds.
 
 Every run is cached under the key of its scenario (`runs/<key>/summary.json`): a search
-interrupted and started again re-runs nothing it finished.
+interrupted and started again re-runs nothing it finished. The whole search, over processes:
+`sim.studies.plan_run`.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -353,128 +353,3 @@ def _pools(scenario: Scenario) -> list[tuple[str, Any]]:
         return [("cluster.prefill.replica", cluster.prefill.replica),
                 ("cluster.decode.replica", cluster.decode.replica)]
     return [("replica", scenario.replica)]
-
-
-# -- the whole search, over processes ---------------------------------------------------------
-
-_SEARCHER: Searcher | None = None
-
-
-def _init_worker(plan: Plan, out_dir: Path) -> None:
-    import signal
-
-    global _SEARCHER
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides what stops
-    _SEARCHER = Searcher(plan, out_dir)
-
-
-def _search_in_worker(kind: Kind) -> KindResult:
-    assert _SEARCHER is not None
-    return _SEARCHER.search(kind)
-
-
-def unit_cost(plan: Plan, kind: Kind) -> float:
-    """The objective for one replica (or P:D unit) of `kind`: USD an hour, or GPUs."""
-    gpus = kind.replicas(1) * kind.gpus_per_replica
-    if plan.config.objective == "gpus":
-        return float(gpus)
-    price = kind.gpu.cost_per_gpu_hour
-    if price is None:
-        from sim.hardware.gpus import GPUS
-
-        price = GPUS.get(kind.gpu.name).cost_per_gpu_hour
-    return math.inf if price is None else gpus * price
-
-
-def objective(plan: Plan, ev: Evaluation) -> float:
-    if plan.config.objective == "gpus":
-        return float(ev.num_gpus)
-    return math.inf if ev.usd_per_hour is None else ev.usd_per_hour
-
-
-def run_plan(plan: Plan, out_dir: Path, *, workers: int = 1,
-             on_kind: Callable[[KindResult], None] | None = None) -> list[KindResult]:
-    """Search every kind (cheapest first, `workers` at a time), refusing the dominated ones;
-    the results in the order searched."""
-    searcher = Searcher(plan, out_dir)
-    todo = sorted(kinds(plan), key=lambda k: unit_cost(plan, k))
-    best = math.inf
-
-    def finished(result: KindResult) -> None:
-        nonlocal best
-        done[result.kind] = result
-        if (ev := result.best()) is not None:
-            best = min(best, objective(plan, ev))
-        if on_kind is not None:
-            on_kind(result)
-
-    def dominated(kind: Kind, best: float) -> KindResult | None:
-        cost = unit_cost(plan, kind)
-        if cost < best:
-            return None
-        what = "USD an hour" if plan.config.objective == "cost" else "GPUs"
-        return KindResult(kind, refused=f"dominated: one {'unit' if kind.ratio else 'replica'} "
-                                        f"already takes {cost:,.4g} {what}, no less than the "
-                                        f"best deployment of a cheaper kind ({best:,.4g})")
-
-    done: dict[Kind, KindResult] = {}
-    if workers <= 1:
-        for kind in todo:
-            finished(dominated(kind, best) or searcher.search(kind))
-    else:
-        _run_parallel(plan, out_dir, todo, workers, finished, lambda k: dominated(k, best))
-    # The same answer whatever ran at once: a kind is dominated when a cheaper kind's best
-    # deployment costs no more than one of its replicas (one searched while that was not yet
-    # known is set aside, its runs cached).
-    results, best = [], math.inf
-    for kind in todo:
-        result = dominated(kind, best) or done[kind]
-        results.append(result)
-        if (ev := result.best()) is not None:
-            best = min(best, objective(plan, ev))
-    return results
-
-
-def _run_parallel(plan: Plan, out_dir: Path, todo: list[Kind], workers: int,
-                  finished: Callable[[KindResult], None],
-                  dominated: Callable[[Kind], KindResult | None]) -> None:
-    """Search `todo` in order on `workers` processes; a kind dominated by the results so far
-    is not started."""
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
-                               initargs=(plan, out_dir))
-    pending: dict[Future[KindResult], Kind] = {}
-    try:
-        queue = list(reversed(todo))
-        while queue or pending:
-            while queue and len(pending) < workers:
-                kind = queue.pop()
-                if (refused := dominated(kind)) is not None:
-                    finished(refused)
-                    continue
-                pending[pool.submit(_search_in_worker, kind)] = kind
-            if not pending:
-                continue
-            ready, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in ready:
-                pending.pop(future)
-                finished(future.result())
-    except BaseException:
-        from sim.studies.workers import _stop
-
-        _stop(pool)
-        raise
-    pool.shutdown()
-
-
-def evaluation_rows(results: list[KindResult]) -> list[dict[str, Any]]:
-    """Every run as a flat row (the candidates table), refused kinds as a row each."""
-    rows = []
-    for result in results:
-        if result.refused is not None:
-            rows.append({"kind": result.kind.label(), "role": "refused", "why": result.refused})
-        for ev in result.evaluations:
-            row = asdict(ev)
-            values = row.pop("values")
-            row |= {f"{k}": v for k, v in values.items()}
-            rows.append(row)
-    return rows

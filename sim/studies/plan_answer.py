@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from sim.results.outdir import replace_text
-from sim.studies.plan import Evaluation, KindResult, Searcher, evaluation_rows, objective
+from sim.studies.plan import Evaluation, KindResult, Searcher
 from sim.studies.plan_file import Plan
+from sim.studies.plan_run import evaluation_rows, objective
 
 NUM_DECIDING = 3  # the cheapest passing deployments checked across the band
 MAX_EXTRA = 3  # replicas (units) added at the band's slow end, at most
