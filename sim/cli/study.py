@@ -6,6 +6,7 @@ whole, and no table is written from a partial set of runs.
 
 from __future__ import annotations
 
+import math
 import os
 from enum import Enum
 from pathlib import Path
@@ -143,6 +144,10 @@ def capacity(
     set_: Annotated[list[str] | None, set_option(
         "over the scenario file; the arrival rate (workload.arrivals.qps, or "
         "workload.rate_scale of a trace) is where the search starts")] = None,
+    band: Annotated[str, typer.Option(
+        help="search again at the ends of the latency model's error band: auto (the engine "
+             "calibration's, wider on a GPU it did not measure), none, or a fraction")
+    ] = "auto",
 ) -> None:
     """Find the largest arrival rate at which every given SLO holds, as an interval.
 
@@ -162,6 +167,7 @@ def capacity(
         raise InputError(COMMAND_LINE, "--seeds", seeds, f"is the older name of --replications "
                          f"({replications}): give one of them")
     loaded = load_scenario(scenario, parse_overrides(set_))
+    band_fraction, extrapolated = _band(band, loaded)
     wanted = replications if replications is not None else seeds
     if wanted is not None:
         check_replicable(loaded, wanted, "--replications" if replications else "--seeds")
@@ -177,17 +183,47 @@ def capacity(
             result = search(loaded, targets, wanted if wanted is not None
                             else default_replications(loaded), precision=precision,
                             on_trial=trial_done,
-                            on_rate=lambda decision: progress.note(decision.line()))
+                            on_rate=lambda decision: progress.note(decision.line()),
+                            band=band_fraction)
     except KeyboardInterrupt:
         raise interrupted(f"{len(log.trials)} trials kept in {out_dir}/trials.csv; no "
                           "capacity.json (the search did not finish): run it again") from None
     log.finish(loaded, targets, precision, result)
     console.print(capacity_table(loaded.name, result))
+    if (ends := result.get("band")) is not None:
+        low, high = result["with_band_qps"]
+        where = " (a GPU the calibration did not measure)" if extrapolated else ""
+        console.print(
+            f"across the error band +/-{100 * ends['band']:.0f}%{where}: capacity "
+            f"{fmt(ends['slow']['capacity_qps'])} req/s with iteration times "
+            f"{100 * ends['band']:.0f}% longer, {fmt(ends['fast']['capacity_qps'])} req/s "
+            f"{100 * ends['band']:.0f}% shorter; the interval with the band: "
+            f"[{fmt(low)}, {'unbounded' if high is None else fmt(high)}] req/s",
+            soft_wrap=True)
     for line in calibration_lines([loaded]):
         console.print(line)
     console.print(f"results: {out_dir}/", soft_wrap=True)  # lines for 80 columns, as compare's
     console.print("  trials.csv, capacity.json", soft_wrap=True)
     console.print(f"  draw them: servesim plot {out_dir}", soft_wrap=True)
+
+
+def _band(given: str, scenario: Any) -> tuple[float, bool]:
+    """`--band` as a fraction, and whether the scenario's GPU is one no calibration measured."""
+    from sim.config.errors import COMMAND_LINE, InputError
+    from sim.studies.capacity import latency_band
+
+    fraction, extrapolated = latency_band(scenario)
+    if given == "auto":
+        return fraction, extrapolated
+    if given == "none":
+        return 0.0, extrapolated
+    try:
+        value = float(given)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:
+        raise InputError(COMMAND_LINE, "--band", given, "auto, none, or a fraction in [0, 1)")
+    return value, extrapolated
 
 
 def capacity_table(name: str, result: dict[str, Any]) -> Table:

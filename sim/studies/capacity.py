@@ -229,10 +229,65 @@ def capacity(scenario: Scenario, targets: SLOTargets,
              confidence: float = CONFIDENCE, max_steps: int = 40,
              run: Callable[[Scenario], Results] = run_scenario,
              on_trial: Callable[[Trial], None] | None = None,
-             on_rate: Callable[[RateDecision], None] | None = None) -> dict[str, Any]:
+             on_rate: Callable[[RateDecision], None] | None = None,
+             band: float = 0.0) -> dict[str, Any]:
     """The capacity interval. `replications`: up to how many runs per rate (seeds
     `scenario.seed + 0..R-1`), or the seeds themselves; None: `default_replications`. More than
-    one of a deterministic scenario is refused (they would be identical)."""
+    one of a deterministic scenario is refused (they would be identical). `band` > 0: the
+    search again with every iteration time `1 + band` and `1 - band` times the model's (the
+    ends of its error band, `latency_band`), and `with_band_qps`, the interval from the slow
+    end's lower bound to the fast end's upper one."""
+    result = _capacity(scenario, targets, replications, precision=precision,
+                       confidence=confidence, max_steps=max_steps, run=run, on_trial=on_trial,
+                       on_rate=on_rate)
+    if band > 0:
+        ends = {name: _capacity(with_latency_scale(scenario, scale), targets, replications,
+                                precision=precision, confidence=confidence,
+                                max_steps=max_steps, run=run, on_trial=on_trial,
+                                on_rate=on_rate)
+                for name, scale in (("slow", 1 + band), ("fast", 1 - band))}
+        result["band"] = {"band": band, **{
+            name: {"capacity_qps": end["capacity_qps"], "interval_qps": end["interval_qps"],
+                   "num_runs": end["num_runs"]} for name, end in ends.items()}}
+        result["with_band_qps"] = [ends["slow"]["interval_qps"][0],
+                                   ends["fast"]["interval_qps"][1]]
+        result["num_runs"] += sum(end["num_runs"] for end in ends.values())
+    return result
+
+
+def latency_band(scenario: Scenario) -> tuple[float, bool]:
+    """(fraction, extrapolated) iteration times may be off by: the engine calibration's error
+    band on the GPU it measured, wider on another (`EngineCalibration.band`); 0 where the
+    latency model is not the calibrated roofline (a measured profile has its own error)."""
+    errors = []
+    for pool in scenario.pools():
+        cfg = pool.replica
+        if cfg.latency.kind != "roofline":
+            return 0.0, False
+        errors.append(cfg.calibration.band(cfg.gpu_spec.name))
+    return max(e[0] for e in errors), any(e[1] for e in errors)
+
+
+def with_latency_scale(scenario: Scenario, scale: float) -> Scenario:
+    """`scenario` with every replica's iteration times `scale` times longer."""
+    def scaled(cfg: Any) -> Any:
+        latency = cfg.latency.model_copy(update={"scale": cfg.latency.scale * scale})
+        return cfg.model_copy(update={"latency": latency})
+
+    cluster = scenario.cluster
+    if cluster.prefill is not None and cluster.decode is not None:
+        cluster = cluster.model_copy(update={
+            pool: getattr(cluster, pool).model_copy(update={
+                "replica": scaled(getattr(cluster, pool).replica)})
+            for pool in ("prefill", "decode")})
+    return scenario.model_copy(update={"replica": scaled(scenario.replica), "cluster": cluster})
+
+
+def _capacity(scenario: Scenario, targets: SLOTargets,
+              replications: int | Sequence[int] | None, *, precision: float,
+              confidence: float, max_steps: int, run: Callable[[Scenario], Results],
+              on_trial: Callable[[Trial], None] | None,
+              on_rate: Callable[[RateDecision], None] | None) -> dict[str, Any]:
     check_options(targets, precision)
     if replications is None:
         replications = default_replications(scenario)

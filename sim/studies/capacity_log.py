@@ -60,7 +60,7 @@ class CapacityLog:
         from sim.config.scenario import scenario_yaml
 
         replace_text(self.out_dir / SCENARIO_FILE, scenario_yaml(scenario))
-        data = {
+        data: dict[str, Any] = {
             "scenario": scenario.name, "source": scenario.source, "knob": result["knob"],
             "targets_s": targets.given(), "precision": precision,
             "capacity": result["capacity"], "capacity_qps": result["capacity_qps"],
@@ -74,6 +74,7 @@ class CapacityLog:
             **{key: result[key] for key in ("num_gpus", "capacity_qps_per_gpu",
                                             "usd_per_million_tokens",
                                             "usd_per_million_output_tokens")},
+            **{key: result[key] for key in ("band", "with_band_qps") if key in result},
         }
         path = self.out_dir / RESULT_FILE
         replace_text(path, json.dumps(data, indent=2) + "\n")

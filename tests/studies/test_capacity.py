@@ -19,7 +19,7 @@ from sim.studies.capacity import capacity
 from sim.studies.capacity_log import CapacityLog
 from sim.studies.rate_decision import SLOTargets, violations
 from sim.workloads.load import with_rate
-from tests.helpers import ONE_AT_A_TIME, csv_replay
+from tests.helpers import ONE_AT_A_TIME, assert_one_line_error, csv_replay, run_cli
 from tests.helpers import run_cli_out as cli
 from tests.studies.test_rate_decision import fake_results
 from tests.studies.test_sweep import write
@@ -147,3 +147,32 @@ def test_capacity_command(tmp_path, monkeypatch, capsys):
     main()
     out = capsys.readouterr().out
     assert "capacity in [" in out and "95% confidence" in out and "overloaded" in out
+
+
+def test_capacity_is_searched_again_at_the_ends_of_the_error_band(tmp_path, monkeypatch,
+                                                                  capsys):
+    # A roofline replica on the calibrated H100: its band is the calibration's 7%. Slower
+    # iteration times hold less, faster ones more; the interval with the band holds both.
+    from sim.studies.capacity import latency_band
+
+    scenario = parse_scenario({"seed": 0, "workload": {
+        "format": "synthetic", "num_requests": 200, "arrivals": {"process": "gamma", "qps": 20,
+                                                                  "cv": 1e-3},
+        "lengths": {"prompt": {"dist": "fixed", "value": 300},
+                    "output": {"dist": "fixed", "value": 50}}}}, "test")
+    assert latency_band(scenario) == (0.07, False)
+    h200 = scenario.model_copy(update={"replica": scenario.replica.model_copy(
+        update={"gpu": "h200"})})
+    assert latency_band(h200) == (0.25, True)
+    result = capacity(scenario, SLOTargets(tbt_p99_s=0.03), 1, precision=0.05, band=0.07)
+    ends = result["band"]
+    assert ends["slow"]["capacity_qps"] < result["capacity_qps"] < ends["fast"]["capacity_qps"]
+    low, high = result["with_band_qps"]
+    assert low == ends["slow"]["interval_qps"][0] and high == ends["fast"]["interval_qps"][1]
+    assert low <= result["interval_qps"][0] and high >= result["interval_qps"][1]
+    path = write(tmp_path, "s.yaml", "workload: {format: synthetic, num_requests: 5, "
+                                     "arrivals: {qps: 1}, lengths: {prompt: {dist: fixed, "
+                                     "value: 5}, output: {dist: fixed, value: 5}}}\n")
+    code, err = run_cli(monkeypatch, capsys, "capacity", str(path), "--tbt-p99", "0.1",
+                        "--band", "2", "--out", str(tmp_path / "c"))
+    assert_one_line_error(code, err, "--band", "a fraction in [0, 1)")
