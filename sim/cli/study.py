@@ -111,11 +111,18 @@ def sweep_table(title: str, df: Any) -> Table:
         table.add_column("\n".join([*label(key).split(), u.name]), justify="right",
                          no_wrap=True)
     table.add_column("\n".join(label("slo_attainment").split()), justify="right", no_wrap=True)
+    # What each point costs, where the points differ in it (a sizing sweep).
+    costs = [key for key in ("num_gpus", "usd_per_million_tokens")
+             if key in df and df[key].notna().any() and df[key].nunique() > 1]
+    for key in costs:
+        table.add_column("GPUs" if key == "num_gpus" else "$ per\nM tok", justify="right",
+                         no_wrap=True)
     table.add_column("overload", min_width=10)
     for _, r in df.iterrows():
         cells = [short_value(r[c]) for c in varied] + ([str(r["seed"])] if seeds else [])
         cells += [fmt(r[key], u.scale) for key, u in metrics]
         cells.append(pct(r["slo_attainment"]))
+        cells += [str(int(r[key])) if key == "num_gpus" else fmt(r[key]) for key in costs]
         table.add_row(*cells, "[red]overloaded[/]" if r["overload"] == "overloaded"
                       else str(r["overload"]))
     return table

@@ -229,3 +229,18 @@ def test_a_base_files_own_problems_are_named_by_it(tmp_path, monkeypatch, capsys
     code, err = run_cli(monkeypatch, capsys, "compare", str(comparison), "--out",
                         str(tmp_path / "c"), "--set", "seed=-2")
     assert_one_line_error(code, err, "c.cmp.yaml", "--set seed=-2")
+
+
+def test_a_sizing_sweep_table_shows_gpus_and_cost(tmp_path, monkeypatch, capsys):
+    base = {**ONE_AT_A_TIME, "replica": {**ONE_AT_A_TIME["replica"], "gpu": "h100-sxm"}}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("name: size\nbase: base.yaml\ngrid:\n  cluster.replicas: [1, 2]\n")
+    monkeypatch.setenv("COLUMNS", "80")
+    printed, _ = succeed(monkeypatch, capsys, "sweep", str(sweep), "--out",
+                         str(tmp_path / "out"), "--workers", "1")
+    header = printed[:printed.index("───")]
+    assert "GPUs" in header and "M tok" in header
+    rows = [line.split() for line in printed.splitlines() if line.strip()[:1] in ("1", "2")]
+    assert [row[-3] for row in rows[:2]] == ["1", "2"]  # GPUs, beside the cost
+    assert max(len(line) for line in printed.splitlines()) <= 80
