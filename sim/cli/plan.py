@@ -29,7 +29,6 @@ def plan(
     that holds a target load within SLOs, and whether it holds across the model's error band."""
     from sim.config.scenario import results_name
     from sim.config.yaml_input import read_yaml
-    from sim.results.outdir import check_writable_dir
     from sim.studies.plan import KindResult, Searcher
     from sim.studies.plan_answer import answer, write_outputs
     from sim.studies.plan_file import Plan
@@ -38,7 +37,7 @@ def plan(
     loaded = Plan(plan_file)
     name = results_name(plan_file, read_yaml(plan_file))
     out_dir = out or Path("results") / name
-    check_writable_dir(out_dir, "--out")
+    check_plan_dir(out_dir)
     workers = workers or os.cpu_count() or 1
     start = time.perf_counter()
 
@@ -73,11 +72,28 @@ def plan(
         console.print(line, soft_wrap=True)
     runs = [ev for r in results for ev in r.evaluations]
     candidates = sum(loaded.config.search.max_replicas // r.kind.replicas(1) for r in results)
+    refused = sum(r.refused is not None for r in results)
     console.print(f"{candidates:,} candidate deployments ({len(results)} kinds x sizes); "
-                  f"{sum(r.refused is not None for r in results)} kinds refused unsimulated; "
+                  f"{refused} kind{'s' if refused != 1 else ''} refused unsimulated; "
                   f"{len(runs)} runs ({sum(ev.cached for ev in runs)} cached) in "
                   f"{time.perf_counter() - start:.1f} s; results: {out_dir}/ (candidates.csv, "
                   f"plan.json{', plan.png' if drawn else ''})", soft_wrap=True)
+
+
+def check_plan_dir(out: Path) -> None:
+    """`out` can hold a plan: empty, new, or a plan's (its runs are reused); marked as one
+    before any run, so that an interrupted plan's directory is known for what it is."""
+    import json
+
+    from sim.config.errors import InputError
+    from sim.results.outdir import check_writable_dir, replace_text
+    from sim.results.read import PLAN_MARKER
+
+    check_writable_dir(out, "--out")
+    if out.is_dir() and any(out.iterdir()) and not (out / PLAN_MARKER).is_file():
+        raise InputError(out, "--out", str(out), f"is not a plan's directory (no {PLAN_MARKER}) "
+                         "and not empty; refusing to write a plan there: choose another")
+    replace_text(out / PLAN_MARKER, json.dumps({"kind": "servesim plan"}) + "\n")
 
 
 def _usd(value: float | None) -> str:

@@ -76,6 +76,10 @@ def plot_results(dirs: Sequence[Path], out_dir: Path | None = None, *,
                         worst_tbt=worst_tbt)
     if kinds[0] == "comparison":
         return plot_comparison(dirs[0], out_dir, worst_tbt=worst_tbt)
+    if kinds[0] == "plan":
+        from sim.plots.plan import plan_figure
+
+        return plan_figure(dirs[0], out_dir or dirs[0] / PLOTS_DIR)
     draw = {"sweep": plot_sweep, "replications": plot_replications,
             "replicated_comparison": plot_replicated_comparison}
     return draw[kinds[0]](dirs[0], out_dir)

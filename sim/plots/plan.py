@@ -5,12 +5,10 @@ edge), the cost/SLO front, the target (dashed) and the chosen deployment (a star
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from matplotlib import ticker
 
 from sim.plots.common import plt, save
@@ -19,11 +17,13 @@ from sim.studies.plan_file import slo_label
 TOP = 10.0  # the panel shows values up to this many times the target
 
 
-def plan_figure(out_dir: Path) -> list[Path]:
-    """Draw `plan.png` (and .svg) from the plan's files; nothing where no deployment ran at
-    the target (every kind refused)."""
-    record = json.loads((out_dir / "plan.json").read_text())
-    table = pd.read_csv(out_dir / "candidates.csv")
+def plan_figure(plan_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    """Draw `plan.png` (and .svg) from the plan's files into `out_dir` (default: the plan's
+    own directory); nothing where no deployment ran at the target (every kind refused)."""
+    from sim.results.read import read_csv, read_json
+
+    record = read_json(plan_dir / "plan.json")
+    table = read_csv(plan_dir / "candidates.csv")
     slo = record["plan"]["slo"]
     runs = table[table["role"] == "cluster"]  # at the target, nominal times, the base's seed
     if runs.empty:
@@ -82,4 +82,4 @@ def plan_figure(out_dir: Path) -> list[Path]:
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
                   frameon=False)
     fig.suptitle(f"{record['name']}: deployments at {record['target_qps']:g} req/s")
-    return save(fig, out_dir / "plan.png")
+    return save(fig, (out_dir or plan_dir) / "plan.png")

@@ -24,7 +24,8 @@ from sim.results.read import Kind, directory_kind, read_csv, read_json
 
 TITLES: dict[Kind, str] = {"run": "run", "sweep": "sweep", "comparison": "comparison",
                            "capacity": "capacity search", "replications": "replications",
-                           "replicated_comparison": "replicated comparison"}
+                           "replicated_comparison": "replicated comparison",
+                           "plan": "plan (fleet sizing)"}
 
 
 def refuse_validation_dir(results: Path) -> None:
@@ -156,6 +157,40 @@ def _capacity(cap_dir: Path) -> list[str]:
     ]
 
 
+def _plan(plan_dir: Path) -> list[str]:
+    """A plan's answer (as `servesim plan` prints it), each kind's smallest deployment that
+    holds, the counts and the plan itself."""
+    import yaml
+    from rich.text import Text
+
+    from sim.cli.plan import answer_lines
+
+    record = read_json(plan_dir / "plan.json", missing="no plan.json: the plan did not finish "
+                                                       "(run it again; its runs are cached)")
+    answer = [m.paragraph(Text.from_markup(line).plain)
+              for line in answer_lines(None, record["answer"])]
+    limit = record["plan"]["search"]["max_replicas"]
+    rows = [(k["kind"], k["refused"] or ("" if k["best"] else
+                                         f"none holds up to {limit} replicas"),
+             *((k["best"]["replicas"], k["best"]["num_gpus"], k["best"]["usd_per_hour"])
+               if k["best"] else ("-", "-", "-")), k["runs"])
+            for k in record["kinds"]]
+    counts = record["counts"]
+    refused = counts["refused"]
+    return [
+        m.section("Answer", *answer),
+        m.section("Deployments searched", m.paragraph(
+            f"{counts.get('candidates', '?')} candidate deployments in {counts['kinds']} kinds; "
+            f"{refused} kind{'s' if refused != 1 else ''} refused unsimulated; "
+            f"{counts['runs']} runs "
+            f"({counts['cached']} cached) in {record['seconds']:.1f} s."),
+            m.table(["kind", "refused", "replicas", "GPUs", "USD an hour", "runs"], rows,
+                    text_columns=2)),
+        m.section("Plan", m.pre(yaml.safe_dump(record["plan"], sort_keys=False))),
+        m.section("Inputs and versions", s.inputs_and_versions([])),
+    ]
+
+
 def _counts(table: pd.DataFrame, what: str) -> str:
     if "overload" not in table:
         return m.paragraph("No overload verdicts in these results (written before verdicts).")
@@ -164,4 +199,5 @@ def _counts(table: pd.DataFrame, what: str) -> str:
 
 BODIES: dict[Kind, Callable[[Path], list[str]]] = {
     "run": _run, "sweep": _sweep, "comparison": _comparison, "capacity": _capacity,
-    "replications": replications_body, "replicated_comparison": replicated_comparison_body}
+    "replications": replications_body, "replicated_comparison": replicated_comparison_body,
+    "plan": _plan}

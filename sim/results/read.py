@@ -30,7 +30,7 @@ from sim.results.formats import REPLICATED_COMPARISON_FILE, REPLICATIONS_FILE
 from sim.results.outdir import is_run_dir
 
 Kind = Literal["run", "sweep", "capacity", "comparison", "replications",
-               "replicated_comparison"]
+               "replicated_comparison", "plan"]
 UNREADABLE = (OSError, ValueError, pa.ArrowException, yaml.YAMLError)
 # A run's summary is a few kilobytes, a capacity search's or replications' record a few hundred;
 # past this a "result" JSON file is not one servesim wrote.
@@ -38,13 +38,16 @@ MAX_JSON_BYTES = 64 * 2**20
 EDITED = "written by another servesim version, or edited?"
 
 
+PLAN_MARKER = "plan_search.json"  # written when a plan's search starts (`servesim plan`)
+
+
 def directory_kind(path: Path) -> Kind:
     """A directory's kind, from its own marker file: a run (`summary.json`, written whole with
     its other files), a sweep (`sweep.json`), a capacity search (`capacity.json` or
-    `trials.csv`), a comparison (`comparison.csv`), replications of one scenario
-    (`replications.json`, from `simulate --replications`), a replicated comparison
-    (`comparison_replications.csv`, from `compare --replications`). Only a sweep written
-    before sweeps had a marker is recognised by its table or `runs/` folder."""
+    `trials.csv`), a plan (`plan_search.json`), a comparison (`comparison.csv`), replications
+    of one scenario (`replications.json`, from `simulate --replications`), a replicated
+    comparison (`comparison_replications.csv`, from `compare --replications`). Only a sweep
+    written before sweeps had a marker is recognised by its table or `runs/` folder."""
     if not path.is_dir():
         raise InputError(path, "RESULTS", str(path),
                          "not a directory" if path.exists() else "directory not found")
@@ -56,6 +59,8 @@ def directory_kind(path: Path) -> Kind:
         return "sweep"
     if (path / "capacity.json").is_file() or (path / "trials.csv").is_file():
         return "capacity"
+    if (path / PLAN_MARKER).is_file():
+        return "plan"
     if (path / REPLICATED_COMPARISON_FILE).is_file():
         return "replicated_comparison"
     if (path / "comparison.csv").is_file():

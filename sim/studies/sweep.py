@@ -35,7 +35,10 @@ TABLES = ("results.parquet", "results.csv")
 
 def is_sweep_dir(path: Path) -> bool:
     """A sweep's directory: its marker, or (written before there was one) a `runs/` folder."""
-    return (path / SWEEP_MARKER).is_file() or ((path / "runs").is_dir() and not is_run_dir(path))
+    from sim.results.read import PLAN_MARKER
+
+    return (path / SWEEP_MARKER).is_file() or ((path / "runs").is_dir() and not is_run_dir(path)
+                                               and not (path / PLAN_MARKER).is_file())
 
 
 def check_sweep_dir(out: Path, field: str = "--out") -> None:

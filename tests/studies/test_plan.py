@@ -205,3 +205,29 @@ def test_the_shipped_70b_plan_answers_its_question(tmp_path, monkeypatch, capsys
     if chosen["units"] > 1 and not chosen["raised_for_seeds"]:
         assert not held.get(chosen["units"] - 1, False)
     assert record["counts"]["candidates"] >= 8 * 8
+
+
+def test_a_plan_directory_is_reported_drawn_and_kept_apart(tmp_path, monkeypatch, capsys):
+    path = write_plan(tmp_path, search={"gpus": ["h100-sxm"], "max_replicas": 4}, band="none",
+                      seeds=1)
+    out = tmp_path / "out"
+    code, _ = run_cli_out(monkeypatch, capsys, "plan", str(path), "--out", str(out),
+                          "--workers", "1")
+    assert code == 0
+    code, printed = run_cli_out(monkeypatch, capsys, "report", str(out))
+    assert code == 0
+    page = (out / "report.html").read_text()
+    assert "servesim plan (fleet sizing)" in page and "chosen: h100-sxm TP1" in page
+    assert "data:image/png;base64" in page  # the figure, inline
+    code, _ = run_cli_out(monkeypatch, capsys, "plot", str(out))
+    assert code == 0 and (out / "plots" / "plan.png").is_file()
+    # A sweep never writes into a plan's directory, nor a plan into another's.
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("name: s\nbase: base.yaml\ngrid:\n  workload.arrivals.qps: [5, 10]\n")
+    code, err = run_cli(monkeypatch, capsys, "sweep", str(sweep), "--out", str(out))
+    assert_one_line_error(code, err, "--out", "not a sweep's directory")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    code, err = run_cli(monkeypatch, capsys, "plan", str(path), "--out", str(other))
+    assert_one_line_error(code, err, "--out", "is not a plan's directory")
