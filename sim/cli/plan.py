@@ -45,6 +45,9 @@ def plan(
         ev = result.best()
         if result.refused is not None:
             line = f"[dim]refused: {result.refused}[/]"
+        elif loaded.config.objective == "load_per_dollar":
+            line = (f"one {'unit' if result.kind.ratio else 'replica'} holds "
+                    f"{result.capacity_qps or 0:.4g} req/s ({len(result.evaluations)} runs)")
         elif ev is None:
             line = ("[red]no deployment up to search.max_replicas holds[/] "
                     f"({len(result.evaluations)} runs)")
@@ -65,7 +68,8 @@ def plan(
     except KeyboardInterrupt:
         raise interrupted(f"the runs finished are cached in {out_dir}/runs/; run the plan "
                           "again to go on") from None
-    console.print(kinds_table(results))
+    if loaded.config.objective != "load_per_dollar":
+        console.print(kinds_table(results))
     for line in answer_lines(loaded, found):
         console.print(line, soft_wrap=True)
     for line in calibration_lines([loaded.base]):
@@ -73,7 +77,9 @@ def plan(
     runs = [ev for r in results for ev in r.evaluations]
     candidates = sum(loaded.config.search.max_replicas // r.kind.replicas(1) for r in results)
     refused = sum(r.refused is not None for r in results)
-    console.print(f"{candidates:,} candidate deployments ({len(results)} kinds x sizes); "
+    space = (f"{len(results)} kinds" if loaded.config.objective == "load_per_dollar"
+             else f"{candidates:,} candidate deployments ({len(results)} kinds x sizes)")
+    console.print(f"{space}; "
                   f"{refused} kind{'s' if refused != 1 else ''} refused unsimulated; "
                   f"{len(runs)} runs ({sum(ev.cached for ev in runs)} cached) in "
                   f"{time.perf_counter() - start:.1f} s; results: {out_dir}/ (candidates.csv, "
@@ -124,6 +130,22 @@ def answer_lines(plan: Any, found: dict[str, Any]) -> list[str]:
     chosen = found.get("chosen")
     if chosen is None:
         return [f"[red]no deployment found[/]: {found['why']}"]
+    if "capacity_qps" in chosen:  # load_per_dollar
+        lines = [f"[bold]most load per dollar[/]: {chosen['kind']} ({chosen['replicas']} "
+                 f"replica{'s' if chosen['replicas'] != 1 else ''}, {chosen['num_gpus']} "
+                 f"GPU{'s' if chosen['num_gpus'] != 1 else ''}, "
+                 f"{_usd(chosen['usd_per_hour'])}/h) holds {chosen['capacity_qps']:.4g} req/s: "
+                 f"{chosen['qps_per_usd_hour']:.4g} req/s per USD an hour"]
+        for check in found["band_checks"]:
+            if check["band"]:
+                lines.append(f"error band +/-{100 * check['band']:.0f}%: "
+                             f"{check['slow_qps']:.4g} req/s with iteration times "
+                             f"{100 * check['band']:.0f}% longer, {check['fast_qps']:.4g} "
+                             "shorter")
+        seeds = found["seeds"]
+        lines.append(f"seeds {seeds['seeds']} at that load: " + (
+            "every SLO met in each" if seeds["all_hold"] else "; ".join(seeds["failures"])))
+        return lines
     margin = ", ".join(
         f"{slo_label(k)} {_value(k, chosen['values'].get(k))} ({_margin(m)})"
         for k, m in chosen["margins"].items())

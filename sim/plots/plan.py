@@ -26,6 +26,8 @@ def plan_figure(plan_dir: Path, out_dir: Path | None = None) -> list[Path]:
     table = read_csv(plan_dir / "candidates.csv")
     slo = record["plan"]["slo"]
     runs = table[table["role"] == "cluster"]  # at the target, nominal times, the base's seed
+    if record["objective"] == "load_per_dollar":
+        return _load_figure(record, plan_dir, out_dir)
     if runs.empty:
         return []
     by_gpus = record["objective"] == "gpus"
@@ -82,4 +84,29 @@ def plan_figure(plan_dir: Path, out_dir: Path | None = None) -> list[Path]:
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
                   frameon=False)
     fig.suptitle(f"{record['name']}: deployments at {record['target_qps']:g} req/s")
+    return save(fig, (out_dir or plan_dir) / "plan.png")
+
+
+def _load_figure(record: dict, plan_dir: Path, out_dir: Path | None) -> list[Path]:
+    """load_per_dollar: each kind's most load against what one replica (unit) costs, with the
+    line of the chosen kind's load per dollar."""
+    ranking = record["answer"].get("ranking") or []
+    if not ranking:
+        return []
+    qps = np.array([r["capacity_qps"] for r in ranking])
+    per = np.array([r["qps_per_usd_hour"] for r in ranking])
+    cost = qps / per
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    ax.plot(cost, qps, marker="o", linestyle="none", color="tab:blue", label="kinds")
+    best = per[0]
+    xs = np.array([cost.min() * 0.8, cost.max() * 1.25])
+    ax.plot(xs, best * xs, color="tab:green", linewidth=1,
+            label=f"{best:.3g} req/s per USD an hour")
+    ax.plot([cost[0]], [qps[0]], marker="*", markersize=16, color="gold",
+            markeredgecolor="black", linestyle="none", label=f"chosen: {ranking[0]['kind']}")
+    ax.set_xlabel("USD an hour (one replica or P:D unit)")
+    ax.set_ylabel("most load held (req/s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    fig.suptitle(f"{record['name']}: load per dollar")
     return save(fig, (out_dir or plan_dir) / "plan.png")

@@ -44,6 +44,9 @@ from sim.results.outdir import replace_text
 from sim.studies.plan_file import METRICS, SLO_KEY, GPUChoice, Plan, Ratio, slo_label
 from sim.workloads.load import rate_knob, trace_qps
 
+LOAD_PRECISION = 0.05  # load_per_dollar: a kind's most load, to within this share
+MAX_DOUBLINGS = 20  # of the starting load, up or down: a millionfold either way
+
 
 @dataclass(frozen=True)
 class Kind:
@@ -121,6 +124,7 @@ class KindResult:
     evaluations: list[Evaluation] = field(default_factory=list)
     units: int | None = None  # the smallest deployment verified at the target, if any
     seconds: float = 0.0
+    capacity_qps: float | None = None  # load_per_dollar: the most one replica (unit) holds
 
     def best(self) -> Evaluation | None:
         return next((e for e in self.evaluations if e.role == "cluster" and e.ok
@@ -219,13 +223,16 @@ class Searcher:
             self.knob_per_qps = base.workload.rate_scale / qps
 
     def evaluate(self, kind: Kind, units: int, role: str, *, load_fraction: float = 1.0,
-                 scale: float = 1.0, seed: int | None = None) -> Evaluation:
-        """Run `kind` at `units` (`probe`: one replica, at `load_fraction` of the target)."""
+                 scale: float = 1.0, seed: int | None = None,
+                 load_qps: float | None = None) -> Evaluation:
+        """Run `kind` at `units` (`probe`: one replica, at `load_fraction` of the target), at
+        `load_qps` where given."""
         from sim.results.read import read_json
         from sim.runner import run_scenario
 
         plan = self.plan
-        load_qps = plan.config.target_qps * load_fraction
+        if load_qps is None:
+            load_qps = plan.start_qps * load_fraction
         changes = kind.changes(1 if role == "probe" else units)
         changes[self.knob] = load_qps * self.knob_per_qps
         if scale != 1.0:
@@ -270,7 +277,9 @@ class Searcher:
         result = KindResult(kind, refused=self.precheck(kind))
         if result.refused is None:
             try:
-                if kind.ratio is None:
+                if self.plan.config.objective == "load_per_dollar":
+                    result.capacity_qps = self.max_load(kind, result)
+                elif kind.ratio is None:
                     self._colocated(kind, result)
                 else:
                     self._units(kind, result)
@@ -278,6 +287,40 @@ class Searcher:
                 result.refused = exc.one_line()
         result.seconds = time.perf_counter() - start
         return result
+
+    def max_load(self, kind: Kind, result: KindResult, scale: float = 1.0) -> float:
+        """The most load one replica (or P:D unit) of `kind` holds, to LOAD_PRECISION:
+        doubling from the plan's starting load while it holds (halving while it fails), then
+        bisecting; 0 where even the lowest load tried fails."""
+        role = "capacity" if scale == 1.0 else ("slow_end" if scale > 1 else "fast_end")
+
+        def holds(qps: float) -> bool:
+            ev = self.evaluate(kind, 1, role, load_qps=qps, scale=scale)
+            result.evaluations.append(ev)
+            return ev.ok
+
+        lo, hi = 0.0, math.inf
+        qps = self.plan.start_qps
+        for _ in range(MAX_DOUBLINGS):
+            if holds(qps):
+                lo = qps
+                if hi < math.inf:
+                    break
+                qps *= 2
+            else:
+                hi = qps
+                if lo > 0:
+                    break
+                qps /= 2
+        if lo == 0.0 or hi == math.inf:
+            return lo
+        while (hi - lo) > LOAD_PRECISION * hi:
+            mid = (lo + hi) / 2
+            if holds(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def _colocated(self, kind: Kind, result: KindResult) -> None:
         limit = self.plan.config.search.max_replicas

@@ -13,7 +13,7 @@ from typing import Any
 from sim.results.outdir import replace_text
 from sim.studies.plan import Evaluation, KindResult, Searcher
 from sim.studies.plan_file import Plan
-from sim.studies.plan_run import evaluation_rows, objective
+from sim.studies.plan_run import evaluation_rows, objective, unit_cost
 
 NUM_DECIDING = 3  # the cheapest passing deployments checked across the band
 MAX_EXTRA = 3  # replicas (units) added at the band's slow end, at most
@@ -35,6 +35,8 @@ def answer(plan: Plan, searcher: Searcher, results: list[KindResult],
            on_run: Callable[[Evaluation], None] | None = None) -> dict[str, Any]:
     """The chosen deployment and the checks around it (module docstring), as plan.json's
     `answer`; runs the band ends and the seeds."""
+    if plan.config.objective == "load_per_dollar":
+        return answer_load(plan, searcher, results)
     def run(result: KindResult, units: int, role: str, **extra: Any) -> Evaluation:
         ev = searcher.evaluate(result.kind, units, role, **extra)
         same = next((e for e in result.evaluations if e.key == ev.key), None)
@@ -104,6 +106,48 @@ def answer(plan: Plan, searcher: Searcher, results: list[KindResult],
     }
 
 
+def answer_load(plan: Plan, searcher: Searcher, results: list[KindResult]) -> dict[str, Any]:
+    """`load_per_dollar`: the kind whose replica (or P:D unit) holds the most load per USD an
+    hour; its load searched again at the band's ends (an interval), and re-run at that load
+    with every seed."""
+    ranked = sorted((r for r in results if r.capacity_qps), key=lambda r: (
+        -(r.capacity_qps or 0.0) / unit_cost(plan, r.kind), r.kind.label()))
+    if not ranked:
+        return {"chosen": None, "why": "no kind holds the SLOs at any load tried"}
+    result = ranked[0]
+    capacity = result.capacity_qps or 0.0
+    at_capacity = next(ev for ev in result.evaluations
+                       if ev.role == "capacity" and ev.ok and ev.load_qps == capacity)
+    band, extrapolated = band_for(plan, result)
+    ends = {}
+    if band > 0:
+        ends = {"slow_qps": searcher.max_load(result.kind, result, 1 + band),
+                "fast_qps": searcher.max_load(result.kind, result, 1 - band)}
+    seeds = [searcher.evaluate(result.kind, 1, "seed", load_qps=capacity,
+                               seed=plan.base.seed + i) for i in range(plan.config.seeds)]
+    result.evaluations.extend(seeds)
+    failed = [f"seed {ev.seed}: {ev.why}" for ev in seeds if not ev.ok]
+    unit = unit_cost(plan, result.kind)
+    return {
+        "chosen": {"kind": result.kind.label(), "units": 1,
+                   "replicas": result.kind.replicas(1), "num_gpus": at_capacity.num_gpus,
+                   "usd_per_hour": at_capacity.usd_per_hour,
+                   "usd_per_million_tokens": at_capacity.usd_per_million_tokens,
+                   "capacity_qps": capacity, "qps_per_usd_hour": capacity / unit,
+                   "values": at_capacity.values,
+                   "margins": margins(plan, at_capacity.values), "raised_for_seeds": []},
+        "ranking": [{"kind": r.kind.label(), "capacity_qps": r.capacity_qps,
+                     "qps_per_usd_hour": (r.capacity_qps or 0.0) / unit_cost(plan, r.kind)}
+                    for r in ranked],
+        "band_checks": [{"kind": result.kind.label(), "units": 1,
+                         "replicas": result.kind.replicas(1), "band": band,
+                         "extrapolated": extrapolated, **ends}],
+        "robust_choice": None,
+        "seeds": {"seeds": [ev.seed for ev in seeds], "all_hold": not failed,
+                  "failures": failed},
+    }
+
+
 def margins(plan: Plan, values: dict[str, float | None]) -> dict[str, float | None]:
     """Per target, how far inside it the value is, as a fraction of the target (attainment:
     above it); negative outside."""
@@ -147,6 +191,7 @@ def write_outputs(plan: Plan, out_dir: Path, results: list[KindResult],
         "target_qps": plan.config.target_qps, "objective": plan.config.objective,
         "answer": answer_,
         "kinds": [{"kind": r.kind.label(), "refused": r.refused, "units": r.units,
+                   "capacity_qps": r.capacity_qps,
                    "runs": len(r.evaluations), "seconds": round(r.seconds, 3),
                    "best": None if (ev := r.best()) is None else {
                        "replicas": ev.replicas, "num_gpus": ev.num_gpus,

@@ -4,7 +4,7 @@ must meet, and the deployments to search::
     name: llama70b_chat
     base: chat.yaml              # a scenario file (relative to this file) or a mapping
     target_qps: 16.5             # arrivals per second the fleet must hold
-    objective: cost              # cost (USD an hour) or gpus
+    objective: cost              # cost (USD an hour), gpus, or load_per_dollar
     slo:                         # any of ttft, tbt, tpot, e2e, sched_delay x mean, p50, p90, p99
       ttft_p99_s: 2.0
       tbt_p99_s: 0.05
@@ -116,8 +116,13 @@ class PlanSearch(Frozen):
 
 class PlanConfig(Frozen):
     name: str = Field("plan", min_length=1, max_length=200)
-    target_qps: float = Field(gt=0, le=1e6, description="arrivals per second to hold")
-    objective: Literal["cost", "gpus"] = "cost"
+    target_qps: float | None = Field(
+        None, gt=0, le=1e6, description="arrivals per second to hold (load_per_dollar: where "
+                                        "each kind's search starts; none: the base's rate)")
+    objective: Literal["cost", "gpus", "load_per_dollar"] = Field(
+        "cost", description="cost: the cheapest deployment holding target_qps; gpus: the "
+                            "fewest GPUs; load_per_dollar: the kind whose replica (or P:D "
+                            "unit) holds the most load per USD an hour, as Vidur-Search")
     slo: dict[str, float] = Field(min_length=1, max_length=21)
     search: PlanSearch = Field(default_factory=PlanSearch)
     band: Literal["auto", "none"] | float = Field(
@@ -139,6 +144,13 @@ class PlanConfig(Frozen):
             elif not 0 < target <= 1e6:
                 raise ValueError(f"{key}={target}: a positive number of seconds")
         return value
+
+    @model_validator(mode="after")
+    def _target(self) -> PlanConfig:
+        if self.target_qps is None and self.objective != "load_per_dollar":
+            raise invalid(("target_qps", None, f"the load to hold: needed by objective "
+                                               f"{self.objective}"))
+        return self
 
     @field_validator("band")
     @classmethod
@@ -182,6 +194,19 @@ class Plan:
             raise InputError(path, "base.cluster", "prefill/decode",
                              "the plan makes the cluster: give a base with one replica kind "
                              "(search.disaggregated tries prefill:decode pools)")
+
+    @property
+    def start_qps(self) -> float:
+        """The load a search starts from: `target_qps`, else the base's own rate."""
+        from sim.workloads.load import rate_knob, trace_qps
+
+        if self.config.target_qps is not None:
+            return self.config.target_qps
+        workload = self.base.workload
+        if rate_knob(self.base) == "qps":
+            arrivals = workload.retime or workload.arrivals  # type: ignore[attr-defined]
+            return float(arrivals.qps)
+        return trace_qps(self.base) * workload.rate_scale
 
     def scenario(self, changes: dict[str, Any]) -> Scenario:
         """The base with `changes` (dotted path -> value) set, validated."""

@@ -44,6 +44,7 @@ def unit_cost(plan: Plan, kind: Kind) -> float:
 
 
 def objective(plan: Plan, ev: Evaluation) -> float:
+    """What a deployment is ranked by, lower first: GPUs, else USD an hour."""
     if plan.config.objective == "gpus":
         return float(ev.num_gpus)
     return math.inf if ev.usd_per_hour is None else ev.usd_per_hour
@@ -67,7 +68,7 @@ def run_plan(plan: Plan, out_dir: Path, *, workers: int = 1,
 
     def dominated(kind: Kind, best: float) -> KindResult | None:
         cost = unit_cost(plan, kind)
-        if cost < best:
+        if cost < best or plan.config.objective == "load_per_dollar":
             return None
         what = "USD an hour" if plan.config.objective == "cost" else "GPUs"
         return KindResult(kind, refused=f"dominated: one {'unit' if kind.ratio else 'replica'} "
