@@ -235,7 +235,7 @@ def calibration_facts(pools: dict[str, ReplicaConfig]) -> dict[str, Any]:
     return {"name": cal.name, "engine": cal.engine, "gpu": cal.gpu,
             "frontend_s": {pool: cfg.frontend_latency_s for pool, cfg in pools.items()},
             "provenance": cal.provenance, "error": cal.error,
-            "bands": {pool: band_facts(cfg.calibration, cfg.gpu_spec.name)
+            "bands": {pool: band_facts(cfg.calibration, cfg.measured_gpu)
                       for pool, cfg in pools.items()}}
 
 

@@ -88,7 +88,7 @@ def calibration_lines(scenarios: Any) -> list[str]:
         for pool in scenario.pools():
             cal = pool.replica.calibration
             facts = seen.setdefault(cal.name, {**cal.model_dump(), "bands": {}})
-            gpu = pool.replica.gpu_spec.name
+            gpu = pool.replica.measured_gpu
             facts["bands"].setdefault(gpu, band_facts(cal, gpu))
     # (bands keyed by GPU: several scenarios, one line per calibration)
     return [calibration_text(facts) for facts in seen.values()]

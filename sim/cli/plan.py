@@ -35,8 +35,7 @@ def plan(
     from sim.studies.plan_run import run_plan
 
     loaded = Plan(plan_file)
-    name = results_name(plan_file, read_yaml(plan_file))
-    out_dir = out or Path("results") / name
+    out_dir = out or Path("results") / results_name(plan_file, read_yaml(plan_file))
     check_plan_dir(out_dir)
     workers = workers or os.cpu_count() or 1
     start = time.perf_counter()

@@ -120,6 +120,15 @@ class ReplicaConfig(Frozen):
         return self.gpu.to_spec() if isinstance(self.gpu, GPUSpecInput) else GPUS.get(self.gpu)
 
     @property
+    def measured_gpu(self) -> str:
+        """The registered GPU whose figures this one has: its name, or, for a copy with its
+        own price or figures (`gpu: {base: h100-sxm, ...}`), its base (what a calibration's
+        measurements were made on)."""
+        if isinstance(self.gpu, str):
+            return self.gpu
+        return self.gpu.base or self.gpu.name
+
+    @property
     def gpu_name(self) -> str:
         return self.gpu if isinstance(self.gpu, str) else self.gpu.name
 

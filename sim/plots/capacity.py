@@ -161,5 +161,7 @@ def plot_capacity(dirs: Sequence[Path], out_dir: Path | None = None) -> list[Pat
         files += capacity_figure(results, out_dir / "capacity_per_gpu", per_gpu=True)
     if len(dirs) == 1:
         trials = read_csv(dirs[0] / "trials.csv", ["qps", "ok"])
+        if "latency_scale" in trials:  # the band's ends searched too: the nominal runs only
+            trials = trials[trials["latency_scale"] == 1.0].reset_index(drop=True)
         files += capacity_trials(trials, results[0], out_dir / "capacity_trials")
     return files

@@ -70,8 +70,9 @@ def plan_figure(plan_dir: Path, out_dir: Path | None = None) -> list[Path]:
             y = scale * chosen["values"][key]
             ax.plot([x], [y], marker="*", markersize=16, color="gold", markeredgecolor="black",
                     linestyle="none", label=f"chosen: {chosen['kind']} x{chosen['replicas']}")
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        if np.nanmax(cost) > 10 * np.nanmin(cost):  # a log axis where costs span decades
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         if not percent:
             ax.set_yscale("log")
             ax.yaxis.set_minor_formatter(ticker.NullFormatter())

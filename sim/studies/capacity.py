@@ -241,9 +241,18 @@ def capacity(scenario: Scenario, targets: SLOTargets,
                        confidence=confidence, max_steps=max_steps, run=run, on_trial=on_trial,
                        on_rate=on_rate)
     if band > 0:
+        def tagged(scale: float) -> Callable[[Trial], None] | None:
+            if on_trial is None:
+                return None
+
+            def tag(trial: Trial) -> None:
+                trial.latency_scale = scale
+                on_trial(trial)
+            return tag
+
         ends = {name: _capacity(with_latency_scale(scenario, scale), targets, replications,
                                 precision=precision, confidence=confidence,
-                                max_steps=max_steps, run=run, on_trial=on_trial,
+                                max_steps=max_steps, run=run, on_trial=tagged(scale),
                                 on_rate=on_rate)
                 for name, scale in (("slow", 1 + band), ("fast", 1 - band))}
         result["band"] = {"band": band, **{
@@ -264,7 +273,7 @@ def latency_band(scenario: Scenario) -> tuple[float, bool]:
         cfg = pool.replica
         if cfg.latency.kind != "roofline":
             return 0.0, False
-        errors.append(cfg.calibration.band(cfg.gpu_spec.name))
+        errors.append(cfg.calibration.band(cfg.measured_gpu))
     return max(e[0] for e in errors), any(e[1] for e in errors)
 
 

@@ -47,9 +47,11 @@ class CapacityLog:
 
     def _write_trials(self) -> None:
         rows = [{"seed": t.seed, "rate": t.rate, "qps": t.qps, "ok": t.ok,
-                 "overload": t.verdict, **t.metrics_s, "violations": "; ".join(t.violations)}
+                 "overload": t.verdict, **t.metrics_s, "violations": "; ".join(t.violations),
+                 "latency_scale": t.latency_scale}
                 for t in self.trials]
-        columns = ["seed", "rate", "qps", "ok", "overload", *TARGETS, "violations"]
+        columns = ["seed", "rate", "qps", "ok", "overload", *TARGETS, "violations",
+                   "latency_scale"]
         replace_text(self.out_dir / TRIALS_FILE,
                  pd.DataFrame(rows, columns=columns).to_csv(index=False))
 

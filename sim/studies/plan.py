@@ -90,6 +90,7 @@ class Kind:
         if self.ratio is None:
             out["cluster.replicas"] = units
         else:
+            out["cluster.replicas"] = 1  # (the pools say how many)
             out["cluster.prefill"] = {"replicas": units * self.ratio.prefill}
             out["cluster.decode"] = {"replicas": units * self.ratio.decode}
         return out
@@ -134,18 +135,22 @@ class KindResult:
 def kinds(plan: Plan) -> list[Kind]:
     """Every kind the search space names, colocated then by ratio."""
     cfg, base = plan.config.search, plan.base.replica
-    gpus = cfg.gpus or [GPUChoice(name=base.gpu_spec.name)]
-    out = []
+    gpus = cfg.gpus or [GPUChoice(name=base.measured_gpu,
+                                  cost_per_gpu_hour=None if isinstance(base.gpu, str)
+                                  else base.gpu_spec.cost_per_gpu_hour)]
+    out: list[Kind] = []
     for gpu in gpus:
-        for tp in cfg.tensor:
-            for pp in cfg.pipeline:
-                for quant in cfg.quantization:
+        for tp in cfg.tensor or [base.parallelism.tensor]:
+            for pp in cfg.pipeline or [base.parallelism.pipeline]:
+                for quant in cfg.quantization or [base.quantization]:
                     for sched in cfg.schedulers:
                         ratios: list[Ratio | None] = [None] if cfg.colocated else []
                         ratios += list(cfg.disaggregated)
                         for ratio in ratios:
-                            out.append(Kind(gpu, tp, pp, quant, tuple(sorted(sched.items())),
-                                            ratio))
+                            kind = Kind(gpu, tp, pp, quant, tuple(sorted(sched.items())),
+                                        ratio)
+                            if kind not in out:  # (a choice listed twice, searched once)
+                                out.append(kind)
     return out
 
 
@@ -183,6 +188,8 @@ def judge(summary: dict[str, Any], slo: dict[str, float]) -> tuple[bool, str,
     if requests["rejected"]:
         reasons = ", ".join(requests.get("rejected_reasons", {}))
         why.append(f"rejects {requests['rejected']} requests ({reasons})")
+    if requests.get("failed"):  # clients that gave up (workload.timeout_s)
+        why.append(f"{requests['failed']} requests failed (their clients gave up)")
     verdict = (summary.get("overload") or {}).get("verdict", "unknown")
     if verdict == "overloaded":
         why.insert(0, "overloaded")
@@ -216,11 +223,11 @@ class Searcher:
             self.knob_per_qps = 1.0
         else:
             self.knob = "workload.rate_scale"
-            qps = trace_qps(base)
+            qps = trace_qps(base)  # (at rate scale 1)
             if not qps > 0:
                 raise InputError(plan.path, "base.workload", workload.format,
                                  "its requests arrive at one instant: no rate to scale")
-            self.knob_per_qps = base.workload.rate_scale / qps
+            self.knob_per_qps = 1.0 / qps
 
     def evaluate(self, kind: Kind, units: int, role: str, *, load_fraction: float = 1.0,
                  scale: float = 1.0, seed: int | None = None,
@@ -330,9 +337,9 @@ class Searcher:
             result.evaluations.append(ev)
             return ev.ok
 
-        k = _smallest(probe, limit)
-        if k is None:
-            return
+        # One replica failing at 1/limit of the load: the cluster of `limit` may still hold
+        # (a router pools the load), so it is run all the same.
+        k = _smallest(probe, limit) or limit
         self._verify(kind, result, k, limit)
 
     def _units(self, kind: Kind, result: KindResult) -> None:

@@ -24,7 +24,7 @@ def band_for(plan: Plan, result: KindResult) -> tuple[float, bool]:
     calibration's on the GPU it measured, wider elsewhere; or the plan's own), and whether
     its GPU is one the calibration did not measure."""
     cfg = plan.scenario(result.kind.changes(1)).replica
-    band, extrapolated = cfg.calibration.band(cfg.gpu_spec.name)
+    band, extrapolated = cfg.calibration.band(cfg.measured_gpu)
     given = plan.config.band
     if given == "none":
         return 0.0, extrapolated
@@ -55,44 +55,58 @@ def answer(plan: Plan, searcher: Searcher, results: list[KindResult],
     if not passing:
         return {"chosen": None, "why": "no deployment searched holds the SLOs at the target "
                                        "load (raise search.max_replicas, or widen the search)"}
-    # The cheapest, re-run with every seed; a replica (unit) more while one of them fails.
-    result, nominal = passing[0]
-    units, raised = nominal.units, []
-    while True:
-        # (the base's seed: the cluster run itself, cached where the search made it)
-        seeds = [run(result, units, "cluster" if i == 0 else "seed", seed=plan.base.seed + i)
-                 for i in range(plan.config.seeds)]
-        failed = [f"seed {ev.seed}: {ev.why}" for ev in seeds if not ev.ok]
-        if not failed or units >= nominal.units + MAX_EXTRA:
+    # The cheapest re-run with every seed, a replica (unit) more while one of them fails;
+    # the next ones too while they may still be cheaper than that.
+    picks: list[tuple[bool, float, int, KindResult, int, list[Evaluation], list[str],
+                      list[str]]] = []
+    for order, (result, nominal) in enumerate(passing):
+        holding = [p for p in picks if not p[0]]
+        if holding and objective(plan, nominal) > min(p[1] for p in holding):
             break
-        raised.append(f"{units} units: {failed[0]}")
-        units += 1
+        units, raised = nominal.units, []
+        while True:
+            # (the base's seed: the cluster run itself, cached where the search made it)
+            seeds = [run(result, units, "cluster" if i == 0 else "seed",
+                         seed=plan.base.seed + i) for i in range(plan.config.seeds)]
+            failed = [f"seed {ev.seed}: {ev.why}" for ev in seeds if not ev.ok]
+            if not failed or units >= nominal.units + MAX_EXTRA:
+                break
+            raised.append(f"{units} units: {failed[0]}")
+            units += 1
+        picks.append((bool(failed), objective(plan, seeds[0]), order, result, units, seeds,
+                      raised, failed))
+    # Every seed held first, then the cheapest, then the search's order (margins on ties).
+    _, _, _, result, units, seeds, raised, failed = min(picks, key=lambda p: p[:3])
     chosen = seeds[0]
+    others = [(r, ev.units) for r, ev in passing if r is not result][:NUM_DECIDING - 1]
     deciding = []
-    for kind_result, units_checked in [(result, units)] + [(r, ev.units)
-                                                           for r, ev in passing[1:NUM_DECIDING]]:
+    for kind_result, units_checked in [(result, units), *others]:
         band, extrapolated = band_for(plan, kind_result)
-        ev = kind_result.evaluations[-1] if kind_result is result else kind_result.best()
-        assert ev is not None
         check: dict[str, Any] = {"kind": kind_result.kind.label(), "units": units_checked,
                                  "replicas": kind_result.kind.replicas(units_checked),
                                  "band": band, "extrapolated": extrapolated}
         if band > 0:
             slow = units_checked
-            while not (held := run(kind_result, slow, "slow_end", scale=1 + band).ok):
+            while not (held := run(kind_result, slow, "slow_end", scale=1 + band)).ok:
                 if slow >= units_checked + MAX_EXTRA:
                     break
                 slow += 1
-            check["units_at_slow_end"] = slow if held else None
-            check["holds_across_band"] = held and slow == units_checked
+            check["units_at_slow_end"] = slow if held.ok else None
+            check["replicas_at_slow_end"] = kind_result.kind.replicas(slow) if held.ok else None
+            check["objective_at_slow_end"] = objective(plan, held) if held.ok else None
+            check["holds_across_band"] = held.ok and slow == units_checked
             check["fewer_hold_at_fast_end"] = (
                 units_checked > 1
                 and run(kind_result, units_checked - 1, "fast_end", scale=1 - band).ok)
         deciding.append(check)
-    robust = [c for c in deciding if c.get("holds_across_band", True)]
+    # The cheapest of those that holds at the band's slow end, at the size it needs there.
+    robust = sorted((c for c in deciding if c.get("objective_at_slow_end") is not None),
+                    key=lambda c: c["objective_at_slow_end"])
     robust_choice = None
     if robust:
-        robust_choice = robust[0]["kind"] + f" x {robust[0]['replicas']}"
+        robust_choice = f"{robust[0]['kind']} x {robust[0]['replicas_at_slow_end']}"
+    elif all(not c["band"] for c in deciding):
+        robust_choice = f"{chosen.kind} x {chosen.replicas}"
     return {
         "chosen": {"kind": chosen.kind, "units": chosen.units, "replicas": chosen.replicas,
                    "num_gpus": chosen.num_gpus, "usd_per_hour": chosen.usd_per_hour,

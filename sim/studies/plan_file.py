@@ -14,7 +14,7 @@ must meet, and the deployments to search::
       tensor: [1, 2, 4, 8]
       pipeline: [1]
       quantization: [none, fp8]
-      schedulers: [{token_budget: 2048}, {token_budget: 8192}]   # changes to base's scheduler
+      schedulers: [{max_num_batched_tokens: 2048}, {max_num_batched_tokens: 8192}]  # changes
       disaggregated: [{prefill: 1, decode: 1}, {prefill: 1, decode: 2}]   # P:D ratios, too
       max_replicas: 32
     band: auto                   # check the answer at iteration times scaled by 1 -/+ band
@@ -68,10 +68,6 @@ class Ratio(Frozen):
     decode: int = Field(ge=1, le=64)
 
 
-def _no_quantization() -> list[Literal["none", "fp8"]]:
-    return ["none"]
-
-
 def _base_scheduler() -> list[dict[str, Any]]:
     return [{}]
 
@@ -79,10 +75,12 @@ def _base_scheduler() -> list[dict[str, Any]]:
 class PlanSearch(Frozen):
     gpus: list[GPUChoice] = Field(default_factory=list, max_length=20,
                                   description="GPUs to try; none: the base's")
-    tensor: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=8)
-    pipeline: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=8)
-    quantization: list[Literal["none", "fp8"]] = Field(default_factory=_no_quantization,
-                                                       min_length=1, max_length=2)
+    tensor: list[int] | None = Field(None, min_length=1, max_length=8,
+                                     description="none: the base's")
+    pipeline: list[int] | None = Field(None, min_length=1, max_length=8,
+                                       description="none: the base's")
+    quantization: list[Literal["none", "fp8"]] | None = Field(
+        None, min_length=1, max_length=2, description="none: the base's")
     schedulers: list[dict[str, Any]] = Field(
         default_factory=_base_scheduler, min_length=1, max_length=20,
         description="changes to the base's scheduler, one per choice")
@@ -101,7 +99,9 @@ class PlanSearch(Frozen):
 
     @field_validator("tensor", "pipeline")
     @classmethod
-    def _sizes(cls, value: list[int]) -> list[int]:
+    def _sizes(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return None
         bad = [v for v in value if not 1 <= v <= MAX_GPUS_PER_REPLICA]
         if bad:
             raise ValueError(f"{bad[0]}: each in [1, {MAX_GPUS_PER_REPLICA}]")
@@ -190,6 +190,16 @@ class Plan:
             if gpu.name not in GPUS.names():
                 raise InputError(path, f"search.gpus.{i}", gpu.name,
                                  f"no such GPU; known: {', '.join(GPUS.names())}")
+        if self.base.clients is not None:
+            raise InputError(path, "base.clients", self.base.clients.model_dump(),
+                             "a plan holds an open-loop load (target_qps); clients cap or set "
+                             "the rate themselves: leave them out of the base")
+        for i, change in enumerate(self.config.search.schedulers):
+            try:
+                self.scenario({f"replica.scheduler.{k}": v for k, v in change.items()})
+            except InputError as exc:
+                raise InputError(path, f"search.schedulers.{i}", change,
+                                 exc.one_line().split(": ", 2)[-1]) from None
         if self.base.cluster.prefill is not None:
             raise InputError(path, "base.cluster", "prefill/decode",
                              "the plan makes the cluster: give a base with one replica kind "

@@ -68,11 +68,12 @@ def run_plan(plan: Plan, out_dir: Path, *, workers: int = 1,
 
     def dominated(kind: Kind, best: float) -> KindResult | None:
         cost = unit_cost(plan, kind)
-        if cost < best or plan.config.objective == "load_per_dollar":
+        # (a tie is searched: the answer breaks ties by margin)
+        if cost <= best or plan.config.objective == "load_per_dollar":
             return None
         what = "USD an hour" if plan.config.objective == "cost" else "GPUs"
         return KindResult(kind, refused=f"dominated: one {'unit' if kind.ratio else 'replica'} "
-                                        f"already takes {cost:,.4g} {what}, no less than the "
+                                        f"already takes {cost:,.4g} {what}, more than the "
                                         f"best deployment of a cheaper kind ({best:,.4g})")
 
     done: dict[Kind, KindResult] = {}

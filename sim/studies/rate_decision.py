@@ -78,10 +78,14 @@ class Trial:
     cost: dict[str, Any] = field(default_factory=dict)  # the run's summary["cost"]
     # by target field, only where the value is censored: its lower bound (the best case)
     lower_s: dict[str, float] = field(default_factory=dict)
+    # Iteration times' scale: 1, or an end of the latency model's error band (`--band`).
+    latency_scale: float = 1.0
 
     def line(self, targets: SLOTargets) -> str:
         """E.g. `seed 0, rate 12.5 req/s: violates P99 TBT 61 ms > 50 ms`."""
         head = f"seed {self.seed}, rate {self.qps:.4g} req/s"
+        if self.latency_scale != 1.0:
+            head += f", iteration times x{self.latency_scale:g}"
         if self.violations:
             return f"{head}: violates {'; '.join(self.violations)}"
         given = targets.given()  # met: name the target it came closest to
