@@ -48,8 +48,8 @@ def plan(
             line = (f"one {'unit' if result.kind.ratio else 'replica'} holds "
                     f"{result.capacity_qps or 0:.4g} req/s ({len(result.evaluations)} runs)")
         elif ev is None:
-            line = ("[red]no deployment up to search.max_replicas holds[/] "
-                    f"({len(result.evaluations)} runs)")
+            line = ("[red]no deployment holds[/] up to search.max_replicas or 1.5x the best "
+                    f"cost found so far ({len(result.evaluations)} runs)")
         else:
             line = (f"[green]{ev.replicas} replica{'s' if ev.replicas != 1 else ''}, "
                     f"{ev.num_gpus} GPUs hold[/], {_usd(ev.usd_per_hour)}/h "
@@ -101,6 +101,11 @@ def check_plan_dir(out: Path) -> None:
     replace_text(out / PLAN_MARKER, json.dumps({"kind": "servesim plan"}) + "\n")
 
 
+def _cost(value: float) -> str:
+    """A cost bound as the table shows it (USD, or GPUs for `objective: gpus`)."""
+    return f"${value:,.0f}/h" if value >= 100 else f"${value:,.2f}/h"
+
+
 def _usd(value: float | None) -> str:
     return "-" if value is None or math.isinf(value) else f"${value:,.2f}"
 
@@ -113,6 +118,9 @@ def kinds_table(results: list[Any]) -> Table:
         ev = result.best()
         if result.refused is not None:
             table.add_row(result.kind.label(), "[dim]refused[/]", "", "", "0")
+        elif ev is None and result.beyond is not None:
+            table.add_row(result.kind.label(), f"> {_cost(result.beyond)}", "", "",
+                          str(len(result.evaluations)))
         elif ev is None:
             table.add_row(result.kind.label(), "[red]none holds[/]", "", "",
                           str(len(result.evaluations)))

@@ -171,6 +171,8 @@ def _plan(plan_dir: Path) -> list[str]:
               for line in answer_lines(None, record["answer"])]
     limit = record["plan"]["search"]["max_replicas"]
     rows = [(k["kind"], k["refused"] or ("" if k["best"] else
+                                         f"costs more than {k['beyond']:,.4g} (1.5x the best)"
+                                         if k.get("beyond") else
                                          f"none holds up to {limit} replicas"),
              *((k["best"]["replicas"], k["best"]["num_gpus"], k["best"]["usd_per_hour"])
                if k["best"] else ("-", "-", "-")), k["runs"])

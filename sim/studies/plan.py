@@ -126,6 +126,8 @@ class KindResult:
     units: int | None = None  # the smallest deployment verified at the target, if any
     seconds: float = 0.0
     capacity_qps: float | None = None  # load_per_dollar: the most one replica (unit) holds
+    # None, or the cost (USD an hour, or GPUs) beyond which this kind was not searched
+    beyond: float | None = None
 
     def best(self) -> Evaluation | None:
         return next((e for e in self.evaluations if e.role == "cluster" and e.ok
@@ -210,6 +212,7 @@ class Searcher:
     def __init__(self, plan: Plan, out_dir: Path) -> None:
         self.plan = plan
         self.out_dir = out_dir
+        self._max_units: int | None = None
         base = plan.base
         if base.clients is not None and not base.clients.paced:
             raise InputError(plan.path, "base.clients.paced", False,
@@ -279,8 +282,11 @@ class Searcher:
             return exc.one_line()
         return None
 
-    def search(self, kind: Kind) -> KindResult:
+    def search(self, kind: Kind, max_units: int | None = None) -> KindResult:
+        """Search `kind` (module docstring), no larger than `max_units` where given (larger
+        ones would cost more than the plan cares to look at: `plan_run.COST_REACH`)."""
         start = time.perf_counter()
+        self._max_units = max_units
         result = KindResult(kind, refused=self.precheck(kind))
         if result.refused is None:
             try:
@@ -329,8 +335,11 @@ class Searcher:
                 hi = mid
         return lo
 
+    def _limit(self, units: int) -> int:
+        return units if self._max_units is None else min(units, self._max_units)
+
     def _colocated(self, kind: Kind, result: KindResult) -> None:
-        limit = self.plan.config.search.max_replicas
+        limit = self._limit(self.plan.config.search.max_replicas)
 
         def probe(k: int) -> bool:
             ev = self.evaluate(kind, k, "probe", load_fraction=1.0 / k)
@@ -344,7 +353,8 @@ class Searcher:
 
     def _units(self, kind: Kind, result: KindResult) -> None:
         assert kind.ratio is not None
-        limit = self.plan.config.search.max_replicas // (kind.ratio.prefill + kind.ratio.decode)
+        limit = self._limit(self.plan.config.search.max_replicas
+                            // (kind.ratio.prefill + kind.ratio.decode))
         if limit < 1:
             result.refused = (f"one unit of {kind.ratio.prefill}:{kind.ratio.decode} is more "
                               "than search.max_replicas replicas")

@@ -205,7 +205,7 @@ def write_outputs(plan: Plan, out_dir: Path, results: list[KindResult],
         "target_qps": plan.config.target_qps, "objective": plan.config.objective,
         "answer": answer_,
         "kinds": [{"kind": r.kind.label(), "refused": r.refused, "units": r.units,
-                   "capacity_qps": r.capacity_qps,
+                   "capacity_qps": r.capacity_qps, "beyond": r.beyond,
                    "runs": len(r.evaluations), "seconds": round(r.seconds, 3),
                    "best": None if (ev := r.best()) is None else {
                        "replicas": ev.replicas, "num_gpus": ev.num_gpus,

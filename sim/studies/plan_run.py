@@ -14,6 +14,10 @@ from typing import Any
 from sim.studies.plan import Evaluation, Kind, KindResult, Searcher, kinds
 from sim.studies.plan_file import Plan
 
+# Deployments costing more than this many times the best found are not searched for: the
+# answer, and the cheapest alternatives checked across the error band, lie below it.
+COST_REACH = 1.5
+
 _SEARCHER: Searcher | None = None
 
 
@@ -25,9 +29,9 @@ def _init_worker(plan: Plan, out_dir: Path) -> None:
     _SEARCHER = Searcher(plan, out_dir)
 
 
-def _search_in_worker(kind: Kind) -> KindResult:
+def _search_in_worker(kind: Kind, max_units: int | None) -> KindResult:
     assert _SEARCHER is not None
-    return _SEARCHER.search(kind)
+    return _SEARCHER.search(kind, max_units)
 
 
 def unit_cost(plan: Plan, kind: Kind) -> float:
@@ -76,27 +80,43 @@ def run_plan(plan: Plan, out_dir: Path, *, workers: int = 1,
                                         f"already takes {cost:,.4g} {what}, more than the "
                                         f"best deployment of a cheaper kind ({best:,.4g})")
 
+    def max_units(kind: Kind) -> int | None:
+        """The most replicas (units) worth trying: no deployment costing more than
+        COST_REACH times the best so far can be the answer or close to it."""
+        if plan.config.objective == "load_per_dollar" or not math.isfinite(best):
+            return None
+        return max(1, math.floor(best * COST_REACH / unit_cost(plan, kind) + 1e-9))
+
     done: dict[Kind, KindResult] = {}
     if workers <= 1:
         for kind in todo:
-            finished(dominated(kind, best) or searcher.search(kind))
+            finished(dominated(kind, best) or searcher.search(kind, max_units(kind)))
     else:
-        _run_parallel(plan, out_dir, todo, workers, finished, lambda k: dominated(k, best))
+        _run_parallel(plan, out_dir, todo, workers, finished, lambda k: dominated(k, best),
+                      max_units)
     # The same answer whatever ran at once: a kind is dominated when a cheaper kind's best
     # deployment costs no more than one of its replicas (one searched while that was not yet
-    # known is set aside, its runs cached).
+    # known is set aside, its runs cached); a kind whose smallest deployment found costs more
+    # than COST_REACH times the best is reported as such (a search started with the best
+    # known would have stopped there).
     results, best = [], math.inf
     for kind in todo:
         result = dominated(kind, best) or done[kind]
         results.append(result)
         if (ev := result.best()) is not None:
             best = min(best, objective(plan, ev))
+    for result in results:
+        ev = result.best()
+        if result.refused is None and (ev is None or objective(plan, ev) > best * COST_REACH):
+            result.units = None
+            result.beyond = best * COST_REACH if math.isfinite(best) else None
     return results
 
 
 def _run_parallel(plan: Plan, out_dir: Path, todo: list[Kind], workers: int,
                   finished: Callable[[KindResult], None],
-                  dominated: Callable[[Kind], KindResult | None]) -> None:
+                  dominated: Callable[[Kind], KindResult | None],
+                  max_units: Callable[[Kind], int | None]) -> None:
     """Search `todo` in order on `workers` processes; a kind dominated by the results so far
     is not started."""
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
@@ -110,7 +130,7 @@ def _run_parallel(plan: Plan, out_dir: Path, todo: list[Kind], workers: int,
                 if (refused := dominated(kind)) is not None:
                     finished(refused)
                     continue
-                pending[pool.submit(_search_in_worker, kind)] = kind
+                pending[pool.submit(_search_in_worker, kind, max_units(kind))] = kind
             if not pending:
                 continue
             ready, _ = wait(pending, return_when=FIRST_COMPLETED)
