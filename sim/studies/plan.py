@@ -41,7 +41,7 @@ from sim.config.errors import InputError
 from sim.config.scenario import Scenario
 from sim.results.fingerprint import scenario_key
 from sim.results.outdir import replace_text
-from sim.studies.plan_file import METRICS, SLO_KEY, GPUChoice, Plan, Ratio, slo_label
+from sim.studies.plan_file import GPUChoice, Plan, Ratio, judge
 from sim.workloads.load import rate_knob, trace_qps
 
 LOAD_PRECISION = 0.05  # load_per_dollar: a kind's most load, to within this share
@@ -154,56 +154,6 @@ def kinds(plan: Plan) -> list[Kind]:
                             if kind not in out:  # (a choice listed twice, searched once)
                                 out.append(kind)
     return out
-
-
-def judge(summary: dict[str, Any], slo: dict[str, float]) -> tuple[bool, str,
-                                                                    dict[str, float | None]]:
-    """(every target met, why not, each target's measured value) for a run's summary."""
-    values: dict[str, float | None] = {}
-    why = []
-    for key, target in slo.items():
-        if key == "attainment":
-            value = (summary.get("slo") or {}).get("all_attainment")
-            values[key] = value
-            if value is None or value < target:
-                why.append(f"SLO attainment {_pct(value)} < {_pct(target)}")
-            continue
-        match = SLO_KEY.match(key)
-        assert match is not None
-        metric, stat = match.groups()
-        finished, arrived = METRICS[metric]
-        dist = summary.get(arrived) if arrived else None
-        if dist and dist.get(stat) is not None:
-            value = dist[stat]
-            if (dist.get("is_lower_bound") or {}).get(stat):  # censored: its worst case
-                worst = (dist.get("at_most") or {}).get(stat)
-                value = math.inf if worst is None else worst
-        else:
-            value = summary[finished].get(stat)
-        values[key] = value
-        if value is None:
-            if metric != "tbt":  # no request with two tokens: no gap to miss
-                why.append(f"no {slo_label(key)}")
-        elif value > target:
-            why.append(f"{slo_label(key)} {_ms(value)} > {_ms(target)}")
-    requests = summary["requests"]
-    if requests["rejected"]:
-        reasons = ", ".join(requests.get("rejected_reasons", {}))
-        why.append(f"rejects {requests['rejected']} requests ({reasons})")
-    if requests.get("failed"):  # clients that gave up (workload.timeout_s)
-        why.append(f"{requests['failed']} requests failed (their clients gave up)")
-    verdict = (summary.get("overload") or {}).get("verdict", "unknown")
-    if verdict == "overloaded":
-        why.insert(0, "overloaded")
-    return not why, "; ".join(why), values
-
-
-def _ms(value_s: float) -> str:
-    return "unbounded" if math.isinf(value_s) else f"{value_s * 1e3:,.4g} ms"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 class Searcher:

@@ -25,6 +25,7 @@ The search itself: `sim.studies.plan`.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -224,3 +225,53 @@ class Plan:
         for dotted, value in changes.items():
             data = set_path(data, dotted, value, self._defaults)
         return parse_scenario(data, self.source, self.base_dir)
+
+
+def judge(summary: dict[str, Any], slo: dict[str, float]) -> tuple[bool, str,
+                                                                    dict[str, float | None]]:
+    """(every target met, why not, each target's measured value) for a run's summary."""
+    values: dict[str, float | None] = {}
+    why = []
+    for key, target in slo.items():
+        if key == "attainment":
+            value = (summary.get("slo") or {}).get("all_attainment")
+            values[key] = value
+            if value is None or value < target:
+                why.append(f"SLO attainment {_pct(value)} < {_pct(target)}")
+            continue
+        match = SLO_KEY.match(key)
+        assert match is not None
+        metric, stat = match.groups()
+        finished, arrived = METRICS[metric]
+        dist = summary.get(arrived) if arrived else None
+        if dist and dist.get(stat) is not None:
+            value = dist[stat]
+            if (dist.get("is_lower_bound") or {}).get(stat):  # censored: its worst case
+                worst = (dist.get("at_most") or {}).get(stat)
+                value = math.inf if worst is None else worst
+        else:
+            value = summary[finished].get(stat)
+        values[key] = value
+        if value is None:
+            if metric != "tbt":  # no request with two tokens: no gap to miss
+                why.append(f"no {slo_label(key)}")
+        elif value > target:
+            why.append(f"{slo_label(key)} {_ms(value)} > {_ms(target)}")
+    requests = summary["requests"]
+    if requests["rejected"]:
+        reasons = ", ".join(requests.get("rejected_reasons", {}))
+        why.append(f"rejects {requests['rejected']} requests ({reasons})")
+    if requests.get("failed"):  # clients that gave up (workload.timeout_s)
+        why.append(f"{requests['failed']} requests failed (their clients gave up)")
+    verdict = (summary.get("overload") or {}).get("verdict", "unknown")
+    if verdict == "overloaded":
+        why.insert(0, "overloaded")
+    return not why, "; ".join(why), values
+
+
+def _ms(value_s: float) -> str:
+    return "unbounded" if math.isinf(value_s) else f"{value_s * 1e3:,.4g} ms"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.studies.plan import _smallest, judge
+from sim.studies.plan import _smallest
+from sim.studies.plan_file import judge
 from tests.helpers import assert_one_line_error, run_cli, run_cli_out
 
 BASE = {"name": "small", "seed": 0,
