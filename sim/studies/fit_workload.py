@@ -30,7 +30,7 @@ import numpy as np
 from sim.config.errors import InputError
 from sim.config.scenario import Scenario
 from sim.workloads.load import load_workload
-from sim.workloads.sessions import continuations
+from sim.workloads.sessions import chains, continuations
 
 MIN_REQUESTS = 20  # fewer cannot tell a distribution's shape
 POISSON_CV_TOLERANCE = 0.1  # gaps' CV within this of 1: Poisson
@@ -171,7 +171,7 @@ def _fit_sessions(trace: Any, before: np.ndarray) -> dict[str, Any]:
     """A `prefix` workload for a trace with sessions (module docstring)."""
     size = trace.hash_block_tokens
     prompt, output = trace.num_prompt_tokens, trace.num_output_tokens
-    root = _roots(before)
+    root, _ = chains(before)
     first = before < 0
     turns = np.bincount(root, minlength=len(before))[first]
     continued = ~first
@@ -194,15 +194,6 @@ def _fit_sessions(trace: Any, before: np.ndarray) -> dict[str, Any]:
         workload.update(system_prompt_tokens=system_tokens, num_groups=num_groups,
                         shared_fraction=round(shared_fraction, 4))
     return workload
-
-
-def _roots(before: np.ndarray) -> np.ndarray:
-    """Each request's session: the first request of its chain of continuations (`before`
-    points earlier, so one pass in order resolves it)."""
-    root = np.arange(len(before))
-    for j in np.flatnonzero(before >= 0).tolist():
-        root[j] = root[before[j]]
-    return root
 
 
 def _system_prompt(ids: list[tuple[int, ...]], prompt: np.ndarray, size: int
@@ -298,9 +289,7 @@ def session_shape(hash_ids: list[tuple[int, ...]], arrival_s: np.ndarray,
     one, turns per session (P50, max) and the gap between a turn's arrival and its
     continuation's (P50)."""
     before = continuations(hash_ids, num_prompt_tokens)
-    turns = np.ones(len(hash_ids), dtype=np.int64)
-    for j in np.flatnonzero(before >= 0).tolist():
-        turns[j] = turns[before[j]] + 1
+    turns = chains(before)[1] + 1
     is_last = np.ones(len(hash_ids), dtype=bool)
     is_last[before[before >= 0]] = False
     continued = before >= 0

@@ -67,6 +67,18 @@ def continuations(hash_ids: list[tuple[int, ...]],
     return before
 
 
+def chains(before: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's session (the index of the first request of its chain of
+    continuations) and its turn in it (from 0); `before` points earlier, so one pass in order
+    resolves both."""
+    root = np.arange(len(before), dtype=np.int64)
+    turn = np.zeros(len(before), dtype=np.int64)
+    for j in np.flatnonzero(before >= 0).tolist():
+        root[j] = root[before[j]]
+        turn[j] = turn[before[j]] + 1
+    return root, turn
+
+
 def with_trace_sessions(workload: Workload, config: WorkloadConfig,
                         sessions: TraceSessionsConfig) -> Workload:
     """`workload` (a selected trace, in arrival order) with the sessions its prefix ids show."""
@@ -75,11 +87,7 @@ def with_trace_sessions(workload: Workload, config: WorkloadConfig,
                          f"the {config.format} trace has no prefix ids (hash_ids) to find "
                          "sessions in")
     before = continuations(workload.hash_ids, workload.num_prompt_tokens)
-    session = np.arange(len(before), dtype=np.int64)
-    turn = np.zeros(len(before), dtype=np.int64)
-    for j in np.flatnonzero(before >= 0).tolist():
-        session[j] = session[before[j]]
-        turn[j] = turn[before[j]] + 1
+    session, turn = chains(before)
     # Sessions numbered by their first request, in arrival order.
     _, session = np.unique(session, return_inverse=True)
     delay_s = np.where(before >= 0, sessions.think_time_s, 0.0)
