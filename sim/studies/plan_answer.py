@@ -20,11 +20,12 @@ MAX_EXTRA = 3  # replicas (units) added at the band's slow end, at most
 
 
 def band_for(plan: Plan, result: KindResult) -> tuple[float, bool]:
-    """(fraction, extrapolated): the error band of `result`'s kind (`plan.band`: the engine
-    calibration's on the GPU it measured, wider elsewhere; or the plan's own), and whether
-    its GPU is one the calibration did not measure."""
-    cfg = plan.scenario(result.kind.changes(1)).replica
-    band, extrapolated = cfg.calibration.band(cfg.measured_gpu)
+    """(fraction, extrapolated): the error band of `result`'s kind (`plan.band`: as
+    `servesim capacity` takes it, `latency_band`; or the plan's own), and whether its GPU is
+    one the calibration did not measure."""
+    from sim.studies.capacity import latency_band
+
+    band, extrapolated = latency_band(plan.scenario(result.kind.changes(1)))
     given = plan.config.band
     if given == "none":
         return 0.0, extrapolated
