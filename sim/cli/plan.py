@@ -45,8 +45,11 @@ def plan(
         if result.refused is not None:
             line = f"[dim]refused: {result.refused}[/]"
         elif loaded.config.objective == "load_per_dollar":
-            line = (f"one {'unit' if result.kind.ratio else 'replica'} holds "
-                    f"{result.capacity_qps or 0:.4g} req/s ({len(result.evaluations)} runs)")
+            what = f"one {'unit' if result.kind.ratio else 'replica'}"
+            lowest = min((e.load_qps for e in result.evaluations if e.load_qps), default=0.0)
+            line = (f"{what} holds {result.capacity_qps:.4g} req/s" if result.capacity_qps else
+                    f"[red]{what} fails[/] even at {lowest:.4g} req/s, the lowest load tried")
+            line += f" ({len(result.evaluations)} runs)"
         elif ev is None:
             line = ("[red]no deployment holds[/] up to search.max_replicas or 1.5x the best "
                     f"cost found so far ({len(result.evaluations)} runs)")
@@ -76,7 +79,8 @@ def plan(
     runs = [ev for r in results for ev in r.evaluations]
     candidates = sum(loaded.config.search.max_replicas // r.kind.replicas(1) for r in results)
     refused = sum(r.refused is not None for r in results)
-    space = (f"{len(results)} kinds" if loaded.config.objective == "load_per_dollar"
+    num_kinds = f"{len(results)} kind{'s' if len(results) != 1 else ''}"
+    space = (num_kinds if loaded.config.objective == "load_per_dollar"
              else f"{candidates:,} candidate deployments ({len(results)} kinds x sizes)")
     console.print(f"{space}; "
                   f"{refused} kind{'s' if refused != 1 else ''} refused unsimulated; "

@@ -45,7 +45,10 @@ from sim.studies.plan_file import GPUChoice, Plan, Ratio, judge
 from sim.workloads.load import rate_knob, trace_qps
 
 LOAD_PRECISION = 0.05  # load_per_dollar: a kind's most load, to within this share
-MAX_DOUBLINGS = 20  # of the starting load, up or down: a millionfold either way
+MAX_DOUBLINGS = 20  # of the starting load, upwards: a millionfold
+# Downwards, a kind failing at 1/64 of the starting load is not worth more runs: it holds less
+# than that (load_per_dollar's answer lies far above), so the search stops there.
+MAX_HALVINGS = 6
 
 
 @dataclass(frozen=True)
@@ -253,8 +256,8 @@ class Searcher:
 
     def max_load(self, kind: Kind, result: KindResult, scale: float = 1.0) -> float:
         """The most load one replica (or P:D unit) of `kind` holds, to LOAD_PRECISION:
-        doubling from the plan's starting load while it holds (halving while it fails), then
-        bisecting; 0 where even the lowest load tried fails."""
+        doubling from the plan's starting load while it holds (halving while it fails, at most
+        MAX_HALVINGS times), then bisecting; 0 where even the lowest load tried fails."""
         role = "capacity" if scale == 1.0 else ("slow_end" if scale > 1 else "fast_end")
 
         def holds(qps: float) -> bool:
@@ -264,7 +267,8 @@ class Searcher:
 
         lo, hi = 0.0, math.inf
         qps = self.plan.start_qps
-        for _ in range(MAX_DOUBLINGS):
+        halvings = 0
+        for _ in range(MAX_DOUBLINGS + MAX_HALVINGS):
             if holds(qps):
                 lo = qps
                 if hi < math.inf:
@@ -272,9 +276,10 @@ class Searcher:
                 qps *= 2
             else:
                 hi = qps
-                if lo > 0:
+                if lo > 0 or halvings == MAX_HALVINGS:
                     break
                 qps /= 2
+                halvings += 1
         if lo == 0.0 or hi == math.inf:
             return lo
         while (hi - lo) > LOAD_PRECISION * hi:

@@ -278,6 +278,26 @@ def test_the_most_load_per_dollar(tmp_path, monkeypatch, capsys):
     assert_one_line_error(code, err, "target_qps", "needed by objective cost")
 
 
+def test_a_kind_failing_far_below_the_start_stops_there(tmp_path, monkeypatch, capsys):
+    from sim.studies.plan import MAX_HALVINGS
+
+    # A first token within 1 ms: no load is light enough. The search halves the load
+    # MAX_HALVINGS times, not a millionfold, and says where it stopped.
+    path = write_plan(tmp_path, objective="load_per_dollar", slo={"ttft_p50_s": 0.001},
+                      search={"tensor": [1]}, band="none", seeds=1, target_qps=8)
+    out = tmp_path / "out"
+    code, printed = run_cli_out(monkeypatch, capsys, "plan", str(path), "--out", str(out),
+                                "--workers", "1")
+    table = pd.read_csv(out / "candidates.csv")
+    runs = table[table["role"] == "capacity"]
+    assert len(runs) == MAX_HALVINGS + 1 and not runs["ok"].any()
+    assert sorted(runs["load_qps"]) == [8 / 2**i for i in range(MAX_HALVINGS, -1, -1)]
+    assert "fails even at 0.125 req/s, the lowest load tried (7 runs)" in " ".join(
+        printed.split())
+    assert code == 0 and "no kind holds the SLOs at any load tried" in printed
+    assert "1 kind; 0 kinds refused unsimulated; 7 runs" in " ".join(printed.split())
+
+
 def test_a_trace_is_sent_at_the_target_whatever_its_rate_scale(tmp_path, traces):
     from sim.studies.plan import Searcher, kinds
     from sim.studies.plan_file import Plan
