@@ -254,7 +254,7 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
     check_fits(scenario, device, dtype)
     kv = kv_cache_for(cfg, model, "replica", scenario.source, scheduler)
     arrivals = mark_after_horizon(requests, scenario.horizon_s)
-    state = ReplicaState(kv)
+    state = ReplicaState(kv, by_priority=scheduler.by_priority)
     executor = Executor(model, kv, device=device, dtype=dtype, seed=scenario.seed,
                         attention=attention)
     executor.warm_up(largest_iteration(scenario), cfg.scheduler.max_num_seqs)

@@ -34,6 +34,10 @@ class Request:
     # that prefix. They may run past the prompt (a generator knows the answer's blocks too).
     hash_ids: tuple[int, ...] | None = None
     hash_block_tokens: int = 0
+    # vLLM's request priority (lower is served first under `scheduling_policy: priority`) and
+    # the request's class (an index into `workload.classes`; -1: none).
+    priority: int = 0
+    request_class: int = -1
 
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_output_tokens: int = 0  # tokens sampled so far

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from sim.core.kv_cache import KVCacheManager, cdiv
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
+from sim.core.waiting import PriorityWaiting
 
 # A request in a pipelined iteration: it, its tokens there, its preemptions when sent, whether
 # it samples at the end (SAMPLES; PLACEHOLDER: and the token counts as sampled already), and
@@ -23,17 +24,20 @@ SAMPLES, PLACEHOLDER = 1, 2
 
 
 class ReplicaState:
-    """Waiting queue (FCFS, preempted requests at the front), running list (admission order), KV."""
+    """Waiting queue (FCFS, preempted requests at the front; or by priority), running list
+    (admission order), KV."""
 
     def __init__(self, kv: KVCacheManager, prefill_only: bool = False,
-                 decode_only: bool = False) -> None:
+                 decode_only: bool = False, by_priority: bool = False) -> None:
         self.kv = kv
         # A prefill replica of a disaggregated cluster: a request leaves `running` after its
         # first token, keeping its KV blocks until the transfer to a decode replica is done.
         self.prefill_only = prefill_only
         # A decode replica of one: requests join `running` as their KV arrives (`join`).
         self.decode_only = decode_only
-        self.waiting: deque[Request] = deque()
+        # By priority (vLLM's priority policy: `sim.core.waiting`), else FCFS.
+        self.waiting: deque[Request] | PriorityWaiting = (
+            PriorityWaiting() if by_priority else deque())
         self.running: list[Request] = []
         self.num_transferring = 0  # handed off, KV still held here
         # Decode side: requests whose blocks are allocated here and whose KV is on its way.
@@ -137,7 +141,8 @@ class ReplicaState:
         return [r for r in maybe if not r.is_caught_up]
 
     def preempt(self, req: Request) -> None:
-        """Preemption by recompute: drop the request's KV and put it back at the queue front."""
+        """Preemption by recompute: drop the request's KV and put it back at the queue front
+        (by priority: where its priority puts it)."""
         self._stop_running(req)
         self.kv.free(req, preempted=True)
         req.num_recomputed_tokens += req.num_computed_tokens

@@ -85,7 +85,8 @@ class Cluster:
         field = "replica" if pool == "colocated" else f"cluster.{pool}.replica"
         latency = make_latency(cfg, model, self.source, field)
         state = ReplicaState(kv_cache_for(cfg, model, field, self.source, scheduler),
-                             prefill_only=pool == "prefill", decode_only=pool == "decode")
+                             prefill_only=pool == "prefill", decode_only=pool == "decode",
+                             by_priority=scheduler.by_priority)
         kind: type[Replica] = Replica
         if self.fast_forward:
             from sim.engine.fastpath.replica import FastReplica  # not needed to step

@@ -81,6 +81,14 @@ class Scheduler(ABC):
         return pipeline_size
 
     @property
+    def by_priority(self) -> bool:
+        """Whether the policy orders its waiting queue, and chooses whom to preempt, by the
+        requests' priorities (vLLM's `--scheduling-policy priority`; `sim.core.waiting`).
+        A policy that does not refuses requests of differing priorities (as vLLM does under
+        FCFS: "Priority scheduling is not enabled")."""
+        return False
+
+    @property
     def output_placeholders(self) -> bool:
         """Whether a request may be scheduled again while the token it samples is in flight
         (vLLM's async scheduling: an output placeholder), rather than wait for it."""
@@ -234,12 +242,30 @@ def preempt_newest(state: ReplicaState, preempted: list[int],
                    scheduled: dict[int, int] | None = None) -> tuple[Request, int]:
     """Preempt the newest running request by recompute (vLLM's victim, and SGLang's as
     modelled here), note it in `preempted` and take its tokens out of `scheduled`; return it
-    and those tokens. The one preemption rule every policy shares."""
+    and those tokens. The one preemption rule every FCFS policy shares."""
     victim = state.running[-1]
+    return victim, preempt(state, victim, preempted, scheduled)
+
+
+def lowest_priority(state: ReplicaState) -> Request:
+    """The victim of vLLM's priority policy: the running request of the highest priority
+    value, the latest arrival among those, the first such in running order
+    (`max(self.running, key=lambda r: (r.priority, r.arrival_time))`), wherever it runs."""
+    return max(state.running, key=_victim_key)
+
+
+def _victim_key(req: Request) -> tuple[int, float]:
+    return (req.priority, req.arrival_s)
+
+
+def preempt(state: ReplicaState, victim: Request, preempted: list[int],
+            scheduled: dict[int, int] | None = None) -> int:
+    """Preempt `victim` by recompute, note it in `preempted` and take its tokens scheduled in
+    this plan back out of `scheduled`; return those tokens."""
     num_tokens = scheduled.pop(victim.request_id, 0) if scheduled is not None else 0
     preempted.append(victim.request_id)
     state.preempt(victim)
-    return victim, num_tokens
+    return num_tokens
 
 
 def any_in_flight(state: ReplicaState) -> bool:

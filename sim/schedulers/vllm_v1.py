@@ -83,7 +83,18 @@ Release by release (`engine_version`; `ENGINE_VERSIONS` below; the golden schedu
 16. Async, a request preempted with a token in flight still gets it when its iteration ends
    (`update_from_output`: "still delivered on return"), and may finish from the queue.
 
-Not modelled: speculative decoding and lookahead slots, encoder inputs, the priority policy,
+17. The priority policy (`scheduling_policy: priority`, vLLM's `--scheduling-policy
+   priority`): the queue is ordered by (priority, arrival, request id), a preempted request
+   going back in that order (`sim.core.waiting`); the running pass's victim is the running
+   request of the highest priority value, the latest arrival among those, wherever it runs
+   (`max(self.running, key=...)`): its tokens already scheduled in this step go back to the
+   budget. Admission never preempts (vLLM's waiting pass does not). Release by release: in
+   0.33.0 a victim that was the request being scheduled lets the pass go on with the next
+   one (`continue`); 0.15.1 ends the pass there, as FCFS does, and steps the pass's index
+   back only for a victim already scheduled in this step (one ahead of the request but
+   skipped, e.g. caught up on a pipeline, makes it skip the request after).
+
+Not modelled: speculative decoding and lookahead slots, encoder inputs,
 KV connectors, structured output, LoRA limits, Mamba or deterministic-caching chunk alignment,
 the running pass's max_model_len cap (such requests are rejected on arrival), 0.33.0's skip of
 a waiting request whose stale output is still in flight (it drains before the next plan in
@@ -100,7 +111,7 @@ from pydantic import Field, model_validator
 from sim.config.errors import invalid
 from sim.core.kv_cache import KVCacheManager, cdiv
 from sim.core.plan import Plan
-from sim.core.request import Request
+from sim.core.request import Request, Status
 from sim.core.state import ReplicaState
 from sim.schedulers.base import (
     SCHEDULERS,
@@ -108,7 +119,8 @@ from sim.schedulers.base import (
     SchedulerConfig,
     admit_waiting,
     any_in_flight,
-    preempt_newest,
+    lowest_priority,
+    preempt,
 )
 
 # vLLM `EngineArgs.get_batch_defaults` (vllm/engine/arg_utils.py): an OpenAI-compatible server on
@@ -131,6 +143,9 @@ class EngineRules:
     # Where freed blocks go in the free queue (`block_pool.py`, `free_blocks`):
     # `sim.core.block_cache`.
     free_order: Literal["lru_block", "fifo_block"]
+    # Rule 17: the priority policy's running pass goes on past a request that preempted
+    # itself, and keeps its place by the victim's position (else: by whether it was scheduled).
+    priority_pass_goes_on: bool
 
 
 # Checked against each release's own scheduler code by the golden schedules (`tools/golden/`).
@@ -139,11 +154,13 @@ ENGINE_VERSIONS: dict[str, EngineRules] = {
     # already on by default (`config/vllm.py`: None -> True with the uni or mp executor); no
     # full-prompt admission check; the threshold always applies (`scheduler.py` ~375).
     "0.15.1": EngineRules(threshold_spares_lone_request=False, reserve_full_isl=None,
-                          async_scheduling=True, free_order="fifo_block"),
+                          async_scheduling=True, free_order="fifo_block",
+                          priority_pass_goes_on=False),
     # `scheduler.py` ~753-763: "When it is the only request there is nobody to starve";
     # `config/scheduler.py`: `scheduler_reserve_full_isl: bool = True`.
     "0.33.0": EngineRules(threshold_spares_lone_request=True, reserve_full_isl=True,
-                          async_scheduling=True, free_order="lru_block"),
+                          async_scheduling=True, free_order="lru_block",
+                          priority_pass_goes_on=True),
 }
 DEFAULT_ENGINE_VERSION = "0.15.1"
 
@@ -179,6 +196,10 @@ class VllmV1Config(SchedulerConfig):
     scheduler_reserve_full_isl: bool | None = Field(
         None, description=("admit a request only if blocks for its whole prompt (after its "
                            "prefix hit) are free; None: the engine version's default"))
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs", description=("vLLM's --scheduling-policy: fcfs, or priority (the queue by "
+                             "request priority, lower first, then arrival; the lowest "
+                             "priority preempted first)"))
 
     @model_validator(mode="before")
     @classmethod
@@ -290,6 +311,10 @@ class VllmV1(Scheduler):
     def output_placeholders(self) -> bool:
         return bool(self.config.async_scheduling)
 
+    @property
+    def by_priority(self) -> bool:
+        return self.config.scheduling_policy == "priority"  # rule 17
+
     def capacity_reason(self, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
         return super().capacity_reason(kv, num_kv_tokens) or unchunked_reason(
             self.config.enable_chunked_prefill, self.config.max_num_batched_tokens,
@@ -334,12 +359,15 @@ class VllmV1(Scheduler):
         return num_tokens
 
     def _schedule_running(self, state: ReplicaState, plan: Plan, budget: int) -> int:
-        """Rules 2-4; returns the budget left."""
+        """Rules 2-4 (17 by priority); returns the budget left."""
         kv, scheduled = state.kv, plan.num_scheduled_tokens
         block_size = kv.block_size
+        by_priority = self.by_priority
+        goes_on = self.config.rules.priority_pass_goes_on
         # Told apart as in `schedule_decodes`: the requests with prompt tokens left, by
         # identity with the next of `prefilling()`; the others decode (or, pipelined, wait
-        # for a token in flight). Preemptions take the newest, past `index`, or stop the loop.
+        # for a token in flight). FCFS preemptions take the newest, past `index`, or stop the
+        # loop; by priority a victim may be anywhere (rule 17).
         ahead = iter(state.prefilling())
         following = next(ahead, None)
         pipelined = state.pipelined
@@ -364,12 +392,28 @@ class VllmV1(Scheduler):
                     continue
                 num_tokens = 1
             while not kv.try_allocate(req, num_tokens):
-                victim, num_freed = preempt_newest(state, plan.preempted_ids, scheduled)
-                budget += num_freed
+                if not by_priority:
+                    victim = state.running[-1]
+                    budget += preempt(state, victim, plan.preempted_ids, scheduled)
+                    if victim is req:
+                        return budget
+                    continue
+                victim = lowest_priority(state)
+                if goes_on:
+                    back = state.running.index(victim) < index  # (`req` is at index - 1)
+                else:
+                    back = victim.request_id in scheduled
+                index -= back
+                budget += preempt(state, victim, plan.preempted_ids, scheduled)
+                while following is not None and following.status is not Status.RUNNING:
+                    following = next(ahead, None)  # preempted before its turn came
                 if victim is req:
-                    return budget
-            scheduled[req.request_id] = num_tokens
-            budget -= num_tokens
+                    if not goes_on:
+                        return budget
+                    break
+            else:
+                scheduled[req.request_id] = num_tokens
+                budget -= num_tokens
         return budget
 
     def _schedule_waiting(self, state: ReplicaState, plan: Plan, budget: int) -> None:

@@ -67,7 +67,8 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
         max_model_len=workload["max_model_len"],
         long_prefill_token_threshold=s["long_prefill_token_threshold"],
         enable_chunked_prefill=s["enable_chunked_prefill"],
-        async_scheduling=s["async_scheduling"], is_encoder_decoder=False)
+        async_scheduling=s["async_scheduling"], is_encoder_decoder=False,
+        policy=s.get("scheduling_policy", "fcfs"))
     model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16",
                                seed=0, max_model_len=workload["max_model_len"])
     cache_config = CacheConfig(block_size=block_size,
@@ -92,14 +93,15 @@ def make_request(workload: Workload, request_id: int, hasher: Any) -> Any:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
-    arrival_s, _, num_output, _, _ = workload["requests"][request_id]
+    entry = workload["requests"][request_id]
+    arrival_s, num_output = entry[0], entry[2]
     params = SamplingParams(max_tokens=num_output, ignore_eos=True)
     extra = {}
     if "eos_token_id" in inspect.signature(Request.__init__).parameters:  # 0.15.1 asks for it
         extra["eos_token_id"] = LLAMA_CONFIG["eos_token_id"]
     return Request(str(request_id), prompt_token_ids=prompt_token_ids(workload, request_id),
                    sampling_params=params, pooling_params=None, arrival_time=arrival_s,
-                   block_hasher=hasher, **extra)
+                   block_hasher=hasher, priority=entry[5] if len(entry) > 5 else 0, **extra)
 
 
 def _samples(request: Any, placeholders_before: int, async_on: bool) -> bool:

@@ -40,7 +40,8 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
             "max_num_seqs": s["max_num_seqs"],
             "enable_chunked_prefill": s["enable_chunked_prefill"],
             "long_prefill_token_threshold": s["long_prefill_token_threshold"],
-            "async_scheduling": s["async_scheduling"]}
+            "async_scheduling": s["async_scheduling"],
+            "scheduling_policy": s.get("scheduling_policy", "fcfs")}
         prefix_caching = s["enable_prefix_caching"]
     else:
         scheduler = {"name": "sglang", "engine_version": doc["engine_version"],
@@ -75,7 +76,7 @@ def requests_of(doc: dict[str, Any]) -> list[Any]:
     w = doc["workload"]
     block = w["block_size"]
     reqs = []
-    for rid, (arrival_s, num_prompt, num_output, group, _) in enumerate(w["requests"]):
+    for rid, (arrival_s, num_prompt, num_output, group, _, *rest) in enumerate(w["requests"]):
         hash_ids = None
         if group >= 0:
             tokens = prompt_token_ids(w, rid)
@@ -88,7 +89,7 @@ def requests_of(doc: dict[str, Any]) -> list[Any]:
                 ids.append(last)
             hash_ids = tuple(ids)
         reqs.append(Request(rid, arrival_s, num_prompt, num_output, hash_ids,
-                            block if hash_ids else 0))
+                            block if hash_ids else 0, priority=rest[0] if rest else 0))
     return reqs
 
 

@@ -12,8 +12,10 @@ A workload is a plain dict (it is stored whole in each fixture, so a test needs 
     step_time: {base_s, per_token_s}: an iteration scheduling n tokens takes
         base_s + per_token_s * n seconds (per_token_s 0: a constant step),
     requests: [arrival_s, num_prompt_tokens, num_output_tokens, prefix_group,
-        num_prefix_tokens] each, by request id (their index); requests of one prefix group
-        share their first num_prefix_tokens prompt tokens (group -1: none shared).
+        num_prefix_tokens(, priority)] each, by request id (their index); requests of one
+        prefix group share their first num_prefix_tokens prompt tokens (group -1: none
+        shared); a sixth entry is the request's priority (vLLM's `scheduling_policy:
+        priority` workloads, `settings.scheduling_policy`), else 0.
 
 Token ids are made from these by `prompt_token_ids`, so every recorder and servesim's side
 (`tools.golden.replay`) agree on which blocks are shared. No vLLM, SGLang or servesim import.
@@ -72,13 +74,21 @@ def _prefixed(rng: np.random.Generator, n: int, rate_per_s: float, num_groups: i
     return reqs
 
 
+def _prioritized(rng: np.random.Generator, requests: list[list[Any]], num_levels: int
+                 ) -> list[list[Any]]:
+    """`requests` each with a priority drawn uniformly from 0 .. num_levels - 1."""
+    levels = rng.integers(0, num_levels, len(requests))
+    return [[*req, int(level)] for req, level in zip(requests, levels, strict=True)]
+
+
 def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 20_000,
           step: tuple[float, float] = (0.004, 2e-5), max_model_len: int = 32_768,
           **settings: Any) -> Workload:
     base = {"max_num_batched_tokens": 8192, "max_num_seqs": 256, "enable_chunked_prefill": True,
             "long_prefill_token_threshold": 0, "enable_prefix_caching": False,
             "async_scheduling": False}
-    unknown = set(settings) - set(base)
+    # (Set only where it is not FCFS: the fixtures recorded before it stay as they were.)
+    unknown = set(settings) - set(base) - {"scheduling_policy"}
     assert not unknown, unknown
     return {"name": name, "engine": "vllm", "seed": seed, "settings": {**base, **settings},
             "num_gpu_blocks": num_gpu_blocks, "block_size": 16, "max_model_len": max_model_len,
@@ -120,6 +130,23 @@ def vllm_workloads() -> list[Workload]:
         _vllm("kv_starved_prefix_caching", 13,
               _prefixed(rng(13), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
               num_gpu_blocks=500, enable_prefix_caching=True),
+        _vllm("priority_kv_starved", 14,
+              _prioritized(rng(114), _requests(rng(14), 300, 20.0, (256, 2048), (64, 512)), 3),
+              num_gpu_blocks=600, scheduling_policy="priority"),
+        _vllm("priority_queue", 15,
+              _prioritized(rng(115), _requests(rng(15), 300, 10.0, (64, 512), (32, 256)), 4),
+              max_num_seqs=8, scheduling_policy="priority"),
+        _vllm("priority_async_kv_starved", 16,
+              _prioritized(rng(116), _requests(rng(16), 300, 20.0, (256, 2048), (64, 512)), 3),
+              num_gpu_blocks=600, async_scheduling=True, scheduling_policy="priority"),
+        _vllm("priority_chunked_kv_starved", 17,
+              _prioritized(rng(117), _requests(rng(17), 300, 6.0, (1024, 8192), (16, 256)), 3),
+              num_gpu_blocks=1500, max_num_batched_tokens=2048, scheduling_policy="priority"),
+        # Few running, little KV: the request being scheduled is often the lowest priority
+        # itself (0.33.0's pass goes on past it, 0.15.1's ends).
+        _vllm("priority_self_victim", 18,
+              _prioritized(rng(118), _requests(rng(18), 300, 10.0, (256, 1024), (128, 768)), 2),
+              num_gpu_blocks=220, max_num_seqs=6, scheduling_policy="priority"),
         _vllm("no_chunking_constant_step", 10,
               _requests(rng(10), 300, 12.0, (64, 6000), (8, 64)), step=(0.02, 0.0),
               enable_chunked_prefill=False, max_num_batched_tokens=8192, max_model_len=8192),
@@ -129,7 +156,7 @@ def vllm_workloads() -> list[Workload]:
 def prompt_token_ids(workload: Workload, request_id: int) -> list[int]:
     """Request `request_id`'s prompt as token ids: its group's shared prefix, then tokens of
     its own (seeded by the workload's seed and the request)."""
-    _, num_prompt, _, group, num_prefix = workload["requests"][request_id]
+    _, num_prompt, _, group, num_prefix = workload["requests"][request_id][:5]
     seed = workload["seed"]
     ids: list[int] = []
     if group >= 0:

@@ -1,0 +1,54 @@
+"""The waiting queue of vLLM's priority policy (`--scheduling-policy priority`).
+
+vLLM keeps it as a heap of requests ordered by (priority, arrival time, request id), lowest
+first (`PriorityRequestQueue` in `vllm/v1/core/sched/request_queue.py`, `Request.__lt__` in
+`vllm/v1/request.py`): a preempted request goes back into the heap by that order too
+(`prepend_request` pushes), not to the front. Its scheduler only peeks and pops the least
+request, so a list kept sorted by the same key admits the same requests in the same order.
+It offers what `ReplicaState` and the policies use of a FCFS `deque`.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections.abc import Iterator
+
+from sim.core.request import Request
+
+
+def priority_key(req: Request) -> tuple[int, float, int]:
+    """vLLM's order: lower priority value first, then earlier arrival, then request id."""
+    return (req.priority, req.arrival_s, req.request_id)
+
+
+class PriorityWaiting:
+    """Waiting requests sorted by `priority_key`; `append` and `appendleft` both insert in
+    order (a new arrival and a preempted request alike)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: list[Request] = []
+
+    def append(self, req: Request) -> None:
+        insort(self._items, req, key=priority_key)
+
+    appendleft = append
+
+    def popleft(self) -> Request:
+        return self._items.pop(0)
+
+    def remove(self, req: Request) -> None:
+        self._items.remove(req)
+
+    def __getitem__(self, index: int) -> Request:
+        return self._items[index]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._items)
