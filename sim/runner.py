@@ -19,8 +19,9 @@ from sim.engine.clock import Progress
 from sim.engine.cluster import Cluster, blocks_beyond_memory
 from sim.engine.iteration_log import IterationLog
 from sim.hardware.gpus import measured_on
-from sim.results.columns import Columns, Table, column
+from sim.results.columns import Columns, Table, column, texts
 from sim.results.metrics.arrived import arrived_stats
+from sim.results.metrics.classes import class_gaps, class_stats, combined_attainment
 from sim.results.metrics.overload import overload
 from sim.results.metrics.sessions import session_stats
 from sim.results.metrics.stages import stage_stats
@@ -36,7 +37,14 @@ from sim.results.metrics.summary import (
 )
 from sim.results.metrics.warmup import generated_arrivals, warmup_stats
 from sim.results.outdir import check_out_dir
-from sim.results.records import iteration_table, request_table, token_runs, token_table, token_times
+from sim.results.records import (
+    end_times,
+    iteration_table,
+    request_table,
+    token_runs,
+    token_table,
+    token_times,
+)
 from sim.results.run_dir import Results
 from sim.workloads import Workload
 from sim.workloads.base import Sessions
@@ -120,16 +128,22 @@ def pool_configs(scenario: Scenario) -> dict[str, ReplicaConfig]:
     return {pool.name: pool.replica for pool in scenario.pools()}
 
 
-def make_requests(workload: Workload) -> list[Request]:
+def make_requests(workload: Workload, priorities: Sequence[int] = ()) -> list[Request]:
+    """The workload's requests; `priorities[c]`: the priority of class c (`request_class`)."""
     hash_ids = workload.hash_ids
     hash_block_tokens = workload.hash_block_tokens
-    return [
+    requests = [
         Request(i, float(t), int(p), int(o), hash_ids[i] if hash_ids is not None else None,
                 hash_block_tokens if hash_ids is not None else 0)
         for i, (t, p, o) in enumerate(zip(workload.arrival_s.tolist(),
                                           workload.num_prompt_tokens.tolist(),
                                           workload.num_output_tokens.tolist(), strict=True))
     ]
+    if workload.request_class is not None:
+        for req, c in zip(requests, workload.request_class.tolist(), strict=True):
+            req.request_class = c
+            req.priority = priorities[c] if priorities else 0
+    return requests
 
 
 # Runs with at least this many requests free them with a full collection (`run_scenario`).
@@ -179,8 +193,9 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     workload = load_workload(scenario)
     # A million requests are a million objects, none in a cycle, that each full collection
     # goes over; making them starts one per 25% more objects (2.7 s of 3.7 for a million).
+    classes = scenario.workload.classes or []
     with collector_paused():
-        requests = make_requests(workload)
+        requests = make_requests(workload, [c.priority for c in classes])
     stage, sessions = workload.stage, workload.sessions
     del workload
     cluster = Cluster(scenario, fast_forward=fast_forward)
@@ -267,6 +282,8 @@ class RequestResults:
     tokens: Columns | None  # one row per token, if the scenario records token times
     stage: np.ndarray | None = None  # each request's load stage, if sent in stages
     sessions: Sessions | None = None  # each request's session and turn, if it has them
+    request_class: np.ndarray | None = None  # each request's class, if classes are given
+    class_gaps: list[WeightedSample] | None = None  # the TBT gaps of each class, pooled
 
 
 def request_results(scenario: Scenario, requests: Sequence[Request],
@@ -278,7 +295,12 @@ def request_results(scenario: Scenario, requests: Sequence[Request],
     request_cols, gaps = request_table(requests, logs, runs)
     tokens = (token_table(requests, *token_times(requests, logs, runs))
               if scenario.record_token_times else None)
-    return RequestResults(request_cols, gaps, tokens)
+    results = RequestResults(request_cols, gaps, tokens)
+    if classes := scenario.workload.classes:
+        index = np.fromiter((r.request_class for r in requests), np.int64, len(requests))
+        results.request_class = index
+        results.class_gaps = class_gaps(index, len(classes), runs, end_times(logs))
+    return results
 
 
 def collect(scenario: Scenario, requests: Sequence[Request], replicas: Sequence[ReplicaRecord],
@@ -304,6 +326,11 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
     if frames.sessions is not None:
         request_cols["session"] = frames.sessions.session
         request_cols["turn"] = frames.sessions.turn
+    if frames.request_class is not None:
+        classes = scenario.workload.classes or []
+        request_cols["request_class"] = texts([c.name for c in classes])[frames.request_class]
+        request_cols["priority"] = np.array([c.priority for c in classes],
+                                            dtype=np.int64)[frames.request_class]
     # The summary before the iteration table exists, and the gaps dropped before it is made:
     # the peak memory is the two tables, with nothing beside them.
     summary = summarize(request_cols, sum(len(log) for log in logs), gaps, scenario.slo)
@@ -343,6 +370,11 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
         summary["stages"] = stage_stats(request_cols, scenario, end_s)
     if frames.sessions is not None:
         summary["sessions"] = session_stats(request_cols)
+    if frames.class_gaps is not None:
+        summary["classes"] = class_stats(request_cols, frames.class_gaps, scenario)
+        if any(c.slo is not None for c in scenario.workload.classes or []):
+            summary["slo"] = combined_attainment(request_cols, frames.class_gaps, scenario)
+        frames.class_gaps = None
     summary.update(arrived_stats(request_cols, end_s))
     clients = scenario.clients
     summary.update(warmup_stats(request_cols, end_s, summary["overload"],

@@ -43,6 +43,8 @@ def scenarios(draw):
         if chunking:
             scheduler["min_chunk_tokens"] = draw(st.sampled_from(
                 [None, max(1, min(budget, threshold or budget) // 4)]))
+        # vLLM's priority policy sometimes: the queue by priority, victims anywhere.
+        scheduler["scheduling_policy"] = draw(st.sampled_from(["fcfs", "fcfs", "priority"]))
     else:
         scheduler = {"name": "sglang", "chunked_prefill_size": draw(st.integers(8, 1024)),
                      "max_num_seqs": draw(st.integers(1, 64)),
@@ -76,6 +78,13 @@ def scenarios(draw):
         max_prompt = system + turns * (max(1, max_prompt // 4) + max_output)
         min_blocks = -(-(max_prompt + max_output) // block_size)
         num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
+    # Request classes sometimes: differing priorities where the policy orders by them.
+    if draw(st.booleans()):
+        by_priority = scheduler.get("scheduling_policy") == "priority"
+        workload["classes"] = [
+            {"name": "a", "share": 0.25, "priority": 0, "slo": {"ttft_s": 0.2}},
+            {"name": "b", "share": 0.75, "priority": draw(st.sampled_from([0, 3]))
+             if by_priority else 0}]
     # A client timeout sometimes: aborts from the queue, the batch and (async) in flight.
     timeout_s = draw(st.sampled_from([None, None, 0.02, 0.2, 1.0]))
     if timeout_s is not None:

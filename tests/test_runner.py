@@ -145,7 +145,43 @@ def per_token(requests: list[Request], logs: list[IterationLog]) -> dict[str, An
         "last": np.array([t[-1] if len(t) else np.nan for t in times]),
         "max_gap": np.array([g.max() if len(g) else np.nan for g in gaps]),
         "gaps": np.concatenate([np.zeros(0), *gaps]),
+        "per_request_gaps": gaps,
     }
+
+
+def per_class(scenario: Scenario, req: Any, ref: dict[str, Any]) -> tuple[list[Any], Any]:
+    """Each class's pooled gaps and the run's SLO attainment with each request judged by its
+    class's targets, written out request by request (apart from `sim.results.metrics`)."""
+    classes = scenario.workload.classes or []
+    names = req["request_class"].tolist()
+    gaps = [np.concatenate([np.zeros(0), *[g for g, n in zip(ref["per_request_gaps"], names,
+                                                             strict=True) if n == c.name]])
+            for c in classes]
+    slo = {c.name: c.slo or scenario.slo for c in classes}
+    offered = [not r.startswith(("after_horizon", "after_stop", "abandoned", "after_duration"))
+               for r in req["reason"]]
+    rows = [(slo[n], s == "finished", t, w) for n, s, t, w, o in zip(
+        names, req["status"], req["ttft_s"], req["max_tbt_s"], offered, strict=True) if o]
+    out: dict[str, Any] = {}
+    if not rows:
+        return gaps, out
+    inf = float("inf")
+    ttft_ok = [done and t <= (s.ttft_s or inf) for s, done, t, _ in rows]
+    tbt_ok = [done and not w > (s.tbt_s or inf) for s, done, _, w in rows]
+    if any(s.ttft_s is not None for s in slo.values()):
+        out["ttft_attainment"] = sum(ttft_ok) / len(rows)
+    if any(s.tbt_s is not None for s in slo.values()):
+        out["tbt_attainment"] = sum(tbt_ok) / len(rows)
+        total = sum(len(g) for g in gaps)
+        out["tbt_gap_attainment"] = sum(
+            int((g <= (slo[c.name].tbt_s or inf)).sum()) for g, c in zip(gaps, classes,
+                                                                        strict=True)
+        ) / total if total else None
+    if out:
+        out["all_attainment"] = sum(
+            done and (s.ttft_s is None or a) and (s.tbt_s is None or b)
+            for (s, done, _, _), a, b in zip(rows, ttft_ok, tbt_ok, strict=True)) / len(rows)
+    return gaps, out
 
 
 def assert_same_as_per_token(scenario: Scenario) -> Results:
@@ -166,13 +202,26 @@ def assert_same_as_per_token(scenario: Scenario) -> Results:
     # The summary, against the one from the expanded gaps: equal but for the mean TBT's last
     # bits (summed as value times count, not gap by gap).
     expected = summarize(req, res.iterations, ref["gaps"], scenario.slo)
+    classes = scenario.workload.classes or []
+    if classes:
+        class_gaps, combined = per_class(scenario, req, ref)
+        for c, gaps, stats in zip(classes, class_gaps, res.summary["classes"], strict=True):
+            assert stats["name"] == c.name and stats["tbt_s"]["count"] == len(gaps)
+            assert stats["requests"]["total"] == int((req["request_class"] == c.name).sum())
+            if len(gaps):
+                assert stats["tbt_s"]["p99"] == np.percentile(gaps, 99)
+                assert stats["tbt_s"]["mean"] == pytest.approx(gaps.mean(), rel=1e-13)
+        if any(c.slo is not None for c in classes):
+            expected["slo"] = {k: v if v is None else pytest.approx(v, rel=1e-13)
+                               for k, v in combined.items()}
     got = {key: res.summary[key] for key in expected}
     if expected["tbt_s"]["mean"] is not None:
         assert got["tbt_s"]["mean"] == pytest.approx(expected["tbt_s"]["mean"], rel=1e-13)
         got["tbt_s"] = {**got["tbt_s"], "mean": expected["tbt_s"]["mean"]}
     assert got == expected
     assert res.summary["tbt_s"]["count"] == len(ref["gaps"])
-    if scenario.slo.tbt_s is not None and len(ref["gaps"]):
+    own_targets = any(c.slo is not None for c in scenario.workload.classes or [])
+    if scenario.slo.tbt_s is not None and len(ref["gaps"]) and not own_targets:
         assert res.summary["slo"]["tbt_gap_attainment"] == float(
             (ref["gaps"] <= scenario.slo.tbt_s).mean())
 

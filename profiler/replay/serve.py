@@ -244,7 +244,7 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
         raise InputError(scenario.source, "workload.wait_for_answer", True,
                          "replay sends every request at its arrival time: turns that wait for "
                          "answers are simulated only; set it to false")
-    requests = make_requests(workload)
+    requests = make_requests(workload, [c.priority for c in scenario.workload.classes or []])
     check_span(scenario, requests)
     torch, dtype = torch_setup(device, threads)
     attention = attention or default_attention(device)

@@ -101,35 +101,40 @@ def comparison_table(title: str, df: Any) -> Table:
 
     rows = ("pools", "scheduler", "overload", "finished", "ttft_p50_s", "ttft_p99_s",
             "tbt_p50_s", "tbt_p99_s", "e2e_p99_s", "output_tokens_per_s", "slo_attainment",
-            "transfer_p99_s", "num_gpus", "usd_per_million_tokens")
+            "transfer_p99_s", "num_gpus", "usd_per_million_tokens",
+            *[c for c in df.columns if str(c).startswith("class:")])
     numbers = {"ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "e2e_p99_s",
                "output_tokens_per_s", "transfer_p99_s", "usd_per_million_tokens"}
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     table.add_column("variant", max_width=18)  # labels wrap, not the variants' names
     for variant in df["variant"]:
         table.add_column(str(variant), justify="right", no_wrap=True)
-    for key in rows:
-        if key not in df or df[key].isna().all():
+    for column_name in rows:
+        if column_name not in df or df[column_name].isna().all():
             continue
+        # A request class's row (`class:<name>:<key>`): the class's name before the label.
+        key = column_name.rsplit(":", 1)[-1]
+        who = f"{column_name.split(':')[1]}: " if column_name.startswith("class:") else ""
+        values = df[column_name]
         shown = unit(key)
         if key == "slo_attainment":
-            cells = [pct(v) for v in df[key]]
+            cells = [pct(v) for v in values]
         elif key in numbers:
-            cells = [fmt(v, shown.scale) for v in df[key]]
+            cells = [fmt(v, shown.scale) for v in values]
         elif key == "finished":
-            cells = ["-" if pd.isna(v) else f"{int(v):,}" for v in df[key]]
+            cells = ["-" if pd.isna(v) else f"{int(v):,}" for v in values]
         elif key == "pools" and "parallelism" in df:  # "2x TP4": GPUs per replica too
             cells = [p if pd.isna(s) or set(str(s).split("/")) == {"TP1"}
                      else f"{p} {_same(s)}"
-                     for p, s in zip(df["pools"], df["parallelism"], strict=True)]
+                     for p, s in zip(values, df["parallelism"], strict=True)]
         elif key == "scheduler":  # one name where both pools run the same scheduler
-            cells = [_same(s) for s in df[key]]
+            cells = [_same(s) for s in values]
         else:
-            cells = [str(v) for v in df[key]]
+            cells = [str(v) for v in values]
         if key == "overload":
             cells = [f"[red]{c}[/]" if c == "overloaded" else c for c in cells]
-        name = label(key) if key in ("pools", "scheduler") or not shown.name else \
-            f"{label(key)} {shown.name}"
+        name = who + (label(key) if key in ("pools", "scheduler") or not shown.name else
+                      f"{label(key)} {shown.name}")
         table.add_row(name, *cells)
     return table
 

@@ -180,6 +180,14 @@ def parameter_rows(config: Any, prefix: str = "") -> dict[str, tuple[str, str]]:
         optional = len(options) == 1 and len(typing.get_args(nested)) == 2
         if optional:
             nested = options[0]
+        # A list of sections (`classes`): each item's fields, as `classes[].name`.
+        items = typing.get_args(nested) if typing.get_origin(nested) is list else ()
+        if len(items) == 1 and isinstance(items[0], type) and issubclass(items[0], BaseModel):
+            rows[prefix + key] = ("None" if optional else "[]", "; ".join(part for part in (
+                (info.description or "").rstrip("."), "a list: each item has the fields "
+                                                      "below") if part))
+            rows.update(parameter_rows(items[0], f"{prefix}{key}[]."))
+            continue
         if isinstance(nested, type) and issubclass(nested, BaseModel):
             if optional:
                 rows[prefix + key] = ("None", "; ".join(part for part in (

@@ -156,6 +156,12 @@ def answer_lines(plan: Any, found: dict[str, Any]) -> list[str]:
         seeds = found["seeds"]
         lines.append(f"seeds {seeds['seeds']} at that load: " + (
             "every SLO met in each" if seeds["all_hold"] else "; ".join(seeds["failures"])))
+        if not seeds["all_hold"]:
+            every = seeds.get("capacity_every_seed_qps")
+            per_usd = chosen["qps_per_usd_hour"] / chosen["capacity_qps"]
+            lines.append(f"[yellow]at every seed[/]: {every:.4g} req/s ({every * per_usd:.4g} "
+                         "req/s per USD an hour)" if every else
+                         "[yellow]at every seed[/]: not even half that load holds")
         return lines
     margin = ", ".join(
         f"{slo_label(k)} {_value(k, chosen['values'].get(k))} ({_margin(m)})"

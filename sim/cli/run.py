@@ -85,6 +85,8 @@ def show_run(summary: dict[str, Any], out_dir: Path, shown: Console, as_json: bo
         console.print(summary_table(summary))
         if len(summary["replicas"]) > 1:
             console.print(replica_table(summary))
+        if summary.get("classes"):
+            console.print(class_table(summary))
     shown.print(overload_line(summary["overload"]))
     if line := rejected_line(summary):
         shown.print(line)
@@ -360,4 +362,22 @@ def replica_table(summary: dict[str, Any]) -> Table:
         table.caption = (f"KV transfer P50/P99: {fmt(move['p50'], 1e3)}/{fmt(move['p99'], 1e3)}"
                          f" ms; waiting for decode KV P50/P99: {fmt(wait['p50'], 1e3)}/"
                          f"{fmt(wait['p99'], 1e3)} ms")
+    return table
+
+
+def class_table(summary: dict[str, Any]) -> Table:
+    """Per request class: priority, requests, TTFT and E2E of its finished requests, its TBT
+    gaps, and SLO attainment against its own targets."""
+    table = Table(title="request classes", caption="TTFT and TBT in ms, E2E in s; SLO "
+                  "met: the class's own targets, else the run's")
+    for col in ("class", "prio", "finished", "TTFT P50", "TTFT P99", "TBT P99", "E2E P50",
+                "SLO met"):  # (80 columns)
+        table.add_column(col, justify="left" if col == "class" else "right",
+                         no_wrap=col in ("class", "finished"))
+    for c in summary["classes"]:
+        req = c["requests"]
+        table.add_row(c["name"], str(c["priority"]), f"{req['finished']:,}/{req['total']:,}",
+                      fmt(c["ttft_s"]["p50"], 1e3), fmt(c["ttft_s"]["p99"], 1e3),
+                      fmt(c["tbt_s"]["p99"], 1e3), fmt(c["e2e_s"]["p50"]),
+                      pct(c["slo"].get("all_attainment")))
     return table

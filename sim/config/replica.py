@@ -195,8 +195,9 @@ class ReplicaConfig(Frozen):
     @model_validator(mode="before")
     @classmethod
     def _scheduler_for_parallelism(cls, data: Any) -> Any:
-        """A scheduler's defaults that depend on the replica's split (vLLM resolves async
-        scheduling off on a pipeline): its Config's `for_pipeline`, before it is validated."""
+        """A scheduler's defaults that depend on the replica's GPU (vLLM's batch sizes) and
+        split (vLLM resolves async scheduling off on a pipeline): its Config's `for_gpu` and
+        `for_pipeline`, before it is validated."""
         if not isinstance(data, dict) or not isinstance(data.get("scheduler"), dict):
             return data
         name = data["scheduler"].get("name")
@@ -205,8 +206,12 @@ class ReplicaConfig(Frozen):
             par, "pipeline", 1)
         if not isinstance(name, str) or name not in SCHEDULERS or type(pipeline) is not int:
             return data  # reported by the fields' own validators
+        config = SCHEDULERS.get(name).Config
         try:
-            scheduler = SCHEDULERS.get(name).Config.for_pipeline(data["scheduler"], pipeline)
+            scheduler = data["scheduler"]
+            if (gpu := _gpu_spec(data.get("gpu", cls.model_fields["gpu"].default))) is not None:
+                scheduler = config.for_gpu(scheduler, gpu)
+            scheduler = config.for_pipeline(scheduler, pipeline)
         except ValidationError as exc:  # located within the scheduler's settings
             raise invalid(*[(".".join(["scheduler", *map(str, e["loc"])]), e["input"], e["msg"])
                             for e in exc.errors()]) from None
@@ -216,6 +221,19 @@ class ReplicaConfig(Frozen):
     @classmethod
     def _latency(cls, value: Any) -> Any:
         return dispatch(LATENCY_MODELS, "kind", value)
+
+
+def _gpu_spec(value: Any) -> GPUSpec | None:
+    """The GPU a replica's `gpu` field names or describes, None if it does not (yet): its own
+    validator reports why."""
+    try:
+        if isinstance(value, str):
+            return GPUS.get(value) if value in GPUS.names() else None
+        if isinstance(value, dict):
+            value = GPUSpecInput.model_validate(value)
+        return value.to_spec() if isinstance(value, GPUSpecInput) else None
+    except (ValidationError, ValueError):
+        return None
 
 
 def _looks_like_path(value: str) -> bool:

@@ -96,7 +96,9 @@ def _run(run_dir: Path) -> list[str]:
                 if isinstance(summary.get("replay"), dict) else [])
     return [
         m.section("Overload verdict", s.overload_verdict(summary)),
-        m.section("Headline metrics", s.run_headline(summary)),
+        m.section("Headline metrics", s.run_headline(summary),
+                  *([m.paragraph("By request class:"), s.class_metrics(summary)]
+                    if summary.get("classes") else [])),
         *replayed,
         m.section("Run", s.run_setup(summary)),
         m.section("Resolved scenario", s.scenarios([("scenario.yaml",

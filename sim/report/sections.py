@@ -21,6 +21,25 @@ LATENCIES = ("ttft_s", "client_ttft_s", "tbt_s", "tpot_s", "e2e_s", "client_e2e_
 STATS = ("mean", "p50", "p90", "p99", "max")
 
 
+def class_metrics(summary: dict[str, Any]) -> str:
+    """Per request class: its priority and share, requests finished of all, TTFT, TBT and
+    E2E (ms) and SLO attainment against its own targets (else the run's)."""
+    rows = []
+    for c in summary["classes"]:
+        req = c["requests"]
+        targets = ", ".join(f"{k} {v:g}" for k, v in c["slo"].get("targets", {}).items())
+        met = c["slo"].get("all_attainment")
+        rows.append([c["name"], c["priority"], c["share"], f"{m.number(req['finished'])} / "
+                     f"{m.number(req['total'])}",
+                     *[None if c[key].get(stat) is None else m.MS_PER_S * c[key][stat]
+                       for key, stat in (("ttft_s", "p50"), ("ttft_s", "p99"),
+                                         ("tbt_s", "p99"), ("e2e_s", "p50"))],
+                     targets or "-", None if met is None else 100 * met])
+    return m.table(["class", "priority", "share", "finished / all", "TTFT P50 (ms)",
+                    "TTFT P99 (ms)", "TBT P99 (ms)", "E2E P50 (ms)", "SLO targets (s)",
+                    "SLO met (%)"], rows, text_columns={0, 3, 8})
+
+
 def run_headline(summary: dict[str, Any]) -> str:
     """A run's latencies (ms) and its throughput, requests, SLO attainment and cost."""
     rows = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal, final
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, final
 
 from pydantic import BaseModel, Field
 
@@ -23,6 +23,9 @@ from sim.core.plan import Plan
 from sim.core.registry import Registry
 from sim.core.request import Request, Status
 from sim.core.state import ReplicaState
+
+if TYPE_CHECKING:
+    from sim.hardware.gpus import GPUSpec
 
 
 class SchedulerConfig(BaseModel):
@@ -42,6 +45,12 @@ class SchedulerConfig(BaseModel):
             "lengths are right); 0 reserves none (vLLM v1: admit while blocks last, preempt later)."
         ),
     )
+
+    @classmethod
+    def for_gpu(cls, data: dict[str, Any], gpu: GPUSpec) -> dict[str, Any]:
+        """The scheduler's settings as given, with the defaults the engine picks by the GPU it
+        runs on filled in (before validation). As given by default."""
+        return data
 
     @classmethod
     def for_pipeline(cls, data: dict[str, Any], pipeline_size: int) -> dict[str, Any]:

@@ -113,6 +113,7 @@ from sim.core.kv_cache import KVCacheManager, cdiv
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
 from sim.core.state import ReplicaState
+from sim.hardware.gpus import GPUSpec
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
@@ -124,8 +125,9 @@ from sim.schedulers.base import (
 )
 
 # vLLM `EngineArgs.get_batch_defaults` (vllm/engine/arg_utils.py): an OpenAI-compatible server on
-# a GPU of 70 GiB or more other than an A100 (H100, H200, MI300x; servesim's default GPU is an
-# H100) gets 8192; other GPUs 2048 (the `SchedulerConfig` fallback, "mainly for testing").
+# a GPU of 70 GiB or more other than an A100 (H100, H200; servesim's default GPU is an H100)
+# gets 8192; a replica's GPU picks its own (`EngineRules.batch_defaults`); these apply where no
+# GPU is known.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_MAX_NUM_SEQS = 256
 
@@ -146,6 +148,20 @@ class EngineRules:
     # Rule 17: the priority policy's running pass goes on past a request that preempted
     # itself, and keeps its place by the victim's position (else: by whether it was scheduled).
     priority_pass_goes_on: bool
+    # `EngineArgs.get_batch_defaults`, an OpenAI-compatible server: the budget on a GPU of
+    # 160 GiB or more (None: no such tier in this release, it gets the 70 GiB one's).
+    huge_gpu_budget: int | None = None
+
+    def batch_defaults(self, gpu: GPUSpec) -> tuple[int, int]:
+        """vLLM's server defaults of `max_num_batched_tokens` and `max_num_seqs` on `gpu`:
+        8192 and 1024 on a GPU of 70 GiB or more that is not an A100 (H100, H200), 2048 and
+        256 on the others; 0.33.0 gives 16384 from 160 GiB (B200, MI300X)."""
+        memory_gib = gpu.memory_bytes / 2**30
+        if self.huge_gpu_budget is not None and memory_gib >= 160:
+            return self.huge_gpu_budget, 1024
+        if memory_gib >= 70 and "a100" not in gpu.name.lower():
+            return 8192, 1024
+        return 2048, 256
 
 
 # Checked against each release's own scheduler code by the golden schedules (`tools/golden/`).
@@ -160,7 +176,7 @@ ENGINE_VERSIONS: dict[str, EngineRules] = {
     # `config/scheduler.py`: `scheduler_reserve_full_isl: bool = True`.
     "0.33.0": EngineRules(threshold_spares_lone_request=True, reserve_full_isl=True,
                           async_scheduling=True, free_order="lru_block",
-                          priority_pass_goes_on=True),
+                          priority_pass_goes_on=True, huge_gpu_budget=16384),
 }
 DEFAULT_ENGINE_VERSION = "0.15.1"
 
@@ -226,6 +242,19 @@ class VllmV1Config(SchedulerConfig):
             raise invalid(("scheduler_reserve_full_isl", True,
                            f"vLLM {version} has no such setting (added later: 0.33.0 has it)"))
         return data
+
+    @classmethod
+    def for_gpu(cls, data: dict[str, Any], gpu: GPUSpec) -> dict[str, Any]:
+        # The server's batch defaults by GPU (`EngineRules.batch_defaults`); max_num_seqs no
+        # more than the budget, as `_defaults` keeps it.
+        rules = ENGINE_VERSIONS.get(data.get("engine_version", DEFAULT_ENGINE_VERSION))
+        if rules is None or ("max_num_batched_tokens" in data and "max_num_seqs" in data):
+            return data
+        budget, num_seqs = rules.batch_defaults(gpu)
+        out = {"max_num_batched_tokens": budget, **data}
+        if "max_num_seqs" not in data and type(out["max_num_batched_tokens"]) is int:
+            out["max_num_seqs"] = max(1, min(num_seqs, out["max_num_batched_tokens"]))
+        return out
 
     @classmethod
     def for_pipeline(cls, data: dict[str, Any], pipeline_size: int) -> dict[str, Any]:

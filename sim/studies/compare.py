@@ -155,9 +155,17 @@ def check_comparison_dir(out_dir: Path, variants: Iterable[str]) -> None:
     check_only_comparison_entries(out_dir)
 
 
+# Per request class (`workload.classes`): columns `class:<name>:<key>`, after the others.
+CLASS_KEYS = ("ttft_p99_s", "slo_attainment")
+
+
 def row(variant: str, res: Results) -> dict[str, Any]:
     s = res.summary
     transfer = s.get("transfer", {}).get("transfer_s", {})
+    per_class = {}
+    for c in s.get("classes") or []:
+        per_class[f"class:{c['name']}:ttft_p99_s"] = c["ttft_s"]["p99"]
+        per_class[f"class:{c['name']}:slo_attainment"] = c["slo"].get("all_attainment")
     return {
         "variant": variant,
         "pools": "+".join(f"{n}{p[0].upper()}" if p != "colocated" else f"{n}x"
@@ -178,4 +186,5 @@ def row(variant: str, res: Results) -> dict[str, Any]:
         "num_preemptions": s["num_preemptions"],
         "parallelism": s["run"].get("parallelism"),  # later: earlier columns keep their places
         "failed": s["requests"].get("failed", 0),  # its client gave up (workload.timeout_s)
+        **per_class,
     }

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.results.outdir import replace_text
-from sim.studies.plan import Evaluation, KindResult, Searcher
+from sim.studies.plan import LOAD_PRECISION, Evaluation, KindResult, Searcher
 from sim.studies.plan_file import Plan
 from sim.studies.plan_run import evaluation_rows, objective, unit_cost
 
@@ -138,10 +138,22 @@ def answer_load(plan: Plan, searcher: Searcher, results: list[KindResult]) -> di
     if band > 0:
         ends = {"slow_qps": searcher.max_load(result.kind, result, 1 + band),
                 "fast_qps": searcher.max_load(result.kind, result, 1 - band)}
-    seeds = [searcher.evaluate(result.kind, 1, "seed", load_qps=capacity,
-                               seed=plan.base.seed + i) for i in range(plan.config.seeds)]
-    result.evaluations.extend(seeds)
+    def at(load_qps: float) -> list[Evaluation]:
+        runs = [searcher.evaluate(result.kind, 1, "seed", load_qps=load_qps,
+                                  seed=plan.base.seed + i) for i in range(plan.config.seeds)]
+        result.evaluations.extend(runs)
+        return runs
+
+    seeds = at(capacity)
     failed = [f"seed {ev.seed}: {ev.why}" for ev in seeds if not ev.ok]
+    # Where another seed fails at it, the load every seed holds: down a step of the search's
+    # precision at a time, to half the capacity at most.
+    every_seed: float | None = capacity
+    while every_seed is not None and not all(ev.ok for ev in (
+            seeds if every_seed == capacity else at(every_seed))):
+        every_seed *= 1 - LOAD_PRECISION
+        if every_seed < capacity / 2:
+            every_seed = None
     unit = unit_cost(plan, result.kind)
     return {
         "chosen": {"kind": result.kind.label(), "units": 1,
@@ -159,7 +171,7 @@ def answer_load(plan: Plan, searcher: Searcher, results: list[KindResult]) -> di
                          "extrapolated": extrapolated, **ends}],
         "robust_choice": None,
         "seeds": {"seeds": [ev.seed for ev in seeds], "all_hold": not failed,
-                  "failures": failed},
+                  "failures": failed, "capacity_every_seed_qps": every_seed},
     }
 
 

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from sim.config.errors import INPUT_MODEL, InputError, invalid
 from sim.core.registry import Registry
+from sim.workloads.classes import CLASSES_FIELD, RequestClassConfig, check_classes
 
 # Tokens in one request's prompt or output. The longest contexts served today are about 10**7
 # tokens; 10**9 leaves room while a chunk's causal attention pairs (about q**2 / 2) and every
@@ -50,6 +51,8 @@ class Workload:
     stage: np.ndarray | None = None
     # Sessions whose turns wait for the answer before (multi-turn conversations), else None.
     sessions: Sessions | None = None
+    # int64, each request's class (an index into `workload.classes`), else None.
+    request_class: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -62,7 +65,8 @@ class Workload:
         return Workload(self.arrival_s[index], self.num_prompt_tokens[index],
                         self.num_output_tokens[index], hash_ids, self.hash_block_tokens,
                         None if self.stage is None else self.stage[index],
-                        None if self.sessions is None else self.sessions.take(rows))
+                        None if self.sessions is None else self.sessions.take(rows),
+                        None if self.request_class is None else self.request_class[index])
 
 
 @dataclass(frozen=True)
@@ -176,8 +180,14 @@ class WorkloadConfig(BaseModel):
         description="the client gives up on a request not finished this long after it arrives: "
                     "the engine aborts it (its KV freed) and it counts as failed "
                     "(inference-perf's client: 300 s, aiohttp's default); none: never")
+    classes: list[RequestClassConfig] | None = CLASSES_FIELD
     # The scenario file, named by errors of the selection (set by `parse_scenario`).
     _source: str = PrivateAttr("<scenario>")
+
+    @field_validator("classes")
+    @classmethod
+    def _classes(cls, value: list[RequestClassConfig] | None) -> list[RequestClassConfig] | None:
+        return check_classes(value)
 
     @model_validator(mode="after")
     def _window(self) -> WorkloadConfig:

@@ -11,6 +11,7 @@ import numpy as np
 
 from sim.workloads import FORMATS, Workload, select
 from sim.workloads.base import TraceSessionsConfig
+from sim.workloads.classes import draw_classes
 from sim.workloads.sessions import with_trace_sessions
 
 if TYPE_CHECKING:
@@ -24,10 +25,13 @@ def load_workload(scenario: Scenario, base_dir: Path | None = None) -> Workload:
     chosen = select(full, cfg)
     if isinstance(sessions := getattr(cfg, "sessions", None), TraceSessionsConfig):
         chosen = with_trace_sessions(chosen, cfg, sessions)
-    if cfg.retime is None:
-        return chosen
-    # The selected requests, in their order, at the new process's times.
-    return dataclasses.replace(chosen, arrival_s=cfg.retime.sample(len(chosen), rng))
+    if cfg.retime is not None:
+        # The selected requests, in their order, at the new process's times.
+        chosen = dataclasses.replace(chosen, arrival_s=cfg.retime.sample(len(chosen), rng))
+    if cfg.classes is not None:
+        chosen = dataclasses.replace(chosen, request_class=draw_classes(
+            cfg.classes, len(chosen), scenario.seed, chosen.sessions))
+    return chosen
 
 
 def rate_knob(scenario: Scenario) -> str:

@@ -86,7 +86,7 @@ SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
 
 def kind(path: Path) -> str:
     text = path.read_text()
-    if "\ntarget_qps:" in text:
+    if "\ntarget_qps:" in text or "\nsearch:" in text:
         return "plan"
     return "comparison" if "variants:" in text else "sweep" if "\ngrid:" in text else "scenario"
 

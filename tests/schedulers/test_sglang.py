@@ -188,9 +188,12 @@ def test_through_the_simulator_with_preemption():
 
 
 def with_sglang(data: dict, draw) -> dict:
-    """`data` with every replica's scheduler replaced by a random `sglang` one."""
+    """`data` with every replica's scheduler replaced by a random `sglang` one (its classes,
+    if any, of one priority: SGLang's policy here is FCFS)."""
     for key, value in list(data.items()):
-        if key == "scheduler":
+        if key == "classes":
+            data[key] = [{**c, "priority": 0} for c in value]
+        elif key == "scheduler":
             data[key] = {"name": "sglang", "chunked_prefill_size": draw(st.integers(8, 1024)),
                          "mixed_chunk": draw(st.booleans()),
                          "max_running_requests": draw(st.integers(1, 64)),

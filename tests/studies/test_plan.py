@@ -219,6 +219,37 @@ def test_the_shipped_70b_plan_answers_its_question(tmp_path, monkeypatch, capsys
     assert record["counts"]["candidates"] >= 8 * 8
 
 
+@pytest.mark.slow
+def test_the_shipped_vidur_plan_ranks_by_load_per_dollar(tmp_path, monkeypatch, capsys, traces):
+    """scenarios/plan_vidur_llama2_70b_arxiv.yaml (Vidur-Search's question), narrowed to run
+    in CI: both GPUs at their Vidur prices, TP4 and TP8, Vidur's vLLM and Sarathi-Serve
+    schedulers at one batch size, 300 requests a run."""
+    shipped = Path(__file__).parents[2] / "scenarios" / "plan_vidur_llama2_70b_arxiv.yaml"
+    data = yaml.safe_load(shipped.read_text())
+    data["base"]["workload"]["path"] = str(
+        traces / "vidur" / "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv")
+    data["base"]["workload"]["num_requests"] = 300
+    data["search"] |= {"tensor": [4, 8], "pipeline": [1],
+                       "schedulers": [data["search"]["schedulers"][i] for i in (1, 16)]}
+    data["seeds"] = 2
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(data))
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "out", workers=2)
+    ranking = record["answer"]["ranking"]
+    assert len(ranking) == 8
+    per = [r["qps_per_usd_hour"] for r in ranking]
+    assert per == sorted(per, reverse=True) and per[0] > 0
+    assert record["answer"]["chosen"]["kind"] == ranking[0]["kind"]
+    # Held at every seed, or the load that is (a step of the precision at a time).
+    seeds = record["answer"]["seeds"]
+    every = seeds["capacity_every_seed_qps"]
+    capacity = record["answer"]["chosen"]["capacity_qps"]
+    assert every == capacity if seeds["all_hold"] else every < capacity
+    table = pd.read_csv(tmp_path / "out" / "candidates.csv")
+    at_every = table[(table["role"] == "seed") & (table["load_qps"] == every)]
+    assert len(at_every) == 2 and at_every["ok"].all()
+
+
 def test_a_plan_directory_is_reported_drawn_and_kept_apart(tmp_path, monkeypatch, capsys):
     path = write_plan(tmp_path, search={"gpus": ["h100-sxm"], "max_replicas": 4}, band="none",
                       seeds=1)

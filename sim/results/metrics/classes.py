@@ -1,0 +1,107 @@
+"""Each request class's own metrics (`workload.classes`): counts, latency distributions, its
+pooled TBT gaps, and SLO attainment against the class's own targets (else the scenario's)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sim.config.slo import SLOConfig
+from sim.results.columns import Columns, column
+from sim.results.metrics.summary import (
+    FINISHED,
+    WeightedSample,
+    distribution,
+    finished_distribution,
+    never_arrived,
+    slo_attainment,
+)
+
+if TYPE_CHECKING:
+    from sim.config.scenario import Scenario
+    from sim.results.records import TokenRuns
+
+CLASS_COLUMNS = ("ttft_s", "client_ttft_s", "tpot_s", "e2e_s", "scheduling_delay_s",
+                 "max_tbt_s")
+
+
+def class_gaps(request_class: np.ndarray, num_classes: int, runs: TokenRuns,
+               end_s: np.ndarray) -> list[WeightedSample]:
+    """The TBT gaps of each class's requests, pooled (as `token_stats` pools them all)."""
+    from sim.results.records import TokenRuns, token_stats
+
+    owner_class = request_class[runs.owner]
+    out = []
+    for c in range(num_classes):
+        keep = owner_class == c
+        sub = TokenRuns(runs.owner[keep], runs.start[keep], runs.end[keep],
+                        runs.num_runs[request_class == c])
+        out.append(token_stats(sub, end_s).gaps)
+    return out
+
+
+def class_targets(scenario: Scenario) -> list[SLOConfig]:
+    """Each class's SLO targets: its own, else the scenario's."""
+    return [c.slo or scenario.slo for c in scenario.workload.classes or []]
+
+
+def class_stats(requests: Columns, gaps: list[WeightedSample], scenario: Scenario
+                ) -> list[dict[str, Any]]:
+    """Per class, in the order given: its name, priority and share, request counts by
+    outcome, latency distributions of its finished requests, its pooled TBT gaps, and SLO
+    attainment against its targets."""
+    classes = scenario.workload.classes or []
+    names = column(requests, "request_class")
+    out: list[dict[str, Any]] = []
+    for c, slo, class_gap in zip(classes, class_targets(scenario), gaps, strict=True):
+        rows = np.flatnonzero(names == c.name)
+        sub = {name: column(requests, name)[rows] for name in requests}
+        status = sub["status"]
+        done = status == FINISHED
+        out.append({
+            "name": c.name, "priority": c.priority, "share": c.share,
+            "requests": {"total": len(rows), "finished": int(done.sum()),
+                         **{kind: int((status == kind).sum())
+                            for kind in ("rejected", "failed", "unfinished")}},
+            **{name: finished_distribution(sub[name][done]) for name in CLASS_COLUMNS
+               if name in sub},
+            "tbt_s": distribution(class_gap),
+            "slo": {**slo_attainment(sub, class_gap, slo),
+                    "targets": slo.model_dump(exclude_none=True)},
+        })
+    return out
+
+
+def combined_attainment(requests: Columns, gaps: list[WeightedSample], scenario: Scenario
+                        ) -> dict[str, float | None]:
+    """SLO attainment over every offered request, each judged by its class's targets (one of
+    a class without a target for a metric meets it); the gaps by their class's TBT target."""
+    targets = class_targets(scenario)
+    classes = scenario.workload.classes or []
+    offered = ~never_arrived(requests)
+    finished = (column(requests, "status") == FINISHED)[offered]
+    if not len(finished):
+        return {}
+    index = {c.name: i for i, c in enumerate(classes)}
+    which = np.array([index[n] for n in column(requests, "request_class")[offered].tolist()],
+                     dtype=np.int64)
+    ttft = np.array([t.ttft_s if t.ttft_s is not None else np.inf for t in targets])[which]
+    tbt = np.array([t.tbt_s if t.tbt_s is not None else np.inf for t in targets])[which]
+    out: dict[str, float | None] = {}
+    ok = finished.copy()
+    if any(t.ttft_s is not None for t in targets):
+        ttft_ok = finished & (column(requests, "ttft_s")[offered] <= ttft)
+        out["ttft_attainment"] = float(ttft_ok.mean())
+        ok &= ttft_ok
+    if any(t.tbt_s is not None for t in targets):
+        tbt_ok = finished & ~(column(requests, "max_tbt_s")[offered] > tbt)
+        out["tbt_attainment"] = float(tbt_ok.mean())
+        met = sum(int(g.counts[g.values <= (t.tbt_s if t.tbt_s is not None else np.inf)].sum())
+                  for g, t in zip(gaps, targets, strict=True))
+        total = sum(g.size for g in gaps)
+        out["tbt_gap_attainment"] = met / total if total else None
+        ok &= tbt_ok
+    if out:
+        out["all_attainment"] = float(ok.mean())
+    return out

@@ -1,0 +1,71 @@
+"""Request classes (`workload.classes`): each request belongs to one class, drawn by the
+classes' shares, which gives it its priority (vLLM's request `priority`: lower is served first
+under `scheduling_policy: priority`) and, optionally, SLOs of its own. The run reports every
+metric per class (`summary.classes`, the `request_class` column)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from sim.config.errors import INPUT_MODEL
+from sim.config.slo import SLOConfig
+
+if TYPE_CHECKING:
+    from sim.workloads.base import Sessions
+
+# vLLM's `priority` is a Python int; engines store it as a 64-bit one at most.
+MAX_PRIORITY = 2**31 - 1
+# Classes are drawn from their own stream of the scenario's seed: adding classes changes no
+# other draw (arrivals, lengths), so a run with and without them serves the same requests.
+CLASS_STREAM = 0x636C6173  # "clas"
+
+
+class RequestClassConfig(BaseModel):
+    model_config = INPUT_MODEL
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.+-]+$",
+                      description="how the results name the class")
+    share: float = Field(gt=0, le=1, description="share of the requests in it (shares sum "
+                                                 "to 1)")
+    priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
+                          description="vLLM's request priority: lower is served first under "
+                                      "scheduling_policy: priority (which differing "
+                                      "priorities need)")
+    slo: SLOConfig | None = Field(None, description="targets of its own (ttft_s, tbt_s); none: "
+                                                    "the scenario's slo")
+
+
+def check_classes(value: list[RequestClassConfig] | None) -> list[RequestClassConfig] | None:
+    """Distinct names, shares summing to 1."""
+    if value is None:
+        return None
+    names = [c.name for c in value]
+    if len(set(names)) != len(names):
+        raise ValueError(f"class names must differ: {', '.join(names)}")
+    total = sum(c.share for c in value)
+    if abs(total - 1.0) > 1e-6:
+        raise ValueError(f"shares sum to {total:g}: they must sum to 1")
+    return value
+
+
+CLASSES_FIELD: Any = Field(
+    None, min_length=1, max_length=100,
+    description="request classes, each {name, share, priority, slo}: every request is drawn "
+                "into one by the shares (a session's turns into its first turn's); metrics "
+                "per class; none: one class")
+
+
+def draw_classes(classes: list[RequestClassConfig], num_requests: int, seed: int,
+                 sessions: Sessions | None) -> np.ndarray:
+    """Each request's class index, drawn by share from the scenario seed's own stream; the
+    turns of a session share their session's draw."""
+    rng = np.random.default_rng([seed, CLASS_STREAM])
+    shares = np.array([c.share for c in classes])
+    if sessions is None:
+        return rng.choice(len(classes), size=num_requests, p=shares / shares.sum())
+    per_session = rng.choice(len(classes), size=int(sessions.session.max()) + 1,
+                             p=shares / shares.sum()) if num_requests else np.zeros(0, int)
+    return per_session[sessions.session]

@@ -1,0 +1,134 @@
+"""Request classes (`workload.classes`): drawn by share from their own stream (no other draw
+changes), a session's turns in one class, every class's metrics in the summary, the table
+and the report; bad classes and priorities without a priority policy are one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from sim.config.scenario import parse_scenario
+from sim.runner import run_scenario
+from sim.workloads.load import load_workload
+from tests.helpers import assert_one_line_error, run_cli, run_cli_out
+
+CLASSES = [{"name": "interactive", "share": 0.3, "priority": 0,
+            "slo": {"ttft_s": 0.25, "tbt_s": 0.05}},
+           {"name": "batch", "share": 0.7, "priority": 2}]
+
+
+def scenario(num_requests=400, qps=20.0, policy="priority", classes=CLASSES, **workload):
+    return {"name": "classes", "seed": 3,
+            "workload": {"format": "synthetic", "num_requests": num_requests,
+                         "arrivals": {"process": "poisson", "qps": qps},
+                         "lengths": {"prompt": {"dist": "uniform", "low": 100, "high": 2000},
+                                     "output": {"dist": "uniform", "low": 20, "high": 300}},
+                         **({"classes": classes} if classes is not None else {}), **workload},
+            "replica": {"model": "llama-3.1-8b", "gpu": "h100-sxm",
+                        "scheduler": {"name": "vllm_v1", "scheduling_policy": policy,
+                                      "max_num_seqs": 16}},
+            "slo": {"ttft_s": 2.0}}
+
+
+def test_classes_are_drawn_by_share_and_change_no_other_draw():
+    with_classes = load_workload(parse_scenario(scenario(20_000), "t"))
+    without = load_workload(parse_scenario(scenario(20_000, classes=None), "t"))
+    assert with_classes.request_class is not None and without.request_class is None
+    for column in ("arrival_s", "num_prompt_tokens", "num_output_tokens"):
+        np.testing.assert_array_equal(getattr(with_classes, column), getattr(without, column))
+    share = np.bincount(with_classes.request_class, minlength=2) / 20_000
+    assert share == pytest.approx([0.3, 0.7], abs=0.015)
+    again = load_workload(parse_scenario(scenario(20_000), "t"))
+    np.testing.assert_array_equal(again.request_class, with_classes.request_class)
+    other_seed = load_workload(parse_scenario({**scenario(20_000), "seed": 4}, "t"))
+    assert (other_seed.request_class != with_classes.request_class).any()
+
+
+def test_the_turns_of_a_session_share_its_class():
+    data = scenario(classes=CLASSES)
+    data["workload"] = {"format": "prefix", "num_conversations": 300, "num_turns": 4,
+                        "arrivals": {"process": "poisson", "qps": 5.0},
+                        "question_tokens": {"dist": "uniform", "low": 10, "high": 200},
+                        "output_tokens": {"dist": "uniform", "low": 10, "high": 100},
+                        "hash_block_tokens": 16, "classes": CLASSES}
+    workload = load_workload(parse_scenario(data, "t"))
+    assert workload.sessions is not None and workload.request_class is not None
+    for session in np.unique(workload.sessions.session):
+        assert len(set(workload.request_class[workload.sessions.session == session])) == 1
+    assert len(set(workload.request_class.tolist())) == 2
+
+
+def test_every_class_is_reported_and_priority_serves_the_interactive_first(tmp_path):
+    # Near capacity (16 running at most, about 10 req/s): the batch class queues, the
+    # interactive one hardly.
+    fast = run_scenario(parse_scenario(scenario(qps=10.0), "t"), out_dir=tmp_path / "p")
+    fcfs_classes = [{**c, "priority": 0} for c in CLASSES]
+    fcfs = run_scenario(parse_scenario(scenario(qps=10.0, policy="fcfs",
+                                                classes=fcfs_classes), "t"))
+    req = fast.requests
+    assert set(req["request_class"]) == {"interactive", "batch"}
+    assert (req.loc[req["request_class"] == "batch", "priority"] == 2).all()
+    by_name = {c["name"]: c for c in fast.summary["classes"]}
+    assert [c["name"] for c in fast.summary["classes"]] == ["interactive", "batch"]
+    assert sum(c["requests"]["total"] for c in by_name.values()) == len(req)
+    for name, c in by_name.items():
+        mine = req[req["request_class"] == name]
+        assert c["ttft_s"]["p50"] == pytest.approx(mine["ttft_s"].median())
+        assert c["requests"]["finished"] == int((mine["status"] == "finished").sum())
+    # The class's own targets, else the run's.
+    assert by_name["interactive"]["slo"]["targets"] == {"ttft_s": 0.25, "tbt_s": 0.05}
+    assert by_name["batch"]["slo"]["targets"] == {"ttft_s": 2.0}
+    inter = req[req["request_class"] == "interactive"]
+    met = ((inter["status"] == "finished") & (inter["ttft_s"] <= 0.25)
+           & ~(inter["max_tbt_s"] > 0.05)).mean()
+    assert by_name["interactive"]["slo"]["all_attainment"] == pytest.approx(met)
+    # Priority: the interactive class waits far less than under FCFS, the batch one more.
+    first = {c["name"]: c["ttft_s"]["p90"] for c in fcfs.summary["classes"]}
+    assert by_name["interactive"]["ttft_s"]["p90"] < 0.5 * first["interactive"]
+    assert by_name["batch"]["ttft_s"]["p90"] > first["batch"]
+    written = json.loads((tmp_path / "p" / "summary.json").read_text())
+    assert [c["name"] for c in written["classes"]] == ["interactive", "batch"]
+
+
+def test_the_table_and_the_report_show_the_classes(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario(qps=10.0)))
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out = run_cli_out(monkeypatch, capsys, "simulate", str(path), "--out",
+                            str(tmp_path / "r"))
+    assert code == 0
+    assert "request classes" in out and "interactive" in out and "batch" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    code, _ = run_cli_out(monkeypatch, capsys, "report", str(tmp_path / "r"))
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert code == 0 and "By request class" in html and "SLO met (%)" in html
+
+
+@pytest.mark.parametrize("change,field,needle", [
+    ({"classes": [{**CLASSES[0], "share": 0.2}, CLASSES[1]]}, "workload.classes",
+     "shares sum to 0.9"),
+    ({"classes": [CLASSES[0], {**CLASSES[1], "name": "interactive"}]}, "workload.classes",
+     "class names must differ"),
+    ({"classes": [{**CLASSES[0], "name": "a b"}, CLASSES[1]]}, "workload.classes.0.name",
+     "should match pattern"),
+    ({"policy": "fcfs"}, "replica.scheduler", "use vllm_v1 with scheduling_policy: priority"),
+])
+def test_bad_classes_are_one_line(tmp_path, monkeypatch, capsys, change, field, needle):
+    data = scenario(policy=change.pop("policy", "priority"))
+    data["workload"].update(change)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, field, needle)
+
+
+def test_sglang_refuses_differing_priorities(tmp_path, monkeypatch, capsys):
+    data = scenario()
+    data["replica"]["scheduler"] = {"name": "sglang"}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
+    assert_one_line_error(code, err, "replica.scheduler", "priorities [0, 2]")
