@@ -21,7 +21,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -49,6 +49,8 @@ class VllmEngineConfig(SchedulerConfig):
     enable_chunked_prefill: bool = Field(True, description="False: prompts prefilled whole")
     long_prefill_token_threshold: int = Field(0, ge=0, description="largest chunk; 0: no cap")
     async_scheduling: bool = Field(True, description="two iterations in flight (vLLM default)")
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs", description="vLLM's --scheduling-policy (priority: by the requests' priority)")
     decode_reserve_tokens: int | None = Field(0, ge=0, le=0, description="vLLM reserves none")
 
     @model_validator(mode="after")
@@ -92,6 +94,10 @@ class VllmEngine(Scheduler):
         return max(2, pipeline_size) if self.config.async_scheduling else pipeline_size
 
     @property
+    def by_priority(self) -> bool:
+        return self.config.scheduling_policy == "priority"  # vLLM's own queue order, mirrored
+
+    @property
     def output_placeholders(self) -> bool:
         return self.config.async_scheduling
 
@@ -130,7 +136,8 @@ class VllmEngine(Scheduler):
             max_model_len=max_model_len,
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
             enable_chunked_prefill=cfg.enable_chunked_prefill,
-            async_scheduling=cfg.async_scheduling, is_encoder_decoder=False)
+            async_scheduling=cfg.async_scheduling, is_encoder_decoder=False,
+            policy=cfg.scheduling_policy)
         with tempfile.TemporaryDirectory() as folder:
             Path(folder, "config.json").write_text(json.dumps(_LLAMA))
             model = ModelConfig(model=folder, skip_tokenizer_init=True, dtype="float16",
@@ -172,7 +179,8 @@ class VllmEngine(Scheduler):
         extra = {"eos_token_id": 2} if "eos_token_id" in _params(VRequest) else {}
         return VRequest(str(req.request_id), prompt_token_ids=prompt_tokens(req),
                         sampling_params=params, pooling_params=None,
-                        arrival_time=req.arrival_s, block_hasher=self._hasher, **extra)
+                        arrival_time=req.arrival_s, block_hasher=self._hasher,
+                        priority=req.priority, **extra)
 
     # -- planning -------------------------------------------------------------------------
 

@@ -31,7 +31,8 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
         scheduler: dict[str, Any] = {
             "name": "vllm_engine", **{k: s[k] for k in (
                 "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill",
-                "long_prefill_token_threshold", "async_scheduling")}}
+                "long_prefill_token_threshold", "async_scheduling")},
+            "scheduling_policy": s.get("scheduling_policy", "fcfs")}
         prefix_caching = s["enable_prefix_caching"]
     elif doc["engine"] == "vllm":
         scheduler = {
