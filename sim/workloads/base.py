@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from sim.config.errors import INPUT_MODEL, InputError, invalid
 from sim.core.registry import Registry
@@ -184,10 +184,18 @@ class WorkloadConfig(BaseModel):
     # The scenario file, named by errors of the selection (set by `parse_scenario`).
     _source: str = PrivateAttr("<scenario>")
 
-    @field_validator("classes")
-    @classmethod
-    def _classes(cls, value: list[RequestClassConfig] | None) -> list[RequestClassConfig] | None:
-        return check_classes(value)
+    @model_validator(mode="after")
+    def _classes(self) -> WorkloadConfig:
+        columns = getattr(self, "columns", None)
+        tagged = getattr(columns, "request_class", None) is not None
+        if tagged and self.classes is None:
+            raise invalid(("columns.request_class", columns.request_class,  # type: ignore[union-attr]
+                           "names classes: list them (workload.classes: name, priority, slo)"))
+        try:
+            check_classes(self.classes, tagged)
+        except ValueError as exc:
+            raise invalid(("classes", [c.name for c in self.classes or []], str(exc))) from None
+        return self
 
     @model_validator(mode="after")
     def _window(self) -> WorkloadConfig:
@@ -267,6 +275,8 @@ class ColumnsConfig(BaseModel):
     prompt_tokens: str
     output_tokens: str
     hash_ids: str | None = None  # a column of lists of prefix-block ids (as Mooncake's)
+    # A column of class names (`workload.classes`): each request's class, as the trace tags it.
+    request_class: str | None = None
 
 
 class GenericConfig(FilteredTraceConfig):
@@ -336,7 +346,7 @@ def select(workload: Workload, config: WorkloadConfig) -> Workload:
         hash_block_tokens = max(1, round(hash_block_tokens * config.token_scale))
     return Workload(shifted, prompt, output, chosen.hash_ids,
                     hash_block_tokens if chosen.hash_ids is not None else 0, chosen.stage,
-                    chosen.sessions)
+                    chosen.sessions, chosen.request_class)
 
 
 def _scaled(num_tokens: np.ndarray, config: WorkloadConfig) -> np.ndarray:

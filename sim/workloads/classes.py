@@ -28,8 +28,10 @@ class RequestClassConfig(BaseModel):
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.+-]+$",
                       description="how the results name the class")
-    share: float = Field(gt=0, le=1, description="share of the requests in it (shares sum "
-                                                 "to 1)")
+    share: float | None = Field(None, gt=0, le=1,
+                                description="share of the requests in it (shares sum to 1); "
+                                            "none where the trace tags each request's class "
+                                            "(columns.request_class)")
     priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
                           description="vLLM's request priority: lower is served first under "
                                       "scheduling_policy: priority (which differing "
@@ -38,24 +40,48 @@ class RequestClassConfig(BaseModel):
                                                     "the scenario's slo")
 
 
-def check_classes(value: list[RequestClassConfig] | None) -> list[RequestClassConfig] | None:
-    """Distinct names, shares summing to 1."""
+def check_classes(value: list[RequestClassConfig] | None, tagged: bool = False) -> None:
+    """Distinct names; shares summing to 1, or none where the trace tags the classes."""
     if value is None:
-        return None
+        return
     names = [c.name for c in value]
     if len(set(names)) != len(names):
         raise ValueError(f"class names must differ: {', '.join(names)}")
-    total = sum(c.share for c in value)
+    given = [c.share for c in value if c.share is not None]
+    if tagged:
+        if given:
+            raise ValueError("the trace tags each request's class (columns.request_class): "
+                             "leave the shares out")
+        return
+    if len(given) < len(value):
+        raise ValueError("each class needs its share (or a trace column naming each "
+                         "request's class: columns.request_class)")
+    total = sum(given)
     if abs(total - 1.0) > 1e-6:
         raise ValueError(f"shares sum to {total:g}: they must sum to 1")
-    return value
 
 
 CLASSES_FIELD: Any = Field(
     None, min_length=1, max_length=100,
     description="request classes, each {name, share, priority, slo}: every request is drawn "
-                "into one by the shares (a session's turns into its first turn's); metrics "
-                "per class; none: one class")
+                "into one by the shares (a session's turns into its first turn's), or tagged "
+                "by the trace (csv, jsonl: columns.request_class); metrics per class; none: "
+                "one class")
+
+
+def tagged_classes(names: list[str], classes: list[RequestClassConfig],
+                   problem: Any) -> np.ndarray:
+    """Each request's class index from the class names a trace tags them with; `problem(row,
+    value)` raises for a name not among `classes`."""
+    index = {c.name: i for i, c in enumerate(classes)}
+    out = np.empty(len(names), dtype=np.int64)
+    for row, name in enumerate(names):
+        found = index.get(name) if isinstance(name, str) else None
+        if found is None:
+            problem(row, name)
+            raise AssertionError("problem() raises")
+        out[row] = found
+    return out
 
 
 def draw_classes(classes: list[RequestClassConfig], num_requests: int, seed: int,
@@ -63,7 +89,7 @@ def draw_classes(classes: list[RequestClassConfig], num_requests: int, seed: int
     """Each request's class index, drawn by share from the scenario seed's own stream; the
     turns of a session share their session's draw."""
     rng = np.random.default_rng([seed, CLASS_STREAM])
-    shares = np.array([c.share for c in classes])
+    shares = np.array([c.share or 0.0 for c in classes])
     if sessions is None:
         return rng.choice(len(classes), size=num_requests, p=shares / shares.sum())
     per_session = rng.choice(len(classes), size=int(sessions.session.max()) + 1,

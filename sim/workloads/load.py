@@ -28,7 +28,7 @@ def load_workload(scenario: Scenario, base_dir: Path | None = None) -> Workload:
     if cfg.retime is not None:
         # The selected requests, in their order, at the new process's times.
         chosen = dataclasses.replace(chosen, arrival_s=cfg.retime.sample(len(chosen), rng))
-    if cfg.classes is not None:
+    if cfg.classes is not None and chosen.request_class is None:
         chosen = dataclasses.replace(chosen, request_class=draw_classes(
             cfg.classes, len(chosen), scenario.seed, chosen.sessions))
     return chosen

@@ -132,3 +132,44 @@ def test_sglang_refuses_differing_priorities(tmp_path, monkeypatch, capsys):
     path.write_text(yaml.safe_dump(data))
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
     assert_one_line_error(code, err, "replica.scheduler", "priorities [0, 2]")
+
+
+def tagged_trace(tmp_path, names):
+    rows = ["t,prompt,output,kind"] + [f"{0.05 * i:.2f},{200 + 10 * i},{20 + i},{n}"
+                                       for i, n in enumerate(names)]
+    path = tmp_path / "trace.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return {"format": "csv", "path": str(path),
+            "columns": {"arrival": "t", "prompt_tokens": "prompt", "output_tokens": "output",
+                        "request_class": "kind"},
+            "classes": [{"name": "chat", "priority": 0, "slo": {"ttft_s": 0.5}},
+                        {"name": "batch", "priority": 1}]}
+
+
+def test_a_trace_tags_each_requests_class(tmp_path):
+    names = ["chat", "batch", "batch", "chat", "batch"] * 8
+    data = scenario()
+    data["workload"] = tagged_trace(tmp_path, names)
+    res = run_scenario(parse_scenario(data, "t"))
+    assert res.requests.sort_values("request_id")["request_class"].tolist() == names
+    counts = {c["name"]: c["requests"]["total"] for c in res.summary["classes"]}
+    assert counts == {"chat": 16, "batch": 24}
+
+
+@pytest.mark.parametrize("change,field,needle", [
+    ("unknown", "kind", "not a class of workload.classes (chat, batch)"),
+    ("shares", "workload.classes", "leave the shares out"),
+    ("no classes", "workload.columns.request_class", "list them"),
+])
+def test_bad_tagged_classes_are_one_line(tmp_path, monkeypatch, capsys, change, field, needle):
+    data = scenario()
+    data["workload"] = tagged_trace(tmp_path, ["chat", "batch", "urgent" if change == "unknown"
+                                               else "chat"])
+    if change == "shares":
+        data["workload"]["classes"][0]["share"] = 0.5
+    if change == "no classes":
+        del data["workload"]["classes"]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, field, needle)
