@@ -25,8 +25,9 @@ GRID_HELP = ("a roofline field and the values to try, FIELD=V1,V2,... (repeat fo
 def calibrate(
     measured: Annotated[list[Path], typer.Argument(
         help="measured runs: stage tables (CSV, one row per load stage), engine-run folders "
-             "(meta.json + requests.jsonl) or vllm bench serve results (JSON, with "
-             "--deployment); see docs/fidelity.md")],
+             "(meta.json + requests.jsonl), inference-perf results folders (config.yaml + "
+             "stage_<i>_lifecycle_metrics.json, with --deployment) or vllm bench serve "
+             "results (JSON, with --deployment); see docs/fidelity.md")],
     out: Annotated[Path, typer.Option("--out", help="the calibration file to write (YAML)")],
     name: Annotated[str | None, typer.Option(
         help="the calibration's name (default: the file's stem)")] = None,
@@ -37,8 +38,8 @@ def calibrate(
         help="the servesim GPU the runs used (default: read from the table's gpu column)")
     ] = None,
     deployment: Annotated[Path | None, typer.Option(
-        help="for vllm bench serve results (.json): a scenario file of the server they "
-             "measured (its workload is replaced by each file's requests)")] = None,
+        help="for vllm bench serve results and inference-perf folders: a scenario file of "
+             "the server they measured (its workload is replaced by the run's)")] = None,
     jobs: Annotated[int, typer.Option(min=1, max=512, help="simulations at once")] = 2,
 ) -> None:
     """Fit the engine calibration (roofline fields and front end) that makes servesim agree

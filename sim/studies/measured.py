@@ -110,9 +110,17 @@ VLLM_KEYS = {"TPOT mean": "mean_tpot_ms", "TPOT P50": "median_tpot_ms",
 def read_measured(path: Path, gpu: str | None = None, deployment: Path | None = None
                   ) -> list[Experiment]:
     """The experiments of a measured file: a stage table (`.csv`, `read_stages`), an engine
-    run's folder (`read_engine_run`) or a `vllm bench serve` result (`.json`,
-    `read_vllm_bench`, with the `deployment` it ran on)."""
+    run's folder (`read_engine_run`), an inference-perf results folder
+    (`sim.studies.inference_perf`) or a `vllm bench serve` result (`.json`,
+    `read_vllm_bench`); the last two with the `deployment` they ran on."""
     if path.is_dir():
+        from sim.studies.inference_perf import is_inference_perf, read_inference_perf
+
+        if is_inference_perf(path):
+            if deployment is None:
+                raise InputError(path, "<folder>", str(path), "an inference-perf run needs "
+                                 "--deployment: a scenario file of the server it measured")
+            return [read_inference_perf(path, deployment)]
         return [read_engine_run(path, gpu)]
     if path.suffix == ".json":
         if deployment is None:
