@@ -103,214 +103,25 @@ every golden workload), a watermark, prefill throttling (off by default).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
-
-from pydantic import Field, model_validator
-
-from sim.config.errors import invalid
 from sim.core.kv_cache import KVCacheManager, cdiv
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
 from sim.core.state import ReplicaState
-from sim.hardware.gpus import GPUSpec
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
-    SchedulerConfig,
     admit_waiting,
     any_in_flight,
     lowest_priority,
     preempt,
 )
-
-# vLLM `EngineArgs.get_batch_defaults` (vllm/engine/arg_utils.py): an OpenAI-compatible server on
-# a GPU of 70 GiB or more other than an A100 (H100, H200; servesim's default GPU is an H100)
-# gets 8192; a replica's GPU picks its own (`EngineRules.batch_defaults`); these apply where no
-# GPU is known.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-DEFAULT_MAX_NUM_SEQS = 256
-
-
-@dataclass(frozen=True)
-class EngineRules:
-    """What a vLLM release does where releases differ (rules 11-14 of the module docstring)."""
-
-    # `long_prefill_token_threshold` not applied while one request is running or waiting.
-    threshold_spares_lone_request: bool
-    # Default of `scheduler_reserve_full_isl` (None: the release has no such setting, off).
-    reserve_full_isl: bool | None
-    # Default of `async_scheduling` (`VllmConfig.__post_init__` resolves None to it).
-    async_scheduling: bool
-    # Where freed blocks go in the free queue (`block_pool.py`, `free_blocks`):
-    # `sim.core.block_cache`.
-    free_order: Literal["lru_block", "fifo_block"]
-    # Rule 17: the priority policy's running pass goes on past a request that preempted
-    # itself, and keeps its place by the victim's position (else: by whether it was scheduled).
-    priority_pass_goes_on: bool
-    # `EngineArgs.get_batch_defaults`, an OpenAI-compatible server: the budget on a GPU of
-    # 160 GiB or more (None: no such tier in this release, it gets the 70 GiB one's).
-    huge_gpu_budget: int | None = None
-
-    def batch_defaults(self, gpu: GPUSpec) -> tuple[int, int]:
-        """vLLM's server defaults of `max_num_batched_tokens` and `max_num_seqs` on `gpu`:
-        8192 and 1024 on a GPU of 70 GiB or more that is not an A100 (H100, H200), 2048 and
-        256 on the others; 0.33.0 gives 16384 from 160 GiB (B200, MI300X)."""
-        memory_gib = gpu.memory_bytes / 2**30
-        if self.huge_gpu_budget is not None and memory_gib >= 160:
-            return self.huge_gpu_budget, 1024
-        if memory_gib >= 70 and "a100" not in gpu.name.lower():
-            return 8192, 1024
-        return 2048, 256
-
-
-# Checked against each release's own scheduler code by the golden schedules (`tools/golden/`).
-ENGINE_VERSIONS: dict[str, EngineRules] = {
-    # The release the public H100 measurements ran (`../shared/realruns/`): async scheduling
-    # already on by default (`config/vllm.py`: None -> True with the uni or mp executor); no
-    # full-prompt admission check; the threshold always applies (`scheduler.py` ~375).
-    "0.15.1": EngineRules(threshold_spares_lone_request=False, reserve_full_isl=None,
-                          async_scheduling=True, free_order="fifo_block",
-                          priority_pass_goes_on=False),
-    # `scheduler.py` ~753-763: "When it is the only request there is nobody to starve";
-    # `config/scheduler.py`: `scheduler_reserve_full_isl: bool = True`.
-    "0.33.0": EngineRules(threshold_spares_lone_request=True, reserve_full_isl=True,
-                          async_scheduling=True, free_order="lru_block",
-                          priority_pass_goes_on=True, huge_gpu_budget=16384),
-}
-DEFAULT_ENGINE_VERSION = "0.15.1"
-
-
-class VllmV1Config(SchedulerConfig):
-    max_num_batched_tokens: int = Field(
-        DEFAULT_MAX_NUM_BATCHED_TOKENS, gt=0,
-        description="most tokens (prefill + decode) an iteration; vLLM serving default on H100")
-    enable_chunked_prefill: bool = Field(True, description="False: prompts are prefilled whole")
-    long_prefill_token_threshold: int = Field(
-        0, ge=0, description="largest chunk a request computes per iteration; 0: no cap",
-        json_schema_extra={"unit": "tokens"})
-    max_num_partial_prefills: int | None = Field(
-        None, gt=0, description="requests part-way through prefill at once; None: no limit (v1)")
-    max_long_partial_prefills: int | None = Field(
-        None, gt=0, description="of those, longer than the threshold; None: no limit (v1)")
-    min_chunk_tokens: int | None = Field(
-        None, gt=0, description="smallest chunk that does not finish a prefill; None: any")
-    decode_reserve_tokens: int | None = Field(
-        0, ge=0, description="KV slots kept per running request when admitting: 0 as in vLLM")
-    engine_version: str = Field(
-        DEFAULT_ENGINE_VERSION,
-        description=("vLLM release whose rules and defaults apply: "
-                     + "; ".join(f"{v} (async_scheduling {'on' if r.async_scheduling else 'off'}"
-                                 f", scheduler_reserve_full_isl "
-                                 f"{'n/a' if r.reserve_full_isl is None else r.reserve_full_isl}"
-                                 f", threshold spares a lone request "
-                                 f"{r.threshold_spares_lone_request})"
-                                 for v, r in ENGINE_VERSIONS.items())))
-    async_scheduling: bool | None = Field(
-        None, description=("two iterations in flight, the next scheduled while one runs "
-                           "(output placeholders); None: the engine version's default"))
-    scheduler_reserve_full_isl: bool | None = Field(
-        None, description=("admit a request only if blocks for its whole prompt (after its "
-                           "prefix hit) are free; None: the engine version's default"))
-    scheduling_policy: Literal["fcfs", "priority"] = Field(
-        "fcfs", description=("vLLM's --scheduling-policy: fcfs, or priority (the queue by "
-                             "request priority, lower first, then arrival; the lowest "
-                             "priority preempted first)"))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _defaults(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        # Unless given, no more running requests than the budget has tokens (vLLM requires it),
-        # so that a small budget alone just works.
-        if "max_num_seqs" not in data:
-            budget = data.get("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
-            if type(budget) is int and budget > 0:  # not a bool: strict validation refuses it
-                data = {**data, "max_num_seqs": min(DEFAULT_MAX_NUM_SEQS, budget)}
-        # The engine version's defaults, spelled out in the resolved scenario.
-        version = data.get("engine_version", DEFAULT_ENGINE_VERSION)
-        rules = ENGINE_VERSIONS.get(version) if isinstance(version, str) else None
-        if rules is None:
-            raise invalid(("engine_version", version,
-                           f"unknown vLLM version; known: {', '.join(ENGINE_VERSIONS)}"))
-        if data.get("async_scheduling") is None:
-            data = {**data, "async_scheduling": rules.async_scheduling}
-        if data.get("scheduler_reserve_full_isl") is None:
-            data = {**data, "scheduler_reserve_full_isl": bool(rules.reserve_full_isl)}
-        elif rules.reserve_full_isl is None and data["scheduler_reserve_full_isl"] is True:
-            raise invalid(("scheduler_reserve_full_isl", True,
-                           f"vLLM {version} has no such setting (added later: 0.33.0 has it)"))
-        return data
-
-    @classmethod
-    def for_gpu(cls, data: dict[str, Any], gpu: GPUSpec) -> dict[str, Any]:
-        # The server's batch defaults by GPU (`EngineRules.batch_defaults`); max_num_seqs no
-        # more than the budget, as `_defaults` keeps it.
-        rules = ENGINE_VERSIONS.get(data.get("engine_version", DEFAULT_ENGINE_VERSION))
-        if rules is None or ("max_num_batched_tokens" in data and "max_num_seqs" in data):
-            return data
-        budget, num_seqs = rules.batch_defaults(gpu)
-        out = {"max_num_batched_tokens": budget, **data}
-        if "max_num_seqs" not in data and type(out["max_num_batched_tokens"]) is int:
-            out["max_num_seqs"] = max(1, min(num_seqs, out["max_num_batched_tokens"]))
-        return out
-
-    @classmethod
-    def for_pipeline(cls, data: dict[str, Any], pipeline_size: int) -> dict[str, Any]:
-        # `VllmConfig.__post_init__` resolves async scheduling off on a pipeline (the V1 model
-        # runner's "pipeline parallelism" incompatibility) and refuses it asked for there.
-        if pipeline_size <= 1:
-            return data
-        if data.get("async_scheduling") is None:
-            return {**data, "async_scheduling": False}
-        if data["async_scheduling"] is True:
-            raise invalid(("async_scheduling", True, "vLLM's V1 model runner does not "
-                           f"schedule asynchronously on a pipeline ({pipeline_size} stages)"))
-        return data
-
-    @property
-    def rules(self) -> EngineRules:
-        return ENGINE_VERSIONS[self.engine_version]
-
-    @model_validator(mode="after")
-    def _consistent(self) -> VllmV1Config:
-        budget, threshold = self.max_num_batched_tokens, self.long_prefill_token_threshold
-        problems = []
-        if self.max_num_seqs > budget:  # vLLM's verify_max_model_len refuses it too
-            problems.append(("max_num_seqs", self.max_num_seqs,
-                             f"must not exceed max_num_batched_tokens ({budget})"))
-        if not self.enable_chunked_prefill:
-            problems += [(name, value, "needs enable_chunked_prefill") for name, value in (
-                ("long_prefill_token_threshold", threshold or None),
-                ("max_num_partial_prefills", self.max_num_partial_prefills),
-                ("max_long_partial_prefills", self.max_long_partial_prefills),
-                ("min_chunk_tokens", self.min_chunk_tokens)) if value is not None]
-        if self.max_long_partial_prefills is not None and not threshold:
-            problems.append(("max_long_partial_prefills", self.max_long_partial_prefills,
-                             "needs long_prefill_token_threshold to say what is long"))
-        most, most_long = self.max_num_partial_prefills, self.max_long_partial_prefills
-        if most is not None and most_long is not None and most_long > most:
-            problems.append(("max_long_partial_prefills", most_long,
-                             f"must not exceed max_num_partial_prefills ({most})"))
-        # A minimum above every chunk a long prompt can get would stall it for ever.
-        largest_chunk = min(budget, threshold) if threshold else budget
-        if self.min_chunk_tokens is not None and self.min_chunk_tokens > largest_chunk:
-            problems.append(("min_chunk_tokens", self.min_chunk_tokens,
-                             f"must not exceed the largest chunk ({largest_chunk}: "
-                             "max_num_batched_tokens or long_prefill_token_threshold)"))
-        if problems:
-            raise invalid(*problems)
-        return self
-
-
-def unchunked_reason(chunking: bool, budget: int, num_kv_tokens: int) -> str | None:
-    """Rule 6: without chunking a prefill, or a recompute after preemption, is one iteration:
-    a request needing more than the budget never runs."""
-    if chunking or num_kv_tokens <= budget:
-        return None
-    return (f"max_num_batched_tokens: needs {num_kv_tokens} tokens in one prefill, "
-            f"max_num_batched_tokens is {budget} and chunked prefill is off")
+from sim.schedulers.vllm_config import (  # noqa: F401  (also imported from here)
+    DEFAULT_ENGINE_VERSION,
+    ENGINE_VERSIONS,
+    EngineRules,
+    VllmV1Config,
+    unchunked_reason,
+)
 
 
 @SCHEDULERS.register("vllm_v1")
