@@ -19,9 +19,14 @@ from sim.engine.clock import Progress
 from sim.engine.cluster import Cluster, blocks_beyond_memory
 from sim.engine.iteration_log import IterationLog
 from sim.hardware.gpus import measured_on
-from sim.results.columns import Columns, Table, column, texts
+from sim.results.columns import Columns, Table, column
 from sim.results.metrics.arrived import arrived_stats
-from sim.results.metrics.classes import class_gaps, class_stats, combined_attainment
+from sim.results.metrics.classes import (
+    class_columns,
+    class_gaps,
+    class_summary,
+    priorities_ignored,
+)
 from sim.results.metrics.overload import overload
 from sim.results.metrics.sessions import session_stats
 from sim.results.metrics.stages import stage_stats
@@ -31,6 +36,7 @@ from sim.results.metrics.summary import (
     finished_distribution,
     never_arrived,
     pool_stats,
+    prefix_cache_stats,
     replica_stats,
     summarize,
     transfer_stats,
@@ -222,24 +228,6 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     return results
 
 
-def prefix_cache_stats(requests: Table, kvs: Sequence[KVCacheManager]) -> dict[str, Any]:
-    """Hit rates over the requests that were admitted (their prompt tokens, and how many of
-    them hit at all), and what eviction took."""
-    admitted = ~np.isnan(column(requests, "first_scheduled_s"))
-    prompt = column(requests, "num_prompt_tokens")[admitted]
-    cached = column(requests, "num_cached_tokens")[admitted]
-    num_prompt = int(prompt.sum())
-    num_cached = int(cached.sum())
-    num_evicted = sum(kv.num_evicted_blocks for kv in kvs)
-    return {
-        "hit_rate_tokens": num_cached / num_prompt if num_prompt else None,
-        "hit_rate_requests": float((cached > 0).mean()) if len(cached) else None,
-        "num_cached_tokens": num_cached,
-        "num_evicted_blocks": num_evicted,
-        "num_evicted_tokens": num_evicted * kvs[0].block_size,
-    }
-
-
 CLIENT_COLUMNS = ("client_ttft_s", "client_e2e_s")
 def calibration_facts(pools: dict[str, ReplicaConfig]) -> dict[str, Any]:
     """Which engine calibration made the run (the first pool's; each pool's front end), where
@@ -327,10 +315,7 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
         request_cols["session"] = frames.sessions.session
         request_cols["turn"] = frames.sessions.turn
     if frames.request_class is not None:
-        classes = scenario.workload.classes or []
-        request_cols["request_class"] = texts([c.name for c in classes])[frames.request_class]
-        request_cols["priority"] = np.array([c.priority for c in classes],
-                                            dtype=np.int64)[frames.request_class]
+        request_cols.update(class_columns(frames.request_class, scenario))
     # The summary before the iteration table exists, and the gaps dropped before it is made:
     # the peak memory is the two tables, with nothing beside them.
     summary = summarize(request_cols, sum(len(log) for log in logs), gaps, scenario.slo)
@@ -371,9 +356,7 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
     if frames.sessions is not None:
         summary["sessions"] = session_stats(request_cols)
     if frames.class_gaps is not None:
-        summary["classes"] = class_stats(request_cols, frames.class_gaps, scenario)
-        if any(c.slo is not None for c in scenario.workload.classes or []):
-            summary["slo"] = combined_attainment(request_cols, frames.class_gaps, scenario)
+        summary.update(class_summary(request_cols, frames.class_gaps, scenario))
         frames.class_gaps = None
     summary.update(arrived_stats(request_cols, end_s))
     clients = scenario.clients
@@ -405,6 +388,8 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
         summary["run"]["blocks_beyond_memory"] = beyond
     if scenario.clients is not None:  # likewise: a closed loop says so
         summary["run"]["clients"] = scenario.clients.model_dump()
+    if note := priorities_ignored(scenario):  # likewise
+        summary["run"]["priorities_ignored"] = note
     precisions = [_precision(cfg) for cfg in pools.values()]
     if any(precisions):  # only then, likewise: "fp8 weights", "fp8 KV", both (per pool)
         summary["run"]["precision"] = "/".join(

@@ -106,7 +106,8 @@ def comparison_table(title: str, df: Any) -> Table:
     numbers = {"ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "e2e_p99_s",
                "output_tokens_per_s", "transfer_p99_s", "usd_per_million_tokens"}
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    table.add_column("variant", max_width=18)  # labels wrap, not the variants' names
+    # Labels wrap (a class's name too, character by character), not the variants' names.
+    table.add_column("variant", max_width=18, overflow="fold")
     for variant in df["variant"]:
         table.add_column(str(variant), justify="right", no_wrap=True)
     for column_name in rows:

@@ -102,6 +102,8 @@ def show_run(summary: dict[str, Any], out_dir: Path, shown: Console, as_json: bo
         shown.print(f"closed loop: {clients['concurrency']:,} clients, think time "
                     f"{clients['think_time_s']:g} s ({clients['think_time']}); {paced}"
                     f"{sending}")
+    if note := summary["run"].get("priorities_ignored"):
+        shown.print(f"[yellow]priorities ignored[/]: {note}")
     for pool, note in summary["run"].get("blocks_beyond_memory", {}).items():
         shown.print(f"[yellow]idealised KV cache[/] ({pool}): {note}")
     if note := summary["run"].get("latency_device_note"):
@@ -368,12 +370,20 @@ def replica_table(summary: dict[str, Any]) -> Table:
 def class_table(summary: dict[str, Any]) -> Table:
     """Per request class: priority, requests, TTFT and E2E of its finished requests, its TBT
     gaps, and SLO attainment against its own targets."""
+    from rich import box
+
+    names = [c["name"] for c in summary["classes"]]
+    # No vertical rules: the names get the room (80 columns), folding past 16 characters.
     table = Table(title="request classes", caption="TTFT and TBT in ms, E2E in s; SLO "
-                  "met: the class's own targets, else the run's")
-    for col in ("class", "prio", "finished", "TTFT P50", "TTFT P99", "TBT P99", "E2E P50",
-                "SLO met"):  # (80 columns)
+                  "met: the class's own targets, else the run's", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False)
+    for col in ("class", "prio", "finished", "TTFT\nP50", "TTFT\nP99", "TBT\nP99", "E2E\nP50",
+                "SLO\nmet"):  # (80 columns: the headers on two lines)
+        # A long class name folds; the numbers stay whole (80 columns).
         table.add_column(col, justify="left" if col == "class" else "right",
-                         no_wrap=col in ("class", "finished"))
+                         no_wrap=col != "class", overflow="fold" if col == "class" else "ellipsis",
+                         max_width=16 if col == "class" else None,
+                         min_width=min(16, max(map(len, names))) if col == "class" else None)
     for c in summary["classes"]:
         req = c["requests"]
         table.add_row(c["name"], str(c["priority"]), f"{req['finished']:,}/{req['total']:,}",

@@ -210,7 +210,7 @@ class ReplicaConfig(Frozen):
         try:
             scheduler = data["scheduler"]
             if (gpu := _gpu_spec(data.get("gpu", cls.model_fields["gpu"].default))) is not None:
-                scheduler = config.for_gpu(scheduler, gpu)
+                scheduler = config.for_gpu(scheduler, gpu, _context_len(data))
             scheduler = config.for_pipeline(scheduler, pipeline)
         except ValidationError as exc:  # located within the scheduler's settings
             raise invalid(*[(".".join(["scheduler", *map(str, e["loc"])]), e["input"], e["msg"])
@@ -221,6 +221,25 @@ class ReplicaConfig(Frozen):
     @classmethod
     def _latency(cls, value: Any) -> Any:
         return dispatch(LATENCY_MODELS, "kind", value)
+
+
+def _context_len(data: dict[str, Any]) -> int | None:
+    """The context window a replica's raw fields give (`max_model_len`, else a registered
+    model's), None where it takes more than a look (a config.json): vLLM's batch default
+    without chunking depends on it."""
+    given = data.get("max_model_len")
+    if type(given) is int:
+        return given
+    from sim.hardware.models import MODELS
+
+    model = data.get("model", _default_model())
+    if isinstance(model, str) and model in MODELS.names():
+        return MODELS.get(model).max_model_len
+    return None
+
+
+def _default_model() -> Any:
+    return ReplicaConfig.model_fields["model"].default
 
 
 def _gpu_spec(value: Any) -> GPUSpec | None:

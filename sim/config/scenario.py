@@ -195,19 +195,6 @@ class Scenario(Frozen):
             raise invalid(*problems)
         return self
 
-    @model_validator(mode="after")
-    def _priorities(self) -> Scenario:
-        """Requests of differing priorities need a policy that orders by them: vLLM refuses
-        them under FCFS ("Priority scheduling is not enabled")."""
-        levels = {c.priority for c in self.workload.classes or []}
-        fcfs = [(f"{pool.field}.scheduler", pool.replica.scheduler.name) for pool in self.pools()
-                if getattr(pool.replica.scheduler, "scheduling_policy", None) != "priority"]
-        if len(levels) > 1 and fcfs:
-            raise invalid((fcfs[0][0], fcfs[0][1], "serves requests in arrival order, and the "
-                           f"workload's classes have priorities {sorted(levels)}: use vllm_v1 "
-                           "with scheduling_policy: priority"))
-        return self
-
 
 def name_problem(name: str) -> str | None:
     """Why `name` cannot name a directory under results/ (a scenario's, a sweep's, a

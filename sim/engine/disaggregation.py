@@ -20,6 +20,7 @@ equal transfers both give the same throughput and FIFO gives earlier first compl
 from __future__ import annotations
 
 import math
+from bisect import insort
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ import simpy
 
 from sim.config.errors import InputError
 from sim.core.request import Request
+from sim.core.waiting import priority_key
 from sim.routers.base import ReplicaLoad, Router
 from sim.workloads.base import MAX_SPAN_S
 
@@ -39,7 +41,9 @@ if TYPE_CHECKING:
 
 
 class DecodeInbox:
-    """A decode replica's transfers waiting for KV blocks there, first come first served."""
+    """A decode replica's transfers waiting for KV blocks there, first come first served (by
+    priority where its policy orders by them: vLLM's decode side puts a request whose KV is
+    remote in its waiting queue like any other)."""
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
@@ -51,7 +55,10 @@ class DecodeInbox:
         """An event that fires once the replica's scheduler has taken `req` and allocated
         blocks for its prompt's KV."""
         done = self.replica.env.event()
-        self.pending.append((req, done))
+        if self.replica.scheduler.by_priority:
+            insort(self.pending, (req, done), key=lambda entry: priority_key(entry[0]))
+        else:
+            self.pending.append((req, done))
         self.num_tokens += req.num_tokens
         # Blocks are taken when the replica plans (a stretch in progress is cut), so every
         # iteration's plan sees the KV it was scheduled with.
@@ -59,8 +66,8 @@ class DecodeInbox:
         return done
 
     def admit(self) -> None:
-        """At the replica's planning turn: hand transfers to the scheduler, FCFS, while it takes
-        them. A taken request counts in `state.incoming` until its KV arrives."""
+        """At the replica's planning turn: hand transfers to the scheduler, in order, while it
+        takes them. A taken request counts in `state.incoming` until its KV arrives."""
         state, scheduler = self.replica.state, self.replica.scheduler
         while self.pending:
             req, event = self.pending[0]

@@ -251,4 +251,5 @@ def fmt(value: float | None, scale: float = 1.0) -> str:
 
 
 def pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+    """A share as a percentage; '-' for none (None, or NaN: a table's missing cell)."""
+    return "-" if value is None or value != value else f"{100 * value:.1f}%"

@@ -47,9 +47,11 @@ class SchedulerConfig(BaseModel):
     )
 
     @classmethod
-    def for_gpu(cls, data: dict[str, Any], gpu: GPUSpec) -> dict[str, Any]:
+    def for_gpu(cls, data: dict[str, Any], gpu: GPUSpec, context_len: int | None = None
+                ) -> dict[str, Any]:
         """The scheduler's settings as given, with the defaults the engine picks by the GPU it
-        runs on filled in (before validation). As given by default."""
+        runs on (and the model's context window, where known) filled in (before
+        validation). As given by default."""
         return data
 
     @classmethod
@@ -93,8 +95,8 @@ class Scheduler(ABC):
     def by_priority(self) -> bool:
         """Whether the policy orders its waiting queue, and chooses whom to preempt, by the
         requests' priorities (vLLM's `--scheduling-policy priority`; `sim.core.waiting`).
-        A policy that does not refuses requests of differing priorities (as vLLM does under
-        FCFS: "Priority scheduling is not enabled")."""
+        A policy that does not serves them in arrival order, as vLLM's FCFS does (it accepts
+        a request's priority and ignores it); the run says so."""
         return False
 
     @property

@@ -73,7 +73,9 @@ DEFAULT_ENGINE_VERSION = "0.15.1"
 class VllmV1Config(SchedulerConfig):
     max_num_batched_tokens: int = Field(
         DEFAULT_MAX_NUM_BATCHED_TOKENS, gt=0,
-        description="most tokens (prefill + decode) an iteration; vLLM serving default on H100")
+        description=("most tokens (prefill + decode) an iteration; unset, it and max_num_seqs "
+                     "are vLLM's server defaults for the replica's GPU: 8192 and 1024 on an "
+                     "H100/H200, 2048 and 256 on an A100, L40S or smaller (docs/schedulers.md)"))
     enable_chunked_prefill: bool = Field(True, description="False: prompts are prefilled whole")
     long_prefill_token_threshold: int = Field(
         0, ge=0, description="largest chunk a request computes per iteration; 0: no cap",
@@ -133,13 +135,19 @@ class VllmV1Config(SchedulerConfig):
         return data
 
     @classmethod
-    def for_gpu(cls, data: dict[str, Any], gpu: GPUSpec) -> dict[str, Any]:
-        # The server's batch defaults by GPU (`EngineRules.batch_defaults`); max_num_seqs no
-        # more than the budget, as `_defaults` keeps it.
-        rules = ENGINE_VERSIONS.get(data.get("engine_version", DEFAULT_ENGINE_VERSION))
+    def for_gpu(cls, data: dict[str, Any], gpu: GPUSpec, context_len: int | None = None
+                ) -> dict[str, Any]:
+        # The server's batch defaults by GPU (`EngineRules.batch_defaults`); without chunking
+        # the budget is at least the context window (`_set_default_max_num_seqs_and_batched_
+        # tokens_args`: max(max_model_len, default)); max_num_seqs no more than the budget,
+        # as `_defaults` keeps it.
+        version = data.get("engine_version", DEFAULT_ENGINE_VERSION)
+        rules = ENGINE_VERSIONS.get(version) if isinstance(version, str) else None
         if rules is None or ("max_num_batched_tokens" in data and "max_num_seqs" in data):
-            return data
+            return data  # (an unknown version: `_defaults` says so)
         budget, num_seqs = rules.batch_defaults(gpu)
+        if data.get("enable_chunked_prefill") is False and context_len is not None:
+            budget = max(budget, context_len)
         out = {"max_num_batched_tokens": budget, **data}
         if "max_num_seqs" not in data and type(out["max_num_batched_tokens"]) is int:
             out["max_num_seqs"] = max(1, min(num_seqs, out["max_num_batched_tokens"]))

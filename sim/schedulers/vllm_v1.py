@@ -52,8 +52,10 @@ Each rule, and where it comes from (vLLM files as read on vLLM's main branch; "d
    request's catch-up (prompt, or prompt plus output after a preemption) is not scheduled: a
    queued request waits and the queue stops (doc 002: `break`); a running one is skipped this
    iteration, keeping its blocks (as vLLM skips a running request given 0 tokens).
-9. A step that preempted every running request schedules nothing in vLLM; the next step admits
-   from the queue. A simulated iteration cannot be empty, so that next step is planned at once.
+9. A step that preempted and scheduled nothing (every running request preempted; by priority
+   in 0.15.1, the first running request preempting itself) is empty in vLLM, and with nothing
+   in flight the next step follows at once. A simulated iteration cannot be empty, so that
+   next step is planned at once.
 10. Pipeline parallelism (P > 1 stages): tokens count as computed when scheduled, and up to P
    iterations are in flight (the engine's batch queue; `sim.engine.pipeline`). A running
    request with nothing left to compute gets 0 tokens and is skipped (`schedule`: "No new
@@ -166,10 +168,17 @@ class VllmV1(Scheduler):
 
     def decide(self, state: ReplicaState, now_s: float) -> Plan:
         plan = self._step(state)
-        if not plan and plan.preempted_ids and not state.running:  # rule 9: all preempted
-            preempted = plan.preempted_ids
+        # Rule 9: a step that preempted and scheduled nothing (everyone preempted; or, by
+        # priority in 0.15.1, the first running request preempted itself and ended the pass)
+        # is empty in vLLM; with nothing in flight the next step follows at once: planned
+        # here, its preemptions after those (with iterations in flight, vLLM waits for the
+        # oldest first, and so does the engine here). Each such step preempts one more.
+        preempted = plan.preempted_ids
+        while not plan and preempted and not any_in_flight(state):
+            earlier = plan.preempted_ids
             plan = self._step(state)
-            plan.preempted_ids[:0] = preempted
+            preempted = list(plan.preempted_ids)
+            plan.preempted_ids[:0] = earlier
         # Else only requests in flight on a pipeline may be left running, with nothing to do.
         assert plan or not (plan.preempted_ids and state.running) or any_in_flight(state)
         return plan

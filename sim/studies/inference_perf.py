@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.config.errors import InputError
-from sim.studies.measured import AIOHTTP_DEFAULT_TIMEOUT_S, STAGE_GAP_S, Experiment, Stage
+from sim.studies.experiment import AIOHTTP_DEFAULT_TIMEOUT_S, STAGE_GAP_S, Experiment, Stage
 
 # inference-perf's names of the statistics compared (`summarize`: mean, median, pNN).
 STATISTICS = {"TPOT mean": ("time_per_output_token", "mean"),

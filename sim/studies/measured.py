@@ -16,13 +16,18 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sim.config.errors import InputError
+from sim.studies.experiment import (  # noqa: F401  (also imported from here)
+    AIOHTTP_DEFAULT_TIMEOUT_S,
+    STAGE_GAP_S,
+    Experiment,
+    Stage,
+)
 
 METRICS = (
     ("TPOT mean", "tpot_mean_ms", "tpot_s", "mean"),
@@ -33,10 +38,6 @@ METRICS = (
     ("E2E mean", "e2e_mean_ms", "e2e_s", "mean"),
 )
 CLIENT_SIDE = {"TTFT mean", "TTFT P50", "TTFT P99", "E2E mean"}  # the front end adds to these
-STAGE_GAP_S = 10.0  # from a stage's last send to the next's first: every request done
-# The client's total timeout where the table says none was set: aiohttp's default, which
-# inference-perf's client then runs with (the data's README, caveat 7).
-AIOHTTP_DEFAULT_TIMEOUT_S = 300.0
 
 STAGE_COLUMNS = (
     "experiment", "row_type", "stage_index", "stage_rate_req_per_s", "stage_duration_s",
@@ -48,32 +49,6 @@ STAGE_COLUMNS = (
     *(column for _, column, _, _ in METRICS))
 GPU_NAMES = (("H100", "h100-sxm"), ("H200", "h200"), ("A100", "a100-80gb"), ("B200", "b200"),
              ("L40S", "l40s"), ("A10G", "a10g"), ("MI300X", "mi300x"))
-
-
-@dataclass
-class Stage:
-    """One measured load stage: what servesim is compared with."""
-
-    name: str  # experiment@rate
-    model: str
-    num_gpus: int
-    overloaded: bool | None  # None: not known (a benchmark's result file does not say)
-    measured_ms: dict[str, float]
-    # Share of the stage's requests that succeeded (the rest: client timeouts); None: not known.
-    succeeded: float | None = None
-
-
-@dataclass
-class Experiment:
-    """The stages one server ran one after another: one simulated run."""
-
-    name: str
-    scenario: dict[str, Any]
-    stages: list[Stage]
-    engine: str
-    gpu: str
-    base_dir: Path | None = None  # where the scenario's relative paths start
-    engine_side: bool = False  # measured in the engine (no API server): compare engine-side
 
 
 def read_stages(path: Path, gpu: str | None = None) -> list[Experiment]:

@@ -59,11 +59,19 @@ SLO_ORDER = ("ttft_attainment", "tbt_attainment", "tbt_gap_attainment", "all_att
 # -- what makes replications differ ------------------------------------------------------------
 
 def variation_sources(scenario: Scenario) -> list[str]:
-    """What differs between seeds: generated arrivals, latency noise, a random router; empty
-    for a deterministic replay."""
+    """What differs between seeds: generated (or re-timed) arrivals, classes drawn by share,
+    exponential think times, latency noise, a random router; empty for a deterministic
+    replay."""
     sources = []
-    if getattr(scenario.workload, "arrivals", None) is not None:
+    workload = scenario.workload
+    if getattr(workload, "arrivals", None) is not None or workload.retime is not None:
         sources.append("generated arrivals")
+    columns = getattr(workload, "columns", None)
+    if workload.classes and getattr(columns, "request_class", None) is None:
+        sources.append("request classes drawn by share")
+    clients = scenario.clients
+    if clients is not None and clients.think_time == "exponential" and clients.think_time_s:
+        sources.append("exponential think times")
     cluster = scenario.cluster
     if cluster.prefill is not None and cluster.decode is not None:
         pools = [(cluster.prefill.replica, cluster.prefill.replicas, cluster.router),

@@ -114,7 +114,6 @@ def test_the_table_and_the_report_show_the_classes(tmp_path, monkeypatch, capsys
      "class names must differ"),
     ({"classes": [{**CLASSES[0], "name": "a b"}, CLASSES[1]]}, "workload.classes.0.name",
      "should match pattern"),
-    ({"policy": "fcfs"}, "replica.scheduler", "use vllm_v1 with scheduling_policy: priority"),
 ])
 def test_bad_classes_are_one_line(tmp_path, monkeypatch, capsys, change, field, needle):
     data = scenario(policy=change.pop("policy", "priority"))
@@ -125,13 +124,26 @@ def test_bad_classes_are_one_line(tmp_path, monkeypatch, capsys, change, field, 
     assert_one_line_error(code, err, field, needle)
 
 
-def test_sglang_refuses_differing_priorities(tmp_path, monkeypatch, capsys):
-    data = scenario()
-    data["replica"]["scheduler"] = {"name": "sglang"}
+@pytest.mark.parametrize("scheduler", [{"name": "sglang"},
+                                       {"name": "vllm_v1", "scheduling_policy": "fcfs"}])
+def test_priorities_under_fcfs_are_ignored_and_said_so(tmp_path, monkeypatch, capsys,
+                                                       scheduler):
+    # As vLLM's FCFS: a request's priority accepted, the queue in arrival order.
+    data = scenario(qps=10.0)
+    data["replica"]["scheduler"] = {**scheduler, "max_num_seqs": 16}
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(data))
-    code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
-    assert_one_line_error(code, err, "replica.scheduler", "priorities [0, 2]")
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out = run_cli_out(monkeypatch, capsys, "simulate", str(path), "--out",
+                            str(tmp_path / "o"))
+    assert code == 0 and "priorities ignored" in out and "[0, 2]" in out
+    flat = dict(data, workload={**data["workload"], "classes": [
+        {**c, "priority": 0} for c in CLASSES]})
+    ignored = run_scenario(parse_scenario(data, "t"))
+    same = run_scenario(parse_scenario(flat, "t"))
+    assert ignored.requests.drop(columns="priority").equals(
+        same.requests.drop(columns="priority"))
+    assert "priorities_ignored" not in same.summary["run"]
 
 
 def tagged_trace(tmp_path, names):
@@ -173,3 +185,43 @@ def test_bad_tagged_classes_are_one_line(tmp_path, monkeypatch, capsys, change, 
     path.write_text(yaml.safe_dump(data))
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "o"))
     assert_one_line_error(code, err, field, needle)
+
+
+def test_the_decode_pool_admits_transfers_by_priority():
+    # Two prefill replicas feed one decode replica short of KV: transfers queue for its blocks
+    # and the interactive class (priority 0) goes first.
+    data = scenario(num_requests=600, qps=25.0)
+    pool = {"model": "llama-3.1-8b", "gpu": "h100-sxm",
+            "scheduler": {"name": "vllm_v1", "scheduling_policy": "priority", "max_num_seqs": 64}}
+    data["cluster"] = {"prefill": {"replicas": 2, "replica": pool},
+                       "decode": {"replicas": 1, "replica": {**pool, "kv_cache": {
+                           "num_blocks": 1500}}}}
+    del data["replica"]
+    req = run_scenario(parse_scenario(data, "t")).requests
+    wait = req.groupby("request_class")["decode_wait_s"].mean()
+    assert wait["interactive"] < 0.5 * wait["batch"]
+
+
+def test_replications_vary_the_classes_of_a_trace(traces):
+    from sim.studies.replications import variation_sources
+
+    data = scenario()
+    data["workload"] = {"format": "azure", "end_s": 60, "classes": CLASSES, "path": str(
+        traces / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")}
+    assert variation_sources(parse_scenario(data, "t")) == ["request classes drawn by share"]
+
+
+def test_a_class_one_variant_lacks_is_a_dash_in_the_comparison():
+    import pandas as pd
+
+    from sim.cli.compare import comparison_table
+
+    df = pd.DataFrame({"variant": ["a", "b"], "finished": [10, 10],
+                       "class:interactive:ttft_p99_s": [0.5, float("nan")],
+                       "class:interactive:slo_attainment": [0.9, float("nan")]})
+    from rich.console import Console
+
+    console = Console(width=80, record=True)
+    console.print(comparison_table("t", df))
+    text = console.export_text()
+    assert "nan" not in text and "interactive: SLO" in text and "90.0%" in text

@@ -147,6 +147,11 @@ def vllm_workloads() -> list[Workload]:
         _vllm("priority_self_victim", 18,
               _prioritized(rng(118), _requests(rng(18), 300, 10.0, (256, 1024), (128, 768)), 2),
               num_gpu_blocks=220, max_num_seqs=6, scheduling_policy="priority"),
+        # Synchronous and KV-starved: in 0.15.1 the first running request, the lowest
+        # priority, preempts itself and ends the pass while others run (an empty step).
+        _vllm("priority_sync_empty_step", 19,
+              _prioritized(rng(119), _requests(rng(19), 300, 6.0, (64, 1024), (100, 600)), 3),
+              num_gpu_blocks=200, max_num_seqs=6, scheduling_policy="priority"),
         _vllm("no_chunking_constant_step", 10,
               _requests(rng(10), 300, 12.0, (64, 6000), (8, 64)), step=(0.02, 0.0),
               enable_chunked_prefill=False, max_num_batched_tokens=8192, max_model_len=8192),

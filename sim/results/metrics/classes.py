@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sim.config.slo import SLOConfig
-from sim.results.columns import Columns, column
+from sim.results.columns import Columns, column, texts
 from sim.results.metrics.summary import (
     FINISHED,
     WeightedSample,
@@ -38,6 +38,23 @@ def class_gaps(request_class: np.ndarray, num_classes: int, runs: TokenRuns,
         sub = TokenRuns(runs.owner[keep], runs.start[keep], runs.end[keep],
                         runs.num_runs[request_class == c])
         out.append(token_stats(sub, end_s).gaps)
+    return out
+
+
+def class_columns(request_class: np.ndarray, scenario: Scenario) -> Columns:
+    """The request table's `request_class` (the class's name) and `priority` columns."""
+    classes = scenario.workload.classes or []
+    return {"request_class": texts([c.name for c in classes])[request_class],
+            "priority": np.array([c.priority for c in classes], dtype=np.int64)[request_class]}
+
+
+def class_summary(requests: Columns, gaps: list[WeightedSample], scenario: Scenario
+                  ) -> dict[str, Any]:
+    """The summary's `classes` (`class_stats`), and its `slo` judged by each request's class
+    where any class has targets of its own (`combined_attainment`)."""
+    out: dict[str, Any] = {"classes": class_stats(requests, gaps, scenario)}
+    if any(c.slo is not None for c in scenario.workload.classes or []):
+        out["slo"] = combined_attainment(requests, gaps, scenario)
     return out
 
 
@@ -105,3 +122,16 @@ def combined_attainment(requests: Columns, gaps: list[WeightedSample], scenario:
     if out:
         out["all_attainment"] = float(ok.mean())
     return out
+
+
+def priorities_ignored(scenario: Scenario) -> str | None:
+    """Why requests of differing priorities are served without them, where they are: a pool
+    whose policy serves in arrival order (vLLM's FCFS accepts priorities and ignores them)."""
+    levels = sorted({c.priority for c in scenario.workload.classes or []})
+    fcfs = [f"{pool.field}.scheduler ({pool.replica.scheduler.name})" for pool in scenario.pools()
+            if getattr(pool.replica.scheduler, "scheduling_policy", None) != "priority"]
+    if len(levels) < 2 or not fcfs:
+        return None
+    return (f"the classes' priorities {levels} are ignored by {', '.join(fcfs)}, which serves "
+            "in arrival order (vLLM's FCFS ignores them too): vllm_v1 with scheduling_policy: "
+            "priority orders by them")

@@ -6,13 +6,16 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from sim.config.slo import SLOConfig
 from sim.results.columns import Table, column, num_rows
+
+if TYPE_CHECKING:
+    from sim.core.kv_cache import KVCacheManager
 
 PERCENTILES = (50, 90, 99)
 
@@ -311,3 +314,21 @@ def transfer_stats(requests: Table) -> dict[str, Any]:
     """Disaggregated serving: how long KV waited for decode capacity and how long it moved."""
     return {"decode_wait_s": distribution(column(requests, "decode_wait_s")),
             "transfer_s": distribution(column(requests, "transfer_s"))}
+
+
+def prefix_cache_stats(requests: Table, kvs: Sequence[KVCacheManager]) -> dict[str, Any]:
+    """Hit rates over the requests that were admitted (their prompt tokens, and how many of
+    them hit at all), and what eviction took."""
+    admitted = ~np.isnan(column(requests, "first_scheduled_s"))
+    prompt = column(requests, "num_prompt_tokens")[admitted]
+    cached = column(requests, "num_cached_tokens")[admitted]
+    num_prompt = int(prompt.sum())
+    num_cached = int(cached.sum())
+    num_evicted = sum(kv.num_evicted_blocks for kv in kvs)
+    return {
+        "hit_rate_tokens": num_cached / num_prompt if num_prompt else None,
+        "hit_rate_requests": float((cached > 0).mean()) if len(cached) else None,
+        "num_cached_tokens": num_cached,
+        "num_evicted_blocks": num_evicted,
+        "num_evicted_tokens": num_evicted * kvs[0].block_size,
+    }
