@@ -21,12 +21,7 @@ from sim.engine.iteration_log import IterationLog
 from sim.hardware.gpus import measured_on
 from sim.results.columns import Columns, Table, column
 from sim.results.metrics.arrived import arrived_stats
-from sim.results.metrics.classes import (
-    class_columns,
-    class_gaps,
-    class_summary,
-    priorities_ignored,
-)
+from sim.results.metrics.classes import class_columns, class_gaps, class_summary, priorities_ignored
 from sim.results.metrics.overload import overload
 from sim.results.metrics.sessions import session_stats
 from sim.results.metrics.stages import stage_stats
@@ -34,6 +29,7 @@ from sim.results.metrics.summary import (
     FINISHED,
     WeightedSample,
     finished_distribution,
+    gap_table,
     never_arrived,
     pool_stats,
     prefix_cache_stats,
@@ -252,13 +248,6 @@ def client_latencies(requests: Columns, configs: Sequence[ReplicaConfig]) -> Col
     added_s = frontend_s[np.where(replica >= 0, replica, len(configs))]
     return {"client_ttft_s": column(requests, "ttft_s") + added_s,
             "client_e2e_s": column(requests, "e2e_s") + added_s}
-
-
-def gap_table(gaps: WeightedSample) -> Columns:
-    """The pooled TBT gaps as distinct values with their counts, sorted: a file of at most one
-    row per iteration, where one row per token would be 200 million for a million requests."""
-    distinct = WeightedSample.of(gaps).distinct  # made once: the summary read it first
-    return {"gap_s": distinct.values, "count": distinct.counts}
 
 
 @dataclass

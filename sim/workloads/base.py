@@ -186,15 +186,7 @@ class WorkloadConfig(BaseModel):
 
     @model_validator(mode="after")
     def _classes(self) -> WorkloadConfig:
-        columns = getattr(self, "columns", None)
-        tagged = getattr(columns, "request_class", None) is not None
-        if tagged and self.classes is None:
-            raise invalid(("columns.request_class", columns.request_class,  # type: ignore[union-attr]
-                           "names classes: list them (workload.classes: name, priority, slo)"))
-        try:
-            check_classes(self.classes, tagged)
-        except ValueError as exc:
-            raise invalid(("classes", [c.name for c in self.classes or []], str(exc))) from None
+        check_classes(self.classes, getattr(getattr(self, "columns", None), "request_class", None))
         return self
 
     @model_validator(mode="after")

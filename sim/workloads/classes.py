@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, Field
 
-from sim.config.errors import INPUT_MODEL
+from sim.config.errors import INPUT_MODEL, invalid
 from sim.config.slo import SLOConfig
 
 if TYPE_CHECKING:
@@ -40,25 +40,29 @@ class RequestClassConfig(BaseModel):
                                                     "the scenario's slo")
 
 
-def check_classes(value: list[RequestClassConfig] | None, tagged: bool = False) -> None:
-    """Distinct names; shares summing to 1, or none where the trace tags the classes."""
+def check_classes(value: list[RequestClassConfig] | None, column: str | None) -> None:
+    """Distinct names; shares summing to 1, or none where a trace's `column` tags each
+    request's class (`columns.request_class`, which needs the classes listed)."""
     if value is None:
+        if column is not None:
+            raise invalid(("columns.request_class", column, "names classes: list them "
+                           "(workload.classes: name, priority, slo)"))
         return
     names = [c.name for c in value]
-    if len(set(names)) != len(names):
-        raise ValueError(f"class names must differ: {', '.join(names)}")
     given = [c.share for c in value if c.share is not None]
-    if tagged:
-        if given:
-            raise ValueError("the trace tags each request's class (columns.request_class): "
-                             "leave the shares out")
-        return
-    if len(given) < len(value):
-        raise ValueError("each class needs its share (or a trace column naming each "
-                         "request's class: columns.request_class)")
     total = sum(given)
-    if abs(total - 1.0) > 1e-6:
-        raise ValueError(f"shares sum to {total:g}: they must sum to 1")
+    if len(set(names)) != len(names):
+        why = f"class names must differ: {', '.join(names)}"
+    elif column is not None:
+        why = ("the trace tags each request's class (columns.request_class): leave the "
+               "shares out") if given else ""
+    elif len(given) < len(value):
+        why = ("each class needs its share (or a trace column naming each request's class: "
+               "columns.request_class)")
+    else:
+        why = f"shares sum to {total:g}: they must sum to 1" if abs(total - 1) > 1e-6 else ""
+    if why:
+        raise invalid(("classes", names, why))
 
 
 CLASSES_FIELD: Any = Field(

@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from sim.config.slo import SLOConfig
-from sim.results.columns import Table, column, num_rows
+from sim.results.columns import Columns, Table, column, num_rows
 
 if TYPE_CHECKING:
     from sim.core.kv_cache import KVCacheManager
@@ -332,3 +332,10 @@ def prefix_cache_stats(requests: Table, kvs: Sequence[KVCacheManager]) -> dict[s
         "num_evicted_blocks": num_evicted,
         "num_evicted_tokens": num_evicted * kvs[0].block_size,
     }
+
+
+def gap_table(gaps: WeightedSample) -> Columns:
+    """The pooled TBT gaps as distinct values with their counts, sorted: a file of at most one
+    row per iteration, where one row per token would be 200 million for a million requests."""
+    distinct = WeightedSample.of(gaps).distinct  # made once: the summary read it first
+    return {"gap_s": distinct.values, "count": distinct.counts}
