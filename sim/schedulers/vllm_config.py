@@ -23,7 +23,7 @@ DEFAULT_MAX_NUM_SEQS = 256
 
 @dataclass(frozen=True)
 class EngineRules:
-    """What a vLLM release does where releases differ (rules 11-14 of the module docstring)."""
+    """What a vLLM release does where releases differ (rules 11-17 of `sim.schedulers.vllm_v1`)."""
 
     # `long_prefill_token_threshold` not applied while one request is running or waiting.
     threshold_spares_lone_request: bool

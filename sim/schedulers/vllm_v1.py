@@ -63,8 +63,9 @@ Each rule, and where it comes from (vLLM files as read on vLLM's main branch; "d
    tokens but they are not finished yet", `continue`), as `_chunk` gives 0 here; a step that
    schedules nothing while iterations are in flight just waits for them.
 
-Release by release (`engine_version`; `ENGINE_VERSIONS` below; the golden schedules under
-`tests/golden/vllm-<version>/` check each against that release's own scheduler code):
+Release by release (`engine_version`; `ENGINE_VERSIONS` in `sim.schedulers.vllm_config`; the
+golden schedules under `tests/golden/vllm-<version>/` check each against that release's own
+scheduler code):
 11. 0.33.0: `long_prefill_token_threshold` is not applied while one request at most is
    running or waiting (`schedule`, ~753-763: "When it is the only request there is nobody to
    starve"); 0.15.1 always applies it.
