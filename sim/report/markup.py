@@ -62,7 +62,11 @@ class Html(str):
 def header(name: str) -> str:
     """A result column's heading as the CLI tables and figures name it (`sim.results.labels`): a
     scenario field by its meaning, a metric with its unit; an unknown `*_s` column in seconds,
-    any other unknown column by its words."""
+    any other unknown column by its words; a request class's (`class:<name>:<key>`) as its
+    key's, after the class's name."""
+    if name.startswith("class:"):
+        _, who, key = name.split(":", 2)
+        return f"{who}: {header(key)}"
     if "." in name:
         return param_label(name)
     if label(name) != name:
@@ -75,6 +79,7 @@ def header(name: str) -> str:
 
 def scale(name: str) -> float:
     """The factor from a column's stored value to its heading's unit (seconds to ms, say)."""
+    name = name.rsplit(":", 1)[-1]  # a request class's column: its key's
     return 1.0 if "." in name else unit(name).scale
 
 

@@ -225,3 +225,11 @@ def test_a_class_one_variant_lacks_is_a_dash_in_the_comparison():
     console.print(comparison_table("t", df))
     text = console.export_text()
     assert "nan" not in text and "interactive: SLO" in text and "90.0%" in text
+
+
+def test_a_comparisons_report_heads_class_columns_in_their_units():
+    from sim.report.markup import header, scale
+
+    assert header("class:interactive:ttft_p99_s") == f"interactive: {header('ttft_p99_s')}"
+    assert scale("class:interactive:ttft_p99_s") == scale("ttft_p99_s") == 1000
+    assert scale("class:batch:slo_attainment") == scale("slo_attainment") == 100
