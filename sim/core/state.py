@@ -14,6 +14,7 @@ from collections.abc import Callable
 from sim.core.kv_cache import KVCacheManager, cdiv
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
+from sim.core.state_check import check_state
 from sim.core.waiting import PriorityWaiting
 
 # A request in a pipelined iteration: it, its tokens there, its preemptions when sent, whether
@@ -24,8 +25,7 @@ SAMPLES, PLACEHOLDER = 1, 2
 
 
 class ReplicaState:
-    """Waiting queue (FCFS, preempted requests at the front; or by priority), running list
-    (admission order), KV."""
+    """Waiting queue (FCFS, preempted at the front; or by priority), running list, KV."""
 
     def __init__(self, kv: KVCacheManager, prefill_only: bool = False,
                  decode_only: bool = False, by_priority: bool = False) -> None:
@@ -388,29 +388,8 @@ class ReplicaState:
         return len(self.waiting) + len(self.running)
 
     def check(self) -> None:
-        """Invariants: KV conserved; nobody both waiting and running; no KV held while waiting."""
-        self.kv.check()
-        running_ids = {r.request_id for r in self.running}
-        assert len(running_ids) == len(self.running)
-        assert not running_ids.intersection(r.request_id for r in self.waiting)
-        for req in self.waiting:
-            assert self.kv.num_held_blocks(req.request_id) == 0
-        assert self.num_waiting_tokens == sum(r.num_uncomputed_tokens for r in self.waiting)
-        assert self.num_running_tokens == sum(r.num_tokens for r in self.running)
-        assert self.num_running_max_blocks == sum(self.max_blocks(r) for r in self.running)
-        # `_maybe_prefilling`: running requests, once each, in running order, and every one
-        # with prompt tokens left among them.
-        maybe = {id(r) for r in self._maybe_prefilling}
-        assert [id(r) for r in self._maybe_prefilling] == [
-            id(r) for r in self.running if id(r) in maybe]
-        assert maybe >= {id(r) for r in self.running if not r.is_decoding and not r.is_caught_up}
-        if not self.pipelined:  # every running request decodes or has prompt tokens left
-            assert not any(r.is_caught_up for r in self.running)
-        # A request never holds more than it needs at its largest (`reserved_blocks` counts
-        # on it; a prefix cache's shared blocks are counted apart).
-        if not self.kv.caches_prefixes:
-            for req in self.running:
-                assert self.kv.num_held_blocks(req.request_id) <= self.max_blocks(req)
+        """The invariants (`sim.core.state_check.check_state`), asserted."""
+        check_state(self)
 
 
 def _fail(req: Request, where: str) -> None:

@@ -1,0 +1,41 @@
+"""The invariants of a `ReplicaState` (`ReplicaState.check`, run every step under
+`sim.schedulers.base.checks(True)`, as the property tests run)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.core.waiting import PriorityWaiting, priority_key
+
+if TYPE_CHECKING:
+    from sim.core.state import ReplicaState
+
+
+def check_state(state: ReplicaState) -> None:
+    """KV conserved; nobody both waiting and running; no KV held while waiting; the kept
+    counts right; a queue by priority in its order."""
+    state.kv.check()
+    running_ids = {r.request_id for r in state.running}
+    assert len(running_ids) == len(state.running)
+    assert not running_ids.intersection(r.request_id for r in state.waiting)
+    for req in state.waiting:
+        assert state.kv.num_held_blocks(req.request_id) == 0
+    assert state.num_waiting_tokens == sum(r.num_uncomputed_tokens for r in state.waiting)
+    assert state.num_running_tokens == sum(r.num_tokens for r in state.running)
+    assert state.num_running_max_blocks == sum(state.max_blocks(r) for r in state.running)
+    # `_maybe_prefilling`: running requests, once each, in running order, and every one
+    # with prompt tokens left among them.
+    maybe = {id(r) for r in state._maybe_prefilling}
+    assert [id(r) for r in state._maybe_prefilling] == [
+        id(r) for r in state.running if id(r) in maybe]
+    assert maybe >= {id(r) for r in state.running if not r.is_decoding and not r.is_caught_up}
+    if not state.pipelined:  # every running request decodes or has prompt tokens left
+        assert not any(r.is_caught_up for r in state.running)
+    # A request never holds more than it needs at its largest (`reserved_blocks` counts
+    # on it; a prefix cache's shared blocks are counted apart).
+    if not state.kv.caches_prefixes:
+        for req in state.running:
+            assert state.kv.num_held_blocks(req.request_id) <= state.max_blocks(req)
+    if isinstance(state.waiting, PriorityWaiting):
+        keys = [priority_key(r) for r in state.waiting]
+        assert keys == sorted(keys)
