@@ -18,7 +18,6 @@ With `ignore_eos` every request generates `output_len` tokens, so the messages p
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,6 @@ STATISTICS = {"TPOT mean": ("time_per_output_token", "mean"),
               "TTFT P50": ("time_to_first_token", "median"),
               "TTFT P99": ("time_to_first_token", "p99"),
               "E2E mean": ("request_latency", "mean")}
-STAGE_FILE = re.compile(r"stage_(\d+)_lifecycle_metrics\.json")
 # A stage whose median TTFT passes this, or with failed requests, overloaded the server: its
 # queue grew (the rule `../shared/realruns/derive.py` applies to the public runs).
 OVERLOADED_TTFT_S = 10.0

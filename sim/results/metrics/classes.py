@@ -12,9 +12,9 @@ from sim.results.columns import Columns, column, texts
 from sim.results.metrics.summary import (
     FINISHED,
     WeightedSample,
+    attainment,
     distribution,
     finished_distribution,
-    never_arrived,
     slo_attainment,
 )
 
@@ -95,33 +95,21 @@ def combined_attainment(requests: Columns, gaps: list[WeightedSample], scenario:
     """SLO attainment over every offered request, each judged by its class's targets (one of
     a class without a target for a metric meets it); the gaps by their class's TBT target."""
     targets = class_targets(scenario)
-    classes = scenario.workload.classes or []
-    offered = ~never_arrived(requests)
-    finished = (column(requests, "status") == FINISHED)[offered]
-    if not len(finished):
-        return {}
-    index = {c.name: i for i, c in enumerate(classes)}
-    which = np.array([index[n] for n in column(requests, "request_class")[offered].tolist()],
+    index = {c.name: i for i, c in enumerate(scenario.workload.classes or [])}
+    which = np.array([index[n] for n in column(requests, "request_class").tolist()],
                      dtype=np.int64)
-    ttft = np.array([t.ttft_s if t.ttft_s is not None else np.inf for t in targets])[which]
-    tbt = np.array([t.tbt_s if t.tbt_s is not None else np.inf for t in targets])[which]
-    out: dict[str, float | None] = {}
-    ok = finished.copy()
-    if any(t.ttft_s is not None for t in targets):
-        ttft_ok = finished & (column(requests, "ttft_s")[offered] <= ttft)
-        out["ttft_attainment"] = float(ttft_ok.mean())
-        ok &= ttft_ok
-    if any(t.tbt_s is not None for t in targets):
-        tbt_ok = finished & ~(column(requests, "max_tbt_s")[offered] > tbt)
-        out["tbt_attainment"] = float(tbt_ok.mean())
-        met = sum(int(g.counts[g.values <= (t.tbt_s if t.tbt_s is not None else np.inf)].sum())
-                  for g, t in zip(gaps, targets, strict=True))
-        total = sum(g.size for g in gaps)
-        out["tbt_gap_attainment"] = met / total if total else None
-        ok &= tbt_ok
-    if out:
-        out["all_attainment"] = float(ok.mean())
-    return out
+
+    def per_request(values: list[float | None]) -> np.ndarray | None:
+        if all(v is None for v in values):
+            return None
+        return np.array([np.inf if v is None else v for v in values])[which]
+
+    tbt = [t.tbt_s for t in targets]
+    total = sum(g.size for g in gaps)
+    met = sum(int(g.counts[g.values <= (np.inf if limit is None else limit)].sum())
+              for g, limit in zip(gaps, tbt, strict=True))
+    return attainment(requests, per_request([t.ttft_s for t in targets]), per_request(tbt),
+                      met / total if total else None)
 
 
 def priorities_ignored(scenario: Scenario) -> str | None:

@@ -219,21 +219,33 @@ def slo_attainment(requests: Table, tbt_gaps_s: np.ndarray | WeightedSample,
     """Fraction of the requests that arrived meeting each target; one not finished (rejected,
     or unfinished at the end) meets none. Requests the run never reached (after its horizon,
     or after an interrupted replay stopped) were never offered: they do not count."""
+    gaps = (WeightedSample.of(tbt_gaps_s).fraction_at_most(slo.tbt_s)
+            if slo.tbt_s is not None else None)
+    return attainment(requests, slo.ttft_s, slo.tbt_s, gaps)
+
+
+def attainment(requests: Table, ttft_s: float | np.ndarray | None,
+               tbt_s: float | np.ndarray | None, tbt_gap_attainment: float | None
+               ) -> dict[str, float | None]:
+    """`slo_attainment` for targets given as one number or one per request (inf: none for
+    that request; None: no target at all), with the gaps' share already found."""
     offered = ~never_arrived(requests)
     finished = (column(requests, "status") == FINISHED)[offered]
     if len(finished) == 0:
         return {}
     ok = finished.copy()
     out: dict[str, float | None] = {}
-    if slo.ttft_s is not None:
-        ttft_ok = finished & (column(requests, "ttft_s")[offered] <= slo.ttft_s)
+    if ttft_s is not None:
+        target = ttft_s[offered] if isinstance(ttft_s, np.ndarray) else ttft_s
+        ttft_ok = finished & (column(requests, "ttft_s")[offered] <= target)
         out["ttft_attainment"] = float(ttft_ok.mean())
         ok &= ttft_ok
-    if slo.tbt_s is not None:
+    if tbt_s is not None:
+        target = tbt_s[offered] if isinstance(tbt_s, np.ndarray) else tbt_s
         worst = column(requests, "max_tbt_s")[offered]
-        tbt_ok = finished & ~(worst > slo.tbt_s)  # a one-token request has no gap: it meets it
+        tbt_ok = finished & ~(worst > target)  # a one-token request has no gap: it meets it
         out["tbt_attainment"] = float(tbt_ok.mean())
-        out["tbt_gap_attainment"] = WeightedSample.of(tbt_gaps_s).fraction_at_most(slo.tbt_s)
+        out["tbt_gap_attainment"] = tbt_gap_attainment
         ok &= tbt_ok
     if out:
         out["all_attainment"] = float(ok.mean())
