@@ -15,6 +15,7 @@ from sim.config.replica import ReplicaConfig
 from sim.config.scenario import Scenario, load_scenario
 from sim.core.kv_cache import KVCacheManager
 from sim.core.request import Request
+from sim.core.speculative import Acceptance
 from sim.engine.clock import Progress
 from sim.engine.cluster import Cluster, blocks_beyond_memory
 from sim.engine.iteration_log import IterationLog
@@ -24,6 +25,7 @@ from sim.results.metrics.arrived import arrived_stats
 from sim.results.metrics.classes import class_columns, class_gaps, class_summary, priorities_ignored
 from sim.results.metrics.overload import overload
 from sim.results.metrics.sessions import session_stats
+from sim.results.metrics.speculative import speculative_stats
 from sim.results.metrics.stages import stage_stats
 from sim.results.metrics.summary import (
     FINISHED,
@@ -60,6 +62,7 @@ class ReplicaRecord:
     pool: str  # colocated, prefill or decode
     log: IterationLog
     kv: KVCacheManager
+    acceptance: Acceptance | None = None  # speculative decoding's draws and counts
 
 
 def _split_name(cfg: ReplicaConfig) -> str:
@@ -205,7 +208,8 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     reacting = scenario.clients is not None or sessions is not None
     cluster.run(requests if reacting else mark_after_horizon(requests, scenario.horizon_s),
                 on_progress, sessions)
-    records = [ReplicaRecord(r.pool, r.log, r.state.kv) for r in cluster.replicas]
+    records = [ReplicaRecord(r.pool, r.log, r.state.kv, r.state.acceptance)
+               for r in cluster.replicas]
     latency = cluster.replicas[0].latency.describe()
     frames = request_results(scenario, requests, [r.log for r in records])
     frames.stage = stage
@@ -354,6 +358,8 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
                                 clients.warmup_requests if clients is not None else 0))
     if any(r.kv.caches_prefixes for r in replicas):
         summary["prefix_cache"] = prefix_cache_stats(request_cols, [r.kv for r in replicas])
+    if acceptances := [r.acceptance for r in replicas if r.acceptance is not None]:
+        summary["speculative"] = speculative_stats(acceptances)
     summary["run"] = {
         "scenario": scenario.name,
         "seed": scenario.seed,

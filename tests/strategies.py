@@ -45,6 +45,18 @@ def scenarios(draw):
                 [None, max(1, min(budget, threshold or budget) // 4)]))
         # vLLM's priority policy sometimes: the queue by priority, victims anywhere.
         scheduler["scheduling_policy"] = draw(st.sampled_from(["fcfs", "fcfs", "priority"]))
+        # Speculative decoding sometimes, either release, synchronous or not (rule 18).
+        if draw(st.integers(0, 3)) == 0:
+            method = draw(st.sampled_from(["ngram", "eagle", "draft_model"]))
+            k = draw(st.integers(1, 5))
+            scheduler.pop("min_chunk_tokens", None)
+            scheduler["engine_version"] = draw(st.sampled_from(["0.15.1", "0.33.0"]))
+            scheduler["speculative"] = {
+                "method": method, "num_speculative_tokens": k,
+                "acceptance_rate": draw(st.sampled_from([0.0, 0.5, 0.8, 1.0])),
+                "draft_time_ratio": draw(st.sampled_from([0.0, 0.1]))}
+            if method == "eagle" or scheduler["engine_version"] == "0.33.0":
+                scheduler["async_scheduling"] = draw(st.booleans())
     else:
         scheduler = {"name": "sglang", "chunked_prefill_size": draw(st.integers(8, 1024)),
                      "max_num_seqs": draw(st.integers(1, 64)),
@@ -147,14 +159,27 @@ def assert_nothing_lost(data, res):
     assert (req.loc[done, "num_generated_tokens"] == req.loc[done, "num_output_tokens"]).all()
     assert (req["num_generated_tokens"] <= req["num_output_tokens"]).all()
     if res.tokens is not None:
-        counts = res.tokens.groupby("request_id").size()
-        assert counts.reindex(req["request_id"], fill_value=0).tolist() == req[
-            "num_generated_tokens"].tolist()
+        counts = res.tokens.groupby("request_id").size().reindex(
+            req["request_id"], fill_value=0).to_numpy()
+        generated = req["num_generated_tokens"].to_numpy()
+        if "speculative" in data.get("replica", {}).get("scheduler", {}):
+            # A row per streamed chunk: a step's sampled token and the drafts it accepted.
+            assert (counts <= generated).all()
+            assert (generated - counts <= req["num_drafts_accepted"].to_numpy()).all()
+        else:
+            assert counts.tolist() == generated.tolist()
     summary = res.summary
     assert summary["requests"]["total"] == len(req)
     assert sum(summary["requests"]["reasons"].values()) == int((req["reason"] != "").sum())
     for replica in summary["replicas"]:
         assert replica["busy_fraction"] is None or 0 <= replica["busy_fraction"] <= 1 + 1e-12
+
+
+def without_speculative(replica: dict) -> None:
+    """Take speculative decoding (and the async setting drawn with it) off a replica: refused
+    where it is not modelled yet (disaggregated pools, pipelines)."""
+    if replica["scheduler"].pop("speculative", None) is not None:
+        replica["scheduler"].pop("async_scheduling", None)
 
 
 @st.composite
@@ -171,6 +196,7 @@ def clusters(draw):
                                ["round_robin", "least_outstanding", "least_kv_load", "random",
                                 "prefix_affinity"]))}}
     else:
+        without_speculative(replica)  # (not modelled on disaggregated pools: refused)
         decode = {**replica, "kv_cache": {**replica["kv_cache"]}}
         decode["kv_cache"]["num_blocks"] = replica["kv_cache"]["num_blocks"] + draw(
             st.integers(0, 50))

@@ -189,13 +189,15 @@ def assert_same_as_per_token(scenario: Scenario) -> Results:
     ref = per_token(requests, [r.log for r in records])
     req = res.requests
     arrival = req["arrival_s"].to_numpy()
-    count = ref["count"]
+    count = ref["count"]  # streamed events: one per token, or per step's tokens (speculative)
+    num_tokens = count + np.array([r.num_extra_tokens for r in requests], dtype=np.int64)
 
     # Per request, to the last bit.
-    np.testing.assert_array_equal(req["num_generated_tokens"].to_numpy(), count)
+    np.testing.assert_array_equal(req["num_generated_tokens"].to_numpy(), num_tokens)
     np.testing.assert_array_equal(req["ttft_s"].to_numpy(), ref["first"] - arrival)
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(count > 1, (ref["last"] - ref["first"]) / (count - 1), np.nan)
+        tpot = np.where(num_tokens > 1, (ref["last"] - ref["first"]) / (num_tokens - 1),
+                        np.nan)
     np.testing.assert_array_equal(req["tpot_s"].to_numpy(), tpot)
     np.testing.assert_array_equal(req["max_tbt_s"].to_numpy(), ref["max_gap"])
 

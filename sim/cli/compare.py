@@ -100,10 +100,12 @@ def comparison_table(title: str, df: Any) -> Table:
     from sim.results.labels import label, unit
 
     rows = ("pools", "scheduler", "overload", "finished", "ttft_p50_s", "ttft_p99_s",
-            "tbt_p50_s", "tbt_p99_s", "e2e_p99_s", "output_tokens_per_s", "slo_attainment",
+            "tbt_p50_s", "tbt_p99_s", "tpot_p50_s", "acceptance_length", "e2e_p99_s",
+            "output_tokens_per_s", "slo_attainment",
             "transfer_p99_s", "num_gpus", "usd_per_million_tokens",
             *[c for c in df.columns if str(c).startswith("class:")])
-    numbers = {"ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "e2e_p99_s",
+    numbers = {"ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "tpot_p50_s",
+               "acceptance_length", "e2e_p99_s",
                "output_tokens_per_s", "transfer_p99_s", "usd_per_million_tokens"}
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     # Labels wrap (a class's name too, character by character), not the variants' names.

@@ -90,8 +90,9 @@ def show_run(summary: dict[str, Any], out_dir: Path, shown: Console, as_json: bo
     shown.print(overload_line(summary["overload"]))
     if line := rejected_line(summary):
         shown.print(line)
-    if line := sessions_line(summary):
-        shown.print(line)
+    for line in (sessions_line(summary), speculative_line(summary)):
+        if line:
+            shown.print(line)
     if clients := summary["run"].get("clients"):
         paced = ("each request also waits for its time in the workload" if clients["paced"]
                  else "the workload's arrival times and rate are not used")
@@ -201,6 +202,18 @@ def sessions_line(summary: dict[str, Any]) -> str | None:
                  f"{1e3 * later[0]['ttft_s']['p50']:.3g} ms; prefix hits by turn "
                  f"{', '.join(hits)}{', ...' if len(turns) > 4 else ''}")
     return line
+
+
+def speculative_line(summary: dict[str, Any]) -> str | None:
+    """Speculative decoding as vLLM's benchmark reports it: acceptance rate and length."""
+    spec = summary.get("speculative")
+    if not spec or spec["acceptance_length"] is None:
+        return None
+    per_pos = "/".join(f"{r:.2f}" for r in spec["per_position_acceptance_rates"])
+    return (f"speculative decoding (k={spec['num_speculative_tokens']}): acceptance rate "
+            f"{spec['acceptance_rate']:.1f}%, length {spec['acceptance_length']:.2f} tokens "
+            f"per step (drawn: {spec['expected_acceptance_length']:.2f}); by position "
+            f"{per_pos}")
 
 
 def overload_line(verdict: dict[str, Any]) -> str:

@@ -17,6 +17,12 @@ class Plan:
     num_scheduled_tokens: dict[int, int] = field(default_factory=dict)
     # requests preempted (by recompute) while this plan was built, newest first.
     preempted_ids: list[int] = field(default_factory=list)
+    # Speculative decoding: drafts each request that samples in this iteration gets for its
+    # next (vLLM's drafter proposes `num_speculative_tokens`, or none where it skips).
+    num_drafts_proposed: int = 0
+    # ... and each request whose prompt chunk does not finish it (vLLM 0.15.1's padded
+    # drafter batch proposes for those too; nothing is sampled, so none can be accepted).
+    num_drafts_after_chunk: int = 0
 
     @property
     def total_num_scheduled_tokens(self) -> int:

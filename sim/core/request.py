@@ -52,6 +52,16 @@ class Request:
     # its outputs, those counted as sampled while their iteration is in flight (placeholders).
     num_in_flight_tokens: int = 0
     num_placeholders: int = 0
+    # Speculative decoding (vLLM's `spec_token_ids`): drafts proposed for the next step; that
+    # step's drafts are padding that cannot be accepted (`spec_padded`: 0.33.0 pads a decode
+    # admitted from the queue); drafts verified and accepted so far; and tokens sampled beyond
+    # one per iteration (accepted drafts that joined the output: a token run counts one token
+    # per iteration).
+    num_draft_tokens: int = 0
+    spec_padded: bool = False
+    num_drafts_verified: int = 0
+    num_drafts_accepted: int = 0
+    num_extra_tokens: int = 0
     replica_id: int = -1  # where it runs now (the decode replica, once transferred)
     prefill_replica_id: int = -1  # where it arrived
     first_scheduled_s: float | None = None

@@ -14,6 +14,13 @@ from collections.abc import Callable
 from sim.core.kv_cache import KVCacheManager, cdiv
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
+from sim.core.spec_commit import (
+    cancel_speculative,
+    commit_speculative,
+    complete_speculative,
+    start_speculative,
+)
+from sim.core.speculative import Acceptance
 from sim.core.state_check import check_state
 from sim.core.waiting import PriorityWaiting
 
@@ -50,7 +57,7 @@ class ReplicaState:
         self.num_running_tokens = 0
         # Blocks the running requests need at their largest (`num_kv_tokens_needed`), summed:
         # what a full reservation keeps for them is this less what they hold
-        # (`sim.schedulers.base.reserved_blocks`, at every iteration where requests wait).
+        # (`sim.schedulers.admission.reserved_blocks`, at every iteration where requests wait).
         self.num_running_max_blocks = 0
         # Running requests that may have prompt tokens left: those that joined before their
         # prompt was computed, in running order, pruned as they catch up (`prefilling`). A
@@ -69,6 +76,8 @@ class ReplicaState:
         # Told of each request that finishes here, as its finish is committed (closed-loop
         # clients send their next request then: `sim.engine.clients`).
         self.on_finish: Callable[[Request], None] | None = None
+        # Speculative decoding: how many drafts each verification accepts (None: off).
+        self.acceptance: Acceptance | None = None
 
     def num_kv_tokens_needed(self, req: Request) -> int:
         """KV slots `req` needs here at its largest: its prompt on a prefill replica."""
@@ -147,6 +156,10 @@ class ReplicaState:
         self.kv.free(req, preempted=True)
         req.num_recomputed_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
+        req.num_draft_tokens = 0  # (vLLM: `_preempt_request` clears `spec_token_ids`)
+        if self.acceptance is not None:  # and its placeholders (delivered stale, if at all)
+            req.num_output_tokens -= req.num_placeholders
+            req.num_placeholders = 0
         req.num_preemptions += 1
         req.close_token_run()
         req.status = Status.WAITING
@@ -167,6 +180,11 @@ class ReplicaState:
         prefill_only = self.prefill_only
         num_sampled = 0
         previous = iteration - 1 if since is None else since
+        if self.acceptance is not None:
+            done = commit_speculative(self, plan, iteration, start_s, previous)
+            if done:
+                self.leave(done, end_s)
+            return done
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
             if req.first_scheduled_s is None:
@@ -184,10 +202,10 @@ class ReplicaState:
                     done.append(req)
         self.num_running_tokens += num_sampled
         if done:
-            self._leave(done, end_s)
+            self.leave(done, end_s)
         return done
 
-    def _leave(self, done: list[Request], end_s: float) -> None:
+    def leave(self, done: list[Request], end_s: float) -> None:
         """Requests that sampled their last token here leave: finished, or handed off."""
         for req in done:
             if req.num_output_tokens == req.num_target_output_tokens:
@@ -211,6 +229,9 @@ class ReplicaState:
         the next plan schedules its next decode at once; except its last token, which leaves it
         caught up: vLLM schedules no step past a request's `max_tokens` ("Avoid scheduling an
         extra step", `Scheduler.schedule`), and it finishes when that token comes back."""
+        if self.acceptance is not None:
+            assert placeholders
+            return start_speculative(self, plan, start_s)
         self.pipelined = True
         in_flight = []
         requests = self.requests
@@ -240,6 +261,8 @@ class ReplicaState:
         return"), and not on a prefill replica, and it may then finish, even from the queue.
         Returns the requests that left the running list, and the ids of those that sampled (the
         caller records their tokens: `IterationLog.add_sampled`)."""
+        if self.acceptance is not None:
+            return complete_speculative(self, in_flight, end_s, stale_delivered)
         done: list[Request] = []
         sampled = []
         for req, num_tokens, num_preemptions, samples, _ in in_flight:
@@ -272,7 +295,7 @@ class ReplicaState:
             if req.num_output_tokens == req.num_target_output_tokens or self.prefill_only:
                 done.append(req)
         if done:
-            self._leave(done, end_s)
+            self.leave(done, end_s)
         return done, sampled
 
     def _take_back(self, req: Request) -> None:
@@ -300,16 +323,24 @@ class ReplicaState:
                 done.append(req)
         elif req.status is Status.WAITING:
             self.num_waiting_tokens += 1
-            if last:  # finished in the queue: it holds no KV
-                self.waiting.remove(req)
-                self.num_waiting_tokens -= req.num_uncomputed_tokens
-                req.close_token_run()
-                self._settle(req, end_s)
+            if last:
+                self.finish_from_queue(req, end_s)
+
+    def finish_from_queue(self, req: Request, end_s: float) -> None:
+        """A queued request's last token came back (delivered stale): it finishes from the
+        queue, holding no KV."""
+        self.waiting.remove(req)
+        self.num_waiting_tokens -= req.num_uncomputed_tokens
+        req.close_token_run()
+        self._settle(req, end_s)
 
     def cancel(self, in_flight: list[InFlight]) -> None:
         """Pipelined replica: an iteration `start` sent off never ends (the run stopped at its
         horizon): its tokens are not computed, as a step-by-step replica leaves the iteration
         in progress uncommitted; its KV blocks stay allocated. Newest iteration first."""
+        if self.acceptance is not None:
+            cancel_speculative(self, in_flight)
+            in_flight = []
         for req, num_tokens, num_preemptions, samples, first in in_flight:
             req.num_in_flight_tokens -= num_tokens
             if req.num_preemptions == num_preemptions:

@@ -17,6 +17,7 @@ from sim.core.block_cache import BlockPrefixCache
 from sim.core.kv_cache import KVCacheManager
 from sim.core.radix_cache import Eviction, PrefixCachingKVManager
 from sim.core.request import Request, Status
+from sim.core.speculative import Acceptance
 from sim.core.state import ReplicaState
 from sim.engine.clients import Dispatcher
 from sim.engine.clock import ANSWERED, NORMAL, At, Environment, Progress, simulate
@@ -25,7 +26,7 @@ from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Replica
 from sim.hardware.models import ModelShape
 from sim.latency import LATENCY_MODELS
-from sim.latency.base import LatencyModel, ScaledLatency
+from sim.latency.base import DraftingLatency, LatencyModel, ScaledLatency, drafter_time_ratio
 from sim.latency.noise import IterationNoise
 from sim.routers import ROUTERS
 from sim.routers.base import ReplicaLoad
@@ -87,6 +88,14 @@ class Cluster:
         state = ReplicaState(kv_cache_for(cfg, model, field, self.source, scheduler),
                              prefill_only=pool == "prefill", decode_only=pool == "decode",
                              by_priority=scheduler.by_priority)
+        spec = getattr(cfg.scheduler, "speculative", None)
+        if spec is not None:
+            if pool != "colocated" or cfg.parallelism.pipeline > 1:
+                where = "a disaggregated pool" if pool != "colocated" else "a pipeline"
+                raise InputError(self.source, f"{field}.scheduler.speculative.method",
+                                 spec.method, f"speculative decoding on {where} is not "
+                                 "modelled yet (servesim issue 47)")
+            state.acceptance = Acceptance(spec.rates, self.seed)
         kind: type[Replica] = Replica
         if self.fast_forward:
             from sim.engine.fastpath.replica import FastReplica  # not needed to step
@@ -302,6 +311,14 @@ def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
             latency = cls(cfg.latency, model, cfg.gpu_spec)
         else:
             latency = cls(cfg.latency, model, cfg.gpu_spec, parallelism=cfg.parallelism)
+        spec = getattr(cfg.scheduler, "speculative", None)
+        if spec is not None:
+            ratio = spec.draft_time_ratio
+            if ratio is None:
+                ratio = drafter_time_ratio(spec.method, model)
+            if ratio:
+                latency = cast(LatencyModel, DraftingLatency(latency, ratio,
+                                                             spec.num_speculative_tokens))
         if cfg.latency.scale != 1.0:
             return cast(LatencyModel, ScaledLatency(latency, cfg.latency.scale))
         return latency

@@ -16,16 +16,20 @@ COLUMNS = {
     "num_preempted": "q",
     "num_waiting": "q",  # queue length when the iteration was scheduled
 }
+# Speculative decoding's replicas also log the draft tokens each iteration verified.
+SPEC_COLUMN = "num_spec_tokens"
 
 
 class IterationLog:
     """Columns of one replica's iterations; the index of a row is the iteration's number."""
 
-    def __init__(self) -> None:
+    def __init__(self, speculative: bool = False) -> None:
         self.columns: dict[str, array] = {name: array(code) for name, code in COLUMNS.items()}
+        if speculative:
+            self.columns[SPEC_COLUMN] = array("q")
         # Each column's bound `append`, in COLUMNS order: `append` runs for every stepped
         # iteration, and eight dictionary look-ups cost as much as the appends.
-        self._appends = tuple(col.append for col in self.columns.values())
+        self._appends = tuple(self.columns[name].append for name in COLUMNS)
         # Tokens sampled by a pipelined replica's iterations, as (request id, iteration) pairs:
         # a request there is in every k-th iteration, so runs of consecutive iterations
         # (`Request.token_runs`) would hold one per token; these hold 16 bytes per token.

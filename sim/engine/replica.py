@@ -26,7 +26,7 @@ from sim.core.request import Request, Status
 from sim.core.state import InFlight, ReplicaState
 from sim.engine.clock import PLAN, At, Environment, Hook
 from sim.engine.disaggregation import DecodeInbox
-from sim.engine.iteration_log import IterationLog
+from sim.engine.iteration_log import SPEC_COLUMN, IterationLog
 from sim.latency.base import BatchShape, LatencyModel
 from sim.latency.noise import IterationNoise
 from sim.routers.base import ReplicaLoad
@@ -87,7 +87,7 @@ class Replica:
         self.quiet_until = _never if pool == "prefill" else quiet_until or env.peek
         # (file, field, value) named by errors about this replica's latency model.
         self.where = where
-        self.log = IterationLog()
+        self.log = IterationLog(speculative=state.acceptance is not None)
         # Set to a list to keep the plan of every iteration logged one by one (stepped, not
         # in a stretch): the golden schedules compare them with an engine's steps.
         self.plans: list[Plan] | None = None
@@ -265,6 +265,8 @@ class Replica:
         shape = it.shape
         if self.plans is not None:
             self.plans.append(it.plan)
+        if self.state.acceptance is not None:  # (speculative decoding's own column)
+            self.log.columns[SPEC_COLUMN].append(shape.num_spec_tokens)
         return self.log.append(it.start_s, it.duration_s, shape.num_prefill_tokens,
                                shape.num_decode_tokens, it.plan.num_seqs, it.num_kv_blocks_used,
                                len(it.plan.preempted_ids), it.num_waiting)

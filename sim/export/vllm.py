@@ -54,6 +54,9 @@ from sim.config.errors import COMMAND_LINE, InputError
 if TYPE_CHECKING:
     from sim.results.run_dir import Results
 
+SPEC_NOTE = ("speculative decoding: an ITL is the gap between two streamed chunks, a chunk "
+             "holding every token one engine step gave (1 + the drafts it accepted), as "
+             "vLLM's benchmark measures it; TPOT is per token")
 CLIENT_NOTE = ("ttfts, latencies and their statistics are client-side: the engine's plus the "
                "API front end of the run's engine calibration (requests.parquet: client_ttft_s, "
                "client_e2e_s)")
@@ -158,6 +161,16 @@ def _result(results: Results, percentiles: Sequence[float]) -> dict[str, Any]:
         ],
     }
     out["servesim_notes"].append(CLIENT_NOTE if client else ENGINE_SIDE_NOTE)
+    if spec := results.summary.get("speculative"):
+        # As `vllm bench serve` reports a speculative run (from the engine's counters).
+        out.update({"spec_decode_acceptance_rate": spec["acceptance_rate"],
+                    "spec_decode_acceptance_length": spec["acceptance_length"],
+                    "spec_decode_num_drafts": spec["num_drafts"],
+                    "spec_decode_draft_tokens": spec["draft_tokens"],
+                    "spec_decode_accepted_tokens": spec["accepted_tokens"],
+                    "spec_decode_per_position_acceptance_rates":
+                        spec["per_position_acceptance_rates"]})
+        out["servesim_notes"].append(SPEC_NOTE)
     if out["request_goodput"] is not None:
         out["servesim_notes"].append(GOODPUT_NOTE)
     out.update(metric_stats("ttft", ttft[ok], percentiles))

@@ -43,24 +43,36 @@ class BatchShape:
     prefill_attn_pairs: Num = 0
     prefill_kv_tokens: Num = 0  # KV tokens each chunk's attention reads: p + q per chunk
     decode_kv_tokens: Num = 0  # KV tokens decode attention reads: context + 1 per decode
+    # Speculative decoding: draft tokens the decodes verify (each a query row beside its
+    # decode's, through the linear layers and the LM head, reading the same KV), and the
+    # requests a drafter proposes for after this iteration.
+    num_spec_tokens: Num = 0
+    num_drafting_seqs: Num = 0
 
     @property
     def num_tokens(self) -> Num:
-        return self.num_prefill_tokens + self.num_decode_tokens
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_spec_tokens
 
     @classmethod
     def from_plan(cls, plan: Plan, requests: Mapping[int, Request]) -> BatchShape:
         """The shape of `plan`, whose requests `requests` holds as they are before it runs."""
-        num_decodes = decode_kv = 0
+        num_decodes = decode_kv = num_spec = 0
         prefill = []
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
             if req.is_decoding:
                 num_decodes += 1
                 decode_kv += req.num_tokens  # its context, and the token it computes
+                num_spec += num_tokens - 1  # drafts verified beside it
             else:
                 prefill.append((req, num_tokens))
-        return cls._with_chunks(prefill, num_decodes, decode_kv)
+        shape = cls._with_chunks(prefill, num_decodes, decode_kv)
+        if num_spec or plan.num_drafts_proposed:
+            shape.num_spec_tokens = num_spec
+            shape.num_sampled_tokens += num_spec
+            shape.num_drafting_seqs = (shape.num_sampled_tokens - num_spec
+                                       if plan.num_drafts_proposed else 0)
+        return shape
 
     @classmethod
     def of_replica(cls, plan: Plan, state: ReplicaState) -> BatchShape:
@@ -71,7 +83,7 @@ class BatchShape:
         pipelined), and the KV the decodes read is the running requests' known tokens, which
         the state counts as they move, less the prefilling ones'."""
         num_seqs = plan.num_seqs
-        if state.pipelined or num_seqs != len(state.running):
+        if state.pipelined or num_seqs != len(state.running) or state.acceptance is not None:
             # Some may wait for a token in flight, or are not scheduled (a budget spent, or
             # prompts first: a plan of a few): each of the plan's requests asked.
             return cls.from_plan(plan, state.requests)
@@ -226,3 +238,43 @@ class ScaledLatency:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
+
+
+class DraftingLatency:
+    """A latency model with speculative decoding's drafter added: after an iteration, a
+    drafter runs `num_speculative_tokens` passes over the requests that sampled, each pass
+    taking `ratio` times what the target takes for a decode step of those requests (the
+    drafter's share of the weights read: an EAGLE head is one decoder layer and an LM head).
+    Everything else is the other model's."""
+
+    def __init__(self, model: LatencyModel, ratio: float, num_speculative_tokens: int) -> None:
+        self._model = model
+        self._per_pass = ratio
+        self._num_passes = num_speculative_tokens
+
+    def iteration_time_s(self, shape: BatchShape) -> Num:
+        time = self._model.iteration_time_s(shape)
+        num_seqs = shape.num_drafting_seqs
+        if not np.any(num_seqs):
+            return time
+        # A decode step of those requests reading the decodes' KV (the drafter's own KV is
+        # smaller still: within its share of the step).
+        step = self._model.iteration_time_s(
+            BatchShape.decode_only(num_seqs, shape.decode_kv_tokens))
+        return time + (self._num_passes * self._per_pass) * step
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def drafter_time_ratio(method: str, model: ModelShape) -> float:
+    """A drafter's pass relative to the target's decode step, by the weights each reads: 0 for
+    n-gram prompt lookup (host-side); for EAGLE, EAGLE-3 and an MTP head, one decoder layer of
+    the target's shape and an LM head (vLLM's EAGLE heads share the target's embedding)."""
+    if method == "ngram":
+        return 0.0
+    layer = model.attn_params_per_layer + (
+        model.dense_mlp_params_per_layer if not model.is_moe or model.num_dense_layers
+        else model.num_experts_per_token * model.expert_params + model.shared_expert_params)
+    head = model.vocab_size * model.hidden_size
+    return (layer + head) / model.num_active_params

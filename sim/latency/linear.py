@@ -31,5 +31,4 @@ class LinearLatency(LatencyModel):
         self.per_token_s = config.per_token_s
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
-        return self.base_s + self.per_token_s * (shape.num_prefill_tokens
-                                                 + shape.num_decode_tokens)
+        return self.base_s + self.per_token_s * shape.num_tokens

@@ -126,7 +126,11 @@ def requests_in_flight(its: pd.DataFrame) -> np.ndarray:
 def _tokens(ax: Any, part: pd.DataFrame, title: str) -> None:
     ax.bar(part["start_s"], part["num_decode_tokens"], width=part["duration_s"], align="edge",
            label="decode tokens", color="tab:blue")
+    below = part["num_decode_tokens"]
+    if "num_spec_tokens" in part:  # speculative decoding: the drafts the decodes verified
+        ax.bar(part["start_s"], part["num_spec_tokens"], width=part["duration_s"],
+               align="edge", bottom=below, label="draft tokens verified", color="tab:green")
+        below = below + part["num_spec_tokens"]
     ax.bar(part["start_s"], part["num_prefill_tokens"], width=part["duration_s"],
-           align="edge", bottom=part["num_decode_tokens"], label="prefill tokens",
-           color="tab:orange")
+           align="edge", bottom=below, label="prefill tokens", color="tab:orange")
     ax.set(ylabel="tokens / iteration", title=title)

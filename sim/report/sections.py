@@ -68,6 +68,9 @@ def run_headline(summary: dict[str, Any]) -> str:
         *[_quantity(k, v) for k, v in sorted((summary.get("slo") or {}).items())],
         *[_quantity(k, cost.get(k)) for k in ("num_gpus", "usd_per_million_output_tokens")],
         *[_quantity(k, summary.get(k)) for k in ("num_preemptions", "num_iterations")],
+        *([_quantity("acceptance_length", spec.get("acceptance_length")),
+           ("speculative acceptance rate", "%", spec.get("acceptance_rate"))]
+          if (spec := summary.get("speculative")) else []),
     ]
     return latencies + "\n" + m.table(["quantity", "unit", "value"], other, text_columns=2)
 

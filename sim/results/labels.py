@@ -60,6 +60,7 @@ METRICS: dict[str, tuple[str, Unit]] = {
     "usd_per_million_tokens": ("cost", Unit("$/M tokens", 1.0)),
     "usd_per_million_output_tokens": ("cost", Unit("$/M output tokens", 1.0)),
     "num_gpus": ("GPUs", NONE),
+    "acceptance_length": ("acceptance length", Unit("tokens/step", 1.0)),
     "slo_attainment": ("SLO attainment", PERCENT),
     "all_attainment": ("SLO attainment", PERCENT),
     "ttft_attainment": ("TTFT SLO attainment", PERCENT),

@@ -11,7 +11,7 @@ from itertools import chain
 import numpy as np
 
 from sim.core.request import Request, Status
-from sim.engine.iteration_log import COLUMNS, IterationLog
+from sim.engine.iteration_log import COLUMNS, SPEC_COLUMN, IterationLog
 from sim.results.columns import Categorical, Columns, texts
 from sim.results.metrics.summary import WeightedSample
 
@@ -222,7 +222,9 @@ def request_table(requests: Sequence[Request], logs: Sequence[IterationLog],
     if runs is None:
         runs = token_runs(requests, logs)
     tokens = token_stats(runs, end_times(logs))
-    counts = tokens.num_tokens
+    # A run holds one token per iteration; speculative decoding samples more in some.
+    extra = np.array([r.num_extra_tokens for r in requests], dtype=np.int64)
+    counts = tokens.num_tokens + extra if extra.any() else tokens.num_tokens
     first_token, last_token = tokens.first_token_s, tokens.last_token_s
 
     def ints(values: list[int]) -> np.ndarray:
@@ -271,6 +273,9 @@ def request_table(requests: Sequence[Request], logs: Sequence[IterationLog],
         "transfer_s": transfer_end - transfer_start,  # link queueing and wire time
         # Last: earlier columns keep their places.
         "failed_s": floats([r.failed_s for r in requests]),  # its client gave up (a timeout)
+        # Speculative decoding: drafts verified, and accepted (0 without it).
+        "num_drafts_verified": ints([r.num_drafts_verified for r in requests]),
+        "num_drafts_accepted": ints([r.num_drafts_accepted for r in requests]),
     }
     return table, tokens.gaps
 
@@ -296,6 +301,8 @@ def iteration_table(logs: Sequence[IterationLog], pools: Sequence[str]) -> Colum
     for name, code in COLUMNS.items():
         columns[name] = np.concatenate([a[name] for a in arrays]) if arrays else np.zeros(
             0, dtype=np.float64 if code == "d" else np.int64)
+    if arrays and all(SPEC_COLUMN in a for a in arrays):
+        columns[SPEC_COLUMN] = np.concatenate([a[SPEC_COLUMN] for a in arrays])
     return columns
 
 

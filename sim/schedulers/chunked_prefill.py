@@ -20,11 +20,11 @@ from sim.config.errors import invalid
 from sim.core.plan import Plan
 from sim.core.request import Request
 from sim.core.state import ReplicaState
+from sim.schedulers.admission import admit_waiting
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
     SchedulerConfig,
-    admit_waiting,
     any_in_flight,
     preempt_newest,
     schedule_decodes,

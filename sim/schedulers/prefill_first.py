@@ -8,11 +8,11 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.plan import Plan
 from sim.core.request import Request
 from sim.core.state import ReplicaState
+from sim.schedulers.admission import admit_waiting
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
     SchedulerConfig,
-    admit_waiting,
     schedule_decodes,
 )
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from sim.config.errors import invalid
+from sim.config.errors import INPUT_MODEL, invalid
+from sim.core.speculative import conditional_rates
 from sim.hardware.gpus import GPUSpec
 from sim.schedulers.base import SchedulerConfig
 
@@ -40,6 +41,11 @@ class EngineRules:
     # `EngineArgs.get_batch_defaults`, an OpenAI-compatible server: the budget on a GPU of
     # 160 GiB or more (None: no such tier in this release, it gets the 70 GiB one's).
     huge_gpu_budget: int | None = None
+    # Rule 18, speculative decoding, as the V2 model runner era schedules it (0.33.0): an
+    # input budget with draft slots, lookahead at admission, padded decodes from the queue,
+    # drafting skipped when unused, lookahead block hashes (no hit block dropped); else
+    # 0.15.1's (drafts for a prompt's unfinished chunk, EAGLE's last hit block dropped).
+    spec_v2_rules: bool = False
 
     def batch_defaults(self, gpu: GPUSpec) -> tuple[int, int]:
         """vLLM's server defaults of `max_num_batched_tokens` and `max_num_seqs` on `gpu`:
@@ -65,9 +71,87 @@ ENGINE_VERSIONS: dict[str, EngineRules] = {
     # `config/scheduler.py`: `scheduler_reserve_full_isl: bool = True`.
     "0.33.0": EngineRules(threshold_spares_lone_request=True, reserve_full_isl=True,
                           async_scheduling=True, free_order="lru_block",
-                          priority_pass_goes_on=True, huge_gpu_budget=16384),
+                          priority_pass_goes_on=True, huge_gpu_budget=16384,
+                          spec_v2_rules=True),
 }
 DEFAULT_ENGINE_VERSION = "0.15.1"
+
+
+# Speculative methods modelled, as vLLM names them (`SpeculativeConfig.method`): n-gram
+# prompt lookup (no draft model, no KV of its own) and the drafters that write KV ahead.
+SPEC_METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
+
+
+class SpeculativeConfig(BaseModel):
+    """vLLM's `--speculative-config`: a drafter proposes `num_speculative_tokens` tokens after
+    each step that samples, and the next step verifies them with its decode (1 + k tokens
+    computed, the accepted ones plus one sampled). The scheduler's rules are rule 18 of
+    `sim.schedulers.vllm_v1`; the drafter's time is `draft_time_ratio` of a decode step."""
+
+    model_config = INPUT_MODEL
+
+    method: Literal["ngram", "eagle", "eagle3", "mtp", "draft_model"] = Field(
+        description="vLLM's method: ngram (prompt lookup), eagle, eagle3, mtp (a one-module "
+                    "MTP head), draft_model (a smaller model of the same vocabulary)")
+    num_speculative_tokens: int = Field(gt=0, le=16, description="drafts proposed per step",
+                                        json_schema_extra={"unit": "tokens"})
+    acceptance_rate: float | list[float] | None = Field(
+        None, description="chance a draft is accepted given that the drafts before it were: one "
+                    "rate, or one per position (conditional)")
+    per_position_acceptance: list[float] | None = Field(
+        None, description="instead of acceptance_rate: vLLM's printed per-position acceptance "
+                          "rates (unconditional, non-increasing), one per draft position")
+    draft_time_ratio: float | None = Field(
+        None, ge=0, le=10,
+        description="time of one drafting pass over the batch's decodes relative to the "
+                    "target's decode step of that batch; None: 0 for ngram (host-side lookup), "
+                    "the drafter's share of the weights for eagle/eagle3/mtp (one decoder "
+                    "layer and the LM head); draft_model needs it")
+
+    @model_validator(mode="after")
+    def _rates(self) -> SpeculativeConfig:
+        k = self.num_speculative_tokens
+        given = self.per_position_acceptance
+        if (given is None) == (self.acceptance_rate is None):
+            raise invalid(("acceptance_rate", self.acceptance_rate,
+                           "give it or per_position_acceptance (one of the two)"))
+        rates = given if given is not None else self.acceptance_rate
+        assert rates is not None
+        name = "per_position_acceptance" if given is not None else "acceptance_rate"
+        if isinstance(rates, list) and len(rates) != k:
+            raise invalid((name, rates, f"needs one rate per draft position "
+                                        f"({k}: num_speculative_tokens)"))
+        values = rates if isinstance(rates, list) else [rates]
+        if any(not 0 <= r <= 1 for r in values):
+            raise invalid((name, rates, "rates are between 0 and 1"))
+        if given is not None and any(b > a for a, b in zip(given, given[1:], strict=False)):
+            raise invalid((name, given, "unconditional rates never increase with the "
+                                        "position"))
+        if self.method == "draft_model" and self.draft_time_ratio is None:
+            raise invalid(("draft_time_ratio", None, "a draft model's time is its own: give "
+                                                     "its step time relative to the target's"))
+        return self
+
+    @property
+    def rates(self) -> list[float]:
+        """Conditional acceptance rate of each draft position."""
+        if self.per_position_acceptance is not None:
+            return conditional_rates(self.per_position_acceptance)
+        rate = self.acceptance_rate
+        assert rate is not None
+        return list(rate) if isinstance(rate, list) else [rate] * self.num_speculative_tokens
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots allocated past the tokens scheduled (`VllmConfig.num_lookahead_tokens`):
+        the drafters that write KV of their own write it ahead."""
+        return 0 if self.method == "ngram" else self.num_speculative_tokens
+
+    @property
+    def num_draft_slots(self) -> int:
+        """0.33.0's `max_num_new_slots_for_drafting`: budget rows a scheduled request's
+        drafter adds (a draft model keeps one unsliced input token)."""
+        return 1 if self.method == "draft_model" else 0
 
 
 class VllmV1Config(SchedulerConfig):
@@ -107,6 +191,8 @@ class VllmV1Config(SchedulerConfig):
         "fcfs", description=("vLLM's --scheduling-policy: fcfs, or priority (the queue by "
                              "request priority, lower first, then arrival; the lowest "
                              "priority preempted first)"))
+    speculative: SpeculativeConfig | None = Field(
+        None, description="vLLM's --speculative-config (rule 18); None: off")
 
     @model_validator(mode="before")
     @classmethod
@@ -125,8 +211,19 @@ class VllmV1Config(SchedulerConfig):
         if rules is None:
             raise invalid(("engine_version", version,
                            f"unknown vLLM version; known: {', '.join(ENGINE_VERSIONS)}"))
+        # 0.15.1 schedules asynchronously only with EAGLE/MTP drafters (`VllmConfig.
+        # __post_init__`: "async scheduling is only supported with EAGLE/MTP kind of
+        # speculative decoding"), resolving the default off otherwise; 0.33.0's V2 model
+        # runner takes every method modelled here.
+        spec = data.get("speculative")
+        method = spec.get("method") if isinstance(spec, dict) else getattr(spec, "method", None)
+        async_refused = (version == "0.15.1" and method is not None
+                         and method not in ("eagle", "eagle3", "mtp"))
         if data.get("async_scheduling") is None:
-            data = {**data, "async_scheduling": rules.async_scheduling}
+            data = {**data, "async_scheduling": rules.async_scheduling and not async_refused}
+        elif data["async_scheduling"] is True and async_refused:
+            raise invalid(("async_scheduling", True, f"vLLM {version} schedules "
+                           f"asynchronously only with EAGLE/MTP drafters, not {method}"))
         if data.get("scheduler_reserve_full_isl") is None:
             data = {**data, "scheduler_reserve_full_isl": bool(rules.reserve_full_isl)}
         elif rules.reserve_full_isl is None and data["scheduler_reserve_full_isl"] is True:
@@ -196,6 +293,10 @@ class VllmV1Config(SchedulerConfig):
             problems.append(("min_chunk_tokens", self.min_chunk_tokens,
                              f"must not exceed the largest chunk ({largest_chunk}: "
                              "max_num_batched_tokens or long_prefill_token_threshold)"))
+        if self.speculative is not None and self.min_chunk_tokens is not None:
+            problems.append(("min_chunk_tokens", self.min_chunk_tokens,
+                             "not modelled with speculative decoding (vLLM has no such "
+                             "setting)"))
         if problems:
             raise invalid(*problems)
         return self

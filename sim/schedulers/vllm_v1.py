@@ -97,7 +97,29 @@ scheduler code):
    back only for a victim already scheduled in this step (one ahead of the request but
    skipped, e.g. caught up on a pipeline, makes it skip the request after).
 
-Not modelled: speculative decoding and lookahead slots, encoder inputs,
+18. Speculative decoding (`speculative`, vLLM's `--speculative-config`; synchronous
+   scheduling only, for now). After a step that samples, a request gets k drafts
+   (`update_draft_token_ids`; 0.33.0 proposes none in a step where no scheduled request can
+   use them, with a drafter that writes KV: `_drafts_unused`, `skip_drafts`). A running
+   request then has 1 + k tokens to compute (`num_tokens_with_spec`), capped like a chunk (the
+   threshold, the budget; 0.33.0's input budget less a draft model's one slot per request;
+   `max_model_len - 1 - num_computed_tokens`); its drafts are spent once it is scheduled,
+   however many fit. KV slots are allocated for the tokens scheduled plus the drafter's
+   lookahead (k for EAGLE, MTP and draft models, 0 for n-gram; at admission 0.15.1 allocates
+   none). The step's accepted drafts and one sampled token join the output
+   (`sim.core.spec_commit`); the rejected ones are computed again. 0.33.0 pads a decode
+   admitted from the queue (a prefix hit leaving one token) to 1 + k tokens of drafts that
+   cannot be accepted ("Pad new decode requests to uniform spec decoding size"), or admits
+   nothing more if that does not fit; 0.15.1's EAGLE-family drafters drop the last block of
+   a prefix hit (`use_eagle`). A request preempted loses its drafts. Synchronous 0.15.1 with
+   a drafter that writes KV (EAGLE, draft models: a padded drafter batch) gives drafts to a
+   prompt's unfinished chunk too (`update_draft_token_ids` has no prefill check): its last
+   chunk then carries k drafts, which cannot be accepted (nothing was sampled to draft
+   from).
+
+Not modelled: async scheduling with speculative decoding, n-gram proposals that find no match
+(every step proposes k), a dynamic number of drafts, multi-module MTP's prefill lookahead,
+0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs,
 KV connectors, structured output, LoRA limits, Mamba or deterministic-caching chunk alignment,
 the running pass's max_model_len cap (such requests are rejected on arrival), 0.33.0's skip of
 a waiting request whose stale output is still in flight (it drains before the next plan in
@@ -110,10 +132,10 @@ from sim.core.kv_cache import KVCacheManager, cdiv
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
 from sim.core.state import ReplicaState
+from sim.schedulers.admission import admit_waiting
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
-    admit_waiting,
     any_in_flight,
     lowest_priority,
     preempt,
@@ -125,6 +147,7 @@ from sim.schedulers.vllm_config import (  # noqa: F401  (also imported from here
     VllmV1Config,
     unchunked_reason,
 )
+from sim.schedulers.vllm_spec import SpecRules
 
 
 @SCHEDULERS.register("vllm_v1")
@@ -142,6 +165,12 @@ class VllmV1(Scheduler):
         super().__init__(config, max_model_len=max_model_len)
         self._threshold = config.long_prefill_token_threshold  # this step's (rule 11)
         self.prefix_cache_eviction = config.rules.free_order  # rule 15
+        self._spec = SpecRules.of(config)  # rule 18, speculative decoding
+        self._draft_slots = self._spec.draft_slots if self._spec else 0
+        self._drafts_needed = True  # this step's (rule 18)
+        self._prefill_scheduled = False
+        if self._spec is not None:
+            self.allows_stretches = False  # (decode stretches assume one token a step)
 
     def num_batches_in_flight(self, pipeline_size: int) -> int:
         # Rule 14: `VllmConfig.max_concurrent_batches`: 2 with async scheduling on one stage,
@@ -159,9 +188,13 @@ class VllmV1(Scheduler):
         return self.config.scheduling_policy == "priority"  # rule 17
 
     def capacity_reason(self, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
-        return super().capacity_reason(kv, num_kv_tokens) or unchunked_reason(
-            self.config.enable_chunked_prefill, self.config.max_num_batched_tokens,
-            num_kv_tokens)
+        reason = unchunked_reason(self.config.enable_chunked_prefill,
+                                  self.config.max_num_batched_tokens, num_kv_tokens)
+        if self._spec is not None:  # rule 18: drafts and lookahead past its last token
+            num_kv_tokens += self._spec.capacity_margin
+            if self.max_model_len is not None:
+                num_kv_tokens = min(num_kv_tokens, self.max_model_len)
+        return super().capacity_reason(kv, num_kv_tokens) or reason
 
     @property
     def max_num_scheduled_tokens(self) -> int | None:
@@ -191,10 +224,47 @@ class VllmV1(Scheduler):
                 and len(state.running) + len(state.waiting) <= 1):
             self._threshold = 0  # rule 11: nobody to starve
         plan = Plan()
+        spec = self._spec
+        self._drafts_needed = spec is None or not spec.can_skip_drafts
+        self._prefill_scheduled = False
         budget = self._schedule_running(state, plan, self.config.max_num_batched_tokens)
         if not plan.preempted_ids:
             self._schedule_waiting(state, plan, budget)
+        if spec is not None and self._drafts_needed:
+            plan.num_drafts_proposed = spec.num_speculative_tokens
+            if spec.drafts_after_chunk:
+                plan.num_drafts_after_chunk = plan.num_drafts_proposed
         return plan
+
+    def _decode_tokens(self, req: Request, budget: int, num_scheduled: int) -> int:
+        """Rule 18: a running request's tokens with its drafts (`num_tokens_with_spec`),
+        capped as vLLM caps them; `num_scheduled` requests are in the plan so far."""
+        num_tokens = req.num_uncomputed_tokens + req.num_draft_tokens
+        if 0 < self._threshold < num_tokens:
+            num_tokens = self._threshold
+        num_tokens = min(num_tokens, budget - self._draft_slots * (num_scheduled + 1))
+        if self.max_model_len is not None:
+            num_tokens = min(num_tokens, self.max_model_len - 1 - req.num_computed_tokens)
+        return num_tokens
+
+    def _lookahead(self, req: Request, num_computed: int, num_tokens: int) -> int:
+        """KV slots past `num_tokens` after `num_computed` the drafter writes (rule 18),
+        within the context window (`allocate_slots`)."""
+        ahead = self._spec.num_lookahead if self._spec else 0
+        if self.max_model_len is not None:
+            ahead = min(ahead, max(0, self.max_model_len - num_computed - num_tokens))
+        return ahead
+
+    def _note_drafts(self, req: Request, num_computed: int, num_tokens: int) -> None:
+        """0.33.0's `_drafts_unused`, or'ed over the step: whether the drafts proposed after
+        it may be used by `req`, scheduled for `num_tokens` after `num_computed`."""
+        if self._drafts_needed:
+            return
+        if num_computed + num_tokens < req.num_tokens:
+            return  # a prompt's chunk that does not finish it
+        # Output sure to come: sampled, one from this step, one from a step in flight.
+        num_sure = req.num_output_tokens - req.num_placeholders + 1 + (req.num_placeholders > 0)
+        self._drafts_needed = num_sure < req.num_target_output_tokens
 
     def _chunk(self, num_uncomputed: int, budget: int) -> int:
         """Tokens a request with `num_uncomputed` tokens to catch up gets now (0: none)."""
@@ -221,11 +291,25 @@ class VllmV1(Scheduler):
         ahead = iter(state.prefilling())
         following = next(ahead, None)
         pipelined = state.pipelined
+        spec = self._spec is not None
         index = 0
+        is_prefill = False
         while index < len(state.running) and budget > 0:
             req = state.running[index]
             index += 1
-            if req is following:
+            if spec:
+                if budget <= self._draft_slots * (len(scheduled) + 1):
+                    break  # 0.33.0's input budget is spent (`input_budget <= draft_slots`)
+                if (req.num_placeholders and req.num_computed_tokens + 2 - req.num_placeholders
+                        >= req.num_prompt_tokens + req.num_target_output_tokens):
+                    continue  # async: its step in flight reaches its last token (rule 14)
+                num_tokens = self._decode_tokens(req, budget, len(scheduled))
+                if num_tokens <= 0:
+                    continue  # nothing to compute until its step in flight ends
+                is_prefill = req is following
+                if is_prefill:
+                    following = next(ahead, None)
+            elif req is following:
                 following = next(ahead, None)
                 num_tokens = self._chunk(req.num_uncomputed_tokens, budget)
                 if not num_tokens:
@@ -241,7 +325,8 @@ class VllmV1(Scheduler):
                     budget -= 1
                     continue
                 num_tokens = 1
-            while not kv.try_allocate(req, num_tokens):
+            num_slots = num_tokens + self._lookahead(req, req.num_computed_tokens, num_tokens)
+            while not kv.try_allocate(req, num_slots):
                 if not by_priority:
                     victim = state.running[-1]
                     budget += preempt(state, victim, plan.preempted_ids, scheduled)
@@ -264,6 +349,10 @@ class VllmV1(Scheduler):
             else:
                 scheduled[req.request_id] = num_tokens
                 budget -= num_tokens
+                if spec:
+                    self._prefill_scheduled |= is_prefill
+                    self._note_drafts(req, req.num_computed_tokens, num_tokens)
+                    req.num_draft_tokens = 0  # spent, however many were scheduled
         return budget
 
     def _schedule_waiting(self, state: ReplicaState, plan: Plan, budget: int) -> None:
@@ -273,9 +362,28 @@ class VllmV1(Scheduler):
             return
         num_partial, num_long = self._num_partial(state, plan)
 
+        spec = self._spec
+        padded: list[Request] = []
+        admitted = len(plan.num_scheduled_tokens)  # by the running pass
+
         def chunk(req: Request, num_new: int, budget: int | None) -> int:
             nonlocal num_partial, num_long
             assert budget is not None
+            if spec is not None:
+                # Rule 18: 0.33.0's input budget (a draft model's slot per request) and its
+                # padding of a decode admitted from the queue.
+                budget -= self._draft_slots * (len(plan.num_scheduled_tokens) + 1)
+                if budget <= 0:
+                    return 0
+                if (num_new == 1 and spec.pads_decodes and not self._prefill_scheduled
+                        and (admitted or req.num_uncomputed_tokens > num_new)
+                        and (self.max_model_len is None
+                             or req.num_tokens + spec.num_speculative_tokens + 1
+                             <= self.max_model_len)):
+                    num_new = 1 + spec.num_speculative_tokens
+                    if num_new > budget:
+                        return 0  # "Prefer to not schedule than schedule un-padded"
+                    padded.append(req)
             if not cfg.enable_chunked_prefill and num_new > budget:
                 return 0  # the prompt waits whole
             num_tokens = self._chunk(num_new, budget)
@@ -287,14 +395,31 @@ class VllmV1(Scheduler):
             num_long += is_partial and is_long
             return num_tokens
 
+        def lookahead(req: Request, num_cached: int, num_tokens: int) -> int:
+            return self._lookahead(req, req.num_computed_tokens + num_cached, num_tokens)
+
         def rest_of_prompt(req: Request, num_cached: int, num_tokens: int) -> int:
-            """Rule 12: blocks for every known token beyond the chunk must be free too."""
+            """Rule 12: blocks for every known token beyond the chunk (and its lookahead)
+            must be free too."""
             after = req.num_computed_tokens + num_cached + num_tokens
+            if admission_lookahead:
+                after += lookahead(req, num_cached, num_tokens)
             return max(0, cdiv(req.num_tokens, block_size) - cdiv(after, block_size))
 
         block_size = state.kv.block_size
+        admission_lookahead = spec.admission_lookahead if spec else 0
         admit_waiting(state, plan, budget, cfg.max_num_seqs, cfg.decode_reserve_tokens, chunk,
-                      rest_of_prompt if cfg.scheduler_reserve_full_isl else None)
+                      rest_of_prompt if cfg.scheduler_reserve_full_isl else None,
+                      lookahead if admission_lookahead else None,
+                      spec.hit_blocks_dropped if spec else 0)
+        if spec is not None:
+            requests, scheduled = state.requests, plan.num_scheduled_tokens
+            for request_id in list(scheduled)[admitted:]:
+                req = requests[request_id]
+                self._note_drafts(req, req.num_computed_tokens, scheduled[request_id])
+            for req in padded:
+                if plan.num_scheduled_tokens.get(req.request_id, 0) > 1:
+                    req.spec_padded = True
 
     def _num_partial(self, state: ReplicaState, plan: Plan) -> tuple[int, int]:
         """Running requests part-way through their prefill after this plan, and the long ones

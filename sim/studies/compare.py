@@ -186,5 +186,8 @@ def row(variant: str, res: Results) -> dict[str, Any]:
         "num_preemptions": s["num_preemptions"],
         "parallelism": s["run"].get("parallelism"),  # later: earlier columns keep their places
         "failed": s["requests"].get("failed", 0),  # its client gave up (workload.timeout_s)
+        "tpot_p50_s": s["tpot_s"]["p50"],
+        # Speculative decoding: tokens a decode step yields (vLLM's acceptance length).
+        "acceptance_length": (s.get("speculative") or {}).get("acceptance_length"),
         **per_class,
     }

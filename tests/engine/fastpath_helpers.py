@@ -14,7 +14,8 @@ from sim.config.scenario import parse_scenario
 from sim.core.plan import Plan
 from sim.core.state import ReplicaState
 from sim.latency.base import BatchShape, LatencyConfig, LatencyModel, Num
-from sim.schedulers.base import Scheduler, schedule_decodes, try_admit
+from sim.schedulers.admission import try_admit
+from sim.schedulers.base import Scheduler, schedule_decodes
 
 
 class NewPolicy(Scheduler):

@@ -30,9 +30,18 @@ def test_invariants(data):
     assert (req.loc[req["status"] == "rejected", "num_generated_tokens"] == 0).all()
 
     # Tokens are conserved: what iterations computed is what requests hold or recomputed, less
-    # what came from the prefix cache.
-    computed = int(it["num_prefill_tokens"].sum() + it["num_decode_tokens"].sum())
+    # what came from the prefix cache; with speculative decoding, and the rejected drafts
+    # computed again (at most every draft not accepted: one verified before a preemption
+    # was counted as recomputed then).
+    spec = "num_spec_tokens" in it
+    assert spec == ("speculative" in data["replica"]["scheduler"])
+    drafts = it["num_spec_tokens"] if spec else 0
+    computed = int((it["num_prefill_tokens"] + it["num_decode_tokens"] + drafts).sum())
     held = int((req["num_computed_tokens"] + req["num_recomputed_tokens"]).sum())
+    if spec:
+        rejected = int((req["num_drafts_verified"] - req["num_drafts_accepted"]).sum())
+        assert computed <= held + rejected + int(drafts.sum())
+        computed -= min(computed - held, rejected) if computed > held else 0
     if data["replica"]["prefix_caching"]:
         # Each admission hits at most the tokens it knows (a preempted request hits its own
         # output blocks too, as in vLLM).
@@ -44,10 +53,19 @@ def test_invariants(data):
         assert computed == held and (req["num_cached_tokens"] == 0).all()
     # A finished request computed all but its last token; or, preempted with its last token in
     # flight (vLLM's async scheduling delivers it), it finished from the queue, holding none.
-    whole = done["num_computed_tokens"] == done["num_prompt_tokens"] + done["num_output_tokens"] - 1
+    # (Speculative: a last step's drafts accepted past the last token are computed too.)
+    last = done["num_prompt_tokens"] + done["num_output_tokens"] - 1
+    whole = (done["num_computed_tokens"] >= last) if spec else (
+        done["num_computed_tokens"] == last)
     from_queue = (done["num_computed_tokens"] == 0) & (done["num_preemptions"] > 0)
     assert (whole | from_queue).all()
-    assert len(tokens) == int(req["num_generated_tokens"].sum())
+    # A row per streamed token; speculative decoding streams several at a step in one row.
+    if spec:
+        assert len(tokens) <= int(req["num_generated_tokens"].sum())
+        assert (req["num_drafts_accepted"] <= req["num_drafts_verified"]).all()
+    else:
+        assert len(tokens) == int(req["num_generated_tokens"].sum())
+        assert (req["num_drafts_verified"] == 0).all()
 
     # Time moves forward: TBTs positive, latencies non-negative, iterations back to back.
     times = tokens.groupby("request_id")["time_s"]
@@ -59,7 +77,7 @@ def test_invariants(data):
 
     # Budgets and capacity hold in every iteration.
     sched = data["replica"]["scheduler"]
-    per_iteration = it["num_prefill_tokens"] + it["num_decode_tokens"]
+    per_iteration = it["num_prefill_tokens"] + it["num_decode_tokens"] + drafts
     if sched["name"] == "chunked_prefill":
         assert (per_iteration <= sched["token_budget"]).all()
     if sched["name"] == "vllm_v1":

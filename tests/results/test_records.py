@@ -62,7 +62,8 @@ def test_request_frame_columns_unchanged():
         "num_recomputed_tokens", "status", "reason", "scheduling_delay_s", "ttft_s", "e2e_s",
         "tpot_s", "max_tbt_s", "prefill_end_s", "transfer_start_s", "transfer_wire_start_s",
         "transfer_end_s",
-        "decode_wait_s", "transfer_s", "failed_s"]
+        "decode_wait_s", "transfer_s", "failed_s", "num_drafts_verified",
+        "num_drafts_accepted"]
     assert frame["num_generated_tokens"].dtype == np.int64
     assert all(frame[c].dtype == np.float64 for c in FINISHED_COLUMNS)
 

@@ -13,7 +13,7 @@ from sim.config.scenario import parse_scenario
 from sim.core.kv_cache import KVCacheManager
 from sim.core.request import Request
 from sim.core.state import ReplicaState
-from sim.schedulers.base import future_blocks, reserved_blocks, summed_reserved_blocks
+from sim.schedulers.admission import future_blocks, reserved_blocks, summed_reserved_blocks
 from tests.strategies import clusters
 
 
@@ -52,23 +52,25 @@ def run_checking_reserved_blocks(data: dict) -> list[bool]:
     """Run `data` with every policy's `reserved_blocks` checked against the sum over the
     running requests (`summed_reserved_blocks`) at every call; return, per call, whether it
     asked for a full reservation (the kept counts' case)."""
+    import sim.schedulers.admission as admission
     import sim.schedulers.base as base
 
     calls: list[bool] = []
-    kept = base.reserved_blocks
+    kept = admission.reserved_blocks
 
     def checked(state, reserve_tokens):
         got = kept(state, reserve_tokens)
-        assert got == base.summed_reserved_blocks(state, reserve_tokens)
+        assert got == admission.summed_reserved_blocks(state, reserve_tokens)
         calls.append(reserve_tokens is None)
         return got
 
-    # (Every policy admits through `base.admit_waiting`; `admit_transfer` is there too.)
-    base.reserved_blocks = checked
+    # (Every policy admits through `admission.admit_waiting`; `base.admit_transfer` asks
+    # too.)
+    admission.reserved_blocks = base.reserved_blocks = checked
     try:
         run_scenario(parse_scenario(data, "hypothesis"))
     finally:
-        base.reserved_blocks = kept
+        admission.reserved_blocks = base.reserved_blocks = kept
     return calls
 
 

@@ -15,6 +15,13 @@ runs for base_s + per_token_s * n on one GPU, after the batch before it; an empt
 no time. Requests are added at their arrival times, between engine steps, with
 `ignore_eos` and `max_tokens` = their output length; the fake model samples one token for
 each request its step caught up (`is_prefill_chunk` false).
+
+With `settings.speculative` the drafter proposes k draft tokens for every request of a step
+(none where vLLM tells it to skip: `skip_drafts`); synchronous, they reach the scheduler as
+`EngineCore.post_step` hands them over (`update_draft_token_ids`). A step that verified s
+drafts samples a + 1 tokens, a drawn by servesim's `sim.core.speculative.Acceptance` from the
+workload's rates and seed (the data decides acceptance; the draw is the same on both sides),
+0 for the padding a request admitted from the queue is given.
 """
 
 from __future__ import annotations
@@ -74,7 +81,8 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
     cache_config = CacheConfig(block_size=block_size,
                                enable_prefix_caching=s["enable_prefix_caching"])
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
-                             cache_config=cache_config, device_config=DeviceConfig("cpu"))
+                             cache_config=cache_config, device_config=DeviceConfig("cpu"),
+                             speculative_config=speculative_config(workload, model_config))
     num_blocks = workload["num_gpu_blocks"]
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks, kv_cache_tensors=[],
@@ -87,6 +95,29 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
     return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config, log_stats=False,
                structured_output_manager=StructuredOutputManager(vllm_config),
                block_size=block_size)
+
+
+def speculative_config(workload: Workload, model_config: Any) -> Any:
+    """vLLM's `SpeculativeConfig` for the workload's `settings.speculative` (None: off). An
+    EAGLE drafter gets a config.json of its own (one layer, the fake model's sizes); the
+    scheduler reads only its method and `num_speculative_tokens`."""
+    spec = workload["settings"].get("speculative")
+    if not spec:
+        return None
+    from vllm.config import ParallelConfig, SpeculativeConfig
+
+    method, k = spec["method"], spec["num_speculative_tokens"]
+    common = {"num_speculative_tokens": k, "target_model_config": model_config,
+              "target_parallel_config": ParallelConfig()}
+    if method == "ngram":
+        return SpeculativeConfig(method="ngram", prompt_lookup_max=4, prompt_lookup_min=2,
+                                 **common)
+    draft_dir = tempfile.mkdtemp()
+    arch = {"eagle": "EagleLlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3",
+            "draft_model": "LlamaForCausalLM"}[method]
+    Path(draft_dir, "config.json").write_text(json.dumps({**LLAMA_CONFIG,
+                                                          "architectures": [arch]}))
+    return SpeculativeConfig(method=method, model=draft_dir, **common)
 
 
 def make_request(workload: Workload, request_id: int, hasher: Any) -> Any:
@@ -141,6 +172,21 @@ def record(workload: Workload) -> dict[str, Any]:
 
     sched._preempt_request = preempt
 
+    spec = workload["settings"].get("speculative")
+    acceptance = None
+    if spec:
+        from vllm.v1.outputs import DraftTokenIds
+
+        from sim.core.speculative import Acceptance
+
+        rate = spec["acceptance_rate"]
+        acceptance = Acceptance(rate if isinstance(rate, list)
+                                else [rate] * spec["num_speculative_tokens"], workload["seed"])
+    admitted_now: dict[int, set[str]] = {}  # per step sent: requests it took from the queue
+    # Requests whose drafts came after a step that sampled nothing for them (0.15.1's padded
+    # drafter batch proposes for a prompt's unfinished chunk too): none can be accepted.
+    blind_drafts: set[str] = set()
+
     step = workload["step_time"]
     base_s, per_token_s = step["base_s"], step["per_token_s"]
     arrivals = workload["requests"]
@@ -169,7 +215,9 @@ def record(workload: Workload) -> dict[str, Any]:
         del preempted_order[:]
         placeholders = {rid: getattr(r, "num_output_placeholders", 0)
                         for rid, r in sched.requests.items()}
+        queued = {rid for rid, r in sched.requests.items() if r.status.name != "RUNNING"}
         out = sched.schedule()
+        admitted_now[id(out)] = queued & set(out.num_scheduled_tokens)
         scheduled = list(out.num_scheduled_tokens.items())
         samples = [rid for rid, _ in scheduled
                    if _samples(sched.requests[rid], placeholders.get(rid, 0), async_on)]
@@ -197,10 +245,30 @@ def record(workload: Workload) -> dict[str, Any]:
         sampled = [[output_token_id(int(rid), handles[int(rid)].num_output_tokens
                                     + handles[int(rid)].num_output_placeholders)]
                    if rid in samples else [] for rid in req_ids]
+        padded = admitted_now.pop(id(out))
+        if acceptance is not None:
+            for i, rid in enumerate(req_ids):
+                num_spec = len(out.scheduled_spec_decode_tokens.get(rid, ()))
+                if not sampled[i] or not num_spec or rid in padded or rid in blind_drafts:
+                    continue
+                n = handles[int(rid)].num_output_tokens
+                num_accepted = acceptance.accepted(int(rid), n, num_spec)
+                sampled[i] = [output_token_id(int(rid), n + j) for j in range(num_accepted + 1)]
         output = ModelRunnerOutput(req_ids=req_ids,
                                    req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                    sampled_token_ids=sampled)
         sched.update_from_output(out, output)
+        if acceptance is not None and not async_on and out.total_num_scheduled_tokens:
+            # `EngineCore.post_step`: the drafter's proposals for the requests of the step.
+            # (n-gram lookup proposes nothing for a request that sampled nothing.)
+            k = 0 if getattr(out, "skip_drafts", False) else spec["num_speculative_tokens"]
+            blind = [] if spec["method"] == "ngram" else [r for r in req_ids if r not in samples]
+            blind_drafts.difference_update(req_ids)
+            blind_drafts.update(blind)
+            sched.update_draft_token_ids(DraftTokenIds(
+                req_ids, [[output_token_id(int(rid), 10_000 + j)
+                           for j in range(k if rid in samples or rid in blind else 0)]
+                          for rid in req_ids]))
         for rid in samples:
             req = handles[int(rid)]
             t = times[int(rid)]

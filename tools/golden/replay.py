@@ -43,6 +43,9 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
             "long_prefill_token_threshold": s["long_prefill_token_threshold"],
             "async_scheduling": s["async_scheduling"],
             "scheduling_policy": s.get("scheduling_policy", "fcfs")}
+        if s.get("speculative"):
+            # (The recorder's step time has no drafter in it.)
+            scheduler["speculative"] = {**s["speculative"], "draft_time_ratio": 0.0}
         prefix_caching = s["enable_prefix_caching"]
     else:
         scheduler = {"name": "sglang", "engine_version": doc["engine_version"],
@@ -53,6 +56,7 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
     step = w["step_time"]
     return {
         "name": f"golden-{w['name']}",
+        "seed": w["seed"],  # (speculative decoding draws acceptance from it, as the recorder)
         # Not read: `replay` gives the cluster the fixture's requests itself.
         "workload": {"format": "synthetic", "num_requests": 1,
                      "arrivals": {"process": "poisson", "qps": 1.0},

@@ -88,11 +88,16 @@ def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: in
             "long_prefill_token_threshold": 0, "enable_prefix_caching": False,
             "async_scheduling": False}
     # (Set only where it is not FCFS: the fixtures recorded before it stay as they were.)
-    unknown = set(settings) - set(base) - {"scheduling_policy"}
+    unknown = set(settings) - set(base) - {"scheduling_policy", "speculative"}
     assert not unknown, unknown
     return {"name": name, "engine": "vllm", "seed": seed, "settings": {**base, **settings},
             "num_gpu_blocks": num_gpu_blocks, "block_size": 16, "max_model_len": max_model_len,
             "step_time": {"base_s": step[0], "per_token_s": step[1]}, "requests": requests}
+
+
+def _spec(method: str, k: int, rate: float | list[float]) -> dict[str, Any]:
+    """vLLM's speculative config as servesim names it (`speculative`)."""
+    return {"method": method, "num_speculative_tokens": k, "acceptance_rate": rate}
 
 
 def vllm_workloads() -> list[Workload]:
@@ -152,6 +157,28 @@ def vllm_workloads() -> list[Workload]:
         _vllm("priority_sync_empty_step", 19,
               _prioritized(rng(119), _requests(rng(19), 300, 6.0, (64, 1024), (100, 600)), 3),
               num_gpu_blocks=200, max_num_seqs=6, scheduling_policy="priority"),
+        # Speculative decoding (rule 18): drafts verified within the budget, accepted at the
+        # workload's rates by a draw both sides make (`sim.core.speculative`).
+        _vllm("spec_ngram_sync", 20, _requests(rng(20), 300, 6.0, (32, 2048), (8, 200)),
+              speculative=_spec("ngram", 3, 0.6)),
+        _vllm("spec_eagle_async", 21, _requests(rng(21), 300, 8.0, (32, 2048), (8, 200)),
+              async_scheduling=True, speculative=_spec("eagle", 3, 0.7)),
+        _vllm("spec_eagle_kv_starved", 22, _requests(rng(22), 300, 20.0, (256, 2048), (64, 512)),
+              num_gpu_blocks=600, speculative=_spec("eagle", 4, [0.8, 0.7, 0.6, 0.5])),
+        _vllm("spec_eagle_async_kv_starved", 23,
+              _requests(rng(23), 300, 20.0, (256, 2048), (64, 512)),
+              num_gpu_blocks=600, async_scheduling=True, speculative=_spec("eagle3", 3, 0.75)),
+        _vllm("spec_eagle_async_chunked", 24, _requests(rng(24), 300, 4.0, (256, 8192), (4, 160)),
+              max_num_batched_tokens=1024, long_prefill_token_threshold=256,
+              async_scheduling=True, speculative=_spec("eagle", 5, 0.65)),
+        _vllm("spec_eagle_prefix_kv_starved", 25,
+              _prefixed(rng(25), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
+              num_gpu_blocks=500, enable_prefix_caching=True,
+              speculative=_spec("eagle", 3, 0.7)),
+        # A draft model: 0.33.0 keeps one budget slot per request for it.
+        _vllm("spec_draft_model_budget", 26, _requests(rng(26), 300, 12.0, (32, 1024), (16, 256)),
+              max_num_batched_tokens=384, max_num_seqs=64,
+              speculative=_spec("draft_model", 4, 0.5)),
         _vllm("no_chunking_constant_step", 10,
               _requests(rng(10), 300, 12.0, (64, 6000), (8, 64)), step=(0.02, 0.0),
               enable_chunked_prefill=False, max_num_batched_tokens=8192, max_model_len=8192),

@@ -1,0 +1,185 @@
+"""`ReplicaState.commit` with speculative decoding (vLLM's `update_from_output` for a step
+that verified drafts)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.core.plan import Plan
+from sim.core.request import Request, Status
+
+if TYPE_CHECKING:
+    from sim.core.state import InFlight, ReplicaState
+
+
+def commit_speculative(state: ReplicaState, plan: Plan, iteration: int, start_s: float,
+                       previous: int) -> list[Request]:
+    """Apply `plan`'s iteration: a request that computed past its known tokens verified that
+    many drafts; of them the accepted ones (`state.acceptance`) plus one sampled join its
+    output, up to its last token (vLLM trims the rest at `max_tokens`), and the rejected
+    ones' KV slots are computed again later (`num_computed_tokens -= num_rejected`). A request
+    that sampled and goes on gets the plan's drafts for its next step. Returns the requests
+    that sampled their last token (the caller lets them leave)."""
+    acceptance = state.acceptance
+    assert acceptance is not None and not state.prefill_only and not state.pipelined
+    requests = state.requests
+    num_drafts = plan.num_drafts_proposed
+    num_sampled = 0
+    done = []
+    after_chunk = plan.num_drafts_after_chunk
+    for request_id, num_tokens in plan.num_scheduled_tokens.items():
+        req = requests[request_id]
+        if req.first_scheduled_s is None:
+            req.first_scheduled_s = start_s
+        req.num_computed_tokens += num_tokens
+        num_spec = req.num_computed_tokens - req.num_prompt_tokens - req.num_output_tokens
+        if num_spec < 0:  # a prompt's chunk that does not finish it: nothing sampled
+            if after_chunk:
+                req.num_draft_tokens = after_chunk
+                req.spec_padded = True
+            continue
+        num_accepted = 0
+        if num_spec:
+            if not req.spec_padded:
+                num_accepted = acceptance.accepted(request_id, req.num_output_tokens, num_spec)
+            req.spec_padded = False
+            acceptance.record(num_spec, num_accepted)
+            req.num_drafts_verified += num_spec
+            req.num_drafts_accepted += num_accepted
+            req.num_computed_tokens -= num_spec - num_accepted
+        num_new = min(num_accepted + 1, req.num_target_output_tokens - req.num_output_tokens)
+        req.num_output_tokens += num_new
+        req.num_extra_tokens += num_new - 1
+        num_sampled += num_new
+        if req.last_token_iter >= previous:
+            req.last_token_iter = iteration
+        else:
+            req.record_token(iteration, previous)
+        if req.num_output_tokens == req.num_target_output_tokens:
+            done.append(req)
+        else:
+            req.num_draft_tokens = num_drafts
+    state.num_running_tokens += num_sampled
+    return done
+
+
+def start_speculative(state: ReplicaState, plan: Plan, start_s: float) -> list[InFlight]:
+    """`ReplicaState.start` with speculative decoding, on an engine that schedules ahead
+    (vLLM's `AsyncScheduler._update_after_schedule`): the plan's tokens count as computed;
+    a request the step catches up samples, and its token and the drafts it verifies count as
+    output placeholders from now (as if every draft were accepted), and it gets k drafts as
+    placeholders for its next step. Each entry's fourth field is 1 + the drafts verified
+    where the request samples, else 0."""
+    acceptance = state.acceptance
+    assert acceptance is not None and not state.prefill_only
+    state.pipelined = True
+    num_drafts = acceptance.num_speculative_tokens
+    requests = state.requests
+    in_flight = []
+    for request_id, num_tokens in plan.num_scheduled_tokens.items():
+        req = requests[request_id]
+        first = req.first_scheduled_s is None
+        if first:
+            req.first_scheduled_s = start_s
+        req.num_computed_tokens += num_tokens
+        req.num_in_flight_tokens += num_tokens
+        num_spec = req.num_computed_tokens - req.num_prompt_tokens - req.num_output_tokens
+        samples = 0
+        if num_spec >= 0:  # not a prompt's chunk that leaves some of it
+            samples = 1 + num_spec
+            req.num_output_tokens += samples
+            req.num_placeholders += samples
+            state.num_running_tokens += samples
+            req.num_draft_tokens = num_drafts
+        in_flight.append((req, num_tokens, req.num_preemptions, samples, first))
+    return in_flight
+
+
+def complete_speculative(state: ReplicaState, in_flight: list[InFlight], end_s: float,
+                         stale_delivered: bool) -> tuple[list[Request], list[int]]:
+    """`ReplicaState.complete` with speculative decoding (`update_from_output`): of a
+    request's placeholders, the rejected drafts are taken back (with their computed slots);
+    the accepted ones and the sampled token join its output for good, up to its last token.
+    A request preempted since lost its placeholders then; its tokens are still delivered
+    where `stale_delivered` (no rejection applied: its counters were reset), and may finish
+    it, even from the queue. Returns the requests that left the running list and the ids of
+    those that sampled."""
+    acceptance = state.acceptance
+    assert acceptance is not None
+    done: list[Request] = []
+    sampled = []
+    for req, num_tokens, num_preemptions, samples, _ in in_flight:
+        req.num_in_flight_tokens -= num_tokens
+        if not samples or req.status is Status.FAILED or req.status is Status.FINISHED:
+            continue  # nothing sampled, aborted, or finished meanwhile: dropped
+        num_spec = samples - 1
+        stale = req.num_preemptions != num_preemptions
+        if stale and not stale_delivered:
+            continue
+        num_real = req.num_output_tokens - req.num_placeholders
+        num_accepted = 0
+        if num_spec:
+            if not req.spec_padded:
+                num_accepted = acceptance.accepted(req.request_id, num_real, num_spec)
+            req.spec_padded = False
+            acceptance.record(num_spec, num_accepted)
+        num_new = min(num_accepted + 1, req.num_target_output_tokens - num_real)
+        req.num_drafts_verified += num_spec
+        req.num_drafts_accepted += num_accepted
+        req.num_extra_tokens += num_new - 1
+        sampled.append(req.request_id)
+        if stale:  # preempted since: its placeholders were dropped then
+            _deliver_stale_tokens(state, req, num_new, end_s, done)
+            continue
+        num_rejected = num_spec - num_accepted
+        req.num_computed_tokens -= num_rejected
+        # Its placeholders for this step resolve: the rejected ones and any past its last
+        # token go; the others are its output now.
+        num_gone = samples - num_new
+        req.num_placeholders -= samples
+        req.num_output_tokens -= num_gone
+        if req.status is Status.RUNNING:
+            state.num_running_tokens -= num_gone
+            if req.num_output_tokens - req.num_placeholders == req.num_target_output_tokens:
+                done.append(req)
+    for req in done:
+        # Its later steps in flight are dropped ("The request is already finished").
+        state.num_running_tokens -= req.num_placeholders
+        req.num_output_tokens -= req.num_placeholders
+        req.num_placeholders = 0
+        state.finish(req, end_s)
+    return done, sampled
+
+
+def _deliver_stale_tokens(state: ReplicaState, req: Request, num_new: int, end_s: float,
+                          done: list[Request]) -> None:
+    """Tokens sampled before `req` was preempted come back: they join its output (more
+    tokens to compute again), and may be its last."""
+    req.num_output_tokens += num_new
+    last = req.num_output_tokens - req.num_placeholders == req.num_target_output_tokens
+    if req.status is Status.RUNNING:  # admitted again meanwhile
+        state.num_running_tokens += num_new
+        if last:
+            done.append(req)
+    elif req.status is Status.WAITING:
+        state.num_waiting_tokens += num_new
+        if last:
+            state.finish_from_queue(req, end_s)
+
+
+def cancel_speculative(state: ReplicaState, in_flight: list[InFlight]) -> None:
+    """`ReplicaState.cancel` with speculative decoding: an iteration that never ends takes
+    its computed tokens and placeholders back. Newest iteration first."""
+    for req, num_tokens, num_preemptions, samples, first in in_flight:
+        req.num_in_flight_tokens -= num_tokens
+        same = req.num_preemptions == num_preemptions
+        if same:
+            req.num_computed_tokens -= num_tokens
+        else:
+            req.num_recomputed_tokens -= num_tokens
+        if samples and same and req.status is Status.RUNNING:
+            req.num_placeholders -= samples
+            req.num_output_tokens -= samples
+            state.num_running_tokens -= samples
+        if first:
+            req.first_scheduled_s = None

@@ -1,0 +1,131 @@
+"""Admission: the loop every policy runs over its waiting queue (`admit_waiting`), one
+request's admission (`try_admit`), and the KV blocks running requests may still need for their
+future tokens (`reserved_blocks`), which a policy that reserves them keeps free."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sim.core.kv_cache import cdiv
+from sim.core.plan import Plan
+from sim.core.request import Request
+from sim.core.state import ReplicaState
+
+
+def future_blocks(state: ReplicaState, req: Request, reserve_tokens: int | None) -> int:
+    """Blocks `req` may still add here for its future tokens (at most `reserve_tokens` more)."""
+    kv = state.kv
+    future = state.num_kv_tokens_needed(req)
+    if reserve_tokens is not None:
+        future = min(future, req.num_computed_tokens + reserve_tokens)
+    return max(0, cdiv(future, kv.block_size) - kv.num_held_blocks(req.request_id))
+
+
+def reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> int:
+    """Blocks running requests may still need for their future tokens (capped per request):
+    `future_blocks` summed (a policy asks whenever requests wait: under overload, every
+    iteration), from kept counts where it can be."""
+    if reserve_tokens == 0:  # no future token reserved: every request holds what it computed
+        return 0
+    kv = state.kv
+    if (reserve_tokens is None and not kv.caches_prefixes and not state.incoming
+            and not state.num_transferring and state.acceptance is None):
+        # Every block in use is then a running request's, and none holds more than it needs
+        # at its largest (`ReplicaState.check`; speculative decoding's drafts and lookahead
+        # may): `summed_reserved_blocks` from two kept counts.
+        return state.num_running_max_blocks - kv.num_used_blocks
+    return summed_reserved_blocks(state, reserve_tokens)
+
+
+def summed_reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> int:
+    """`reserved_blocks`, request by request (`future_blocks` written out: one loop)."""
+    kv = state.kv
+    block_size = kv.block_size
+    held = kv.num_held_blocks
+    prefill_only = state.prefill_only
+    total = 0
+    for req in state.running:
+        future = req.num_prompt_tokens  # `state.num_kv_tokens_needed(req)`, written out
+        if not prefill_only:
+            future += req.num_target_output_tokens - 1
+        if reserve_tokens is not None and req.num_computed_tokens + reserve_tokens < future:
+            future = req.num_computed_tokens + reserve_tokens
+        blocks = -(-future // block_size) - held(req.request_id)
+        if blocks > 0:
+            total += blocks
+    return total
+
+
+def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_seqs: int,
+                  reserve_tokens: int | None, chunk: Callable[[Request, int, int | None], int],
+                  extra_blocks: Callable[[Request, int, int], int] | None = None,
+                  lookahead: Callable[[Request, int, int], int] | None = None,
+                  num_hit_blocks_dropped: int = 0) -> int | None:
+    """Admit the head of the waiting queue, request after request, while one fits: the one
+    admission loop every policy runs. `chunk(req, num_new, budget)` is the policy's rule: how
+    many of the `num_new` tokens the head has to compute (beyond a prefix-cache hit) it gets
+    now, 0 to stop admitting (a policy counting what it admitted may count there: the loop ends
+    at the first request refused). `extra_blocks(req, num_cached, num_tokens)`: blocks the head
+    needs free beside its chunk and reserves (vLLM's `scheduler_reserve_full_isl`);
+    `lookahead(req, num_cached, num_tokens)`: KV slots allocated past the chunk (vLLM's
+    speculative lookahead); `num_hit_blocks_dropped`: blocks a prefix hit gives up at its end
+    (0.15.1's EAGLE drafter recomputes the last). The running
+    limit counts the requests whose KV is on its way (`state.incoming`, which hold their slots
+    already). Returns the budget left (None: unbounded)."""
+    kv, scheduled = state.kv, plan.num_scheduled_tokens
+    # Summed over the running requests only when one may be admitted (under overload the batch
+    # is mostly full): nothing changes it before the first admission.
+    reserved: int | None = None
+    while (state.waiting and (budget is None or budget > 0)
+           and len(state.running) + len(state.incoming) < max_num_seqs):
+        req = state.waiting[0]
+        # (A waiting request with computed tokens would have them from elsewhere: vLLM's KV
+        # loaded by a connector.)
+        num_cached = kv.prefix_hit_tokens(req) if req.num_computed_tokens == 0 else 0
+        if num_hit_blocks_dropped and num_cached:
+            num_cached = max(0, num_cached - num_hit_blocks_dropped * kv.block_size)
+        num_new = req.num_uncomputed_tokens - num_cached
+        assert num_new > 0, "a prefix hit must leave the last token to compute"
+        num_tokens = chunk(req, num_new, budget)
+        if not num_tokens:
+            break
+        if reserved is None:
+            reserved = reserved_blocks(state, reserve_tokens)
+        extra = 0 if extra_blocks is None else extra_blocks(req, num_cached, num_tokens)
+        ahead = 0 if lookahead is None else lookahead(req, num_cached, num_tokens)
+        own_reserve = try_admit(state, req, num_tokens, reserve_tokens, reserved,
+                                num_cached, ahead, extra)
+        if own_reserve is None:
+            break
+        reserved += own_reserve
+        scheduled[req.request_id] = num_tokens
+        if budget is not None:
+            budget -= num_tokens
+    return budget
+
+
+def try_admit(
+    state: ReplicaState, req: Request, num_tokens: int, reserve_tokens: int | None, reserved: int,
+    num_cached_tokens: int = 0, num_lookahead_tokens: int = 0, num_extra_blocks: int = 0,
+) -> int | None:
+    """Admit the head of the queue for a first chunk of `num_tokens` if it fits beside `reserved`
+    blocks and its own future tokens (the Mini-SGLang admission rule). `num_cached_tokens` (at
+    most `state.kv.prefix_hit_tokens(req)`) are taken from the prefix cache first: the chunk
+    follows them, and they count as computed. `num_lookahead_tokens` more KV slots are
+    allocated past the chunk (speculative decoding's drafter writes there). `num_extra_blocks`
+    more must be free beside the chunk (vLLM's full-prompt check), counting those it reserves
+    for its own future (the same blocks: the larger of the two is needed).
+
+    Returns the blocks it keeps in reserve for its own future (add them to `reserved` before the
+    next admission), or None if it was not admitted."""
+    kv = state.kv
+    after = req.num_computed_tokens + num_cached_tokens + num_tokens
+    future = state.num_kv_tokens_needed(req)
+    if reserve_tokens is not None:
+        future = min(future, after + reserve_tokens)
+    own_future = max(0, cdiv(future, kv.block_size) - cdiv(after, kv.block_size))
+    if not kv.try_allocate(req, num_tokens + num_lookahead_tokens,
+                           reserved + max(own_future, num_extra_blocks), num_cached_tokens):
+        return None
+    state.admit(req, num_cached_tokens)
+    return own_future

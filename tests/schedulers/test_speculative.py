@@ -1,0 +1,195 @@
+"""Speculative decoding (`vllm_v1`'s `speculative`, rule 18) on a constant step, exactly: a
+decode verifies its k drafts in one step of 1 + k tokens and yields the accepted ones plus one;
+rejected drafts are computed again; a request's last step stops at its output length; the
+drafter's time; the figures vLLM's benchmark reports; and the settings refused. The golden
+schedules (`tests/golden/*/spec_*`) check the budgeting against vLLM's own scheduler."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sim import run_scenario
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
+from sim.core.speculative import Acceptance, conditional_rates
+
+STEP_S = 0.01
+
+
+def scenario(spec: dict[str, Any] | None, *, output: int = 9, prompt: int = 10,
+             num_requests: int = 1, version: str = "0.15.1", asynchronous: bool = False,
+             **scheduler: Any) -> dict[str, Any]:
+    sched = {"name": "vllm_v1", "engine_version": version, "async_scheduling": asynchronous,
+             **scheduler}
+    if spec is not None:
+        sched["speculative"] = spec
+    return {"name": "spec", "seed": 3,
+            "workload": {"format": "synthetic", "num_requests": num_requests,
+                         "arrivals": {"process": "poisson", "qps": 0.01},
+                         "lengths": {"prompt": {"dist": "fixed", "value": prompt},
+                                     "output": {"dist": "fixed", "value": output}}},
+            "replica": {"scheduler": sched,
+                        "latency": {"kind": "linear", "base_s": STEP_S, "per_token_s": 0.0},
+                        "kv_cache": {"block_size": 4, "num_blocks": 1000},
+                        "engine": "none"},
+            "record_token_times": True}
+
+
+def ngram(rate: float, k: int = 3) -> dict[str, Any]:
+    return {"method": "ngram", "num_speculative_tokens": k, "acceptance_rate": rate}
+
+
+def test_every_draft_accepted_yields_k_plus_one_tokens_a_step():
+    # Prompt in one step (first token); then 4 tokens a step: 1 + 4 + 4 = 9 in 3 steps.
+    res = run_scenario(parse_scenario(scenario(ngram(1.0)), "t"))
+    it, req = res.iterations, res.requests.iloc[0]
+    assert it["num_prefill_tokens"].tolist() == [10, 0, 0]
+    assert it["num_decode_tokens"].tolist() == [0, 1, 1]
+    assert it["num_spec_tokens"].tolist() == [0, 3, 3]
+    assert req["num_generated_tokens"] == 9 and req["status"] == "finished"
+    assert req["finish_s"] == pytest.approx(3 * STEP_S)
+    assert req["tpot_s"] == pytest.approx(2 * STEP_S / 8)  # per token, as vLLM's TPOT
+    assert (req["num_drafts_verified"], req["num_drafts_accepted"]) == (6, 6)
+    # A row per streamed chunk: the first token, then two chunks of four.
+    assert res.tokens["time_s"].tolist() == pytest.approx([0.01, 0.02, 0.03])
+    assert res.summary["tbt_s"]["p50"] == pytest.approx(STEP_S)  # gaps between chunks
+    spec = res.summary["speculative"]
+    assert (spec["num_drafts"], spec["draft_tokens"], spec["accepted_tokens"]) == (2, 6, 6)
+    assert spec["acceptance_length"] == 4.0 and spec["acceptance_rate"] == 100.0
+    assert spec["per_position_acceptance_rates"] == [1.0, 1.0, 1.0]
+
+
+def test_every_draft_rejected_yields_one_token_a_step_and_computes_the_drafts_again():
+    res = run_scenario(parse_scenario(scenario(ngram(0.0)), "t"))
+    it, req = res.iterations, res.requests.iloc[0]
+    assert len(it) == 9  # the prompt, then 8 steps of one token each
+    assert (it["num_spec_tokens"].iloc[1:] == 3).all()
+    assert req["num_generated_tokens"] == 9 and req["finish_s"] == pytest.approx(9 * STEP_S)
+    # KV of every computed token but the last; the rejected drafts were rolled back.
+    assert req["num_computed_tokens"] == 10 + 9 - 1
+    spec = res.summary["speculative"]
+    assert (spec["num_drafts"], spec["draft_tokens"], spec["accepted_tokens"]) == (8, 24, 0)
+    assert spec["acceptance_length"] == 1.0
+
+
+def test_the_last_step_stops_at_the_output_length():
+    # 1, then 4 (5), then 4 verified for the 2 left: 7 tokens, the rest trimmed as vLLM does.
+    res = run_scenario(parse_scenario(scenario(ngram(1.0), output=7), "t"))
+    req = res.requests.iloc[0]
+    assert len(res.iterations) == 3
+    assert req["num_generated_tokens"] == 7 and req["status"] == "finished"
+    assert req["num_drafts_accepted"] == 6  # accepted, though two of them past the end
+
+
+def test_drafts_share_the_budget():
+    # A budget of 6: the decode's 4 tokens leave 2 for the second request's prompt chunk.
+    res = run_scenario(parse_scenario(scenario(
+        ngram(1.0), output=9, prompt=4, num_requests=2, max_num_batched_tokens=6,
+        max_num_seqs=2), "t"))
+    it = res.iterations
+    per_step = it["num_prefill_tokens"] + it["num_decode_tokens"] + it["num_spec_tokens"]
+    assert (per_step <= 6).all()
+    assert res.requests["num_generated_tokens"].tolist() == [9, 9]
+
+
+def test_acceptance_draws_have_the_rates_asked_for():
+    acceptance = Acceptance([0.8, 0.7, 0.5], seed=11)
+    draws = np.array([acceptance.accepted(rid, n, 3) for rid in range(200) for n in range(100)])
+    expected = [0.8, 0.8 * 0.7, 0.8 * 0.7 * 0.5]  # at least 1, 2, 3 accepted
+    for i, p in enumerate(expected, 1):
+        assert (draws >= i).mean() == pytest.approx(p, abs=0.01)
+    assert draws.mean() == pytest.approx(acceptance.mean_accepted(), abs=0.02)
+    # Pure: the same request at the same output length draws the same, whatever else ran.
+    assert acceptance.accepted(5, 17, 3) == Acceptance([0.8, 0.7, 0.5], 11).accepted(5, 17, 3)
+    assert acceptance.accepted(5, 17, 1) <= 1
+    assert conditional_rates([0.8, 0.56, 0.28]) == pytest.approx([0.8, 0.7, 0.5])
+
+
+def test_a_per_position_rate_gives_vllms_acceptance_length():
+    spec = {"method": "eagle3", "num_speculative_tokens": 3,
+            "per_position_acceptance": [0.80, 0.56, 0.43], "draft_time_ratio": 0.0}
+    res = run_scenario(parse_scenario(scenario(spec, output=400, num_requests=20), "t"))
+    stats = res.summary["speculative"]
+    assert stats["expected_acceptance_length"] == pytest.approx(2.79)
+    assert stats["acceptance_length"] == pytest.approx(2.79, abs=0.05)
+    assert stats["per_position_acceptance_rates"] == pytest.approx([0.80, 0.56, 0.43],
+                                                                    abs=0.03)
+
+
+@pytest.mark.parametrize(("version", "last_step_s"), [("0.15.1", 2 * STEP_S),
+                                                      ("0.33.0", STEP_S)])
+def test_the_drafter_takes_its_passes_after_a_step_that_samples(version, last_step_s):
+    # EAGLE, k=2, each pass half a decode step: a step that samples takes 1 + 2 * 0.5 steps.
+    # Two tokens: the prompt's step samples the first, the next step is sure to give the
+    # second (one token at least), so no drafts after it can be used: 0.33.0 proposes none
+    # then; 0.15.1 always drafts.
+    spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": 1.0,
+            "draft_time_ratio": 0.5}
+    res = run_scenario(parse_scenario(scenario(spec, output=2, version=version), "t"))
+    durations = res.iterations["duration_s"].tolist()
+    assert durations == pytest.approx([2 * STEP_S, last_step_s])
+
+
+def test_async_scheduling_gives_the_same_tokens_and_acceptance():
+    spec = {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.7,
+            "draft_time_ratio": 0.0}
+    runs = [run_scenario(parse_scenario(scenario(spec, output=60, num_requests=30,
+                                                 asynchronous=a), "t")) for a in (False, True)]
+    for res in runs:
+        assert (res.requests["status"] == "finished").all()
+        assert (res.requests["num_generated_tokens"] == 60).all()
+        assert res.summary["speculative"]["acceptance_length"] == pytest.approx(
+            1 + 0.7 + 0.49 + 0.343, abs=0.1)
+    # The draws are the same request by request: each verification at the same output length.
+    sync, asynchronous = (r.requests["num_drafts_accepted"] for r in runs)
+    assert sync.sum() == pytest.approx(asynchronous.sum(), rel=0.1)
+
+
+def test_export_reports_vllms_spec_decode_fields():
+    from sim.export.vllm import vllm_result
+
+    res = run_scenario(parse_scenario(scenario(ngram(0.5), output=40, num_requests=5), "t"))
+    data = json.loads(json.dumps(vllm_result(res)))
+    spec = res.summary["speculative"]
+    assert data["spec_decode_acceptance_length"] == spec["acceptance_length"]
+    assert data["spec_decode_num_drafts"] == spec["num_drafts"]
+    assert len(data["spec_decode_per_position_acceptance_rates"]) == 3
+    assert math.isclose(data["mean_tpot_ms"], 1e3 * res.requests["tpot_s"].mean())
+
+
+@pytest.mark.parametrize(("spec", "extra", "field", "words"), [
+    ({"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": [0.5, 0.5]}, {},
+     "acceptance_rate", "one rate per draft position"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 1.5}, {},
+     "acceptance_rate", "between 0 and 1"),
+    ({"method": "ngram", "num_speculative_tokens": 2}, {}, "acceptance_rate", "one of the two"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "per_position_acceptance": [0.5, 0.6]},
+     {}, "per_position_acceptance", "never increase"),
+    ({"method": "draft_model", "num_speculative_tokens": 2, "acceptance_rate": 0.5}, {},
+     "draft_time_ratio", "a draft model's time"),
+    (ngram(0.5), {"async_scheduling": True}, "async_scheduling", "only with EAGLE/MTP"),
+    (ngram(0.5), {"min_chunk_tokens": 16}, "min_chunk_tokens", "not modelled"),
+])
+def test_settings_refused_name_the_field(spec, extra, field, words):
+    data = scenario(None)
+    data["replica"]["scheduler"] = {"name": "vllm_v1", "speculative": spec, **extra}
+    with pytest.raises(InputError, match=words) as err:
+        parse_scenario(data, "t")
+    assert field in str(err.value)
+
+
+def test_not_modelled_where_refused():
+    data = scenario(ngram(0.5))
+    data["replica"].update(model="tiny", latency={"kind": "roofline"},
+                           parallelism={"pipeline": 2})
+    with pytest.raises(InputError, match="on a pipeline is not modelled"):
+        run_scenario(parse_scenario(data, "t"))
+    other = scenario(None)
+    other["replica"]["scheduler"] = {"name": "chunked_prefill", "speculative": ngram(0.5)}
+    with pytest.raises(InputError, match="speculative"):
+        parse_scenario(other, "t")
