@@ -73,22 +73,30 @@ POOLED_ITL_NOTE = ("no per-token times in this run (tokens.parquet): the ITL sta
                    "in the scenario and run it again for them")
 
 
-GOODPUT_NOTE = ("request_goodput: completed requests meeting the scenario's slo (ttft_s, and "
-                "tbt_s on each request's worst token gap) per second of duration; vLLM's "
-                "--goodput takes ttft, tpot and e2el targets instead")
+GOODPUT_NOTE = ("request_goodput: completed requests meeting their SLO (ttft_s, and tbt_s on "
+                "each request's worst token gap; a request class's own targets where it has "
+                "them, else the scenario's slo) per second of duration; vLLM's --goodput takes "
+                "ttft, tpot and e2el targets instead")
 
 
 def _goodput(results: Results, req: Any, ok: np.ndarray, duration: float) -> float | None:
-    """Completed requests meeting every target of the scenario's `slo`, per second; None
-    without targets (as vLLM without --goodput)."""
-    slo = results.scenario.slo
-    if slo.ttft_s is None and slo.tbt_s is None:
+    """Completed requests meeting every target of their SLO (their class's, else the
+    scenario's `slo`), per second; None without targets (as vLLM without --goodput)."""
+    from sim.results.metrics.classes import request_targets
+
+    scenario = results.scenario
+    slo = scenario.slo
+    ttft_s: float | np.ndarray | None = slo.ttft_s
+    tbt_s: float | np.ndarray | None = slo.tbt_s
+    if any(c.slo is not None for c in scenario.workload.classes or []):
+        ttft_s, tbt_s = request_targets(req["request_class"].tolist(), scenario)
+    if ttft_s is None and tbt_s is None:
         return None
     good = ok.copy()
-    if slo.ttft_s is not None:
-        good &= req["ttft_s"].to_numpy(dtype=np.float64) <= slo.ttft_s
-    if slo.tbt_s is not None:  # one token, no gap: it meets the target
-        good &= ~(req["max_tbt_s"].to_numpy(dtype=np.float64) > slo.tbt_s)
+    if ttft_s is not None:
+        good &= req["ttft_s"].to_numpy(dtype=np.float64) <= ttft_s
+    if tbt_s is not None:  # one token, no gap: it meets the target
+        good &= ~(req["max_tbt_s"].to_numpy(dtype=np.float64) > tbt_s)
     return _per_s(int(good.sum()), duration)
 
 

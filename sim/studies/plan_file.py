@@ -180,11 +180,14 @@ class Plan:
         self.base_data = base
         self.base = parse_scenario(base, self.source, self.base_dir)
         self._defaults = resolved_defaults(base, self.source, self.base_dir)
-        if "attainment" in self.config.slo and self.base.slo.ttft_s is None \
-                and self.base.slo.tbt_s is None:
+        # (A request class's own targets judge its requests: `summary.slo`, combined.)
+        judged = [self.base.slo] + [c.slo for c in self.base.workload.classes or []
+                                    if c.slo is not None]
+        if "attainment" in self.config.slo and all(
+                t.ttft_s is None and t.tbt_s is None for t in judged):
             raise InputError(path, "slo.attainment", self.config.slo["attainment"],
-                             "counts requests meeting the base scenario's slo (ttft_s, tbt_s): "
-                             "set them there")
+                             "counts requests meeting the base scenario's slo (ttft_s, tbt_s) "
+                             "or their class's (workload.classes' slo): set them there")
         from sim.hardware.gpus import GPUS
 
         for i, gpu in enumerate(self.config.search.gpus):

@@ -121,6 +121,25 @@ def test_vllm_goodput_counts_completed_requests_meeting_the_scenarios_slo(tmp_pa
     assert any(note.startswith("request_goodput") for note in got["servesim_notes"])
 
 
+def test_vllm_goodput_judges_each_request_by_its_classs_targets(tmp_path):
+    """Classes with targets of their own: a request counts if it meets its class's (the run's
+    `slo` judges no one), as the summary's attainment judges it."""
+    data = {"seed": 4, "workload": {
+        "format": "synthetic", "num_requests": 60, "arrivals": {"process": "poisson", "qps": 20},
+        "lengths": {"prompt": {"dist": "uniform", "low": 20, "high": 200},
+                    "output": {"dist": "uniform", "low": 2, "high": 40}},
+        "classes": [{"name": "strict", "share": 0.5, "slo": {"ttft_s": 1e-9}},
+                    {"name": "loose", "share": 0.5, "slo": {"ttft_s": 100.0}}]},
+        "replica": replica(num_blocks=400, token_budget=256, max_num_seqs=8),
+        "slo": {"ttft_s": 100.0}}
+    run_scenario(parse_scenario(data, "test"), out_dir=tmp_path / "run")
+    got = json.loads(export_run(tmp_path / "run", "vllm").read_text())
+    req = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    loose = ((req["status"] == "finished") & (req["request_class"] == "loose")).sum()
+    assert 0 < loose < (req["status"] == "finished").sum()
+    assert got["request_goodput"] == pytest.approx(loose / got["duration"], rel=1e-12)
+
+
 def test_vllm_without_token_times_says_so(tmp_path):
     data = json.loads(export_run(colocated_run(tmp_path, record_token_times=False),
                                  "vllm").read_text())

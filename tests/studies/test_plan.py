@@ -169,6 +169,20 @@ def test_a_wide_band_needs_more_replicas_at_its_slow_end(tmp_path, monkeypatch, 
     assert "holds only at the nominal or fast end" in printed
 
 
+def test_attainment_may_count_the_classes_own_targets(tmp_path, monkeypatch, capsys):
+    """A base whose targets are only its classes' (no `slo`): `slo.attainment` counts the
+    requests meeting their class's targets, the summary's combined attainment."""
+    base = {**BASE, "workload": {**BASE["workload"], "num_requests": 120, "classes": [
+        {"name": "chat", "share": 0.5, "slo": {"ttft_s": 0.5}},
+        {"name": "batch", "share": 0.5, "slo": {"ttft_s": 20.0}}]}}
+    path = write_plan(tmp_path, base=base, slo={"attainment": 0.9},
+                      search={"gpus": ["h100-sxm"], "max_replicas": 4}, seeds=1)
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "out")
+    assert record["answer"]["chosen"] is not None
+    table = pd.read_csv(tmp_path / "out" / "candidates.csv")
+    assert table["attainment"].notna().all() and (table["attainment"] <= 1).all()
+
+
 @pytest.mark.parametrize("change,needles", [
     ({"slo": {"ttft_p95_s": 1.0}}, ["slo", "ttft_p95_s: not a target"]),
     ({"slo": {"attainment": 0.9}}, ["slo.attainment", "set them there"]),

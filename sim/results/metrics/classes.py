@@ -94,22 +94,28 @@ def combined_attainment(requests: Columns, gaps: list[WeightedSample], scenario:
                         ) -> dict[str, float | None]:
     """SLO attainment over every offered request, each judged by its class's targets (one of
     a class without a target for a metric meets it); the gaps by their class's TBT target."""
+    tbt = [t.tbt_s for t in class_targets(scenario)]
+    total = sum(g.size for g in gaps)
+    met = sum(int(g.counts[g.values <= (np.inf if limit is None else limit)].sum())
+              for g, limit in zip(gaps, tbt, strict=True))
+    ttft_s, tbt_s = request_targets(column(requests, "request_class").tolist(), scenario)
+    return attainment(requests, ttft_s, tbt_s, met / total if total else None)
+
+
+def request_targets(request_class: list[str], scenario: Scenario
+                    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Each request's TTFT and TBT targets, its class's (else the scenario's): inf where its
+    class has none for a metric, None where no class has one."""
     targets = class_targets(scenario)
     index = {c.name: i for i, c in enumerate(scenario.workload.classes or [])}
-    which = np.array([index[n] for n in column(requests, "request_class").tolist()],
-                     dtype=np.int64)
+    which = np.array([index[n] for n in request_class], dtype=np.int64)
 
     def per_request(values: list[float | None]) -> np.ndarray | None:
         if all(v is None for v in values):
             return None
         return np.array([np.inf if v is None else v for v in values])[which]
 
-    tbt = [t.tbt_s for t in targets]
-    total = sum(g.size for g in gaps)
-    met = sum(int(g.counts[g.values <= (np.inf if limit is None else limit)].sum())
-              for g, limit in zip(gaps, tbt, strict=True))
-    return attainment(requests, per_request([t.ttft_s for t in targets]), per_request(tbt),
-                      met / total if total else None)
+    return (per_request([t.ttft_s for t in targets]), per_request([t.tbt_s for t in targets]))
 
 
 def priorities_ignored(scenario: Scenario) -> str | None:
