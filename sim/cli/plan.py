@@ -13,17 +13,23 @@ import typer
 from rich import box
 from rich.table import Table
 
-from sim.cli.common import app, calibration_lines, console, interrupted
+from sim.cli.common import app, calibration_lines, console, interrupted, refuse_unused
+from sim.cli.study import Backend
 
 
 @app.command()
 def plan(
+    ctx: typer.Context,
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan YAML")],
     out: Annotated[Path | None, typer.Option(
         help="plan directory (runs cached there)", show_default="results/<name>")] = None,
     workers: Annotated[int | None, typer.Option(
-        min=1, help="worker processes searching kinds at once",
-        show_default="one per CPU")] = None,
+        min=1, help="worker processes searching kinds at once, or Ray tasks",
+        show_default="one per CPU; on Ray, the cluster's CPUs")] = None,
+    backend: Annotated[Backend, typer.Option(
+        help="where kinds are searched (Ray: the plan directory must be shared by the "
+             "cluster's nodes)")] = Backend.local,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address")] = None,
 ) -> None:
     """Find the cheapest deployment (GPUs, parallelism, replicas, prefill:decode, scheduler)
     that holds a target load within SLOs, and whether it holds across the model's error band."""
@@ -34,10 +40,12 @@ def plan(
     from sim.studies.plan_file import Plan
     from sim.studies.plan_run import run_plan
 
+    if backend is Backend.local:
+        refuse_unused(ctx, {"address": "only with --backend ray"})
+        workers = workers or os.cpu_count() or 1
     loaded = Plan(plan_file)
     out_dir = out or Path("results") / results_name(plan_file, read_yaml(plan_file))
     check_plan_dir(out_dir)
-    workers = workers or os.cpu_count() or 1
     start = time.perf_counter()
 
     def on_kind(result: KindResult) -> None:
@@ -60,7 +68,8 @@ def plan(
         console.print(f"{result.kind.label()}: {line}", soft_wrap=True)
 
     try:
-        results = run_plan(loaded, out_dir, workers=workers, on_kind=on_kind)
+        results = run_plan(loaded, out_dir, workers=workers, backend=backend.value,
+                           address=address, on_kind=on_kind)
         found = answer(loaded, Searcher(loaded, out_dir), results)
         seconds = time.perf_counter() - start
         write_outputs(loaded, out_dir, results, found, seconds)

@@ -34,6 +34,12 @@ def _search_in_worker(kind: Kind, max_units: int | None) -> KindResult:
     return _SEARCHER.search(kind, max_units)
 
 
+def _search_task(plan: Plan, out_dir: Path, kind: Kind, max_units: int | None) -> KindResult:
+    """One kind's search as a Ray task (its runs cached in `out_dir`, which the cluster's
+    nodes must share, as a sweep's)."""
+    return Searcher(plan, out_dir).search(kind, max_units)
+
+
 def unit_cost(plan: Plan, kind: Kind) -> float:
     """The objective for one replica (or P:D unit) of `kind`: USD an hour, or GPUs."""
     gpus = kind.replicas(1) * kind.gpus_per_replica
@@ -54,10 +60,12 @@ def objective(plan: Plan, ev: Evaluation) -> float:
     return math.inf if ev.usd_per_hour is None else ev.usd_per_hour
 
 
-def run_plan(plan: Plan, out_dir: Path, *, workers: int = 1,
+def run_plan(plan: Plan, out_dir: Path, *, workers: int | None = 1, backend: str = "local",
+             address: str | None = None,
              on_kind: Callable[[KindResult], None] | None = None) -> list[KindResult]:
-    """Search every kind (cheapest first, `workers` at a time), refusing the dominated ones;
-    the results in the order searched."""
+    """Search every kind (cheapest first, `workers` at a time: local processes, or Ray tasks
+    on the cluster at `address`, a local one without; None: as many as the cluster runs),
+    refusing the dominated ones; the results in the order searched."""
     searcher = Searcher(plan, out_dir)
     todo = sorted(kinds(plan), key=lambda k: unit_cost(plan, k))
     best = math.inf
@@ -88,7 +96,10 @@ def run_plan(plan: Plan, out_dir: Path, *, workers: int = 1,
         return max(1, math.floor(best * COST_REACH / unit_cost(plan, kind) + 1e-9))
 
     done: dict[Kind, KindResult] = {}
-    if workers <= 1:
+    if backend == "ray":
+        _run_ray(plan, out_dir, todo, workers, address, finished,
+                 lambda k: dominated(k, best), max_units)
+    elif workers is None or workers <= 1:
         for kind in todo:
             finished(dominated(kind, best) or searcher.search(kind, max_units(kind)))
     else:
@@ -143,6 +154,37 @@ def _run_parallel(plan: Plan, out_dir: Path, todo: list[Kind], workers: int,
         _stop(pool)
         raise
     pool.shutdown()
+
+
+def _run_ray(plan: Plan, out_dir: Path, todo: list[Kind], workers: int | None,
+             address: str | None, finished: Callable[[KindResult], None],
+             dominated: Callable[[Kind], KindResult | None],
+             max_units: Callable[[Kind], int | None]) -> None:
+    """`_run_parallel` with Ray tasks, at most `workers` at once (None: no cap)."""
+    from sim.studies.workers import init_ray
+
+    ray = init_ray(address, workers)
+    remote = ray.remote(max_retries=0)(_search_task)
+    plan_ref = ray.put(plan)
+    pending: dict[Any, Kind] = {}
+    try:
+        queue = list(reversed(todo))
+        while queue or pending:
+            while queue and (workers is None or len(pending) < workers):
+                kind = queue.pop()
+                if (refused := dominated(kind)) is not None:
+                    finished(refused)
+                    continue
+                pending[remote.remote(plan_ref, out_dir, kind, max_units(kind))] = kind
+            if not pending:
+                continue
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            pending.pop(ready[0])
+            finished(ray.get(ready[0]))
+    except BaseException:
+        for ref in pending:  # a running task gets a KeyboardInterrupt and unwinds
+            ray.cancel(ref)
+        raise
 
 
 def evaluation_rows(results: list[KindResult]) -> list[dict[str, Any]]:

@@ -183,10 +183,9 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         manager.join(timeout=10)
 
 
-def _run_ray(jobs: list[Job], address: str | None, workers: int | None,
-             finished: Callable[[Job, dict[str, Any]], None]) -> None:
-    """The same runs as Ray tasks, on an existing cluster (`address`) or a local one (of
-    `workers` CPUs), at most `workers` at once."""
+def init_ray(address: str | None, workers: int | None) -> Any:
+    """Ray, connected to the cluster at `address` (None: a local one of `workers` CPUs);
+    refused in one line where Ray is not installed."""
     try:
         import ray
     except ImportError:
@@ -197,6 +196,14 @@ def _run_ray(jobs: list[Job], address: str | None, workers: int | None,
     ray.init(address=address, ignore_reinit_error=True, include_dashboard=False,
              logging_level=logging.ERROR, log_to_driver=False,
              num_cpus=workers if address is None else None)
+    return ray
+
+
+def _run_ray(jobs: list[Job], address: str | None, workers: int | None,
+             finished: Callable[[Job, dict[str, Any]], None]) -> None:
+    """The same runs as Ray tasks, on an existing cluster (`address`) or a local one (of
+    `workers` CPUs), at most `workers` at once."""
+    ray = init_ray(address, workers)
     remote = ray.remote(max_retries=0)(run_one)
     queue = list(reversed(jobs))
     pending: dict[Any, Job] = {}

@@ -169,6 +169,30 @@ def test_a_wide_band_needs_more_replicas_at_its_slow_end(tmp_path, monkeypatch, 
     assert "holds only at the nominal or fast end" in printed
 
 
+@pytest.mark.slow
+def test_ray_searches_the_kinds_as_local_processes_do(tmp_path, monkeypatch, capsys):
+    """`--backend ray` (a local Ray cluster): the same kinds searched, the same runs, the same
+    answer as worker processes."""
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'servesim[ray]'")
+    path = write_plan(tmp_path, search={"gpus": ["h100-sxm", "l40s"], "tensor": [1, 2],
+                                        "max_replicas": 6}, seeds=1)
+    local, _ = run_plan(monkeypatch, capsys, path, tmp_path / "local", workers=2)
+    code, printed = run_cli_out(monkeypatch, capsys, "plan", str(path), "--out",
+                                str(tmp_path / "ray"), "--workers", "2", "--backend", "ray")
+    assert code == 0, printed
+    on_ray = json.loads((tmp_path / "ray" / "plan.json").read_text())
+    assert on_ray["answer"]["chosen"] == local["answer"]["chosen"]
+    assert on_ray["counts"]["runs"] == local["counts"]["runs"]
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "ray" / "candidates.csv"),
+                                  pd.read_csv(tmp_path / "local" / "candidates.csv"))
+
+
+def test_address_needs_ray(tmp_path, monkeypatch, capsys):
+    code, err = run_cli(monkeypatch, capsys, "plan", str(write_plan(tmp_path)), "--address",
+                        "ray://x:1")
+    assert_one_line_error(code, err, "--address", "only with --backend ray")
+
+
 def test_attainment_may_count_the_classes_own_targets(tmp_path, monkeypatch, capsys):
     """A base whose targets are only its classes' (no `slo`): `slo.attainment` counts the
     requests meeting their class's targets, the summary's combined attainment."""
