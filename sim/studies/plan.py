@@ -41,7 +41,7 @@ from sim.config.errors import InputError
 from sim.config.scenario import Scenario
 from sim.results.fingerprint import scenario_key
 from sim.results.outdir import replace_text
-from sim.studies.plan_file import GPUChoice, Plan, Ratio, judge
+from sim.studies.plan_file import GPUChoice, LinkChoice, Plan, Ratio, judge
 from sim.workloads.load import rate_knob, trace_qps
 
 LOAD_PRECISION = 0.05  # load_per_dollar: a kind's most load, to within this share
@@ -61,6 +61,7 @@ class Kind:
     quantization: str
     scheduler: tuple[tuple[str, Any], ...]  # changes to the base's scheduler
     ratio: Ratio | None = None  # prefill:decode, or None: colocated
+    link: LinkChoice | None = None  # a disaggregated kind's KV link (None: the base's)
 
     @property
     def gpus_per_replica(self) -> int:
@@ -79,6 +80,8 @@ class Kind:
         parts += [f"{k}={v}" for k, v in self.scheduler]
         if self.ratio is not None:
             parts.append(f"P:D {self.ratio.prefill}:{self.ratio.decode}")
+        if self.link is not None:
+            parts.append(f"link {self.link.name}")
         return " ".join(parts)
 
     def changes(self, units: int) -> dict[str, Any]:
@@ -96,6 +99,9 @@ class Kind:
             out["cluster.replicas"] = 1  # (the pools say how many)
             out["cluster.prefill"] = {"replicas": units * self.ratio.prefill}
             out["cluster.decode"] = {"replicas": units * self.ratio.decode}
+            if self.link is not None:
+                out["cluster.link"] = {"bandwidth_gb_s": self.link.bandwidth_gb_s,
+                                       "latency_s": self.link.latency_s}
         return out
 
 
@@ -152,10 +158,13 @@ def kinds(plan: Plan) -> list[Kind]:
                         ratios: list[Ratio | None] = [None] if cfg.colocated else []
                         ratios += list(cfg.disaggregated)
                         for ratio in ratios:
-                            kind = Kind(gpu, tp, pp, quant, tuple(sorted(sched.items())),
-                                        ratio)
-                            if kind not in out:  # (a choice listed twice, searched once)
-                                out.append(kind)
+                            links: list[LinkChoice | None] = (
+                                [None] if ratio is None or not cfg.links else list(cfg.links))
+                            for link in links:
+                                kind = Kind(gpu, tp, pp, quant, tuple(sorted(sched.items())),
+                                            ratio, link)
+                                if kind not in out:  # (a choice listed twice, searched once)
+                                    out.append(kind)
     return out
 
 

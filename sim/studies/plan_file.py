@@ -16,6 +16,7 @@ must meet, and the deployments to search::
       quantization: [none, fp8]
       schedulers: [{max_num_batched_tokens: 2048}, {max_num_batched_tokens: 8192}]  # changes
       disaggregated: [{prefill: 1, decode: 1}, {prefill: 1, decode: 2}]   # P:D ratios, too
+      links: [{name: ib_ndr, bandwidth_gb_s: 50}, {name: roce_100g, bandwidth_gb_s: 12.5}]
       max_replicas: 32
     band: auto                   # check the answer at iteration times scaled by 1 -/+ band
     seeds: 5                     # the chosen deployment re-simulated with these many seeds
@@ -69,6 +70,15 @@ class Ratio(Frozen):
     decode: int = Field(ge=1, le=64)
 
 
+class LinkChoice(Frozen):
+    """A KV link for disaggregated kinds (`cluster.link`), named in the tables."""
+
+    name: str = Field(min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_.+-]+$",
+                      description="what the tables call it, e.g. ib_ndr")
+    bandwidth_gb_s: float = Field(gt=0, le=10_000, description="GB/s (1e9 bytes/s)")
+    latency_s: float = Field(5e-6, ge=0, le=1, description="seconds per transfer")
+
+
 def _base_scheduler() -> list[dict[str, Any]]:
     return [{}]
 
@@ -88,6 +98,10 @@ class PlanSearch(Frozen):
     colocated: bool = Field(True, description="try colocated replicas")
     disaggregated: list[Ratio] = Field(default_factory=list, max_length=20,
                                        description="prefill:decode ratios to try")
+    links: list[LinkChoice] = Field(
+        default_factory=list, max_length=8,
+        description="KV links to try with each ratio (links have no price: the answer is the "
+                    "cheapest deployment that holds, over any of them); none: the base's")
     max_replicas: int = Field(32, ge=1, le=MAX_REPLICAS,
                               description="replicas (or P:D units x their sum) at most")
 
@@ -112,6 +126,13 @@ class PlanSearch(Frozen):
     def _something(self) -> PlanSearch:
         if not self.colocated and not self.disaggregated:
             raise invalid(("colocated", False, "and no disaggregated ratio: nothing to search"))
+        if self.links and not self.disaggregated:
+            raise invalid(("links", [link.name for link in self.links],
+                           "KV links only carry disaggregated kinds: add ratios to "
+                           "search.disaggregated"))
+        names = [link.name for link in self.links]
+        if len(set(names)) != len(names):
+            raise invalid(("links", names, "each link needs a name of its own"))
         return self
 
 

@@ -170,3 +170,26 @@ def test_an_evenly_spaced_trace_never_served_writes_its_summary(tmp_path):
     assert verdict["verdict"] == "overloaded", verdict
     strict_json(verdict)
     assert (tmp_path / "out" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize(("bandwidth_gb_s", "verdict", "queue"), [
+    (0.05, "overloaded", "kv_transfer"), (50.0, "stable", None)])
+def test_a_link_too_slow_for_the_load_is_overload(bandwidth_gb_s, verdict, queue):
+    """Disaggregated pools with KV to spare on both sides: a link that moves less KV a second
+    than the load brings builds its backlog in the transfers (queued for the link or on the
+    wire), not in a replica's queue, and the run is overloaded all the same."""
+    data = {"seed": 1, "workload": {
+        "format": "synthetic", "num_requests": 200, "arrivals": {"process": "poisson", "qps": 20},
+        "lengths": {"prompt": {"dist": "fixed", "value": 512},
+                    "output": {"dist": "fixed", "value": 8}}},
+        "replica": {"model": "llama-3.1-8b", "gpu": "h100-sxm",
+                    "scheduler": {"name": "vllm_v1"}},
+        "cluster": {"prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                    "link": {"bandwidth_gb_s": bandwidth_gb_s}}}
+    res = run_scenario(parse_scenario(data, "test"))
+    got = res.summary["overload"]
+    assert got["verdict"] == verdict, got
+    if queue is not None:
+        assert got["queue"] == queue and "kv transfer queue grows" in got["detail"]
+    # (512 tokens of Llama-3.1-8B's KV are 67 MB: 1.3 s on 0.05 GB/s, at 20 a second.)
+    assert (res.requests["transfer_s"].max() > 60) == (verdict == "overloaded")

@@ -402,6 +402,34 @@ def test_what_the_base_gives_is_kept_and_what_the_plan_makes_is_replaced(
     assert check["band"] == 0.07 and not check["extrapolated"]
 
 
+def test_links_are_a_search_dimension_of_disaggregated_kinds(tmp_path, monkeypatch, capsys):
+    """Each P:D ratio with each link: a link too slow for the KV hand-off needs more units (or
+    holds nowhere); the answer takes the cheapest deployment over both, named with its link."""
+    path = write_plan(tmp_path, search={
+        "colocated": False, "max_replicas": 8, "disaggregated": [{"prefill": 1, "decode": 1}],
+        "links": [{"name": "nvlink", "bandwidth_gb_s": 450},
+                  {"name": "slow", "bandwidth_gb_s": 0.05, "latency_s": 1e-3}]}, seeds=1)
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "out")
+    kinds = {k["kind"]: k for k in record["kinds"]}
+    fast, slow = kinds["h100-sxm TP1 P:D 1:1 link nvlink"], kinds["h100-sxm TP1 P:D 1:1 link slow"]
+    assert record["answer"]["chosen"]["kind"] == "h100-sxm TP1 P:D 1:1 link nvlink"
+    assert fast["units"] is not None and (slow["units"] is None or slow["units"] > fast["units"])
+    table = pd.read_csv(tmp_path / "out" / "candidates.csv")
+    assert set(table["kind"]) == set(kinds)
+
+
+@pytest.mark.parametrize(("search", "needle"), [
+    ({"links": [{"name": "ib", "bandwidth_gb_s": 50}]}, "only carry disaggregated kinds"),
+    ({"disaggregated": [{"prefill": 1, "decode": 1}],
+      "links": [{"name": "ib", "bandwidth_gb_s": 50}, {"name": "ib", "bandwidth_gb_s": 5}]},
+     "a name of its own"),
+])
+def test_links_refused_name_the_field(tmp_path, monkeypatch, capsys, search, needle):
+    code, err = run_cli(monkeypatch, capsys, "plan", str(write_plan(tmp_path, search=search)),
+                        "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "plan.yaml", "search.links", needle)
+
+
 def test_the_cluster_is_run_where_one_replica_at_its_share_fails(tmp_path, monkeypatch,
                                                                   capsys):
     # One replica at half the load misses P99 TBT by a hair; two behind a router hold: the

@@ -24,7 +24,9 @@ def overload(requests: Table, end_s: float) -> dict[str, Any]:
     few requests to tell).
 
     Queues: requests arrived but not yet scheduled, and (disaggregated) prefilled requests not
-    yet moving to a decode replica; a request never served counts as queued to the end. Each
+    yet moving to a decode replica, and those whose KV is on its way (queued for their link or
+    on the wire: a link too slow for the load builds its backlog there); a request never
+    served counts as queued to the end. Each
     is sampled at the arrival times, over the last half of the arrivals (still growing at the
     end?), over all of them (grown over the run, never drained: a backlog built early and
     carried to the end is overload too) and over each quarter of them (a burst that built a
@@ -38,12 +40,14 @@ def overload(requests: Table, end_s: float) -> dict[str, Any]:
     than 1% of arrivals.)"""
     arrived = arrived_mask(requests)
     kept = {name: column(requests, name)[arrived]  # only the columns read
-            for name in ("arrival_s", "first_scheduled_s", "prefill_end_s", "transfer_start_s")}
+            for name in ("arrival_s", "first_scheduled_s", "prefill_end_s", "transfer_start_s",
+                         "transfer_end_s")}
     arrival = np.sort(kept["arrival_s"])
     if len(arrival) < MIN_REQUESTS_FOR_VERDICT:
         return {"verdict": "unknown", "detail": too_few(requests, MIN_REQUESTS_FOR_VERDICT)}
     queues = {"waiting": (kept["arrival_s"], kept["first_scheduled_s"]),
-              "waiting_for_decode": (kept["prefill_end_s"], kept["transfer_start_s"])}
+              "waiting_for_decode": (kept["prefill_end_s"], kept["transfer_start_s"]),
+              "kv_transfer": (kept["transfer_start_s"], kept["transfer_end_s"])}
     # Each window's samples, and the growth that calls it overloaded.
     n = len(arrival)
     windows = {"the last half of the arrivals": (arrival[n // 2:], GROWTH_LIMIT),
