@@ -183,9 +183,11 @@ def capacity(
     try:
         with ProgressReport(f"capacity of {loaded.name}", "runs") as progress:
             def trial_done(trial: Any) -> None:
+                # Said, then kept: a trial in trials.csv has always been printed (an
+                # interrupt between the two keeps one fewer than the lines shown).
+                progress.note(trial.line(targets))
                 log.add(trial)
                 progress.update(len(log.trials))
-                progress.note(trial.line(targets))
 
             result = search(loaded, targets, wanted if wanted is not None
                             else default_replications(loaded), precision=precision,
