@@ -67,9 +67,22 @@ class Kind:
     def gpus_per_replica(self) -> int:
         return self.tensor * self.pipeline
 
+    @property
+    def decode_gpus_per_replica(self) -> int:
+        """A decode replica's GPUs: its own split where the ratio gives one."""
+        tensor = self.ratio.decode_tensor if self.ratio is not None else None
+        return (tensor or self.tensor) * self.pipeline
+
     def replicas(self, units: int) -> int:
         """Replicas in a deployment of `units` (replicas, or P:D units)."""
         return units if self.ratio is None else units * (self.ratio.prefill + self.ratio.decode)
+
+    def num_gpus(self, units: int) -> int:
+        """GPUs of a deployment of `units` (replicas, or P:D units)."""
+        if self.ratio is None:
+            return units * self.gpus_per_replica
+        return units * (self.ratio.prefill * self.gpus_per_replica
+                        + self.ratio.decode * self.decode_gpus_per_replica)
 
     def label(self) -> str:
         parts = [self.gpu.name, f"TP{self.tensor}"]
@@ -80,6 +93,9 @@ class Kind:
         parts += [f"{k}={v}" for k, v in self.scheduler]
         if self.ratio is not None:
             parts.append(f"P:D {self.ratio.prefill}:{self.ratio.decode}")
+            if self.ratio.decode_gpu is not None or self.ratio.decode_tensor is not None:
+                gpu = self.ratio.decode_gpu.name if self.ratio.decode_gpu else self.gpu.name
+                parts.append(f"decode {gpu} TP{self.ratio.decode_tensor or self.tensor}")
         if self.link is not None:
             parts.append(f"link {self.link.name}")
         return " ".join(parts)
@@ -99,6 +115,14 @@ class Kind:
             out["cluster.replicas"] = 1  # (the pools say how many)
             out["cluster.prefill"] = {"replicas": units * self.ratio.prefill}
             out["cluster.decode"] = {"replicas": units * self.ratio.decode}
+            decode: dict[str, Any] = {}
+            if (choice := self.ratio.decode_gpu) is not None:
+                decode["gpu"] = choice.name if choice.cost_per_gpu_hour is None else {
+                    "base": choice.name, "cost_per_gpu_hour": choice.cost_per_gpu_hour}
+            if self.ratio.decode_tensor is not None:
+                decode["parallelism"] = {"tensor": self.ratio.decode_tensor}
+            if decode:
+                out["cluster.decode"]["replica"] = decode
             if self.link is not None:
                 out["cluster.link"] = {"bandwidth_gb_s": self.link.bandwidth_gb_s,
                                        "latency_s": self.link.latency_s}
@@ -223,8 +247,9 @@ class Searcher:
         ok, why, values = judge(summary, plan.config.slo)
         cost = summary.get("cost") or {}
         replicas = 1 if role == "probe" else kind.replicas(units)
-        return Evaluation(kind.label(), role, units, replicas,
-                          replicas * kind.gpus_per_replica, load_qps, scale, scenario.seed, ok,
+        num_gpus = kind.gpus_per_replica if role == "probe" else kind.num_gpus(units)
+        return Evaluation(kind.label(), role, units, replicas, num_gpus, load_qps, scale,
+                          scenario.seed, ok,
                           why, values, (summary.get("overload") or {}).get("verdict", "unknown"),
                           cost.get("usd_per_hour"), cost.get("usd_per_million_tokens"), key,
                           cached)

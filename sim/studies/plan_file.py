@@ -15,7 +15,7 @@ must meet, and the deployments to search::
       pipeline: [1]
       quantization: [none, fp8]
       schedulers: [{max_num_batched_tokens: 2048}, {max_num_batched_tokens: 8192}]  # changes
-      disaggregated: [{prefill: 1, decode: 1}, {prefill: 1, decode: 2}]   # P:D ratios, too
+      disaggregated: [{prefill: 1, decode: 1}, {prefill: 1, decode: 2, decode_gpu: l40s}]
       links: [{name: ib_ndr, bandwidth_gb_s: 50}, {name: roce_100g, bandwidth_gb_s: 12.5}]
       max_replicas: 32
     band: auto                   # check the answer at iteration times scaled by 1 -/+ band
@@ -66,8 +66,19 @@ class GPUChoice(Frozen):
 
 
 class Ratio(Frozen):
+    """A prefill:decode ratio; the decode pool on other GPUs or another split where given
+    (heterogeneous pools), else the kind's."""
+
     prefill: int = Field(ge=1, le=64)
     decode: int = Field(ge=1, le=64)
+    decode_gpu: GPUChoice | None = Field(None, description="the decode pool's GPU")
+    decode_tensor: int | None = Field(None, ge=1, le=MAX_GPUS_PER_REPLICA,
+                                      description="the decode pool's tensor parallelism")
+
+    @field_validator("decode_gpu", mode="before")
+    @classmethod
+    def _named(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
 
 
 class LinkChoice(Frozen):
@@ -214,6 +225,11 @@ class Plan:
         for i, gpu in enumerate(self.config.search.gpus):
             if gpu.name not in GPUS.names():
                 raise InputError(path, f"search.gpus.{i}", gpu.name,
+                                 f"no such GPU; known: {', '.join(GPUS.names())}")
+        for i, ratio in enumerate(self.config.search.disaggregated):
+            if ratio.decode_gpu is not None and ratio.decode_gpu.name not in GPUS.names():
+                raise InputError(path, f"search.disaggregated.{i}.decode_gpu",
+                                 ratio.decode_gpu.name,
                                  f"no such GPU; known: {', '.join(GPUS.names())}")
         if self.base.clients is not None:
             raise InputError(path, "base.clients", self.base.clients.model_dump(),

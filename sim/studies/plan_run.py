@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.studies.plan import Evaluation, Kind, KindResult, Searcher, kinds
-from sim.studies.plan_file import Plan
+from sim.studies.plan_file import GPUChoice, Plan
 
 # Deployments costing more than this many times the best found are not searched for: the
 # answer, and the cheapest alternatives checked across the error band, lie below it.
@@ -41,16 +41,27 @@ def _search_task(plan: Plan, out_dir: Path, kind: Kind, max_units: int | None) -
 
 
 def unit_cost(plan: Plan, kind: Kind) -> float:
-    """The objective for one replica (or P:D unit) of `kind`: USD an hour, or GPUs."""
-    gpus = kind.replicas(1) * kind.gpus_per_replica
+    """The objective for one replica (or P:D unit) of `kind`: USD an hour, or GPUs (a
+    heterogeneous unit's decode replicas at their own GPU's price)."""
     if plan.config.objective == "gpus":
-        return float(gpus)
-    price = kind.gpu.cost_per_gpu_hour
-    if price is None:
-        from sim.hardware.gpus import GPUS
+        return float(kind.num_gpus(1))
+    prefill_gpus = kind.num_gpus(1)
+    cost = 0.0
+    if kind.ratio is not None and kind.ratio.decode_gpu is not None:
+        decode_gpus = kind.ratio.decode * kind.decode_gpus_per_replica
+        prefill_gpus -= decode_gpus
+        cost += decode_gpus * _price(kind.ratio.decode_gpu)
+    return cost + prefill_gpus * _price(kind.gpu)
 
-        price = GPUS.get(kind.gpu.name).cost_per_gpu_hour
-    return math.inf if price is None else gpus * price
+
+def _price(choice: GPUChoice) -> float:
+    """USD an hour of one GPU: the plan's price, else the GPU table's (inf: none known)."""
+    if choice.cost_per_gpu_hour is not None:
+        return choice.cost_per_gpu_hour
+    from sim.hardware.gpus import GPUS
+
+    price = GPUS.get(choice.name).cost_per_gpu_hour
+    return math.inf if price is None else price
 
 
 def objective(plan: Plan, ev: Evaluation) -> float:

@@ -418,6 +418,28 @@ def test_links_are_a_search_dimension_of_disaggregated_kinds(tmp_path, monkeypat
     assert set(table["kind"]) == set(kinds)
 
 
+def test_decode_pools_may_run_on_other_gpus(tmp_path, monkeypatch, capsys):
+    """A ratio with its decode pool on L40S at TP1 beside H100 prefill replicas: priced and
+    counted pool by pool, each pool's scenario on its own GPU."""
+    from sim.hardware.gpus import GPUS
+
+    path = write_plan(tmp_path, search={
+        "colocated": False, "max_replicas": 8,
+        "disaggregated": [{"prefill": 1, "decode": 2, "decode_gpu": "l40s", "decode_tensor": 1}]},
+        band="none", seeds=1)
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "out")
+    (kind,) = record["kinds"]
+    assert kind["kind"] == "h100-sxm TP1 P:D 1:2 decode l40s TP1"
+    units = kind["units"]
+    assert units is not None
+    table = pd.read_csv(tmp_path / "out" / "candidates.csv")
+    row = table[(table["role"] == "cluster") & (table["units"] == units)].iloc[0]
+    assert row["num_gpus"] == 3 * units and row["replicas"] == 3 * units
+    per_unit = GPUS.get("h100-sxm").cost_per_gpu_hour + 2 * GPUS.get("l40s").cost_per_gpu_hour
+    # (The run's own cost, from the pools it ran: the decode pool was on L40S.)
+    assert row["usd_per_hour"] == pytest.approx(units * per_unit)
+
+
 @pytest.mark.parametrize(("search", "needle"), [
     ({"links": [{"name": "ib", "bandwidth_gb_s": 50}]}, "only carry disaggregated kinds"),
     ({"disaggregated": [{"prefill": 1, "decode": 1}],
