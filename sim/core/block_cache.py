@@ -54,6 +54,12 @@ class BlockPrefixCache(KVCacheManager):
     """A KV manager that caches prefixes block by block, as vLLM's does (module docstring)."""
 
     caches_prefixes = True
+    # Whether a request's computed blocks are cached when it frees them (what vLLM's
+    # `allocate_slots`, and with speculative decoding 0.33.0's `update_from_output`, cached
+    # by then); else only as allocated (0.15.1's synchronous scheduler with speculative
+    # decoding: a step's accepted drafts are cached at the next allocation, never if the
+    # request stops there).
+    cache_at_free = True
 
     def __init__(self, num_blocks: int, block_size: int,
                  free_order: Literal["lru_block", "fifo_block"] = "lru_block") -> None:
@@ -163,7 +169,7 @@ class BlockPrefixCache(KVCacheManager):
         # decode's blocks are cached when it frees them, as the fast path (which grows a
         # decode's blocks without asking) leaves them: only the request itself, or a later
         # turn naming its answer while it still runs, could hit them before.
-        if num_new_tokens != 1 or not req.is_decoding:
+        if num_new_tokens != 1 or not req.is_decoding or not self.cache_at_free:
             self._cache(req, min(computed + num_new_tokens,
                                  req.num_tokens - req.num_placeholders))
         return True
@@ -180,7 +186,8 @@ class BlockPrefixCache(KVCacheManager):
             return
         # What vLLM cached by then: every computed token but those of iterations in flight
         # (async: `update_from_output` caches up to `num_computed_tokens - num_in_flight`).
-        self._cache(req, req.num_computed_tokens - req.num_in_flight_tokens)
+        if self.cache_at_free:
+            self._cache(req, req.num_computed_tokens - req.num_in_flight_tokens)
         del self._held[rid]
         self._num_hashed.pop(rid, None)
         uncached_first = self.eviction == "lru_block"

@@ -32,6 +32,8 @@ def commit_speculative(state: ReplicaState, plan: Plan, iteration: int, start_s:
         if req.first_scheduled_s is None:
             req.first_scheduled_s = start_s
         req.num_computed_tokens += num_tokens
+        # Its drafts were spent by this step, however many it verified (padding or not).
+        padded, req.spec_padded = req.spec_padded, False
         num_spec = req.num_computed_tokens - req.num_prompt_tokens - req.num_output_tokens
         if num_spec < 0:  # a prompt's chunk that does not finish it: nothing sampled
             if after_chunk:
@@ -40,14 +42,16 @@ def commit_speculative(state: ReplicaState, plan: Plan, iteration: int, start_s:
             continue
         num_accepted = 0
         if num_spec:
-            if not req.spec_padded:
+            if not padded:
                 num_accepted = acceptance.accepted(request_id, req.num_output_tokens, num_spec)
-            req.spec_padded = False
             acceptance.record(num_spec, num_accepted)
             req.num_drafts_verified += num_spec
             req.num_drafts_accepted += num_accepted
             req.num_computed_tokens -= num_spec - num_accepted
         num_new = min(num_accepted + 1, req.num_target_output_tokens - req.num_output_tokens)
+        # Stopped at its last token: vLLM trims the rest, and with them their KV slots
+        # ("num_computed_tokens covers all new tokens but the last one").
+        req.num_computed_tokens -= num_accepted + 1 - num_new
         req.num_output_tokens += num_new
         req.num_extra_tokens += num_new - 1
         num_sampled += num_new
@@ -118,10 +122,10 @@ def complete_speculative(state: ReplicaState, in_flight: list[InFlight], end_s: 
             continue
         num_real = req.num_output_tokens - req.num_placeholders
         num_accepted = 0
+        padded, req.spec_padded = req.spec_padded, False
         if num_spec:
-            if not req.spec_padded:
+            if not padded:
                 num_accepted = acceptance.accepted(req.request_id, num_real, num_spec)
-            req.spec_padded = False
             acceptance.record(num_spec, num_accepted)
         num_new = min(num_accepted + 1, req.num_target_output_tokens - num_real)
         req.num_drafts_verified += num_spec
@@ -132,7 +136,7 @@ def complete_speculative(state: ReplicaState, in_flight: list[InFlight], end_s: 
             _deliver_stale_tokens(state, req, num_new, end_s, done)
             continue
         num_rejected = num_spec - num_accepted
-        req.num_computed_tokens -= num_rejected
+        req.num_computed_tokens -= num_rejected + (num_accepted + 1 - num_new)  # (and trims)
         # Its placeholders for this step resolve: the rejected ones and any past its last
         # token go; the others are its output now.
         num_gone = samples - num_new

@@ -157,6 +157,7 @@ class ReplicaState:
         req.num_recomputed_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
         req.num_draft_tokens = 0  # (vLLM: `_preempt_request` clears `spec_token_ids`)
+        req.spec_padded = False
         if self.acceptance is not None:  # and its placeholders (delivered stale, if at all)
             req.num_output_tokens -= req.num_placeholders
             req.num_placeholders = 0

@@ -96,6 +96,8 @@ class Cluster:
                                  spec.method, f"speculative decoding on {where} is not "
                                  "modelled yet (servesim issue 47)")
             state.acceptance = Acceptance(spec.rates, self.seed)
+            if isinstance(state.kv, BlockPrefixCache):
+                state.kv.cache_at_free = getattr(scheduler, "kv_cached_when_freed", True)
         kind: type[Replica] = Replica
         if self.fast_forward:
             from sim.engine.fastpath.replica import FastReplica  # not needed to step

@@ -244,7 +244,9 @@ class DraftingLatency:
     """A latency model with speculative decoding's drafter added: after an iteration, a
     drafter runs `num_speculative_tokens` passes over the requests that sampled, each pass
     taking `ratio` times what the target takes for a decode step of those requests (the
-    drafter's share of the weights read: an EAGLE head is one decoder layer and an LM head).
+    drafter's share of the weights read: an EAGLE head is one decoder layer and an LM head);
+    and it runs over the iteration's prompt tokens too (its own KV for them: EAGLE's first
+    pass, a draft model's prefill), `ratio` times the target's time for them alone.
     Everything else is the other model's."""
 
     def __init__(self, model: LatencyModel, ratio: float, num_speculative_tokens: int) -> None:
@@ -254,6 +256,12 @@ class DraftingLatency:
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
         time = self._model.iteration_time_s(shape)
+        if np.any(shape.num_prefill_tokens):
+            prompts = BatchShape(num_prefill_tokens=shape.num_prefill_tokens,
+                                 num_prefill_seqs=shape.num_prefill_seqs,
+                                 prefill_attn_pairs=shape.prefill_attn_pairs,
+                                 prefill_kv_tokens=shape.prefill_kv_tokens)
+            time = time + self._per_pass * self._model.iteration_time_s(prompts)
         num_seqs = shape.num_drafting_seqs
         if not np.any(num_seqs):
             return time

@@ -4,10 +4,11 @@ docstring, and vLLM's server defaults by GPU."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from sim.config.errors import INPUT_MODEL, invalid
 from sim.core.speculative import conditional_rates
@@ -107,6 +108,17 @@ class SpeculativeConfig(BaseModel):
                     "target's decode step of that batch; None: 0 for ngram (host-side lookup), "
                     "the drafter's share of the weights for eagle/eagle3/mtp (one decoder "
                     "layer and the LM head); draft_model needs it")
+
+    @field_validator("acceptance_rate", "per_position_acceptance", mode="before")
+    @classmethod
+    def _numbers(cls, value: Any) -> Any:
+        # One line for any other value (a union would report each of its branches).
+        values = value if isinstance(value, list) else [value]
+        if value is not None and not all(
+                type(v) in (int, float) and math.isfinite(v) for v in values):
+            raise ValueError("a rate between 0 and 1, or a list of them")
+        return [float(v) for v in value] if isinstance(value, list) else (
+            None if value is None else float(value))
 
     @model_validator(mode="after")
     def _rates(self) -> SpeculativeConfig:
@@ -293,6 +305,14 @@ class VllmV1Config(SchedulerConfig):
             problems.append(("min_chunk_tokens", self.min_chunk_tokens,
                              f"must not exceed the largest chunk ({largest_chunk}: "
                              "max_num_batched_tokens or long_prefill_token_threshold)"))
+        spec = self.speculative
+        if (spec is not None and self.rules.spec_v2_rules
+                and budget <= spec.num_lookahead_tokens):
+            # `VllmConfig._set_max_num_scheduled_tokens`: "does not have enough slots to
+            # schedule a token and support the speculative decoding settings"
+            problems.append(("max_num_batched_tokens", budget,
+                             f"vLLM {self.engine_version} needs more than the drafter's "
+                             f"{spec.num_lookahead_tokens} lookahead slots"))
         if self.speculative is not None and self.min_chunk_tokens is not None:
             problems.append(("min_chunk_tokens", self.min_chunk_tokens,
                              "not modelled with speculative decoding (vLLM has no such "

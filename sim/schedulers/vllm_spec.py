@@ -28,6 +28,11 @@ class SpecRules:
     drafts_after_chunk: bool
     # KV slots a request may need past its last token (`capacity_reason`).
     capacity_margin: int
+    # 0.33.0 caches a request's blocks after each step (`update_from_output`: computed less
+    # in flight), and so does 0.15.1's async scheduler (`AsyncScheduler.
+    # _update_request_with_output`); 0.15.1's synchronous one only as it allocates
+    # (`sim.core.block_cache`'s `cache_at_free`).
+    caches_on_update: bool
 
     @classmethod
     def of(cls, config: VllmV1Config) -> SpecRules | None:
@@ -47,4 +52,5 @@ class SpecRules:
             drafts_after_chunk=(not v2 and writes_kv and not config.async_scheduling),
             # Its last steps verify k drafts past its last token (async: a step in flight's
             # k more) and allocate the drafter's lookahead beyond them.
-            capacity_margin=k * (1 + bool(config.async_scheduling)) + lookahead)
+            capacity_margin=k * (1 + bool(config.async_scheduling)) + lookahead,
+            caches_on_update=v2 or bool(config.async_scheduling))

@@ -97,8 +97,8 @@ scheduler code):
    back only for a victim already scheduled in this step (one ahead of the request but
    skipped, e.g. caught up on a pipeline, makes it skip the request after).
 
-18. Speculative decoding (`speculative`, vLLM's `--speculative-config`; synchronous
-   scheduling only, for now). After a step that samples, a request gets k drafts
+18. Speculative decoding (`speculative`, vLLM's `--speculative-config`; `sim.core.
+   spec_commit` applies a step's outcome). After a step that samples, a request gets k drafts
    (`update_draft_token_ids`; 0.33.0 proposes none in a step where no scheduled request can
    use them, with a drafter that writes KV: `_drafts_unused`, `skip_drafts`). A running
    request then has 1 + k tokens to compute (`num_tokens_with_spec`), capped like a chunk (the
@@ -107,7 +107,10 @@ scheduler code):
    however many fit. KV slots are allocated for the tokens scheduled plus the drafter's
    lookahead (k for EAGLE, MTP and draft models, 0 for n-gram; at admission 0.15.1 allocates
    none). The step's accepted drafts and one sampled token join the output
-   (`sim.core.spec_commit`); the rejected ones are computed again. 0.33.0 pads a decode
+   (`sim.core.spec_commit`); the rejected ones are computed again, and those past its
+   output length are trimmed with their KV slots. Async scheduling (rule 14) counts a step's
+   token and drafts as output placeholders, as if every draft were accepted, and takes the
+   rejected ones back when the step ends. 0.33.0 pads a decode
    admitted from the queue (a prefix hit leaving one token) to 1 + k tokens of drafts that
    cannot be accepted ("Pad new decode requests to uniform spec decoding size"), or admits
    nothing more if that does not fit; 0.15.1's EAGLE-family drafters drop the last block of
@@ -117,7 +120,8 @@ scheduler code):
    chunk then carries k drafts, which cannot be accepted (nothing was sampled to draft
    from).
 
-Not modelled: async scheduling with speculative decoding, n-gram proposals that find no match
+Not modelled: speculative decoding on a pipeline or a disaggregated pool, n-gram proposals
+that find no match
 (every step proposes k), a dynamic number of drafts, multi-module MTP's prefill lookahead,
 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs,
 KV connectors, structured output, LoRA limits, Mamba or deterministic-caching chunk alignment,
@@ -178,6 +182,12 @@ class VllmV1(Scheduler):
         if self.config.async_scheduling:
             return max(2, pipeline_size)
         return pipeline_size
+
+    @property
+    def kv_cached_when_freed(self) -> bool:
+        """Whether a request's computed blocks are cached by the time it frees them (rule 18:
+        not with speculative decoding in 0.15.1)."""
+        return self._spec is None or self._spec.caches_on_update
 
     @property
     def output_placeholders(self) -> bool:

@@ -84,6 +84,8 @@ def test_the_last_step_stops_at_the_output_length():
     assert len(res.iterations) == 3
     assert req["num_generated_tokens"] == 7 and req["status"] == "finished"
     assert req["num_drafts_accepted"] == 6  # accepted, though two of them past the end
+    # Their KV slots trimmed too, as vLLM trims them: every token's but the last.
+    assert req["num_computed_tokens"] == 10 + 7 - 1
 
 
 def test_drafts_share_the_budget():
@@ -124,15 +126,16 @@ def test_a_per_position_rate_gives_vllms_acceptance_length():
 @pytest.mark.parametrize(("version", "last_step_s"), [("0.15.1", 2 * STEP_S),
                                                       ("0.33.0", STEP_S)])
 def test_the_drafter_takes_its_passes_after_a_step_that_samples(version, last_step_s):
-    # EAGLE, k=2, each pass half a decode step: a step that samples takes 1 + 2 * 0.5 steps.
-    # Two tokens: the prompt's step samples the first, the next step is sure to give the
-    # second (one token at least), so no drafts after it can be used: 0.33.0 proposes none
-    # then; 0.15.1 always drafts.
+    # EAGLE, k=2, each pass half a decode step: a step that samples takes 1 + 2 * 0.5 steps,
+    # and a half more with a prompt (the drafter's pass over the prompt tokens, half the
+    # target's time for them). Two tokens: the prompt's step samples the first, the next
+    # step is sure to give the second (one token at least), so no drafts after it can be
+    # used: 0.33.0 proposes none then; 0.15.1 always drafts.
     spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": 1.0,
             "draft_time_ratio": 0.5}
     res = run_scenario(parse_scenario(scenario(spec, output=2, version=version), "t"))
     durations = res.iterations["duration_s"].tolist()
-    assert durations == pytest.approx([2 * STEP_S, last_step_s])
+    assert durations == pytest.approx([2.5 * STEP_S, last_step_s])
 
 
 def test_async_scheduling_gives_the_same_tokens_and_acceptance():
@@ -174,6 +177,13 @@ def test_export_reports_vllms_spec_decode_fields():
      "draft_time_ratio", "a draft model's time"),
     (ngram(0.5), {"async_scheduling": True}, "async_scheduling", "only with EAGLE/MTP"),
     (ngram(0.5), {"min_chunk_tokens": 16}, "min_chunk_tokens", "not modelled"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": "0.7"}, {},
+     "acceptance_rate", "a rate between 0 and 1, or a list of them"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": float("nan")}, {},
+     "acceptance_rate", "a rate between 0 and 1, or a list of them"),
+    ({"method": "eagle", "num_speculative_tokens": 4, "acceptance_rate": 0.5},
+     {"engine_version": "0.33.0", "max_num_batched_tokens": 4}, "max_num_batched_tokens",
+     "lookahead slots"),
 ])
 def test_settings_refused_name_the_field(spec, extra, field, words):
     data = scenario(None)
@@ -181,6 +191,7 @@ def test_settings_refused_name_the_field(spec, extra, field, words):
     with pytest.raises(InputError, match=words) as err:
         parse_scenario(data, "t")
     assert field in str(err.value)
+    assert len(err.value.lines()) == 1  # one line, not one per branch of a union
 
 
 def test_not_modelled_where_refused():

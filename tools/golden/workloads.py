@@ -175,6 +175,22 @@ def vllm_workloads() -> list[Workload]:
               _prefixed(rng(25), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
               num_gpu_blocks=500, enable_prefix_caching=True,
               speculative=_spec("eagle", 3, 0.7)),
+        # Prefix caching under a tight KV cache with a threshold: which blocks a step caches
+        # (0.15.1's synchronous scheduler only as it allocates), a last step's drafts trimmed
+        # at the output length, 0.15.1's drafts for an unfinished chunk (found by a review).
+        _vllm("spec_eagle_prefix_tight", 114,
+              _prefixed(rng(114), 300, 16.0, 8, (256, 1024), (16, 256), (64, 384)),
+              num_gpu_blocks=300, enable_prefix_caching=True, long_prefill_token_threshold=64,
+              max_num_batched_tokens=512, speculative=_spec("eagle", 3, 0.7)),
+        _vllm("spec_ngram_prefix_tight", 114,
+              _prefixed(rng(114), 300, 16.0, 8, (256, 1024), (16, 256), (64, 384)),
+              num_gpu_blocks=300, enable_prefix_caching=True, long_prefill_token_threshold=64,
+              max_num_batched_tokens=512, speculative=_spec("ngram", 3, 0.7)),
+        _vllm("spec_eagle_async_prefix_tight", 115,
+              _prefixed(rng(115), 300, 16.0, 8, (256, 1024), (16, 256), (64, 384)),
+              num_gpu_blocks=300, enable_prefix_caching=True, long_prefill_token_threshold=64,
+              max_num_batched_tokens=512, async_scheduling=True,
+              speculative=_spec("eagle", 3, 0.7)),
         # A draft model: 0.33.0 keeps one budget slot per request for it.
         _vllm("spec_draft_model_budget", 26, _requests(rng(26), 300, 12.0, (32, 1024), (16, 256)),
               max_num_batched_tokens=384, max_num_seqs=64,
