@@ -120,6 +120,16 @@ class Request:
         """KV slots the request needs at its largest: the last sampled token is never computed."""
         return self.num_prompt_tokens + self.num_target_output_tokens - 1
 
+    def send_tokens(self, num_tokens: int, start_s: float) -> bool:
+        """`num_tokens` of it sent down a pipeline at `start_s` (`ReplicaState.start`):
+        computed and in flight from now. Returns whether this is its first iteration."""
+        first = self.first_scheduled_s is None
+        if first:
+            self.first_scheduled_s = start_s
+        self.num_computed_tokens += num_tokens
+        self.num_in_flight_tokens += num_tokens
+        return first
+
     def record_token(self, iteration: int, since: int | None = None) -> None:
         """Note that this request sampled a token at the end of iteration `iteration`. `since`:
         the last iteration before it in which any request here decoded (default: the one

@@ -82,11 +82,7 @@ def start_speculative(state: ReplicaState, plan: Plan, start_s: float) -> list[I
     in_flight = []
     for request_id, num_tokens in plan.num_scheduled_tokens.items():
         req = requests[request_id]
-        first = req.first_scheduled_s is None
-        if first:
-            req.first_scheduled_s = start_s
-        req.num_computed_tokens += num_tokens
-        req.num_in_flight_tokens += num_tokens
+        first = req.send_tokens(num_tokens, start_s)
         num_spec = req.num_computed_tokens - req.num_prompt_tokens - req.num_output_tokens
         samples = 0
         if num_spec >= 0:  # not a prompt's chunk that leaves some of it

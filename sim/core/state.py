@@ -238,11 +238,7 @@ class ReplicaState:
         requests = self.requests
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
-            first = req.first_scheduled_s is None
-            if first:
-                req.first_scheduled_s = start_s
-            req.num_computed_tokens += num_tokens
-            req.num_in_flight_tokens += num_tokens
+            first = req.send_tokens(num_tokens, start_s)
             samples = SAMPLES if req.is_caught_up else 0
             if (samples and placeholders and not self.prefill_only
                     and req.num_output_tokens + 1 < req.num_target_output_tokens):
