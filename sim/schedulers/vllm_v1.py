@@ -121,9 +121,8 @@ scheduler code):
    from).
 
 Not modelled: speculative decoding on a pipeline or a disaggregated pool, n-gram proposals
-that find no match
-(every step proposes k), a dynamic number of drafts, multi-module MTP's prefill lookahead,
-0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs,
+that find no match (every step proposes k), a dynamic number of drafts, multi-module MTP's
+prefill lookahead, 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs,
 KV connectors, structured output, LoRA limits, Mamba or deterministic-caching chunk alignment,
 the running pass's max_model_len cap (such requests are rejected on arrival), 0.33.0's skip of
 a waiting request whose stale output is still in flight (it drains before the next plan in
