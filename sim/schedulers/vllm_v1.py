@@ -124,7 +124,8 @@ Not modelled: speculative decoding on a pipeline or a disaggregated pool, n-gram
 that find no match (every step proposes k), a dynamic number of drafts, multi-module MTP's
 prefill lookahead, 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs,
 KV connectors, structured output, LoRA limits, Mamba or deterministic-caching chunk alignment,
-the running pass's max_model_len cap (such requests are rejected on arrival), 0.33.0's skip of
+the running pass's max_model_len cap without speculative decoding (a request it would cut is
+rejected on arrival; with drafts it is applied, rule 18), 0.33.0's skip of
 a waiting request whose stale output is still in flight (it drains before the next plan in
 every golden workload), a watermark, prefill throttling (off by default).
 """
