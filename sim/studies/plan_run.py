@@ -5,8 +5,8 @@ deployment is ranked by."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Collection
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -139,26 +139,17 @@ def _run_parallel(plan: Plan, out_dir: Path, todo: list[Kind], workers: int,
                   finished: Callable[[KindResult], None],
                   dominated: Callable[[Kind], KindResult | None],
                   max_units: Callable[[Kind], int | None]) -> None:
-    """Search `todo` in order on `workers` processes; a kind dominated by the results so far
-    is not started."""
+    """Search `todo` in order on `workers` processes (`_dispatch`)."""
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
                                initargs=(plan, out_dir))
-    pending: dict[Future[KindResult], Kind] = {}
+
+    def first_done(pending: Collection[Any]) -> Any:
+        return next(iter(wait(pending, return_when=FIRST_COMPLETED)[0]))
+
     try:
-        queue = list(reversed(todo))
-        while queue or pending:
-            while queue and len(pending) < workers:
-                kind = queue.pop()
-                if (refused := dominated(kind)) is not None:
-                    finished(refused)
-                    continue
-                pending[pool.submit(_search_in_worker, kind, max_units(kind))] = kind
-            if not pending:
-                continue
-            ready, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in ready:
-                pending.pop(future)
-                finished(future.result())
+        _dispatch(todo, workers, lambda kind: pool.submit(_search_in_worker, kind,
+                                                          max_units(kind)),
+                  first_done, lambda future: future.result(), finished, dominated)
     except BaseException:
         from sim.studies.workers import _stop
 
@@ -179,23 +170,38 @@ def _run_ray(plan: Plan, out_dir: Path, todo: list[Kind], workers: int | None,
     plan_ref = ray.put(plan)
     pending: dict[Any, Kind] = {}
     try:
-        queue = list(reversed(todo))
-        while queue or pending:
-            while queue and (workers is None or len(pending) < workers):
-                kind = queue.pop()
-                if (refused := dominated(kind)) is not None:
-                    finished(refused)
-                    continue
-                pending[remote.remote(plan_ref, out_dir, kind, max_units(kind))] = kind
-            if not pending:
-                continue
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            pending.pop(ready[0])
-            finished(ray.get(ready[0]))
+        _dispatch(todo, workers,
+                  lambda kind: remote.remote(plan_ref, out_dir, kind, max_units(kind)),
+                  lambda refs: ray.wait(list(refs), num_returns=1)[0][0], ray.get, finished,
+                  dominated, pending)
     except BaseException:
         for ref in pending:  # a running task gets a KeyboardInterrupt and unwinds
             ray.cancel(ref)
         raise
+
+
+def _dispatch(todo: list[Kind], workers: int | None, submit: Callable[[Kind], Any],
+              first_done: Callable[[Collection[Any]], Any], result: Callable[[Any], KindResult],
+              finished: Callable[[KindResult], None],
+              dominated: Callable[[Kind], KindResult | None],
+              pending: dict[Any, Kind] | None = None) -> None:
+    """Start the kinds of `todo` in order, at most `workers` at once (None: no cap), a kind
+    dominated by the results so far not started; `finished` each as it ends. `pending` (the
+    handles still running) is the caller's, to cancel them on the way out."""
+    pending = {} if pending is None else pending
+    queue = list(reversed(todo))
+    while queue or pending:
+        while queue and (workers is None or len(pending) < workers):
+            kind = queue.pop()
+            if (refused := dominated(kind)) is not None:
+                finished(refused)
+                continue
+            pending[submit(kind)] = kind
+        if not pending:
+            continue
+        handle = first_done(pending)
+        pending.pop(handle)
+        finished(result(handle))
 
 
 def evaluation_rows(results: list[KindResult]) -> list[dict[str, Any]]:
