@@ -88,6 +88,9 @@ class Replica:
         # (file, field, value) named by errors about this replica's latency model.
         self.where = where
         self.log = IterationLog(speculative=state.acceptance is not None)
+        # Speculative decoding's column's `append` (drafts verified), None without it.
+        self._log_drafts = (self.log.columns[SPEC_COLUMN].append
+                            if state.acceptance is not None else None)
         # Set to a list to keep the plan of every iteration logged one by one (stepped, not
         # in a stretch): the golden schedules compare them with an engine's steps.
         self.plans: list[Plan] | None = None
@@ -265,8 +268,8 @@ class Replica:
         shape = it.shape
         if self.plans is not None:
             self.plans.append(it.plan)
-        if self.state.acceptance is not None:  # (speculative decoding's own column)
-            self.log.columns[SPEC_COLUMN].append(shape.num_spec_tokens)
+        if self._log_drafts is not None:
+            self._log_drafts(shape.num_spec_tokens)
         return self.log.append(it.start_s, it.duration_s, shape.num_prefill_tokens,
                                shape.num_decode_tokens, it.plan.num_seqs, it.num_kv_blocks_used,
                                len(it.plan.preempted_ids), it.num_waiting)

@@ -222,13 +222,16 @@ def request_table(requests: Sequence[Request], logs: Sequence[IterationLog],
     if runs is None:
         runs = token_runs(requests, logs)
     tokens = token_stats(runs, end_times(logs))
-    # A run holds one token per iteration; speculative decoding samples more in some.
-    extra = np.array([r.num_extra_tokens for r in requests], dtype=np.int64)
-    counts = tokens.num_tokens + extra if extra.any() else tokens.num_tokens
-    first_token, last_token = tokens.first_token_s, tokens.last_token_s
-
+    # A run holds one token per iteration; speculative decoding samples more in some. (Its
+    # counters read from the requests only where a replica decoded speculatively.)
     def ints(values: list[int]) -> np.ndarray:
         return np.array(values, dtype=np.int64)
+
+    speculative = any(SPEC_COLUMN in log.columns for log in logs)
+    counts = tokens.num_tokens
+    if speculative:
+        counts = counts + ints([r.num_extra_tokens for r in requests])
+    first_token, last_token = tokens.first_token_s, tokens.last_token_s
 
     def floats(values: list[float | None]) -> np.ndarray:
         return np.array(values, dtype=np.float64)  # None as NaN
@@ -274,8 +277,10 @@ def request_table(requests: Sequence[Request], logs: Sequence[IterationLog],
         # Last: earlier columns keep their places.
         "failed_s": floats([r.failed_s for r in requests]),  # its client gave up (a timeout)
         # Speculative decoding: drafts verified, and accepted (0 without it).
-        "num_drafts_verified": ints([r.num_drafts_verified for r in requests]),
-        "num_drafts_accepted": ints([r.num_drafts_accepted for r in requests]),
+        "num_drafts_verified": (ints([r.num_drafts_verified for r in requests])
+                                if speculative else np.zeros(len(requests), dtype=np.int64)),
+        "num_drafts_accepted": (ints([r.num_drafts_accepted for r in requests])
+                                if speculative else np.zeros(len(requests), dtype=np.int64)),
     }
     return table, tokens.gaps
 
