@@ -19,10 +19,12 @@ from sim.core.speculative import Acceptance
 from sim.engine.clock import Progress
 from sim.engine.cluster import Cluster, blocks_beyond_memory
 from sim.engine.iteration_log import IterationLog
+from sim.engine.offload import offload_facts
 from sim.hardware.gpus import measured_on
 from sim.results.columns import Columns, Table, column
 from sim.results.metrics.arrived import arrived_stats
 from sim.results.metrics.classes import class_columns, class_gaps, class_summary, priorities_ignored
+from sim.results.metrics.offload import offload_stats
 from sim.results.metrics.overload import overload
 from sim.results.metrics.sessions import session_stats
 from sim.results.metrics.speculative import speculative_stats
@@ -63,6 +65,7 @@ class ReplicaRecord:
     log: IterationLog
     kv: KVCacheManager
     acceptance: Acceptance | None = None  # speculative decoding's draws and counts
+    offload: dict[str, float] | None = None  # the KV cache's CPU tier (`offload_facts`)
 
 
 def _split_name(cfg: ReplicaConfig) -> str:
@@ -208,7 +211,8 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     reacting = scenario.clients is not None or sessions is not None
     cluster.run(requests if reacting else mark_after_horizon(requests, scenario.horizon_s),
                 on_progress, sessions)
-    records = [ReplicaRecord(r.pool, r.log, r.state.kv, r.state.acceptance)
+    records = [ReplicaRecord(r.pool, r.log, r.state.kv, r.state.acceptance,
+                             None if r.copies is None else offload_facts(r.state, r.copies))
                for r in cluster.replicas]
     latency = cluster.replicas[0].latency.describe()
     frames = request_results(scenario, requests, [r.log for r in records])
@@ -360,6 +364,8 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
         summary["prefix_cache"] = prefix_cache_stats(request_cols, [r.kv for r in replicas])
     if acceptances := [r.acceptance for r in replicas if r.acceptance is not None]:
         summary["speculative"] = speculative_stats(acceptances)
+    if facts := [r.offload for r in replicas if r.offload is not None]:
+        summary["kv_offload"] = offload_stats(request_cols, facts)
     summary["run"] = {
         "scenario": scenario.name,
         "seed": scenario.seed,

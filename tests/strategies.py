@@ -7,7 +7,9 @@ from hypothesis import strategies as st
 
 
 @st.composite
-def scenarios(draw):
+def scenarios(draw, offload: bool = False):
+    """A random scenario; `offload`: always vLLM v1 (0.15.1) with prefix caching and a CPU
+    tier for the KV cache (elsewhere the tier is drawn now and then)."""
     block_size = draw(st.sampled_from([1, 4, 16]))
     max_prompt = draw(st.integers(1, 800))
     max_output = draw(st.integers(1, 80))
@@ -15,7 +17,8 @@ def scenarios(draw):
     min_blocks = -(-(max_prompt + max_output) // block_size)
     num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
     reserve = draw(st.sampled_from([None, 0, 8]))
-    policy = draw(st.sampled_from(["chunked_prefill", "prefill_first", "vllm_v1", "sglang"]))
+    policy = "vllm_v1" if offload else draw(
+        st.sampled_from(["chunked_prefill", "prefill_first", "vllm_v1", "sglang"]))
     if policy == "chunked_prefill":
         budget = draw(st.integers(8, 1024))
         max_num_seqs = draw(st.integers(1, min(budget, 64)))
@@ -46,7 +49,7 @@ def scenarios(draw):
         # vLLM's priority policy sometimes: the queue by priority, victims anywhere.
         scheduler["scheduling_policy"] = draw(st.sampled_from(["fcfs", "fcfs", "priority"]))
         # Speculative decoding sometimes, either release, synchronous or not (rule 18).
-        if draw(st.integers(0, 3)) == 0:
+        if not offload and draw(st.integers(0, 3)) == 0:
             method = draw(st.sampled_from(["ngram", "eagle", "draft_model"]))
             k = draw(st.integers(1, 5))
             scheduler.pop("min_chunk_tokens", None)
@@ -109,6 +112,19 @@ def scenarios(draw):
         "paced": draw(st.booleans()),
         "warmup_requests": draw(st.sampled_from([0, 0, 3])),
         "duration_s": draw(st.sampled_from([None, None, 0.3, 2.0]))}]))
+    prefix_caching = offload or draw(st.booleans())
+    # A CPU tier for the KV cache sometimes (vLLM 0.15.1's offloading connector): from a few
+    # blocks to more than the GPU holds, copies slow or fast (the default model's block is
+    # 128 KiB per token slot).
+    cpu_tier = None
+    if offload:
+        scheduler["decode_reserve_tokens"] = 0  # (the tier refuses others)
+    if (scheduler["name"] == "vllm_v1" and prefix_caching and "speculative" not in scheduler
+            and scheduler.get("decode_reserve_tokens") == 0
+            and (offload or draw(st.integers(0, 2)) == 0)):
+        num_cpu_blocks = draw(st.integers(1, 3 * num_blocks))
+        cpu_tier = {"size_gib": num_cpu_blocks * block_size * 2**17 / 2**30,
+                   "host_bandwidth_gb_s": draw(st.sampled_from([0.2, 2.0, 50.0]))}
     return {
         "seed": draw(st.integers(0, 2**16)),
         **({"clients": clients} if clients is not None else {}),
@@ -125,7 +141,8 @@ def scenarios(draw):
                     # (vLLM never allocates its null block: one more for the largest request)
                     "kv_cache": {"block_size": block_size,
                                  "num_blocks": num_blocks + (scheduler["name"] == "vllm_v1")},
-                    "prefix_caching": draw(st.booleans()),
+                    "prefix_caching": prefix_caching,
+                    **({"kv_offload": cpu_tier} if cpu_tier is not None else {}),
                     # No API front end sometimes: an answer then reaches its client at the
                     # finish itself, and a request it sends ties with the replica's next plan.
                     "engine": draw(st.sampled_from(["auto", "none"]))},
@@ -147,10 +164,13 @@ def assert_nothing_lost(data, res):
             + data["workload"].get("timeout_s", 0)).all()
     assert req.loc[~failed, "failed_s"].isna().all()
     assert ((req["status"] == "finished") == (req["reason"] == "")).all()
+    # (A CPU tier may stall the engine, as it stalls vLLM 0.15.1: the queue's head waits for
+    # blocks that loaded requests behind it hold.)
+    stalled = ("engine_stalled",) if "kv_offload" in data.get("replica", {}) else ()
     if data["horizon_s"] is None:  # only a session's turns after one that got no answer, or
         # requests the clients never sent in their duration
         assert req.loc[req["status"] == "unfinished", "reason"].str.startswith(
-            ("abandoned", "after_duration")).all()
+            ("abandoned", "after_duration", *stalled)).all()
     else:
         late = req["arrival_s"] >= data["horizon_s"]
         assert (req.loc[late, "reason"].str.startswith(("after_horizon", "abandoned",
@@ -176,10 +196,12 @@ def assert_nothing_lost(data, res):
 
 
 def without_speculative(replica: dict) -> None:
-    """Take speculative decoding (and the async setting drawn with it) off a replica: refused
-    where it is not modelled yet (disaggregated pools, pipelines)."""
+    """Take speculative decoding (and the async setting drawn with it) and the KV cache's CPU
+    tier off a replica: refused where they are not modelled yet (disaggregated pools,
+    pipelines)."""
     if replica["scheduler"].pop("speculative", None) is not None:
         replica["scheduler"].pop("async_scheduling", None)
+    replica.pop("kv_offload", None)
 
 
 @st.composite

@@ -62,6 +62,10 @@ def list_registered(
                                 ("workload format", FORMATS, WorkloadConfig)]):
         console.print(shown)
     console.print(params_table("clients (closed loop)", parameter_rows(ClientsConfig)))
+    from sim.config.replica import KVOffloadConfig
+
+    console.print(params_table("replica.kv_offload (a CPU tier for the KV cache: vllm_v1 "
+                               "0.15.1 with prefix caching)", parameter_rows(KVOffloadConfig)))
 
 
 def calibration_paragraphs(calibrations: list[Any]) -> list[str]:

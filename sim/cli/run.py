@@ -90,7 +90,7 @@ def show_run(summary: dict[str, Any], out_dir: Path, shown: Console, as_json: bo
     shown.print(overload_line(summary["overload"]))
     if line := rejected_line(summary):
         shown.print(line)
-    for line in (sessions_line(summary), speculative_line(summary)):
+    for line in (sessions_line(summary), speculative_line(summary), offload_line(summary)):
         if line:
             shown.print(line)
     if clients := summary["run"].get("clients"):
@@ -214,6 +214,22 @@ def speculative_line(summary: dict[str, Any]) -> str | None:
             f"{spec['acceptance_rate']:.1f}%, length {spec['acceptance_length']:.2f} tokens "
             f"per step (drawn: {spec['expected_acceptance_length']:.2f}); by position "
             f"{per_pos}")
+
+
+def offload_line(summary: dict[str, Any]) -> str | None:
+    """The KV cache's CPU tier: hits per tier, and the copies' time."""
+    off = summary.get("kv_offload")
+    if not off:
+        return None
+    hits = off["hit_rate_tokens"]
+    if hits["cpu"] is None:
+        return None
+    mean = off["mean_load_s"]
+    return (f"KV CPU tier ({', '.join(f'{n:,}' for n in off['num_cpu_blocks'])} blocks): prompt "
+            f"tokens hit on GPU {100 * hits['gpu']:.1f}%, loaded from CPU {100 * hits['cpu']:.1f}% "
+            f"({off['num_loads']:,} loads" + (f", {1e3 * mean:.3g} ms each" if mean else "")
+            + f"); {off['num_stored_blocks']:,} blocks stored, {off['num_evicted_blocks']:,} "
+            "evicted")
 
 
 def overload_line(verdict: dict[str, Any]) -> str:

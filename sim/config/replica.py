@@ -50,6 +50,22 @@ class KVCacheConfig(Frozen):
         return self
 
 
+class KVOffloadConfig(Frozen):
+    """`kv_offload`: a CPU tier for the KV cache, as vLLM's `--kv-offloading-size` with
+    `--kv-offloading-backend native` (its `OffloadingConnector`, `sim.core.offload`): every
+    full block computed is copied to host memory, and a queued request loads the blocks of
+    its prefix the GPU has evicted instead of computing them."""
+
+    size_gib: float = Field(
+        gt=0, le=2**20, description="host memory for KV blocks (GiB), all the replica's GPUs "
+                                    "together, as vLLM's --kv-offloading-size")
+    host_bandwidth_gb_s: float | None = Field(
+        None, gt=0, le=10_000,
+        description="GB/s one GPU copies KV to or from host memory, each way; None: 80% of "
+                    "its PCIe x16 link (Gen5 64 GB/s raw on H100, H200, B200, RTX PRO 6000, "
+                    "MI300X; Gen4 32 GB/s elsewhere)")
+
+
 class ReplicaConfig(Frozen):
     model: str | Path = Field(
         "llama-3-8b", description="a registered model, or the path of a Hugging Face "
@@ -76,6 +92,9 @@ class ReplicaConfig(Frozen):
         description="context window (prompt plus output) in tokens; None: the model's")
     prefix_caching: bool = Field(
         False, description="share and keep the KV of prefixes named by the requests' hash ids")
+    kv_offload: KVOffloadConfig | None = Field(
+        None, description="a CPU tier for the KV cache (vllm_v1 with prefix caching): "
+                          "{size_gib, host_bandwidth_gb_s}")
     quantization: Literal["none", "fp8"] = Field(
         "none", description="weights of the linear layers, as vLLM's --quantization: none (the "
                             "model's dtype) or fp8 (one byte per weight; fp8 math where the GPU "

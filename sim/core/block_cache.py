@@ -135,7 +135,9 @@ class BlockPrefixCache(KVCacheManager):
     # -- allocation -----------------------------------------------------------------------
 
     def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0,
-                     num_cached_tokens: int = 0) -> bool:
+                     num_cached_tokens: int = 0, *, cache_new: bool = True) -> bool:
+        # (`cache_new` False: blocks for KV a CPU tier loads, cached once it has arrived:
+        # `cache_loaded`; vLLM's `delay_cache_blocks`.)
         rid = req.request_id
         bs = self.block_size
         num_hit = num_cached_tokens // bs
@@ -169,10 +171,20 @@ class BlockPrefixCache(KVCacheManager):
         # decode's blocks are cached when it frees them, as the fast path (which grows a
         # decode's blocks without asking) leaves them: only the request itself, or a later
         # turn naming its answer while it still runs, could hit them before.
-        if num_new_tokens != 1 or not req.is_decoding or not self.cache_at_free:
+        if cache_new and (num_new_tokens != 1 or not req.is_decoding
+                          or not self.cache_at_free):
             self._cache(req, min(computed + num_new_tokens,
                                  req.num_tokens - req.num_placeholders))
         return True
+
+    def chain_hashes(self, req: Request, num_blocks: int) -> list[int]:
+        """The chain hashes of `req`'s first `num_blocks` blocks (a CPU tier keys its blocks
+        by them, as vLLM's offloading connector does by `request.block_hashes`)."""
+        return self._chain(req, num_blocks)[:num_blocks]
+
+    def cache_loaded(self, req: Request, num_tokens: int) -> None:
+        """Cache `req`'s full blocks within its first `num_tokens`, loaded from a CPU tier."""
+        self._cache(req, num_tokens)
 
     def grow_blocks(self, request_id: int, num_blocks: int) -> None:
         assert 0 <= num_blocks <= self.num_free_blocks

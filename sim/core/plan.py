@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sim.core.offload import Transfers
 
 
 @dataclass(slots=True)
@@ -23,6 +27,11 @@ class Plan:
     # ... and each request whose prompt chunk does not finish it (vLLM 0.15.1's padded
     # drafter batch proposes for those too; nothing is sampled, so none can be accepted).
     num_drafts_after_chunk: int = 0
+    # With a CPU tier for the KV cache (vLLM's offloading connector, `sim.core.offload`): the
+    # copies this step starts, and the requests finished since the last plan (the worker
+    # learns of them with this step: `finished_req_ids`).
+    transfers: Transfers | None = None
+    finished_ids: list[int] | None = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:

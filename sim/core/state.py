@@ -10,6 +10,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sim.core.kv_cache import KVCacheManager, cdiv
 from sim.core.plan import Plan
@@ -23,6 +24,9 @@ from sim.core.spec_commit import (
 from sim.core.speculative import Acceptance
 from sim.core.state_check import check_state
 from sim.core.waiting import PriorityWaiting
+
+if TYPE_CHECKING:
+    from sim.core.offload import OffloadState
 
 # A request in a pipelined iteration: it, its tokens there, its preemptions when sent, whether
 # it samples at the end (SAMPLES; PLACEHOLDER: and the token counts as sampled already), and
@@ -78,6 +82,9 @@ class ReplicaState:
         self.on_finish: Callable[[Request], None] | None = None
         # Speculative decoding: how many drafts each verification accepts (None: off).
         self.acceptance: Acceptance | None = None
+        # The KV cache's CPU tier (None: off): requests may wait in the queue holding blocks
+        # while their KV is copied in, and a finished one's blocks may wait for its stores.
+        self.offload: OffloadState | None = None
 
     def num_kv_tokens_needed(self, req: Request) -> int:
         """KV slots `req` needs here at its largest: its prompt on a prefill replica."""
@@ -94,11 +101,15 @@ class ReplicaState:
         self.num_waiting_tokens += req.num_uncomputed_tokens
         self._watch_deadline(req)
 
-    def admit(self, req: Request, num_cached_tokens: int = 0) -> None:
-        """Move the head of the waiting queue to the running list (its blocks are allocated);
-        its first `num_cached_tokens` came from the prefix cache and count as computed."""
-        assert self.waiting[0] is req
-        self.waiting.popleft()
+    def admit(self, req: Request, num_cached_tokens: int = 0, index: int = 0) -> None:
+        """Move the head of the waiting queue (or its `index`-th request, those before it
+        waiting for KV from the CPU tier) to the running list (its blocks are allocated); its
+        first `num_cached_tokens` came from the prefix cache and count as computed."""
+        assert self.waiting[index] is req
+        if index:
+            self.waiting.remove(req)
+        else:
+            self.waiting.popleft()
         self.num_waiting_tokens -= req.num_uncomputed_tokens
         if num_cached_tokens:
             req.num_computed_tokens += num_cached_tokens
@@ -329,7 +340,17 @@ class ReplicaState:
         self.waiting.remove(req)
         self.num_waiting_tokens -= req.num_uncomputed_tokens
         req.close_token_run()
+        if self.offload is not None:  # (it holds no KV; the connector is told)
+            self.offload.finished(self, req)
         self._settle(req, end_s)
+
+    def _free_finished(self, req: Request) -> None:
+        """`req` finished or was aborted: free its KV blocks (with a CPU tier, perhaps once
+        its stores are done)."""
+        if self.offload is None:
+            self.kv.free(req)
+        else:
+            self.offload.finished(self, req)
 
     def cancel(self, in_flight: list[InFlight]) -> None:
         """Pipelined replica: an iteration `start` sent off never ends (the run stopped at its
@@ -364,7 +385,7 @@ class ReplicaState:
 
     def finish(self, req: Request, end_s: float) -> None:
         self._stop_running(req)
-        self.kv.free(req)
+        self._free_finished(req)
         req.close_token_run()
         self._settle(req, end_s)
 
@@ -395,10 +416,12 @@ class ReplicaState:
             if req.status is Status.WAITING:
                 self.waiting.remove(req)
                 self.num_waiting_tokens -= req.num_uncomputed_tokens
+                if self.offload is not None:  # (queued, it holds KV only if loading it)
+                    self.offload.finished(self, req)
                 where = "queued"
             elif req.status is Status.RUNNING:
                 self._stop_running(req)
-                self.kv.free(req)
+                self._free_finished(req)
                 # Tokens in iterations still in flight never reach the client.
                 req.num_output_tokens -= req.num_placeholders
                 req.num_placeholders = 0

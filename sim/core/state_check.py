@@ -18,8 +18,14 @@ def check_state(state: ReplicaState) -> None:
     running_ids = {r.request_id for r in state.running}
     assert len(running_ids) == len(state.running)
     assert not running_ids.intersection(r.request_id for r in state.waiting)
-    for req in state.waiting:
-        assert state.kv.num_held_blocks(req.request_id) == 0
+    offload = state.offload
+    for req in state.waiting:  # (with a CPU tier: unless its KV is being, or was, loaded)
+        assert state.kv.num_held_blocks(req.request_id) == 0 or (
+            offload is not None and (req.request_id in offload.loading
+                                     or req.num_computed_tokens > 0))
+    if offload is not None:
+        offload.tier.check()
+        assert offload.loaded <= set(offload.loading)
     assert state.num_waiting_tokens == sum(r.num_uncomputed_tokens for r in state.waiting)
     assert state.num_running_tokens == sum(r.num_tokens for r in state.running)
     assert state.num_running_max_blocks == sum(state.max_blocks(r) for r in state.running)

@@ -22,6 +22,7 @@ from sim.core.state import ReplicaState
 from sim.engine.clients import Dispatcher
 from sim.engine.clock import ANSWERED, NORMAL, At, Environment, Progress, simulate
 from sim.engine.disaggregation import Disaggregation
+from sim.engine.offload import attach_cpu_tier
 from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Replica
 from sim.hardware.models import ModelShape
@@ -115,12 +116,14 @@ class Cluster:
                                       cfg.parallelism.stage_layers(model.num_layers)],
                      "num_in_flight": num_in_flight, "placeholders": ahead,
                      "stale_delivered": ahead and scheduler.delivers_stale_tokens}
+        copies = attach_cpu_tier(cfg, state, scheduler, pool, field, str(self.source))
         replica = kind(self.env, len(self.replicas), scheduler, latency, state,
                        horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
                        quiet_until=self._next_arrival if pool == "colocated" else None,
                        where=(self.source, f"{field}.latency",
                               str(getattr(cfg.latency, "path", "")) or cfg.latency.kind),
                        noise=self._noise(cfg, latency, len(self.replicas), field), **extra)
+        replica.copies = copies
         self.replicas.append(replica)
         self.frontend_s.append(cfg.frontend_latency_s)
         return replica

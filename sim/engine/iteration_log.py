@@ -38,6 +38,10 @@ class IterationLog:
         # The last iteration in which any request decoded (-1: none yet): a request's run of
         # token iterations goes on through the iterations after it (`Request.record_token`).
         self.last_decode_iteration = -1
+        # Iterations whose results the engine took after their end (with a CPU tier, a
+        # launch can block it: `sim.engine.pipeline`): iteration -> when; their tokens reach
+        # the client then.
+        self.taken_s: dict[int, float] = {}
 
     def __len__(self) -> int:
         return len(self.columns["start_s"])
@@ -115,6 +119,16 @@ class IterationLog:
         """End time of every iteration (start plus duration, as the engine computed it)."""
         return np.frombuffer(self.columns["start_s"], dtype=np.float64) + np.frombuffer(
             self.columns["duration_s"], dtype=np.float64)
+
+    def output_s(self) -> np.ndarray:
+        """When each iteration's tokens leave the engine: its end, or later where the engine
+        took its result later (`taken_s`)."""
+        ends = self.end_s()
+        if self.taken_s:
+            ends = ends.copy()
+            for i, t in self.taken_s.items():
+                ends[i] = t
+        return ends
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {name: np.frombuffer(col, dtype=np.float64 if col.typecode == "d" else np.int64)

@@ -25,13 +25,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Generator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import simpy
 
 from sim.core.plan import Plan
 from sim.engine.clock import At
-from sim.engine.replica import Iteration, Replica
+from sim.engine.replica import Iteration, Replica, idle_step
+from sim.latency.base import BatchShape
 
 if TYPE_CHECKING:
     from sim.engine.fastpath.stretch import Stretch
@@ -66,6 +67,11 @@ class PipelinedReplica(Replica):
         self._batches: deque[Iteration] = deque()
         self._stage_free_s = [-math.inf] * self.num_stages
         self._preempted: list[int] = []  # by plans that scheduled nothing
+        # With a CPU tier: an empty step at the head of the queue waits for a planning turn;
+        # and when the last launch ended (it may block, waiting for a preempted request's
+        # stores: nothing is scheduled or taken before).
+        self._hold = False
+        self._host_s = -math.inf
 
     def sync(self, *, before_s: float | None = None) -> None:
         """Complete the iterations that have left the last stage by now (or strictly before
@@ -97,10 +103,31 @@ class PipelinedReplica(Replica):
         the work to wait for is the oldest in flight (None: none)."""
         state, batches = self.state, self._batches
         plan = None
-        while len(batches) < self.pipeline_depth and (state.running or state.waiting):
-            plan = self.scheduler.schedule(state, now_s)
+        offloading = self.copies is not None
+        self._hold = False  # a planning turn: an empty step at the head may be taken now
+        while len(batches) < self.pipeline_depth and (
+                state.running or state.waiting or offloading):
+            now_s = max(now_s, self._host_s)
+            plan = self.poll_plan(now_s) if offloading else self.scheduler.schedule(state, now_s)
+            if plan is None:
+                break
             if not plan:
                 self._preempted += plan.preempted_ids  # logged with the next plan
+                if offloading:
+                    # With a CPU tier a step with nothing to run still launches and polls,
+                    # and joins the batch queue (vLLM's `step_with_batch_queue`), its report
+                    # applied when it is the oldest; unless it changes nothing (`idle_step`):
+                    # then the engine blocks on the oldest in flight, or, with none, waits
+                    # for a copy to end or work to arrive.
+                    launch_s, report = self._launch(plan, now_s)
+                    assert self.copies is not None
+                    self.copies.computed_by(launch_s)
+                    self._host_s = launch_s
+                    if report or not idle_step(plan):
+                        batches.append(Iteration(plan, cast(BatchShape, None), launch_s, 0.0,
+                                                 launch_s, 0, 0, [], report))
+                    elif not batches:
+                        return plan, None
                 break
             if self._preempted:
                 plan.preempted_ids[:0] = self._preempted
@@ -113,8 +140,15 @@ class PipelinedReplica(Replica):
         new requests only between steps. Nothing outside this replica can look at it or change
         it before `quiet_until()`: a result due before then is taken at once, with no event
         (run-ahead, as `FastReplica` commits its iterations)."""
-        end_s = work.end_s
-        assert isinstance(end_s, float)
+        assert isinstance(work, Iteration)
+        # (With a CPU tier a launch may have blocked the engine past the result's end: it is
+        # taken once the engine is free.)
+        end_s = max(work.end_s, self._host_s)
+        if not work.plan:  # an empty step (a CPU tier's poll), ended when launched
+            if end_s > self.env.now and not (self.fast_forward and end_s < self.quiet_until()):
+                yield At(self.env, end_s, self.turn)  # (its launch blocked until then)
+            self._complete_batches(end_s, inclusive=True)
+            return max(end_s, self.env.now)
         if self.fast_forward and end_s < self.quiet_until():
             self._complete_batches(end_s, inclusive=True)
             return end_s
@@ -124,7 +158,12 @@ class PipelinedReplica(Replica):
     def _send(self, plan: Plan, now_s: float) -> Iteration:
         """`plan` sent down the pipeline now: it enters each stage once it has left the one
         before and the iteration ahead has left this one."""
+        report = None
+        if self.copies is not None:
+            now_s, report = self._launch(plan, now_s)
+            self._host_s = now_s
         it = self._plan_iteration(plan, now_s, len(self._batches))
+        it.report = report
         free, shares = self._stage_free_s, self._stage_shares
         stages_s = ([it.duration_s / self.num_stages] * self.num_stages
                     if shares is None else [it.duration_s * share for share in shares])
@@ -135,17 +174,42 @@ class PipelinedReplica(Replica):
         it.start_s, it.duration_s = start_s, end_s - start_s
         it.end_s = start_s + it.duration_s  # as the log will compute it
         it.in_flight = self.state.start(plan, start_s, placeholders=self.placeholders)
+        if self.copies is not None:
+            self.copies.computed_by(it.end_s)
         return it
 
     def _complete_batches(self, now_s: float, *, inclusive: bool) -> None:
         """Log and apply the iterations that have left the last stage by `now_s`."""
         batches = self._batches
         while batches and (batches[0].end_s < now_s or (inclusive and batches[0].end_s == now_s)):
+            if self._hold and not batches[0].plan:
+                break  # an empty step is taken after the next planning turn (`_next_work`)
             it = batches.popleft()
+            if batches and not batches[0].plan:
+                # vLLM takes one result per engine step: an empty step next in the queue is
+                # taken after the engine has scheduled again.
+                self._hold = True
+                batches[0].end_s = max(batches[0].end_s, it.end_s)
+            if not it.plan:
+                if it.report:
+                    state = self.state
+                    assert state.offload is not None
+                    state.offload.apply(state, it.report.finished_sending,
+                                        it.report.finished_recving)
+                continue
             iteration = self._log(it)
             assert it.in_flight is not None
-            done, sampled = self.state.complete(it.in_flight, it.end_s,
-                                                stale_delivered=self.stale_delivered)
+            state = self.state
+            # (Taken after its end where a launch blocked the engine past it: a CPU tier.)
+            taken_s = it.end_s if it.end_s >= self._host_s else self._host_s
+            if taken_s != it.end_s:
+                self.log.taken_s[iteration] = taken_s
+            done, sampled = state.complete(it.in_flight, taken_s,
+                                           stale_delivered=self.stale_delivered)
+            if it.report:
+                assert state.offload is not None
+                state.offload.apply(state, it.report.finished_sending,
+                                    it.report.finished_recving)
             self.log.add_sampled(iteration, sampled)
             self.scheduler.iteration_ended(it.plan)
             self._left_running(done)

@@ -35,6 +35,7 @@ from sim.workloads.base import MAX_SPAN_S
 
 if TYPE_CHECKING:
     from sim.engine.fastpath.stretch import Stretch
+    from sim.engine.offload import HostCopies, Report
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs 3x, on a hot path
 class Iteration:
@@ -49,6 +50,8 @@ class Iteration:
     num_waiting: int
     # Pipelined replica (`sim.engine.pipeline`): the requests sent down the pipeline.
     in_flight: list[InFlight] | None = None
+    # With a CPU tier: the copies its launch found done, applied with its output.
+    report: Report | None = None
 
 
 class Replica:
@@ -78,6 +81,11 @@ class Replica:
         self.fast_forward = fast_forward
         self.pool = pool
         self.on_handoff: Hook | None = None
+        # The copies to and from the KV cache's CPU tier (`state.offload`), timed.
+        self.copies: HostCopies | None = None
+        self.stalled: str | None = None  # why it stopped for good (`_stall`), if it did
+        # An empty step's launch that blocked until then, and its poll's report.
+        self._blocked: tuple[float, Report] | None = None
         self.overlaps_host = False  # host work beside the GPU's (`PipelinedReplica`)
         self.inbox: DecodeInbox | None = None
         # The earliest time anything outside this replica may read or change it, asked when it
@@ -112,6 +120,8 @@ class Replica:
             self.state.requests[req.request_id] = req
             return
         self.state.add(req)
+        if self.stalled is not None:  # (it will never run)
+            req.reason = self.stalled
         self.wake()
 
     def wake(self) -> None:
@@ -196,8 +206,58 @@ class Replica:
         """Schedule at `now_s` (None with nothing queued) and predict: the plan, and the work to
         run (None where the plan is empty)."""
         state = self.state
+        if self.copies is not None:
+            return self._next_work_offloading(now_s)
         plan = self.scheduler.schedule(state, now_s) if state.running or state.waiting else None
         return plan, self._plan_iteration(plan, now_s) if plan else None
+
+    def _next_work_offloading(self, now_s: float) -> tuple[Plan | None, Iteration | None]:
+        """`_next_work` with a CPU tier: each plan is launched with its copies (later, if
+        a preempted request's stores must end first); a plan with nothing to run still
+        launches and polls, its report applied at once, and is planned again while that
+        changes something."""
+        state = self.state
+        while True:
+            plan = self.poll_plan(now_s)
+            if plan is None:
+                return None, None
+            launch_s, report = self._launch(plan, now_s)
+            if plan:
+                it = self._plan_iteration(plan, launch_s)
+                it.report = report
+                assert self.copies is not None
+                self.copies.computed_by(it.end_s)
+                return plan, it
+            if launch_s > now_s:
+                # The launch waited for a preempted request's stores (the engine's host
+                # blocked): the report is applied, and the next plan made, from then.
+                self._blocked = (launch_s, report)
+                return plan, None
+            if report:
+                assert state.offload is not None
+                state.offload.apply(state, report.finished_sending, report.finished_recving)
+            elif idle_step(plan):
+                return plan, None  # nothing changes until a copy ends or work arrives
+
+    def poll_plan(self, now_s: float) -> Plan | None:
+        """With a CPU tier: the next plan, or an empty one where only requests finished since
+        the last need reporting to the worker (vLLM steps while it has them); None: idle."""
+        state = self.state
+        if state.running or state.waiting:
+            return self.scheduler.schedule(state, now_s)
+        offload = state.offload
+        if offload is not None and offload.finished_ids:
+            plan = Plan()
+            offload.build(state, plan, 0)
+            return plan
+        return None
+
+    def _launch(self, plan: Plan, now_s: float) -> tuple[float, Report]:
+        """Launch `plan`'s step at `now_s` with its copies: when it launches, and what the
+        worker's poll right after finds done."""
+        assert self.copies is not None and plan.transfers is not None
+        return self.copies.launch(plan.transfers, plan.preempted_ids, plan.finished_ids or [],
+                                  now_s)
 
     def _wait(self, work: Iteration | Stretch) -> Generator[simpy.Event, Any, float]:
         """Wait for `work` to end; return the replica's clock then."""
@@ -220,8 +280,21 @@ class Replica:
         fills it; wait until a request arrives or a transfer completes. An empty plan with
         requests running and nothing transferring can never change: an error."""
         state = self.state
+        if self._blocked is not None:
+            until_s, report = self._blocked
+            self._blocked = None
+            yield At(self.env, until_s, self.turn)
+            assert state.offload is not None
+            state.offload.apply(state, report.finished_sending, report.finished_recving)
+            return
+        if self.copies is not None and self.copies.busy and plan is not None:
+            # Copies to or from the CPU tier hold what the queue needs: poll when the next ends.
+            yield from self._wait_copies(now_s)
+            return
         if plan is not None and (state.running or not (
                 state.num_transferring or state.incoming)):
+            if state.offload is not None:
+                yield from self._stall()
             raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")
         if now_s > self.env.now:
             # Catching up to the replica's clock, run ahead: work may arrive at that very
@@ -231,6 +304,39 @@ class Replica:
             if self._woken:
                 return
         yield from self._wait_for_work()
+
+    def _stall(self) -> Generator[simpy.Event, Any, None]:
+        """Nothing can run and nothing will change: queued requests hold KV loaded from the
+        CPU tier that the queue's head needs (vLLM waits for ever here: its head blocks the
+        queue). The replica stops; its requests stay unfinished, saying why."""
+        state = self.state
+        kv = state.kv
+        held = sum(kv.num_held_blocks(r.request_id) for r in state.waiting)
+        reason = (f"engine_stalled: the queue's head cannot get its KV blocks "
+                  f"({kv.num_free_blocks:,} free of {kv.num_blocks:,}) while queued requests "
+                  f"behind it hold {held:,} with KV loaded from the CPU tier; vLLM 0.15.1 "
+                  "waits for ever there")
+        self.stalled = reason
+        for req in [*state.waiting, *state.running]:
+            req.reason = reason
+        yield self.env.event()  # never triggered
+
+    def _wait_copies(self, now_s: float) -> Generator[simpy.Event, Any, None]:
+        """Wait until the next copy to or from the CPU tier ends, or work arrives."""
+        assert self.copies is not None
+        done_s = max(self.copies.next_done_s(), now_s)
+        poke = self._poke = self.env.event()
+        timer = At(self.env, done_s, self.turn)
+
+        def on_done(_: Any) -> None:
+            if not poke.triggered:
+                poke.succeed()
+
+        timer.callbacks.append(on_done)
+        yield poke
+        self._poke = None
+        if self.env.now < done_s or not self.env.reached(self.turn):
+            yield At(self.env, self.env.now, self.turn)  # plan after all else at this instant
 
     def _wait_for_work(self) -> Generator[simpy.Event, Any, None]:
         self._poke = self.env.event()
@@ -260,7 +366,11 @@ class Replica:
     def _commit(self, it: Iteration) -> None:
         since = self.log.last_decode_iteration  # before this one is logged
         iteration = self._log(it)
-        self._left_running(self.state.commit(it.plan, iteration, it.start_s, it.end_s, since))
+        state = self.state
+        self._left_running(state.commit(it.plan, iteration, it.start_s, it.end_s, since))
+        if it.report:
+            assert state.offload is not None
+            state.offload.apply(state, it.report.finished_sending, it.report.finished_recving)
         self.scheduler.iteration_ended(it.plan)
 
     def _log(self, it: Iteration) -> int:
@@ -304,6 +414,14 @@ class Replica:
                        f"an iteration of {value:.3g} s starting at t={starts[i]:.6g} s does not "
                        "move the clock (float64 resolution): the run spans too long")
             raise InputError(*self.where, problem)
+
+
+def idle_step(plan: Plan) -> bool:
+    """Whether a plan that runs nothing and whose poll found nothing changes nothing: it
+    started no load and told the worker of no finished request (vLLM's engine steps on,
+    empty, until a copy ends or a request arrives)."""
+    assert plan.transfers is not None
+    return not (plan.transfers.loads or plan.finished_ids or plan.preempted_ids)
 
 
 def _never() -> float:

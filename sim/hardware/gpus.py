@@ -58,6 +58,20 @@ PCIE4_X16_BYTES_S = 32e9
 PCIE5_X16_BYTES_S = 64e9
 
 
+# The host link (PCIe x16) of each registered GPU, raw, one direction: Gen5 on Hopper,
+# Blackwell, RTX PRO 6000 and MI300X, Gen4 on the rest (datasheets). KV copies to and from host
+# memory (a CPU tier) use it; `host_link_bytes_s` gives the default.
+_PCIE5_PARTS = frozenset({"h100-sxm", "h200", "b200", "rtxpro6000", "mi300x"})
+HOST_LINK_EFFICIENCY = 0.8  # large pinned DMA copies reach about this share (an assumption)
+
+
+def host_link_bytes_s(name: str) -> float:
+    """Bytes/s one GPU's KV copies to or from host memory reach (each way), by default: its
+    PCIe link's raw rate times `HOST_LINK_EFFICIENCY`."""
+    raw = PCIE5_X16_BYTES_S if name in _PCIE5_PARTS else PCIE4_X16_BYTES_S
+    return raw * HOST_LINK_EFFICIENCY
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     name: str

@@ -123,8 +123,9 @@ def _with_sampled(requests: Sequence[Request], logs: Sequence[IterationLog],
 
 
 def end_times(logs: Sequence[IterationLog]) -> np.ndarray:
-    """Every iteration's end time, the replica logs laid end to end."""
-    return np.concatenate([log.end_s() for log in logs]) if logs else np.zeros(0)
+    """When every iteration's tokens leave the engine (its end, unless the engine took its
+    result later: `IterationLog.output_s`), the replica logs laid end to end."""
+    return np.concatenate([log.output_s() for log in logs]) if logs else np.zeros(0)
 
 
 def token_times(requests: Sequence[Request], logs: Sequence[IterationLog],

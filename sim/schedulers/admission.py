@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sim.core.block_cache import BlockPrefixCache
 from sim.core.kv_cache import cdiv
+from sim.core.offload import OffloadState
 from sim.core.plan import Plan
 from sim.core.request import Request
 from sim.core.state import ReplicaState
@@ -76,14 +78,29 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
     # Summed over the running requests only when one may be admitted (under overload the batch
     # is mostly full): nothing changes it before the first admission.
     reserved: int | None = None
-    while (state.waiting and (budget is None or budget > 0)
+    offload = state.offload
+    index = 0  # requests before it wait for KV from the CPU tier (skipped, in their place)
+    while (len(state.waiting) > index and (budget is None or budget > 0)
            and len(state.running) + len(state.incoming) < max_num_seqs):
-        req = state.waiting[0]
-        # (A waiting request with computed tokens would have them from elsewhere: vLLM's KV
-        # loaded by a connector.)
+        req = state.waiting[index]
+        # (A waiting request with computed tokens has them from the CPU tier.)
         num_cached = kv.prefix_hit_tokens(req) if req.num_computed_tokens == 0 else 0
         if num_hit_blocks_dropped and num_cached:
             num_cached = max(0, num_cached - num_hit_blocks_dropped * kv.block_size)
+        if offload is not None:
+            num_external = offload_lookup(state, offload, req, num_cached)
+            if num_external is None:
+                index += 1  # loading (or to wait for blocks another request loads)
+                continue
+            if num_external:  # blocks for hit and load now, no tokens until it is loaded
+                if reserved is None:
+                    reserved = reserved_blocks(state, reserve_tokens)
+                extra = 0 if extra_blocks is None else extra_blocks(req, num_cached, 0)
+                if not start_load(state, offload, req, num_cached, num_external,
+                                  reserved + extra):
+                    break
+                index += 1
+                continue
         num_new = req.num_uncomputed_tokens - num_cached
         assert num_new > 0, "a prefix hit must leave the last token to compute"
         num_tokens = chunk(req, num_new, budget)
@@ -94,7 +111,7 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
         extra = 0 if extra_blocks is None else extra_blocks(req, num_cached, num_tokens)
         ahead = 0 if lookahead is None else lookahead(req, num_cached, num_tokens)
         own_reserve = try_admit(state, req, num_tokens, reserve_tokens, reserved,
-                                num_cached, ahead, extra)
+                                num_cached, ahead, extra, index)
         if own_reserve is None:
             break
         reserved += own_reserve
@@ -107,6 +124,7 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
 def try_admit(
     state: ReplicaState, req: Request, num_tokens: int, reserve_tokens: int | None, reserved: int,
     num_cached_tokens: int = 0, num_lookahead_tokens: int = 0, num_extra_blocks: int = 0,
+    index: int = 0,
 ) -> int | None:
     """Admit the head of the queue for a first chunk of `num_tokens` if it fits beside `reserved`
     blocks and its own future tokens (the Mini-SGLang admission rule). `num_cached_tokens` (at
@@ -114,7 +132,8 @@ def try_admit(
     follows them, and they count as computed. `num_lookahead_tokens` more KV slots are
     allocated past the chunk (speculative decoding's drafter writes there). `num_extra_blocks`
     more must be free beside the chunk (vLLM's full-prompt check), counting those it reserves
-    for its own future (the same blocks: the larger of the two is needed).
+    for its own future (the same blocks: the larger of the two is needed). `index`: where it
+    is in the queue (those before it wait for KV from the CPU tier).
 
     Returns the blocks it keeps in reserve for its own future (add them to `reserved` before the
     next admission), or None if it was not admitted."""
@@ -127,5 +146,65 @@ def try_admit(
     if not kv.try_allocate(req, num_tokens + num_lookahead_tokens,
                            reserved + max(own_future, num_extra_blocks), num_cached_tokens):
         return None
-    state.admit(req, num_cached_tokens)
+    state.admit(req, num_cached_tokens, index)
     return own_future
+
+
+def offload_lookup(state: ReplicaState, offload: OffloadState, req: Request,
+                   num_cached: int) -> int | None:
+    """With a CPU tier, for a queued request after its GPU prefix hit of `num_cached`
+    tokens: the tokens it would load from the tier (0: none, it is admitted as usual), or None
+    to skip it this time (its KV is still on its way, or blocks it would load are being loaded
+    for another request). One whose load was reported done takes its loaded tokens as computed
+    now and is admitted as usual (0)."""
+    rid = req.request_id
+    if rid in offload.loading:
+        if rid not in offload.loaded:
+            return None
+        finish_load(state, offload, req)
+        return 0
+    if req.num_computed_tokens:
+        return 0
+    kv = state.kv
+    assert isinstance(kv, BlockPrefixCache)
+    block_size = kv.block_size
+    return offload.tier.lookup(kv.chain_hashes(req, req.num_tokens // block_size), num_cached,
+                               block_size)
+
+
+def start_load(state: ReplicaState, offload: OffloadState, req: Request, num_cached: int,
+               num_external: int, num_reserved_blocks: int) -> bool:
+    """Allocate `req`'s blocks for its GPU hit of `num_cached` tokens and the `num_external`
+    it loads (cached once loaded), and start the load; False if they do not fit. It stays in
+    the queue, skipped until the load is reported done."""
+    kv = state.kv
+    assert isinstance(kv, BlockPrefixCache)
+    if not kv.try_allocate(req, num_external, num_reserved_blocks, num_cached, cache_new=False):
+        return False
+    block_size = kv.block_size
+    start, end = num_cached // block_size, (num_cached + num_external) // block_size
+    hashes = kv.chain_hashes(req, end)[start:end]
+    rid = req.request_id
+    offload.loading[rid] = req
+    offload.loads.append((rid, offload.tier.start_load(rid, hashes)))
+    offload.tier.set_next_stored(rid, end)
+    offload.tier.counters.num_hit_tokens += num_external
+    return True
+
+
+def finish_load(state: ReplicaState, offload: OffloadState, req: Request) -> None:
+    """`req`'s KV has arrived: its blocks' tokens count as computed (all but the last token
+    if they cover it), and are cached (`_update_waiting_for_remote_kv`)."""
+    kv = state.kv
+    assert isinstance(kv, BlockPrefixCache)
+    rid = req.request_id
+    del offload.loading[rid]
+    offload.loaded.discard(rid)
+    num_computed = min(kv.num_held_blocks(rid) * kv.block_size, req.num_tokens)
+    if num_computed == req.num_tokens:
+        num_computed -= 1
+    kv.cache_loaded(req, num_computed)
+    req.num_computed_tokens = num_computed
+    state.num_waiting_tokens -= num_computed
+    if not req.num_preemptions:  # vLLM reports the hit of the first admission: both tiers'
+        req.num_cached_tokens = num_computed

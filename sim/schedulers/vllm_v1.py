@@ -119,11 +119,21 @@ scheduler code):
    prompt's unfinished chunk too (`update_draft_token_ids` has no prefill check): its last
    chunk then carries k drafts, which cannot be accepted (nothing was sampled to draft
    from).
+19. A CPU tier for the KV cache (`replica.kv_offload`, vLLM's `--kv-offloading-size` with
+   the native `OffloadingConnector`; its rules in `sim.core.offload`, its copies timed by
+   `sim.engine.offload`). In the queue pass a request with nothing computed asks the tier
+   after its GPU prefix hit; with a hit it gets blocks for both, is given no tokens and waits
+   in the queue, skipped in its place (`WAITING_FOR_REMOTE_KVS`), until the copy is reported
+   done; the pass that reaches it then takes the loaded tokens as computed and admits it as
+   usual. At the end of each plan the full blocks its requests complete are stored
+   (`build_connector_meta`); a finished request that stored keeps its blocks until its
+   copies are done (`request_finished` delays the free).
 
 Not modelled: speculative decoding on a pipeline or a disaggregated pool, n-gram proposals
 that find no match (every step proposes k), a dynamic number of drafts, multi-module MTP's
 prefill lookahead, 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs,
-KV connectors, structured output, LoRA limits, Mamba or deterministic-caching chunk alignment,
+KV connectors other than the CPU tier, structured output, LoRA limits, Mamba or
+deterministic-caching chunk alignment,
 the running pass's max_model_len cap without speculative decoding (a request it would cut is
 rejected on arrival; with drafts it is applied, rule 18), 0.33.0's skip of
 a waiting request whose stale output is still in flight (it drains before the next plan in
@@ -219,10 +229,13 @@ class VllmV1(Scheduler):
         # oldest first, and so does the engine here). Each such step preempts one more.
         preempted = plan.preempted_ids
         while not plan and preempted and not any_in_flight(state):
-            earlier = plan.preempted_ids
+            earlier = plan
             plan = self._step(state)
             preempted = list(plan.preempted_ids)
-            plan.preempted_ids[:0] = earlier
+            plan.preempted_ids[:0] = earlier.preempted_ids
+            if earlier.finished_ids:  # (their poll comes with this step's, at this instant)
+                assert plan.finished_ids is not None
+                plan.finished_ids[:0] = earlier.finished_ids
         # Else only requests in flight on a pipeline may be left running, with nothing to do.
         assert plan or not (plan.preempted_ids and state.running) or any_in_flight(state)
         return plan
@@ -238,8 +251,11 @@ class VllmV1(Scheduler):
         self._drafts_needed = spec is None or not spec.can_skip_drafts
         self._prefill_scheduled = False
         budget = self._schedule_running(state, plan, self.config.max_num_batched_tokens)
+        num_running = len(plan.num_scheduled_tokens)
         if not plan.preempted_ids:
             self._schedule_waiting(state, plan, budget)
+        if state.offload is not None:  # rule 19
+            state.offload.build(state, plan, num_running)
         if spec is not None and self._drafts_needed:
             plan.num_drafts_proposed = spec.num_speculative_tokens
             if spec.drafts_after_chunk:

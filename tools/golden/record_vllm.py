@@ -64,7 +64,12 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
     from vllm.v1.core.kv_cache_utils import init_none_hash
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+    )
     from vllm.v1.structured_output import StructuredOutputManager
 
     s = workload["settings"]
@@ -80,14 +85,30 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
                                seed=0, max_model_len=workload["max_model_len"])
     cache_config = CacheConfig(block_size=block_size,
                                enable_prefix_caching=s["enable_prefix_caching"])
+    attention = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
+                                  dtype=torch.float32)
+    offload = s.get("kv_offload")
+    kv_transfer_config = None
+    if offload:
+        from vllm.config import KVTransferConfig
+
+        # The native CPU offloading, as `--kv-offloading-size` sets it: the connector's blocks
+        # are the bytes given over a block's page (one layer, one GPU: `CPUOffloadingSpec`).
+        kv_transfer_config = KVTransferConfig(
+            kv_connector="OffloadingConnector", kv_role="kv_both",
+            kv_connector_extra_config={
+                "cpu_bytes_to_use": offload["num_cpu_blocks"] * attention.page_size_bytes})
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, device_config=DeviceConfig("cpu"),
-                             speculative_config=speculative_config(workload, model_config))
+                             speculative_config=speculative_config(workload, model_config),
+                             kv_transfer_config=kv_transfer_config)
     num_blocks = workload["num_gpu_blocks"]
     kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
-            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+        num_blocks=num_blocks,
+        # (0.15.1's `CPUOffloadingSpec` counts the tensors: one, the one layer's.)
+        kv_cache_tensors=[KVCacheTensor(size=attention.page_size_bytes * num_blocks,
+                                        shared_by=["layer"])] if offload else [],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], attention)])
     cache_config.num_gpu_blocks = num_blocks
     if s["enable_prefix_caching"]:
         init_none_hash(get_hash_fn_by_name(cache_config.prefix_caching_hash_algo))
@@ -120,6 +141,90 @@ def speculative_config(workload: Workload, model_config: Any) -> Any:
     return SpeculativeConfig(method=method, model=draft_dir, **common)
 
 
+class Copies:
+    """The copy engine under vLLM's own offloading worker (`OffloadingConnectorWorker`, its
+    bookkeeping unchanged), on the virtual clock: one queue per direction, in submission
+    order; a copy of n blocks takes n times `s_per_block`; a store starts once the GPU has
+    computed the step that planned it (`after_s`). `now_s` is the engine's clock when the
+    worker acts (its launch of a step); `wait` blocks it until the copies named end."""
+
+    def __init__(self, s_per_block: float) -> None:
+        self.s_per_block = s_per_block
+        self.now_s = 0.0
+        self.after_s = -float("inf")
+        self.free_s = {"load": -float("inf"), "store": -float("inf")}
+        self.jobs: dict[int, float] = {}  # job id -> when it ends
+
+    def transfer_async(self, job_id: int, spec: Any) -> bool:
+        src, dst = spec
+        store = type(src).__name__.startswith("GPU")
+        kind = "store" if store else "load"
+        num_blocks = len((src if store else dst).block_ids)
+        start_s = max(self.now_s, self.free_s[kind], self.after_s if store else self.now_s)
+        done_s = start_s + num_blocks * self.s_per_block
+        self.free_s[kind] = done_s
+        self.jobs[job_id] = done_s
+        return True
+
+    def get_finished(self) -> list[tuple[int, bool]]:
+        done = [j for j, t in self.jobs.items() if t <= self.now_s]
+        for j in done:
+            del self.jobs[j]
+        return [(j, True) for j in done]
+
+    def wait(self, job_ids: set[int]) -> None:
+        ends = [self.jobs[j] for j in job_ids if j in self.jobs]
+        if ends:
+            self.now_s = max(self.now_s, max(ends))
+
+    def next_done_s(self) -> float:
+        return min(self.jobs.values(), default=float("inf"))
+
+
+def worker_connector(sched: Any, s_per_block: float) -> tuple[Any, Copies]:
+    """vLLM's offloading connector in its worker role, its copy engine `Copies` (the CUDA
+    copies are the only part replaced: `register_kv_caches` would need a GPU)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
+        OffloadingConnector,
+    )
+
+    conn = OffloadingConnector(sched.vllm_config, KVConnectorRole.WORKER,
+                               sched.kv_cache_config)
+    copies = Copies(s_per_block)
+    conn.connector_worker.worker = copies
+    return conn, copies
+
+
+def worker_step(conn: Any, out: Any) -> Any:
+    """One `execute_model`'s connector calls, in 0.15.1's model runner order: with
+    preemptions `handle_preemptions` (which may block), `start_load_kv` (deferred stores,
+    then loads), `wait_for_save` (only with a forward), `get_finished`."""
+    from vllm.v1.outputs import KVConnectorOutput
+
+    if out.preempted_req_ids:
+        conn.handle_preemptions(out.preempted_req_ids)
+    conn.bind_connector_metadata(out.kv_connector_metadata)
+    conn.start_load_kv(None)
+    if out.total_num_scheduled_tokens:
+        conn.wait_for_save()  # (`kv_connector_no_forward` passes wait_for_save=False)
+    sending, recving = conn.get_finished(out.finished_req_ids)
+    conn.clear_connector_metadata()
+    # The scheduler frees finished requests' blocks in the order it iterates these (a set of
+    # strings: an order that changes with Python's hash seed): in request id order here, as
+    # servesim frees them (`OffloadState.apply`).
+    return KVConnectorOutput(finished_sending=sorted(sending, key=int) or None,
+                             finished_recving=sorted(recving, key=int) or None)
+
+
+def idle_step(out: Any, kv_output: Any) -> bool:
+    """Whether a step with nothing scheduled changes nothing: it started no load, told the
+    worker of no finished request, and its poll found no copy done."""
+    meta = out.kv_connector_metadata
+    return not (meta.reqs_to_load or out.finished_req_ids or kv_output.finished_sending
+                or kv_output.finished_recving)
+
+
 def make_request(workload: Workload, request_id: int, hasher: Any) -> Any:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
@@ -149,6 +254,7 @@ def _samples(request: Any, placeholders_before: int, async_on: bool) -> bool:
 
 def record(workload: Workload) -> dict[str, Any]:
     """Drive vLLM's scheduler through `workload`; the fixture's body (see `fixture.py`)."""
+    import vllm
     from vllm.v1.outputs import ModelRunnerOutput
 
     with tempfile.TemporaryDirectory() as model_dir:
@@ -187,6 +293,15 @@ def record(workload: Workload) -> dict[str, Any]:
     # drafter batch proposes for a prompt's unfinished chunk too): none can be accepted.
     blind_drafts: set[str] = set()
 
+    offload = workload["settings"].get("kv_offload")
+    conn = copies = None
+    if offload:
+        if not vllm.__version__.startswith("0.15."):
+            raise SystemExit(f"{workload['name']}: the CPU tier is recorded with vLLM 0.15.1's "
+                             "connector only")
+        conn, copies = worker_connector(
+            sched, offload["bytes_per_block"] / (offload["host_bandwidth_gb_s"] * 1e9))
+
     step = workload["step_time"]
     base_s, per_token_s = step["base_s"], step["per_token_s"]
     arrivals = workload["requests"]
@@ -196,6 +311,8 @@ def record(workload: Workload) -> dict[str, Any]:
     async_on = workload["settings"]["async_scheduling"]
     depth = 2 if async_on else 1
     queue: deque[tuple[Any, list[str], float, float, list[Any]]] = deque()  # oldest at right
+    kv_outputs: dict[int, Any] = {}  # per step sent: its connector output (the worker's poll)
+    reported: list[bool] = []  # per step received: whether its poll found a copy done
     now_s = 0.0
     gpu_free_s = 0.0
     next_arrival = 0
@@ -211,7 +328,7 @@ def record(workload: Workload) -> dict[str, Any]:
             next_arrival += 1
 
     def send() -> None:
-        nonlocal gpu_free_s
+        nonlocal gpu_free_s, now_s
         del preempted_order[:]
         placeholders = {rid: getattr(r, "num_output_placeholders", 0)
                         for rid, r in sched.requests.items()}
@@ -222,12 +339,20 @@ def record(workload: Workload) -> dict[str, Any]:
         samples = [rid for rid, _ in scheduled
                    if _samples(sched.requests[rid], placeholders.get(rid, 0), async_on)]
         total = out.total_num_scheduled_tokens
+        launch_s = now_s
+        if conn is not None:
+            assert copies is not None
+            copies.now_s, copies.after_s = now_s, gpu_free_s
+            kv_outputs[id(out)] = worker_step(conn, out)
+            # Later if it waited for a preempted request's copies: the engine's host was
+            # blocked until then.
+            launch_s = now_s = copies.now_s
         if total:
-            start_s = max(now_s, gpu_free_s)
+            start_s = max(launch_s, gpu_free_s)
             end_s = start_s + (base_s + per_token_s * total)
             gpu_free_s = end_s
         else:
-            start_s = end_s = now_s
+            start_s = end_s = launch_s
         entry = [start_s, end_s, [[int(rid), n] for rid, n in scheduled],
                  [int(rid) for rid in preempted_order]]
         steps.append(entry)
@@ -257,6 +382,10 @@ def record(workload: Workload) -> dict[str, Any]:
         output = ModelRunnerOutput(req_ids=req_ids,
                                    req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                    sampled_token_ids=sampled)
+        if conn is not None:
+            output.kv_connector_output = kv_outputs.pop(id(out))
+            reported.append(bool(output.kv_connector_output.finished_sending
+                                 or output.kv_connector_output.finished_recving))
         sched.update_from_output(out, output)
         if acceptance is not None and not async_on and out.total_num_scheduled_tokens:
             # `EngineCore.post_step`: the drafter's proposals for the requests of the step.
@@ -277,7 +406,39 @@ def record(workload: Workload) -> dict[str, Any]:
             if t["finish_s"] is None and req.is_finished():
                 t["finish_s"] = now_s
 
-    while True:
+    while conn is not None:  # the engine loop with the CPU tier (vLLM's, empty steps too)
+        assert copies is not None
+        add_arrived()
+        if sched.has_requests() and len(queue) < depth:
+            send()
+            out, entry = queue[0][0], queue[0][4]
+            if not entry[2] and not entry[3] and idle_step(out, kv_outputs[id(out)]):
+                # An empty step that started nothing and found nothing: it changes nothing
+                # (its output is empty), and vLLM's engine steps on, empty, until a copy ends
+                # or a request arrives; or, with a batch in flight, blocks on it.
+                queue.append(queue.popleft())
+                receive()
+                steps.pop()
+                if queue:
+                    receive()
+                    continue
+                wake_s = min(copies.next_done_s(), arrivals[next_arrival][0]
+                             if next_arrival < len(arrivals) else float("inf"))
+                if wake_s == float("inf"):
+                    raise RuntimeError(f"{workload['name']}: requests left, none can run")
+                now_s = max(now_s, wake_s)
+                continue
+            if len(queue) < depth and entry[2]:
+                continue  # a batch that runs, the queue not full: schedule another at once
+        if not queue:  # (nothing to report either: idle until a request arrives)
+            if next_arrival == len(arrivals):
+                break
+            now_s = max(now_s, arrivals[next_arrival][0])
+            continue
+        receive()
+    if conn is not None:  # (empty steps are not iterations: servesim logs none)
+        steps[:] = [entry for entry in steps if entry[2] or entry[3]]
+    while conn is None:
         add_arrived()
         if sched.has_requests() and len(queue) < depth:
             send()

@@ -69,8 +69,16 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
             "kv_cache": {"block_size": w["block_size"], "num_blocks": w["num_gpu_blocks"]},
             "max_model_len": w["max_model_len"],
             "prefix_caching": prefix_caching,
+            **({"kv_offload": offload_config(s["kv_offload"])} if s.get("kv_offload") else {}),
         },
     }
+
+
+def offload_config(offload: dict[str, Any]) -> dict[str, Any]:
+    """`replica.kv_offload` for a fixture's CPU tier: the host memory of its blocks (each
+    `bytes_per_block`, the default model's), and the copy rate."""
+    return {"size_gib": offload["num_cpu_blocks"] * offload["bytes_per_block"] / 2**30,
+            "host_bandwidth_gb_s": offload["host_bandwidth_gb_s"]}
 
 
 def requests_of(doc: dict[str, Any]) -> list[Any]:
@@ -120,6 +128,7 @@ def replay(doc: dict[str, Any], *, fast_forward: bool = False, policy: str | Non
     log = replica.log
     starts = log.columns["start_s"]
     ends = log.end_s().tolist()
+    taken = log.output_s().tolist()  # (a token leaves when the engine takes its result)
     steps: list[Step] = [
         (starts[i], ends[i], list(plan.num_scheduled_tokens.items()), list(plan.preempted_ids))
         for i, plan in enumerate(replica.plans)]
@@ -130,7 +139,7 @@ def replay(doc: dict[str, Any], *, fast_forward: bool = False, policy: str | Non
     for req in requests:
         runs = req.all_token_runs()
         it = runs[0][1] if runs else first_iter.get(req.request_id)
-        times.append([req.first_scheduled_s, None if it is None else ends[it], req.finish_s,
+        times.append([req.first_scheduled_s, None if it is None else taken[it], req.finish_s,
                       req.num_preemptions])
     return Replayed(steps, times)
 

@@ -74,6 +74,20 @@ def _prefixed(rng: np.random.Generator, n: int, rate_per_s: float, num_groups: i
     return reqs
 
 
+def _repeated(rng: np.random.Generator, n: int, num_prompts: int, blocks: tuple[int, int],
+              output: tuple[int, int], burst: tuple[int, int], quiet_s: tuple[float, float]
+              ) -> list[list[Any]]:
+    """Bursts of requests, each repeating one of `num_prompts` whole prompts (of a whole
+    number of 16-token blocks), as the public H100 runs' client sends them: a repeat's
+    every block may be cached, the last one too."""
+    lengths = 16 * rng.integers(blocks[0], blocks[1] + 1, num_prompts)
+    reqs = _bursts(rng, n, burst, quiet_s, (0, 0), output)
+    for req in reqs:
+        k = int(rng.integers(0, num_prompts))
+        req[1], req[3], req[4] = int(lengths[k]), k, int(lengths[k])
+    return reqs
+
+
 def _prioritized(rng: np.random.Generator, requests: list[list[Any]], num_levels: int
                  ) -> list[list[Any]]:
     """`requests` each with a priority drawn uniformly from 0 .. num_levels - 1."""
@@ -88,7 +102,7 @@ def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: in
             "long_prefill_token_threshold": 0, "enable_prefix_caching": False,
             "async_scheduling": False}
     # (Set only where it is not FCFS: the fixtures recorded before it stay as they were.)
-    unknown = set(settings) - set(base) - {"scheduling_policy", "speculative"}
+    unknown = set(settings) - set(base) - {"scheduling_policy", "speculative", "kv_offload"}
     assert not unknown, unknown
     return {"name": name, "engine": "vllm", "seed": seed, "settings": {**base, **settings},
             "num_gpu_blocks": num_gpu_blocks, "block_size": 16, "max_model_len": max_model_len,
@@ -98,6 +112,14 @@ def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: in
 def _spec(method: str, k: int, rate: float | list[float]) -> dict[str, Any]:
     """vLLM's speculative config as servesim names it (`speculative`)."""
     return {"method": method, "num_speculative_tokens": k, "acceptance_rate": rate}
+
+
+def _offload(num_cpu_blocks: int, host_bandwidth_gb_s: float) -> dict[str, Any]:
+    """vLLM's CPU tier (`--kv-offloading-size`): its blocks, and how fast one is copied:
+    `bytes_per_block` (a 16-token block of servesim's default model, Llama-3-8B: 2 MiB) over
+    the host link, each way."""
+    return {"num_cpu_blocks": num_cpu_blocks, "bytes_per_block": 2 * 2**20,
+            "host_bandwidth_gb_s": host_bandwidth_gb_s}
 
 
 def vllm_workloads() -> list[Workload]:
@@ -195,6 +217,38 @@ def vllm_workloads() -> list[Workload]:
         _vllm("spec_draft_model_budget", 26, _requests(rng(26), 300, 12.0, (32, 1024), (16, 256)),
               max_num_batched_tokens=384, max_num_seqs=64,
               speculative=_spec("draft_model", 4, 0.5)),
+        # The CPU tier (rule 19; recorded with 0.15.1's connector): prefixes evicted from a
+        # tight GPU cache come back from the tier; copies fast or slow (loads spanning many
+        # steps, a later request waiting for blocks another loads, finished requests' blocks
+        # held for their stores); preemptions; a tier too small to take every store.
+        _vllm("offload_prefix", 30,
+              _prefixed(rng(30), 300, 8.0, 12, (512, 3000), (16, 512), (8, 64)),
+              num_gpu_blocks=800, enable_prefix_caching=True, kv_offload=_offload(1024, 25.0)),
+        _vllm("offload_prefix_async", 31,
+              _prefixed(rng(31), 300, 8.0, 12, (512, 3000), (16, 512), (8, 64)),
+              num_gpu_blocks=800, enable_prefix_caching=True, async_scheduling=True,
+              kv_offload=_offload(1024, 25.0)),
+        _vllm("offload_slow_link", 32,
+              _prefixed(rng(32), 300, 10.0, 6, (256, 2048), (16, 256), (8, 96)),
+              num_gpu_blocks=500, enable_prefix_caching=True, kv_offload=_offload(768, 1.0)),
+        _vllm("offload_slow_link_async", 33,
+              _prefixed(rng(33), 300, 10.0, 6, (256, 2048), (16, 256), (8, 96)),
+              num_gpu_blocks=500, enable_prefix_caching=True, async_scheduling=True,
+              kv_offload=_offload(768, 1.0)),
+        _vllm("offload_kv_starved", 34,
+              _prefixed(rng(34), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
+              num_gpu_blocks=500, enable_prefix_caching=True, kv_offload=_offload(256, 8.0)),
+        _vllm("offload_kv_starved_async", 35,
+              _prefixed(rng(35), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
+              num_gpu_blocks=500, enable_prefix_caching=True, async_scheduling=True,
+              kv_offload=_offload(256, 8.0)),
+        _vllm("offload_repeated_prompts_async", 36,
+              _repeated(rng(36), 300, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
+              num_gpu_blocks=400, enable_prefix_caching=True, async_scheduling=True,
+              kv_offload=_offload(512, 2.0)),
+        _vllm("offload_repeated_prompts", 37,
+              _repeated(rng(37), 300, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
+              num_gpu_blocks=400, enable_prefix_caching=True, kv_offload=_offload(512, 2.0)),
         _vllm("no_chunking_constant_step", 10,
               _requests(rng(10), 300, 12.0, (64, 6000), (8, 64)), step=(0.02, 0.0),
               enable_chunked_prefill=False, max_num_batched_tokens=8192, max_model_len=8192),

@@ -86,6 +86,9 @@ class FastReplica(Replica):
     # -- the step's planning and waiting -----------------------------------------------------
 
     def _next_work(self, now_s: float) -> tuple[Plan | None, Iteration | Stretch | None]:
+        if self.copies is not None:  # (a CPU tier: no stretches, each step its copies)
+            self._quiet_s = self.quiet_until()
+            return self._next_work_offloading(now_s)
         state = self.state
         # A stretch cut short by new work goes on where that work changes no plan.
         work: Stretch | Iteration | None = self._resume() if self._uncut is not None else None

@@ -1,0 +1,130 @@
+"""The KV cache's CPU tier (`replica.kv_offload`, vLLM 0.15.1's offloading connector): its
+rules on a hand-made case with times worked out by hand, the tier's bookkeeping, the inputs it
+refuses, and (hypothesis) fast-forward equal to stepping with nothing lost. Step for step
+against vLLM's own connector: the `offload_*` golden fixtures (tests/schedulers/test_golden.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from sim import run_scenario
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
+from sim.core.offload import NOT_READY, CpuTier
+from sim.core.request import Request, Status
+from sim.engine.cluster import Cluster
+from tests.engine.test_fast_path import assert_same_results
+from tests.strategies import assert_nothing_lost, scenarios
+
+BLOCK_BYTES = 131072 * 16  # a 16-token block of the default model (Llama-3-8B), one GPU
+
+
+def _scenario(**replica):
+    return parse_scenario({
+        "name": "offload", "seed": 0,
+        "workload": {"format": "synthetic", "num_requests": 1,
+                     "arrivals": {"process": "poisson", "qps": 1.0},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                 "output": {"dist": "fixed", "value": 1}}},
+        "replica": {"scheduler": {"name": "vllm_v1", "async_scheduling": False},
+                    "latency": {"kind": "constant", "iteration_s": 0.01},
+                    "prefix_caching": True, **replica}}, "<test>")
+
+
+def test_a_prefix_evicted_from_the_gpu_is_loaded_from_the_cpu_tier():
+    """A computes a 64-token prompt; its 4 blocks are copied out (1 ms a block) while it
+    decodes; B's prompt then takes every GPU block, evicting A's; C (A's prompt plus 16 of its
+    own) finds nothing on the GPU and A's blocks on the CPU. Worked out step by step (10 ms a
+    step; vLLM's sync engine):
+    - 0-10 ms A's prompt (its blocks' stores planned), 10-20 ms its last token; the stores
+      start at the 10 ms launch and end at 14 ms; A finishes at 20 ms holding its blocks (it
+      stored), the 20 ms poll finds its stores done: freed (cached).
+    - B (30 ms) takes all 8 usable blocks (9, less vLLM's null block): A's are evicted; 30-40
+      ms, it finishes; its 8 stores start at the 40 ms poll, end at 48 ms: its blocks stay
+      held until a poll finds that, which is C's arrival at 50 ms (the engine is idle).
+    - C at 50 ms: no GPU hit, 64 tokens on the CPU: the poll frees B's blocks, C gets 5
+      blocks and its load starts (50-54 ms); the 54 ms poll finds it done; 54-64 ms its last
+      16 tokens, its first token at 64 ms."""
+    scenario = _scenario(kv_cache={"block_size": 16, "num_blocks": 9},
+                         kv_offload={"size_gib": 16 * BLOCK_BYTES / 2**30,
+                                     "host_bandwidth_gb_s": BLOCK_BYTES / 1e-3 / 1e9},
+                         scheduler={"name": "vllm_v1", "async_scheduling": False,
+                                    "engine_version": "0.15.1"})
+    cluster = Cluster(scenario, fast_forward=False)
+    a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+    b = Request(1, 0.030, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
+    c = Request(2, 0.050, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
+    cluster.run([a, b, c])
+    assert [r.status for r in (a, b, c)] == [Status.FINISHED] * 3
+    assert a.finish_s == pytest.approx(0.020) and b.finish_s == pytest.approx(0.040)
+    assert c.first_scheduled_s == pytest.approx(0.054)
+    assert c.finish_s == pytest.approx(0.064)
+    assert c.num_cached_tokens == 64 and c.num_computed_tokens == 80
+    state = cluster.replicas[0].state
+    counters = state.offload.tier.counters
+    assert (counters.num_hit_requests, counters.num_hit_tokens) == (1, 64)
+    # A's 4 blocks, B's 8 and C's own fifth were stored; nothing was evicted from the tier.
+    assert counters.num_stored_blocks == 4 + 8 + 1 and counters.num_evicted_blocks == 0
+
+    # Without the tier C computes its whole prompt: 50-60 ms (a constant step).
+    plain = Cluster(_scenario(kv_cache={"block_size": 16, "num_blocks": 9}), fast_forward=False)
+    a, b, c = (Request(r.request_id, r.arrival_s, r.num_prompt_tokens,
+                       r.num_target_output_tokens, hash_ids=r.hash_ids, hash_block_tokens=16)
+               for r in (a, b, c))
+    plain.run([a, b, c])
+    assert c.first_scheduled_s == pytest.approx(0.050) and c.num_cached_tokens == 0
+
+
+def test_the_tier_evicts_least_recently_used_and_pins_what_loads():
+    tier = CpuTier(3)
+    assert tier.store(7, [1, 2, 3], 3) == 3
+    assert tier.lookup([1, 2, 3], 0, 16) == 0  # being stored: not loadable yet
+    tier.transfers_done([7], [])
+    assert tier.lookup([1, 2, 3], 0, 16) == 48
+    tier.start_load(8, [1, 2])  # pinned while loading
+    # Room for one more block: the least recently used unpinned one goes (3: a touch makes a
+    # request's first block the most recent, its last the least).
+    assert tier.store(9, [4], 1) == 1 and 3 not in tier._blocks
+    assert tier.counters.num_evicted_blocks == 1
+    # Nothing evictable (1, 2 pinned, 4 being stored): refused, tried again later.
+    assert tier.store(10, [5], 1) == 0 and tier.counters.num_refused_stores == 1
+    # A request whose blocks another request loads waits (None).
+    assert tier.lookup([1, 2], 0, 16) is None
+    tier.transfers_done([9], [8])
+    assert tier._blocks[4] == 0 and tier._blocks[1] == 0
+    assert tier.store(10, [5], 1) == 1 and tier._blocks[5] == NOT_READY
+    tier.check()
+
+
+def test_a_finished_request_that_stored_keeps_its_blocks_until_its_stores_are_done():
+    tier = CpuTier(4)
+    assert tier.store(1, [11, 12], 2) == 2
+    assert tier.request_finished(1)  # the scheduler delays the free
+    assert not tier.request_finished(2)  # stored nothing
+
+
+@pytest.mark.parametrize(("replica", "field", "words"), [
+    ({"scheduler": {"name": "sglang"}}, "replica.kv_offload", "offloading connector"),
+    ({"prefix_caching": False}, "replica.kv_offload", "prefix_caching"),
+    ({"scheduler": {"name": "vllm_v1", "engine_version": "0.33.0"}}, "replica.kv_offload",
+     "engine_version: 0.15.1"),
+    ({"parallelism": {"tensor": 1, "pipeline": 2}}, "replica.kv_offload", "pipeline"),
+    ({"kv_offload": {"size_gib": 1e-6}}, "replica.kv_offload.size_gib", "holds no KV block"),
+])
+def test_what_the_tier_refuses_is_named(replica, field, words):
+    base = {"kv_offload": {"size_gib": 1.0}}
+    with pytest.raises(InputError) as err:
+        Cluster(_scenario(**{**base, **replica}))
+    assert err.value.field == field and words in str(err.value)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(offload=True))
+def test_with_a_cpu_tier_fast_forward_is_exact_and_nothing_is_lost(data):
+    scenario = parse_scenario(data, "hypothesis")
+    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
+    assert_same_results(fast, slow)
+    assert_nothing_lost(data, fast)
+    if (fast.requests["status"] == "finished").any():
+        assert "kv_offload" in fast.summary
