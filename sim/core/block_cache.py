@@ -182,6 +182,11 @@ class BlockPrefixCache(KVCacheManager):
         by them, as vLLM's offloading connector does by `request.block_hashes`)."""
         return self._chain(req, num_blocks)[:num_blocks]
 
+    def chain_view(self, req: Request, num_blocks: int) -> list[int]:
+        """`chain_hashes` without the copy: the kept list, at least `num_blocks` long (read
+        only)."""
+        return self._chain(req, num_blocks)
+
     def cache_loaded(self, req: Request, num_tokens: int) -> None:
         """Cache `req`'s full blocks within its first `num_tokens`, loaded from a CPU tier."""
         self._cache(req, num_tokens)

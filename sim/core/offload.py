@@ -84,6 +84,9 @@ class CpuTier:
         self._being_stored: dict[int, set[int]] = {}  # request id -> hashes it stores
         self._being_loaded: dict[int, list[int]] = {}  # request id -> hashes it loads
         self._blocks_being_loaded: set[int] = set()
+        # Blocks evictable now (stored, no load reading them): a store that needs more is
+        # refused without looking (under load, every step, for every request that stores).
+        self._num_evictable = 0
         self.counters = TierCounters()
 
     @property
@@ -105,6 +108,8 @@ class CpuTier:
         blocks = self._blocks
         to_store = [h for h in hashes if h not in blocks]
         short = len(to_store) - (self.num_blocks - len(blocks))
+        if short > self._num_evictable:
+            return None
         if short > 0:
             victims = []
             for h, ref_cnt in blocks.items():
@@ -116,6 +121,7 @@ class CpuTier:
                 return None
             for h in victims:
                 del blocks[h]
+            self._num_evictable -= len(victims)
             self.counters.num_evicted_blocks += len(victims)
         for h in to_store:
             blocks[h] = NOT_READY
@@ -126,6 +132,7 @@ class CpuTier:
         for h in hashes:
             if blocks[h] == NOT_READY:
                 blocks[h] = 0
+                self._num_evictable += 1
 
     # -- the connector, scheduler side -----------------------------------------------------
 
@@ -158,6 +165,8 @@ class CpuTier:
         until the load is reported done; it stores from their end. Returns the blocks."""
         blocks = self._blocks
         for h in hashes:
+            if not blocks[h]:
+                self._num_evictable -= 1
             blocks[h] += 1
         self._being_loaded[request_id] = list(hashes)
         self._blocks_being_loaded.update(hashes)
@@ -169,21 +178,28 @@ class CpuTier:
     def set_next_stored(self, request_id: int, num_blocks: int) -> None:
         self._next_stored[request_id] = num_blocks
 
-    def store(self, request_id: int, hashes: list[int], num_full_blocks: int) -> int:
+    def next_stored(self, request_id: int) -> int:
+        """The request's next block to store: those before it are stored (or skipped)."""
+        return self._next_stored.get(request_id, 0)
+
+    def store(self, request_id: int, hashes: list[int], num_full_blocks: int,
+              num_hashed: int | None = None) -> int:
         """A scheduled request will have `num_full_blocks` full blocks after the step, the
-        first `len(hashes)` of them hashed (tokens known): store those not stored yet. Returns
-        the blocks to copy (0: none, or refused for room and tried again next step)."""
+        first `num_hashed` of them hashed (tokens known; default all; `hashes` may run
+        longer): store those not stored yet. Returns the blocks to copy (0: none, or refused
+        for room and tried again next step)."""
         start = self._next_stored.get(request_id, 0)
         if num_full_blocks <= start:
             return 0
-        to_store = self._prepare_store(hashes[start:num_full_blocks])
+        end = num_full_blocks if num_hashed is None else min(num_full_blocks, num_hashed)
+        to_store = self._prepare_store(hashes[start:end])
         if to_store is None:
             self.counters.num_refused_stores += 1
             return 0
         self._next_stored[request_id] = num_full_blocks
         if not to_store:
             return 0
-        self._touch(hashes[:num_full_blocks])
+        self._touch(hashes[:end])
         self._being_stored.setdefault(request_id, set()).update(to_store)
         self.counters.num_stored_blocks += len(to_store)
         return len(to_store)
@@ -216,6 +232,8 @@ class CpuTier:
                 self._blocks_being_loaded.difference_update(loaded)
                 for h in loaded:
                     blocks[h] -= 1
+                    if not blocks[h]:
+                        self._num_evictable += 1
 
     def check(self) -> None:
         """At most `num_blocks` held; loads pin loadable blocks only."""
@@ -226,6 +244,7 @@ class CpuTier:
                 pinned[h] = pinned.get(h, 0) + 1
         for h, ref_cnt in self._blocks.items():
             assert ref_cnt == NOT_READY or ref_cnt == pinned.get(h, 0), (h, ref_cnt)
+        assert self._num_evictable == sum(not r for r in self._blocks.values())
 
 
 class OffloadState:
@@ -280,18 +299,23 @@ class OffloadState:
         assert isinstance(kv, BlockPrefixCache)
         block_size = kv.block_size
         scheduled, requests, tier = plan.num_scheduled_tokens, state.requests, self.tier
-        ids = list(scheduled)
-        admitted = ids[num_running:]
-        order = ([r for r in admitted if not requests[r].num_preemptions] + ids[:num_running]
-                 + [r for r in admitted if requests[r].num_preemptions])
+        order = list(scheduled)
+        if len(order) > num_running:  # requests admitted: the new ones first, resumed last
+            admitted = order[num_running:]
+            order = ([r for r in admitted if not requests[r].num_preemptions]
+                     + order[:num_running]
+                     + [r for r in admitted if requests[r].num_preemptions])
         stores = []
+        next_stored = tier._next_stored
         for rid in order:
             req = requests[rid]
             num_full = (req.num_computed_tokens + scheduled[rid]) // block_size
+            if num_full <= next_stored.get(rid, 0):
+                continue  # (most steps: no block filled; no hashes needed)
             # Blocks of known tokens have a hash (a token in flight is not known yet).
             num_known = (req.num_tokens - req.num_placeholders) // block_size
-            num_blocks = tier.store(rid, kv.chain_hashes(req, min(num_full, num_known)),
-                                    num_full)
+            num_blocks = tier.store(rid, kv.chain_view(req, min(num_full, num_known)),
+                                    num_full, num_known)
             if num_blocks:
                 stores.append((rid, num_blocks))
         for rid in plan.preempted_ids:

@@ -302,6 +302,9 @@ def _experiment(path: Path, name: str, rows: list[dict[str, str]], gpu: str | No
                          "gpu_memory_utilization": _float(path, row, "gpu_memory_utilization")},
             "prefix_caching": row["prefix_caching"] == "true"},
     }
+    offload = _offload(path, row)
+    if offload is not None:
+        scenario["replica"]["kv_offload"] = offload
     stages = [Stage(f"{name}@{_float(path, r, 'stage_rate_req_per_s'):g}", r["model_hf"], tp,
                     r["overloaded_measured"] == "true",
                     {metric: _measured(path, r, column) for metric, column, _, _ in METRICS},
@@ -309,6 +312,19 @@ def _experiment(path: Path, name: str, rows: list[dict[str, str]], gpu: str | No
               for r in rows]
     return Experiment(name, scenario, stages, f"{row['engine']} {row['engine_version']}",
                       gpu_name)
+
+
+def _offload(path: Path, row: dict[str, str]) -> dict[str, float] | None:
+    """The CPU tier the run had (`kv_cpu_offload_connector` OffloadingConnector, its size in
+    GiB: vLLM's `--kv-offloading-size`), as `replica.kv_offload`; None where the table has no
+    such column, or none was on."""
+    connector = (row.get("kv_cpu_offload_connector") or "").strip()
+    if not connector or connector.lower() in ("none", "off", "false"):
+        return None
+    if connector != "OffloadingConnector":
+        raise InputError(path, "kv_cpu_offload_connector", connector,
+                         "only vLLM's native OffloadingConnector is modelled")
+    return {"size_gib": _float(path, row, "kv_cpu_offload_size_GiB")}
 
 
 def _timeout_s(path: Path, row: dict[str, str]) -> float | None:

@@ -179,3 +179,24 @@ def test_an_engine_run_with_per_request_timestamps_reads_back_exactly(tmp_path: 
     assert all(abs(e) < 1e-6 for e in errors.values() if e is not None), errors
     assert experiment.stages[0].measured_ms["TTFT mean"] == pytest.approx(
         1e3 * truth.summary["ttft_s"]["mean"])  # engine-side: no front end
+
+
+def test_a_run_with_a_cpu_tier_is_simulated_with_it(tmp_path: Path):
+    """The public H100 runs had vLLM's KV offloading on (`kv_cpu_offload_connector`,
+    OffloadingConnector, 8 GiB): read as `replica.kv_offload`; another connector is refused."""
+    path = tmp_path / "runs.csv"
+    values = row("x", 1, 0, 2.0) | {c: 1 for _, c, _, _ in METRICS}
+    columns = [*STAGE_COLUMNS, "kv_cpu_offload_connector", "kv_cpu_offload_size_GiB"]
+    for connector, expect in (("OffloadingConnector", {"size_gib": 8.0}), ("", None),
+                              ("LMCacheConnectorV1", "refused")):
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerow(values | {"kv_cpu_offload_connector": connector,
+                                      "kv_cpu_offload_size_GiB": 8})
+        if expect == "refused":
+            with pytest.raises(InputError) as err:
+                read_stages(path)
+            assert err.value.field == "kv_cpu_offload_connector"
+            continue
+        assert read_stages(path)[0].scenario["replica"].get("kv_offload") == expect

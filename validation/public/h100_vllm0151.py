@@ -26,7 +26,8 @@ The client's timeout is simulated as the runs had it (none set: aiohttp's defaul
 total); where requests timed out (the reasoning stages), the last column gives the share that
 finished in time, simulated and real.
 
-Known differences from the real runs: no KV offloading to CPU.
+The runs' KV offloading to CPU (an 8 GiB `OffloadingConnector`) is simulated as recorded
+(`replica.kv_offload`, vLLM 0.15.1's connector; `--set kv_offload=null` turns it off).
 """
 
 from __future__ import annotations
