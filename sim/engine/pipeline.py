@@ -31,7 +31,8 @@ import simpy
 
 from sim.core.plan import Plan
 from sim.engine.clock import At
-from sim.engine.replica import Iteration, Replica, idle_step
+from sim.engine.offload_steps import idle_step
+from sim.engine.replica import Iteration, Replica
 from sim.latency.base import BatchShape
 
 if TYPE_CHECKING:

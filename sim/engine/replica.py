@@ -27,6 +27,7 @@ from sim.core.state import InFlight, ReplicaState
 from sim.engine.clock import PLAN, At, Environment, Hook
 from sim.engine.disaggregation import DecodeInbox
 from sim.engine.iteration_log import SPEC_COLUMN, IterationLog
+from sim.engine.offload_steps import OffloadSteps
 from sim.latency.base import BatchShape, LatencyModel
 from sim.latency.noise import IterationNoise
 from sim.routers.base import ReplicaLoad
@@ -54,7 +55,7 @@ class Iteration:
     report: Report | None = None
 
 
-class Replica:
+class Replica(OffloadSteps):
     """One model instance: a scheduler, a latency model and a KV cache, run as a SimPy process,
     one iteration at a time (the reference; `FastReplica` adds the fast path).
 
@@ -211,54 +212,6 @@ class Replica:
         plan = self.scheduler.schedule(state, now_s) if state.running or state.waiting else None
         return plan, self._plan_iteration(plan, now_s) if plan else None
 
-    def _next_work_offloading(self, now_s: float) -> tuple[Plan | None, Iteration | None]:
-        """`_next_work` with a CPU tier: each plan is launched with its copies (later, if
-        a preempted request's stores must end first); a plan with nothing to run still
-        launches and polls, its report applied at once, and is planned again while that
-        changes something."""
-        state = self.state
-        while True:
-            plan = self.poll_plan(now_s)
-            if plan is None:
-                return None, None
-            launch_s, report = self._launch(plan, now_s)
-            if plan:
-                it = self._plan_iteration(plan, launch_s)
-                it.report = report
-                assert self.copies is not None
-                self.copies.computed_by(it.end_s)
-                return plan, it
-            if launch_s > now_s:
-                # The launch waited for a preempted request's stores (the engine's host
-                # blocked): the report is applied, and the next plan made, from then.
-                self._blocked = (launch_s, report)
-                return plan, None
-            if report:
-                assert state.offload is not None
-                state.offload.apply(state, report.finished_sending, report.finished_recving)
-            elif idle_step(plan):
-                return plan, None  # nothing changes until a copy ends or work arrives
-
-    def poll_plan(self, now_s: float) -> Plan | None:
-        """With a CPU tier: the next plan, or an empty one where only requests finished since
-        the last need reporting to the worker (vLLM steps while it has them); None: idle."""
-        state = self.state
-        if state.running or state.waiting:
-            return self.scheduler.schedule(state, now_s)
-        offload = state.offload
-        if offload is not None and offload.finished_ids:
-            plan = Plan()
-            offload.build(state, plan, 0)
-            return plan
-        return None
-
-    def _launch(self, plan: Plan, now_s: float) -> tuple[float, Report]:
-        """Launch `plan`'s step at `now_s` with its copies: when it launches, and what the
-        worker's poll right after finds done."""
-        assert self.copies is not None and plan.transfers is not None
-        return self.copies.launch(plan.transfers, plan.preempted_ids, plan.finished_ids or [],
-                                  now_s)
-
     def _wait(self, work: Iteration | Stretch) -> Generator[simpy.Event, Any, float]:
         """Wait for `work` to end; return the replica's clock then."""
         assert isinstance(work, Iteration)
@@ -304,39 +257,6 @@ class Replica:
             if self._woken:
                 return
         yield from self._wait_for_work()
-
-    def _stall(self) -> Generator[simpy.Event, Any, None]:
-        """Nothing can run and nothing will change: queued requests hold KV loaded from the
-        CPU tier that the queue's head needs (vLLM waits for ever here: its head blocks the
-        queue). The replica stops; its requests stay unfinished, saying why."""
-        state = self.state
-        kv = state.kv
-        held = sum(kv.num_held_blocks(r.request_id) for r in state.waiting)
-        reason = (f"engine_stalled: the queue's head cannot get its KV blocks "
-                  f"({kv.num_free_blocks:,} free of {kv.num_blocks:,}) while queued requests "
-                  f"behind it hold {held:,} with KV loaded from the CPU tier; vLLM 0.15.1 "
-                  "waits for ever there")
-        self.stalled = reason
-        for req in [*state.waiting, *state.running]:
-            req.reason = reason
-        yield self.env.event()  # never triggered
-
-    def _wait_copies(self, now_s: float) -> Generator[simpy.Event, Any, None]:
-        """Wait until the next copy to or from the CPU tier ends, or work arrives."""
-        assert self.copies is not None
-        done_s = max(self.copies.next_done_s(), now_s)
-        poke = self._poke = self.env.event()
-        timer = At(self.env, done_s, self.turn)
-
-        def on_done(_: Any) -> None:
-            if not poke.triggered:
-                poke.succeed()
-
-        timer.callbacks.append(on_done)
-        yield poke
-        self._poke = None
-        if self.env.now < done_s or not self.env.reached(self.turn):
-            yield At(self.env, self.env.now, self.turn)  # plan after all else at this instant
 
     def _wait_for_work(self) -> Generator[simpy.Event, Any, None]:
         self._poke = self.env.event()
@@ -414,14 +334,6 @@ class Replica:
                        f"an iteration of {value:.3g} s starting at t={starts[i]:.6g} s does not "
                        "move the clock (float64 resolution): the run spans too long")
             raise InputError(*self.where, problem)
-
-
-def idle_step(plan: Plan) -> bool:
-    """Whether a plan that runs nothing and whose poll found nothing changes nothing: it
-    started no load and told the worker of no finished request (vLLM's engine steps on,
-    empty, until a copy ends or a request arrives)."""
-    assert plan.transfers is not None
-    return not (plan.transfers.loads or plan.finished_ids or plan.preempted_ids)
 
 
 def _never() -> float:

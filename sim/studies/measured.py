@@ -300,11 +300,9 @@ def _experiment(path: Path, name: str, rows: list[dict[str, str]], gpu: str | No
                           "enable_chunked_prefill": row["chunked_prefill"] == "true"},
             "kv_cache": {"block_size": _int(path, row, "kv_block_size_tokens"),
                          "gpu_memory_utilization": _float(path, row, "gpu_memory_utilization")},
-            "prefix_caching": row["prefix_caching"] == "true"},
+            "prefix_caching": row["prefix_caching"] == "true",
+            **({"kv_offload": offload} if (offload := _offload(path, row)) else {})},
     }
-    offload = _offload(path, row)
-    if offload is not None:
-        scenario["replica"]["kv_offload"] = offload
     stages = [Stage(f"{name}@{_float(path, r, 'stage_rate_req_per_s'):g}", r["model_hf"], tp,
                     r["overloaded_measured"] == "true",
                     {metric: _measured(path, r, column) for metric, column, _, _ in METRICS},

@@ -1,0 +1,127 @@
+"""The engine's steps with a CPU tier for the KV cache (`replica.kv_offload`): what a replica
+(`sim.engine.replica.Replica`, which mixes this in) does differently when its copies to and from
+the tier are timed (`sim.engine.offload`). Each plan is launched with its copies, a step with
+nothing to run still launches and polls, and the replica waits for a copy to end where nothing
+else can change; a queue that can never move again stops the replica (`_stall`)."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+import simpy
+
+from sim.core.plan import Plan
+from sim.engine.clock import At
+
+if TYPE_CHECKING:
+    from sim.core.state import ReplicaState
+    from sim.engine.clock import Environment
+    from sim.engine.offload import HostCopies, Report
+    from sim.engine.replica import Iteration
+    from sim.schedulers.base import Scheduler
+
+
+class OffloadSteps:
+    """The CPU tier's part of a replica's step (module docstring)."""
+
+    env: Environment
+    state: ReplicaState
+    scheduler: Scheduler
+    turn: int
+    copies: HostCopies | None
+    stalled: str | None
+    _blocked: tuple[float, Report] | None
+    _poke: simpy.Event | None
+
+    def _plan_iteration(self, plan: Plan, start_s: float, num_before: int = 0) -> Iteration:
+        raise NotImplementedError
+
+    def _next_work_offloading(self, now_s: float) -> tuple[Plan | None, Iteration | None]:
+        """`_next_work` with a CPU tier: each plan is launched with its copies (later, if
+        a preempted request's stores must end first); a plan with nothing to run still
+        launches and polls, its report applied at once, and is planned again while that
+        changes something."""
+        state = self.state
+        while True:
+            plan = self.poll_plan(now_s)
+            if plan is None:
+                return None, None
+            launch_s, report = self._launch(plan, now_s)
+            if plan:
+                it = self._plan_iteration(plan, launch_s)
+                it.report = report
+                assert self.copies is not None
+                self.copies.computed_by(it.end_s)
+                return plan, it
+            if launch_s > now_s:
+                # The launch waited for a preempted request's stores (the engine's host
+                # blocked): the report is applied, and the next plan made, from then.
+                self._blocked = (launch_s, report)
+                return plan, None
+            if report:
+                assert state.offload is not None
+                state.offload.apply(state, report.finished_sending, report.finished_recving)
+            elif idle_step(plan):
+                return plan, None  # nothing changes until a copy ends or work arrives
+
+    def poll_plan(self, now_s: float) -> Plan | None:
+        """With a CPU tier: the next plan, or an empty one where only requests finished since
+        the last need reporting to the worker (vLLM steps while it has them); None: idle."""
+        state = self.state
+        if state.running or state.waiting:
+            return self.scheduler.schedule(state, now_s)
+        offload = state.offload
+        if offload is not None and offload.finished_ids:
+            plan = Plan()
+            offload.build(state, plan, 0)
+            return plan
+        return None
+
+    def _launch(self, plan: Plan, now_s: float) -> tuple[float, Report]:
+        """Launch `plan`'s step at `now_s` with its copies: when it launches, and what the
+        worker's poll right after finds done."""
+        assert self.copies is not None and plan.transfers is not None
+        return self.copies.launch(plan.transfers, plan.preempted_ids, plan.finished_ids or [],
+                                  now_s)
+
+    def _stall(self) -> Generator[simpy.Event, Any, None]:
+        """Nothing can run and nothing will change: queued requests hold KV loaded from the
+        CPU tier that the queue's head needs (vLLM waits for ever here: its head blocks the
+        queue). The replica stops; its requests stay unfinished, saying why."""
+        state = self.state
+        kv = state.kv
+        held = sum(kv.num_held_blocks(r.request_id) for r in state.waiting)
+        reason = (f"engine_stalled: the queue's head cannot get its KV blocks "
+                  f"({kv.num_free_blocks:,} free of {kv.num_blocks:,}) while queued requests "
+                  f"behind it hold {held:,} with KV loaded from the CPU tier; vLLM 0.15.1 "
+                  "waits for ever there")
+        self.stalled = reason
+        for req in [*state.waiting, *state.running]:
+            req.reason = reason
+        yield self.env.event()  # never triggered
+
+    def _wait_copies(self, now_s: float) -> Generator[simpy.Event, Any, None]:
+        """Wait until the next copy to or from the CPU tier ends, or work arrives."""
+        assert self.copies is not None
+        done_s = max(self.copies.next_done_s(), now_s)
+        poke = self._poke = self.env.event()
+        timer = At(self.env, done_s, self.turn)
+
+        def on_done(_: Any) -> None:
+            if not poke.triggered:
+                poke.succeed()
+
+        timer.callbacks.append(on_done)
+        yield poke
+        self._poke = None
+        if self.env.now < done_s or not self.env.reached(self.turn):
+            yield At(self.env, self.env.now, self.turn)  # plan after all else at this instant
+
+
+def idle_step(plan: Plan) -> bool:
+    """Whether a plan that runs nothing and whose poll found nothing changes nothing: it
+    started no load and told the worker of no finished request (vLLM's engine steps on,
+    empty, until a copy ends or a request arrives)."""
+    assert plan.transfers is not None
+    return not (plan.transfers.loads or plan.finished_ids or plan.preempted_ids)
