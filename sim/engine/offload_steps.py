@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
-import simpy
-
 from sim.core.plan import Plan
 from sim.engine.clock import At
 
 if TYPE_CHECKING:
+    import simpy
+
     from sim.core.state import ReplicaState
     from sim.engine.clock import Environment
     from sim.engine.offload import HostCopies, Report
@@ -32,6 +32,7 @@ class OffloadSteps:
     copies: HostCopies | None
     stalled: str | None
     _blocked: tuple[float, Report] | None
+    _carried: list[int]
     _poke: simpy.Event | None
 
     def _plan_iteration(self, plan: Plan, start_s: float, num_before: int = 0) -> Iteration:
@@ -49,11 +50,15 @@ class OffloadSteps:
                 return None, None
             launch_s, report = self._launch(plan, now_s)
             if plan:
+                if self._carried:  # an empty step's preemptions are logged with this plan
+                    plan.preempted_ids[:0] = self._carried
+                    self._carried = []
                 it = self._plan_iteration(plan, launch_s)
                 it.report = report
                 assert self.copies is not None
                 self.copies.computed_by(it.end_s)
                 return plan, it
+            self._carried += plan.preempted_ids
             if launch_s > now_s:
                 # The launch waited for a preempted request's stores (the engine's host
                 # blocked): the report is applied, and the next plan made, from then.

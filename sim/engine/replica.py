@@ -5,7 +5,8 @@ next work is planned and waited for: stretches of predictable iterations, and it
 outside can see run ahead without an event each. `sim.engine.clock` owns the order of events at
 one instant.
 
-SimPy is imported here, in `sim/engine/clock.py`, in `sim/engine/pipeline.py` (a replica keeping
+SimPy is imported here, in `sim/engine/offload_steps.py` (this replica's steps with a CPU tier
+for the KV cache), in `sim/engine/clock.py`, in `sim/engine/pipeline.py` (a replica keeping
 several iterations in flight down a pipeline of GPUs) and in `sim/engine/disaggregation.py`, nowhere
 else in `sim/`.
 """
@@ -87,6 +88,7 @@ class Replica(OffloadSteps):
         self.stalled: str | None = None  # why it stopped for good (`_stall`), if it did
         # An empty step's launch that blocked until then, and its poll's report.
         self._blocked: tuple[float, Report] | None = None
+        self._carried: list[int] = []  # preempted by empty steps, logged with the next plan
         self.overlaps_host = False  # host work beside the GPU's (`PipelinedReplica`)
         self.inbox: DecodeInbox | None = None
         # The earliest time anything outside this replica may read or change it, asked when it

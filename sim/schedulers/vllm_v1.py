@@ -228,16 +228,16 @@ class VllmV1(Scheduler):
         # here, its preemptions after those (with iterations in flight, vLLM waits for the
         # oldest first, and so does the engine here). Each such step preempts one more.
         preempted = plan.preempted_ids
-        while not plan and preempted and not any_in_flight(state):
-            earlier = plan
+        # (With a CPU tier the empty step launches on its own: its launch waits for the
+        # preempted requests' stores and polls, and the engine plans again after: rule 19.)
+        while not plan and preempted and not any_in_flight(state) and state.offload is None:
+            earlier = plan.preempted_ids
             plan = self._step(state)
             preempted = list(plan.preempted_ids)
-            plan.preempted_ids[:0] = earlier.preempted_ids
-            if earlier.finished_ids:  # (their poll comes with this step's, at this instant)
-                assert plan.finished_ids is not None
-                plan.finished_ids[:0] = earlier.finished_ids
+            plan.preempted_ids[:0] = earlier
         # Else only requests in flight on a pipeline may be left running, with nothing to do.
-        assert plan or not (plan.preempted_ids and state.running) or any_in_flight(state)
+        assert (plan or not (plan.preempted_ids and state.running) or any_in_flight(state)
+                or state.offload is not None)
         return plan
 
     def _step(self, state: ReplicaState) -> Plan:

@@ -87,8 +87,8 @@ def test_numpy_blas_threads(given, expected):
 
 
 def test_simpy_and_torch_stay_where_the_architecture_puts_them():
-    """SimPy only in the clock, the engine, the pipelined replica and the disaggregation module;
-    torch nowhere under sim/."""
+    """SimPy only in the clock, the engine (the replica, and its steps with a CPU tier), the
+    pipelined replica and the disaggregation module; torch nowhere under sim/."""
     sim_dir = REPO / "sim"
     found: dict[str, set[str]] = {"simpy": set(), "torch": set()}
     for path in sim_dir.rglob("*.py"):
@@ -100,7 +100,8 @@ def test_simpy_and_torch_stay_where_the_architecture_puts_them():
                 if top in found:
                     found[top].add(path.relative_to(sim_dir.parent).as_posix())
     assert found["simpy"] == {"sim/engine/clock.py", "sim/engine/replica.py",
-                              "sim/engine/pipeline.py", "sim/engine/disaggregation.py"}
+                              "sim/engine/offload_steps.py", "sim/engine/pipeline.py",
+                              "sim/engine/disaggregation.py"}
     assert not found["torch"]
 
 

@@ -20,6 +20,8 @@ from tools.golden.replay import engine_steps, first_divergence, replay
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"  # tests/golden
 FIXTURES = sorted(GOLDEN.glob("*/*.json.gz"))
+# Short fixtures aimed at one corner (fewer than the 300 requests of the set above).
+SHORT = sorted(GOLDEN.glob("short/*/*.json.gz"))
 
 # Fixtures servesim does not reproduce yet, and the engine rule that explains it. Strict: a
 # fix that makes one identical fails here until it is taken off this list.
@@ -49,7 +51,7 @@ def test_every_engine_version_has_its_fixtures():
         assert all(len(d["workload"]["requests"]) >= 300 for d in docs)
 
 
-@pytest.mark.parametrize("path", [_param(p) for p in FIXTURES])
+@pytest.mark.parametrize("path", [_param(p) for p in FIXTURES + SHORT])
 def test_servesim_schedules_as_the_engine(path):
     doc = read_fixture(path)
     problem = first_divergence(doc, replay(doc))

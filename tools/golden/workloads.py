@@ -249,6 +249,17 @@ def vllm_workloads() -> list[Workload]:
         _vllm("offload_repeated_prompts", 37,
               _repeated(rng(37), 300, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
               num_gpu_blocks=400, enable_prefix_caching=True, kv_offload=_offload(512, 2.0)),
+        # Short ones found by a review (their fixtures under tests/golden/short/, fewer than
+        # 300 requests): a request of the lowest priority preempts itself, and the empty step
+        # waits ~2 s for its stores while another request arrives (vLLM plans after the wait);
+        # an empty step that preempts while finished requests' frees wait for their stores.
+        _vllm("offload_self_preempt_waits", 222,
+              [[0.0, 111, 100, -1, 0, 2], [0.001, 193, 100, -1, 0, 0], [0.1, 40, 5, -1, 0, 0]],
+              num_gpu_blocks=21, enable_prefix_caching=True, scheduling_policy="priority",
+              kv_offload=_offload(64, 0.02)),
+        _vllm("offload_empty_step_preempts", 221,
+              _requests(rng(221), 150, 10.0, (256, 1024), (16, 64)),
+              num_gpu_blocks=300, enable_prefix_caching=True, kv_offload=_offload(256, 1.0)),
         _vllm("no_chunking_constant_step", 10,
               _requests(rng(10), 300, 12.0, (64, 6000), (8, 64)), step=(0.02, 0.0),
               enable_chunked_prefill=False, max_num_batched_tokens=8192, max_model_len=8192),
