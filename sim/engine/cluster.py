@@ -116,7 +116,7 @@ class Cluster:
                                       cfg.parallelism.stage_layers(model.num_layers)],
                      "num_in_flight": num_in_flight, "placeholders": ahead,
                      "stale_delivered": ahead and scheduler.delivers_stale_tokens}
-        copies = attach_cpu_tier(cfg, state, scheduler, pool, field, str(self.source))
+        copies = attach_cpu_tier(cfg, state, pool, field, str(self.source))
         replica = kind(self.env, len(self.replicas), scheduler, latency, state,
                        horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
                        quiet_until=self._next_arrival if pool == "colocated" else None,

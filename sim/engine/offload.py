@@ -32,7 +32,6 @@ from sim.hardware.gpus import host_link_bytes_s
 if TYPE_CHECKING:
     from sim.config.replica import ReplicaConfig
     from sim.core.state import ReplicaState
-    from sim.schedulers.base import Scheduler
 
 
 @dataclass(slots=True)
@@ -75,7 +74,8 @@ class HostCopies:
         the poll right after it finds done."""
         if preempted_ids:
             self._submit_deferred(now_s)
-            ends = [done_s for done_s, rid in self._stores if rid in set(preempted_ids)]
+            preempted = set(preempted_ids)
+            ends = [done_s for done_s, rid in self._stores if rid in preempted]
             if ends:
                 now_s = max(now_s, max(ends))
         self._submit_deferred(now_s)
@@ -144,8 +144,8 @@ class HostCopies:
         return bool(self._loads or self._stores or self._waiting_for_store or self._deferred)
 
 
-def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, scheduler: Scheduler, pool: str,
-                    field: str, source: str) -> HostCopies | None:
+def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: str,
+                    source: str) -> HostCopies | None:
     """The replica's CPU tier (`replica.kv_offload`), on `state`, and its copies' timing; None
     without one. Its blocks: `size_gib` over a block's KV on every GPU of the replica
     (vLLM's `CPUOffloadingSpec`: page size times layers times world size); a copy of a block
@@ -190,7 +190,6 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, scheduler: Schedule
                  else host_link_bytes_s(cfg.measured_gpu))
     state.offload = OffloadState(CpuTier(num_blocks))
     seconds_per_block = block_bytes_per_gpu / bandwidth
-    del scheduler  # (the policy is checked by name above)
     return HostCopies(seconds_per_block, seconds_per_block)
 
 
