@@ -189,7 +189,9 @@ def test_through_the_simulator_with_preemption():
 
 def with_sglang(data: dict, draw) -> dict:
     """`data` with every replica's scheduler replaced by a random `sglang` one (its classes,
-    if any, of one priority: SGLang's policy here is FCFS)."""
+    if any, of one priority: SGLang's policy here is FCFS; no CPU tier for the KV cache,
+    which is vLLM's connector)."""
+    data.pop("kv_offload", None)
     for key, value in list(data.items()):
         if key == "classes":
             data[key] = [{**c, "priority": 0} for c in value]
