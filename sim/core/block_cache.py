@@ -178,13 +178,9 @@ class BlockPrefixCache(KVCacheManager):
         return True
 
     def chain_hashes(self, req: Request, num_blocks: int) -> list[int]:
-        """The chain hashes of `req`'s first `num_blocks` blocks (a CPU tier keys its blocks
-        by them, as vLLM's offloading connector does by `request.block_hashes`)."""
-        return self._chain(req, num_blocks)[:num_blocks]
-
-    def chain_view(self, req: Request, num_blocks: int) -> list[int]:
-        """`chain_hashes` without the copy: the kept list, at least `num_blocks` long (read
-        only)."""
+        """The chain hashes of `req`'s blocks, the kept list itself (read only: no copy, at
+        least `num_blocks` long). A CPU tier keys its blocks by them, as vLLM's offloading
+        connector does by `request.block_hashes`."""
         return self._chain(req, num_blocks)
 
     def cache_loaded(self, req: Request, num_tokens: int) -> None:

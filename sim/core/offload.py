@@ -67,9 +67,6 @@ class Transfers:
     loads: list[tuple[int, int]] = field(default_factory=list)
     stores: list[tuple[int, int]] = field(default_factory=list)
 
-    def __bool__(self) -> bool:
-        return bool(self.loads or self.stores)
-
 
 class CpuTier:
     """The host's KV blocks and the connector's bookkeeping per request (module docstring)."""
@@ -177,10 +174,6 @@ class CpuTier:
 
     def set_next_stored(self, request_id: int, num_blocks: int) -> None:
         self._next_stored[request_id] = num_blocks
-
-    def next_stored(self, request_id: int) -> int:
-        """The request's next block to store: those before it are stored (or skipped)."""
-        return self._next_stored.get(request_id, 0)
 
     def store(self, request_id: int, hashes: list[int], num_full_blocks: int,
               num_hashed: int | None = None) -> int:
@@ -314,7 +307,7 @@ class OffloadState:
                 continue  # (most steps: no block filled; no hashes needed)
             # Blocks of known tokens have a hash (a token in flight is not known yet).
             num_known = (req.num_tokens - req.num_placeholders) // block_size
-            num_blocks = tier.store(rid, kv.chain_view(req, min(num_full, num_known)),
+            num_blocks = tier.store(rid, kv.chain_hashes(req, min(num_full, num_known)),
                                     num_full, num_known)
             if num_blocks:
                 stores.append((rid, num_blocks))

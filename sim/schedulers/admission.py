@@ -168,7 +168,8 @@ def offload_lookup(state: ReplicaState, offload: OffloadState, req: Request,
     kv = state.kv
     assert isinstance(kv, BlockPrefixCache)
     block_size = kv.block_size
-    return offload.tier.lookup(kv.chain_hashes(req, req.num_tokens // block_size), num_cached,
+    num_blocks = req.num_tokens // block_size
+    return offload.tier.lookup(kv.chain_hashes(req, num_blocks)[:num_blocks], num_cached,
                                block_size)
 
 
