@@ -157,11 +157,22 @@ def answer_lines(plan: Any, found: dict[str, Any]) -> list[str]:
                  f"{_usd(chosen['usd_per_hour'])}/h) holds {chosen['capacity_qps']:.4g} req/s: "
                  f"{chosen['qps_per_usd_hour']:.4g} req/s per USD an hour"]
         for check in found["band_checks"]:
-            if check["band"]:
-                lines.append(f"error band +/-{100 * check['band']:.0f}%: "
+            if not check["band"]:
+                continue
+            where = " (a GPU the calibration did not measure)" if check["extrapolated"] else ""
+            if check["kind"] == chosen["kind"]:
+                lines.append(f"error band +/-{100 * check['band']:.0f}%{where}: "
                              f"{check['slow_qps']:.4g} req/s with iteration times "
                              f"{100 * check['band']:.0f}% longer, {check['fast_qps']:.4g} "
                              "shorter")
+            else:
+                lines.append(f"{check['kind']}, iteration times {100 * check['band']:.0f}% "
+                             f"longer{where}: {check['slow_qps']:.4g} req/s "
+                             f"({check['slow_qps_per_usd_hour']:.4g} per USD an hour)")
+        robust = found.get("robust_choice")
+        if robust is not None and robust != chosen["kind"]:
+            lines.append(f"[bold]robust choice[/] (the most load per dollar at the band's slow "
+                         f"end): {robust}")
         seeds = found["seeds"]
         lines.append(f"seeds {seeds['seeds']} at that load: " + (
             "every SLO met in each" if seeds["all_hold"] else "; ".join(seeds["failures"])))

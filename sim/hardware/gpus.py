@@ -90,6 +90,15 @@ class GPUSpec:
     # FLOP/s of dense fp8 matrix math (no sparsity); None: no fp8 tensor cores (Ampere), where
     # fp8 weights run as weight-only quantization on the bf16 units.
     peak_fp8_flops: float | None = None
+    # The registered GPU whose kernel measurements time this one: its own name, or for a copy
+    # that changes no figure kernels run at (its price, say: `gpu: {base: a100-80gb, ...}`),
+    # its base's. None: the name.
+    kernels_of: str | None = None
+
+    @property
+    def measured_as(self) -> str:
+        """The name the GEMM and elementwise calibrations look this GPU up by."""
+        return self.kernels_of or self.name
 
     def matmul_flops(self, fp8: bool = False) -> float:
         """Dense FLOP/s of matrix math: the fp8 peak if `fp8` and the GPU has fp8 tensor
@@ -332,7 +341,19 @@ class GPUSpecInput(BaseModel):
                        "" if cost is None else self.cost_source,
                        None if network is None else float(network),
                        "" if network is None else self.source,
-                       None if self.peak_fp8_flops is None else float(self.peak_fp8_flops))
+                       None if self.peak_fp8_flops is None else float(self.peak_fp8_flops),
+                       self._kernels_of())
+
+    def _kernels_of(self) -> str | None:
+        """The base, where this copy runs kernels at its base's figures (compute and memory
+        bandwidth): the base's measurements then time them."""
+        if self.base is None:
+            return None
+        spec = GPUS.get(self.base)
+        same = (self.peak_bf16_flops == spec.peak_bf16_flops
+                and self.peak_fp8_flops == spec.peak_fp8_flops
+                and self.memory_bandwidth_bytes_s == spec.memory_bandwidth_bytes_s)
+        return self.base if same else None
 
 
 def resolve_gpu(value: str | Mapping[str, Any]) -> GPUSpec:

@@ -116,8 +116,8 @@ class ElementwiseModel:
     def for_gpu(cls, gpu: GPUSpec) -> ElementwiseModel:
         """The GPU's fitted kernels, or the H100's scaled to its bandwidth."""
         fitted, source = _calibration()
-        if gpu.name in fitted:
-            return cls(fitted[gpu.name], gpu.name, "calibrated", source)
+        if gpu.measured_as in fitted:
+            return cls(fitted[gpu.measured_as], gpu.name, "calibrated", source)
         from sim.hardware.gpus import GPUS
 
         ratio = gpu.memory_bandwidth_bytes_s / GPUS.get(REFERENCE_GPU).memory_bandwidth_bytes_s

@@ -156,11 +156,13 @@ class GemmModel:
         if not calibrated:
             return cls.naive(spec, mfu, mbu)
         gpus = _calibration()["gpus"]
-        if spec.name in gpus:
-            entry = gpus[spec.name]
+        if spec.measured_as in gpus:
+            entry = gpus[spec.measured_as]
             corr = _correction(entry) if correction else None
             return cls(_params(entry["params"]), spec.name, "calibrated",
                        f"fitted to measurements ({CALIBRATION_PATH.name})"
+                       + ("" if spec.measured_as == spec.name
+                          else f" of {spec.measured_as}, whose figures it has")
                        + (", with its efficiency-vs-tokens correction" if corr else ""), corr)
         ref = gpus[REFERENCE_GPU]["params"]
         params = GemmParams(

@@ -90,7 +90,8 @@ def plan_figure(plan_dir: Path, out_dir: Path | None = None) -> list[Path]:
 
 def _load_figure(record: dict, plan_dir: Path, out_dir: Path | None) -> list[Path]:
     """load_per_dollar: each kind's most load against what one replica (unit) costs, with the
-    line of the chosen kind's load per dollar."""
+    line of the chosen kind's load per dollar, and the checked kinds' load at the error band's
+    slow end."""
     ranking = record["answer"].get("ranking") or []
     if not ranking:
         return []
@@ -99,6 +100,13 @@ def _load_figure(record: dict, plan_dir: Path, out_dir: Path | None) -> list[Pat
     cost = qps / per
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
     ax.plot(cost, qps, marker="o", linestyle="none", color="tab:blue", label="kinds")
+    slow = np.array([np.nan if r.get("slow_qps_per_usd_hour") is None
+                     else r["slow_qps_per_usd_hour"] for r in ranking]) * cost
+    checked = ~np.isnan(slow)
+    if checked.any():  # each kind checked across the band: down to its slow end's load
+        ax.vlines(cost[checked], slow[checked], qps[checked], color="tab:red", linewidth=1.5)
+        ax.plot(cost[checked], slow[checked], marker="_", markersize=10, linestyle="none",
+                color="tab:red", label="at the error band's slow end")
     best = per[0]
     xs = np.array([cost.min() * 0.8, cost.max() * 1.25])
     ax.plot(xs, best * xs, color="tab:green", linewidth=1,

@@ -62,6 +62,14 @@ class Kind:
     scheduler: tuple[tuple[str, Any], ...]  # changes to the base's scheduler
     ratio: Ratio | None = None  # prefill:decode, or None: colocated
     link: LinkChoice | None = None  # a disaggregated kind's KV link (None: the base's)
+    # changes to the decode pool's scheduler, over `scheduler` (disaggregated kinds only)
+    decode_scheduler: tuple[tuple[str, Any], ...] = ()
+
+    def __hash__(self) -> int:
+        # (A scheduler change's value may be a mapping: a speculative config, say.)
+        return hash((self.gpu, self.tensor, self.pipeline, self.quantization,
+                     json.dumps(self.scheduler, sort_keys=True), self.ratio, self.link,
+                     json.dumps(self.decode_scheduler, sort_keys=True)))
 
     @property
     def gpus_per_replica(self) -> int:
@@ -90,12 +98,15 @@ class Kind:
             parts.append(f"PP{self.pipeline}")
         if self.quantization != "none":
             parts.append(self.quantization)
-        parts += [f"{k}={v}" for k, v in self.scheduler]
+        parts += [f"{k}={_shown(v)}" for k, v in self.scheduler]
         if self.ratio is not None:
             parts.append(f"P:D {self.ratio.prefill}:{self.ratio.decode}")
             if self.ratio.decode_gpu is not None or self.ratio.decode_tensor is not None:
                 gpu = self.ratio.decode_gpu.name if self.ratio.decode_gpu else self.gpu.name
                 parts.append(f"decode {gpu} TP{self.ratio.decode_tensor or self.tensor}")
+        if self.decode_scheduler:
+            parts.append("decode " + " ".join(f"{k}={_shown(v)}"
+                                              for k, v in self.decode_scheduler))
         if self.link is not None:
             parts.append(f"link {self.link.name}")
         return " ".join(parts)
@@ -121,6 +132,8 @@ class Kind:
                     "base": choice.name, "cost_per_gpu_hour": choice.cost_per_gpu_hour}
             if self.ratio.decode_tensor is not None:
                 decode["parallelism"] = {"tensor": self.ratio.decode_tensor}
+            if self.decode_scheduler:
+                decode["scheduler"] = dict(self.decode_scheduler)
             if decode:
                 out["cluster.decode"]["replica"] = decode
             if self.link is not None:
@@ -184,11 +197,14 @@ def kinds(plan: Plan) -> list[Kind]:
                         for ratio in ratios:
                             links: list[LinkChoice | None] = (
                                 [None] if ratio is None or not cfg.links else list(cfg.links))
+                            decodes = [{}] if ratio is None else cfg.decode_schedulers
                             for link in links:
-                                kind = Kind(gpu, tp, pp, quant, tuple(sorted(sched.items())),
-                                            ratio, link)
-                                if kind not in out:  # (a choice listed twice, searched once)
-                                    out.append(kind)
+                                for decode in decodes:
+                                    kind = Kind(gpu, tp, pp, quant,
+                                                tuple(sorted(sched.items())), ratio, link,
+                                                tuple(sorted(decode.items())))
+                                    if kind not in out:  # (listed twice, searched once)
+                                        out.append(kind)
     return out
 
 
@@ -377,6 +393,16 @@ class Searcher:
         while n > 1 and cluster(n - 1):
             n -= 1
         result.units = n
+
+
+def _shown(value: Any) -> str:
+    """A scheduler change's value in a kind's label: a mapping (a speculative config, say) as
+    `(key=value,...)`, not a dict dump."""
+    if isinstance(value, dict):
+        return "(" + ",".join(f"{k}={_shown(v)}" for k, v in value.items()) + ")"
+    if isinstance(value, list):
+        return "[" + ",".join(_shown(v) for v in value) + "]"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _smallest(passes: Callable[[int], bool], limit: int) -> int | None:

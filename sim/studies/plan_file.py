@@ -106,6 +106,10 @@ class PlanSearch(Frozen):
     schedulers: list[dict[str, Any]] = Field(
         default_factory=_base_scheduler, min_length=1, max_length=20,
         description="changes to the base's scheduler, one per choice")
+    decode_schedulers: list[dict[str, Any]] = Field(
+        default_factory=_base_scheduler, min_length=1, max_length=20,
+        description="changes to a decode pool's scheduler (over the kind's), one per choice, "
+                    "tried with each ratio; none: the kind's")
     colocated: bool = Field(True, description="try colocated replicas")
     disaggregated: list[Ratio] = Field(default_factory=list, max_length=20,
                                        description="prefill:decode ratios to try")
@@ -141,6 +145,10 @@ class PlanSearch(Frozen):
             raise invalid(("links", [link.name for link in self.links],
                            "KV links only carry disaggregated kinds: add ratios to "
                            "search.disaggregated"))
+        if self.decode_schedulers != [{}] and not self.disaggregated:
+            raise invalid(("decode_schedulers", self.decode_schedulers,
+                           "a decode pool's scheduler needs disaggregated kinds: add ratios "
+                           "to search.disaggregated"))
         names = [link.name for link in self.links]
         if len(set(names)) != len(names):
             raise invalid(("links", names, "each link needs a name of its own"))
@@ -235,12 +243,15 @@ class Plan:
             raise InputError(path, "base.clients", self.base.clients.model_dump(),
                              "a plan holds an open-loop load (target_qps); clients cap or set "
                              "the rate themselves: leave them out of the base")
-        for i, change in enumerate(self.config.search.schedulers):
-            try:
-                self.scenario({f"replica.scheduler.{k}": v for k, v in change.items()})
-            except InputError as exc:
-                raise InputError(path, f"search.schedulers.{i}", change,
-                                 exc.one_line().split(": ", 2)[-1]) from None
+        search = self.config.search
+        for field, changes in (("schedulers", search.schedulers),
+                               ("decode_schedulers", search.decode_schedulers)):
+            for i, change in enumerate(changes):
+                try:
+                    self.scenario({f"replica.scheduler.{k}": v for k, v in change.items()})
+                except InputError as exc:
+                    raise InputError(path, f"search.{field}.{i}", change,
+                                     exc.one_line().split(": ", 2)[-1]) from None
         if self.base.cluster.prefill is not None:
             raise InputError(path, "base.cluster", "prefill/decode",
                              "the plan makes the cluster: give a base with one replica kind "

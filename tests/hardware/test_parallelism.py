@@ -262,7 +262,16 @@ def test_a_registered_gpu_with_your_own_price(tmp_path, monkeypatch, capsys):
     h100 = GPUS.get("h100-sxm")
     assert (spec.name, spec.cost_per_gpu_hour) == ("h100-sxm-custom", 2.49)
     assert (spec.peak_bf16_flops, spec.memory_bytes) == (h100.peak_bf16_flops, h100.memory_bytes)
-    assert run_scenario(scenario).summary["cost"]["usd_per_hour"] == 2.49
+    priced = run_scenario(scenario)
+    assert priced.summary["cost"]["usd_per_hour"] == 2.49
+    # Only the price changed: the H100's measured kernels time it, iteration for iteration.
+    named = run_scenario(load_scenario(write(tmp_path, SYNTH + "replica: {gpu: h100-sxm}\n")))
+    assert priced.summary["latency_model"]["gemm_model"] == "calibrated"
+    assert priced.iterations["duration_s"].equals(named.iterations["duration_s"])
+    # Its own bandwidth: the H100's measurements no longer apply.
+    other = run_scenario(load_scenario(write(tmp_path, SYNTH + (
+        "replica: {gpu: {base: h100-sxm, memory_bandwidth_bytes_s: 4.0e+12}}\n"))))
+    assert other.summary["latency_model"]["gemm_model"] == "extrapolated"
     bad = write(tmp_path, SYNTH + "replica: {gpu: {base: h100, cost_per_gpu_hour: 2.49}}\n")
     code, err = run_cli(monkeypatch, capsys, "simulate", str(bad), "--out", str(tmp_path / "o"))
     assert_one_line_error(code, err, "replica.gpu", "not a registered GPU")

@@ -347,6 +347,113 @@ def test_the_most_load_per_dollar(tmp_path, monkeypatch, capsys):
     assert_one_line_error(code, err, "target_qps", "needed by objective cost")
 
 
+def test_load_per_dollar_names_the_robust_choice_at_the_slow_end(tmp_path, monkeypatch,
+                                                                 capsys):
+    """An A100 priced to beat the H100 on load per dollar at nominal times loses at its band's
+    slow end (25%: a GPU the calibration did not measure, against the H100's 7%): the next
+    kind's slow end is searched too, and the robust choice is the H100."""
+    path = write_plan(tmp_path, objective="load_per_dollar",
+                      slo={"ttft_p90_s": 2.0, "tbt_p99_s": 0.2}, seeds=1,
+                      search={"gpus": ["h100-sxm", {"name": "a100-80gb",
+                                                    "cost_per_gpu_hour": 2.4}],
+                              "tensor": [1]})
+    record, printed = run_plan(monkeypatch, capsys, path, tmp_path / "out")
+    answer = record["answer"]
+    assert answer["chosen"]["kind"] == "a100-80gb TP1"
+    first, second = answer["band_checks"]
+    assert (first["kind"], first["band"], first["extrapolated"]) == ("a100-80gb TP1", 0.25, True)
+    assert (second["kind"], second["band"]) == ("h100-sxm TP1", 0.07)
+    assert "fast_qps" in first and "fast_qps" not in second  # (only the chosen's interval)
+    assert second["slow_qps_per_usd_hour"] > first["slow_qps_per_usd_hour"]
+    assert answer["robust_choice"] == "h100-sxm TP1"
+    assert [r["slow_qps_per_usd_hour"] for r in answer["ranking"]] == [
+        first["slow_qps_per_usd_hour"], second["slow_qps_per_usd_hour"]]
+    assert "robust choice (the most load per dollar at the band's slow end): h100-sxm TP1" in (
+        " ".join(printed.split()))
+    # The price alone changed: the A100 copy holds what the A100 itself holds.
+    table = pd.read_csv(tmp_path / "out" / "candidates.csv")
+    a100 = table[(table["kind"] == "a100-80gb TP1") & (table["role"] == "capacity")]
+    (tmp_path / "named").mkdir()
+    named = write_plan(tmp_path / "named", objective="load_per_dollar",
+                       slo={"ttft_p90_s": 2.0, "tbt_p99_s": 0.2}, seeds=1, band="none",
+                       search={"gpus": ["a100-80gb"], "tensor": [1]})
+    run_plan(monkeypatch, capsys, named, tmp_path / "named" / "out")
+    again = pd.read_csv(tmp_path / "named" / "out" / "candidates.csv")
+    again = again[again["role"] == "capacity"]
+    assert a100[["load_qps", "ok"]].values.tolist() == again[["load_qps", "ok"]].values.tolist()
+
+
+def test_decode_pools_have_their_own_scheduler_choices(tmp_path, monkeypatch, capsys):
+    """`search.decode_schedulers`: each ratio tried with each change to its decode pool's
+    scheduler (over the kind's); the prefill pool keeps the kind's; named in the labels."""
+    from sim.studies.plan import kinds
+    from sim.studies.plan_file import Plan
+
+    path = write_plan(tmp_path, search={
+        "colocated": False, "max_replicas": 6, "disaggregated": [{"prefill": 1, "decode": 1}],
+        "schedulers": [{"max_num_batched_tokens": 4096}],
+        "decode_schedulers": [{}, {"max_num_seqs": 4}]}, band="none", seeds=1)
+    plan = Plan(path)
+    plain, capped = kinds(plan)
+    assert plain.label() == "h100-sxm TP1 max_num_batched_tokens=4096 P:D 1:1"
+    assert capped.label() == "h100-sxm TP1 max_num_batched_tokens=4096 P:D 1:1 decode " \
+                             "max_num_seqs=4"
+    scenario = plan.scenario(capped.changes(2))
+    prefill, decode = scenario.cluster.prefill.replica, scenario.cluster.decode.replica
+    assert decode.scheduler.max_num_seqs == 4
+    assert prefill.scheduler.max_num_seqs == plan.base.replica.scheduler.max_num_seqs != 4
+    assert prefill.scheduler.max_num_batched_tokens == 4096
+    assert decode.scheduler.max_num_batched_tokens == 4096
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "out")
+    found = {k["kind"]: k for k in record["kinds"]}
+    # Four sequences a decode replica: more units for the same load, or none within 6.
+    few, many = found[capped.label()], found[plain.label()]
+    assert many["units"] is not None
+    assert few["units"] is None or few["units"] > many["units"]
+    assert record["answer"]["chosen"]["kind"] == plain.label()
+
+
+@pytest.mark.parametrize("search,field,needle", [
+    ({"decode_schedulers": [{}, {"max_num_seqs": 8}]}, "search.decode_schedulers",
+     "needs disaggregated kinds"),
+    ({"disaggregated": [{"prefill": 1, "decode": 1}], "decode_schedulers": [{"max_num_seqs": 0}]},
+     "search.decode_schedulers.0", "max_num_seqs"),
+])
+def test_decode_scheduler_choices_refused_name_the_field(tmp_path, monkeypatch, capsys, search,
+                                                         field, needle):
+    code, err = run_cli(monkeypatch, capsys, "plan", str(write_plan(tmp_path, search=search)),
+                        "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "plan.yaml", field, needle)
+
+
+def test_speculative_decoding_is_a_scheduler_choice(tmp_path, monkeypatch, capsys):
+    """A speculative config among `search.schedulers`: labelled by its fields (not a dict
+    dump), searched as its own kind colocated, refused with the reason on P:D pools."""
+    spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": 0.7}
+    path = write_plan(tmp_path, search={
+        "max_replicas": 4, "schedulers": [{}, {"speculative": spec}],
+        "disaggregated": [{"prefill": 1, "decode": 1}]}, band="none", seeds=1)
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "out")
+    found = {k["kind"]: k for k in record["kinds"]}
+    label = "h100-sxm TP1 speculative=(acceptance_rate=0.7,method=eagle,num_speculative_tokens=2)"
+    assert set(found) == {"h100-sxm TP1", "h100-sxm TP1 P:D 1:1", label, f"{label} P:D 1:1"}
+    assert found[label]["units"] is not None and found[label]["refused"] is None
+    assert "speculative decoding on" in found[f"{label} P:D 1:1"]["refused"]
+    # The drafts were run: fewer iterations than without them, for one replica at one load.
+    table = pd.read_csv(tmp_path / "out" / "candidates.csv")
+    table = table[table["replicas"] == 1]
+    same = table[table["kind"] == label].merge(table[table["kind"] == "h100-sxm TP1"],
+                                               on="load_qps", suffixes=("_spec", "_plain"))
+    assert len(same)
+
+    def iterations(key):
+        return json.loads((tmp_path / "out" / "runs" / key / "summary.json").read_text())[
+            "num_iterations"]
+
+    for _, row in same.iterrows():
+        assert iterations(row["key_spec"]) < iterations(row["key_plain"])
+
+
 def test_a_kind_failing_far_below_the_start_stops_there(tmp_path, monkeypatch, capsys):
     from sim.studies.plan import MAX_HALVINGS
 
