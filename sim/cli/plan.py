@@ -172,7 +172,9 @@ def answer_lines(plan: Any, found: dict[str, Any]) -> list[str]:
         robust = found.get("robust_choice")
         if robust is not None and robust != chosen["kind"]:
             lines.append(f"[bold]robust choice[/] (the most load per dollar at the band's slow "
-                         f"end): {robust}")
+                         f"end): {robust}" + (
+                             f", of the {len(found['band_checks'])} best kinds searched there"
+                             if found.get("robust_unchecked_kinds") else ""))
         seeds = found["seeds"]
         lines.append(f"seeds {seeds['seeds']} at that load: " + (
             "every SLO met in each" if seeds["all_hold"] else "; ".join(seeds["failures"])))

@@ -304,10 +304,12 @@ class Searcher:
         result.seconds = time.perf_counter() - start
         return result
 
-    def max_load(self, kind: Kind, result: KindResult, scale: float = 1.0) -> float:
+    def max_load(self, kind: Kind, result: KindResult, scale: float = 1.0,
+                 start_qps: float | None = None) -> float:
         """The most load one replica (or P:D unit) of `kind` holds, to LOAD_PRECISION:
-        doubling from the plan's starting load while it holds (halving while it fails, at most
-        MAX_HALVINGS times), then bisecting; 0 where even the lowest load tried fails."""
+        doubling from `start_qps` (the plan's starting load) while it holds (halving while it
+        fails, at most MAX_HALVINGS times), then bisecting; 0 where even the lowest load tried
+        fails."""
         role = "capacity" if scale == 1.0 else ("slow_end" if scale > 1 else "fast_end")
 
         def holds(qps: float) -> bool:
@@ -316,7 +318,7 @@ class Searcher:
             return ev.ok
 
         lo, hi = 0.0, math.inf
-        qps = self.plan.start_qps
+        qps = self.plan.start_qps if start_qps is None else start_qps
         halvings = 0
         for _ in range(MAX_DOUBLINGS + MAX_HALVINGS):
             if holds(qps):

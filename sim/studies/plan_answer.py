@@ -16,6 +16,9 @@ from sim.studies.plan_file import Plan
 from sim.studies.plan_run import evaluation_rows, objective, unit_cost
 
 NUM_DECIDING = 3  # the cheapest passing deployments checked across the band
+# load_per_dollar: the best kinds searched at their band's slow end, at most (each search is
+# some ten runs; a cliff at the slow end would otherwise send it down the whole ranking)
+MAX_SLOW_ENDS = 8
 MAX_EXTRA = 3  # replicas (units) added at the band's slow end, at most
 
 
@@ -126,8 +129,8 @@ def answer_load(plan: Plan, searcher: Searcher, results: list[KindResult]) -> di
     hour; its load searched again at the band's ends (an interval), and re-run at that load
     with every seed. The next kinds' loads are searched at their own band's slow end while
     their nominal load per dollar could still beat the best slow end found (a kind holds no
-    more with longer iterations), naming the robust choice: the most load per dollar at the
-    slow end."""
+    more with longer iterations), MAX_SLOW_ENDS kinds at most, naming the robust choice: the
+    most load per dollar at the slow end."""
     ranked = sorted((r for r in results if r.capacity_qps), key=lambda r: (
         -(r.capacity_qps or 0.0) / unit_cost(plan, r.kind), r.kind.label()))
     if not ranked:
@@ -137,6 +140,7 @@ def answer_load(plan: Plan, searcher: Searcher, results: list[KindResult]) -> di
     at_capacity = next(ev for ev in result.evaluations
                        if ev.role == "capacity" and ev.ok and ev.load_qps == capacity)
     checks: list[dict[str, Any]] = []
+    unchecked = False  # kinds that might have beaten the robust choice were left unsearched
     best_slow = 0.0  # the most load per USD an hour at a checked kind's slow end
     for other in ranked:
         unit = unit_cost(plan, other.kind)
@@ -144,15 +148,20 @@ def answer_load(plan: Plan, searcher: Searcher, results: list[KindResult]) -> di
         # (Each load is found to LOAD_PRECISION: a slow end may sit that much above.)
         if checks and nominal <= best_slow * (1 - LOAD_PRECISION):
             break
+        if len(checks) == MAX_SLOW_ENDS:
+            unchecked = True
+            break
         band, extrapolated = band_for(plan, other)
         check: dict[str, Any] = {"kind": other.kind.label(), "units": 1,
                                  "replicas": other.kind.replicas(1), "band": band,
                                  "extrapolated": extrapolated}
         slow = other.capacity_qps or 0.0
-        if band > 0:
-            slow = check["slow_qps"] = searcher.max_load(other.kind, other, 1 + band)
+        if band > 0:  # (from where the nominal load, scaled, puts each end)
+            slow = check["slow_qps"] = searcher.max_load(other.kind, other, 1 + band,
+                                                         start_qps=slow / (1 + band))
             if other is result:
-                check["fast_qps"] = searcher.max_load(other.kind, other, 1 - band)
+                check["fast_qps"] = searcher.max_load(other.kind, other, 1 - band,
+                                                      start_qps=capacity / (1 - band))
         check["slow_qps_per_usd_hour"] = slow / unit
         best_slow = max(best_slow, slow / unit)
         checks.append(check)
@@ -191,6 +200,7 @@ def answer_load(plan: Plan, searcher: Searcher, results: list[KindResult]) -> di
                     for r in ranked],
         "band_checks": checks,
         "robust_choice": robust_choice,
+        "robust_unchecked_kinds": unchecked,
         "seeds": {"seeds": [ev.seed for ev in seeds], "all_hold": not failed,
                   "failures": failed, "capacity_every_seed_qps": every_seed},
     }
