@@ -69,9 +69,11 @@ class ReplicaRecord:
 
 
 def _split_name(cfg: ReplicaConfig) -> str:
-    """`TP4`, `TP2xPP2`, `TP8xEP8`: the replica's split, as people write it (`TP1` alone)."""
+    """`TP4`, `TP2xPP2`, `TP8xEP8`, `DP2xTP1xEP2`: the replica's split, as people write it
+    (`TP1` alone)."""
     par = cfg.parallelism
-    parts = [f"TP{par.tensor}"]
+    parts = [f"DP{par.data}"] if par.data > 1 else []
+    parts += [f"TP{par.tensor}"]
     parts += [f"PP{par.pipeline}"] if par.pipeline > 1 else []
     parts += [f"EP{par.expert}"] if par.expert > 1 else []
     return "x".join(parts)
@@ -93,7 +95,8 @@ def cost_stats(summary: dict[str, Any], requests: Table,
     num_gpus = 0
     usd_per_hour: float | None = 0.0
     for pool, cfg in pools.items():
-        n = sum(r.pool == pool for r in replicas) * cfg.parallelism.num_gpus
+        # (A record per engine: a data-parallel replica's ranks, each on its share of GPUs.)
+        n = sum(r.pool == pool for r in replicas) * cfg.parallelism.num_gpus_per_rank
         num_gpus += n
         price = cfg.gpu_spec.cost_per_gpu_hour
         usd_per_hour = None if price is None or usd_per_hour is None else usd_per_hour + n * price
@@ -375,7 +378,9 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
         "scheduler": "/".join(cfg.scheduler.name for cfg in pools.values()),
         "latency": "/".join(cfg.latency.kind for cfg in pools.values()),
         "engine": "/".join(dict.fromkeys(cfg.calibration.name for cfg in pools.values())),
-        "pools": {pool: sum(r.pool == pool for r in replicas) for pool in pools},
+        # Replicas per pool (a data-parallel replica's ranks are one replica).
+        "pools": {pool: sum(r.pool == pool for r in replicas) // cfg.parallelism.data
+                  for pool, cfg in pools.items()},
         "router": scenario.cluster.router.name,
         "num_kv_blocks": replicas[0].kv.num_blocks,
         "kv_block_size": replicas[0].kv.block_size,

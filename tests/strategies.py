@@ -7,9 +7,10 @@ from hypothesis import strategies as st
 
 
 @st.composite
-def scenarios(draw, offload: bool = False):
+def scenarios(draw, offload: bool = False, data_parallel: bool = False):
     """A random scenario; `offload`: always vLLM v1 (0.15.1) with prefix caching and a CPU
-    tier for the KV cache (elsewhere the tier is drawn now and then)."""
+    tier for the KV cache (elsewhere the tier is drawn now and then); `data_parallel`: vLLM v1
+    on 2 or 4 data-parallel ranks of an MoE model, experts spread over them."""
     block_size = draw(st.sampled_from([1, 4, 16]))
     max_prompt = draw(st.integers(1, 800))
     max_output = draw(st.integers(1, 80))
@@ -17,7 +18,7 @@ def scenarios(draw, offload: bool = False):
     min_blocks = -(-(max_prompt + max_output) // block_size)
     num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
     reserve = draw(st.sampled_from([None, 0, 8]))
-    policy = "vllm_v1" if offload else draw(
+    policy = "vllm_v1" if offload or data_parallel else draw(
         st.sampled_from(["chunked_prefill", "prefill_first", "vllm_v1", "sglang"]))
     if policy == "chunked_prefill":
         budget = draw(st.integers(8, 1024))
@@ -49,7 +50,10 @@ def scenarios(draw, offload: bool = False):
         # vLLM's priority policy sometimes: the queue by priority, victims anywhere.
         scheduler["scheduling_policy"] = draw(st.sampled_from(["fcfs", "fcfs", "priority"]))
         # Speculative decoding sometimes, either release, synchronous or not (rule 18).
-        if not offload and draw(st.integers(0, 3)) == 0:
+        if data_parallel:
+            scheduler["engine_version"] = draw(st.sampled_from(["0.15.1", "0.33.0"]))
+            scheduler["async_scheduling"] = draw(st.booleans())
+        elif not offload and draw(st.integers(0, 3)) == 0:
             method = draw(st.sampled_from(["ngram", "eagle", "draft_model"]))
             k = draw(st.integers(1, 5))
             scheduler.pop("min_chunk_tokens", None)
@@ -120,7 +124,7 @@ def scenarios(draw, offload: bool = False):
     if offload:
         scheduler["decode_reserve_tokens"] = 0  # (the tier refuses others)
     if (scheduler["name"] == "vllm_v1" and prefix_caching and "speculative" not in scheduler
-            and scheduler.get("decode_reserve_tokens") == 0
+            and scheduler.get("decode_reserve_tokens") == 0 and not data_parallel
             and (offload or draw(st.integers(0, 2)) == 0)):
         num_cpu_blocks = draw(st.integers(1, 3 * num_blocks))
         cpu_tier = {"size_gib": num_cpu_blocks * block_size * 2**17 / 2**30,
@@ -134,15 +138,20 @@ def scenarios(draw, offload: bool = False):
                                                         {"kind": "constant",
                                                          "iteration_s": 0.01}])),
                                 # Jitter sometimes: fast-forward must still equal stepping.
-                                "noise": draw(st.sampled_from([
-                                    {"kind": "none"}, {"kind": "none"},
-                                    {"kind": "lognormal", "sigma": 0.3},
-                                    {"kind": "lognormal", "sigma": 0.1, "correlation": 0.8}]))},
+                                "noise": {"kind": "none"} if data_parallel else draw(
+                                    st.sampled_from([
+                                        {"kind": "none"}, {"kind": "none"},
+                                        {"kind": "lognormal", "sigma": 0.3},
+                                        {"kind": "lognormal", "sigma": 0.1,
+                                         "correlation": 0.8}]))},
                     # (vLLM never allocates its null block: one more for the largest request)
                     "kv_cache": {"block_size": block_size,
                                  "num_blocks": num_blocks + (scheduler["name"] == "vllm_v1")},
                     "prefix_caching": prefix_caching,
                     **({"kv_offload": cpu_tier} if cpu_tier is not None else {}),
+                    **({"model": "qwen3-30b-a3b", "parallelism": {
+                        "data": (ranks := draw(st.sampled_from([2, 4]))), "expert": ranks}}
+                       if data_parallel else {}),
                     # No API front end sometimes: an answer then reaches its client at the
                     # finish itself, and a request it sends ties with the replica's next plan.
                     "engine": draw(st.sampled_from(["auto", "none"]))},

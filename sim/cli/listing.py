@@ -66,6 +66,10 @@ def list_registered(
 
     console.print(params_table("replica.kv_offload (a CPU tier for the KV cache: vllm_v1 "
                                "0.15.1 with prefix caching)", parameter_rows(KVOffloadConfig)))
+    from sim.hardware.parallelism import Parallelism
+
+    console.print(params_table("replica.parallelism (GPUs: tensor x pipeline x data)",
+                               parameter_rows(Parallelism)))
 
 
 def calibration_paragraphs(calibrations: list[Any]) -> list[str]:

@@ -111,7 +111,7 @@ class ReplicaConfig(Frozen):
     @property
     def frontend_latency_s(self) -> float:
         """What the API front end adds to this replica's TTFT and E2E (client-side)."""
-        return self.calibration.frontend_latency_s(self.parallelism.num_gpus)
+        return self.calibration.frontend_latency_s(self.parallelism.num_gpus_per_rank)
 
     @property
     def context_len(self) -> int | None:

@@ -65,8 +65,8 @@ class Cluster:
         self._client_seed = seeds[2]
         self.replicas: list[Replica] = []
         if cfg.prefill is None or cfg.decode is None:
-            self.front = [self._replica(scenario.replica, "colocated")
-                          for _ in range(cfg.replicas)]
+            make = (self._group if scenario.replica.parallelism.data > 1 else self._replica)
+            self.front = [make(scenario.replica, "colocated") for _ in range(cfg.replicas)]
             self.decode: list[Replica] = []
             self.disaggregation: Disaggregation | None = None
             return
@@ -81,8 +81,38 @@ class Cluster:
             cfg.prefill.replica.model_shape, lambda replicas: Loads(replicas, None),
             self._next_arrival, str(self.source))
 
-    def _replica(self, cfg: ReplicaConfig, pool: str) -> Replica:
+    def _group(self, cfg: ReplicaConfig, pool: str) -> Any:
+        """A replica of data-parallel ranks in lockstep (`sim.engine.data_parallel`)."""
+        from sim.engine.data_parallel import DataParallelGroup
+        from sim.routers.vllm_dp import VllmDataParallel, VllmDataParallelConfig
+
+        scheduler = cfg.scheduler
+        version = getattr(scheduler, "engine_version", None)
+        if cfg.scheduler.name != "vllm_v1":
+            raise InputError(self.source, "replica.parallelism.data", cfg.parallelism.data,
+                             "data-parallel ranks are modelled as vLLM runs them: give "
+                             "scheduler.name vllm_v1")
+        refusals = [("replica.latency.noise.kind", cfg.latency.noise.kind,
+                     cfg.latency.noise.enabled, "per-iteration noise")]
+        for field, value, given, what in refusals:
+            if given:
+                raise InputError(self.source, field, value, f"{what} with data-parallel "
+                                 "ranks is not modelled yet (servesim issue 47)")
+        ranks = [self._replica(cfg, pool, rank=True) for _ in range(cfg.parallelism.data)]
+        balancer = VllmDataParallel(
+            VllmDataParallelConfig(name="vllm_dp", engine_version=version or "0.15.1"),
+            np.random.default_rng(0))
+        latest = version == "0.33.0"
+        return DataParallelGroup(self.env, cast(list[Any], ranks), ranks[0].latency, balancer,
+                                 max_num_seqs=int(scheduler.max_num_seqs),
+                                 sync_interval=16 if latest else 32, sync_first_step=latest)
+
+    def _replica(self, cfg: ReplicaConfig, pool: str, rank: bool = False) -> Replica:
         model = cfg.model_shape
+        if cfg.parallelism.data > 1 and not rank:
+            raise InputError(self.source, f"cluster.{pool}.replica.parallelism.data",
+                             cfg.parallelism.data, "data-parallel ranks in a disaggregated "
+                             "pool are not modelled yet (servesim issue 47)")
         scheduler = make_scheduler(cfg)
         field = "replica" if pool == "colocated" else f"cluster.{pool}.replica"
         latency = make_latency(cfg, model, self.source, field)
@@ -100,14 +130,22 @@ class Cluster:
             if isinstance(state.kv, BlockPrefixCache):
                 state.kv.cache_at_free = getattr(scheduler, "kv_cached_when_freed", True)
         kind: type[Replica] = Replica
-        if self.fast_forward:
+        if rank:
+            from sim.engine.data_parallel import Rank
+
+            if state.acceptance is not None or cfg.kv_offload is not None:
+                what = "speculative decoding" if state.acceptance is not None else "kv_offload"
+                raise InputError(self.source, "replica.parallelism.data", cfg.parallelism.data,
+                                 f"{what} with data-parallel ranks is not modelled yet "
+                                 "(servesim issue 47)")
+        elif self.fast_forward:
             from sim.engine.fastpath.replica import FastReplica  # not needed to step
 
             kind = FastReplica
         extra: dict[str, Any] = {}
         num_in_flight = scheduler.num_batches_in_flight(cfg.parallelism.pipeline)
-        if num_in_flight > 1:  # a pipeline (stages as vLLM splits the layers), or async
-            kind = PipelinedReplica
+        if num_in_flight > 1 or rank:  # a pipeline (stages as vLLM splits the layers), async
+            kind = Rank if rank else PipelinedReplica
             # Placeholders where the engine schedules ahead of its stages (async, overlap); a
             # plain pipeline waits for each token. Stale tokens as the engine treats them,
             # there only (checked by the golden schedules; a pipeline drops them).
@@ -122,7 +160,8 @@ class Cluster:
                        quiet_until=self._next_arrival if pool == "colocated" else None,
                        where=(self.source, f"{field}.latency",
                               str(getattr(cfg.latency, "path", "")) or cfg.latency.kind),
-                       noise=self._noise(cfg, latency, len(self.replicas), field), **extra)
+                       noise=self._noise(cfg, latency, len(self.replicas), field),
+                       start=not rank, **extra)
         replica.copies = copies
         self.replicas.append(replica)
         self.frontend_s.append(cfg.frontend_latency_s)
@@ -306,8 +345,11 @@ def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
     """The replica's latency model. A split replica's parallelism is passed only to models
     that take it: one written for a single GPU is refused for a split, not run as if whole."""
     cls = LATENCY_MODELS.get(cfg.latency.kind)
-    split = cfg.parallelism.num_gpus > 1
-    if split and "parallelism" not in inspect.signature(cls.__init__).parameters:
+    takes = "parallelism" in inspect.signature(cls.__init__).parameters
+    # (A model of one GPU may time each data-parallel rank of one GPU: the ranks' steps then
+    # go at the slowest one's pace, `LatencyModel.lockstep_time_s`.)
+    split = cfg.parallelism.num_gpus > 1 and takes
+    if cfg.parallelism.num_gpus_per_rank > 1 and not takes:
         raise InputError(source, f"{field}.parallelism", cfg.parallelism.model_dump(),
                          f"latency model {cfg.latency.kind!r} does not model a replica "
                          "split over GPUs")

@@ -18,15 +18,20 @@ COLUMNS = {
 }
 # Speculative decoding's replicas also log the draft tokens each iteration verified.
 SPEC_COLUMN = "num_spec_tokens"
+# A data-parallel rank's iterations also log the seconds each MoE layer spent exchanging tokens
+# with the other ranks (`sim.engine.data_parallel`).
+ALL_TO_ALL_COLUMN = "all_to_all_per_layer_s"
 
 
 class IterationLog:
     """Columns of one replica's iterations; the index of a row is the iteration's number."""
 
-    def __init__(self, speculative: bool = False) -> None:
+    def __init__(self, speculative: bool = False, data_parallel: bool = False) -> None:
         self.columns: dict[str, array] = {name: array(code) for name, code in COLUMNS.items()}
         if speculative:
             self.columns[SPEC_COLUMN] = array("q")
+        if data_parallel:
+            self.columns[ALL_TO_ALL_COLUMN] = array("d")
         # Each column's bound `append`, in COLUMNS order: `append` runs for every stepped
         # iteration, and eight dictionary look-ups cost as much as the appends.
         self._appends = tuple(self.columns[name].append for name in COLUMNS)

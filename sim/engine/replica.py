@@ -7,8 +7,9 @@ one instant.
 
 SimPy is imported here, in `sim/engine/offload_steps.py` (this replica's steps with a CPU tier
 for the KV cache), in `sim/engine/clock.py`, in `sim/engine/pipeline.py` (a replica keeping
-several iterations in flight down a pipeline of GPUs) and in `sim/engine/disaggregation.py`, nowhere
-else in `sim/`.
+several iterations in flight down a pipeline of GPUs), in `sim/engine/data_parallel.py`
+(data-parallel ranks stepped together) and in `sim/engine/disaggregation.py`, nowhere else in
+`sim/`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from sim.core.request import Request, Status
 from sim.core.state import InFlight, ReplicaState
 from sim.engine.clock import PLAN, At, Environment, Hook
 from sim.engine.disaggregation import DecodeInbox
-from sim.engine.iteration_log import SPEC_COLUMN, IterationLog
+from sim.engine.iteration_log import ALL_TO_ALL_COLUMN, SPEC_COLUMN, IterationLog
 from sim.engine.offload_steps import OffloadSteps
 from sim.latency.base import BatchShape, LatencyModel
 from sim.latency.noise import IterationNoise
@@ -54,6 +55,8 @@ class Iteration:
     in_flight: list[InFlight] | None = None
     # With a CPU tier: the copies its launch found done, applied with its output.
     report: Report | None = None
+    # A data-parallel rank's: each MoE layer's exchange with the other ranks (s).
+    all_to_all_s: float | None = None
 
 
 class Replica(OffloadSteps):
@@ -69,7 +72,7 @@ class Replica(OffloadSteps):
                  fast_forward: bool = True, pool: str = "colocated",
                  quiet_until: Callable[[], float] | None = None,
                  where: tuple[str, str, Any] = ("<scenario>", "replica.latency", None),
-                 noise: IterationNoise | None = None) -> None:
+                 noise: IterationNoise | None = None, start: bool = True) -> None:
         self.env = env
         self.replica_id = replica_id
         self.turn = PLAN + replica_id
@@ -109,7 +112,8 @@ class Replica(OffloadSteps):
         self._woken = False  # woken while not waiting for a poke
         # Work planned and not yet committed: one iteration, or (`FastReplica`) a stretch.
         self._inflight: Iteration | Stretch | None = None
-        self.process = env.process(self.run())
+        # (A data-parallel rank is stepped by its group's process, not its own.)
+        self.process = env.process(self.run()) if start else None
 
     # -- what the rest of the cluster sees and does --------------------------------------------
 
@@ -150,7 +154,10 @@ class Replica(OffloadSteps):
             tokens += self.inbox.num_tokens
             num_outstanding += self.inbox.num_requests
         hit = state.kv.prefix_hit_tokens(req) if req is not None else 0
-        return ReplicaLoad(num_outstanding, tokens, hit)
+        kv = state.kv
+        return ReplicaLoad(num_outstanding, tokens, hit, len(state.waiting),
+                           len(state.running) - num_finished,
+                           kv.num_used_blocks / kv.num_blocks)
 
     def sync(self, *, before_s: float | None = None) -> None:
         """Commit the planned work that has ended by now (or strictly before `before_s`): the
@@ -302,6 +309,8 @@ class Replica(OffloadSteps):
             self.plans.append(it.plan)
         if self._log_drafts is not None:
             self._log_drafts(shape.num_spec_tokens)
+        if it.all_to_all_s is not None:
+            self.log.columns[ALL_TO_ALL_COLUMN].append(it.all_to_all_s)
         return self.log.append(it.start_s, it.duration_s, shape.num_prefill_tokens,
                                shape.num_decode_tokens, it.plan.num_seqs, it.num_kv_blocks_used,
                                len(it.plan.preempted_ids), it.num_waiting)

@@ -6,6 +6,12 @@ activations twice per layer; pipeline parallelism gives each of `pipeline` stage
 run of layers and hands the activations on between stages; expert parallelism places whole
 routed experts of an MoE layer on `expert` of the tensor-parallel GPUs instead of slicing every
 expert (vLLM's `enable_expert_parallel` inside the tensor-parallel group).
+
+Data parallelism (`data`, vLLM's `--data-parallel-size` on one node) makes a replica of `data`
+engine cores (ranks), each with its own scheduler and KV cache on `tensor` GPUs. For an MoE
+model the ranks step in lockstep, and with `expert = data * tensor` (`--enable-expert-
+parallel`) whole experts are spread over all the replica's GPUs, each MoE layer gathering every
+rank's tokens and scattering the results back (`sim.engine.data_parallel`).
 """
 
 from __future__ import annotations
@@ -34,12 +40,29 @@ class Parallelism(BaseModel):
     pipeline: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA,
                           description="stages, each a contiguous run of layers")
     expert: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA,
-                        description="GPUs of the tensor group holding whole routed experts")
+                        description="GPUs holding whole routed experts: of the tensor group, "
+                                    "or with data > 1 all data x tensor GPUs (vLLM's "
+                                    "--enable-expert-parallel)")
+    data: int = Field(1, ge=1, le=GPUS_PER_NODE,
+                      description="data-parallel ranks (engine cores), each on `tensor` GPUs "
+                                  "with its own scheduler and KV cache (vLLM's "
+                                  "--data-parallel-size, one node; MoE models only)")
 
     @property
     def num_gpus(self) -> int:
-        """GPUs one replica occupies."""
+        """GPUs one replica occupies (every data-parallel rank's)."""
+        return self.tensor * self.pipeline * self.data
+
+    @property
+    def num_gpus_per_rank(self) -> int:
+        """GPUs of one data-parallel rank (the whole replica without data parallelism)."""
         return self.tensor * self.pipeline
+
+    @property
+    def expert_ways(self) -> int:
+        """Slices of each routed expert: `tensor / expert` GPUs share one, or 1 where whole
+        experts sit on each GPU (expert parallelism over the data-parallel ranks)."""
+        return max(1, self.tensor // self.expert)
 
     @property
     def num_cross_node_handoffs(self) -> int:
@@ -73,11 +96,28 @@ class Parallelism(BaseModel):
         if p > model.num_layers:
             found.append(("pipeline", p, f"more stages than {model.name}'s "
                                          f"{model.num_layers} layers"))
+        d = self.data
         if e > 1 and not model.num_experts:
             found.append(("expert", e, f"{model.name} is dense: it has no experts to place"))
-        elif e > 1 and (t % e or model.num_experts % e):
-            found.append(("expert", e, f"must divide tensor ({t}) and {model.name}'s "
+        elif d > 1 and not model.num_experts:
+            pass  # (said of `data` below)
+        elif d > 1 and e != d * t:
+            found.append(("expert", e, f"with data {d}: data x tensor ({d * t}), experts "
+                                       "spread over every rank's GPUs (vLLM's "
+                                       "--enable-expert-parallel); experts sliced over the "
+                                       "ranks instead are not modelled yet"))
+        elif e > 1 and ((t % e and d == 1) or model.num_experts % e):
+            within = f"tensor ({t}) and " if d == 1 else ""
+            found.append(("expert", e, f"must divide {within}{model.name}'s "
                                        f"{model.num_experts} experts"))
+        if d > 1 and not model.num_experts:
+            found.append(("data", d, f"{model.name} is dense: vLLM runs a dense model's "
+                                     "data-parallel ranks as independent engines; give "
+                                     "cluster.replicas with router vllm_dp instead"))
+        elif d > 1 and (self.pipeline > 1 or d * t > GPUS_PER_NODE):
+            found.append(("data", d, f"data-parallel ranks on one node of {GPUS_PER_NODE} "
+                                     "GPUs without pipeline stages are modelled; "
+                                     f"{d} x tensor {t} x pipeline {self.pipeline} is not"))
         return found
 
     def kv_heads_per_gpu(self, model: ModelShape) -> int:
@@ -148,9 +188,9 @@ class Parallelism(BaseModel):
         t, e, h = self.tensor, self.expert, model.hidden_size
         kept = 2 * h + (model.kv_lora_rank + (model.q_lora_rank or 0) if model.is_mla else 0)
         if moe:
-            # Under expert parallelism E/e whole experts per GPU, each split t/e ways: the
-            # same share, num_experts / t of all experts' weights.
-            width = model.moe_intermediate_size * e // t
+            # Under expert parallelism E/e whole experts per GPU, each split t/e ways (whole
+            # where e spans the data-parallel ranks' GPUs too).
+            width = model.moe_intermediate_size // self.expert_ways
             kept += model.router_params_per_layer
             mlp = (model.num_experts // e * 3 * h * width
                    + 3 * h * (model.shared_expert_intermediate_size // t))
@@ -189,7 +229,9 @@ def _uneven_widths(model: ModelShape, t: int, e: int) -> list[tuple[str, int]]:
     vocabulary it pads instead). Under expert parallelism each expert is split t/e ways."""
     widths = [("intermediate_size", model.intermediate_size, t)] if model.num_dense_layers else []
     if model.num_experts:
-        ways = t // e if t % e == 0 else t  # an e not dividing t is reported on its own
+        # (whole experts where e spans more than the tensor group; an e not dividing t is
+        # reported on its own)
+        ways = 1 if e >= t else t // e if t % e == 0 else t
         widths.append(("moe_intermediate_size", model.moe_intermediate_size, ways))
         # Shared experts are a dense MLP sliced over the whole tensor group, whatever `expert`.
         widths.append(("shared_expert_intermediate_size",

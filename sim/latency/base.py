@@ -9,7 +9,7 @@ decode-only iterations with one vectorised call.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -160,6 +160,14 @@ class LatencyModel(ABC):
         larger of the two (`PipelinedReplica`). None of it by default."""
         return 0.0
 
+    def lockstep_time_s(self, shapes: Sequence[BatchShape], num_tokens: Sequence[int]
+                        ) -> tuple[float, float]:
+        """Seconds of one step of data-parallel ranks run in lockstep (`shapes`, one each,
+        each run at `num_tokens`: its own tokens, or the most of any rank's where the engine
+        pads them alike), and of those the all-to-all's per MoE layer. By default the
+        slowest rank's own time sets the pace, with no collective between ranks."""
+        return max(float(self.iteration_time_s(shape)) for shape in shapes), 0.0
+
     def describe(self) -> dict[str, Any]:
         """Facts for the run summary (e.g. extrapolation warnings)."""
         return {}
@@ -235,6 +243,11 @@ class ScaledLatency:
 
     def host_time_s(self, shape: BatchShape) -> Num:
         return self._model.host_time_s(shape) * self._scale
+
+    def lockstep_time_s(self, shapes: Sequence[BatchShape], num_tokens: Sequence[int]
+                        ) -> tuple[float, float]:
+        step_s, all_to_all_s = self._model.lockstep_time_s(shapes, num_tokens)
+        return step_s * self._scale, all_to_all_s * self._scale
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)

@@ -45,6 +45,7 @@ as on each entry of an array.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -148,6 +149,13 @@ class RooflineLatency(LatencyModel):
         self.decode_kv_token_s = max(decode_pair_s, self.kv_token_s)
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
+        if self.tables.moe_s is not None:
+            # One data-parallel rank, as if every rank ran the same batch (the engine times
+            # the ranks' steps together: `lockstep_time_s`).
+            m = shape.num_tokens
+            total = self.tables.parallelism.data * m
+            return (self._rank_s(shape, m) + self.tables.moe_s(total)
+                    + self.tables.model.num_moe_layers * self.tables.all_to_all_s(total))
         linear = self.tables.tokens_s(shape.num_tokens)
         lm_head = self.tables.sampled_s(shape.num_sampled_tokens)
         prefill_attn = maximum(
@@ -163,6 +171,37 @@ class RooflineLatency(LatencyModel):
 
     def host_time_s(self, shape: BatchShape) -> Num:
         return self.overhead_s
+
+    def _rank_s(self, shape: BatchShape, num_tokens: Num) -> Num:
+        """One data-parallel rank's part of a lockstep step: all but the MoE layers, its
+        token-count terms at `num_tokens` (padded where the engine pads the ranks alike)."""
+        prefill_attn = maximum(
+            self.attn_pair_s * shape.prefill_attn_pairs, self.kv_token_s * shape.prefill_kv_tokens
+        )
+        time = (self.overhead_s + self.tables.tokens_s(num_tokens) + prefill_attn
+                + self.decode_kv_token_s * shape.decode_kv_tokens
+                + self.tables.sampled_s(shape.num_sampled_tokens))
+        if self.attn_fixed_s:
+            time = time + self.attn_fixed_s * (num_tokens > 0)
+        if self.tables.context_s is not None:
+            time = time + self.tables.context_s(shape.prefill_kv_tokens - shape.num_prefill_tokens)
+        return time
+
+    def lockstep_time_s(self, shapes: Sequence[BatchShape], num_tokens: Sequence[int]
+                        ) -> tuple[float, float]:
+        """The slowest rank's own part, then each MoE layer on every rank's tokens gathered:
+        the local experts' GEMMs and the all-gather and reduce-scatter around them
+        (`_Tables.all_to_all_s`), which no rank passes alone."""
+        tables = self.tables
+        if tables.moe_s is None:  # (not data-parallel: no MoE layer spans the ranks)
+            return super().lockstep_time_s(shapes, num_tokens)
+        total = sum(num_tokens)
+        all_to_all_s = float(tables.all_to_all_s(total))
+        step_s = (max(float(self._rank_s(shape, n)) for shape, n in zip(shapes, num_tokens,
+                                                                          strict=True))
+                  + float(tables.moe_s(total))
+                  + self.tables.model.num_moe_layers * all_to_all_s)
+        return step_s, all_to_all_s
 
     def describe(self) -> dict[str, Any]:
         """How GEMMs and communication are timed (e.g. a GEMM curve extrapolated from the
@@ -187,6 +226,10 @@ class RooflineLatency(LatencyModel):
                 "logits_gather": "link bandwidth",
                 "send_recv": "measured table" if tables.comm.send_recv_table is not None
                 else "link bandwidth"}
+            if tables.moe_s is not None:
+                facts["communication"]["all_to_all"] = (
+                    "all-gather and reduce-scatter between data-parallel ranks per MoE layer "
+                    "(vLLM's allgather_reducescatter), link bandwidth")
         return facts
 
 
@@ -212,6 +255,13 @@ class _Tables:
         # `_compute_prefill_context`), by tokens of context; other layouts read K and V as
         # cached.
         self.context_s = TokenTable(self._mla_context_s) if model.is_mla else None
+        # Data-parallel ranks with expert parallelism over them: each MoE layer (timed by the
+        # tokens of every rank, gathered) apart from each rank's own terms.
+        self.moe_s: TokenTable | None = None
+        self.all_to_all_s: TokenTable = TokenTable(lambda m: np.zeros_like(m))
+        if parallelism.data > 1 and model.num_moe_layers:
+            self.moe_s = TokenTable(lambda m: model.num_moe_layers * self._moe_s(m))
+            self.all_to_all_s = TokenTable(self._all_to_all_s)
 
     def _tokens_s(self, m: np.ndarray) -> np.ndarray:
         time = self._linear_s(m)
@@ -229,7 +279,7 @@ class _Tables:
         if model.num_dense_layers:
             i = model.intermediate_size // t
             time = time + model.num_dense_layers * (gemm(m, h, 2 * i) + gemm(m, i, h))
-        if model.num_moe_layers:
+        if model.num_moe_layers and par.data == 1:  # (else on every rank's tokens)
             time = time + model.num_moe_layers * self._moe_s(m)
         if t > 1:
             act_bytes = m * h * model.dtype_bytes
@@ -271,7 +321,7 @@ class _Tables:
         missed = np.array([math.pow(1 - k / num_experts, x) for x in m.tolist()])
         reached = np.where(m > 0, num_experts * (1 - missed), 0.0)
         per_expert = np.divide(m * k, reached, out=np.zeros_like(m), where=reached > 0)
-        width = model.moe_intermediate_size * e // t  # each expert split over t/e GPUs
+        width = model.moe_intermediate_size // par.expert_ways  # each split over t/e GPUs
         # A fused MoE kernel (vLLM's) runs all experts of a layer in two launches, so the
         # fixed cost of a GEMM is paid twice per layer, not twice per expert.
         launch = gemm.launch_s
@@ -283,6 +333,20 @@ class _Tables:
             s = model.shared_expert_intermediate_size // t
             time = time + gemm(m, h, 2 * s) + gemm(m, s, h)
         return time
+
+    def _all_to_all_s(self, m: np.ndarray) -> np.ndarray:
+        """Seconds of one MoE layer's exchange between data-parallel ranks for `m` tokens of
+        all ranks, as vLLM's default `allgather_reducescatter` backend does it: each rank's
+        hidden states and router logits all-gathered over the ranks, then the local experts'
+        partial sums reduce-scattered back (each rank gets its own rows). The router logits
+        are what vLLM 0.15-0.19 gathers for a bf16 model (`dispatch_router_logits`); later
+        releases gather the top-k ids and weights instead (a few bytes less)."""
+        model, ranks = self.model, self.parallelism.data
+        hidden_bytes = m * model.hidden_size * model.dtype_bytes
+        logits_bytes = m * model.num_experts * model.dtype_bytes
+        bandwidth = self.comm.bandwidth
+        return (bandwidth.all_gather_s(hidden_bytes + logits_bytes, ranks)
+                + bandwidth.all_gather_s(hidden_bytes, ranks))
 
     def _sampled_s(self, s: np.ndarray) -> np.ndarray:
         model, par = self.model, self.parallelism

@@ -11,7 +11,7 @@ from itertools import chain
 import numpy as np
 
 from sim.core.request import Request, Status
-from sim.engine.iteration_log import COLUMNS, SPEC_COLUMN, IterationLog
+from sim.engine.iteration_log import ALL_TO_ALL_COLUMN, COLUMNS, SPEC_COLUMN, IterationLog
 from sim.results.columns import Categorical, Columns, texts
 from sim.results.metrics.summary import WeightedSample
 
@@ -307,8 +307,9 @@ def iteration_table(logs: Sequence[IterationLog], pools: Sequence[str]) -> Colum
     for name, code in COLUMNS.items():
         columns[name] = np.concatenate([a[name] for a in arrays]) if arrays else np.zeros(
             0, dtype=np.float64 if code == "d" else np.int64)
-    if arrays and all(SPEC_COLUMN in a for a in arrays):
-        columns[SPEC_COLUMN] = np.concatenate([a[SPEC_COLUMN] for a in arrays])
+    for optional in (SPEC_COLUMN, ALL_TO_ALL_COLUMN):
+        if arrays and all(optional in a for a in arrays):
+            columns[optional] = np.concatenate([a[optional] for a in arrays])
     return columns
 
 

@@ -6,6 +6,7 @@ from sim.routers import (  # noqa: F401  (registration)
     prefix_affinity,
     random,
     round_robin,
+    vllm_dp,
 )
 from sim.routers.base import ROUTERS, ReplicaLoad, Router, RouterConfig
 

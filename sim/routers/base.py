@@ -26,6 +26,9 @@ class ReplicaLoad:
     num_load_tokens: int  # tokens of work queued (still to compute) or resident in its KV
     # Tokens of the arriving request cached there (only for routers that ask for them).
     num_prefix_hit_tokens: int = 0
+    num_waiting: int = 0  # requests queued (an engine's waiting queue)
+    num_running: int = 0  # requests in its running batch
+    kv_usage: float = 0.0  # share of its KV blocks in use
 
 
 class RouterConfig(BaseModel):

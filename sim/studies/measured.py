@@ -116,8 +116,8 @@ def read_engine_run(run: Path, gpu: str | None = None) -> Experiment:
     lengths and `queued_ts`, `first_token_ts`, `last_token_ts`): its requests replayed as the
     engine core received them (`format: jsonl`, arrivals at `queued_ts`) on the deployment its
     arguments give, compared engine-side (no API server: the prompts came as token ids). A
-    data-parallel run (several engine cores, experts shared between them) is refused: not
-    modelled yet."""
+    data-parallel run is several engine cores in one replica (`parallelism.data`), its
+    experts spread over them where the run enabled expert parallelism."""
     from sim.config.input_file import read_json_file
     from sim.hardware.models import COMMITTED
 
@@ -127,10 +127,14 @@ def read_engine_run(run: Path, gpu: str | None = None) -> Experiment:
     if not isinstance(args, dict):
         raise InputError(meta_path, "engine_kwargs", None, "an engine run's meta.json names "
                          "the engine's arguments")
-    if int(args.get("data_parallel_size") or 1) > 1:
-        raise InputError(meta_path, "engine_kwargs.data_parallel_size",
-                         args["data_parallel_size"], "data-parallel engine cores (with "
-                         "expert parallelism across them) are not modelled yet")
+    tensor, data = int(args.get("tensor_parallel_size") or 1), int(
+        args.get("data_parallel_size") or 1)
+    expert = data * tensor if args.get("enable_expert_parallel") else 1
+    if data > 1 and expert == 1:
+        raise InputError(meta_path, "engine_kwargs.enable_expert_parallel",
+                         args.get("enable_expert_parallel"), "data-parallel engine cores with "
+                         "experts sliced over them (no expert parallelism) are not modelled "
+                         "yet")
     hf = str(args.get("model", ""))
     model = next((name for name, repo in COMMITTED.items()
                   if hf == repo or hf.startswith(repo + "-")), None)
@@ -145,7 +149,7 @@ def read_engine_run(run: Path, gpu: str | None = None) -> Experiment:
     kv = meta.get("kv_cache") if isinstance(meta.get("kv_cache"), dict) else {}
     replica: dict[str, Any] = {
         "model": model, "gpu": gpu_name,
-        "parallelism": {"tensor": int(args.get("tensor_parallel_size") or 1)},
+        "parallelism": {"tensor": tensor, "data": data, "expert": expert},
         "scheduler": {"name": "vllm_v1", "max_num_seqs": int(args.get("max_num_seqs") or 256),
                       "max_num_batched_tokens": int(args.get("max_num_batched_tokens") or 2048)},
         "prefix_caching": bool(kv.get("enable_prefix_caching", True)),
@@ -157,7 +161,7 @@ def read_engine_run(run: Path, gpu: str | None = None) -> Experiment:
                                "block_size": int(kv.get("block_size") or 16)}
     scenario: dict[str, Any] = {
         "seed": 0,
-        "workload": {"format": "jsonl", "path": str(requests.resolve()),
+        "workload": {"format": "jsonl", "path": str(_in_queued_order(requests)),
                      "columns": {"arrival": "queued_ts", "prompt_tokens": "input_toks",
                                  "output_tokens": "output_toks"}},
         "replica": replica,
@@ -167,6 +171,31 @@ def read_engine_run(run: Path, gpu: str | None = None) -> Experiment:
     stage = Stage(name, hf, replica["parallelism"]["tensor"], None, measured)
     return Experiment(name, scenario, [stage], f"vllm {meta.get('vllm_version', '?')} (engine)",
                       gpu_name, engine_side=True)
+
+
+def _in_queued_order(path: Path) -> Path:
+    """`path`, or where its lines are not in the order their requests were queued (a
+    data-parallel run's engines log them as each finishes its own), a copy of it in that
+    order (in the temporary directory, named by its content)."""
+    import hashlib
+    import json
+    import tempfile
+
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        queued = [json.loads(line)["queued_ts"] for line in lines]
+    except (OSError, ValueError, KeyError, TypeError):
+        return path.resolve()  # (the workload's reader says what is wrong with it)
+    if all(a <= b for a, b in zip(queued, queued[1:], strict=False)):
+        return path.resolve()
+    text = "\n".join(line for _, line in sorted(zip(queued, lines, strict=True),
+                                                key=lambda pair: pair[0])) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    copy = Path(tempfile.gettempdir()) / "servesim-measured" / f"{digest}.jsonl"
+    if not copy.is_file():
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(text, encoding="utf-8")
+    return copy
 
 
 def _engine_run_stats(path: Path) -> dict[str, float]:

@@ -101,7 +101,7 @@ def test_simpy_and_torch_stay_where_the_architecture_puts_them():
                     found[top].add(path.relative_to(sim_dir.parent).as_posix())
     assert found["simpy"] == {"sim/engine/clock.py", "sim/engine/replica.py",
                               "sim/engine/offload_steps.py", "sim/engine/pipeline.py",
-                              "sim/engine/disaggregation.py"}
+                              "sim/engine/data_parallel.py", "sim/engine/disaggregation.py"}
     assert not found["torch"]
 
 

@@ -14,8 +14,9 @@ overloaded (10 req/s of ~1,500-token requests): TTFT is mostly queueing, and the
 of whole runs. The RTX PRO 6000 edition is not recorded: its runs are shown with `rtxpro6000`
 (the Workstation Edition's figures) and with the Server Edition's (1,597 GB/s; ~468 TFLOP/s
 bf16 derived from its clock, none published).
-Known gaps: the data-parallel MoE run (Qwen3-30B-A3B, DP2 with expert parallelism) is not
-simulated; prefix caching has no hash ids here (at most 7.6% of prompt tokens repeat).
+The data-parallel MoE run (Qwen3-30B-A3B, DP2 with expert parallelism) is one replica of two
+ranks in lockstep (`parallelism: {data: 2, expert: 2}`). Known gap: prefix caching has no hash
+ids here (at most 7.6% of prompt tokens repeat).
 """
 
 from __future__ import annotations

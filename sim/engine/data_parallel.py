@@ -1,0 +1,204 @@
+"""Data-parallel ranks of an MoE model stepped in lockstep, as vLLM runs `--data-parallel-size D`
+with `--enable-expert-parallel` on one node.
+
+Each rank is an engine core of its own (a scheduler, a KV cache, a batch queue: a
+`PipelinedReplica` of one stage, whose own process is not started); the group's process steps
+them together, because every MoE layer exchanges tokens between all ranks:
+
+- A request goes to the rank vLLM's load balancer picks (`sim.routers.vllm_dp`, by the ranks'
+  engine release).
+- Each step, every rank schedules. A rank with nothing to run while another has work runs a
+  dummy batch of one token (`DPEngineCoreProc.execute_dummy_batch`), so the collectives line
+  up.
+- The ranks' token counts are made equal, the most of any rank's, where every rank's step fits
+  a CUDA graph (vLLM pads them alike: `coordinate_batch_across_dp`, at most 512 tokens or twice
+  `max_num_seqs`); a larger step runs eagerly, each rank at its own count.
+- The step takes what the latency model says of all ranks together (`lockstep_time_s`: the
+  slowest rank's own layers, then every MoE layer on all ranks' tokens and its all-gather and
+  reduce-scatter), the same for every rank.
+- With async scheduling, as many steps are in flight as one rank would keep (two); ranks take
+  their results when a step ends.
+- Once no rank has work the ranks go on with dummy steps until the next check of whether any
+  has (every 32 steps in vLLM 0.15-0.19; at the first step of a wave and every 16 in 0.33);
+  then they stop until a request arrives.
+
+Stepped one step at a time (no fast path); no CPU tier, speculative decoding, pipeline stages
+or per-iteration noise here (refused where the replica is built).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import simpy
+
+from sim.core.plan import Plan
+from sim.core.request import Request
+from sim.engine.clock import PLAN, At, Environment
+from sim.engine.iteration_log import IterationLog
+from sim.engine.pipeline import PipelinedReplica
+from sim.engine.replica import Iteration
+from sim.latency.base import BatchShape, LatencyModel
+from sim.routers.base import ReplicaLoad, Router
+
+# vLLM's capture ceiling for CUDA graphs (`max_cudagraph_capture_size`'s default): steps of
+# more tokens on any rank run eagerly, unpadded.
+MAX_GRAPH_TOKENS = 512
+
+
+class Rank(PipelinedReplica):
+    """One data-parallel rank: a replica whose steps its group runs."""
+
+    group: DataParallelGroup
+
+    def wake(self) -> None:
+        self.group.wake()
+
+
+class DataParallelGroup:
+    """A replica of several data-parallel ranks in lockstep (module docstring). To the cluster
+    it is one replica: it takes requests (`submit`) and shows their load (`load`); its ranks
+    are the cluster's replicas for results and timeouts."""
+
+    def __init__(self, env: Environment, ranks: list[Rank], latency: LatencyModel,
+                 balancer: Router, *, max_num_seqs: int, sync_interval: int,
+                 sync_first_step: bool) -> None:
+        self.env = env
+        self.ranks = ranks
+        self.latency = latency
+        self.balancer = balancer
+        self.replica_id = ranks[0].replica_id  # (the cluster's front end: the first rank's)
+        self.turn = PLAN + ranks[0].replica_id
+        self.pad_limit = min(MAX_GRAPH_TOKENS, 2 * max_num_seqs)
+        self.sync_interval = sync_interval
+        self.sync_first_step = sync_first_step
+        self.depth = ranks[0].pipeline_depth
+        self.overlaps_host = ranks[0].overlaps_host
+        for rank in ranks:
+            rank.group = self
+            rank.log = IterationLog(data_parallel=True)
+        self._steps: deque[float] = deque()  # ends of the steps in flight, oldest first
+        self._free_s = -math.inf  # when the GPUs finish the last step sent
+        self._counter = 0  # steps since the ranks last found every rank idle (a wave)
+        self._poke: simpy.Event | None = None
+        self.num_dummy_forwards = 0  # rank-steps that ran a dummy batch
+        self.process = env.process(self.run())
+
+    # -- what the cluster sees ---------------------------------------------------------------
+
+    def submit(self, req: Request) -> None:
+        ranks = self.ranks
+        index = 0 if len(ranks) == 1 else self.balancer.choose(
+            req, [rank.load() for rank in ranks])
+        ranks[index].submit(req)
+
+    def load(self, req: Request | None = None) -> ReplicaLoad:
+        loads = [rank.load(req) for rank in self.ranks]
+        return ReplicaLoad(sum(x.num_outstanding for x in loads),
+                           sum(x.num_load_tokens for x in loads),
+                           max(x.num_prefix_hit_tokens for x in loads),
+                           sum(x.num_waiting for x in loads),
+                           sum(x.num_running for x in loads),
+                           sum(x.kv_usage for x in loads) / len(loads))
+
+    def wake(self) -> None:
+        if self._poke is not None and not self._poke.triggered:
+            self._poke.succeed()
+
+    # -- the group's process -----------------------------------------------------------------
+
+    def run(self) -> Generator[simpy.Event, Any, None]:
+        env, ranks = self.env, self.ranks
+        while True:
+            now = env.now
+            for rank in ranks:
+                rank.sync()
+                aborted = rank.state.expire(now)
+                if aborted:
+                    rank.scheduler.requests_aborted(aborted)
+            while len(self._steps) < self.depth and self._send(now):
+                pass
+            if self._steps:
+                yield At(env, self._steps.popleft(), self.turn)
+                continue
+            self._counter = 0  # every rank idle, and all know it: the wave ends
+            self._poke = env.event()
+            yield self._poke
+            self._poke = None
+            yield At(env, env.now, self.turn)  # plan after all else at this instant
+
+    def _send(self, now_s: float) -> bool:
+        """Schedule every rank and send the step (dummy batches where a rank has none);
+        False where no step is due: no rank has anything to run, and the ranks know it."""
+        plans: list[Plan | None] = []
+        for rank in self.ranks:
+            state = rank.state
+            plans.append(rank.scheduler.schedule(state, now_s)
+                         if state.running or state.waiting else None)
+        busy = any(plans)
+        if not busy and not self._trailing():
+            for rank, plan in zip(self.ranks, plans, strict=True):
+                if plan is not None:
+                    rank._preempted += plan.preempted_ids  # logged with its next plan
+            if any(plan is not None for plan in plans) and not self._steps:
+                # Requests queued that no rank can run, with nothing in flight: they never will.
+                raise RuntimeError("data-parallel ranks: requests queued, none can run")
+            return False
+        self._counter += 1
+        shapes = []
+        for rank, plan in zip(self.ranks, plans, strict=True):
+            if plan:
+                shapes.append(BatchShape.of_replica(plan, rank.state))
+            else:
+                self.num_dummy_forwards += 1
+                shapes.append(BatchShape(num_decode_tokens=1))
+        own = [int(shape.num_tokens) for shape in shapes]
+        padded = max(own) <= self.pad_limit
+        step_s, all_to_all_s = self.latency.lockstep_time_s(
+            shapes, [max(own)] * len(own) if padded else own)
+        if self.overlaps_host:
+            host_s = max(float(self.latency.host_time_s(shape)) for shape in shapes)
+            step_s = max(step_s - host_s, host_s)
+        start_s = max(now_s, self._free_s)
+        end_s = self._free_s = start_s + step_s
+        for rank, plan, shape in zip(self.ranks, plans, shapes, strict=True):
+            if plan is None:
+                continue
+            if not plan:
+                rank._preempted += plan.preempted_ids
+                continue
+            if rank._preempted:
+                plan.preempted_ids[:0] = rank._preempted
+                rank._preempted = []
+            state = rank.state
+            it = Iteration(plan, shape, start_s, step_s, end_s, state.kv.num_used_blocks,
+                           len(state.waiting), all_to_all_s=all_to_all_s)
+            it.in_flight = state.start(plan, start_s, placeholders=rank.placeholders)
+            rank._batches.append(it)
+        self._steps.append(end_s)
+        return True
+
+    def _trailing(self) -> bool:
+        """Whether the ranks, all idle, still run a dummy step: they learn that every rank is
+        idle only at a check (`dp_sync_interval`), and run dummies until then."""
+        counter = self._counter
+        if counter == 0:
+            return False  # (idle, and known to be: a new wave starts with work)
+        if self.sync_first_step and counter == 1:
+            return False
+        return counter % self.sync_interval != 0
+
+    def stop(self, horizon_s: float) -> None:
+        for rank in self.ranks:
+            rank.stop(horizon_s)
+
+
+def ranks_of(replicas: Sequence[Any]) -> list[Any]:
+    """Every replica, a group's ranks in its place."""
+    out: list[Any] = []
+    for replica in replicas:
+        out.extend(replica.ranks if isinstance(replica, DataParallelGroup) else [replica])
+    return out

@@ -1,0 +1,280 @@
+"""Data-parallel ranks of an MoE model in lockstep (`replica.parallelism.data`, vLLM's
+`--data-parallel-size` with `--enable-expert-parallel`): times worked out by hand on a linear
+latency model (a prompt on one rank stretches the other's decode step; dummy batches while
+one rank is idle, and after all are, until the ranks' next check), vLLM's load balancer, the
+roofline's lockstep step (every rank's tokens through each MoE layer, and the exchange), GPU
+counts and cost, and the inputs refused."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from sim import run_scenario
+from sim.config.scenario import parse_scenario
+from sim.core.request import Request, Status
+from sim.engine.cluster import Cluster
+from sim.engine.data_parallel import DataParallelGroup
+from sim.latency.base import BatchShape
+from sim.routers.base import ReplicaLoad
+from sim.routers.vllm_dp import VllmDataParallel, VllmDataParallelConfig
+from tests.engine.test_fast_path import assert_same_results
+from tests.helpers import assert_one_line_error, run_cli
+from tests.strategies import assert_nothing_lost, scenarios
+
+BASE_S, PER_TOKEN_S = 0.01, 1e-5
+
+
+def _scenario(version="0.15.1", async_scheduling=False, data=2, **replica):
+    return parse_scenario({
+        "name": "dp", "seed": 0,
+        "workload": {"format": "synthetic", "num_requests": 1,
+                     "arrivals": {"process": "poisson", "qps": 1.0},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                 "output": {"dist": "fixed", "value": 1}}},
+        "replica": {"model": "qwen3-30b-a3b",
+                    "parallelism": {"data": data, "expert": data},
+                    "scheduler": {"name": "vllm_v1", "async_scheduling": async_scheduling,
+                                  "engine_version": version},
+                    "latency": {"kind": "linear", "base_s": BASE_S, "per_token_s": PER_TOKEN_S},
+                    **replica}}, "<test>")
+
+
+def _times(cluster, req):
+    """When `req`'s tokens came out: the ends of the iterations its rank sampled it in."""
+    log = cluster.replicas[req.replica_id].log
+    ids = np.frombuffer(log.sampled_request_ids, dtype=np.int64)
+    iterations = np.frombuffer(log.sampled_iterations, dtype=np.int64)
+    return log.output_s()[iterations[ids == req.request_id]]
+
+
+def _gaps(cluster, req):
+    return np.diff(_times(cluster, req))
+
+
+def test_a_prompt_on_one_rank_stretches_the_other_ranks_decode_step():
+    """A (8-token prompt, 20 tokens out) runs on rank 0; B (1,000-token prompt) arrives at 50 ms
+    and goes to rank 1 (vLLM 0.15's score 4 x waiting + running: rank 0 has A). Every step is
+    the slower rank's: A's decode beside rank 1's dummy batch takes 10 ms + 1 token (10.01
+    ms); beside B's prompt (1,000 tokens, more than a CUDA graph takes: unpadded) 20 ms."""
+    cluster = Cluster(_scenario(), fast_forward=False)
+    a = Request(0, 0.0, 8, 20)
+    b = Request(1, 0.050, 1000, 2)
+    cluster.run([a, b])
+    assert [r.status for r in (a, b)] == [Status.FINISHED] * 2
+    assert (a.replica_id, b.replica_id) == (0, 1)
+    gaps = _gaps(cluster, a)
+    decode_s, prompt_s = BASE_S + PER_TOKEN_S, BASE_S + 1000 * PER_TOKEN_S
+    assert max(gaps) == pytest.approx(prompt_s, abs=1e-12)
+    assert sorted(gaps)[:-1] == pytest.approx([decode_s] * (len(gaps) - 1), abs=1e-12)
+    # A's prompt (8 tokens) and rank 1's dummy: 10.08 ms; then A's decodes, each 10.01 ms; B
+    # is scheduled at the first step start after its arrival.
+    first_s = BASE_S + 8 * PER_TOKEN_S
+    starts = [first_s + k * decode_s for k in range(10)]
+    b_start = next(s for s in starts if s >= 0.050)
+    assert _times(cluster, b)[0] == pytest.approx(b_start + prompt_s, abs=1e-12)
+    # Two engines of their own instead (vLLM's dense models): no step of A waits for B's.
+    apart = parse_scenario({**_raw(), "replica": {**_raw()["replica"],
+                                                  "parallelism": {"data": 1}},
+                            "cluster": {"replicas": 2, "router": {"name": "vllm_dp"}}},
+                           "<test>")
+    cluster = Cluster(apart, fast_forward=False)
+    a, b = Request(0, 0.0, 8, 20), Request(1, 0.050, 1000, 2)
+    cluster.run([a, b])
+    assert a.finish_s == pytest.approx(first_s + 19 * decode_s, abs=1e-12)
+
+
+def _raw():
+    return {"name": "dp", "seed": 0,
+            "workload": {"format": "synthetic", "num_requests": 1,
+                         "arrivals": {"process": "poisson", "qps": 1.0},
+                         "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                     "output": {"dist": "fixed", "value": 1}}},
+            "replica": {"model": "qwen3-30b-a3b",
+                        "scheduler": {"name": "vllm_v1", "async_scheduling": False},
+                        "latency": {"kind": "linear", "base_s": BASE_S,
+                                    "per_token_s": PER_TOKEN_S}}}
+
+
+@pytest.mark.parametrize(("version", "checked_every"), [("0.15.1", 32), ("0.33.0", 16)])
+def test_idle_ranks_run_dummy_batches_until_the_ranks_next_check(version, checked_every):
+    """A alone (5 tokens out: 5 steps) on rank 0: rank 1 runs a dummy batch in each; then both
+    run dummies until the step count reaches the next check that every rank is idle (vLLM
+    0.15-0.19: every 32 steps; 0.33: every 16). C, arriving during those, starts when the
+    dummy step in progress ends."""
+    cluster = Cluster(_scenario(version), fast_forward=False)
+    (group,) = cluster.front
+    assert isinstance(group, DataParallelGroup)
+    a = Request(0, 0.0, 8, 5)
+    cluster.run([a])
+    trailing = checked_every - 5
+    assert group.num_dummy_forwards == 5 + 2 * trailing
+    step_s = BASE_S + PER_TOKEN_S  # a dummy (one token) or a decode, beside a dummy
+    first_s = BASE_S + 8 * PER_TOKEN_S
+    assert a.finish_s == pytest.approx(first_s + 4 * step_s, abs=1e-12)
+    # C arrives 2.5 steps after A's finish: it waits for the third dummy step to end.
+    cluster = Cluster(_scenario(version), fast_forward=False)
+    a = Request(0, 0.0, 8, 5)
+    c_arrival = first_s + 4 * step_s + 2.5 * step_s
+    c = Request(1, c_arrival, 8, 1)
+    cluster.run([a, c])
+    assert _times(cluster, c)[0] == pytest.approx(first_s + 7 * step_s + first_s, abs=1e-12)
+
+
+def test_async_ranks_finish_everything_and_log_each_step_once():
+    """With async scheduling (two steps in flight, as vLLM keeps them) on a random workload:
+    every request finished, each rank's iterations in time order, each step's ranks sharing
+    its start and end."""
+    raw = _raw()
+    raw["workload"] = {"format": "synthetic", "num_requests": 60,
+                       "arrivals": {"process": "poisson", "qps": 40.0},
+                       "lengths": {"prompt": {"dist": "uniform", "low": 10, "high": 900},
+                                   "output": {"dist": "uniform", "low": 1, "high": 60}}}
+    raw["replica"] = {**raw["replica"], "parallelism": {"data": 2, "expert": 2},
+                      "scheduler": {"name": "vllm_v1"}}
+    res = run_scenario(parse_scenario(raw, "<test>"))
+    req = res.requests
+    assert (req["status"] == "finished").all()
+    assert set(req["replica_id"]) == {0, 1}
+    it = res.iterations
+    for _, rank in it.groupby("replica_id"):
+        assert (np.diff(rank["start_s"].to_numpy()) > 0).all()
+    # The ranks' steps: where both ran one at an instant, the same end.
+    ends = it.assign(end=it["start_s"] + it["duration_s"]).groupby("start_s")["end"].nunique()
+    assert (ends == 1).all()
+    assert res.summary["cost"]["num_gpus"] == 2
+
+
+def test_the_roofline_times_each_moe_layer_on_every_ranks_tokens():
+    """Qwen3-30B-A3B on two H100s, one rank each, experts split between them: a rank alone
+    (`iteration_time_s`) is timed as if the other ran the same batch; the lockstep step is the
+    slowest rank's own part plus each MoE layer on all tokens, and the exchange is an
+    all-gather of hidden states and router logits and a reduce-scatter of hidden states."""
+    from sim.engine.cluster import make_latency
+
+    scenario = _scenario(latency={"kind": "roofline"})
+    cfg = scenario.replica
+    latency = make_latency(cfg, cfg.model_shape, "<test>")
+    decode = BatchShape.decode_only(64, 64 * 1000)
+    prompt = BatchShape(num_prefill_tokens=700, num_prefill_seqs=1, num_sampled_tokens=1,
+                        prefill_attn_pairs=700 * 701 // 2, prefill_kv_tokens=700)
+    step_s, exchange_s = latency.lockstep_time_s([decode, decode], [64, 64])
+    assert step_s == latency.iteration_time_s(decode)
+    # The prompt's rank sets the pace; the MoE layers take both ranks' tokens.
+    mixed_s, _ = latency.lockstep_time_s([decode, prompt], [64, 700])
+    assert step_s < mixed_s < latency.lockstep_time_s([prompt, prompt], [700, 700])[0]
+    tables = latency.tables
+    model = cfg.model_shape
+    h, e = model.hidden_size, model.num_experts
+    bandwidth = tables.comm.bandwidth
+    expected = (bandwidth.all_gather_s(128 * (h * 2 + e * 2), 2)
+                + bandwidth.all_gather_s(128 * h * 2, 2))
+    assert exchange_s == pytest.approx(float(expected), rel=1e-12)
+    assert exchange_s > 0
+    # Half the experts on each GPU: both ranks' 128 tokens through the MoE layers take less
+    # than on one GPU holding every expert (a rank's own terms, `tokens_s`, hold no MoE layer;
+    # one GPU's hold them all).
+    alone = make_latency(_scenario(data=1, latency={"kind": "roofline"}).replica,
+                         model, "<test>")
+    one_gpu_moe_s = float(alone.tables.tokens_s(128)) - float(tables.tokens_s(128))
+    assert 0 < float(tables.moe_s(128)) < one_gpu_moe_s
+
+
+def test_a_data_parallel_replica_counts_and_prices_every_ranks_gpus():
+    raw = _raw()
+    raw["replica"] = {**raw["replica"], "gpu": "h100-sxm",
+                      "parallelism": {"data": 4, "tensor": 2, "expert": 8},
+                      "latency": {"kind": "roofline"}}
+    res = run_scenario(parse_scenario(raw, "<test>"))
+    from sim.hardware.gpus import GPUS
+
+    assert res.summary["cost"]["num_gpus"] == 8
+    assert res.summary["cost"]["usd_per_hour"] == pytest.approx(
+        8 * GPUS.get("h100-sxm").cost_per_gpu_hour)
+    assert "all_to_all_per_layer_s" in res.iterations.columns
+    assert (res.iterations["all_to_all_per_layer_s"] > 0).all()
+
+
+def _loads(*counts):
+    return [ReplicaLoad(w + r, 0, 0, w, r, kv) for w, r, kv in counts]
+
+
+def test_vllm_balancer_scores_as_each_release():
+    req = Request(0, 0.0, 8, 1)
+    old = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp"), np.random.default_rng(0))
+    # 4 x waiting + running: 1 waiting (4) loses to 3 running (3).
+    assert old.choose(req, _loads((1, 0, 0.0), (0, 3, 0.0))) == 1
+    # Within 100 ms the counts are the published ones plus a waiting request per pick.
+    later = Request(1, 0.05, 8, 1)
+    assert old.choose(later, _loads((0, 0, 0.0), (0, 0, 0.0))) == 0  # 4 vs 3 + 4 = 7
+    # A tie goes to the lowest rank, every time.
+    fresh = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp"), np.random.default_rng(0))
+    assert [fresh.choose(Request(i, i * 1.0, 8, 1), _loads((0, 0, 0.0), (0, 0, 0.0)))
+            for i in range(3)] == [0, 0, 0]
+    new = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp", engine_version="0.33.0"),
+                           np.random.default_rng(0))
+    # Ties go round; waiting weighs more once KV is over half used.
+    assert [new.choose(Request(i, i * 1.0, 8, 1), _loads((0, 0, 0.0), (0, 0, 0.0)))
+            for i in range(3)] == [0, 1, 0]
+    busy = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp", engine_version="0.33.0"),
+                            np.random.default_rng(0))
+    # rank 0: 2 waiting + 2 running at 90% KV: 4 + 2 x 6 x 0.4 = 8.8; rank 1: 8 running: 8.
+    assert busy.choose(req, _loads((2, 2, 0.9), (0, 8, 0.2))) == 1
+    assert math.isclose(2 * 6.0 * 0.4 + 4, 8.8)
+
+
+@pytest.mark.parametrize(("change", "field", "needle"), [
+    ({"model": "llama-3.1-8b", "parallelism": {"data": 2}}, "replica.parallelism.data",
+     "independent engines"),
+    ({"parallelism": {"data": 2, "expert": 1}}, "replica.parallelism.expert",
+     "--enable-expert-parallel"),
+    ({"parallelism": {"data": 2, "expert": 2, "pipeline": 2}}, "replica.parallelism.data",
+     "without pipeline stages"),
+    ({"scheduler": {"name": "sglang"}}, "replica.parallelism.data", "vllm_v1"),
+    ({"latency": {"kind": "linear", "noise": {"kind": "lognormal", "sigma": 0.1}}},
+     "replica.latency.noise.kind", "data-parallel"),
+    ({"scheduler": {"name": "vllm_v1", "speculative": {
+        "method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.5}}},
+     "replica.parallelism.data", "speculative decoding"),
+])
+def test_what_data_parallel_ranks_do_not_model_is_refused(tmp_path, monkeypatch, capsys,
+                                                          change, field, needle):
+    import yaml
+
+    raw = _raw()
+    raw["replica"] = {**raw["replica"], "parallelism": {"data": 2, "expert": 2}, **change}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                        str(tmp_path / "o"))
+    assert_one_line_error(code, err, field, needle)
+
+
+def test_a_disaggregated_pool_of_ranks_is_refused(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    raw = _raw()
+    raw["replica"] = {**raw["replica"], "parallelism": {"data": 2, "expert": 2}}
+    raw["cluster"] = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                        str(tmp_path / "o"))
+    assert_one_line_error(code, err, "cluster.prefill.replica.parallelism.data",
+                          "disaggregated")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(data_parallel=True))
+def test_data_parallel_ranks_lose_nothing_and_repeat_exactly(data):
+    """Random workloads (prefixes, priorities, timeouts, clients, a horizon) on 2 or 4 ranks:
+    every request accounted for, the same results stepped or not (the group always steps) and
+    run twice."""
+    scenario = parse_scenario(data, "hypothesis")
+    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
+    assert_same_results(fast, slow)
+    assert_same_results(fast, run_scenario(scenario))
+    assert_nothing_lost(data, fast)
