@@ -97,10 +97,10 @@ class Parallelism(BaseModel):
             found.append(("pipeline", p, f"more stages than {model.name}'s "
                                          f"{model.num_layers} layers"))
         d = self.data
-        if e > 1 and not model.num_experts:
-            found.append(("expert", e, f"{model.name} is dense: it has no experts to place"))
-        elif d > 1 and not model.num_experts:
+        if d > 1 and not model.num_experts:
             pass  # (said of `data` below)
+        elif e > 1 and not model.num_experts:
+            found.append(("expert", e, f"{model.name} is dense: it has no experts to place"))
         elif d > 1 and e != d * t:
             found.append(("expert", e, f"with data {d}: data x tensor ({d * t}), experts "
                                        "spread over every rank's GPUs (vLLM's "

@@ -64,16 +64,18 @@ class Kind:
     link: LinkChoice | None = None  # a disaggregated kind's KV link (None: the base's)
     # changes to the decode pool's scheduler, over `scheduler` (disaggregated kinds only)
     decode_scheduler: tuple[tuple[str, Any], ...] = ()
+    # data-parallel ranks of `tensor` GPUs each, experts spread over all of them (MoE models)
+    data: int = 1
 
     def __hash__(self) -> int:
         # (A scheduler change's value may be a mapping: a speculative config, say.)
         return hash((self.gpu, self.tensor, self.pipeline, self.quantization,
                      json.dumps(self.scheduler, sort_keys=True), self.ratio, self.link,
-                     json.dumps(self.decode_scheduler, sort_keys=True)))
+                     json.dumps(self.decode_scheduler, sort_keys=True), self.data))
 
     @property
     def gpus_per_replica(self) -> int:
-        return self.tensor * self.pipeline
+        return self.tensor * self.pipeline * self.data
 
     @property
     def decode_gpus_per_replica(self) -> int:
@@ -93,7 +95,8 @@ class Kind:
                         + self.ratio.decode * self.decode_gpus_per_replica)
 
     def label(self) -> str:
-        parts = [self.gpu.name, f"TP{self.tensor}"]
+        parts = [self.gpu.name] + ([f"DP{self.data}"] if self.data > 1 else []) + [
+            f"TP{self.tensor}"]
         if self.pipeline > 1:
             parts.append(f"PP{self.pipeline}")
         if self.quantization != "none":
@@ -118,7 +121,10 @@ class Kind:
             gpu = {"base": self.gpu.name, "cost_per_gpu_hour": self.gpu.cost_per_gpu_hour}
         out: dict[str, Any] = {"replica.gpu": gpu, "replica.parallelism.tensor": self.tensor,
                                "replica.parallelism.pipeline": self.pipeline,
+                               "replica.parallelism.data": self.data,
                                "replica.quantization": self.quantization}
+        if self.data > 1:  # (vLLM's --enable-expert-parallel over every rank's GPUs)
+            out["replica.parallelism.expert"] = self.data * self.tensor
         out |= {f"replica.scheduler.{k}": v for k, v in self.scheduler}
         if self.ratio is None:
             out["cluster.replicas"] = units
@@ -187,7 +193,7 @@ def kinds(plan: Plan) -> list[Kind]:
                                   cost_per_gpu_hour=None if isinstance(base.gpu, str)
                                   else base.gpu_spec.cost_per_gpu_hour)]
     out: list[Kind] = []
-    for gpu in gpus:
+    for gpu, data in ((g, d) for g in gpus for d in cfg.data or [base.parallelism.data]):
         for tp in cfg.tensor or [base.parallelism.tensor]:
             for pp in cfg.pipeline or [base.parallelism.pipeline]:
                 for quant in cfg.quantization or [base.quantization]:
@@ -202,7 +208,7 @@ def kinds(plan: Plan) -> list[Kind]:
                                 for decode in decodes:
                                     kind = Kind(gpu, tp, pp, quant,
                                                 tuple(sorted(sched.items())), ratio, link,
-                                                tuple(sorted(decode.items())))
+                                                tuple(sorted(decode.items())), data)
                                     if kind not in out:  # (listed twice, searched once)
                                         out.append(kind)
     return out

@@ -12,6 +12,7 @@ must meet, and the deployments to search::
     search:
       gpus: [h100-sxm, {name: a100-80gb, cost_per_gpu_hour: 1.8}]
       tensor: [1, 2, 4, 8]
+      data: [1]
       pipeline: [1]
       quantization: [none, fp8]
       schedulers: [{max_num_batched_tokens: 2048}, {max_num_batched_tokens: 8192}]  # changes
@@ -101,6 +102,11 @@ class PlanSearch(Frozen):
                                      description="none: the base's")
     pipeline: list[int] | None = Field(None, min_length=1, max_length=8,
                                        description="none: the base's")
+    data: list[int] | None = Field(
+        None, min_length=1, max_length=8,
+        description="data-parallel ranks per replica, experts spread over all their GPUs "
+                    "(MoE models: vLLM's --data-parallel-size with --enable-expert-parallel); "
+                    "none: the base's")
     quantization: list[Literal["none", "fp8"]] | None = Field(
         None, min_length=1, max_length=2, description="none: the base's")
     schedulers: list[dict[str, Any]] = Field(
@@ -127,7 +133,7 @@ class PlanSearch(Frozen):
             return [{"name": v} if isinstance(v, str) else v for v in value]
         return value
 
-    @field_validator("tensor", "pipeline")
+    @field_validator("tensor", "pipeline", "data")
     @classmethod
     def _sizes(cls, value: list[int] | None) -> list[int] | None:
         if value is None:

@@ -431,6 +431,29 @@ def test_decode_scheduler_choices_refused_name_the_field(tmp_path, monkeypatch, 
     assert_one_line_error(code, err, "plan.yaml", field, needle)
 
 
+def test_data_parallel_ranks_are_a_search_dimension(tmp_path, monkeypatch, capsys):
+    """`search.data`: an MoE model on one GPU, on TP2, and on two data-parallel ranks with its
+    experts over both GPUs (labelled DP2, priced as two GPUs a replica); a dense model's ranks
+    are refused with the reason (vLLM runs them as engines of their own)."""
+    base = dict(BASE, replica={**BASE["replica"], "model": "qwen3-30b-a3b"})
+    path = write_plan(tmp_path, base=base, search={"tensor": [1, 2], "data": [1, 2],
+                                                   "max_replicas": 4}, band="none", seeds=1)
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "out")
+    found = {k["kind"]: k for k in record["kinds"]}
+    assert set(found) == {"h100-sxm TP1", "h100-sxm TP2", "h100-sxm DP2 TP1",
+                          "h100-sxm DP2 TP2"}
+    dp = found["h100-sxm DP2 TP1"]
+    assert dp["refused"] is None and dp["units"] is not None
+    assert dp["best"]["num_gpus"] == 2 * dp["units"]
+    table = pd.read_csv(tmp_path / "out" / "candidates.csv")
+    runs = table[table["kind"] == "h100-sxm DP2 TP1"]
+    assert (runs["num_gpus"] == 2 * runs["replicas"]).all()
+    dense = write_plan(tmp_path, search={"data": [2]}, band="none", seeds=1)
+    record, _ = run_plan(monkeypatch, capsys, dense, tmp_path / "dense")
+    (kind,) = record["kinds"]
+    assert "independent engines" in kind["refused"]
+
+
 def test_speculative_decoding_is_a_scheduler_choice(tmp_path, monkeypatch, capsys):
     """A speculative config among `search.schedulers`: labelled by its fields (not a dict
     dump), searched as its own kind colocated, refused with the reason on P:D pools."""
