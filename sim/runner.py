@@ -86,6 +86,14 @@ def _precision(cfg: ReplicaConfig) -> str:
     return ", ".join(parts)
 
 
+def _dummy_forwards(cluster: Any) -> int | None:
+    """Dummy batches the data-parallel ranks ran (None: no such replica)."""
+    from sim.engine.data_parallel import DataParallelGroup
+
+    groups = [g for g in cluster.front if isinstance(g, DataParallelGroup)]
+    return sum(g.num_dummy_forwards for g in groups) if groups else None
+
+
 def cost_stats(summary: dict[str, Any], requests: Table,
                pools: dict[str, ReplicaConfig], replicas: Sequence[ReplicaRecord]
                ) -> dict[str, Any]:
@@ -218,6 +226,7 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
                              None if r.copies is None else offload_facts(r.state, r.copies))
                for r in cluster.replicas]
     latency = cluster.replicas[0].latency.describe()
+    dummy = _dummy_forwards(cluster)
     frames = request_results(scenario, requests, [r.log for r in records])
     frames.stage = stage
     frames.sessions = sessions
@@ -230,6 +239,13 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     if num_requests >= COLLECT_AT_NUM_REQUESTS:
         gc.collect()
     results = collect_frames(scenario, frames, records, latency)
+    if dummy is not None:
+        results.summary["data_parallel"] = {
+            "ranks_per_replica": scenario.replica.parallelism.data,
+            "num_dummy_forwards": dummy,
+            "note": "a rank's dummy batches (another rank ran, or the ranks had yet to find "
+                    "all idle) are not rows of iterations.parquet: busy fractions leave them "
+                    "out"}
     if out_dir is not None:
         results.write(out_dir)
     return results

@@ -11,8 +11,9 @@ them together, because every MoE layer exchanges tokens between all ranks:
   dummy batch of one token (`DPEngineCoreProc.execute_dummy_batch`), so the collectives line
   up.
 - The ranks' token counts are made equal, the most of any rank's, where every rank's step fits
-  a CUDA graph (vLLM pads them alike: `coordinate_batch_across_dp`, at most 512 tokens or twice
-  `max_num_seqs`); a larger step runs eagerly, each rank at its own count.
+  a CUDA graph (vLLM pads them alike: `coordinate_batch_across_dp`, up to the smaller of 512
+  tokens and twice `max_num_seqs`); a larger step runs eagerly, each rank at its own count.
+  (vLLM pads further, to its next captured size: not modelled.)
 - The step takes what the latency model says of all ranks together (`lockstep_time_s`: the
   slowest rank's own layers, then every MoE layer on all ranks' tokens and its all-gather and
   reduce-scatter), the same for every rank.
@@ -30,9 +31,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Generator
 from typing import Any
 
+import numpy as np
 import simpy
 
 from sim.core.plan import Plan
@@ -43,6 +45,7 @@ from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Iteration
 from sim.latency.base import BatchShape, LatencyModel
 from sim.routers.base import ReplicaLoad, Router
+from sim.workloads.base import MAX_SPAN_S
 
 # vLLM's capture ceiling for CUDA graphs (`max_cudagraph_capture_size`'s default): steps of
 # more tokens on any rank run eagerly, unpadded.
@@ -163,7 +166,11 @@ class DataParallelGroup:
             host_s = max(float(self.latency.host_time_s(shape)) for shape in shapes)
             step_s = max(step_s - host_s, host_s)
         start_s = max(now_s, self._free_s)
-        end_s = self._free_s = start_s + step_s
+        end_s = start_s + step_s
+        if not start_s < end_s < MAX_SPAN_S:  # NaN fails too (`Replica._check_durations`)
+            self.ranks[0]._check_durations(np.array([start_s]), np.array([step_s]),
+                                           np.array([end_s]))
+        self._free_s = end_s
         for rank, plan, shape in zip(self.ranks, plans, shapes, strict=True):
             if plan is None:
                 continue
@@ -191,14 +198,3 @@ class DataParallelGroup:
             return False
         return counter % self.sync_interval != 0
 
-    def stop(self, horizon_s: float) -> None:
-        for rank in self.ranks:
-            rank.stop(horizon_s)
-
-
-def ranks_of(replicas: Sequence[Any]) -> list[Any]:
-    """Every replica, a group's ranks in its place."""
-    out: list[Any] = []
-    for replica in replicas:
-        out.extend(replica.ranks if isinstance(replica, DataParallelGroup) else [replica])
-    return out

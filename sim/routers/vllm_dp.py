@@ -12,6 +12,13 @@ balancer sent there since. Scores, by release:
 The published counts are taken here at the first arrival at least `stats_interval_s` after the
 last ones, from the engines as they are then (the coordinator's ticks run on their own clock:
 an approximation of when each snapshot is taken, not of what it holds).
+
+Which engines publish: an MoE model's data-parallel ranks (`DPEngineCoreProc`) in every
+release, and every engine from 0.33.0 on; vLLM 0.15-0.19 runs a dense model's ranks as plain
+engines that publish nothing, so the balancer then sees only its own picks, which the
+coordinator's all-zero list resets about every 5 s (its update period while nothing changes).
+Over a cluster's replicas (a dense model's ranks as vLLM runs them) that is the default
+(`engines_publish_counts`); a data-parallel replica's ranks publish.
 """
 
 from __future__ import annotations
@@ -33,6 +40,14 @@ class VllmDataParallelConfig(RouterConfig):
         0.1, ge=0, le=60, description="how often the coordinator publishes the engines' counts "
                                       "(vLLM: 100 ms while they change)",
         json_schema_extra={"unit": "s"})
+    engines_publish_counts: bool | None = Field(
+        None, description="whether the engines publish their counts; none: as the release "
+                          "does for a dense model's engines (0.33.0 yes, older no: the "
+                          "balancer's own picks, reset every 5 s)")
+
+
+# `DPCoordinatorProc`: with no change to publish, it sends the (all-zero) counts every 5 s.
+UNPUBLISHED_RESET_S = 5.0
 
 
 @ROUTERS.register("vllm_dp")
@@ -42,7 +57,10 @@ class VllmDataParallel(Router):
     def __init__(self, config: VllmDataParallelConfig, rng: np.random.Generator) -> None:
         super().__init__(config, rng)
         self.latest = config.engine_version == "0.33.0"
-        self.interval_s = config.stats_interval_s
+        publish = config.engines_publish_counts
+        self.published = self.latest if publish is None else publish
+        # Unpublished: the coordinator's all-zero list, about every 5 s.
+        self.interval_s = config.stats_interval_s if self.published else UNPUBLISHED_RESET_S
         self._published_s = -np.inf
         # Per engine: [waiting, running, KV usage] as last published, waiting bumped per pick.
         self._counts: list[list[float]] = []
@@ -52,7 +70,8 @@ class VllmDataParallel(Router):
         now_s = req.arrival_s
         counts = self._counts
         if len(counts) != len(loads) or now_s - self._published_s >= self.interval_s:
-            counts[:] = [[load.num_waiting, load.num_running, load.kv_usage] for load in loads]
+            counts[:] = ([[load.num_waiting, load.num_running, load.kv_usage] for load in loads]
+                         if self.published else [[0, 0, 0.0] for _ in loads])
             self._published_s = now_s
         num = len(loads)
         best, best_score = 0, np.inf

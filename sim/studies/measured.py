@@ -193,8 +193,10 @@ def _in_queued_order(path: Path) -> Path:
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     copy = Path(tempfile.gettempdir()) / "servesim-measured" / f"{digest}.jsonl"
     if not copy.is_file():
+        from sim.results.outdir import replace_text
+
         copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_text(text, encoding="utf-8")
+        replace_text(copy, text)  # (whole or not at all: another process may read it)
     return copy
 
 

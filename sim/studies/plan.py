@@ -66,12 +66,14 @@ class Kind:
     decode_scheduler: tuple[tuple[str, Any], ...] = ()
     # data-parallel ranks of `tensor` GPUs each, experts spread over all of them (MoE models)
     data: int = 1
+    base_expert: int = 1  # the base's expert parallelism, for a kind without ranks
 
     def __hash__(self) -> int:
         # (A scheduler change's value may be a mapping: a speculative config, say.)
         return hash((self.gpu, self.tensor, self.pipeline, self.quantization,
                      json.dumps(self.scheduler, sort_keys=True), self.ratio, self.link,
-                     json.dumps(self.decode_scheduler, sort_keys=True), self.data))
+                     json.dumps(self.decode_scheduler, sort_keys=True), self.data,
+                     self.base_expert))
 
     @property
     def gpus_per_replica(self) -> int:
@@ -123,8 +125,10 @@ class Kind:
                                "replica.parallelism.pipeline": self.pipeline,
                                "replica.parallelism.data": self.data,
                                "replica.quantization": self.quantization}
-        if self.data > 1:  # (vLLM's --enable-expert-parallel over every rank's GPUs)
-            out["replica.parallelism.expert"] = self.data * self.tensor
+        # Data-parallel ranks: experts over every rank's GPUs (vLLM's --enable-expert-parallel);
+        # else the base's expert parallelism, where it had no ranks of its own.
+        out["replica.parallelism.expert"] = (self.data * self.tensor if self.data > 1
+                                             else self.base_expert)
         out |= {f"replica.scheduler.{k}": v for k, v in self.scheduler}
         if self.ratio is None:
             out["cluster.replicas"] = units
@@ -193,6 +197,8 @@ def kinds(plan: Plan) -> list[Kind]:
                                   cost_per_gpu_hour=None if isinstance(base.gpu, str)
                                   else base.gpu_spec.cost_per_gpu_hour)]
     out: list[Kind] = []
+    base_par = base.parallelism
+    expert = base_par.expert if base_par.data == 1 else 1
     for gpu, data in ((g, d) for g in gpus for d in cfg.data or [base.parallelism.data]):
         for tp in cfg.tensor or [base.parallelism.tensor]:
             for pp in cfg.pipeline or [base.parallelism.pipeline]:
@@ -208,7 +214,8 @@ def kinds(plan: Plan) -> list[Kind]:
                                 for decode in decodes:
                                     kind = Kind(gpu, tp, pp, quant,
                                                 tuple(sorted(sched.items())), ratio, link,
-                                                tuple(sorted(decode.items())), data)
+                                                tuple(sorted(decode.items())), data,
+                                                expert)
                                     if kind not in out:  # (listed twice, searched once)
                                         out.append(kind)
     return out

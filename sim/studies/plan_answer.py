@@ -145,8 +145,7 @@ def answer_load(plan: Plan, searcher: Searcher, results: list[KindResult]) -> di
     for other in ranked:
         unit = unit_cost(plan, other.kind)
         nominal = (other.capacity_qps or 0.0) / unit
-        # (Each load is found to LOAD_PRECISION: a slow end may sit that much above.)
-        if checks and nominal <= best_slow * (1 - LOAD_PRECISION):
+        if checks and nominal <= best_slow:  # (its slow end is at most its nominal load)
             break
         if len(checks) == MAX_SLOW_ENDS:
             unchecked = True
@@ -155,13 +154,16 @@ def answer_load(plan: Plan, searcher: Searcher, results: list[KindResult]) -> di
         check: dict[str, Any] = {"kind": other.kind.label(), "units": 1,
                                  "replicas": other.kind.replicas(1), "band": band,
                                  "extrapolated": extrapolated}
-        slow = other.capacity_qps or 0.0
-        if band > 0:  # (from where the nominal load, scaled, puts each end)
-            slow = check["slow_qps"] = searcher.max_load(other.kind, other, 1 + band,
-                                                         start_qps=slow / (1 + band))
+        slow = nominal_qps = other.capacity_qps or 0.0
+        if band > 0:
+            # From where the nominal load, scaled, puts each end; each found to the search's
+            # precision on a grid of its own, so held to its side of the nominal load (a
+            # kind holds no more with longer iterations, no less with shorter).
+            slow = check["slow_qps"] = min(nominal_qps, searcher.max_load(
+                other.kind, other, 1 + band, start_qps=nominal_qps / (1 + band)))
             if other is result:
-                check["fast_qps"] = searcher.max_load(other.kind, other, 1 - band,
-                                                      start_qps=capacity / (1 - band))
+                check["fast_qps"] = max(capacity, searcher.max_load(
+                    other.kind, other, 1 - band, start_qps=capacity / (1 - band)))
         check["slow_qps_per_usd_hour"] = slow / unit
         best_slow = max(best_slow, slow / unit)
         checks.append(check)

@@ -32,14 +32,14 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from sim.config.base import Frozen
 from sim.config.errors import InputError, invalid
 from sim.config.overrides import resolved_defaults, set_path
 from sim.config.scenario import MAX_REPLICAS, Scenario, parse_scenario
 from sim.config.yaml_input import read_base, read_yaml
-from sim.hardware.parallelism import MAX_GPUS_PER_REPLICA
+from sim.hardware.parallelism import GPUS_PER_NODE, MAX_GPUS_PER_REPLICA
 
 # SLO metric -> (summary distribution over finished requests, over every arrived request)
 METRICS = {"ttft": ("ttft_s", "ttft_all_arrived_s"), "tbt": ("tbt_s", None),
@@ -135,12 +135,13 @@ class PlanSearch(Frozen):
 
     @field_validator("tensor", "pipeline", "data")
     @classmethod
-    def _sizes(cls, value: list[int] | None) -> list[int] | None:
+    def _sizes(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
         if value is None:
             return None
-        bad = [v for v in value if not 1 <= v <= MAX_GPUS_PER_REPLICA]
+        most = GPUS_PER_NODE if info.field_name == "data" else MAX_GPUS_PER_REPLICA
+        bad = [v for v in value if not 1 <= v <= most]
         if bad:
-            raise ValueError(f"{bad[0]}: each in [1, {MAX_GPUS_PER_REPLICA}]")
+            raise ValueError(f"{bad[0]}: each in [1, {most}]")
         return sorted(set(value))
 
     @model_validator(mode="after")

@@ -89,10 +89,10 @@ def test_a_prompt_on_one_rank_stretches_the_other_ranks_decode_step():
 
 def _raw():
     return {"name": "dp", "seed": 0,
-            "workload": {"format": "synthetic", "num_requests": 1,
+            "workload": {"format": "synthetic", "num_requests": 3,
                          "arrivals": {"process": "poisson", "qps": 1.0},
-                         "lengths": {"prompt": {"dist": "fixed", "value": 1},
-                                     "output": {"dist": "fixed", "value": 1}}},
+                         "lengths": {"prompt": {"dist": "fixed", "value": 8},
+                                     "output": {"dist": "fixed", "value": 4}}},
             "replica": {"model": "qwen3-30b-a3b",
                         "scheduler": {"name": "vllm_v1", "async_scheduling": False},
                         "latency": {"kind": "linear", "base_s": BASE_S,
@@ -146,6 +146,8 @@ def test_async_ranks_finish_everything_and_log_each_step_once():
     ends = it.assign(end=it["start_s"] + it["duration_s"]).groupby("start_s")["end"].nunique()
     assert (ends == 1).all()
     assert res.summary["cost"]["num_gpus"] == 2
+    facts = res.summary["data_parallel"]
+    assert facts["ranks_per_replica"] == 2 and facts["num_dummy_forwards"] > 0
 
 
 def test_the_roofline_times_each_moe_layer_on_every_ranks_tokens():
@@ -204,14 +206,16 @@ def _loads(*counts):
 
 def test_vllm_balancer_scores_as_each_release():
     req = Request(0, 0.0, 8, 1)
-    old = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp"), np.random.default_rng(0))
+    old = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp", engines_publish_counts=True),
+                           np.random.default_rng(0))
     # 4 x waiting + running: 1 waiting (4) loses to 3 running (3).
     assert old.choose(req, _loads((1, 0, 0.0), (0, 3, 0.0))) == 1
     # Within 100 ms the counts are the published ones plus a waiting request per pick.
     later = Request(1, 0.05, 8, 1)
     assert old.choose(later, _loads((0, 0, 0.0), (0, 0, 0.0))) == 0  # 4 vs 3 + 4 = 7
     # A tie goes to the lowest rank, every time.
-    fresh = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp"), np.random.default_rng(0))
+    fresh = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp", engines_publish_counts=True),
+                             np.random.default_rng(0))
     assert [fresh.choose(Request(i, i * 1.0, 8, 1), _loads((0, 0, 0.0), (0, 0, 0.0)))
             for i in range(3)] == [0, 0, 0]
     new = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp", engine_version="0.33.0"),
@@ -219,6 +223,13 @@ def test_vllm_balancer_scores_as_each_release():
     # Ties go round; waiting weighs more once KV is over half used.
     assert [new.choose(Request(i, i * 1.0, 8, 1), _loads((0, 0, 0.0), (0, 0, 0.0)))
             for i in range(3)] == [0, 1, 0]
+    # vLLM 0.15-0.19's dense engines publish no counts: its own picks alone, reset every 5 s.
+    dense = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp"), np.random.default_rng(0))
+    assert not dense.published
+    busy_first = _loads((5, 5, 0.5), (0, 0, 0.0))
+    assert [dense.choose(Request(i, 0.01 * i, 8, 1), busy_first) for i in range(4)] == [
+        0, 1, 0, 1]
+    assert dense.choose(Request(9, 6.0, 8, 1), busy_first) == 0  # (reset: zeros again)
     busy = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp", engine_version="0.33.0"),
                             np.random.default_rng(0))
     # rank 0: 2 waiting + 2 running at 90% KV: 4 + 2 x 6 x 0.4 = 8.8; rank 1: 8 running: 8.
@@ -236,6 +247,8 @@ def test_vllm_balancer_scores_as_each_release():
     ({"scheduler": {"name": "sglang"}}, "replica.parallelism.data", "vllm_v1"),
     ({"latency": {"kind": "linear", "noise": {"kind": "lognormal", "sigma": 0.1}}},
      "replica.latency.noise.kind", "data-parallel"),
+    ({"latency": {"kind": "linear", "base_s": 1e-30}}, "replica.latency",
+     "does not move the clock"),
     ({"scheduler": {"name": "vllm_v1", "speculative": {
         "method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.5}}},
      "replica.parallelism.data", "speculative decoding"),

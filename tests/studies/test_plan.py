@@ -448,6 +448,14 @@ def test_data_parallel_ranks_are_a_search_dimension(tmp_path, monkeypatch, capsy
     table = pd.read_csv(tmp_path / "out" / "candidates.csv")
     runs = table[table["kind"] == "h100-sxm DP2 TP1"]
     assert (runs["num_gpus"] == 2 * runs["replicas"]).all()
+    # A base of ranks: a kind without them runs without expert parallelism over them.
+    ranked = dict(base, replica={**base["replica"], "parallelism": {"data": 2, "expert": 2}})
+    (tmp_path / "ranked").mkdir()
+    path = write_plan(tmp_path / "ranked", base=ranked, search={"data": [1, 2]}, band="none",
+                      seeds=1)
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "ranked" / "out")
+    assert all(k["refused"] is None for k in record["kinds"])
+    assert {k["kind"] for k in record["kinds"]} == {"h100-sxm TP1", "h100-sxm DP2 TP1"}
     dense = write_plan(tmp_path, search={"data": [2]}, band="none", seeds=1)
     record, _ = run_plan(monkeypatch, capsys, dense, tmp_path / "dense")
     (kind,) = record["kinds"]
