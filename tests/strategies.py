@@ -69,6 +69,12 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
                      "max_num_seqs": draw(st.integers(1, 64)),
                      "mixed_chunk": draw(st.booleans()),
                      "decode_reserve_tokens": reserve}
+        # SGLang's priority scheduling sometimes: the queue by level, preemption by threshold.
+        if draw(st.integers(0, 2)) == 0:
+            scheduler.update(enable_priority_scheduling=True,
+                             schedule_low_priority_values_first=draw(st.booleans()),
+                             priority_scheduling_preemption_threshold=draw(
+                                 st.sampled_from([0, 2, 10])))
     num_requests = draw(st.integers(1, 40))
     arrivals = {"process": "gamma", "qps": draw(st.floats(0.5, 200)),
                 "cv": draw(st.floats(0.2, 4))}
@@ -99,7 +105,8 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
     # Request classes sometimes: differing priorities where the policy orders by them.
     if draw(st.booleans()):
-        by_priority = scheduler.get("scheduling_policy") == "priority"
+        by_priority = (scheduler.get("scheduling_policy") == "priority"
+                       or scheduler.get("enable_priority_scheduling", False))
         workload["classes"] = [
             {"name": "a", "share": 0.25, "priority": 0, "slo": {"ttft_s": 0.2}},
             {"name": "b", "share": 0.75, "priority": draw(st.sampled_from([0, 3]))
@@ -207,12 +214,13 @@ def assert_nothing_lost(data, res):
 
 
 def without_speculative(replica: dict) -> None:
-    """Take speculative decoding (and the async setting drawn with it) and the KV cache's CPU
-    tier off a replica: refused where they are not modelled yet (disaggregated pools,
-    pipelines)."""
+    """Take speculative decoding (and the async setting drawn with it), the KV cache's CPU
+    tier and SGLang's priority scheduling off a replica: refused where they are not modelled
+    yet (disaggregated pools, pipelines)."""
     if replica["scheduler"].pop("speculative", None) is not None:
         replica["scheduler"].pop("async_scheduling", None)
     replica.pop("kv_offload", None)
+    replica["scheduler"].pop("enable_priority_scheduling", None)  # (SGLang's: colocated only)
 
 
 @st.composite

@@ -39,16 +39,18 @@ class ReplicaState:
     """Waiting queue (FCFS, preempted at the front; or by priority), running list, KV."""
 
     def __init__(self, kv: KVCacheManager, prefill_only: bool = False,
-                 decode_only: bool = False, by_priority: bool = False) -> None:
+                 decode_only: bool = False, by_priority: bool = False,
+                 waiting: PriorityWaiting | None = None) -> None:
         self.kv = kv
         # A prefill replica of a disaggregated cluster: a request leaves `running` after its
         # first token, keeping its KV blocks until the transfer to a decode replica is done.
         self.prefill_only = prefill_only
         # A decode replica of one: requests join `running` as their KV arrives (`join`).
         self.decode_only = decode_only
-        # By priority (vLLM's priority policy: `sim.core.waiting`), else FCFS.
+        # By priority (vLLM's priority policy, or the policy's own queue: `sim.core.waiting`),
+        # else FCFS.
         self.waiting: deque[Request] | PriorityWaiting = (
-            PriorityWaiting() if by_priority else deque())
+            waiting if waiting is not None else PriorityWaiting() if by_priority else deque())
         self.running: list[Request] = []
         self.num_transferring = 0  # handed off, KV still held here
         # Decode side: requests whose blocks are allocated here and whose KV is on its way.

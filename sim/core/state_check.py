@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sim.core.waiting import PriorityWaiting, priority_key
+from sim.core.waiting import PriorityWaiting
 
 if TYPE_CHECKING:
     from sim.core.state import ReplicaState
@@ -44,5 +44,5 @@ def check_state(state: ReplicaState) -> None:
         for req in state.running:
             assert state.kv.num_held_blocks(req.request_id) <= state.max_blocks(req)
     if isinstance(state.waiting, PriorityWaiting):
-        keys = [priority_key(r) for r in state.waiting]
+        keys = [state.waiting.key(r) for r in state.waiting]
         assert keys == sorted(keys)

@@ -1,4 +1,5 @@
-"""The waiting queue of vLLM's priority policy (`--scheduling-policy priority`).
+"""The waiting queues of engines' priority policies: vLLM's (`--scheduling-policy priority`)
+and SGLang's (`--enable-priority-scheduling`, `EntryOrderWaiting`).
 
 vLLM keeps it as a heap of requests ordered by (priority, arrival time, request id), lowest
 first (`PriorityRequestQueue` in `vllm/v1/core/sched/request_queue.py`, `Request.__lt__` in
@@ -31,9 +32,13 @@ class PriorityWaiting:
         self._items: list[Request] = []
 
     def append(self, req: Request) -> None:
-        insort(self._items, req, key=priority_key)
+        insort(self._items, req, key=self.key)
 
     appendleft = append
+
+    def key(self, req: Request) -> tuple[float, ...]:
+        """Where `req` goes: the queue is sorted by this."""
+        return priority_key(req)
 
     def popleft(self) -> Request:
         return self._items.pop(0)
@@ -52,3 +57,29 @@ class PriorityWaiting:
 
     def __iter__(self) -> Iterator[Request]:
         return iter(self._items)
+
+
+class EntryOrderWaiting(PriorityWaiting):
+    """SGLang's queue under `--enable-priority-scheduling` with its fcfs policy
+    (`SchedulePolicy._sort_by_priority_and_fcfs`): by priority, higher values first (lower
+    with `--schedule-low-priority-values-first`), then by when each request entered the
+    queue (`wait_queue_entry_time`, stamped again whenever a preempted or retracted request
+    goes back: it joins the end of its level)."""
+
+    __slots__ = ("_sign", "_count", "entered")
+
+    def __init__(self, low_first: bool = False) -> None:
+        super().__init__()
+        self._sign = 1 if low_first else -1
+        self._count = 0
+        self.entered: dict[int, int] = {}  # request id -> when it last entered (a count)
+
+    def append(self, req: Request) -> None:
+        self._count += 1
+        self.entered[req.request_id] = self._count
+        insort(self._items, req, key=self.key)
+
+    appendleft = append
+
+    def key(self, req: Request) -> tuple[float, ...]:
+        return (req.priority * self._sign, self.entered[req.request_id])

@@ -99,8 +99,13 @@ class Cluster:
                 raise InputError(self.source, field, value, f"{what} with data-parallel "
                                  "ranks is not modelled yet (servesim issue 47)")
         ranks = [self._replica(cfg, pool, rank=True) for _ in range(cfg.parallelism.data)]
+        if ranks[0].latency.sequential:
+            raise InputError(self.source, "replica.latency.kind", cfg.latency.kind,
+                             "a recording replays one replica's iterations in order; "
+                             "data-parallel ranks would share it (not modelled)")
         balancer = VllmDataParallel(
-            VllmDataParallelConfig(name="vllm_dp", engine_version=version or "0.15.1"),
+            VllmDataParallelConfig(name="vllm_dp", engine_version=version or "0.15.1",
+                                   engines_publish_counts=True),
             np.random.default_rng(0))
         latest = version == "0.33.0"
         return DataParallelGroup(self.env, cast(list[Any], ranks), ranks[0].latency, balancer,
@@ -116,9 +121,14 @@ class Cluster:
         scheduler = make_scheduler(cfg)
         field = "replica" if pool == "colocated" else f"cluster.{pool}.replica"
         latency = make_latency(cfg, model, self.source, field)
+        waiting = scheduler.waiting_queue()
+        if waiting is not None and pool != "colocated":
+            raise InputError(self.source, f"{field}.scheduler.enable_priority_scheduling", True,
+                             "SGLang's priority scheduling on a disaggregated pool is not "
+                             "modelled yet (servesim issue 47)")
         state = ReplicaState(kv_cache_for(cfg, model, field, self.source, scheduler),
                              prefill_only=pool == "prefill", decode_only=pool == "decode",
-                             by_priority=scheduler.by_priority)
+                             by_priority=scheduler.by_priority, waiting=waiting)
         spec = getattr(cfg.scheduler, "speculative", None)
         if spec is not None:
             if pool != "colocated" or cfg.parallelism.pipeline > 1:

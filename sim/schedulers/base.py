@@ -25,6 +25,7 @@ from sim.core.state import ReplicaState
 from sim.schedulers.admission import future_blocks, reserved_blocks
 
 if TYPE_CHECKING:
+    from sim.core.waiting import PriorityWaiting
     from sim.hardware.gpus import GPUSpec
 
 
@@ -90,6 +91,11 @@ class Scheduler(ABC):
         """Iterations the engine keeps in flight on a replica of `pipeline_size` stages (one
         per stage: `sim.engine.pipeline`); more where the engine schedules ahead (async)."""
         return pipeline_size
+
+    def waiting_queue(self) -> PriorityWaiting | None:
+        """The policy's own waiting queue where it orders one otherwise than vLLM's priority
+        policy (`sim.core.waiting`); None: FCFS, or vLLM's order with `by_priority`."""
+        return None
 
     @property
     def by_priority(self) -> bool:

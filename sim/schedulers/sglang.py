@@ -22,6 +22,7 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
 from sim.core.state import ReplicaState
+from sim.core.waiting import EntryOrderWaiting
 from sim.schedulers.admission import admit_waiting
 from sim.schedulers.base import (
     SCHEDULERS,
@@ -67,6 +68,18 @@ class SGLangConfig(SchedulerConfig):
         description=("--enable-mixed-chunk: running decodes join each prefill batch, one token "
                      "each, counted against chunked_prefill_size"),
     )
+    enable_priority_scheduling: bool = Field(
+        False, description=("--enable-priority-scheduling: the waiting queue by the requests' "
+                            "priority (their class's), higher values first, then by when each "
+                            "entered it; a waiting request preempts running ones when the "
+                            "batch is full by count"))
+    schedule_low_priority_values_first: bool = Field(
+        False, description="--schedule-low-priority-values-first: lower values first")
+    priority_scheduling_preemption_threshold: int = Field(
+        10, description=("--priority-scheduling-preemption-threshold: a waiting request "
+                         "preempts a running one whose priority it beats by more than this"))
+    disable_priority_preemption: bool = Field(
+        False, description="--disable-priority-preemption: the queue by priority, no preemption")
 
     @model_validator(mode="before")
     @classmethod
@@ -92,6 +105,12 @@ class SGLangConfig(SchedulerConfig):
     @property
     def max_running_requests(self) -> int:
         return self.max_num_seqs
+
+    @property
+    def priority_preemption(self) -> bool:
+        """SGLang's `enable_priority_preemption`: on with priority scheduling, unless
+        disabled."""
+        return self.enable_priority_scheduling and not self.disable_priority_preemption
 
 
 @SCHEDULERS.register("sglang")
@@ -143,8 +162,16 @@ class SGLang(Scheduler):
        reads outputs one token behind for requests in flight (`sglang_admission._outputs`);
        a retracted request's token in flight is dropped.
 
+    11. Priorities (`enable_priority_scheduling`, SGLang's `--enable-priority-scheduling` with
+       its fcfs policy; `sim.schedulers.sglang_admission`): the queue by priority, higher
+       values first (lower with `schedule_low_priority_values_first`), then by when each
+       request entered it (a preempted or retracted one re-enters at the end of its level:
+       `EntryOrderWaiting`). With preemption (on unless `disable_priority_preemption`) the
+       full-batch latch is cleared before every pass and, where the batch is full by count,
+       the request at the head preempts running ones (`PrefillAdder.preempt_to_schedule`).
+
     Not modelled: `--prefill-decode-interval` (default 0), pages other than SGLang's default
-    of 1 token, priorities, `retract_decode`'s
+    of 1 token, `retract_decode`'s
     choice and order (with the in-order admission check and outputs below 4096 tokens SGLang
     never retracts), requests without `ignore_eos` (their `new_token_ratio` estimate: here
     every output length is known).
@@ -167,6 +194,19 @@ class SGLang(Scheduler):
         self._state: ReplicaState | None = None
         self._num_prefill_passes = 0  # passes with a queue: SGLang refreshes every 32nd
         self._last_extend: list[Request] = []  # the requests of the last batch, a prefill
+        # Priority preemption: each request's fill ids and prefix when last tried in a pass
+        # (`full_untruncated_fill_ids`, `prefix_len`), and its preemptions then.
+        self.last_tried: dict[int, tuple[int, int, int]] = {}
+
+    @property
+    def by_priority(self) -> bool:
+        return self.config.enable_priority_scheduling
+
+    def waiting_queue(self) -> EntryOrderWaiting | None:
+        cfg = self.config
+        if not cfg.enable_priority_scheduling:
+            return None
+        return EntryOrderWaiting(low_first=cfg.schedule_low_priority_values_first)
 
     def num_batches_in_flight(self, pipeline_size: int) -> int:
         # The overlap loop (`event_loop_overlap`): batch k is decided when k-1 is launched and

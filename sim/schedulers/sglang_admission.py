@@ -39,6 +39,22 @@ Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check thes
   pass (`last_batch.filter_batch`: one finished at its first token, or the chunked one); set
   while nothing decodes, it does not hold (the flag is on the running batch object, which the
   prefill batch then replaces).
+- Priority preemption (`--enable-priority-scheduling`, `PrefillAdder.preempt_to_schedule`):
+  the latch is cleared before every pass, and the pass does not stop at once for want of a
+  request slot; where the batch is full by count (and from then on in the pass), the request
+  at the head is admitted only if it preempts running requests: those it beats by more than
+  `priority_scheduling_preemption_threshold`, least preferred first and, within a level, the
+  latest to enter the queue first, as many as it takes for their outputs left (clipped at
+  4096) to cover its need, at least one; none if they cannot cover it. Its need: its whole
+  `max_new_tokens` clipped, less the total remainder, plus its fill ids less its prefix as
+  they were when it was last tried in a pass (`init_next_round_input`: none if never; then
+  its prompt and outputs less the prefix it matched, the prefix reset by a preemption). A
+  victim's KV is freed (`release_req`: nothing inserted in the radix cache), its outputs
+  kept (it is prefilled again with them), its offset given back, and it re-enters the queue
+  after the pass, at the end of its level. Not modelled: the radix cache's eviction of 20
+  tokens per running request left that follows each victim's release
+  (`evict_from_tree_cache`), and the order in which the victims of one preemption re-enter
+  (a set's, in SGLang: arbitrary; here the running batch's).
 """
 
 from __future__ import annotations
@@ -49,6 +65,7 @@ from sim.core.kv_cache import cdiv
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
 from sim.core.state import ReplicaState
+from sim.core.waiting import EntryOrderWaiting
 
 if TYPE_CHECKING:
     from sim.schedulers.sglang import SGLang
@@ -79,12 +96,12 @@ class PrefillAdder:
         self.free = kv.num_free_blocks * kv.block_size  # available + evictable, read once
         # A prefill replica of a disaggregated cluster computes each request's first token.
         self.prefill_only = state.prefill_only
-        self.total_offset = sum(min(self._target(r) - _outputs(r), CLIP_MAX_NEW_TOKENS)
-                                for r in self.decoding)
+        self.total_offset = sum(self._offset(r) for r in self.decoding)
         self.current_offset = 0
         self.can_run: list[Request] = []
         self.completing: list[Request] = []  # of those, the ones whose prompt ends here
         self.req_states: list[tuple[int, int]] | None = None
+        self.preempted: list[Request] = []  # by priority this pass, back in the queue after
 
     def _target(self, req: Request) -> int:
         """The request's `max_new_tokens` here."""
@@ -101,13 +118,23 @@ class PrefillAdder:
         self.rem_input -= self._paged(extend)
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            for req in self.preempted:  # (`_add_request_to_queue`, after the pass)
+                self.state.waiting.append(req)
+
+    def _run(self) -> None:
         policy, state = self.policy, self.state
+        preempting = policy.config.priority_preemption
+        if preempting:
+            policy.latch([])  # cleared before every pass, to try preemption
         full = policy.batch_is_full(state, self.decoding)
         if (full or not state.waiting) and not self.prefilling:
             return
         # (On a decode replica, a request whose KV is on its way holds its slot already.)
         max_new_reqs = policy.config.max_num_seqs - len(self.decoding) - len(state.incoming)
-        if max_new_reqs <= 0 and not self.prefilling:
+        if max_new_reqs <= 0 and not self.prefilling and not preempting:
             policy.latch(self.decoding)  # `get_num_allocatable_reqs` <= 0, before matching
             return
         kv = state.kv
@@ -117,17 +144,72 @@ class PrefillAdder:
             for req in self.prefilling:  # the chunked request
                 if not self._continue_chunk(req):
                     return
-            while state.waiting and not full:
+            while state.waiting:
+                if full and not preempting:
+                    return
                 if self.rem_input <= 0 or self.rem_chunk <= 0:
                     return  # `budget_state()` OTHER: stop before matching anyone
+                max_new_reqs = (policy.config.max_num_seqs - len(self.decoding)
+                                - len(state.incoming))
                 if len(self.can_run) >= max_new_reqs:
                     policy.latch(self.decoding)
+                    full = True  # (`batch_is_full` holds for the rest of the pass)
+                if full and not (preempting and self._preempt_for(state.waiting[0])):
                     return  # (the latch stops the loop at once: `batch_is_full`, break)
                 result = self._add(state.waiting[0])
                 if result != "continue":
                     if result == "no_token" and (self.can_run or self.decoding):
                         policy.latch(self.decoding)
                     return
+
+    def _preempt_for(self, req: Request) -> bool:
+        """`preempt_to_schedule`: preempt running requests to make room for `req` (module
+        docstring); whether it did."""
+        cfg = self.policy.config
+        state = self.state
+        waiting = state.waiting
+        assert isinstance(waiting, EntryOrderWaiting)
+        sign = 1 if cfg.schedule_low_priority_values_first else -1
+        candidates = sorted(
+            (r for r in self.decoding if r.status is Status.RUNNING),
+            key=lambda r: (r.priority * -sign, -waiting.entered.get(r.request_id, 0)))
+        # Its fill ids and prefix as last set (`init_next_round_input`, when it was last tried
+        # in a pass): none before; its prefix reset by a preemption since.
+        fill, prefix, preemptions = self.policy.last_tried.get(req.request_id, (0, 0, 0))
+        if preemptions != req.num_preemptions:
+            prefix = 0
+        need = (fill - prefix + min(self._target(req), CLIP_MAX_NEW_TOKENS)
+                - (self.free - self.total_offset))
+        victims = []
+        for running in candidates:
+            if (req.priority - running.priority) * -sign <= (
+                    cfg.priority_scheduling_preemption_threshold):
+                break
+            victims.append(running)
+            need -= self._offset(running)
+            if need <= 0:
+                break
+        if not victims or need > 0:
+            return False
+        kv = state.kv
+        before = kv.num_free_blocks
+        ids = {id(r) for r in victims}
+        for victim in [r for r in self.decoding if id(r) in ids]:  # (the batch's order)
+            self.total_offset -= self._offset(victim)
+            state.preempt(victim)
+            waiting.remove(victim)  # (back in the queue after the pass)
+            self.preempted.append(victim)
+        self.decoding = [r for r in self.decoding if id(r) not in ids]
+        self.req_states = None  # (the in-order check's list held them)
+        # (One preemption's victims by request id: SGLang keeps them in a set.)
+        self.plan.preempted_ids.extend(sorted(r.request_id for r in victims))
+        self.free += (kv.num_free_blocks - before) * kv.block_size
+        return True
+
+    def _offset(self, req: Request) -> int:
+        """A running request's reserved future tokens (`_get_running_request_total_token_
+        offset`): its outputs left, clipped (ratio 1: `ignore_eos`)."""
+        return min(self._target(req) - _outputs(req), CLIP_MAX_NEW_TOKENS)
 
     def _continue_chunk(self, req: Request) -> bool:
         left = req.num_uncomputed_tokens
@@ -149,6 +231,9 @@ class PrefillAdder:
         """`add_one_req` for the head of the queue: 'continue', 'no_token' or 'other'."""
         kv = self.state.kv
         hit = kv.match_prefix(req)  # (`init_next_round_input`: a use, even if refused)
+        if self.policy.config.priority_preemption:  # (`full_untruncated_fill_ids`, `prefix_len`)
+            self.policy.last_tried[req.request_id] = (
+                req.num_prompt_tokens + _outputs(req), hit, req.num_preemptions)
         extend = req.num_uncomputed_tokens - hit
         max_new = min(self._target(req), CLIP_MAX_NEW_TOKENS)
         locked = 0

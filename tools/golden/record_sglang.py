@@ -55,8 +55,9 @@ arguments into a process-wide context):
   of batch k-1.
 
 Recorded per step: [start_s, end_s, [[request id, tokens], ...] in the batch's order
-(`batch.reqs`), [request ids retracted by `retract_decode` while this batch was built, in
-retraction order]]; per request: [first_scheduled_s, first_token_s, finish_s, retractions]
+(`batch.reqs`), [request ids retracted by `retract_decode`, or preempted by a higher priority
+(`PrefillAdder.preempt_to_schedule`, each call's by request id), while this batch was built, in
+that order]]; per request: [first_scheduled_s, first_token_s, finish_s, retractions]
 (`Req.retraction_count`), first_token_s and finish_s the end of the step that produced them.
 Nothing in the scheduler, memory pools or caches is replaced; only the request receiver (no
 ZMQ) and the clock.
@@ -126,7 +127,7 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
         chunked_prefill_size=s["chunked_prefill_size"],
         max_running_requests=s["max_running_requests"],
         disable_radix_cache=s["disable_radix_cache"], schedule_policy=s["schedule_policy"],
-        random_seed=0)
+        random_seed=0, **{k: s[k] for k in PRIORITY_SETTINGS if k in s})
     port_args = PortArgs.init_new(server_args)
     publish(server_args, role="scheduler",
             ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0),
@@ -140,6 +141,11 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
     assert sched.enable_overlap == (not s["disable_overlap_schedule"]), sched.enable_overlap
     assert sched.chunked_prefill_size == s["chunked_prefill_size"], sched.chunked_prefill_size
     assert bool(getattr(sched.tree_cache, "disable", True)) == s["disable_radix_cache"]
+    assert sched.enable_priority_scheduling == s.get("enable_priority_scheduling", False)
+    if sched.enable_priority_scheduling:
+        assert sched.enable_priority_preemption
+        assert sched.priority_scheduling_preemption_threshold == s.get(
+            "priority_scheduling_preemption_threshold", 10)
     return sched
 
 
@@ -149,7 +155,7 @@ def make_request(workload: Workload, request_id: int) -> Any:
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    _, _, num_output, _, _ = workload["requests"][request_id]
+    _, _, num_output, _, _, *rest = workload["requests"][request_id]
     params = SamplingParams(max_new_tokens=num_output, ignore_eos=True, temperature=0.0)
     params.normalize(None)
     params.verify(LLAMA_CONFIG["vocab_size"])
@@ -157,7 +163,13 @@ def make_request(workload: Workload, request_id: int) -> Any:
         rid=str(request_id), input_text=None,
         input_ids=array("q", prompt_token_ids(workload, request_id)), input_embeds=None,
         mm_inputs=None, token_type_ids=None, sampling_params=params, return_logprob=False,
-        logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False)
+        logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False,
+        **({"priority": int(rest[0])} if rest else {}))
+
+
+# SGLang's priority scheduling arguments a workload may set (`--enable-priority-scheduling`...).
+PRIORITY_SETTINGS = ("enable_priority_scheduling", "schedule_low_priority_values_first",
+                     "priority_scheduling_preemption_threshold")
 
 
 class _Receiver:
@@ -390,6 +402,18 @@ def record(workload: Workload) -> dict[str, Any]:
         return out
 
     ScheduleBatch.retract_decode = retract_decode  # type: ignore[method-assign]
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    original_preempt = PrefillAdder.preempt_to_schedule
+
+    def preempt_to_schedule(self: Any, req: Any) -> Any:
+        before = len(self.preempt_list)
+        out = original_preempt(self, req)
+        # (One call's victims by request id: SGLang extends its list from a set.)
+        retracted.extend(sorted(int(r.rid) for r in self.preempt_list[before:]))
+        return out
+
+    PrefillAdder.preempt_to_schedule = preempt_to_schedule  # type: ignore[method-assign]
     receiver = _Receiver()
     sched.request_receiver = receiver
     rec = _Recorder(workload, sched, receiver, retracted)

@@ -51,7 +51,11 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
         scheduler = {"name": "sglang", "engine_version": doc["engine_version"],
                      "chunked_prefill_size": s["chunked_prefill_size"],
                      "max_num_seqs": s["max_running_requests"],
-                     "overlap_schedule": not s["disable_overlap_schedule"]}
+                     "overlap_schedule": not s["disable_overlap_schedule"],
+                     **{k: s[k] for k in ("enable_priority_scheduling",
+                                          "schedule_low_priority_values_first",
+                                          "priority_scheduling_preemption_threshold")
+                        if k in s}}
         prefix_caching = not s["disable_radix_cache"]
     step = w["step_time"]
     return {

@@ -22,13 +22,22 @@ import numpy as np
 from tools.golden.workloads import Workload, _bursts, _prefixed, _requests
 
 
+def _levels(rng: np.random.Generator, requests: list[list[Any]], levels: tuple[int, ...]
+            ) -> list[list[Any]]:
+    """`requests` each with a priority drawn uniformly from `levels`."""
+    drawn = rng.integers(0, len(levels), len(requests))
+    return [[*req, levels[int(k)]] for req, k in zip(requests, drawn, strict=True)]
+
+
 def _sglang(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 200_000,
             step: tuple[float, float] = (0.004, 2e-5), max_model_len: int = 32_768,
             **settings: Any) -> Workload:
     base = {"chunked_prefill_size": 8192, "max_running_requests": 256,
             "disable_radix_cache": True, "schedule_policy": "fcfs",
             "disable_overlap_schedule": True}
-    unknown = set(settings) - set(base)
+    priority = {"enable_priority_scheduling", "schedule_low_priority_values_first",
+                "priority_scheduling_preemption_threshold"}
+    unknown = set(settings) - set(base) - priority
     assert not unknown, unknown
     return {"name": name, "engine": "sglang", "seed": seed, "settings": {**base, **settings},
             "num_gpu_blocks": num_gpu_blocks, "block_size": 1, "max_model_len": max_model_len,
@@ -113,6 +122,47 @@ def sglang_workloads() -> list[Workload]:
         _sglang("overlap_max_running_requests", 115,
                 _requests(rng(115), 60, 10.0, (64, 512), (16, 128)),
                 max_running_requests=6, disable_overlap_schedule=False),
+        # --enable-priority-scheduling: the queue by priority (higher first), then by when
+        # each request (re)entered it. Levels closer than the preemption threshold (10): no
+        # preemption, a queue held back by max_running_requests.
+        _sglang("priority_queue", 121,
+                _levels(rng(121), _requests(rng(121), 60, 20.0, (64, 512), (32, 256)),
+                        (0, 3, 7)),
+                max_running_requests=4, enable_priority_scheduling=True),
+        # Levels 20 apart: a waiting request preempts running ones of a level 20 or 40 below
+        # when the batch is full by count (the lowest level, the latest to enter first; as
+        # many as its tokens need), and they go back to the queue's end of their level.
+        _sglang("priority_preempt", 122,
+                _levels(rng(122), _requests(rng(122), 60, 20.0, (64, 512), (32, 256)),
+                        (0, 20, 40)),
+                max_running_requests=4, enable_priority_scheduling=True),
+        # The same with the overlap loop (SGLang's default).
+        _sglang("priority_preempt_overlap", 123,
+                _levels(rng(123), _requests(rng(123), 60, 20.0, (64, 512), (32, 256)),
+                        (0, 20, 40)),
+                max_running_requests=4, enable_priority_scheduling=True,
+                disable_overlap_schedule=False),
+        # Low values first, threshold 0 (a level apart suffices); chunked prompts.
+        _sglang("priority_low_first_chunked", 124,
+                _levels(rng(124), _requests(rng(124), 60, 10.0, (128, 2048), (16, 128)),
+                        (0, 1, 2)),
+                max_running_requests=6, chunked_prefill_size=512,
+                enable_priority_scheduling=True, schedule_low_priority_values_first=True,
+                priority_scheduling_preemption_threshold=0),
+        # A small pool as well: admission refused for tokens (no preemption for that), and
+        # preemption when the batch is full by count, the victims' outputs left against the
+        # request's need. (Seeds whose preemptions take one victim each: SGLang re-queues
+        # the victims of one preemption in a set's order, which nothing reproduces.)
+        _sglang("priority_kv_starved", 136,
+                _levels(rng(136), _requests(rng(136), 60, 20.0, (128, 768), (32, 256)),
+                        (0, 20, 40)),
+                num_gpu_blocks=3000, max_running_requests=4, enable_priority_scheduling=True),
+        # The same with the overlap loop.
+        _sglang("priority_kv_starved_overlap", 127,
+                _levels(rng(127), _requests(rng(127), 60, 20.0, (128, 768), (32, 256)),
+                        (0, 20, 40)),
+                num_gpu_blocks=3000, max_running_requests=4, enable_priority_scheduling=True,
+                disable_overlap_schedule=False),
     ]
 
 
