@@ -83,34 +83,10 @@ class Cluster:
 
     def _group(self, cfg: ReplicaConfig, pool: str) -> Any:
         """A replica of data-parallel ranks in lockstep (`sim.engine.data_parallel`)."""
-        from sim.engine.data_parallel import DataParallelGroup
-        from sim.routers.vllm_dp import VllmDataParallel, VllmDataParallelConfig
+        from sim.engine.data_parallel import build_group
 
-        scheduler = cfg.scheduler
-        version = getattr(scheduler, "engine_version", None)
-        if cfg.scheduler.name != "vllm_v1":
-            raise InputError(self.source, "replica.parallelism.data", cfg.parallelism.data,
-                             "data-parallel ranks are modelled as vLLM runs them: give "
-                             "scheduler.name vllm_v1")
-        refusals = [("replica.latency.noise.kind", cfg.latency.noise.kind,
-                     cfg.latency.noise.enabled, "per-iteration noise")]
-        for field, value, given, what in refusals:
-            if given:
-                raise InputError(self.source, field, value, f"{what} with data-parallel "
-                                 "ranks is not modelled yet (servesim issue 47)")
-        ranks = [self._replica(cfg, pool, rank=True) for _ in range(cfg.parallelism.data)]
-        if ranks[0].latency.sequential:
-            raise InputError(self.source, "replica.latency.kind", cfg.latency.kind,
-                             "a recording replays one replica's iterations in order; "
-                             "data-parallel ranks would share it (not modelled)")
-        balancer = VllmDataParallel(
-            VllmDataParallelConfig(name="vllm_dp", engine_version=version or "0.15.1",
-                                   engines_publish_counts=True),
-            np.random.default_rng(0))
-        latest = version == "0.33.0"
-        return DataParallelGroup(self.env, cast(list[Any], ranks), ranks[0].latency, balancer,
-                                 max_num_seqs=int(scheduler.max_num_seqs),
-                                 sync_interval=16 if latest else 32, sync_first_step=latest)
+        return build_group(self.env, cfg, str(self.source),
+                           lambda: self._replica(cfg, pool, rank=True))
 
     def _replica(self, cfg: ReplicaConfig, pool: str, rank: bool = False) -> Replica:
         model = cfg.model_shape

@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Generator
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import Any, cast
 
 import numpy as np
 import simpy
 
+from sim.config.errors import InputError
+from sim.config.replica import ReplicaConfig
 from sim.core.plan import Plan
 from sim.core.request import Request
 from sim.engine.clock import PLAN, At, Environment
@@ -45,6 +47,7 @@ from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Iteration
 from sim.latency.base import BatchShape, LatencyModel
 from sim.routers.base import ReplicaLoad, Router
+from sim.routers.vllm_dp import VllmDataParallel, VllmDataParallelConfig
 from sim.workloads.base import MAX_SPAN_S
 
 # vLLM's capture ceiling for CUDA graphs (`max_cudagraph_capture_size`'s default): steps of
@@ -198,3 +201,31 @@ class DataParallelGroup:
             return False
         return counter % self.sync_interval != 0
 
+
+
+def build_group(env: Environment, cfg: ReplicaConfig, source: str,
+                make_rank: Callable[[], Any]) -> DataParallelGroup:
+    """The replica `cfg` describes, of `cfg.parallelism.data` ranks (`make_rank` builds
+    each); what the ranks do not model is refused, one line naming the field."""
+    scheduler = cfg.scheduler
+    if scheduler.name != "vllm_v1":
+        raise InputError(source, "replica.parallelism.data", cfg.parallelism.data,
+                         "data-parallel ranks are modelled as vLLM runs them: give "
+                         "scheduler.name vllm_v1")
+    if cfg.latency.noise.enabled:
+        raise InputError(source, "replica.latency.noise.kind", cfg.latency.noise.kind,
+                         "per-iteration noise with data-parallel ranks is not modelled yet "
+                         "(servesim issue 47)")
+    ranks = [make_rank() for _ in range(cfg.parallelism.data)]
+    if ranks[0].latency.sequential:
+        raise InputError(source, "replica.latency.kind", cfg.latency.kind,
+                         "a recording replays one replica's iterations in order; "
+                         "data-parallel ranks would share it (not modelled)")
+    version = getattr(scheduler, "engine_version", None) or "0.15.1"
+    balancer = VllmDataParallel(
+        VllmDataParallelConfig(name="vllm_dp", engine_version=version,
+                               engines_publish_counts=True), np.random.default_rng(0))
+    latest = version == "0.33.0"
+    return DataParallelGroup(env, cast(list[Rank], ranks), ranks[0].latency, balancer,
+                             max_num_seqs=int(scheduler.max_num_seqs),
+                             sync_interval=16 if latest else 32, sync_first_step=latest)
