@@ -71,7 +71,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
                      "decode_reserve_tokens": reserve}
         # SGLang's priority scheduling sometimes: the queue by level, preemption by threshold.
         if draw(st.integers(0, 2)) == 0:
-            scheduler.update(enable_priority_scheduling=True,
+            scheduler.update(enable_priority_scheduling=True, decode_reserve_tokens=None,
                              schedule_low_priority_values_first=draw(st.booleans()),
                              priority_scheduling_preemption_threshold=draw(
                                  st.sampled_from([0, 2, 10])))

@@ -79,6 +79,10 @@ class EntryOrderWaiting(PriorityWaiting):
         self.entered[req.request_id] = self._count
         insort(self._items, req, key=self.key)
 
+    def forget(self, keep: set[int]) -> None:
+        """Drop when the requests not in `keep` entered (those that left for good)."""
+        self.entered = {k: v for k, v in self.entered.items() if k in keep}
+
     appendleft = append
 
     def key(self, req: Request) -> tuple[float, ...]:

@@ -98,10 +98,11 @@ class Cluster:
         field = "replica" if pool == "colocated" else f"cluster.{pool}.replica"
         latency = make_latency(cfg, model, self.source, field)
         waiting = scheduler.waiting_queue()
-        if waiting is not None and pool != "colocated":
+        if waiting is not None and (pool != "colocated" or cfg.parallelism.pipeline > 1):
+            where = "a disaggregated pool" if pool != "colocated" else "pipeline stages"
             raise InputError(self.source, f"{field}.scheduler.enable_priority_scheduling", True,
-                             "SGLang's priority scheduling on a disaggregated pool is not "
-                             "modelled yet (servesim issue 47)")
+                             f"SGLang's priority scheduling on {where} is not modelled yet "
+                             "(servesim issue 47)")
         state = ReplicaState(kv_cache_for(cfg, model, field, self.source, scheduler),
                              prefill_only=pool == "prefill", decode_only=pool == "decode",
                              by_priority=scheduler.by_priority, waiting=waiting)

@@ -76,8 +76,11 @@ class SGLangConfig(SchedulerConfig):
     schedule_low_priority_values_first: bool = Field(
         False, description="--schedule-low-priority-values-first: lower values first")
     priority_scheduling_preemption_threshold: int = Field(
-        10, description=("--priority-scheduling-preemption-threshold: a waiting request "
-                         "preempts a running one whose priority it beats by more than this"))
+        10, ge=0,
+        description=("--priority-scheduling-preemption-threshold: a waiting request preempts a "
+                     "running one whose priority it beats by more than this (SGLang takes a "
+                     "negative one too: requests of one level then preempt each other, "
+                     "possibly for ever; refused here)"))
     disable_priority_preemption: bool = Field(
         False, description="--disable-priority-preemption: the queue by priority, no preemption")
 
@@ -100,6 +103,11 @@ class SGLangConfig(SchedulerConfig):
         if self.engine_version not in SGLANG_VERSIONS:
             raise invalid(("engine_version", self.engine_version,
                            f"unknown SGLang version; known: {', '.join(SGLANG_VERSIONS)}"))
+        if self.priority_preemption and self.decode_reserve_tokens is not None:
+            raise invalid(("decode_reserve_tokens", self.decode_reserve_tokens,
+                           "replaces SGLang's admission (PrefillAdder), which priority "
+                           "preemption is part of: leave it unset, or give "
+                           "disable_priority_preemption: true"))
         return self
 
     @property
@@ -297,6 +305,17 @@ class SGLang(Scheduler):
 
     def decide(self, state: ReplicaState, now_s: float) -> Plan:
         self._state = state
+        tried = self.last_tried
+        if len(tried) > 2 * (len(state.waiting) + len(state.running)) + 64:
+            # (Only queued requests are asked for theirs: the finished ones' go.)
+            queued = {r.request_id for r in state.waiting}
+            self.last_tried = {k: v for k, v in tried.items() if k in queued}
+        waiting = state.waiting
+        if (isinstance(waiting, EntryOrderWaiting)
+                and len(waiting.entered) > 2 * (len(waiting) + len(state.running)) + 64):
+            # (A running request's entry orders the victims; a finished one's is not read.)
+            waiting.forget({r.request_id for r in waiting}
+                           | {r.request_id for r in state.running})
         last, self._last_extend = self._last_extend, []
         if self._full is not None and last:
             # `get_next_batch_to_run` filters the last batch, a prefill, of the requests that

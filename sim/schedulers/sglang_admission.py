@@ -53,8 +53,12 @@ Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check thes
   kept (it is prefilled again with them), its offset given back, and it re-enters the queue
   after the pass, at the end of its level. Not modelled: the radix cache's eviction of 20
   tokens per running request left that follows each victim's release
-  (`evict_from_tree_cache`), and the order in which the victims of one preemption re-enter
-  (a set's, in SGLang: arbitrary; here the running batch's).
+  (`evict_from_tree_cache`); the outputs a victim computes again being inserted in the radix
+  cache (servesim's caches prompts only: a second preemption computes them once more); a
+  victim's prefill again, chunked so that one token is left, is still SGLang's chunked
+  request (never a candidate) where servesim counts it as decoding (a candidate, a pass
+  early); and the order in which the victims of one preemption re-enter (a set's, in SGLang:
+  arbitrary; here the running batch's).
 """
 
 from __future__ import annotations
@@ -196,6 +200,9 @@ class PrefillAdder:
         ids = {id(r) for r in victims}
         for victim in [r for r in self.decoding if id(r) in ids]:  # (the batch's order)
             self.total_offset -= self._offset(victim)
+            # (With mixed_chunk its decode joined the batch first: out of it again; the budget
+            # it took is not given back, as SGLang's `num_mixed_decode_tokens` is not.)
+            self.plan.num_scheduled_tokens.pop(victim.request_id, None)
             state.preempt(victim)
             waiting.remove(victim)  # (back in the queue after the pass)
             self.preempted.append(victim)

@@ -1,6 +1,7 @@
 """Request classes (`workload.classes`): each request belongs to one class, drawn by the
-classes' shares, which gives it its priority (vLLM's request `priority`: lower is served first
-under `scheduling_policy: priority`) and, optionally, SLOs of its own. The run reports every
+classes' shares, which gives it its request `priority` (vLLM serves lower values first under
+`scheduling_policy: priority`; SGLang higher ones under `enable_priority_scheduling`) and,
+optionally, SLOs of its own. The run reports every
 metric per class (`summary.classes`, the `request_class` column)."""
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ class RequestClassConfig(BaseModel):
                                             "none where the trace tags each request's class "
                                             "(columns.request_class)")
     priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
-                          description="vLLM's request priority: lower is served first under "
-                                      "scheduling_policy: priority (which differing "
-                                      "priorities need)")
+                          description="the request priority: vLLM serves lower values first "
+                                      "(vllm_v1, scheduling_policy: priority), SGLang higher "
+                                      "ones (sglang, enable_priority_scheduling)")
     slo: SLOConfig | None = Field(None, description="targets of its own (ttft_s, tbt_s); none: "
                                                     "the scenario's slo")
 

@@ -105,6 +105,40 @@ def test_without_preemption_the_queue_is_still_by_priority():
     assert r0.num_preemptions == 0 and r1.finish_s > r0.finish_s
 
 
+def test_a_victim_leaves_a_mixed_batch():
+    """With mixed_chunk the running decodes join the prefill batch first: a victim of the
+    pass is taken out of it again (SGLang mixes the running batch in after preempting)."""
+    r0, r1 = req(0, 0.0, 0, output=10), req(1, 0.015, 40, output=2)
+    run([r0, r1], mixed_chunk=True)
+    assert r0.num_preemptions == 1 and r1.finish_s < r0.finish_s
+
+
+@pytest.mark.parametrize(("change", "field", "needle"), [
+    ({"parallelism": {"pipeline": 2}}, "scheduler.enable_priority_scheduling",
+     "pipeline stages"),
+    ({"scheduler": {"name": "sglang", "enable_priority_scheduling": True,
+                    "decode_reserve_tokens": 0}},
+     "scheduler.decode_reserve_tokens", "disable_priority_preemption"),
+    ({"scheduler": {"name": "sglang", "enable_priority_scheduling": True,
+                    "priority_scheduling_preemption_threshold": -1}},
+     "scheduler.priority_scheduling_preemption_threshold", "-1"),
+])
+def test_what_priority_preemption_does_not_model_is_refused(tmp_path, monkeypatch, capsys,
+                                                            change, field, needle):
+    import yaml
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "p", "workload": {"format": "synthetic", "num_requests": 4,
+                                  "arrivals": {"process": "poisson", "qps": 1.0},
+                                  "lengths": {"prompt": {"dist": "fixed", "value": 8},
+                                              "output": {"dist": "fixed", "value": 2}}},
+        "replica": {"scheduler": {"name": "sglang", "enable_priority_scheduling": True},
+                    **change}}))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, field, needle)
+
+
 def test_priority_scheduling_on_a_disaggregated_pool_is_refused(tmp_path, monkeypatch, capsys):
     import yaml
 
@@ -130,6 +164,7 @@ GOLDEN = Path(__file__).parents[1] / "golden" / "sglang-0.5.23"
     ("priority_low_first_chunked", {"schedule_low_priority_values_first": False}),
     ("priority_kv_starved", {"priority_scheduling_preemption_threshold": 10**9}),
     ("priority_kv_starved_overlap", {"priority_scheduling_preemption_threshold": 10**9}),
+    ("priority_distinct_levels", {"priority_scheduling_preemption_threshold": 10**9}),
 ])
 def test_the_priority_fixtures_hang_on_the_rule_they_check(name, change):
     """Each fixture, replayed without the rule it is aimed at (priorities, preemption, the

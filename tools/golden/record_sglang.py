@@ -143,7 +143,7 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
     assert bool(getattr(sched.tree_cache, "disable", True)) == s["disable_radix_cache"]
     assert sched.enable_priority_scheduling == s.get("enable_priority_scheduling", False)
     if sched.enable_priority_scheduling:
-        assert sched.enable_priority_preemption
+        assert sched.enable_priority_preemption == (not s.get("disable_priority_preemption"))
         assert sched.priority_scheduling_preemption_threshold == s.get(
             "priority_scheduling_preemption_threshold", 10)
     return sched
@@ -169,7 +169,7 @@ def make_request(workload: Workload, request_id: int) -> Any:
 
 # SGLang's priority scheduling arguments a workload may set (`--enable-priority-scheduling`...).
 PRIORITY_SETTINGS = ("enable_priority_scheduling", "schedule_low_priority_values_first",
-                     "priority_scheduling_preemption_threshold")
+                     "priority_scheduling_preemption_threshold", "disable_priority_preemption")
 
 
 class _Receiver:

@@ -54,7 +54,8 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
                      "overlap_schedule": not s["disable_overlap_schedule"],
                      **{k: s[k] for k in ("enable_priority_scheduling",
                                           "schedule_low_priority_values_first",
-                                          "priority_scheduling_preemption_threshold")
+                                          "priority_scheduling_preemption_threshold",
+                                          "disable_priority_preemption")
                         if k in s}}
         prefix_caching = not s["disable_radix_cache"]
     step = w["step_time"]

@@ -36,7 +36,7 @@ def _sglang(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: 
             "disable_radix_cache": True, "schedule_policy": "fcfs",
             "disable_overlap_schedule": True}
     priority = {"enable_priority_scheduling", "schedule_low_priority_values_first",
-                "priority_scheduling_preemption_threshold"}
+                "priority_scheduling_preemption_threshold", "disable_priority_preemption"}
     unknown = set(settings) - set(base) - priority
     assert not unknown, unknown
     return {"name": name, "engine": "sglang", "seed": seed, "settings": {**base, **settings},
@@ -163,6 +163,14 @@ def sglang_workloads() -> list[Workload]:
                         (0, 20, 40)),
                 num_gpu_blocks=3000, max_running_requests=4, enable_priority_scheduling=True,
                 disable_overlap_schedule=False),
+        # Every request a level of its own, 11 apart, a small pool: preemptions of two to four
+        # victims at once, of different levels (so their order back in the queue is SGLang's
+        # too), each taken for its outputs left against the request's need. (Recorded by a
+        # review session.)
+        _sglang("priority_distinct_levels", 411,
+                [[*r, int(p)] for r, p in zip(_requests(rng(411), 30, 20.0, (16, 64), (60, 250)),
+                                              rng(412).permutation(30) * 11, strict=True)],
+                num_gpu_blocks=900, max_running_requests=4, enable_priority_scheduling=True),
     ]
 
 
