@@ -156,34 +156,25 @@ class RooflineLatency(LatencyModel):
             total = self.tables.parallelism.data * m
             return (self._rank_s(shape, m) + self.tables.moe_s(total)
                     + self.tables.model.num_moe_layers * self.tables.all_to_all_s(total))
-        linear = self.tables.tokens_s(shape.num_tokens)
-        lm_head = self.tables.sampled_s(shape.num_sampled_tokens)
-        prefill_attn = maximum(
-            self.attn_pair_s * shape.prefill_attn_pairs, self.kv_token_s * shape.prefill_kv_tokens
-        )
-        decode_attn = self.decode_kv_token_s * shape.decode_kv_tokens
-        time = self.overhead_s + linear + prefill_attn + decode_attn + lm_head
-        if self.attn_fixed_s:  # 0 by default: predictions stay bit-for-bit as before
-            time = time + self.attn_fixed_s * (shape.num_tokens > 0)
-        if self.tables.context_s is not None:  # MLA: the chunks' cached context, up-projected
-            time = time + self.tables.context_s(shape.prefill_kv_tokens - shape.num_prefill_tokens)
-        return time
+        return self._rank_s(shape, shape.num_tokens)
 
     def host_time_s(self, shape: BatchShape) -> Num:
         return self.overhead_s
 
     def _rank_s(self, shape: BatchShape, num_tokens: Num) -> Num:
-        """One data-parallel rank's part of a lockstep step: all but the MoE layers, its
-        token-count terms at `num_tokens` (padded where the engine pads the ranks alike)."""
+        """The step of `shape` with its token-count terms at `num_tokens` (its own, or a
+        data-parallel rank's padded to the most of any rank's): all of it, but for
+        data-parallel ranks the MoE layers, which `_Tables.tokens_s` then leaves out (timed on
+        every rank's tokens)."""
         prefill_attn = maximum(
             self.attn_pair_s * shape.prefill_attn_pairs, self.kv_token_s * shape.prefill_kv_tokens
         )
         time = (self.overhead_s + self.tables.tokens_s(num_tokens) + prefill_attn
                 + self.decode_kv_token_s * shape.decode_kv_tokens
                 + self.tables.sampled_s(shape.num_sampled_tokens))
-        if self.attn_fixed_s:
+        if self.attn_fixed_s:  # 0 by default: predictions stay bit-for-bit as before
             time = time + self.attn_fixed_s * (num_tokens > 0)
-        if self.tables.context_s is not None:
+        if self.tables.context_s is not None:  # MLA: the chunks' cached context, up-projected
             time = time + self.tables.context_s(shape.prefill_kv_tokens - shape.num_prefill_tokens)
         return time
 
