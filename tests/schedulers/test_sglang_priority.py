@@ -114,44 +114,31 @@ def test_a_victim_leaves_a_mixed_batch():
 
 
 @pytest.mark.parametrize(("change", "field", "needle"), [
-    ({"parallelism": {"pipeline": 2}}, "scheduler.enable_priority_scheduling",
+    ({"replica": {"parallelism": {"pipeline": 2}}}, "scheduler.enable_priority_scheduling",
      "pipeline stages"),
-    ({"scheduler": {"name": "sglang", "enable_priority_scheduling": True,
-                    "decode_reserve_tokens": 0}},
+    ({"cluster": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}},
+     "scheduler.enable_priority_scheduling", "disaggregated"),
+    ({"replica": {"scheduler": {"decode_reserve_tokens": 0}}},
      "scheduler.decode_reserve_tokens", "disable_priority_preemption"),
-    ({"scheduler": {"name": "sglang", "enable_priority_scheduling": True,
-                    "priority_scheduling_preemption_threshold": -1}},
+    ({"replica": {"scheduler": {"priority_scheduling_preemption_threshold": -1}}},
      "scheduler.priority_scheduling_preemption_threshold", "-1"),
 ])
 def test_what_priority_preemption_does_not_model_is_refused(tmp_path, monkeypatch, capsys,
                                                             change, field, needle):
     import yaml
 
+    from sim.config.scenario import merge_mappings
+
     path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump({
+    path.write_text(yaml.safe_dump(merge_mappings({
         "name": "p", "workload": {"format": "synthetic", "num_requests": 4,
                                   "arrivals": {"process": "poisson", "qps": 1.0},
                                   "lengths": {"prompt": {"dist": "fixed", "value": 8},
                                               "output": {"dist": "fixed", "value": 2}}},
-        "replica": {"scheduler": {"name": "sglang", "enable_priority_scheduling": True},
-                    **change}}))
+        "replica": {"scheduler": {"name": "sglang", "enable_priority_scheduling": True}}},
+        change)))
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "o"))
     assert_one_line_error(code, err, field, needle)
-
-
-def test_priority_scheduling_on_a_disaggregated_pool_is_refused(tmp_path, monkeypatch, capsys):
-    import yaml
-
-    path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "p", "workload": {"format": "synthetic", "num_requests": 4,
-                                  "arrivals": {"process": "poisson", "qps": 1.0},
-                                  "lengths": {"prompt": {"dist": "fixed", "value": 8},
-                                              "output": {"dist": "fixed", "value": 2}}},
-        "replica": {"scheduler": {"name": "sglang", "enable_priority_scheduling": True}},
-        "cluster": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}}))
-    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out", str(tmp_path / "o"))
-    assert_one_line_error(code, err, "scheduler.enable_priority_scheduling", "disaggregated")
 
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "sglang-0.5.23"

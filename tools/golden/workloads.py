@@ -91,8 +91,14 @@ def _repeated(rng: np.random.Generator, n: int, num_prompts: int, blocks: tuple[
 def _prioritized(rng: np.random.Generator, requests: list[list[Any]], num_levels: int
                  ) -> list[list[Any]]:
     """`requests` each with a priority drawn uniformly from 0 .. num_levels - 1."""
-    levels = rng.integers(0, num_levels, len(requests))
-    return [[*req, int(level)] for req, level in zip(requests, levels, strict=True)]
+    return _levels(rng, requests, tuple(range(num_levels)))
+
+
+def _levels(rng: np.random.Generator, requests: list[list[Any]], levels: tuple[int, ...]
+            ) -> list[list[Any]]:
+    """`requests` each with a priority drawn uniformly from `levels`."""
+    drawn = rng.integers(0, len(levels), len(requests))
+    return [[*req, levels[int(k)]] for req, k in zip(requests, drawn, strict=True)]
 
 
 def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 20_000,

@@ -19,14 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tools.golden.workloads import Workload, _bursts, _prefixed, _requests
-
-
-def _levels(rng: np.random.Generator, requests: list[list[Any]], levels: tuple[int, ...]
-            ) -> list[list[Any]]:
-    """`requests` each with a priority drawn uniformly from `levels`."""
-    drawn = rng.integers(0, len(levels), len(requests))
-    return [[*req, levels[int(k)]] for req, k in zip(requests, drawn, strict=True)]
+from tools.golden.workloads import Workload, _bursts, _levels, _prefixed, _requests
 
 
 def _sglang(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 200_000,
