@@ -12,6 +12,12 @@ from rich.table import Table
 
 from sim.cli.common import app, console
 
+# The registries of code (kind, package, the registry's name in its modules), as `list` shows them.
+REGISTRIES = (("scheduler", "sim.schedulers", "SCHEDULERS"),
+              ("latency model", "sim.latency", "LATENCY_MODELS"),
+              ("workload format", "sim.workloads", "FORMATS"),
+              ("router", "sim.routers", "ROUTERS"))
+
 
 @app.command("list")
 def list_registered(
@@ -23,26 +29,24 @@ def list_registered(
 
     Then each GPU's and model's figures; with --params, each scheduler's, latency model's and
     router's parameters."""
-    # From the packages that fill them, not sim.config.scenario: no scenario model is built to list
-    # names.
+    # The policies' names as their modules' decorators give them, read without importing the
+    # modules (nor numpy): listing stays quick. Nothing builds a scenario model to list names.
+    from sim.config.engine import AUTO, NONE, read_calibration, shipped_names
+    from sim.core.registry import registered_names
     from sim.hardware.gpus import GPUS
     from sim.hardware.models import MODELS
-    from sim.latency import LATENCY_MODELS
-    from sim.routers import ROUTERS
-    from sim.schedulers import SCHEDULERS
-    from sim.workloads import FORMATS
 
     table = Table(title="registered names")
     table.add_column("kind")
     table.add_column("names")
-    for registry in (SCHEDULERS, LATENCY_MODELS, FORMATS, ROUTERS, MODELS, GPUS):
+    for kind, package, attribute in REGISTRIES:
+        table.add_row(kind, ", ".join(sorted(registered_names(package, attribute))))
+    for registry in (MODELS, GPUS):
         table.add_row(registry.kind, ", ".join(registry.names()))
-    from sim.config.engine import AUTO, NONE, load_calibration, shipped_names
-
     names = shipped_names()
     table.add_row("engine calibration", ", ".join([AUTO, NONE, *names]))
     console.print(table)
-    for line in calibration_paragraphs([load_calibration(name) for name in names]):
+    for line in calibration_paragraphs([read_calibration(name)[0] for name in names]):
         console.print(line)
     console.print(gpu_table([GPUS.get(name) for name in GPUS]))
     console.print(model_table([MODELS.get(name) for name in MODELS]))
@@ -50,8 +54,11 @@ def list_registered(
         console.print("their parameters, defaults and units: servesim list --params")
         return
     from sim.config.clients import ClientsConfig
+    from sim.latency import LATENCY_MODELS
     from sim.latency.base import LatencyConfig
+    from sim.routers import ROUTERS
     from sim.routers.base import RouterConfig
+    from sim.schedulers import SCHEDULERS
     from sim.schedulers.base import SchedulerConfig
     from sim.workloads import FORMATS
     from sim.workloads.base import WorkloadConfig

@@ -25,7 +25,6 @@ from pydantic import Field, ValidationError
 from sim.config.base import Frozen
 from sim.config.errors import InputError
 from sim.config.yaml_input import read_yaml
-from sim.latency import LATENCY_MODELS
 
 AUTO, NONE = "auto", "none"
 # `auto` for a replica whose scheduler is one of these: no calibration (none is shipped).
@@ -126,10 +125,28 @@ def is_name(value: str) -> bool:
 @lru_cache(maxsize=64)
 def load_calibration(engine: str | Path) -> EngineCalibration:
     """A shipped calibration by name, `none`, or a YAML file (raising InputError naming the
-    file and the field at fault)."""
+    file and the field at fault), its latency fields checked as a roofline's."""
+    from sim.latency import LATENCY_MODELS
+
+    calibration, path = read_calibration(engine)
+    if path is None:  # `none`: the roofline's own defaults
+        return calibration
+    try:  # checked as a roofline's now, not in each scenario using it
+        LATENCY_MODELS.get("roofline").Config.model_validate(
+            {**calibration.latency, "kind": "roofline"})
+    except ValidationError as exc:
+        error = InputError.from_validation(path, exc)
+        raise InputError.many(path, [(f"latency.{field}", value, problem)
+                                     for field, value, problem in error.problems]) from None
+    return calibration
+
+
+def read_calibration(engine: str | Path) -> tuple[EngineCalibration, Path | None]:
+    """A calibration and its file (None for `none`), its latency fields not yet checked as a
+    roofline's (which imports the latency models: `servesim list` only shows them)."""
     if isinstance(engine, str) and is_name(engine):
         if engine == NONE:
-            return UNCALIBRATED
+            return UNCALIBRATED, None
         if engine not in shipped_names():
             raise ValueError(f"unknown engine calibration; known: "
                              f"{', '.join([AUTO, NONE, *shipped_names()])}, or a YAML file")
@@ -147,14 +164,7 @@ def load_calibration(engine: str | Path) -> EngineCalibration:
     if "kind" in calibration.latency:
         raise InputError(path, "latency.kind", calibration.latency["kind"],
                          "a calibration's latency fields are a roofline's: give no kind")
-    try:  # checked as a roofline's now, not in each scenario using it
-        LATENCY_MODELS.get("roofline").Config.model_validate(
-            {**calibration.latency, "kind": "roofline"})
-    except ValidationError as exc:
-        error = InputError.from_validation(path, exc)
-        raise InputError.many(path, [(f"latency.{field}", value, problem)
-                                     for field, value, problem in error.problems]) from None
-    return calibration
+    return calibration, path
 
 
 def with_engine(replica: dict[str, Any], base_dir: Path | None) -> tuple[dict[str, Any],

@@ -1,6 +1,8 @@
-"""Latency models. Importing this package registers every built-in kind."""
+"""Latency models.
 
-from sim.latency import constant, linear, profile, recorded, roofline  # noqa: F401  (registration)
+Each built-in one is a module here with a registry decorator, imported when it is first named
+(`sim.core.registry`)."""
+
 from sim.latency.base import LATENCY_MODELS, BatchShape, LatencyModel
 
 __all__ = ["LATENCY_MODELS", "BatchShape", "LatencyModel"]

@@ -179,7 +179,8 @@ class LatencyModel(ABC):
         return None
 
 
-LATENCY_MODELS: Registry[type[LatencyModel]] = Registry("latency model")
+LATENCY_MODELS: Registry[type[LatencyModel]] = Registry("latency model", "sim.latency",
+                                                       "LATENCY_MODELS")
 
 
 class TokenTable:

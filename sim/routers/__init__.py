@@ -1,13 +1,8 @@
-"""Routers. Importing this package registers every built-in router."""
+"""Routers.
 
-from sim.routers import (  # noqa: F401  (registration)
-    least_kv_load,
-    least_outstanding,
-    prefix_affinity,
-    random,
-    round_robin,
-    vllm_dp,
-)
+Each built-in one is a module here with a registry decorator, imported when it is first named
+(`sim.core.registry`)."""
+
 from sim.routers.base import ROUTERS, ReplicaLoad, Router, RouterConfig
 
 __all__ = ["ROUTERS", "ReplicaLoad", "Router", "RouterConfig"]

@@ -50,7 +50,7 @@ class Router(ABC):
         """Index of the replica (in `loads`) that gets `req`."""
 
 
-ROUTERS: Registry[type[Router]] = Registry("router")
+ROUTERS: Registry[type[Router]] = Registry("router", "sim.routers", "ROUTERS")
 
 
 def argmin_first(values: Sequence[int]) -> int:

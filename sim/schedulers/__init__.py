@@ -1,12 +1,8 @@
-"""Scheduling policies. Importing this package registers every built-in scheduler."""
+"""Scheduling policies.
 
-from sim.schedulers import (  # noqa: F401  (registration)
-    chunked_prefill,
-    prefill_first,
-    sglang,
-    vllm_engine,
-    vllm_v1,
-)
+Each built-in one is a module here with a registry decorator, imported when it is first named
+(`sim.core.registry`)."""
+
 from sim.schedulers.base import SCHEDULERS, Scheduler, SchedulerConfig
 
 __all__ = ["SCHEDULERS", "Scheduler", "SchedulerConfig"]

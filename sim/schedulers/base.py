@@ -202,7 +202,7 @@ class Scheduler(ABC):
         return state.kv.try_allocate(req, 0, reserve + own_future)
 
 
-SCHEDULERS: Registry[type[Scheduler]] = Registry("scheduler")
+SCHEDULERS: Registry[type[Scheduler]] = Registry("scheduler", "sim.schedulers", "SCHEDULERS")
 
 # Whether `Scheduler.schedule` checks every invariant of the state after every plan (slow: the
 # property tests turn it on; `SERVESIM_CHECKS=1` does too).

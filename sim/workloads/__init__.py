@@ -1,17 +1,8 @@
-"""Workload formats. Importing this package registers every built-in format."""
+"""Workload formats.
 
-from sim.workloads import (  # noqa: F401  (each registers its format)
-    azure,
-    burstgpt,
-    generic,
-    lengths,
-    mooncake,
-    prefix,
-    shared_prefix,
-    synthetic,
-    vidur,
-    vllm_bench,
-)
+Each built-in one is a module here with a registry decorator, imported when it is first named
+(`sim.core.registry`)."""
+
 from sim.workloads.base import FORMATS, Workload, WorkloadConfig, select
 
 __all__ = ["FORMATS", "Workload", "WorkloadConfig", "select"]

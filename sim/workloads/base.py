@@ -215,7 +215,7 @@ class Format(ABC):
         """Read or generate every request; `base_dir` resolves relative paths."""
 
 
-FORMATS: Registry[type[Format]] = Registry("workload format")
+FORMATS: Registry[type[Format]] = Registry("workload format", "sim.workloads", "FORMATS")
 
 
 class TraceConfig(WorkloadConfig):

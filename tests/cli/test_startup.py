@@ -117,3 +117,9 @@ def test_reading_a_run_back_imports_no_engine(tmp_path):
     assert imported_by(code, ("simpy", "sim.engine.replica", "sim.runner",
                               "sim.engine.cluster")) == []
     assert probe(code, "len(results.requests)") == 5
+
+
+def test_list_imports_no_policy_and_no_numpy():
+    """`servesim list` reads the policies' names from their source (`sim.core.registry`)."""
+    assert imported_by(cli("list"), ("numpy", "sim.schedulers.vllm_v1", "sim.latency.roofline",
+                                     "sim.workloads.azure", "sim.routers.vllm_dp")) == []
