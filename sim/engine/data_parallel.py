@@ -1,5 +1,7 @@
 """Data-parallel ranks of an MoE model stepped in lockstep, as vLLM runs `--data-parallel-size D`
-with `--enable-expert-parallel` on one node.
+on one node, with `--enable-expert-parallel` or without (the lockstep is the same: vLLM's
+`DPEngineCoreProc` serves every MoE model's ranks; `sim.hardware.parallelism` says where the
+experts sit).
 
 Each rank is an engine core of its own (a scheduler, a KV cache, a batch queue: a
 `PipelinedReplica` of one stage, whose own process is not started); the group's process steps

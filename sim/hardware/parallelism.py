@@ -9,9 +9,12 @@ expert (vLLM's `enable_expert_parallel` inside the tensor-parallel group).
 
 Data parallelism (`data`, vLLM's `--data-parallel-size` on one node) makes a replica of `data`
 engine cores (ranks), each with its own scheduler and KV cache on `tensor` GPUs. For an MoE
-model the ranks step in lockstep, and with `expert = data * tensor` (`--enable-expert-
-parallel`) whole experts are spread over all the replica's GPUs, each MoE layer gathering every
-rank's tokens and scattering the results back (`sim.engine.data_parallel`).
+model the ranks step in lockstep, each MoE layer gathering every rank's tokens and scattering
+the results back (`sim.engine.data_parallel`). With `expert = data * tensor` (`--enable-expert-
+parallel`) whole experts are spread over all the replica's GPUs; with `expert: 1`, vLLM's
+default, every GPU holds a 1/(data * tensor) slice of every expert (`FusedMoEParallelConfig`
+flattens the tensor group across the ranks). Attention, dense and shared-expert layers are
+split over a rank's own `tensor` GPUs either way.
 """
 
 from __future__ import annotations
@@ -40,9 +43,11 @@ class Parallelism(BaseModel):
     pipeline: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA,
                           description="stages, each a contiguous run of layers")
     expert: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA,
-                        description="GPUs holding whole routed experts: of the tensor group, "
-                                    "or with data > 1 all data x tensor GPUs (vLLM's "
-                                    "--enable-expert-parallel)")
+                        description="GPUs holding whole routed experts (vLLM's "
+                                    "--enable-expert-parallel): of the tensor group, or with "
+                                    "data > 1 all data x tensor GPUs; 1: every expert sliced "
+                                    "over the tensor group (with data > 1, over every rank's "
+                                    "GPUs)")
     data: int = Field(1, ge=1, le=GPUS_PER_NODE,
                       description="data-parallel ranks (engine cores), each on `tensor` GPUs "
                                   "with its own scheduler and KV cache (vLLM's "
@@ -61,7 +66,10 @@ class Parallelism(BaseModel):
     @property
     def expert_ways(self) -> int:
         """Slices of each routed expert: `tensor / expert` GPUs share one, or 1 where whole
-        experts sit on each GPU (expert parallelism over the data-parallel ranks)."""
+        experts sit on each GPU (expert parallelism over the data-parallel ranks), or every GPU
+        of every rank (data-parallel ranks without expert parallelism)."""
+        if self.data > 1 and self.expert == 1:
+            return self.data * self.tensor
         return max(1, self.tensor // self.expert)
 
     @property
@@ -90,9 +98,15 @@ class Parallelism(BaseModel):
             found.append(("tensor", t, f"a tensor-parallel group spans one node's NVLink "
                                        f"domain here (at most {GPUS_PER_NODE} GPUs); add "
                                        "pipeline stages across nodes instead"))
-        if not found:
-            found += [("tensor", t, f"{model.name}'s {what} ({size}) does not split evenly "
-                                    "over it") for what, size in _uneven_widths(model, t, e)]
+        sliced_over_ranks = self.data > 1 and e == 1
+        for what, size, ways in [] if found else _uneven_widths(model, t, self.expert_ways):
+            if what == "moe_intermediate_size" and sliced_over_ranks:
+                found.append(("data", self.data, f"{model.name}'s {what} ({size}) does not "
+                              f"split evenly over data x tensor ({ways}) GPUs (each expert "
+                              "sliced over every rank's; or expert: data x tensor)"))
+            else:
+                found.append(("tensor", t, f"{model.name}'s {what} ({size}) does not split "
+                                           f"evenly over {ways} GPUs"))
         if p > model.num_layers:
             found.append(("pipeline", p, f"more stages than {model.name}'s "
                                          f"{model.num_layers} layers"))
@@ -101,11 +115,11 @@ class Parallelism(BaseModel):
             pass  # (said of `data` below)
         elif e > 1 and not model.num_experts:
             found.append(("expert", e, f"{model.name} is dense: it has no experts to place"))
-        elif d > 1 and e != d * t:
+        elif d > 1 and e not in (1, d * t):
             found.append(("expert", e, f"with data {d}: data x tensor ({d * t}), experts "
                                        "spread over every rank's GPUs (vLLM's "
-                                       "--enable-expert-parallel); experts sliced over the "
-                                       "ranks instead are not modelled yet"))
+                                       "--enable-expert-parallel), or 1, each expert sliced "
+                                       "over them (vLLM's default)"))
         elif e > 1 and ((t % e and d == 1) or model.num_experts % e):
             within = f"tensor ({t}) and " if d == 1 else ""
             found.append(("expert", e, f"must divide {within}{model.name}'s "
@@ -224,19 +238,18 @@ class Parallelism(BaseModel):
         return self.vocab_rows_per_gpu(model) * self.tensor * model.dtype_bytes
 
 
-def _uneven_widths(model: ModelShape, t: int, e: int) -> list[tuple[str, int]]:
-    """The widths tensor parallelism slices that leave a remainder (vLLM refuses those; the
-    vocabulary it pads instead). Under expert parallelism each expert is split t/e ways."""
+def _uneven_widths(model: ModelShape, t: int, expert_ways: int) -> list[tuple[str, int, int]]:
+    """The widths tensor parallelism slices that leave a remainder, each with its slices (vLLM
+    refuses those; the vocabulary it pads instead). Each routed expert is cut `expert_ways`
+    ways (`Parallelism.expert_ways`; an `expert` not dividing `tensor` is reported on its
+    own)."""
     widths = [("intermediate_size", model.intermediate_size, t)] if model.num_dense_layers else []
     if model.num_experts:
-        # (whole experts where e spans more than the tensor group; an e not dividing t is
-        # reported on its own)
-        ways = 1 if e >= t else t // e if t % e == 0 else t
-        widths.append(("moe_intermediate_size", model.moe_intermediate_size, ways))
-        # Shared experts are a dense MLP sliced over the whole tensor group, whatever `expert`.
+        widths.append(("moe_intermediate_size", model.moe_intermediate_size, expert_ways))
+        # Shared experts are a dense MLP sliced over the rank's tensor group, whatever `expert`.
         widths.append(("shared_expert_intermediate_size",
                        model.shared_expert_intermediate_size, t))
-    return [(what, size) for what, size, ways in widths if size % ways]
+    return [(what, size, ways) for what, size, ways in widths if size % ways]
 
 
 SINGLE_GPU = Parallelism()

@@ -246,12 +246,13 @@ class _Tables:
         # `_compute_prefill_context`), by tokens of context; other layouts read K and V as
         # cached.
         self.context_s = TokenTable(self._mla_context_s) if model.is_mla else None
-        # Data-parallel ranks with expert parallelism over them: each MoE layer (timed by the
-        # tokens of every rank, gathered) apart from each rank's own terms.
+        # Data-parallel ranks of an MoE model: each MoE layer's routed experts (timed by the
+        # tokens of every rank, gathered) apart from each rank's own terms (its router and
+        # shared experts among them, on its own tokens).
         self.moe_s: TokenTable | None = None
         self.all_to_all_s: TokenTable = TokenTable(lambda m: np.zeros_like(m))
         if parallelism.data > 1 and model.num_moe_layers:
-            self.moe_s = TokenTable(lambda m: model.num_moe_layers * self._moe_s(m))
+            self.moe_s = TokenTable(lambda m: model.num_moe_layers * self._routed_s(m))
             self.all_to_all_s = TokenTable(self._all_to_all_s)
 
     def _tokens_s(self, m: np.ndarray) -> np.ndarray:
@@ -270,8 +271,10 @@ class _Tables:
         if model.num_dense_layers:
             i = model.intermediate_size // t
             time = time + model.num_dense_layers * (gemm(m, h, 2 * i) + gemm(m, i, h))
-        if model.num_moe_layers and par.data == 1:  # (else on every rank's tokens)
+        if model.num_moe_layers and par.data == 1:
             time = time + model.num_moe_layers * self._moe_s(m)
+        elif model.num_moe_layers:  # (the routed experts on every rank's tokens: `moe_s`)
+            time = time + model.num_moe_layers * self._moe_local_s(m)
         if t > 1:
             act_bytes = m * h * model.dtype_bytes
             # Two per layer, and the vocabulary-parallel embedding's.
@@ -302,28 +305,48 @@ class _Tables:
                    np.zeros_like(m, dtype=np.float64))
 
     def _moe_s(self, m: np.ndarray) -> np.ndarray:
+        """One MoE layer for `m` tokens on one replica's GPUs: router, routed and shared
+        experts."""
+        time = self.gemm_kept(m, self.model.hidden_size, self.model.num_experts) \
+            + self._routed_s(m)
+        return self._with_shared_s(time, m)
+
+    def _moe_local_s(self, m: np.ndarray) -> np.ndarray:
+        """What a data-parallel rank computes of an MoE layer on its own `m` tokens alone: the
+        router (vLLM 0.15.1 gathers its logits, 0.33 its top-k choices) and the shared
+        experts, which run before the gather, on the rank's tensor group."""
+        return self._with_shared_s(
+            self.gemm_kept(m, self.model.hidden_size, self.model.num_experts), m)
+
+    def _routed_s(self, m: np.ndarray) -> np.ndarray:
+        """One MoE layer's routed experts for `m` tokens on one GPU: those it holds (`expert`
+        of them, whole or sliced `expert_ways` ways), each with its expected share."""
         model, par, gemm, h = self.model, self.parallelism, self.gemm, self.model.hidden_size
-        t, e = par.tensor, par.expert
+        e = par.expert
         num_experts, k = model.num_experts, model.num_experts_per_token
-        time = self.gemm_kept(m, h, num_experts)  # the router, replicated, unquantized
         # Experts reached by m tokens choosing k of num_experts each, uniformly (expected).
         # math.pow entry by entry: libm's, as a scalar would get it, on every CPU (numpy's
         # vectorised pow/expm1 may round differently where SIMD versions exist).
         missed = np.array([math.pow(1 - k / num_experts, x) for x in m.tolist()])
         reached = np.where(m > 0, num_experts * (1 - missed), 0.0)
         per_expert = np.divide(m * k, reached, out=np.zeros_like(m), where=reached > 0)
-        width = model.moe_intermediate_size // par.expert_ways  # each split over t/e GPUs
+        width = model.moe_intermediate_size // par.expert_ways  # each expert's slice
         # A fused MoE kernel (vLLM's) runs all experts of a layer in two launches, so the
         # fixed cost of a GEMM is paid twice per layer, not twice per expert.
         launch = gemm.launch_s
         per_expert_s = (gemm(per_expert, h, 2 * width) + gemm(per_expert, width, h)
                         - 2 * launch * (per_expert > 0))
         routed = reached / e * per_expert_s + 2 * launch * (m > 0)
-        time = time + self.config.expert_imbalance * routed
-        if model.shared_expert_intermediate_size:
-            s = model.shared_expert_intermediate_size // t
-            time = time + gemm(m, h, 2 * s) + gemm(m, s, h)
-        return time
+        return self.config.expert_imbalance * routed
+
+    def _with_shared_s(self, time: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """`time` plus the shared experts' GEMMs for `m` tokens (a dense MLP over the
+        tensor group), if the model has any."""
+        if not self.model.shared_expert_intermediate_size:
+            return time
+        s = self.model.shared_expert_intermediate_size // self.parallelism.tensor
+        h = self.model.hidden_size
+        return time + self.gemm(m, h, 2 * s) + self.gemm(m, s, h)
 
     def _all_to_all_s(self, m: np.ndarray) -> np.ndarray:
         """Seconds of one MoE layer's exchange between data-parallel ranks for `m` tokens of

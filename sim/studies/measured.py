@@ -117,7 +117,7 @@ def read_engine_run(run: Path, gpu: str | None = None) -> Experiment:
     engine core received them (`format: jsonl`, arrivals at `queued_ts`) on the deployment its
     arguments give, compared engine-side (no API server: the prompts came as token ids). A
     data-parallel run is several engine cores in one replica (`parallelism.data`), its
-    experts spread over them where the run enabled expert parallelism."""
+    experts spread over them where the run enabled expert parallelism, else sliced."""
     from sim.config.input_file import read_json_file
     from sim.hardware.models import COMMITTED
 
@@ -129,12 +129,8 @@ def read_engine_run(run: Path, gpu: str | None = None) -> Experiment:
                          "the engine's arguments")
     tensor, data = int(args.get("tensor_parallel_size") or 1), int(
         args.get("data_parallel_size") or 1)
+    # Without expert parallelism, each expert sliced over every GPU (`Parallelism`).
     expert = data * tensor if args.get("enable_expert_parallel") else 1
-    if data > 1 and expert == 1:
-        raise InputError(meta_path, "engine_kwargs.enable_expert_parallel",
-                         args.get("enable_expert_parallel"), "data-parallel engine cores with "
-                         "experts sliced over them (no expert parallelism) are not modelled "
-                         "yet")
     hf = str(args.get("model", ""))
     model = next((name for name, repo in COMMITTED.items()
                   if hf == repo or hf.startswith(repo + "-")), None)

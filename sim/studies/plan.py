@@ -64,16 +64,18 @@ class Kind:
     link: LinkChoice | None = None  # a disaggregated kind's KV link (None: the base's)
     # changes to the decode pool's scheduler, over `scheduler` (disaggregated kinds only)
     decode_scheduler: tuple[tuple[str, Any], ...] = ()
-    # data-parallel ranks of `tensor` GPUs each, experts spread over all of them (MoE models)
+    # data-parallel ranks of `tensor` GPUs each (MoE models), experts spread over all of them
+    # or (`sliced`) each expert sliced over them
     data: int = 1
     base_expert: int = 1  # the base's expert parallelism, for a kind without ranks
+    sliced: bool = False
 
     def __hash__(self) -> int:
         # (A scheduler change's value may be a mapping: a speculative config, say.)
         return hash((self.gpu, self.tensor, self.pipeline, self.quantization,
                      json.dumps(self.scheduler, sort_keys=True), self.ratio, self.link,
                      json.dumps(self.decode_scheduler, sort_keys=True), self.data,
-                     self.base_expert))
+                     self.base_expert, self.sliced))
 
     @property
     def gpus_per_replica(self) -> int:
@@ -98,7 +100,7 @@ class Kind:
 
     def label(self) -> str:
         parts = [self.gpu.name] + ([f"DP{self.data}"] if self.data > 1 else []) + [
-            f"TP{self.tensor}"]
+            f"TP{self.tensor}"] + (["no-EP"] if self.sliced else [])
         if self.pipeline > 1:
             parts.append(f"PP{self.pipeline}")
         if self.quantization != "none":
@@ -125,10 +127,12 @@ class Kind:
                                "replica.parallelism.pipeline": self.pipeline,
                                "replica.parallelism.data": self.data,
                                "replica.quantization": self.quantization}
-        # Data-parallel ranks: experts over every rank's GPUs (vLLM's --enable-expert-parallel);
-        # else the base's expert parallelism, where it had no ranks of its own.
-        out["replica.parallelism.expert"] = (self.data * self.tensor if self.data > 1
-                                             else self.base_expert)
+        # Data-parallel ranks: experts over every rank's GPUs (vLLM's --enable-expert-parallel)
+        # or each sliced over them (1); else the base's expert parallelism, where it had no
+        # ranks of its own.
+        out["replica.parallelism.expert"] = (
+            (1 if self.sliced else self.data * self.tensor) if self.data > 1
+            else self.base_expert)
         out |= {f"replica.scheduler.{k}": v for k, v in self.scheduler}
         if self.ratio is None:
             out["cluster.replicas"] = units
@@ -199,7 +203,11 @@ def kinds(plan: Plan) -> list[Kind]:
     out: list[Kind] = []
     base_par = base.parallelism
     expert = base_par.expert if base_par.data == 1 else 1
-    for gpu, data in ((g, d) for g in gpus for d in cfg.data or [base.parallelism.data]):
+    # (Experts sliced or not: a choice for kinds with ranks only.)
+    eps = cfg.expert_parallel or [base_par.data == 1 or base_par.expert > 1]
+    ranked = [(g, d, not ep) for g in gpus for d in cfg.data or [base_par.data]
+              for ep in (eps if d > 1 else [True])]
+    for gpu, data, sliced in dict.fromkeys(ranked):
         for tp in cfg.tensor or [base.parallelism.tensor]:
             for pp in cfg.pipeline or [base.parallelism.pipeline]:
                 for quant in cfg.quantization or [base.quantization]:
@@ -215,7 +223,7 @@ def kinds(plan: Plan) -> list[Kind]:
                                     kind = Kind(gpu, tp, pp, quant,
                                                 tuple(sorted(sched.items())), ratio, link,
                                                 tuple(sorted(decode.items())), data,
-                                                expert)
+                                                expert, sliced)
                                     if kind not in out:  # (listed twice, searched once)
                                         out.append(kind)
     return out

@@ -104,9 +104,14 @@ class PlanSearch(Frozen):
                                        description="none: the base's")
     data: list[int] | None = Field(
         None, min_length=1, max_length=8,
-        description="data-parallel ranks per replica, experts spread over all their GPUs "
-                    "(MoE models: vLLM's --data-parallel-size with --enable-expert-parallel); "
-                    "none: the base's")
+        description="data-parallel ranks per replica (MoE models: vLLM's "
+                    "--data-parallel-size); none: the base's")
+    expert_parallel: list[bool] | None = Field(
+        None, min_length=1, max_length=2,
+        description="with data-parallel ranks: whole experts spread over all their GPUs "
+                    "(true: --enable-expert-parallel), or every expert sliced over them "
+                    "(false: vLLM's default); each choice its own kind; none: the base's "
+                    "(true for a base without ranks)")
     quantization: list[Literal["none", "fp8"]] | None = Field(
         None, min_length=1, max_length=2, description="none: the base's")
     schedulers: list[dict[str, Any]] = Field(

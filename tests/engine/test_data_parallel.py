@@ -1,8 +1,9 @@
 """Data-parallel ranks of an MoE model in lockstep (`replica.parallelism.data`, vLLM's
-`--data-parallel-size` with `--enable-expert-parallel`): times worked out by hand on a linear
-latency model (a prompt on one rank stretches the other's decode step; dummy batches while
-one rank is idle, and after all are, until the ranks' next check), vLLM's load balancer, the
-roofline's lockstep step (every rank's tokens through each MoE layer, and the exchange), GPU
+`--data-parallel-size`, with `--enable-expert-parallel` or each expert sliced over the ranks):
+times worked out by hand on a linear latency model (a prompt on one rank stretches the other's
+decode step; dummy batches while one rank is idle, and after all are, until the ranks' next
+check), vLLM's load balancer, the roofline's lockstep step (every rank's tokens through each
+MoE layer's routed experts, and the exchange; router and shared experts on a rank's own), GPU
 counts and cost, and the inputs refused."""
 
 from __future__ import annotations
@@ -200,6 +201,88 @@ def test_a_data_parallel_replica_counts_and_prices_every_ranks_gpus():
     assert (res.iterations["all_to_all_per_layer_s"] > 0).all()
 
 
+def _tables(model, latency, **parallelism):
+    """The roofline's tables of `model` on H100s split so (its latency fields `latency`)."""
+    from sim.engine.cluster import make_latency
+
+    cfg = _scenario(latency={"kind": "roofline", **latency}, model=model,
+                    parallelism=parallelism).replica
+    return make_latency(cfg, cfg.model_shape, "<test>").tables
+
+
+def test_experts_sliced_over_every_ranks_gpus_hold_and_cost_what_whole_ones_do():
+    """`expert: 1` with ranks (vLLM's default, no --enable-expert-parallel): every GPU holds a
+    1/(data x tensor) slice of every expert, the same bytes as E/(data x tensor) whole
+    experts; attention and shared experts stay split over a rank's own GPUs. On the datasheet
+    roofline (each GEMM the longer of its FLOPs and its bytes) the routed experts take the
+    same time either way: twice the experts at half the width."""
+    from sim.hardware.models import MODELS
+    from sim.hardware.parallelism import Parallelism
+
+    model = MODELS.get("qwen3-30b-a3b")
+    sliced, whole = Parallelism(data=2, expert=1), Parallelism(data=2, expert=2)
+    assert (sliced.expert_ways, whole.expert_ways) == (2, 1)
+    assert sliced.problems(model) == [] and whole.problems(model) == []
+    assert sliced.weight_bytes_per_gpu(model) == whole.weight_bytes_per_gpu(model)
+    assert Parallelism(data=2, tensor=2, expert=1).expert_ways == 4
+    # DeepSeek-V2-Lite's experts are 1,408 wide: sliced 8 ways, not 3 (vLLM asserts it).
+    lite = MODELS.get("deepseek-v2-lite")
+    assert Parallelism(data=8, expert=1).problems(lite) == []
+    assert Parallelism(data=3, expert=1).problems(lite) == [
+        ("data", 3, "deepseek-v2-lite's moe_intermediate_size (1408) does not split evenly "
+                    "over data x tensor (3) GPUs (each expert sliced over every rank's; or "
+                    "expert: data x tensor)")]
+    assert [p[0] for p in Parallelism(data=3, expert=3).problems(lite)] == ["expert"]  # 64 experts
+    m = np.array([1.0, 7.0, 64.0, 512.0, 4096.0])
+    naive = {"linear": "naive", "elementwise": "none"}
+    a = _tables("qwen3-30b-a3b", naive, data=2, expert=1)
+    b = _tables("qwen3-30b-a3b", naive, data=2, expert=2)
+    np.testing.assert_allclose(a.moe_s(m), b.moe_s(m), rtol=1e-12)
+    np.testing.assert_allclose(a.tokens_s(m), b.tokens_s(m), rtol=1e-12)
+    # On the calibrated GEMMs they differ: the slices are narrower GEMMs.
+    c = _tables("qwen3-30b-a3b", {}, data=2, expert=1)
+    d = _tables("qwen3-30b-a3b", {}, data=2, expert=2)
+    assert not np.array_equal(c.moe_s(m), d.moe_s(m))
+
+
+@pytest.mark.parametrize("expert", [1, 2])
+def test_a_rank_runs_the_router_and_shared_experts_on_its_own_tokens(expert):
+    """vLLM routes and runs the shared experts before the gather (0.15.1 `FusedMoE.
+    forward_impl`; 0.33 `MoERunner`): on a rank's own tokens, in its own terms (`tokens_s`);
+    only the routed experts take every rank's (`moe_s`). DeepSeek-V2-Lite has two shared
+    experts: without them the routed part is unchanged, the rank's own part loses exactly
+    their GEMMs."""
+    from dataclasses import replace
+
+    from sim.engine.cluster import make_latency
+
+    # (Elementwise kernels left out: their calibration counts the shared experts' too.)
+    cfg = _scenario(latency={"kind": "roofline", "elementwise": "none"},
+                    model="deepseek-v2-lite", parallelism={"data": 2, "expert": expert}).replica
+    shape = cfg.model_shape
+    with_shared = make_latency(cfg, shape, "<test>").tables
+    without = make_latency(cfg, replace(shape, shared_expert_intermediate_size=0),
+                           "<test>").tables
+    m = np.array([1.0, 64.0, 4096.0])
+    np.testing.assert_array_equal(with_shared.moe_s(m), without.moe_s(m))
+    s, h = shape.shared_expert_intermediate_size, shape.hidden_size
+    gemm = with_shared.gemm
+    shared_s = shape.num_moe_layers * (gemm(m, h, 2 * s) + gemm(m, s, h))
+    np.testing.assert_allclose(with_shared.tokens_s(m) - without.tokens_s(m), shared_s,
+                               rtol=1e-9)
+
+
+def test_a_replica_of_ranks_with_sliced_experts_runs_and_says_so():
+    raw = _raw()
+    raw["replica"] = {**raw["replica"], "gpu": "h100-sxm",
+                      "parallelism": {"data": 2, "tensor": 2, "expert": 1},
+                      "latency": {"kind": "roofline"}}
+    res = run_scenario(parse_scenario(raw, "<test>"))
+    assert res.summary["cost"]["num_gpus"] == 4
+    assert res.summary["requests"]["finished"] == raw["workload"]["num_requests"]
+    assert (res.iterations["all_to_all_per_layer_s"] > 0).all()
+
+
 def _loads(*counts):
     return [ReplicaLoad(w + r, 0, 0, w, r, kv) for w, r, kv in counts]
 
@@ -240,8 +323,8 @@ def test_vllm_balancer_scores_as_each_release():
 @pytest.mark.parametrize(("change", "field", "needle"), [
     ({"model": "llama-3.1-8b", "parallelism": {"data": 2}}, "replica.parallelism.data",
      "independent engines"),
-    ({"parallelism": {"data": 2, "expert": 1}}, "replica.parallelism.expert",
-     "--enable-expert-parallel"),
+    ({"parallelism": {"data": 2, "tensor": 2, "expert": 2}}, "replica.parallelism.expert",
+     "--enable-expert-parallel), or 1, each expert sliced"),
     ({"parallelism": {"data": 2, "expert": 2, "pipeline": 2}}, "replica.parallelism.data",
      "without pipeline stages"),
     ({"scheduler": {"name": "sglang"}}, "replica.parallelism.data", "vllm_v1"),

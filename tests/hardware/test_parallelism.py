@@ -330,12 +330,13 @@ def test_a_shared_expert_width_that_does_not_split_is_refused(tmp_path, monkeypa
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
                         str(tmp_path / "out"))
     assert_one_line_error(code, err, "replica.parallelism.tensor=2: ",
-                          "shared_expert_intermediate_size (1001) does not split evenly over it")
+                          "shared_expert_intermediate_size (1001) does not split evenly over "
+                          "2 GPUs")
     shape = load_scenario(write(tmp_path, SYNTH + "replica: {model: moe.json}\n")) \
         .replica.model_shape
     assert Parallelism(tensor=2, expert=2).problems(shape) == [
         ("tensor", 2, f"{shape.name}'s shared_expert_intermediate_size (1001) does not split "
-                      "evenly over it")]
+                      "evenly over 2 GPUs")]
     assert Parallelism(tensor=1).problems(shape) == []
     # DeepSeek-V2-Lite's two shared experts (2 x 1408) split at every degree within a node.
     lite = MODELS.get("deepseek-v2-lite")

@@ -462,6 +462,33 @@ def test_data_parallel_ranks_are_a_search_dimension(tmp_path, monkeypatch, capsy
     assert "independent engines" in kind["refused"]
 
 
+def test_experts_sliced_over_ranks_are_a_search_choice(tmp_path, monkeypatch, capsys):
+    """`search.expert_parallel`: ranks with whole experts over their GPUs and ranks with each
+    expert sliced over them (vLLM's default), each its own kind; a base of ranks with sliced
+    experts keeps them where the plan does not say."""
+    base = dict(BASE, replica={**BASE["replica"], "model": "qwen3-30b-a3b"})
+    path = write_plan(tmp_path, base=base, search={"data": [1, 2], "max_replicas": 2,
+                                                   "expert_parallel": [True, False]},
+                      band="none", seeds=1)
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "out")
+    found = {k["kind"]: k for k in record["kinds"]}
+    assert set(found) == {"h100-sxm TP1", "h100-sxm DP2 TP1", "h100-sxm DP2 TP1 no-EP"}
+    assert all(k["refused"] is None for k in found.values())
+    sliced = dict(base, replica={**base["replica"], "parallelism": {"data": 2, "expert": 1}})
+    (tmp_path / "sliced").mkdir()
+    path = write_plan(tmp_path / "sliced", base=sliced, search={"max_replicas": 2},
+                      band="none", seeds=1)
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "sliced" / "out")
+    assert [k["kind"] for k in record["kinds"]] == ["h100-sxm DP2 TP1 no-EP"]
+    # What ran: two ranks without expert parallelism (a split with it reads DP2xTP1xEP2).
+    runs = list((tmp_path / "sliced" / "out" / "runs").glob("*/summary.json"))
+    assert runs and {json.loads(r.read_text())["run"]["parallelism"] for r in runs} == {
+        "DP2xTP1"}
+    runs = list((tmp_path / "out" / "runs").glob("*/summary.json"))
+    assert {json.loads(r.read_text())["run"]["parallelism"] for r in runs} == {
+        "TP1", "DP2xTP1", "DP2xTP1xEP2"}
+
+
 def test_speculative_decoding_is_a_scheduler_choice(tmp_path, monkeypatch, capsys):
     """A speculative config among `search.schedulers`: labelled by its fields (not a dict
     dump), searched as its own kind colocated, refused with the reason on P:D pools."""
