@@ -90,7 +90,7 @@ def _dummy_forwards(cluster: Any) -> int | None:
     """Dummy batches the data-parallel ranks ran (None: no such replica)."""
     from sim.engine.data_parallel import DataParallelGroup
 
-    groups = [g for g in cluster.front if isinstance(g, DataParallelGroup)]
+    groups = [g for g in [*cluster.front, *cluster.decode] if isinstance(g, DataParallelGroup)]
     return sum(g.num_dummy_forwards for g in groups) if groups else None
 
 
@@ -240,8 +240,11 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
         gc.collect()
     results = collect_frames(scenario, frames, records, latency)
     if dummy is not None:
+        ranks = {pool.name: pool.replica.parallelism.data for pool in scenario.pools()}
         results.summary["data_parallel"] = {
-            "ranks_per_replica": scenario.replica.parallelism.data,
+            # (the most of any pool's; `ranks_per_pool` says each in a disaggregated cluster)
+            "ranks_per_replica": max(ranks.values()),
+            **({"ranks_per_pool": ranks} if len(ranks) > 1 else {}),
             "num_dummy_forwards": dummy,
             "note": "a rank's dummy batches (another rank ran, or the ranks had yet to find "
                     "all idle) are not rows of iterations.parquet: busy fractions leave them "

@@ -252,3 +252,30 @@ def clusters(draw):
         }
         del data["replica"]  # the pools say what their replicas are
     return data
+
+
+@st.composite
+def data_parallel_clusters(draw):
+    """A small workload through a disaggregated cluster whose prefill pool, decode pool or
+    both are replicas of data-parallel ranks (vLLM v1, an MoE model)."""
+    data = draw(scenarios(data_parallel=True))
+    replica = data.pop("replica")
+    without_speculative(replica)
+    ranked = draw(st.sampled_from(["prefill", "decode", "both"]))
+    pools = {}
+    for pool in ("prefill", "decode"):
+        own = {**replica, "kv_cache": {**replica["kv_cache"]}}
+        if ranked not in (pool, "both"):
+            own["parallelism"] = {}
+        if pool == "decode":
+            own["kv_cache"]["num_blocks"] += draw(st.integers(0, 50))
+        pools[pool] = {"replicas": draw(st.integers(1, 2)), "replica": own}
+    data["cluster"] = {
+        **pools,
+        "link": {"bandwidth_gb_s": draw(st.sampled_from([0.001, 0.1, 50.0])),
+                 "latency_s": draw(st.sampled_from([0.0, 1e-3]))},
+        "overlap_transfer": draw(st.booleans()),
+        "router": {"name": draw(st.sampled_from(["round_robin", "least_kv_load"]))},
+        "decode_router": {"name": draw(st.sampled_from(["round_robin", "least_kv_load"]))},
+    }
+    return data

@@ -70,30 +70,31 @@ class Cluster:
             self.decode: list[Replica] = []
             self.disaggregation: Disaggregation | None = None
             return
-        self.front = [self._replica(cfg.prefill.replica, "prefill")
+        # Each pool's replicas (or replicas of data-parallel ranks: the routers pick one, its
+        # balancer a rank; KV moves between ranks).
+        self.front = [(self._group if cfg.prefill.replica.parallelism.data > 1
+                       else self._replica)(cfg.prefill.replica, "prefill")
                       for _ in range(cfg.prefill.replicas)]
-        self.decode = [self._replica(cfg.decode.replica, "decode")
+        self.decode = [(self._group if cfg.decode.replica.parallelism.data > 1
+                        else self._replica)(cfg.decode.replica, "decode")
                        for _ in range(cfg.decode.replicas)]
         decode_router = ROUTERS.get(cfg.decode_router.name)(
             cfg.decode_router, np.random.default_rng(seeds[1]))
         self.disaggregation = Disaggregation(
-            env, self.front, self.decode, decode_router, cfg.link, cfg.overlap_transfer,
-            cfg.prefill.replica.model_shape, lambda replicas: Loads(replicas, None),
-            self._next_arrival, str(self.source))
+            env, [rank for unit in self.front for rank in unit.ranks], self.decode,
+            decode_router, cfg.link, cfg.overlap_transfer, cfg.prefill.replica.model_shape,
+            lambda replicas: Loads(replicas, None), self._next_arrival, str(self.source))
 
     def _group(self, cfg: ReplicaConfig, pool: str) -> Any:
         """A replica of data-parallel ranks in lockstep (`sim.engine.data_parallel`)."""
         from sim.engine.data_parallel import build_group
 
         return build_group(self.env, cfg, str(self.source),
-                           lambda: self._replica(cfg, pool, rank=True))
+                           lambda: self._replica(cfg, pool, rank=True),
+                           "replica" if pool == "colocated" else f"cluster.{pool}.replica")
 
     def _replica(self, cfg: ReplicaConfig, pool: str, rank: bool = False) -> Replica:
         model = cfg.model_shape
-        if cfg.parallelism.data > 1 and not rank:
-            raise InputError(self.source, f"cluster.{pool}.replica.parallelism.data",
-                             cfg.parallelism.data, "data-parallel ranks in a disaggregated "
-                             "pool are not modelled yet (servesim issue 47)")
         scheduler = make_scheduler(cfg)
         field = "replica" if pool == "colocated" else f"cluster.{pool}.replica"
         latency = make_latency(cfg, model, self.source, field)

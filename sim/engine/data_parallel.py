@@ -13,9 +13,10 @@ them together, because every MoE layer exchanges tokens between all ranks:
   dummy batch of one token (`DPEngineCoreProc.execute_dummy_batch`), so the collectives line
   up.
 - The ranks' token counts are made equal, the most of any rank's, where every rank's step fits
-  a CUDA graph (vLLM pads them alike: `coordinate_batch_across_dp`, up to the smaller of 512
-  tokens and twice `max_num_seqs`); a larger step runs eagerly, each rank at its own count.
-  (vLLM pads further, to its next captured size: not modelled.)
+  a CUDA graph (vLLM 0.19 and 0.33 pad them alike: `coordinate_batch_across_dp`, up to the
+  smaller of 512 tokens and twice `max_num_seqs`); a larger step runs eagerly, each rank at its
+  own count. (vLLM pads further, to its next captured size, and 0.15.1 pads every step, eager
+  ones too, wherever CUDA graphs are on: not modelled.)
 - The step takes what the latency model says of all ranks together (`lockstep_time_s`: the
   slowest rank's own layers, then every MoE layer on all ranks' tokens and its all-gather and
   reduce-scatter), the same for every rank.
@@ -24,6 +25,10 @@ them together, because every MoE layer exchanges tokens between all ranks:
 - Once no rank has work the ranks go on with dummy steps until the next check of whether any
   has (every 32 steps in vLLM 0.15-0.19; at the first step of a wave and every 16 in 0.33);
   then they stop until a request arrives.
+
+In a disaggregated cluster a pool's replica may be such a group: a prefill rank hands its
+requests off as a prefill replica does, and a decode rank admits KV transfers at each step
+(`DecodeInbox.admit`), the decode router picking the group and its balancer the rank (`pick`).
 
 Stepped one step at a time (no fast path); no CPU tier, speculative decoding, pipeline stages
 or per-iteration noise here (refused where the replica is built).
@@ -98,10 +103,14 @@ class DataParallelGroup:
     # -- what the cluster sees ---------------------------------------------------------------
 
     def submit(self, req: Request) -> None:
+        self.pick(req).submit(req)
+
+    def pick(self, req: Request) -> Rank:
+        """The rank vLLM's balancer gives `req` (a request the cluster routed here, or, on a
+        decode pool, whose KV is to come here)."""
         ranks = self.ranks
-        index = 0 if len(ranks) == 1 else self.balancer.choose(
-            req, [rank.load() for rank in ranks])
-        ranks[index].submit(req)
+        return ranks[0 if len(ranks) == 1 else self.balancer.choose(
+            req, [rank.load() for rank in ranks])]
 
     def load(self, req: Request | None = None) -> ReplicaLoad:
         loads = [rank.load(req) for rank in self.ranks]
@@ -127,6 +136,8 @@ class DataParallelGroup:
                 aborted = rank.state.expire(now)
                 if aborted:
                     rank.scheduler.requests_aborted(aborted)
+                if rank.inbox is not None and rank.inbox.pending:  # (a decode pool's rank)
+                    rank.inbox.admit()
             while len(self._steps) < self.depth and self._send(now):
                 pass
             if self._steps:
@@ -151,8 +162,11 @@ class DataParallelGroup:
             for rank, plan in zip(self.ranks, plans, strict=True):
                 if plan is not None:
                     rank._preempted += plan.preempted_ids  # logged with its next plan
-            if any(plan is not None for plan in plans) and not self._steps:
-                # Requests queued that no rank can run, with nothing in flight: they never will.
+            if (any(plan is not None for plan in plans) and not self._steps
+                    and not any(rank.state.num_transferring or rank.state.incoming
+                                for rank in self.ranks)):
+                # Requests queued that no rank can run, with nothing in flight and no KV on its
+                # way in or out (a disaggregated pool's): they never will.
                 raise RuntimeError("data-parallel ranks: requests queued, none can run")
             return False
         self._counter += 1
@@ -206,21 +220,22 @@ class DataParallelGroup:
 
 
 def build_group(env: Environment, cfg: ReplicaConfig, source: str,
-                make_rank: Callable[[], Any]) -> DataParallelGroup:
-    """The replica `cfg` describes, of `cfg.parallelism.data` ranks (`make_rank` builds
-    each); what the ranks do not model is refused, one line naming the field."""
+                make_rank: Callable[[], Any], field: str = "replica") -> DataParallelGroup:
+    """The replica `cfg` (at `field`: a pool's, in a disaggregated cluster) describes, of
+    `cfg.parallelism.data` ranks (`make_rank` builds each); what the ranks do not model is
+    refused, one line naming the field."""
     scheduler = cfg.scheduler
     if scheduler.name != "vllm_v1":
-        raise InputError(source, "replica.parallelism.data", cfg.parallelism.data,
+        raise InputError(source, f"{field}.parallelism.data", cfg.parallelism.data,
                          "data-parallel ranks are modelled as vLLM runs them: give "
                          "scheduler.name vllm_v1")
     if cfg.latency.noise.enabled:
-        raise InputError(source, "replica.latency.noise.kind", cfg.latency.noise.kind,
+        raise InputError(source, f"{field}.latency.noise.kind", cfg.latency.noise.kind,
                          "per-iteration noise with data-parallel ranks is not modelled yet "
                          "(servesim issue 47)")
     ranks = [make_rank() for _ in range(cfg.parallelism.data)]
     if ranks[0].latency.sequential:
-        raise InputError(source, "replica.latency.kind", cfg.latency.kind,
+        raise InputError(source, f"{field}.latency.kind", cfg.latency.kind,
                          "a recording replays one replica's iterations in order; "
                          "data-parallel ranks would share it (not modelled)")
     version = getattr(scheduler, "engine_version", None) or "0.15.1"

@@ -36,6 +36,7 @@ from sim.workloads.base import MAX_SPAN_S
 if TYPE_CHECKING:
     from sim.config.scenario import LinkConfig
     from sim.engine.clock import Environment
+    from sim.engine.data_parallel import DataParallelGroup
     from sim.engine.replica import Replica
     from sim.hardware.models import ModelShape
 
@@ -95,10 +96,14 @@ class DecodeInbox:
 class Disaggregation:
     """The prefill and decode pools of one cluster, the links between them, and hand-offs."""
 
-    def __init__(self, env: Environment, prefill: list[Replica], decode: list[Replica],
-                 decode_router: Router, link: LinkConfig, overlap_transfer: bool,
-                 model: ModelShape, loads: Callable[[list[Replica]], Sequence[ReplicaLoad]],
+    def __init__(self, env: Environment, prefill: list[Replica],
+                 decode: Sequence[Replica | DataParallelGroup], decode_router: Router,
+                 link: LinkConfig, overlap_transfer: bool, model: ModelShape,
+                 loads: Callable[[Any], Sequence[ReplicaLoad]],
                  next_arrival: Callable[[], float], source: str = "<scenario>") -> None:
+        """`prefill`: the prefill pool's engine cores (a replica's data-parallel ranks each
+        one, with a link of its own); `decode`: the decode pool's replicas, which the decode
+        router picks from (a replica of ranks then gives the request to one)."""
         self.env = env
         self.source = source  # the scenario file its errors name
         self.prefill = prefill
@@ -114,8 +119,9 @@ class Disaggregation:
         self._arrival_due_s: dict[int, float] = {}
         self.sources = {r.replica_id: r for r in prefill}
         self.links = {r.replica_id: simpy.Resource(env, capacity=1) for r in prefill}
-        self.inboxes = {r.replica_id: DecodeInbox(r) for r in decode}
-        for replica in decode:
+        self._decode_ranks = [rank for unit in decode for rank in unit.ranks]
+        self.inboxes = {r.replica_id: DecodeInbox(r) for r in self._decode_ranks}
+        for replica in self._decode_ranks:
             replica.inbox = self.inboxes[replica.replica_id]
             replica.quiet_until = self._decode_quiet_until(replica)
         for replica in prefill:
@@ -144,7 +150,7 @@ class Disaggregation:
 
     def reject_reason(self, req: Request) -> str | None:
         """Why no decode replica could ever hold `req`; None if one can."""
-        dec = self.decode[0]
+        dec = self._decode_ranks[0]
         reason = dec.scheduler.reject_reason(req, dec.state.kv,
                                              dec.state.num_kv_tokens_needed(req))
         if reason is None:
@@ -162,7 +168,7 @@ class Disaggregation:
         source = self.sources[req.prefill_replica_id]
         decode = self.decode
         target = decode[0 if len(decode) == 1 else self.decode_router.choose(
-            req, self.loads(decode))]
+            req, self.loads(decode))].pick(req)
         inbox = self.inboxes[target.replica_id]
         yield inbox.reserve(req)
         req.transfer_start_s = self.env.now

@@ -139,6 +139,15 @@ class Replica(OffloadSteps):
         else:
             self._woken = True  # (read by `_wait_idle` catching up to its clock)
 
+    @property
+    def ranks(self) -> list[Replica]:
+        """The engine cores of this replica: itself (`DataParallelGroup` has several)."""
+        return [self]
+
+    def pick(self, req: Request) -> Replica:
+        """The engine core that takes `req`: itself (`DataParallelGroup` balances)."""
+        return self
+
     def load(self, req: Request | None = None) -> ReplicaLoad:
         """Requests in flight here, and tokens of work queued or resident, as of now; with
         `req`, also how many of its tokens are cached here."""

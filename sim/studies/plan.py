@@ -83,9 +83,10 @@ class Kind:
 
     @property
     def decode_gpus_per_replica(self) -> int:
-        """A decode replica's GPUs: its own split where the ratio gives one."""
+        """A decode replica's GPUs: its own split where the ratio gives one (its ranks
+        too)."""
         tensor = self.ratio.decode_tensor if self.ratio is not None else None
-        return (tensor or self.tensor) * self.pipeline
+        return (tensor or self.tensor) * self.pipeline * self.data
 
     def replicas(self, units: int) -> int:
         """Replicas in a deployment of `units` (replicas, or P:D units)."""
@@ -144,8 +145,10 @@ class Kind:
             if (choice := self.ratio.decode_gpu) is not None:
                 decode["gpu"] = choice.name if choice.cost_per_gpu_hour is None else {
                     "base": choice.name, "cost_per_gpu_hour": choice.cost_per_gpu_hour}
-            if self.ratio.decode_tensor is not None:
-                decode["parallelism"] = {"tensor": self.ratio.decode_tensor}
+            if (tensor := self.ratio.decode_tensor) is not None:
+                decode["parallelism"] = {"tensor": tensor}
+                if self.data > 1:  # (experts over the decode ranks' GPUs, as the kind's)
+                    decode["parallelism"]["expert"] = 1 if self.sliced else self.data * tensor
             if self.decode_scheduler:
                 decode["scheduler"] = dict(self.decode_scheduler)
             if decode:

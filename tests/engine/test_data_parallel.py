@@ -24,7 +24,7 @@ from sim.routers.base import ReplicaLoad
 from sim.routers.vllm_dp import VllmDataParallel, VllmDataParallelConfig
 from tests.engine.test_fast_path import assert_same_results
 from tests.helpers import assert_one_line_error, run_cli
-from tests.strategies import assert_nothing_lost, scenarios
+from tests.strategies import assert_nothing_lost, data_parallel_clusters, scenarios
 
 BASE_S, PER_TOKEN_S = 0.01, 1e-5
 
@@ -349,18 +349,62 @@ def test_what_data_parallel_ranks_do_not_model_is_refused(tmp_path, monkeypatch,
     assert_one_line_error(code, err, field, needle)
 
 
-def test_a_disaggregated_pool_of_ranks_is_refused(tmp_path, monkeypatch, capsys):
+def test_a_disaggregated_pool_of_ranks_refuses_what_ranks_do_not_model(tmp_path, monkeypatch,
+                                                                        capsys):
+    """A pool's ranks refuse what any ranks do, naming the pool's field."""
     import yaml
 
     raw = _raw()
     raw["replica"] = {**raw["replica"], "parallelism": {"data": 2, "expert": 2}}
-    raw["cluster"] = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+    raw["cluster"] = {"prefill": {"replicas": 1},
+                      "decode": {"replicas": 1, "replica": {"scheduler": {"name": "sglang"}}}}
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(raw))
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
                         str(tmp_path / "o"))
-    assert_one_line_error(code, err, "cluster.prefill.replica.parallelism.data",
-                          "disaggregated")
+    assert_one_line_error(code, err, "cluster.decode.replica.parallelism.data", "vllm_v1")
+
+
+def test_kv_moves_between_ranks_of_a_prefill_and_a_decode_pool():
+    """One prefill replica of two ranks and two decode replicas of two ranks each (vLLM's
+    wide-EP shape): each request is prefilled on a prefill rank (the balancer's pick), its KV
+    sent over that rank's link to the decode rank the decode router and that replica's
+    balancer give it; the decode ranks step in lockstep, dummies and all."""
+    raw = _raw()
+    raw["workload"]["num_requests"] = 40
+    raw["workload"]["arrivals"]["qps"] = 20.0
+    raw["record_token_times"] = True
+    raw["replica"]["parallelism"] = {"data": 2, "expert": 2}
+    raw["cluster"] = {"prefill": {"replicas": 1},
+                      "decode": {"replicas": 2, "replica": {"parallelism": {"data": 2,
+                                                                            "expert": 1}}},
+                      "link": {"bandwidth_gb_s": 10.0, "latency_s": 1e-3}}
+    scenario = parse_scenario(raw, "<test>")
+    res = run_scenario(scenario)
+    req = res.requests
+    assert (req["status"] == "finished").all()
+    # Ranks 0-1 prefill, 2-5 decode: every decode rank got some of the requests.
+    assert set(req["replica_id"]) == {0, 1}
+    assert set(req["decode_replica_id"]) == {2, 3, 4, 5}
+    assert (req["transfer_end_s"] > req["transfer_start_s"]).all()
+    facts = res.summary["data_parallel"]
+    assert facts["ranks_per_pool"] == {"prefill": 2, "decode": 2}
+    assert res.summary["cost"]["num_gpus"] == 6
+    assert res.summary["run"]["pools"] == {"prefill": 1, "decode": 2}
+    assert_same_results(res, run_scenario(scenario, fast_forward=False))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data_parallel_clusters())
+def test_pools_of_ranks_lose_nothing_and_repeat_exactly(data):
+    """Random workloads through disaggregated clusters whose prefill pool, decode pool or both
+    are replicas of ranks: every request accounted for, the same results stepped or not (the
+    pools without ranks fast-forward) and run twice."""
+    scenario = parse_scenario(data, "hypothesis")
+    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
+    assert_same_results(fast, slow)
+    assert_same_results(fast, run_scenario(scenario))
+    assert_nothing_lost(data, fast)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

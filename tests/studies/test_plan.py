@@ -462,6 +462,43 @@ def test_data_parallel_ranks_are_a_search_dimension(tmp_path, monkeypatch, capsy
     assert "independent engines" in kind["refused"]
 
 
+def test_pools_of_ranks_are_searched_with_their_gpus_counted(tmp_path, monkeypatch, capsys):
+    """A P:D ratio of data-parallel kinds: both pools replicas of two ranks (a decode split
+    of its own keeps them), each pool's GPUs counted with its ranks'."""
+    base = dict(BASE, replica={**BASE["replica"], "model": "qwen3-30b-a3b"})
+    path = write_plan(tmp_path, base=base, search={
+        "data": [2], "colocated": False, "max_replicas": 4,
+        "disaggregated": [{"prefill": 1, "decode": 1},
+                          {"prefill": 1, "decode": 1, "decode_tensor": 2}]},
+        band="none", seeds=1)
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "out")
+    found = {k["kind"]: k for k in record["kinds"]}
+    assert set(found) == {"h100-sxm DP2 TP1 P:D 1:1",
+                          "h100-sxm DP2 TP1 P:D 1:1 decode h100-sxm TP2"}
+    plain = found["h100-sxm DP2 TP1 P:D 1:1"]
+    assert plain["refused"] is None and plain["best"]["num_gpus"] == 4 * plain["units"]
+    # The wider decode pool's unit is 2 + 4 GPUs: dominated by the first's price, unsimulated.
+    from sim.hardware.gpus import GPUS
+
+    price = 6 * GPUS.get("h100-sxm").cost_per_gpu_hour
+    assert found["h100-sxm DP2 TP1 P:D 1:1 decode h100-sxm TP2"]["refused"].startswith(
+        f"dominated: one unit already takes {price:.2f} USD an hour")
+    runs = list((tmp_path / "out" / "runs").glob("*/summary.json"))
+    assert {json.loads(r.read_text())["run"]["parallelism"] for r in runs} == {
+        "DP2xTP1xEP2/DP2xTP1xEP2"}
+    # Its decode ranks' experts follow their own split: over 2 x 2 GPUs, or sliced.
+    from sim.studies.plan import Kind
+    from sim.studies.plan_file import GPUChoice, Ratio
+
+    ratio = Ratio(prefill=1, decode=1, decode_tensor=2)
+    for sliced, expert in ((False, 4), (True, 1)):
+        kind = Kind(GPUChoice(name="h100-sxm"), 1, 1, "none", (), ratio, data=2,
+                    sliced=sliced)
+        decode = kind.changes(1)["cluster.decode"]["replica"]["parallelism"]
+        assert decode == {"tensor": 2, "expert": expert}
+        assert kind.num_gpus(1) == 6
+
+
 def test_experts_sliced_over_ranks_are_a_search_choice(tmp_path, monkeypatch, capsys):
     """`search.expert_parallel`: ranks with whole experts over their GPUs and ranks with each
     expert sliced over them (vLLM's default), each its own kind; a base of ranks with sliced
