@@ -156,8 +156,10 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
                                  "num_blocks": num_blocks + (scheduler["name"] == "vllm_v1")},
                     "prefix_caching": prefix_caching,
                     **({"kv_offload": cpu_tier} if cpu_tier is not None else {}),
+                    # (experts over every rank's GPUs, or sliced over them)
                     **({"model": "qwen3-30b-a3b", "parallelism": {
-                        "data": (ranks := draw(st.sampled_from([2, 4]))), "expert": ranks}}
+                        "data": (ranks := draw(st.sampled_from([2, 4]))),
+                        "expert": draw(st.sampled_from([ranks, 1]))}}
                        if data_parallel else {}),
                     # No API front end sometimes: an answer then reaches its client at the
                     # finish itself, and a request it sends ties with the replica's next plan.

@@ -53,7 +53,7 @@ from sim.engine.iteration_log import IterationLog
 from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Iteration
 from sim.latency.base import BatchShape, LatencyModel
-from sim.routers.base import ReplicaLoad, Router
+from sim.routers.base import ReplicaLoad
 from sim.routers.vllm_dp import VllmDataParallel, VllmDataParallelConfig
 from sim.workloads.base import MAX_SPAN_S
 
@@ -77,7 +77,7 @@ class DataParallelGroup:
     are the cluster's replicas for results and timeouts."""
 
     def __init__(self, env: Environment, ranks: list[Rank], latency: LatencyModel,
-                 balancer: Router, *, max_num_seqs: int, sync_interval: int,
+                 balancer: VllmDataParallel, *, max_num_seqs: int, sync_interval: int,
                  sync_first_step: bool) -> None:
         self.env = env
         self.ranks = ranks
@@ -109,8 +109,8 @@ class DataParallelGroup:
         """The rank vLLM's balancer gives `req` (a request the cluster routed here, or, on a
         decode pool, whose KV is to come here)."""
         ranks = self.ranks
-        return ranks[0 if len(ranks) == 1 else self.balancer.choose(
-            req, [rank.load() for rank in ranks])]
+        return ranks[0 if len(ranks) == 1 else self.balancer.choose_at(
+            req, [rank.load() for rank in ranks], self.env.now)]
 
     def load(self, req: Request | None = None) -> ReplicaLoad:
         loads = [rank.load(req) for rank in self.ranks]

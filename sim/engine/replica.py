@@ -159,12 +159,16 @@ class Replica(OffloadSteps):
         state = self.state
         tokens = state.num_waiting_tokens + state.num_running_tokens + decoded
         num_outstanding = state.num_outstanding - num_finished
+        num_waiting = len(state.waiting)
         if self.inbox is not None:
             tokens += self.inbox.num_tokens
             num_outstanding += self.inbox.num_requests
+            # (vLLM's decode engine keeps them in its waiting queue, blocks or KV to come:
+            # so its published counts say.)
+            num_waiting += self.inbox.num_requests
         hit = state.kv.prefix_hit_tokens(req) if req is not None else 0
         kv = state.kv
-        return ReplicaLoad(num_outstanding, tokens, hit, len(state.waiting),
+        return ReplicaLoad(num_outstanding, tokens, hit, num_waiting,
                            len(state.running) - num_finished,
                            kv.num_used_blocks / kv.num_blocks)
 

@@ -67,7 +67,11 @@ class VllmDataParallel(Router):
         self._start = 0  # 0.33.0: where the next scan starts
 
     def choose(self, req: Request, loads: Sequence[ReplicaLoad]) -> int:
-        now_s = req.arrival_s
+        return self.choose_at(req, loads, req.arrival_s)
+
+    def choose_at(self, req: Request, loads: Sequence[ReplicaLoad], now_s: float) -> int:
+        """`choose` at `now_s`: a decode pool's balancer picks when the request's prompt is
+        done, not when it arrived (the published counts are refreshed by that clock)."""
         counts = self._counts
         if len(counts) != len(loads) or now_s - self._published_s >= self.interval_s:
             counts[:] = ([[load.num_waiting, load.num_running, load.kv_usage] for load in loads]

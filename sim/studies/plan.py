@@ -111,7 +111,8 @@ class Kind:
             parts.append(f"P:D {self.ratio.prefill}:{self.ratio.decode}")
             if self.ratio.decode_gpu is not None or self.ratio.decode_tensor is not None:
                 gpu = self.ratio.decode_gpu.name if self.ratio.decode_gpu else self.gpu.name
-                parts.append(f"decode {gpu} TP{self.ratio.decode_tensor or self.tensor}")
+                ranks = f"DP{self.data} " if self.data > 1 else ""
+                parts.append(f"decode {gpu} {ranks}TP{self.ratio.decode_tensor or self.tensor}")
         if self.decode_scheduler:
             parts.append("decode " + " ".join(f"{k}={_shown(v)}"
                                               for k, v in self.decode_scheduler))

@@ -356,13 +356,17 @@ def test_a_disaggregated_pool_of_ranks_refuses_what_ranks_do_not_model(tmp_path,
 
     raw = _raw()
     raw["replica"] = {**raw["replica"], "parallelism": {"data": 2, "expert": 2}}
-    raw["cluster"] = {"prefill": {"replicas": 1},
-                      "decode": {"replicas": 1, "replica": {"scheduler": {"name": "sglang"}}}}
-    path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
-                        str(tmp_path / "o"))
-    assert_one_line_error(code, err, "cluster.decode.replica.parallelism.data", "vllm_v1")
+    for pool, change, needle in [
+            ("decode", {"scheduler": {"name": "sglang"}}, "vllm_v1"),
+            ("prefill", {"prefix_caching": True, "kv_offload": {"size_gib": 1.0}},
+             "kv_offload with data-parallel ranks")]:
+        raw["cluster"] = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+        raw["cluster"][pool]["replica"] = change
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                            str(tmp_path / "o"))
+        assert_one_line_error(code, err, f"cluster.{pool}.replica.parallelism.data", needle)
 
 
 def test_kv_moves_between_ranks_of_a_prefill_and_a_decode_pool():
@@ -392,6 +396,36 @@ def test_kv_moves_between_ranks_of_a_prefill_and_a_decode_pool():
     assert res.summary["cost"]["num_gpus"] == 6
     assert res.summary["run"]["pools"] == {"prefill": 1, "decode": 2}
     assert_same_results(res, run_scenario(scenario, fast_forward=False))
+
+
+def test_a_decode_ranks_balancer_reads_counts_by_the_hand_off_clock():
+    """A decode pool's balancer picks when a prompt is done: its published counts refresh by
+    that clock (every 100 ms), not by the requests' arrivals, which hand-offs follow out of
+    order. A decode rank's queue counts the requests whose blocks or KV are still to come, as
+    vLLM's decode engine keeps them waiting."""
+    balancer = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp",
+                                                       engines_publish_counts=True),
+                                np.random.default_rng(0))
+    req = Request(0, 0.0, 8, 1)
+    assert balancer.choose_at(req, _loads((2, 0, 0.0), (0, 0, 0.0)), 1.0) == 1
+    # Same arrival, 200 ms later by the clock: the new counts are read.
+    assert balancer.choose_at(req, _loads((0, 0, 0.0), (3, 0, 0.0)), 1.2) == 0
+    # By the arrival's clock they would not have been (0 vs 1 + 4 picks' worth: rank 1 again
+    # only after rank 0 took the next).
+    stale = VllmDataParallel(VllmDataParallelConfig(name="vllm_dp",
+                                                    engines_publish_counts=True),
+                             np.random.default_rng(0))
+    assert stale.choose(req, _loads((2, 0, 0.0), (0, 0, 0.0))) == 1
+    assert stale.choose(req, _loads((0, 0, 0.0), (3, 0, 0.0))) == 1
+
+    raw = _raw()
+    raw["replica"]["parallelism"] = {"data": 2, "expert": 2}
+    raw["cluster"] = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+    cluster = Cluster(parse_scenario(raw, "<test>"))
+    rank = cluster.decode[0].ranks[0]
+    assert rank.load().num_waiting == 0
+    rank.inbox.reserve(Request(7, 0.0, 8, 4))
+    assert rank.load().num_waiting == 1 and rank.load().num_outstanding == 1
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

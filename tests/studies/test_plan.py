@@ -474,14 +474,14 @@ def test_pools_of_ranks_are_searched_with_their_gpus_counted(tmp_path, monkeypat
     record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "out")
     found = {k["kind"]: k for k in record["kinds"]}
     assert set(found) == {"h100-sxm DP2 TP1 P:D 1:1",
-                          "h100-sxm DP2 TP1 P:D 1:1 decode h100-sxm TP2"}
+                          "h100-sxm DP2 TP1 P:D 1:1 decode h100-sxm DP2 TP2"}
     plain = found["h100-sxm DP2 TP1 P:D 1:1"]
     assert plain["refused"] is None and plain["best"]["num_gpus"] == 4 * plain["units"]
     # The wider decode pool's unit is 2 + 4 GPUs: dominated by the first's price, unsimulated.
     from sim.hardware.gpus import GPUS
 
     price = 6 * GPUS.get("h100-sxm").cost_per_gpu_hour
-    assert found["h100-sxm DP2 TP1 P:D 1:1 decode h100-sxm TP2"]["refused"].startswith(
+    assert found["h100-sxm DP2 TP1 P:D 1:1 decode h100-sxm DP2 TP2"]["refused"].startswith(
         f"dominated: one unit already takes {price:.2f} USD an hour")
     runs = list((tmp_path / "out" / "runs").glob("*/summary.json"))
     assert {json.loads(r.read_text())["run"]["parallelism"] for r in runs} == {
