@@ -40,3 +40,13 @@ def test_rows_no_variant_has_are_left_out_and_same_pools_named_once():
     assert "KV transfer" not in text
     assert "sglang/sglang" not in text and "sglang" in text
     assert "2x TP4" in text and "TP4/TP4" not in text
+
+
+def test_a_disaggregated_variant_says_its_attainment_counts_the_hand_off():
+    plain = shown(comparison_tables("cmp", rows(["a", "b"]), 80))
+    assert "hand-off" not in plain
+    df = rows(["colocated", "pd"])
+    df.loc[1, "transfer_p99_s"] = 0.006
+    text = shown(comparison_tables("cmp", df, 80))
+    assert "KV transfer" in text
+    assert "TBT gaps include its KV hand-off" in " ".join(text.split())
