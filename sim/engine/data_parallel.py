@@ -15,8 +15,9 @@ them together, because every MoE layer exchanges tokens between all ranks:
 - The ranks' token counts are made equal, the most of any rank's, where every rank's step fits
   a CUDA graph (vLLM 0.19 and 0.33 pad them alike: `coordinate_batch_across_dp`, up to the
   smaller of 512 tokens and twice `max_num_seqs`); a larger step runs eagerly, each rank at its
-  own count. (vLLM pads further, to its next captured size, and 0.15.1 pads every step, eager
-  ones too, wherever CUDA graphs are on: not modelled.)
+  own count. vLLM 0.15.1 pads every step, eager ones too, wherever CUDA graphs are configured
+  (`data_parallel_padding`: a rank decoding beside another's long prompt chunk runs as many
+  tokens). (vLLM pads further, to its next captured size: not modelled.)
 - The step takes what the latency model says of all ranks together (`lockstep_time_s`: the
   slowest rank's own layers, then every MoE layer on all ranks' tokens and its all-gather and
   reduce-scatter), the same for every rank.
@@ -78,14 +79,15 @@ class DataParallelGroup:
 
     def __init__(self, env: Environment, ranks: list[Rank], latency: LatencyModel,
                  balancer: VllmDataParallel, *, max_num_seqs: int, sync_interval: int,
-                 sync_first_step: bool) -> None:
+                 sync_first_step: bool, pads_every_step: bool = False) -> None:
         self.env = env
         self.ranks = ranks
         self.latency = latency
         self.balancer = balancer
         self.replica_id = ranks[0].replica_id  # (the cluster's front end: the first rank's)
         self.turn = PLAN + ranks[0].replica_id
-        self.pad_limit = min(MAX_GRAPH_TOKENS, 2 * max_num_seqs)
+        # Steps padded alike up to this many tokens on the busiest rank (every step: inf).
+        self.pad_limit = math.inf if pads_every_step else min(MAX_GRAPH_TOKENS, 2 * max_num_seqs)
         self.sync_interval = sync_interval
         self.sync_first_step = sync_first_step
         self.depth = ranks[0].pipeline_depth
@@ -245,4 +247,5 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
     latest = version == "0.33.0"
     return DataParallelGroup(env, cast(list[Rank], ranks), ranks[0].latency, balancer,
                              max_num_seqs=int(scheduler.max_num_seqs),
-                             sync_interval=16 if latest else 32, sync_first_step=latest)
+                             sync_interval=16 if latest else 32, sync_first_step=latest,
+                             pads_every_step=bool(getattr(scheduler, "pads_every_step", False)))

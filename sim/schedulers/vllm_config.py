@@ -47,6 +47,11 @@ class EngineRules:
     # drafting skipped when unused, lookahead block hashes (no hit block dropped); else
     # 0.15.1's (drafts for a prompt's unfinished chunk, EAGLE's last hit block dropped).
     spec_v2_rules: bool = False
+    # Data-parallel ranks of an MoE model: every step's token counts padded to the largest
+    # rank's wherever CUDA graphs are configured, eager steps too (0.15.1's
+    # `gpu_model_runner.py`: `allow_dp_padding = cudagraph_mode != NONE`); else only steps
+    # that fit a CUDA graph (0.19 on: the synced runtime mode; `sim.engine.data_parallel`).
+    dp_pads_every_step: bool = False
 
     def batch_defaults(self, gpu: GPUSpec) -> tuple[int, int]:
         """vLLM's server defaults of `max_num_batched_tokens` and `max_num_seqs` on `gpu`:
@@ -67,7 +72,7 @@ ENGINE_VERSIONS: dict[str, EngineRules] = {
     # full-prompt admission check; the threshold always applies (`scheduler.py` ~375).
     "0.15.1": EngineRules(threshold_spares_lone_request=False, reserve_full_isl=None,
                           async_scheduling=True, free_order="fifo_block",
-                          priority_pass_goes_on=False),
+                          priority_pass_goes_on=False, dp_pads_every_step=True),
     # `scheduler.py` ~753-763: "When it is the only request there is nobody to starve";
     # `config/scheduler.py`: `scheduler_reserve_full_isl: bool = True`.
     "0.33.0": EngineRules(threshold_spares_lone_request=True, reserve_full_isl=True,
@@ -196,6 +201,11 @@ class VllmV1Config(SchedulerConfig):
     async_scheduling: bool | None = Field(
         None, description=("two iterations in flight, the next scheduled while one runs "
                            "(output placeholders); None: the engine version's default"))
+    data_parallel_padding: Literal["every_step", "graph_steps"] | None = Field(
+        None, description=("data-parallel ranks (replica.parallelism.data): each step's token "
+                           "counts padded to the largest rank's every step (vLLM 0.15.1 with "
+                           "CUDA graphs on), or only where every rank's step fits a CUDA "
+                           "graph (vLLM 0.19 on); None: the engine version's"))
     scheduler_reserve_full_isl: bool | None = Field(
         None, description=("admit a request only if blocks for its whole prompt (after its "
                            "prefix hit) are free; None: the engine version's default"))
@@ -278,6 +288,13 @@ class VllmV1Config(SchedulerConfig):
     @property
     def rules(self) -> EngineRules:
         return ENGINE_VERSIONS[self.engine_version]
+
+    @property
+    def pads_every_step(self) -> bool:
+        """Whether data-parallel ranks pad every step (`data_parallel_padding`)."""
+        if self.data_parallel_padding is None:
+            return self.rules.dp_pads_every_step
+        return self.data_parallel_padding == "every_step"
 
     @model_validator(mode="after")
     def _consistent(self) -> VllmV1Config:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,13 @@ def read_engine_run(run: Path, gpu: str | None = None) -> Experiment:
                       "max_num_batched_tokens": int(args.get("max_num_batched_tokens") or 2048)},
         "prefix_caching": bool(kv.get("enable_prefix_caching", True)),
     }
+    if data > 1:
+        # Its ranks' padding is its release's (servesim's vLLM rules are 0.15.1's or 0.33.0's;
+        # from 0.19 on, only steps that fit a CUDA graph are padded).
+        release = tuple(int(x) for x in re.findall(r"\d+", str(meta.get("vllm_version")))[:2])
+        if len(release) == 2:
+            replica["scheduler"]["data_parallel_padding"] = (
+                "every_step" if release < (0, 19) else "graph_steps")
     if args.get("max_model_len"):
         replica["max_model_len"] = int(args["max_model_len"])
     if kv.get("num_gpu_blocks"):  # what the engine logged it had, where it did

@@ -88,6 +88,36 @@ def test_a_prompt_on_one_rank_stretches_the_other_ranks_decode_step():
     assert a.finish_s == pytest.approx(first_s + 19 * decode_s, abs=1e-12)
 
 
+@pytest.mark.parametrize(("version", "padding", "pads_prompt_step"), [
+    ("0.15.1", None, True), ("0.15.1", "graph_steps", False), ("0.33.0", None, False),
+    ("0.33.0", "every_step", True)])
+def test_vllm_0_15_pads_every_step_to_the_busiest_rank(version, padding, pads_prompt_step):
+    """vLLM 0.15.1 pads every rank's step to the largest rank's token count wherever CUDA
+    graphs are configured, eager steps too (`allow_dp_padding = cudagraph_mode != NONE`);
+    from 0.19 only steps that fit a graph are. So beside B's 1,000-token prompt, A's decode
+    rank runs 1,000 tokens through its layers on 0.15.1 (and both ranks' 2,000 through the
+    MoE layers), 1 on 0.33.0 (1,001 through the MoE layers)."""
+    from sim.engine.cluster import make_latency
+
+    scheduler = {"name": "vllm_v1", "async_scheduling": False, "engine_version": version,
+                 **({"data_parallel_padding": padding} if padding else {})}
+    scenario = _scenario(version=version, latency={"kind": "roofline"}, scheduler=scheduler)
+    cluster = Cluster(scenario, fast_forward=False)
+    a, b = Request(0, 0.0, 8, 20), Request(1, 0.050, 1000, 2)
+    cluster.run([a, b])
+    assert (a.replica_id, b.replica_id) == (0, 1)
+    cfg = scenario.replica
+    latency = make_latency(cfg, cfg.model_shape, "<test>")
+    prompt = BatchShape(num_prefill_tokens=1000, num_prefill_seqs=1, num_sampled_tokens=1,
+                        prefill_attn_pairs=1000 * 1001 // 2, prefill_kv_tokens=1000)
+    decode = BatchShape.decode_only(1, 8 + 5)  # (A's KV where B's prompt runs; immaterial)
+    padded_s, _ = latency.lockstep_time_s([decode, prompt], [1000, 1000])
+    own_s, _ = latency.lockstep_time_s([decode, prompt], [1, 1000])
+    assert padded_s > own_s * 1.02  # (Qwen3-30B-A3B: the prompt's rank sets most of it)
+    longest = max(_gaps(cluster, a))
+    assert longest == pytest.approx(padded_s if pads_prompt_step else own_s, rel=0.004)
+
+
 def _raw():
     return {"name": "dp", "seed": 0,
             "workload": {"format": "synthetic", "num_requests": 3,
