@@ -167,8 +167,8 @@ class Disaggregation:
         move the prompt's KV over the prefill replica's link."""
         source = self.sources[req.prefill_replica_id]
         decode = self.decode
-        target = decode[0 if len(decode) == 1 else self.decode_router.choose(
-            req, self.loads(decode))].pick(req)
+        target = decode[0 if len(decode) == 1 else self.decode_router.choose_at(
+            req, self.loads(decode), self.env.now)].pick(req)
         inbox = self.inboxes[target.replica_id]
         yield inbox.reserve(req)
         req.transfer_start_s = self.env.now

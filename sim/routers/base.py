@@ -47,7 +47,12 @@ class Router(ABC):
 
     @abstractmethod
     def choose(self, req: Request, loads: Sequence[ReplicaLoad]) -> int:
-        """Index of the replica (in `loads`) that gets `req`."""
+        """Index of the replica (in `loads`) that gets `req`, when it arrives."""
+
+    def choose_at(self, req: Request, loads: Sequence[ReplicaLoad], now_s: float) -> int:
+        """`choose` at `now_s`, later than `req`'s arrival (a decode pool's pick, once its
+        prompt is done). A router that keeps time by arrivals overrides it."""
+        return self.choose(req, loads)
 
 
 ROUTERS: Registry[type[Router]] = Registry("router", "sim.routers", "ROUTERS")

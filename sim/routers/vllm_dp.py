@@ -70,8 +70,8 @@ class VllmDataParallel(Router):
         return self.choose_at(req, loads, req.arrival_s)
 
     def choose_at(self, req: Request, loads: Sequence[ReplicaLoad], now_s: float) -> int:
-        """`choose` at `now_s`: a decode pool's balancer picks when the request's prompt is
-        done, not when it arrived (the published counts are refreshed by that clock)."""
+        # (The published counts are refreshed by this clock: a decode pool's pick comes when
+        # the request's prompt is done, in that order, not in the order of arrivals.)
         counts = self._counts
         if len(counts) != len(loads) or now_s - self._published_s >= self.interval_s:
             counts[:] = ([[load.num_waiting, load.num_running, load.kv_usage] for load in loads]

@@ -448,6 +448,18 @@ def test_a_decode_ranks_balancer_reads_counts_by_the_hand_off_clock():
     assert stale.choose(req, _loads((2, 0, 0.0), (0, 0, 0.0))) == 1
     assert stale.choose(req, _loads((0, 0, 0.0), (3, 0, 0.0))) == 1
 
+    # As a decode router too: its counts are read by the hand-offs' clock (all arrive at
+    # once; the prompts end over a second).
+    raw = _raw()
+    raw["cluster"] = {"prefill": {"replicas": 1}, "decode": {"replicas": 2},
+                      "decode_router": {"name": "vllm_dp", "engines_publish_counts": True}}
+    cluster = Cluster(parse_scenario(raw, "<test>"))
+    requests = [Request(i, 0.0, 5000, 2) for i in range(20)]
+    cluster.run(requests)
+    assert all(r.status is Status.FINISHED for r in requests)
+    router = cluster.disaggregation.decode_router
+    assert router._published_s >= max(r.transfer_start_s for r in requests) - 0.1 > 0.5
+
     raw = _raw()
     raw["replica"]["parallelism"] = {"data": 2, "expert": 2}
     raw["cluster"] = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
