@@ -169,7 +169,7 @@ def params_table(title: str, rows: dict[str, tuple[str, str]]) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("parameter", no_wrap=True)
     table.add_column("default", no_wrap=True)
-    table.add_column("meaning")
+    table.add_column("meaning", overflow="fold")  # (a long flag's name folds, not cut)
     for key, (default, meaning) in rows.items():
         table.add_row(key, default, meaning)
     return table

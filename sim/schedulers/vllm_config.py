@@ -202,9 +202,9 @@ class VllmV1Config(SchedulerConfig):
         None, description=("two iterations in flight, the next scheduled while one runs "
                            "(output placeholders); None: the engine version's default"))
     data_parallel_padding: Literal["every_step", "graph_steps"] | None = Field(
-        None, description=("data-parallel ranks (replica.parallelism.data): each step's token "
-                           "counts padded to the largest rank's every step (vLLM 0.15.1 with "
-                           "CUDA graphs on), or only where every rank's step fits a CUDA "
+        None, description=("with data-parallel ranks (parallelism.data > 1): each step's "
+                           "token counts padded to the largest rank's every step (vLLM 0.15.1 "
+                           "with CUDA graphs on), or only where every rank's step fits a CUDA "
                            "graph (vLLM 0.19 on); None: the engine version's"))
     scheduler_reserve_full_isl: bool | None = Field(
         None, description=("admit a request only if blocks for its whole prompt (after its "

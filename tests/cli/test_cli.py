@@ -187,6 +187,7 @@ def test_list_params_give_units_and_allowed_values_in_80_columns(monkeypatch, ca
     code, out = cli(monkeypatch, capsys, "list", "--params")
     assert code == 0
     assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out  # a long word (an engine flag's name) folds, it is not cut
     lines: dict[str, str] = {}  # parameter -> its row, wrapped lines joined
     last = ""
     for line in out.splitlines():
