@@ -1,6 +1,6 @@
-"""The closed forms of the async-stretch design (`bench/README.md`, "Stretches for async and
-overlapped replicas", issue 48) checked against stepped runs, bit for bit, before any fast
-path uses them.
+"""The closed forms the fast path of async and overlapped replicas uses
+(`sim.engine.fastpath.async_stretch`; `bench/README.md`, "Stretches for async and overlapped
+replicas") checked against stepped runs, bit for bit, apart from the fast path's own code.
 
     python tools/async_stretch_check.py [--case default|azure] [--num-requests N]
         [--scheduler vllm_v1|sglang] [--noise SIGMA] [--num-blocks B --qps Q]
@@ -93,7 +93,8 @@ def main() -> int:
     steady: dict[int, tuple[bool, bool]] = {}
     holder: dict[str, Any] = {}
     record_plans(notes, steady, holder)
-    res = run_scenario(parse_scenario(data, "tools/async_stretch_check.py"))
+    # Stepped: the fast path would take these plans (`sim.engine.fastpath.pipeline`).
+    res = run_scenario(parse_scenario(data, "tools/async_stretch_check.py"), fast_forward=False)
     replica = holder["replica"]
     log = replica.log.arrays()
     num_iterations = len(log["start_s"])

@@ -69,6 +69,10 @@ class Cluster:
             self.front = [make(scenario.replica, "colocated") for _ in range(cfg.replicas)]
             self.decode: list[Replica] = []
             self.disaggregation: Disaggregation | None = None
+            if len(self.front) == 1 and self.timeout_s is None:
+                # No router or timeout reads the only replica: an async one may run its
+                # stretches unobserved (`sim.engine.fastpath.pipeline`).
+                self.front[0].unobserved = True
             return
         # Each pool's replicas (or replicas of data-parallel ranks: the routers pick one, its
         # balancer a rank; KV moves between ranks).
@@ -134,6 +138,10 @@ class Cluster:
         num_in_flight = scheduler.num_batches_in_flight(cfg.parallelism.pipeline)
         if num_in_flight > 1 or rank:  # a pipeline (stages as vLLM splits the layers), async
             kind = Rank if rank else PipelinedReplica
+            if self.fast_forward and not rank:
+                from sim.engine.fastpath.pipeline import FastPipelinedReplica
+
+                kind = FastPipelinedReplica
             # Placeholders where the engine schedules ahead of its stages (async, overlap); a
             # plain pipeline waits for each token. Stale tokens as the engine treats them,
             # there only (checked by the golden schedules; a pipeline drops them).

@@ -133,8 +133,15 @@ class PipelinedReplica(Replica):
             if self._preempted:
                 plan.preempted_ids[:0] = self._preempted
                 self._preempted = []
-            batches.append(self._send(plan, now_s))
+            if not self._dispatch(plan, now_s):
+                break
         return plan, batches[0] if batches else None
+
+    def _dispatch(self, plan: Plan, now_s: float) -> bool:
+        """Send `plan` (`_send`); whether to go on planning (a fast path may take the plan
+        and the ones after it instead: `sim.engine.fastpath.pipeline`)."""
+        self._batches.append(self._send(plan, now_s))
+        return True
 
     def _wait(self, work: Iteration | Stretch) -> Generator[simpy.Event, Any, float]:
         """Blocked on the oldest result: no poke (`wake` finds none), as vLLM's engine reads

@@ -1,0 +1,210 @@
+"""Fast-forward on a replica that schedules ahead (vLLM v1's async scheduling, SGLang's overlap
+loop: `sim.engine.pipeline`, one stage, two iterations in flight, output placeholders).
+
+In a steady state (every running request decoding, nothing waiting) such a replica is as
+regular as a synchronous one, one iteration later: iteration j is planned when j - 2 ends
+(when j - 1 starts), gives every running request one token (`ReplicaState.start` counted the
+token in flight as computed and as a placeholder), and its batch, KV read and block growth are
+`batch_sizes`' and `extra_blocks`' with the counts read at the first plan. A request sampling
+its last token in j gets no placeholder, so plan j + 1 leaves it out, and its blocks come back
+when j ends, after plan j + 1 was made. Iterations run back to back: j starts when j - 1's GPU
+time ends. `tools/async_stretch_check.py` checks these forms against stepped runs.
+
+A stretch here is planned when its first plan is made and committed whole when it is handed
+back: after its K-th plan's turn, the first K - 1 iterations complete and the K-th in flight
+(`AsyncStretch.hand_off`), exactly as the stepped replica leaves them. Pure: no SimPy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.core.plan import Plan
+from sim.core.request import Request
+from sim.core.state import PLACEHOLDER, SAMPLES, ReplicaState
+from sim.engine.fastpath.stretch import batch_sizes, extra_blocks
+from sim.engine.iteration_log import IterationLog
+from sim.engine.replica import Iteration
+from sim.latency.base import BatchShape, LatencyModel
+from sim.latency.noise import IterationNoise
+
+
+@dataclass(slots=True)
+class AsyncStretch:
+    """Iterations 0..N-1 of a steady async replica from its plan 0 (made, its blocks
+    allocated, not yet started). Per iteration j: `plan_s[j]` when it is planned (0: now;
+    1: when the iteration in flight ends; then when j - 2 ends), its start, logged duration
+    and end, the GPU's free time after it (`free_s`), its batch size, KV read and KV blocks
+    in use when planned."""
+
+    plan0: Plan
+    requests: list[Request]  # running order at plan 0
+    num_computed: list[int]  # at plan 0 (the token in flight counted)
+    num_steps_left: list[int]  # iterations each request is in (its last samples its last token)
+    first_index: int  # iteration number of plan 0
+    plan_s: np.ndarray
+    starts_s: np.ndarray
+    duration_s: np.ndarray
+    end_s: np.ndarray
+    free_s: np.ndarray
+    num_seqs: np.ndarray
+    kv_tokens: np.ndarray
+    num_used_blocks: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.end_s)
+
+    def num_planned_before(self, now_s: float) -> int:
+        """Plans made before `now_s` (work arriving then is seen by the next)."""
+        return int(np.searchsorted(self.plan_s, now_s, side="left"))
+
+    def hand_off_s(self, k: int) -> float:
+        """When plan k is made: the planning turn that takes the replica back."""
+        if k < len(self.plan_s):
+            return float(self.plan_s[k])
+        return float(self.end_s[k - 2])
+
+
+def plan_async_stretch(state: ReplicaState, plan0: Plan, latency: LatencyModel, plan_s: float,
+                       free_s: float, pred_end_s: float | None, horizon_s: float | None, *,
+                       noise: IterationNoise | None, first_index: int, max_steps: int
+                       ) -> AsyncStretch | None:
+    """The stretch from plan 0 (`plan0`, made at `plan_s` with every running request in it,
+    nothing waiting, all decoding; its blocks allocated), through finishes, while the blocks
+    last, ending before the horizon; None where fewer than three iterations qualify.
+    `free_s`: when the GPU is free; `pred_end_s`: the end of the iteration in flight (None:
+    none)."""
+    requests = list(state.running)
+    computed = [r.num_computed_tokens for r in requests]
+    left = [r.num_target_output_tokens - r.num_output_tokens for r in requests]
+    n = min(max(left), max_steps)
+    kv = state.kv
+    if len(requests) * ((n - 1) // kv.block_size + 1) > kv.num_free_blocks:
+        extra = extra_blocks(np.array(computed, dtype=np.int64), kv.block_size, n)
+        n = min(n, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
+    if n < 3:
+        return None
+    num_seqs, kv_tokens = batch_sizes(computed, left, n)
+    shape = BatchShape.decode_only(num_seqs, kv_tokens)
+    duration = np.broadcast_to(np.asarray(latency.iteration_time_s(shape), dtype=np.float64),
+                               (n,))
+    host = latency.host_time_s(shape)
+    duration = np.maximum(duration - host, host)
+    if noise is not None:  # iteration `first_index + j`'s own factor, as a step gets it
+        duration = duration * noise.factors_from(first_index, n, 0, num_seqs)
+    start0 = max(plan_s, free_s)
+    free = np.add.accumulate(np.concatenate(([start0], duration)))[1:]
+    starts = np.concatenate(([start0], free[:-1]))
+    logged = free - starts  # as the stepped replica logs it: its end less its start
+    end = starts + logged
+    plans = np.concatenate(([plan_s, plan_s if pred_end_s is None else pred_end_s],
+                            end[:-2]))[:n]
+    if not (plans <= starts).all():  # (each plan before its GPU time: always seen so)
+        return None
+    if horizon_s is not None and end[-1] >= horizon_s:
+        n = int(np.searchsorted(end, horizon_s, side="left"))
+        if n < 3:
+            return None
+    if not (end[:n] > starts[:n]).all() or not np.isfinite(end[:n]).all():
+        return None  # (the stepped replica says what is wrong with such a duration)
+    used = _blocks_in_use(kv.num_used_blocks, computed, left, kv.block_size, n)
+    seqs = np.broadcast_to(np.asarray(num_seqs, dtype=np.int64), (len(end),))[:n]
+    return AsyncStretch(plan0, requests, computed, left, first_index, plans[:n], starts[:n],
+                        logged[:n], end[:n], free[:n], seqs, kv_tokens[:n], used)
+
+
+def _blocks_in_use(used0: int, computed: list[int], left: list[int], block_size: int,
+                   n: int) -> np.ndarray:
+    """KV blocks in use when each plan is made: plan j adds a block to each request in it
+    whose tokens fill its last (computed + j a multiple of the block size); a request's
+    blocks are freed when its last iteration ends, before plan left + 1."""
+    change = np.zeros(n + 2, dtype=np.int64)
+    for c, k in zip(computed, left, strict=True):
+        j = -c % block_size or block_size
+        stop = k if k < n else n
+        while j < stop:
+            change[j] += 1
+            j += block_size
+        if k + 1 <= n:
+            change[k + 1] -= -(-(c + k) // block_size)
+    return used0 + np.cumsum(change[:n])
+
+
+def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationLog
+             ) -> tuple[list[Request], Iteration]:
+    """Commit the stretch as the stepped replica stands at plan k's turn (1 <= k <= N):
+    iterations 0..k-2 complete (logged, their tokens sampled, requests finished), every plan
+    up to k - 1 made (tokens computed, blocks grown, placeholders); return the requests that
+    left, and iteration k - 1, in flight. The iteration in flight before the stretch must be
+    complete already."""
+    kv = state.kv
+    bs = kv.block_size
+    requests, computed, left = stretch.requests, stretch.num_computed, stretch.num_steps_left
+    done_k = k - 1  # iterations complete
+    first = stretch.first_index
+    assert len(log) == first
+    if done_k:
+        rows = stretch.num_seqs[:done_k]
+        log.extend_stretch(stretch.starts_s[:done_k], stretch.duration_s[:done_k],
+                           rows.tolist(), stretch.num_used_blocks[:done_k].tolist(),
+                           len(stretch.plan0.preempted_ids))
+        # Each iteration's sampled requests in running order, iteration by iteration.
+        steps, positions = np.nonzero(np.arange(done_k)[:, None]
+                                      < np.asarray(left, dtype=np.int64)[None, :])
+        ids = np.fromiter((r.request_id for r in requests), dtype=np.int64,
+                          count=len(requests))
+        log.sampled_request_ids.frombytes(ids[positions].tobytes())
+        log.sampled_iterations.frombytes((steps + first).astype(np.int64).tobytes())
+    num_placeholders = 0
+    leaving: list[tuple[int, int]] = []
+    for pos, (req, c, n_left) in enumerate(zip(requests, computed, left, strict=True)):
+        started = k if k < n_left else n_left
+        complete = done_k if done_k < n_left else n_left
+        req.num_computed_tokens += started
+        req.num_in_flight_tokens += started - complete
+        added = started if started < n_left else n_left - 1
+        retired = complete if complete < n_left else n_left - 1
+        req.num_output_tokens += added
+        req.num_placeholders += added - retired
+        num_placeholders += added
+        grow = -(-(c + started) // bs) - kv.num_held_blocks(req.request_id)
+        if grow > 0:
+            kv.grow_blocks(req.request_id, grow)
+        if complete == n_left:
+            leaving.append((n_left, pos))
+    state.num_running_tokens += num_placeholders
+    done = []
+    end = stretch.end_s
+    leaving.sort()
+    for n_left, pos in leaving:  # by the iteration that ends it, then running order
+        req = requests[pos]
+        req.num_output_tokens += 1  # its last token
+        state.num_running_tokens += 1
+        state.leave([req], float(end[n_left - 1]))
+        done.append(req)
+    return done, _in_flight(stretch, k - 1)
+
+
+def _in_flight(stretch: AsyncStretch, j: int) -> Iteration:
+    """Iteration j as the stepped replica holds it in flight: its plan, shape and times, and
+    what `ReplicaState.start` returned for it."""
+    plan = stretch.plan0
+    in_flight = []
+    scheduled: dict[int, int] | None = {} if j else None
+    for req, n_left in zip(stretch.requests, stretch.num_steps_left, strict=True):
+        if n_left <= j:
+            continue
+        if scheduled is not None:
+            scheduled[req.request_id] = 1
+        in_flight.append((req, 1, req.num_preemptions,
+                          PLACEHOLDER if j < n_left - 1 else SAMPLES, False))
+    if scheduled is not None:
+        plan = Plan(scheduled)
+    shape = BatchShape.decode_only(int(stretch.num_seqs[j]), int(stretch.kv_tokens[j]))
+    it = Iteration(plan, shape, float(stretch.starts_s[j]), float(stretch.duration_s[j]),
+                   float(stretch.end_s[j]), int(stretch.num_used_blocks[j]), 0)
+    it.in_flight = in_flight
+    return it
+

@@ -1,0 +1,104 @@
+"""The fast path of a replica that schedules ahead (`sim.engine.fastpath.async_stretch`): a
+`PipelinedReplica` of one stage and two iterations in flight with output placeholders (vLLM
+v1's async scheduling, SGLang's overlap loop, both engines' defaults) that, at a steady plan,
+takes that plan and the ones its stretch makes after it instead of stepping them, and hands
+back to stepping at a planning turn, exactly where the stepped replica would stand.
+
+First version: a replica nothing outside reads while a stretch runs (`unobserved`: the only
+replica of a colocated cluster, no client timeouts, no closed-loop clients), with a plain KV
+cache (no prefix caching, no CPU tier), no speculative decoding; a stretch is taken back at the
+first planning turn after work arrives. Elsewhere every iteration is stepped, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import simpy
+
+from sim.core.kv_cache import KVCacheManager
+from sim.core.plan import Plan
+from sim.engine.clock import At
+from sim.engine.fastpath.async_stretch import AsyncStretch, hand_off, plan_async_stretch
+from sim.engine.pipeline import PipelinedReplica
+
+MAX_STEPS = 256  # iterations a stretch plans at most (where it ends, stepping plans again)
+_ENDED = object()
+
+
+class FastPipelinedReplica(PipelinedReplica):
+    """A `PipelinedReplica` with stretches (module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._stretch: AsyncStretch | None = None
+        super().__init__(*args, **kwargs)
+
+    def _eligible(self) -> bool:
+        state = self.state
+        return (self.unobserved and self.fast_forward and self.num_stages == 1
+                and self.pipeline_depth == 2 and self.placeholders and self.overlaps_host
+                and self.copies is None and state.acceptance is None and self.inbox is None
+                and type(state.kv) is KVCacheManager and state.on_finish is None
+                and self.plans is None and self.scheduler.allows_stretches
+                and not self.scheduler.reads_clock and not self.latency.sequential)
+
+    def _dispatch(self, plan: Plan, now_s: float) -> bool:
+        state, batches = self.state, self._batches
+        if (len(batches) <= 1 and not state.waiting and not plan.preempted_ids
+                and plan.num_seqs == len(state.running)
+                and plan.total_num_scheduled_tokens == plan.num_seqs
+                and not state.prefilling() and self._eligible()):
+            stretch = plan_async_stretch(
+                state, plan, self.latency, now_s, self._stage_free_s[0],
+                batches[-1].end_s if batches else None, self.horizon_s, noise=self.noise,
+                first_index=len(self.log) + len(batches), max_steps=MAX_STEPS)
+            if stretch is not None:
+                self._stretch = stretch
+                return False
+        return super()._dispatch(plan, now_s)
+
+    def _next_work(self, now_s: float) -> tuple[Plan | None, Any]:
+        # (the work to wait for: the oldest iteration in flight, or a stretch)
+        plan, work = super()._next_work(now_s)
+        if self._stretch is not None:
+            return plan, self._stretch
+        return plan, work
+
+    def _wait(self, work: Any) -> Generator[simpy.Event, Any, float]:
+        if not isinstance(work, AsyncStretch):
+            return (yield from super()._wait(work))
+        stretch = work
+        k = len(stretch)
+        end_s = stretch.hand_off_s(k)
+        if not end_s < self.quiet_until():  # (else nothing can arrive before its end)
+            # Work may arrive before the stretch ends: wait for it, or for the end.
+            poke = self._poke = self.env.event()
+            end = At(self.env, end_s, self.turn)
+
+            def on_end(_: Any) -> None:
+                if not poke.triggered:
+                    poke.succeed(_ENDED)
+
+            end.callbacks.append(on_end)
+            ended = yield poke
+            self._poke = None
+            if ended is not _ENDED:
+                # Seen by the first plan made after now (work arriving is handled before the
+                # replicas plan at an instant).
+                k = max(1, stretch.num_planned_before(self.env.now))
+                end_s = stretch.hand_off_s(k)
+                yield At(self.env, end_s, self.turn)  # (at this instant too: after arrivals)
+        self._take_back(stretch, k, end_s)
+        return end_s if end_s > self.env.now else self.env.now
+
+    def _take_back(self, stretch: AsyncStretch, k: int, now_s: float) -> None:
+        """Hand the stretch back at plan k's turn (`now_s`): the iteration in flight before it
+        completes, then the stretch's first k - 1, and its k-th is in flight."""
+        self._complete_batches(now_s, inclusive=True)
+        assert not self._batches
+        done, in_flight = hand_off(self.state, stretch, k, self.log)
+        self._left_running(done)
+        self._batches.append(in_flight)
+        self._stage_free_s[0] = float(stretch.free_s[k - 1])
+        self._stretch = None

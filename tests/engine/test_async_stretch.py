@@ -1,0 +1,92 @@
+"""Stretches on a replica that schedules ahead (vLLM v1's async scheduling, SGLang's overlap
+loop: `sim.engine.fastpath.pipeline`): every result equal to a step-by-step run, bit for bit,
+with far fewer steps taken one by one; and where something outside may read the replica
+mid-stretch (a router, a timeout, a closed-loop client), no stretch."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+
+import sim.engine.fastpath.pipeline as fast_pipeline
+from sim import load_scenario, run_scenario
+from sim.config.scenario import parse_scenario
+from tests.engine.fastpath_helpers import assert_same_results, fast_and_stepped
+from tests.strategies import assert_nothing_lost, scenarios
+
+
+def _default(scheduler: str, **changes) -> dict:
+    """The embedded default workload (chat lengths, Poisson 5.5 req/s) on one replica."""
+    data = load_scenario().model_dump(mode="json")
+    data["replica"]["scheduler"] = {"name": scheduler}
+    data["workload"]["num_requests"] = 400
+    data["record_token_times"] = True
+    for key, value in changes.items():
+        section, field = key.split("__")
+        data[section][field] = value
+    return data
+
+
+def _counting(monkeypatch) -> dict[str, int]:
+    """How many stretches the runs take back whole and cut short by an arrival."""
+    counts = {"whole": 0, "cut": 0}
+    take_back = fast_pipeline.FastPipelinedReplica._take_back
+
+    def counted(self, stretch, k, now_s):
+        counts["whole" if k == len(stretch) else "cut"] += 1
+        return take_back(self, stretch, k, now_s)
+
+    monkeypatch.setattr(fast_pipeline.FastPipelinedReplica, "_take_back", counted)
+    return counts
+
+
+@pytest.mark.parametrize("scheduler", ["vllm_v1", "sglang"])
+@pytest.mark.parametrize(("changes", "num_stretches", "events"), [
+    ({}, 50, 0.7),
+    ({"replica__latency": {"kind": "roofline",
+                           "noise": {"kind": "lognormal", "sigma": 0.3}}}, 50, 0.7),
+    # (the cache full: stretches stop where the blocks would run out, preemptions between)
+    ({"replica__kv_cache": {"num_blocks": 300}}, 3, 1.0),
+    ({"workload__arrivals": {"process": "poisson", "qps": 14.0}, "horizon_s": 30.0}, 20, 1.0),
+    ({"replica__latency": {"kind": "constant", "iteration_s": 0.01}}, 50, 0.7)],  # (ties)
+    ids=["default", "noise", "tight-kv", "busy-horizon", "constant"])
+def test_async_stretches_equal_stepping(monkeypatch, scheduler, changes, num_stretches, events):
+    data = _default(scheduler, **{k: v for k, v in changes.items() if "__" in k})
+    data.update({k: v for k, v in changes.items() if "__" not in k})
+    counts = _counting(monkeypatch)
+    fast, slow, num_fast, num_slow = fast_and_stepped(monkeypatch, parse_scenario(data, "t"))
+    assert_same_results(fast, slow)
+    assert counts["whole"] + counts["cut"] >= num_stretches, counts
+    # Most iterations need no step of their own (the default: about 40% of the events).
+    assert num_fast < events * num_slow, (num_fast, num_slow)
+
+
+@pytest.mark.parametrize("changes", [
+    {"cluster": {"replicas": 2, "router": {"name": "least_kv_load"}}},
+    {"workload": {"timeout_s": 5.0}},
+    {"clients": {"concurrency": 4}}], ids=["router", "timeout", "clients"])
+def test_no_stretch_where_something_reads_the_replica_mid_stretch(monkeypatch, changes):
+    data = _default("vllm_v1")
+    for section, value in changes.items():
+        data[section] = {**(data.get(section) or {}), **value}
+    counts = _counting(monkeypatch)
+    scenario = parse_scenario(data, "t")
+    assert_same_results(run_scenario(scenario), run_scenario(scenario, fast_forward=False))
+    assert counts == {"whole": 0, "cut": 0}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.filter_too_much])
+@given(scenarios())
+def test_async_stretches_are_exact_on_random_workloads(data):
+    """Random workloads (prefixes, priorities, timeouts, horizons, tight KV caches, noise)
+    on one replica of vLLM v1 or SGLang with their default asynchronous loops."""
+    scheduler = data["replica"]["scheduler"]
+    assume(scheduler["name"] in ("vllm_v1", "sglang"))
+    scheduler.pop("async_scheduling", None)  # (the engines' default: on)
+    data.pop("clients", None)
+    scenario = parse_scenario(data, "hypothesis")
+    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
+    assert_same_results(fast, slow)
+    assert_same_results(fast, run_scenario(scenario))
+    assert_nothing_lost(data, fast)
