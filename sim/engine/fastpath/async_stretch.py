@@ -36,14 +36,15 @@ class AsyncStretch:
     """Iterations 0..N-1 of a steady async replica from its plan 0 (made, its blocks
     allocated, not yet started). Per iteration j: `plan_s[j]` when it is planned (0: now;
     1: when the iteration in flight ends; then when j - 2 ends), its start, logged duration
-    and end, the GPU's free time after it (`free_s`), its batch size, KV read and KV blocks
-    in use when planned."""
+    and end, the GPU's free time after it (`free_s`), its batch size and KV read."""
 
     plan0: Plan
+    num_used_blocks0: int  # KV blocks in use at plan 0 (its blocks allocated)
     requests: list[Request]  # running order at plan 0
     num_computed: list[int]  # at plan 0 (the token in flight counted)
     num_steps_left: list[int]  # iterations each request is in (its last samples its last token)
     first_index: int  # iteration number of plan 0
+    block_size: int
     plan_s: np.ndarray
     starts_s: np.ndarray
     duration_s: np.ndarray
@@ -51,7 +52,23 @@ class AsyncStretch:
     free_s: np.ndarray
     num_seqs: np.ndarray
     kv_tokens: np.ndarray
-    num_used_blocks: np.ndarray
+
+    def num_used_blocks(self, n: int) -> np.ndarray:
+        """KV blocks in use when each of the first `n` plans is made: plan j adds a block to
+        each request in it whose tokens fill its last (computed + j a multiple of the block
+        size); a request's blocks are freed when its last iteration ends, before plan
+        left + 1. (Counted for the plans a hand-off keeps: most stretches are cut short.)"""
+        block_size = self.block_size
+        change = np.zeros(n + 2, dtype=np.int64)
+        for c, k in zip(self.num_computed, self.num_steps_left, strict=True):
+            j = -c % block_size or block_size
+            stop = k if k < n else n
+            while j < stop:
+                change[j] += 1
+                j += block_size
+            if k + 1 <= n:
+                change[k + 1] -= -(-(c + k) // block_size)
+        return self.num_used_blocks0 + np.cumsum(change[:n])
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -109,27 +126,10 @@ def plan_async_stretch(state: ReplicaState, plan0: Plan, latency: LatencyModel, 
             return None
     if not (end[:n] > starts[:n]).all() or not np.isfinite(end[:n]).all():
         return None  # (the stepped replica says what is wrong with such a duration)
-    used = _blocks_in_use(kv.num_used_blocks, computed, left, kv.block_size, n)
     seqs = np.broadcast_to(np.asarray(num_seqs, dtype=np.int64), (len(end),))[:n]
-    return AsyncStretch(plan0, requests, computed, left, first_index, plans[:n], starts[:n],
-                        logged[:n], end[:n], free[:n], seqs, kv_tokens[:n], used)
-
-
-def _blocks_in_use(used0: int, computed: list[int], left: list[int], block_size: int,
-                   n: int) -> np.ndarray:
-    """KV blocks in use when each plan is made: plan j adds a block to each request in it
-    whose tokens fill its last (computed + j a multiple of the block size); a request's
-    blocks are freed when its last iteration ends, before plan left + 1."""
-    change = np.zeros(n + 2, dtype=np.int64)
-    for c, k in zip(computed, left, strict=True):
-        j = -c % block_size or block_size
-        stop = k if k < n else n
-        while j < stop:
-            change[j] += 1
-            j += block_size
-        if k + 1 <= n:
-            change[k + 1] -= -(-(c + k) // block_size)
-    return used0 + np.cumsum(change[:n])
+    return AsyncStretch(plan0, kv.num_used_blocks, requests, computed, left, first_index,
+                        kv.block_size, plans[:n], starts[:n], logged[:n], end[:n], free[:n],
+                        seqs, kv_tokens[:n])
 
 
 def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationLog
@@ -145,10 +145,11 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
     done_k = k - 1  # iterations complete
     first = stretch.first_index
     assert len(log) == first
+    used = stretch.num_used_blocks(k)
     if done_k:
         rows = stretch.num_seqs[:done_k]
         log.extend_stretch(stretch.starts_s[:done_k], stretch.duration_s[:done_k],
-                           rows.tolist(), stretch.num_used_blocks[:done_k].tolist(),
+                           rows.tolist(), used[:done_k].tolist(),
                            len(stretch.plan0.preempted_ids))
         # Each iteration's sampled requests in running order, iteration by iteration.
         steps, positions = np.nonzero(np.arange(done_k)[:, None]
@@ -184,10 +185,10 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
         state.num_running_tokens += 1
         state.leave([req], float(end[n_left - 1]))
         done.append(req)
-    return done, _in_flight(stretch, k - 1)
+    return done, _in_flight(stretch, k - 1, int(used[k - 1]))
 
 
-def _in_flight(stretch: AsyncStretch, j: int) -> Iteration:
+def _in_flight(stretch: AsyncStretch, j: int, num_used_blocks: int) -> Iteration:
     """Iteration j as the stepped replica holds it in flight: its plan, shape and times, and
     what `ReplicaState.start` returned for it."""
     plan = stretch.plan0
@@ -204,7 +205,7 @@ def _in_flight(stretch: AsyncStretch, j: int) -> Iteration:
         plan = Plan(scheduled)
     shape = BatchShape.decode_only(int(stretch.num_seqs[j]), int(stretch.kv_tokens[j]))
     it = Iteration(plan, shape, float(stretch.starts_s[j]), float(stretch.duration_s[j]),
-                   float(stretch.end_s[j]), int(stretch.num_used_blocks[j]), 0)
+                   float(stretch.end_s[j]), num_used_blocks, 0)
     it.in_flight = in_flight
     return it
 

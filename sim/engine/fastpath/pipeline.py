@@ -23,7 +23,7 @@ from sim.engine.clock import At
 from sim.engine.fastpath.async_stretch import AsyncStretch, hand_off, plan_async_stretch
 from sim.engine.pipeline import PipelinedReplica
 
-MAX_STEPS = 256  # iterations a stretch plans at most (where it ends, stepping plans again)
+MAX_STEPS = 128  # iterations a stretch plans at most (where it ends, stepping plans again)
 _ENDED = object()
 
 
