@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-import simpy
-
 from sim.core.kv_cache import KVCacheManager
 from sim.core.plan import Plan
 from sim.engine.clock import At
@@ -65,7 +63,7 @@ class FastPipelinedReplica(PipelinedReplica):
             return plan, self._stretch
         return plan, work
 
-    def _wait(self, work: Any) -> Generator[simpy.Event, Any, float]:
+    def _wait(self, work: Any) -> Generator[Any, Any, float]:
         if not isinstance(work, AsyncStretch):
             return (yield from super()._wait(work))
         stretch = work
