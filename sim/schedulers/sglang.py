@@ -307,9 +307,11 @@ class SGLang(Scheduler):
         self._state = state
         tried = self.last_tried
         if len(tried) > 2 * (len(state.waiting) + len(state.running)) + 64:
-            # (Only queued requests are asked for theirs: the finished ones' go.)
-            queued = {r.request_id for r in state.waiting}
-            self.last_tried = {k: v for k, v in tried.items() if k in queued}
+            # The requests that left go (SGLang keeps these on each request, for its life): so
+            # when this runs changes nothing a later pass reads, and the fast path, which plans
+            # no pass inside a stretch, agrees with stepping.
+            here = {r.request_id for r in state.waiting} | {r.request_id for r in state.running}
+            self.last_tried = {k: v for k, v in tried.items() if k in here}
         waiting = state.waiting
         if (isinstance(waiting, EntryOrderWaiting)
                 and len(waiting.entered) > 2 * (len(waiting) + len(state.running)) + 64):

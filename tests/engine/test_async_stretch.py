@@ -90,3 +90,19 @@ def test_async_stretches_are_exact_on_random_workloads(data):
     assert_same_results(fast, slow)
     assert_same_results(fast, run_scenario(scenario))
     assert_nothing_lost(data, fast)
+
+
+def test_a_stretch_past_2_to_the_32_seconds_is_refused_as_a_step_is():
+    """Iterations of 10**8 s pass 2**32 s (136 years) within a stretch's reach: the run is
+    refused, one line, with the stretches as without them."""
+    from sim.config.errors import InputError
+
+    data = _default("vllm_v1", replica__latency={"kind": "constant", "iteration_s": 1e8})
+    data["workload"]["num_requests"] = 3
+    scenario = parse_scenario(data, "t")
+    messages = []
+    for fast in (True, False):
+        with pytest.raises(InputError, match="2\\*\\*32") as err:
+            run_scenario(scenario, fast_forward=fast)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]

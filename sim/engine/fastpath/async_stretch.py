@@ -29,6 +29,7 @@ from sim.engine.iteration_log import IterationLog
 from sim.engine.replica import Iteration
 from sim.latency.base import BatchShape, LatencyModel
 from sim.latency.noise import IterationNoise
+from sim.workloads.base import MAX_SPAN_S
 
 
 @dataclass(slots=True)
@@ -122,6 +123,14 @@ def plan_async_stretch(state: ReplicaState, plan0: Plan, latency: LatencyModel, 
         return None
     if horizon_s is not None and end[-1] >= horizon_s:
         n = int(np.searchsorted(end, horizon_s, side="left"))
+        if n < 3:
+            return None
+    # Each plan's time plus its duration after it and within 2**32 s, as a step checks it
+    # (`Replica._plan_iteration`); where not, stepping says what is wrong.
+    planned_end = plans[:n] + duration[:n]
+    within = np.flatnonzero(~((planned_end > plans[:n]) & (planned_end < MAX_SPAN_S)))
+    if len(within):
+        n = int(within[0])
         if n < 3:
             return None
     if not (end[:n] > starts[:n]).all() or not np.isfinite(end[:n]).all():
