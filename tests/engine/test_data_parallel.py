@@ -216,17 +216,21 @@ def test_the_roofline_times_each_moe_layer_on_every_ranks_tokens():
     assert 0 < float(tables.moe_s(128)) < one_gpu_moe_s
 
 
-def test_a_data_parallel_replica_counts_and_prices_every_ranks_gpus():
+@pytest.mark.parametrize(("parallelism", "num_gpus"), [
+    ({"data": 4, "tensor": 2, "expert": 8}, 8),
+    ({"data": 2, "tensor": 2, "expert": 1}, 4)],  # (experts sliced over the ranks)
+    ids=["expert-parallel", "sliced"])
+def test_a_data_parallel_replica_counts_and_prices_every_ranks_gpus(parallelism, num_gpus):
     raw = _raw()
-    raw["replica"] = {**raw["replica"], "gpu": "h100-sxm",
-                      "parallelism": {"data": 4, "tensor": 2, "expert": 8},
+    raw["replica"] = {**raw["replica"], "gpu": "h100-sxm", "parallelism": parallelism,
                       "latency": {"kind": "roofline"}}
     res = run_scenario(parse_scenario(raw, "<test>"))
     from sim.hardware.gpus import GPUS
 
-    assert res.summary["cost"]["num_gpus"] == 8
+    assert res.summary["requests"]["finished"] == raw["workload"]["num_requests"]
+    assert res.summary["cost"]["num_gpus"] == num_gpus
     assert res.summary["cost"]["usd_per_hour"] == pytest.approx(
-        8 * GPUS.get("h100-sxm").cost_per_gpu_hour)
+        num_gpus * GPUS.get("h100-sxm").cost_per_gpu_hour)
     assert "all_to_all_per_layer_s" in res.iterations.columns
     assert (res.iterations["all_to_all_per_layer_s"] > 0).all()
 
@@ -300,17 +304,6 @@ def test_a_rank_runs_the_router_and_shared_experts_on_its_own_tokens(expert):
     shared_s = shape.num_moe_layers * (gemm(m, h, 2 * s) + gemm(m, s, h))
     np.testing.assert_allclose(with_shared.tokens_s(m) - without.tokens_s(m), shared_s,
                                rtol=1e-9)
-
-
-def test_a_replica_of_ranks_with_sliced_experts_runs_and_says_so():
-    raw = _raw()
-    raw["replica"] = {**raw["replica"], "gpu": "h100-sxm",
-                      "parallelism": {"data": 2, "tensor": 2, "expert": 1},
-                      "latency": {"kind": "roofline"}}
-    res = run_scenario(parse_scenario(raw, "<test>"))
-    assert res.summary["cost"]["num_gpus"] == 4
-    assert res.summary["requests"]["finished"] == raw["workload"]["num_requests"]
-    assert (res.iterations["all_to_all_per_layer_s"] > 0).all()
 
 
 def _loads(*counts):

@@ -19,10 +19,10 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.plan import Plan
 from sim.engine.clock import At
 from sim.engine.fastpath.async_stretch import AsyncStretch, hand_off, plan_async_stretch
+from sim.engine.fastpath.replica import _ENDED, poke_or_end
 from sim.engine.pipeline import PipelinedReplica
 
 MAX_STEPS = 128  # iterations a stretch plans at most (where it ends, stepping plans again)
-_ENDED = object()
 
 
 class FastPipelinedReplica(PipelinedReplica):
@@ -71,15 +71,7 @@ class FastPipelinedReplica(PipelinedReplica):
         end_s = stretch.hand_off_s(k)
         if not end_s < self.quiet_until():  # (else nothing can arrive before its end)
             # Work may arrive before the stretch ends: wait for it, or for the end.
-            poke = self._poke = self.env.event()
-            end = At(self.env, end_s, self.turn)
-
-            def on_end(_: Any) -> None:
-                if not poke.triggered:
-                    poke.succeed(_ENDED)
-
-            end.callbacks.append(on_end)
-            ended = yield poke
+            ended = yield poke_or_end(self, end_s)
             self._poke = None
             if ended is not _ENDED:
                 # Seen by the first plan made after now (work arriving is handled before the

@@ -37,6 +37,21 @@ STRETCH_STEPS = 128
 _ENDED = object()  # what a stretch's own end pokes with
 
 
+def poke_or_end(replica: Replica, end_s: float) -> Any:
+    """The replica's poke (new work), which its turn at `end_s` also triggers, with `_ENDED`
+    (a callback, cheaper than waiting on `end | poke`; a stale end, of a stretch already
+    cut, finds the poke triggered)."""
+    poke = replica._poke = replica.env.event()
+    end = At(replica.env, end_s, replica.turn)
+
+    def on_end(_: Any) -> None:
+        if not poke.triggered:
+            poke.succeed(_ENDED)
+
+    end.callbacks.append(on_end)
+    return poke
+
+
 class FastReplica(Replica):
     """A replica that runs ahead and fast-forwards stretches (module docstring)."""
 
@@ -179,17 +194,7 @@ class FastReplica(Replica):
     def _run_stretch(self, stretch: Stretch) -> Generator[Any, Any, None]:
         """A stretch's iterations until its end (a finish or a KV shortfall), or new work."""
         self._inflight = stretch
-        poke = self._poke = self.env.event()
-        # The stretch's end pokes too (a callback, cheaper than waiting on `end | poke`); a
-        # stale end, of a stretch already cut, finds its poke triggered.
-        end = At(self.env, float(stretch.end_s[-1]), self.turn)
-
-        def on_end(_: Any) -> None:
-            if not poke.triggered:
-                poke.succeed(_ENDED)
-
-        end.callbacks.append(on_end)
-        ended = yield poke
+        ended = yield poke_or_end(self, float(stretch.end_s[-1]))
         self._poke = None
         if ended is _ENDED:
             return  # the stretch has ended; this is the replica's turn to plan
