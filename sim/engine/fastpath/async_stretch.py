@@ -12,7 +12,7 @@ time ends. `tools/async_stretch_check.py` checks these forms against stepped run
 
 A stretch here is planned when its first plan is made and committed whole when it is handed
 back: after its K-th plan's turn, the first K - 1 iterations complete and the K-th in flight
-(`AsyncStretch.hand_off`), exactly as the stepped replica leaves them. Pure: no SimPy.
+(`hand_off`), exactly as the stepped replica leaves them. Pure: no SimPy.
 """
 
 from __future__ import annotations
