@@ -69,10 +69,12 @@ class Cluster:
             self.front = [make(scenario.replica, "colocated") for _ in range(cfg.replicas)]
             self.decode: list[Replica] = []
             self.disaggregation: Disaggregation | None = None
-            if len(self.front) == 1 and self.timeout_s is None:
-                # No router or timeout reads the only replica: an async one may run its
-                # stretches unobserved (`sim.engine.fastpath.pipeline`).
-                self.front[0].unobserved = True
+            if self.timeout_s is None and (len(self.front) == 1
+                                           or not self.router.reads_loads):
+                # No router or timeout reads a replica between its arrivals: an async one
+                # may run its stretches unobserved (`sim.engine.fastpath.pipeline`).
+                for replica in self.front:
+                    replica.unobserved = True
             return
         # Each pool's replicas (or replicas of data-parallel ranks: the routers pick one, its
         # balancer a rank; KV moves between ranks).

@@ -94,9 +94,9 @@ class Replica(OffloadSteps):
         self._carried: list[int] = []  # preempted by empty steps, logged with the next plan
         self.overlaps_host = False  # host work beside the GPU's (`PipelinedReplica`)
         self.inbox: DecodeInbox | None = None
-        # Nothing outside reads or changes it between arrivals (the only replica of a
-        # colocated cluster, no client timeouts): a replica that schedules ahead may then
-        # run stretches (`sim.engine.fastpath.pipeline`).
+        # Nothing outside reads or changes it between arrivals (a colocated replica with no
+        # client timeouts, alone or behind a router that reads no loads): a replica that
+        # schedules ahead may then run stretches (`sim.engine.fastpath.pipeline`).
         self.unobserved = False
         # The earliest time anything outside this replica may read or change it, asked when it
         # plans: its iterations ending before then commit without an event each. By default

@@ -40,6 +40,9 @@ class Router(ABC):
     Config: ClassVar[type[RouterConfig]] = RouterConfig
     # Whether `choose` reads `ReplicaLoad.num_prefix_hit_tokens` (a cache lookup per replica).
     needs_prefix_hits: ClassVar[bool] = False
+    # Whether `choose` reads the loads at all (not only how many there are): a router that
+    # does not leaves the other replicas unread at each arrival (`Replica.unobserved`).
+    reads_loads: ClassVar[bool] = True
 
     def __init__(self, config: RouterConfig, rng: np.random.Generator) -> None:
         self.config = config

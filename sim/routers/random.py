@@ -10,5 +10,6 @@ from sim.routers.base import ROUTERS, ReplicaLoad, Router
 
 @ROUTERS.register("random")
 class Random(Router):
+    reads_loads = False  # (only how many replicas there are)
     def choose(self, req: Request, loads: Sequence[ReplicaLoad]) -> int:
         return int(self.rng.integers(len(loads)))

@@ -10,6 +10,7 @@ from sim.routers.base import ROUTERS, ReplicaLoad, Router
 
 @ROUTERS.register("round_robin")
 class RoundRobin(Router):
+    reads_loads = False  # (only how many replicas there are)
     _next = 0
 
     def choose(self, req: Request, loads: Sequence[ReplicaLoad]) -> int:

@@ -1,7 +1,8 @@
 """Stretches on a replica that schedules ahead (vLLM v1's async scheduling, SGLang's overlap
 loop: `sim.engine.fastpath.pipeline`): every result equal to a step-by-step run, bit for bit,
-with far fewer steps taken one by one; and where something outside may read the replica
-mid-stretch (a router, a timeout, a closed-loop client), no stretch."""
+with far fewer steps taken one by one, alone or behind a router that reads no loads; and
+where something outside may read the replica mid-stretch (a router reading loads, a timeout,
+a closed-loop client), no stretch."""
 
 from __future__ import annotations
 
@@ -59,6 +60,18 @@ def test_async_stretches_equal_stepping(monkeypatch, scheduler, changes, num_str
     assert counts["whole"] + counts["cut"] >= num_stretches, counts
     # Most iterations need no step of their own (the default: about 40% of the events).
     assert num_fast < events * num_slow, (num_fast, num_slow)
+
+
+@pytest.mark.parametrize("router", ["round_robin", "random"])
+def test_replicas_behind_a_router_that_reads_no_loads_take_stretches(monkeypatch, router):
+    """Round robin and random routing read no replica's load: an arrival touches only the
+    replica it goes to, and the others' stretches go on."""
+    data = _default("vllm_v1", workload__arrivals={"process": "poisson", "qps": 14.0})
+    data["cluster"] = {"replicas": 3, "router": {"name": router}}
+    counts = _counting(monkeypatch)
+    scenario = parse_scenario(data, "t")
+    assert_same_results(run_scenario(scenario), run_scenario(scenario, fast_forward=False))
+    assert counts["whole"] + counts["cut"] > 50
 
 
 @pytest.mark.parametrize("changes", [

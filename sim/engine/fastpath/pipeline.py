@@ -4,8 +4,9 @@ v1's async scheduling, SGLang's overlap loop, both engines' defaults) that, at a
 takes that plan and the ones its stretch makes after it instead of stepping them, and hands
 back to stepping at a planning turn, exactly where the stepped replica would stand.
 
-First version: a replica nothing outside reads while a stretch runs (`unobserved`: the only
-replica of a colocated cluster, no client timeouts, no closed-loop clients), with a plain KV
+First version: a replica nothing outside reads while a stretch runs (`unobserved`: a
+colocated replica, alone or behind a router that reads no loads such as `round_robin`, with no
+client timeouts and no closed-loop clients), with a plain KV
 cache (no prefix caching, no CPU tier), no speculative decoding; a stretch is taken back at the
 first planning turn after work arrives. Elsewhere every iteration is stepped, as before.
 """
