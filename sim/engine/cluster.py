@@ -38,6 +38,11 @@ from sim.workloads.base import Sessions
 DONE = (Status.FINISHED, Status.REJECTED, Status.FAILED)
 
 
+def _field(pool: str) -> str:
+    """Where a pool's replica is read from in a scenario."""
+    return "replica" if pool == "colocated" else f"cluster.{pool}.replica"
+
+
 class Cluster:
     """Builds the replicas a scenario describes and routes requests to them."""
 
@@ -65,8 +70,8 @@ class Cluster:
         self._client_seed = seeds[2]
         self.replicas: list[Replica] = []
         if cfg.prefill is None or cfg.decode is None:
-            make = (self._group if scenario.replica.parallelism.data > 1 else self._replica)
-            self.front = [make(scenario.replica, "colocated") for _ in range(cfg.replicas)]
+            self.front = [self._unit(scenario.replica, "colocated")
+                          for _ in range(cfg.replicas)]
             self.decode: list[Replica] = []
             self.disaggregation: Disaggregation | None = None
             if self.timeout_s is None and (len(self.front) == 1
@@ -78,11 +83,9 @@ class Cluster:
             return
         # Each pool's replicas (or replicas of data-parallel ranks: the routers pick one, its
         # balancer a rank; KV moves between ranks).
-        self.front = [(self._group if cfg.prefill.replica.parallelism.data > 1
-                       else self._replica)(cfg.prefill.replica, "prefill")
+        self.front = [self._unit(cfg.prefill.replica, "prefill")
                       for _ in range(cfg.prefill.replicas)]
-        self.decode = [(self._group if cfg.decode.replica.parallelism.data > 1
-                        else self._replica)(cfg.decode.replica, "decode")
+        self.decode = [self._unit(cfg.decode.replica, "decode")
                        for _ in range(cfg.decode.replicas)]
         decode_router = ROUTERS.get(cfg.decode_router.name)(
             cfg.decode_router, np.random.default_rng(seeds[1]))
@@ -91,18 +94,20 @@ class Cluster:
             decode_router, cfg.link, cfg.overlap_transfer, cfg.prefill.replica.model_shape,
             lambda replicas: Loads(replicas, None), self._next_arrival, str(self.source))
 
-    def _group(self, cfg: ReplicaConfig, pool: str) -> Any:
-        """A replica of data-parallel ranks in lockstep (`sim.engine.data_parallel`)."""
+    def _unit(self, cfg: ReplicaConfig, pool: str) -> Any:
+        """One replica of `pool` as the routers see it: a replica, or one of data-parallel
+        ranks in lockstep (`sim.engine.data_parallel`)."""
+        if cfg.parallelism.data == 1:
+            return self._replica(cfg, pool)
         from sim.engine.data_parallel import build_group
 
         return build_group(self.env, cfg, str(self.source),
-                           lambda: self._replica(cfg, pool, rank=True),
-                           "replica" if pool == "colocated" else f"cluster.{pool}.replica")
+                           lambda: self._replica(cfg, pool, rank=True), _field(pool))
 
     def _replica(self, cfg: ReplicaConfig, pool: str, rank: bool = False) -> Replica:
         model = cfg.model_shape
         scheduler = make_scheduler(cfg)
-        field = "replica" if pool == "colocated" else f"cluster.{pool}.replica"
+        field = _field(pool)
         latency = make_latency(cfg, model, self.source, field)
         waiting = scheduler.waiting_queue()
         if waiting is not None and (pool != "colocated" or cfg.parallelism.pipeline > 1):
