@@ -128,10 +128,10 @@ def per_token(requests: list[Request], logs: list[IterationLog]) -> dict[str, An
     iteration and at each later one in it with decodes (`Request.record_token`)."""
     ends = [log.end_s() for log in logs]
     decodes = [log.arrays()["num_decode_tokens"] for log in logs]
-    # A pipelined (or async) replica logs each sampled token as a (request, iteration) pair.
+    # A pipelined (or async) replica logs its sampled tokens as runs of iterations.
     sampled: dict[int, list[float]] = {}
     for replica, log in enumerate(logs):
-        for rid, j in zip(log.sampled_request_ids, log.sampled_iterations, strict=True):
+        for rid, j in zip(*(a.tolist() for a in log.sampled_tokens()), strict=True):
             sampled.setdefault(rid, []).append(ends[replica][j])
     times = [np.array(sorted([ends[replica][j] for replica, first, end in req.all_token_runs()
                               for j in range(first, end) if j == first or decodes[replica][j] > 0]

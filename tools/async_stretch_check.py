@@ -99,9 +99,7 @@ def main() -> int:
     log = replica.log.arrays()
     num_iterations = len(log["start_s"])
     block_size = replica.state.kv.block_size
-    pairs = set(zip(np.frombuffer(replica.log.sampled_request_ids, dtype=np.int64).tolist(),
-                    np.frombuffer(replica.log.sampled_iterations, dtype=np.int64).tolist(),
-                    strict=True))
+    pairs = set(zip(*(a.tolist() for a in replica.log.sampled_tokens()), strict=True))
     finish = dict(zip(res.requests["request_id"], res.requests["finish_s"], strict=True))
     checked = mismatches = covered = 0
     i = 0

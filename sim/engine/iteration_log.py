@@ -35,11 +35,16 @@ class IterationLog:
         # Each column's bound `append`, in COLUMNS order: `append` runs for every stepped
         # iteration, and eight dictionary look-ups cost as much as the appends.
         self._appends = tuple(self.columns[name].append for name in COLUMNS)
-        # Tokens sampled by a pipelined replica's iterations, as (request id, iteration) pairs:
-        # a request there is in every k-th iteration, so runs of consecutive iterations
-        # (`Request.token_runs`) would hold one per token; these hold 16 bytes per token.
+        # Tokens sampled by a pipelined replica's iterations, as runs (request id, first
+        # iteration, end iteration) of consecutive iterations, each with a token of it: an
+        # async replica's decode samples in every iteration (one run a stretch), a pipeline's
+        # in every k-th (one run a token). `Request.token_runs` would not do: its runs go on
+        # through iterations without a token of the request while others decode.
         self.sampled_request_ids = array("q")
-        self.sampled_iterations = array("q")
+        self.sampled_starts = array("q")
+        self.sampled_ends = array("q")
+        self._latest_run: dict[int, int] = {}  # request id -> its latest run's row
+        self._num_kept = 1024  # runs `_latest_run` holds before the ended ones are dropped
         # The last iteration in which any request decoded (-1: none yet): a request's run of
         # token iterations goes on through the iterations after it (`Request.record_token`).
         self.last_decode_iteration = -1
@@ -72,8 +77,45 @@ class IterationLog:
 
     def add_sampled(self, iteration: int, request_ids: list[int]) -> None:
         """Requests that sampled a token at the end of `iteration` (a pipelined replica)."""
-        self.sampled_request_ids.extend(request_ids)
-        self.sampled_iterations.extend(array("q", (iteration,)) * len(request_ids))
+        ends, latest = self.sampled_ends, self._latest_run
+        for rid in request_ids:
+            row = latest.get(rid)
+            if row is not None and ends[row] == iteration:
+                ends[row] = iteration + 1  # its run goes on
+            else:
+                self._open(rid, iteration, iteration + 1)
+
+    def add_sampled_run(self, request_id: int, first_iter: int, end_iter: int) -> None:
+        """A request that sampled a token at the end of each iteration in [first_iter,
+        end_iter) (an async replica's stretch); iterations are added in order."""
+        if end_iter <= first_iter:
+            return
+        row = self._latest_run.get(request_id)
+        if row is not None and self.sampled_ends[row] == first_iter:
+            self.sampled_ends[row] = end_iter
+        else:
+            self._open(request_id, first_iter, end_iter)
+
+    def _open(self, request_id: int, first_iter: int, end_iter: int) -> None:
+        latest = self._latest_run
+        if len(latest) > self._num_kept:
+            # A run that ended before this iteration never goes on (iterations come in
+            # order): forget those, so the map holds about the requests running.
+            ends = self.sampled_ends
+            self._latest_run = latest = {r: k for r, k in latest.items() if ends[k] >= first_iter}
+            self._num_kept = max(1024, 2 * len(latest))
+        latest[request_id] = len(self.sampled_ends)
+        self.sampled_request_ids.append(request_id)
+        self.sampled_starts.append(first_iter)
+        self.sampled_ends.append(end_iter)
+
+    def sampled_tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sampled runs one token each: (request ids, iterations), run by run."""
+        starts = np.frombuffer(self.sampled_starts, dtype=np.int64)
+        counts = np.frombuffer(self.sampled_ends, dtype=np.int64) - starts
+        ids = np.repeat(np.frombuffer(self.sampled_request_ids, dtype=np.int64), counts)
+        offsets = np.repeat(np.cumsum(counts) - counts, counts)
+        return ids, np.repeat(starts, counts) + np.arange(len(ids)) - offsets
 
     def set_duration(self, index: int, duration_s: float) -> None:
         """Correct an iteration's duration once its end is known (a replay ends an iteration

@@ -57,7 +57,7 @@ def token_runs(requests: Sequence[Request], logs: Sequence[IterationLog]) -> Tok
     if split is not None:
         owner, start, end = split
         per_request = np.bincount(owner, minlength=len(requests)).astype(np.int64)
-    if any(len(log.sampled_iterations) for log in logs):
+    if any(len(log.sampled_starts) for log in logs):
         owner, start, end = _with_sampled(requests, logs, offsets, owner, start, end)
         per_request = np.bincount(owner, minlength=len(requests)).astype(np.int64)
     if (end <= start).any():  # a run always holds a token; drop any that does not
@@ -100,22 +100,22 @@ def split_where_none_decoded(owner: np.ndarray, start: np.ndarray, end: np.ndarr
 def _with_sampled(requests: Sequence[Request], logs: Sequence[IterationLog],
                   offsets: np.ndarray, owner: np.ndarray, start: np.ndarray, end: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The runs with the tokens pipelined replicas logged (`IterationLog.add_sampled`) added,
-    a run of one iteration each, every request's in time order (a request's tokens may come
-    from several replicas, whose iterations are numbered apart)."""
+    """The runs with the runs pipelined replicas logged (`IterationLog.add_sampled`) added,
+    every request's in time order (a request's tokens may come from several replicas, whose
+    iterations are numbered apart)."""
     ids = np.fromiter((r.request_id for r in requests), dtype=np.int64, count=len(requests))
     order = np.argsort(ids, kind="stable")
     sorted_ids = ids[order]
-    owners, starts = [owner], [start]
+    owners, starts, ends = [owner], [start], [end]
     for offset, log in zip(offsets.tolist(), logs, strict=False):
-        if not len(log.sampled_iterations):
+        if not len(log.sampled_starts):
             continue
         rid = np.frombuffer(log.sampled_request_ids, dtype=np.int64)
         at = np.minimum(np.searchsorted(sorted_ids, rid), len(ids) - 1)
-        mine = sorted_ids[at] == rid  # tokens of the requests given
+        mine = sorted_ids[at] == rid  # runs of the requests given
         owners.append(order[at[mine]])
-        starts.append(np.frombuffer(log.sampled_iterations, dtype=np.int64)[mine] + offset)
-    ends = [end] + [s + 1 for s in starts[1:]]
+        starts.append(np.frombuffer(log.sampled_starts, dtype=np.int64)[mine] + offset)
+        ends.append(np.frombuffer(log.sampled_ends, dtype=np.int64)[mine] + offset)
     owner, start, end = np.concatenate(owners), np.concatenate(starts), np.concatenate(ends)
     # Each request's runs by the time of their first token (strictly increasing per request).
     by = np.lexsort((end_times(logs)[start], owner))

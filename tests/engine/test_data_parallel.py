@@ -47,8 +47,7 @@ def _scenario(version="0.15.1", async_scheduling=False, data=2, **replica):
 def _times(cluster, req):
     """When `req`'s tokens came out: the ends of the iterations its rank sampled it in."""
     log = cluster.replicas[req.replica_id].log
-    ids = np.frombuffer(log.sampled_request_ids, dtype=np.int64)
-    iterations = np.frombuffer(log.sampled_iterations, dtype=np.int64)
+    ids, iterations = log.sampled_tokens()
     return log.output_s()[iterations[ids == req.request_id]]
 
 

@@ -102,3 +102,38 @@ def test_runs_are_cut_at_each_iteration_without_decodes(decodes, data):
     split = split_where_none_decoded(owner, start, end, [log])
     got = runs if split is None else list(zip(*(a.tolist() for a in split), strict=True))
     assert got == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 40), max_size=6), min_size=1, max_size=60),
+       st.lists(st.booleans(), min_size=60, max_size=60), st.integers(1, 8))
+def test_sampled_runs_hold_every_token_once(iterations, as_run, num_kept):
+    """A pipelined replica's sampled tokens, logged iteration by iteration (`add_sampled`) or a
+    request's consecutive ones at once (`add_sampled_run`), come back token for token; a run
+    goes on only over consecutive iterations of one request, and forgetting ended runs
+    (`num_kept` small) loses none."""
+    log = IterationLog()
+    log._num_kept = num_kept
+    expected: list[tuple[int, int]] = []
+    j = 0
+    for step, ids in enumerate(iterations):
+        ids = list(dict.fromkeys(ids))  # a request samples once an iteration
+        if as_run[step] and ids:
+            # The first id's tokens in this and the next two iterations, as a stretch gives.
+            log.add_sampled_run(ids[0], j, j + 3)
+            expected += [(ids[0], j), (ids[0], j + 1), (ids[0], j + 2)]
+            j += 3
+            continue
+        log.add_sampled(j, ids)
+        expected += [(rid, j) for rid in ids]
+        j += 1
+    ids, its = log.sampled_tokens()
+    assert sorted(zip(ids.tolist(), its.tolist(), strict=True)) == sorted(expected)
+    starts = np.frombuffer(log.sampled_starts, dtype=np.int64)
+    ends = np.frombuffer(log.sampled_ends, dtype=np.int64)
+    assert (ends > starts).all()
+    # Runs are maximal: forgetting only ended runs, no two of a request's runs touch.
+    last_end: dict[int, int] = {}
+    for rid, s, e in zip(log.sampled_request_ids, starts.tolist(), ends.tolist(), strict=True):
+        assert last_end.get(rid) != s
+        last_end[rid] = e

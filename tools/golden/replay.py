@@ -138,7 +138,7 @@ def replay(doc: dict[str, Any], *, fast_forward: bool = False, policy: str | Non
         (starts[i], ends[i], list(plan.num_scheduled_tokens.items()), list(plan.preempted_ids))
         for i, plan in enumerate(replica.plans)]
     first_iter: dict[int, int] = {}
-    for rid, it in zip(log.sampled_request_ids, log.sampled_iterations, strict=True):
+    for rid, it in zip(*(a.tolist() for a in log.sampled_tokens()), strict=True):
         first_iter[rid] = min(first_iter.get(rid, it), it)
     times = []
     for req in requests:

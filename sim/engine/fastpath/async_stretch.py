@@ -160,13 +160,10 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
         log.extend_stretch(stretch.starts_s[:done_k], stretch.duration_s[:done_k],
                            rows.tolist(), used[:done_k].tolist(),
                            len(stretch.plan0.preempted_ids))
-        # Each iteration's sampled requests in running order, iteration by iteration.
-        steps, positions = np.nonzero(np.arange(done_k)[:, None]
-                                      < np.asarray(left, dtype=np.int64)[None, :])
-        ids = np.fromiter((r.request_id for r in requests), dtype=np.int64,
-                          count=len(requests))
-        log.sampled_request_ids.frombytes(ids[positions].tobytes())
-        log.sampled_iterations.frombytes((steps + first).astype(np.int64).tobytes())
+        # Each request sampled in each of its iterations complete: one run from the first.
+        add_run = log.add_sampled_run
+        for req, n_left in zip(requests, left, strict=True):
+            add_run(req.request_id, first, first + (done_k if done_k < n_left else n_left))
     num_placeholders = 0
     leaving: list[tuple[int, int]] = []
     for pos, (req, c, n_left) in enumerate(zip(requests, computed, left, strict=True)):
