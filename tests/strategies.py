@@ -75,6 +75,19 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
                              schedule_low_priority_values_first=draw(st.booleans()),
                              priority_scheduling_preemption_threshold=draw(
                                  st.sampled_from([0, 2, 10])))
+        # Speculative decoding sometimes (rule 12): D tokens verified, 2L slots held, retraction.
+        elif draw(st.integers(0, 3)) == 0:
+            algorithm = draw(st.sampled_from(["eagle", "ngram", "standalone"]))
+            steps, topk = draw(st.integers(1, 4)), draw(st.sampled_from([1, 1, 2]))
+            if algorithm == "standalone":
+                topk = 1
+            draft = steps + 1 if topk == 1 else draw(
+                st.integers(2, topk + (steps - 1) * topk ** 2 + 1))
+            scheduler.update(mixed_chunk=False, decode_reserve_tokens=None, speculative={
+                "algorithm": algorithm, "num_steps": steps, "eagle_topk": topk,
+                "num_draft_tokens": draft,
+                "acceptance_rate": draw(st.sampled_from([0.0, 0.5, 0.8, 1.0])),
+                "draft_time_ratio": draw(st.sampled_from([0.0, 0.1]))})
     num_requests = draw(st.integers(1, 40))
     arrivals = {"process": "gamma", "qps": draw(st.floats(0.5, 200)),
                 "cv": draw(st.floats(0.2, 4))}
@@ -123,7 +136,9 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         "paced": draw(st.booleans()),
         "warmup_requests": draw(st.sampled_from([0, 0, 3])),
         "duration_s": draw(st.sampled_from([None, None, 0.3, 2.0]))}]))
-    prefix_caching = offload or draw(st.booleans())
+    # (SGLang's radix cache with speculative decoding is refused: not modelled yet.)
+    prefix_caching = offload or (draw(st.booleans()) and not (
+        scheduler["name"] == "sglang" and "speculative" in scheduler))
     # A CPU tier for the KV cache sometimes (vLLM 0.15.1's offloading connector): from a few
     # blocks to more than the GPU holds, copies slow or fast (the default model's block is
     # 128 KiB per token slot).
@@ -176,11 +191,14 @@ def assert_nothing_lost(data, res):
     assert len(req) == data["workload"]["num_requests"]
     assert req["request_id"].tolist() == list(range(len(req)))
     assert set(req["status"]) <= {"finished", "rejected", "failed", "unfinished"}
-    failed = req["status"] == "failed"
+    # (SGLang aborts a request its KV cannot hold even alone: speculative decoding.)
+    oom = req["reason"].str.startswith("kv_oom")
+    failed = (req["status"] == "failed") & ~oom
+    assert (req.loc[oom, "status"] == "failed").all()
     assert req.loc[failed, "reason"].str.startswith("client_timeout").all()
     assert (req.loc[failed, "failed_s"] == req.loc[failed, "arrival_s"]
             + data["workload"].get("timeout_s", 0)).all()
-    assert req.loc[~failed, "failed_s"].isna().all()
+    assert req.loc[~failed & ~oom, "failed_s"].isna().all()
     assert ((req["status"] == "finished") == (req["reason"] == "")).all()
     # (A CPU tier may stall the engine, as it stalls vLLM 0.15.1: the queue's head waits for
     # blocks that loaded requests behind it hold.)

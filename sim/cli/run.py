@@ -210,6 +210,17 @@ def speculative_line(summary: dict[str, Any]) -> str | None:
     if not spec or spec["acceptance_length"] is None:
         return None
     per_pos = "/".join(f"{r:.2f}" for r in spec["per_position_acceptance_rates"])
+    if spec.get("engine") == "sglang":
+        # SGLang's log line: "accept len" (tokens a verify yields) and "accept rate" (drafts
+        # accepted of those verified); depths past the draft tree's are never accepted.
+        depth = spec["num_steps"] if spec["algorithm"] != "ngram" else len(
+            spec["per_position_acceptance_rates"])
+        per_depth = "/".join(f"{r:.2f}" for r in spec["per_position_acceptance_rates"][:depth])
+        return (f"speculative decoding (SGLang {spec['algorithm']}, {spec['num_steps']} steps x "
+                f"{spec['eagle_topk']} branches, {spec['num_draft_tokens']} tokens verified): "
+                f"accept len {spec['acceptance_length']:.2f} (drawn: "
+                f"{spec['expected_acceptance_length']:.2f}), accept rate "
+                f"{spec['acceptance_rate'] / 100:.2f}; by depth {per_depth}")
     return (f"speculative decoding (k={spec['num_speculative_tokens']}): acceptance rate "
             f"{spec['acceptance_rate']:.1f}%, length {spec['acceptance_length']:.2f} tokens "
             f"per step (drawn: {spec['expected_acceptance_length']:.2f}); by position "

@@ -4,6 +4,7 @@ scheduler and latency model (each a registry entry with its own parameters), its
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -231,6 +232,7 @@ class ReplicaConfig(Frozen):
             if (gpu := _gpu_spec(data.get("gpu", cls.model_fields["gpu"].default))) is not None:
                 scheduler = config.for_gpu(scheduler, gpu, _context_len(data))
             scheduler = config.for_pipeline(scheduler, pipeline)
+            scheduler = config.for_model(scheduler, _model_type(data))
         except ValidationError as exc:  # located within the scheduler's settings
             raise invalid(*[(".".join(["scheduler", *map(str, e["loc"])]), e["input"], e["msg"])
                             for e in exc.errors()]) from None
@@ -255,6 +257,25 @@ def _context_len(data: dict[str, Any]) -> int | None:
     if isinstance(model, str) and model in MODELS.names():
         return MODELS.get(model).max_model_len
     return None
+
+
+def _model_type(data: dict[str, Any]) -> str | None:
+    """The `model_type` of the model a replica's raw fields name: a committed config.json's
+    (a registered model) or the one at a path (as given: relative to the working directory);
+    None where neither gives one."""
+    from sim.hardware.models import DATA_DIR
+
+    model = data.get("model", _default_model())
+    if not isinstance(model, str):
+        return None
+    path = DATA_DIR / f"{model}.json" if model in MODELS.names() else Path(model).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        value = json.loads(path.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _default_model() -> Any:

@@ -162,9 +162,9 @@ class ReplicaState:
             return list(maybe)  # (a copy: the caller may preempt, which edits the kept list)
         return [r for r in maybe if not r.is_caught_up]
 
-    def preempt(self, req: Request) -> None:
+    def preempt(self, req: Request, *, to_back: bool = False) -> None:
         """Preemption by recompute: drop the request's KV and put it back at the queue front
-        (by priority: where its priority puts it)."""
+        (`to_back`: its end; by priority: where its priority puts it)."""
         self._stop_running(req)
         self.kv.free(req, preempted=True)
         req.num_recomputed_tokens += req.num_computed_tokens
@@ -177,8 +177,24 @@ class ReplicaState:
         req.num_preemptions += 1
         req.close_token_run()
         req.status = Status.WAITING
-        self.waiting.appendleft(req)
+        if to_back:
+            self.waiting.append(req)
+        else:
+            self.waiting.appendleft(req)
         self.num_waiting_tokens += req.num_uncomputed_tokens
+
+    def abort(self, req: Request, now_s: float, reason: str) -> None:
+        """The engine gives up on running `req` (SGLang aborts a request its KV cannot hold):
+        it leaves the batch, its KV freed, and fails at `now_s` with `reason`; tokens in
+        iterations still in flight never reach the client."""
+        self._stop_running(req)
+        self._free_finished(req)
+        req.num_output_tokens -= req.num_placeholders
+        req.num_placeholders = 0
+        req.close_token_run()
+        req.status = Status.FAILED
+        req.failed_s = now_s
+        req.reason = reason
 
     def commit(self, plan: Plan, iteration: int, start_s: float, end_s: float,
                since: int | None = None) -> list[Request]:

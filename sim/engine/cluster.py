@@ -27,7 +27,13 @@ from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Replica
 from sim.hardware.models import ModelShape
 from sim.latency import LATENCY_MODELS
-from sim.latency.base import DraftingLatency, LatencyModel, ScaledLatency, drafter_time_ratio
+from sim.latency.base import (
+    DraftingLatency,
+    EagleDraftingLatency,
+    LatencyModel,
+    ScaledLatency,
+    drafter_time_ratio,
+)
 from sim.latency.noise import IterationNoise
 from sim.routers import ROUTERS
 from sim.routers.base import ReplicaLoad
@@ -125,7 +131,12 @@ class Cluster:
                 raise InputError(self.source, f"{field}.scheduler.speculative.method",
                                  spec.method, f"speculative decoding on {where} is not "
                                  "modelled yet (servesim issue 47)")
-            state.acceptance = Acceptance(spec.rates, self.seed)
+            if spec.engine == "sglang" and cfg.prefix_caching:
+                raise InputError(self.source, f"{field}.prefix_caching", True,
+                                 "SGLang's radix cache with speculative decoding (EAGLE's "
+                                 "token pairs as keys, retraction's evictions) is not "
+                                 "modelled yet (servesim issue 47)")
+            state.acceptance = Acceptance(spec.draws(), self.seed)
             if isinstance(state.kv, BlockPrefixCache):
                 state.kv.cache_at_free = getattr(scheduler, "kv_cached_when_freed", True)
         kind: type[Replica] = Replica
@@ -366,7 +377,10 @@ def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
             ratio = spec.draft_time_ratio
             if ratio is None:
                 ratio = drafter_time_ratio(spec.method, model)
-            if ratio:
+            if ratio and spec.engine == "sglang":
+                latency = cast(LatencyModel, EagleDraftingLatency(
+                    latency, ratio, spec.num_steps, spec.eagle_topk))
+            elif ratio:
                 latency = cast(LatencyModel, DraftingLatency(latency, ratio,
                                                              spec.num_speculative_tokens))
         if cfg.latency.scale != 1.0:

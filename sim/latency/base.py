@@ -289,6 +289,48 @@ class DraftingLatency:
         return getattr(self._model, name)
 
 
+class EagleDraftingLatency:
+    """A latency model with SGLang's EAGLE worker added (`eagle_worker_v2.py`), each pass
+    `ratio` times what the target takes for the same tokens: in a step with decodes,
+    `num_steps` - 1 draft passes of `topk` tokens per decode (the first level's come from the
+    last extend) and a draft extend over each decode's verified tokens (its whole width, only
+    the last row sampled); in a step with prompt chunks, a draft extend over their tokens.
+    Everything else is the other model's."""
+
+    def __init__(self, model: LatencyModel, ratio: float, num_steps: int | None,
+                 topk: int | None) -> None:
+        assert num_steps is not None and topk is not None
+        self._model = model
+        self._ratio = ratio
+        self._num_steps = num_steps
+        self._topk = topk
+
+    def iteration_time_s(self, shape: BatchShape) -> Num:
+        model = self._model
+        time = model.iteration_time_s(shape)
+        if np.any(shape.num_prefill_tokens):
+            prompts = BatchShape(num_prefill_tokens=shape.num_prefill_tokens,
+                                 num_prefill_seqs=shape.num_prefill_seqs,
+                                 prefill_attn_pairs=shape.prefill_attn_pairs,
+                                 prefill_kv_tokens=shape.prefill_kv_tokens)
+            # (Element-wise: an iteration without prompt tokens adds nothing.)
+            time = time + self._ratio * model.iteration_time_s(prompts) * (
+                shape.num_prefill_tokens > 0)
+        num_decodes = shape.num_decode_tokens
+        if not np.any(num_decodes):
+            return time
+        kv = shape.decode_kv_tokens
+        extend = model.iteration_time_s(BatchShape(
+            num_decode_tokens=num_decodes, num_sampled_tokens=num_decodes, decode_kv_tokens=kv,
+            num_spec_tokens=shape.num_spec_tokens))
+        drafts = (self._num_steps - 1) * model.iteration_time_s(
+            BatchShape.decode_only(num_decodes * self._topk, kv)) if self._num_steps > 1 else 0
+        return time + self._ratio * (extend + drafts) * (num_decodes > 0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
 def drafter_time_ratio(method: str, model: ModelShape) -> float:
     """A drafter's pass relative to the target's decode step, by the weights each reads: 0 for
     n-gram prompt lookup (host-side); for EAGLE, EAGLE-3 and an MTP head, one decoder layer of

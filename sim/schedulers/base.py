@@ -56,6 +56,13 @@ class SchedulerConfig(BaseModel):
         return data
 
     @classmethod
+    def for_model(cls, data: dict[str, Any], model_type: str | None) -> dict[str, Any]:
+        """The scheduler's settings as given, with the defaults the engine picks by the model
+        it serves (its config.json's `model_type`, None where not known) filled in (before
+        validation). As given by default."""
+        return data
+
+    @classmethod
     def for_pipeline(cls, data: dict[str, Any], pipeline_size: int) -> dict[str, Any]:
         """The scheduler's settings as given, with the defaults that depend on the replica's
         pipeline size filled in (before validation); also where a setting cannot be had with
@@ -276,12 +283,13 @@ def _victim_key(req: Request) -> tuple[int, float]:
 
 
 def preempt(state: ReplicaState, victim: Request, preempted: list[int],
-            scheduled: dict[int, int] | None = None) -> int:
+            scheduled: dict[int, int] | None = None, *, to_back: bool = False) -> int:
     """Preempt `victim` by recompute, note it in `preempted` and take its tokens scheduled in
-    this plan back out of `scheduled`; return those tokens."""
+    this plan back out of `scheduled`; return those tokens. `to_back`: it waits behind the
+    queue (SGLang's retraction), not at its front."""
     num_tokens = scheduled.pop(victim.request_id, 0) if scheduled is not None else 0
     preempted.append(victim.request_id)
-    state.preempt(victim)
+    state.preempt(victim, to_back=to_back)
     return num_tokens
 
 

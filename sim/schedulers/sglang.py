@@ -13,11 +13,7 @@ Sources: SGLang `python/sglang/srt/managers/scheduler.py` (`get_next_batch_to_ru
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
-from pydantic import Field, model_validator
-
-from sim.config.errors import invalid
 from sim.core.kv_cache import KVCacheManager
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
@@ -27,98 +23,17 @@ from sim.schedulers.admission import admit_waiting
 from sim.schedulers.base import (
     SCHEDULERS,
     Scheduler,
-    SchedulerConfig,
     any_in_flight,
     preempt_newest,
     schedule_decodes,
 )
 from sim.schedulers.sglang_admission import PrefillAdder, left_running
+from sim.schedulers.sglang_config import SGLangConfig
+from sim.schedulers.sglang_spec import SGLangSpecRules, schedule_spec_decodes
 
-# Releases checked by the golden schedules (`tests/golden/sglang-<version>/`).
-SGLANG_VERSIONS = ("0.5.23",)
 # `schedule_policy.py`: how often, and how many of, the waiting requests' prefixes are refreshed.
 WAITING_PREFIX_REFRESH_INTERVAL = 32
 WAITING_QUEUE_PREFIX_MATCH_MAX = 128
-
-
-class SGLangConfig(SchedulerConfig):
-    """SGLang's server arguments that shape scheduling. `max_running_requests` (SGLang's name) is
-    accepted for `max_num_seqs`; the resolved scenario spells it `max_num_seqs`."""
-
-    chunked_prefill_size: int = Field(
-        8192, gt=0,
-        description=("most new tokens in one prefill (extend) batch; SGLang's default on "
-                     "A100/H100/H200 (2048 below 35 GB, 16384 on B200/MI300); Mini-SGLang's "
-                     "max_extend_tokens"),
-        json_schema_extra={"unit": "tokens"},
-    )
-    decode_reserve_tokens: int | None = Field(
-        None, ge=0,
-        description=("None: SGLang's own admission (PrefillAdder: budget remainders, the "
-                     "in-order check, the full-batch latch); an integer: admit while the "
-                     "chunk fits beside that many future tokens per running request"))
-    engine_version: str = Field(
-        "0.5.23", description=("SGLang release whose rules and defaults apply: 0.5.23 "
-                               "(overlap_schedule on)"))
-    overlap_schedule: bool = Field(
-        True, description=("SGLang's default event loop (off: --disable-overlap-schedule): the "
-                           "next batch decided while one runs, two in flight; one stage only"))
-    mixed_chunk: bool = Field(
-        False,
-        description=("--enable-mixed-chunk: running decodes join each prefill batch, one token "
-                     "each, counted against chunked_prefill_size"),
-    )
-    enable_priority_scheduling: bool = Field(
-        False, description=("--enable-priority-scheduling: the waiting queue by the requests' "
-                            "priority (their class's), higher values first, then by when each "
-                            "entered it; a waiting request preempts running ones when the "
-                            "batch is full by count"))
-    schedule_low_priority_values_first: bool = Field(
-        False, description="--schedule-low-priority-values-first: lower values first")
-    priority_scheduling_preemption_threshold: int = Field(
-        10, ge=0,
-        description=("--priority-scheduling-preemption-threshold: a waiting request preempts a "
-                     "running one whose priority it beats by more than this (SGLang takes a "
-                     "negative one too: requests of one level then preempt each other, "
-                     "possibly for ever; refused here)"))
-    disable_priority_preemption: bool = Field(
-        False, description="--disable-priority-preemption: the queue by priority, no preemption")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _max_running_requests(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or "max_running_requests" not in data:
-            return data
-        data = dict(data)
-        value = data.pop("max_running_requests")
-        if type(value) is not int or value <= 0:  # not a bool: strict validation refuses it
-            raise invalid(("max_running_requests", value, "must be a positive integer"))
-        if data.setdefault("max_num_seqs", value) != value:
-            raise invalid(("max_running_requests", value, "is SGLang's name for max_num_seqs "
-                           f"({data['max_num_seqs']}): give one of them"))
-        return data
-
-    @model_validator(mode="after")
-    def _known_version(self) -> SGLangConfig:
-        if self.engine_version not in SGLANG_VERSIONS:
-            raise invalid(("engine_version", self.engine_version,
-                           f"unknown SGLang version; known: {', '.join(SGLANG_VERSIONS)}"))
-        if self.priority_preemption and self.decode_reserve_tokens is not None:
-            raise invalid(("decode_reserve_tokens", self.decode_reserve_tokens,
-                           "replaces SGLang's admission (PrefillAdder), which priority "
-                           "preemption is part of: leave it unset, or give "
-                           "disable_priority_preemption: true"))
-        return self
-
-    @property
-    def max_running_requests(self) -> int:
-        return self.max_num_seqs
-
-    @property
-    def priority_preemption(self) -> bool:
-        """SGLang's `enable_priority_preemption`: on with priority scheduling, unless
-        disabled."""
-        return self.enable_priority_scheduling and not self.disable_priority_preemption
 
 
 @SCHEDULERS.register("sglang")
@@ -178,11 +93,23 @@ class SGLang(Scheduler):
        full-batch latch is cleared before every pass and, where the batch is full by count,
        the request at the head preempts running ones (`PrefillAdder.preempt_to_schedule`).
 
+    12. Speculative decoding (`speculative`, SGLang's `--speculative-algorithm`;
+       `sim.schedulers.sglang_spec`): every decode verifies `num_draft_tokens` (D) tokens and
+       keeps the drafts accepted in a row plus one; at each decode step a request is topped
+       up to its committed KV plus 2L slots (L = max(num_steps x eagle_topk, D)), all or none
+       (`check_decode_mem`), else `retract_decode` retracts the requests with the fewest
+       outputs (the longest prompt among equals) to the back of the queue, keeping one
+       (aborted if even it does not fit); in the overlap loop a request whose queued result
+       finishes it sits the step out, and one whose result may (more than one token left)
+       is verified once more, its result dropped. `max_running_requests` defaults to 48.
+
     Not modelled: `--prefill-decode-interval` (default 0), pages other than SGLang's default
-    of 1 token, `retract_decode`'s
-    choice and order (with the in-order admission check and outputs below 4096 tokens SGLang
-    never retracts), requests without `ignore_eos` (their `new_token_ratio` estimate: here
-    every output length is known).
+    of 1 token, `retract_decode`'s choice and order without speculative decoding (with the
+    in-order admission check and outputs below 4096 tokens SGLang then never retracts),
+    requests without `ignore_eos` (their `new_token_ratio` estimate: here every output length
+    is known); with speculative decoding, the radix cache (refused), mixed chunks (refused)
+    and the overshoot verifications' rows in the acceptance counts (SGLang's global ones
+    count them).
     """
 
     Config = SGLangConfig
@@ -205,6 +132,10 @@ class SGLang(Scheduler):
         # Priority preemption: each request's fill ids and prefix when last tried in a pass
         # (`full_untruncated_fill_ids`, `prefix_len`), and its preemptions then.
         self.last_tried: dict[int, tuple[int, int, int]] = {}
+        self._spec = SGLangSpecRules.of(config.speculative)  # rule 12
+        if self._spec is not None:
+            self.allows_stretches = False  # (decode stretches assume one token a step)
+        self._now_s = 0.0
 
     @property
     def by_priority(self) -> bool:
@@ -240,6 +171,13 @@ class SGLang(Scheduler):
             return (f"kv_capacity: SGLang admits a request with room for its prompt, its "
                     f"output and {spare} spare tokens: needs {num_kv_tokens + 1 + spare} KV "
                     f"slots, a replica holds {kv.capacity_tokens}")
+        spec = self._spec
+        if spec is not None and num_kv_tokens - 1 + spec.reserve_tokens > kv.capacity_tokens:
+            # Its last decode holds its KV and 2L slots past it (rule 12).
+            return (f"kv_capacity: with speculative decoding SGLang holds "
+                    f"{spec.reserve_tokens} KV slots past a request's KV at each decode "
+                    f"step: needs {num_kv_tokens - 1 + spec.reserve_tokens}, a replica holds "
+                    f"{kv.capacity_tokens}")
         return None
 
     def batch_is_full(self, state: ReplicaState, decoding: list[Request]) -> bool:
@@ -300,11 +238,14 @@ class SGLang(Scheduler):
 
     @property
     def max_num_scheduled_tokens(self) -> int | None:
-        # A prefill batch within the chunk size, or a decode batch of every running request.
-        return max(self.config.chunked_prefill_size, self.config.max_num_seqs)
+        # A prefill batch within the chunk size, or a decode batch of every running request
+        # (D tokens each, speculative).
+        per_decode = self._spec.num_draft_tokens if self._spec is not None else 1
+        return max(self.config.chunked_prefill_size, self.config.max_num_seqs * per_decode)
 
     def decide(self, state: ReplicaState, now_s: float) -> Plan:
         self._state = state
+        self._now_s = now_s
         tried = self.last_tried
         if len(tried) > 2 * (len(state.waiting) + len(state.running)) + 64:
             # The requests that left go (SGLang keeps these on each request, for its life): so
@@ -346,7 +287,9 @@ class SGLang(Scheduler):
         # Mixed: the decodes first, in the prefill's batch; else only the chunked request(s).
         prefilling = schedule_decodes(state, plan) if cfg.mixed_chunk else state.prefilling()
         self._prefill(state, plan, prefilling, cfg.chunked_prefill_size - plan.num_seqs)
-        if not plan:
+        if not plan and self._spec is not None:
+            schedule_spec_decodes(state, plan, self._spec, self._now_s)
+        elif not plan:
             schedule_decodes(state, plan)
         return plan
 

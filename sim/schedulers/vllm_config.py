@@ -4,16 +4,15 @@ docstring, and vLLM's server defaults by GPU."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from sim.config.errors import INPUT_MODEL, invalid
-from sim.core.speculative import conditional_rates
+from sim.config.errors import invalid
 from sim.hardware.gpus import GPUSpec
 from sim.schedulers.base import SchedulerConfig
+from sim.schedulers.spec_config import AcceptanceSettings
 
 # vLLM `EngineArgs.get_batch_defaults` (vllm/engine/arg_utils.py): an OpenAI-compatible server on
 # a GPU of 70 GiB or more other than an A100 (H100, H200; servesim's default GPU is an H100)
@@ -88,25 +87,17 @@ DEFAULT_ENGINE_VERSION = "0.15.1"
 SPEC_METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
 
 
-class SpeculativeConfig(BaseModel):
+class SpeculativeConfig(AcceptanceSettings):
     """vLLM's `--speculative-config`: a drafter proposes `num_speculative_tokens` tokens after
     each step that samples, and the next step verifies them with its decode (1 + k tokens
     computed, the accepted ones plus one sampled). The scheduler's rules are rule 18 of
     `sim.schedulers.vllm_v1`; the drafter's time is `draft_time_ratio` of a decode step."""
-
-    model_config = INPUT_MODEL
 
     method: Literal["ngram", "eagle", "eagle3", "mtp", "draft_model"] = Field(
         description="vLLM's method: ngram (prompt lookup), eagle, eagle3, mtp (a one-module "
                     "MTP head), draft_model (a smaller model of the same vocabulary)")
     num_speculative_tokens: int = Field(gt=0, le=16, description="drafts proposed per step",
                                         json_schema_extra={"unit": "tokens"})
-    acceptance_rate: float | list[float] | None = Field(
-        None, description="chance a draft is accepted given that the drafts before it were: one "
-                    "rate, or one per position (conditional)")
-    per_position_acceptance: list[float] | None = Field(
-        None, description="instead of acceptance_rate: vLLM's printed per-position acceptance "
-                          "rates (unconditional, non-increasing), one per draft position")
     draft_time_ratio: float | None = Field(
         None, ge=0, le=10,
         description="time of one drafting pass over the batch's decodes relative to the "
@@ -114,49 +105,17 @@ class SpeculativeConfig(BaseModel):
                     "the drafter's share of the weights for eagle/eagle3/mtp (one decoder "
                     "layer and the LM head); draft_model needs it")
 
-    @field_validator("acceptance_rate", "per_position_acceptance", mode="before")
-    @classmethod
-    def _numbers(cls, value: Any) -> Any:
-        # One line for any other value (a union would report each of its branches).
-        values = value if isinstance(value, list) else [value]
-        if value is not None and not all(
-                type(v) in (int, float) and math.isfinite(v) for v in values):
-            raise ValueError("a rate between 0 and 1, or a list of them")
-        return [float(v) for v in value] if isinstance(value, list) else (
-            None if value is None else float(value))
+    engine = "vllm"
+
+    def _positions(self) -> tuple[int, str]:
+        return self.num_speculative_tokens, "num_speculative_tokens"
 
     @model_validator(mode="after")
-    def _rates(self) -> SpeculativeConfig:
-        k = self.num_speculative_tokens
-        given = self.per_position_acceptance
-        if (given is None) == (self.acceptance_rate is None):
-            raise invalid(("acceptance_rate", self.acceptance_rate,
-                           "give it or per_position_acceptance (one of the two)"))
-        rates = given if given is not None else self.acceptance_rate
-        assert rates is not None
-        name = "per_position_acceptance" if given is not None else "acceptance_rate"
-        if isinstance(rates, list) and len(rates) != k:
-            raise invalid((name, rates, f"needs one rate per draft position "
-                                        f"({k}: num_speculative_tokens)"))
-        values = rates if isinstance(rates, list) else [rates]
-        if any(not 0 <= r <= 1 for r in values):
-            raise invalid((name, rates, "rates are between 0 and 1"))
-        if given is not None and any(b > a for a, b in zip(given, given[1:], strict=False)):
-            raise invalid((name, given, "unconditional rates never increase with the "
-                                        "position"))
+    def _draft_model_time(self) -> SpeculativeConfig:
         if self.method == "draft_model" and self.draft_time_ratio is None:
             raise invalid(("draft_time_ratio", None, "a draft model's time is its own: give "
                                                      "its step time relative to the target's"))
         return self
-
-    @property
-    def rates(self) -> list[float]:
-        """Conditional acceptance rate of each draft position."""
-        if self.per_position_acceptance is not None:
-            return conditional_rates(self.per_position_acceptance)
-        rate = self.acceptance_rate
-        assert rate is not None
-        return list(rate) if isinstance(rate, list) else [rate] * self.num_speculative_tokens
 
     @property
     def num_lookahead_tokens(self) -> int:

@@ -1,0 +1,131 @@
+"""SGLang's server arguments as the `sglang` policy takes them (`SGLangConfig`), with the
+defaults SGLang 0.5.23 resolves (speculative decoding's: `sim.schedulers.sglang_spec`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from sim.config.errors import invalid
+from sim.schedulers.base import SchedulerConfig
+from sim.schedulers.sglang_spec import (
+    SPEC_MAX_RUNNING_REQUESTS,
+    SGLangSpeculativeConfig,
+    auto_params,
+)
+
+# Releases checked by the golden schedules (`tests/golden/sglang-<version>/`).
+SGLANG_VERSIONS = ("0.5.23",)
+
+
+class SGLangConfig(SchedulerConfig):
+    """SGLang's server arguments that shape scheduling. `max_running_requests` (SGLang's name) is
+    accepted for `max_num_seqs`; the resolved scenario spells it `max_num_seqs`."""
+
+    chunked_prefill_size: int = Field(
+        8192, gt=0,
+        description=("most new tokens in one prefill (extend) batch; SGLang's default on "
+                     "A100/H100/H200 (2048 below 35 GB, 16384 on B200/MI300); Mini-SGLang's "
+                     "max_extend_tokens"),
+        json_schema_extra={"unit": "tokens"},
+    )
+    decode_reserve_tokens: int | None = Field(
+        None, ge=0,
+        description=("None: SGLang's own admission (PrefillAdder: budget remainders, the "
+                     "in-order check, the full-batch latch); an integer: admit while the "
+                     "chunk fits beside that many future tokens per running request"))
+    engine_version: str = Field(
+        "0.5.23", description=("SGLang release whose rules and defaults apply: 0.5.23 "
+                               "(overlap_schedule on)"))
+    overlap_schedule: bool = Field(
+        True, description=("SGLang's default event loop (off: --disable-overlap-schedule): the "
+                           "next batch decided while one runs, two in flight; one stage only"))
+    mixed_chunk: bool = Field(
+        False,
+        description=("--enable-mixed-chunk: running decodes join each prefill batch, one token "
+                     "each, counted against chunked_prefill_size"),
+    )
+    enable_priority_scheduling: bool = Field(
+        False, description=("--enable-priority-scheduling: the waiting queue by the requests' "
+                            "priority (their class's), higher values first, then by when each "
+                            "entered it; a waiting request preempts running ones when the "
+                            "batch is full by count"))
+    schedule_low_priority_values_first: bool = Field(
+        False, description="--schedule-low-priority-values-first: lower values first")
+    priority_scheduling_preemption_threshold: int = Field(
+        10, ge=0,
+        description=("--priority-scheduling-preemption-threshold: a waiting request preempts a "
+                     "running one whose priority it beats by more than this (SGLang takes a "
+                     "negative one too: requests of one level then preempt each other, "
+                     "possibly for ever; refused here)"))
+    disable_priority_preemption: bool = Field(
+        False, description="--disable-priority-preemption: the queue by priority, no preemption")
+    speculative: SGLangSpeculativeConfig | None = Field(
+        None, description=("--speculative-algorithm and its numbers (rule 12; "
+                           "sim.schedulers.sglang_spec); None: off"))
+
+    @classmethod
+    def for_model(cls, data: dict[str, Any], model_type: str | None) -> dict[str, Any]:
+        # SGLang's (S, K, D) for the target where none is given (`_auto_choose_speculative_
+        # params`), spelled out in the resolved scenario.
+        spec = data.get("speculative")
+        if not isinstance(spec, dict) or any(
+                k in spec for k in ("num_steps", "eagle_topk", "num_draft_tokens")):
+            return data
+        auto = auto_params(str(spec.get("algorithm")), model_type)
+        if auto is None:
+            return data  # (refused by the speculative settings' own check)
+        steps, topk, draft = auto
+        return {**data, "speculative": {**spec, "num_steps": steps, "eagle_topk": topk,
+                                        "num_draft_tokens": draft}}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _max_running_requests(cls, data: Any) -> Any:
+        if (isinstance(data, dict) and data.get("speculative") is not None
+                and "max_running_requests" not in data and "max_num_seqs" not in data):
+            # "Max running requests is reset to 48 for speculative decoding" (unless given).
+            data = {**data, "max_num_seqs": SPEC_MAX_RUNNING_REQUESTS}
+        if not isinstance(data, dict) or "max_running_requests" not in data:
+            return data
+        data = dict(data)
+        value = data.pop("max_running_requests")
+        if type(value) is not int or value <= 0:  # not a bool: strict validation refuses it
+            raise invalid(("max_running_requests", value, "must be a positive integer"))
+        if data.setdefault("max_num_seqs", value) != value:
+            raise invalid(("max_running_requests", value, "is SGLang's name for max_num_seqs "
+                           f"({data['max_num_seqs']}): give one of them"))
+        return data
+
+    @model_validator(mode="after")
+    def _known_version(self) -> SGLangConfig:
+        if self.engine_version not in SGLANG_VERSIONS:
+            raise invalid(("engine_version", self.engine_version,
+                           f"unknown SGLang version; known: {', '.join(SGLANG_VERSIONS)}"))
+        if self.priority_preemption and self.decode_reserve_tokens is not None:
+            raise invalid(("decode_reserve_tokens", self.decode_reserve_tokens,
+                           "replaces SGLang's admission (PrefillAdder), which priority "
+                           "preemption is part of: leave it unset, or give "
+                           "disable_priority_preemption: true"))
+        if self.speculative is not None:
+            if self.mixed_chunk:
+                raise invalid(("mixed_chunk", True,
+                               "with speculative decoding SGLang turns it off for standalone "
+                               "and ngram, and runs decodes unverified beside prompts for the "
+                               "EAGLE family: not modelled (servesim issue 47)"))
+            if self.decode_reserve_tokens is not None:
+                raise invalid(("decode_reserve_tokens", self.decode_reserve_tokens,
+                               "replaces SGLang's admission, which speculative decoding's KV "
+                               "rule is modelled with: leave it unset"))
+        return self
+
+    @property
+    def max_running_requests(self) -> int:
+        return self.max_num_seqs
+
+    @property
+    def priority_preemption(self) -> bool:
+        """SGLang's `enable_priority_preemption`: on with priority scheduling, unless
+        disabled."""
+        return self.enable_priority_scheduling and not self.disable_priority_preemption

@@ -1,0 +1,249 @@
+"""SGLang's speculative decoding (`--speculative-algorithm`), as SGLang 0.5.23 schedules it:
+its settings, their defaults, and the decode step's KV rule (rule 12 of `sim.schedulers.sglang`).
+
+Paths are under `sglang/srt/` of the 0.5.23 wheel.
+- Settings: `speculative_num_steps` S (draft passes), `speculative_eagle_topk` K (branches per
+  pass), `speculative_num_draft_tokens` D (the verify's width: the pending token and D - 1
+  drafts). Unset, SGLang picks them by the target (`_auto_choose_speculative_params`): (5, 4, 8)
+  for a Llama, (3, 1, 4) for every other modelled architecture and for a standalone draft
+  model; with K = 1, D is S + 1 (`arg_groups/speculative_hook.py`). NGRAM: K = 10 (its
+  `max_bfs_breadth`), D = 12, S = D // K. `max_running_requests` becomes 48 unless given.
+- Every decode of a step verifies D tokens (NGRAM pads its drafts to D); a verification accepts
+  a run of drafts (at most S deep for the EAGLE family, D - 1 for NGRAM's trees) and samples one
+  more, all joining the output; rejected slots are not freed until the request leaves.
+- KV (`eagle_prepare_for_decode`, `mem_cache/allocation_sizing.py`): at each decode step a
+  request holds max(what it holds, committed + 2L) slots, L = max(S * K, D) and committed its
+  prompt and known outputs less one (the 2L absorbs the overlap loop's step in flight, and
+  applies without it too). The step is taken only if every request's top-up fits
+  (`check_decode_mem`); else `retract_decode` retracts requests, fewest outputs first, ties the
+  longest prompt first, keeping at least one (aborting that one if even it does not fit), and
+  they go to the back of the queue. In the overlap loop a request whose queued result may finish
+  it by length (one known token left) sits the step out (`_reqs_finishing_inflight`), and if
+  the check fails with such a request, nobody decodes this step.
+- The draft model's time: `sim.latency.base.EagleDraftingLatency`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from sim.config.errors import invalid
+from sim.core.kv_cache import cdiv
+from sim.core.plan import Plan
+from sim.core.request import Request
+from sim.core.state import ReplicaState
+from sim.schedulers.base import preempt
+from sim.schedulers.spec_config import AcceptanceSettings
+
+# `--speculative-algorithm` as servesim names it (SGLang's upper-case names, lower-cased;
+# NEXTN, DeepSeek's MTP, is EAGLE's alias).
+SGLANG_SPEC_ALGORITHMS = ("eagle", "eagle3", "nextn", "standalone", "ngram")
+SPEC_MAX_RUNNING_REQUESTS = 48  # "Max running requests is reset to 48 for speculative decoding"
+NGRAM_TOPK = 10  # `speculative_ngram_max_bfs_breadth`
+NGRAM_DRAFT_TOKENS = 12
+
+
+def auto_params(algorithm: str, model_type: str | None) -> tuple[int, int, int] | None:
+    """SGLang's (S, K, D) when none is given, by the target's `model_type` (None where it is
+    not known: then they must be given)."""
+    if algorithm == "ngram":
+        return NGRAM_DRAFT_TOKENS // NGRAM_TOPK, NGRAM_TOPK, NGRAM_DRAFT_TOKENS
+    if algorithm == "standalone":
+        return 3, 1, 4
+    if model_type is None:
+        return None
+    return (5, 4, 8) if model_type == "llama" else (3, 1, 4)
+
+
+class SGLangSpeculativeConfig(AcceptanceSettings):
+    """SGLang's `--speculative-algorithm` and its numbers: each decode step drafts
+    `num_steps` deep (`eagle_topk` branches a pass) and verifies `num_draft_tokens` tokens
+    per request (the pending one and its drafts). Unset, the three are SGLang's own choice for
+    the replica's model (see `sim.schedulers.sglang_spec`)."""
+
+    algorithm: Literal["eagle", "eagle3", "nextn", "standalone", "ngram"] = Field(
+        description="SGLang's --speculative-algorithm: eagle, eagle3, nextn (an MTP head, "
+                    "EAGLE's alias), standalone (a draft model), ngram (lookup in the tokens "
+                    "seen)")
+    num_steps: int | None = Field(
+        None, ge=1, le=16, description="--speculative-num-steps: draft depth (passes) per step; "
+                                       "None: SGLang's choice for the model")
+    eagle_topk: int | None = Field(
+        None, ge=1, le=16, description="--speculative-eagle-topk: branches per draft pass; "
+                                       "None: SGLang's choice")
+    num_draft_tokens: int | None = Field(
+        None, ge=2, le=64, description="--speculative-num-draft-tokens: tokens each decode "
+                                       "verifies (1 + drafts); None: SGLang's choice",
+        json_schema_extra={"unit": "tokens"})
+    draft_time_ratio: float | None = Field(
+        None, ge=0, le=10,
+        description="a draft pass's time relative to the target's for the same tokens; None: "
+                    "0 for ngram, the drafter's share of the weights for eagle/eagle3/nextn "
+                    "(one decoder layer and the LM head); standalone needs it")
+
+    engine = "sglang"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ngram_defaults(cls, data: Any) -> Any:
+        # NGRAM's own defaults (`_handle_ngram`): each unset one filled in, S last.
+        if not isinstance(data, dict) or data.get("algorithm") != "ngram":
+            return data
+        data = dict(data)
+        data.setdefault("eagle_topk", NGRAM_TOPK)
+        data.setdefault("num_draft_tokens", NGRAM_DRAFT_TOKENS)
+        topk, draft = data["eagle_topk"], data["num_draft_tokens"]
+        if "num_steps" not in data and type(topk) is int and type(draft) is int and topk > 0:
+            data["num_steps"] = max(1, draft // topk)
+        return data
+
+    def _check_settings(self) -> None:
+        given = (self.num_steps, self.eagle_topk, self.num_draft_tokens)
+        if None in given:
+            if any(v is not None for v in given):
+                raise invalid(("num_steps", self.num_steps,
+                               "give num_steps, eagle_topk and num_draft_tokens together, or "
+                               "none of them (SGLang's choice for the model)"))
+            raise invalid(("num_steps", None,
+                           "SGLang picks num_steps, eagle_topk and num_draft_tokens by the "
+                           "model's architecture, which is not known here: give them"))
+        steps, topk, draft = given
+        assert steps is not None and topk is not None and draft is not None
+        if self.algorithm != "ngram" and topk == 1 and draft != steps + 1:
+            raise invalid(("num_draft_tokens", draft,
+                           f"SGLang sets it to num_steps + 1 ({steps + 1}) when eagle_topk is "
+                           "1: give that"))
+        if self.algorithm != "ngram" and draft - 1 > topk + (steps - 1) * topk * topk:
+            raise invalid(("num_draft_tokens", draft,
+                           f"more drafts than the tree of {steps} steps x {topk} branches "
+                           "proposes"))
+        if self.algorithm == "standalone" and self.draft_time_ratio is None:
+            raise invalid(("draft_time_ratio", None, "a draft model's time is its own: give "
+                                                     "its step time relative to the target's"))
+
+    def _positions(self) -> tuple[int, str]:
+        # How deep a verification can accept: the draft depth for the EAGLE family (a path of
+        # the tree), any of the drafts for NGRAM's.
+        if self.algorithm == "ngram":
+            return self.num_draft_tokens_set - 1, "num_draft_tokens - 1"
+        return self.num_steps_set, "num_steps"
+
+    @property
+    def num_steps_set(self) -> int:
+        assert self.num_steps is not None
+        return self.num_steps
+
+    @property
+    def num_draft_tokens_set(self) -> int:
+        assert self.num_draft_tokens is not None
+        return self.num_draft_tokens
+
+    @property
+    def method(self) -> str:
+        """The drafter's kind as `sim.latency.base.drafter_time_ratio` names it."""
+        return {"eagle": "eagle", "eagle3": "eagle3", "nextn": "mtp", "standalone": "draft_model",
+                "ngram": "ngram"}[self.algorithm]
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Drafts each decode verifies."""
+        return self.num_draft_tokens_set - 1
+
+    def draws(self) -> list[float]:
+        """Conditional acceptance rates over the drafts verified: those past the accepting
+        depth are never accepted."""
+        rates = self.rates
+        return rates + [0.0] * (self.num_speculative_tokens - len(rates))
+
+
+@dataclass(frozen=True)
+class SGLangSpecRules:
+    """The numbers SGLang's scheduler reads with speculative decoding on."""
+
+    num_draft_tokens: int  # D: tokens every decode verifies
+    reserve_tokens: int  # 2L: slots held past a request's committed KV at each decode step
+
+    @classmethod
+    def of(cls, spec: SGLangSpeculativeConfig | None) -> SGLangSpecRules | None:
+        if spec is None:
+            return None
+        steps, draft = spec.num_steps_set, spec.num_draft_tokens_set
+        topk = spec.eagle_topk
+        assert topk is not None
+        return cls(num_draft_tokens=draft, reserve_tokens=2 * max(steps * topk, draft))
+
+
+def _known_outputs(req: Request) -> int:
+    """Outputs whose results the scheduler has processed (`len(req.output_ids)`): those of a
+    step still in flight are placeholders here."""
+    return req.num_output_tokens - req.num_placeholders
+
+
+def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRules,
+                          now_s: float) -> None:
+    """SGLang's decode step with speculative decoding (`update_running_batch`,
+    `check_decode_mem`, `retract_decode`, `eagle_prepare_for_decode`): every running request
+    not prefilling verifies D tokens, each topped up to its committed KV plus 2L slots; where
+    the top-ups do not all fit, requests are retracted (see the module docstring)."""
+    kv = state.kv
+    block_size = kv.block_size
+    reserve = rules.reserve_tokens
+    prefilling = {id(r) for r in state.prefilling()}
+    batch: list[Request] = []
+    finishing = False
+    for req in state.running:
+        if id(req) in prefilling:
+            continue
+        if req.num_in_flight_tokens and _known_outputs(req) + 1 >= req.num_target_output_tokens:
+            finishing = True  # its queued result finishes it (`_reqs_finishing_inflight`)
+            continue
+        batch.append(req)
+    if not batch:
+        return
+
+    def top_up(req: Request) -> int:
+        committed = req.num_prompt_tokens + _known_outputs(req) - 1
+        return max(0, cdiv(committed + reserve, block_size) - kv.num_held_blocks(req.request_id))
+
+    if sum(top_up(r) for r in batch) > kv.num_free_blocks:
+        if finishing:
+            return  # their KV comes back at this step's end: decode the rest next step
+        batch = _retract(state, plan, batch, top_up, now_s)
+    scheduled = plan.num_scheduled_tokens
+    for req in batch:
+        grow = top_up(req)
+        if grow:
+            kv.grow_blocks(req.request_id, grow)
+        scheduled[req.request_id] = rules.num_draft_tokens
+
+
+def _retract(state: ReplicaState, plan: Plan, batch: list[Request],
+             top_up: Callable[[Request], int], now_s: float) -> list[Request]:
+    """`retract_decode`: retract the requests SGLang keeps least (fewest known outputs, then
+    the longest prompt; among equals the later in the batch) until the others' top-ups fit,
+    at least one, keeping one; abort that one if even it does not fit. The kept requests run
+    on in that order (`filter_batch(keep_indices=...)` reorders the batch)."""
+    kv = state.kv
+    order = sorted(range(len(batch)),
+                   key=lambda i: (_known_outputs(batch[i]), -batch[i].num_prompt_tokens),
+                   reverse=True)
+    first = True
+    while first or sum(top_up(batch[i]) for i in order) > kv.num_free_blocks:
+        if len(order) == 1:
+            break
+        first = False
+        preempt(state, batch[order.pop()], plan.preempted_ids, to_back=True)
+    if len(order) <= 1 and sum(top_up(batch[i]) for i in order) > kv.num_free_blocks:
+        state.abort(batch[order.pop()], now_s,
+                    "kv_oom: SGLang aborts the last request of a decode batch whose KV top-up "
+                    "does not fit even alone (retract_decode)")
+    kept = [batch[i] for i in order]
+    # The batch's new order, in the places its requests held in the running list.
+    places = {id(r) for r in kept}
+    it = iter(kept)
+    state.running[:] = [next(it) if id(r) in places else r for r in state.running]
+    return kept

@@ -1,0 +1,203 @@
+"""SGLang's speculative decoding (`sglang`'s `speculative`, rule 12; `sim.schedulers.sglang_spec`)
+exactly, on a linear step: every decode verifies D tokens and yields the accepted drafts plus
+one; each decode step tops a request up to its committed KV plus 2L slots, and retracts
+requests (fewest outputs first, the longest prompt among equals, to the queue's back) where
+the top-ups do not fit; in the overlap loop a request whose queued result finishes it sits the
+step out; SGLang's defaults by model; the EAGLE drafter's time; the settings refused."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sim import run_scenario
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
+from sim.hardware.models import MODELS
+from sim.latency.base import BatchShape, EagleDraftingLatency
+from sim.schedulers.sglang_spec import SGLangSpeculativeConfig
+
+BASE_S, PER_TOKEN_S = 0.01, 0.001
+
+
+def eagle(rate: float | list[float], steps: int = 3, **extra: Any) -> dict[str, Any]:
+    return {"algorithm": "eagle", "num_steps": steps, "eagle_topk": 1,
+            "num_draft_tokens": steps + 1, "acceptance_rate": rate, "draft_time_ratio": 0.0,
+            **extra}
+
+
+def scenario(spec: dict[str, Any] | None, requests: list[tuple[float, int, int]], *,
+             num_blocks: int = 10_000, overlap: bool = False, **scheduler: Any
+             ) -> dict[str, Any]:
+    """`requests`: (arrival_s, prompt tokens, output tokens) each, as a trace's rows."""
+    path = Path(tempfile.mkdtemp()) / "trace.csv"
+    path.write_text("t,p,o\n" + "".join(f"{t},{p},{o}\n" for t, p, o in requests))
+    sched = {"name": "sglang", "overlap_schedule": overlap, "chunked_prefill_size": 4096,
+             **scheduler}
+    if spec is not None:
+        sched["speculative"] = spec
+    return {"name": "sglang-spec", "seed": 5,
+            "workload": {"format": "csv", "path": str(path), "time_unit": "s",
+                         "columns": {"arrival": "t", "prompt_tokens": "p",
+                                     "output_tokens": "o"}},
+            "replica": {"scheduler": sched,
+                        "latency": {"kind": "linear", "base_s": BASE_S,
+                                    "per_token_s": PER_TOKEN_S},
+                        "kv_cache": {"block_size": 1, "num_blocks": num_blocks},
+                        "engine": "none"},
+            "record_token_times": True}
+
+
+def run(data: dict[str, Any]):
+    return run_scenario(parse_scenario(data, "t"))
+
+
+def test_every_draft_accepted_yields_d_tokens_a_step():
+    # Prompt 100 (first token), then 4 tokens a step: 1 + 4 + 4 + 4 = 13 in 3 decodes, each
+    # computing D = 4 tokens.
+    res = run(scenario(eagle(1.0), [(0.0, 100, 13)]))
+    it, req = res.iterations, res.requests.iloc[0]
+    assert it["num_prefill_tokens"].tolist() == [100, 0, 0, 0]
+    assert it["num_decode_tokens"].tolist() == [0, 1, 1, 1]
+    assert it["num_spec_tokens"].tolist() == [0, 3, 3, 3]
+    assert it["duration_s"].tolist() == pytest.approx([BASE_S + 100 * PER_TOKEN_S]
+                                                      + [BASE_S + 4 * PER_TOKEN_S] * 3)
+    # Each decode step holds the committed KV plus 2L = 8 slots: 100 + 8, 104 + 8, 108 + 8.
+    assert it["num_kv_blocks_used"].tolist() == [100, 108, 112, 116]
+    assert req["status"] == "finished" and req["num_generated_tokens"] == 13
+    assert (req["num_drafts_verified"], req["num_drafts_accepted"]) == (9, 9)
+    spec = res.summary["speculative"]
+    assert spec["acceptance_length"] == pytest.approx(4.0)  # SGLang's accept length
+    assert spec["acceptance_rate"] == pytest.approx(100.0)
+
+
+def test_no_draft_accepted_still_computes_d_tokens_for_one():
+    res = run(scenario(eagle(0.0), [(0.0, 50, 4)]))
+    it = res.iterations
+    assert it["num_spec_tokens"].tolist() == [0, 3, 3, 3]
+    assert res.requests.iloc[0]["num_generated_tokens"] == 4
+    # The rejected slots stay held: 49 + 8 at the first decode, then one more each step.
+    assert it["num_kv_blocks_used"].tolist() == [50, 58, 59, 60]
+
+
+def test_a_step_past_the_last_token_is_cut_at_it():
+    # 1 + 4 + 4 = 9 but 7 wanted: the second decode's run is cut at the last token.
+    res = run(scenario(eagle(1.0), [(0.0, 20, 7)]))
+    assert res.requests.iloc[0]["num_generated_tokens"] == 7
+    assert len(res.iterations) == 3
+
+
+def test_retraction_takes_fewest_outputs_then_longest_prompt_to_the_queues_back():
+    """Three requests decode; KV for their top-ups runs out. SGLang retracts the one with the
+    fewest outputs, the longest prompt among equals, until the rest fit, and queues it behind
+    the waiting request D."""
+    # A, B, C admitted together (outputs known; reserve-free admission of SGLang's in-order
+    # check). At the first decode each needs committed + 2L = prompt + 8 slots.
+    requests = [(0.0, 30, 40), (0.0, 34, 40), (0.0, 30, 40), (0.5, 10, 5)]
+    res = run(scenario(eagle(0.0), requests, num_blocks=230))
+    req = res.requests.set_index("request_id")
+    it = res.iterations
+    assert (req["status"] == "finished").all()
+    # B (34-token prompt) goes first among the equal-output A, B, C.
+    retracted = req.index[req["num_preemptions"] > 0].tolist()
+    assert retracted and retracted[0] == 1
+    assert it["num_preempted"].sum() == req["num_preemptions"].sum()
+    # Once A and C finish, D (10 tokens) and B again (its prompt and 39 outputs) are prefilled
+    # together, D first.
+    assert 10 + 34 + 39 in it["num_prefill_tokens"].tolist()
+    # Never more KV held than there is.
+    assert (it["num_kv_blocks_used"] <= 230).all()
+
+
+def test_overlap_leaves_out_a_request_whose_queued_result_finishes_it():
+    """In the overlap loop, a request with one known token left whose verify is in flight sits
+    the next decode out; one with more left is scheduled again (its result then dropped)."""
+    res = run(scenario(eagle(1.0), [(0.0, 20, 2)], overlap=True))
+    it = res.iterations
+    # Prefill (its first token), then one decode whose queued result finishes it: no step
+    # scheduled after it.
+    assert it["num_spec_tokens"].tolist() == [0, 3]
+    res = run(scenario(eagle(1.0), [(0.0, 20, 4)], overlap=True))
+    # Outputs known 1 (the prefill's) + 1 < 4 while the first decode runs: scheduled again,
+    # and dropped when the first finishes it (1 + 4 >= 4).
+    assert res.iterations["num_spec_tokens"].tolist() == [0, 3, 3]
+    assert res.requests.iloc[0]["num_generated_tokens"] == 4
+
+
+@pytest.mark.parametrize(("model", "algorithm", "expected"), [
+    ("llama-3.1-8b", "eagle", (5, 4, 8)),
+    ("llama-3.1-8b", "eagle3", (5, 4, 8)),
+    ("qwen2.5-7b", "eagle", (3, 1, 4)),
+    ("mixtral-8x7b", "nextn", (3, 1, 4)),
+    ("llama-3.1-8b", "standalone", (3, 1, 4)),
+    ("llama-3.1-8b", "ngram", (1, 10, 12)),
+])
+def test_sglangs_own_numbers_by_model(model, algorithm, expected):
+    spec = {"algorithm": algorithm, "acceptance_rate": 0.5}
+    if algorithm == "standalone":
+        spec["draft_time_ratio"] = 0.1
+    data = scenario(spec, [(0.0, 10, 5)])
+    data["replica"].update(model=model, latency={"kind": "roofline"})
+    sc = parse_scenario(data, "t")
+    got = sc.replica.scheduler.speculative
+    assert (got.num_steps, got.eagle_topk, got.num_draft_tokens) == expected
+    assert sc.replica.scheduler.max_num_seqs == 48  # reset for speculative decoding
+    data["replica"]["scheduler"]["max_running_requests"] = 100
+    assert parse_scenario(data, "t").replica.scheduler.max_num_seqs == 100
+
+
+@pytest.mark.parametrize(("spec", "extra", "field", "words"), [
+    ({"algorithm": "eagle", "acceptance_rate": 0.5}, {}, "num_steps", "not known here"),
+    ({"algorithm": "eagle", "num_steps": 3, "acceptance_rate": 0.5}, {}, "num_steps",
+     "together"),
+    (eagle(0.5, num_draft_tokens=6), {}, "num_draft_tokens", "num_steps + 1"),
+    ({**eagle(0.5), "eagle_topk": 2, "num_draft_tokens": 20}, {}, "num_draft_tokens",
+     "tree"),
+    ({**eagle(0.5), "algorithm": "standalone", "draft_time_ratio": None}, {},
+     "draft_time_ratio", "its own"),
+    (eagle([0.5, 0.5]), {}, "acceptance_rate", "3: num_steps"),
+    (eagle(0.5), {"mixed_chunk": True}, "mixed_chunk", "not modelled"),
+])
+def test_settings_refused(spec, extra, field, words):
+    data = scenario(spec, [(0.0, 10, 5)], **extra)
+    data["replica"]["model"] = "tiny"  # (no architecture SGLang chooses by)
+    with pytest.raises(InputError) as err:
+        parse_scenario(data, "t")
+    problems = err.value.problems
+    assert any(name.endswith(field) and words in why for name, _, why in problems), problems
+
+
+def test_radix_cache_refused_with_speculative_decoding():
+    data = scenario(eagle(0.5), [(0.0, 10, 5)])
+    data["replica"]["prefix_caching"] = True
+    with pytest.raises(InputError, match="prefix_caching"):
+        run(data)
+
+
+def test_eagle_drafter_time():
+    """A decode step of n requests adds (S - 1) draft passes of n * K tokens and one extend of
+    the verified width; a prompt's chunk one extend of its tokens; each `ratio` times the
+    target's time for them (a linear model: base + per token)."""
+    from sim.latency.linear import LinearLatency
+
+    target = LinearLatency(LinearLatency.Config(kind="linear", base_s=1.0, per_token_s=0.1),
+                           MODELS.get("tiny"), None)
+    model = EagleDraftingLatency(target, 0.5, num_steps=3, topk=2)
+    decode = BatchShape(num_decode_tokens=4, num_sampled_tokens=4 + 12, decode_kv_tokens=400,
+                        num_spec_tokens=12)
+    # Target 1 + 1.6; drafts 2 x (1 + 0.8); extend 1 + 1.6; the drafter's at half.
+    assert model.iteration_time_s(decode) == pytest.approx(2.6 + 0.5 * (2 * 1.8 + 2.6))
+    prompt = BatchShape(num_prefill_tokens=100, num_prefill_seqs=1, num_sampled_tokens=1,
+                        prefill_attn_pairs=5050, prefill_kv_tokens=100)
+    assert model.iteration_time_s(prompt) == pytest.approx(11.0 + 0.5 * 11.0)
+
+
+def test_acceptance_positions_follow_the_draft_depth():
+    """A tree of K > 1 verifies D - 1 drafts, of which at most S (its depth) are accepted."""
+    spec = SGLangSpeculativeConfig(algorithm="eagle", num_steps=2, eagle_topk=2,
+                                   num_draft_tokens=5, acceptance_rate=[0.9, 0.5])
+    assert spec.num_speculative_tokens == 4
+    assert spec.draws() == [0.9, 0.5, 0.0, 0.0]
