@@ -433,9 +433,18 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
                              f"the engine keeps {num_null} block(s) it never allocates (vLLM's "
                              f"null block): give more than {num_null}")
         return _manager(cfg, kv.num_blocks - num_null, eviction)
+    kv_bytes = par.kv_bytes_per_token_per_gpu(model)
+    spec = getattr(cfg.scheduler, "speculative", None)
+    if spec is not None and spec.method in ("eagle", "eagle3", "mtp"):
+        # A one-layer drafter keeps its KV in the same pool, a slot per token slot (SGLang's
+        # pool configurator: the cell grows by draft layers / target layers; vLLM's KV cache
+        # groups), and its layer's weights beside the target's (EAGLE-3's own small LM head
+        # and input projection left out). A draft model's are its own: not counted.
+        kv_bytes *= 1 + 1 / model.num_layers
+        weight_bytes += par.dense_layer_bytes_per_gpu(model)
     usable_bytes = gpu.memory_bytes * kv.gpu_memory_utilization
     free_bytes = usable_bytes - weight_bytes - kv.activation_reserve_gb * 1e9
-    num_blocks = int(free_bytes // (kv.block_size * par.kv_bytes_per_token_per_gpu(model)))
+    num_blocks = int(free_bytes // (kv.block_size * kv_bytes))
     num_blocks -= num_null
     if num_blocks <= 0:
         split = f" split {par.num_gpus} ways (TP{par.tensor} x PP{par.pipeline})" \

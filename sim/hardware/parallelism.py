@@ -196,6 +196,11 @@ class Parallelism(BaseModel):
             busiest = max(busiest, num_bytes)
         return busiest
 
+    def dense_layer_bytes_per_gpu(self, model: ModelShape) -> int:
+        """One decoder layer with a dense MLP, as one GPU of the tensor group holds it: an
+        EAGLE or MTP drafter's layer beside the target's."""
+        return self._layer_bytes(model, moe=False)
+
     def _layer_bytes(self, model: ModelShape, moe: bool) -> int:
         """One layer's weight bytes on one GPU of the tensor group: norms and MoE router in
         the model's dtype, the linear layers in theirs (`quantization`)."""

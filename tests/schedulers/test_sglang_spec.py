@@ -201,3 +201,26 @@ def test_acceptance_positions_follow_the_draft_depth():
                                    num_draft_tokens=5, acceptance_rate=[0.9, 0.5])
     assert spec.num_speculative_tokens == 4
     assert spec.draws() == [0.9, 0.5, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("scheduler", [
+    {"name": "sglang", "speculative": {"algorithm": "eagle3", "acceptance_rate": 0.5}},
+    {"name": "vllm_v1", "speculative": {"method": "eagle", "num_speculative_tokens": 3,
+                                        "acceptance_rate": 0.5}},
+])
+def test_a_one_layer_drafter_takes_its_kv_and_weights_from_the_pool(scheduler):
+    """An EAGLE/MTP drafter keeps a layer's KV per token slot in the same pool, and its layer's
+    weights beside the target's: Llama-3.1-8B's 32 layers hold 32/33 of the tokens, a little
+    less for the weights."""
+    from sim.engine.cluster import kv_cache_for
+
+    def num_blocks(sched: dict[str, Any]) -> int:
+        data = scenario(None, [(0.0, 10, 5)])
+        data["replica"].update(model="llama-3.1-8b", gpu="h100-sxm", kv_cache={},
+                               latency={"kind": "roofline"}, scheduler=sched)
+        cfg = parse_scenario(data, "t").replica
+        return kv_cache_for(cfg, cfg.model_shape).num_blocks
+
+    plain = num_blocks({"name": scheduler["name"]})
+    drafting = num_blocks(scheduler)
+    assert plain * 32 / 33 * 0.98 < drafting < plain * 32 / 33

@@ -57,6 +57,11 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
                                           "priority_scheduling_preemption_threshold",
                                           "disable_priority_preemption")
                         if k in s}}
+        if s.get("speculative"):
+            # SGLang's `--speculative-algorithm` lower-cased; no drafter in the step time.
+            spec = s["speculative"]
+            scheduler["speculative"] = {**spec, "algorithm": spec["algorithm"].lower(),
+                                        "draft_time_ratio": 0.0}
         prefix_caching = not s["disable_radix_cache"]
     step = w["step_time"]
     return {
