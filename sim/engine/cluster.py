@@ -86,6 +86,9 @@ class Cluster:
                 # may run its stretches unobserved (`sim.engine.fastpath.pipeline`).
                 for replica in self.front:
                     replica.unobserved = True
+            elif self.timeout_s is None and not self.router.needs_prefix_hits:
+                for replica in self.front:
+                    replica.read_by_loads = True
             return
         # Each pool's replicas (or replicas of data-parallel ranks: the routers pick one, its
         # balancer a rank; KV moves between ranks).

@@ -98,6 +98,10 @@ class Replica(OffloadSteps):
         # client timeouts, alone or behind a router that reads no loads): a replica that
         # schedules ahead may then run stretches (`sim.engine.fastpath.pipeline`).
         self.unobserved = False
+        # Read between its arrivals only by a router weighing loads (`load()`, no prefix
+        # lookups), with no timeouts or clients: an async replica's stretches then run on,
+        # their loads read without a commit (`sim.engine.fastpath.pipeline`).
+        self.read_by_loads = False
         # The earliest time anything outside this replica may read or change it, asked when it
         # plans: its iterations ending before then commit without an event each. By default
         # the next event of any kind; never for a prefill replica, whose hand-offs start
@@ -158,8 +162,10 @@ class Replica(OffloadSteps):
         self.sync()  # prefix hits read the cache as the ended iterations left it
         return self._load(req, 0, 0)
 
-    def _load(self, req: Request | None, decoded: int, num_finished: int) -> ReplicaLoad:
-        """The load, given tokens decoded and requests finished in work not yet committed."""
+    def _load(self, req: Request | None, decoded: int, num_finished: int,
+              num_used_blocks: int | None = None) -> ReplicaLoad:
+        """The load, given tokens decoded and requests finished in work not yet committed
+        (and the KV blocks in use then, where that work changed them)."""
         state = self.state
         tokens = state.num_waiting_tokens + state.num_running_tokens + decoded
         num_outstanding = state.num_outstanding - num_finished
@@ -172,9 +178,9 @@ class Replica(OffloadSteps):
             num_waiting += self.inbox.num_requests
         hit = state.kv.prefix_hit_tokens(req) if req is not None else 0
         kv = state.kv
+        used = kv.num_used_blocks if num_used_blocks is None else num_used_blocks
         return ReplicaLoad(num_outstanding, tokens, hit, num_waiting,
-                           len(state.running) - num_finished,
-                           kv.num_used_blocks / kv.num_blocks)
+                           len(state.running) - num_finished, used / kv.num_blocks)
 
     def sync(self, *, before_s: float | None = None) -> None:
         """Commit the planned work that has ended by now (or strictly before `before_s`): the

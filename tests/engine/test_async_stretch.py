@@ -74,10 +74,27 @@ def test_replicas_behind_a_router_that_reads_no_loads_take_stretches(monkeypatch
     assert counts["whole"] + counts["cut"] > 50
 
 
+@pytest.mark.parametrize(("scheduler", "router"), [
+    ("vllm_v1", "least_kv_load"), ("vllm_v1", "least_outstanding"),
+    ("sglang", "least_kv_load"), ("sglang", "least_outstanding")])
+def test_routers_read_async_stretches_in_progress_as_stepping_shows_them(
+        monkeypatch, scheduler, router):
+    """A router weighing loads reads every replica at every arrival: a replica in a stretch
+    answers from the stretch's arrays, as the stepped replica stands then (plans made before
+    the arrival started, iterations ended by it complete, leavers gone, their blocks freed),
+    and goes on; only the replica chosen hands its stretch back."""
+    data = _default(scheduler, workload__arrivals={"process": "poisson", "qps": 14.0})
+    data["cluster"] = {"replicas": 3, "router": {"name": router}}
+    counts = _counting(monkeypatch)
+    scenario = parse_scenario(data, "t")
+    assert_same_results(run_scenario(scenario), run_scenario(scenario, fast_forward=False))
+    assert counts["whole"] + counts["cut"] > 50
+
+
 @pytest.mark.parametrize("changes", [
-    {"cluster": {"replicas": 2, "router": {"name": "least_kv_load"}}},
+    {"cluster": {"replicas": 2, "router": {"name": "prefix_affinity"}}},
     {"workload": {"timeout_s": 5.0}},
-    {"clients": {"concurrency": 4}}], ids=["router", "timeout", "clients"])
+    {"clients": {"concurrency": 4}}], ids=["prefix_router", "timeout", "clients"])
 def test_no_stretch_where_something_reads_the_replica_mid_stretch(monkeypatch, changes):
     data = _default("vllm_v1")
     for section, value in changes.items():

@@ -78,6 +78,28 @@ class AsyncStretch:
         """Plans made before `now_s` (work arriving then is seen by the next)."""
         return int(np.searchsorted(self.plan_s, now_s, side="left"))
 
+    def counts_at(self, now_s: float) -> tuple[int, int, int]:
+        """What a router reading the replica at `now_s` sees changed since plan 0, without a
+        commit: the plans made before `now_s` started (each a token, a placeholder, for each
+        request in it, but for its last) and the iterations ended by it complete (a request
+        whose last one has leaves, its tokens and blocks with it), as the stepped replica
+        stands then. Returns (running tokens added, requests left, KV blocks in use)."""
+        num_planned = max(1, int(np.searchsorted(self.plan_s, now_s, side="left")))
+        num_ended = int(np.searchsorted(self.end_s, now_s, side="right"))
+        tokens = num_left = blocks_freed = 0
+        bs = self.block_size
+        for req, c, n in zip(self.requests, self.num_computed, self.num_steps_left,
+                             strict=True):
+            if num_ended >= n:  # its last token sampled: it left
+                num_left += 1
+                tokens -= req.num_tokens
+                if n + 1 > num_planned - 1:  # (freed since the last plan was made)
+                    blocks_freed += -(-(c + n) // bs)
+            else:
+                tokens += num_planned if num_planned < n else n - 1
+        used = int(self.num_used_blocks(num_planned)[-1]) - blocks_freed
+        return tokens, num_left, used
+
     def hand_off_s(self, k: int) -> float:
         """When plan k is made: the planning turn that takes the replica back."""
         if k < len(self.plan_s):

@@ -4,11 +4,13 @@ v1's async scheduling, SGLang's overlap loop, both engines' defaults) that, at a
 takes that plan and the ones its stretch makes after it instead of stepping them, and hands
 back to stepping at a planning turn, exactly where the stepped replica would stand.
 
-First version: a replica nothing outside reads while a stretch runs (`unobserved`: a
-colocated replica, alone or behind a router that reads no loads such as `round_robin`, with no
-client timeouts and no closed-loop clients), with a plain KV
-cache (no prefix caching, no CPU tier), no speculative decoding; a stretch is taken back at the
-first planning turn after work arrives. Elsewhere every iteration is stepped, as before.
+Where: a colocated replica with no client timeouts and no closed-loop clients, alone or behind
+a router that reads no loads (`unobserved`: `round_robin`, `random`) or one that weighs them
+without prefix lookups (`read_by_loads`: `least_kv_load`, `least_outstanding`; the load of a
+replica in a stretch is read from its arrays, `AsyncStretch.counts_at`, without a commit), with
+a plain KV cache (no prefix caching, no CPU tier) and no speculative decoding. A stretch is
+taken back at the first planning turn after work arrives for it. Elsewhere every iteration is
+stepped, as before.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from typing import Any
 
 from sim.core.kv_cache import KVCacheManager
 from sim.core.plan import Plan
+from sim.core.request import Request
 from sim.engine.clock import At
 from sim.engine.fastpath.async_stretch import AsyncStretch, hand_off, plan_async_stretch
 from sim.engine.fastpath.replica import _ENDED, poke_or_end
 from sim.engine.pipeline import PipelinedReplica
+from sim.routers.base import ReplicaLoad
 
 MAX_STEPS = 128  # iterations a stretch plans at most (where it ends, stepping plans again)
 
@@ -35,12 +39,27 @@ class FastPipelinedReplica(PipelinedReplica):
 
     def _eligible(self) -> bool:
         state = self.state
-        return (self.unobserved and self.fast_forward and self.num_stages == 1
+        return ((self.unobserved or self.read_by_loads) and self.fast_forward
+                and self.num_stages == 1
                 and self.pipeline_depth == 2 and self.placeholders and self.overlaps_host
                 and self.copies is None and state.acceptance is None and self.inbox is None
                 and type(state.kv) is KVCacheManager and state.on_finish is None
                 and self.plans is None and self.scheduler.allows_stretches
                 and not self.scheduler.reads_clock and not self.latency.sequential)
+
+    def load(self, req: Request | None = None) -> ReplicaLoad:
+        stretch = self._stretch
+        if stretch is None:
+            return super().load(req)
+        assert req is None, "a router reading prefix hits reads no stretch in progress"
+        # The iteration in flight before the stretch completes as stepping completes it;
+        # the stretch's own are read, not committed (a router reads every replica at every
+        # arrival).
+        now = self.env.now
+        if self._batches:
+            self._complete_batches(now, inclusive=True)
+        tokens, num_left, num_used_blocks = stretch.counts_at(now)
+        return self._load(None, tokens, num_left, num_used_blocks)
 
     def _dispatch(self, plan: Plan, now_s: float) -> bool:
         state, batches = self.state, self._batches
