@@ -11,6 +11,12 @@ and `num_gpu_blocks` the KV token pool (`--max-total-tokens`, SGLang's max_total
 every one of those token slots is usable, no null slot), `block_size` 1 (`--page-size 1`).
 Each workload has 40-80 requests: the recorder runs SGLang's real model forward on a CPU,
 about 0.05-0.4 s a step. No SGLang or servesim import.
+
+The speculative-decoding workloads (`SGLANG_SPEC_WORKLOADS`, recorded by
+`record_sglang_spec.py`) add `settings.speculative` = {algorithm (SGLang's name: EAGLE,
+EAGLE3, STANDALONE, NGRAM), num_steps, eagle_topk, num_draft_tokens, acceptance_rate} and
+`settings.unset`, the SGLang arguments the recorder leaves for SGLang to pick (the workload
+holds what SGLang picks, checked when recording).
 """
 
 from __future__ import annotations
@@ -168,3 +174,112 @@ def sglang_workloads() -> list[Workload]:
 
 
 SGLANG_WORKLOADS = {w["name"]: w for w in sglang_workloads()}
+
+
+# SGLang arguments a speculative workload may leave unset (`settings.unset`): SGLang resolves
+# them (`arg_groups/speculative_hook.py`) and the workload holds what it resolves them to.
+SPEC_UNSETTABLE = ("max_running_requests", "speculative_num_steps", "speculative_eagle_topk",
+                   "speculative_num_draft_tokens")
+
+
+def _sglang_spec(name: str, seed: int, requests: list[list[Any]], *, algorithm: str,
+                 num_steps: int, eagle_topk: int, num_draft_tokens: int,
+                 acceptance_rate: float = 0.7, unset: tuple[str, ...] = (),
+                 **kwargs: Any) -> Workload:
+    """An SGLang workload with `--speculative-algorithm` (SGLang's name: EAGLE, EAGLE3,
+    STANDALONE, NGRAM) and its numbers, and the chance each draft is accepted given the ones
+    before it (over num_steps positions for the EAGLE family, num_draft_tokens - 1 for NGRAM;
+    `tools/golden/record_sglang_spec.py` draws it as servesim does)."""
+    assert set(unset) <= set(SPEC_UNSETTABLE), unset
+    workload = _sglang(name, seed, requests, **kwargs)
+    workload["settings"]["speculative"] = {
+        "algorithm": algorithm, "num_steps": num_steps, "eagle_topk": eagle_topk,
+        "num_draft_tokens": num_draft_tokens, "acceptance_rate": acceptance_rate}
+    if unset:
+        workload["settings"]["unset"] = sorted(unset)
+    return workload
+
+
+def _numbers(algorithm: str, num_steps: int, eagle_topk: int, num_draft_tokens: int
+             ) -> dict[str, Any]:
+    return {"algorithm": algorithm, "num_steps": num_steps, "eagle_topk": eagle_topk,
+            "num_draft_tokens": num_draft_tokens}
+
+
+def sglang_spec_workloads() -> list[Workload]:
+    """The speculative-decoding workloads (`record_sglang_spec.py` records them), 20-60
+    requests each. Small pools: at each decode step a request tops its KV up to its committed
+    tokens + 2 * max(steps * topk, draft tokens) (`eagle_prepare_for_decode`), which admission
+    does not count, so requests with few outputs left run the pool out and are retracted."""
+    def rng(seed: int) -> np.random.Generator:
+        return np.random.default_rng(seed)
+
+    spec_args = SPEC_UNSETTABLE[1:]
+    ngram = {**_numbers("NGRAM", 1, 10, 12), "unset": spec_args}
+    eagle, tree = _numbers("EAGLE", 3, 1, 4), _numbers("EAGLE", 3, 2, 6)
+    overlap: dict[str, Any] = {"disable_overlap_schedule": False}
+    return [
+        # NGRAM with SGLang's own numbers (breadth 10, 12 tokens verified, S = 12 // 10):
+        # every request drafts a chain of 11 (the recorder's proposer), accepting up to 11.
+        _sglang_spec("spec_ngram", 510, _requests(rng(510), 20, 200.0, (64, 256), (2, 32)),
+                     num_gpu_blocks=700, chunked_prefill_size=128, **ngram),
+        _sglang_spec("spec_ngram_overlap", 510,
+                     _requests(rng(510), 20, 200.0, (64, 256), (2, 32)),
+                     num_gpu_blocks=700, chunked_prefill_size=128, **ngram, **overlap),
+        # EAGLE, a chain of 3: prompts of 2-6 chunks of 64, few outputs, a tight pool:
+        # retractions (fewest outputs first, the longest prompt among equals), each retracted
+        # request back at the queue's end.
+        _sglang_spec("spec_eagle_retract", 126,
+                     _requests(rng(126), 50, 200.0, (128, 384), (4, 8)),
+                     num_gpu_blocks=800, chunked_prefill_size=64, max_running_requests=64,
+                     **eagle),
+        _sglang_spec("spec_eagle_retract_overlap", 126,
+                     _requests(rng(126), 50, 200.0, (128, 384), (4, 8)),
+                     num_gpu_blocks=1000, chunked_prefill_size=64, max_running_requests=64,
+                     **eagle, **overlap),
+        # EAGLE3 (its draft reads three of the target's layers' hidden states), the same
+        # scheduling as EAGLE's.
+        _sglang_spec("spec_eagle3_retract", 41,
+                     _requests(rng(41), 40, 200.0, (128, 384), (4, 8)),
+                     num_gpu_blocks=900, chunked_prefill_size=64, max_running_requests=64,
+                     **{**eagle, "algorithm": "EAGLE3"}),
+        # EAGLE with a tree (2 branches a pass, 3 passes, 6 tokens verified): a verify accepts
+        # at most 3 (a path's depth) of its 5 drafts; the top-up is 2 * 6 slots.
+        _sglang_spec("spec_eagle_tree", 546, _requests(rng(546), 30, 50.0, (64, 384), (4, 16)),
+                     num_gpu_blocks=700, chunked_prefill_size=128, max_running_requests=64,
+                     **tree),
+        _sglang_spec("spec_eagle_tree_overlap", 544,
+                     _requests(rng(544), 30, 50.0, (64, 384), (4, 16)),
+                     num_gpu_blocks=700, chunked_prefill_size=128, max_running_requests=64,
+                     **tree, **overlap),
+        # EAGLE with nothing set but the draft model: SGLang's choice for a Llama, 5 steps of
+        # 4 branches, 8 tokens verified (a top-up of 2 * 20 slots), and max_running_requests
+        # reset to 48 (a burst of 60: the cap binds); the overlap loop, SGLang's default.
+        _sglang_spec("spec_eagle_auto_overlap", 542,
+                     _requests(rng(542), 60, 500.0, (32, 256), (16, 64)),
+                     num_gpu_blocks=9000, chunked_prefill_size=1024, max_running_requests=48,
+                     algorithm="EAGLE", num_steps=5, eagle_topk=4, num_draft_tokens=8,
+                     unset=SPEC_UNSETTABLE, **overlap),
+        # A standalone draft model (a one-layer Llama), SGLang's numbers for it: (3, 1, 4).
+        _sglang_spec("spec_standalone_overlap", 37,
+                     _requests(rng(37), 40, 200.0, (128, 384), (4, 8)),
+                     num_gpu_blocks=1200, chunked_prefill_size=64, max_running_requests=64,
+                     algorithm="STANDALONE", num_steps=3, eagle_topk=1, num_draft_tokens=4,
+                     unset=spec_args, **overlap),
+        # A pool 4 slots above the largest request (375 + 6 tokens): SGLang admits it
+        # (admission counts its prompt, its outputs and 2 spare slots, not the decode
+        # step's top-up) and, once its KV + 2 * 4 slots exceed the pool, `retract_decode`
+        # aborts it, the last request of its batch ("Out of memory even after retracting all
+        # other requests"), counting a retraction; the synchronous loop and the overlap one.
+        _sglang_spec("spec_eagle_abort", 12,
+                     _requests(np.random.default_rng(12), 30, 20.0, (64, 384), (4, 32)),
+                     num_gpu_blocks=384, chunked_prefill_size=128, max_running_requests=64,
+                     **eagle),
+        _sglang_spec("spec_eagle_abort_overlap", 12,
+                     _requests(np.random.default_rng(12), 30, 20.0, (64, 384), (4, 32)),
+                     num_gpu_blocks=384, chunked_prefill_size=128, max_running_requests=64,
+                     **eagle, **overlap),
+    ]
+
+
+SGLANG_SPEC_WORKLOADS = {w["name"]: w for w in sglang_spec_workloads()}

@@ -1,0 +1,333 @@
+"""Record golden schedules from the installed SGLang's own scheduler WITH speculative decoding
+(`--speculative-algorithm` EAGLE, EAGLE3, STANDALONE, NGRAM), on a CPU, on a virtual clock.
+
+Run it in SGLang's venv (never servesim's), from the repository root:
+
+    /root/venv-sglang/bin/python tools/golden/record_sglang_spec.py --out tests/golden [NAME ...]
+
+The workloads are `SGLANG_SPEC_WORKLOADS` (`workloads_sglang.py`): `settings.speculative` =
+{algorithm (SGLang's name), num_steps, eagle_topk, num_draft_tokens, acceptance_rate}, and
+`settings.unset` the SGLang arguments left to SGLang (the workload holds what it resolves them
+to: checked). Each is recorded in a fresh process (SGLang's server arguments are process-wide).
+
+What runs for real: everything `record_sglang.py` drives (its docstring: the same
+`_loop_normal` / `_loop_overlap`, request receiver, clock, retraction and preemption hooks),
+with the Scheduler built with `speculative_algorithm`, `speculative_num_steps`,
+`speculative_eagle_topk` (NGRAM: `speculative_ngram_max_bfs_breadth`),
+`speculative_num_draft_tokens` and, for EAGLE / EAGLE3 / STANDALONE, a draft model (a one-layer
+dummy-weight `LlamaForCausalLMEagle` / `LlamaForCausalLMEagle3` / `LlamaForCausalLM` of the
+target's vocabulary). SGLang resolves its own defaults (`arg_groups/speculative_hook.py`:
+`max_running_requests` 48, the auto (steps, topk, draft tokens), NGRAM's), builds its own spec
+worker (`EAGLEWorkerV2`, `StandaloneWorkerV2`, `NGRAMWorker`) and draft KV pool, and does all
+of its speculative batch preparation and KV bookkeeping itself: `eagle_prepare_for_decode`'s
+KV top-up (committed + 2 * max(steps * topk, draft tokens) slots), `check_decode_mem`,
+`retract_decode` (and its abort of the last request), the draft passes, tree building,
+verification, draft extend, the overlap loop's future map and `_resolve_spec_v2_tokens`, KV
+commits and frees, `_reqs_finishing_inflight`.
+
+What is replaced (`sglang_spec_patches.py`), and why it decides nothing about the schedule:
+* `sgl_kernel`'s `*_cpu` index ops, missing from the PyPI wheel: torch stand-ins
+  (`sglang_cpu_ops.py`, checked equal to SGLang's Triton kernels by
+  `check_sglang_cpu_ops.py`); they fill slot tables, tree links and masks and move KV rows.
+* Attention (torch_native has no tree verify or multi-step draft support): every attention
+  call writes its K/V into the pool at `out_cache_loc` and returns zeros. It only changes the
+  values the model computes, which acceptance (below) overrides anyway.
+* The overlap loop's `gather_spec_extras` (Triton only): the same row gather in torch; and
+  `_disable_overlap_schedule_for_cpu`, which turns the overlap loop off for speculative
+  decoding on a CPU because of those kernels, is a no-op when the workload asks for the overlap
+  loop (`disable_overlap_schedule` false).
+* NGRAM's proposer (`NgramCorpus.batch_get`, a lookup in the tokens seen): a chain of D - 1
+  drafts for every request, so that acceptance is not capped by what the corpus finds among
+  the recorder's synthetic tokens. Drafts are data; every request verifies D tokens either way.
+* The EAGLE draft's top-k probabilities (topk > 1 only): fixed at 0.9, 0.09, ... per branch,
+  so that every tree holds a path num_steps deep (a dummy draft's near-uniform ones give trees
+  of any shape). The draft's tokens and the tree's size are unchanged.
+* Acceptance: the target's verify logits are set so that SGLang's own greedy verification
+  accepts `Acceptance(draws, seed).accepted(rid, num_output_tokens, D - 1)` drafts
+  (servesim's `sim.core.speculative`, the one servesim module imported, pure Python), along
+  the tree's deepest path. `draws` has D - 1 rates: the acceptance rate at every position for
+  NGRAM; for the EAGLE family at the first num_steps positions (a path is num_steps deep) and
+  0 after, as servesim's `SGLangSpeculativeConfig.draws()`. `num_output_tokens` is the
+  request's output length before the verify (its KV length - its prompt + 1: the last sampled
+  token is not in the KV yet). How many tokens a request gains per step is the workload's
+  data, as the output lengths are.
+
+Recorded as `record_sglang.py` records (steps, requests), with a decode step's entry
+[request id, num_draft_tokens] (the tokens the target verifies per request), plus
+`accepted`: per step [[request id, drafts accepted], ...] (empty for a prefill),
+`output_overshoot`: per request the tokens SGLang kept past max_new_tokens (a verify's accepted
+run is not cut at the limit), and `aborted`: the request ids `retract_decode` aborted (their
+finish_s is null).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+os.environ.setdefault("PYTHONHASHSEED", "0")
+# SGLang's own KV leak checks raise instead of warning: when idle (`on_idle`) and, in the
+# overlap loop, every iteration (`self_check_during_busy`).
+os.environ.setdefault("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "1")
+os.environ.setdefault("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from sim.core.speculative import Acceptance  # noqa: E402  (pure Python)
+from tools.golden import record_sglang as R  # noqa: E402
+from tools.golden.fixture import write_fixture  # noqa: E402
+from tools.golden.workloads import Workload  # noqa: E402
+from tools.golden.workloads_sglang import SGLANG_SPEC_WORKLOADS  # noqa: E402
+
+WORKLOADS = SGLANG_SPEC_WORKLOADS
+
+# The draft model of each algorithm that has one (one layer, the target's config otherwise).
+DRAFT_ARCHITECTURES = {"EAGLE": "LlamaForCausalLMEagle", "EAGLE3": "LlamaForCausalLMEagle3",
+                       "STANDALONE": "LlamaForCausalLM"}
+# settings.speculative's numbers -> SGLang's arguments (NGRAM takes its topk as its BFS breadth).
+SPEC_ARGUMENTS = {"num_steps": "speculative_num_steps", "eagle_topk": "speculative_eagle_topk",
+                  "num_draft_tokens": "speculative_num_draft_tokens"}
+
+
+def acceptance_draws(spec: dict[str, Any]) -> list[float]:
+    """The conditional acceptance rate of each of the D - 1 drafts a verify holds."""
+    rate, steps, draft = spec["acceptance_rate"], spec["num_steps"], spec["num_draft_tokens"]
+    assert isinstance(rate, float)
+    if spec["algorithm"] == "NGRAM":
+        return [rate] * (draft - 1)
+    return [rate] * steps + [0.0] * (draft - 1 - steps)
+
+
+def build_spec_scheduler(workload: Workload, model_dir: str) -> Any:
+    """SGLang's Scheduler for the workload, as `record_sglang.build_scheduler` builds it, with
+    speculative decoding on; the numbers SGLang resolves are checked against the workload."""
+    R._stub_sgl_kernel_ops()
+    from tools.golden import sglang_spec_patches as P
+
+    P.install_null_attention()
+    P.install_overlap_gather()
+    s, spec = workload["settings"], workload["settings"]["speculative"]
+    algorithm, unset = spec["algorithm"], set(s.get("unset", ()))
+    assert unset <= {"max_running_requests", *SPEC_ARGUMENTS.values()}, unset
+    if not s["disable_overlap_schedule"]:
+        P.allow_overlap_on_cpu()
+    if algorithm == "NGRAM":
+        P.propose_full_ngram_chains()
+    else:
+        P.shape_draft_trees()
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.runtime_context import SpawnRanks, get_spec, publish, spawn_world_rank
+    from sglang.srt.server_args import PortArgs, ServerArgs
+
+    kw: dict[str, Any] = {"speculative_algorithm": algorithm}
+    for key, argument in SPEC_ARGUMENTS.items():
+        if argument not in unset:
+            name = ("speculative_ngram_max_bfs_breadth"
+                    if algorithm == "NGRAM" and key == "eagle_topk" else argument)
+            kw[name] = spec[key]
+    if algorithm in DRAFT_ARCHITECTURES:
+        draft_dir = Path(model_dir, "draft")
+        draft_dir.mkdir()
+        (draft_dir / "config.json").write_text(json.dumps(
+            {**R.LLAMA_CONFIG, "architectures": [DRAFT_ARCHITECTURES[algorithm]],
+             "draft_vocab_size": R.LLAMA_CONFIG["vocab_size"]}))
+        kw["speculative_draft_model_path"] = str(draft_dir)
+    server_args = ServerArgs(
+        model_path=model_dir, device="cpu", load_format="dummy", skip_tokenizer_init=True,
+        attention_backend="torch_native",
+        disable_overlap_schedule=s["disable_overlap_schedule"],
+        disable_cuda_graph=True, dtype="float32", page_size=workload["block_size"],
+        max_total_tokens=workload["num_gpu_blocks"], context_length=workload["max_model_len"],
+        chunked_prefill_size=s["chunked_prefill_size"],
+        max_running_requests=(None if "max_running_requests" in unset
+                              else s["max_running_requests"]),
+        disable_radix_cache=s["disable_radix_cache"], schedule_policy=s["schedule_policy"],
+        random_seed=0, **kw)
+    port_args = PortArgs.init_new(server_args)
+    publish(server_args, role="scheduler",
+            ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0),
+                             dp_rank=None, gpu_id=0))
+    sched = Scheduler(server_args, port_args)
+    # The pool is the size asked for, every slot usable; the loop, cap and chunk as the
+    # workload says; the speculative numbers SGLang runs with are the workload's.
+    assert sched.max_total_num_tokens == workload["num_gpu_blocks"], sched.max_total_num_tokens
+    assert (sched.token_to_kv_pool_allocator.available_size()
+            == workload["num_gpu_blocks"]), sched.token_to_kv_pool_allocator.available_size()
+    assert sched.max_running_requests == s["max_running_requests"], sched.max_running_requests
+    assert sched.enable_overlap == (not s["disable_overlap_schedule"]), sched.enable_overlap
+    assert sched.chunked_prefill_size == s["chunked_prefill_size"], sched.chunked_prefill_size
+    assert bool(getattr(sched.tree_cache, "disable", True)) == s["disable_radix_cache"]
+    assert sched.spec_algorithm.name == algorithm, sched.spec_algorithm
+    resolved = get_spec()
+    got = {key: getattr(resolved, argument) for key, argument in SPEC_ARGUMENTS.items()}
+    assert got == {key: spec[key] for key in SPEC_ARGUMENTS}, got
+    return sched
+
+
+class SpecRecorder(R._Recorder):
+    """record_sglang's clock and record; a verify step computes num_draft_tokens per request;
+    what each verify accepted, and the aborted requests, are kept too."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        spec = self.workload["settings"]["speculative"]
+        self.num_draft_tokens = spec["num_draft_tokens"]
+        self.acceptance = Acceptance(acceptance_draws(spec), self.workload["seed"])
+        self.accepted: list[list[list[int]]] = []  # per step
+        # Per verify of a request: (id, its outputs before it, accepted, its retractions).
+        self.draws: list[tuple[int, int, int, int]] = []
+        self.aborted: list[int] = []
+
+    def launch(self, batch: Any) -> float:
+        if batch.forward_mode.is_extend():
+            scheduled = [[int(r.rid), int(n)] for r, n in zip(batch.reqs, batch.extend_lens,
+                                                             strict=True)]
+        else:
+            assert batch.forward_mode.is_decode(), batch.forward_mode
+            scheduled = [[int(r.rid), self.num_draft_tokens] for r in batch.reqs]
+        total = sum(n for _, n in scheduled)
+        start_s = max(self.now_s, self.gpu_free_s)
+        end_s = start_s + (self.base_s + self.per_token_s * total)
+        self.gpu_free_s = end_s
+        self.steps.append([start_s, end_s, scheduled, list(self.retracted)])
+        self.accepted.append([])
+        for rid, _ in scheduled:
+            if self.times[rid]["first_scheduled_s"] is None:
+                self.times[rid]["first_scheduled_s"] = start_s
+        return end_s
+
+    def draw(self, req: Any, seq_len: int) -> int:
+        """Drafts `req` accepts in the verify being run (its KV length `seq_len` before it)."""
+        num_output = seq_len - len(req.origin_input_ids) + 1
+        if not self.sched.enable_overlap:  # (results are processed before the next batch)
+            assert num_output == len(req.output_ids), (req.rid, num_output, len(req.output_ids))
+        a = self.acceptance.accepted(int(req.rid), num_output, self.num_draft_tokens - 1)
+        self.draws.append((int(req.rid), num_output, a, int(req.retraction_count)))
+        return a
+
+    def on_verify(self, batch: Any, accepted: list[int]) -> None:
+        self.accepted[-1].extend([int(r.rid), a] for r, a in zip(batch.reqs, accepted,
+                                                                 strict=True))
+
+    def check_draws(self) -> None:
+        """A request's outputs before a verify are those before its previous verify plus what
+        that one accepted plus the bonus token, unless it was retracted in between."""
+        last: dict[int, tuple[int, int, int]] = {}
+        for rid, n, a, retractions in self.draws:
+            if rid not in last:  # its first verify follows its prefill's token
+                assert n == 1 or retractions, (rid, n)
+            elif last[rid][2] == retractions:
+                assert n == last[rid][0] + last[rid][1] + 1, (rid, n, last[rid])
+            last[rid] = (n, a, retractions)
+
+
+def record(workload: Workload) -> dict[str, Any]:
+    """Drive SGLang's scheduler through `workload`; the fixture's body."""
+    with tempfile.TemporaryDirectory() as model_dir:
+        Path(model_dir, "config.json").write_text(json.dumps(R.LLAMA_CONFIG))
+        sched = build_spec_scheduler(workload, model_dir)
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    from tools.golden import sglang_spec_patches as P
+
+    retracted: list[int] = []
+    receiver = R._Receiver()
+    sched.request_receiver = receiver
+    rec = SpecRecorder(workload, sched, receiver, retracted)
+    P.impose_acceptance(rec.draw, rec.on_verify)
+    original_retract = ScheduleBatch.retract_decode
+
+    def retract_decode(self: Any) -> Any:
+        out = original_retract(self)
+        retracted.extend(int(r.rid) for r in out[0])
+        rec.aborted.extend(int(r.rid) for r in out[2])
+        return out
+
+    ScheduleBatch.retract_decode = retract_decode  # type: ignore[method-assign]
+    original_preempt = PrefillAdder.preempt_to_schedule
+
+    def preempt_to_schedule(self: Any, req: Any) -> Any:
+        before = len(self.preempt_list)
+        out = original_preempt(self, req)
+        retracted.extend(sorted(int(r.rid) for r in self.preempt_list[before:]))
+        return out
+
+    PrefillAdder.preempt_to_schedule = preempt_to_schedule  # type: ignore[method-assign]
+    if workload["settings"]["disable_overlap_schedule"]:
+        R._loop_normal(rec)
+    else:
+        R._loop_overlap(rec)
+    rec.check_draws()
+    times, handles, arrivals = rec.times, rec.handles, rec.arrivals
+    aborted = set(rec.aborted)
+    unfinished = [rid for rid, t in times.items() if t["finish_s"] is None and rid not in aborted]
+    assert not unfinished and len(times) == len(arrivals), unfinished[:5]
+    # Every KV slot and request slot is back (the radix cache is off: nothing is cached).
+    assert (sched.token_to_kv_pool_allocator.available_size()
+            == workload["num_gpu_blocks"]), sched.token_to_kv_pool_allocator.available_size()
+    assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
+    overshoot = []
+    for rid in range(len(arrivals)):
+        n, want = len(handles[rid].output_ids), arrivals[rid][2]
+        if rid not in aborted:  # a verify may run past max_new_tokens, by fewer than D tokens
+            assert want <= n < want + rec.num_draft_tokens, (rid, n, want)
+        overshoot.append(max(0, n - want))
+    return {"steps": rec.steps,
+            "requests": [[times[r]["first_scheduled_s"], times[r]["first_token_s"],
+                          times[r]["finish_s"], int(handles[r].retraction_count)]
+                         for r in range(len(arrivals))],
+            "accepted": rec.accepted, "output_overshoot": overshoot, "aborted": rec.aborted}
+
+
+def summary(body: dict[str, Any]) -> str:
+    verifies = [a for step in body["accepted"] for _, a in step]
+    return (f"{len(body['steps'])} steps, {sum(len(s[3]) for s in body['steps'])} retractions, "
+            f"{len(body['aborted'])} aborted, {len(verifies)} verifies, mean accepted "
+            f"{sum(verifies) / max(1, len(verifies)):.3f}")
+
+
+def record_fixture(out: Path, name: str) -> Path:
+    """Record workload `name` with the installed SGLang and write its fixture under `out`."""
+    import sglang
+
+    wall = time.monotonic()
+    body = record(WORKLOADS[name])
+    path = write_fixture(out, WORKLOADS[name], body, engine="sglang",
+                         engine_version=sglang.__version__,
+                         command=f"python tools/golden/record_sglang_spec.py --out {out} {name}")
+    print(f"{name}: {summary(body)}, {time.monotonic() - wall:.0f} s -> {path}", flush=True)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--in-process", action="store_true",
+                        help="record one workload in this process (used per workload)")
+    parser.add_argument("names", nargs="*",
+                        help="workloads (default: every one of SGLANG_SPEC_WORKLOADS)")
+    args = parser.parse_args()
+    names = args.names or list(SGLANG_SPEC_WORKLOADS)
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workloads: {unknown}")
+    if args.in_process:
+        assert len(names) == 1, "--in-process records one workload"
+        record_fixture(args.out, names[0])
+        return
+    for name in names:  # a fresh process each: SGLang's server-args context is process-wide
+        subprocess.run([sys.executable, __file__, "--out", str(args.out), "--in-process", name],
+                       check=True)
+
+
+if __name__ == "__main__":
+    main()
