@@ -276,8 +276,9 @@ class Replica(OffloadSteps):
             # Copies to or from the CPU tier hold what the queue needs: poll when the next ends.
             yield from self._wait_copies(now_s)
             return
-        if plan is not None and (state.running or not (
-                state.num_transferring or state.incoming)):
+        # (An empty plan that left nothing running or queued aborted what there was: idle.)
+        if plan is not None and (state.running or (
+                state.waiting and not (state.num_transferring or state.incoming))):
             if state.offload is not None:
                 yield from self._stall()
             raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")

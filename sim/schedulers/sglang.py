@@ -171,13 +171,9 @@ class SGLang(Scheduler):
             return (f"kv_capacity: SGLang admits a request with room for its prompt, its "
                     f"output and {spare} spare tokens: needs {num_kv_tokens + 1 + spare} KV "
                     f"slots, a replica holds {kv.capacity_tokens}")
-        spec = self._spec
-        if spec is not None and num_kv_tokens - 1 + spec.reserve_tokens > kv.capacity_tokens:
-            # Its last decode holds its KV and 2L slots past it (rule 12).
-            return (f"kv_capacity: with speculative decoding SGLang holds "
-                    f"{spec.reserve_tokens} KV slots past a request's KV at each decode "
-                    f"step: needs {num_kv_tokens - 1 + spec.reserve_tokens}, a replica holds "
-                    f"{kv.capacity_tokens}")
+        # (With speculative decoding a decode step holds 2L slots past a request's KV, which
+        # admission does not count: SGLang admits a request those do not fit beside, and
+        # aborts it at the decode step they do not fit, rule 12.)
         return None
 
     def batch_is_full(self, state: ReplicaState, decoding: list[Request]) -> bool:

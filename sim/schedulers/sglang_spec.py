@@ -238,9 +238,11 @@ def _retract(state: ReplicaState, plan: Plan, batch: list[Request],
         first = False
         preempt(state, batch[order.pop()], plan.preempted_ids, to_back=True)
     if len(order) <= 1 and sum(top_up(batch[i]) for i in order) > kv.num_free_blocks:
-        state.abort(batch[order.pop()], now_s,
-                    "kv_oom: SGLang aborts the last request of a decode batch whose KV top-up "
-                    "does not fit even alone (retract_decode)")
+        last = batch[order.pop()]
+        # Released as a retracted request is (`release_req`: `reset_for_retract` counts it).
+        last.num_preemptions += 1
+        state.abort(last, now_s, "kv_oom: SGLang aborts the last request of a decode batch "
+                                 "whose KV top-up does not fit even alone (retract_decode)")
     kept = [batch[i] for i in order]
     # The batch's new order, in the places its requests held in the running list.
     places = {id(r) for r in kept}
