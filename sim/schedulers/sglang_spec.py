@@ -13,8 +13,9 @@ Paths are under `sglang/srt/` of the 0.5.23 wheel.
   more, all joining the output; rejected slots are not freed until the request leaves.
 - KV (`eagle_prepare_for_decode`, `mem_cache/allocation_sizing.py`): at each decode step a
   request holds max(what it holds, committed + 2L) slots, L = max(S * K, D) and committed its
-  prompt and known outputs less one (the 2L absorbs the overlap loop's step in flight, and
-  applies without it too). The step is taken only if every request's top-up fits
+  prompt and known outputs less one, or all of them while its prompt's sampled token is in
+  flight (SGLang commits a prefill's KV as it allocates it); the 2L absorbs the overlap loop's
+  step in flight, and applies without it too. The step is taken only if every request's top-up fits
   (`check_decode_mem`); else `retract_decode` retracts requests, fewest outputs first, ties the
   longest prompt first, keeping at least one (aborting that one if even it does not fit), and
   they go to the back of the queue. In the overlap loop a request whose queued result may finish
@@ -183,6 +184,16 @@ def _known_outputs(req: Request) -> int:
     return req.num_output_tokens - req.num_placeholders
 
 
+def _committed(req: Request) -> int:
+    """SGLang's `kv_committed_len`: the prompt and the known outputs but the last, whose KV is
+    not written yet; while the token of a prompt's last chunk is in flight (the overlap loop),
+    the whole prompt, which `alloc_for_extend` commits as it allocates it
+    (`mem_cache/allocation.py`). (That token is the request's one placeholder; a verification
+    in flight has D >= 2.)"""
+    prefill_in_flight = req.num_placeholders == 1
+    return req.num_prompt_tokens + _known_outputs(req) - (not prefill_in_flight)
+
+
 def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRules,
                           now_s: float) -> None:
     """SGLang's decode step with speculative decoding (`update_running_batch`,
@@ -206,8 +217,8 @@ def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRule
         return
 
     def top_up(req: Request) -> int:
-        committed = req.num_prompt_tokens + _known_outputs(req) - 1
-        return max(0, cdiv(committed + reserve, block_size) - kv.num_held_blocks(req.request_id))
+        return max(0, cdiv(_committed(req) + reserve, block_size)
+                   - kv.num_held_blocks(req.request_id))
 
     if sum(top_up(r) for r in batch) > kv.num_free_blocks:
         if finishing:

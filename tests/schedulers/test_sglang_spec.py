@@ -83,6 +83,15 @@ def test_no_draft_accepted_still_computes_d_tokens_for_one():
     assert it["num_kv_blocks_used"].tolist() == [50, 58, 59, 60]
 
 
+def test_overlap_tops_up_from_the_whole_prompt_while_its_token_is_in_flight():
+    """The first decode is scheduled while the prompt's step runs: SGLang has committed the
+    prompt's KV (100) as it allocated it, so the top-up is 100 + 8; each later one reads the
+    outputs known then (one step behind): 100 + 1 - 1, 104, 108 (found by a held-out
+    workload, `tools/golden/heldout_sglang_spec.py` seed 22)."""
+    res = run(scenario(eagle(1.0), [(0.0, 100, 13)], overlap=True))
+    assert res.iterations["num_kv_blocks_used"].tolist() == [100, 108, 108, 112, 116]
+
+
 def test_a_step_past_the_last_token_is_cut_at_it():
     # 1 + 4 + 4 = 9 but 7 wanted: the second decode's run is cut at the last token.
     res = run(scenario(eagle(1.0), [(0.0, 20, 7)]))
