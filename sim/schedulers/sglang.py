@@ -136,6 +136,7 @@ class SGLang(Scheduler):
         if self._spec is not None:
             self.allows_stretches = False  # (decode stretches assume one token a step)
         self._now_s = 0.0
+        self._aborted = False  # the last decode pass aborted a request (rule 12)
 
     @property
     def by_priority(self) -> bool:
@@ -266,8 +267,13 @@ class SGLang(Scheduler):
             self._stash_chunked(state)
         preempted: list[int] = []
         while True:
+            self._aborted = False
             plan = self._build(state)
             preempted += plan.preempted_ids
+            if not plan and self._aborted and not any_in_flight(state):
+                # The last decode aborted and nothing is in flight: SGLang's loop passes again
+                # at once, and its queue may start on the KV freed.
+                continue
             # Rebuild after freeing KV: the newest running request, or everyone (then the
             # queue can start again).
             if plan or not (state.running or plan.preempted_ids) or any_in_flight(state):
@@ -284,7 +290,7 @@ class SGLang(Scheduler):
         prefilling = schedule_decodes(state, plan) if cfg.mixed_chunk else state.prefilling()
         self._prefill(state, plan, prefilling, cfg.chunked_prefill_size - plan.num_seqs)
         if not plan and self._spec is not None:
-            schedule_spec_decodes(state, plan, self._spec, self._now_s)
+            self._aborted = schedule_spec_decodes(state, plan, self._spec, self._now_s)
         elif not plan:
             schedule_decodes(state, plan)
         return plan

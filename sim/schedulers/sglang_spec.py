@@ -195,11 +195,12 @@ def _committed(req: Request) -> int:
 
 
 def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRules,
-                          now_s: float) -> None:
+                          now_s: float) -> bool:
     """SGLang's decode step with speculative decoding (`update_running_batch`,
     `check_decode_mem`, `retract_decode`, `eagle_prepare_for_decode`): every running request
     not prefilling verifies D tokens, each topped up to its committed KV plus 2L slots; where
-    the top-ups do not all fit, requests are retracted (see the module docstring)."""
+    the top-ups do not all fit, requests are retracted (see the module docstring). Returns
+    whether it aborted one."""
     kv = state.kv
     block_size = kv.block_size
     reserve = rules.reserve_tokens
@@ -214,31 +215,35 @@ def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRule
             continue
         batch.append(req)
     if not batch:
-        return
+        return False
 
     def top_up(req: Request) -> int:
         return max(0, cdiv(_committed(req) + reserve, block_size)
                    - kv.num_held_blocks(req.request_id))
 
+    aborted = False
     if sum(top_up(r) for r in batch) > kv.num_free_blocks:
         if finishing:
-            return  # their KV comes back at this step's end: decode the rest next step
-        batch = _retract(state, plan, batch, top_up, now_s)
+            return False  # their KV comes back at this step's end: decode the rest next step
+        batch, aborted = _retract(state, plan, batch, top_up, now_s)
     scheduled = plan.num_scheduled_tokens
     for req in batch:
         grow = top_up(req)
         if grow:
             kv.grow_blocks(req.request_id, grow)
         scheduled[req.request_id] = rules.num_draft_tokens
+    return aborted
 
 
 def _retract(state: ReplicaState, plan: Plan, batch: list[Request],
-             top_up: Callable[[Request], int], now_s: float) -> list[Request]:
+             top_up: Callable[[Request], int], now_s: float) -> tuple[list[Request], bool]:
     """`retract_decode`: retract the requests SGLang keeps least (fewest known outputs, then
     the longest prompt; among equals the later in the batch) until the others' top-ups fit,
     at least one, keeping one; abort that one if even it does not fit. The kept requests run
-    on in that order (`filter_batch(keep_indices=...)` reorders the batch)."""
+    on in that order (`filter_batch(keep_indices=...)` reorders the batch). Returns them, and
+    whether one was aborted."""
     kv = state.kv
+    aborted = False
     order = sorted(range(len(batch)),
                    key=lambda i: (_known_outputs(batch[i]), -batch[i].num_prompt_tokens),
                    reverse=True)
@@ -254,9 +259,10 @@ def _retract(state: ReplicaState, plan: Plan, batch: list[Request],
         last.num_preemptions += 1
         state.abort(last, now_s, "kv_oom: SGLang aborts the last request of a decode batch "
                                  "whose KV top-up does not fit even alone (retract_decode)")
+        aborted = True
     kept = [batch[i] for i in order]
     # The batch's new order, in the places its requests held in the running list.
     places = {id(r) for r in kept}
     it = iter(kept)
     state.running[:] = [next(it) if id(r) in places else r for r in state.running]
-    return kept
+    return kept, aborted

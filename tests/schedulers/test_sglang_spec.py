@@ -121,6 +121,21 @@ def test_retraction_takes_fewest_outputs_then_longest_prompt_to_the_queues_back(
     assert (it["num_kv_blocks_used"] <= 230).all()
 
 
+def test_a_request_the_top_up_outgrows_is_aborted_and_the_queue_starts_at_once():
+    """Admission counts a prompt, its outputs and 3 spare slots (372 + 9 + 3 = 384), not the
+    decode step's top-up: with no draft accepted, the sixth decode would need 377 + 8 > 384
+    slots; the request is the last of its batch, so SGLang aborts it (counting it retracted
+    once), and its loop passes again at once: B, waiting since 0.01 s, starts then."""
+    res = run(scenario(eagle(0.0), [(0.0, 372, 9), (0.01, 50, 4)], num_blocks=384))
+    a, b = res.requests.set_index("request_id").loc[0], res.requests.set_index(
+        "request_id").loc[1]
+    assert a["status"] == "failed" and a["reason"].startswith("kv_oom")
+    assert (a["num_generated_tokens"], a["num_preemptions"]) == (6, 1)
+    assert a["failed_s"] == pytest.approx(0.382 + 5 * 0.014)
+    assert b["status"] == "finished" and b["first_scheduled_s"] == a["failed_s"]
+    assert res.iterations["num_kv_blocks_used"].tolist()[:6] == [372, 380, 381, 382, 383, 384]
+
+
 def test_overlap_leaves_out_a_request_whose_queued_result_finishes_it():
     """In the overlap loop, a request with one known token left whose verify is in flight sits
     the next decode out; one with more left is scheduled again (its result then dropped)."""

@@ -199,6 +199,7 @@ class _Recorder:
         self.now_s = 0.0
         self.gpu_free_s = 0.0
         self.next_arrival = 0
+        self._passed_again_s = -1.0  # the instant an idle pass with requests waiting passed again
 
     def add_arrived(self) -> None:
         arrivals = self.arrivals
@@ -243,8 +244,13 @@ class _Recorder:
                 t["finish_s"] = self.now_s
 
     def wait_for_arrival(self) -> bool:
-        """Nothing runs: jump to the next arrival; False when none is left."""
+        """Nothing runs: jump to the next arrival; False when none is left. With requests
+        waiting, SGLang's loop first passes again at once (a pass that scheduled nothing may
+        have freed KV: speculative decoding's abort), once per instant."""
         sched = self.sched
+        if sched.waiting_queue and self._passed_again_s != self.now_s:
+            self._passed_again_s = self.now_s
+            return True
         if self.next_arrival == len(self.arrivals):
             if sched.waiting_queue or not sched.running_batch.is_empty():
                 raise RuntimeError(f"{self.workload['name']}: requests left, none can run")
