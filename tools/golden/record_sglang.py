@@ -75,6 +75,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -456,24 +457,33 @@ def _record_one(out: Path, name: str) -> None:
                    f"python tools/golden/record_sglang.py --out {out} {name}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(doc: str, script: str, workloads: Iterable[str],
+        record_one: Callable[[Path, str], Any]) -> None:
+    """A recorder's command line: `--out DIR [NAME ...]` records the workloads named (default:
+    all of `workloads`), each in a fresh process of `script` (SGLang's server-args context is
+    process-wide) that calls `record_one(out, name)`."""
+    known = list(workloads)
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--in-process", action="store_true",
                         help="record one workload in this process (used per workload)")
     parser.add_argument("names", nargs="*", help="workloads (default: all)")
     args = parser.parse_args()
-    names = args.names or list(SGLANG_WORKLOADS)
-    unknown = [n for n in names if n not in SGLANG_WORKLOADS]
+    names = args.names or known
+    unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"unknown workloads: {unknown}")
     if args.in_process:
         assert len(names) == 1, "--in-process records one workload"
-        _record_one(args.out, names[0])
+        record_one(args.out, names[0])
         return
-    for name in names:  # a fresh process each: SGLang's server-args context is process-wide
-        subprocess.run([sys.executable, __file__, "--out", str(args.out), "--in-process", name],
+    for name in names:
+        subprocess.run([sys.executable, script, "--out", str(args.out), "--in-process", name],
                        check=True)
+
+
+def main() -> None:
+    cli(__doc__ or "", __file__, SGLANG_WORKLOADS, _record_one)
 
 
 if __name__ == "__main__":

@@ -62,10 +62,8 @@ finish_s is null).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -309,24 +307,7 @@ def record_fixture(out: Path, name: str) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--in-process", action="store_true",
-                        help="record one workload in this process (used per workload)")
-    parser.add_argument("names", nargs="*",
-                        help="workloads (default: every one of SGLANG_SPEC_WORKLOADS)")
-    args = parser.parse_args()
-    names = args.names or list(SGLANG_SPEC_WORKLOADS)
-    unknown = [n for n in names if n not in WORKLOADS]
-    if unknown:
-        parser.error(f"unknown workloads: {unknown}")
-    if args.in_process:
-        assert len(names) == 1, "--in-process records one workload"
-        record_fixture(args.out, names[0])
-        return
-    for name in names:  # a fresh process each: SGLang's server-args context is process-wide
-        subprocess.run([sys.executable, __file__, "--out", str(args.out), "--in-process", name],
-                       check=True)
+    R.cli(__doc__ or "", __file__, WORKLOADS, record_fixture)
 
 
 if __name__ == "__main__":
