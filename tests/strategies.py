@@ -82,7 +82,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
             if algorithm == "standalone":
                 topk = 1
             draft = steps + 1 if topk == 1 else draw(
-                st.integers(2, topk + (steps - 1) * topk ** 2 + 1))
+                st.integers(steps + 1, topk + (steps - 1) * topk ** 2 + 1))
             scheduler.update(mixed_chunk=False, decode_reserve_tokens=None, speculative={
                 "algorithm": algorithm, "num_steps": steps, "eagle_topk": topk,
                 "num_draft_tokens": draft,

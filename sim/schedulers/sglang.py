@@ -270,9 +270,12 @@ class SGLang(Scheduler):
             self._aborted = False
             plan = self._build(state)
             preempted += plan.preempted_ids
-            if not plan and self._aborted and not any_in_flight(state):
-                # The last decode aborted and nothing is in flight: SGLang's loop passes again
-                # at once, and its queue may start on the KV freed.
+            if (not plan and self._aborted and not self.config.overlap_schedule
+                    and not any_in_flight(state)):
+                # The last decode aborted: SGLang's loop passes again at once, and its queue
+                # may start on the KV freed. (The overlap loop first processes the batch in
+                # flight, the aborted request's last verify, and takes the arrivals until it
+                # ends: servesim decides again when it ends.)
                 continue
             # Rebuild after freeing KV: the newest running request, or everyone (then the
             # queue can start again).

@@ -122,6 +122,13 @@ class SGLangSpeculativeConfig(AcceptanceSettings):
             raise invalid(("num_draft_tokens", draft,
                            f"more drafts than the tree of {steps} steps x {topk} branches "
                            "proposes"))
+        if self.algorithm != "ngram" and topk > 1 and draft < steps + 1:
+            # `_compact_accept_to_front` (speculative/eagle_worker_common.py) writes the
+            # accepted path's S + 1 rows into each request's block of D: SGLang 0.5.23 fails
+            # at the first tree verify.
+            raise invalid(("num_draft_tokens", draft,
+                           f"SGLang's tree verify needs at least num_steps + 1 ({steps + 1}) "
+                           "tokens"))
         if self.algorithm == "standalone" and self.draft_time_ratio is None:
             raise invalid(("draft_time_ratio", None, "a draft model's time is its own: give "
                                                      "its step time relative to the target's"))

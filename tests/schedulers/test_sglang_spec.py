@@ -136,6 +136,20 @@ def test_a_request_the_top_up_outgrows_is_aborted_and_the_queue_starts_at_once()
     assert res.iterations["num_kv_blocks_used"].tolist()[:6] == [372, 380, 381, 382, 383, 384]
 
 
+def test_overlap_after_an_abort_the_queue_starts_when_the_verify_in_flight_ends():
+    """The same abort in the overlap loop, decided at 0.452 s while the request's last verify
+    runs (to 0.466 s): SGLang first processes that batch (`event_loop_overlap`), then
+    passes again with the requests arrived by then, so C (0.46 s) starts with B (as a
+    recording of SGLang's own overlap loop on the same three requests does)."""
+    res = run(scenario(eagle(0.0), [(0.0, 372, 9), (0.01, 50, 4), (0.46, 30, 3)],
+                       num_blocks=384, overlap=True))
+    reqs = res.requests.set_index("request_id")
+    assert reqs.loc[0, "failed_s"] == pytest.approx(0.452)
+    assert reqs.loc[1, "first_scheduled_s"] == reqs.loc[2, "first_scheduled_s"] == (
+        pytest.approx(0.466))
+    assert res.iterations["num_prefill_tokens"].tolist()[7] == 80
+
+
 def test_overlap_leaves_out_a_request_whose_queued_result_finishes_it():
     """In the overlap loop, a request with one known token left whose verify is in flight sits
     the next decode out; one with more left is scheduled again (its result then dropped)."""
