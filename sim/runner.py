@@ -355,8 +355,12 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
                                                        for i, r in enumerate(replicas)}, end_s)
     for stats, replica in zip(summary["replicas"], replicas, strict=True):
         # Zero when every request is done: prefill blocks freed after each transfer, decode
-        # blocks at completion.
+        # blocks at completion; with a CPU tier, but those of finished requests whose stores
+        # vLLM has not polled yet.
         stats["kv_blocks_in_use_at_end"] = replica.kv.num_used_blocks
+        if replica.offload is not None:
+            stats["kv_blocks_awaiting_stores_at_end"] = int(
+                replica.offload["num_blocks_awaiting_stores"])
     summary["pools"] = pool_stats(summary["replicas"])
     if any(r.pool == "decode" for r in replicas):
         summary["transfer"] = transfer_stats(request_cols)

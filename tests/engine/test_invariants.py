@@ -128,6 +128,8 @@ def test_cluster_invariants(data):
     assert (moved["decode_replica_id"] != moved["replica_id"]).all()
     if data["horizon_s"] is None:
         # KV blocks freed everywhere: the prefill side after each transfer, the decode side at
-        # completion (and `state.check` verified conservation on every replica).
-        assert [r["kv_blocks_in_use_at_end"] for r in res.summary["replicas"]] == [0] * len(
-            res.summary["replicas"])
+        # completion (and `state.check` verified conservation on every replica); with a CPU
+        # tier, but those a finished request holds until vLLM polls its stores, at its next
+        # step (none after the last request: vLLM's engine idles).
+        assert [r["kv_blocks_in_use_at_end"] for r in res.summary["replicas"]] == [
+            r.get("kv_blocks_awaiting_stores_at_end", 0) for r in res.summary["replicas"]]
