@@ -136,9 +136,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         "paced": draw(st.booleans()),
         "warmup_requests": draw(st.sampled_from([0, 0, 3])),
         "duration_s": draw(st.sampled_from([None, None, 0.3, 2.0]))}]))
-    # (SGLang's radix cache with speculative decoding is refused: not modelled yet.)
-    prefix_caching = offload or (draw(st.booleans()) and not (
-        scheduler["name"] == "sglang" and "speculative" in scheduler))
+    prefix_caching = offload or draw(st.booleans())
     # A CPU tier for the KV cache sometimes (vLLM 0.15.1's offloading connector): from a few
     # blocks to more than the GPU holds, copies slow or fast (the default model's block is
     # 128 KiB per token slot).

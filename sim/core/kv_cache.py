@@ -64,9 +64,13 @@ class KVCacheManager:
         """Count `req`'s cached prefix as used now, matching nothing (SGLang's waiting-queue
         refresh); nothing without prefix caching."""
 
-    def checkpoint(self, req: Request) -> None:
-        """Cache what `req` has computed so far, as it runs (SGLang inserts a request's prompt
-        when its prefill or a chunk ends); nothing here."""
+    def checkpoint(self, req: Request, num_tokens: int | None = None) -> None:
+        """Cache `req`'s first `num_tokens` tokens (default: what it has computed) as it runs
+        (SGLang inserts a request's prompt when its prefill or a chunk ends); nothing here."""
+
+    def evict_to_free(self, num_blocks: int) -> None:
+        """Evict cached blocks nobody uses until `num_blocks` blocks hold nothing (SGLang's
+        decode-memory check and retraction do, at once); nothing is cached here."""
 
     def deferred_evictions(self) -> AbstractContextManager[None]:
         """Within it, allocations take evictable cached blocks without evicting yet; leaving it

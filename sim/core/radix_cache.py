@@ -12,13 +12,16 @@ are tracked, never which physical block holds what.
 What is modelled (rule, and where it comes from; paths under `sglang/srt/`):
 - A hit skips computing those tokens; at least the last known token is always computed, to get
   logits (`_compute_max_prefix_len`: `len - 1` at most).
-- Insertion (`mem_cache/radix_cache.py` `checkpoint`): a request's prompt is cached when its
-  prefill ends and, chunk by chunk, when the next batch is scheduled (`stash_chunked_request`);
-  a finished request's whole KV when it leaves (`release_kv_cache(checkpoint=True)`): its
-  prompt's units, and the rest (its output, a partial unit) as one node of its own under them
-  that nobody can match (`split_prompt`). A preempted (retracted) request caches nothing more.
-  Only full units are shared. A request inserting a unit already cached (computed by another
-  meanwhile) takes the cached one and gives its own back (`_insert_cache` frees duplicates).
+- Insertion (`mem_cache/radix_cache.py` `checkpoint`): what a request's extend computed is
+  cached when its prefill ends (`checkpoint_kv_cache`, up to `extend_end`) and, chunk by chunk,
+  when the next batch is scheduled (`stash_chunked_request`); a finished request's whole KV
+  when it leaves (`release_kv_cache(checkpoint=True)`). Its prompt's ids are units; what lies
+  past them (the outputs a retracted request computes again, or at its release, its output
+  and a partial unit) becomes a node of its own under them (`split_prompt`) that only it can
+  match (a retracted request finds its outputs cached when it comes back). A preempted
+  (retracted) request caches nothing more when it leaves. Only full units are shared. A
+  request inserting a unit already cached (computed by another meanwhile) takes the cached
+  one and gives its own back (`_insert_cache` frees duplicates).
 - Cached blocks nobody uses (lock count 0) are free: they count in `num_free_blocks` and are
   evicted only when an allocation finds no other free block; a whole prefill batch allocates,
   and evicts, once, after every request in it was matched (`deferred_evictions`).
@@ -30,6 +33,16 @@ What is modelled (rule, and where it comes from; paths under `sglang/srt/`):
   ends inside a node the whole node (the split keeps the old node's part below with the new
   time). Locking and unlocking touch nothing; nor do lookups of routers and metrics
   (`prefix_hit_tokens`).
+- EAGLE's keys (`bigram_keys`; EAGLE, EAGLE-3, NEXTN): the tree is keyed by token pairs
+  (`RadixKey.maybe_to_bigram_view`), so n tokens are n - 1 keys holding the KV of their first
+  n - 1 tokens: every match, insertion and limit is one token shorter. With one token per unit
+  the first unit holds no KV and is the root's (a pair's node is the unit of its second token).
+- A finished request caches what SGLang counts as its own (`owned_kv_len`): its committed KV,
+  not a verification still in flight, and, where its last verification accepted past its
+  last token, one token more (`min(kv_committed_len, prompt + outputs through the stop)`).
+- Eager eviction (`evict_to_free`): SGLang's decode-memory check evicts what it is short of
+  (`check_decode_capacity`) and a retraction evicts for 20 tokens a request still running
+  (`release_req`, `SGLANG_RETRACT_DECODE_STEPS`), whether or not the step then fits.
 """
 
 from __future__ import annotations
@@ -91,38 +104,62 @@ class PrefixCachingKVManager(KVCacheManager):
         self._seq = 0  # orders heap entries of equal times
         self._deferring = False
         self.num_evicted_blocks = 0
+        self.bigram_keys = False  # EAGLE's token-pair keys (the module docstring)
 
     # -- lookups --------------------------------------------------------------------------
+
+    def _first_unit(self, req: Request) -> int:
+        """The first of `req`'s units that is a node of the tree: with token-pair keys and a
+        unit per token, the first token is no key (the pair it starts is the next unit's)."""
+        return 1 if self.bigram_keys and req.hash_block_tokens == 1 else 0
+
+    def _cached_tokens(self, num_tokens: int) -> int:
+        """Tokens of a key of `num_tokens` tokens that hold cached KV: its whole blocks (one
+        token fewer with token-pair keys)."""
+        return max(0, num_tokens - self.bigram_keys) // self.block_size * self.block_size
 
     def _unit_blocks(self, req: Request, index: int) -> int:
         """Blocks owned by unit `index` of `req`: those whose last token it holds."""
         h = req.hash_block_tokens
-        return (index + 1) * h // self.block_size - index * h // self.block_size
+        return (self._cached_tokens((index + 1) * h) - self._cached_tokens(index * h)
+                ) // self.block_size
 
     def _match(self, req: Request, limit: int | None = None) -> list[Unit]:
         """The cached units `req` can reuse: the longest cached chain of its ids within its
-        first `limit` tokens (default: leaving at least one token to compute)."""
-        ids = req.hash_ids
-        if not ids or self._held.get(req.request_id):
+        first `limit` tokens (default: leaving at least one token to compute), and past its
+        ids what it cached of its own before it was retracted (its outputs)."""
+        if self._held.get(req.request_id):
             return []
-        h, bs = req.hash_block_tokens, self.block_size
+        ids = req.hash_ids or ()
         if limit is None:
             limit = req.num_tokens - 1
-        units = []
+        num_allowed = self._cached_tokens(limit) // self.block_size  # blocks it may reuse
+        units: list[Unit] = []
         node = self.root
-        for index, key in enumerate(ids):
-            child = node.children.get(key)
-            if child is None or (index + 1) * h // bs * bs > limit:
+        num_blocks = 0
+        index = self._first_unit(req)
+        while index < len(ids):
+            child = node.children.get(ids[index])
+            if child is None or num_blocks + child.num_blocks > num_allowed:
+                return units
+            units.append(child)
+            node = child
+            num_blocks += child.num_blocks
+            index += 1
+        own = _REST_KEY - req.request_id
+        while (child := node.children.get(own)) is not None:
+            if num_blocks + child.num_blocks > num_allowed:
                 break
             units.append(child)
             node = child
+            num_blocks += child.num_blocks
         return units
 
-    def _hit_tokens(self, req: Request, num_units: int) -> int:
-        return num_units * req.hash_block_tokens // self.block_size * self.block_size
+    def _hit_tokens(self, units: list[Unit]) -> int:
+        return sum(u.num_blocks for u in units) * self.block_size
 
     def prefix_hit_tokens(self, req: Request) -> int:
-        return self._hit_tokens(req, len(self._match(req)))
+        return self._hit_tokens(self._match(req))
 
     def unused_prefix_tokens(self, req: Request) -> int:
         return sum(u.num_blocks for u in self._match(req) if not u.num_users) * self.block_size
@@ -131,7 +168,7 @@ class PrefixCachingKVManager(KVCacheManager):
         units = self._match(req)
         if units:
             self._touch_path(units)
-        return self._hit_tokens(req, len(units))
+        return self._hit_tokens(units)
 
     def touch_prefix(self, req: Request) -> None:
         # The whole key, prompt and output (`touch_waiting_prefix`): no token kept to compute.
@@ -147,9 +184,9 @@ class PrefixCachingKVManager(KVCacheManager):
         hit: list[Unit] = []
         if num_cached_tokens:
             hit = self._match(req)
-            while hit and self._hit_tokens(req, len(hit)) > num_cached_tokens:
+            while hit and self._hit_tokens(hit) > num_cached_tokens:
                 hit.pop()
-            assert self._hit_tokens(req, len(hit)) == num_cached_tokens, "not a cached prefix"
+            assert self._hit_tokens(hit) == num_cached_tokens, "not a cached prefix"
         computed = req.num_computed_tokens + num_cached_tokens
         held = self._held.get(rid, 0) + num_cached_tokens // self.block_size
         grow = max(0, cdiv(computed + num_new_tokens, self.block_size) - held)
@@ -173,17 +210,19 @@ class PrefixCachingKVManager(KVCacheManager):
         self._take(num_blocks)
         self._held[request_id] = self._held.get(request_id, 0) + num_blocks
 
-    def checkpoint(self, req: Request) -> None:
+    def checkpoint(self, req: Request, num_tokens: int | None = None) -> None:
         if self._held.get(req.request_id):
-            self._insert(req, min(req.num_computed_tokens, req.num_prompt_tokens))
+            self._insert(req, req.num_computed_tokens if num_tokens is None else num_tokens)
 
     def free(self, req: Request, *, preempted: bool = False) -> None:
         rid = req.request_id
         if rid not in self._held:
             return
         rest = None
-        if not preempted:  # SGLang's `release_kv_cache(checkpoint=True)`
-            rest = self._insert(req, req.num_computed_tokens, release=True)
+        if not preempted:  # SGLang's `release_kv_cache(checkpoint=True)`, its `owned_kv_len`
+            num_owned = (req.num_computed_tokens - req.num_in_flight_tokens
+                         + min(req.num_overshoot_tokens, 1))
+            rest = self._insert(req, num_owned, release=True)
         units = self._units.pop(rid, [])
         owned = sum(u.num_blocks for u in units) + (rest.num_blocks if rest else 0)
         self.num_free_blocks += self._held.pop(rid) - owned
@@ -196,42 +235,50 @@ class PrefixCachingKVManager(KVCacheManager):
 
     def _insert(self, req: Request, num_tokens: int, *, release: bool = False) -> Unit | None:
         """SGLang's `checkpoint`: cache `req`'s full units within its first `num_tokens`
-        tokens, from its blocks, and touch its path. At its release (`num_tokens` all it
-        computed) its full blocks past those units become a node of their own under them,
-        `release`: returned (in use by `req` until it lets go)."""
+        tokens, from its blocks, and touch its path. Past its ids (a retracted request's
+        prompt and outputs, computed again) its blocks become a node of its own under them,
+        which only it can match. At its release (`num_tokens` what it owns) its blocks past
+        those become a node of their own too, returned (`release`: in use by `req` until it
+        lets go)."""
         rid = req.request_id
         ids = req.hash_ids or ()
-        units = self._units.get(rid)
-        done = len(units) if units else 0
+        units = self._units.setdefault(rid, [])
+        own = _REST_KEY - rid
+        num_shared = sum(u.key != own for u in units)  # (its own nodes come last)
+        done = self._first_unit(req) + num_shared
         h = req.hash_block_tokens
         last = min(num_tokens // h, len(ids)) if ids else 0
-        if units is None:
-            units = self._units[rid] = []
         parent = units[-1] if units else self.root
-        for index in range(done, last):
-            key = ids[index]
-            unit = parent.children.get(key)
-            num_blocks = self._unit_blocks(req, index)
-            if unit is None:
-                unit = self._new_unit(key, parent, num_blocks)
-            else:  # cached meanwhile by another request: share it, give ours back
-                self._use(unit)
-                self.num_free_blocks += num_blocks
+        if num_shared == len(units):
+            for index in range(done, last):
+                key = ids[index]
+                unit = parent.children.get(key)
+                num_blocks = self._unit_blocks(req, index)
+                if unit is None:
+                    unit = self._new_unit(key, parent, num_blocks)
+                else:  # cached meanwhile by another request: share it, give ours back
+                    self._use(unit)
+                    self.num_free_blocks += num_blocks
+                units.append(unit)
+                parent = unit
+            if last > done:
+                parent.end = True  # the new node ends here (`_insert_helper`)
+        num_rest = (self._cached_tokens(num_tokens) // self.block_size
+                    - sum(u.num_blocks for u in units))
+        if not release and last == len(ids) and num_rest > 0:  # a retracted one's outputs
+            parent.end = True
+            unit = self._new_unit(own, parent, num_rest)
+            unit.end = True
             units.append(unit)
-            parent = unit
-        if last > done:
-            parent.end = True  # the new node ends here (`_insert_helper`)
         if units:
             self._touch_path(units)  # split where the insertion ends inside a node
         rest = None
-        if release:
-            num_rest = num_tokens // self.block_size - last * h // self.block_size
-            if num_rest > 0:  # split at the prompt's end (`split_prompt`), touched with it
-                rest = self._new_unit(_REST_KEY - rid, parent, num_rest)
-                rest.end = True
-                if not units:
-                    self._clock += 1
-                rest.last_use = self._clock
+        if release and num_rest > 0:  # split at the prompt's end (`split_prompt`), touched
+            rest = self._new_unit(own, parent, num_rest)
+            rest.end = True
+            if not units:
+                self._clock += 1
+            rest.last_use = self._clock
         if not units:
             del self._units[rid]
         return rest
@@ -295,6 +342,13 @@ class PrefixCachingKVManager(KVCacheManager):
     def _settle(self) -> None:
         """Evict until the blocks taken are all uncached ones."""
         while self.num_free_blocks < self._num_evictable_blocks:
+            self._evict_one()
+
+    def evict_to_free(self, num_blocks: int) -> None:
+        """SGLang's `evict_to_free_tokens`: evict unused cached units, least recently used leaf
+        first, until `num_blocks` blocks hold nothing or nothing is left to evict."""
+        while (self.num_free_blocks - self._num_evictable_blocks < num_blocks
+               and self._num_evictable_blocks):
             self._evict_one()
 
     @contextmanager

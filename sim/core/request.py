@@ -62,6 +62,9 @@ class Request:
     num_drafts_verified: int = 0
     num_drafts_accepted: int = 0
     num_extra_tokens: int = 0
+    # Accepted past its last token by its last verification (SGLang keeps their KV: its
+    # radix cache takes one of them when the request leaves; vLLM trims them).
+    num_overshoot_tokens: int = 0
     replica_id: int = -1  # where it runs now (the decode replica, once transferred)
     prefill_replica_id: int = -1  # where it arrived
     first_scheduled_s: float | None = None

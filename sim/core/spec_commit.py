@@ -49,6 +49,7 @@ def commit_speculative(state: ReplicaState, plan: Plan, iteration: int, start_s:
             req.num_drafts_accepted += num_accepted
             req.num_computed_tokens -= num_spec - num_accepted
         num_new = min(num_accepted + 1, req.num_target_output_tokens - req.num_output_tokens)
+        req.num_overshoot_tokens = num_accepted + 1 - num_new
         # Stopped at its last token: vLLM trims the rest, and with them their KV slots
         # ("num_computed_tokens covers all new tokens but the last one").
         req.num_computed_tokens -= num_accepted + 1 - num_new
@@ -132,7 +133,8 @@ def complete_speculative(state: ReplicaState, in_flight: list[InFlight], end_s: 
             _deliver_stale_tokens(state, req, num_new, end_s, done)
             continue
         num_rejected = num_spec - num_accepted
-        req.num_computed_tokens -= num_rejected + (num_accepted + 1 - num_new)  # (and trims)
+        req.num_overshoot_tokens = num_accepted + 1 - num_new
+        req.num_computed_tokens -= num_rejected + req.num_overshoot_tokens  # (and trims)
         # Its placeholders for this step resolve: the rejected ones and any past its last
         # token go; the others are its output now.
         num_gone = samples - num_new

@@ -188,7 +188,10 @@ class ReplicaState:
         it leaves the batch, its KV freed, and fails at `now_s` with `reason`; tokens in
         iterations still in flight never reach the client."""
         self._stop_running(req)
-        self._free_finished(req)
+        if self.offload is None:
+            self.kv.free(req, preempted=True)  # cached: nothing (SGLang's `release_req`)
+        else:
+            self.offload.finished(self, req)
         req.num_output_tokens -= req.num_placeholders
         req.num_placeholders = 0
         req.close_token_run()

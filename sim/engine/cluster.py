@@ -134,11 +134,8 @@ class Cluster:
                 raise InputError(self.source, f"{field}.scheduler.speculative.method",
                                  spec.method, f"speculative decoding on {where} is not "
                                  "modelled yet (servesim issue 47)")
-            if spec.engine == "sglang" and cfg.prefix_caching:
-                raise InputError(self.source, f"{field}.prefix_caching", True,
-                                 "SGLang's radix cache with speculative decoding (EAGLE's "
-                                 "token pairs as keys, retraction's evictions) is not "
-                                 "modelled yet (servesim issue 47)")
+            if isinstance(state.kv, PrefixCachingKVManager):  # EAGLE keys by token pairs
+                state.kv.bigram_keys = getattr(spec, "bigram_keys", False)
             state.acceptance = Acceptance(spec.draws(), self.seed)
             if isinstance(state.kv, BlockPrefixCache):
                 state.kv.cache_at_free = getattr(scheduler, "kv_cached_when_freed", True)

@@ -102,14 +102,15 @@ class SGLang(Scheduler):
        (aborted if even it does not fit); in the overlap loop a request whose queued result
        finishes it sits the step out, and one whose result may (more than one token left)
        is verified once more, its result dropped. `max_running_requests` defaults to 48.
+       With the radix cache, EAGLE's tree is keyed by token pairs (one token less per hit),
+       and the memory check and each retraction evict at once (`sim.core.radix_cache`).
 
     Not modelled: `--prefill-decode-interval` (default 0), pages other than SGLang's default
     of 1 token, `retract_decode`'s choice and order without speculative decoding (with the
     in-order admission check and outputs below 4096 tokens SGLang then never retracts),
     requests without `ignore_eos` (their `new_token_ratio` estimate: here every output length
-    is known); with speculative decoding, the radix cache (refused), mixed chunks (refused)
-    and the overshoot verifications' rows in the acceptance counts (SGLang's global ones
-    count them).
+    is known); with speculative decoding, mixed chunks (refused) and the overshoot
+    verifications' rows in the acceptance counts (SGLang's global ones count them).
     """
 
     Config = SGLangConfig
@@ -124,7 +125,7 @@ class SGLang(Scheduler):
         # The radix cache's insertions (`sim.core.radix_cache`): plans whose batch ends a prompt,
         # with those requests and their preemption counts (checkpointed when it ends), and
         # the chunked request's tokens cached so far (stashed at the next pass).
-        self._prompts_ending: deque[tuple[Plan, list[tuple[Request, int]]]] = deque()
+        self._prompts_ending: deque[tuple[Plan, list[tuple[Request, int, int]]]] = deque()
         self._stashed: dict[int, tuple[int, int]] = {}
         self._state: ReplicaState | None = None
         self._num_prefill_passes = 0  # passes with a queue: SGLang refreshes every 32nd
@@ -204,9 +205,13 @@ class SGLang(Scheduler):
         self._num_prefill_passes += 1
 
     def prompts_ending(self, plan: Plan, requests: list[Request]) -> None:
-        """`requests` compute the last of their prompt in `plan`'s batch."""
+        """`requests` compute the last of their prompt in `plan`'s batch (and of the outputs
+        a retracted one computes again: its extend ends there)."""
         if requests:
-            self._prompts_ending.append((plan, [(r, r.num_preemptions) for r in requests]))
+            scheduled = plan.num_scheduled_tokens
+            self._prompts_ending.append((plan, [
+                (r, r.num_preemptions, r.num_computed_tokens + scheduled[r.request_id])
+                for r in requests]))
 
     def iteration_ended(self, plan: Plan) -> None:
         # `process_batch_result_prefill`: a request whose prefill ended is inserted in the
@@ -218,9 +223,9 @@ class SGLang(Scheduler):
         while pending[0][0] is not plan:
             pending.popleft()  # older plans: ended without this hook, or never ran
         kv = self._state.kv
-        for req, num_preemptions in pending.popleft()[1]:
+        for req, num_preemptions, num_tokens in pending.popleft()[1]:
             if req.status is Status.RUNNING and req.num_preemptions == num_preemptions:
-                kv.checkpoint(req)
+                kv.checkpoint(req, num_tokens)
 
     def _stash_chunked(self, state: ReplicaState) -> None:
         """`stash_chunked_request`: the chunked request's tokens computed since the last pass

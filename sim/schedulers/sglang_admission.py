@@ -51,11 +51,9 @@ Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check thes
   its prompt and outputs less the prefix it matched, the prefix reset by a preemption). A
   victim's KV is freed (`release_req`: nothing inserted in the radix cache), its outputs
   kept (it is prefilled again with them), its offset given back, and it re-enters the queue
-  after the pass, at the end of its level. Not modelled: the radix cache's eviction of 20
-  tokens per running request left that follows each victim's release
-  (`evict_from_tree_cache`); the outputs a victim computes again being inserted in the radix
-  cache (servesim's caches prompts only: a second preemption computes them once more); a
-  victim's prefill again, chunked so that one token is left, is still SGLang's chunked
+  after the pass, at the end of its level; after each victim's release the radix cache
+  evicts room for 20 tokens per request left in the batch (`evict_from_tree_cache`). Not
+  modelled: a victim's prefill again, chunked so that one token is left, is still SGLang's chunked
   request (never a candidate) where servesim counts it as decoding (a candidate, a pass
   early); and the order in which the victims of one preemption re-enter (a set's, in SGLang:
   arbitrary; here the running batch's).
@@ -77,6 +75,9 @@ if TYPE_CHECKING:
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION's default
 IGNORE_EOS_RESERVE_TOKENS = 1
 MAX_PREFILL_TOKENS = 16384  # `--max-prefill-tokens`' default
+# `SGLANG_RETRACT_DECODE_STEPS`: a retraction or preemption evicts room for this many tokens
+# per request left running (`release_req`)
+RETRACT_DECODE_STEPS = 20
 
 
 class PrefillAdder:
@@ -198,12 +199,15 @@ class PrefillAdder:
         kv = state.kv
         before = kv.num_free_blocks
         ids = {id(r) for r in victims}
+        num_left = len(self.decoding)
         for victim in [r for r in self.decoding if id(r) in ids]:  # (the batch's order)
             self.total_offset -= self._offset(victim)
             # (With mixed_chunk its decode joined the batch first: out of it again; the budget
             # it took is not given back, as SGLang's `num_mixed_decode_tokens` is not.)
             self.plan.num_scheduled_tokens.pop(victim.request_id, None)
             state.preempt(victim)
+            num_left -= 1  # `release_req`: room for 20 tokens a request left, evicted now
+            kv.evict_to_free(cdiv(RETRACT_DECODE_STEPS * num_left, kv.block_size))
             waiting.remove(victim)  # (back in the queue after the pass)
             self.preempted.append(victim)
         self.decoding = [r for r in self.decoding if id(r) not in ids]

@@ -21,6 +21,10 @@ Paths are under `sglang/srt/` of the 0.5.23 wheel.
   they go to the back of the queue. In the overlap loop a request whose queued result may finish
   it by length (one known token left) sits the step out (`_reqs_finishing_inflight`), and if
   the check fails with such a request, nobody decodes this step.
+- The radix cache (`sim.core.radix_cache`): EAGLE, EAGLE-3 and NEXTN key it by token pairs
+  (`bigram_keys`); `check_decode_mem` evicts what the top-ups are short of, fit or not, and
+  each retraction evicts room for `RETRACT_DECODE_STEPS` tokens per request kept
+  (`release_req`).
 - The draft model's time: `sim.latency.base.EagleDraftingLatency`.
 """
 
@@ -38,6 +42,7 @@ from sim.core.plan import Plan
 from sim.core.request import Request
 from sim.core.state import ReplicaState
 from sim.schedulers.base import preempt
+from sim.schedulers.sglang_admission import RETRACT_DECODE_STEPS
 from sim.schedulers.spec_config import AcceptanceSettings
 
 # `--speculative-algorithm` as servesim names it (SGLang's upper-case names, lower-cased;
@@ -151,6 +156,12 @@ class SGLangSpeculativeConfig(AcceptanceSettings):
         return self.num_draft_tokens
 
     @property
+    def bigram_keys(self) -> bool:
+        """Whether SGLang keys its radix cache by token pairs (`is_eagle`: the drafter reads
+        each token's successor; not NGRAM, not a draft model)."""
+        return self.algorithm in ("eagle", "eagle3", "nextn")
+
+    @property
     def method(self) -> str:
         """The drafter's kind as `sim.latency.base.drafter_time_ratio` names it."""
         return {"eagle": "eagle", "eagle3": "eagle3", "nextn": "mtp", "standalone": "draft_model",
@@ -229,7 +240,9 @@ def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRule
                    - kv.num_held_blocks(req.request_id))
 
     aborted = False
-    if sum(top_up(r) for r in batch) > kv.num_free_blocks:
+    need = sum(top_up(r) for r in batch)
+    kv.evict_to_free(need)  # `check_decode_mem` evicts what it is short of, fit or not
+    if need > kv.num_free_blocks:
         if finishing:
             return False  # their KV comes back at this step's end: decode the rest next step
         batch, aborted = _retract(state, plan, batch, top_up, now_s)
@@ -254,13 +267,21 @@ def _retract(state: ReplicaState, plan: Plan, batch: list[Request],
     order = sorted(range(len(batch)),
                    key=lambda i: (_known_outputs(batch[i]), -batch[i].num_prompt_tokens),
                    reverse=True)
+
+    def fits() -> bool:  # `check_decode_mem`, evicting what it is short of
+        need = sum(top_up(batch[i]) for i in order)
+        kv.evict_to_free(need)
+        return need <= kv.num_free_blocks
+
     first = True
-    while first or sum(top_up(batch[i]) for i in order) > kv.num_free_blocks:
+    while first or not fits():
         if len(order) == 1:
             break
         first = False
         preempt(state, batch[order.pop()], plan.preempted_ids, to_back=True)
-    if len(order) <= 1 and sum(top_up(batch[i]) for i in order) > kv.num_free_blocks:
+        # `release_req`: "use the newly evictable memory instantly"
+        kv.evict_to_free(cdiv(RETRACT_DECODE_STEPS * len(order), kv.block_size))
+    if len(order) <= 1 and not fits():
         last = batch[order.pop()]
         # Released as a retracted request is (`release_req`: `reset_for_retract` counts it).
         last.num_preemptions += 1

@@ -142,3 +142,96 @@ def test_lru_leaf_evicts_whole_leaf_nodes_least_recently_used_first():
     assert kv.num_evicted_blocks == 2
     assert kv.prefix_hit_tokens(hashed(8, prompt=200, output=1, ids=(1, 8))) == 64
     kv.check()
+
+
+def test_eagles_token_pair_keys_hold_one_token_less():
+    """EAGLE keys the tree by token pairs: a prompt of n tokens caches the KV of n - 1, a match
+    of n shared tokens reuses n - 1, and a request sharing only the first token matches
+    nothing (it touches nothing: the older prefix is still evicted first)."""
+    state = ReplicaState(PrefixCachingKVManager(20, 1))
+    kv = state.kv
+    kv.bigram_keys = True
+    finish(state, token_request(0, (1, 2, 3, 4)))  # 4 + 1 - 1 = 4 tokens owned: 3 pairs
+    finish(state, token_request(1, (5, 6, 7, 8)))
+    assert kv.num_cached_blocks == 6
+    assert kv.prefix_hit_tokens(token_request(2, (1, 2, 3, 4, 9))) == 3
+    assert kv.prefix_hit_tokens(token_request(2, (1, 2, 9))) == 1
+    assert kv.prefix_hit_tokens(token_request(2, (1, 2, 3, 4))) == 2  # the last one computed
+    assert kv.match_prefix(token_request(2, (1, 9, 9, 9))) == 0
+    fill(state, 10, 17)  # 14 uncached free: one prefix goes, the older
+    assert kv.prefix_hit_tokens(token_request(3, (1, 2, 3, 4, 9))) == 0
+    assert kv.prefix_hit_tokens(token_request(3, (5, 6, 7, 8, 9))) == 3
+    kv.check()
+
+
+def test_token_pair_keys_with_units_of_many_tokens():
+    """Units of 4 tokens (a trace's hash ids): the first unit holds 3 tokens' KV, the next
+    ones 4 each; a finished request's rest (its output) is a node of its own."""
+    state = ReplicaState(PrefixCachingKVManager(40, 1))
+    kv = state.kv
+    kv.bigram_keys = True
+    finish(state, Request(0, 0.0, 10, 3, (1, 2, 3), 4))  # owns 12 tokens: 11 pairs
+    assert kv.num_cached_blocks == 11
+    assert kv.prefix_hit_tokens(Request(1, 0.0, 12, 1, (1, 2, 4), 4)) == 7
+    assert kv.prefix_hit_tokens(Request(1, 0.0, 8, 1, (1, 2), 4)) == 3  # 7 of the 8 at most
+    kv.check()
+
+
+def test_a_finished_request_caches_what_sglang_counts_as_its_own():
+    """Its committed KV: not a verification in flight; one token more where its last
+    verification accepted past its last token (`owned_kv_len`)."""
+    for in_flight, overshoot, cached in ((0, 0, 12), (0, 2, 13), (4, 0, 12), (4, 2, 13)):
+        state = ReplicaState(PrefixCachingKVManager(40, 1))
+        req = token_request(0, tuple(range(1, 9)), output=5)
+        state.add(req)
+        assert state.kv.try_allocate(req, 8)
+        state.admit(req)
+        req.num_computed_tokens = 8 + 5 - 1 + in_flight
+        req.num_in_flight_tokens = in_flight
+        req.num_output_tokens = 5
+        req.num_overshoot_tokens = overshoot
+        assert state.kv.try_allocate(req, 0)
+        state.kv.free(req)
+        assert state.kv.num_cached_blocks == cached, (in_flight, overshoot)
+        state.kv.check()
+
+
+def test_evict_to_free_evicts_least_recently_used_leaves_until_enough_hold_nothing():
+    state = ReplicaState(PrefixCachingKVManager(20, 1))
+    kv = state.kv
+    finish(state, token_request(0, (1, 2, 3, 4)))  # older
+    finish(state, token_request(1, (5, 6, 7, 8)))
+    kv.evict_to_free(12)  # 12 hold nothing already
+    assert (kv.num_cached_blocks, kv.num_free_blocks) == (8, 20)
+    kv.evict_to_free(13)  # one leaf, whole: the older
+    assert (kv.num_cached_blocks, kv.num_free_blocks) == (4, 20)
+    assert kv.prefix_hit_tokens(token_request(2, (5, 6, 7, 8, 9))) == 4
+    kv.evict_to_free(100)  # all it can
+    assert (kv.num_cached_blocks, kv.num_evicted_blocks) == (0, 8)
+    kv.check()
+
+
+def test_a_retracted_request_finds_the_outputs_it_computed_again_cached():
+    """Retracted after 3 outputs, a request computes its prompt (4 tokens, its ids) and the 3
+    outputs again; that extend caches all 7 (SGLang's `checkpoint_kv_cache` up to
+    `extend_end`), the outputs as a node of its own under its prompt, which only it matches:
+    retracted once more, it reuses 7 of its 8 tokens. Another request with the same prompt
+    reuses only the prompt; a request without ids its own tokens the same way."""
+    for ids in ((1, 2, 3, 4), None):
+        state = ReplicaState(PrefixCachingKVManager(40, 1))
+        kv = state.kv
+        req = Request(0, 0.0, 4, 10, ids, 1 if ids else 0)
+        state.add(req)
+        req.num_output_tokens = 3  # (its outputs before it was retracted)
+        assert kv.match_prefix(req) == 0
+        assert kv.try_allocate(req, 7)
+        state.admit(req)
+        req.num_computed_tokens = 7
+        kv.checkpoint(req)
+        assert kv.num_cached_blocks == 7
+        req.num_output_tokens = 4
+        state.preempt(req)
+        assert kv.prefix_hit_tokens(req) == 7
+        if ids:
+            assert kv.prefix_hit_tokens(Request(2, 0.0, 6, 1, (1, 2, 3, 4, 5, 6), 1)) == 4
+        kv.check()

@@ -208,11 +208,37 @@ def test_settings_refused(spec, extra, field, words):
     assert any(name.endswith(field) and words in why for name, _, why in problems), problems
 
 
-def test_radix_cache_refused_with_speculative_decoding():
-    data = scenario(eagle(0.5), [(0.0, 10, 5)])
+def prefixed(spec: dict[str, Any] | None, rows: list[tuple[float, int, int, list[int]]]
+             ) -> dict[str, Any]:
+    """`scenario` on a Mooncake trace (ids of 512-token prefix blocks), the radix cache on."""
+    import json
+
+    data = scenario(spec, [])
+    path = Path(tempfile.mkdtemp()) / "trace.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": 1000 * t, "input_length": p,
+                                        "output_length": o, "hash_ids": ids}) + "\n"
+                            for t, p, o, ids in rows))
+    data["workload"] = {"format": "mooncake", "path": str(path)}
     data["replica"]["prefix_caching"] = True
-    with pytest.raises(InputError, match="prefix_caching"):
-        run(data)
+    return data
+
+
+@pytest.mark.parametrize("spec, hit", [
+    (None, 1024), (eagle(0.5), 1023), ({**eagle(0.5), "algorithm": "nextn"}, 1023),
+    ({"algorithm": "ngram", "acceptance_rate": 0.5}, 1024),
+    ({"algorithm": "standalone", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4,
+      "acceptance_rate": 0.5, "draft_time_ratio": 0.1}, 1024),
+])
+def test_eagle_keys_the_radix_cache_by_token_pairs(spec, hit):
+    """B shares A's first two 512-token blocks. EAGLE's tree holds n - 1 tokens of n (token
+    pairs as keys): B reuses 1023 of them; n-gram's and a draft model's trees hold tokens."""
+    rows = [(0.0, 1100, 20, [7, 8, 9]), (5.0, 1100, 20, [7, 8, 10])]
+    for overlap in (False, True):
+        data = prefixed(spec, rows)
+        data["replica"]["scheduler"]["overlap_schedule"] = overlap
+        req = run(data).requests.set_index("request_id")
+        assert req["num_cached_tokens"].tolist() == [0, hit]
+        assert (req["status"] == "finished").all()
 
 
 def test_eagle_drafter_time():
@@ -262,3 +288,44 @@ def test_a_one_layer_drafter_takes_its_kv_and_weights_from_the_pool(scheduler):
     plain = num_blocks({"name": scheduler["name"]})
     drafting = num_blocks(scheduler)
     assert plain * 32 / 33 * 0.98 < drafting < plain * 32 / 33
+
+
+def token_ids(request_id: int, num_tokens: int) -> tuple[int, ...]:
+    """A prompt of its own tokens, an id per token chained from the ones before it."""
+    ids, last = [], request_id
+    for i in range(num_tokens):
+        last = hash((last, request_id * 1000 + i))
+        ids.append(last)
+    return tuple(ids)
+
+
+def test_a_retraction_evicts_room_for_the_requests_kept_its_own_prompt_too():
+    """A (77 tokens, 5 out) and B (87, 3) decode in 182 slots, EAGLE (3, 1, 4) accepting
+    nothing: each step tops a request up to committed + 8. B's prompt (86 pair keys) was
+    cached when its prefill ended. At the fourth step A needs 1 slot and B 1, and 1 is
+    free: B (fewer outputs) is retracted; its 10 private slots come back, 11 free, fewer than
+    the 20 SGLang evicts for the one request kept, so B's own cached prompt goes, and B
+    computes all 89 tokens (prompt and outputs) again. Without that eviction it would reuse
+    86 and compute 3 (found by comparing the two on random workloads)."""
+    from sim.config.scenario import parse_scenario
+    from sim.core.request import Request, Status
+    from sim.engine.cluster import Cluster
+
+    data = scenario(eagle(0.0), [], num_blocks=182)
+    data["workload"] = {"format": "synthetic", "num_requests": 1,
+                        "arrivals": {"process": "poisson", "qps": 1.0},
+                        "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                    "output": {"dist": "fixed", "value": 1}}}
+    data["replica"]["prefix_caching"] = True
+    data["replica"]["latency"] = {"kind": "constant", "iteration_s": 0.01}
+    a = Request(0, 0.0, 77, 5, token_ids(0, 77), 1)
+    b = Request(1, 0.015, 87, 3, token_ids(1, 87), 1)
+    cluster = Cluster(parse_scenario(data, "t"), fast_forward=False)
+    replica = cluster.replicas[0]
+    replica.plans = []
+    cluster.run([a, b])
+    assert a.status is Status.FINISHED and b.status is Status.FINISHED
+    steps = [(dict(p.num_scheduled_tokens), list(p.preempted_ids)) for p in replica.plans]
+    assert steps[:6] == [({0: 77}, []), ({0: 4}, []), ({1: 87}, []), ({0: 4, 1: 4}, []),
+                         ({0: 4}, [1]), ({1: 89}, [])]
+    assert (b.num_preemptions, b.num_cached_tokens) == (1, 0)

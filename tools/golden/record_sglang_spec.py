@@ -58,6 +58,11 @@ Recorded as `record_sglang.py` records (steps, requests), with a decode step's e
 `output_overshoot`: per request the tokens SGLang kept past max_new_tokens (a verify's accepted
 run is not cut at the limit), and `aborted`: the request ids `retract_decode` aborted (their
 finish_s is null).
+
+With the radix cache on (`disable_radix_cache` false) SGLang's own tree (`UnifiedRadixCache`,
+keyed by token pairs for the EAGLE family, by tokens for NGRAM) matches, inserts and evicts as
+it does; its evictions are logged (stderr), not recorded. At the end every KV slot must be free
+or held by the tree with no request holding it (`check_pools_idle`).
 """
 
 from __future__ import annotations
@@ -260,19 +265,36 @@ def record(workload: Workload) -> dict[str, Any]:
         return out
 
     PrefillAdder.preempt_to_schedule = preempt_to_schedule  # type: ignore[method-assign]
+    # (Counted for the log only: the radix cache's evictions (`UnifiedRadixCache._evict`, under
+    # `evict` and `evict_for_alloc`): [walks that evicted, tokens evicted, tokens cached at the
+    # end].)
+    evictions = [0, 0, 0]
+    original_evict = sched.tree_cache._evict
+
+    def evict(*args: Any, **kwargs: Any) -> Any:
+        out = original_evict(*args, **kwargs)
+        if out.num_tokens_evicted:
+            evictions[0] += 1
+            evictions[1] += int(out.num_tokens_evicted)
+        return out
+
+    sched.tree_cache._evict = evict
     if workload["settings"]["disable_overlap_schedule"]:
         R._loop_normal(rec)
     else:
         R._loop_overlap(rec)
     rec.check_draws()
+    del sched.tree_cache._evict  # (SGLang's again, for check_pools_idle)
+    evictions[2] = int(sched.tree_cache.evictable_size())
     times, handles, arrivals = rec.times, rec.handles, rec.arrivals
     aborted = set(rec.aborted)
     unfinished = [rid for rid, t in times.items() if t["finish_s"] is None and rid not in aborted]
     assert not unfinished and len(times) == len(arrivals), unfinished[:5]
-    # Every KV slot and request slot is back (the radix cache is off: nothing is cached).
-    assert (sched.token_to_kv_pool_allocator.available_size()
-            == workload["num_gpu_blocks"]), sched.token_to_kv_pool_allocator.available_size()
-    assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
+    check_pools_idle(sched, workload["num_gpu_blocks"])
+    if not workload["settings"]["disable_radix_cache"]:
+        print(f"{workload['name']}: radix cache: {evictions[0]} evictions of "
+              f"{evictions[1]} tokens, {evictions[2]} tokens still cached at the end",
+              file=sys.stderr)
     overshoot = []
     for rid in range(len(arrivals)):
         n, want = len(handles[rid].output_ids), arrivals[rid][2]
@@ -284,6 +306,25 @@ def record(workload: Workload) -> dict[str, Any]:
                           times[r]["finish_s"], int(handles[r].retraction_count)]
                          for r in range(len(arrivals))],
             "accepted": rec.accepted, "output_overshoot": overshoot, "aborted": rec.aborted}
+
+
+def check_pools_idle(sched: Any, total: int) -> None:
+    """Every request slot is back, and every KV slot is free or held by the radix cache with
+    no request holding it: SGLang's own idle check (`on_idle`: available + evictable +
+    protected == total, `invariant_checker._check_full_pool`) with nothing protected. Then
+    the tree is evicted whole, which must give back exactly the slots it held (the radix
+    cache off, it holds none and the pool is whole already)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    allocator, cache = sched.token_to_kv_pool_allocator, sched.tree_cache
+    free, cached = allocator.available_size(), cache.evictable_size()
+    assert cache.protected_size() == 0, cache.protected_size()
+    assert free + cached == total, (free, cached, total)
+    if cached:
+        assert cache.evict(EvictParams(num_tokens=cached)).num_tokens_evicted == cached
+    assert (allocator.available_size(), cache.evictable_size()) == (total, 0), (
+        allocator.available_size(), cache.evictable_size())
+    assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
 
 
 def summary(body: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tools.golden.workloads import Workload, _bursts, _levels, _prefixed, _requests
+from tools.golden.workloads import Workload, _bursts, _levels, _prefixed, _repeated, _requests
 
 
 def _sglang(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 200_000,
@@ -279,6 +279,64 @@ def sglang_spec_workloads() -> list[Workload]:
                      _requests(np.random.default_rng(12), 30, 20.0, (64, 384), (4, 32)),
                      num_gpu_blocks=384, chunked_prefill_size=128, max_running_requests=64,
                      **eagle, **overlap),
+        # The radix cache on (EAGLE keys it by token pairs, NGRAM by tokens): shared system
+        # prompts in a pool they overflow, so cached prefixes are matched and evicted (LRU).
+        _sglang_spec("spec_eagle_prefix", 601,
+                     _prefixed(rng(601), 40, 30.0, 6, (128, 512), (16, 128), (8, 64)),
+                     num_gpu_blocks=1500, chunked_prefill_size=512, max_running_requests=64,
+                     disable_radix_cache=False, **eagle),
+        _sglang_spec("spec_eagle_prefix_overlap", 601,
+                     _prefixed(rng(601), 40, 30.0, 6, (128, 512), (16, 128), (8, 64)),
+                     num_gpu_blocks=1500, chunked_prefill_size=512, max_running_requests=64,
+                     disable_radix_cache=False, **eagle, **overlap),
+        # Short suffixes and outputs on three cached prefixes, a tight pool, chunks of 64: many
+        # requests decode at once, their top-ups outrun admission and `retract_decode`
+        # retracts (after evicting what the tree can spare; a retraction unlocks its prefix).
+        _sglang_spec("spec_eagle_prefix_retract", 664,
+                     _prefixed(rng(664), 60, 200.0, 3, (96, 160), (4, 24), (2, 6)),
+                     num_gpu_blocks=350, chunked_prefill_size=64, max_running_requests=64,
+                     disable_radix_cache=False, **eagle),
+        # Whole prompts repeated in bursts: a cached repeat extends 2 tokens (its L - 1 token
+        # pairs cached, the match capped below them), others miss after evictions.
+        _sglang_spec("spec_eagle_repeat", 681,
+                     _repeated(rng(681), 40, 8, (8, 24), (8, 48), (1, 6), (0.05, 0.6)),
+                     num_gpu_blocks=1000, chunked_prefill_size=512, max_running_requests=64,
+                     disable_radix_cache=False, **eagle),
+        # NGRAM (SGLang's numbers, a top-up of 2 * 12 slots) on shared prefixes, radix on.
+        _sglang_spec("spec_ngram_prefix", 691,
+                     _prefixed(rng(691), 40, 30.0, 6, (128, 512), (16, 128), (8, 64)),
+                     num_gpu_blocks=1500, chunked_prefill_size=512, max_running_requests=64,
+                     disable_radix_cache=False, **ngram),
+        # An EAGLE tree (3, 2, 6) on shared prefixes with the overlap loop: insertions and
+        # frees one batch late, evictions under the tree's larger top-up.
+        _sglang_spec("spec_eagle_tree_prefix_overlap", 701,
+                     _prefixed(rng(701), 40, 30.0, 6, (128, 512), (16, 128), (8, 64)),
+                     num_gpu_blocks=1500, chunked_prefill_size=512, max_running_requests=64,
+                     disable_radix_cache=False, **tree, **overlap),
+        # Small pools where SGLang's eager evictions decide (found by comparing servesim with
+        # and without them on random workloads): `check_decode_mem` evicts what the top-ups
+        # are short of before it retracts, and each retraction evicts room for 20 tokens per
+        # request kept, a retracted request's own cached prompt included.
+        _sglang_spec("spec_eagle_retract_evicts", 144,
+                     _prefixed(rng(144), 9, 20.0, 3, (16, 64), (1, 32), (1, 28)),
+                     num_gpu_blocks=123, chunked_prefill_size=512, max_running_requests=32,
+                     disable_radix_cache=False, acceptance_rate=1.0,
+                     **_numbers("EAGLE", 2, 1, 3)),
+        _sglang_spec("spec_eagle_retract_evicts_small", 330,
+                     _prefixed(rng(330), 3, 20.0, 3, (16, 64), (1, 32), (1, 23)),
+                     num_gpu_blocks=92, chunked_prefill_size=512, max_running_requests=32,
+                     disable_radix_cache=False, acceptance_rate=1.0, **eagle),
+        # Requests retracted twice: the extend that computes a retracted request's prompt and
+        # outputs again inserts them all (`checkpoint_kv_cache` up to `extend_end`), so the
+        # next time it finds its outputs cached too (and the evictions above).
+        _sglang_spec("spec_ngram_retract_again", 1049,
+                     _prefixed(rng(1049), 6, 20.0, 1, (16, 64), (1, 32), (1, 26)),
+                     num_gpu_blocks=160, chunked_prefill_size=512, max_running_requests=32,
+                     disable_radix_cache=False, acceptance_rate=0.5, **ngram),
+        _sglang_spec("spec_ngram_retract_again_rejected", 77,
+                     _prefixed(rng(77), 4, 20.0, 3, (16, 64), (1, 32), (1, 21)),
+                     num_gpu_blocks=106, chunked_prefill_size=512, max_running_requests=32,
+                     disable_radix_cache=False, acceptance_rate=0.0, **ngram),
     ]
 
 
