@@ -390,7 +390,9 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
         summary["prefix_cache"] = prefix_cache_stats(request_cols, [r.kv for r in replicas])
     if acceptances := [r.acceptance for r in replicas if r.acceptance is not None]:
         summary["speculative"] = speculative_stats(acceptances)
-        spec = next(iter(pools.values())).scheduler.speculative  # type: ignore[attr-defined]
+        # (The decode pool's, on a disaggregated cluster: its replicas verify the drafts.)
+        spec = (pools["decode"] if "decode" in pools else next(iter(pools.values()))
+                ).scheduler.speculative  # type: ignore[attr-defined]
         if spec.engine == "sglang":  # SGLang's own numbers, as its server logs name them
             summary["speculative"].update(
                 engine="sglang", algorithm=spec.algorithm, num_steps=spec.num_steps,

@@ -218,7 +218,9 @@ def assert_nothing_lost(data, res):
         counts = res.tokens.groupby("request_id").size().reindex(
             req["request_id"], fill_value=0).to_numpy()
         generated = req["num_generated_tokens"].to_numpy()
-        if "speculative" in data.get("replica", {}).get("scheduler", {}):
+        replicas = [data["replica"]] if "replica" in data else [
+            data["cluster"][pool]["replica"] for pool in ("prefill", "decode")]
+        if any("speculative" in r["scheduler"] for r in replicas):
             # A row per streamed chunk: a step's sampled token and the drafts it accepted.
             assert (counts <= generated).all()
             assert (generated - counts <= req["num_drafts_accepted"].to_numpy()).all()
@@ -231,11 +233,12 @@ def assert_nothing_lost(data, res):
         assert replica["busy_fraction"] is None or 0 <= replica["busy_fraction"] <= 1 + 1e-12
 
 
-def without_speculative(replica: dict) -> None:
-    """Take speculative decoding (and the async setting drawn with it), the KV cache's CPU
-    tier and SGLang's priority scheduling off a replica: refused where they are not modelled
-    yet (disaggregated pools, pipelines)."""
-    if replica["scheduler"].pop("speculative", None) is not None:
+def without_speculative(replica: dict, *, speculative: bool = True) -> None:
+    """Take speculative decoding (and the async setting drawn with it; not with `speculative`
+    false), the KV cache's CPU tier and SGLang's priority scheduling off a replica: refused
+    where they are not modelled yet (pipelines, data-parallel ranks; disaggregated pools but
+    speculative decoding)."""
+    if speculative and replica["scheduler"].pop("speculative", None) is not None:
         replica["scheduler"].pop("async_scheduling", None)
     replica.pop("kv_offload", None)
     replica["scheduler"].pop("enable_priority_scheduling", None)  # (SGLang's: colocated only)
@@ -255,7 +258,7 @@ def clusters(draw):
                                ["round_robin", "least_outstanding", "least_kv_load", "random",
                                 "prefix_affinity"]))}}
     else:
-        without_speculative(replica)  # (not modelled on disaggregated pools: refused)
+        without_speculative(replica, speculative=False)  # (refused on disaggregated pools)
         decode = {**replica, "kv_cache": {**replica["kv_cache"]}}
         decode["kv_cache"]["num_blocks"] = replica["kv_cache"]["num_blocks"] + draw(
             st.integers(0, 50))

@@ -82,8 +82,10 @@ class ReplicaState:
         # Told of each request that finishes here, as its finish is committed (closed-loop
         # clients send their next request then: `sim.engine.clients`).
         self.on_finish: Callable[[Request], None] | None = None
-        # Speculative decoding: how many drafts each verification accepts (None: off).
+        # Speculative decoding: how many drafts each verification accepts (None: off; so on
+        # a prefill replica, whose scheduler may still hold KV slots for drafts: `drafting`).
         self.acceptance: Acceptance | None = None
+        self.drafting = False
         # The KV cache's CPU tier (None: off): requests may wait in the queue holding blocks
         # while their KV is copied in, and a finished one's blocks may wait for its stores.
         self.offload: OffloadState | None = None

@@ -40,7 +40,7 @@ def check_state(state: ReplicaState) -> None:
     # A request never holds more than it needs at its largest (`reserved_blocks` counts
     # on it; a prefix cache's shared blocks are counted apart).
     # (Speculative decoding allocates for drafts and lookahead past the last token.)
-    if not state.kv.caches_prefixes and state.acceptance is None:
+    if not state.kv.caches_prefixes and not state.drafting:
         for req in state.running:
             assert state.kv.num_held_blocks(req.request_id) <= state.max_blocks(req)
     if isinstance(state.waiting, PriorityWaiting):

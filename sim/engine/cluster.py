@@ -129,14 +129,15 @@ class Cluster:
                              by_priority=scheduler.by_priority, waiting=waiting)
         spec = getattr(cfg.scheduler, "speculative", None)
         if spec is not None:
-            if pool != "colocated" or cfg.parallelism.pipeline > 1:
-                where = "a disaggregated pool" if pool != "colocated" else "a pipeline"
+            if cfg.parallelism.pipeline > 1:
                 raise InputError(self.source, f"{field}.scheduler.speculative.method",
-                                 spec.method, f"speculative decoding on {where} is not "
+                                 spec.method, "speculative decoding on a pipeline is not "
                                  "modelled yet (servesim issue 47)")
             if isinstance(state.kv, PrefixCachingKVManager):  # EAGLE keys by token pairs
                 state.kv.bigram_keys = getattr(spec, "bigram_keys", False)
-            state.acceptance = Acceptance(spec.draws(), self.seed)
+            state.drafting = True
+            if pool != "prefill":  # (a prefill replica samples a request's first token only)
+                state.acceptance = Acceptance(spec.draws(), self.seed)
             if isinstance(state.kv, BlockPrefixCache):
                 state.kv.cache_at_free = getattr(scheduler, "kv_cached_when_freed", True)
         kind: type[Replica] = Replica

@@ -276,6 +276,13 @@ class Replica(OffloadSteps):
             # Copies to or from the CPU tier hold what the queue needs: poll when the next ends.
             yield from self._wait_copies(now_s)
             return
+        if self.inbox is not None and self.inbox.pending and plan is not None:
+            # The empty plan may have freed KV (SGLang aborting a request its top-up outgrew):
+            # a decode replica's loop admits transfers again before it waits.
+            num_pending = len(self.inbox.pending)
+            yield from self._admit_transfers(now_s)
+            if len(self.inbox.pending) < num_pending:
+                return
         # (An empty plan that left nothing running or queued aborted what there was: idle.)
         if plan is not None and (state.running or (
                 state.waiting and not (state.num_transferring or state.incoming))):

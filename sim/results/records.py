@@ -308,8 +308,13 @@ def iteration_table(logs: Sequence[IterationLog], pools: Sequence[str]) -> Colum
         columns[name] = np.concatenate([a[name] for a in arrays]) if arrays else np.zeros(
             0, dtype=np.float64 if code == "d" else np.int64)
     for optional in (SPEC_COLUMN, ALL_TO_ALL_COLUMN):
-        if arrays and all(optional in a for a in arrays):
-            columns[optional] = np.concatenate([a[optional] for a in arrays])
+        # (Where some replicas have it: a disaggregated cluster's decode pool verifies drafts,
+        # its prefill pool none.)
+        present = [a[optional] for a in arrays if optional in a]
+        if present:
+            columns[optional] = np.concatenate([
+                a[optional] if optional in a else np.zeros(int(n), dtype=present[0].dtype)
+                for a, n in zip(arrays, sizes, strict=True)])
     return columns
 
 

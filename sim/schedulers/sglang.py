@@ -271,16 +271,16 @@ class SGLang(Scheduler):
         if state.kv.caches_prefixes:
             self._stash_chunked(state)
         preempted: list[int] = []
+        in_flight = any_in_flight(state)  # (before an abort takes its request's verify away)
         while True:
             self._aborted = False
             plan = self._build(state)
             preempted += plan.preempted_ids
-            if (not plan and self._aborted and not self.config.overlap_schedule
-                    and not any_in_flight(state)):
+            if not plan and self._aborted and not in_flight and not any_in_flight(state):
                 # The last decode aborted: SGLang's loop passes again at once, and its queue
-                # may start on the KV freed. (The overlap loop first processes the batch in
-                # flight, the aborted request's last verify, and takes the arrivals until it
-                # ends: servesim decides again when it ends.)
+                # may start on the KV freed. (With a batch in flight, the overlap loop first
+                # processes it, the aborted request's last verify, and takes the arrivals
+                # until it ends: servesim decides again when it ends.)
                 continue
             # Rebuild after freeing KV: the newest running request, or everyone (then the
             # queue can start again).

@@ -219,6 +219,8 @@ def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRule
     not prefilling verifies D tokens, each topped up to its committed KV plus 2L slots; where
     the top-ups do not all fit, requests are retracted (see the module docstring). Returns
     whether it aborted one."""
+    if state.prefill_only:
+        return False  # (a prefill replica samples each request's first token, then hands off)
     kv = state.kv
     block_size = kv.block_size
     reserve = rules.reserve_tokens

@@ -129,7 +129,7 @@ scheduler code):
    (`build_connector_meta`); a finished request that stored keeps its blocks until its
    copies are done (`request_finished` delays the free).
 
-Not modelled: speculative decoding on a pipeline or a disaggregated pool, n-gram proposals
+Not modelled: speculative decoding on a pipeline, n-gram proposals
 that find no match (every step proposes k), a dynamic number of drafts, multi-module MTP's
 prefill lookahead, 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs,
 KV connectors other than the CPU tier, structured output, LoRA limits, Mamba or

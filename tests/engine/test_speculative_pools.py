@@ -1,0 +1,91 @@
+"""Speculative decoding on disaggregated pools, exactly, on a constant step: the decode
+replicas verify drafts (vLLM's from the second step there, SGLang's from the first, with its KV
+top-up); a prefill replica configured with a drafter holds vLLM's lookahead slots and samples
+only the first token; a decode replica whose SGLang top-up outgrows its pool aborts the request
+and admits the transfer waiting behind it at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sim import run_scenario
+from tests.helpers import TICK, disaggregated
+
+
+def pool(scheduler: dict[str, Any], num_blocks: int = 1000, block_size: int = 1
+         ) -> dict[str, Any]:
+    return {"model": "tiny", "scheduler": scheduler,
+            "latency": {"kind": "constant", "iteration_s": TICK},
+            "kv_cache": {"block_size": block_size, "num_blocks": num_blocks}}
+
+
+VLLM = {"name": "vllm_v1", "async_scheduling": False,
+        "speculative": {"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": 1.0,
+                        "draft_time_ratio": 0.0}}
+SGLANG = {"name": "sglang", "overlap_schedule": False,
+          "speculative": {"algorithm": "eagle", "num_steps": 3, "eagle_topk": 1,
+                          "num_draft_tokens": 4, "acceptance_rate": 1.0,
+                          "draft_time_ratio": 0.0}}
+FAST_LINK = {"bandwidth_gb_s": 1e6, "latency_s": 0.0}
+
+
+def by_pool(res, name: str):
+    it = res.iterations
+    return it[it["pool"] == name]
+
+
+@pytest.mark.parametrize(("version", "blocks"), [("0.15.1", 1), ("0.33.0", 2)])
+def test_vllm_decode_pool_drafts_from_its_second_step(tmp_path, version, blocks):
+    """The request joins the decode replica with its prompt's KV and first token, and no
+    drafts: its first step there computes 1 token, proposes 2, and every later step verifies
+    them (all accepted: 3 tokens a step): 1 + 1 + 3 + 3 = 8. The prefill replica, with the same
+    drafter configured, samples the first token only; vLLM 0.33.0 allocates the drafter's 2
+    lookahead slots with the prompt (18 tokens: 2 blocks of 16), 0.15.1 none at admission."""
+    prefill = pool({**VLLM, "engine_version": version}, block_size=16)
+    res = run_scenario(disaggregated(tmp_path, [(0.0, 16, 8)], prefill=prefill,
+                                     decode=pool(VLLM), link=FAST_LINK))
+    pre, dec = by_pool(res, "prefill"), by_pool(res, "decode")
+    assert pre["num_prefill_tokens"].tolist() == [16]
+    assert pre["num_kv_blocks_used"].tolist() == [blocks]
+    assert dec["num_decode_tokens"].tolist() == [1, 1, 1]
+    assert dec["num_spec_tokens"].tolist() == [0, 2, 2]
+    req = res.requests.iloc[0]
+    assert req["status"] == "finished" and req["num_generated_tokens"] == 8
+    assert (req["num_drafts_verified"], req["num_drafts_accepted"]) == (4, 4)
+    assert res.summary["speculative"]["num_speculative_tokens"] == 2
+
+
+def test_sglang_decode_pool_verifies_and_tops_up_from_its_first_step(tmp_path):
+    """SGLang's decode replica verifies D = 4 tokens at every step, the first one included
+    (its prefill server sends the draft's state with the KV), each step topping the request up
+    to its committed KV plus 2L = 8 slots: 100 + 8, 104 + 8, 108 + 8; 1 + 4 + 4 + 4 = 13."""
+    res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 13)], prefill=pool(SGLANG),
+                                     decode=pool(SGLANG), link=FAST_LINK))
+    dec = by_pool(res, "decode")
+    assert dec["num_spec_tokens"].tolist() == [3, 3, 3]
+    assert dec["num_kv_blocks_used"].tolist() == [108, 112, 116]
+    assert dec["duration_s"].tolist() == pytest.approx([TICK] * 3)
+    assert res.requests.iloc[0]["num_generated_tokens"] == 13
+    assert res.summary["speculative"]["engine"] == "sglang"
+
+
+def test_sglang_decode_pool_abort_admits_the_waiting_transfer_at_once(tmp_path):
+    """A (100 tokens, 18 out) holds 100 of the decode replica's 122 slots, then its top-ups
+    (108, 112, 116, 120), so B (30) waits for room. At A's fifth step its top-up (116 + 8)
+    outgrows the pool: SGLang aborts it, the last of its batch, and the decode loop admits B
+    on the KV freed at that instant (it would otherwise wait for an arrival that never
+    comes)."""
+    res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 18), (0.0, 30, 5)],
+                                     prefill=pool(SGLANG), decode=pool(SGLANG, num_blocks=122),
+                                     link=FAST_LINK))
+    req = res.requests.set_index("request_id")
+    assert req.loc[0, "status"] == "failed" and req.loc[0, "reason"].startswith("kv_oom")
+    assert req.loc[1, "status"] == "finished"
+    dec = by_pool(res, "decode")
+    assert dec["num_kv_blocks_used"].tolist()[:4] == [108, 112, 116, 120]
+    # (Times are a link's 1e-10 s late: the prompt's KV crosses it.)
+    assert req.loc[0, "failed_s"] == pytest.approx(5 * TICK)
+    assert req.loc[1, "transfer_end_s"] == pytest.approx(5 * TICK)  # admitted, in, at once
+    assert dec["start_s"].tolist()[4] == pytest.approx(5 * TICK)  # B's first step
