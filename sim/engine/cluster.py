@@ -32,6 +32,7 @@ from sim.latency.base import (
     EagleDraftingLatency,
     LatencyModel,
     ScaledLatency,
+    drafter_prompt_ratio,
     drafter_time_ratio,
 )
 from sim.latency.noise import IterationNoise
@@ -375,15 +376,16 @@ def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
             latency = cls(cfg.latency, model, cfg.gpu_spec, parallelism=cfg.parallelism)
         spec = getattr(cfg.scheduler, "speculative", None)
         if spec is not None:
-            ratio = spec.draft_time_ratio
-            if ratio is None:
+            ratio, prompt_ratio = spec.draft_time_ratio, None
+            if ratio is None:  # (the default drafters' passes: weights read, compute over prompts)
                 ratio = drafter_time_ratio(spec.method, model)
+                prompt_ratio = drafter_prompt_ratio(spec.method, model)
             if ratio and spec.engine == "sglang":
                 latency = cast(LatencyModel, EagleDraftingLatency(
-                    latency, ratio, spec.num_steps, spec.eagle_topk))
+                    latency, ratio, spec.num_steps, spec.eagle_topk, prompt_ratio))
             elif ratio:
-                latency = cast(LatencyModel, DraftingLatency(latency, ratio,
-                                                             spec.num_speculative_tokens))
+                latency = cast(LatencyModel, DraftingLatency(
+                    latency, ratio, spec.num_speculative_tokens, prompt_ratio))
         if cfg.latency.scale != 1.0:
             return cast(LatencyModel, ScaledLatency(latency, cfg.latency.scale))
         return latency

@@ -260,12 +260,14 @@ class DraftingLatency:
     taking `ratio` times what the target takes for a decode step of those requests (the
     drafter's share of the weights read: an EAGLE head is one decoder layer and an LM head);
     and it runs over the iteration's prompt tokens too (its own KV for them: EAGLE's first
-    pass, a draft model's prefill), `ratio` times the target's time for them alone.
-    Everything else is the other model's."""
+    pass, a draft model's prefill), `prompt_ratio` (default `ratio`) times the target's time
+    for them alone. Everything else is the other model's."""
 
-    def __init__(self, model: LatencyModel, ratio: float, num_speculative_tokens: int) -> None:
+    def __init__(self, model: LatencyModel, ratio: float, num_speculative_tokens: int,
+                 prompt_ratio: float | None = None) -> None:
         self._model = model
         self._per_pass = ratio
+        self._prompt_ratio = ratio if prompt_ratio is None else prompt_ratio
         self._num_passes = num_speculative_tokens
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
@@ -275,7 +277,7 @@ class DraftingLatency:
                                  num_prefill_seqs=shape.num_prefill_seqs,
                                  prefill_attn_pairs=shape.prefill_attn_pairs,
                                  prefill_kv_tokens=shape.prefill_kv_tokens)
-            time = time + self._per_pass * self._model.iteration_time_s(prompts)
+            time = time + self._prompt_ratio * self._model.iteration_time_s(prompts)
         num_seqs = shape.num_drafting_seqs
         if not np.any(num_seqs):
             return time
@@ -294,14 +296,16 @@ class EagleDraftingLatency:
     `ratio` times what the target takes for the same tokens: in a step with decodes,
     `num_steps` - 1 draft passes of `topk` tokens per decode (the first level's come from the
     last extend) and a draft extend over each decode's verified tokens (its whole width, only
-    the last row sampled); in a step with prompt chunks, a draft extend over their tokens.
-    Everything else is the other model's."""
+    the last row sampled); in a step with prompt chunks, a draft extend over their tokens,
+    `prompt_ratio` (default `ratio`) times the target's. Everything else is the other
+    model's."""
 
     def __init__(self, model: LatencyModel, ratio: float, num_steps: int | None,
-                 topk: int | None) -> None:
+                 topk: int | None, prompt_ratio: float | None = None) -> None:
         assert num_steps is not None and topk is not None
         self._model = model
         self._ratio = ratio
+        self._prompt_ratio = ratio if prompt_ratio is None else prompt_ratio
         self._num_steps = num_steps
         self._topk = topk
 
@@ -314,7 +318,7 @@ class EagleDraftingLatency:
                                  prefill_attn_pairs=shape.prefill_attn_pairs,
                                  prefill_kv_tokens=shape.prefill_kv_tokens)
             # (Element-wise: an iteration without prompt tokens adds nothing.)
-            time = time + self._ratio * model.iteration_time_s(prompts) * (
+            time = time + self._prompt_ratio * model.iteration_time_s(prompts) * (
                 shape.num_prefill_tokens > 0)
         num_decodes = shape.num_decode_tokens
         if not np.any(num_decodes):
@@ -337,8 +341,22 @@ def drafter_time_ratio(method: str, model: ModelShape) -> float:
     the target's shape and an LM head (vLLM's EAGLE heads share the target's embedding)."""
     if method == "ngram":
         return 0.0
-    layer = model.attn_params_per_layer + (
+    head = model.vocab_size * model.hidden_size
+    return (_drafter_layer_params(model) + head) / model.num_active_params
+
+
+def drafter_prompt_ratio(method: str, model: ModelShape) -> float:
+    """The drafter's pass over prompt tokens relative to the target's, by the compute each
+    does per token: one decoder layer against all of the target's (an LM head runs on the
+    sampled rows only, in both: next to nothing over a prompt). 0 for n-gram."""
+    if method == "ngram":
+        return 0.0
+    return _drafter_layer_params(model) / (model.num_active_params - model.embedding_params)
+
+
+def _drafter_layer_params(model: ModelShape) -> int:
+    """One decoder layer of the target's shape, its active parameters (a dense layer where the
+    target has any, else the experts a token reaches)."""
+    return model.attn_params_per_layer + (
         model.dense_mlp_params_per_layer if not model.is_moe or model.num_dense_layers
         else model.num_experts_per_token * model.expert_params + model.shared_expert_params)
-    head = model.vocab_size * model.hidden_size
-    return (layer + head) / model.num_active_params

@@ -89,7 +89,8 @@ class SGLangSpeculativeConfig(AcceptanceSettings):
         None, ge=0, le=10,
         description="a draft pass's time relative to the target's for the same tokens; None: "
                     "0 for ngram, the drafter's share of the weights for eagle/eagle3/nextn "
-                    "(one decoder layer and the LM head); standalone needs it")
+                    "(one decoder layer and the LM head; over prompt tokens one layer of "
+                    "the target's); standalone needs it")
 
     engine = "sglang"
 

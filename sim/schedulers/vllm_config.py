@@ -103,7 +103,8 @@ class SpeculativeConfig(AcceptanceSettings):
         description="time of one drafting pass over the batch's decodes relative to the "
                     "target's decode step of that batch; None: 0 for ngram (host-side lookup), "
                     "the drafter's share of the weights for eagle/eagle3/mtp (one decoder "
-                    "layer and the LM head); draft_model needs it")
+                    "layer and the LM head; over prompt tokens one layer of the target's); "
+                    "draft_model needs it")
 
     engine = "vllm"
 

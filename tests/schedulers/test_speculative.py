@@ -204,3 +204,29 @@ def test_not_modelled_where_refused():
     other["replica"]["scheduler"] = {"name": "chunked_prefill", "speculative": ngram(0.5)}
     with pytest.raises(InputError, match="speculative"):
         parse_scenario(other, "t")
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "llama-3.1-70b", "qwen3-30b-a3b"])
+def test_the_default_drafters_prompt_pass_is_one_layer_of_the_targets(model):
+    """Over a prompt both models compute per token and sample one row: an EAGLE head's pass
+    is one decoder layer of the target's (1/32 of Llama-3.1-8B's, 1/80 of the 70B's, 1/48 of
+    Qwen3-30B-A3B's), not its share of the weights a decode step reads (the LM head's too:
+    9% for the 8B)."""
+    from sim.hardware.models import MODELS
+    from sim.latency.base import (
+        BatchShape,
+        DraftingLatency,
+        drafter_prompt_ratio,
+        drafter_time_ratio,
+    )
+    from sim.latency.constant import ConstantLatency
+
+    shape = MODELS.get(model)
+    prompt = drafter_prompt_ratio("eagle", shape)
+    assert prompt == pytest.approx(1 / shape.num_layers, rel=0.03)
+    assert drafter_time_ratio("eagle", shape) > 1.5 * prompt
+    target = ConstantLatency(ConstantLatency.Config(kind="constant", iteration_s=1.0), shape,
+                             None)
+    drafting = DraftingLatency(target, drafter_time_ratio("eagle", shape), 2, prompt)
+    only_prompt = BatchShape(num_prefill_tokens=100, num_prefill_seqs=1)
+    assert drafting.iteration_time_s(only_prompt) == pytest.approx(1 + prompt)
