@@ -112,7 +112,10 @@ def _stub_sgl_kernel_ops() -> None:
     import sgl_kernel  # noqa: F401
 
 
-def build_scheduler(workload: Workload, model_dir: str) -> Any:
+def build_scheduler(workload: Workload, model_dir: str, **extra: Any) -> Any:
+    """SGLang's Scheduler for the workload (`extra`: more server arguments; a setting in the
+    workload's `unset` is left to SGLang, and the workload holds what SGLang resolves it
+    to), checked to run with the workload's settings."""
     _stub_sgl_kernel_ops()
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank
@@ -126,9 +129,10 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
         disable_cuda_graph=True, dtype="float32", page_size=workload["block_size"],
         max_total_tokens=workload["num_gpu_blocks"], context_length=workload["max_model_len"],
         chunked_prefill_size=s["chunked_prefill_size"],
-        max_running_requests=s["max_running_requests"],
+        max_running_requests=(None if "max_running_requests" in s.get("unset", ())
+                              else s["max_running_requests"]),
         disable_radix_cache=s["disable_radix_cache"], schedule_policy=s["schedule_policy"],
-        random_seed=0, **{k: s[k] for k in PRIORITY_SETTINGS if k in s})
+        random_seed=0, **{k: s[k] for k in PRIORITY_SETTINGS if k in s}, **extra)
     port_args = PortArgs.init_new(server_args)
     publish(server_args, role="scheduler",
             ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0),

@@ -112,7 +112,7 @@ def acceptance_draws(spec: dict[str, Any]) -> list[float]:
 def build_spec_scheduler(workload: Workload, model_dir: str) -> Any:
     """SGLang's Scheduler for the workload, as `record_sglang.build_scheduler` builds it, with
     speculative decoding on; the numbers SGLang resolves are checked against the workload."""
-    R._stub_sgl_kernel_ops()
+    R._stub_sgl_kernel_ops()  # (before the patches import SGLang)
     from tools.golden import sglang_spec_patches as P
 
     P.install_null_attention()
@@ -126,9 +126,7 @@ def build_spec_scheduler(workload: Workload, model_dir: str) -> Any:
         P.propose_full_ngram_chains()
     else:
         P.shape_draft_trees()
-    from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.runtime_context import SpawnRanks, get_spec, publish, spawn_world_rank
-    from sglang.srt.server_args import PortArgs, ServerArgs
+    from sglang.srt.runtime_context import get_spec
 
     kw: dict[str, Any] = {"speculative_algorithm": algorithm}
     for key, argument in SPEC_ARGUMENTS.items():
@@ -143,31 +141,8 @@ def build_spec_scheduler(workload: Workload, model_dir: str) -> Any:
             {**R.LLAMA_CONFIG, "architectures": [DRAFT_ARCHITECTURES[algorithm]],
              "draft_vocab_size": R.LLAMA_CONFIG["vocab_size"]}))
         kw["speculative_draft_model_path"] = str(draft_dir)
-    server_args = ServerArgs(
-        model_path=model_dir, device="cpu", load_format="dummy", skip_tokenizer_init=True,
-        attention_backend="torch_native",
-        disable_overlap_schedule=s["disable_overlap_schedule"],
-        disable_cuda_graph=True, dtype="float32", page_size=workload["block_size"],
-        max_total_tokens=workload["num_gpu_blocks"], context_length=workload["max_model_len"],
-        chunked_prefill_size=s["chunked_prefill_size"],
-        max_running_requests=(None if "max_running_requests" in unset
-                              else s["max_running_requests"]),
-        disable_radix_cache=s["disable_radix_cache"], schedule_policy=s["schedule_policy"],
-        random_seed=0, **kw)
-    port_args = PortArgs.init_new(server_args)
-    publish(server_args, role="scheduler",
-            ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0),
-                             dp_rank=None, gpu_id=0))
-    sched = Scheduler(server_args, port_args)
-    # The pool is the size asked for, every slot usable; the loop, cap and chunk as the
-    # workload says; the speculative numbers SGLang runs with are the workload's.
-    assert sched.max_total_num_tokens == workload["num_gpu_blocks"], sched.max_total_num_tokens
-    assert (sched.token_to_kv_pool_allocator.available_size()
-            == workload["num_gpu_blocks"]), sched.token_to_kv_pool_allocator.available_size()
-    assert sched.max_running_requests == s["max_running_requests"], sched.max_running_requests
-    assert sched.enable_overlap == (not s["disable_overlap_schedule"]), sched.enable_overlap
-    assert sched.chunked_prefill_size == s["chunked_prefill_size"], sched.chunked_prefill_size
-    assert bool(getattr(sched.tree_cache, "disable", True)) == s["disable_radix_cache"]
+    sched = R.build_scheduler(workload, model_dir, **kw)
+    # The speculative numbers SGLang runs with are the workload's.
     assert sched.spec_algorithm.name == algorithm, sched.spec_algorithm
     resolved = get_spec()
     got = {key: getattr(resolved, argument) for key, argument in SPEC_ARGUMENTS.items()}
