@@ -190,10 +190,7 @@ class ReplicaState:
         it leaves the batch, its KV freed, and fails at `now_s` with `reason`; tokens in
         iterations still in flight never reach the client."""
         self._stop_running(req)
-        if self.offload is None:
-            self.kv.free(req, preempted=True)  # cached: nothing (SGLang's `release_req`)
-        else:
-            self.offload.finished(self, req)
+        self._free_finished(req, cache=False)  # (SGLang's `release_req`)
         req.num_output_tokens -= req.num_placeholders
         req.num_placeholders = 0
         req.close_token_run()
@@ -367,11 +364,11 @@ class ReplicaState:
             self.offload.finished(self, req)
         self._settle(req, end_s)
 
-    def _free_finished(self, req: Request) -> None:
+    def _free_finished(self, req: Request, *, cache: bool = True) -> None:
         """`req` finished or was aborted: free its KV blocks (with a CPU tier, perhaps once
-        its stores are done)."""
+        its stores are done), caching what it computed unless not to `cache`."""
         if self.offload is None:
-            self.kv.free(req)
+            self.kv.free(req, preempted=not cache)
         else:
             self.offload.finished(self, req)
 

@@ -276,7 +276,7 @@ class SGLang(Scheduler):
             self._aborted = False
             plan = self._build(state)
             preempted += plan.preempted_ids
-            if not plan and self._aborted and not in_flight and not any_in_flight(state):
+            if not plan and self._aborted and not in_flight:
                 # The last decode aborted: SGLang's loop passes again at once, and its queue
                 # may start on the KV freed. (With a batch in flight, the overlap loop first
                 # processes it, the aborted request's last verify, and takes the arrivals

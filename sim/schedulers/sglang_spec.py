@@ -243,9 +243,7 @@ def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRule
                    - kv.num_held_blocks(req.request_id))
 
     aborted = False
-    need = sum(top_up(r) for r in batch)
-    kv.evict_to_free(need)  # `check_decode_mem` evicts what it is short of, fit or not
-    if need > kv.num_free_blocks:
+    if not _check_decode_mem(state, batch, top_up):
         if finishing:
             return False  # their KV comes back at this step's end: decode the rest next step
         batch, aborted = _retract(state, plan, batch, top_up, now_s)
@@ -256,6 +254,16 @@ def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRule
             kv.grow_blocks(req.request_id, grow)
         scheduled[req.request_id] = rules.num_draft_tokens
     return aborted
+
+
+def _check_decode_mem(state: ReplicaState, batch: list[Request],
+                      top_up: Callable[[Request], int]) -> bool:
+    """`check_decode_mem`: whether every request of `batch` can be topped up, after evicting
+    what they are short of from the radix cache (which it does whether they then fit or
+    not)."""
+    need = sum(top_up(r) for r in batch)
+    state.kv.evict_to_free(need)
+    return need <= state.kv.num_free_blocks
 
 
 def _retract(state: ReplicaState, plan: Plan, batch: list[Request],
@@ -271,10 +279,8 @@ def _retract(state: ReplicaState, plan: Plan, batch: list[Request],
                    key=lambda i: (_known_outputs(batch[i]), -batch[i].num_prompt_tokens),
                    reverse=True)
 
-    def fits() -> bool:  # `check_decode_mem`, evicting what it is short of
-        need = sum(top_up(batch[i]) for i in order)
-        kv.evict_to_free(need)
-        return need <= kv.num_free_blocks
+    def fits() -> bool:
+        return _check_decode_mem(state, [batch[i] for i in order], top_up)
 
     first = True
     while first or not fits():
