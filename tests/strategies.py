@@ -53,7 +53,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         if data_parallel:
             scheduler["engine_version"] = draw(st.sampled_from(["0.15.1", "0.33.0"]))
             scheduler["async_scheduling"] = draw(st.booleans())
-        elif not offload and draw(st.integers(0, 3)) == 0:
+        if not offload and draw(st.integers(0, 3)) == 0:
             method = draw(st.sampled_from(["ngram", "eagle", "draft_model"]))
             k = draw(st.integers(1, 5))
             scheduler.pop("min_chunk_tokens", None)
@@ -62,6 +62,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
                 "method": method, "num_speculative_tokens": k,
                 "acceptance_rate": draw(st.sampled_from([0.0, 0.5, 0.8, 1.0])),
                 "draft_time_ratio": draw(st.sampled_from([0.0, 0.1]))}
+            scheduler.pop("async_scheduling", None)
             if method == "eagle" or scheduler["engine_version"] == "0.33.0":
                 scheduler["async_scheduling"] = draw(st.booleans())
     else:
@@ -236,8 +237,8 @@ def assert_nothing_lost(data, res):
 def without_speculative(replica: dict, *, speculative: bool = True) -> None:
     """Take speculative decoding (and the async setting drawn with it; not with `speculative`
     false), the KV cache's CPU tier and SGLang's priority scheduling off a replica: refused
-    where they are not modelled yet (pipelines, data-parallel ranks; disaggregated pools but
-    speculative decoding)."""
+    where they are not modelled yet (pipelines; data-parallel ranks and disaggregated pools
+    but speculative decoding)."""
     if speculative and replica["scheduler"].pop("speculative", None) is not None:
         replica["scheduler"].pop("async_scheduling", None)
     replica.pop("kv_offload", None)
@@ -281,7 +282,7 @@ def data_parallel_clusters(draw):
     both are replicas of data-parallel ranks (vLLM v1, an MoE model)."""
     data = draw(scenarios(data_parallel=True))
     replica = data.pop("replica")
-    without_speculative(replica)
+    without_speculative(replica, speculative=False)  # (speculative decoding: either pool)
     ranked = draw(st.sampled_from(["prefill", "decode", "both"]))
     pools = {}
     for pool in ("prefill", "decode"):

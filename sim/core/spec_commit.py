@@ -68,17 +68,22 @@ def commit_speculative(state: ReplicaState, plan: Plan, iteration: int, start_s:
     return done
 
 
-def start_speculative(state: ReplicaState, plan: Plan, start_s: float) -> list[InFlight]:
+def start_speculative(state: ReplicaState, plan: Plan, start_s: float,
+                      placeholders: bool = True) -> list[InFlight]:
     """`ReplicaState.start` with speculative decoding, on an engine that schedules ahead
     (vLLM's `AsyncScheduler._update_after_schedule`): the plan's tokens count as computed;
     a request the step catches up samples, and its token and the drafts it verifies count as
     output placeholders from now (as if every draft were accepted), and it gets k drafts as
     placeholders for its next step. Each entry's fourth field is 1 + the drafts verified
-    where the request samples, else 0."""
+    where the request samples, else 0. Without `placeholders` (a synchronous data-parallel
+    rank, whose next plan is made after this step ends) nothing is sampled until the step
+    ends, and the drafts are the plan's, as `commit_speculative` gives them."""
     acceptance = state.acceptance
     assert acceptance is not None and not state.prefill_only
     state.pipelined = True
-    num_drafts = acceptance.num_speculative_tokens
+    state.spec_placeholders = placeholders
+    num_drafts = acceptance.num_speculative_tokens if placeholders else plan.num_drafts_proposed
+    after_chunk = 0 if placeholders else plan.num_drafts_after_chunk
     requests = state.requests
     in_flight = []
     for request_id, num_tokens in plan.num_scheduled_tokens.items():
@@ -88,10 +93,16 @@ def start_speculative(state: ReplicaState, plan: Plan, start_s: float) -> list[I
         samples = 0
         if num_spec >= 0:  # not a prompt's chunk that leaves some of it
             samples = 1 + num_spec
-            req.num_output_tokens += samples
-            req.num_placeholders += samples
-            state.num_running_tokens += samples
+            if placeholders:
+                req.num_output_tokens += samples
+                req.num_placeholders += samples
+                state.num_running_tokens += samples
             req.num_draft_tokens = num_drafts
+        elif not placeholders:  # (`commit_speculative`'s drafts after a chunk)
+            req.spec_padded = False
+            if after_chunk:
+                req.num_draft_tokens = after_chunk
+                req.spec_padded = True
         in_flight.append((req, num_tokens, req.num_preemptions, samples, first))
     return in_flight
 
@@ -103,10 +114,12 @@ def complete_speculative(state: ReplicaState, in_flight: list[InFlight], end_s: 
     the accepted ones and the sampled token join its output for good, up to its last token.
     A request preempted since lost its placeholders then; its tokens are still delivered
     where `stale_delivered` (no rejection applied: its counters were reset), and may finish
-    it, even from the queue. Returns the requests that left the running list and the ids of
+    it, even from the queue. (A synchronous rank's step counted no placeholders: its tokens
+    join the output now.) Returns the requests that left the running list and the ids of
     those that sampled."""
     acceptance = state.acceptance
     assert acceptance is not None
+    placeholders = state.spec_placeholders
     done: list[Request] = []
     sampled = []
     for req, num_tokens, num_preemptions, samples, _ in in_flight:
@@ -136,9 +149,10 @@ def complete_speculative(state: ReplicaState, in_flight: list[InFlight], end_s: 
         req.num_overshoot_tokens = num_accepted + 1 - num_new
         req.num_computed_tokens -= num_rejected + req.num_overshoot_tokens  # (and trims)
         # Its placeholders for this step resolve: the rejected ones and any past its last
-        # token go; the others are its output now.
-        num_gone = samples - num_new
-        req.num_placeholders -= samples
+        # token go; the others are its output now. (Synchronous: none were counted.)
+        num_gone = samples - num_new if placeholders else -num_new
+        if placeholders:
+            req.num_placeholders -= samples
         req.num_output_tokens -= num_gone
         if req.status is Status.RUNNING:
             state.num_running_tokens -= num_gone

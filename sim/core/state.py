@@ -86,6 +86,9 @@ class ReplicaState:
         # a prefill replica, whose scheduler may still hold KV slots for drafts: `drafting`).
         self.acceptance: Acceptance | None = None
         self.drafting = False
+        # A pipelined replica's steps' samples count as output placeholders when sent (async
+        # scheduling); False for a synchronous data-parallel rank's, applied when they end.
+        self.spec_placeholders = True
         # The KV cache's CPU tier (None: off): requests may wait in the queue holding blocks
         # while their KV is copied in, and a finished one's blocks may wait for its stores.
         self.offload: OffloadState | None = None
@@ -262,8 +265,7 @@ class ReplicaState:
         caught up: vLLM schedules no step past a request's `max_tokens` ("Avoid scheduling an
         extra step", `Scheduler.schedule`), and it finishes when that token comes back."""
         if self.acceptance is not None:
-            assert placeholders
-            return start_speculative(self, plan, start_s)
+            return start_speculative(self, plan, start_s, placeholders)
         self.pipelined = True
         in_flight = []
         requests = self.requests

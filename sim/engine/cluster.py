@@ -145,10 +145,9 @@ class Cluster:
         if rank:
             from sim.engine.data_parallel import Rank
 
-            if state.acceptance is not None or cfg.kv_offload is not None:
-                what = "speculative decoding" if state.acceptance is not None else "kv_offload"
+            if cfg.kv_offload is not None:
                 raise InputError(self.source, f"{field}.parallelism.data",
-                                 cfg.parallelism.data, f"{what} with data-parallel ranks is "
+                                 cfg.parallelism.data, "kv_offload with data-parallel ranks is "
                                  "not modelled yet (servesim issue 47)")
         elif self.fast_forward:
             from sim.engine.fastpath.replica import FastReplica  # not needed to step

@@ -13,16 +13,21 @@ them together, because every MoE layer exchanges tokens between all ranks:
   dummy batch of one token (`DPEngineCoreProc.execute_dummy_batch`), so the collectives line
   up.
 - The ranks' token counts are made equal, the most of any rank's, where every rank's step fits
-  a CUDA graph (vLLM 0.19 and 0.33 pad them alike: `coordinate_batch_across_dp`, up to the
-  smaller of 512 tokens and twice `max_num_seqs`); a larger step runs eagerly, each rank at its
-  own count. vLLM 0.15.1 pads every step, eager ones too, wherever CUDA graphs are configured
-  (`data_parallel_padding`: a rank decoding beside another's long prompt chunk runs as many
-  tokens). (vLLM pads further, to its next captured size: not modelled.)
+  a CUDA graph (vLLM 0.19 and 0.33 pad them alike: `coordinate_batch_across_dp`, up to vLLM's
+  capture ceiling: the smallest of 512 tokens, `max_num_batched_tokens` and twice
+  `max_num_seqs` times a decode's width, 1 + `num_speculative_tokens`); a larger step runs
+  eagerly, each rank at its own count. vLLM 0.15.1 pads every step, eager ones too, wherever
+  CUDA graphs are configured (`data_parallel_padding`: a rank decoding beside another's long
+  prompt chunk runs as many tokens). (vLLM pads further, to its next captured size: not modelled.)
 - The step takes what the latency model says of all ranks together (`lockstep_time_s`: the
   slowest rank's own layers, then every MoE layer on all ranks' tokens and its all-gather and
   reduce-scatter), the same for every rank.
 - With async scheduling, as many steps are in flight as one rank would keep (two); ranks take
   their results when a step ends.
+- With speculative decoding each rank verifies its own drafts (its acceptance is drawn per
+  request, as on one replica), and the drafter's passes run in lockstep too: vLLM's proposer
+  pads them across the ranks (`coordinate_batch_across_dp` in `llm_base_proposer.py`), and an
+  idle rank's dummy batch runs the drafter's dummy pass (`DraftingLatency.lockstep_time_s`).
 - Once no rank has work the ranks go on with dummy steps until the next check of whether any
   has (every 32 steps in vLLM 0.15-0.19; at the first step of a wave and every 16 in 0.33);
   then they stop until a request arrives.
@@ -31,8 +36,8 @@ In a disaggregated cluster a pool's replica may be such a group: a prefill rank 
 requests off as a prefill replica does, and a decode rank admits KV transfers at each step
 (`DecodeInbox.admit`), the decode router picking the group and its balancer the rank (`pick`).
 
-Stepped one step at a time (no fast path); no CPU tier, speculative decoding, pipeline stages
-or per-iteration noise here (refused where the replica is built).
+Stepped one step at a time (no fast path); no CPU tier, pipeline stages or per-iteration noise
+here (refused where the replica is built).
 """
 
 from __future__ import annotations
@@ -79,22 +84,28 @@ class DataParallelGroup:
 
     def __init__(self, env: Environment, ranks: list[Rank], latency: LatencyModel,
                  balancer: VllmDataParallel, *, max_num_seqs: int, sync_interval: int,
-                 sync_first_step: bool, pads_every_step: bool = False) -> None:
+                 sync_first_step: bool, pads_every_step: bool = False,
+                 max_num_batched_tokens: int | None = None, decode_width: int = 1) -> None:
         self.env = env
         self.ranks = ranks
         self.latency = latency
         self.balancer = balancer
         self.replica_id = ranks[0].replica_id  # (the cluster's front end: the first rank's)
         self.turn = PLAN + ranks[0].replica_id
-        # Steps padded alike up to this many tokens on the busiest rank (every step: inf).
-        self.pad_limit = math.inf if pads_every_step else min(MAX_GRAPH_TOKENS, 2 * max_num_seqs)
+        # Steps padded alike up to this many tokens on the busiest rank (every step: inf):
+        # vLLM's capture ceiling, `max_num_seqs` decodes of `decode_width` tokens twice over.
+        capture = min(MAX_GRAPH_TOKENS, 2 * max_num_seqs * decode_width,
+                      max_num_batched_tokens or MAX_GRAPH_TOKENS)
+        self.pad_limit = math.inf if pads_every_step else capture
         self.sync_interval = sync_interval
         self.sync_first_step = sync_first_step
         self.depth = ranks[0].pipeline_depth
         self.overlaps_host = ranks[0].overlaps_host
         for rank in ranks:
             rank.group = self
-            rank.log = IterationLog(data_parallel=True)
+            rank.log = IterationLog(speculative=rank.state.acceptance is not None,
+                                    data_parallel=True)
+            rank.bind_log()
         self._steps: deque[float] = deque()  # ends of the steps in flight, oldest first
         self._free_s = -math.inf  # when the GPUs finish the last step sent
         self._counter = 0  # steps since the ranks last found every rank idle (a wave)
@@ -245,7 +256,11 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
         VllmDataParallelConfig(name="vllm_dp", engine_version=version,
                                engines_publish_counts=True), np.random.default_rng(0))
     latest = version == "0.33.0"
+    spec = getattr(scheduler, "speculative", None)
+    budget = getattr(scheduler, "max_num_batched_tokens", None)
     return DataParallelGroup(env, cast(list[Rank], ranks), ranks[0].latency, balancer,
                              max_num_seqs=int(scheduler.max_num_seqs),
+                             max_num_batched_tokens=budget if type(budget) is int else None,
+                             decode_width=1 + (spec.num_speculative_tokens if spec else 0),
                              sync_interval=16 if latest else 32, sync_first_step=latest,
                              pads_every_step=bool(getattr(scheduler, "pads_every_step", False)))

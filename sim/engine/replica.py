@@ -110,9 +110,7 @@ class Replica(OffloadSteps):
         # (file, field, value) named by errors about this replica's latency model.
         self.where = where
         self.log = IterationLog(speculative=state.acceptance is not None)
-        # Speculative decoding's column's `append` (drafts verified), None without it.
-        self._log_drafts = (self.log.columns[SPEC_COLUMN].append
-                            if state.acceptance is not None else None)
+        self.bind_log()
         # Set to a list to keep the plan of every iteration logged one by one (stepped, not
         # in a stretch): the golden schedules compare them with an engine's steps.
         self.plans: list[Plan] | None = None
@@ -122,6 +120,12 @@ class Replica(OffloadSteps):
         self._inflight: Iteration | Stretch | None = None
         # (A data-parallel rank is stepped by its group's process, not its own.)
         self.process = env.process(self.run()) if start else None
+
+    def bind_log(self) -> None:
+        """Bind the log's speculative column's `append` (drafts verified; None without it): a
+        data-parallel rank's group gives it a log of its own."""
+        column = self.log.columns.get(SPEC_COLUMN)
+        self._log_drafts = column.append if column is not None else None
 
     # -- what the rest of the cluster sees and does --------------------------------------------
 

@@ -287,6 +287,36 @@ class DraftingLatency:
             BatchShape.decode_only(num_seqs, shape.decode_kv_tokens))
         return time + (self._num_passes * self._per_pass) * step
 
+    def lockstep_time_s(self, shapes: Sequence[BatchShape], num_tokens: Sequence[int]
+                        ) -> tuple[float, float]:
+        """The target's lockstep step, then the drafter's passes in lockstep as well (vLLM's
+        proposer pads each across data-parallel ranks, and a rank without work runs its dummy
+        pass): over the ranks' prompt tokens, padded as the step was, then the passes over
+        each rank's sampled requests, always padded to the most of any rank's (at most
+        `max_num_seqs`: within the graphs). The all-to-all returned is the target's per MoE
+        layer."""
+        model = self._model
+        step_s, all_to_all_s = model.lockstep_time_s(shapes, num_tokens)
+        # (Padded: every rank at the most of any's; with equal counts it makes no difference
+        # to the target, and the prompts are padded alike.)
+        padded = len(set(num_tokens)) == 1
+        prompts = [int(shape.num_prefill_tokens) for shape in shapes]
+        if any(prompts) and self._prompt_ratio:
+            prompt_shapes = [BatchShape(num_prefill_tokens=shape.num_prefill_tokens,
+                                        num_prefill_seqs=shape.num_prefill_seqs,
+                                        prefill_attn_pairs=shape.prefill_attn_pairs,
+                                        prefill_kv_tokens=shape.prefill_kv_tokens)
+                             for shape in shapes]
+            counts = [max(prompts)] * len(prompts) if padded else prompts
+            step_s += self._prompt_ratio * model.lockstep_time_s(prompt_shapes, counts)[0]
+        drafting = [int(shape.num_drafting_seqs) for shape in shapes]
+        if any(drafting) and self._per_pass:
+            draft_shapes = [BatchShape.decode_only(n, shape.decode_kv_tokens if n else 0)
+                            for shape, n in zip(shapes, drafting, strict=True)]
+            pass_s = model.lockstep_time_s(draft_shapes, [max(drafting)] * len(drafting))[0]
+            step_s += (self._num_passes * self._per_pass) * pass_s
+        return step_s, all_to_all_s
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
@@ -330,6 +360,12 @@ class EagleDraftingLatency:
         drafts = (self._num_steps - 1) * model.iteration_time_s(
             BatchShape.decode_only(num_decodes * self._topk, kv)) if self._num_steps > 1 else 0
         return time + self._ratio * (extend + drafts) * (num_decodes > 0)
+
+    def lockstep_time_s(self, shapes: Sequence[BatchShape], num_tokens: Sequence[int]
+                        ) -> tuple[float, float]:
+        # (Data-parallel ranks are modelled as vLLM runs them: SGLang's worker never steps
+        # them; the target's lockstep alone would leave the drafter out.)
+        raise NotImplementedError("SGLang's EAGLE worker on data-parallel ranks")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)

@@ -354,9 +354,6 @@ def test_vllm_balancer_scores_as_each_release():
      "replica.latency.noise.kind", "data-parallel"),
     ({"latency": {"kind": "linear", "base_s": 1e-30}}, "replica.latency",
      "does not move the clock"),
-    ({"scheduler": {"name": "vllm_v1", "speculative": {
-        "method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.5}}},
-     "replica.parallelism.data", "speculative decoding"),
 ])
 def test_what_data_parallel_ranks_do_not_model_is_refused(tmp_path, monkeypatch, capsys,
                                                           change, field, needle):

@@ -1,0 +1,140 @@
+"""Speculative decoding on data-parallel ranks in lockstep (vLLM `--data-parallel-size` with a
+`--speculative-config`): a lone request decodes on its rank exactly as on one replica, drafts,
+acceptance, drafter time and all, synchronous or async, each release (its rank's dummy batches
+take no longer than its own steps on a linear model); the drafter's passes run in lockstep,
+padded to the busiest rank's; and the ranks' CUDA-graph ceiling widens with a decode's drafts,
+as vLLM sizes it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.config.scenario import parse_scenario
+from sim.core.request import Request, Status
+from sim.engine.cluster import Cluster, make_latency
+from sim.engine.data_parallel import DataParallelGroup
+from sim.latency.base import BatchShape
+from sim.results.records import token_times
+
+BASE_S, PER_TOKEN_S = 0.01, 1e-5
+
+
+def _scenario(scheduler, data=2, latency=None):
+    return parse_scenario({
+        "name": "dp_spec", "seed": 3,
+        "workload": {"format": "synthetic", "num_requests": 1,
+                     "arrivals": {"process": "poisson", "qps": 1.0},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                 "output": {"dist": "fixed", "value": 1}}},
+        "replica": {"model": "qwen3-30b-a3b",
+                    "parallelism": {"data": data, "expert": data} if data > 1 else {},
+                    "scheduler": {"name": "vllm_v1", **scheduler},
+                    "latency": latency or {"kind": "linear", "base_s": BASE_S,
+                                           "per_token_s": PER_TOKEN_S}}}, "<test>")
+
+
+def _times(cluster, req):
+    """When `req`'s tokens came out, one entry per step that sampled (as the results see
+    them)."""
+    return token_times([req], [replica.log for replica in cluster.replicas])[1]
+
+
+@pytest.mark.parametrize("version", ["0.15.1", "0.33.0"])
+@pytest.mark.parametrize(("method", "async_scheduling"), [
+    ("ngram", False), ("eagle", False), ("eagle", True)])
+def test_a_lone_request_on_ranks_decodes_as_on_one_replica(version, method, async_scheduling):
+    """A (40-token prompt, 30 tokens out) alone on rank 0 of two: on the linear model the
+    other rank's dummy batch (one token) never outlasts A's step, and the drafter's passes
+    in lockstep take what they take on one replica, so A's tokens come out at the same
+    times, in the same steps, with the same drafts verified and accepted."""
+    if version == "0.15.1" and method == "ngram" and async_scheduling:
+        pytest.skip("0.15.1 refuses async scheduling with n-gram")
+    scheduler = {"engine_version": version, "async_scheduling": async_scheduling,
+                 "speculative": {"method": method, "num_speculative_tokens": 3,
+                                 "acceptance_rate": 0.6, "draft_time_ratio": 0.1}}
+    runs = []
+    for data in (2, 1):
+        cluster = Cluster(_scenario(scheduler, data), fast_forward=False)
+        req = Request(0, 0.0, 40, 30)
+        cluster.run([req])
+        assert req.status is Status.FINISHED and req.replica_id == 0
+        runs.append((cluster, req))
+    (ranks, a), (alone, b) = runs
+    assert isinstance(ranks.front[0], DataParallelGroup)
+    np.testing.assert_array_equal(_times(ranks, a), _times(alone, b))
+    assert (a.num_drafts_verified, a.num_drafts_accepted) == (
+        b.num_drafts_verified, b.num_drafts_accepted)
+    assert 0 < a.num_drafts_accepted < a.num_drafts_verified
+    assert a.finish_s == b.finish_s
+    spec = ranks.replicas[0].log.columns["num_spec_tokens"]
+    assert list(spec) == list(alone.replicas[0].log.columns["num_spec_tokens"])
+    # The other rank ran a dummy batch beside each of A's steps, and logged none.
+    assert len(ranks.replicas[1].log) == 0 and ranks.front[0].num_dummy_forwards > 0
+
+
+def test_the_drafter_runs_in_lockstep_padded_to_the_busiest_rank():
+    """Qwen3-30B-A3B on two H100s (DP2 x EP2, the roofline), EAGLE k = 3: a step is the
+    target's lockstep step, then the drafter's pass over the ranks' prompt tokens and its k
+    passes over each rank's sampling requests, each in lockstep with every rank at the most
+    of any rank's (vLLM's proposer pads them across the ranks; an idle rank runs its dummy
+    pass): more than the same passes at each rank's own count, and more than one rank's
+    drafter alone."""
+    scheduler = {"speculative": {"method": "eagle", "num_speculative_tokens": 3,
+                                 "acceptance_rate": 0.5}}
+    cfg = _scenario(scheduler, latency={"kind": "roofline"}).replica
+    latency = make_latency(cfg, cfg.model_shape, "<test>")
+    inner = latency._model
+    ratio, passes = latency._per_pass, latency._num_passes
+    assert passes == 3 and 0 < ratio < 0.2
+    decodes = BatchShape.decode_only(64, 64 * 900)
+    decodes.num_spec_tokens = 3 * 64
+    decodes.num_sampled_tokens = 4 * 64
+    decodes.num_drafting_seqs = 64
+    few = BatchShape.decode_only(4, 4 * 900)
+    few.num_spec_tokens, few.num_sampled_tokens, few.num_drafting_seqs = 12, 16, 4
+    counts = [int(decodes.num_tokens), int(few.num_tokens)]
+    step_s, exchange_s = latency.lockstep_time_s([decodes, few], [max(counts)] * 2)
+    target_s, target_exchange_s = inner.lockstep_time_s([decodes, few], [max(counts)] * 2)
+    assert exchange_s == target_exchange_s
+    drafts = [BatchShape.decode_only(64, 64 * 900), BatchShape.decode_only(4, 4 * 900)]
+    padded_s = inner.lockstep_time_s(drafts, [64, 64])[0]
+    assert step_s == pytest.approx(target_s + passes * ratio * padded_s, rel=1e-12)
+    assert padded_s > inner.lockstep_time_s(drafts, [64, 4])[0]
+    # Beside an idle rank's dummy batch, the drafter's dummy passes pad to the busy rank's.
+    dummy = BatchShape(num_decode_tokens=1)
+    busy_s = latency.lockstep_time_s([decodes, dummy], [int(decodes.num_tokens)] * 2)[0]
+    alone_s = inner.lockstep_time_s([decodes, dummy], [int(decodes.num_tokens)] * 2)[0]
+    idle = [BatchShape.decode_only(64, 64 * 900), BatchShape.decode_only(0, 0)]
+    assert busy_s == pytest.approx(
+        alone_s + passes * ratio * inner.lockstep_time_s(idle, [64, 64])[0], rel=1e-12)
+    # A prompt's step adds the drafter's pass over it (one layer of the target's).
+    prompt = BatchShape(num_prefill_tokens=300, num_prefill_seqs=1, num_sampled_tokens=1,
+                        prefill_attn_pairs=300 * 301 // 2, prefill_kv_tokens=300,
+                        num_drafting_seqs=1)
+    with_prompt_s = latency.lockstep_time_s([prompt, dummy], [300, 300])[0]
+    prompt_only = BatchShape(num_prefill_tokens=300, num_prefill_seqs=1,
+                             prefill_attn_pairs=300 * 301 // 2, prefill_kv_tokens=300)
+    expected = (inner.lockstep_time_s([prompt, dummy], [300, 300])[0]
+                + latency._prompt_ratio * inner.lockstep_time_s(
+                    [prompt_only, BatchShape()], [300, 300])[0]
+                + passes * ratio * inner.lockstep_time_s(
+                    [BatchShape.decode_only(1, 0), BatchShape.decode_only(0, 0)], [1, 1])[0])
+    assert with_prompt_s == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("scheduler", "limit"), [
+    ({"max_num_seqs": 64}, 128),
+    ({"max_num_seqs": 64, "speculative": {"method": "eagle", "num_speculative_tokens": 3,
+                                          "acceptance_rate": 0.5}}, 512),
+    ({"max_num_seqs": 32, "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+                                          "acceptance_rate": 0.5}}, 192),
+    ({"max_num_seqs": 64, "max_num_batched_tokens": 256, "speculative": {
+        "method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.5}}, 256)])
+def test_the_ranks_pad_up_to_vllms_capture_ceiling(scheduler, limit):
+    """vLLM captures CUDA graphs up to min(2 x max_num_seqs x (1 + k), 512,
+    max_num_batched_tokens) tokens (`VllmConfig._set_cudagraph_sizes`, 0.15.1 and 0.33.0
+    alike): the ranks' steps are padded alike up to there, so a decode's drafts widen it."""
+    cluster = Cluster(_scenario({"engine_version": "0.33.0", **scheduler}), fast_forward=False)
+    (group,) = cluster.front
+    assert group.pad_limit == limit
