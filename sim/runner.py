@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from sim.config.replica import ReplicaConfig
-from sim.config.scenario import Scenario, load_scenario
+from sim.config.scenario import Scenario, load_scenario, with_prefix_caching
 from sim.core.kv_cache import KVCacheManager
 from sim.core.request import Request
 from sim.core.speculative import Acceptance
@@ -210,6 +210,11 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     if out_dir is not None:
         check_out_dir(Path(out_dir))
     workload = load_workload(scenario)
+    given, scenario = scenario, with_prefix_caching(scenario, workload.hash_ids is not None)
+    # Pools whose engine caches prefixes by default, left off for want of hash ids.
+    left_off = [pool.field for pool, was in zip(scenario.pools(), given.pools(), strict=True)
+                if was.replica.prefix_caching is None and not pool.replica.prefix_caching
+                and type(pool.replica.scheduler).prefix_caching_default]
     # A million requests are a million objects, none in a cycle, that each full collection
     # goes over; making them starts one per 25% more objects (2.7 s of 3.7 for a million).
     classes = scenario.workload.classes or []
@@ -239,6 +244,13 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     if num_requests >= COLLECT_AT_NUM_REQUESTS:
         gc.collect()
     results = collect_frames(scenario, frames, records, latency)
+    if left_off and (num := int(results.requests["num_preemptions"].sum())):
+        # Only then, so that it is never silent: a preempted request's own blocks stay cached
+        # in the engine, and it computes less on its return.
+        results.summary["run"]["prefix_caching_left_off"] = (
+            f"{', '.join(f'{f}.prefix_caching' for f in left_off)} left off (no request names "
+            f"prefixes); {num:,} preemptions here, whose requests' own blocks the engine's "
+            "default prefix cache would keep for their return: set prefix_caching: true")
     if dummy is not None:
         ranks = {pool.name: pool.replica.parallelism.data for pool in scenario.pools()}
         results.summary["data_parallel"] = {

@@ -105,6 +105,8 @@ def show_run(summary: dict[str, Any], out_dir: Path, shown: Console, as_json: bo
                     f"{sending}")
     if note := summary["run"].get("priorities_ignored"):
         shown.print(f"[yellow]priorities ignored[/]: {note}")
+    if note := summary["run"].get("prefix_caching_left_off"):
+        shown.print(f"[yellow]prefix caching[/]: {note}")
     for pool, note in summary["run"].get("blocks_beyond_memory", {}).items():
         shown.print(f"[yellow]idealised KV cache[/] ({pool}): {note}")
     if note := summary["run"].get("latency_device_note"):

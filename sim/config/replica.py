@@ -91,8 +91,11 @@ class ReplicaConfig(Frozen):
     max_model_len: int | None = Field(
         None, gt=0, le=10**9,
         description="context window (prompt plus output) in tokens; None: the model's")
-    prefix_caching: bool = Field(
-        False, description="share and keep the KV of prefixes named by the requests' hash ids")
+    prefix_caching: bool | None = Field(
+        None, description="share and keep the KV of prefixes named by the requests' hash ids; "
+                          "unset: the engine's default (on for vllm_v1 and sglang, off for "
+                          "the generic policies) where a request names prefixes or a CPU tier "
+                          "is set, else off (nothing to share)")
     kv_offload: KVOffloadConfig | None = Field(
         None, description="a CPU tier for the KV cache (vllm_v1 with prefix caching): "
                           "{size_gib, host_bandwidth_gb_s}")

@@ -325,6 +325,30 @@ def _resolve_paths(scenario: Scenario, base_dir: Path) -> Scenario:
     return scenario
 
 
+def with_prefix_caching(scenario: Scenario, keyed: bool) -> Scenario:
+    """Each replica's `prefix_caching` left unset, resolved: its engine's default
+    (`SchedulerConfig.prefix_caching_default`: vLLM v1 and SGLang cache prefixes unless told
+    not to) where `keyed` (a request of the workload names prefixes: hash ids) or the replica
+    has a CPU tier, which keys blocks by prefix; else off. Without keys nothing can be shared:
+    a vLLM run is then the same with caching off, and faster (SGLang's radix cache also
+    changes its admission check by a token or two: not modelled there)."""
+
+    def resolve(replica: ReplicaConfig) -> ReplicaConfig:
+        if replica.prefix_caching is not None:
+            return replica
+        on = (keyed or replica.kv_offload is not None) and \
+            type(replica.scheduler).prefix_caching_default
+        return replica.model_copy(update={"prefix_caching": on})
+
+    scenario = scenario.model_copy(update={"replica": resolve(scenario.replica)})
+    cluster = scenario.cluster
+    if cluster.prefill is not None and cluster.decode is not None:
+        pools = {name: pool.model_copy(update={"replica": resolve(pool.replica)})
+                 for name, pool in (("prefill", cluster.prefill), ("decode", cluster.decode))}
+        scenario = scenario.model_copy(update={"cluster": cluster.model_copy(update=pools)})
+    return scenario
+
+
 def _absolute(base_dir: Path, path: Path) -> Path:
     """`path` against `base_dir`, absolute and normalised (`a/../b` is `b`), symlinks kept."""
     return Path(os.path.abspath(base_dir / path))

@@ -33,6 +33,9 @@ class SchedulerConfig(BaseModel):
     """Parameters shared by every scheduler; each scheduler's config extends this."""
 
     model_config = INPUT_MODEL
+    # Whether the engine keeps a prefix cache unless told not to (`ReplicaConfig.
+    # prefix_caching` left unset): off for the generic policies.
+    prefix_caching_default: ClassVar[bool] = False
 
     name: str
     max_num_seqs: int = Field(256, gt=0, description="most requests running at once",

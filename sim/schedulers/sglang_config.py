@@ -3,7 +3,7 @@ defaults SGLang 0.5.23 resolves (speculative decoding's: `sim.schedulers.sglang_
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -22,6 +22,9 @@ SGLANG_VERSIONS = ("0.5.23",)
 class SGLangConfig(SchedulerConfig):
     """SGLang's server arguments that shape scheduling. `max_running_requests` (SGLang's name) is
     accepted for `max_num_seqs`; the resolved scenario spells it `max_num_seqs`."""
+
+    # SGLang keeps its radix cache unless `--disable-radix-cache` is given.
+    prefix_caching_default: ClassVar[bool] = True
 
     chunked_prefill_size: int = Field(
         8192, gt=0,

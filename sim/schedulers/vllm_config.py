@@ -5,7 +5,7 @@ docstring, and vLLM's server defaults by GPU."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -132,6 +132,9 @@ class SpeculativeConfig(AcceptanceSettings):
 
 
 class VllmV1Config(SchedulerConfig):
+    # vLLM v1 caches prefixes by default (`CacheConfig.enable_prefix_caching = True`, 0.15.1
+    # and 0.33.0).
+    prefix_caching_default: ClassVar[bool] = True
     max_num_batched_tokens: int = Field(
         DEFAULT_MAX_NUM_BATCHED_TOKENS, gt=0,
         description=("most tokens (prefill + decode) an iteration; unset, it and max_num_seqs "
