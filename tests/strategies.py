@@ -62,6 +62,8 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
                 "method": method, "num_speculative_tokens": k,
                 "acceptance_rate": draw(st.sampled_from([0.0, 0.5, 0.8, 1.0])),
                 "draft_time_ratio": draw(st.sampled_from([0.0, 0.1]))}
+            if method == "ngram":  # (lookups that miss now and then)
+                scheduler["speculative"]["match_rate"] = draw(st.sampled_from([1.0, 0.5]))
             scheduler.pop("async_scheduling", None)
             if method == "eagle" or scheduler["engine_version"] == "0.33.0":
                 scheduler["async_scheduling"] = draw(st.booleans())

@@ -62,8 +62,9 @@ def commit_speculative(state: ReplicaState, plan: Plan, iteration: int, start_s:
             req.record_token(iteration, previous)
         if req.num_output_tokens == req.num_target_output_tokens:
             done.append(req)
-        else:
-            req.num_draft_tokens = num_drafts
+        else:  # (an n-gram lookup that finds no match proposes none)
+            req.num_draft_tokens = num_drafts if acceptance.matched(
+                request_id, req.num_output_tokens) else 0
     state.num_running_tokens += num_sampled
     return done
 
@@ -82,8 +83,11 @@ def start_speculative(state: ReplicaState, plan: Plan, start_s: float,
     assert acceptance is not None and not state.prefill_only
     state.pipelined = True
     state.spec_placeholders = placeholders
-    num_drafts = acceptance.num_speculative_tokens if placeholders else plan.num_drafts_proposed
-    after_chunk = 0 if placeholders else plan.num_drafts_after_chunk
+    num_drafts = acceptance.num_speculative_tokens
+    after_chunk = 0
+    if not placeholders:  # (the drafts come with the step's result: `complete_speculative`)
+        state.spec_drafts_proposed, after_chunk = (plan.num_drafts_proposed,
+                                                   plan.num_drafts_after_chunk)
     requests = state.requests
     in_flight = []
     for request_id, num_tokens in plan.num_scheduled_tokens.items():
@@ -97,7 +101,7 @@ def start_speculative(state: ReplicaState, plan: Plan, start_s: float,
                 req.num_output_tokens += samples
                 req.num_placeholders += samples
                 state.num_running_tokens += samples
-            req.num_draft_tokens = num_drafts
+                req.num_draft_tokens = num_drafts
         elif not placeholders:  # (`commit_speculative`'s drafts after a chunk)
             req.spec_padded = False
             if after_chunk:
@@ -134,7 +138,9 @@ def complete_speculative(state: ReplicaState, in_flight: list[InFlight], end_s: 
         num_accepted = 0
         padded, req.spec_padded = req.spec_padded, False
         if num_spec:
-            if not padded:
+            # (Scheduled ahead, the drafts are placeholders: where the n-gram lookup found
+            # no match they are padding, and none is accepted.)
+            if not padded and acceptance.matched(req.request_id, num_real):
                 num_accepted = acceptance.accepted(req.request_id, num_real, num_spec)
             acceptance.record(num_spec, num_accepted)
         num_new = min(num_accepted + 1, req.num_target_output_tokens - num_real)
@@ -158,6 +164,10 @@ def complete_speculative(state: ReplicaState, in_flight: list[InFlight], end_s: 
             state.num_running_tokens -= num_gone
             if req.num_output_tokens - req.num_placeholders == req.num_target_output_tokens:
                 done.append(req)
+            elif not placeholders:  # its next step's drafts, as `commit_speculative` gives them
+                drafts = state.spec_drafts_proposed
+                req.num_draft_tokens = drafts if acceptance.matched(
+                    req.request_id, req.num_output_tokens) else 0
     for req in done:
         # Its later steps in flight are dropped ("The request is already finished").
         state.num_running_tokens -= req.num_placeholders

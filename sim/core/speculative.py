@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 _MASK = (1 << 64) - 1
+_MATCH = 0x6E6772616D << 24  # salts the match draw apart from the acceptance draw
 
 
 def _mix(x: int) -> int:
@@ -30,8 +31,8 @@ def _mix(x: int) -> int:
 class Acceptance:
     """Draws how many drafts a verification accepts, from conditional per-position rates."""
 
-    def __init__(self, rates: Sequence[float], seed: int) -> None:
-        assert rates and all(0.0 <= r <= 1.0 for r in rates)
+    def __init__(self, rates: Sequence[float], seed: int, match_rate: float = 1.0) -> None:
+        assert rates and all(0.0 <= r <= 1.0 for r in rates) and 0.0 < match_rate <= 1.0
         # at_least[i]: the chance that at least i + 1 drafts are accepted, times 2**64 (so a
         # draw compares integers).
         self.rates = tuple(float(r) for r in rates)
@@ -41,6 +42,9 @@ class Acceptance:
             at_least.append(int(p * 2.0**64))
         self._at_least = at_least
         self._seed = _mix(seed & _MASK)
+        # n-gram prompt lookup: the chance a step's lookup finds a match, times 2**64 (None:
+        # every step proposes).
+        self._match = None if match_rate >= 1.0 else int(match_rate * 2.0**64)
         # What vLLM's spec-decode metrics count (`SpecDecodingStats`): verifications with
         # drafts, draft tokens verified, accepted, and accepted at each position.
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
@@ -59,6 +63,15 @@ class Acceptance:
         while a < num_drafts and u < at_least[a]:
             a += 1
         return a
+
+    def matched(self, request_id: int, num_output_tokens: int) -> bool:
+        """Whether the drafter proposes drafts for request `request_id` once it has sampled
+        `num_output_tokens` (n-gram lookup may find no match; a drafter model always
+        proposes). A draw of its own, a pure function of the same three."""
+        if self._match is None:
+            return True
+        return _mix(self._seed ^ _mix((request_id << 32) ^ num_output_tokens ^ _MATCH)) \
+            < self._match
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         """Count a verification of `num_drafts` drafts of which `num_accepted` were accepted

@@ -89,6 +89,7 @@ class ReplicaState:
         # A pipelined replica's steps' samples count as output placeholders when sent (async
         # scheduling); False for a synchronous data-parallel rank's, applied when they end.
         self.spec_placeholders = True
+        self.spec_drafts_proposed = 0  # (the last such step's plan's drafts)
         # The KV cache's CPU tier (None: off): requests may wait in the queue holding blocks
         # while their KV is copied in, and a finished one's blocks may wait for its stores.
         self.offload: OffloadState | None = None

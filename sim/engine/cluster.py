@@ -138,7 +138,8 @@ class Cluster:
                 state.kv.bigram_keys = getattr(spec, "bigram_keys", False)
             state.drafting = True
             if pool != "prefill":  # (a prefill replica samples a request's first token only)
-                state.acceptance = Acceptance(spec.draws(), self.seed)
+                state.acceptance = Acceptance(spec.draws(), self.seed,
+                                              getattr(spec, "match_rate", 1.0))
             if isinstance(state.kv, BlockPrefixCache):
                 state.kv.cache_at_free = getattr(scheduler, "kv_cached_when_freed", True)
         kind: type[Replica] = Replica

@@ -105,6 +105,11 @@ class SpeculativeConfig(AcceptanceSettings):
                     "the drafter's share of the weights for eagle/eagle3/mtp (one decoder "
                     "layer and the LM head; over prompt tokens one layer of the target's); "
                     "draft_model needs it")
+    match_rate: float = Field(
+        1.0, gt=0, le=1,
+        description="ngram only: the chance a step's prompt lookup finds a match and proposes "
+                    "drafts (vLLM's spec-decode num_drafts over decode steps, synchronous); "
+                    "acceptance applies to steps with a match. 1: every step proposes")
 
     engine = "vllm"
 
@@ -116,6 +121,10 @@ class SpeculativeConfig(AcceptanceSettings):
         if self.method == "draft_model" and self.draft_time_ratio is None:
             raise invalid(("draft_time_ratio", None, "a draft model's time is its own: give "
                                                      "its step time relative to the target's"))
+        if self.match_rate != 1.0 and self.method != "ngram":
+            raise invalid(("match_rate", self.match_rate, f"a {self.method} drafter proposes "
+                                                          "at every step: only ngram lookups "
+                                                          "may find no match"))
         return self
 
     @property

@@ -153,6 +153,61 @@ def test_async_scheduling_gives_the_same_tokens_and_acceptance():
     assert sync.sum() == pytest.approx(asynchronous.sum(), rel=0.1)
 
 
+@pytest.mark.parametrize(("version", "asynchronous"), [
+    ("0.15.1", False), ("0.33.0", False), ("0.33.0", True)])
+def test_an_ngram_lookup_without_a_match_proposes_nothing(version, asynchronous):
+    """n-gram drafts every draft accepted, but a lookup finds a match only at some steps (the
+    draw `Acceptance.matched`, keyed by the request's output length after the step that
+    proposes). Synchronous, a step after a miss computes 1 token and samples 1; scheduled
+    ahead (0.33.0 async), it computes 1 + k all the same, its drafts placeholders that turn
+    out padding: 1 token sampled, 0 of k accepted. vLLM counts drafts only where some were
+    verified, so the acceptance rate is the matched steps'."""
+    spec = {**ngram(1.0), "match_rate": 0.5}
+    res = run_scenario(parse_scenario(scenario(spec, output=200, version=version,
+                                               asynchronous=asynchronous), "t"))
+    it = res.iterations
+    draws = Acceptance([1.0] * 3, 3, match_rate=0.5)
+    # Replay the request's steps from its first token: each sampled 1 + accepted tokens.
+    n, expected_spec, expected_out = 1, [], []
+    drafts = 3 if draws.matched(0, 1) or asynchronous else 0
+    while n < 200:
+        verified = min(drafts, 199 - n) if not asynchronous else 3
+        accepted = min(verified if (not asynchronous or draws.matched(0, n)) else 0, 199 - n)
+        expected_spec.append(verified)
+        n += accepted + 1
+        expected_out.append(n)
+        drafts = 3 if draws.matched(0, n) else 0
+    decodes = it.iloc[1:]
+    if not asynchronous:
+        assert decodes["num_spec_tokens"].tolist() == expected_spec
+        assert len(decodes) == len(expected_out)
+    misses = sum(not draws.matched(0, m) for m in [1, *expected_out[:-1]])
+    assert 0 < misses < len(expected_out)
+    req = res.requests.iloc[0]
+    assert req["num_generated_tokens"] == 200 and req["status"] == "finished"
+    summary = res.summary["speculative"]
+    if asynchronous:  # every decode step verified 3 placeholders; misses accepted none
+        assert (decodes["num_spec_tokens"] == 3).all()
+        # (but a step scheduled ahead past the request's last token: dropped, not counted)
+        after = (decodes["start_s"] + decodes["duration_s"] > req["finish_s"] + 1e-12).sum()
+        assert after <= 1 and summary["num_drafts"] == len(decodes) - after
+        assert summary["acceptance_rate"] < 100.0
+    else:  # only steps with drafts count, and each accepted all of them
+        assert summary["num_drafts"] == sum(1 for v in expected_spec if v)
+        assert summary["acceptance_rate"] == 100.0
+    # Fewer tokens a step than when every lookup matches.
+    always = run_scenario(parse_scenario(scenario(ngram(1.0), output=200, version=version,
+                                                  asynchronous=asynchronous), "t"))
+    assert len(always.iterations) < len(it)
+
+
+def test_only_ngram_lookups_may_miss():
+    with pytest.raises(InputError, match="only ngram lookups") as err:
+        parse_scenario(scenario({"method": "eagle", "num_speculative_tokens": 2,
+                                 "acceptance_rate": 0.5, "match_rate": 0.5}), "t")
+    assert "match_rate" in str(err.value) and len(err.value.lines()) == 1
+
+
 def test_export_reports_vllms_spec_decode_fields():
     from sim.export.vllm import vllm_result
 

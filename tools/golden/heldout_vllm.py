@@ -7,6 +7,10 @@ workloads its rules were not developed against (not committed as fixtures).
 Each seed draws 120 requests (Poisson, bursts, or shared prefixes), a budget, `max_num_seqs`,
 chunking, threshold, prefix caching, async scheduling, a KV size (300-20,000 blocks) and a step
 time. On 2026-11-29, seeds 0-59 with vLLM 0.15.1 and 0.33.0: 120 of 120 identical.
+
+With `--ngram`, each also gets n-gram speculative decoding (k, acceptance, and lookups that
+miss: `match_rate`), drawn from a generator of its own, so that the rest is the seed's
+workload as without it; async only where the release allows it with n-gram (0.33.0).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from tools.golden import workloads as W  # noqa: E402
 from tools.golden.fixture import write_fixture  # noqa: E402
 
 
-def make(seed: int) -> dict[str, Any]:
+def make(seed: int, ngram: bool = False, version: str = "0.33.0") -> dict[str, Any]:
     rng = np.random.default_rng(1000 + seed)
     n = 120
     kind = seed % 3
@@ -52,6 +56,13 @@ def make(seed: int) -> dict[str, Any]:
     max_model_len = 32768 if chunk else 8192
     for r in reqs:
         r[1] = min(r[1], max_model_len - r[2] - 1)
+    if ngram:
+        spec_rng = np.random.default_rng(5000 + seed)
+        settings["speculative"] = W._spec(
+            "ngram", int(spec_rng.integers(1, 6)), round(float(spec_rng.uniform(0.2, 0.95)), 3),
+            match_rate=round(float(spec_rng.uniform(0.2, 0.95)), 3))
+        if version.startswith("0.15."):
+            settings["async_scheduling"] = False  # (0.15.1 refuses async with n-gram)
     return W._vllm(f"heldout_{seed}", 1000 + seed, reqs, num_gpu_blocks=blocks, step=step,
                    max_model_len=max_model_len, **settings)
 
@@ -63,14 +74,17 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--ngram", action="store_true",
+                        help="n-gram speculative decoding, lookups missing now and then")
     parser.add_argument("seeds", type=int, nargs="+")
     args = parser.parse_args()
     for seed in args.seeds:
-        workload = make(seed)
+        workload = make(seed, args.ngram, vllm.__version__)
         body = record(workload)
         path = write_fixture(args.out, workload, body, engine="vllm",
                              engine_version=vllm.__version__,
-                             command=f"python tools/golden/heldout_vllm.py --out DIR {seed}")
+                             command="python tools/golden/heldout_vllm.py --out DIR "
+                                     f"{'--ngram ' if args.ngram else ''}{seed}")
         print(f"{seed}: {len(body['steps'])} steps -> {path}")
 
 

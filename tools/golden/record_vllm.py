@@ -287,7 +287,8 @@ def record(workload: Workload) -> dict[str, Any]:
 
         rate = spec["acceptance_rate"]
         acceptance = Acceptance(rate if isinstance(rate, list)
-                                else [rate] * spec["num_speculative_tokens"], workload["seed"])
+                                else [rate] * spec["num_speculative_tokens"], workload["seed"],
+                                spec.get("match_rate", 1.0))
     admitted_now: dict[int, set[str]] = {}  # per step sent: requests it took from the queue
     # Requests whose drafts came after a step that sampled nothing for them (0.15.1's padded
     # drafter batch proposes for a prompt's unfinished chunk too): none can be accepted.
@@ -377,6 +378,8 @@ def record(workload: Workload) -> dict[str, Any]:
                 if not sampled[i] or not num_spec or rid in padded or rid in blind_drafts:
                     continue
                 n = handles[int(rid)].num_output_tokens
+                if not acceptance.matched(int(rid), n):
+                    continue  # (async: placeholders where the n-gram lookup found no match)
                 num_accepted = acceptance.accepted(int(rid), n, num_spec)
                 sampled[i] = [output_token_id(int(rid), n + j) for j in range(num_accepted + 1)]
         output = ModelRunnerOutput(req_ids=req_ids,
@@ -394,9 +397,12 @@ def record(workload: Workload) -> dict[str, Any]:
             blind = [] if spec["method"] == "ngram" else [r for r in req_ids if r not in samples]
             blind_drafts.difference_update(req_ids)
             blind_drafts.update(blind)
+            # (An n-gram lookup may find no match: no drafts.)
             sched.update_draft_token_ids(DraftTokenIds(
                 req_ids, [[output_token_id(int(rid), 10_000 + j)
-                           for j in range(k if rid in samples or rid in blind else 0)]
+                           for j in range(k if (rid in samples and acceptance.matched(
+                               int(rid), handles[int(rid)].num_output_tokens))
+                               or rid in blind else 0)]
                           for rid in req_ids]))
         for rid in samples:
             req = handles[int(rid)]

@@ -115,9 +115,12 @@ def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: in
             "step_time": {"base_s": step[0], "per_token_s": step[1]}, "requests": requests}
 
 
-def _spec(method: str, k: int, rate: float | list[float]) -> dict[str, Any]:
-    """vLLM's speculative config as servesim names it (`speculative`)."""
-    return {"method": method, "num_speculative_tokens": k, "acceptance_rate": rate}
+def _spec(method: str, k: int, rate: float | list[float], match_rate: float = 1.0
+          ) -> dict[str, Any]:
+    """vLLM's speculative config as servesim names it (`speculative`); `match_rate` where an
+    n-gram lookup may find no match."""
+    spec = {"method": method, "num_speculative_tokens": k, "acceptance_rate": rate}
+    return spec if match_rate == 1.0 else {**spec, "match_rate": match_rate}
 
 
 def _offload(num_cpu_blocks: int, host_bandwidth_gb_s: float) -> dict[str, Any]:
@@ -219,6 +222,15 @@ def vllm_workloads() -> list[Workload]:
               num_gpu_blocks=300, enable_prefix_caching=True, long_prefill_token_threshold=64,
               max_num_batched_tokens=512, async_scheduling=True,
               speculative=_spec("eagle", 3, 0.7)),
+        # n-gram lookups that find no match (`match_rate`): synchronous, the next step has no
+        # drafts; async (0.33.0), its scheduled placeholders are padding. KV-starved, so that
+        # preemptions meet requests with drafts and without.
+        _vllm("spec_ngram_nomatch", 27, _requests(rng(27), 300, 20.0, (256, 2048), (64, 512)),
+              num_gpu_blocks=600, speculative=_spec("ngram", 3, 0.75, match_rate=0.4)),
+        _vllm("spec_ngram_nomatch_async", 28,
+              _requests(rng(28), 300, 20.0, (256, 2048), (64, 512)),
+              num_gpu_blocks=600, async_scheduling=True,
+              speculative=_spec("ngram", 3, 0.75, match_rate=0.4)),
         # A draft model: 0.33.0 keeps one budget slot per request for it.
         _vllm("spec_draft_model_budget", 26, _requests(rng(26), 300, 12.0, (32, 1024), (16, 256)),
               max_num_batched_tokens=384, max_num_seqs=64,
