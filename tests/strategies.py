@@ -64,6 +64,11 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
                 "draft_time_ratio": draw(st.sampled_from([0.0, 0.1]))}
             if method == "ngram":  # (lookups that miss now and then)
                 scheduler["speculative"]["match_rate"] = draw(st.sampled_from([1.0, 0.5]))
+            if (scheduler["engine_version"] == "0.33.0" and not data_parallel
+                    and draw(st.booleans())):  # 0.33.0's dynamic k (not on ranks: refused)
+                edge = draw(st.integers(1, 8))
+                scheduler["speculative"]["num_speculative_tokens_per_batch_size"] = [
+                    [1, edge, k], [edge + 1, 4096, draw(st.integers(0, k))]]
             scheduler.pop("async_scheduling", None)
             if method == "eagle" or scheduler["engine_version"] == "0.33.0":
                 scheduler["async_scheduling"] = draw(st.booleans())

@@ -27,6 +27,9 @@ class Plan:
     # ... and each request whose prompt chunk does not finish it (vLLM 0.15.1's padded
     # drafter batch proposes for those too; nothing is sampled, so none can be accepted).
     num_drafts_after_chunk: int = 0
+    # ... and the placeholders for its drafts that a step scheduled ahead of this one's end
+    # verifies (async scheduling: whether the drafter runs or not); None: k.
+    num_spec_placeholders: int | None = None
     # With a CPU tier for the KV cache (vLLM's offloading connector, `sim.core.offload`): the
     # copies this step starts, and the requests finished since the last plan (the worker
     # learns of them with this step: `finished_req_ids`).

@@ -84,6 +84,8 @@ def start_speculative(state: ReplicaState, plan: Plan, start_s: float,
     state.pipelined = True
     state.spec_placeholders = placeholders
     num_drafts = acceptance.num_speculative_tokens
+    if plan.num_spec_placeholders is not None:  # (vLLM's: k, or the dynamic schedule's)
+        num_drafts = plan.num_spec_placeholders
     after_chunk = 0
     if not placeholders:  # (the drafts come with the step's result: `complete_speculative`)
         state.spec_drafts_proposed, after_chunk = (plan.num_drafts_proposed,

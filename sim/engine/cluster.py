@@ -385,7 +385,8 @@ def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
                     latency, ratio, spec.num_steps, spec.eagle_topk, prompt_ratio))
             elif ratio:
                 latency = cast(LatencyModel, DraftingLatency(
-                    latency, ratio, spec.num_speculative_tokens, prompt_ratio))
+                    latency, ratio, spec.num_speculative_tokens, prompt_ratio,
+                    spec.drafts_by_batch_size(cfg.scheduler.max_num_seqs)))
         if cfg.latency.scale != 1.0:
             return cast(LatencyModel, ScaledLatency(latency, cfg.latency.scale))
         return latency

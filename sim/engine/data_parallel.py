@@ -242,6 +242,14 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
         raise InputError(source, f"{field}.parallelism.data", cfg.parallelism.data,
                          "data-parallel ranks are modelled as vLLM runs them: give "
                          "scheduler.name vllm_v1")
+    spec = getattr(scheduler, "speculative", None)
+    if spec is not None and spec.num_speculative_tokens_per_batch_size is not None:
+        raise InputError(source, f"{field}.scheduler.speculative."
+                         "num_speculative_tokens_per_batch_size",
+                         spec.num_speculative_tokens_per_batch_size,
+                         "vLLM turns dynamic speculative decoding off with data-parallel ranks "
+                         "(they could choose different drafts and deadlock): drop it, k "
+                         "drafts a step as vLLM falls back to")
     if cfg.latency.noise.enabled:
         raise InputError(source, f"{field}.latency.noise.kind", cfg.latency.noise.kind,
                          "per-iteration noise with data-parallel ranks is not modelled yet "
@@ -256,7 +264,6 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
         VllmDataParallelConfig(name="vllm_dp", engine_version=version,
                                engines_publish_counts=True), np.random.default_rng(0))
     latest = version == "0.33.0"
-    spec = getattr(scheduler, "speculative", None)
     budget = getattr(scheduler, "max_num_batched_tokens", None)
     return DataParallelGroup(env, cast(list[Rank], ranks), ranks[0].latency, balancer,
                              max_num_seqs=int(scheduler.max_num_seqs),

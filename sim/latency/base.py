@@ -261,14 +261,18 @@ class DraftingLatency:
     drafter's share of the weights read: an EAGLE head is one decoder layer and an LM head);
     and it runs over the iteration's prompt tokens too (its own KV for them: EAGLE's first
     pass, a draft model's prefill), `prompt_ratio` (default `ratio`) times the target's time
-    for them alone. Everything else is the other model's."""
+    for them alone. With vLLM's dynamic schedule (`passes_by_batch_size`, entry n for a step
+    of n requests) the passes are the step's. Everything else is the other model's."""
 
     def __init__(self, model: LatencyModel, ratio: float, num_speculative_tokens: int,
-                 prompt_ratio: float | None = None) -> None:
+                 prompt_ratio: float | None = None,
+                 passes_by_batch_size: Sequence[int] | None = None) -> None:
         self._model = model
         self._per_pass = ratio
         self._prompt_ratio = ratio if prompt_ratio is None else prompt_ratio
         self._num_passes = num_speculative_tokens
+        self._passes_by_batch = (None if passes_by_batch_size is None
+                                 else np.asarray(passes_by_batch_size, dtype=np.int64))
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
         time = self._model.iteration_time_s(shape)
@@ -285,7 +289,12 @@ class DraftingLatency:
         # smaller still: within its share of the step).
         step = self._model.iteration_time_s(
             BatchShape.decode_only(num_seqs, shape.decode_kv_tokens))
-        return time + (self._num_passes * self._per_pass) * step
+        passes: Num = self._num_passes
+        if self._passes_by_batch is not None:  # (the step's requests: chunks and decodes)
+            passes = self._passes_by_batch[shape.num_prefill_seqs + shape.num_decode_tokens]
+            if not isinstance(passes, np.ndarray) or passes.ndim == 0:
+                passes = int(passes)
+        return time + (passes * self._per_pass) * step
 
     def lockstep_time_s(self, shapes: Sequence[BatchShape], num_tokens: Sequence[int]
                         ) -> tuple[float, float]:

@@ -105,6 +105,11 @@ class SpeculativeConfig(AcceptanceSettings):
                     "the drafter's share of the weights for eagle/eagle3/mtp (one decoder "
                     "layer and the LM head; over prompt tokens one layer of the target's); "
                     "draft_model needs it")
+    num_speculative_tokens_per_batch_size: list[list[int]] | None = Field(
+        None, description="vLLM 0.33.0's dynamic speculative decoding: [[first, last, k], "
+                          "...], inclusive ranges of the step's scheduled requests from 1, "
+                          "each with the drafts proposed after such a step (at most "
+                          "num_speculative_tokens; gaps and the tail keep the last k)")
     match_rate: float = Field(
         1.0, gt=0, le=1,
         description="ngram only: the chance a step's prompt lookup finds a match and proposes "
@@ -121,6 +126,11 @@ class SpeculativeConfig(AcceptanceSettings):
         if self.method == "draft_model" and self.draft_time_ratio is None:
             raise invalid(("draft_time_ratio", None, "a draft model's time is its own: give "
                                                      "its step time relative to the target's"))
+        schedule = self.num_speculative_tokens_per_batch_size
+        if schedule is not None:
+            problem = _dynamic_schedule_problem(schedule)
+            if problem is not None:
+                raise invalid(("num_speculative_tokens_per_batch_size", schedule, problem))
         if self.match_rate != 1.0 and self.method != "ngram":
             raise invalid(("match_rate", self.match_rate, f"a {self.method} drafter proposes "
                                                           "at every step: only ngram lookups "
@@ -132,6 +142,32 @@ class SpeculativeConfig(AcceptanceSettings):
         """KV slots allocated past the tokens scheduled (`VllmConfig.num_lookahead_tokens`):
         the drafters that write KV of their own write it ahead."""
         return 0 if self.method == "ngram" else self.num_speculative_tokens
+
+    def drafts_by_batch_size(self, max_num_seqs: int) -> tuple[int, ...] | None:
+        """vLLM's dense lookup of the dynamic schedule (`build_dynamic_sd_schedule_lookup`):
+        entry n, the drafts proposed after a step of n scheduled requests (entry 0 unused),
+        each at most k; a gap or the tail carries the k before it. None: k always."""
+        schedule = self.num_speculative_tokens_per_batch_size
+        if schedule is None:
+            return None
+        k = self.num_speculative_tokens
+        dense = [0] * (max_num_seqs + 1)
+        last = None
+        next_size = 1
+        for first, end, drafts in sorted(schedule):
+            if last is not None:
+                for n in range(next_size, min(first, max_num_seqs + 1)):
+                    dense[n] = min(k, last)
+            for n in range(max(first, next_size), min(end, max_num_seqs) + 1):
+                dense[n] = min(k, drafts)
+            next_size = max(next_size, end + 1)
+            last = drafts
+            if next_size > max_num_seqs:
+                break
+        assert last is not None
+        for n in range(next_size, max_num_seqs + 1):
+            dense[n] = min(k, last)
+        return tuple(dense)
 
     @property
     def num_draft_slots(self) -> int:
@@ -271,7 +307,7 @@ class VllmV1Config(SchedulerConfig):
     @model_validator(mode="after")
     def _consistent(self) -> VllmV1Config:
         budget, threshold = self.max_num_batched_tokens, self.long_prefill_token_threshold
-        problems = []
+        problems: list[tuple[str, Any, str]] = []
         if self.max_num_seqs > budget:  # vLLM's verify_max_model_len refuses it too
             problems.append(("max_num_seqs", self.max_num_seqs,
                              f"must not exceed max_num_batched_tokens ({budget})"))
@@ -302,6 +338,12 @@ class VllmV1Config(SchedulerConfig):
             problems.append(("max_num_batched_tokens", budget,
                              f"vLLM {self.engine_version} needs more than the drafter's "
                              f"{spec.num_lookahead_tokens} lookahead slots"))
+        if (spec is not None and spec.num_speculative_tokens_per_batch_size is not None
+                and not self.rules.spec_v2_rules):
+            problems.append(("speculative.num_speculative_tokens_per_batch_size",
+                             spec.num_speculative_tokens_per_batch_size,
+                             f"dynamic speculative decoding came after vLLM "
+                             f"{self.engine_version}: set engine_version: 0.33.0"))
         if self.speculative is not None and self.min_chunk_tokens is not None:
             problems.append(("min_chunk_tokens", self.min_chunk_tokens,
                              "not modelled with speculative decoding (vLLM has no such "
@@ -309,6 +351,27 @@ class VllmV1Config(SchedulerConfig):
         if problems:
             raise invalid(*problems)
         return self
+
+
+def _dynamic_schedule_problem(schedule: list[list[int]]) -> str | None:
+    """What vLLM's `validate_and_normalize_dynamic_sd_schedule` refuses in a schedule."""
+    if not schedule:
+        return "give at least one [first, last, k] range"
+    if any(len(entry) != 3 for entry in schedule):
+        return "each entry is [first, last, k]: a range of batch sizes and its drafts"
+    for first, end, drafts in schedule:
+        if first <= 0 or end <= 0:
+            return f"batch-size range ({first}, {end}) must be positive"
+        if first > end:
+            return f"range start must be <= end: ({first}, {end}, {drafts})"
+        if drafts < 0:
+            return f"drafts must be >= 0: ({first}, {end}, {drafts})"
+    ordered = sorted(schedule)
+    if any(b[0] <= a[1] for a, b in zip(ordered, ordered[1:], strict=False)):
+        return "batch-size ranges must not overlap"
+    if ordered[0][0] != 1:
+        return "the first range must start at 1, so that every batch size has its k"
+    return None
 
 
 def unchunked_reason(chunking: bool, budget: int, num_kv_tokens: int) -> str | None:

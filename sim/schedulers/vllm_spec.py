@@ -33,6 +33,9 @@ class SpecRules:
     # _update_request_with_output`); 0.15.1's synchronous one only as it allocates
     # (`sim.core.block_cache`'s `cache_at_free`).
     caches_on_update: bool
+    # 0.33.0's dynamic speculative decoding: drafts proposed after a step of n scheduled
+    # requests, by n (None: k after every step).
+    drafts_by_batch_size: tuple[int, ...] | None
 
     @classmethod
     def of(cls, config: VllmV1Config) -> SpecRules | None:
@@ -43,14 +46,17 @@ class SpecRules:
         v2 = config.rules.spec_v2_rules
         lookahead = spec.num_lookahead_tokens
         writes_kv = method != "ngram"
+        dynamic = spec.drafts_by_batch_size(config.max_num_seqs)
         return cls(
             num_speculative_tokens=k, num_lookahead=lookahead,
             admission_lookahead=lookahead if v2 else 0,
             draft_slots=spec.num_draft_slots if v2 else 0,
-            can_skip_drafts=v2 and lookahead > 0, pads_decodes=v2,
+            # (No padding with a dynamic schedule: `dynamic_sd_lookup is None`.)
+            can_skip_drafts=v2 and lookahead > 0, pads_decodes=v2 and dynamic is None,
             hit_blocks_dropped=int(not v2 and writes_kv and method != "draft_model"),
             drafts_after_chunk=(not v2 and writes_kv and not config.async_scheduling),
             # Its last steps verify k drafts past its last token (async: a step in flight's
             # k more) and allocate the drafter's lookahead beyond them.
             capacity_margin=k * (1 + bool(config.async_scheduling)) + lookahead,
-            caches_on_update=v2 or bool(config.async_scheduling))
+            caches_on_update=v2 or bool(config.async_scheduling),
+            drafts_by_batch_size=dynamic)

@@ -256,10 +256,18 @@ class VllmV1(Scheduler):
             self._schedule_waiting(state, plan, budget)
         if state.offload is not None:  # rule 19
             state.offload.build(state, plan, num_running)
-        if spec is not None and self._drafts_needed:
-            plan.num_drafts_proposed = spec.num_speculative_tokens
-            if spec.drafts_after_chunk:
-                plan.num_drafts_after_chunk = plan.num_drafts_proposed
+        if spec is not None:
+            # Drafts after this step (`num_spec_tokens_to_schedule`): k, or the dynamic
+            # schedule's for its number of requests; the next step's placeholders when
+            # scheduling ahead, whether or not the drafter runs.
+            drafts = spec.num_speculative_tokens
+            if spec.drafts_by_batch_size is not None and plan.num_scheduled_tokens:
+                drafts = spec.drafts_by_batch_size[len(plan.num_scheduled_tokens)]
+            plan.num_spec_placeholders = drafts
+            if self._drafts_needed:
+                plan.num_drafts_proposed = drafts
+                if spec.drafts_after_chunk:
+                    plan.num_drafts_after_chunk = plan.num_drafts_proposed
         return plan
 
     def _decode_tokens(self, req: Request, budget: int, num_scheduled: int) -> int:

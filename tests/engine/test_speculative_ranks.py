@@ -123,6 +123,21 @@ def test_the_drafter_runs_in_lockstep_padded_to_the_busiest_rank():
     assert with_prompt_s == pytest.approx(expected, rel=1e-12)
 
 
+def test_a_dynamic_schedule_is_refused_on_ranks():
+    """vLLM turns dynamic speculative decoding off with data parallelism (the ranks could
+    choose different drafts and deadlock): refused, one line naming the field."""
+    from sim.config.errors import InputError
+
+    scheduler = {"engine_version": "0.33.0", "speculative": {
+        "method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.5,
+        "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 256, 1]]}}
+    with pytest.raises(InputError, match="turns dynamic speculative decoding off") as err:
+        Cluster(_scenario(scheduler))
+    assert "replica.scheduler.speculative.num_speculative_tokens_per_batch_size" in str(
+        err.value)
+    assert len(err.value.lines()) == 1
+
+
 @pytest.mark.parametrize(("scheduler", "limit"), [
     ({"max_num_seqs": 64}, 128),
     ({"max_num_seqs": 64, "speculative": {"method": "eagle", "num_speculative_tokens": 3,

@@ -201,6 +201,79 @@ def test_an_ngram_lookup_without_a_match_proposes_nothing(version, asynchronous)
     assert len(always.iterations) < len(it)
 
 
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_dynamic_schedule_proposes_by_the_steps_number_of_requests(asynchronous):
+    """vLLM 0.33.0's `num_speculative_tokens_per_batch_size` [[1, 1, 3], [2, 256, 1]]: after a
+    step of one request the drafter proposes 3 drafts, after a step of two 1; every draft
+    accepted, so a request alone samples 4 tokens a step and beside another 2. The drafter's
+    passes are the step's (draft_time_ratio 0.5 of the linear model's decode step: a step
+    of n requests with K passes takes base + K x 0.5 x base on a model without per-token
+    time)."""
+    spec = {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 1.0,
+            "draft_time_ratio": 0.5,
+            "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 256, 1]]}
+    data = scenario(spec, output=40, num_requests=2, version="0.33.0",
+                    asynchronous=asynchronous)
+    data["workload"]["arrivals"] = {"process": "poisson", "qps": 1000.0}  # (both at once)
+    res = run_scenario(parse_scenario(data, "t"))
+    it = res.iterations
+    assert (res.requests["num_generated_tokens"] == 40).all()
+    # Each step's verified drafts are those the step before it proposed, by its batch.
+    seqs, verified = it["num_seqs"].tolist(), it["num_spec_tokens"].tolist()
+    for j in range(1, len(it)):
+        proposed = 3 if seqs[j - 1] == 1 else 1
+        assert verified[j] <= seqs[j] * proposed
+    together = it[(it["num_seqs"] == 2) & (it["num_spec_tokens"] > 0)]
+    alone = it[(it["num_seqs"] == 1) & (it["num_spec_tokens"] > 0)]
+    assert len(together) and len(alone)
+    # 1 draft each (but the first step together: the first request's 3 from alone)
+    assert (together["num_spec_tokens"].iloc[1:] == 2).all()
+    assert set(alone["num_spec_tokens"]) <= {1, 3}  # (its first alone: the 1 proposed before)
+    assert 3 in set(alone["num_spec_tokens"])
+    # The drafter's passes on decode steps: 1 after a step of two requests, 3 after one
+    # alone (none where no request can use drafts: its last steps).
+    base = STEP_S
+    decodes = it[it["num_prefill_tokens"] == 0]
+    passes = [round((d - base) / (0.5 * base), 6) for d in decodes["duration_s"]]
+    for n, k in zip(decodes["num_seqs"], passes, strict=True):
+        assert k in ((0, 3) if n == 1 else (0, 1))
+    assert {1, 3} <= set(passes)
+    # Static k = 3: more drafts, so more tokens a step beside each other, and longer steps.
+    static = {key: value for key, value in spec.items()
+              if key != "num_speculative_tokens_per_batch_size"}
+    fixed = run_scenario(parse_scenario({**data, "replica": {**data["replica"], "scheduler": {
+        **data["replica"]["scheduler"], "speculative": static}}}, "t"))
+    assert fixed.iterations["num_spec_tokens"].max() == 6
+
+
+@pytest.mark.parametrize(("schedule", "extra", "field", "words"), [
+    ([[2, 8, 3]], {}, "num_speculative_tokens_per_batch_size", "must start at 1"),
+    ([[1, 8, 3], [4, 16, 2]], {}, "num_speculative_tokens_per_batch_size", "not overlap"),
+    ([[1, 8]], {}, "num_speculative_tokens_per_batch_size", "[first, last, k]"),
+    ([[1, 8, -1]], {}, "num_speculative_tokens_per_batch_size", ">= 0"),
+    ([[1, 8, 2]], {"engine_version": "0.15.1"}, "num_speculative_tokens_per_batch_size",
+     "set engine_version: 0.33.0")])
+def test_a_dynamic_schedule_vllm_refuses_is_refused(schedule, extra, field, words):
+    data = scenario(None)
+    data["replica"]["scheduler"] = {
+        "name": "vllm_v1", "engine_version": "0.33.0", **extra,
+        "speculative": {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.5,
+                        "num_speculative_tokens_per_batch_size": schedule}}
+    with pytest.raises(InputError, match=words.replace("[", r"\[")) as err:
+        parse_scenario(data, "t")
+    assert field in str(err.value) and len(err.value.lines()) == 1
+
+
+def test_the_dense_schedule_is_vllms():
+    """Gaps and the tail carry the k before them; every k at most num_speculative_tokens
+    (`build_dynamic_sd_schedule_lookup`)."""
+    from sim.schedulers.vllm_config import SpeculativeConfig
+
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, acceptance_rate=0.5,
+                             num_speculative_tokens_per_batch_size=[[1, 2, 5], [5, 6, 1]])
+    assert spec.drafts_by_batch_size(8) == (0, 3, 3, 3, 3, 1, 1, 1, 1)
+
+
 def test_only_ngram_lookups_may_miss():
     with pytest.raises(InputError, match="only ngram lookups") as err:
         parse_scenario(scenario({"method": "eagle", "num_speculative_tokens": 2,

@@ -130,6 +130,9 @@ def speculative_config(workload: Workload, model_config: Any) -> Any:
     method, k = spec["method"], spec["num_speculative_tokens"]
     common = {"num_speculative_tokens": k, "target_model_config": model_config,
               "target_parallel_config": ParallelConfig()}
+    if spec.get("num_speculative_tokens_per_batch_size") is not None:  # (0.33.0's dynamic k)
+        common["num_speculative_tokens_per_batch_size"] = [
+            tuple(entry) for entry in spec["num_speculative_tokens_per_batch_size"]]
     if method == "ngram":
         return SpeculativeConfig(method="ngram", prompt_lookup_max=4, prompt_lookup_min=2,
                                  **common)
@@ -393,7 +396,9 @@ def record(workload: Workload) -> dict[str, Any]:
         if acceptance is not None and not async_on and out.total_num_scheduled_tokens:
             # `EngineCore.post_step`: the drafter's proposals for the requests of the step.
             # (n-gram lookup proposes nothing for a request that sampled nothing.)
-            k = 0 if getattr(out, "skip_drafts", False) else spec["num_speculative_tokens"]
+            # (k, or the dynamic schedule's for this step: `num_spec_tokens_to_schedule`)
+            k = 0 if getattr(out, "skip_drafts", False) else getattr(
+                out, "num_spec_tokens_to_schedule", spec["num_speculative_tokens"])
             blind = [] if spec["method"] == "ngram" else [r for r in req_ids if r not in samples]
             blind_drafts.difference_update(req_ids)
             blind_drafts.update(blind)

@@ -231,6 +231,25 @@ def vllm_workloads() -> list[Workload]:
               _requests(rng(28), 300, 20.0, (256, 2048), (64, 512)),
               num_gpu_blocks=600, async_scheduling=True,
               speculative=_spec("ngram", 3, 0.75, match_rate=0.4)),
+        # 0.33.0's dynamic speculative decoding: k by the step's number of requests (4 up to 4,
+        # 2 up to 16, none beyond: no drafter, no padding of a decode from the queue),
+        # bursts so that batches cross the ranges; synchronous and async.
+        _vllm("spec_eagle_dynamic", 29,
+              _bursts(rng(29), 300, (1, 30), (0.2, 3.0), (64, 1024), (16, 256)),
+              num_gpu_blocks=2000, speculative={**_spec("eagle", 4, 0.7),
+                                                "num_speculative_tokens_per_batch_size":
+                                                    [[1, 4, 4], [5, 16, 2], [17, 256, 0]]}),
+        _vllm("spec_eagle_dynamic_async", 29,
+              _bursts(rng(29), 300, (1, 30), (0.2, 3.0), (64, 1024), (16, 256)),
+              num_gpu_blocks=2000, async_scheduling=True,
+              speculative={**_spec("eagle", 4, 0.7),
+                           "num_speculative_tokens_per_batch_size":
+                               [[1, 4, 4], [5, 16, 2], [17, 256, 0]]}),
+        _vllm("spec_eagle_dynamic_kv_starved", 30,
+              _bursts(rng(30), 300, (1, 30), (0.2, 3.0), (256, 2048), (64, 512)),
+              num_gpu_blocks=500, async_scheduling=True,
+              speculative={**_spec("eagle3", 3, 0.75),
+                           "num_speculative_tokens_per_batch_size": [[1, 2, 3], [8, 256, 1]]}),
         # A draft model: 0.33.0 keeps one budget slot per request for it.
         _vllm("spec_draft_model_budget", 26, _requests(rng(26), 300, 12.0, (32, 1024), (16, 256)),
               max_num_batched_tokens=384, max_num_seqs=64,
