@@ -212,7 +212,8 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     workload = load_workload(scenario)
     given, scenario = scenario, with_prefix_caching(scenario, workload.hash_ids is not None)
     # Pools whose engine caches prefixes by default, left off for want of hash ids.
-    left_off = [pool.field for pool, was in zip(scenario.pools(), given.pools(), strict=True)
+    left_off = [(pool.field, pool.replica.scheduler.name)
+                for pool, was in zip(scenario.pools(), given.pools(), strict=True)
                 if was.replica.prefix_caching is None and not pool.replica.prefix_caching
                 and type(pool.replica.scheduler).prefix_caching_default]
     # A million requests are a million objects, none in a cycle, that each full collection
@@ -244,13 +245,9 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     if num_requests >= COLLECT_AT_NUM_REQUESTS:
         gc.collect()
     results = collect_frames(scenario, frames, records, latency)
-    if left_off and (num := int(results.requests["num_preemptions"].sum())):
-        # Only then, so that it is never silent: a preempted request's own blocks stay cached
-        # in the engine, and it computes less on its return.
-        results.summary["run"]["prefix_caching_left_off"] = (
-            f"{', '.join(f'{f}.prefix_caching' for f in left_off)} left off (no request names "
-            f"prefixes); {num:,} preemptions here, whose requests' own blocks the engine's "
-            "default prefix cache would keep for their return: set prefix_caching: true")
+    if left_off and (note := _left_off_note(left_off, results.summary,
+                                            int(results.requests["num_preemptions"].sum()))):
+        results.summary["run"]["prefix_caching_left_off"] = note
     if dummy is not None:
         ranks = {pool.name: pool.replica.parallelism.data for pool in scenario.pools()}
         results.summary["data_parallel"] = {
@@ -267,6 +264,29 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
 
 
 CLIENT_COLUMNS = ("client_ttft_s", "client_e2e_s")
+# KV use from which SGLang's admission check with its radix cache may decide otherwise.
+NEAR_FULL_KV = 0.9
+
+
+def _left_off_note(left_off: list[tuple[str, str]], summary: dict[str, Any],
+                   num_preemptions: int) -> str | None:
+    """What a prefix cache left off for want of hash ids may have changed, where the run shows
+    it could (else None): preempted requests, whose own blocks the engine's default cache
+    keeps for their return; and, under SGLang, a KV cache near full, where its radix cache's
+    admission check differs from the one without it."""
+    why = []
+    if num_preemptions:
+        why.append(f"{num_preemptions:,} preemptions here, whose requests' own blocks the "
+                   "engine's default prefix cache would keep for their return")
+    full = max((r["max_kv_utilization"] or 0.0) for r in summary["replicas"])
+    if any(name == "sglang" for _, name in left_off) and full >= NEAR_FULL_KV:
+        why.append(f"KV use up to {full:.0%}, where SGLang's admission check with its radix "
+                   "cache differs from the one without")
+    if not why:
+        return None
+    fields = ", ".join(f"{field}.prefix_caching" for field, _ in left_off)
+    return (f"{fields} left off (no request names prefixes); {'; '.join(why)}: set "
+            "prefix_caching: true")
 def calibration_facts(pools: dict[str, ReplicaConfig]) -> dict[str, Any]:
     """Which engine calibration made the run (the first pool's; each pool's front end), where
     it came from and how far it is from measured runs."""

@@ -205,7 +205,8 @@ def cancel_speculative(state: ReplicaState, in_flight: list[InFlight]) -> None:
             req.num_computed_tokens -= num_tokens
         else:
             req.num_recomputed_tokens -= num_tokens
-        if samples and same and req.status is Status.RUNNING:
+        # (A synchronous rank's step counted no placeholders when sent.)
+        if samples and same and req.status is Status.RUNNING and state.spec_placeholders:
             req.num_placeholders -= samples
             req.num_output_tokens -= samples
             state.num_running_tokens -= samples

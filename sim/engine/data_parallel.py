@@ -14,9 +14,8 @@ them together, because every MoE layer exchanges tokens between all ranks:
   up.
 - The ranks' token counts are made equal, the most of any rank's, where every rank's step fits
   a CUDA graph (vLLM 0.19 and 0.33 pad them alike: `coordinate_batch_across_dp`, up to vLLM's
-  capture ceiling: the smallest of 512 tokens, `max_num_batched_tokens` and twice
-  `max_num_seqs` times a decode's width, 1 + `num_speculative_tokens`); a larger step runs
-  eagerly, each rank at its own count. vLLM 0.15.1 pads every step, eager ones too, wherever
+  largest captured size, `capture_ceiling`); a larger step runs eagerly, each rank at its own
+  count. vLLM 0.15.1 pads every step, eager ones too, wherever
   CUDA graphs are configured (`data_parallel_padding`: a rank decoding beside another's long
   prompt chunk runs as many tokens). (vLLM pads further, to its next captured size: not modelled.)
 - The step takes what the latency model says of all ranks together (`lockstep_time_s`: the
@@ -27,7 +26,10 @@ them together, because every MoE layer exchanges tokens between all ranks:
 - With speculative decoding each rank verifies its own drafts (its acceptance is drawn per
   request, as on one replica), and the drafter's passes run in lockstep too: vLLM's proposer
   pads them across the ranks (`coordinate_batch_across_dp` in `llm_base_proposer.py`), and an
-  idle rank's dummy batch runs the drafter's dummy pass (`DraftingLatency.lockstep_time_s`).
+  idle rank's dummy batch runs the drafter's dummy passes (`DraftingLatency.lockstep_time_s`).
+  0.33.0's dummy batch is a uniform decode, 1 + k tokens (`execute_dummy_batch`), 0.15.1's
+  one token. (vLLM runs a drafter batch of more sampled requests than its largest graph
+  eagerly, unpadded: here always padded.)
 - Once no rank has work the ranks go on with dummy steps until the next check of whether any
   has (every 32 steps in vLLM 0.15-0.19; at the first step of a wave and every 16 in 0.33);
   then they stop until a request arrives.
@@ -85,18 +87,18 @@ class DataParallelGroup:
     def __init__(self, env: Environment, ranks: list[Rank], latency: LatencyModel,
                  balancer: VllmDataParallel, *, max_num_seqs: int, sync_interval: int,
                  sync_first_step: bool, pads_every_step: bool = False,
-                 max_num_batched_tokens: int | None = None, decode_width: int = 1) -> None:
+                 capture_limit: int = MAX_GRAPH_TOKENS, dummy: BatchShape | None = None
+                 ) -> None:
         self.env = env
         self.ranks = ranks
         self.latency = latency
         self.balancer = balancer
         self.replica_id = ranks[0].replica_id  # (the cluster's front end: the first rank's)
         self.turn = PLAN + ranks[0].replica_id
-        # Steps padded alike up to this many tokens on the busiest rank (every step: inf):
-        # vLLM's capture ceiling, `max_num_seqs` decodes of `decode_width` tokens twice over.
-        capture = min(MAX_GRAPH_TOKENS, 2 * max_num_seqs * decode_width,
-                      max_num_batched_tokens or MAX_GRAPH_TOKENS)
-        self.pad_limit = math.inf if pads_every_step else capture
+        # Steps padded alike up to this many tokens on the busiest rank (every step: inf).
+        self.pad_limit = math.inf if pads_every_step else capture_limit
+        # An idle rank's dummy batch (with a drafter: its dummy passes, `num_drafting_seqs`).
+        self.dummy = dummy or BatchShape(num_decode_tokens=1)
         self.sync_interval = sync_interval
         self.sync_first_step = sync_first_step
         self.depth = ranks[0].pipeline_depth
@@ -189,7 +191,7 @@ class DataParallelGroup:
                 shapes.append(BatchShape.of_replica(plan, rank.state))
             else:
                 self.num_dummy_forwards += 1
-                shapes.append(BatchShape(num_decode_tokens=1))
+                shapes.append(self.dummy)
         own = [int(shape.num_tokens) for shape in shapes]
         padded = max(own) <= self.pad_limit
         step_s, all_to_all_s = self.latency.lockstep_time_s(
@@ -232,6 +234,30 @@ class DataParallelGroup:
 
 
 
+def capture_ceiling(max_num_seqs: int, k: int, max_num_batched_tokens: int | None,
+                    latest: bool) -> int:
+    """vLLM's largest CUDA-graph capture size by default (`VllmConfig._set_cudagraph_sizes`,
+    0.15.1 and 0.33.0): at most twice `max_num_seqs` decodes of 1 + k tokens, 512 and the
+    budget; the sizes captured step by 8 to 256, then by 16; 0.33.0 also captures the budget
+    and uniform decode batches (n decodes of 1 + k tokens) within that."""
+    width = 1 + k
+    budget = max_num_batched_tokens if max_num_batched_tokens is not None else MAX_GRAPH_TOKENS
+    cap = min(max_num_seqs * width * 2, MAX_GRAPH_TOKENS, budget)
+    sizes = [n for n in (1, 2, 4) if n <= cap]
+    sizes += list(range(8, min(cap + 1, 256), 8)) + list(range(256, cap + 1, 16))
+    if latest:
+        if budget <= cap:
+            sizes.append(budget)
+        if width > 1:
+            most = min(max_num_seqs, MAX_GRAPH_TOKENS)
+            counts = [n for n in (1, 2, 4) if n <= most]
+            counts += list(range(8, min(most + 1, 256), 8)) + list(range(256, most + 1, 16))
+            sizes += [n * width for n in [*counts, most] if n * width <= min(cap, budget)]
+        elif max_num_seqs <= cap:
+            sizes.append(max_num_seqs)
+    return max(sizes)
+
+
 def build_group(env: Environment, cfg: ReplicaConfig, source: str,
                 make_rank: Callable[[], Any], field: str = "replica") -> DataParallelGroup:
     """The replica `cfg` (at `field`: a pool's, in a disaggregated cluster) describes, of
@@ -265,9 +291,15 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
                                engines_publish_counts=True), np.random.default_rng(0))
     latest = version == "0.33.0"
     budget = getattr(scheduler, "max_num_batched_tokens", None)
+    k = spec.num_speculative_tokens if spec is not None else 0
+    width = 1 + k if latest else 1  # (`execute_dummy_batch`: 0.33.0's uniform decode)
+    dummy = BatchShape(num_decode_tokens=1, num_spec_tokens=width - 1,
+                       num_drafting_seqs=width if spec is not None else 0)
     return DataParallelGroup(env, cast(list[Rank], ranks), ranks[0].latency, balancer,
                              max_num_seqs=int(scheduler.max_num_seqs),
-                             max_num_batched_tokens=budget if type(budget) is int else None,
-                             decode_width=1 + (spec.num_speculative_tokens if spec else 0),
+                             capture_limit=capture_ceiling(
+                                 int(scheduler.max_num_seqs), k,
+                                 budget if type(budget) is int else None, latest),
+                             dummy=dummy,
                              sync_interval=16 if latest else 32, sync_first_step=latest,
                              pads_every_step=bool(getattr(scheduler, "pads_every_step", False)))

@@ -94,3 +94,21 @@ def test_a_cpu_tier_turns_the_default_on_without_hash_ids():
                kv_offload={"size_gib": 1.0})
     res = run_scenario(parse_scenario(raw, "<test>"))
     assert "prefix_cache" in res.summary and "kv_offload" in res.summary
+
+
+def test_sglang_near_a_full_kv_cache_with_caching_left_off_is_said():
+    """SGLang's admission check with its radix cache (its default) differs from the one
+    without near a full KV cache: a run that left caching off for want of hash ids and came
+    near full says so; one far from full, or that chose, does not."""
+    tight = {"kv_cache": {"num_blocks": 200}}
+    workload = {**UNIQUE, "arrivals": {"process": "poisson", "qps": 40.0}}
+    left = run_scenario(parse_scenario(_raw({"name": "sglang"}, workload, **tight), "<test>"))
+    full = max(r["max_kv_utilization"] for r in left.summary["replicas"])
+    assert full >= 0.9
+    assert "KV use up to" in left.summary["run"]["prefix_caching_left_off"]
+    chosen = run_scenario(parse_scenario(
+        _raw({"name": "sglang"}, workload, prefix_caching=False, **tight), "<test>"))
+    assert "prefix_caching_left_off" not in chosen.summary["run"]
+    roomy = run_scenario(parse_scenario(_raw({"name": "sglang"}, UNIQUE), "<test>"))
+    assert max(r["max_kv_utilization"] for r in roomy.summary["replicas"]) < 0.9
+    assert "prefix_caching_left_off" not in roomy.summary["run"]
