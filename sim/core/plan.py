@@ -30,6 +30,9 @@ class Plan:
     # ... and the placeholders for its drafts that a step scheduled ahead of this one's end
     # verifies (async scheduling: whether the drafter runs or not); None: k.
     num_spec_placeholders: int | None = None
+    # Whether the drafter runs after it though it proposes none (vLLM's dynamic k of 0: its
+    # first pass keeps the drafter's KV in step).
+    drafter_runs: bool = False
     # With a CPU tier for the KV cache (vLLM's offloading connector, `sim.core.offload`): the
     # copies this step starts, and the requests finished since the last plan (the worker
     # learns of them with this step: `finished_req_ids`).

@@ -67,11 +67,11 @@ class BatchShape:
             else:
                 prefill.append((req, num_tokens))
         shape = cls._with_chunks(prefill, num_decodes, decode_kv)
-        if num_spec or plan.num_drafts_proposed:
+        drafting = plan.num_drafts_proposed or plan.drafter_runs
+        if num_spec or drafting:
             shape.num_spec_tokens = num_spec
             shape.num_sampled_tokens += num_spec
-            shape.num_drafting_seqs = (shape.num_sampled_tokens - num_spec
-                                       if plan.num_drafts_proposed else 0)
+            shape.num_drafting_seqs = shape.num_sampled_tokens - num_spec if drafting else 0
         return shape
 
     @classmethod
@@ -262,7 +262,8 @@ class DraftingLatency:
     and it runs over the iteration's prompt tokens too (its own KV for them: EAGLE's first
     pass, a draft model's prefill), `prompt_ratio` (default `ratio`) times the target's time
     for them alone. With vLLM's dynamic schedule (`passes_by_batch_size`, entry n for a step
-    of n requests) the passes are the step's. Everything else is the other model's."""
+    of n requests) the passes are the step's, at least one: with k = 0 the drafter still
+    runs its first pass, to keep its KV (`propose`). Everything else is the other model's."""
 
     def __init__(self, model: LatencyModel, ratio: float, num_speculative_tokens: int,
                  prompt_ratio: float | None = None,
@@ -272,7 +273,8 @@ class DraftingLatency:
         self._prompt_ratio = ratio if prompt_ratio is None else prompt_ratio
         self._num_passes = num_speculative_tokens
         self._passes_by_batch = (None if passes_by_batch_size is None
-                                 else np.asarray(passes_by_batch_size, dtype=np.int64))
+                                 else np.maximum(np.asarray(passes_by_batch_size,
+                                                            dtype=np.int64), 1))
 
     def iteration_time_s(self, shape: BatchShape) -> Num:
         time = self._model.iteration_time_s(shape)

@@ -266,6 +266,7 @@ class VllmV1(Scheduler):
             plan.num_spec_placeholders = drafts
             if self._drafts_needed:
                 plan.num_drafts_proposed = drafts
+                plan.drafter_runs = True
                 if spec.drafts_after_chunk:
                     plan.num_drafts_after_chunk = plan.num_drafts_proposed
         return plan

@@ -246,6 +246,24 @@ def test_a_dynamic_schedule_proposes_by_the_steps_number_of_requests(asynchronou
     assert fixed.iterations["num_spec_tokens"].max() == 6
 
 
+def test_a_dynamic_k_of_0_proposes_nothing_but_runs_the_drafters_first_pass():
+    """[[1, 1, 2], [2, 256, 0]]: beside another request no drafts are proposed (each step
+    then computes one token a request), but vLLM's drafter still runs its first pass, to keep
+    its KV in step (`propose`: "the prefill forward pass above already ran"): a decode step
+    of two requests takes base + 1 x 0.5 x base."""
+    spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": 1.0,
+            "draft_time_ratio": 0.5,
+            "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 256, 0]]}
+    data = scenario(spec, output=30, num_requests=2, version="0.33.0")
+    data["workload"]["arrivals"] = {"process": "poisson", "qps": 1000.0}
+    it = run_scenario(parse_scenario(data, "t")).iterations
+    pair = it[(it["num_seqs"] == 2) & (it["num_prefill_tokens"] == 0)]
+    assert len(pair) > 3
+    assert (pair["num_spec_tokens"].iloc[1:] == 0).all()  # (no drafts after a pair's step)
+    passes = sorted({round((d - STEP_S) / (0.5 * STEP_S), 6) for d in pair["duration_s"]})
+    assert passes[-1] == 1  # one pass, no more (0: its last steps, drafts of no use)
+
+
 @pytest.mark.parametrize(("schedule", "extra", "field", "words"), [
     ([[2, 8, 3]], {}, "num_speculative_tokens_per_batch_size", "must start at 1"),
     ([[1, 8, 3], [4, 16, 2]], {}, "num_speculative_tokens_per_batch_size", "not overlap"),
