@@ -45,6 +45,10 @@ class ReplicaState:
         # A prefill replica of a disaggregated cluster: a request leaves `running` after its
         # first token, keeping its KV blocks until the transfer to a decode replica is done.
         self.prefill_only = prefill_only
+        # ... whose first token the client never gets (vLLM's disaggregated prefill: the
+        # prefill request's `max_tokens=1` answer is dropped, and the decode side computes the
+        # prompt's last token again to sample it: `join`).
+        self.first_token_dropped = False
         # A decode replica of one: requests join `running` as their KV arrives (`join`).
         self.decode_only = decode_only
         # By priority (vLLM's priority policy, or the policy's own queue: `sim.core.waiting`),
@@ -126,8 +130,13 @@ class ReplicaState:
         self._start_running(req)
 
     def join(self, req: Request) -> None:
-        """Decode side: `req`, prefilled elsewhere, has its KV here and runs from now on."""
+        """Decode side: `req`, prefilled elsewhere, has its KV here and runs from now on.
+        Without its first token (`first_token_dropped` there) it computes the prompt's last
+        token again to sample it, as vLLM's decode side does with a whole prompt loaded
+        (`Scheduler._update_waiting_for_remote_kv`)."""
         del self.incoming[req.request_id]
+        if not req.num_output_tokens and req.num_computed_tokens == req.num_prompt_tokens:
+            req.num_computed_tokens -= 1
         self.requests[req.request_id] = req
         self._start_running(req)
         self._watch_deadline(req)
@@ -228,6 +237,9 @@ class ReplicaState:
             req.num_computed_tokens += num_tokens
             # Caught up with prompt plus output (`num_tokens`, inlined: hot loop): sample one.
             if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens:
+                if prefill_only and self.first_token_dropped:
+                    done.append(req)  # (its token never reaches the client)
+                    continue
                 req.num_output_tokens += 1
                 num_sampled += 1
                 if req.last_token_iter >= previous:  # `record_token`'s usual case, no call
@@ -319,6 +331,9 @@ class ReplicaState:
                         and req.status is not Status.FINISHED):
                     self._deliver_stale(req, end_s, done)
                     sampled.append(req.request_id)
+                continue
+            if self.prefill_only and self.first_token_dropped:
+                done.append(req)  # (its token never reaches the client)
                 continue
             req.num_output_tokens += 1
             self.num_running_tokens += 1

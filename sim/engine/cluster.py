@@ -128,6 +128,7 @@ class Cluster:
         state = ReplicaState(kv_cache_for(cfg, model, field, self.source, scheduler),
                              prefill_only=pool == "prefill", decode_only=pool == "decode",
                              by_priority=scheduler.by_priority, waiting=waiting)
+        state.first_token_dropped = pool == "prefill" and scheduler.first_token_on_decode
         spec = getattr(cfg.scheduler, "speculative", None)
         if spec is not None:
             if cfg.parallelism.pipeline > 1:

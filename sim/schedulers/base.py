@@ -88,6 +88,9 @@ class Scheduler(ABC):
     # Whether a token sampled before its request was preempted still joins its output when
     # its iteration ends (vLLM: "still delivered"), rather than being dropped (SGLang).
     delivers_stale_tokens: ClassVar[bool] = False
+    # Whether, prefilling for a disaggregated cluster, the engine's first token is dropped
+    # and the decode side samples it (vLLM), or sent on with the KV (SGLang).
+    first_token_on_decode: ClassVar[bool] = False
     # Whether `decide` reads `now_s`. None of the engines' policies does; one that does is
     # asked at every iteration (no stretch: a stretch repeats one plan over many instants).
     reads_clock: ClassVar[bool] = False

@@ -174,6 +174,10 @@ class VllmV1(Scheduler):
     config: VllmV1Config
     num_null_blocks = 1  # rule 13: `BlockPool` takes block 0 as its null block
     delivers_stale_tokens = True  # rule 16: `update_from_output`, "still delivered on return"
+    # Disaggregated: the proxy's prefill request (`max_tokens=1`) answers nobody; the decode
+    # side loads the prompt's KV, computes its last token again and samples the first
+    # (`_update_waiting_for_remote_kv`: "a full prompt hit re-computes that token").
+    first_token_on_decode = True
 
     def __init__(self, config: VllmV1Config, *, max_model_len: int | None = None) -> None:
         super().__init__(config, max_model_len=max_model_len)

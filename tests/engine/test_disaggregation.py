@@ -47,6 +47,43 @@ def test_one_prefill_one_decode_exact_timestamps(tmp_path):
     assert decode["mean_busy_fraction"] == pytest.approx(0.4)
 
 
+def _engine_replica(name: str) -> dict:
+    """The constant-step replica with an engine's policy, synchronous."""
+    data = replica()
+    data["scheduler"] = ({"name": "vllm_v1", "async_scheduling": False} if name == "vllm_v1"
+                         else {"name": "sglang", "overlap_schedule": False})
+    return data
+
+
+@pytest.mark.parametrize("engine", ["vllm_v1", "sglang"])
+def test_where_each_engine_samples_the_first_token(tmp_path, engine):
+    """The first test's requests on vLLM and SGLang pools. vLLM's proxy drops the prefill
+    request's answer (`max_tokens=1`): the decode side loads the prompt's KV, computes its
+    last token again and samples the first token there (`_update_waiting_for_remote_kv`), so
+    the client's first token comes after the transfer and one decode step. A: prefill
+    [0, 0.25], KV [0.25, 0.75], its first token at 1.0; B: prefill [0.25, 0.5], KV behind
+    A's until 0.95, its first token at 1.25, beside A's second. SGLang sends the prefill's
+    first token on with the KV: there it comes at the prefill's end, as before."""
+    res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 3), (0.125, 40, 2)],
+                                     prefill=_engine_replica(engine),
+                                     decode=_engine_replica(engine)))
+    df = res.requests.set_index("request_id")
+    assert df["prefill_end_s"].tolist() == [0.25, 0.5]
+    assert df["transfer_end_s"].tolist() == pytest.approx([0.75, 0.95], abs=1e-12)
+    assert (df["num_generated_tokens"] == df["num_output_tokens"]).all()
+    if engine == "vllm_v1":
+        assert tokens_of(res, 0) == [1.0, 1.25, 1.5]
+        assert tokens_of(res, 1) == [1.25, 1.5]
+        assert df["ttft_s"].tolist() == [1.0, 1.25 - 0.125]
+        decode = res.iterations[res.iterations["pool"] == "decode"]
+        # A's last prompt token alone; then A's decode beside B's last prompt token.
+        assert decode["num_prefill_tokens"].tolist() == [1, 1, 0]
+        assert decode["num_decode_tokens"].tolist() == [0, 1, 2]
+    else:
+        assert tokens_of(res, 0)[0] == 0.25 and tokens_of(res, 1)[0] == 0.5
+        assert df["ttft_s"].tolist() == [0.25, 0.5 - 0.125]
+
+
 def test_transfers_from_one_prefill_replica_queue_on_its_link(tmp_path):
     # Three prompts prefilled in one iteration; their transfers leave one after another.
     res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 2), (0.0, 100, 2), (0.0, 100, 2)],

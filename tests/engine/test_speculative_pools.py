@@ -38,22 +38,28 @@ def by_pool(res, name: str):
 
 @pytest.mark.parametrize(("version", "blocks"), [("0.15.1", 1), ("0.33.0", 2)])
 def test_vllm_decode_pool_drafts_from_its_second_step(tmp_path, version, blocks):
-    """The request joins the decode replica with its prompt's KV and first token, and no
-    drafts: its first step there computes 1 token, proposes 2, and every later step verifies
-    them (all accepted: 3 tokens a step): 1 + 1 + 3 + 3 = 8. The prefill replica, with the same
-    drafter configured, samples the first token only; vLLM 0.33.0 allocates the drafter's 2
-    lookahead slots with the prompt (18 tokens: 2 blocks of 16), 0.15.1 none at admission."""
+    """The request joins the decode replica with its prompt's KV, and no drafts: its first
+    step there computes the prompt's last token again and samples the first token (vLLM's
+    prefill answer is dropped: its TTFT is this step's end), proposing 2, and every later step
+    verifies them (all accepted: 3 tokens a step): 1 + 3 + 3 + 1 = 8. The prefill replica,
+    with the same drafter configured, computes the prompt only; vLLM 0.33.0 allocates the
+    drafter's 2 lookahead slots with the prompt (18 tokens: 2 blocks of 16), 0.15.1 none at
+    admission."""
     prefill = pool({**VLLM, "engine_version": version}, block_size=16)
     res = run_scenario(disaggregated(tmp_path, [(0.0, 16, 8)], prefill=prefill,
                                      decode=pool(VLLM), link=FAST_LINK))
     pre, dec = by_pool(res, "prefill"), by_pool(res, "decode")
     assert pre["num_prefill_tokens"].tolist() == [16]
     assert pre["num_kv_blocks_used"].tolist() == [blocks]
-    assert dec["num_decode_tokens"].tolist() == [1, 1, 1]
-    assert dec["num_spec_tokens"].tolist() == [0, 2, 2]
+    assert dec["num_prefill_tokens"].tolist() == [1, 0, 0, 0]
+    assert dec["num_decode_tokens"].tolist() == [0, 1, 1, 1]
+    assert dec["num_spec_tokens"].tolist() == [0, 2, 2, 2]
     req = res.requests.iloc[0]
     assert req["status"] == "finished" and req["num_generated_tokens"] == 8
-    assert (req["num_drafts_verified"], req["num_drafts_accepted"]) == (4, 4)
+    assert (req["num_drafts_verified"], req["num_drafts_accepted"]) == (6, 6)
+    first_decode_end = float(dec["start_s"].iloc[0] + dec["duration_s"].iloc[0])
+    assert req["ttft_s"] == pytest.approx(first_decode_end - req["arrival_s"])
+    assert req["prefill_end_s"] < req["first_token_s"]
     assert res.summary["speculative"]["num_speculative_tokens"] == 2
 
 
