@@ -10,28 +10,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.config.scenario import parse_scenario
 from sim.core.request import Request, Status
 from sim.engine.cluster import Cluster, make_latency
 from sim.engine.data_parallel import DataParallelGroup
 from sim.latency.base import BatchShape
 from sim.results.records import token_times
-
-BASE_S, PER_TOKEN_S = 0.01, 1e-5
+from tests.engine.test_data_parallel import _scenario as dp_scenario
 
 
 def _scenario(scheduler, data=2, latency=None):
-    return parse_scenario({
-        "name": "dp_spec", "seed": 3,
-        "workload": {"format": "synthetic", "num_requests": 1,
-                     "arrivals": {"process": "poisson", "qps": 1.0},
-                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
-                                 "output": {"dist": "fixed", "value": 1}}},
-        "replica": {"model": "qwen3-30b-a3b",
-                    "parallelism": {"data": data, "expert": data} if data > 1 else {},
-                    "scheduler": {"name": "vllm_v1", **scheduler},
-                    "latency": latency or {"kind": "linear", "base_s": BASE_S,
-                                           "per_token_s": PER_TOKEN_S}}}, "<test>")
+    """`test_data_parallel`'s scenario (Qwen3-30B-A3B, its linear model) with `scheduler`'s
+    vLLM settings."""
+    return dp_scenario(data=data, scheduler={"name": "vllm_v1", **scheduler},
+                       **({"latency": latency} if latency else {}))
 
 
 def _times(cluster, req):

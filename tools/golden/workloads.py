@@ -115,12 +115,17 @@ def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: in
             "step_time": {"base_s": step[0], "per_token_s": step[1]}, "requests": requests}
 
 
-def _spec(method: str, k: int, rate: float | list[float], match_rate: float = 1.0
-          ) -> dict[str, Any]:
+def _spec(method: str, k: int, rate: float | list[float], match_rate: float = 1.0,
+          per_batch_size: list[list[int]] | None = None) -> dict[str, Any]:
     """vLLM's speculative config as servesim names it (`speculative`); `match_rate` where an
-    n-gram lookup may find no match."""
-    spec = {"method": method, "num_speculative_tokens": k, "acceptance_rate": rate}
-    return spec if match_rate == 1.0 else {**spec, "match_rate": match_rate}
+    n-gram lookup may find no match; `per_batch_size`, 0.33.0's dynamic k."""
+    spec: dict[str, Any] = {"method": method, "num_speculative_tokens": k,
+                            "acceptance_rate": rate}
+    if match_rate != 1.0:
+        spec["match_rate"] = match_rate
+    if per_batch_size is not None:
+        spec["num_speculative_tokens_per_batch_size"] = per_batch_size
+    return spec
 
 
 def _offload(num_cpu_blocks: int, host_bandwidth_gb_s: float) -> dict[str, Any]:
@@ -234,22 +239,16 @@ def vllm_workloads() -> list[Workload]:
         # 0.33.0's dynamic speculative decoding: k by the step's number of requests (4 up to 4,
         # 2 up to 16, none beyond: no drafter, no padding of a decode from the queue),
         # bursts so that batches cross the ranges; synchronous and async.
-        _vllm("spec_eagle_dynamic", 29,
-              _bursts(rng(29), 300, (1, 30), (0.2, 3.0), (64, 1024), (16, 256)),
-              num_gpu_blocks=2000, speculative={**_spec("eagle", 4, 0.7),
-                                                "num_speculative_tokens_per_batch_size":
-                                                    [[1, 4, 4], [5, 16, 2], [17, 256, 0]]}),
-        _vllm("spec_eagle_dynamic_async", 29,
-              _bursts(rng(29), 300, (1, 30), (0.2, 3.0), (64, 1024), (16, 256)),
-              num_gpu_blocks=2000, async_scheduling=True,
-              speculative={**_spec("eagle", 4, 0.7),
-                           "num_speculative_tokens_per_batch_size":
-                               [[1, 4, 4], [5, 16, 2], [17, 256, 0]]}),
+        *(_vllm(f"spec_eagle_dynamic{suffix}", 29,
+                _bursts(rng(29), 300, (1, 30), (0.2, 3.0), (64, 1024), (16, 256)),
+                num_gpu_blocks=2000, async_scheduling=asynchronous,
+                speculative=_spec("eagle", 4, 0.7,
+                                  per_batch_size=[[1, 4, 4], [5, 16, 2], [17, 256, 0]]))
+          for suffix, asynchronous in (("", False), ("_async", True))),
         _vllm("spec_eagle_dynamic_kv_starved", 30,
               _bursts(rng(30), 300, (1, 30), (0.2, 3.0), (256, 2048), (64, 512)),
               num_gpu_blocks=500, async_scheduling=True,
-              speculative={**_spec("eagle3", 3, 0.75),
-                           "num_speculative_tokens_per_batch_size": [[1, 2, 3], [8, 256, 1]]}),
+              speculative=_spec("eagle3", 3, 0.75, per_batch_size=[[1, 2, 3], [8, 256, 1]])),
         # A draft model: 0.33.0 keeps one budget slot per request for it.
         _vllm("spec_draft_model_budget", 26, _requests(rng(26), 300, 12.0, (32, 1024), (16, 256)),
               max_num_batched_tokens=384, max_num_seqs=64,
