@@ -234,6 +234,12 @@ class DataParallelGroup:
 
 
 
+def _size_grid(most: int) -> list[int]:
+    """vLLM's default grid up to `most`: 1, 2, 4, then by 8 below 256, then by 16."""
+    return ([n for n in (1, 2, 4) if n <= most] + list(range(8, min(most + 1, 256), 8))
+            + list(range(256, most + 1, 16)))
+
+
 def capture_ceiling(max_num_seqs: int, k: int, max_num_batched_tokens: int | None,
                     latest: bool) -> int:
     """vLLM's largest CUDA-graph capture size by default (`VllmConfig._set_cudagraph_sizes`,
@@ -243,16 +249,14 @@ def capture_ceiling(max_num_seqs: int, k: int, max_num_batched_tokens: int | Non
     width = 1 + k
     budget = max_num_batched_tokens if max_num_batched_tokens is not None else MAX_GRAPH_TOKENS
     cap = min(max_num_seqs * width * 2, MAX_GRAPH_TOKENS, budget)
-    sizes = [n for n in (1, 2, 4) if n <= cap]
-    sizes += list(range(8, min(cap + 1, 256), 8)) + list(range(256, cap + 1, 16))
+    sizes = _size_grid(cap)
     if latest:
         if budget <= cap:
             sizes.append(budget)
-        if width > 1:
+        if width > 1:  # (request counts on the same grid, `request_counts`)
             most = min(max_num_seqs, MAX_GRAPH_TOKENS)
-            counts = [n for n in (1, 2, 4) if n <= most]
-            counts += list(range(8, min(most + 1, 256), 8)) + list(range(256, most + 1, 16))
-            sizes += [n * width for n in [*counts, most] if n * width <= min(cap, budget)]
+            sizes += [n * width for n in [*_size_grid(most), most]
+                      if n * width <= min(cap, budget)]
         elif max_num_seqs <= cap:
             sizes.append(max_num_seqs)
     return max(sizes)
