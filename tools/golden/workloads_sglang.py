@@ -217,6 +217,13 @@ def sglang_spec_workloads() -> list[Workload]:
     spec_args = SPEC_UNSETTABLE[1:]
     ngram = {**_numbers("NGRAM", 1, 10, 12), "unset": spec_args}
     eagle, tree = _numbers("EAGLE", 3, 1, 4), _numbers("EAGLE", 3, 2, 6)
+
+    def on_prefixes(name: str, seed: int, **spec: Any) -> Workload:
+        """Shared system prompts in a pool they overflow, the radix cache on."""
+        return _sglang_spec(name, seed,
+                            _prefixed(rng(seed), 40, 30.0, 6, (128, 512), (16, 128), (8, 64)),
+                            num_gpu_blocks=1500, chunked_prefill_size=512,
+                            max_running_requests=64, disable_radix_cache=False, **spec)
     overlap: dict[str, Any] = {"disable_overlap_schedule": False}
     return [
         # NGRAM with SGLang's own numbers (breadth 10, 12 tokens verified, S = 12 // 10):
@@ -281,14 +288,8 @@ def sglang_spec_workloads() -> list[Workload]:
                      **eagle, **overlap),
         # The radix cache on (EAGLE keys it by token pairs, NGRAM by tokens): shared system
         # prompts in a pool they overflow, so cached prefixes are matched and evicted (LRU).
-        _sglang_spec("spec_eagle_prefix", 601,
-                     _prefixed(rng(601), 40, 30.0, 6, (128, 512), (16, 128), (8, 64)),
-                     num_gpu_blocks=1500, chunked_prefill_size=512, max_running_requests=64,
-                     disable_radix_cache=False, **eagle),
-        _sglang_spec("spec_eagle_prefix_overlap", 601,
-                     _prefixed(rng(601), 40, 30.0, 6, (128, 512), (16, 128), (8, 64)),
-                     num_gpu_blocks=1500, chunked_prefill_size=512, max_running_requests=64,
-                     disable_radix_cache=False, **eagle, **overlap),
+        on_prefixes("spec_eagle_prefix", 601, **eagle),
+        on_prefixes("spec_eagle_prefix_overlap", 601, **eagle, **overlap),
         # Short suffixes and outputs on three cached prefixes, a tight pool, chunks of 64: many
         # requests decode at once, their top-ups outrun admission and `retract_decode`
         # retracts (after evicting what the tree can spare; a retraction unlocks its prefix).
@@ -303,16 +304,10 @@ def sglang_spec_workloads() -> list[Workload]:
                      num_gpu_blocks=1000, chunked_prefill_size=512, max_running_requests=64,
                      disable_radix_cache=False, **eagle),
         # NGRAM (SGLang's numbers, a top-up of 2 * 12 slots) on shared prefixes, radix on.
-        _sglang_spec("spec_ngram_prefix", 691,
-                     _prefixed(rng(691), 40, 30.0, 6, (128, 512), (16, 128), (8, 64)),
-                     num_gpu_blocks=1500, chunked_prefill_size=512, max_running_requests=64,
-                     disable_radix_cache=False, **ngram),
+        on_prefixes("spec_ngram_prefix", 691, **ngram),
         # An EAGLE tree (3, 2, 6) on shared prefixes with the overlap loop: insertions and
         # frees one batch late, evictions under the tree's larger top-up.
-        _sglang_spec("spec_eagle_tree_prefix_overlap", 701,
-                     _prefixed(rng(701), 40, 30.0, 6, (128, 512), (16, 128), (8, 64)),
-                     num_gpu_blocks=1500, chunked_prefill_size=512, max_running_requests=64,
-                     disable_radix_cache=False, **tree, **overlap),
+        on_prefixes("spec_eagle_tree_prefix_overlap", 701, **tree, **overlap),
         # Small pools where SGLang's eager evictions decide (found by comparing servesim with
         # and without them on random workloads): `check_decode_mem` evicts what the top-ups
         # are short of before it retracts, and each retraction evicts room for 20 tokens per
