@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -316,13 +317,7 @@ def _resolve_paths(scenario: Scenario, base_dir: Path) -> Scenario:
         updates["lengths"] = lengths.model_copy(update={"file": _absolute(base_dir, file)})
     if updates:
         scenario = scenario.model_copy(update={"workload": workload.model_copy(update=updates)})
-    scenario = scenario.model_copy(update={"replica": _resolve_latency(scenario.replica, base_dir)})
-    cluster = scenario.cluster
-    if cluster.prefill is not None and cluster.decode is not None:
-        pools = {name: pool.model_copy(update={"replica": _resolve_latency(pool.replica, base_dir)})
-                 for name, pool in (("prefill", cluster.prefill), ("decode", cluster.decode))}
-        scenario = scenario.model_copy(update={"cluster": cluster.model_copy(update=pools)})
-    return scenario
+    return _with_replicas(scenario, lambda replica: _resolve_latency(replica, base_dir))
 
 
 def with_prefix_caching(scenario: Scenario, keyed: bool) -> Scenario:
@@ -330,8 +325,9 @@ def with_prefix_caching(scenario: Scenario, keyed: bool) -> Scenario:
     (`SchedulerConfig.prefix_caching_default`: vLLM v1 and SGLang cache prefixes unless told
     not to) where `keyed` (a request of the workload names prefixes: hash ids) or the replica
     has a CPU tier, which keys blocks by prefix; else off. Without keys nothing can be shared:
-    a vLLM run is then the same with caching off, and faster (SGLang's radix cache also
-    changes its admission check by a token or two: not modelled there)."""
+    the run is then the same with caching off, and faster, but where a request is preempted
+    (its own blocks stay cached in the engine) or, under SGLang, near a full KV cache (its
+    radix cache's admission check): the runner says so (`run.prefix_caching_left_off`)."""
 
     def resolve(replica: ReplicaConfig) -> ReplicaConfig:
         if replica.prefix_caching is not None:
@@ -340,10 +336,16 @@ def with_prefix_caching(scenario: Scenario, keyed: bool) -> Scenario:
             type(replica.scheduler).prefix_caching_default
         return replica.model_copy(update={"prefix_caching": on})
 
-    scenario = scenario.model_copy(update={"replica": resolve(scenario.replica)})
+    return _with_replicas(scenario, resolve)
+
+
+def _with_replicas(scenario: Scenario, change: Callable[[ReplicaConfig], ReplicaConfig]
+                   ) -> Scenario:
+    """`scenario` with `change` applied to its replica and to each pool's."""
+    scenario = scenario.model_copy(update={"replica": change(scenario.replica)})
     cluster = scenario.cluster
     if cluster.prefill is not None and cluster.decode is not None:
-        pools = {name: pool.model_copy(update={"replica": resolve(pool.replica)})
+        pools = {name: pool.model_copy(update={"replica": change(pool.replica)})
                  for name, pool in (("prefill", cluster.prefill), ("decode", cluster.decode))}
         scenario = scenario.model_copy(update={"cluster": cluster.model_copy(update=pools)})
     return scenario
