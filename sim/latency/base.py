@@ -119,6 +119,13 @@ class BatchShape:
         return cls(num_decode_tokens=num_seqs, num_sampled_tokens=num_seqs,
                    decode_kv_tokens=decode_kv_tokens)
 
+    def prompts_only(self) -> BatchShape:
+        """Its prompt chunks alone, nothing sampled (a drafter's pass over them)."""
+        return BatchShape(num_prefill_tokens=self.num_prefill_tokens,
+                          num_prefill_seqs=self.num_prefill_seqs,
+                          prefill_attn_pairs=self.prefill_attn_pairs,
+                          prefill_kv_tokens=self.prefill_kv_tokens)
+
 
 class LatencyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -279,10 +286,7 @@ class DraftingLatency:
     def iteration_time_s(self, shape: BatchShape) -> Num:
         time = self._model.iteration_time_s(shape)
         if np.any(shape.num_prefill_tokens):
-            prompts = BatchShape(num_prefill_tokens=shape.num_prefill_tokens,
-                                 num_prefill_seqs=shape.num_prefill_seqs,
-                                 prefill_attn_pairs=shape.prefill_attn_pairs,
-                                 prefill_kv_tokens=shape.prefill_kv_tokens)
+            prompts = shape.prompts_only()
             time = time + self._prompt_ratio * self._model.iteration_time_s(prompts)
         num_seqs = shape.num_drafting_seqs
         if not np.any(num_seqs):
@@ -313,11 +317,7 @@ class DraftingLatency:
         padded = len(set(num_tokens)) == 1
         prompts = [int(shape.num_prefill_tokens) for shape in shapes]
         if any(prompts) and self._prompt_ratio:
-            prompt_shapes = [BatchShape(num_prefill_tokens=shape.num_prefill_tokens,
-                                        num_prefill_seqs=shape.num_prefill_seqs,
-                                        prefill_attn_pairs=shape.prefill_attn_pairs,
-                                        prefill_kv_tokens=shape.prefill_kv_tokens)
-                             for shape in shapes]
+            prompt_shapes = [shape.prompts_only() for shape in shapes]
             counts = [max(prompts)] * len(prompts) if padded else prompts
             step_s += self._prompt_ratio * model.lockstep_time_s(prompt_shapes, counts)[0]
         drafting = [int(shape.num_drafting_seqs) for shape in shapes]
@@ -354,10 +354,7 @@ class EagleDraftingLatency:
         model = self._model
         time = model.iteration_time_s(shape)
         if np.any(shape.num_prefill_tokens):
-            prompts = BatchShape(num_prefill_tokens=shape.num_prefill_tokens,
-                                 num_prefill_seqs=shape.num_prefill_seqs,
-                                 prefill_attn_pairs=shape.prefill_attn_pairs,
-                                 prefill_kv_tokens=shape.prefill_kv_tokens)
+            prompts = shape.prompts_only()
             # (Element-wise: an iteration without prompt tokens adds nothing.)
             time = time + self._prompt_ratio * model.iteration_time_s(prompts) * (
                 shape.num_prefill_tokens > 0)
