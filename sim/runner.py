@@ -44,7 +44,6 @@ from sim.results.metrics.summary import (
 from sim.results.metrics.warmup import generated_arrivals, warmup_stats
 from sim.results.outdir import check_out_dir
 from sim.results.records import (
-    end_times,
     iteration_table,
     request_table,
     token_runs,
@@ -338,7 +337,7 @@ def request_results(scenario: Scenario, requests: Sequence[Request],
     if classes := scenario.workload.classes:
         index = np.fromiter((r.request_class for r in requests), np.int64, len(requests))
         results.request_class = index
-        results.class_gaps = class_gaps(index, len(classes), runs, end_times(logs))
+        results.class_gaps = class_gaps(index, len(classes), runs, runs.times_s(logs))
     return results
 
 

@@ -137,6 +137,12 @@ def per_token(requests: list[Request], logs: list[IterationLog]) -> dict[str, An
                               for j in range(first, end) if j == first or decodes[replica][j] > 0]
                              + sampled.get(req.request_id, [])),
                       dtype=np.float64) for req in requests]
+    # SGLang's disaggregated first token reaches the client when the decode side takes the
+    # request in (inf: never did); it was sampled, first, on the prefill replica.
+    for i, req in enumerate(requests):
+        out_s = req.first_token_out_s
+        if out_s is not None and len(times[i]):
+            times[i] = times[i][1:] if out_s == np.inf else np.concatenate([[out_s], times[i][1:]])
     gaps = [t[1:] - t[:-1] for t in times]
     return {
         "times": times,

@@ -80,6 +80,10 @@ class Request:
     transfer_start_s: float | None = None
     transfer_wire_start_s: float | None = None  # when its link began sending (links queue)
     transfer_end_s: float | None = None
+    # When its first token reached the client where that is not when it was sampled: SGLang's
+    # prefill server sends it with the KV and the decode server streams it when it takes the
+    # request in (`ReplicaState.stream_held`); inf while held. None: when sampled.
+    first_token_out_s: float | None = None
     # Token times are kept as runs of iteration indices, not one object per token:
     # `token_runs` holds closed (replica_id, first_iter, end_iter) runs; the open run, on
     # `replica_id`, is [run_start_iter, last_token_iter + 1). A run holds a token at its first

@@ -49,6 +49,9 @@ class ReplicaState:
         # prefill request's `max_tokens=1` answer is dropped, and the decode side computes the
         # prompt's last token again to sample it: `join`).
         self.first_token_dropped = False
+        # ... or whose first token goes with the KV, held until the decode side takes the
+        # request in and streams it (SGLang: `stream_held`).
+        self.first_token_held = False
         # A decode replica of one: requests join `running` as their KV arrives (`join`).
         self.decode_only = decode_only
         # By priority (vLLM's priority policy, or the policy's own queue: `sim.core.waiting`),
@@ -56,6 +59,8 @@ class ReplicaState:
         self.waiting: deque[Request] | PriorityWaiting = (
             waiting if waiting is not None else PriorityWaiting() if by_priority else deque())
         self.running: list[Request] = []
+        # Decode side: requests joined with their first token held, not yet taken in.
+        self.held: list[Request] = []
         self.num_transferring = 0  # handed off, KV still held here
         # Decode side: requests whose blocks are allocated here and whose KV is on its way.
         self.incoming: dict[int, Request] = {}
@@ -140,6 +145,20 @@ class ReplicaState:
         self.requests[req.request_id] = req
         self._start_running(req)
         self._watch_deadline(req)
+        if req.first_token_out_s == math.inf:
+            self.held.append(req)
+
+    def stream_held(self, now_s: float) -> None:
+        """The decode side's pass at `now_s` takes in the requests whose KV has landed and
+        streams the first token their prefill replica sent with it (SGLang's prebuilt batch,
+        `process_batch_result_prebuilt`); one that asked for no more finishes then."""
+        for req in self.held:
+            if req.status is not Status.RUNNING:
+                continue  # aborted meanwhile: its client never got the token
+            req.first_token_out_s = now_s
+            if req.num_output_tokens == req.num_target_output_tokens:
+                self.finish(req, now_s)
+        self.held.clear()
 
     def _watch_deadline(self, req: Request) -> None:
         """`req` may time out here (`expire`)."""
@@ -246,17 +265,28 @@ class ReplicaState:
                     req.last_token_iter = iteration
                 else:
                     req.record_token(iteration, previous)
-                if req.num_output_tokens == req.num_target_output_tokens or prefill_only:
+                if prefill_only:
+                    self._handed_off(req, done)
+                elif req.num_output_tokens == req.num_target_output_tokens:
                     done.append(req)
         self.num_running_tokens += num_sampled
         if done:
             self.leave(done, end_s)
         return done
 
+    def _handed_off(self, req: Request, done: list[Request]) -> None:
+        """Prefill replica: `req` sampled its first token and leaves (`leave`), that token held
+        for the decode side to stream where the engine does so (`first_token_held`)."""
+        if self.first_token_held:
+            req.first_token_out_s = math.inf
+        done.append(req)
+
     def leave(self, done: list[Request], end_s: float) -> None:
-        """Requests that sampled their last token here leave: finished, or handed off."""
+        """Requests that sampled their last token here leave: finished, or handed off (always,
+        where the first token is held: the decode side streams it)."""
         for req in done:
-            if req.num_output_tokens == req.num_target_output_tokens:
+            if (req.num_output_tokens == req.num_target_output_tokens
+                    and req.first_token_out_s != math.inf):
                 self.finish(req, end_s)
             else:
                 self._stop_running(req)
@@ -338,7 +368,9 @@ class ReplicaState:
             req.num_output_tokens += 1
             self.num_running_tokens += 1
             sampled.append(req.request_id)
-            if req.num_output_tokens == req.num_target_output_tokens or self.prefill_only:
+            if self.prefill_only:
+                self._handed_off(req, done)
+            elif req.num_output_tokens == req.num_target_output_tokens:
                 done.append(req)
         if done:
             self.leave(done, end_s)

@@ -128,7 +128,9 @@ class Cluster:
         state = ReplicaState(kv_cache_for(cfg, model, field, self.source, scheduler),
                              prefill_only=pool == "prefill", decode_only=pool == "decode",
                              by_priority=scheduler.by_priority, waiting=waiting)
-        state.first_token_dropped = pool == "prefill" and scheduler.first_token_on_decode
+        if pool == "prefill":
+            state.first_token_dropped = scheduler.prefill_first_token == "dropped"
+            state.first_token_held = scheduler.prefill_first_token == "held"
         spec = getattr(cfg.scheduler, "speculative", None)
         if spec is not None:
             if cfg.parallelism.pipeline > 1:

@@ -201,10 +201,13 @@ def request_slices(sample: pd.DataFrame, pid: int, end_s: float) -> list[dict[st
 
 def request_flow(row: dict[str, Any], spans: Spans, transfers: pd.DataFrame, link_pid: int,
                  request_pid: int) -> list[dict[str, Any]]:
-    """The flow of one request: arrival, first-token iteration, KV transfer, finishing
-    iteration (the points it reached); none if it never got a token."""
+    """The flow of one request: arrival, first-token iteration (disaggregated: the prefill's
+    last, whichever side the client's first token came from), KV transfer, finishing
+    iteration (the points it reached); none if its prompt was never computed."""
     rid = int(row["request_id"])
-    first = _iteration_mid(spans, int(row["replica_id"]), row["first_token_s"])
+    prefill_end = row.get("prefill_end_s", math.nan)
+    first = _iteration_mid(spans, int(row["replica_id"]),
+                           row["first_token_s"] if math.isnan(prefill_end) else prefill_end)
     if first is None:
         return []
     points = [(request_pid, rid, _us(row["arrival_s"]).item()), first]

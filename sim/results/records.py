@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
@@ -28,11 +28,21 @@ class TokenRuns:
     start: np.ndarray  # int64
     end: np.ndarray  # int64, > start
     num_runs: np.ndarray  # int64 per request
+    # Tokens that reached the client apart from any iteration's end (SGLang's disaggregated
+    # first tokens, streamed when the decode side takes the request in): one-token runs
+    # numbered after the logs' iterations, at these times.
+    out_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def first_run(self) -> np.ndarray:
         """Each request's first run (meaningful where it has one)."""
         return np.cumsum(self.num_runs) - self.num_runs
+
+    def times_s(self, logs: Sequence[IterationLog]) -> np.ndarray:
+        """When each numbered iteration's tokens reached the client (`end_times`), then the
+        tokens apart (`out_s`): the times the runs index."""
+        ends = end_times(logs)
+        return np.concatenate([ends, self.out_s]) if len(self.out_s) else ends
 
 
 def token_runs(requests: Sequence[Request], logs: Sequence[IterationLog]) -> TokenRuns:
@@ -64,7 +74,31 @@ def token_runs(requests: Sequence[Request], logs: Sequence[IterationLog]) -> Tok
         keep = end > start
         owner, start, end = owner[keep], start[keep], end[keep]
         per_request = np.bincount(owner, minlength=len(requests)).astype(np.int64)
-    return TokenRuns(owner, start, end, per_request.copy())
+    found = TokenRuns(owner, start, end, per_request.copy())
+    out = [(i, t) for i, r in enumerate(requests) if (t := r.first_token_out_s) is not None]
+    return _first_tokens_out(found, out, int(offsets[-1])) if out else found
+
+
+def _first_tokens_out(runs: TokenRuns, out: list[tuple[int, float]], num_iterations: int
+                      ) -> TokenRuns:
+    """`runs` with the first token of each request in `out` (request position, time) moved
+    from the prefill iteration that sampled it to when it reached the client, or dropped
+    where it never did (inf: held when the run stopped)."""
+    pos = np.array([i for i, _ in out], dtype=np.int64)
+    times = np.array([t for _, t in out], dtype=np.float64)
+    sampled = runs.num_runs[pos] > 0
+    pos, times = pos[sampled], times[sampled]
+    first = runs.first_run[pos]
+    assert (runs.end[first] - runs.start[first] == 1).all(), "a held token is a run of its own"
+    start, end = runs.start.copy(), runs.end.copy()
+    sent = np.isfinite(times)
+    start[first[sent]] = num_iterations + np.arange(int(sent.sum()), dtype=np.int64)
+    end[first[sent]] = start[first[sent]] + 1
+    keep = np.ones(len(start), dtype=bool)
+    keep[first[~sent]] = False
+    num_runs = runs.num_runs.copy()
+    num_runs[pos[~sent]] -= 1
+    return TokenRuns(runs.owner[keep], start[keep], end[keep], num_runs, times[sent])
 
 
 def split_where_none_decoded(owner: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -140,7 +174,7 @@ def token_times(requests: Sequence[Request], logs: Sequence[IterationLog],
     run_begin = np.cumsum(lengths) - lengths
     index = (np.arange(total, dtype=np.int64) - np.repeat(run_begin, lengths)
              + np.repeat(runs.start, lengths))
-    return np.repeat(runs.owner, lengths), end_times(logs)[index]
+    return np.repeat(runs.owner, lengths), runs.times_s(logs)[index]
 
 
 @dataclass(frozen=True)
@@ -222,7 +256,7 @@ def request_table(requests: Sequence[Request], logs: Sequence[IterationLog],
     `token_runs`, where the caller has them already."""
     if runs is None:
         runs = token_runs(requests, logs)
-    tokens = token_stats(runs, end_times(logs))
+    tokens = token_stats(runs, runs.times_s(logs))
     # A run holds one token per iteration; speculative decoding samples more in some. (Its
     # counters read from the requests only where a replica decoded speculatively.)
     def ints(values: list[int]) -> np.ndarray:

@@ -88,9 +88,11 @@ class Scheduler(ABC):
     # Whether a token sampled before its request was preempted still joins its output when
     # its iteration ends (vLLM: "still delivered"), rather than being dropped (SGLang).
     delivers_stale_tokens: ClassVar[bool] = False
-    # Whether, prefilling for a disaggregated cluster, the engine's first token is dropped
-    # and the decode side samples it (vLLM), or sent on with the KV (SGLang).
-    first_token_on_decode: ClassVar[bool] = False
+    # Prefilling for a disaggregated cluster, what becomes of the first token the engine
+    # samples: it reaches the client ("client"); it is dropped and the decode side samples it
+    # again (vLLM: "dropped"); it goes with the KV and the decode side streams it when it
+    # takes the request in (SGLang: "held", `ReplicaState.stream_held`).
+    prefill_first_token: ClassVar[Literal["client", "dropped", "held"]] = "client"
     # Whether `decide` reads `now_s`. None of the engines' policies does; one that does is
     # asked at every iteration (no stretch: a stretch repeats one plan over many instants).
     reads_clock: ClassVar[bool] = False
@@ -140,6 +142,8 @@ class Scheduler(ABC):
         blocks not negative; with `checks(True)`, every scheduled request running (once: a plan
         maps each to its tokens) and given some, and `ReplicaState.check`. (A request preempted
         while the plan was built may be in it again: vLLM re-plans after preempting everyone.)"""
+        if state.held:  # (before the pass: SGLang takes them in as it schedules)
+            state.stream_held(now_s)
         plan = self.decide(state, now_s)
         budget = self.max_num_scheduled_tokens
         assert budget is None or plan.total_num_scheduled_tokens <= budget, (

@@ -116,6 +116,10 @@ class SGLang(Scheduler):
     Config = SGLangConfig
     config: SGLangConfig
     prefix_cache_eviction = "lru_leaf"  # SGLang's RadixCache evicts least recently used leaves
+    # Disaggregated: the prefill server sends its first token with the KV; the decode server
+    # streams it when it takes the request in (`process_batch_result_prebuilt`), and finishes
+    # there a request that asked for one token.
+    prefill_first_token = "held"
 
     def __init__(self, config: SGLangConfig, *, max_model_len: int | None = None) -> None:
         super().__init__(config, max_model_len=max_model_len)

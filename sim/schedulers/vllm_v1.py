@@ -177,7 +177,7 @@ class VllmV1(Scheduler):
     # Disaggregated: the proxy's prefill request (`max_tokens=1`) answers nobody; the decode
     # side loads the prompt's KV, computes its last token again and samples the first
     # (`_update_waiting_for_remote_kv`: "a full prompt hit re-computes that token").
-    first_token_on_decode = True
+    prefill_first_token = "dropped"
 
     def __init__(self, config: VllmV1Config, *, max_model_len: int | None = None) -> None:
         super().__init__(config, max_model_len=max_model_len)

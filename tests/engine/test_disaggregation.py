@@ -63,7 +63,9 @@ def test_where_each_engine_samples_the_first_token(tmp_path, engine):
     the client's first token comes after the transfer and one decode step. A: prefill
     [0, 0.25], KV [0.25, 0.75], its first token at 1.0; B: prefill [0.25, 0.5], KV behind
     A's until 0.95, its first token at 1.25, beside A's second. SGLang sends the prefill's
-    first token on with the KV: there it comes at the prefill's end, as before."""
+    first token on with the KV and the decode server streams it when a pass takes the request
+    in (`process_batch_result_prebuilt`): A's at 0.75 (the decode replica idle), B's, landed
+    at 0.95 during A's step, at that step's end, 1.0."""
     res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 3), (0.125, 40, 2)],
                                      prefill=_engine_replica(engine),
                                      decode=_engine_replica(engine)))
@@ -80,8 +82,50 @@ def test_where_each_engine_samples_the_first_token(tmp_path, engine):
         assert decode["num_prefill_tokens"].tolist() == [1, 1, 0]
         assert decode["num_decode_tokens"].tolist() == [0, 1, 2]
     else:
-        assert tokens_of(res, 0)[0] == 0.25 and tokens_of(res, 1)[0] == 0.5
-        assert df["ttft_s"].tolist() == [0.25, 0.5 - 0.125]
+        assert tokens_of(res, 0) == [0.75, 1.0, 1.25]
+        assert tokens_of(res, 1) == [1.0, 1.25]
+        assert df["ttft_s"].tolist() == [0.75, 1.0 - 0.125]
+        assert df["max_tbt_s"].tolist() == [0.25, 0.25]  # the transfer is before the first
+        decode = res.iterations[res.iterations["pool"] == "decode"]
+        assert decode["num_decode_tokens"].tolist() == [1, 2]  # no prompt token again
+
+
+def test_sglang_decode_side_streams_the_first_token_it_takes_in(tmp_path):
+    """SGLang's decode server streams the token the prefill server sent as a pass takes the
+    request in, in the overlap loop (on) the pass that plans a step ahead. A lands at 0.75,
+    the decode replica idle: its first token then, its next from the steps [0.75, 1.0] and
+    [1.0, 1.25] (planned at once). B lands at 0.95: taken in at 1.0, when the oldest step
+    ends and the loop plans [1.25, 1.5]; A's last token is in flight, so that step is B's
+    alone. C's KV is still on its way when the run stops at 1.7: its client saw no token."""
+    sglang = dict(replica(), scheduler={"name": "sglang"})
+    res = run_scenario(disaggregated(
+        tmp_path, [(0.0, 100, 3), (0.3, 40, 2), (0.8, 150, 2)],
+        prefill=sglang, decode=sglang, horizon_s=1.7))
+    df = res.requests.set_index("request_id")
+    assert df["prefill_end_s"].tolist() == [0.25, 0.55, 1.05]
+    assert df["transfer_end_s"].tolist()[:2] == pytest.approx([0.75, 0.95], abs=1e-12)
+    assert tokens_of(res, 0) == [0.75, 1.0, 1.25]
+    assert tokens_of(res, 1) == [1.0, 1.5]
+    assert df["ttft_s"].tolist()[:2] == [0.75, 1.0 - 0.3]
+    assert df["num_generated_tokens"].tolist() == [3, 2, 0]
+    assert df.loc[2, "status"] == "unfinished" and df.loc[2, "ttft_s"] != df.loc[2, "ttft_s"]
+    decode = res.iterations[res.iterations["pool"] == "decode"]
+    assert decode["start_s"].tolist() == [0.75, 1.0, 1.25]
+    assert decode["num_decode_tokens"].tolist() == [1, 1, 1]
+
+
+def test_sglang_one_token_request_finishes_on_the_decode_side(tmp_path):
+    """SGLang's prefill server sends every request's KV on, finished or not; the decode
+    server's pass that takes it in streams its token and finishes it, with no step
+    (`process_batch_result_prebuilt`). vLLM's proxy sends it to the decode side too."""
+    sglang = dict(replica(), scheduler={"name": "sglang", "overlap_schedule": False})
+    res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 1)], prefill=sglang, decode=sglang))
+    row = res.requests.iloc[0]
+    assert (row["prefill_end_s"], row["transfer_end_s"]) == (0.25, 0.75)
+    assert (row["ttft_s"], row["finish_s"], row["num_generated_tokens"]) == (0.75, 0.75, 1)
+    assert row["decode_replica_id"] == 1 and row["status"] == "finished"
+    assert (res.iterations["pool"] == "decode").sum() == 0
+
 
 
 def test_transfers_from_one_prefill_replica_queue_on_its_link(tmp_path):

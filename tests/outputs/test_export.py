@@ -345,6 +345,22 @@ def test_chrome_trace_puts_a_pipelines_iterations_in_flight_on_threads_of_their_
     assert {e["tid"] for e in by_phase["C"]} == {0}
 
 
+@pytest.mark.parametrize("engine", ["vllm_v1", "sglang"])
+def test_chrome_flows_where_the_first_token_comes_from_the_decode_side(tmp_path, engine):
+    """vLLM's decode side samples the first token and SGLang's streams it when it takes the
+    request in: the flow still goes arrival, the prefill's iteration, the link, the decode
+    replica's last iteration."""
+    side = dict(replica(), scheduler={"name": engine})
+    res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 3), (0.125, 40, 2)],
+                                     prefill=side, decode=side))
+    trace = chrome_trace(res, num_flows=2)
+    check_trace(trace)
+    for rid in (0, 1):
+        flow = [(e["ph"], e["pid"]) for e in trace["traceEvents"] if e.get("id") == rid
+                and e["ph"] in "stf"]
+        assert flow == [("s", 4), ("t", 1), ("t", 3), ("f", 2)]
+
+
 @pytest.mark.parametrize("layout", ["colocated", "disaggregated"])
 def test_chrome_trace_of_pipelined_runs_never_overlaps_iterations_on_a_thread(tmp_path, layout):
     rows = [(0.05 * i, 200 + 37 * (i % 7), 8 + i % 5) for i in range(40)]
@@ -386,7 +402,8 @@ def test_chrome_trace_of_pipelined_runs_never_overlaps_iterations_on_a_thread(tm
     for e in points:
         (around,) = [s for s in threads[(e["pid"], e["tid"])]
                      if s["ts"] < e["ts"] < s["ts"] + s["dur"]]
-        ends_us = [req.at[e["id"], c] * 1e6 for c in ("first_token_s", "finish_s")]
+        ends_us = [req.at[e["id"], c] * 1e6
+                   for c in ("first_token_s", "prefill_end_s", "finish_s") if c in req]
         assert any(abs(around["ts"] + around["dur"] - end) < 1e-3 for end in ends_us), e
 
 
