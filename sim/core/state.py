@@ -310,19 +310,33 @@ class ReplicaState:
         if self.acceptance is not None:
             return start_speculative(self, plan, start_s, placeholders)
         self.pipelined = True
-        in_flight = []
+        in_flight: list[InFlight] = []
+        append = in_flight.append
         requests = self.requests
+        placeholders = placeholders and not self.prefill_only
+        num_placeholders = 0
+        # (`Request.send_tokens` and `is_caught_up` written out: once per request and step,
+        # hundreds a step in a full batch.)
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             req = requests[request_id]
-            first = req.send_tokens(num_tokens, start_s)
-            samples = SAMPLES if req.is_caught_up else 0
-            if (samples and placeholders and not self.prefill_only
-                    and req.num_output_tokens + 1 < req.num_target_output_tokens):
+            first = req.first_scheduled_s is None
+            if first:
+                req.first_scheduled_s = start_s
+            computed = req.num_computed_tokens + num_tokens
+            req.num_computed_tokens = computed
+            req.num_in_flight_tokens += num_tokens
+            num_output = req.num_output_tokens
+            if computed != req.num_prompt_tokens + num_output:
+                samples = 0
+            elif placeholders and num_output + 1 < req.num_target_output_tokens:
                 samples = PLACEHOLDER
-                req.num_output_tokens += 1
+                req.num_output_tokens = num_output + 1
                 req.num_placeholders += 1
-                self.num_running_tokens += 1
-            in_flight.append((req, num_tokens, req.num_preemptions, samples, first))
+                num_placeholders += 1
+            else:
+                samples = SAMPLES
+            append((req, num_tokens, req.num_preemptions, samples, first))
+        self.num_running_tokens += num_placeholders
         return in_flight
 
     def complete(self, in_flight: list[InFlight], end_s: float, *, stale_delivered: bool = False
@@ -337,17 +351,19 @@ class ReplicaState:
         if self.acceptance is not None:
             return complete_speculative(self, in_flight, end_s, stale_delivered)
         done: list[Request] = []
-        sampled = []
+        sampled: list[int] = []
+        note = sampled.append
+        failed = Status.FAILED  # (locals: read for every request of every step)
         for req, num_tokens, num_preemptions, samples, _ in in_flight:
             req.num_in_flight_tokens -= num_tokens
-            if req.status is Status.FAILED:  # aborted meanwhile: its token is dropped
+            if req.status is failed:  # aborted meanwhile: its token is dropped
                 continue
             if samples == PLACEHOLDER:  # counted when sent: its time is now
                 req.num_placeholders -= 1
                 if req.num_preemptions != num_preemptions and not stale_delivered:
                     self._take_back(req)  # preempted since: the engine drops it
                     continue
-                sampled.append(req.request_id)
+                note(req.request_id)
                 continue
             if not samples or req.status is Status.FINISHED:
                 # Finished meanwhile (a stale token delivered was its last): vLLM drops the

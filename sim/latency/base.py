@@ -79,13 +79,15 @@ class BatchShape:
         """`from_plan` of a plan for `state`'s running requests, as the engine asks it at every
         stepped iteration: where the plan schedules every running request, without a pass
         over the decodes, which are often hundreds. Those with prompt tokens left are
-        `state.prefilling()`; every other running request decodes (the replica not
-        pipelined), and the KV the decodes read is the running requests' known tokens, which
+        `state.prefilling()`; every other running request decodes (pipelined too: one waiting
+        for a token in flight is not scheduled, so not all would be), and the KV the decodes
+        read is the running requests' known tokens (a placeholder's counted as known), which
         the state counts as they move, less the prefilling ones'."""
         num_seqs = plan.num_seqs
-        if state.pipelined or num_seqs != len(state.running) or state.acceptance is not None:
-            # Some may wait for a token in flight, or are not scheduled (a budget spent, or
-            # prompts first: a plan of a few): each of the plan's requests asked.
+        if (num_seqs != len(state.running) or state.acceptance is not None
+                or plan.num_drafts_proposed or plan.drafter_runs):
+            # Some are not scheduled (a budget spent, prompts first: a plan of a few; a token
+            # in flight), or a drafter runs after it: each of the plan's requests asked.
             return cls.from_plan(plan, state.requests)
         prefilling = state.prefilling()
         if not prefilling:

@@ -259,9 +259,9 @@ def schedule_decodes(state: ReplicaState, plan: Plan) -> list[Request]:
             continue
         if req.status is not running:
             continue  # preempted by an earlier decode of this loop
-        if pipelined and req.is_caught_up:
-            continue  # in flight on a pipeline: nothing to compute
         computed = req.num_computed_tokens
+        if pipelined and computed == req.num_prompt_tokens + req.num_output_tokens:
+            continue  # caught up, its token in flight: nothing to compute (`is_caught_up`)
         # A block is needed only when the computed tokens exactly fill the blocks held.
         while computed % block_size == 0 and not kv.try_allocate(req, 1):
             victim, _ = preempt_newest(state, plan.preempted_ids, scheduled)

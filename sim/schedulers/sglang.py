@@ -275,7 +275,8 @@ class SGLang(Scheduler):
         if state.kv.caches_prefixes:
             self._stash_chunked(state)
         preempted: list[int] = []
-        in_flight = any_in_flight(state)  # (before an abort takes its request's verify away)
+        # (Before an abort takes its request's verify away; only speculative decodes abort.)
+        in_flight = self._spec is not None and any_in_flight(state)
         while True:
             self._aborted = False
             plan = self._build(state)

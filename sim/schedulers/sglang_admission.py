@@ -101,7 +101,13 @@ class PrefillAdder:
         self.free = kv.num_free_blocks * kv.block_size  # available + evictable, read once
         # A prefill replica of a disaggregated cluster computes each request's first token.
         self.prefill_only = state.prefill_only
-        self.total_offset = sum(self._offset(r) for r in self.decoding)
+        # (`_offset` summed, written out: a pass over every running request at every pass.)
+        clip = CLIP_MAX_NEW_TOKENS
+        self.total_offset = (
+            sum(min(1 - r.num_output_tokens + r.num_placeholders, clip) for r in self.decoding)
+            if self.prefill_only else
+            sum(min(r.num_target_output_tokens - r.num_output_tokens + r.num_placeholders, clip)
+                for r in self.decoding))
         self.current_offset = 0
         self.can_run: list[Request] = []
         self.completing: list[Request] = []  # of those, the ones whose prompt ends here
@@ -292,9 +298,15 @@ class PrefillAdder:
 
         states = self.req_states
         if states is None:
-            states = [s for s in map(state_of, [req, *self.decoding, *self.can_run])
-                      if s is not None]
-            states.sort(key=lambda s: s[0])
+            # (`state_of` over everyone, written out: a pass over every running request.)
+            states = []
+            add = states.append
+            for r in [req, *self.decoding, *self.can_run]:
+                out = r.num_output_tokens - r.num_placeholders
+                left = (1 if self.prefill_only else r.num_target_output_tokens) - out
+                if left > 0:
+                    add((left, r.num_prompt_tokens + out))
+            states.sort(key=_left)
             self.req_states = states
         else:
             new = state_of(req)
@@ -313,6 +325,10 @@ class PrefillAdder:
                 return False
             freed += occupied
         return True
+
+
+def _left(state: tuple[int, int]) -> int:
+    return state[0]
 
 
 def _outputs(req: Request) -> int:

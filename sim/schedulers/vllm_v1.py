@@ -333,8 +333,9 @@ class VllmV1(Scheduler):
         spec = self._spec is not None
         index = 0
         is_prefill = False
-        while index < len(state.running) and budget > 0:
-            req = state.running[index]
+        running = state.running  # (edited in place by preemptions, never replaced)
+        while index < len(running) and budget > 0:
+            req = running[index]
             index += 1
             if spec:
                 if budget <= self._draft_slots * (len(scheduled) + 1):
@@ -353,7 +354,8 @@ class VllmV1(Scheduler):
                 num_tokens = self._chunk(req.num_uncomputed_tokens, budget)
                 if not num_tokens:
                     continue
-            elif pipelined and req.is_caught_up:
+            elif pipelined and (req.num_computed_tokens  # (`is_caught_up`, written out)
+                                == req.num_prompt_tokens + req.num_output_tokens):
                 continue
             else:
                 # A decode gets its one token whatever the rules on chunks, and needs a block

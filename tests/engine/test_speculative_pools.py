@@ -95,3 +95,17 @@ def test_sglang_decode_pool_abort_admits_the_waiting_transfer_at_once(tmp_path):
     assert req.loc[0, "failed_s"] == pytest.approx(5 * TICK)
     assert req.loc[1, "transfer_end_s"] == pytest.approx(5 * TICK)  # admitted, in, at once
     assert dec["start_s"].tolist()[4] == pytest.approx(5 * TICK)  # B's first step
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_vllm_prefill_replica_runs_its_drafter_after_the_first_token(tmp_path,
+                                                                      async_scheduling):
+    """vLLM's model runner proposes after every step that sampled, a prefill instance's too
+    (`propose_draft_token_ids`, no kv-producer exception): the prefill step takes the target's
+    pass, the drafter's over the prompt and its 2 passes over the sampled request, at half the
+    target's time each: 1 + 0.5 + 2 x 0.5 = 2.5 steps, synchronous or async alike."""
+    drafter = {**VLLM, "async_scheduling": async_scheduling,
+               "speculative": {**VLLM["speculative"], "draft_time_ratio": 0.5}}
+    res = run_scenario(disaggregated(tmp_path, [(0.0, 16, 4)], prefill=pool(drafter),
+                                     decode=pool(VLLM), link=FAST_LINK))
+    assert by_pool(res, "prefill")["duration_s"].tolist() == pytest.approx([2.5 * TICK])
