@@ -13,14 +13,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sim.core.kv_cache import KVCacheManager, cdiv
+from sim.core.pipeline_commit import (
+    PLACEHOLDER,
+    SAMPLES,
+    InFlight,
+    cancel_pipelined,
+    complete_pipelined,
+    start_pipelined,
+)
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
-from sim.core.spec_commit import (
-    cancel_speculative,
-    commit_speculative,
-    complete_speculative,
-    start_speculative,
-)
+from sim.core.spec_commit import commit_speculative
 from sim.core.speculative import Acceptance
 from sim.core.state_check import check_state
 from sim.core.waiting import PriorityWaiting
@@ -28,11 +31,7 @@ from sim.core.waiting import PriorityWaiting
 if TYPE_CHECKING:
     from sim.core.offload import OffloadState
 
-# A request in a pipelined iteration: it, its tokens there, its preemptions when sent, whether
-# it samples at the end (SAMPLES; PLACEHOLDER: and the token counts as sampled already), and
-# whether this iteration scheduled it first.
-InFlight = tuple[Request, int, int, int, bool]
-SAMPLES, PLACEHOLDER = 1, 2
+__all__ = ["PLACEHOLDER", "SAMPLES", "InFlight", "ReplicaState"]
 
 
 class ReplicaState:
@@ -296,129 +295,16 @@ class ReplicaState:
 
     def start(self, plan: Plan, start_s: float, *, placeholders: bool = False
               ) -> list[InFlight]:
-        """Pipelined replica: the plan's tokens count as computed from now, when it is sent
-        down the pipeline (vLLM v1 advances `num_computed_tokens` when it schedules), so a plan
-        built while this one is in flight skips what it computes: a request caught up waits
-        for its token; a prompt's next chunk may follow its previous one. Returns what
-        `complete` needs when the iteration leaves the last stage.
-
-        With `placeholders` (vLLM's async scheduling, `AsyncScheduler._update_after_schedule`)
-        the token a request will sample counts as sampled from now, an output placeholder, so
-        the next plan schedules its next decode at once; except its last token, which leaves it
-        caught up: vLLM schedules no step past a request's `max_tokens` ("Avoid scheduling an
-        extra step", `Scheduler.schedule`), and it finishes when that token comes back."""
-        if self.acceptance is not None:
-            return start_speculative(self, plan, start_s, placeholders)
-        self.pipelined = True
-        in_flight: list[InFlight] = []
-        append = in_flight.append
-        requests = self.requests
-        placeholders = placeholders and not self.prefill_only
-        num_placeholders = 0
-        # (`Request.send_tokens` and `is_caught_up` written out: once per request and step,
-        # hundreds a step in a full batch.)
-        for request_id, num_tokens in plan.num_scheduled_tokens.items():
-            req = requests[request_id]
-            first = req.first_scheduled_s is None
-            if first:
-                req.first_scheduled_s = start_s
-            computed = req.num_computed_tokens + num_tokens
-            req.num_computed_tokens = computed
-            req.num_in_flight_tokens += num_tokens
-            num_output = req.num_output_tokens
-            if computed != req.num_prompt_tokens + num_output:
-                samples = 0
-            elif placeholders and num_output + 1 < req.num_target_output_tokens:
-                samples = PLACEHOLDER
-                req.num_output_tokens = num_output + 1
-                req.num_placeholders += 1
-                num_placeholders += 1
-            else:
-                samples = SAMPLES
-            append((req, num_tokens, req.num_preemptions, samples, first))
-        self.num_running_tokens += num_placeholders
-        return in_flight
+        """Pipelined replica: `plan` is sent off at `start_s`, its tokens computed from now
+        (`sim.core.pipeline_commit.start_pipelined`); returns what `complete` needs."""
+        return start_pipelined(self, plan, start_s, placeholders)
 
     def complete(self, in_flight: list[InFlight], end_s: float, *, stale_delivered: bool = False
                  ) -> tuple[list[Request], list[int]]:
-        """Pipelined replica: the iteration `start` sent off has ended: each request it caught
-        up samples its token, as `commit` does. One preempted since has dropped its KV and
-        will compute it again; its token counts only where `stale_delivered` (vLLM's async
-        scheduling delivers it: `update_from_output`, "Its tokens are still delivered on
-        return"), and not on a prefill replica, and it may then finish, even from the queue.
-        Returns the requests that left the running list, and the ids of those that sampled (the
-        caller records their tokens: `IterationLog.add_sampled`)."""
-        if self.acceptance is not None:
-            return complete_speculative(self, in_flight, end_s, stale_delivered)
-        done: list[Request] = []
-        sampled: list[int] = []
-        note = sampled.append
-        failed = Status.FAILED  # (locals: read for every request of every step)
-        for req, num_tokens, num_preemptions, samples, _ in in_flight:
-            req.num_in_flight_tokens -= num_tokens
-            if req.status is failed:  # aborted meanwhile: its token is dropped
-                continue
-            if samples == PLACEHOLDER:  # counted when sent: its time is now
-                req.num_placeholders -= 1
-                if req.num_preemptions != num_preemptions and not stale_delivered:
-                    self._take_back(req)  # preempted since: the engine drops it
-                    continue
-                note(req.request_id)
-                continue
-            if not samples or req.status is Status.FINISHED:
-                # Finished meanwhile (a stale token delivered was its last): vLLM drops the
-                # rest (`update_from_output`: "The request is already finished").
-                continue
-            if req.num_preemptions != num_preemptions:
-                # A prefill replica's first token is only worth its KV, which was dropped: the
-                # prompt is computed again and samples again (handed off with no KV, a
-                # delivered token would have nothing to transfer).
-                if (stale_delivered and not self.prefill_only
-                        and req.status is not Status.FINISHED):
-                    self._deliver_stale(req, end_s, done)
-                    sampled.append(req.request_id)
-                continue
-            if self.prefill_only and self.first_token_dropped:
-                done.append(req)  # (its token never reaches the client)
-                continue
-            req.num_output_tokens += 1
-            self.num_running_tokens += 1
-            sampled.append(req.request_id)
-            if self.prefill_only:
-                self._handed_off(req, done)
-            elif req.num_output_tokens == req.num_target_output_tokens:
-                done.append(req)
-        if done:
-            self.leave(done, end_s)
-        return done, sampled
-
-    def _take_back(self, req: Request) -> None:
-        """An output counted when its iteration was sent never comes: `req` was preempted."""
-        req.num_output_tokens -= 1
-        if req.status is Status.RUNNING:
-            self.num_running_tokens -= 1
-            # Admitted again meanwhile, its recompute took that token as input: the token is
-            # sampled again, its KV slot computed again (as recomputed work).
-            last = req.num_prompt_tokens + req.num_output_tokens - 1
-            if req.num_computed_tokens > last:
-                req.num_recomputed_tokens += req.num_computed_tokens - last
-                req.num_computed_tokens = last
-        elif req.status is Status.WAITING:
-            self.num_waiting_tokens -= 1
-
-    def _deliver_stale(self, req: Request, end_s: float, done: list[Request]) -> None:
-        """A token sampled before `req` was preempted comes back: it joins its output (one
-        more token to compute again), and may be its last."""
-        req.num_output_tokens += 1
-        last = req.num_output_tokens == req.num_target_output_tokens
-        if req.status is Status.RUNNING:  # admitted again meanwhile
-            self.num_running_tokens += 1
-            if last:
-                done.append(req)
-        elif req.status is Status.WAITING:
-            self.num_waiting_tokens += 1
-            if last:
-                self.finish_from_queue(req, end_s)
+        """Pipelined replica: the iteration `start` sent off has ended; returns the requests
+        that left the running list, and the ids of those that sampled
+        (`sim.core.pipeline_commit.complete_pipelined`)."""
+        return complete_pipelined(self, in_flight, end_s, stale_delivered)
 
     def finish_from_queue(self, req: Request, end_s: float) -> None:
         """A queued request's last token came back (delivered stale): it finishes from the
@@ -440,25 +326,8 @@ class ReplicaState:
 
     def cancel(self, in_flight: list[InFlight]) -> None:
         """Pipelined replica: an iteration `start` sent off never ends (the run stopped at its
-        horizon): its tokens are not computed, as a step-by-step replica leaves the iteration
-        in progress uncommitted; its KV blocks stay allocated. Newest iteration first."""
-        if self.acceptance is not None:
-            cancel_speculative(self, in_flight)
-            in_flight = []
-        for req, num_tokens, num_preemptions, samples, first in in_flight:
-            req.num_in_flight_tokens -= num_tokens
-            if req.num_preemptions == num_preemptions:
-                req.num_computed_tokens -= num_tokens
-            else:  # preempted since: `preempt` counted these tokens as computed, then dropped
-                req.num_recomputed_tokens -= num_tokens
-            # (An aborted request's placeholders were dropped when it was aborted.)
-            if samples == PLACEHOLDER and req.status is not Status.FAILED:
-                req.num_placeholders -= 1
-                self._take_back(req)
-            if first:  # never scheduled in an iteration that ran
-                req.first_scheduled_s = None
-        # A placeholder taken back can leave a request short of its prompt again.
-        self._maybe_prefilling = [r for r in self.running if not r.is_decoding]
+        horizon): its tokens are not computed (`sim.core.pipeline_commit.cancel_pipelined`)."""
+        cancel_pipelined(self, in_flight)
 
     def release(self, req: Request) -> None:
         """A handed-off request's KV has reached its decode replica: free its blocks here."""
