@@ -126,7 +126,7 @@ def per_token(requests: list[Request], logs: list[IterationLog]) -> dict[str, An
     every token's time; per request its count, first and last time and largest gap; all the
     gaps of all requests pooled, in request order. A recorded run holds a token at its first
     iteration and at each later one in it with decodes (`Request.record_token`)."""
-    ends = [log.end_s() for log in logs]
+    ends = [log.output_s() for log in logs]  # (an iteration's end, or when its result was taken)
     decodes = [log.arrays()["num_decode_tokens"] for log in logs]
     # A pipelined (or async) replica logs its sampled tokens as runs of iterations.
     sampled: dict[int, list[float]] = {}

@@ -99,6 +99,13 @@ class Cluster:
                        for _ in range(cfg.decode.replicas)]
         decode_router = ROUTERS.get(cfg.decode_router.name)(
             cfg.decode_router, np.random.default_rng(seeds[1]))
+        if self.timeout_s is None and not decode_router.needs_prefix_hits:
+            # Read between its hand-offs only by the decode router, weighing loads: an async
+            # decode replica may run its stretches, cut by transfers for it
+            # (`sim.engine.fastpath.pipeline`). (A replica of ranks is stepped by its group.)
+            for unit in self.decode:
+                if isinstance(unit, Replica):
+                    unit.read_by_loads = True
         self.disaggregation = Disaggregation(
             env, [rank for unit in self.front for rank in unit.ranks], self.decode,
             decode_router, cfg.link, cfg.overlap_transfer, cfg.prefill.replica.model_shape,

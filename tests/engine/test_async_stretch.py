@@ -91,6 +91,28 @@ def test_routers_read_async_stretches_in_progress_as_stepping_shows_them(
     assert counts["whole"] + counts["cut"] > 50
 
 
+@pytest.mark.parametrize("scheduler", ["vllm_v1", "sglang"])
+@pytest.mark.parametrize("decode_router", ["least_kv_load", "round_robin"])
+def test_decode_replicas_of_a_disaggregated_cluster_take_stretches(monkeypatch, scheduler,
+                                                                   decode_router):
+    """A decode replica is read between its hand-offs only by the decode router: its
+    stretches run on until a transfer asks it for blocks or its KV lands (vLLM's decode side
+    then computes the prompt's last token; SGLang's streams the first token and the request
+    decodes at once, a decode replica's first work possibly a stretch), as stepping shows."""
+    data = _default(scheduler, workload__arrivals={"process": "poisson", "qps": 3.0})
+    data["workload"]["lengths"] = {"prompt": {"dist": "uniform", "low": 200, "high": 1500},
+                                   "output": {"dist": "uniform", "low": 200, "high": 1500}}
+    replica = data.pop("replica")
+    data["cluster"] = {"prefill": {"replicas": 1, "replica": replica},
+                       "decode": {"replicas": 2, "replica": replica},
+                       "decode_router": {"name": decode_router}}
+    counts = _counting(monkeypatch)
+    fast, slow, num_fast, num_slow = fast_and_stepped(monkeypatch, parse_scenario(data, "t"))
+    assert_same_results(fast, slow)
+    assert counts["whole"] + counts["cut"] > 100, counts
+    assert num_fast < 0.5 * num_slow, (num_fast, num_slow)
+
+
 @pytest.mark.parametrize("changes", [
     {"cluster": {"replicas": 2, "router": {"name": "prefix_affinity"}}},
     {"workload": {"timeout_s": 5.0}},

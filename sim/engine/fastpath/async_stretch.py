@@ -172,6 +172,9 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
     complete already."""
     kv = state.kv
     bs = kv.block_size
+    # Its plans were sent, as `ReplicaState.start` sends one (a decode replica's first work
+    # may be a stretch): plans from now on skip a request whose token is in flight.
+    state.pipelined = True
     requests, computed, left = stretch.requests, stretch.num_computed, stretch.num_steps_left
     done_k = k - 1  # iterations complete
     first = stretch.first_index

@@ -8,9 +8,11 @@ Where: a colocated replica with no client timeouts and no closed-loop clients, a
 a router that reads no loads (`unobserved`: `round_robin`, `random`) or one that weighs them
 without prefix lookups (`read_by_loads`: `least_kv_load`, `least_outstanding`; the load of a
 replica in a stretch is read from its arrays, `AsyncStretch.counts_at`, without a commit), with
-a plain KV cache (no prefix caching, no CPU tier) and no speculative decoding. A stretch is
-taken back at the first planning turn after work arrives for it. Elsewhere every iteration is
-stepped, as before.
+a plain KV cache (no prefix caching, no CPU tier) and no speculative decoding; and a decode
+replica of a disaggregated cluster so placed, behind its decode router, while no transfer
+waits for its blocks. A stretch is taken back at the first planning turn after work arrives
+for it (a request arriving; on a decode replica, a transfer asking for blocks or its KV
+landing). Elsewhere every iteration is stepped, as before.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class FastPipelinedReplica(PipelinedReplica):
         return ((self.unobserved or self.read_by_loads) and self.fast_forward
                 and self.num_stages == 1
                 and self.pipeline_depth == 2 and self.placeholders and self.overlaps_host
-                and self.copies is None and state.acceptance is None and self.inbox is None
+                and self.copies is None and state.acceptance is None
+                and not (self.inbox is not None and self.inbox.pending)
                 and type(state.kv) is KVCacheManager and state.on_finish is None
                 and self.plans is None and self.scheduler.allows_stretches
                 and not self.scheduler.reads_clock and not self.latency.sequential)
