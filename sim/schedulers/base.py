@@ -200,6 +200,11 @@ class Scheduler(ABC):
                     f"{req.num_target_output_tokens} tokens exceed max_model_len {limit}")
         return None
 
+    def transfer_reason(self, kv: KVCacheManager, req: Request) -> str | None:
+        """Why a decode replica with this KV cache could never take `req` in by transfer
+        (beyond `reject_reason`); None if it could."""
+        return None
+
     def admit_transfer(self, state: ReplicaState, req: Request) -> bool:
         """Decode side of a disaggregated cluster: take `req`, whose prompt KV is to arrive by
         transfer, now? If so, allocate blocks for its prompt and return True (the caller then

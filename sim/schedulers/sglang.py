@@ -27,7 +27,12 @@ from sim.schedulers.base import (
     preempt_newest,
     schedule_decodes,
 )
-from sim.schedulers.sglang_admission import PrefillAdder, left_running
+from sim.schedulers.sglang_admission import (
+    CLIP_MAX_NEW_TOKENS,
+    PrefillAdder,
+    left_running,
+    output_ids_len,
+)
 from sim.schedulers.sglang_config import SGLangConfig
 from sim.schedulers.sglang_spec import SGLangSpecRules, schedule_spec_decodes
 
@@ -82,7 +87,7 @@ class SGLang(Scheduler):
        `sim.engine.pipeline`); a decode follows its prefill at once with a future token (an output
        placeholder here); a request whose last token is in flight is left out of the next
        decode batch (`_reqs_finishing_inflight`) but still counts in admission; admission
-       reads outputs one token behind for requests in flight (`sglang_admission._outputs`);
+       reads outputs one token behind for requests in flight (`sglang_admission.output_ids_len`);
        a retracted request's token in flight is dropped.
 
     11. Priorities (`enable_priority_scheduling`, SGLang's `--enable-priority-scheduling` with
@@ -180,6 +185,47 @@ class SGLang(Scheduler):
         # (With speculative decoding a decode step holds 2L slots past a request's KV, which
         # admission does not count: SGLang admits a request those do not fit beside, and
         # aborts it at the decode step they do not fit, rule 12.)
+        return None
+
+    def admit_transfer(self, state: ReplicaState, req: Request) -> bool:
+        """SGLang's decode server preallocating `req`'s KV (`DecodePreallocQueue.
+        pop_preallocated`, no radix cache on the decode side, its default; page 1): a request
+        slot, and room for its prompt once the free KV has kept R tokens (R =
+        `num_reserved_decode_tokens`) for every request running or on its way, or, if more,
+        what the longest-promised running request could still need beyond what all running
+        hold (`_need_space_for_single_req`); its own need is its prompt plus R, or plus its
+        clipped output less what all running hold, the larger. (Its integer
+        `decode_reserve_tokens` keeps Mini-SGLang's rule.)"""
+        cfg = self.config
+        if cfg.decode_reserve_tokens is not None:
+            return super().admit_transfer(state, req)
+        running = state.running
+        num_active = len(running) + len(state.incoming)
+        if num_active >= cfg.max_num_seqs:
+            return False
+        clip = CLIP_MAX_NEW_TOKENS
+        retractable = sum(r.num_prompt_tokens + output_ids_len(r) for r in running)
+        single = max((min(r.num_target_output_tokens, clip) + r.num_prompt_tokens
+                      for r in running), default=retractable) - retractable
+        kv = state.kv
+        reserved = cfg.num_reserved_decode_tokens
+        allocatable = kv.num_free_blocks * kv.block_size - max(reserved * num_active, single)
+        fill = req.num_prompt_tokens
+        required = max(fill + reserved,
+                       fill + min(req.num_target_output_tokens, clip) - retractable)
+        return required <= allocatable and kv.try_allocate(req, 0)
+
+    def transfer_reason(self, kv: KVCacheManager, req: Request) -> str | None:
+        cfg = self.config
+        if cfg.decode_reserve_tokens is not None:
+            return None
+        need = req.num_prompt_tokens + max(cfg.num_reserved_decode_tokens,
+                                           min(req.num_target_output_tokens,
+                                               CLIP_MAX_NEW_TOKENS))
+        if need > kv.capacity_tokens:
+            return (f"kv_capacity: SGLang's decode server preallocates a request with room "
+                    f"for its prompt and max(num_reserved_decode_tokens, its output) more: "
+                    f"needs {need} KV slots, a replica holds {kv.capacity_tokens}")
         return None
 
     def batch_is_full(self, state: ReplicaState, decoding: list[Request]) -> bool:

@@ -226,7 +226,7 @@ class PrefillAdder:
     def _offset(self, req: Request) -> int:
         """A running request's reserved future tokens (`_get_running_request_total_token_
         offset`): its outputs left, clipped (ratio 1: `ignore_eos`)."""
-        return min(self._target(req) - _outputs(req), CLIP_MAX_NEW_TOKENS)
+        return min(self._target(req) - output_ids_len(req), CLIP_MAX_NEW_TOKENS)
 
     def _continue_chunk(self, req: Request) -> bool:
         left = req.num_uncomputed_tokens
@@ -250,7 +250,7 @@ class PrefillAdder:
         hit = kv.match_prefix(req)  # (`init_next_round_input`: a use, even if refused)
         if self.policy.config.priority_preemption:  # (`full_untruncated_fill_ids`, `prefix_len`)
             self.policy.last_tried[req.request_id] = (
-                req.num_prompt_tokens + _outputs(req), hit, req.num_preemptions)
+                req.num_prompt_tokens + output_ids_len(req), hit, req.num_preemptions)
         extend = req.num_uncomputed_tokens - hit
         max_new = min(self._target(req), CLIP_MAX_NEW_TOKENS)
         locked = 0
@@ -261,7 +261,7 @@ class PrefillAdder:
             if not self._everyone_finishes(req, paged_input):
                 return "no_token"
         else:
-            left = min(max(self._target(req) - _outputs(req), 0), CLIP_MAX_NEW_TOKENS)
+            left = min(max(self._target(req) - output_ids_len(req), 0), CLIP_MAX_NEW_TOKENS)
             locked = kv.unused_prefix_tokens(req)
             if not self._paged(extend) + left + self.page < self.free - locked - self.total_offset:
                 return "no_token"
@@ -292,7 +292,7 @@ class PrefillAdder:
         """The in-order check of `add_one_req_ignore_eos`: `req` and everyone running or taken
         this pass, by outputs left, can each finish with one token a step for those after."""
         def state_of(r: Request) -> tuple[int, int] | None:
-            out = _outputs(r)
+            out = output_ids_len(r)
             left = self._target(r) - out
             return (left, r.num_prompt_tokens + out) if left > 0 else None
 
@@ -331,7 +331,7 @@ def _left(state: tuple[int, int]) -> int:
     return state[0]
 
 
-def _outputs(req: Request) -> int:
+def output_ids_len(req: Request) -> int:
     """`len(req.output_ids)` as SGLang reads it: with the overlap loop, a token still in
     flight (a placeholder here) is not there yet, so each such request reserves one more."""
     return req.num_output_tokens - req.num_placeholders

@@ -38,6 +38,12 @@ class SGLangConfig(SchedulerConfig):
         description=("None: SGLang's own admission (PrefillAdder: budget remainders, the "
                      "in-order check, the full-batch latch); an integer: admit while the "
                      "chunk fits beside that many future tokens per running request"))
+    num_reserved_decode_tokens: int = Field(
+        512, ge=0,
+        description=("--num-reserved-decode-tokens: on a decode pool, the KV held back for "
+                     "each request running or on its way when another's is preallocated "
+                     "(`DecodePreallocQueue`)"),
+        json_schema_extra={"unit": "tokens"})
     engine_version: str = Field(
         "0.5.23", description=("SGLang release whose rules and defaults apply: 0.5.23 "
                                "(overlap_schedule on)"))

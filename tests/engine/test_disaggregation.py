@@ -176,7 +176,7 @@ def test_overlap_hides_transfer_behind_the_prefill(tmp_path):
 
 def test_admitting_a_transferred_request_is_each_policys_own_decision():
     """Decode side of a disaggregated cluster: vLLM v1 takes the KV while blocks last; SGLang
-    (Mini-SGLang's rule) keeps room for every future token of the requests already there."""
+    keeps 512 tokens back for the request already there (`test_sglang_decode_preallocation`)."""
     from sim.core.kv_cache import KVCacheManager
     from sim.schedulers.sglang import SGLang, SGLangConfig
     from sim.schedulers.vllm_v1 import VllmV1, VllmV1Config
@@ -193,6 +193,54 @@ def test_admitting_a_transferred_request_is_each_policys_own_decision():
         arriving.num_computed_tokens, arriving.num_output_tokens = 64, 1
         assert scheduler.admit_transfer(state, arriving) is admitted
         assert state.kv.num_held_blocks(1) == (4 if admitted else 0)
+
+
+def test_sglang_decode_preallocation():
+    """SGLang's `pop_preallocated` (page 1, block size 1 here): A runs (prompt 50, 10 of 100
+    out: 59 slots held, 141 free, 60 retractable). The free KV keeps back R per request running
+    or on its way, or A's clipped promise past what all hold, 100 + 50 - 60 = 90, if more; a
+    newcomer needs its prompt plus R, or plus its output less the 60, if more."""
+    from sim.core.kv_cache import KVCacheManager
+    from sim.schedulers.sglang import SGLang, SGLangConfig
+
+    def decode_side(reserved: int, **config) -> tuple[SGLang, ReplicaState]:
+        state = ReplicaState(KVCacheManager(num_blocks=200, block_size=1), decode_only=True)
+        a = Request(0, 0.0, 50, 100)
+        a.num_computed_tokens, a.num_output_tokens = 59, 10
+        state.add(a)
+        assert state.kv.try_allocate(a, 0)
+        state.admit(a)
+        return SGLang(SGLangConfig(name="sglang", num_reserved_decode_tokens=reserved,
+                                   **config)), state
+
+    def admit(sched: SGLang, state: ReplicaState, request_id: int, prompt: int,
+              output: int) -> bool:
+        req = Request(request_id, 0.0, prompt, output)
+        req.num_computed_tokens, req.num_output_tokens = prompt, 1
+        if not sched.admit_transfer(state, req):
+            assert state.kv.num_held_blocks(request_id) == 0
+            return False
+        state.incoming[request_id] = req
+        assert state.kv.num_held_blocks(request_id) == prompt
+        return True
+
+    sched, state = decode_side(20)  # allocatable 141 - max(20, 90) = 51
+    assert not admit(sched, state, 1, 40, 5)  # needs 40 + 20 = 60
+    assert admit(sched, state, 2, 30, 5)  # needs 50
+    # (Now two active, 40 kept back, still less than 90: 111 - 90 = 21 for 10 + 20.)
+    assert not admit(sched, state, 3, 10, 2)
+    sched, state = decode_side(100)  # allocatable 141 - max(100, 90) = 41
+    assert not admit(sched, state, 2, 30, 5)  # needs 30 + 100
+    sched, state = decode_side(0)  # allocatable 141 - 90 = 51
+    assert admit(sched, state, 5, 40, 70)  # max(40, 40 + 70 - 60) = 50
+    sched, state = decode_side(0, max_running_requests=2)
+    assert admit(sched, state, 6, 1, 1)
+    assert not admit(sched, state, 7, 1, 1)  # two running or on their way: no request slot
+    # Nothing running: its own clipped output counts whole, beyond any pool here.
+    kv = KVCacheManager(num_blocks=200, block_size=1)
+    reason = sched.transfer_reason(kv, Request(8, 0.0, 10, 300))
+    assert reason is not None and "needs 310 KV slots" in reason
+    assert sched.transfer_reason(kv, Request(9, 0.0, 10, 190)) is None
 
 
 def _run_checked(scenario):

@@ -82,10 +82,10 @@ def test_sglang_decode_pool_abort_admits_the_waiting_transfer_at_once(tmp_path):
     (108, 112, 116, 120), so B (30) waits for room. At A's fifth step its top-up (116 + 8)
     outgrows the pool: SGLang aborts it, the last of its batch, and the decode loop admits B
     on the KV freed at that instant (it would otherwise wait for an arrival that never
-    comes)."""
+    comes). (The decode server keeps no tokens back per request here, so that A fits.)"""
+    decode = pool({**SGLANG, "num_reserved_decode_tokens": 0}, num_blocks=122)
     res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 18), (0.0, 30, 5)],
-                                     prefill=pool(SGLANG), decode=pool(SGLANG, num_blocks=122),
-                                     link=FAST_LINK))
+                                     prefill=pool(SGLANG), decode=decode, link=FAST_LINK))
     req = res.requests.set_index("request_id")
     assert req.loc[0, "status"] == "failed" and req.loc[0, "reason"].startswith("kv_oom")
     assert req.loc[1, "status"] == "finished"
