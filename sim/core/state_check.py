@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sim.core.request import Status
 from sim.core.waiting import PriorityWaiting
 
 if TYPE_CHECKING:
@@ -12,12 +13,14 @@ if TYPE_CHECKING:
 
 
 def check_state(state: ReplicaState) -> None:
-    """KV conserved; nobody both waiting and running; no KV held while waiting; the kept
-    counts right; a queue by priority in its order."""
+    """KV conserved; nobody both waiting and running; no KV held while waiting, nor for a
+    request that will never come (its KV on the way, or preallocated for its prefill); the
+    kept counts right; a queue by priority in its order."""
     state.kv.check()
     running_ids = {r.request_id for r in state.running}
     assert len(running_ids) == len(state.running)
     assert not running_ids.intersection(r.request_id for r in state.waiting)
+    assert not any(r.status in (Status.FAILED, Status.FINISHED) for r in state.incoming.values())
     offload = state.offload
     for req in state.waiting:  # (with a CPU tier: unless its KV is being, or was, loaded)
         assert state.kv.num_held_blocks(req.request_id) == 0 or (

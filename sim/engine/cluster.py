@@ -326,7 +326,10 @@ class Cluster:
             req, Loads(front, req if self.router.needs_prefix_hits else None))
         if self.timeout_s is not None:  # its answer must leave the engine a front end earlier
             req.deadline_s = req.give_up_s - self.frontend_s[front[index].replica_id]
-        front[index].submit(req)
+        if self.disaggregation is not None:
+            self.disaggregation.submit(req, front[index])
+        else:
+            front[index].submit(req)
 
 
 class Loads(Sequence[ReplicaLoad]):

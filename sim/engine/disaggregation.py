@@ -48,42 +48,57 @@ class DecodeInbox:
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
-        self.pending: deque[tuple[Request, simpy.Event]] = deque()
-        # Known tokens of the requests waiting here or on their way: the KV they bring.
+        # Each waiting request, and what to do once its blocks are allocated.
+        self.pending: deque[tuple[Request, Callable[[], Any]]] = deque()
+        # Prompt tokens of the requests waiting here or on their way: the KV they bring.
         self.num_tokens = 0
 
     def reserve(self, req: Request) -> simpy.Event:
         """An event that fires once the replica's scheduler has taken `req` and allocated
         blocks for its prompt's KV."""
         done = self.replica.env.event()
+        self.reserve_then(req, done.succeed)
+        return done
+
+    def reserve_then(self, req: Request, then: Callable[[], Any]) -> None:
+        """Call `then` as soon as the replica's scheduler has taken `req` and allocated blocks
+        for its prompt's KV (within its planning turn, before it plans)."""
         if self.replica.scheduler.by_priority:
-            insort(self.pending, (req, done), key=lambda entry: priority_key(entry[0]))
+            insort(self.pending, (req, then), key=lambda entry: priority_key(entry[0]))
         else:
-            self.pending.append((req, done))
-        self.num_tokens += req.num_tokens
+            self.pending.append((req, then))
+        self.num_tokens += req.num_prompt_tokens
         # Blocks are taken when the replica plans (a stretch in progress is cut), so every
         # iteration's plan sees the KV it was scheduled with.
         self.replica.wake()
-        return done
 
     def admit(self) -> None:
         """At the replica's planning turn: hand transfers to the scheduler, in order, while it
         takes them. A taken request counts in `state.incoming` until its KV arrives."""
         state, scheduler = self.replica.state, self.replica.scheduler
         while self.pending:
-            req, event = self.pending[0]
+            req, then = self.pending[0]
             if not scheduler.admit_transfer(state, req):
                 return
             self.pending.popleft()
             state.incoming[req.request_id] = req
-            event.succeed()
+            then()
+
+    def withdraw(self, req: Request) -> None:
+        """`req`, whose blocks were allocated here before its prefill, will never come (its
+        client gave up): its blocks are free again."""
+        state = self.replica.state
+        del state.incoming[req.request_id]
+        state.kv.free(req, preempted=True)
+        self.num_tokens -= req.num_prompt_tokens
+        self.replica.wake()
 
     def join(self, req: Request) -> None:
         """`req`'s KV has arrived: it decodes on this replica from now on."""
         replica = self.replica
         req.move_to(replica.replica_id)
         replica.state.join(req)
-        self.num_tokens -= req.num_tokens
+        self.num_tokens -= req.num_prompt_tokens
         replica.wake()
 
     @property
@@ -126,6 +141,14 @@ class Disaggregation:
             replica.quiet_until = self._decode_quiet_until(replica)
         for replica in prefill:
             replica.on_handoff = self.handoff
+        # SGLang's order (`Scheduler.decode_reserves_first`): the decode side preallocates a
+        # request's KV before its prefill may start (the bootstrap); the decode replica so
+        # chosen, by request id, until its prefill ends.
+        self.reserves_first = self._decode_ranks[0].scheduler.decode_reserves_first
+        self._reserved: dict[int, Replica] = {}
+        if self.reserves_first:
+            for replica in prefill:
+                replica.on_dropped = self._unreserve
 
     def _decode_quiet_until(self, replica: Replica) -> Callable[[], float]:
         """The earliest time anything may touch decode `replica`: a hand-off (a prefill
@@ -141,9 +164,14 @@ class Disaggregation:
             bound = min(self.next_arrival(), min(due.values(), default=math.inf))
             for source in prefill:
                 bound = min(bound, source.next_commit_s())
-            for request_id in incoming:
-                # KV on its way: it lands when its transfer says; before it has a link, now.
-                bound = min(bound, due.get(request_id, now))
+            for request_id, req in incoming.items():
+                # KV on its way: it lands when its transfer says; before it has a link, now;
+                # before its prefill ends (reserved first), not before a prefill replica's
+                # work in progress ends (bounded above).
+                if request_id in due:
+                    bound = min(bound, due[request_id])
+                elif req.prefill_end_s is not None:
+                    bound = min(bound, now)
             return bound
 
         return quiet_until
@@ -159,19 +187,55 @@ class Disaggregation:
         kind, _, detail = reason.partition(": ")
         return f"{kind}: decode pool {detail}"
 
+    def submit(self, req: Request, prefill: Replica) -> None:
+        """`req` arrives for `prefill`: it is submitted there, or (reserving first) once a
+        decode replica has preallocated its KV; one the prefill replica refuses is refused
+        at once."""
+        if not self.reserves_first or prefill.reject_reason(req) is not None:
+            prefill.submit(req)
+            return
+        # SGLang's bootstrap: the decode server the router pairs with the prefill one
+        # preallocates the request's KV (`DecodePreallocQueue`); the prefill server takes it
+        # then (`PrefillBootstrapQueue.pop_bootstrapped`), before the decode server plans: a
+        # stretch planned there sees the prefill replica at work.
+        req.replica_id = req.prefill_replica_id = prefill.replica_id
+        target = self._decode_target(req)
+
+        def bootstrapped() -> None:
+            self._reserved[req.request_id] = target
+            prefill.submit(req)
+
+        self.inboxes[target.replica_id].reserve_then(req, bootstrapped)
+
+    def _unreserve(self, dropped: list[Request]) -> None:
+        """Requests that left their prefill replica without a hand-off (their client gave up;
+        or finished there, a policy whose first token stands asked for one) give back the KV
+        a decode replica preallocated for them."""
+        for req in dropped:
+            target = self._reserved.pop(req.request_id, None)
+            if target is not None:
+                self.inboxes[target.replica_id].withdraw(req)
+
+    def _decode_target(self, req: Request) -> Replica:
+        """The decode replica (engine core) the decode router picks for `req` now."""
+        decode = self.decode
+        return decode[0 if len(decode) == 1 else self.decode_router.choose_at(
+            req, self.loads(decode), self.env.now)].pick(req)
+
     def handoff(self, req: Request) -> None:
         """`req` has its first token on its prefill replica: move it to a decode replica."""
         self.env.process(self._transfer(req))
 
     def _transfer(self, req: Request) -> Generator[simpy.Event, Any, None]:
-        """Wait for blocks on a decode replica (KV stays on the prefill side meanwhile), then
-        move the prompt's KV over the prefill replica's link."""
+        """Wait for blocks on a decode replica (KV stays on the prefill side meanwhile; none
+        where they were reserved first), then move the prompt's KV over the prefill
+        replica's link."""
         source = self.sources[req.prefill_replica_id]
-        decode = self.decode
-        target = decode[0 if len(decode) == 1 else self.decode_router.choose_at(
-            req, self.loads(decode), self.env.now)].pick(req)
+        target = self._reserved.pop(req.request_id, None)
+        if target is None:
+            target = self._decode_target(req)
+            yield self.inboxes[target.replica_id].reserve(req)
         inbox = self.inboxes[target.replica_id]
-        yield inbox.reserve(req)
         req.transfer_start_s = self.env.now
         with self.links[source.replica_id].request() as slot:
             yield slot

@@ -86,6 +86,9 @@ class Replica(OffloadSteps):
         self.fast_forward = fast_forward
         self.pool = pool
         self.on_handoff: Hook | None = None
+        # Told of the requests that leave it without a hand-off, finished or failed (a decode
+        # replica holding KV reserved for them gives it back: `Disaggregation`).
+        self.on_dropped: Callable[[list[Request]], None] | None = None
         # The copies to and from the KV cache's CPU tier (`state.offload`), timed.
         self.copies: HostCopies | None = None
         self.stalled: str | None = None  # why it stopped for good (`_stall`), if it did
@@ -129,11 +132,15 @@ class Replica(OffloadSteps):
 
     # -- what the rest of the cluster sees and does --------------------------------------------
 
+    def reject_reason(self, req: Request) -> str | None:
+        """Why `req` can never be served here; None if it can."""
+        return self.scheduler.reject_reason(req, self.state.kv,
+                                            self.state.num_kv_tokens_needed(req))
+
     def submit(self, req: Request) -> None:
         """A request arrives (now). Rejected at once if it can never be served here."""
         req.replica_id = req.prefill_replica_id = self.replica_id
-        reason = self.scheduler.reject_reason(req, self.state.kv,
-                                              self.state.num_kv_tokens_needed(req))
+        reason = self.reject_reason(req)
         if reason is not None:
             req.status, req.reason = Status.REJECTED, reason
             self.state.requests[req.request_id] = req
@@ -230,6 +237,8 @@ class Replica(OffloadSteps):
             aborted = self.state.expire(now)
             if aborted:
                 self.scheduler.requests_aborted(aborted)
+                if self.on_dropped is not None:
+                    self.on_dropped(aborted)
             if self.inbox is not None and self.inbox.pending:
                 yield from self._admit_transfers(now)
             plan, work = self._next_work(now)
@@ -352,8 +361,11 @@ class Replica(OffloadSteps):
 
     def _left_running(self, done: list[Request]) -> None:
         for req in done:
-            if req.status is Status.TRANSFERRING and self.on_handoff is not None:
-                self.on_handoff(req)
+            if req.status is Status.TRANSFERRING:
+                if self.on_handoff is not None:
+                    self.on_handoff(req)
+            elif self.on_dropped is not None:
+                self.on_dropped([req])
 
     def _check_durations(self, starts_s: np.ndarray, duration_s: np.ndarray, end_s: np.ndarray
                          ) -> None:

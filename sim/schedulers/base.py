@@ -200,6 +200,13 @@ class Scheduler(ABC):
                     f"{req.num_target_output_tokens} tokens exceed max_model_len {limit}")
         return None
 
+    @property
+    def decode_reserves_first(self) -> bool:
+        """Decode side of a disaggregated cluster: whether it preallocates a request's KV
+        before the request's prefill may start (SGLang's bootstrap), rather than once it has
+        ended (`admit_transfer` then allocates the blocks its prompt will fill)."""
+        return False
+
     def transfer_reason(self, kv: KVCacheManager, req: Request) -> str | None:
         """Why a decode replica with this KV cache could never take `req` in by transfer
         (beyond `reject_reason`); None if it could."""

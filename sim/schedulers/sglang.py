@@ -210,10 +210,17 @@ class SGLang(Scheduler):
         kv = state.kv
         reserved = cfg.num_reserved_decode_tokens
         allocatable = kv.num_free_blocks * kv.block_size - max(reserved * num_active, single)
-        fill = req.num_prompt_tokens
+        fill = req.num_prompt_tokens  # (preallocated before its prefill: none computed yet)
         required = max(fill + reserved,
                        fill + min(req.num_target_output_tokens, clip) - retractable)
-        return required <= allocatable and kv.try_allocate(req, 0)
+        return required <= allocatable and kv.try_allocate(req, fill - req.num_computed_tokens)
+
+    @property
+    def decode_reserves_first(self) -> bool:
+        # Disaggregated: the router pairs a prefill and a decode server at arrival; the decode
+        # one preallocates the KV (`pop_preallocated`) before the prefill one may start it
+        # (bootstrap). (Not with Mini-SGLang's rule: reserving after the prefill.)
+        return self.config.decode_reserve_tokens is None
 
     def transfer_reason(self, kv: KVCacheManager, req: Request) -> str | None:
         cfg = self.config

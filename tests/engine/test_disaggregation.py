@@ -96,13 +96,16 @@ def test_sglang_decode_side_streams_the_first_token_it_takes_in(tmp_path):
     the decode replica idle: its first token then, its next from the steps [0.75, 1.0] and
     [1.0, 1.25] (planned at once). B lands at 0.95: taken in at 1.0, when the oldest step
     ends and the loop plans [1.25, 1.5]; A's last token is in flight, so that step is B's
-    alone. C's KV is still on its way when the run stops at 1.7: its client saw no token."""
+    alone. C, arriving at 0.8, has its KV preallocated at the decode replica's next pass, 1.0,
+    and only then is prefilled (SGLang's bootstrap); its KV is still on its way when the run
+    stops at 1.7: its client saw no token."""
     sglang = dict(replica(), scheduler={"name": "sglang"})
     res = run_scenario(disaggregated(
         tmp_path, [(0.0, 100, 3), (0.3, 40, 2), (0.8, 150, 2)],
         prefill=sglang, decode=sglang, horizon_s=1.7))
     df = res.requests.set_index("request_id")
-    assert df["prefill_end_s"].tolist() == [0.25, 0.55, 1.05]
+    assert df["prefill_end_s"].tolist() == [0.25, 0.55, 1.25]
+    assert df["first_scheduled_s"].tolist() == [0.0, 0.3, 1.0]
     assert df["transfer_end_s"].tolist()[:2] == pytest.approx([0.75, 0.95], abs=1e-12)
     assert tokens_of(res, 0) == [0.75, 1.0, 1.25]
     assert tokens_of(res, 1) == [1.0, 1.5]
@@ -326,3 +329,55 @@ def test_decode_replica_counts_transfers_on_their_way_in_max_num_seqs(policy):
     assert on_decode["num_seqs"].max() == 2
     assert res.summary["num_preemptions"] > 10
     assert (res.requests["status"] == "finished").all()
+
+
+@pytest.mark.parametrize("engine", ["vllm_v1", "sglang"])
+def test_where_each_engine_waits_for_decode_room(tmp_path, engine):
+    """A decode replica of 10 blocks (160 slots) holds one 100-token request at a time. vLLM
+    prefills both at once and B's KV waits on the prefill side for A to finish (back-pressure,
+    `decode_wait_s`); SGLang's decode server preallocates before the prefill may start (its
+    bootstrap), so B waits unprefilled, in its prefill replica's stead, and its KV moves the
+    moment its prefill ends."""
+    side = _engine_replica(engine)
+    decode = {**side, "kv_cache": {"block_size": 16, "num_blocks": 10}}
+    if engine == "sglang":
+        decode["scheduler"] = {**decode["scheduler"], "num_reserved_decode_tokens": 0}
+    res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 3), (0.0, 100, 3)], prefill=side,
+                                     decode=decode,
+                                     link={"bandwidth_gb_s": 1000.0, "latency_s": 0.0}))
+    df = res.requests.set_index("request_id")
+    a_done = df.loc[0, "finish_s"]
+    if engine == "vllm_v1":
+        assert df.loc[1, "prefill_end_s"] < df.loc[0, "transfer_end_s"]  # prefilled at once
+        assert df.loc[1, "decode_wait_s"] > 0 and df.loc[1, "transfer_start_s"] >= a_done
+    else:
+        assert df.loc[1, "first_scheduled_s"] >= a_done  # prefilled once A left
+        assert df.loc[1, "decode_wait_s"] == 0
+    assert (df["status"] == "finished").all()
+
+
+def test_sglang_preallocated_kv_comes_back_when_the_client_gives_up(tmp_path, monkeypatch):
+    """A and B have their KV preallocated on the decode replica at arrival, before their
+    prefill; A's prompt takes 7 steps of 16 tokens, B waits behind it, and both clients give
+    up at 1.0 s: each is aborted on the prefill replica, and the blocks preallocated for it
+    are free again. (The end-of-run check of every replica's state asserts that no request
+    that will never come holds any; without the give-back it fails.)"""
+    import sim.engine.disaggregation as disaggregation
+    from sim.config.scenario import parse_scenario
+
+    withdrawn = []
+    withdraw = disaggregation.DecodeInbox.withdraw
+    monkeypatch.setattr(disaggregation.DecodeInbox, "withdraw",
+                        lambda self, req: withdrawn.append(req.request_id) or withdraw(self, req))
+    side = _engine_replica("sglang")
+    side["scheduler"] = {**side["scheduler"], "num_reserved_decode_tokens": 0,
+                         "chunked_prefill_size": 16}
+    data = disaggregated(tmp_path, [(0.0, 100, 2), (0.0, 40, 2)], prefill=side,
+                         decode={**side, "kv_cache": {"block_size": 16, "num_blocks": 10}}
+                         ).model_dump(mode="json")
+    data["workload"]["timeout_s"] = 1.0
+    res = run_scenario(parse_scenario(data, "test"))
+    df = res.requests.set_index("request_id")
+    assert (df["status"] == "failed").all() and df["reason"].str.startswith("client_timeout").all()
+    assert sorted(withdrawn) == [0, 1]
+    assert not (res.iterations["pool"] == "decode").any()

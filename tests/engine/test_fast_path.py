@@ -140,7 +140,7 @@ def test_routers_read_stretches_in_progress_as_stepping_shows_them(traces, route
     {"max_num_seqs": 12, "num_blocks": 60},  # blocks run short: decodes are preempted
     # A slow link: KV takes long to arrive, so the rest of a stretch runs long enough for its
     # blocks to run short (vLLM v1 admits a transfer while blocks last).
-    {"max_num_seqs": 24, "num_blocks": 50, "link_gb_s": 0.05, "seed": 7},
+    {"max_num_seqs": 24, "num_blocks": 50, "link_gb_s": 0.05, "seed": 9},
 ], ids=["room", "tight", "short", "slow_link"])
 def test_a_stretch_cut_by_an_admission_resumes_as_stepping_plans(registered, monkeypatch,
                                                                  scheduler, decode):

@@ -79,10 +79,11 @@ def test_sglang_decode_pool_verifies_and_tops_up_from_its_first_step(tmp_path):
 
 def test_sglang_decode_pool_abort_admits_the_waiting_transfer_at_once(tmp_path):
     """A (100 tokens, 18 out) holds 100 of the decode replica's 122 slots, then its top-ups
-    (108, 112, 116, 120), so B (30) waits for room. At A's fifth step its top-up (116 + 8)
-    outgrows the pool: SGLang aborts it, the last of its batch, and the decode loop admits B
-    on the KV freed at that instant (it would otherwise wait for an arrival that never
-    comes). (The decode server keeps no tokens back per request here, so that A fits.)"""
+    (108, 112, 116, 120), so B (30) waits for room, before its prefill (SGLang's decode
+    server preallocates first). At A's fifth step its top-up (116 + 8) outgrows the pool:
+    SGLang aborts it, the last of its batch, and the decode loop admits B on the KV freed at
+    that instant (it would otherwise wait for an arrival that never comes); B's prefill runs
+    then. (The decode server keeps no tokens back per request here, so that A fits.)"""
     decode = pool({**SGLANG, "num_reserved_decode_tokens": 0}, num_blocks=122)
     res = run_scenario(disaggregated(tmp_path, [(0.0, 100, 18), (0.0, 30, 5)],
                                      prefill=pool(SGLANG), decode=decode, link=FAST_LINK))
@@ -93,8 +94,9 @@ def test_sglang_decode_pool_abort_admits_the_waiting_transfer_at_once(tmp_path):
     assert dec["num_kv_blocks_used"].tolist()[:4] == [108, 112, 116, 120]
     # (Times are a link's 1e-10 s late: the prompt's KV crosses it.)
     assert req.loc[0, "failed_s"] == pytest.approx(5 * TICK)
-    assert req.loc[1, "transfer_end_s"] == pytest.approx(5 * TICK)  # admitted, in, at once
-    assert dec["start_s"].tolist()[4] == pytest.approx(5 * TICK)  # B's first step
+    assert req.loc[1, "first_scheduled_s"] == pytest.approx(5 * TICK)  # admitted: prefilled
+    assert req.loc[1, "transfer_end_s"] == pytest.approx(6 * TICK)  # in at once
+    assert dec["start_s"].tolist()[4] == pytest.approx(6 * TICK)  # B's first step
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
