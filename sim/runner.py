@@ -51,6 +51,7 @@ from sim.results.records import (
     token_times,
 )
 from sim.results.run_dir import Results
+from sim.schedulers import SCHEDULERS
 from sim.workloads import Workload
 from sim.workloads.base import Sessions
 from sim.workloads.load import load_workload
@@ -395,6 +396,12 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
     summary["pools"] = pool_stats(summary["replicas"])
     if any(r.pool == "decode" for r in replicas):
         summary["transfer"] = transfer_stats(request_cols)
+        # Where the client's first token leaves from: the hand-off lies between it and the
+        # second only where it is the prefill replica's (`Scheduler.prefill_first_token`).
+        prefill = scenario.cluster.prefill
+        assert prefill is not None
+        first = SCHEDULERS.get(prefill.replica.scheduler.name).prefill_first_token
+        summary["transfer"]["first_token_from"] = "prefill" if first == "client" else "decode"
     if scenario.clients is not None and not scenario.clients.paced:
         # The load follows the server: each client waits for its answer before sending again.
         summary["overload"] = {

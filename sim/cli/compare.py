@@ -139,7 +139,11 @@ def comparison_table(title: str, df: Any) -> Table:
         name = who + (label(key) if key in ("pools", "scheduler") or not shown.name else
                       f"{label(key)} {shown.name}")
         table.add_row(name, *cells)
-    if ("transfer_p99_s" in df and df["transfer_p99_s"].notna().any()
+    # A disaggregated variant whose first token came before its hand-off (the prefill's).
+    handed_off = df["transfer_p99_s"].notna() if "transfer_p99_s" in df else None
+    if handed_off is not None and "first_token_from" in df:
+        handed_off &= df["first_token_from"] != "decode"
+    if (handed_off is not None and handed_off.any()
             and "slo_attainment" in df and df["slo_attainment"].notna().any()):
         # (as `simulate` says under its latency table)
         table.caption = ("disaggregated: a request's TBT gaps include its KV hand-off (first "

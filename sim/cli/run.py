@@ -348,7 +348,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
                 for k in stats))
     lines = [warmup_line()]
     transfer = summary.get("transfer")
-    if transfer and "tbt_attainment" in summary.get("slo", {}):
+    if (transfer and "tbt_attainment" in summary.get("slo", {})
+            and transfer.get("first_token_from") != "decode"):
         # A request's worst gap is often its hand-off: first token on a prefill replica, the
         # second once its KV reached a decode replica.
         wait, move = transfer["decode_wait_s"]["p50"], transfer["transfer_s"]["p50"]

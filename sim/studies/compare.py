@@ -189,5 +189,7 @@ def row(variant: str, res: Results) -> dict[str, Any]:
         "tpot_p50_s": s["tpot_s"]["p50"],
         # Speculative decoding: tokens a decode step yields (vLLM's acceptance length).
         "acceptance_length": (s.get("speculative") or {}).get("acceptance_length"),
+        # Disaggregated: whether the first token came before the hand-off (the prefill's).
+        "first_token_from": s.get("transfer", {}).get("first_token_from"),
         **per_class,
     }
