@@ -133,15 +133,25 @@ class ReplicaState:
                 req.num_cached_tokens = num_cached_tokens
         self._start_running(req)
 
-    def join(self, req: Request) -> None:
-        """Decode side: `req`, prefilled elsewhere, has its KV here and runs from now on.
-        Without its first token (`first_token_dropped` there) it computes the prompt's last
-        token again to sample it, as vLLM's decode side does with a whole prompt loaded
-        (`Scheduler._update_waiting_for_remote_kv`)."""
+    def join(self, req: Request, now_s: float) -> None:
+        """Decode side: `req`, prefilled elsewhere, has its KV here (at `now_s`) and runs from
+        now on. Without its first token (`first_token_dropped` there) it computes the prompt's
+        last token again to sample it, as vLLM's decode side does with a whole prompt loaded
+        (`Scheduler._update_waiting_for_remote_kv`); with its first token held, the next pass
+        streams it (`stream_held`), but for a request that asked for one token: it finishes
+        as its KV lands (SGLang finishes it at that pass: a step sooner at most, and the room
+        it frees is seen at once, as SGLang sees it at its next pass's preallocation)."""
         del self.incoming[req.request_id]
         if not req.num_output_tokens and req.num_computed_tokens == req.num_prompt_tokens:
             req.num_computed_tokens -= 1
         self.requests[req.request_id] = req
+        if req.first_token_out_s == math.inf and (
+                req.num_output_tokens == req.num_target_output_tokens):
+            req.first_token_out_s = now_s
+            self._free_finished(req)
+            req.close_token_run()
+            self._settle(req, now_s)
+            return
         self._start_running(req)
         self._watch_deadline(req)
         if req.first_token_out_s == math.inf:
@@ -150,13 +160,10 @@ class ReplicaState:
     def stream_held(self, now_s: float) -> None:
         """The decode side's pass at `now_s` takes in the requests whose KV has landed and
         streams the first token their prefill replica sent with it (SGLang's prebuilt batch,
-        `process_batch_result_prebuilt`); one that asked for no more finishes then."""
+        `process_batch_result_prebuilt`)."""
         for req in self.held:
-            if req.status is not Status.RUNNING:
-                continue  # aborted meanwhile: its client never got the token
-            req.first_token_out_s = now_s
-            if req.num_output_tokens == req.num_target_output_tokens:
-                self.finish(req, now_s)
+            if req.status is Status.RUNNING:  # (else aborted meanwhile: never streamed)
+                req.first_token_out_s = now_s
         self.held.clear()
 
     def _watch_deadline(self, req: Request) -> None:
@@ -349,7 +356,7 @@ class ReplicaState:
         if its answer can no longer reach its client in time (its deadline passed during the
         iteration: the abort comes after it)."""
         if end_s > req.deadline_s:
-            _fail(req, f"its last token {end_s - req.deadline_s:.3g} s too late")
+            fail_timeout(req, f"its last token {end_s - req.deadline_s:.3g} s too late")
             return
         req.status = Status.FINISHED
         req.finish_s = end_s
@@ -385,7 +392,7 @@ class ReplicaState:
             else:
                 continue  # finished
             req.close_token_run()
-            _fail(req, where)
+            fail_timeout(req, where)
             aborted.append(req)
         return aborted
 
@@ -398,7 +405,7 @@ class ReplicaState:
         check_state(self)
 
 
-def _fail(req: Request, where: str) -> None:
+def fail_timeout(req: Request, where: str) -> None:
     """`req`'s client gave up at its deadline: it failed, with the reason."""
     req.status = Status.FAILED
     req.failed_s = req.give_up_s

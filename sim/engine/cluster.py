@@ -248,6 +248,10 @@ class Cluster:
                 yield At(env, due.deadline_s, NORMAL)
             while (due := self._next_due()) is not None and due.deadline_s <= env.now:
                 self._deadlines.popleft()
+                if self.disaggregation is not None and self.disaggregation.give_up(due):
+                    if self.dispatcher is not None:
+                        self.dispatcher.done(due, due.give_up_s, gave_up=True)
+                    continue  # (it waited for its KV to be preallocated: in no replica yet)
                 replica = self.replicas[due.replica_id]
                 replica.sync()  # an iteration ending now may finish it in time
                 if due.status in DONE:

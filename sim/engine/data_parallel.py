@@ -120,6 +120,10 @@ class DataParallelGroup:
     def submit(self, req: Request) -> None:
         self.pick(req).submit(req)
 
+    def reject_reason(self, req: Request) -> str | None:
+        """Why `req` can never be served here (its ranks alike); None if it can."""
+        return self.ranks[0].reject_reason(req)
+
     def pick(self, req: Request) -> Rank:
         """The rank vLLM's balancer gives `req` (a request the cluster routed here, or, on a
         decode pool, whose KV is to come here)."""
@@ -151,6 +155,8 @@ class DataParallelGroup:
                 aborted = rank.state.expire(now)
                 if aborted:
                     rank.scheduler.requests_aborted(aborted)
+                    if rank.on_dropped is not None:
+                        rank.on_dropped(aborted)
                 if rank.inbox is not None and rank.inbox.pending:  # (a decode pool's rank)
                     rank.inbox.admit()
             while len(self._steps) < self.depth and self._send(now):

@@ -29,6 +29,7 @@ import simpy
 
 from sim.config.errors import InputError
 from sim.core.request import Request
+from sim.core.state import fail_timeout
 from sim.core.waiting import priority_key
 from sim.routers.base import ReplicaLoad, Router
 from sim.workloads.base import MAX_SPAN_S
@@ -84,6 +85,11 @@ class DecodeInbox:
             state.incoming[req.request_id] = req
             then()
 
+    def drop_pending(self, req: Request) -> None:
+        """`req`, waiting here for blocks, will never come."""
+        self.pending = deque(entry for entry in self.pending if entry[0] is not req)
+        self.num_tokens -= req.num_prompt_tokens
+
     def withdraw(self, req: Request) -> None:
         """`req`, whose blocks were allocated here before its prefill, will never come (its
         client gave up): its blocks are free again."""
@@ -97,7 +103,7 @@ class DecodeInbox:
         """`req`'s KV has arrived: it decodes on this replica from now on."""
         replica = self.replica
         req.move_to(replica.replica_id)
-        replica.state.join(req)
+        replica.state.join(req, replica.env.now)
         self.num_tokens -= req.num_prompt_tokens
         replica.wake()
 
@@ -146,6 +152,7 @@ class Disaggregation:
         # chosen, by request id, until its prefill ends.
         self.reserves_first = self._decode_ranks[0].scheduler.decode_reserves_first
         self._reserved: dict[int, Replica] = {}
+        self._bootstrapping: dict[int, Replica] = {}  # waiting for it, by request id
         if self.reserves_first:
             for replica in prefill:
                 replica.on_dropped = self._unreserve
@@ -187,7 +194,7 @@ class Disaggregation:
         kind, _, detail = reason.partition(": ")
         return f"{kind}: decode pool {detail}"
 
-    def submit(self, req: Request, prefill: Replica) -> None:
+    def submit(self, req: Request, prefill: Replica | DataParallelGroup) -> None:
         """`req` arrives for `prefill`: it is submitted there, or (reserving first) once a
         decode replica has preallocated its KV; one the prefill replica refuses is refused
         at once."""
@@ -198,14 +205,27 @@ class Disaggregation:
         # preallocates the request's KV (`DecodePreallocQueue`); the prefill server takes it
         # then (`PrefillBootstrapQueue.pop_bootstrapped`), before the decode server plans: a
         # stretch planned there sees the prefill replica at work.
-        req.replica_id = req.prefill_replica_id = prefill.replica_id
+        # (Until the prefill replica takes it: its first rank's, for a replica of ranks.)
+        req.replica_id = req.prefill_replica_id = prefill.ranks[0].replica_id
         target = self._decode_target(req)
 
         def bootstrapped() -> None:
+            del self._bootstrapping[req.request_id]
             self._reserved[req.request_id] = target
             prefill.submit(req)
 
+        self._bootstrapping[req.request_id] = target
         self.inboxes[target.replica_id].reserve_then(req, bootstrapped)
+
+    def give_up(self, req: Request) -> bool:
+        """`req`'s client gave up: if it still waits for a decode replica to preallocate its
+        KV (before its prefill), it leaves that queue and fails; whether it did."""
+        target = self._bootstrapping.pop(req.request_id, None)
+        if target is None:
+            return False
+        self.inboxes[target.replica_id].drop_pending(req)
+        fail_timeout(req, "waiting for a decode replica to preallocate its KV")
+        return True
 
     def _unreserve(self, dropped: list[Request]) -> None:
         """Requests that left their prefill replica without a hand-off (their client gave up;

@@ -207,6 +207,13 @@ class Scheduler(ABC):
         ended (`admit_transfer` then allocates the blocks its prompt will fill)."""
         return False
 
+    @property
+    def admits_transfers_between_finishes(self) -> bool:
+        """Decode side: whether a transfer refused now may be taken after a decode step with
+        no finish (SGLang's preallocation counts the tokens running requests hold), not only
+        once a finish frees room: a replica then steps while one waits."""
+        return False
+
     def transfer_reason(self, kv: KVCacheManager, req: Request) -> str | None:
         """Why a decode replica with this KV cache could never take `req` in by transfer
         (beyond `reject_reason`); None if it could."""

@@ -222,6 +222,11 @@ class SGLang(Scheduler):
         # (bootstrap). (Not with Mini-SGLang's rule: reserving after the prefill.)
         return self.config.decode_reserve_tokens is None
 
+    @property
+    def admits_transfers_between_finishes(self) -> bool:
+        # (Each decoded token adds to what running requests hold: the rule may pass.)
+        return self.config.decode_reserve_tokens is None
+
     def transfer_reason(self, kv: KVCacheManager, req: Request) -> str | None:
         cfg = self.config
         if cfg.decode_reserve_tokens is not None:

@@ -10,7 +10,8 @@ import pytest
 from sim import run_scenario
 from sim.core.request import Request
 from sim.core.state import ReplicaState
-from tests.helpers import disaggregated, replica
+from tests.engine.fastpath_helpers import assert_same_results
+from tests.helpers import disaggregated, replica, trace
 
 
 def tokens_of(res, request_id):
@@ -381,3 +382,50 @@ def test_sglang_preallocated_kv_comes_back_when_the_client_gives_up(tmp_path, mo
     assert (df["status"] == "failed").all() and df["reason"].str.startswith("client_timeout").all()
     assert sorted(withdrawn) == [0, 1]
     assert not (res.iterations["pool"] == "decode").any()
+
+
+def _sglang_side(**scheduler) -> dict:
+    return dict(replica(), scheduler={"name": "sglang", "overlap_schedule": False, **scheduler})
+
+
+@pytest.mark.parametrize("case", ["one_token_frees_a_slot", "room_between_finishes",
+                                  "landing_in_the_planning_turn"])
+def test_sglang_pools_fast_forward_as_stepping(tmp_path, case):
+    """Where a decode replica's room or batch changes at no finish: a one-token request that
+    finishes as its KV lands frees a request slot a transfer waits for; SGLang's
+    preallocation passes after a decode step (the tokens running requests hold grow); a
+    transfer the replica admits in its own planning turn lands at once (an async vLLM decode
+    pool behind SGLang's prefill, its plans of that turn made before it)."""
+    from sim.config.scenario import parse_scenario
+
+    if case == "one_token_frees_a_slot":
+        side = _sglang_side(max_running_requests=2, num_reserved_decode_tokens=0)
+        scenario = disaggregated(tmp_path, [(0.0, 16, 20), (0.0, 16, 1), (0.0, 16, 2)],
+                                 prefill=side, decode=side)
+    elif case == "room_between_finishes":
+        side = _sglang_side(num_reserved_decode_tokens=0)
+        scenario = disaggregated(tmp_path, [(0.0, 16, 50), (1.0, 16, 100)], prefill=side,
+                                 decode={**side, "kv_cache": {"block_size": 16,
+                                                              "num_blocks": 10}})
+    else:
+        lat = {"kind": "constant", "iteration_s": 0.01}
+        rows = [(0.0, 103, 4), (0.00693369073139007, 451, 3), (0.027128607365949353, 324, 4),
+                (0.047560543851789296, 254, 5)]
+        scenario = parse_scenario({
+            "workload": {"format": "vidur", "path": trace(tmp_path, rows)},
+            "record_token_times": True,
+            "cluster": {
+                "prefill": {"replicas": 1, "replica": {
+                    "model": "tiny", "latency": lat,
+                    "scheduler": {"name": "sglang", "overlap_schedule": False,
+                                  "chunked_prefill_size": 256, "max_num_seqs": 2},
+                    "kv_cache": {"block_size": 4, "num_blocks": 508}}},
+                "decode": {"replicas": 1, "replica": {
+                    "model": "tiny", "latency": lat,
+                    "scheduler": {"name": "vllm_v1", "enable_chunked_prefill": False},
+                    "kv_cache": {"block_size": 4, "num_blocks": 241}}},
+                "link": {"bandwidth_gb_s": 50.0, "latency_s": 0.0},
+                "overlap_transfer": True}}, "test")
+    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
+    assert_same_results(fast, slow)
+    assert (fast.requests["status"] == "finished").all()

@@ -74,17 +74,21 @@ class AsyncStretch:
     def __len__(self) -> int:
         return len(self.end_s)
 
-    def num_planned_before(self, now_s: float) -> int:
-        """Plans made before `now_s` (work arriving then is seen by the next)."""
-        return int(np.searchsorted(self.plan_s, now_s, side="left"))
+    def num_planned_before(self, now_s: float, *, inclusive: bool = False) -> int:
+        """Plans made before `now_s` (work arriving then is seen by the next), or by it where
+        the replica's planning turn at `now_s` has passed (`inclusive`: work its own turn set
+        off, a transfer it admitted landing at once)."""
+        return int(np.searchsorted(self.plan_s, now_s, side="right" if inclusive else "left"))
 
-    def counts_at(self, now_s: float) -> tuple[int, int, int]:
+    def counts_at(self, now_s: float, *, inclusive: bool = False) -> tuple[int, int, int]:
         """What a router reading the replica at `now_s` sees changed since plan 0, without a
         commit: the plans made before `now_s` started (each a token, a placeholder, for each
         request in it, but for its last) and the iterations ended by it complete (a request
         whose last one has leaves, its tokens and blocks with it), as the stepped replica
-        stands then. Returns (running tokens added, requests left, KV blocks in use)."""
-        num_planned = max(1, int(np.searchsorted(self.plan_s, now_s, side="left")))
+        stands then (`inclusive`: its planning turn at `now_s` has passed, as
+        `num_planned_before`). Returns (running tokens added, requests left, KV blocks in
+        use)."""
+        num_planned = max(1, self.num_planned_before(now_s, inclusive=inclusive))
         num_ended = int(np.searchsorted(self.end_s, now_s, side="right"))
         tokens = num_left = blocks_freed = 0
         bs = self.block_size

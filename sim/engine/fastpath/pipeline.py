@@ -61,7 +61,8 @@ class FastPipelinedReplica(PipelinedReplica):
         now = self.env.now
         if self._batches:
             self._complete_batches(now, inclusive=True)
-        tokens, num_left, num_used_blocks = stretch.counts_at(now)
+        tokens, num_left, num_used_blocks = stretch.counts_at(
+            now, inclusive=self.env.reached(self.turn))
         return self._load(None, tokens, num_left, num_used_blocks)
 
     def _dispatch(self, plan: Plan, now_s: float) -> bool:
@@ -98,8 +99,10 @@ class FastPipelinedReplica(PipelinedReplica):
             self._poke = None
             if ended is not _ENDED:
                 # Seen by the first plan made after now (work arriving is handled before the
-                # replicas plan at an instant).
-                k = max(1, stretch.num_planned_before(self.env.now))
+                # replicas plan at an instant; work set off after this replica's turn at this
+                # instant, by the next plan after it).
+                k = max(1, stretch.num_planned_before(
+                    self.env.now, inclusive=self.env.reached(self.turn)))
                 end_s = stretch.hand_off_s(k)
                 yield At(self.env, end_s, self.turn)  # (at this instant too: after arrivals)
         self._take_back(stretch, k, end_s)

@@ -118,7 +118,8 @@ class FastReplica(Replica):
             # A stretch of iterations where every following plan repeats this one
             # (`is_steady`), else its one iteration.
             if (not self.latency.sequential and self.scheduler.allows_stretches
-                    and not self.scheduler.reads_clock and is_steady(state, plan)):
+                    and not self.scheduler.reads_clock and not self._admission_may_pass()
+                    and is_steady(state, plan)):
                 first = None
                 if plan.total_num_scheduled_tokens > plan.num_seqs:
                     # A prompt's chunk. Where new work may come before it ends, it would most
@@ -153,6 +154,12 @@ class FastReplica(Replica):
             return work.end_s
         return (yield from super()._wait(work))
 
+    def _admission_may_pass(self) -> bool:
+        """Whether a transfer waiting here may be taken after any step, finish or not
+        (`Scheduler.admits_transfers_between_finishes`): then each step is planned."""
+        return (self.inbox is not None and bool(self.inbox.pending)
+                and self.scheduler.admits_transfers_between_finishes)
+
     def _through_finishes(self) -> bool:
         """Whether a stretch may run past its requests' finishes: only where freeing blocks
         decides nothing (no prefix cache, which frees into its eviction order, and no transfer
@@ -174,7 +181,7 @@ class FastReplica(Replica):
         self._uncut = None
         state = self.state
         kv = state.kv
-        if state.waiting or num_kept >= len(stretch):
+        if state.waiting or num_kept >= len(stretch) or self._admission_may_pass():
             return None
         rest = stretch.after(num_kept, 0)  # blocks in use: known once its first step allocates
         if rest.prefill_pos >= 0:  # a prompt still in chunks: its blocks are not in the bound below
