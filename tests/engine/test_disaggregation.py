@@ -429,3 +429,44 @@ def test_sglang_pools_fast_forward_as_stepping(tmp_path, case):
     fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
     assert_same_results(fast, slow)
     assert (fast.requests["status"] == "finished").all()
+
+
+def test_sglang_client_gives_up_while_its_kv_waits_for_preallocation(tmp_path):
+    """A holds the decode replica's 10 blocks; B waits for its KV to be preallocated, before
+    any prefill. Both clients give up at 1.0 s: A is aborted on the decode replica, B leaves
+    the preallocation queue, having touched no replica."""
+    from sim.config.scenario import parse_scenario
+
+    side = _sglang_side(num_reserved_decode_tokens=0)
+    data = disaggregated(tmp_path, [(0.0, 100, 20), (0.0, 100, 20)], prefill=side,
+                         decode={**side, "kv_cache": {"block_size": 16, "num_blocks": 10}}
+                         ).model_dump(mode="json")
+    data["workload"]["timeout_s"] = 1.0
+    res = run_scenario(parse_scenario(data, "test"))
+    df = res.requests.set_index("request_id")
+    assert (df["status"] == "failed").all() and (df["failed_s"] == 1.0).all()
+    assert "running" in df.loc[0, "reason"]
+    assert "waiting for a decode replica to preallocate" in df.loc[1, "reason"]
+    assert df["first_scheduled_s"].isna().tolist() == [False, True]
+
+
+def test_prefill_ranks_before_an_sglang_decode_pool_reserve_first(tmp_path):
+    """A prefill pool of data-parallel ranks (vLLM, an MoE model) in front of SGLang's decode
+    pool: each request's KV is preallocated before a rank takes it; clients that give up give
+    their reservations back (the end-of-run state checks hold)."""
+    from sim.config.scenario import parse_scenario
+
+    moe = {"model": "qwen3-30b-a3b", "latency": {"kind": "constant", "iteration_s": 0.25},
+           "kv_cache": {"block_size": 16, "num_blocks": 1000}}
+    prefill = {**moe, "parallelism": {"data": 2, "expert": 2},
+               "scheduler": {"name": "vllm_v1", "async_scheduling": False,
+                             "max_num_batched_tokens": 16}}
+    decode = {**moe, "kv_cache": {"block_size": 16, "num_blocks": 20},
+              "scheduler": {"name": "sglang", "overlap_schedule": False,
+                            "num_reserved_decode_tokens": 0}}
+    data = disaggregated(tmp_path, [(0.0, 100, 2)] * 4, prefill=prefill, decode=decode
+                         ).model_dump(mode="json")
+    assert (run_scenario(parse_scenario(data, "test")).requests["status"] == "finished").all()
+    data["workload"]["timeout_s"] = 0.6
+    res = run_scenario(parse_scenario(data, "test"))
+    assert (res.requests["status"] == "failed").all()
