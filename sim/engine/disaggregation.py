@@ -86,9 +86,11 @@ class DecodeInbox:
             then()
 
     def drop_pending(self, req: Request) -> None:
-        """`req`, waiting here for blocks, will never come."""
+        """`req`, waiting here for blocks, will never come: those behind it may fit now (the
+        replica checks its queue at its next pass, as SGLang's loop does at every one)."""
         self.pending = deque(entry for entry in self.pending if entry[0] is not req)
         self.num_tokens -= req.num_prompt_tokens
+        self.replica.wake()
 
     def withdraw(self, req: Request) -> None:
         """`req`, whose blocks were allocated here before its prefill, will never come (its

@@ -470,3 +470,21 @@ def test_prefill_ranks_before_an_sglang_decode_pool_reserve_first(tmp_path):
     data["workload"]["timeout_s"] = 0.6
     res = run_scenario(parse_scenario(data, "test"))
     assert (res.requests["status"] == "failed").all()
+
+
+def test_sglang_a_give_up_at_the_head_of_the_preallocation_queue_lets_the_next_in(tmp_path):
+    """A holds 10 of the decode replica's 14 blocks; B (10 blocks) waits at the head of the
+    preallocation queue and C (1 block), which would fit, behind it. B's client gives up at
+    0.51: the decode replica, idle, takes C at once (SGLang checks its queue at every pass)."""
+    from sim.config.scenario import parse_scenario
+
+    side = _sglang_side(num_reserved_decode_tokens=0)
+    data = disaggregated(tmp_path, [(0.0, 160, 2), (0.01, 160, 2), (0.3, 16, 2)],
+                         prefill=side,
+                         decode={**side, "kv_cache": {"block_size": 16, "num_blocks": 14}}
+                         ).model_dump(mode="json")
+    data["workload"]["timeout_s"] = 0.5
+    res = run_scenario(parse_scenario(data, "test"))
+    df = res.requests.set_index("request_id")
+    assert df.loc[1, "failed_s"] == 0.51 and df["first_scheduled_s"].isna().tolist()[1]
+    assert df.loc[2, "first_scheduled_s"] == 0.51
