@@ -374,10 +374,12 @@ def _dynamic_schedule_problem(schedule: list[list[int]]) -> str | None:
     return None
 
 
-def unchunked_reason(chunking: bool, budget: int, num_kv_tokens: int) -> str | None:
+def unchunked_reason(chunking: bool, budget: int, num_kv_tokens: int, num_draft_slots: int = 0
+                     ) -> str | None:
     """Rule 6: without chunking a prefill, or a recompute after preemption, is one iteration:
-    a request needing more than the budget never runs."""
-    if chunking or num_kv_tokens <= budget:
+    a request needing more than the budget (less a draft model's slot for it) never runs."""
+    if chunking or num_kv_tokens <= budget - num_draft_slots:
         return None
+    slots = f" less its draft model's {num_draft_slots} slot(s)" if num_draft_slots else ""
     return (f"max_num_batched_tokens: needs {num_kv_tokens} tokens in one prefill, "
-            f"max_num_batched_tokens is {budget} and chunked prefill is off")
+            f"max_num_batched_tokens is {budget}{slots} and chunked prefill is off")

@@ -212,8 +212,10 @@ class VllmV1(Scheduler):
         return self.config.scheduling_policy == "priority"  # rule 17
 
     def capacity_reason(self, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
+        # (0.33.0 with a draft model: a request's draft slot comes out of the step's budget.)
         reason = unchunked_reason(self.config.enable_chunked_prefill,
-                                  self.config.max_num_batched_tokens, num_kv_tokens)
+                                  self.config.max_num_batched_tokens, num_kv_tokens,
+                                  self._draft_slots)
         if self._spec is not None:  # rule 18: drafts and lookahead past its last token
             num_kv_tokens += self._spec.capacity_margin
             if self.max_model_len is not None:

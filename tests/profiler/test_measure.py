@@ -116,16 +116,19 @@ def test_fitted_model_error_on_held_out_mixes(tiny_profile):
     """On a quiet machine the fitted model reaches 9-11% MAPE on held-out mixes (timing noise
     P95 ~10%), so 20% is the bound. On a loaded one (other jobs sharing the cores), timings
     drift by tens of percent between measurements minutes apart and no model can do better
-    than that: the bound becomes 12% (the model's own error) plus the spread of the same mixes
-    timed twice in this run. A model missing a term (attention, per-request cost) lands far
-    above either (see the next test)."""
+    than that: the bound becomes 12% (the model's own error) plus the larger of the spread of
+    the same mixes timed twice in this run and the repeats' own P95 spread while the profile
+    was measured (the load may have eased by the time they are timed again: seen, two test
+    suites sharing the two cores). A model missing a term (attention, per-request cost) lands
+    far above either (see the next test)."""
     fitted = json.loads(tiny_profile[1].read_text())
     assert fitted["holdout"]["n"] == 60
     assert all(v >= 0 for v in fitted["coef"].values())
     if fitted["holdout"]["mape"] <= 0.20:
         return
     spread = remeasured_spread(tiny_profile[0])
-    bound = max(0.20, 0.12 + spread)
+    noise = (fitted.get("noise") or {}).get("p95_rel_abs_dev", 0.0)
+    bound = max(0.20, 0.12 + max(spread, noise))
     assert fitted["holdout"]["mape"] <= bound, (fitted["holdout"], fitted["noise"], spread)
 
 

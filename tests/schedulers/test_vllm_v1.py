@@ -157,6 +157,16 @@ def test_chunking_off_prompts_wait_whole_and_too_long_ones_are_refused():
     assert reason is not None and reason.startswith("max_num_batched_tokens: needs 1001 tokens")
     chunking = vllm_v1(max_num_batched_tokens=1000)
     assert chunking.reject_reason(too_long, kv, too_long.num_max_kv_tokens) is None
+    # vLLM 0.33.0 with a draft model: the request's draft slot comes out of the budget, so
+    # 1,000 tokens leave 999 for it (found by the invariant tests: it waited for ever).
+    drafting = vllm_v1(max_num_batched_tokens=1000, enable_chunked_prefill=False,
+                       engine_version="0.33.0",
+                       speculative={"method": "draft_model", "num_speculative_tokens": 1,
+                                    "acceptance_rate": 0.5, "draft_time_ratio": 0.1})
+    reason = drafting.reject_reason(fits, kv, fits.num_max_kv_tokens)
+    assert reason is not None and "less its draft model's 1 slot(s)" in reason
+    just = make_request(6, prompt=990, output=10)
+    assert drafting.reject_reason(just, kv, just.num_max_kv_tokens) is None
 
 
 def test_min_chunk_tokens_holds_back_small_chunks_that_do_not_finish():
