@@ -31,10 +31,11 @@ def reserved_blocks(state: ReplicaState, reserve_tokens: int | None) -> int:
         return 0
     kv = state.kv
     if (reserve_tokens is None and not kv.caches_prefixes and not state.incoming
-            and not state.num_transferring and state.acceptance is None):
+            and not state.num_transferring and not state.drafting):
         # Every block in use is then a running request's, and none holds more than it needs
         # at its largest (`ReplicaState.check`; speculative decoding's drafts and lookahead
-        # may): `summed_reserved_blocks` from two kept counts.
+        # may, a prefill replica's drafter's too): `summed_reserved_blocks` from two kept
+        # counts.
         return state.num_running_max_blocks - kv.num_used_blocks
     return summed_reserved_blocks(state, reserve_tokens)
 

@@ -98,3 +98,25 @@ def test_reserved_blocks_kept_counts_under_overload():
                         "kv_cache": {"block_size": 4, "num_blocks": 600}}}
         calls = run_checking_reserved_blocks(data)
         assert sum(calls) > 50, (name, len(calls))
+
+
+def test_a_prefill_replica_with_a_drafter_sums_its_reservation():
+    """A prefill replica configured with a draft model (vLLM 0.15.1) holds its drafter's
+    lookahead slot past what its prompt needs: the kept counts would say -1 there (found by
+    the property test above; `ReplicaState.drafting`)."""
+    side = {"scheduler": {"name": "vllm_v1", "max_num_batched_tokens": 8, "max_num_seqs": 2,
+                          "engine_version": "0.15.1", "decode_reserve_tokens": None,
+                          "speculative": {"method": "draft_model", "num_speculative_tokens": 1,
+                                          "acceptance_rate": 0.0, "draft_time_ratio": 0.0}},
+            "latency": {"kind": "roofline", "noise": {"kind": "none"}},
+            "kv_cache": {"block_size": 1, "num_blocks": 13}, "prefix_caching": False}
+    data = {"seed": 0, "workload": {
+        "format": "prefix", "num_conversations": 2,
+        "arrivals": {"process": "gamma", "qps": 1.0, "cv": 2.0},
+        "question_tokens": {"dist": "uniform", "low": 1, "high": 10},
+        "output_tokens": {"dist": "uniform", "low": 1, "high": 1},
+        "hash_block_tokens": 4, "num_requests": 2},
+        "cluster": {"prefill": {"replicas": 1, "replica": side},
+                    "decode": {"replicas": 1, "replica": side},
+                    "link": {"bandwidth_gb_s": 0.001, "latency_s": 0.0}}}
+    assert run_checking_reserved_blocks(data)
