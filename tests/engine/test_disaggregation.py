@@ -364,7 +364,6 @@ def test_sglang_preallocated_kv_comes_back_when_the_client_gives_up(tmp_path, mo
     are free again. (The end-of-run check of every replica's state asserts that no request
     that will never come holds any; without the give-back it fails.)"""
     import sim.engine.disaggregation as disaggregation
-    from sim.config.scenario import parse_scenario
 
     withdrawn = []
     withdraw = disaggregation.DecodeInbox.withdraw
@@ -373,11 +372,9 @@ def test_sglang_preallocated_kv_comes_back_when_the_client_gives_up(tmp_path, mo
     side = _engine_replica("sglang")
     side["scheduler"] = {**side["scheduler"], "num_reserved_decode_tokens": 0,
                          "chunked_prefill_size": 16}
-    data = disaggregated(tmp_path, [(0.0, 100, 2), (0.0, 40, 2)], prefill=side,
-                         decode={**side, "kv_cache": {"block_size": 16, "num_blocks": 10}}
-                         ).model_dump(mode="json")
-    data["workload"]["timeout_s"] = 1.0
-    res = run_scenario(parse_scenario(data, "test"))
+    res = run_scenario(_with_timeout(
+        tmp_path, [(0.0, 100, 2), (0.0, 40, 2)], side,
+        {**side, "kv_cache": {"block_size": 16, "num_blocks": 10}}, 1.0))
     df = res.requests.set_index("request_id")
     assert (df["status"] == "failed").all() and df["reason"].str.startswith("client_timeout").all()
     assert sorted(withdrawn) == [0, 1]
@@ -386,6 +383,15 @@ def test_sglang_preallocated_kv_comes_back_when_the_client_gives_up(tmp_path, mo
 
 def _sglang_side(**scheduler) -> dict:
     return dict(replica(), scheduler={"name": "sglang", "overlap_schedule": False, **scheduler})
+
+
+def _with_timeout(tmp_path, rows, side: dict, decode: dict, timeout_s: float):
+    """`disaggregated` with every client giving up `timeout_s` after arriving."""
+    from sim.config.scenario import parse_scenario
+
+    data = disaggregated(tmp_path, rows, prefill=side, decode=decode).model_dump(mode="json")
+    data["workload"]["timeout_s"] = timeout_s
+    return parse_scenario(data, "test")
 
 
 @pytest.mark.parametrize("case", ["one_token_frees_a_slot", "room_between_finishes",
@@ -435,14 +441,11 @@ def test_sglang_client_gives_up_while_its_kv_waits_for_preallocation(tmp_path):
     """A holds the decode replica's 10 blocks; B waits for its KV to be preallocated, before
     any prefill. Both clients give up at 1.0 s: A is aborted on the decode replica, B leaves
     the preallocation queue, having touched no replica."""
-    from sim.config.scenario import parse_scenario
 
     side = _sglang_side(num_reserved_decode_tokens=0)
-    data = disaggregated(tmp_path, [(0.0, 100, 20), (0.0, 100, 20)], prefill=side,
-                         decode={**side, "kv_cache": {"block_size": 16, "num_blocks": 10}}
-                         ).model_dump(mode="json")
-    data["workload"]["timeout_s"] = 1.0
-    res = run_scenario(parse_scenario(data, "test"))
+    res = run_scenario(_with_timeout(
+        tmp_path, [(0.0, 100, 20), (0.0, 100, 20)], side,
+        {**side, "kv_cache": {"block_size": 16, "num_blocks": 10}}, 1.0))
     df = res.requests.set_index("request_id")
     assert (df["status"] == "failed").all() and (df["failed_s"] == 1.0).all()
     assert "running" in df.loc[0, "reason"]
@@ -476,15 +479,11 @@ def test_sglang_a_give_up_at_the_head_of_the_preallocation_queue_lets_the_next_i
     """A holds 10 of the decode replica's 14 blocks; B (10 blocks) waits at the head of the
     preallocation queue and C (1 block), which would fit, behind it. B's client gives up at
     0.51: the decode replica, idle, takes C at once (SGLang checks its queue at every pass)."""
-    from sim.config.scenario import parse_scenario
 
     side = _sglang_side(num_reserved_decode_tokens=0)
-    data = disaggregated(tmp_path, [(0.0, 160, 2), (0.01, 160, 2), (0.3, 16, 2)],
-                         prefill=side,
-                         decode={**side, "kv_cache": {"block_size": 16, "num_blocks": 14}}
-                         ).model_dump(mode="json")
-    data["workload"]["timeout_s"] = 0.5
-    res = run_scenario(parse_scenario(data, "test"))
+    res = run_scenario(_with_timeout(
+        tmp_path, [(0.0, 160, 2), (0.01, 160, 2), (0.3, 16, 2)], side,
+        {**side, "kv_cache": {"block_size": 16, "num_blocks": 14}}, 0.5))
     df = res.requests.set_index("request_id")
     assert df.loc[1, "failed_s"] == 0.51 and df["first_scheduled_s"].isna().tolist()[1]
     assert df.loc[2, "first_scheduled_s"] == 0.51
