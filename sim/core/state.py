@@ -145,16 +145,14 @@ class ReplicaState:
         if not req.num_output_tokens and req.num_computed_tokens == req.num_prompt_tokens:
             req.num_computed_tokens -= 1
         self.requests[req.request_id] = req
-        if req.first_token_out_s == math.inf and (
-                req.num_output_tokens == req.num_target_output_tokens):
-            req.first_token_out_s = now_s
-            self._free_finished(req)
-            req.close_token_run()
-            self._settle(req, now_s)
-            return
         self._start_running(req)
-        self._watch_deadline(req)
-        if req.first_token_out_s == math.inf:
+        if req.first_token_out_s != math.inf:
+            self._watch_deadline(req)
+        elif req.num_output_tokens == req.num_target_output_tokens:
+            req.first_token_out_s = now_s
+            self.finish(req, now_s)
+        else:
+            self._watch_deadline(req)
             self.held.append(req)
 
     def stream_held(self, now_s: float) -> None:

@@ -152,11 +152,7 @@ class DataParallelGroup:
             now = env.now
             for rank in ranks:
                 rank.sync()
-                aborted = rank.state.expire(now)
-                if aborted:
-                    rank.scheduler.requests_aborted(aborted)
-                    if rank.on_dropped is not None:
-                        rank.on_dropped(aborted)
+                rank.expire(now)
                 if rank.inbox is not None and rank.inbox.pending:  # (a decode pool's rank)
                     rank.inbox.admit()
             while len(self._steps) < self.depth and self._send(now):

@@ -188,9 +188,7 @@ class Disaggregation:
     def reject_reason(self, req: Request) -> str | None:
         """Why no decode replica could ever hold `req`; None if one can."""
         dec = self._decode_ranks[0]
-        reason = dec.scheduler.reject_reason(req, dec.state.kv,
-                                             dec.state.num_kv_tokens_needed(req)
-                                             ) or dec.scheduler.transfer_reason(dec.state.kv, req)
+        reason = dec.reject_reason(req) or dec.scheduler.transfer_reason(dec.state.kv, req)
         if reason is None:
             return None
         kind, _, detail = reason.partition(": ")

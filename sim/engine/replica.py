@@ -137,6 +137,15 @@ class Replica(OffloadSteps):
         return self.scheduler.reject_reason(req, self.state.kv,
                                             self.state.num_kv_tokens_needed(req))
 
+    def expire(self, now_s: float) -> None:
+        """Abort the requests whose clients have given up by `now_s` (`ReplicaState.expire`),
+        and tell the scheduler and `on_dropped`."""
+        aborted = self.state.expire(now_s)
+        if aborted:
+            self.scheduler.requests_aborted(aborted)
+            if self.on_dropped is not None:
+                self.on_dropped(aborted)
+
     def submit(self, req: Request) -> None:
         """A request arrives (now). Rejected at once if it can never be served here."""
         req.replica_id = req.prefill_replica_id = self.replica_id
@@ -234,11 +243,7 @@ class Replica(OffloadSteps):
             self.sync()
             # Clients that gave up, before the next step; first, as the KV they free may admit
             # a transfer now (a stretch stops for nothing else that frees KV).
-            aborted = self.state.expire(now)
-            if aborted:
-                self.scheduler.requests_aborted(aborted)
-                if self.on_dropped is not None:
-                    self.on_dropped(aborted)
+            self.expire(now)
             if self.inbox is not None and self.inbox.pending:
                 yield from self._admit_transfers(now)
             plan, work = self._next_work(now)
