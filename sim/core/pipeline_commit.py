@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING
 
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
-from sim.core.spec_commit import cancel_speculative, complete_speculative, start_speculative
+from sim.core.spec_commit import (
+    cancel_speculative,
+    complete_speculative,
+    drop_padding,
+    start_speculative,
+)
 
 if TYPE_CHECKING:
     from sim.core.state import ReplicaState
@@ -53,7 +58,8 @@ def start_pipelined(state: ReplicaState, plan: Plan, start_s: float, placeholder
         req.num_computed_tokens = computed
         req.num_in_flight_tokens += num_tokens
         num_output = req.num_output_tokens
-        if computed != req.num_prompt_tokens + num_output:
+        if computed != req.num_prompt_tokens + num_output and not (
+                req.spec_padded and drop_padding(req)):
             samples = 0
         elif placeholders and num_output + 1 < req.num_target_output_tokens:
             samples = PLACEHOLDER

@@ -12,6 +12,20 @@ if TYPE_CHECKING:
     from sim.core.state import InFlight, ReplicaState
 
 
+def drop_padding(req: Request) -> bool:
+    """Prefill replica of a disaggregated cluster (it verifies no drafts): vLLM 0.33.0 pads a
+    prompt whose prefix hit leaves one token with drafts that cannot be accepted (the
+    instance runs its drafter too), so the step computed past the prompt. The padding is
+    rejected (`num_computed_tokens` back to the known tokens) and the request samples.
+    Returns whether it has caught up (False for a padded chunk a threshold cut short)."""
+    req.spec_padded = False
+    num_known = req.num_prompt_tokens + req.num_output_tokens
+    if req.num_computed_tokens < num_known:
+        return False
+    req.num_computed_tokens = num_known
+    return True
+
+
 def commit_speculative(state: ReplicaState, plan: Plan, iteration: int, start_s: float,
                        previous: int) -> list[Request]:
     """Apply `plan`'s iteration: a request that computed past its known tokens verified that

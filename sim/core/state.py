@@ -23,7 +23,7 @@ from sim.core.pipeline_commit import (
 )
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
-from sim.core.spec_commit import commit_speculative
+from sim.core.spec_commit import commit_speculative, drop_padding
 from sim.core.speculative import Acceptance
 from sim.core.state_check import check_state
 from sim.core.waiting import PriorityWaiting
@@ -259,7 +259,8 @@ class ReplicaState:
                 req.first_scheduled_s = start_s
             req.num_computed_tokens += num_tokens
             # Caught up with prompt plus output (`num_tokens`, inlined: hot loop): sample one.
-            if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens:
+            if (req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens
+                    or req.spec_padded and drop_padding(req)):
                 if prefill_only and self.first_token_dropped:
                     done.append(req)  # (its token never reaches the client)
                     continue

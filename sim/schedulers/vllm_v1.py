@@ -110,15 +110,15 @@ scheduler code):
    (`sim.core.spec_commit`); the rejected ones are computed again, and those past its
    output length are trimmed with their KV slots. Async scheduling (rule 14) counts a step's
    token and drafts as output placeholders, as if every draft were accepted, and takes the
-   rejected ones back when the step ends. 0.33.0 pads a decode
-   admitted from the queue (a prefix hit leaving one token) to 1 + k tokens of drafts that
-   cannot be accepted ("Pad new decode requests to uniform spec decoding size"), or admits
-   nothing more if that does not fit; 0.15.1's EAGLE-family drafters drop the last block of
-   a prefix hit (`use_eagle`). A request preempted loses its drafts. Synchronous 0.15.1 with
-   a drafter that writes KV (EAGLE, draft models: a padded drafter batch) gives drafts to a
-   prompt's unfinished chunk too (`update_draft_token_ids` has no prefill check): its last
-   chunk then carries k drafts, which cannot be accepted (nothing was sampled to draft
-   from).
+   rejected ones back when the step ends. 0.33.0 pads a decode admitted from the queue (a
+   prefix hit leaving one token) to 1 + k tokens of drafts that cannot be accepted ("Pad new
+   decode requests to uniform spec decoding size"), or admits nothing more if that does not
+   fit (on a prefill instance too: `drop_padding`); 0.15.1's EAGLE-family drafters drop the
+   last block of a prefix hit (`use_eagle`). A request preempted loses its drafts.
+   Synchronous 0.15.1 with a drafter that writes KV (EAGLE, draft models: a padded drafter
+   batch) gives drafts to a prompt's unfinished chunk too (`update_draft_token_ids` has no
+   prefill check): its last chunk then carries k drafts, which cannot be accepted (nothing
+   was sampled to draft from).
 19. A CPU tier for the KV cache (`replica.kv_offload`, vLLM's `--kv-offloading-size` with
    the native `OffloadingConnector`; its rules in `sim.core.offload`, its copies timed by
    `sim.engine.offload`). In the queue pass a request with nothing computed asks the tier

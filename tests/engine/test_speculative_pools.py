@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sim import run_scenario
+from sim.config.scenario import parse_scenario
 from tests.helpers import TICK, disaggregated
 
 
@@ -111,3 +112,30 @@ def test_vllm_prefill_replica_runs_its_drafter_after_the_first_token(tmp_path,
     res = run_scenario(disaggregated(tmp_path, [(0.0, 16, 4)], prefill=pool(drafter),
                                      decode=pool(VLLM), link=FAST_LINK))
     assert by_pool(res, "prefill")["duration_s"].tolist() == pytest.approx([2.5 * TICK])
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_vllm_033_prefill_replica_rejects_the_padding_of_a_prefix_hit(async_scheduling):
+    """vLLM 0.33.0 pads a prompt whose prefix hit leaves one token with k drafts that cannot
+    be accepted, on a prefill instance too: the second request (its 40-token system prompt
+    cached, 1 token its own) computes 1 + 2 tokens there, rejects the padding, samples its
+    first token and is handed off, as the first one was (before, it stayed running, computed
+    past its prompt, and the replica stalled)."""
+    replica = {**pool({**VLLM, "engine_version": "0.33.0",
+                       "async_scheduling": async_scheduling}), "prefix_caching": True}
+    scenario = parse_scenario({
+        "seed": 0, "record_token_times": True,
+        "workload": {"format": "prefix", "num_requests": 2, "num_conversations": 2,
+                     "num_groups": 1,
+                     "system_prompt_tokens": 40, "hash_block_tokens": 4,
+                     "question_tokens": {"dist": "uniform", "low": 1, "high": 1},
+                     "output_tokens": {"dist": "uniform", "low": 4, "high": 4},
+                     "arrivals": {"process": "gamma", "qps": 1.0, "cv": 1.0}},
+        "cluster": {"prefill": {"replicas": 1, "replica": replica},
+                    "decode": {"replicas": 1, "replica": replica}, "link": FAST_LINK}},
+        "test")
+    res = run_scenario(scenario)
+    assert res.requests["status"].tolist() == ["finished", "finished"]
+    assert res.requests["num_generated_tokens"].tolist() == [4, 4]
+    assert by_pool(res, "prefill")["num_prefill_tokens"].tolist() == [41, 3]
+    assert res.requests["prefill_end_s"].notna().all()
