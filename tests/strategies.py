@@ -53,11 +53,13 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         if data_parallel:
             scheduler["engine_version"] = draw(st.sampled_from(["0.15.1", "0.33.0"]))
             scheduler["async_scheduling"] = draw(st.booleans())
-        if not offload and draw(st.integers(0, 3)) == 0:
+        if draw(st.integers(0, 3)) == 0:
             method = draw(st.sampled_from(["ngram", "eagle", "draft_model"]))
             k = draw(st.integers(1, 5))
             scheduler.pop("min_chunk_tokens", None)
-            scheduler["engine_version"] = draw(st.sampled_from(["0.15.1", "0.33.0"]))
+            # (A CPU tier is 0.15.1's connector only.)
+            scheduler["engine_version"] = "0.15.1" if offload else draw(
+                st.sampled_from(["0.15.1", "0.33.0"]))
             scheduler["speculative"] = {
                 "method": method, "num_speculative_tokens": k,
                 "acceptance_rate": draw(st.sampled_from([0.0, 0.5, 0.8, 1.0])),
@@ -151,7 +153,8 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
     cpu_tier = None
     if offload:
         scheduler["decode_reserve_tokens"] = 0  # (the tier refuses others)
-    if (scheduler["name"] == "vllm_v1" and prefix_caching and "speculative" not in scheduler
+    if (scheduler["name"] == "vllm_v1" and prefix_caching
+            and scheduler.get("engine_version", "0.15.1") == "0.15.1"
             and scheduler.get("decode_reserve_tokens") == 0 and not data_parallel
             and (offload or draw(st.integers(0, 2)) == 0)):
         num_cpu_blocks = draw(st.integers(1, 3 * num_blocks))

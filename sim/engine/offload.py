@@ -159,8 +159,6 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
         problem = f"the CPU tier is vLLM's offloading connector: scheduler {cfg.scheduler.name!r}"
     elif not cfg.prefix_caching:
         problem = "the CPU tier keys blocks by their prefix: set prefix_caching: true"
-    elif getattr(cfg.scheduler, "speculative", None) is not None:
-        problem = "with speculative decoding"
     elif pool != "colocated":
         problem = "on a disaggregated pool"
     elif cfg.parallelism.pipeline > 1:

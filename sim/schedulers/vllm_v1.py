@@ -101,24 +101,25 @@ scheduler code):
    spec_commit` applies a step's outcome). After a step that samples, a request gets k drafts
    (`update_draft_token_ids`; 0.33.0 proposes none in a step where no scheduled request can
    use them, with a drafter that writes KV: `_drafts_unused`, `skip_drafts`). A running
-   request then has 1 + k tokens to compute (`num_tokens_with_spec`), capped like a chunk (the
-   threshold, the budget; 0.33.0's input budget less a draft model's one slot per request;
-   `max_model_len - 1 - num_computed_tokens`); its drafts are spent once it is scheduled,
-   however many fit. KV slots are allocated for the tokens scheduled plus the drafter's
-   lookahead (k for EAGLE, MTP and draft models, 0 for n-gram; at admission 0.15.1 allocates
-   none). The step's accepted drafts and one sampled token join the output
-   (`sim.core.spec_commit`); the rejected ones are computed again, and those past its
-   output length are trimmed with their KV slots. Async scheduling (rule 14) counts a step's
-   token and drafts as output placeholders, as if every draft were accepted, and takes the
-   rejected ones back when the step ends. 0.33.0 pads a decode admitted from the queue (a
-   prefix hit leaving one token) to 1 + k tokens of drafts that cannot be accepted ("Pad new
-   decode requests to uniform spec decoding size"), or admits nothing more if that does not
-   fit (on a prefill instance too: `drop_padding`); 0.15.1's EAGLE-family drafters drop the
-   last block of a prefix hit (`use_eagle`). A request preempted loses its drafts.
-   Synchronous 0.15.1 with a drafter that writes KV (EAGLE, draft models: a padded drafter
-   batch) gives drafts to a prompt's unfinished chunk too (`update_draft_token_ids` has no
-   prefill check): its last chunk then carries k drafts, which cannot be accepted (nothing
-   was sampled to draft from).
+   request then has 1 + k tokens to compute (`num_tokens_with_spec`), capped like a chunk
+   (the threshold, the budget; 0.33.0's input budget less a draft model's one slot per
+   request; `max_model_len - 1 - num_computed_tokens`); its drafts are spent once it is
+   scheduled, however many fit. KV slots are allocated for the tokens scheduled plus the
+   drafter's lookahead (k for EAGLE, MTP and draft models, 0 for n-gram; at admission 0.15.1
+   allocates none, but to a request whose KV was loaded from the CPU tier:
+   `effective_lookahead_tokens` is 0 only where nothing is computed). The step's accepted
+   drafts and one sampled token join the output (`sim.core.spec_commit`); the rejected ones
+   are computed again, and those past its output length are trimmed with their KV slots.
+   Async scheduling (rule 14) counts a step's token and drafts as output placeholders, as if
+   every draft were accepted, and takes the rejected ones back when the step ends. 0.33.0
+   pads a decode admitted from the queue (a prefix hit leaving one token) to 1 + k tokens of
+   drafts that cannot be accepted ("Pad new decode requests to uniform spec decoding size"),
+   or admits nothing more if that does not fit (on a prefill instance too: `drop_padding`);
+   0.15.1's EAGLE-family drafters drop the last block of a prefix hit (`use_eagle`). A
+   request preempted loses its drafts. Synchronous 0.15.1 with a drafter that writes KV
+   (EAGLE, draft models: a padded drafter batch) gives drafts to a prompt's unfinished chunk
+   too (`update_draft_token_ids` has no prefill check): its last chunk then carries k drafts,
+   which cannot be accepted (nothing was sampled to draft from).
 19. A CPU tier for the KV cache (`replica.kv_offload`, vLLM's `--kv-offloading-size` with
    the native `OffloadingConnector`; its rules in `sim.core.offload`, its copies timed by
    `sim.engine.offload`). In the queue pass a request with nothing computed asks the tier
@@ -129,11 +130,11 @@ scheduler code):
    (`build_connector_meta`); a finished request that stored keeps its blocks until its
    copies are done (`request_finished` delays the free).
 
-Not modelled: speculative decoding on a pipeline, n-gram proposals
-that find no match (every step proposes k), a dynamic number of drafts, multi-module MTP's
-prefill lookahead, 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs,
-KV connectors other than the CPU tier, structured output, LoRA limits, Mamba or
-deterministic-caching chunk alignment,
+Not modelled: speculative decoding on a pipeline, multi-module MTP's prefill lookahead,
+0.33.0's CPU tier (its connector stores as prompts fill and keeps a second waiting queue),
+0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs, KV connectors
+other than the CPU tier, structured output, LoRA limits, Mamba or deterministic-caching
+chunk alignment,
 the running pass's max_model_len cap without speculative decoding (a request it would cut is
 rejected on arrival; with drafts it is applied, rule 18), 0.33.0's skip of
 a waiting request whose stale output is still in flight (it drains before the next plan in
@@ -439,6 +440,8 @@ class VllmV1(Scheduler):
             return num_tokens
 
         def lookahead(req: Request, num_cached: int, num_tokens: int) -> int:
+            if not admission_lookahead and not req.num_computed_tokens:
+                return 0  # (0.15.1: only for one whose KV was loaded, from the CPU tier)
             return self._lookahead(req, req.num_computed_tokens + num_cached, num_tokens)
 
         def rest_of_prompt(req: Request, num_cached: int, num_tokens: int) -> int:
@@ -453,7 +456,7 @@ class VllmV1(Scheduler):
         admission_lookahead = spec.admission_lookahead if spec else 0
         admit_waiting(state, plan, budget, cfg.max_num_seqs, cfg.decode_reserve_tokens, chunk,
                       rest_of_prompt if cfg.scheduler_reserve_full_isl else None,
-                      lookahead if admission_lookahead else None,
+                      lookahead if spec and spec.num_lookahead else None,
                       spec.hit_blocks_dropped if spec else 0)
         if spec is not None:
             requests, scheduled = state.requests, plan.num_scheduled_tokens

@@ -120,6 +120,7 @@ def requests_of(doc: dict[str, Any]) -> list[Any]:
 class Replayed:
     steps: list[Step]
     requests: list[list[Any]]  # first_scheduled_s, first_token_s, finish_s, num_preemptions
+    stalled: bool = False  # requests left that servesim says the engine never runs
 
 
 def replay(doc: dict[str, Any], *, fast_forward: bool = False, policy: str | None = None
@@ -151,7 +152,8 @@ def replay(doc: dict[str, Any], *, fast_forward: bool = False, policy: str | Non
         it = runs[0][1] if runs else first_iter.get(req.request_id)
         times.append([req.first_scheduled_s, None if it is None else taken[it], req.finish_s,
                       req.num_preemptions])
-    return Replayed(steps, times)
+    stalled = any((req.reason or "").startswith("engine_stalled") for req in requests)
+    return Replayed(steps, times, stalled)
 
 
 def engine_steps(doc: dict[str, Any]) -> list[Step]:
@@ -185,6 +187,9 @@ def first_divergence(doc: dict[str, Any], replayed: Replayed) -> str | None:
                     f"preempted={g[3]}" + _diff(w[2], g[2]))
     if len(want) != len(got):
         return f"{name}: engine ran {len(want)} steps, servesim {len(got)}"
+    if replayed.stalled != bool(doc["workload"].get("stalls")):
+        return (f"{name}: the engine {'waits for ever' if not replayed.stalled else 'ran'} "
+                f"with requests left, servesim {'says so' if replayed.stalled else 'ran on'}")
     fields = ("first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
     for rid, (w, g) in enumerate(zip(doc["requests"], replayed.requests, strict=True)):
         if list(w) != list(g):

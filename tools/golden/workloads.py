@@ -103,16 +103,20 @@ def _levels(rng: np.random.Generator, requests: list[list[Any]], levels: tuple[i
 
 def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 20_000,
           step: tuple[float, float] = (0.004, 2e-5), max_model_len: int = 32_768,
-          **settings: Any) -> Workload:
+          stalls: bool = False, **settings: Any) -> Workload:
     base = {"max_num_batched_tokens": 8192, "max_num_seqs": 256, "enable_chunked_prefill": True,
             "long_prefill_token_threshold": 0, "enable_prefix_caching": False,
             "async_scheduling": False}
     # (Set only where it is not FCFS: the fixtures recorded before it stay as they were.)
     unknown = set(settings) - set(base) - {"scheduling_policy", "speculative", "kv_offload"}
     assert not unknown, unknown
-    return {"name": name, "engine": "vllm", "seed": seed, "settings": {**base, **settings},
-            "num_gpu_blocks": num_gpu_blocks, "block_size": 16, "max_model_len": max_model_len,
-            "step_time": {"base_s": step[0], "per_token_s": step[1]}, "requests": requests}
+    workload = {"name": name, "engine": "vllm", "seed": seed, "settings": {**base, **settings},
+                "num_gpu_blocks": num_gpu_blocks, "block_size": 16,
+                "max_model_len": max_model_len,
+                "step_time": {"base_s": step[0], "per_token_s": step[1]}, "requests": requests}
+    if stalls:  # (the engine waits for ever: the fixture ends there, `record_vllm.record`)
+        workload["stalls"] = True
+    return workload
 
 
 def _spec(method: str, k: int, rate: float | list[float], match_rate: float = 1.0,
@@ -285,6 +289,32 @@ def vllm_workloads() -> list[Workload]:
         _vllm("offload_repeated_prompts", 37,
               _repeated(rng(37), 300, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
               num_gpu_blocks=400, enable_prefix_caching=True, kv_offload=_offload(512, 2.0)),
+        # The CPU tier with speculative decoding: drafts in the steps whose full blocks are
+        # stored; lookahead slots beside blocks a load fills; prefixes shared under eviction.
+        _vllm("offload_spec_eagle", 38,
+              _prefixed(rng(38), 300, 10.0, 6, (256, 2048), (16, 256), (8, 200)),
+              num_gpu_blocks=500, enable_prefix_caching=True, kv_offload=_offload(768, 4.0),
+              speculative=_spec("eagle", 3, 0.7)),
+        _vllm("offload_spec_eagle_async", 39,
+              _prefixed(rng(39), 300, 10.0, 6, (256, 2048), (16, 256), (8, 200)),
+              num_gpu_blocks=500, enable_prefix_caching=True, async_scheduling=True,
+              kv_offload=_offload(768, 4.0), speculative=_spec("eagle", 3, 0.7)),
+        _vllm("offload_spec_ngram_kv_starved", 40,
+              _prefixed(rng(40), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
+              num_gpu_blocks=500, enable_prefix_caching=True, kv_offload=_offload(256, 8.0),
+              speculative=_spec("ngram", 3, 0.75, match_rate=0.6)),
+        # KV-starved with a threshold: requests whose KV was loaded hold the blocks the
+        # queue's head needs, and each needs more to run (their drafter's lookahead among
+        # them): vLLM waits for ever, and servesim says so (`engine_stalled`).
+        _vllm("offload_spec_eagle_kv_starved_stalls", 42,
+              _prefixed(rng(42), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
+              num_gpu_blocks=500, enable_prefix_caching=True, kv_offload=_offload(256, 8.0),
+              long_prefill_token_threshold=128, speculative=_spec("eagle", 3, 0.7),
+              stalls=True),
+        _vllm("offload_spec_eagle_async_kv_starved", 41,
+              _prefixed(rng(41), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
+              num_gpu_blocks=500, enable_prefix_caching=True, async_scheduling=True,
+              kv_offload=_offload(256, 8.0), speculative=_spec("eagle3", 3, 0.75)),
         # Short ones found by a review (their fixtures under tests/golden/short/, fewer than
         # 300 requests): a request of the lowest priority preempts itself, and the empty step
         # waits ~2 s for its stores while another request arrives (vLLM plans after the wait);
