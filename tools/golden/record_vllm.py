@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import mmap
 import json
 import os
 import sys
@@ -89,25 +90,33 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
                                   dtype=torch.float32)
     offload = s.get("kv_offload")
     kv_transfer_config = None
+    # (0.33.0's tensors name their layers and strides; 0.15.1's say which layers share them.)
+    v15_tensors = "shared_by" in KVCacheTensor.__dataclass_fields__
     if offload:
         from vllm.config import KVTransferConfig
 
         # The native CPU offloading, as `--kv-offloading-size` sets it: the connector's blocks
-        # are the bytes given over a block's page (one layer, one GPU: `CPUOffloadingSpec`).
+        # are the bytes given over a block's page (one layer, one GPU: `CPUOffloadingSpec`;
+        # 0.33.0 rounds a block's bytes up to a memory page).
+        page = attention.page_size_bytes
+        if not v15_tensors:
+            page = -(-page // mmap.PAGESIZE) * mmap.PAGESIZE
         kv_transfer_config = KVTransferConfig(
             kv_connector="OffloadingConnector", kv_role="kv_both",
-            kv_connector_extra_config={
-                "cpu_bytes_to_use": offload["num_cpu_blocks"] * attention.page_size_bytes})
+            kv_connector_extra_config={"cpu_bytes_to_use": offload["num_cpu_blocks"] * page})
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, device_config=DeviceConfig("cpu"),
                              speculative_config=speculative_config(workload, model_config),
                              kv_transfer_config=kv_transfer_config)
     num_blocks = workload["num_gpu_blocks"]
+    size = attention.page_size_bytes * num_blocks
+    tensor = (KVCacheTensor(size=size, shared_by=["layer"]) if v15_tensors else
+              KVCacheTensor(size=size, layers=["layer"], layer_stride=size,
+                            block_stride=attention.page_size_bytes))
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks,
         # (0.15.1's `CPUOffloadingSpec` counts the tensors: one, the one layer's.)
-        kv_cache_tensors=[KVCacheTensor(size=attention.page_size_bytes * num_blocks,
-                                        shared_by=["layer"])] if offload else [],
+        kv_cache_tensors=[tensor] if offload else [],
         kv_cache_groups=[KVCacheGroupSpec(["layer"], attention)])
     cache_config.num_gpu_blocks = num_blocks
     if s["enable_prefix_caching"]:
@@ -151,28 +160,44 @@ class Copies:
     computed the step that planned it (`after_s`). `now_s` is the engine's clock when the
     worker acts (its launch of a step); `wait` blocks it until the copies named end."""
 
-    def __init__(self, s_per_block: float) -> None:
+    def __init__(self, s_per_block: float, loads_after_compute: bool = False) -> None:
         self.s_per_block = s_per_block
+        self.loads_after_compute = loads_after_compute
         self.now_s = 0.0
         self.after_s = -float("inf")
         self.free_s = {"load": -float("inf"), "store": -float("inf")}
         self.jobs: dict[int, float] = {}  # job id -> when it ends
+        self.v033 = False  # (which `get_finished` the worker calls: set by `worker_connector`)
 
-    def transfer_async(self, job_id: int, spec: Any) -> bool:
-        src, dst = spec
-        store = type(src).__name__.startswith("GPU")
-        kind = "store" if store else "load"
-        num_blocks = len((src if store else dst).block_ids)
-        start_s = max(self.now_s, self.free_s[kind], self.after_s if store else self.now_s)
+    def _submit(self, job_id: int, kind: str, num_blocks: int) -> bool:
+        after_s = self.after_s if kind == "store" or self.loads_after_compute else self.now_s
+        start_s = max(self.now_s, self.free_s[kind], after_s)
         done_s = start_s + num_blocks * self.s_per_block
         self.free_s[kind] = done_s
         self.jobs[job_id] = done_s
         return True
 
-    def get_finished(self) -> list[tuple[int, bool]]:
+    def transfer_async(self, job_id: int, spec: Any) -> bool:  # (0.15.1)
+        src, dst = spec
+        store = type(src).__name__.startswith("GPU")
+        return self._submit(job_id, "store" if store else "load",
+                            len((src if store else dst).block_ids))
+
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:  # (0.33.0)
+        return self._submit(job_id, "store", len(src_spec.block_ids))
+
+    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any,
+                    expedited: bool = False) -> bool:  # (0.33.0)
+        return self._submit(job_id, "load", len(dst_spec.block_ids))
+
+    def get_finished(self) -> list[Any]:
         done = [j for j, t in self.jobs.items() if t <= self.now_s]
         for j in done:
             del self.jobs[j]
+        if self.v033:
+            from vllm.v1.kv_offload.base import TransferResult
+
+            return [TransferResult(j, True) for j in done]
         return [(j, True) for j in done]
 
     def wait(self, job_ids: set[int]) -> None:
@@ -194,9 +219,38 @@ def worker_connector(sched: Any, s_per_block: float) -> tuple[Any, Copies]:
 
     conn = OffloadingConnector(sched.vllm_config, KVConnectorRole.WORKER,
                                sched.kv_cache_config)
-    copies = Copies(s_per_block)
+    v033 = hasattr(conn, "build_connector_worker_meta")
+    # (0.33.0 submits a step's loads once its forward is launched, on a copy stream that
+    # waits for the compute stream: they start when the step's GPU time ends.)
+    copies = Copies(s_per_block, loads_after_compute=v033)
+    copies.v033 = v033
     conn.connector_worker.worker = copies
     return conn, copies
+
+
+def worker_pre_forward(conn: Any, out: Any) -> None:
+    """0.33.0's connector calls before a step's forward (`ActiveKVConnector.pre_forward`):
+    `handle_preemptions` (submits the stores the step before deferred, and those it must
+    flush, and waits for the latter: may block), then the step's metadata bound."""
+    conn.handle_preemptions(out.kv_connector_metadata)
+    conn.bind_connector_metadata(out.kv_connector_metadata)
+
+
+def worker_post_forward(conn: Any, out: Any) -> Any:
+    """0.33.0's connector calls after the forward's launch (`_get_kv_connector_output`):
+    the step's loads started, its stores deferred to the next step (`wait_for_save`, empty
+    steps too), the poll, the completed jobs for the scheduler."""
+    from vllm.v1.outputs import KVConnectorOutput
+
+    conn.start_load_kv(None)
+    conn.wait_for_save()
+    results = conn.get_transfer_results(out.finished_req_ids)
+    meta = conn.build_connector_worker_meta()
+    conn.clear_connector_metadata()
+    return KVConnectorOutput(
+        finished_sending=sorted(results.finished_sending, key=int) or None,
+        finished_recving=sorted(results.finished_recving, key=int) or None,
+        kv_connector_worker_meta=meta)
 
 
 def worker_step(conn: Any, out: Any) -> Any:
@@ -224,6 +278,10 @@ def idle_step(out: Any, kv_output: Any) -> bool:
     """Whether a step with nothing scheduled changes nothing: it started no load, told the
     worker of no finished request, and its poll found no copy done."""
     meta = out.kv_connector_metadata
+    if hasattr(meta, "load_jobs"):  # (0.33.0)
+        return not (meta.load_jobs or meta.store_jobs or meta.jobs_to_flush
+                    or out.finished_req_ids or kv_output.finished_recving
+                    or kv_output.kv_connector_worker_meta)
     return not (meta.reqs_to_load or out.finished_req_ids or kv_output.finished_sending
                 or kv_output.finished_recving)
 
@@ -300,9 +358,6 @@ def record(workload: Workload) -> dict[str, Any]:
     offload = workload["settings"].get("kv_offload")
     conn = copies = None
     if offload:
-        if not vllm.__version__.startswith("0.15."):
-            raise SystemExit(f"{workload['name']}: the CPU tier is recorded with vLLM 0.15.1's "
-                             "connector only")
         conn, copies = worker_connector(
             sched, offload["bytes_per_block"] / (offload["host_bandwidth_gb_s"] * 1e9))
 
@@ -347,7 +402,10 @@ def record(workload: Workload) -> dict[str, Any]:
         if conn is not None:
             assert copies is not None
             copies.now_s, copies.after_s = now_s, gpu_free_s
-            kv_outputs[id(out)] = worker_step(conn, out)
+            if copies.v033:
+                worker_pre_forward(conn, out)
+            else:
+                kv_outputs[id(out)] = worker_step(conn, out)
             # Later if it waited for a preempted request's copies: the engine's host was
             # blocked until then.
             launch_s = now_s = copies.now_s
@@ -357,6 +415,9 @@ def record(workload: Workload) -> dict[str, Any]:
             gpu_free_s = end_s
         else:
             start_s = end_s = launch_s
+        if conn is not None and copies is not None and copies.v033:
+            copies.after_s = gpu_free_s  # (the compute stream's work, this step's included)
+            kv_outputs[id(out)] = worker_post_forward(conn, out)
         entry = [start_s, end_s, [[int(rid), n] for rid, n in scheduled],
                  [int(rid) for rid in preempted_order]]
         steps.append(entry)
