@@ -169,7 +169,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
                                                         {"kind": "constant",
                                                          "iteration_s": 0.01}])),
                                 # Jitter sometimes: fast-forward must still equal stepping.
-                                "noise": {"kind": "none"} if data_parallel else draw(
+                                "noise": draw(
                                     st.sampled_from([
                                         {"kind": "none"}, {"kind": "none"},
                                         {"kind": "lognormal", "sigma": 0.3},

@@ -23,6 +23,9 @@ them together, because every MoE layer exchanges tokens between all ranks:
   reduce-scatter), the same for every rank.
 - With async scheduling, as many steps are in flight as one rank would keep (two); ranks take
   their results when a step ends.
+- Per-iteration noise (`latency.noise`) scales each lockstep step, dummy ones too, by the
+  group's own draw for that step (the first rank's stream, by the group's step count; its
+  regime from all ranks' tokens): the ranks wait for one another, so they jitter as one.
 - With speculative decoding each rank verifies its own drafts (its acceptance is drawn per
   request, as on one replica), and the drafter's passes run in lockstep too: vLLM's proposer
   pads them across the ranks (`coordinate_batch_across_dp` in `llm_base_proposer.py`), and an
@@ -38,8 +41,8 @@ In a disaggregated cluster a pool's replica may be such a group: a prefill rank 
 requests off as a prefill replica does, and a decode rank admits KV transfers at each step
 (`DecodeInbox.admit`), the decode router picking the group and its balancer the rank (`pick`).
 
-Stepped one step at a time (no fast path); no CPU tier, pipeline stages or per-iteration noise
-here (refused where the replica is built).
+Stepped one step at a time (no fast path); no CPU tier or pipeline stages here (refused where
+the replica is built).
 """
 
 from __future__ import annotations
@@ -111,6 +114,8 @@ class DataParallelGroup:
         self._steps: deque[float] = deque()  # ends of the steps in flight, oldest first
         self._free_s = -math.inf  # when the GPUs finish the last step sent
         self._counter = 0  # steps since the ranks last found every rank idle (a wave)
+        self._num_steps = 0  # lockstep steps sent (each its own noise draw)
+        self.noise = ranks[0].noise
         self._poke: simpy.Event | None = None
         self.num_dummy_forwards = 0  # rank-steps that ran a dummy batch
         self.process = env.process(self.run())
@@ -201,6 +206,11 @@ class DataParallelGroup:
         if self.overlaps_host:
             host_s = max(float(self.latency.host_time_s(shape)) for shape in shapes)
             step_s = max(step_s - host_s, host_s)
+        if self.noise is not None:
+            step_s *= self.noise.factor(self._num_steps,
+                                        sum(int(shape.num_prefill_tokens) for shape in shapes),
+                                        sum(int(shape.num_decode_tokens) for shape in shapes))
+        self._num_steps += 1
         start_s = max(now_s, self._free_s)
         end_s = start_s + step_s
         if not start_s < end_s < MAX_SPAN_S:  # NaN fails too (`Replica._check_durations`)
@@ -282,10 +292,6 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
                          "vLLM turns dynamic speculative decoding off with data-parallel ranks "
                          "(they could choose different drafts and deadlock): drop it, k "
                          "drafts a step as vLLM falls back to")
-    if cfg.latency.noise.enabled:
-        raise InputError(source, f"{field}.latency.noise.kind", cfg.latency.noise.kind,
-                         "per-iteration noise with data-parallel ranks is not modelled yet "
-                         "(servesim issue 47)")
     ranks = [make_rank() for _ in range(cfg.parallelism.data)]
     if ranks[0].latency.sequential:
         raise InputError(source, f"{field}.latency.kind", cfg.latency.kind,

@@ -87,6 +87,40 @@ def test_a_prompt_on_one_rank_stretches_the_other_ranks_decode_step():
     assert a.finish_s == pytest.approx(first_s + 19 * decode_s, abs=1e-12)
 
 
+def test_noise_scales_each_lockstep_step_once_for_every_rank():
+    """With lognormal noise each lockstep step takes its noiseless time times the group's draw
+    for that step (the first rank's stream, by step count; its regime from every rank's
+    tokens, an idle rank's dummy decode included): A alone on rank 0, its prompt step mixed,
+    then decodes. With B on rank 1 too, both ranks log the same times for a step."""
+    from sim.latency.noise import IterationNoise, NoiseConfig
+
+    noise = {"kind": "lognormal", "sigma": 0.2}
+
+    def logs(kind, requests):
+        cluster = Cluster(_scenario(latency={"kind": "linear", "base_s": BASE_S,
+                                             "per_token_s": PER_TOKEN_S,
+                                             **({"noise": noise} if kind else {})}),
+                          fast_forward=False)
+        cluster.run(requests)
+        assert all(r.status is Status.FINISHED for r in requests)
+        return [cluster.replicas[i].log for i in (0, 1)]
+
+    plain, noisy = logs(None, [Request(0, 0.0, 8, 20)])[0], logs("lognormal", [
+        Request(0, 0.0, 8, 20)])[0]
+    assert len(plain) == len(noisy) == 20
+    draws = IterationNoise(NoiseConfig(**noise), 0, 0)
+    prefill = plain.columns["num_prefill_tokens"]
+    factors = [draws.factor(i, int(prefill[i]), 1) for i in range(20)]
+    assert np.asarray(noisy.columns["duration_s"]) == pytest.approx(
+        np.asarray(plain.columns["duration_s"]) * factors, rel=1e-12)
+    assert not np.allclose(noisy.columns["duration_s"], plain.columns["duration_s"])
+    rank0, rank1 = logs("lognormal", [Request(0, 0.0, 8, 20), Request(1, 0.050, 400, 4)])
+    times0 = dict(zip(rank0.columns["start_s"], rank0.columns["duration_s"], strict=True))
+    both = [(s, d) for s, d in zip(rank1.columns["start_s"], rank1.columns["duration_s"],
+                                   strict=True) if s in times0]
+    assert len(both) == len(rank1) and all(times0[s] == d for s, d in both)
+
+
 @pytest.mark.parametrize(("version", "padding", "pads_prompt_step"), [
     ("0.15.1", None, True), ("0.15.1", "graph_steps", False), ("0.33.0", None, False),
     ("0.33.0", "every_step", True)])
@@ -350,8 +384,6 @@ def test_vllm_balancer_scores_as_each_release():
     ({"parallelism": {"data": 2, "expert": 2, "pipeline": 2}}, "replica.parallelism.data",
      "without pipeline stages"),
     ({"scheduler": {"name": "sglang"}}, "replica.parallelism.data", "vllm_v1"),
-    ({"latency": {"kind": "linear", "noise": {"kind": "lognormal", "sigma": 0.1}}},
-     "replica.latency.noise.kind", "data-parallel"),
     ({"latency": {"kind": "linear", "base_s": 1e-30}}, "replica.latency",
      "does not move the clock"),
 ])

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import mmap
 import json
+import mmap
 import os
 import sys
 import tempfile
@@ -315,7 +315,6 @@ def _samples(request: Any, placeholders_before: int, async_on: bool) -> bool:
 
 def record(workload: Workload) -> dict[str, Any]:
     """Drive vLLM's scheduler through `workload`; the fixture's body (see `fixture.py`)."""
-    import vllm
     from vllm.v1.outputs import ModelRunnerOutput
 
     with tempfile.TemporaryDirectory() as model_dir:
