@@ -169,8 +169,8 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
                    "they could wait for each other for ever: leave decode_reserve_tokens at 0")
     elif (version := getattr(cfg.scheduler, "engine_version", None)) != "0.15.1":
         problem = (f"the CPU tier follows vLLM 0.15.1's offloading connector; "
-                   f"{version}'s (store as prompts fill, blocks loadable "
-                   "before the request ends, a second waiting queue) is not modelled yet "
+                   f"{version}'s (prompt blocks only, each loadable once its "
+                   "copy ends, a second waiting queue) is not modelled yet "
                    "(servesim issue 47): set scheduler.engine_version: 0.15.1")
     if problem is not None:
         if problem.startswith(("with", "on")):

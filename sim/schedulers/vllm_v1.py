@@ -131,7 +131,8 @@ scheduler code):
    copies are done (`request_finished` delays the free).
 
 Not modelled: speculative decoding on a pipeline, multi-module MTP's prefill lookahead,
-0.33.0's CPU tier (its connector stores as prompts fill and keeps a second waiting queue),
+0.33.0's CPU tier (prompt blocks only, each loadable once its copy ends, a second waiting
+queue: `tools/golden/README.md` lists its rules),
 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs, KV connectors
 other than the CPU tier, structured output, LoRA limits, Mamba or deterministic-caching
 chunk alignment,
