@@ -56,10 +56,15 @@ def start_pipelined(state: ReplicaState, plan: Plan, start_s: float, placeholder
             req.first_scheduled_s = start_s
         computed = req.num_computed_tokens + num_tokens
         req.num_computed_tokens = computed
-        req.num_in_flight_tokens += num_tokens
         num_output = req.num_output_tokens
-        if computed != req.num_prompt_tokens + num_output and not (
-                req.spec_padded and drop_padding(req)):
+        # (A prefill replica drops vLLM 0.33.0's padding at once: the entry, taken back if
+        # the step never ends, holds the prompt's tokens only.)
+        if (computed != req.num_prompt_tokens + num_output and req.spec_padded
+                and drop_padding(req)):
+            num_tokens -= computed - req.num_computed_tokens
+            computed = req.num_computed_tokens
+        req.num_in_flight_tokens += num_tokens
+        if computed != req.num_prompt_tokens + num_output:
             samples = 0
         elif placeholders and num_output + 1 < req.num_target_output_tokens:
             samples = PLACEHOLDER

@@ -17,7 +17,8 @@ def drop_padding(req: Request) -> bool:
     prompt whose prefix hit leaves one token with drafts that cannot be accepted (the
     instance runs its drafter too), so the step computed past the prompt. The padding is
     rejected (`num_computed_tokens` back to the known tokens) and the request samples.
-    Returns whether it has caught up (False for a padded chunk a threshold cut short)."""
+    Returns whether it has caught up (always, as padding covers the last token: a threshold
+    below 1 + k is refused with the scenario)."""
     req.spec_padded = False
     num_known = req.num_prompt_tokens + req.num_output_tokens
     if req.num_computed_tokens < num_known:
@@ -90,7 +91,9 @@ def start_speculative(state: ReplicaState, plan: Plan, start_s: float,
     a request the step catches up samples, and its token and the drafts it verifies count as
     output placeholders from now (as if every draft were accepted), and it gets k drafts as
     placeholders for its next step. Each entry's fourth field is 1 + the drafts verified
-    where the request samples, else 0. Without `placeholders` (a synchronous data-parallel
+    where the request samples (negated where those drafts are padding: the entry carries the
+    step's `spec_padded`, which a later plan may set again before this step ends), else 0.
+    Without `placeholders` (a synchronous data-parallel
     rank, whose next plan is made after this step ends) nothing is sampled until the step
     ends, and the drafts are the plan's, as `commit_speculative` gives them."""
     acceptance = state.acceptance
@@ -111,8 +114,12 @@ def start_speculative(state: ReplicaState, plan: Plan, start_s: float,
         first = req.send_tokens(num_tokens, start_s)
         num_spec = req.num_computed_tokens - req.num_prompt_tokens - req.num_output_tokens
         samples = 0
+        entry = 0
         if num_spec >= 0:  # not a prompt's chunk that leaves some of it
-            samples = 1 + num_spec
+            samples = entry = 1 + num_spec
+            if req.spec_padded:
+                req.spec_padded = False
+                entry = -samples
             if placeholders:
                 req.num_output_tokens += samples
                 req.num_placeholders += samples
@@ -123,7 +130,7 @@ def start_speculative(state: ReplicaState, plan: Plan, start_s: float,
             if after_chunk:
                 req.num_draft_tokens = after_chunk
                 req.spec_padded = True
-        in_flight.append((req, num_tokens, req.num_preemptions, samples, first))
+        in_flight.append((req, num_tokens, req.num_preemptions, entry, first))
     return in_flight
 
 
@@ -146,13 +153,15 @@ def complete_speculative(state: ReplicaState, in_flight: list[InFlight], end_s: 
         req.num_in_flight_tokens -= num_tokens
         if not samples or req.status is Status.FAILED or req.status is Status.FINISHED:
             continue  # nothing sampled, aborted, or finished meanwhile: dropped
+        padded = samples < 0  # (the step's drafts were padding: `start_speculative`)
+        if padded:
+            samples = -samples
         num_spec = samples - 1
         stale = req.num_preemptions != num_preemptions
         if stale and not stale_delivered:
             continue
         num_real = req.num_output_tokens - req.num_placeholders
         num_accepted = 0
-        padded, req.spec_padded = req.spec_padded, False
         if num_spec:
             # (Scheduled ahead, the drafts are placeholders: where the n-gram lookup found
             # no match they are padding, and none is accepted.)
@@ -221,6 +230,7 @@ def cancel_speculative(state: ReplicaState, in_flight: list[InFlight]) -> None:
             req.num_recomputed_tokens -= num_tokens
         # (A synchronous rank's step counted no placeholders when sent.)
         if samples and same and req.status is Status.RUNNING and state.spec_placeholders:
+            samples = abs(samples)  # (negated: padding drafts, `start_speculative`)
             req.num_placeholders -= samples
             req.num_output_tokens -= samples
             state.num_running_tokens -= samples

@@ -338,6 +338,22 @@ class VllmV1Config(SchedulerConfig):
             problems.append(("max_num_batched_tokens", budget,
                              f"vLLM {self.engine_version} needs more than the drafter's "
                              f"{spec.num_lookahead_tokens} lookahead slots"))
+        if (spec is not None and self.rules.spec_v2_rules
+                and spec.num_speculative_tokens_per_batch_size is None):
+            # 0.33.0 pads a decode admitted from the queue to 1 + k tokens ("Pad new decode
+            # requests to uniform spec decoding size") and never schedules it un-padded: a
+            # budget below that leaves it queued for ever; a threshold below it fails the
+            # scheduler's `assert num_new_tokens == 1 + self.num_spec_tokens`.
+            width = 1 + spec.num_speculative_tokens
+            if spec.num_lookahead_tokens < budget < width:  # (else refused just above)
+                problems.append(("max_num_batched_tokens", budget,
+                                 f"vLLM {self.engine_version} pads a decode it admits to 1 + k "
+                                 f"= {width} tokens and would never schedule one here"))
+            if threshold and threshold < width:
+                problems.append(("long_prefill_token_threshold", threshold,
+                                 f"vLLM {self.engine_version} pads a decode it admits to 1 + k "
+                                 f"= {width} tokens, which a smaller threshold fails (an "
+                                 "assertion in its scheduler)"))
         if (spec is not None and spec.num_speculative_tokens_per_batch_size is not None
                 and not self.rules.spec_v2_rules):
             problems.append(("speculative.num_speculative_tokens_per_batch_size",

@@ -114,6 +114,21 @@ def test_vllm_prefill_replica_runs_its_drafter_after_the_first_token(tmp_path,
     assert by_pool(res, "prefill")["duration_s"].tolist() == pytest.approx([2.5 * TICK])
 
 
+def _prefix_pair(replica: dict[str, Any], **extra: Any):
+    """Two 41-token prompts of one 40-token system prompt on 1 prefill + 1 decode replica,
+    the second arriving at 1.02 s."""
+    return parse_scenario({
+        "seed": 0, "record_token_times": True, **extra,
+        "workload": {"format": "prefix", "num_requests": 2, "num_conversations": 2,
+                     "num_groups": 1, "system_prompt_tokens": 40, "hash_block_tokens": 4,
+                     "question_tokens": {"dist": "uniform", "low": 1, "high": 1},
+                     "output_tokens": {"dist": "uniform", "low": 4, "high": 4},
+                     "arrivals": {"process": "gamma", "qps": 1.0, "cv": 1.0}},
+        "cluster": {"prefill": {"replicas": 1, "replica": replica},
+                    "decode": {"replicas": 1, "replica": replica}, "link": FAST_LINK}},
+        "test")
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_vllm_033_prefill_replica_rejects_the_padding_of_a_prefix_hit(async_scheduling):
     """vLLM 0.33.0 pads a prompt whose prefix hit leaves one token with k drafts that cannot
@@ -123,19 +138,21 @@ def test_vllm_033_prefill_replica_rejects_the_padding_of_a_prefix_hit(async_sche
     past its prompt, and the replica stalled)."""
     replica = {**pool({**VLLM, "engine_version": "0.33.0",
                        "async_scheduling": async_scheduling}), "prefix_caching": True}
-    scenario = parse_scenario({
-        "seed": 0, "record_token_times": True,
-        "workload": {"format": "prefix", "num_requests": 2, "num_conversations": 2,
-                     "num_groups": 1,
-                     "system_prompt_tokens": 40, "hash_block_tokens": 4,
-                     "question_tokens": {"dist": "uniform", "low": 1, "high": 1},
-                     "output_tokens": {"dist": "uniform", "low": 4, "high": 4},
-                     "arrivals": {"process": "gamma", "qps": 1.0, "cv": 1.0}},
-        "cluster": {"prefill": {"replicas": 1, "replica": replica},
-                    "decode": {"replicas": 1, "replica": replica}, "link": FAST_LINK}},
-        "test")
-    res = run_scenario(scenario)
+    res = run_scenario(_prefix_pair(replica))
     assert res.requests["status"].tolist() == ["finished", "finished"]
     assert res.requests["num_generated_tokens"].tolist() == [4, 4]
     assert by_pool(res, "prefill")["num_prefill_tokens"].tolist() == [41, 3]
     assert res.requests["prefill_end_s"].notna().all()
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_a_padded_prefill_step_cut_by_the_horizon_keeps_the_prefix_hit(fast_forward):
+    """The async prefill replica's padded step (1 + 2 tokens, the padding dropped when it is
+    sent) is still in flight at the horizon: taken back, the second request is left with its
+    40-token prefix hit computed, not 2 fewer."""
+    replica = {**pool({**VLLM, "engine_version": "0.33.0", "async_scheduling": True}),
+               "prefix_caching": True}
+    res = run_scenario(_prefix_pair(replica, horizon_s=1.025), fast_forward=fast_forward)
+    second = res.requests.iloc[1]
+    assert second["status"] == "unfinished"
+    assert second["num_cached_tokens"] == second["num_computed_tokens"] == 40

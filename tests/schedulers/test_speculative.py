@@ -330,6 +330,14 @@ def test_export_reports_vllms_spec_decode_fields():
     ({"method": "eagle", "num_speculative_tokens": 4, "acceptance_rate": 0.5},
      {"engine_version": "0.33.0", "max_num_batched_tokens": 4}, "max_num_batched_tokens",
      "lookahead slots"),
+    # 0.33.0 pads a decode admitted from the queue to 1 + k tokens: a smaller budget never
+    # schedules it (vLLM would wait for ever), a smaller threshold fails vLLM's assertion.
+    ({"method": "ngram", "num_speculative_tokens": 4, "acceptance_rate": 0.5},
+     {"engine_version": "0.33.0", "max_num_batched_tokens": 4}, "max_num_batched_tokens",
+     "would never schedule one"),
+    ({"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.5},
+     {"engine_version": "0.33.0", "long_prefill_token_threshold": 2},
+     "long_prefill_token_threshold", "1 \\+ k = 4 tokens, which a smaller threshold fails"),
 ])
 def test_settings_refused_name_the_field(spec, extra, field, words):
     data = scenario(None)
