@@ -90,6 +90,10 @@ def show_run(summary: dict[str, Any], out_dir: Path, shown: Console, as_json: bo
     shown.print(overload_line(summary["overload"]))
     if line := rejected_line(summary):
         shown.print(line)
+    if why := summary["requests"].get("stalled"):
+        num = summary["requests"]["reasons"].get("engine_stalled", 0)
+        shown.print(f"[bold red]STALLED[/]: {num:,} requests will never finish: "
+                    f"{why.partition(': ')[2]}")
     for line in (sessions_line(summary), speculative_line(summary), offload_line(summary)):
         if line:
             shown.print(line)

@@ -53,6 +53,9 @@ class TierCounters:
     num_lookups: int = 0  # queued requests that asked the tier
     num_hit_requests: int = 0  # of those, requests that loaded from it
     num_hit_tokens: int = 0  # tokens loaded instead of computed
+    # Of those, what requests loaded at their first admission and count as computed (their
+    # `num_cached_tokens`, with the GPU's hit; reloads after a preemption are not in it).
+    num_first_hit_tokens: int = 0
     num_loaded_blocks: int = 0
     num_stored_blocks: int = 0
     num_evicted_blocks: int = 0

@@ -17,15 +17,24 @@ if TYPE_CHECKING:
 
     from sim.core.state import ReplicaState
     from sim.engine.clock import Environment
+    from sim.engine.iteration_log import IterationLog
     from sim.engine.offload import HostCopies, Report
     from sim.engine.replica import Iteration
     from sim.schedulers.base import Scheduler
+
+
+# Preemptions with no request decoding in between after which a replica with a CPU tier is
+# taken to loop for ever (`OffloadSteps._preempted_in_turn`).
+LIVELOCK_PREEMPTIONS = 1000
 
 
 class OffloadSteps:
     """The CPU tier's part of a replica's step (module docstring)."""
 
     env: Environment
+    log: IterationLog
+    _last_decode_seen: int
+    _num_preempted_since: int
     state: ReplicaState
     scheduler: Scheduler
     turn: int
@@ -72,16 +81,45 @@ class OffloadSteps:
 
     def poll_plan(self, now_s: float) -> Plan | None:
         """With a CPU tier: the next plan, or an empty one where only requests finished since
-        the last need reporting to the worker (vLLM steps while it has them); None: idle."""
+        the last need reporting to the worker (vLLM steps while it has them); None: idle, or
+        stopped for good (`stalled`: a livelock, `_preempted_in_turn`)."""
         state = self.state
+        if self.stalled is not None:
+            return None
         if state.running or state.waiting:
-            return self.scheduler.schedule(state, now_s)
+            plan = self.scheduler.schedule(state, now_s)
+            if plan.preempted_ids and self._preempted_in_turn(len(plan.preempted_ids)):
+                return None
+            return plan
         offload = state.offload
         if offload is not None and offload.finished_ids:
             plan = Plan()
             offload.build(state, plan, 0)
             return plan
         return None
+
+    def _preempted_in_turn(self, num_preempted: int) -> bool:
+        """Count preemptions since the last iteration in which a request decoded; past
+        `LIVELOCK_PREEMPTIONS` the replica stops (True), its requests unfinished with the
+        reason. Queued requests hold the KV they loaded from the tier, so under a tight GPU
+        cache the running ones can preempt each other and be admitted again for ever, none
+        reaching its next token (vLLM 0.15.1 does: found with EAGLE's lookahead slots and a
+        small threshold, its own scheduler looping the same way)."""
+        last = self.log.last_decode_iteration
+        if last != self._last_decode_seen:
+            self._last_decode_seen, self._num_preempted_since = last, 0
+        self._num_preempted_since += num_preempted
+        if self._num_preempted_since < LIVELOCK_PREEMPTIONS:
+            return False
+        reason = (f"engine_stalled: {self._num_preempted_since:,} preemptions and no request "
+                  f"decoded since iteration {last:,}: the running and queued requests take "
+                  "each other's KV blocks in turn (queued ones holding what they loaded from "
+                  "the CPU tier); vLLM 0.15.1 loops there for ever")
+        self.stalled = reason
+        state = self.state
+        for req in [*state.waiting, *state.running]:
+            req.reason = reason
+        return True
 
     def _launch(self, plan: Plan, now_s: float) -> tuple[float, Report]:
         """Launch `plan`'s step at `now_s` with its copies: when it launches, and what the

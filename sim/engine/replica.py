@@ -92,6 +92,10 @@ class Replica(OffloadSteps):
         # The copies to and from the KV cache's CPU tier (`state.offload`), timed.
         self.copies: HostCopies | None = None
         self.stalled: str | None = None  # why it stopped for good (`_stall`), if it did
+        # Preemptions since the last iteration in which a request decoded, counted with a CPU
+        # tier (`OffloadSteps._preempted_in_turn`).
+        self._last_decode_seen = -1
+        self._num_preempted_since = 0
         # An empty step's launch that blocked until then, and its poll's report.
         self._blocked: tuple[float, Report] | None = None
         self._carried: list[int] = []  # preempted by empty steps, logged with the next plan

@@ -190,7 +190,10 @@ def start_load(state: ReplicaState, offload: OffloadState, req: Request, num_cac
     offload.loading[rid] = req
     offload.loads.append((rid, offload.tier.start_load(rid, hashes)))
     offload.tier.set_next_stored(rid, end)
-    offload.tier.counters.num_hit_tokens += num_external
+    counters = offload.tier.counters
+    counters.num_hit_tokens += num_external
+    if not req.num_preemptions:  # (its last token, if loaded, is computed again: `finish_load`)
+        counters.num_first_hit_tokens += min(num_external, req.num_tokens - 1 - num_cached)
     return True
 
 

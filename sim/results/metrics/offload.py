@@ -13,13 +13,15 @@ from sim.results.columns import Table, column
 
 def offload_stats(requests: Table, facts: Sequence[dict[str, float]]) -> dict[str, Any]:
     """Summed over the replicas with a CPU tier. Hit rates are shares of the prompt tokens of
-    the requests admitted: `gpu` found in the GPU's prefix cache, `cpu` loaded from the tier
-    (a request's `num_cached_tokens` counts both, as vLLM's does)."""
+    the requests admitted, at their first admission: `gpu` found in the GPU's prefix cache,
+    `cpu` loaded from the tier (a request's `num_cached_tokens` counts both, as vLLM's does).
+    `num_loaded_tokens` counts every load, reloads after a preemption too."""
     total = {key: sum(f[key] for f in facts) for key in facts[0]}
     admitted = ~np.isnan(column(requests, "first_scheduled_s"))
     num_prompt = int(column(requests, "num_prompt_tokens")[admitted].sum())
     num_cached = int(column(requests, "num_cached_tokens")[admitted].sum())
     num_cpu = int(total["num_hit_tokens"])
+    num_first_cpu = int(total["num_first_hit_tokens"])
     num_loads = int(total["num_hit_requests"])
 
     def share(n: int) -> float | None:
@@ -28,7 +30,8 @@ def offload_stats(requests: Table, facts: Sequence[dict[str, float]]) -> dict[st
     return {
         "num_cpu_blocks": [int(f["num_cpu_blocks"]) for f in facts],
         "num_cpu_blocks_used_at_end": [int(f["num_cpu_blocks_used"]) for f in facts],
-        "hit_rate_tokens": {"gpu": share(num_cached - num_cpu), "cpu": share(num_cpu)},
+        "hit_rate_tokens": {"gpu": share(num_cached - num_first_cpu),
+                            "cpu": share(num_first_cpu)},
         "num_lookups": int(total["num_lookups"]),
         "num_loads": num_loads,
         "num_loaded_tokens": num_cpu,

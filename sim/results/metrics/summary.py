@@ -138,6 +138,7 @@ FINISHED_COLUMNS = ["ttft_s", "max_tbt_s", "tpot_s", "e2e_s", "scheduling_delay_
 
 
 FINISHED = "finished"  # the population of the headline distributions
+STALLED = "engine_stalled"  # the reason kind of requests a replica that stopped for good left
 
 
 def finished_distribution(values: np.ndarray) -> dict[str, Any]:
@@ -167,7 +168,8 @@ def summarize(requests: Table, iterations: Table | int,
     span_s = max(end_s - start_s, 0.0)
     counts = Counter(status.tolist())
     # Reasons are `kind: detail`; count them by kind (one key per kind, not per number).
-    reason_kinds = [reason.split(":", 1)[0] for reason in column(requests, "reason").tolist()]
+    all_reasons = column(requests, "reason").tolist()
+    reason_kinds = [reason.split(":", 1)[0] for reason in all_reasons]
     reasons = Counter(kind for kind in reason_kinds if kind)
     rejected_reasons = Counter(kind for kind, s in zip(reason_kinds, status.tolist(), strict=True)
                                if kind and s == "rejected")
@@ -180,6 +182,9 @@ def summarize(requests: Table, iterations: Table | int,
             "unfinished": int(counts.get("unfinished", 0)),
             "reasons": {str(k): int(v) for k, v in sorted(reasons.items())},
             "rejected_reasons": {str(k): int(v) for k, v in sorted(rejected_reasons.items())},
+            # Why a replica stopped for good, where one did (the first such reason in full).
+            **({"stalled": next(r for r in all_reasons if r.startswith(STALLED))}
+               if STALLED in reasons else {}),
         },
         "ttft_s": finished_distribution(finished["ttft_s"]),
         "tbt_s": distribution(tbt_gaps_s),
