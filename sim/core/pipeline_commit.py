@@ -177,6 +177,7 @@ def _deliver_stale(state: ReplicaState, req: Request, end_s: float, done: list[R
     last = req.num_output_tokens == req.num_target_output_tokens
     if req.status is Status.RUNNING:  # admitted again meanwhile
         state.num_running_tokens += 1
+        state.unsettled(req)
         if last:
             done.append(req)
     elif req.status is Status.WAITING:

@@ -210,6 +210,7 @@ def _deliver_stale_tokens(state: ReplicaState, req: Request, num_new: int, end_s
     last = req.num_output_tokens - req.num_placeholders == req.num_target_output_tokens
     if req.status is Status.RUNNING:  # admitted again meanwhile
         state.num_running_tokens += num_new
+        state.unsettled(req)
         if last:
             done.append(req)
     elif req.status is Status.WAITING:

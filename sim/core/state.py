@@ -186,6 +186,17 @@ class ReplicaState:
         if req in self._maybe_prefilling:  # (by identity: `Request` compares so)
             self._maybe_prefilling.remove(req)
 
+    def unsettled(self, req: Request) -> None:
+        """`req`, running, got tokens it has not computed (a stale step's, delivered after it
+        was admitted again): if it no longer decodes, it joins `prefilling`'s candidates, in
+        running order."""
+        maybe = self._maybe_prefilling
+        if req.is_decoding or any(r is req for r in maybe):
+            return
+        keep = {id(r) for r in maybe}
+        keep.add(id(req))
+        self._maybe_prefilling = [r for r in self.running if id(r) in keep]
+
     def prefilling(self) -> list[Request]:
         """Running requests with prompt tokens left to schedule, in running order: neither
         decoding nor, on a pipelined replica, caught up (their last chunk in flight). Every

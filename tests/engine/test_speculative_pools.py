@@ -156,3 +156,50 @@ def test_a_padded_prefill_step_cut_by_the_horizon_keeps_the_prefix_hit(fast_forw
     second = res.requests.iloc[1]
     assert second["status"] == "unfinished"
     assert second["num_cached_tokens"] == second["num_computed_tokens"] == 40
+
+
+def test_stale_tokens_delivered_to_a_request_admitted_again_leave_it_prefilling():
+    """Found by a fuzzer (vLLM 0.33.0, async EAGLE decode pool, block size 1, two-turn
+    conversations): a decode request preempted with a step in flight is admitted again at
+    once, its prefix hit leaving one token (padded); the stale step's token then joins its
+    output, so it has two tokens to compute, not one: it must be among the running requests
+    with tokens left (`ReplicaState.prefilling`). Every invariant is checked after each plan
+    (before, one failed here), stepped and fast alike."""
+    from sim.schedulers.base import checks
+    from tests.engine.fastpath_helpers import assert_same_results
+
+    def replica(scheduler):
+        return {"scheduler": {"name": "vllm_v1", "engine_version": "0.33.0", **scheduler},
+                "latency": {"kind": "constant", "iteration_s": 0.01}, "prefix_caching": True}
+
+    prefill = {**replica({"max_num_batched_tokens": 1024, "max_num_seqs": 4,
+                          "enable_chunked_prefill": False, "async_scheduling": False,
+                          "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+                                          "acceptance_rate": 0.8, "draft_time_ratio": 0.0}}),
+               "kv_cache": {"block_size": 1, "num_blocks": 684}}
+    decode = {**replica({"max_num_batched_tokens": 256, "max_num_seqs": 64,
+                         "async_scheduling": True,
+                         "speculative": {"method": "eagle", "num_speculative_tokens": 3,
+                                         "acceptance_rate": 0.8, "draft_time_ratio": 0.1}}),
+              "kv_cache": {"block_size": 1, "num_blocks": 1164}}
+    scenario = parse_scenario({
+        "seed": 38579, "record_token_times": True,
+        "workload": {"format": "prefix", "num_requests": 31, "num_conversations": 31,
+                     "num_groups": 1, "system_prompt_tokens": 100, "hash_block_tokens": 1,
+                     "question_tokens": {"dist": "uniform", "low": 1, "high": 23},
+                     "output_tokens": {"dist": "uniform", "low": 1, "high": 35},
+                     "arrivals": {"process": "gamma", "qps": 196.3, "cv": 3.26},
+                     "num_turns": 2, "think_time_s": 1.0},
+        "cluster": {"prefill": {"replicas": 2, "replica": prefill},
+                    "decode": {"replicas": 1, "replica": decode},
+                    "link": {"bandwidth_gb_s": 0.1, "latency_s": 0.0}, "overlap_transfer": True,
+                    "router": {"name": "round_robin"},
+                    "decode_router": {"name": "least_outstanding"}}}, "test")
+    before = checks(True)
+    try:
+        fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
+    finally:
+        checks(before)
+    assert_same_results(fast, slow)
+    assert (fast.requests["status"] == "finished").all()
+    assert fast.requests["num_preemptions"].sum() > 0
