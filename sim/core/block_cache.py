@@ -135,9 +135,12 @@ class BlockPrefixCache(KVCacheManager):
     # -- allocation -----------------------------------------------------------------------
 
     def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0,
-                     num_cached_tokens: int = 0, *, cache_new: bool = True) -> bool:
+                     num_cached_tokens: int = 0, *, cache_new: bool = True,
+                     num_lookahead_tokens: int = 0) -> bool:
         # (`cache_new` False: blocks for KV a CPU tier loads, cached once it has arrived:
-        # `cache_loaded`; vLLM's `delay_cache_blocks`.)
+        # `cache_loaded`; vLLM's `delay_cache_blocks`. The last `num_lookahead_tokens` of
+        # `num_new_tokens` are a drafter's slots, never cached: vLLM caches up to the tokens
+        # scheduled, `num_tokens_to_cache` in `KVCacheManager.allocate_slots`.)
         rid = req.request_id
         bs = self.block_size
         num_hit = num_cached_tokens // bs
@@ -173,7 +176,7 @@ class BlockPrefixCache(KVCacheManager):
         # turn naming its answer while it still runs, could hit them before.
         if cache_new and (num_new_tokens != 1 or not req.is_decoding
                           or not self.cache_at_free):
-            self._cache(req, min(computed + num_new_tokens,
+            self._cache(req, min(computed + num_new_tokens - num_lookahead_tokens,
                                  req.num_tokens - req.num_placeholders))
         return True
 

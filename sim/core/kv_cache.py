@@ -79,10 +79,12 @@ class KVCacheManager:
         return nullcontext()
 
     def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0,
-                     num_cached_tokens: int = 0) -> bool:
+                     num_cached_tokens: int = 0, *, num_lookahead_tokens: int = 0) -> bool:
         """Grow `req` for its next `num_new_tokens`, keeping `num_reserved_blocks` free.
         `num_cached_tokens` (a request holding no blocks: at most `prefix_hit_tokens(req)`)
-        first takes that cached prefix as its own, shared: the new tokens follow it.
+        first takes that cached prefix as its own, shared: the new tokens follow it. The
+        last `num_lookahead_tokens` of the new ones are slots a drafter writes (a prefix cache
+        caches none of them).
 
         Returns False, allocating nothing, if that does not fit."""
         assert num_cached_tokens == 0, "prefix caching is off"

@@ -179,7 +179,7 @@ class PrefixCachingKVManager(KVCacheManager):
     # -- allocation -----------------------------------------------------------------------
 
     def try_allocate(self, req: Request, num_new_tokens: int, num_reserved_blocks: int = 0,
-                     num_cached_tokens: int = 0) -> bool:
+                     num_cached_tokens: int = 0, *, num_lookahead_tokens: int = 0) -> bool:
         rid = req.request_id
         hit: list[Unit] = []
         if num_cached_tokens:

@@ -149,8 +149,15 @@ def complete_speculative(state: ReplicaState, in_flight: list[InFlight], end_s: 
     placeholders = state.spec_placeholders
     done: list[Request] = []
     sampled = []
+    offload = state.offload
     for req, num_tokens, num_preemptions, samples, _ in in_flight:
         req.num_in_flight_tokens -= num_tokens
+        if (samples and req.status is Status.FINISHED and offload is not None
+                and req.request_id in offload.delayed):
+            # Finished by an earlier step, its blocks held for its stores to the CPU tier, it
+            # is still among vLLM's requests, so this step's output finishes it again
+            # (`_free_request`): the worker hears of it once more, at the next step.
+            offload.finished_ids.append(req.request_id)
         if not samples or req.status is Status.FAILED or req.status is Status.FINISHED:
             continue  # nothing sampled, aborted, or finished meanwhile: dropped
         padded = samples < 0  # (the step's drafts were padding: `start_speculative`)

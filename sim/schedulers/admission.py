@@ -145,7 +145,8 @@ def try_admit(
         future = min(future, after + reserve_tokens)
     own_future = max(0, cdiv(future, kv.block_size) - cdiv(after, kv.block_size))
     if not kv.try_allocate(req, num_tokens + num_lookahead_tokens,
-                           reserved + max(own_future, num_extra_blocks), num_cached_tokens):
+                           reserved + max(own_future, num_extra_blocks), num_cached_tokens,
+                           num_lookahead_tokens=num_lookahead_tokens):
         return None
     state.admit(req, num_cached_tokens, index)
     return own_future

@@ -370,8 +370,9 @@ class VllmV1(Scheduler):
                     budget -= 1
                     continue
                 num_tokens = 1
-            num_slots = num_tokens + self._lookahead(req, req.num_computed_tokens, num_tokens)
-            while not kv.try_allocate(req, num_slots):
+            num_ahead = self._lookahead(req, req.num_computed_tokens, num_tokens)
+            while not kv.try_allocate(req, num_tokens + num_ahead,
+                                      num_lookahead_tokens=num_ahead):
                 if not by_priority:
                     victim = state.running[-1]
                     budget += preempt(state, victim, plan.preempted_ids, scheduled)

@@ -326,6 +326,27 @@ def vllm_workloads() -> list[Workload]:
         _vllm("offload_empty_step_preempts", 221,
               _requests(rng(221), 150, 10.0, (256, 1024), (16, 64)),
               num_gpu_blocks=300, enable_prefix_caching=True, kv_offload=_offload(256, 1.0)),
+        # Found by held-out workloads of the tier with speculative decoding (short): a chunk
+        # whose drafter lookahead reaches into the next block caches none of it (vLLM caches
+        # the tokens scheduled), with and without the tier, and after a preemption; a request
+        # finished with a step in flight, its blocks held for its stores, is finished again by
+        # that step's output, and the worker told again (an empty step polls).
+        *(_vllm(f"spec_lookahead_not_cached{suffix}", 5,
+                [[0.0, 3000, 4, 0, 3000], [0.005, 3100, 4, 0, 3000]],
+                enable_prefix_caching=True, max_num_batched_tokens=1020,
+                long_prefill_token_threshold=510, speculative=_spec("eagle", 5, 0.7),
+                **tier)
+          for suffix, tier in (("", {}), ("_offload", {"kv_offload": _offload(512, 1.0)}))),
+        _vllm("offload_spec_lookahead_preempt", 6,
+              [[0.0, 2194, 14, -1, 0], [0.0, 600, 200, -1, 0]],
+              num_gpu_blocks=190, enable_prefix_caching=True, max_num_batched_tokens=512,
+              long_prefill_token_threshold=506, speculative=_spec("eagle", 5, 0.7),
+              kv_offload=_offload(512, 1.0)),
+        _vllm("offload_spec_finished_again", 310,
+              [[0.0, 485, 10, 0, 471], [1.0, 472, 13, 0, 471]], step=(0.01, 5e-5),
+              max_model_len=4096, enable_chunked_prefill=False, max_num_batched_tokens=4096,
+              enable_prefix_caching=True, async_scheduling=True,
+              speculative=_spec("eagle3", 1, 0.54), kv_offload=_offload(32, 1.0)),
         _vllm("no_chunking_constant_step", 10,
               _requests(rng(10), 300, 12.0, (64, 6000), (8, 64)), step=(0.02, 0.0),
               enable_chunked_prefill=False, max_num_batched_tokens=8192, max_model_len=8192),
