@@ -71,6 +71,12 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
                 edge = draw(st.integers(1, 8))
                 scheduler["speculative"]["num_speculative_tokens_per_batch_size"] = [
                     [1, edge, k], [edge + 1, 4096, draw(st.integers(0, k))]]
+            if (scheduler["engine_version"] == "0.33.0"
+                    and "num_speculative_tokens_per_batch_size" not in scheduler["speculative"]
+                    and 0 < scheduler.get("long_prefill_token_threshold", 0) < 1 + k):
+                # (0.33.0 pads a decode it admits to 1 + k tokens: a smaller threshold fails
+                # its scheduler's assertion, and is refused)
+                scheduler["long_prefill_token_threshold"] = 1 + k
             scheduler.pop("async_scheduling", None)
             if method == "eagle" or scheduler["engine_version"] == "0.33.0":
                 scheduler["async_scheduling"] = draw(st.booleans())

@@ -143,7 +143,9 @@ def try_admit(
     future = state.num_kv_tokens_needed(req)
     if reserve_tokens is not None:
         future = min(future, after + reserve_tokens)
-    own_future = max(0, cdiv(future, kv.block_size) - cdiv(after, kv.block_size))
+    # (Beyond the slots allocated now: a drafter's lookahead slots hold future tokens too.)
+    own_future = max(0, cdiv(future, kv.block_size)
+                     - cdiv(after + num_lookahead_tokens, kv.block_size))
     if not kv.try_allocate(req, num_tokens + num_lookahead_tokens,
                            reserved + max(own_future, num_extra_blocks), num_cached_tokens,
                            num_lookahead_tokens=num_lookahead_tokens):

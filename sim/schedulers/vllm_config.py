@@ -345,10 +345,13 @@ class VllmV1Config(SchedulerConfig):
             # budget below that leaves it queued for ever; a threshold below it fails the
             # scheduler's `assert num_new_tokens == 1 + self.num_spec_tokens`.
             width = 1 + spec.num_speculative_tokens
-            if spec.num_lookahead_tokens < budget < width:  # (else refused just above)
+            slots = spec.num_draft_slots  # (a draft model's: one of the budget per request)
+            if spec.num_lookahead_tokens < budget < width + slots:  # (else refused above)
                 problems.append(("max_num_batched_tokens", budget,
                                  f"vLLM {self.engine_version} pads a decode it admits to 1 + k "
-                                 f"= {width} tokens and would never schedule one here"))
+                                 f"= {width} tokens" + (f" beside its draft model's {slots} "
+                                                        "slot" if slots else "")
+                                 + " and would never schedule one here"))
             if threshold and threshold < width:
                 problems.append(("long_prefill_token_threshold", threshold,
                                  f"vLLM {self.engine_version} pads a decode it admits to 1 + k "

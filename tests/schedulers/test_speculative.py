@@ -335,6 +335,10 @@ def test_export_reports_vllms_spec_decode_fields():
     ({"method": "ngram", "num_speculative_tokens": 4, "acceptance_rate": 0.5},
      {"engine_version": "0.33.0", "max_num_batched_tokens": 4}, "max_num_batched_tokens",
      "would never schedule one"),
+    ({"method": "draft_model", "num_speculative_tokens": 1, "acceptance_rate": 0.5,
+      "draft_time_ratio": 0.1},
+     {"engine_version": "0.33.0", "max_num_batched_tokens": 2, "max_num_seqs": 2},
+     "max_num_batched_tokens", "beside its draft model's 1 slot"),
     ({"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.5},
      {"engine_version": "0.33.0", "long_prefill_token_threshold": 2},
      "long_prefill_token_threshold", "1 \\+ k = 4 tokens, which a smaller threshold fails"),
@@ -384,3 +388,17 @@ def test_the_default_drafters_prompt_pass_is_one_layer_of_the_targets(model):
     drafting = DraftingLatency(target, drafter_time_ratio("eagle", shape), 2, prompt)
     only_prompt = BatchShape(num_prefill_tokens=100, num_prefill_seqs=1)
     assert drafting.iteration_time_s(only_prompt) == pytest.approx(1 + prompt)
+
+
+def test_lookahead_slots_count_toward_the_future_a_newcomer_reserves():
+    """vLLM 0.33.0 gives EAGLE's 5 lookahead slots at admission: a 47-token prompt with 3
+    tokens to come takes 47 + 5 = 52 slots, all 4 blocks of 16, which already hold its last
+    2 tokens. With servesim's `decode_reserve_tokens` it reserves no further block for them
+    (before, one more: 5 of 4 blocks, and it waited for ever, alone)."""
+    data = scenario({"method": "eagle", "num_speculative_tokens": 5, "acceptance_rate": 0.0,
+                     "draft_time_ratio": 0.0}, prompt=47, output=3, version="0.33.0",
+                    enable_chunked_prefill=False, max_num_batched_tokens=256, max_num_seqs=2,
+                    decode_reserve_tokens=8)
+    data["replica"]["kv_cache"] = {"block_size": 16, "num_blocks": 5}  # (4 usable)
+    res = run_scenario(parse_scenario(data, "t"))
+    assert res.requests["status"].tolist() == ["finished"]
