@@ -115,11 +115,16 @@ class OffloadSteps:
                   f"decoded since iteration {last:,}: the running and queued requests take "
                   "each other's KV blocks in turn (queued ones holding what they loaded from "
                   "the CPU tier); vLLM 0.15.1 loops there for ever")
+        self._stop_for_good(reason)
+        return True
+
+    def _stop_for_good(self, reason: str) -> None:
+        """The replica will never run again: it and its requests say why (`stalled`; a
+        request that arrives later is told too, `Replica.submit`)."""
         self.stalled = reason
         state = self.state
         for req in [*state.waiting, *state.running]:
             req.reason = reason
-        return True
 
     def _launch(self, plan: Plan, now_s: float) -> tuple[float, Report]:
         """Launch `plan`'s step at `now_s` with its copies: when it launches, and what the
@@ -139,9 +144,7 @@ class OffloadSteps:
                   f"({kv.num_free_blocks:,} free of {kv.num_blocks:,}) while queued requests "
                   f"behind it hold {held:,} with KV loaded from the CPU tier; vLLM 0.15.1 "
                   "waits for ever there")
-        self.stalled = reason
-        for req in [*state.waiting, *state.running]:
-            req.reason = reason
+        self._stop_for_good(reason)
         yield self.env.event()  # never triggered
 
     def _wait_copies(self, now_s: float) -> Generator[simpy.Event, Any, None]:
