@@ -18,8 +18,8 @@ from sim.core.request import Request
 from sim.core.speculative import Acceptance
 from sim.engine.clock import Progress
 from sim.engine.cluster import Cluster, blocks_beyond_memory
+from sim.engine.cpu_tier import offload_facts
 from sim.engine.iteration_log import IterationLog
-from sim.engine.offload import offload_facts
 from sim.hardware.gpus import measured_on
 from sim.results.columns import Columns, Table, column
 from sim.results.metrics.arrived import arrived_stats

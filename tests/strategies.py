@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 @st.composite
 def scenarios(draw, offload: bool = False, data_parallel: bool = False):
-    """A random scenario; `offload`: always vLLM v1 (0.15.1) with prefix caching and a CPU
-    tier for the KV cache (elsewhere the tier is drawn now and then); `data_parallel`: vLLM v1
+    """A random scenario; `offload`: always vLLM v1 (0.15.1 or 0.33.0) with prefix caching and
+    a CPU tier for the KV cache (elsewhere the tier is drawn now and then); `data_parallel`: vLLM v1
     on 2 or 4 data-parallel ranks of an MoE model, experts spread over them."""
     block_size = draw(st.sampled_from([1, 4, 16]))
     max_prompt = draw(st.integers(1, 800))
@@ -53,7 +53,13 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         if data_parallel:
             scheduler["engine_version"] = draw(st.sampled_from(["0.15.1", "0.33.0"]))
             scheduler["async_scheduling"] = draw(st.booleans())
-        if draw(st.integers(0, 3)) == 0:
+        # A CPU tier follows 0.15.1's or 0.33.0's connector (0.33.0's: synchronous, FCFS, no
+        # drafter so far).
+        tier_033 = offload and draw(st.booleans())
+        if tier_033:
+            scheduler.update(engine_version="0.33.0", async_scheduling=False,
+                             scheduling_policy="fcfs")
+        if not tier_033 and draw(st.integers(0, 3)) == 0:
             method = draw(st.sampled_from(["ngram", "eagle", "draft_model"]))
             k = draw(st.integers(1, 5))
             scheduler.pop("min_chunk_tokens", None)
@@ -153,14 +159,14 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         "warmup_requests": draw(st.sampled_from([0, 0, 3])),
         "duration_s": draw(st.sampled_from([None, None, 0.3, 2.0]))}]))
     prefix_caching = offload or draw(st.booleans())
-    # A CPU tier for the KV cache sometimes (vLLM 0.15.1's offloading connector): from a few
+    # A CPU tier for the KV cache sometimes (vLLM's offloading connector): from a few
     # blocks to more than the GPU holds, copies slow or fast (the default model's block is
     # 128 KiB per token slot).
     cpu_tier = None
     if offload:
         scheduler["decode_reserve_tokens"] = 0  # (the tier refuses others)
     if (scheduler["name"] == "vllm_v1" and prefix_caching
-            and scheduler.get("engine_version", "0.15.1") == "0.15.1"
+            and (scheduler.get("engine_version", "0.15.1") == "0.15.1" or offload)
             and scheduler.get("decode_reserve_tokens") == 0 and not data_parallel
             and (offload or draw(st.integers(0, 2)) == 0)):
         num_cpu_blocks = draw(st.integers(1, 3 * num_blocks))

@@ -75,6 +75,9 @@ class BlockPrefixCache(KVCacheManager):
         self._num_front = num_blocks
         self._queue: OrderedDict[Block, None] = OrderedDict()
         self.num_evicted_blocks = 0
+        # Cached blocks taken from the free queue for new ones, as they go (None: not kept):
+        # vLLM 0.33.0's CPU tier flushes a store that reads one (`sim.core.offload_jobs`).
+        self.taken: list[Block] | None = None
         # Changes whenever a chain hash is cached or evicted: a match kept from before is
         # stale (`_match_len`).
         self._version = 0
@@ -186,6 +189,10 @@ class BlockPrefixCache(KVCacheManager):
         connector does by `request.block_hashes`."""
         return self._chain(req, num_blocks)
 
+    def blocks_of(self, request_id: int) -> list[Block]:
+        """The blocks `request_id` holds, in token order (the kept list itself: read only)."""
+        return self._blocks.get(request_id, [])
+
     def cache_loaded(self, req: Request, num_tokens: int) -> None:
         """Cache `req`'s full blocks within its first `num_tokens`, loaded from a CPU tier."""
         self._cache(req, num_tokens)
@@ -248,8 +255,11 @@ class BlockPrefixCache(KVCacheManager):
         front = min(num_blocks, self._num_front)
         self._num_front -= front
         queue = self._queue
+        taken = self.taken
         for _ in range(num_blocks - front):
             block, _ = queue.popitem(last=False)
+            if taken is not None:
+                taken.append(block)
             if block.hash is not None:
                 copies = self._cached[block.hash]
                 copies.remove(block)

@@ -71,6 +71,19 @@ class Transfers:
     stores: list[tuple[int, int]] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class Report:
+    """What a poll found done: requests finished sending (stores) and receiving (loads), and
+    (vLLM 0.33.0) the copy jobs done."""
+
+    finished_sending: list[int] = field(default_factory=list)
+    finished_recving: list[int] = field(default_factory=list)
+    completed: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.finished_sending or self.finished_recving or self.completed)
+
+
 class CpuTier:
     """The host's KV blocks and the connector's bookkeeping per request (module docstring)."""
 
@@ -261,6 +274,9 @@ class OffloadState:
         # Loads started since the last plan: (request id, blocks), in order.
         self.loads: list[tuple[int, int]] = []
 
+    busy = False  # (0.15.1's engine steps on for finished requests only: `finished_ids`)
+    holds_queue = False  # (loading requests wait in the queue, in their place)
+
     def finished(self, state: ReplicaState, req: Request) -> None:
         """`req` finished or was aborted: its blocks are freed now, or once its stores are."""
         rid = req.request_id
@@ -272,9 +288,9 @@ class OffloadState:
         else:
             state.kv.free(req)
 
-    def apply(self, state: ReplicaState, finished_sending: list[int],
-              finished_recving: list[int]) -> None:
+    def apply(self, state: ReplicaState, report: Report) -> None:
         """The worker's report, with a step's output (`_update_from_kv_xfer_finished`)."""
+        finished_sending, finished_recving = report.finished_sending, report.finished_recving
         self.tier.transfers_done(finished_sending, finished_recving)
         for rid in finished_recving:
             if rid in self.loading:

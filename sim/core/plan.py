@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sim.core.offload import Transfers
+    from sim.core.offload_jobs import JobTransfers
 
 
 @dataclass(slots=True)
@@ -36,7 +37,7 @@ class Plan:
     # With a CPU tier for the KV cache (vLLM's offloading connector, `sim.core.offload`): the
     # copies this step starts, and the requests finished since the last plan (the worker
     # learns of them with this step: `finished_req_ids`).
-    transfers: Transfers | None = None
+    transfers: Transfers | JobTransfers | None = None
     finished_ids: list[int] | None = None
 
     @property

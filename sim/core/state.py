@@ -30,6 +30,7 @@ from sim.core.waiting import PriorityWaiting
 
 if TYPE_CHECKING:
     from sim.core.offload import OffloadState
+    from sim.core.offload_jobs import JobOffloadState
 
 __all__ = ["PLACEHOLDER", "SAMPLES", "InFlight", "ReplicaState"]
 
@@ -100,7 +101,7 @@ class ReplicaState:
         self.spec_drafts_proposed = 0  # (the last such step's plan's drafts)
         # The KV cache's CPU tier (None: off): requests may wait in the queue holding blocks
         # while their KV is copied in, and a finished one's blocks may wait for its stores.
-        self.offload: OffloadState | None = None
+        self.offload: OffloadState | JobOffloadState | None = None
 
     def num_kv_tokens_needed(self, req: Request) -> int:
         """KV slots `req` needs here at its largest: its prompt on a prefill replica."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sim.core.offload_jobs import JobOffloadState
 from sim.core.request import Status
 from sim.core.waiting import PriorityWaiting
 
@@ -26,7 +27,9 @@ def check_state(state: ReplicaState) -> None:
         assert state.kv.num_held_blocks(req.request_id) == 0 or (
             offload is not None and (req.request_id in offload.loading
                                      or req.num_computed_tokens > 0))
-    if offload is not None:
+    if isinstance(offload, JobOffloadState):
+        offload.check(state)
+    elif offload is not None:
         offload.tier.check()
         assert offload.loaded <= set(offload.loading)
     assert state.num_waiting_tokens == sum(r.num_uncomputed_tokens for r in state.waiting)

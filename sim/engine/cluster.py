@@ -21,8 +21,8 @@ from sim.core.speculative import Acceptance
 from sim.core.state import ReplicaState
 from sim.engine.clients import Dispatcher
 from sim.engine.clock import ANSWERED, NORMAL, At, Environment, Progress, simulate
+from sim.engine.cpu_tier import attach_cpu_tier
 from sim.engine.disaggregation import Disaggregation
-from sim.engine.offload import attach_cpu_tier
 from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Replica
 from sim.hardware.models import ModelShape

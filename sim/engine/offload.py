@@ -22,27 +22,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sim.config.errors import InputError
-from sim.core.offload import CpuTier, OffloadState, Transfers
-from sim.hardware.gpus import host_link_bytes_s
+from sim.core.offload import Report, Transfers
 
 if TYPE_CHECKING:
-    from sim.config.replica import ReplicaConfig
-    from sim.core.state import ReplicaState
-
-
-@dataclass(slots=True)
-class Report:
-    """What a poll found done: requests finished sending (stores) and receiving (loads)."""
-
-    finished_sending: list[int] = field(default_factory=list)
-    finished_recving: list[int] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.finished_sending or self.finished_recving)
+    from sim.core.offload_jobs import JobTransfers
+    pass
 
 
 class HostCopies:
@@ -66,12 +52,13 @@ class HostCopies:
         self.load_busy_s = 0.0
         self.store_busy_s = 0.0
 
-    def launch(self, transfers: Transfers, preempted_ids: list[int], finished_ids: list[int],
-               now_s: float) -> tuple[float, Report]:
+    def launch(self, transfers: Transfers | JobTransfers, preempted_ids: list[int],
+               finished_ids: list[int], now_s: float) -> tuple[float, Report]:
         """A step is launched at `now_s` with `transfers` (its loads now, its stores deferred
         to the next launch, once the GPU has computed the step: `computed_by`): returns when
         the launch happens (later if a preempted request's copies must finish first) and what
         the poll right after it finds done."""
+        assert isinstance(transfers, Transfers)
         if preempted_ids:
             self._submit_deferred(now_s)
             preempted = set(preempted_ids)
@@ -142,65 +129,3 @@ class HostCopies:
     def busy(self) -> bool:
         """Copies running or a finished request waiting for its stores."""
         return bool(self._loads or self._stores or self._waiting_for_store or self._deferred)
-
-
-def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: str,
-                    source: str) -> HostCopies | None:
-    """The replica's CPU tier (`replica.kv_offload`), on `state`, and its copies' timing; None
-    without one. Its blocks: `size_gib` over a block's KV on every GPU of the replica
-    (vLLM's `CPUOffloadingSpec`: page size times layers times world size); a copy of a block
-    moves each GPU's share over that GPU's own host link, side by side."""
-    offload = cfg.kv_offload
-    if offload is None:
-        return None
-    where = f"{field}.kv_offload"
-    problem = None
-    if cfg.scheduler.name != "vllm_v1":
-        problem = f"the CPU tier is vLLM's offloading connector: scheduler {cfg.scheduler.name!r}"
-    elif not cfg.prefix_caching:
-        problem = "the CPU tier keys blocks by their prefix: set prefix_caching: true"
-    elif pool != "colocated":
-        problem = "on a disaggregated pool"
-    elif cfg.parallelism.pipeline > 1:
-        problem = "on a pipeline"
-    elif getattr(cfg.scheduler, "decode_reserve_tokens", 0) != 0:
-        problem = ("queued requests hold the blocks they load; with blocks kept for running "
-                   "requests' future tokens (decode_reserve_tokens, which vLLM does not have) "
-                   "they could wait for each other for ever: leave decode_reserve_tokens at 0")
-    elif (version := getattr(cfg.scheduler, "engine_version", None)) != "0.15.1":
-        problem = (f"the CPU tier follows vLLM 0.15.1's offloading connector; "
-                   f"{version}'s (prompt blocks only, each loadable once its "
-                   "copy ends, a second waiting queue) is not modelled yet "
-                   "(servesim issue 47): set scheduler.engine_version: 0.15.1")
-    if problem is not None:
-        if problem.startswith(("with", "on")):
-            problem = f"a CPU tier {problem} is not modelled yet (servesim issue 47)"
-        raise InputError(source, where, offload.size_gib, problem)
-    model, par = cfg.model_shape, cfg.parallelism
-    block_size = cfg.kv_cache.block_size
-    block_bytes_per_gpu = par.kv_bytes_per_token_per_gpu(model) * block_size
-    num_blocks = int(offload.size_gib * 2**30 // (block_bytes_per_gpu * par.num_gpus))
-    if num_blocks < 1:
-        raise InputError(source, f"{where}.size_gib", offload.size_gib,
-                         f"holds no KV block of {model.name} "
-                         f"({block_bytes_per_gpu * par.num_gpus / 2**20:.1f} MiB each)")
-    bandwidth = (offload.host_bandwidth_gb_s * 1e9 if offload.host_bandwidth_gb_s is not None
-                 else host_link_bytes_s(cfg.measured_gpu))
-    state.offload = OffloadState(CpuTier(num_blocks))
-    seconds_per_block = block_bytes_per_gpu / bandwidth
-    return HostCopies(seconds_per_block, seconds_per_block)
-
-
-def offload_facts(state: ReplicaState, copies: HostCopies) -> dict[str, float]:
-    """A replica's CPU tier after a run: its size, counters and copy times, as numbers (the
-    results add them up over replicas: `sim.results.metrics.offload`)."""
-    assert state.offload is not None
-    tier = state.offload.tier
-    return {"num_cpu_blocks": tier.num_blocks, "num_cpu_blocks_used": tier.num_used_blocks,
-            **{name: getattr(tier.counters, name) for name in tier.counters.__slots__},
-            "load_busy_s": copies.load_busy_s, "store_busy_s": copies.store_busy_s,
-            "load_s_per_block": copies.load_s_per_block,
-            # Finished requests' GPU blocks held until their stores are reported done: vLLM's
-            # engine idles with them held until its next step (a new request).
-            "num_blocks_awaiting_stores": sum(state.kv.num_held_blocks(rid)
-                                              for rid in state.offload.delayed)}

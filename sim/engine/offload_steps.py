@@ -9,16 +9,19 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
+from sim.core.offload_jobs import JobTransfers
 from sim.core.plan import Plan
 from sim.engine.clock import At
 
 if TYPE_CHECKING:
     import simpy
 
+    from sim.core.offload import Report
     from sim.core.state import ReplicaState
     from sim.engine.clock import Environment
     from sim.engine.iteration_log import IterationLog
-    from sim.engine.offload import HostCopies, Report
+    from sim.engine.offload import HostCopies
+    from sim.engine.offload_jobs import JobCopies
     from sim.engine.replica import Iteration
     from sim.schedulers.base import Scheduler
 
@@ -38,7 +41,7 @@ class OffloadSteps:
     state: ReplicaState
     scheduler: Scheduler
     turn: int
-    copies: HostCopies | None
+    copies: HostCopies | JobCopies | None
     stalled: str | None
     _blocked: tuple[float, Report] | None
     _carried: list[int]
@@ -75,7 +78,7 @@ class OffloadSteps:
                 return plan, None
             if report:
                 assert state.offload is not None
-                state.offload.apply(state, report.finished_sending, report.finished_recving)
+                state.offload.apply(state, report)
             elif idle_step(plan):
                 return plan, None  # nothing changes until a copy ends or work arrives
 
@@ -92,7 +95,8 @@ class OffloadSteps:
                 return None
             return plan
         offload = state.offload
-        if offload is not None and offload.finished_ids:
+        # (vLLM 0.33.0's engine also steps while copy jobs are not reported done.)
+        if offload is not None and (offload.finished_ids or offload.busy):
             plan = Plan()
             offload.build(state, plan, 0)
             return plan
@@ -169,5 +173,8 @@ def idle_step(plan: Plan) -> bool:
     """Whether a plan that runs nothing and whose poll found nothing changes nothing: it
     started no load and told the worker of no finished request (vLLM's engine steps on,
     empty, until a copy ends or a request arrives)."""
-    assert plan.transfers is not None
-    return not (plan.transfers.loads or plan.finished_ids or plan.preempted_ids)
+    transfers = plan.transfers
+    assert transfers is not None
+    if isinstance(transfers, JobTransfers) and (transfers.stores or transfers.flush):
+        return False
+    return not (transfers.loads or plan.finished_ids or plan.preempted_ids)

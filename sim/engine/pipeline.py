@@ -203,8 +203,7 @@ class PipelinedReplica(Replica):
                 if it.report:
                     state = self.state
                     assert state.offload is not None
-                    state.offload.apply(state, it.report.finished_sending,
-                                        it.report.finished_recving)
+                    state.offload.apply(state, it.report)
                 continue
             iteration = self._log(it)
             assert it.in_flight is not None
@@ -217,8 +216,7 @@ class PipelinedReplica(Replica):
                                            stale_delivered=self.stale_delivered)
             if it.report:
                 assert state.offload is not None
-                state.offload.apply(state, it.report.finished_sending,
-                                    it.report.finished_recving)
+                state.offload.apply(state, it.report)
             self.log.add_sampled(iteration, sampled)
             self.scheduler.iteration_ended(it.plan)
             self._left_running(done)

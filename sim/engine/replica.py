@@ -37,8 +37,10 @@ from sim.schedulers.base import Scheduler
 from sim.workloads.base import MAX_SPAN_S
 
 if TYPE_CHECKING:
+    from sim.core.offload import Report
     from sim.engine.fastpath.stretch import Stretch
-    from sim.engine.offload import HostCopies, Report
+    from sim.engine.offload import HostCopies
+    from sim.engine.offload_jobs import JobCopies
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs 3x, on a hot path
 class Iteration:
@@ -90,7 +92,7 @@ class Replica(OffloadSteps):
         # replica holding KV reserved for them gives it back: `Disaggregation`).
         self.on_dropped: Callable[[list[Request]], None] | None = None
         # The copies to and from the KV cache's CPU tier (`state.offload`), timed.
-        self.copies: HostCopies | None = None
+        self.copies: HostCopies | JobCopies | None = None
         self.stalled: str | None = None  # why it stopped for good (`_stall`), if it did
         # Preemptions since the last iteration in which a request decoded, counted with a CPU
         # tier (`OffloadSteps._preempted_in_turn`).
@@ -292,7 +294,7 @@ class Replica(OffloadSteps):
             self._blocked = None
             yield At(self.env, until_s, self.turn)
             assert state.offload is not None
-            state.offload.apply(state, report.finished_sending, report.finished_recving)
+            state.offload.apply(state, report)
             return
         if self.copies is not None and self.copies.busy and plan is not None:
             # Copies to or from the CPU tier hold what the queue needs: poll when the next ends.
@@ -352,7 +354,7 @@ class Replica(OffloadSteps):
         self._left_running(state.commit(it.plan, iteration, it.start_s, it.end_s, since))
         if it.report:
             assert state.offload is not None
-            state.offload.apply(state, it.report.finished_sending, it.report.finished_recving)
+            state.offload.apply(state, it.report)
         self.scheduler.iteration_ended(it.plan)
 
     def _log(self, it: Iteration) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from sim.core.block_cache import BlockPrefixCache
 from sim.core.kv_cache import cdiv
 from sim.core.offload import OffloadState
+from sim.core.offload_jobs import JobOffloadState
 from sim.core.plan import Plan
 from sim.core.request import Request
 from sim.core.state import ReplicaState
@@ -80,15 +81,69 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
     # is mostly full): nothing changes it before the first admission.
     reserved: int | None = None
     offload = state.offload
+    holding: set[Request] = set()
+    if isinstance(offload, JobOffloadState) and offload.holding:
+        # vLLM 0.33.0 passes the requests holding KV loaded from the CPU tier first, in their
+        # own queue (`kv_holding_waiting`); one that is refused ends the pass.
+        for req in list(offload.holding):
+            if not ((budget is None or budget > 0)
+                    and len(state.running) + len(state.incoming) < max_num_seqs):
+                return budget
+            rid = req.request_id
+            if rid in offload.loading:
+                if rid not in offload.loaded:
+                    continue  # still loading
+                finish_load(state, offload, req)
+            num_tokens = chunk(req, req.num_uncomputed_tokens, budget)
+            if not num_tokens:
+                return budget
+            if reserved is None:
+                reserved = reserved_blocks(state, reserve_tokens)
+            extra = 0 if extra_blocks is None else extra_blocks(req, 0, num_tokens)
+            ahead = 0 if lookahead is None else lookahead(req, 0, num_tokens)
+            index = next(i for i, r in enumerate(state.waiting) if r is req)
+            own_reserve = try_admit(state, req, num_tokens, reserve_tokens, reserved, 0, ahead,
+                                    extra, index)
+            if own_reserve is None:
+                return budget
+            offload.admitted(req)
+            reserved += own_reserve
+            scheduled[rid] = num_tokens
+            if budget is not None:
+                budget -= num_tokens
+        holding = set(offload.holding)
     index = 0  # requests before it wait for KV from the CPU tier (skipped, in their place)
     while (len(state.waiting) > index and (budget is None or budget > 0)
            and len(state.running) + len(state.incoming) < max_num_seqs):
         req = state.waiting[index]
+        if holding and req in holding:
+            index += 1  # (passed in the holding queue)
+            continue
         # (A waiting request with computed tokens has them from the CPU tier.)
         num_cached = kv.prefix_hit_tokens(req) if req.num_computed_tokens == 0 else 0
         if num_hit_blocks_dropped and num_cached:
             num_cached = max(0, num_cached - num_hit_blocks_dropped * kv.block_size)
-        if offload is not None:
+        if isinstance(offload, JobOffloadState):
+            num_external = offload.lookup(req, num_cached)
+            if num_external is None:
+                index += 1  # to wait for blocks being stored or loaded
+                continue
+            if num_external:  # blocks for hit and load now, no tokens until it is loaded
+                if reserved is None:
+                    reserved = reserved_blocks(state, reserve_tokens)
+                # (beside every prefilling or loading request's whole prompt; the whole
+                # prompt must fit too: `reserved_blocks`, `full_sequence_must_fit`)
+                extra = 0 if extra_blocks is None else extra_blocks(req, num_cached,
+                                                                    num_external)
+                assert isinstance(kv, BlockPrefixCache)
+                if not kv.try_allocate(req, num_external,
+                                       reserved + max(offload.inflight_blocks(state), extra),
+                                       num_cached, cache_new=False):
+                    break
+                offload.start_load(req, num_cached, num_external)
+                index += 1
+                continue
+        elif offload is not None:
             num_external = offload_lookup(state, offload, req, num_cached)
             if num_external is None:
                 index += 1  # loading (or to wait for blocks another request loads)
@@ -200,7 +255,8 @@ def start_load(state: ReplicaState, offload: OffloadState, req: Request, num_cac
     return True
 
 
-def finish_load(state: ReplicaState, offload: OffloadState, req: Request) -> None:
+def finish_load(state: ReplicaState, offload: OffloadState | JobOffloadState,
+                req: Request) -> None:
     """`req`'s KV has arrived: its blocks' tokens count as computed (all but the last token
     if they cover it), and are cached (`_update_waiting_for_remote_kv`)."""
     kv = state.kv

@@ -128,11 +128,16 @@ scheduler code):
    done; the pass that reaches it then takes the loaded tokens as computed and admits it as
    usual. At the end of each plan the full blocks its requests complete are stored
    (`build_connector_meta`); a finished request that stored keeps its blocks until its
-   copies are done (`request_finished` delays the free).
+   copies are done (`request_finished` delays the free). 0.33.0's connector
+   (`sim.core.offload_jobs`, timed by `sim.engine.offload_jobs`) stores prompt blocks only,
+   job by job, each loadable once its job is reported done; loading requests wait in a queue
+   of their own, passed first (`kv_holding_waiting`), and a load is admitted only beside
+   what every request still prefilling needs for its whole prompt; finished requests free
+   their blocks at once, a pending store that reads one handed out again being flushed
+   before the step.
 
 Not modelled: speculative decoding on a pipeline, multi-module MTP's prefill lookahead,
-0.33.0's CPU tier (prompt blocks only, each loadable once its copy ends, a second waiting
-queue: `tools/golden/README.md` lists its rules),
+0.33.0's CPU tier with async scheduling, priority or speculative decoding (refused),
 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs, KV connectors
 other than the CPU tier, structured output, LoRA limits, Mamba or deterministic-caching
 chunk alignment,

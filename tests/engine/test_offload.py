@@ -108,8 +108,6 @@ def test_a_finished_request_that_stored_keeps_its_blocks_until_its_stores_are_do
 @pytest.mark.parametrize(("replica", "field", "words"), [
     ({"scheduler": {"name": "sglang"}}, "replica.kv_offload", "offloading connector"),
     ({"prefix_caching": False}, "replica.kv_offload", "prefix_caching"),
-    ({"scheduler": {"name": "vllm_v1", "engine_version": "0.33.0"}}, "replica.kv_offload",
-     "engine_version: 0.15.1"),
     ({"parallelism": {"tensor": 1, "pipeline": 2}}, "replica.kv_offload", "pipeline"),
     ({"kv_offload": {"size_gib": 1e-6}}, "replica.kv_offload.size_gib", "holds no KV block"),
 ])

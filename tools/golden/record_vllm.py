@@ -209,6 +209,13 @@ class Copies:
         return min(self.jobs.values(), default=float("inf"))
 
 
+class IdOrderedSet(set):  # type: ignore[type-arg]
+    """A set of request ids (strings of integers) that iterates in id order."""
+
+    def __iter__(self) -> Any:
+        return iter(sorted(set.__iter__(self), key=int))
+
+
 def worker_connector(sched: Any, s_per_block: float) -> tuple[Any, Copies]:
     """vLLM's offloading connector in its worker role, its copy engine `Copies` (the CUDA
     copies are the only part replaced: `register_kv_caches` would need a GPU)."""
@@ -388,6 +395,11 @@ def record(workload: Workload) -> dict[str, Any]:
     def send() -> None:
         nonlocal gpu_free_s, now_s
         del preempted_order[:]
+        if copies is not None and copies.v033:
+            # 0.33.0's connector stores for, and re-ranks the tier blocks of, the requests
+            # finished since the last step in the order of a set of strings, which Python's
+            # hash seed decides: in request id order here, as servesim takes them.
+            sched.finished_req_ids = IdOrderedSet(sched.finished_req_ids)
         placeholders = {rid: getattr(r, "num_output_placeholders", 0)
                         for rid, r in sched.requests.items()}
         queued = {rid for rid, r in sched.requests.items() if r.status.name != "RUNNING"}

@@ -1,0 +1,528 @@
+"""vLLM 0.33.0's CPU tier for the KV cache (`--kv-offloading-size`, the rewritten
+`OffloadingConnector`), as its scheduler sees it; 0.15.1's is `sim.core.offload`. No time here:
+the engine times the copies (`sim.engine.offload_jobs`) and reports the jobs done (`apply`).
+
+The rules, from vLLM 0.33.0 (`distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`,
+`v1/kv_offload/cpu/manager.py`, `cpu/policies/lru.py`, `v1/core/sched/scheduler.py`), for one
+full-attention group whose tier blocks are the GPU's:
+- Only prompt blocks are stored (`offload_prompt_only`): at the end of each plan, for its
+  requests in scheduling order, then those finished since the last plan, the full prompt
+  blocks its tokens reach that the tier does not hold (a finished request offers every full
+  prompt block it holds; an aborted one those it computed). Each offer is a copy job; a
+  store needing more room than the evictable blocks give is refused, tried again next plan.
+- A block is loadable once its own job is reported done (`completed_jobs`), whatever its
+  request does; preemption completes nothing, but flushes the request's jobs (the worker
+  waits for them before the step: `jobs_to_flush`). A lookup meeting a block being stored
+  waits (`HIT_PENDING`), as does a request with jobs of its own in flight or one whose hit
+  another request is loading; a request asked again offers its blocks from the first.
+- LRU by request (`LRUCachePolicy`): a block's rank is (its request's rank, minus its end
+  position) while requests use it, the request's rank given at its first store or load;
+  when a request finishes, every block it saw gets a fresh rank, its head last (evicted
+  last). Lookups rank nothing; a store never evicts a block it offers.
+- Finished requests free their GPU blocks at once. A block of a finished request's pending
+  store that a plan hands out again (a hit, a new allocation) flushes that job.
+- Loaded requests wait in a queue of their own (`kv_holding_waiting`), passed before the
+  waiting one; a load is admitted only if its blocks fit beside what every request still
+  prefilling (or loading) needs for its whole prompt (`_inflight_prefill_reserved_blocks`).
+Only counts, hashes and the GPU blocks of pending stores are kept: no object per token.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sim.core.block_cache import Block, BlockPrefixCache
+from sim.core.kv_cache import cdiv
+from sim.core.offload import Report, TierCounters
+
+if TYPE_CHECKING:
+    from sim.core.plan import Plan
+    from sim.core.request import Request
+    from sim.core.state import ReplicaState
+
+PENDING = -1  # a block whose store job is not reported done: not loadable, not evictable
+
+
+class RankedTier:
+    """The host's blocks under 0.33.0's LRU by request (`CPUOffloadingManager` with
+    `LRUCachePolicy`): chain hash -> users (PENDING while stored), ranked for eviction."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks <= 0:
+            raise ValueError("num_blocks must be positive")
+        self.num_blocks = num_blocks
+        self._ref: dict[int, int] = {}  # chain hash -> loads reading it, or PENDING
+        self._rank: dict[int, tuple[int, int]] = {}
+        self._evictable: set[int] = set()
+        # (rank, hash) of evictable blocks, stale entries skipped (ranks are unique).
+        self._heap: list[tuple[tuple[int, int], int]] = []
+        self._next_rank = 0
+        self._request_rank: dict[int, int] = {}
+        # request id -> the blocks it has stored or loaded (hash -> end position), in order
+        self._seen: dict[int, dict[int, int]] = {}
+        self.counters = TierCounters()
+
+    @property
+    def num_used_blocks(self) -> int:
+        return len(self._ref)
+
+    def state_of(self, block_hash: int) -> int | None:
+        """None: not held; PENDING: being stored; else the loads reading it."""
+        return self._ref.get(block_hash)
+
+    def _rank_of(self, request_id: int) -> int:
+        rank = self._request_rank.get(request_id)
+        if rank is None:
+            self._next_rank += 1
+            rank = self._request_rank[request_id] = self._next_rank
+        return rank
+
+    def _access(self, request_id: int, blocks: list[tuple[int, int]]) -> None:
+        """`on_request_access` for the (hash, end position) pairs the request sees first."""
+        seen = self._seen.setdefault(request_id, {})
+        new = [(h, pos) for h, pos in blocks if h not in seen]
+        if not new:
+            return
+        seen.update(new)
+        rank = self._rank_of(request_id)
+        for h, pos in new:
+            if h not in self._ref:
+                continue
+            new_rank = (rank, -pos)
+            if self._rank[h] >= new_rank:
+                continue
+            self._rank[h] = new_rank
+            if h in self._evictable:
+                heapq.heappush(self._heap, (new_rank, h))
+
+    def _make_evictable(self, block_hash: int) -> None:
+        self._evictable.add(block_hash)
+        heapq.heappush(self._heap, (self._rank[block_hash], block_hash))
+
+    def _evict(self, num_blocks: int, protected: set[int]) -> bool:
+        """Evict the `num_blocks` lowest-ranked evictable blocks not `protected`; False (and
+        nothing evicted) if there are not so many."""
+        heap, ranks, evictable = self._heap, self._rank, self._evictable
+        selected: list[tuple[tuple[int, int], int]] = []
+        chosen: set[int] = set()
+        deferred = []
+        while heap and len(selected) < num_blocks:
+            entry = heapq.heappop(heap)
+            rank, h = entry
+            if h not in evictable or ranks.get(h) != rank or h in chosen:
+                continue  # stale
+            if h in protected:
+                deferred.append(entry)
+                continue
+            selected.append(entry)
+            chosen.add(h)
+        for entry in deferred:
+            heapq.heappush(heap, entry)
+        if len(selected) < num_blocks:
+            for entry in selected:
+                heapq.heappush(heap, entry)
+            return False
+        for _, h in selected:
+            evictable.remove(h)
+            del self._ref[h]
+            del ranks[h]
+        self.counters.num_evicted_blocks += num_blocks
+        return True
+
+    def prepare_load(self, request_id: int, blocks: list[tuple[int, int]]) -> None:
+        """The request loads these (hash, end position) blocks: pinned until `complete_load`."""
+        ref = self._ref
+        for h, _ in blocks:
+            if not ref[h]:
+                self._evictable.remove(h)
+            ref[h] += 1
+        self._access(request_id, blocks)
+
+    def complete_load(self, hashes: list[int]) -> None:
+        ref = self._ref
+        for h in hashes:
+            ref[h] -= 1
+            if not ref[h]:
+                self._make_evictable(h)
+
+    def prepare_store(self, request_id: int, blocks: list[tuple[int, int]]) -> list[int] | None:
+        """The request offers these (hash, end position) blocks: the hashes to store (those
+        not held), room made by eviction; None if there is not room enough."""
+        ref = self._ref
+        to_store = [h for h, _ in blocks if h not in ref]
+        fresh = set(to_store)
+        self._access(request_id, [(h, pos) for h, pos in blocks
+                                  if h in fresh or ref.get(h, PENDING) != PENDING])
+        if not to_store:
+            return to_store
+        short = len(to_store) - (self.num_blocks - len(ref))
+        if short > 0 and (short > len(self._evictable)
+                          or not self._evict(short, {h for h, _ in blocks})):
+            return None
+        rank = self._rank_of(request_id)
+        positions = dict(blocks)
+        for h in to_store:
+            ref[h] = PENDING
+            self._rank[h] = (rank, -positions[h])
+        return to_store
+
+    def complete_store(self, hashes: list[int]) -> None:
+        ref = self._ref
+        for h in hashes:
+            if ref.get(h) == PENDING:
+                ref[h] = 0
+                self._make_evictable(h)
+
+    def request_finished(self, request_id: int) -> None:
+        """Every block the request saw gets a fresh rank, its tail first: its head is
+        evicted last (`on_request_finished`)."""
+        self._request_rank.pop(request_id, None)
+        seen = self._seen.pop(request_id, None)
+        if not seen:
+            return
+        ranks, ref, evictable = self._rank, self._ref, self._evictable
+        for h in sorted(seen, key=seen.__getitem__, reverse=True):
+            if h in ref:
+                self._next_rank += 1
+                ranks[h] = rank = (self._next_rank, 0)
+                if h in evictable:
+                    heapq.heappush(self._heap, (rank, h))
+
+    def check(self) -> None:
+        assert len(self._ref) <= self.num_blocks
+        assert self._evictable == {h for h, r in self._ref.items() if r == 0}
+        assert set(self._rank) == set(self._ref)
+
+
+@dataclass(slots=True)
+class Job:
+    """A copy job: a request's blocks loaded or stored, and for a store the GPU blocks it
+    reads (a finished request's watched until the job is done)."""
+
+    request_id: int
+    hashes: list[int]
+    is_store: bool
+    gpu_blocks: list[Block] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class JobTransfers:
+    """A step's copy jobs: loads and stores as (job id, request id, blocks), the jobs the
+    worker must finish before the step (`jobs_to_flush`), and whether the step computes."""
+
+    loads: list[tuple[int, int, int]] = field(default_factory=list)
+    stores: list[tuple[int, int, int]] = field(default_factory=list)
+    flush: set[int] = field(default_factory=set)
+    runs: bool = True
+
+
+@dataclass(slots=True)
+class _RequestState:
+    """`RequestOffloadState`: what the connector keeps of one request."""
+
+    req: Request
+    num_gpu_blocks: int = 0  # its GPU blocks the connector knows (`block_ids`)
+    gpu_blocks: list[Block] | None = None  # at its finish
+    next_stored: int = 0  # its next block to offer
+    jobs: set[int] = field(default_factory=set)
+    finished: bool = False
+    signaled: bool = False  # its finish reached the tier (`finished_signaled`)
+
+
+class JobOffloadState:
+    """A replica's 0.33.0 CPU tier with the connector's and scheduler's bookkeeping around it
+    (module docstring). Duck-typed like `sim.core.offload.OffloadState`."""
+
+    holds_queue = True  # loaded requests wait in a queue of their own, passed first
+
+    def __init__(self, tier: RankedTier, kv: BlockPrefixCache) -> None:
+        self.tier = tier
+        self.kv = kv
+        kv.taken = []  # (blocks handed out again, for the flush check)
+        self._reqs: dict[int, _RequestState] = {}
+        self._jobs: dict[int, Job] = {}
+        self._next_job = 0
+        self._being_loaded: set[int] = set()
+        # GPU block -> pending store jobs that read it (finished requests' only).
+        self._watched: dict[Block, set[int]] = {}
+        # Loading (or loaded, not yet admitted) requests, in queue order; and of those, the
+        # ones whose load was reported done (admitted at the queue pass that reaches them).
+        self.holding: list[Request] = []
+        self.loading: dict[int, Request] = {}
+        self.loaded: set[int] = set()
+        # Aborted while loading: their GPU blocks wait for the load to be reported.
+        self.delayed: dict[int, Request] = {}
+        self.finished_ids: list[int] = []
+        self.loads: list[tuple[int, int, int]] = []
+
+    @property
+    def busy(self) -> bool:
+        """Jobs not reported done: vLLM's engine steps on (`has_pending_push_work`)."""
+        return bool(self._jobs)
+
+    def _state(self, req: Request) -> _RequestState:
+        rs = self._reqs.get(req.request_id)
+        if rs is None:
+            rs = self._reqs[req.request_id] = _RequestState(req)
+        return rs
+
+    # -- the queue pass ---------------------------------------------------------------------
+
+    def lookup(self, req: Request, num_gpu_hit_tokens: int) -> int | None:
+        """`get_num_new_matched_tokens` for a queued request with nothing computed, after its
+        GPU hit: the tokens it would load (0: none), or None to skip it this pass."""
+        rs = self._state(req)
+        rs.num_gpu_blocks = 0
+        rs.next_stored = 0
+        counters = self.tier.counters
+        counters.num_lookups += 1
+        if rs.jobs:
+            counters.num_delayed_lookups += 1
+            return None
+        kv = self.kv
+        block_size = kv.block_size
+        num_blocks = req.num_tokens // block_size
+        start = num_gpu_hit_tokens // block_size
+        if num_blocks - start < 1:
+            return 0
+        hashes = kv.chain_hashes(req, num_blocks)
+        state_of = self.tier.state_of
+        hits = 0
+        pending = False
+        for h in hashes[start:num_blocks]:
+            s = state_of(h)
+            if s is None:
+                break
+            pending |= s == PENDING
+            hits += 1
+        if pending or (hits and self._being_loaded
+                       and not self._being_loaded.isdisjoint(hashes[start:start + hits])):
+            counters.num_delayed_lookups += 1
+            return None
+        return hits * block_size
+
+    def inflight_blocks(self, state: ReplicaState) -> int:
+        """Blocks the requests still prefilling, or loading, need for their whole prompt
+        (`_inflight_prefill_reserved_blocks`), which a load leaves free."""
+        kv = state.kv
+        block_size = kv.block_size
+        total = 0
+        for req in state.prefilling():
+            total += max(0, cdiv(req.num_tokens, block_size) - kv.num_held_blocks(req.request_id))
+        for req in self.holding:
+            total += max(0, cdiv(req.num_tokens, block_size) - kv.num_held_blocks(req.request_id))
+        return total
+
+    def start_load(self, req: Request, num_gpu_hit_tokens: int, num_tokens: int) -> None:
+        """`update_state_after_alloc`: `req` (its blocks allocated) loads `num_tokens` after
+        its GPU hit; it waits in the holding queue until the load is reported done."""
+        kv = self.kv
+        block_size = kv.block_size
+        start = num_gpu_hit_tokens // block_size
+        end = (num_gpu_hit_tokens + num_tokens) // block_size
+        hashes = kv.chain_hashes(req, end)[start:end]
+        rid = req.request_id
+        self.tier.prepare_load(rid, [(h, (i + 1) * block_size)
+                                     for i, h in enumerate(hashes, start)])
+        job_id = self._new_job(Job(rid, list(hashes), False))
+        rs = self._state(req)
+        rs.jobs.add(job_id)
+        rs.next_stored = end
+        self._being_loaded.update(hashes)
+        self.loads.append((job_id, rid, len(hashes)))
+        self.loading[rid] = req
+        self.holding.append(req)
+        counters = self.tier.counters
+        counters.num_hit_requests += 1
+        counters.num_loaded_blocks += len(hashes)
+        counters.num_hit_tokens += num_tokens
+        if not req.num_preemptions:  # (its last token, if loaded, is computed again)
+            counters.num_first_hit_tokens += min(num_tokens,
+                                                 req.num_tokens - 1 - num_gpu_hit_tokens)
+
+    def admitted(self, req: Request) -> None:
+        """A loaded request left the holding queue for the running list."""
+        self.holding.remove(req)
+
+    def _new_job(self, job: Job) -> int:
+        job_id = self._next_job
+        self._next_job += 1
+        self._jobs[job_id] = job
+        return job_id
+
+    # -- a request's end ----------------------------------------------------------------------
+
+    def finished(self, state: ReplicaState, req: Request) -> None:
+        """`req` finished or was aborted: its GPU blocks are freed now (an aborted load's once
+        the load is reported), its pending stores' blocks watched (`request_finished`)."""
+        rid = req.request_id
+        self.finished_ids.append(rid)
+        rs = self._reqs.get(rid)
+        if rs is not None:
+            rs.finished = True
+            if state.kv.num_held_blocks(rid):
+                rs.gpu_blocks = list(self.kv.blocks_of(rid))
+            for job_id in rs.jobs:
+                job = self._jobs[job_id]
+                for block in job.gpu_blocks:
+                    self._watched.setdefault(block, set()).add(job_id)
+        if req in self.holding:
+            self.holding.remove(req)
+        if rid in self.loading:
+            del self.loading[rid]
+            if rid not in self.loaded:
+                self.delayed[rid] = req  # (its load still writes its blocks)
+                return
+            self.loaded.discard(rid)
+        state.kv.free(req)
+
+    # -- the worker's report ------------------------------------------------------------------
+
+    def apply(self, state: ReplicaState, report: Report) -> None:
+        """The worker's report with a step's output: jobs done (`update_connector_output`),
+        then requests whose load ended (`_update_from_kv_xfer_finished`)."""
+        completed: list[int] = report.completed
+        finished_recving: list[int] = report.finished_recving
+        tier, jobs, watched = self.tier, self._jobs, self._watched
+        for job_id in completed:
+            job = jobs.pop(job_id)
+            if job.is_store:
+                tier.complete_store(job.hashes)
+            else:
+                tier.complete_load(job.hashes)
+                self._being_loaded.difference_update(job.hashes)
+            rs = self._reqs[job.request_id]
+            if watched and rs.finished:
+                for block in job.gpu_blocks:
+                    pending = watched.get(block)
+                    if pending is not None:
+                        pending.discard(job_id)
+                        if not pending:
+                            del watched[block]
+            rs.jobs.discard(job_id)
+            if rs.signaled and not rs.jobs:
+                del self._reqs[job.request_id]
+        for rid in finished_recving:
+            if rid in self.loading:
+                self.loaded.add(rid)
+            else:
+                req = self.delayed.pop(rid, None)
+                if req is not None:
+                    state.kv.free(req)
+
+    # -- the end of a plan ----------------------------------------------------------------------
+
+    def build(self, state: ReplicaState, plan: Plan, num_running: int) -> None:
+        """`build_connector_meta`, at the end of a plan (its first `num_running` requests
+        from the running pass): the jobs to flush, the stores of the prompt blocks the plan's
+        requests (then those finished since the last) reach, and the loads started."""
+        kv = self.kv
+        block_size = kv.block_size
+        scheduled = plan.num_scheduled_tokens
+        flush: set[int] = set()
+        load_ids = {job_id for job_id, _, _ in self.loads}
+        for rid in plan.preempted_ids:
+            rs = self._reqs.get(rid)
+            if rs is not None and rs.jobs:
+                flush.update(rs.jobs - load_ids)
+        # (In request id order: vLLM's is a set of strings, which Python's hash seed orders.)
+        finished_ids, self.finished_ids = sorted(self.finished_ids), []
+        handed_out = self._handed_out(plan, num_running, bool(finished_ids))
+        watched = self._watched
+        if watched and handed_out:
+            for block in handed_out:
+                pending = watched.get(block)
+                if pending:
+                    flush.update(pending)
+        tier, counters = self.tier, self.tier.counters
+        stores = []
+        for rid, finished in [*((r, False) for r in scheduled),
+                              *((r, True) for r in finished_ids)]:
+            rs = self._reqs.get(rid)
+            if rs is None:
+                continue
+            req = rs.req
+            if finished:
+                if req.num_output_tokens >= req.num_target_output_tokens:
+                    num_tokens = req.num_prompt_tokens  # (finished: its whole prompt)
+                else:
+                    num_tokens = req.num_computed_tokens  # (aborted)
+                num_gpu_blocks = rs.num_gpu_blocks
+            else:
+                num_tokens = req.num_computed_tokens + scheduled[rid]
+                rs.num_gpu_blocks = num_gpu_blocks = kv.num_held_blocks(rid)
+            num_tokens = min(num_tokens, req.num_prompt_tokens)
+            end = min(num_tokens // block_size, num_gpu_blocks)
+            start = rs.next_stored
+            if end <= start:
+                continue
+            hashes = kv.chain_hashes(req, end)
+            to_store = tier.prepare_store(rid, [(hashes[i], (i + 1) * block_size)
+                                                for i in range(start, end)])
+            if to_store is None:
+                counters.num_refused_stores += 1
+                continue
+            rs.next_stored = end
+            if not to_store:
+                continue
+            gpu_blocks = rs.gpu_blocks if finished else kv.blocks_of(rid)
+            assert gpu_blocks is not None
+            fresh = set(to_store)
+            sources = [gpu_blocks[i] for i in range(start, end) if hashes[i] in fresh]
+            job_id = self._new_job(Job(rid, to_store, True, sources))
+            rs.jobs.add(job_id)
+            stores.append((job_id, rid, len(to_store)))
+            counters.num_stored_blocks += len(to_store)
+            if rs.finished:
+                for block in sources:
+                    watched.setdefault(block, set()).add(job_id)
+                    if block in handed_out:
+                        flush.add(job_id)
+        for rid in finished_ids:
+            rs = self._reqs.get(rid)
+            if rs is None:
+                continue
+            rs.signaled = True
+            tier.request_finished(rid)
+            if not rs.jobs:
+                del self._reqs[rid]
+        plan.transfers = JobTransfers(self.loads, stores, flush, bool(scheduled))
+        self.loads = []
+        plan.finished_ids = finished_ids
+
+    def _handed_out(self, plan: Plan, num_running: int, any_finished: bool) -> set[Block]:
+        """GPU blocks this plan handed out (`_current_batch_allocated_block_ids`): every
+        block of a request it took from the queue or started loading, and the cached blocks
+        it evicted for new ones."""
+        kv = self.kv
+        taken = kv.taken
+        assert taken is not None
+        handed_out: set[Block] = set(taken)
+        taken.clear()
+        if not (self._watched or any_finished):
+            return handed_out  # (checked against finished requests' pending stores only)
+        for rid in list(plan.num_scheduled_tokens)[num_running:]:
+            handed_out.update(kv.blocks_of(rid))
+        for _, rid, _ in self.loads:
+            handed_out.update(kv.blocks_of(rid))
+        return handed_out
+
+    def check(self, state: ReplicaState) -> None:
+        """Every job its request's; loads pin what they read, and only that; the holding
+        queue's requests wait, and hold KV."""
+        self.tier.check()
+        pinned: dict[int, int] = {}
+        for job_id, job in self._jobs.items():
+            assert job_id in self._reqs[job.request_id].jobs
+            if not job.is_store:
+                for h in job.hashes:
+                    pinned[h] = pinned.get(h, 0) + 1
+        assert self._being_loaded == set(pinned)
+        for h, n in pinned.items():
+            assert self.tier.state_of(h) == n
+        waiting = {r.request_id for r in state.waiting}
+        assert all(r.request_id in waiting for r in self.holding)
+        assert set(self.loading) <= {r.request_id for r in self.holding}
+        assert self.loaded <= set(self.loading)

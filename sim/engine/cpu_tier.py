@@ -1,0 +1,99 @@
+"""A replica's CPU tier for the KV cache (`replica.kv_offload`): which of vLLM's offloading
+connectors it follows (0.15.1's, `sim.core.offload` timed by `sim.engine.offload`; 0.33.0's,
+`sim.core.offload_jobs` timed by `sim.engine.offload_jobs`), its size, and its facts after a
+run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.config.errors import InputError
+from sim.core.block_cache import BlockPrefixCache
+from sim.core.offload import CpuTier, OffloadState
+from sim.core.offload_jobs import JobOffloadState, RankedTier
+from sim.engine.offload import HostCopies
+from sim.engine.offload_jobs import JobCopies
+from sim.hardware.gpus import host_link_bytes_s
+
+if TYPE_CHECKING:
+    from sim.config.replica import ReplicaConfig
+    from sim.core.state import ReplicaState
+
+# A memory page of the host (`mmap.PAGESIZE` on x86-64 Linux): vLLM 0.33.0 rounds a tier
+# block's bytes up to it.
+HOST_PAGE_BYTES = 4096
+
+
+def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: str,
+                    source: str) -> HostCopies | JobCopies | None:
+    """The replica's CPU tier (`replica.kv_offload`), on `state`, and its copies' timing; None
+    without one. Its blocks: `size_gib` over a block's KV on every GPU of the replica
+    (vLLM's `CPUOffloadingSpec`: page size times layers times world size); a copy of a block
+    moves each GPU's share over that GPU's own host link, side by side."""
+    offload = cfg.kv_offload
+    if offload is None:
+        return None
+    where = f"{field}.kv_offload"
+    problem = None
+    if cfg.scheduler.name != "vllm_v1":
+        problem = f"the CPU tier is vLLM's offloading connector: scheduler {cfg.scheduler.name!r}"
+    elif not cfg.prefix_caching:
+        problem = "the CPU tier keys blocks by their prefix: set prefix_caching: true"
+    elif pool != "colocated":
+        problem = "on a disaggregated pool"
+    elif cfg.parallelism.pipeline > 1:
+        problem = "on a pipeline"
+    elif getattr(cfg.scheduler, "decode_reserve_tokens", 0) != 0:
+        problem = ("queued requests hold the blocks they load; with blocks kept for running "
+                   "requests' future tokens (decode_reserve_tokens, which vLLM does not have) "
+                   "they could wait for each other for ever: leave decode_reserve_tokens at 0")
+    elif (version := getattr(cfg.scheduler, "engine_version", None)) not in ("0.15.1",
+                                                                              "0.33.0"):
+        problem = (f"the CPU tier follows vLLM 0.15.1's and 0.33.0's offloading connectors, "
+                   f"not {version}'s")
+    elif version == "0.33.0" and (getattr(cfg.scheduler, "async_scheduling", False)
+                                  or getattr(cfg.scheduler, "speculative", None) is not None
+                                  or getattr(cfg.scheduler, "scheduling_policy",
+                                             "fcfs") != "fcfs"):
+        problem = ("vLLM 0.33.0's CPU tier is modelled with async_scheduling: false, "
+                   "scheduling_policy: fcfs and no speculative decoding so far "
+                   "(servesim issue 47): set those, or scheduler.engine_version: 0.15.1")
+    if problem is not None:
+        if problem.startswith(("with", "on")):
+            problem = f"a CPU tier {problem} is not modelled yet (servesim issue 47)"
+        raise InputError(source, where, offload.size_gib, problem)
+    model, par = cfg.model_shape, cfg.parallelism
+    block_size = cfg.kv_cache.block_size
+    block_bytes_per_gpu = par.kv_bytes_per_token_per_gpu(model) * block_size
+    tier_block_bytes = block_bytes_per_gpu * par.num_gpus
+    if version == "0.33.0":  # (`CPUOffloadingSpec`: a block's bytes up to a memory page)
+        tier_block_bytes = -(-tier_block_bytes // HOST_PAGE_BYTES) * HOST_PAGE_BYTES
+    num_blocks = int(offload.size_gib * 2**30 // tier_block_bytes)
+    if num_blocks < 1:
+        raise InputError(source, f"{where}.size_gib", offload.size_gib,
+                         f"holds no KV block of {model.name} "
+                         f"({block_bytes_per_gpu * par.num_gpus / 2**20:.1f} MiB each)")
+    bandwidth = (offload.host_bandwidth_gb_s * 1e9 if offload.host_bandwidth_gb_s is not None
+                 else host_link_bytes_s(cfg.measured_gpu))
+    seconds_per_block = block_bytes_per_gpu / bandwidth
+    if version == "0.33.0":
+        assert isinstance(state.kv, BlockPrefixCache)
+        state.offload = JobOffloadState(RankedTier(num_blocks), state.kv)
+        return JobCopies(seconds_per_block, seconds_per_block)
+    state.offload = OffloadState(CpuTier(num_blocks))
+    return HostCopies(seconds_per_block, seconds_per_block)
+
+
+def offload_facts(state: ReplicaState, copies: HostCopies | JobCopies) -> dict[str, float]:
+    """A replica's CPU tier after a run: its size, counters and copy times, as numbers (the
+    results add them up over replicas: `sim.results.metrics.offload`)."""
+    assert state.offload is not None
+    tier = state.offload.tier
+    return {"num_cpu_blocks": tier.num_blocks, "num_cpu_blocks_used": tier.num_used_blocks,
+            **{name: getattr(tier.counters, name) for name in tier.counters.__slots__},
+            "load_busy_s": copies.load_busy_s, "store_busy_s": copies.store_busy_s,
+            "load_s_per_block": copies.load_s_per_block,
+            # Finished requests' GPU blocks held until their stores are reported done: vLLM's
+            # engine idles with them held until its next step (a new request).
+            "num_blocks_awaiting_stores": sum(state.kv.num_held_blocks(rid)
+                                              for rid in state.offload.delayed)}

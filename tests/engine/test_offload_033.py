@@ -1,0 +1,117 @@
+"""vLLM 0.33.0's CPU tier for the KV cache (`sim.core.offload_jobs`, timed by
+`sim.engine.offload_jobs`): its LRU by request, a flush worked out by hand, and what it still
+refuses. Step for step against vLLM 0.33.0's own connector: the `offload_*` golden fixtures
+under tests/golden/vllm-0.33.0 (tests/schedulers/test_golden.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.config.errors import InputError
+from sim.core.offload_jobs import PENDING, RankedTier
+from sim.core.request import Request, Status
+from sim.engine.cluster import Cluster
+from tests.engine.test_offload import BLOCK_BYTES, _scenario
+
+SYNC_033 = {"name": "vllm_v1", "async_scheduling": False, "engine_version": "0.33.0"}
+
+
+def test_the_tier_evicts_by_request_rank_and_never_what_a_store_offers():
+    """Request 1 stores blocks 1, 2 and request 2 blocks 3, 4 (positions 16, 32; ranks by
+    request, tail lowest). Request 1 finishes: its blocks get fresh ranks, tail first, so its
+    head is evicted last, after the still-running request 2's. Request 3's store evicts 2's
+    tail; request 4 offers block 3 (held: re-ranked, and protected) and a new one: the
+    lowest-ranked block it does not offer goes, request 3's (ranked by request 3, whose rank
+    was given at its first offer, before request 1 finished), then request 1's tail."""
+    tier = RankedTier(4)
+    assert tier.prepare_store(1, [(1, 16), (2, 32)]) == [1, 2]
+    assert tier.state_of(1) == PENDING
+    assert tier.prepare_store(2, [(3, 16), (4, 32)]) == [3, 4]
+    # Nothing evictable while stores are pending: refused.
+    assert tier.prepare_store(3, [(5, 16)]) is None
+    tier.complete_store([1, 2, 3, 4])
+    tier.request_finished(1)
+    assert tier.prepare_store(3, [(5, 16)]) == [5]
+    assert tier.state_of(4) is None and tier.state_of(3) == 0
+    tier.complete_store([5])
+    assert tier.prepare_store(4, [(3, 16), (6, 32)]) == [6]
+    assert tier.state_of(5) is None
+    assert {h for h in range(1, 7) if tier.state_of(h) is not None} == {1, 2, 3, 6}
+    tier.complete_store([6])
+    assert tier.prepare_store(5, [(7, 16)]) == [7]
+    assert tier.state_of(2) is None  # request 1's tail, then its head
+    tier.check()
+
+
+def test_a_load_pins_its_blocks_until_it_is_done():
+    tier = RankedTier(2)
+    tier.prepare_store(1, [(1, 16), (2, 32)])
+    tier.complete_store([1, 2])
+    tier.prepare_load(2, [(1, 16)])
+    assert tier.state_of(1) == 1
+    assert tier.prepare_store(3, [(7, 16), (8, 32)]) is None  # block 1 is read
+    tier.complete_load([1])
+    assert tier.prepare_store(3, [(7, 16), (8, 32)]) == [7, 8]
+    tier.check()
+
+
+def test_a_block_a_pending_store_reads_flushes_it_when_handed_out_again():
+    """A's 64-token prompt (4 blocks) runs 0-10 ms and A finishes (one token). 0.33.0 frees
+    its blocks at once (cached), its store of them (10 ms a block over the host link) is
+    submitted at the next launch, 10 ms, after the step: 10-50 ms. B (128 tokens, 8 blocks,
+    all the GPU's) arrives at 20 ms and takes A's freed blocks: the plan flushes A's store,
+    and the worker waits for it before the step, launched at 50 ms (vLLM's
+    `jobs_to_flush`, `handle_preemptions`), not 20."""
+    scenario = _scenario(kv_cache={"block_size": 16, "num_blocks": 9},
+                         kv_offload={"size_gib": 64 * BLOCK_BYTES / 2**30,
+                                     "host_bandwidth_gb_s": BLOCK_BYTES / 10e-3 / 1e9},
+                         scheduler=SYNC_033)
+    cluster = Cluster(scenario, fast_forward=False)
+    a = Request(0, 0.0, 64, 1, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+    b = Request(1, 0.020, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
+    cluster.run([a, b])
+    assert [r.status for r in (a, b)] == [Status.FINISHED] * 2
+    assert a.finish_s == pytest.approx(0.010)
+    assert b.first_scheduled_s == pytest.approx(0.050)
+    assert b.finish_s == pytest.approx(0.060)
+    counters = cluster.replicas[0].state.offload.tier.counters
+    assert counters.num_stored_blocks == 4 + 8
+
+
+def test_a_prefix_evicted_from_the_gpu_is_loaded_back():
+    """As 0.15.1's worked case, on 0.33.0: A's prompt blocks are stored (0.33.0 stores
+    prompt blocks only), B evicts them from the GPU, C (A's prompt and 16 more tokens) loads
+    them. 0.33.0 starts a step's loads once the step is computed; an empty step's at once.
+    A: 0-10 ms prompt (store 10-14 ms), 10-20 ms its last token. B at 30 ms: 30-40 ms, its
+    store 40-48 ms. C at 50 ms: nothing on the GPU, 4 blocks on the CPU: an empty step
+    launches its load, 50-54 ms; the engine steps on, empty, until the 54 ms poll finds it
+    done; 54-64 ms its last 16 tokens."""
+    scenario = _scenario(kv_cache={"block_size": 16, "num_blocks": 9},
+                         kv_offload={"size_gib": 16 * BLOCK_BYTES / 2**30,
+                                     "host_bandwidth_gb_s": BLOCK_BYTES / 1e-3 / 1e9},
+                         scheduler=SYNC_033)
+    cluster = Cluster(scenario, fast_forward=False)
+    a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+    b = Request(1, 0.030, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
+    c = Request(2, 0.050, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
+    cluster.run([a, b, c])
+    assert [r.status for r in (a, b, c)] == [Status.FINISHED] * 3
+    assert c.first_scheduled_s == pytest.approx(0.054)
+    assert c.finish_s == pytest.approx(0.064)
+    assert c.num_cached_tokens == 64
+    counters = cluster.replicas[0].state.offload.tier.counters
+    assert (counters.num_hit_requests, counters.num_hit_tokens) == (1, 64)
+    # A's 4 prompt blocks, B's 8, C's own fifth; none of A's decode blocks (prompt only).
+    assert counters.num_stored_blocks == 4 + 8 + 1
+
+
+@pytest.mark.parametrize("scheduler", [
+    {**SYNC_033, "async_scheduling": True},
+    {**SYNC_033, "scheduling_policy": "priority"},
+    {**SYNC_033, "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+                                 "acceptance_rate": 0.5}},
+])
+def test_what_033s_tier_does_not_model_yet_is_refused(scheduler):
+    with pytest.raises(InputError) as err:
+        Cluster(_scenario(kv_offload={"size_gib": 1.0}, scheduler=scheduler))
+    assert err.value.field == "replica.kv_offload" and "0.33.0" in str(err.value)
