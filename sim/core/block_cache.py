@@ -78,6 +78,7 @@ class BlockPrefixCache(KVCacheManager):
         # Cached blocks taken from the free queue for new ones, as they go (None: not kept):
         # vLLM 0.33.0's CPU tier flushes a store that reads one (`sim.core.offload_jobs`).
         self.taken: list[Block] | None = None
+        self._detached: list[list[Block]] = []  # given up, not yet released (`detach`)
         # Changes whenever a chain hash is cached or evicted: a match kept from before is
         # stale (`_match_len`).
         self._version = 0
@@ -204,17 +205,43 @@ class BlockPrefixCache(KVCacheManager):
         self._held[request_id] = self._held.get(request_id, 0) + num_blocks
 
     def free(self, req: Request, *, preempted: bool = False) -> None:
+        blocks = self._detach(req)
+        if blocks:
+            self._release(blocks)
+
+    def detach(self, req: Request) -> list[Block]:
+        """`req` gives up its blocks, which stay in use (cached ones can still be hit) until
+        `release` (vLLM 0.33.0's `pop_blocks_for_free`, a free deferred while a step in
+        flight may still write them). Returns them, in token order."""
+        blocks = self._detach(req)
+        if blocks:
+            self._detached.append(blocks)
+        return blocks
+
+    def _detach(self, req: Request) -> list[Block]:
         rid = req.request_id
         if rid not in self._held:
-            return
+            return []
         # What vLLM cached by then: every computed token but those of iterations in flight
         # (async: `update_from_output` caches up to `num_computed_tokens - num_in_flight`).
         if self.cache_at_free:
             self._cache(req, req.num_computed_tokens - req.num_in_flight_tokens)
         del self._held[rid]
         self._num_hashed.pop(rid, None)
+        if req.num_output_tokens >= req.num_target_output_tokens:
+            self._hashes.pop(rid, None)  # finished: it will not ask again
+            self._memo.pop(rid, None)
+        return self._blocks.pop(rid)
+
+    def release(self, blocks: list[Block]) -> None:
+        """Free blocks `detach` gave, tail first."""
+        detached = self._detached
+        del detached[next(i for i, b in enumerate(detached) if b is blocks)]
+        self._release(blocks)
+
+    def _release(self, blocks: list[Block]) -> None:
         uncached_first = self.eviction == "lru_block"
-        for block in reversed(self._blocks.pop(rid)):  # tail first: evicted first
+        for block in reversed(blocks):  # tail first: evicted first
             block.ref_cnt -= 1
             if not block.ref_cnt:
                 self.num_free_blocks += 1
@@ -222,9 +249,6 @@ class BlockPrefixCache(KVCacheManager):
                     self._num_front += 1
                 else:
                     self._queue[block] = None  # the back of the queue
-        if req.num_output_tokens >= req.num_target_output_tokens:
-            self._hashes.pop(rid, None)  # finished: it will not ask again
-            self._memo.pop(rid, None)
 
     def _cache(self, req: Request, num_tokens: int) -> None:
         """Cache `req`'s full blocks within its first `num_tokens` tokens."""
@@ -279,7 +303,8 @@ class BlockPrefixCache(KVCacheManager):
     def check(self) -> None:
         """Blocks are conserved: every block in use once, however many share it, plus the free
         ones, cached or not, make the total."""
-        in_use = {id(b): b for blocks in self._blocks.values() for b in blocks}
+        in_use = {id(b): b for blocks in [*self._blocks.values(), *self._detached]
+                  for b in blocks}
         assert all(b.ref_cnt > 0 for b in in_use.values())
         assert not any(id(b) in in_use for b in self._queue)
         assert len(in_use) + self.num_free_blocks == self.num_blocks

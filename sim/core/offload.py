@@ -275,6 +275,7 @@ class OffloadState:
         self.loads: list[tuple[int, int]] = []
 
     busy = False  # (0.15.1's engine steps on for finished requests only: `finished_ids`)
+    defers_frees = False  # (0.15.1 frees at once, or once a finished request's stores end)
     holds_queue = False  # (loading requests wait in the queue, in their place)
 
     def finished(self, state: ReplicaState, req: Request) -> None:

@@ -30,6 +30,7 @@ Only counts, hashes and the GPU blocks of pending stores are kept: no object per
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -237,9 +238,18 @@ class JobOffloadState:
 
     holds_queue = True  # loaded requests wait in a queue of their own, passed first
 
-    def __init__(self, tier: RankedTier, kv: BlockPrefixCache) -> None:
+    def __init__(self, tier: RankedTier, kv: BlockPrefixCache,
+                 defers_frees: bool = False) -> None:
         self.tier = tier
         self.kv = kv
+        # With steps in flight (async scheduling) a request's freed blocks go back to the
+        # pool only once the last step that scheduled it is processed (`defer_block_free`):
+        # the steps planned and processed so far (non-empty ones), each request's last.
+        self.defers_frees = defers_frees
+        self._sched_seq = 0
+        self._processed_seq = 0
+        self._last_sched: dict[int, int] = {}
+        self._deferred_frees: deque[tuple[int, list[Block]]] = deque()
         kv.taken = []  # (blocks handed out again, for the flush check)
         self._reqs: dict[int, _RequestState] = {}
         self._jobs: dict[int, Job] = {}
@@ -376,7 +386,32 @@ class JobOffloadState:
                 self.delayed[rid] = req  # (its load still writes its blocks)
                 return
             self.loaded.discard(rid)
-        state.kv.free(req)
+        self.free_blocks(req)
+        self._last_sched.pop(rid, None)
+
+    def frees_now(self, req: Request) -> bool:
+        """Whether `req`'s blocks would go back to the pool at once (no step in flight
+        scheduled it): `_request_blocks_can_be_freed`."""
+        return not self.defers_frees or self._last_sched.get(req.request_id, 0) <= \
+            self._processed_seq
+
+    def free_blocks(self, req: Request) -> None:
+        """Free `req`'s GPU blocks (finished or preempted): now, or once the steps in flight
+        that scheduled it are processed (`_free_request_blocks`)."""
+        if self.frees_now(req):
+            self.kv.free(req)
+            return
+        blocks = self.kv.detach(req)
+        if blocks:
+            self._deferred_frees.append((self._sched_seq, blocks))
+
+    def step_processed(self) -> None:
+        """A step that scheduled tokens has its output processed: the frees deferred until
+        then go back to the pool (`_drain_deferred_frees`), before the output is applied."""
+        self._processed_seq += 1
+        deferred = self._deferred_frees
+        while deferred and deferred[0][0] <= self._processed_seq:
+            self.kv.release(deferred.popleft()[1])
 
     # -- the worker's report ------------------------------------------------------------------
 
@@ -410,7 +445,7 @@ class JobOffloadState:
             else:
                 req = self.delayed.pop(rid, None)
                 if req is not None:
-                    state.kv.free(req)
+                    self.free_blocks(req)
 
     # -- the end of a plan ----------------------------------------------------------------------
 
@@ -491,6 +526,11 @@ class JobOffloadState:
         plan.transfers = JobTransfers(self.loads, stores, flush, bool(scheduled))
         self.loads = []
         plan.finished_ids = finished_ids
+        if self.defers_frees and scheduled:
+            self._sched_seq += 1
+            last_sched, seq = self._last_sched, self._sched_seq
+            for rid in scheduled:
+                last_sched[rid] = seq
 
     def _handed_out(self, plan: Plan, num_running: int, any_finished: bool) -> set[Block]:
         """GPU blocks this plan handed out (`_current_batch_allocated_block_ids`): every

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sim.core.kv_cache import KVCacheManager, cdiv
+from sim.core.offload_jobs import JobOffloadState
 from sim.core.pipeline_commit import (
     PLACEHOLDER,
     SAMPLES,
@@ -30,7 +31,6 @@ from sim.core.waiting import PriorityWaiting
 
 if TYPE_CHECKING:
     from sim.core.offload import OffloadState
-    from sim.core.offload_jobs import JobOffloadState
 
 __all__ = ["PLACEHOLDER", "SAMPLES", "InFlight", "ReplicaState"]
 
@@ -216,7 +216,11 @@ class ReplicaState:
         """Preemption by recompute: drop the request's KV and put it back at the queue front
         (`to_back`: its end; by priority: where its priority puts it)."""
         self._stop_running(req)
-        self.kv.free(req, preempted=True)
+        offload = self.offload
+        if isinstance(offload, JobOffloadState) and offload.defers_frees:
+            offload.free_blocks(req)  # (vLLM 0.33.0's tier, async: perhaps later)
+        else:
+            self.kv.free(req, preempted=True)
         req.num_recomputed_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
         req.num_draft_tokens = 0  # (vLLM: `_preempt_request` clears `spec_token_ids`)

@@ -51,13 +51,12 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
                                                                               "0.33.0"):
         problem = (f"the CPU tier follows vLLM 0.15.1's and 0.33.0's offloading connectors, "
                    f"not {version}'s")
-    elif version == "0.33.0" and (getattr(cfg.scheduler, "async_scheduling", False)
-                                  or getattr(cfg.scheduler, "speculative", None) is not None
+    elif version == "0.33.0" and (getattr(cfg.scheduler, "speculative", None) is not None
                                   or getattr(cfg.scheduler, "scheduling_policy",
                                              "fcfs") != "fcfs"):
-        problem = ("vLLM 0.33.0's CPU tier is modelled with async_scheduling: false, "
-                   "scheduling_policy: fcfs and no speculative decoding so far "
-                   "(servesim issue 47): set those, or scheduler.engine_version: 0.15.1")
+        problem = ("vLLM 0.33.0's CPU tier is modelled with scheduling_policy: fcfs and no "
+                   "speculative decoding so far (servesim issue 47): set those, or "
+                   "scheduler.engine_version: 0.15.1")
     if problem is not None:
         if problem.startswith(("with", "on")):
             problem = f"a CPU tier {problem} is not modelled yet (servesim issue 47)"
@@ -78,7 +77,8 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
     seconds_per_block = block_bytes_per_gpu / bandwidth
     if version == "0.33.0":
         assert isinstance(state.kv, BlockPrefixCache)
-        state.offload = JobOffloadState(RankedTier(num_blocks), state.kv)
+        state.offload = JobOffloadState(RankedTier(num_blocks), state.kv, defers_frees=bool(
+            getattr(cfg.scheduler, "async_scheduling", False)))
         return JobCopies(seconds_per_block, seconds_per_block)
     state.offload = OffloadState(CpuTier(num_blocks))
     return HostCopies(seconds_per_block, seconds_per_block)

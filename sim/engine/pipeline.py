@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import simpy
 
+from sim.core.offload_jobs import JobOffloadState
 from sim.core.plan import Plan
 from sim.engine.clock import At
 from sim.engine.offload_steps import idle_step
@@ -212,6 +213,8 @@ class PipelinedReplica(Replica):
             taken_s = it.end_s if it.end_s >= self._host_s else self._host_s
             if taken_s != it.end_s:
                 self.log.taken_s[iteration] = taken_s
+            if isinstance(state.offload, JobOffloadState) and state.offload.defers_frees:
+                state.offload.step_processed()
             done, sampled = state.complete(it.in_flight, taken_s,
                                            stale_delivered=self.stale_delivered)
             if it.report:

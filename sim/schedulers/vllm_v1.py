@@ -134,10 +134,12 @@ scheduler code):
    of their own, passed first (`kv_holding_waiting`), and a load is admitted only beside
    what every request still prefilling needs for its whole prompt; finished requests free
    their blocks at once, a pending store that reads one handed out again being flushed
-   before the step.
+   before the step; with async scheduling, once the last step that scheduled them is
+   processed (`defer_block_free`), and the running pass stops rather than preempt a request
+   whose blocks would come back only then.
 
 Not modelled: speculative decoding on a pipeline, multi-module MTP's prefill lookahead,
-0.33.0's CPU tier with async scheduling, priority or speculative decoding (refused),
+0.33.0's CPU tier with priority or speculative decoding (refused),
 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs, KV connectors
 other than the CPU tier, structured output, LoRA limits, Mamba or deterministic-caching
 chunk alignment,
@@ -150,6 +152,7 @@ every golden workload), a watermark, prefill throttling (off by default).
 from __future__ import annotations
 
 from sim.core.kv_cache import KVCacheManager, cdiv
+from sim.core.offload_jobs import JobOffloadState
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
 from sim.core.state import ReplicaState
@@ -343,6 +346,9 @@ class VllmV1(Scheduler):
         index = 0
         is_prefill = False
         running = state.running  # (edited in place by preemptions, never replaced)
+        # (0.33.0's CPU tier with steps in flight frees a request's blocks once they end)
+        deferred_frees = state.offload if isinstance(state.offload, JobOffloadState) \
+            and state.offload.defers_frees else None
         while index < len(running) and budget > 0:
             req = running[index]
             index += 1
@@ -380,6 +386,8 @@ class VllmV1(Scheduler):
                                       num_lookahead_tokens=num_ahead):
                 if not by_priority:
                     victim = state.running[-1]
+                    if deferred_frees and not deferred_frees.frees_now(victim):
+                        return budget  # rule 19: its blocks would come back too late
                     budget += preempt(state, victim, plan.preempted_ids, scheduled)
                     if victim is req:
                         return budget

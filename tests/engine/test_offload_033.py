@@ -106,7 +106,6 @@ def test_a_prefix_evicted_from_the_gpu_is_loaded_back():
 
 
 @pytest.mark.parametrize("scheduler", [
-    {**SYNC_033, "async_scheduling": True},
     {**SYNC_033, "scheduling_policy": "priority"},
     {**SYNC_033, "speculative": {"method": "ngram", "num_speculative_tokens": 2,
                                  "acceptance_rate": 0.5}},
@@ -115,3 +114,37 @@ def test_what_033s_tier_does_not_model_yet_is_refused(scheduler):
     with pytest.raises(InputError) as err:
         Cluster(_scenario(kv_offload={"size_gib": 1.0}, scheduler=scheduler))
     assert err.value.field == "replica.kv_offload" and "0.33.0" in str(err.value)
+
+
+def test_with_steps_in_flight_a_freed_request_s_blocks_wait_for_its_last_step():
+    """Async scheduling (`defer_block_free`): a request scheduled in the step in flight gives
+    up its blocks, which go back to the pool only when that step's output is processed; one
+    not in it frees at once (`_free_request_blocks`)."""
+    from sim.core.block_cache import BlockPrefixCache
+    from sim.core.offload_jobs import JobOffloadState
+    from sim.core.plan import Plan
+
+    kv = BlockPrefixCache(8, 16)
+    offload = JobOffloadState(RankedTier(4), kv, defers_frees=True)
+    a, b = Request(0, 0.0, 32, 4), Request(1, 0.0, 16, 4)
+    assert kv.try_allocate(a, 32) and kv.try_allocate(b, 16)
+
+    class _State:  # (what `build` reads of a replica's state)
+        requests = {0: a, 1: b}
+        running = [a, b]
+
+        @staticmethod
+        def prefilling():
+            return []
+
+    _State.kv = kv
+    offload.build(_State, Plan({0: 32}), 1)  # a scheduled in step 1; b not
+    assert not offload.frees_now(a) and offload.frees_now(b)
+    offload.free_blocks(b)
+    assert kv.num_free_blocks == 8 - 2
+    offload.free_blocks(a)
+    assert kv.num_free_blocks == 8 - 2 and kv.num_held_blocks(0) == 0
+    kv.check()
+    offload.step_processed()  # step 1's output
+    assert kv.num_free_blocks == 8
+    kv.check()
