@@ -53,12 +53,10 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         if data_parallel:
             scheduler["engine_version"] = draw(st.sampled_from(["0.15.1", "0.33.0"]))
             scheduler["async_scheduling"] = draw(st.booleans())
-        # A CPU tier follows 0.15.1's or 0.33.0's connector (0.33.0's: FCFS, no drafter so
-        # far).
+        # A CPU tier follows 0.15.1's or 0.33.0's connector (0.33.0's: no drafter so far).
         tier_033 = offload and draw(st.booleans())
         if tier_033:
-            scheduler.update(engine_version="0.33.0", async_scheduling=draw(st.booleans()),
-                             scheduling_policy="fcfs")
+            scheduler.update(engine_version="0.33.0", async_scheduling=draw(st.booleans()))
         if not tier_033 and draw(st.integers(0, 3)) == 0:
             method = draw(st.sampled_from(["ngram", "eagle", "draft_model"]))
             k = draw(st.integers(1, 5))

@@ -51,11 +51,9 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
                                                                               "0.33.0"):
         problem = (f"the CPU tier follows vLLM 0.15.1's and 0.33.0's offloading connectors, "
                    f"not {version}'s")
-    elif version == "0.33.0" and (getattr(cfg.scheduler, "speculative", None) is not None
-                                  or getattr(cfg.scheduler, "scheduling_policy",
-                                             "fcfs") != "fcfs"):
-        problem = ("vLLM 0.33.0's CPU tier is modelled with scheduling_policy: fcfs and no "
-                   "speculative decoding so far (servesim issue 47): set those, or "
+    elif version == "0.33.0" and getattr(cfg.scheduler, "speculative", None) is not None:
+        problem = ("vLLM 0.33.0's CPU tier is modelled without speculative decoding so far "
+                   "(servesim issue 47): drop scheduler.speculative, or set "
                    "scheduler.engine_version: 0.15.1")
     if problem is not None:
         if problem.startswith(("with", "on")):

@@ -13,6 +13,7 @@ from sim.core.offload_jobs import JobOffloadState
 from sim.core.plan import Plan
 from sim.core.request import Request
 from sim.core.state import ReplicaState
+from sim.core.waiting import PriorityWaiting, priority_key
 
 
 def future_blocks(state: ReplicaState, req: Request, reserve_tokens: int | None) -> int:
@@ -84,8 +85,11 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
     holding: set[Request] = set()
     if isinstance(offload, JobOffloadState) and offload.holding:
         # vLLM 0.33.0 passes the requests holding KV loaded from the CPU tier first, in their
-        # own queue (`kv_holding_waiting`); one that is refused ends the pass.
-        for req in list(offload.holding):
+        # own queue (`kv_holding_waiting`, by priority under that policy); one that is
+        # refused ends the pass.
+        holders = (sorted(offload.holding, key=priority_key)
+                   if isinstance(state.waiting, PriorityWaiting) else list(offload.holding))
+        for req in holders:
             if not ((budget is None or budget > 0)
                     and len(state.running) + len(state.incoming) < max_num_seqs):
                 return budget

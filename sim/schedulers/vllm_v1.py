@@ -136,10 +136,11 @@ scheduler code):
    their blocks at once, a pending store that reads one handed out again being flushed
    before the step; with async scheduling, once the last step that scheduled them is
    processed (`defer_block_free`), and the running pass stops rather than preempt a request
-   whose blocks would come back only then.
+   whose blocks would come back only then; its holding queue is by priority under that
+   policy.
 
 Not modelled: speculative decoding on a pipeline, multi-module MTP's prefill lookahead,
-0.33.0's CPU tier with priority or speculative decoding (refused),
+0.33.0's CPU tier with speculative decoding (refused),
 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs, KV connectors
 other than the CPU tier, structured output, LoRA limits, Mamba or deterministic-caching
 chunk alignment,
@@ -393,6 +394,8 @@ class VllmV1(Scheduler):
                         return budget
                     continue
                 victim = lowest_priority(state)
+                if deferred_frees and not deferred_frees.frees_now(victim):
+                    return budget  # rule 19: its blocks would come back too late
                 if goes_on:
                     back = state.running.index(victim) < index  # (`req` is at index - 1)
                 else:

@@ -105,12 +105,9 @@ def test_a_prefix_evicted_from_the_gpu_is_loaded_back():
     assert counters.num_stored_blocks == 4 + 8 + 1
 
 
-@pytest.mark.parametrize("scheduler", [
-    {**SYNC_033, "scheduling_policy": "priority"},
-    {**SYNC_033, "speculative": {"method": "ngram", "num_speculative_tokens": 2,
-                                 "acceptance_rate": 0.5}},
-])
-def test_what_033s_tier_does_not_model_yet_is_refused(scheduler):
+def test_033s_tier_with_a_drafter_is_refused():
+    scheduler = {**SYNC_033, "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+                                             "acceptance_rate": 0.5}}
     with pytest.raises(InputError) as err:
         Cluster(_scenario(kv_offload={"size_gib": 1.0}, scheduler=scheduler))
     assert err.value.field == "replica.kv_offload" and "0.33.0" in str(err.value)

@@ -289,6 +289,18 @@ def vllm_workloads() -> list[Workload]:
         _vllm("offload_repeated_prompts", 37,
               _repeated(rng(37), 300, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
               num_gpu_blocks=400, enable_prefix_caching=True, kv_offload=_offload(512, 2.0)),
+        # The CPU tier under the priority policy, KV-starved: loaded requests wait by
+        # priority (0.33.0's holding queue is a priority queue too), victims anywhere.
+        _vllm("offload_priority_kv_starved", 43,
+              _prioritized(rng(143), _prefixed(rng(43), 300, 16.0, 6, (256, 1024),
+                                               (64, 1024), (64, 384)), 3),
+              num_gpu_blocks=500, enable_prefix_caching=True, scheduling_policy="priority",
+              kv_offload=_offload(256, 8.0)),
+        _vllm("offload_priority_kv_starved_async", 44,
+              _prioritized(rng(144), _prefixed(rng(44), 300, 16.0, 6, (256, 1024),
+                                               (64, 1024), (64, 384)), 3),
+              num_gpu_blocks=500, enable_prefix_caching=True, scheduling_policy="priority",
+              async_scheduling=True, kv_offload=_offload(256, 8.0)),
         # The CPU tier with speculative decoding: drafts in the steps whose full blocks are
         # stored; lookahead slots beside blocks a load fills; prefixes shared under eviction.
         _vllm("offload_spec_eagle", 38,
