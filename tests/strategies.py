@@ -53,17 +53,18 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         if data_parallel:
             scheduler["engine_version"] = draw(st.sampled_from(["0.15.1", "0.33.0"]))
             scheduler["async_scheduling"] = draw(st.booleans())
-        # A CPU tier follows 0.15.1's or 0.33.0's connector (0.33.0's: no drafter so far).
+        # A CPU tier follows 0.15.1's or 0.33.0's connector.
         tier_033 = offload and draw(st.booleans())
         if tier_033:
             scheduler.update(engine_version="0.33.0", async_scheduling=draw(st.booleans()))
-        if not tier_033 and draw(st.integers(0, 3)) == 0:
-            method = draw(st.sampled_from(["ngram", "eagle", "draft_model"]))
+        if draw(st.integers(0, 3)) == 0:
+            # (0.33.0's tier: no EAGLE family so far)
+            method = draw(st.sampled_from(["ngram", "draft_model"] if tier_033
+                                          else ["ngram", "eagle", "draft_model"]))
             k = draw(st.integers(1, 5))
             scheduler.pop("min_chunk_tokens", None)
-            # (A CPU tier is 0.15.1's connector only.)
-            scheduler["engine_version"] = "0.15.1" if offload else draw(
-                st.sampled_from(["0.15.1", "0.33.0"]))
+            scheduler["engine_version"] = ("0.33.0" if tier_033 else "0.15.1" if offload
+                                           else draw(st.sampled_from(["0.15.1", "0.33.0"])))
             scheduler["speculative"] = {
                 "method": method, "num_speculative_tokens": k,
                 "acceptance_rate": draw(st.sampled_from([0.0, 0.5, 0.8, 1.0])),

@@ -239,9 +239,12 @@ class JobOffloadState:
     holds_queue = True  # loaded requests wait in a queue of their own, passed first
 
     def __init__(self, tier: RankedTier, kv: BlockPrefixCache,
-                 defers_frees: bool = False) -> None:
+                 defers_frees: bool = False, num_spec_step_tokens: int = 0) -> None:
         self.tier = tier
         self.kv = kv
+        # With speculative decoding: a step's tokens with drafts and lookahead (1 + k +
+        # lookahead), which a request still prefilling, or a load, keeps room for.
+        self.num_spec_step_tokens = num_spec_step_tokens
         # With steps in flight (async scheduling) a request's freed blocks go back to the
         # pool only once the last step that scheduled it is processed (`defer_block_free`):
         # the steps planned and processed so far (non-empty ones), each request's last.
@@ -315,14 +318,15 @@ class JobOffloadState:
 
     def inflight_blocks(self, state: ReplicaState) -> int:
         """Blocks the requests still prefilling, or loading, need for their whole prompt
-        (`_inflight_prefill_reserved_blocks`), which a load leaves free."""
+        (`_inflight_prefill_reserved_blocks`; with a drafter, a step's more each, and one
+        step's for the load itself), which a load leaves free."""
         kv = state.kv
         block_size = kv.block_size
-        total = 0
-        for req in state.prefilling():
-            total += max(0, cdiv(req.num_tokens, block_size) - kv.num_held_blocks(req.request_id))
-        for req in self.holding:
-            total += max(0, cdiv(req.num_tokens, block_size) - kv.num_held_blocks(req.request_id))
+        extra = self.num_spec_step_tokens
+        total = cdiv(extra, block_size)  # (`_spec_decode_step_blocks`)
+        for req in [*state.prefilling(), *self.holding]:
+            total += max(0, cdiv(req.num_tokens + extra, block_size)
+                         - kv.num_held_blocks(req.request_id))
         return total
 
     def start_load(self, req: Request, num_gpu_hit_tokens: int, num_tokens: int) -> None:

@@ -137,10 +137,10 @@ scheduler code):
    before the step; with async scheduling, once the last step that scheduled them is
    processed (`defer_block_free`), and the running pass stops rather than preempt a request
    whose blocks would come back only then; its holding queue is by priority under that
-   policy.
+   policy; with drafts, a load keeps room for a step with drafts beside every prefill's.
 
 Not modelled: speculative decoding on a pipeline, multi-module MTP's prefill lookahead,
-0.33.0's CPU tier with speculative decoding (refused),
+0.33.0's CPU tier with EAGLE-family drafts (refused: 0.33.0 drops their hits' last block),
 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs, KV connectors
 other than the CPU tier, structured output, LoRA limits, Mamba or deterministic-caching
 chunk alignment,
@@ -438,7 +438,8 @@ class VllmV1(Scheduler):
                 if budget <= 0:
                     return 0
                 if (num_new == 1 and spec.pads_decodes and not self._prefill_scheduled
-                        and (admitted or req.num_uncomputed_tokens > num_new)
+                        and (admitted or req.num_uncomputed_tokens > num_new
+                             or req.num_computed_tokens)
                         and (self.max_model_len is None
                              or req.num_tokens + spec.num_speculative_tokens + 1
                              <= self.max_model_len)):

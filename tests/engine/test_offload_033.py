@@ -105,8 +105,8 @@ def test_a_prefix_evicted_from_the_gpu_is_loaded_back():
     assert counters.num_stored_blocks == 4 + 8 + 1
 
 
-def test_033s_tier_with_a_drafter_is_refused():
-    scheduler = {**SYNC_033, "speculative": {"method": "ngram", "num_speculative_tokens": 2,
+def test_033s_tier_with_an_eagle_drafter_is_refused():
+    scheduler = {**SYNC_033, "speculative": {"method": "eagle", "num_speculative_tokens": 2,
                                              "acceptance_rate": 0.5}}
     with pytest.raises(InputError) as err:
         Cluster(_scenario(kv_offload={"size_gib": 1.0}, scheduler=scheduler))

@@ -315,6 +315,27 @@ def vllm_workloads() -> list[Workload]:
               _prefixed(rng(40), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
               num_gpu_blocks=500, enable_prefix_caching=True, kv_offload=_offload(256, 8.0),
               speculative=_spec("ngram", 3, 0.75, match_rate=0.6)),
+        # A draft model with the tier, KV-starved; and n-gram lookups that miss under async
+        # scheduling (0.33.0 only: 0.15.1 refuses async n-gram).
+        _vllm("offload_spec_draft_model_kv_starved", 46,
+              _prefixed(rng(46), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
+              num_gpu_blocks=500, enable_prefix_caching=True, kv_offload=_offload(256, 8.0),
+              speculative=_spec("draft_model", 3, 0.6)),
+        _vllm("offload_spec_ngram_async_kv_starved", 47,
+              _prefixed(rng(47), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
+              num_gpu_blocks=500, enable_prefix_caching=True, async_scheduling=True,
+              kv_offload=_offload(256, 8.0),
+              speculative=_spec("ngram", 3, 0.75, match_rate=0.6)),
+        # Repeated whole prompts with drafters: a request whose KV was loaded but for its last
+        # token is padded to 1 + k tokens (0.33.0), a load keeps room for a step with drafts.
+        _vllm("offload_spec_ngram_repeated", 48,
+              _repeated(rng(48), 300, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
+              num_gpu_blocks=400, enable_prefix_caching=True, kv_offload=_offload(512, 2.0),
+              speculative=_spec("ngram", 3, 0.75)),
+        _vllm("offload_spec_draft_model_repeated", 49,
+              _repeated(rng(49), 300, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
+              num_gpu_blocks=400, enable_prefix_caching=True, kv_offload=_offload(512, 2.0),
+              speculative=_spec("draft_model", 3, 0.6)),
         # KV-starved with a threshold: requests whose KV was loaded hold the blocks the
         # queue's head needs, and each needs more to run (their drafter's lookahead among
         # them): vLLM waits for ever, and servesim says so (`engine_stalled`).
@@ -331,6 +352,12 @@ def vllm_workloads() -> list[Workload]:
         # 300 requests): a request of the lowest priority preempts itself, and the empty step
         # waits ~2 s for its stores while another request arrives (vLLM plans after the wait);
         # an empty step that preempts while finished requests' frees wait for their stores.
+        # A load admitted only if a step with drafts still fits beside it (0.33.0's
+        # `_spec_decode_step_blocks`), and beside every prefill's step with drafts.
+        _vllm("offload_spec_load_room", 77,
+              _repeated(rng(48), 200, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
+              num_gpu_blocks=400, enable_prefix_caching=True, kv_offload=_offload(512, 2.0),
+              speculative=_spec("ngram", 3, 0.75)),
         _vllm("offload_self_preempt_waits", 222,
               [[0.0, 111, 100, -1, 0, 2], [0.001, 193, 100, -1, 0, 0], [0.1, 40, 5, -1, 0, 0]],
               num_gpu_blocks=21, enable_prefix_caching=True, scheduling_policy="priority",
