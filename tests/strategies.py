@@ -58,9 +58,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         if tier_033:
             scheduler.update(engine_version="0.33.0", async_scheduling=draw(st.booleans()))
         if draw(st.integers(0, 3)) == 0:
-            # (0.33.0's tier: no EAGLE family so far)
-            method = draw(st.sampled_from(["ngram", "draft_model"] if tier_033
-                                          else ["ngram", "eagle", "draft_model"]))
+            method = draw(st.sampled_from(["ngram", "eagle", "draft_model"]))
             k = draw(st.integers(1, 5))
             scheduler.pop("min_chunk_tokens", None)
             scheduler["engine_version"] = ("0.33.0" if tier_033 else "0.15.1" if offload

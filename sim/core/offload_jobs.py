@@ -239,12 +239,16 @@ class JobOffloadState:
     holds_queue = True  # loaded requests wait in a queue of their own, passed first
 
     def __init__(self, tier: RankedTier, kv: BlockPrefixCache,
-                 defers_frees: bool = False, num_spec_step_tokens: int = 0) -> None:
+                 defers_frees: bool = False, num_spec_step_tokens: int = 0,
+                 drops_last_hit_block: bool = False) -> None:
         self.tier = tier
         self.kv = kv
         # With speculative decoding: a step's tokens with drafts and lookahead (1 + k +
         # lookahead), which a request still prefilling, or a load, keeps room for.
         self.num_spec_step_tokens = num_spec_step_tokens
+        # An EAGLE-family drafter's group (`is_eagle_group`): a hit's last block, whose
+        # draft KV depends on the token after it, is popped.
+        self.drops_last_hit_block = drops_last_hit_block
         # With steps in flight (async scheduling) a request's freed blocks go back to the
         # pool only once the last step that scheduled it is processed (`defer_block_free`):
         # the steps planned and processed so far (non-empty ones), each request's last.
@@ -310,8 +314,13 @@ class JobOffloadState:
                 break
             pending |= s == PENDING
             hits += 1
-        if pending or (hits and self._being_loaded
-                       and not self._being_loaded.isdisjoint(hashes[start:start + hits])):
+        if pending:
+            counters.num_delayed_lookups += 1
+            return None
+        if hits and self.drops_last_hit_block:
+            hits -= 1
+        if hits and self._being_loaded and not self._being_loaded.isdisjoint(
+                hashes[start:start + hits]):
             counters.num_delayed_lookups += 1
             return None
         return hits * block_size

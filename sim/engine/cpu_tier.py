@@ -51,12 +51,6 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
                                                                               "0.33.0"):
         problem = (f"the CPU tier follows vLLM 0.15.1's and 0.33.0's offloading connectors, "
                    f"not {version}'s")
-    elif version == "0.33.0" and (spec := getattr(cfg.scheduler, "speculative", None)) \
-            is not None and spec.method not in ("ngram", "draft_model"):
-        problem = (f"vLLM 0.33.0's CPU tier with {spec.method} drafts is not modelled yet "
-                   "(its EAGLE-family group drops a hit's last block on the GPU and the "
-                   "CPU: servesim issue 47): use ngram or draft_model, or set "
-                   "scheduler.engine_version: 0.15.1")
     if problem is not None:
         if problem.startswith(("with", "on")):
             problem = f"a CPU tier {problem} is not modelled yet (servesim issue 47)"
@@ -82,7 +76,9 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
             RankedTier(num_blocks), state.kv,
             defers_frees=bool(getattr(cfg.scheduler, "async_scheduling", False)),
             num_spec_step_tokens=(0 if spec is None else
-                                  1 + spec.num_speculative_tokens + spec.num_lookahead_tokens))
+                                  1 + spec.num_speculative_tokens + spec.num_lookahead_tokens),
+            drops_last_hit_block=spec is not None and spec.method not in ("ngram",
+                                                                          "draft_model"))
         return JobCopies(seconds_per_block, seconds_per_block)
     state.offload = OffloadState(CpuTier(num_blocks))
     return HostCopies(seconds_per_block, seconds_per_block)

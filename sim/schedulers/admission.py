@@ -82,6 +82,10 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
     # is mostly full): nothing changes it before the first admission.
     reserved: int | None = None
     offload = state.offload
+    if isinstance(offload, JobOffloadState) and offload.drops_last_hit_block:
+        # (0.33.0 keeps the legacy block hashes beside a KV connector: an EAGLE-family
+        # drafter's GPU hit gives up its last block too, as 0.15.1's does.)
+        num_hit_blocks_dropped = 1
     holding: set[Request] = set()
     if isinstance(offload, JobOffloadState) and offload.holding:
         # vLLM 0.33.0 passes the requests holding KV loaded from the CPU tier first, in their
@@ -136,9 +140,11 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
                 if reserved is None:
                     reserved = reserved_blocks(state, reserve_tokens)
                 # (beside every prefilling or loading request's whole prompt; the whole
-                # prompt must fit too: `reserved_blocks`, `full_sequence_must_fit`)
-                extra = 0 if extra_blocks is None else extra_blocks(req, num_cached,
-                                                                    num_external)
+                # prompt must fit too, `reserved_blocks`, `full_sequence_must_fit`; a load
+                # gets no drafter lookahead slots)
+                extra = 0 if extra_blocks is None else max(0, cdiv(
+                    req.num_tokens, kv.block_size) - cdiv(num_cached + num_external,
+                                                          kv.block_size))
                 assert isinstance(kv, BlockPrefixCache)
                 if not kv.try_allocate(req, num_external,
                                        reserved + max(offload.inflight_blocks(state), extra),

@@ -137,10 +137,11 @@ scheduler code):
    before the step; with async scheduling, once the last step that scheduled them is
    processed (`defer_block_free`), and the running pass stops rather than preempt a request
    whose blocks would come back only then; its holding queue is by priority under that
-   policy; with drafts, a load keeps room for a step with drafts beside every prefill's.
+   policy; with drafts, a load keeps room for a step with drafts beside every prefill's;
+   with an EAGLE-family drafter, a hit from the GPU (0.33.0 keeps its older block hashes
+   beside a KV connector) or from the tier gives up its last block.
 
 Not modelled: speculative decoding on a pipeline, multi-module MTP's prefill lookahead,
-0.33.0's CPU tier with EAGLE-family drafts (refused: 0.33.0 drops their hits' last block),
 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs, KV connectors
 other than the CPU tier, structured output, LoRA limits, Mamba or deterministic-caching
 chunk alignment,

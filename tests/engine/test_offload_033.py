@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from sim.config.errors import InputError
 from sim.core.offload_jobs import PENDING, RankedTier
 from sim.core.request import Request, Status
 from sim.engine.cluster import Cluster
@@ -105,12 +104,22 @@ def test_a_prefix_evicted_from_the_gpu_is_loaded_back():
     assert counters.num_stored_blocks == 4 + 8 + 1
 
 
-def test_033s_tier_with_an_eagle_drafter_is_refused():
-    scheduler = {**SYNC_033, "speculative": {"method": "eagle", "num_speculative_tokens": 2,
-                                             "acceptance_rate": 0.5}}
-    with pytest.raises(InputError) as err:
-        Cluster(_scenario(kv_offload={"size_gib": 1.0}, scheduler=scheduler))
-    assert err.value.field == "replica.kv_offload" and "0.33.0" in str(err.value)
+def test_an_eagle_drafter_s_hit_from_the_tier_drops_its_last_block():
+    """An EAGLE-family drafter's KV group (`is_eagle_group`): the connector pops the last
+    block of a hit (its draft KV depends on the token after it), so a request whose three
+    prompt blocks are all in the tier loads two; without a drafter, three."""
+    from sim.core.block_cache import BlockPrefixCache
+    from sim.core.offload_jobs import JobOffloadState
+
+    for drops, loads in ((False, 48), (True, 32)):
+        kv = BlockPrefixCache(8, 16)
+        offload = JobOffloadState(RankedTier(8), kv, drops_last_hit_block=drops)
+        req = Request(0, 0.0, 49, 4, hash_ids=(1, 2, 3), hash_block_tokens=16)
+        hashes = kv.chain_hashes(req, 3)[:3]
+        offload.tier.prepare_store(9, [(h, 16 * (i + 1)) for i, h in enumerate(hashes)])
+        assert offload.lookup(req, 0) is None  # (being stored: wait)
+        offload.tier.complete_store(hashes)
+        assert offload.lookup(req, 0) == loads
 
 
 def test_with_steps_in_flight_a_freed_request_s_blocks_wait_for_its_last_step():

@@ -103,7 +103,7 @@ def _levels(rng: np.random.Generator, requests: list[list[Any]], levels: tuple[i
 
 def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 20_000,
           step: tuple[float, float] = (0.004, 2e-5), max_model_len: int = 32_768,
-          stalls: bool = False, **settings: Any) -> Workload:
+          stalls: bool | str = False, **settings: Any) -> Workload:
     base = {"max_num_batched_tokens": 8192, "max_num_seqs": 256, "enable_chunked_prefill": True,
             "long_prefill_token_threshold": 0, "enable_prefix_caching": False,
             "async_scheduling": False}
@@ -114,8 +114,9 @@ def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: in
                 "num_gpu_blocks": num_gpu_blocks, "block_size": 16,
                 "max_model_len": max_model_len,
                 "step_time": {"base_s": step[0], "per_token_s": step[1]}, "requests": requests}
-    if stalls:  # (the engine waits for ever: the fixture ends there, `record_vllm.record`)
-        workload["stalls"] = True
+    if stalls:  # (the engine waits for ever: the fixture ends there, `record_vllm.record`;
+        # a release named: that one only)
+        workload["stalls"] = stalls
     return workload
 
 
@@ -338,12 +339,13 @@ def vllm_workloads() -> list[Workload]:
               speculative=_spec("draft_model", 3, 0.6)),
         # KV-starved with a threshold: requests whose KV was loaded hold the blocks the
         # queue's head needs, and each needs more to run (their drafter's lookahead among
-        # them): vLLM waits for ever, and servesim says so (`engine_stalled`).
+        # them): vLLM 0.15.1 waits for ever, and servesim says so (`engine_stalled`); 0.33.0
+        # admits a load only beside what prefills still need, and runs it to the end.
         _vllm("offload_spec_eagle_kv_starved_stalls", 42,
               _prefixed(rng(42), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
               num_gpu_blocks=500, enable_prefix_caching=True, kv_offload=_offload(256, 8.0),
               long_prefill_token_threshold=128, speculative=_spec("eagle", 3, 0.7),
-              stalls=True),
+              stalls="0.15.1"),
         _vllm("offload_spec_eagle_async_kv_starved", 41,
               _prefixed(rng(41), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
               num_gpu_blocks=500, enable_prefix_caching=True, async_scheduling=True,
