@@ -53,9 +53,10 @@ class KVCacheConfig(Frozen):
 
 class KVOffloadConfig(Frozen):
     """`kv_offload`: a CPU tier for the KV cache, as vLLM's `--kv-offloading-size` with
-    `--kv-offloading-backend native` (its `OffloadingConnector`, `sim.core.offload`): every
-    full block computed is copied to host memory, and a queued request loads the blocks of
-    its prefix the GPU has evicted instead of computing them."""
+    `--kv-offloading-backend native` (its `OffloadingConnector`: 0.15.1's in
+    `sim.core.offload`, 0.33.0's in `sim.core.offload_jobs`): full blocks computed are copied
+    to host memory, and a queued request loads the blocks of its prefix the GPU has evicted
+    instead of computing them."""
 
     size_gib: float = Field(
         gt=0, le=2**20, description="host memory for KV blocks (GiB), all the replica's GPUs "
