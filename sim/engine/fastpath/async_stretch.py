@@ -18,6 +18,7 @@ back: after its K-th plan's turn, the first K - 1 iterations complete and the K-
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
@@ -51,25 +52,28 @@ class AsyncStretch:
     duration_s: np.ndarray
     end_s: np.ndarray
     free_s: np.ndarray
-    num_seqs: np.ndarray
+    num_seqs: int | np.ndarray  # one number where nobody leaves before the last
     kv_tokens: np.ndarray
 
-    def num_used_blocks(self, n: int) -> np.ndarray:
+    def num_used_blocks(self, n: int) -> list[int]:
         """KV blocks in use when each of the first `n` plans is made: plan j adds a block to
         each request in it whose tokens fill its last (computed + j a multiple of the block
         size); a request's blocks are freed when its last iteration ends, before plan
-        left + 1. (Counted for the plans a hand-off keeps: most stretches are cut short.)"""
+        left + 1. (Counted for the plans a hand-off keeps: most stretches are cut short. A
+        list, summed by `accumulate`: a few dozen numbers, where numpy's calls and its
+        element writes cost more than the counting.)"""
         block_size = self.block_size
-        change = np.zeros(n + 2, dtype=np.int64)
+        change = [0] * n
+        change[0] = self.num_used_blocks0
         for c, k in zip(self.num_computed, self.num_steps_left, strict=True):
             j = -c % block_size or block_size
             stop = k if k < n else n
             while j < stop:
                 change[j] += 1
                 j += block_size
-            if k + 1 <= n:
+            if k + 1 < n:
                 change[k + 1] -= -(-(c + k) // block_size)
-        return self.num_used_blocks0 + np.cumsum(change[:n])
+        return list(accumulate(change))
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -101,7 +105,7 @@ class AsyncStretch:
                     blocks_freed += -(-(c + n) // bs)
             else:
                 tokens += num_planned if num_planned < n else n - 1
-        used = int(self.num_used_blocks(num_planned)[-1]) - blocks_freed
+        used = self.num_used_blocks(num_planned)[-1] - blocks_freed
         return tokens, num_left, used
 
     def hand_off_s(self, k: int) -> float:
@@ -132,19 +136,20 @@ def plan_async_stretch(state: ReplicaState, plan0: Plan, latency: LatencyModel, 
         return None
     num_seqs, kv_tokens = batch_sizes(computed, left, n)
     shape = BatchShape.decode_only(num_seqs, kv_tokens)
-    duration = np.broadcast_to(np.asarray(latency.iteration_time_s(shape), dtype=np.float64),
-                               (n,))
+    duration = np.asarray(latency.iteration_time_s(shape), dtype=np.float64)
+    if duration.shape != (n,):  # (a model whose time does not depend on the KV read)
+        duration = np.broadcast_to(duration, (n,))
     host = latency.host_time_s(shape)
     duration = np.maximum(duration - host, host)
     if noise is not None:  # iteration `first_index + j`'s own factor, as a step gets it
         duration = duration * noise.factors_from(first_index, n, 0, num_seqs)
-    start0 = max(plan_s, free_s)
-    free = np.add.accumulate(np.concatenate(([start0], duration)))[1:]
-    starts = np.concatenate(([start0], free[:-1]))
+    # Back to back from the first start: iteration j starts where j - 1 is free.
+    free = np.add.accumulate(np.concatenate(([max(plan_s, free_s)], duration)))
+    starts, free = free[:-1], free[1:]
     logged = free - starts  # as the stepped replica logs it: its end less its start
     end = starts + logged
     plans = np.concatenate(([plan_s, plan_s if pred_end_s is None else pred_end_s],
-                            end[:-2]))[:n]
+                            end[:-2]))
     if not (plans <= starts).all():  # (each plan before its GPU time: always seen so)
         return None
     if horizon_s is not None and end[-1] >= horizon_s:
@@ -154,17 +159,19 @@ def plan_async_stretch(state: ReplicaState, plan0: Plan, latency: LatencyModel, 
     # Each plan's time plus its duration after it and within 2**32 s, as a step checks it
     # (`Replica._plan_iteration`); where not, stepping says what is wrong.
     planned_end = plans[:n] + duration[:n]
-    within = np.flatnonzero(~((planned_end > plans[:n]) & (planned_end < MAX_SPAN_S)))
-    if len(within):
-        n = int(within[0])
+    within = (planned_end > plans[:n]) & (planned_end < MAX_SPAN_S)
+    if not within.all():
+        n = int(within.argmin())  # (the first that is not)
         if n < 3:
             return None
-    if not (end[:n] > starts[:n]).all() or not np.isfinite(end[:n]).all():
-        return None  # (the stepped replica says what is wrong with such a duration)
-    seqs = np.broadcast_to(np.asarray(num_seqs, dtype=np.int64), (len(end),))[:n]
+    if not (end[:n] > starts[:n]).all() or not np.isfinite(end[n - 1]):
+        # (Ends increase, so the last is finite where all are.) The stepped replica says
+        # what is wrong with such a duration.
+        return None
     return AsyncStretch(plan0, kv.num_used_blocks, requests, computed, left, first_index,
                         kv.block_size, plans[:n], starts[:n], logged[:n], end[:n], free[:n],
-                        seqs, kv_tokens[:n])
+                        num_seqs if isinstance(num_seqs, int) else num_seqs[:n],
+                        kv_tokens[:n])
 
 
 def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationLog
@@ -185,9 +192,10 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
     assert len(log) == first
     used = stretch.num_used_blocks(k)
     if done_k:
-        rows = stretch.num_seqs[:done_k]
+        seqs = stretch.num_seqs
         log.extend_stretch(stretch.starts_s[:done_k], stretch.duration_s[:done_k],
-                           rows.tolist(), used[:done_k].tolist(),
+                           seqs if isinstance(seqs, int) else seqs[:done_k].tolist(),
+                           used[:done_k],
                            len(stretch.plan0.preempted_ids))
         # Each request sampled in each of its iterations complete: one run from the first.
         add_run = log.add_sampled_run
@@ -220,7 +228,7 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
         state.num_running_tokens += 1
         state.leave([req], float(end[n_left - 1]))
         done.append(req)
-    return done, _in_flight(stretch, k - 1, int(used[k - 1]))
+    return done, _in_flight(stretch, k - 1, used[k - 1])
 
 
 def _in_flight(stretch: AsyncStretch, j: int, num_used_blocks: int) -> Iteration:
@@ -238,7 +246,9 @@ def _in_flight(stretch: AsyncStretch, j: int, num_used_blocks: int) -> Iteration
                           PLACEHOLDER if j < n_left - 1 else SAMPLES, False))
     if scheduled is not None:
         plan = Plan(scheduled)
-    shape = BatchShape.decode_only(int(stretch.num_seqs[j]), int(stretch.kv_tokens[j]))
+    seqs = stretch.num_seqs
+    shape = BatchShape.decode_only(seqs if isinstance(seqs, int) else int(seqs[j]),
+                                   int(stretch.kv_tokens[j]))
     it = Iteration(plan, shape, float(stretch.starts_s[j]), float(stretch.duration_s[j]),
                    float(stretch.end_s[j]), num_used_blocks, 0)
     it.in_flight = in_flight
