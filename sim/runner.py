@@ -245,8 +245,10 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     if num_requests >= COLLECT_AT_NUM_REQUESTS:
         gc.collect()
     results = collect_frames(scenario, frames, records, latency)
+    # (The summary's count of preemptions: the request table as a DataFrame would import
+    # pandas, which a simulation never does.)
     if left_off and (note := _left_off_note(left_off, results.summary,
-                                            int(results.requests["num_preemptions"].sum()))):
+                                            results.summary["num_preemptions"])):
         results.summary["run"]["prefix_caching_left_off"] = note
     if dummy is not None:
         ranks = {pool.name: pool.replica.parallelism.data for pool in scenario.pools()}
