@@ -194,8 +194,8 @@ class Replica(OffloadSteps):
         (and the KV blocks in use then, where that work changed them)."""
         state = self.state
         tokens = state.num_waiting_tokens + state.num_running_tokens + decoded
-        num_outstanding = state.num_outstanding - num_finished
         num_waiting = len(state.waiting)
+        num_outstanding = num_waiting + len(state.running) - num_finished  # (`num_outstanding`)
         if self.inbox is not None:
             tokens += self.inbox.num_tokens
             num_outstanding += self.inbox.num_requests

@@ -72,6 +72,10 @@ class FastReplica(Replica):
             decoded, num_finished, finished_tokens = work.ended_counts(
                 work.num_ended_by(self.env.now))
             return self._load(None, decoded - finished_tokens, num_finished)
+        if work is None or (type(work) is Iteration and work.end_s > self.env.now):
+            # Nothing ended to commit (`sync` would do nothing): read at once, as a router
+            # reads every replica at every arrival.
+            return self._load(req, 0, 0)
         return super().load(req)
 
     def sync(self, *, before_s: float | None = None) -> None:
