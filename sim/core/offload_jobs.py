@@ -365,6 +365,21 @@ class JobOffloadState:
             counters.num_first_hit_tokens += min(num_tokens,
                                                  req.num_tokens - 1 - num_gpu_hit_tokens)
 
+    def reload(self, req: Request) -> None:
+        """`update_state_after_alloc` for a one-token prompt asked again after its load
+        (`sim.schedulers.admission.admit_waiting`): its block is held and cached, so the job
+        loads none; it waits in the holding queue (back in it, if a lookup that had to wait
+        sent it to the waiting queue) until the job is reported done."""
+        rid = req.request_id
+        job_id = self._new_job(Job(rid, [], False))
+        rs = self._state(req)
+        rs.jobs.add(job_id)
+        rs.next_stored = req.num_tokens // self.kv.block_size
+        self.loads.append((job_id, rid, 0))
+        self.loading[rid] = req
+        if req not in self.holding:  # (asked from the waiting queue)
+            self.holding.append(req)
+
     def admitted(self, req: Request) -> None:
         """A loaded request left the holding queue for the running list."""
         self.holding.remove(req)

@@ -42,6 +42,10 @@ class JobCopies:
         self._held_loads: list[tuple[int, int, int]] = []  # loads for the step's end
         self._launch_s = -math.inf
         self._computed_s = -math.inf  # when the GPU has computed the steps launched so far
+        # Loads of no block (a one-token prompt asked again after its load,
+        # `JobOffloadState.reload`): nothing is copied, nothing waits for them.
+        self._empty: set[int] = set()
+        self.polled_empty_only = False  # the last poll found only such loads done
         self.load_busy_s = 0.0
         self.store_busy_s = 0.0
 
@@ -91,13 +95,18 @@ class JobCopies:
             self.load_busy_s += took_s
             self._jobs[job_id] = self._load_free_s
             self._load_requests[job_id] = request_id
+            if not num_blocks:
+                self._empty.add(job_id)
         self._held_loads = []
 
     def _poll(self, now_s: float) -> Report:
         report = Report()
         jobs = self._jobs
         done = [job_id for job_id, end_s in jobs.items() if end_s <= now_s]
+        empty = self._empty
+        self.polled_empty_only = bool(done) and all(job_id in empty for job_id in done)
         for job_id in done:
+            empty.discard(job_id)
             del jobs[job_id]
             request_id = self._load_requests.pop(job_id, None)
             if request_id is not None:
@@ -107,8 +116,11 @@ class JobCopies:
 
     def next_done_s(self) -> float:
         """When the next copy ends (inf: none runs)."""
-        return min(self._jobs.values(), default=math.inf)
+        empty = self._empty
+        return min((end_s for job_id, end_s in self._jobs.items() if job_id not in empty),
+                   default=math.inf)
 
     @property
     def busy(self) -> bool:
-        return bool(self._jobs or self._deferred or self._held_loads)
+        return bool(len(self._jobs) > len(self._empty) or self._deferred
+                    or any(n for _, _, n in self._held_loads))

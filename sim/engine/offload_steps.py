@@ -79,6 +79,10 @@ class OffloadSteps:
             if report:
                 assert state.offload is not None
                 state.offload.apply(state, report)
+                if reload_only(plan) and getattr(self.copies, "polled_empty_only", False):
+                    # Only one-token prompts that "loaded" no block, to be asked again: vLLM
+                    # 0.33.0 steps on so, empty, until a copy ends or a request arrives.
+                    return plan, None
             elif idle_step(plan):
                 return plan, None  # nothing changes until a copy ends or work arrives
 
@@ -121,6 +125,24 @@ class OffloadSteps:
                   "the CPU tier); vLLM 0.15.1 loops there for ever")
         self._stop_for_good(reason)
         return True
+
+    def _reload_loop(self) -> Generator[simpy.Event, Any, None]:
+        """Nothing runs, nothing is copied, and the queue's loaded one-token prompts ask the
+        tier again and again (`JobOffloadState.reload`): vLLM 0.33.0 loops so for ever,
+        unless a request arrives (its stores may evict their block from the tier). Its
+        requests say so until one does."""
+        state = self.state
+        reason = ("engine_stalled: one-token prompts whose block the CPU tier holds load "
+                  "it again at every step (their token is computed again after a load, so "
+                  "the queue takes them for new); vLLM 0.33.0 loops there for ever")
+        waiting = list(state.waiting)
+        for req in waiting:
+            if req.reason is None:
+                req.reason = reason
+        yield from self._wait_for_work()  # type: ignore[attr-defined]
+        for req in waiting:
+            if req.reason == reason:
+                req.reason = None
 
     def _stop_for_good(self, reason: str) -> None:
         """The replica will never run again: it and its requests say why (`stalled`; a
@@ -167,6 +189,16 @@ class OffloadSteps:
         self._poke = None
         if self.env.now < done_s or not self.env.reached(self.turn):
             yield At(self.env, self.env.now, self.turn)  # plan after all else at this instant
+
+
+def reload_only(plan: Plan) -> bool:
+    """Whether a plan that runs nothing only "loads" no block for one-token prompts asked
+    again (`sim.core.offload_jobs.JobOffloadState.reload`)."""
+    transfers = plan.transfers
+    return (not plan and isinstance(transfers, JobTransfers) and bool(transfers.loads)
+            and not any(n for _, _, n in transfers.loads)
+            and not (transfers.stores or transfers.flush or plan.finished_ids
+                     or plan.preempted_ids))
 
 
 def idle_step(plan: Plan) -> bool:

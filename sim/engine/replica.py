@@ -29,7 +29,7 @@ from sim.core.state import InFlight, ReplicaState
 from sim.engine.clock import PLAN, At, Environment, Hook
 from sim.engine.disaggregation import DecodeInbox
 from sim.engine.iteration_log import ALL_TO_ALL_COLUMN, SPEC_COLUMN, IterationLog
-from sim.engine.offload_steps import OffloadSteps
+from sim.engine.offload_steps import OffloadSteps, reload_only
 from sim.latency.base import BatchShape, LatencyModel
 from sim.latency.noise import IterationNoise
 from sim.routers.base import ReplicaLoad
@@ -310,6 +310,9 @@ class Replica(OffloadSteps):
         # (An empty plan that left nothing running or queued aborted what there was: idle.)
         if plan is not None and (state.running or (
                 state.waiting and not (state.num_transferring or state.incoming))):
+            if not state.running and reload_only(plan):
+                yield from self._reload_loop()
+                return
             if state.offload is not None:
                 yield from self._stall()
             raise RuntimeError(f"replica {self.replica_id}: requests queued, none can run")

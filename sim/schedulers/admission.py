@@ -93,18 +93,47 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
         # refused ends the pass.
         holders = (sorted(offload.holding, key=priority_key)
                    if isinstance(state.waiting, PriorityWaiting) else list(offload.holding))
+        requeued: list[Request] = []  # left the holding queue for the waiting one's front
+        stop = False
         for req in holders:
             if not ((budget is None or budget > 0)
                     and len(state.running) + len(state.incoming) < max_num_seqs):
-                return budget
+                stop = True
+                break
             rid = req.request_id
             if rid in offload.loading:
                 if rid not in offload.loaded:
                     continue  # still loading
                 finish_load(state, offload, req)
+            if not req.num_computed_tokens:
+                # A load that covered a whole one-token prompt (blocks of one token) leaves
+                # nothing computed (its token is computed again): vLLM 0.33.0's pass takes it
+                # as a request never admitted (`num_computed_tokens == 0`) and asks the tier
+                # again. A hit "loads" its own block, held and cached already: a job of no
+                # block, and it waits for that again (for ever, while the tier keeps the
+                # block); a lookup to wait sends it to the waiting queue's front.
+                num_external = offload.lookup(req, 0)
+                if num_external is None:
+                    offload.admitted(req)
+                    requeued.append(req)
+                    continue
+                if num_external:
+                    if reserved is None:
+                        reserved = reserved_blocks(state, reserve_tokens)
+                    extra = 0 if extra_blocks is None else max(0, cdiv(
+                        req.num_tokens, kv.block_size) - cdiv(num_external, kv.block_size))
+                    assert isinstance(kv, BlockPrefixCache)
+                    if not kv.try_allocate(req, num_external,
+                                           reserved + max(offload.inflight_blocks(state), extra),
+                                           0, cache_new=False):
+                        stop = True
+                        break
+                    offload.reload(req)
+                    continue
             num_tokens = chunk(req, req.num_uncomputed_tokens, budget)
             if not num_tokens:
-                return budget
+                stop = True
+                break
             if reserved is None:
                 reserved = reserved_blocks(state, reserve_tokens)
             extra = 0 if extra_blocks is None else extra_blocks(req, 0, num_tokens)
@@ -113,12 +142,20 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
             own_reserve = try_admit(state, req, num_tokens, reserve_tokens, reserved, 0, ahead,
                                     extra, index)
             if own_reserve is None:
-                return budget
+                stop = True
+                break
             offload.admitted(req)
             reserved += own_reserve
             scheduled[rid] = num_tokens
             if budget is not None:
                 budget -= num_tokens
+        if requeued:  # (`step_skipped_waiting`, prepended in the order skipped)
+            for req in requeued:
+                state.waiting.remove(req)
+            for req in reversed(requeued):
+                state.waiting.appendleft(req)
+        if stop:
+            return budget
         holding = set(offload.holding)
     index = 0  # requests before it wait for KV from the CPU tier (skipped, in their place)
     while (len(state.waiting) > index and (budget is None or budget > 0)
@@ -146,11 +183,18 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
                     req.num_tokens, kv.block_size) - cdiv(num_cached + num_external,
                                                           kv.block_size))
                 assert isinstance(kv, BlockPrefixCache)
+                # (A one-token prompt sent here from the holding queue holds its block,
+                # cached: it loads none.)
+                holds_hit = kv.num_held_blocks(req.request_id) * kv.block_size >= (
+                    num_cached + num_external)
                 if not kv.try_allocate(req, num_external,
                                        reserved + max(offload.inflight_blocks(state), extra),
                                        num_cached, cache_new=False):
                     break
-                offload.start_load(req, num_cached, num_external)
+                if holds_hit:
+                    offload.reload(req)
+                else:
+                    offload.start_load(req, num_cached, num_external)
                 index += 1
                 continue
         elif offload is not None:
@@ -275,6 +319,10 @@ def finish_load(state: ReplicaState, offload: OffloadState | JobOffloadState,
     del offload.loading[rid]
     offload.loaded.discard(rid)
     num_computed = min(kv.num_held_blocks(rid) * kv.block_size, req.num_tokens)
+    if isinstance(offload, JobOffloadState):
+        # (0.33.0 caches every loaded block, the last one too where the load covered the
+        # whole prompt, before it rewinds to compute the last token again; 0.15.1 after.)
+        kv.cache_loaded(req, num_computed)
     if num_computed == req.num_tokens:
         num_computed -= 1
     kv.cache_loaded(req, num_computed)

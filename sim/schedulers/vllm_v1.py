@@ -139,7 +139,8 @@ scheduler code):
    whose blocks would come back only then; its holding queue is by priority under that
    policy; with drafts, a load keeps room for a step with drafts beside every prefill's;
    with an EAGLE-family drafter, a hit from the GPU (0.33.0 keeps its older block hashes
-   beside a KV connector) or from the tier gives up its last block.
+   beside a KV connector) or from the tier gives up its last block; a one-token prompt
+   whose whole block was loaded is asked again, as a new request (blocks of one token).
 
 Not modelled: speculative decoding on a pipeline, multi-module MTP's prefill lookahead,
 0.33.0's EAGLE lookahead block hashes (a hit is taken whole), encoder inputs, KV connectors

@@ -154,3 +154,25 @@ def test_with_steps_in_flight_a_freed_request_s_blocks_wait_for_its_last_step():
     offload.step_processed()  # step 1's output
     assert kv.num_free_blocks == 8
     kv.check()
+
+
+def test_a_one_token_prompt_whose_block_the_tier_holds_loops_as_vllm_does():
+    """Blocks of one token: B (token A alone) finds A in the tier, loads it, has nothing
+    computed after (its one token is computed again), and 0.33.0 takes it for new: asked
+    again, it "loads" its own block (a job of no block), and so on, for ever while the tier
+    keeps A and nothing else runs or arrives (vLLM 0.33.0 loops there: checked with its own
+    scheduler). A (tokens A B) finishes; B stays unfinished saying why."""
+    block_bytes = 131072  # (a one-token block of the default model)
+    scenario = _scenario(kv_cache={"block_size": 1, "num_blocks": 64},
+                         kv_offload={"size_gib": 3 * block_bytes / 2**30,
+                                     "host_bandwidth_gb_s": 0.1},
+                         scheduler={**SYNC_033, "max_num_seqs": 4,
+                                    "max_num_batched_tokens": 256})
+    for fast_forward in (True, False):
+        cluster = Cluster(scenario, fast_forward=fast_forward)
+        a = Request(0, 0.0, 2, 5, hash_ids=(1, 2), hash_block_tokens=1)
+        b = Request(1, 0.03, 1, 2, hash_ids=(1,), hash_block_tokens=1)
+        cluster.run([a, b])
+        assert a.status is Status.FINISHED
+        assert b.status is not Status.FINISHED
+        assert b.reason.startswith("engine_stalled: one-token prompts")

@@ -103,7 +103,7 @@ def _levels(rng: np.random.Generator, requests: list[list[Any]], levels: tuple[i
 
 def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 20_000,
           step: tuple[float, float] = (0.004, 2e-5), max_model_len: int = 32_768,
-          stalls: bool | str = False, **settings: Any) -> Workload:
+          stalls: bool | str = False, block_size: int = 16, **settings: Any) -> Workload:
     base = {"max_num_batched_tokens": 8192, "max_num_seqs": 256, "enable_chunked_prefill": True,
             "long_prefill_token_threshold": 0, "enable_prefix_caching": False,
             "async_scheduling": False}
@@ -111,7 +111,7 @@ def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: in
     unknown = set(settings) - set(base) - {"scheduling_policy", "speculative", "kv_offload"}
     assert not unknown, unknown
     workload = {"name": name, "engine": "vllm", "seed": seed, "settings": {**base, **settings},
-                "num_gpu_blocks": num_gpu_blocks, "block_size": 16,
+                "num_gpu_blocks": num_gpu_blocks, "block_size": block_size,
                 "max_model_len": max_model_len,
                 "step_time": {"base_s": step[0], "per_token_s": step[1]}, "requests": requests}
     if stalls:  # (the engine waits for ever: the fixture ends there, `record_vllm.record`;
@@ -360,6 +360,15 @@ def vllm_workloads() -> list[Workload]:
               _repeated(rng(48), 200, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
               num_gpu_blocks=400, enable_prefix_caching=True, kv_offload=_offload(512, 2.0),
               speculative=_spec("ngram", 3, 0.75)),
+        # Blocks of one token (found by held-out workloads, 0.33.0): a one-token prompt whose
+        # block the tier holds loads it, has nothing computed after (its token is computed
+        # again), is taken for new and asked again, "loads" no block, ... until another
+        # request's store evicts the block from the tier.
+        _vllm("offload_one_token_reload", 7,
+              [[0.0, 2, 20, 0, 2], [0.03, 1, 2, 0, 1], [0.1, 3, 2, -1, 0]],
+              num_gpu_blocks=64, step=(0.01, 0.0), max_model_len=256,
+              max_num_batched_tokens=256, max_num_seqs=4, enable_prefix_caching=True,
+              block_size=1, kv_offload={**_offload(3, 0.1), "bytes_per_block": 2**17}),
         _vllm("offload_self_preempt_waits", 222,
               [[0.0, 111, 100, -1, 0, 2], [0.001, 193, 100, -1, 0, 0], [0.1, 40, 5, -1, 0, 0]],
               num_gpu_blocks=21, enable_prefix_caching=True, scheduling_policy="priority",
