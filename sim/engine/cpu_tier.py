@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from sim.config.errors import InputError
 from sim.core.block_cache import BlockPrefixCache
 from sim.core.offload import CpuTier, OffloadState
-from sim.core.offload_jobs import JobOffloadState, RankedTier
+from sim.core.offload_jobs import JobOffloadState
+from sim.core.offload_lru import RankedTier
 from sim.engine.offload import HostCopies
 from sim.engine.offload_jobs import JobCopies
 from sim.hardware.gpus import host_link_bytes_s

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.core.offload_jobs import PENDING, RankedTier
+from sim.core.offload_lru import PENDING, RankedTier
 from sim.core.request import Request, Status
 from sim.engine.cluster import Cluster
 from tests.engine.test_offload import BLOCK_BYTES, _scenario
