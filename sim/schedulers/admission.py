@@ -120,12 +120,8 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
                 if num_external:
                     if reserved is None:
                         reserved = reserved_blocks(state, reserve_tokens)
-                    extra = 0 if extra_blocks is None else max(0, cdiv(
-                        req.num_tokens, kv.block_size) - cdiv(num_external, kv.block_size))
-                    assert isinstance(kv, BlockPrefixCache)
-                    if not kv.try_allocate(req, num_external,
-                                           reserved + max(offload.inflight_blocks(state), extra),
-                                           0, cache_new=False):
+                    if not allocate_load(state, offload, req, 0, num_external, reserved,
+                                         extra_blocks is not None):
                         stop = True
                         break
                     offload.reload(req)
@@ -176,20 +172,12 @@ def admit_waiting(state: ReplicaState, plan: Plan, budget: int | None, max_num_s
             if num_external:  # blocks for hit and load now, no tokens until it is loaded
                 if reserved is None:
                     reserved = reserved_blocks(state, reserve_tokens)
-                # (beside every prefilling or loading request's whole prompt; the whole
-                # prompt must fit too, `reserved_blocks`, `full_sequence_must_fit`; a load
-                # gets no drafter lookahead slots)
-                extra = 0 if extra_blocks is None else max(0, cdiv(
-                    req.num_tokens, kv.block_size) - cdiv(num_cached + num_external,
-                                                          kv.block_size))
-                assert isinstance(kv, BlockPrefixCache)
                 # (A one-token prompt sent here from the holding queue holds its block,
                 # cached: it loads none.)
                 holds_hit = kv.num_held_blocks(req.request_id) * kv.block_size >= (
                     num_cached + num_external)
-                if not kv.try_allocate(req, num_external,
-                                       reserved + max(offload.inflight_blocks(state), extra),
-                                       num_cached, cache_new=False):
+                if not allocate_load(state, offload, req, num_cached, num_external, reserved,
+                                     extra_blocks is not None):
                     break
                 if holds_hit:
                     offload.reload(req)
@@ -261,6 +249,23 @@ def try_admit(
         return None
     state.admit(req, num_cached_tokens, index)
     return own_future
+
+
+def allocate_load(state: ReplicaState, offload: JobOffloadState, req: Request,
+                  num_cached: int, num_external: int, reserved: int, whole_prompt: bool
+                  ) -> bool:
+    """vLLM 0.33.0's admission of an async load: blocks for `req`'s GPU hit of `num_cached`
+    tokens and the `num_external` it loads (cached once loaded; no drafter lookahead slots),
+    if they fit beside `reserved` blocks and every prefilling or loading request's whole
+    prompt (`_inflight_prefill_reserved_blocks`), and, `whole_prompt`, its own whole prompt
+    fits too (`full_sequence_must_fit`). False: they do not."""
+    kv = state.kv
+    assert isinstance(kv, BlockPrefixCache)
+    rest = (max(0, cdiv(req.num_tokens, kv.block_size)
+                - cdiv(num_cached + num_external, kv.block_size)) if whole_prompt else 0)
+    return kv.try_allocate(req, num_external,
+                           reserved + max(offload.inflight_blocks(state), rest), num_cached,
+                           cache_new=False)
 
 
 def offload_lookup(state: ReplicaState, offload: OffloadState, req: Request,
