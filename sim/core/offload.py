@@ -276,7 +276,6 @@ class OffloadState:
 
     busy = False  # (0.15.1's engine steps on for finished requests only: `finished_ids`)
     defers_frees = False  # (0.15.1 frees at once, or once a finished request's stores end)
-    holds_queue = False  # (loading requests wait in the queue, in their place)
 
     def finished(self, state: ReplicaState, req: Request) -> None:
         """`req` finished or was aborted: its blocks are freed now, or once its stores are."""

@@ -81,8 +81,6 @@ class JobOffloadState:
     """A replica's 0.33.0 CPU tier with the connector's and scheduler's bookkeeping around it
     (module docstring). Duck-typed like `sim.core.offload.OffloadState`."""
 
-    holds_queue = True  # loaded requests wait in a queue of their own, passed first
-
     def __init__(self, tier: RankedTier, kv: BlockPrefixCache,
                  defers_frees: bool = False, num_spec_step_tokens: int = 0,
                  drops_last_hit_block: bool = False) -> None:
