@@ -229,7 +229,8 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     cluster.run(requests if reacting else mark_after_horizon(requests, scenario.horizon_s),
                 on_progress, sessions)
     records = [ReplicaRecord(r.pool, r.log, r.state.kv, r.state.acceptance,
-                             None if r.copies is None else offload_facts(r.state, r.copies))
+                             offload_facts(r.state, r.copies) if r.copies is not None else
+                             r.host_copies.facts() if r.host_copies is not None else None)
                for r in cluster.replicas]
     latency = cluster.replicas[0].latency.describe()
     dummy = _dummy_forwards(cluster)

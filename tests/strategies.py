@@ -7,10 +7,12 @@ from hypothesis import strategies as st
 
 
 @st.composite
-def scenarios(draw, offload: bool = False, data_parallel: bool = False):
+def scenarios(draw, offload: bool = False, data_parallel: bool = False,
+              host_cache: bool = False):
     """A random scenario; `offload`: always vLLM v1 (0.15.1 or 0.33.0) with prefix caching and
     a CPU tier for the KV cache (elsewhere the tier is drawn now and then); `data_parallel`: vLLM v1
-    on 2 or 4 data-parallel ranks of an MoE model, experts spread over them."""
+    on 2 or 4 data-parallel ranks of an MoE model, experts spread over them; `host_cache`:
+    always SGLang with its hierarchical cache (elsewhere drawn now and then)."""
     block_size = draw(st.sampled_from([1, 4, 16]))
     max_prompt = draw(st.integers(1, 800))
     max_output = draw(st.integers(1, 80))
@@ -18,7 +20,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
     min_blocks = -(-(max_prompt + max_output) // block_size)
     num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
     reserve = draw(st.sampled_from([None, 0, 8]))
-    policy = "vllm_v1" if offload or data_parallel else draw(
+    policy = "vllm_v1" if offload or data_parallel else "sglang" if host_cache else draw(
         st.sampled_from(["chunked_prefill", "prefill_first", "vllm_v1", "sglang"]))
     if policy == "chunked_prefill":
         budget = draw(st.integers(8, 1024))
@@ -87,7 +89,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         scheduler = {"name": "sglang", "chunked_prefill_size": draw(st.integers(8, 1024)),
                      "max_num_seqs": draw(st.integers(1, 64)),
                      "mixed_chunk": draw(st.booleans()),
-                     "decode_reserve_tokens": reserve}
+                     "decode_reserve_tokens": None if host_cache else reserve}
         # SGLang's priority scheduling sometimes: the queue by level, preemption by threshold.
         if draw(st.integers(0, 2)) == 0:
             scheduler.update(enable_priority_scheduling=True, decode_reserve_tokens=None,
@@ -95,7 +97,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
                              priority_scheduling_preemption_threshold=draw(
                                  st.sampled_from([0, 2, 10])))
         # Speculative decoding sometimes (rule 12): D tokens verified, 2L slots held, retraction.
-        elif draw(st.integers(0, 3)) == 0:
+        elif not host_cache and draw(st.integers(0, 3)) == 0:
             algorithm = draw(st.sampled_from(["eagle", "ngram", "standalone"]))
             steps, topk = draw(st.integers(1, 4)), draw(st.sampled_from([1, 1, 2]))
             if algorithm == "standalone":
@@ -155,7 +157,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         "paced": draw(st.booleans()),
         "warmup_requests": draw(st.sampled_from([0, 0, 3])),
         "duration_s": draw(st.sampled_from([None, None, 0.3, 2.0]))}]))
-    prefix_caching = offload or draw(st.booleans())
+    prefix_caching = offload or host_cache or draw(st.booleans())
     # A CPU tier for the KV cache sometimes (vLLM's offloading connector): from a few
     # blocks to more than the GPU holds, copies slow or fast (the default model's block is
     # 128 KiB per token slot).
@@ -169,6 +171,15 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False):
         num_cpu_blocks = draw(st.integers(1, 3 * num_blocks))
         cpu_tier = {"size_gib": num_cpu_blocks * block_size * 2**17 / 2**30,
                    "host_bandwidth_gb_s": draw(st.sampled_from([0.2, 2.0, 50.0]))}
+    # SGLang's hierarchical cache sometimes: a host pool from the GPU's size to four times it,
+    # backed up at the first or the second insertion, copies slow or fast.
+    if (scheduler["name"] == "sglang" and prefix_caching and "speculative" not in scheduler
+            and scheduler.get("decode_reserve_tokens") is None
+            and (host_cache or draw(st.integers(0, 2)) == 0)):
+        scheduler["hierarchical_cache"] = {
+            "ratio": draw(st.sampled_from([1.0, 2.0, 4.0])),
+            "write_policy": draw(st.sampled_from(["write_through", "write_through_selective"])),
+            "host_bandwidth_gb_s": draw(st.sampled_from([0.2, 2.0, 50.0]))}
     return {
         "seed": draw(st.integers(0, 2**16)),
         **({"clients": clients} if clients is not None else {}),
@@ -255,12 +266,13 @@ def assert_nothing_lost(data, res):
 
 def without_speculative(replica: dict, *, speculative: bool = True) -> None:
     """Take speculative decoding (and the async setting drawn with it; not with `speculative`
-    false), the KV cache's CPU tier and SGLang's priority scheduling off a replica: refused
+    false), the KV cache's host tiers and SGLang's priority scheduling off a replica: refused
     where they are not modelled yet (pipelines; data-parallel ranks and disaggregated pools
     but speculative decoding)."""
     if speculative and replica["scheduler"].pop("speculative", None) is not None:
         replica["scheduler"].pop("async_scheduling", None)
     replica.pop("kv_offload", None)
+    replica["scheduler"].pop("hierarchical_cache", None)
     replica["scheduler"].pop("enable_priority_scheduling", None)  # (SGLang's: colocated only)
 
 

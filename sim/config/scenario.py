@@ -324,7 +324,8 @@ def with_prefix_caching(scenario: Scenario, keyed: bool) -> Scenario:
     """Each replica's `prefix_caching` left unset, resolved: its engine's default
     (`SchedulerConfig.prefix_caching_default`: vLLM v1 and SGLang cache prefixes unless told
     not to) where `keyed` (a request of the workload names prefixes: hash ids) or the replica
-    has a CPU tier, which keys blocks by prefix; else off. Without keys nothing can be shared:
+    has a host tier (`kv_offload`, SGLang's `hierarchical_cache`), which keys blocks by
+    prefix; else off. Without keys nothing can be shared:
     the run is then the same with caching off, and faster, but where a request is preempted
     (its own blocks stay cached in the engine) or, under SGLang, near a full KV cache (its
     radix cache's admission check): the runner says so (`run.prefix_caching_left_off`)."""
@@ -332,8 +333,9 @@ def with_prefix_caching(scenario: Scenario, keyed: bool) -> Scenario:
     def resolve(replica: ReplicaConfig) -> ReplicaConfig:
         if replica.prefix_caching is not None:
             return replica
-        on = (keyed or replica.kv_offload is not None) and \
-            type(replica.scheduler).prefix_caching_default
+        tiered = replica.kv_offload is not None or getattr(
+            replica.scheduler, "hierarchical_cache", None) is not None
+        on = (keyed or tiered) and type(replica.scheduler).prefix_caching_default
         return replica.model_copy(update={"prefix_caching": on})
 
     return _with_replicas(scenario, resolve)

@@ -63,7 +63,8 @@ Eviction = Literal["lru_block", "fifo_block", "lru_leaf"]
 class Unit:
     """One cached unit: `num_blocks` KV blocks holding tokens of one prefix block."""
 
-    __slots__ = ("children", "end", "key", "last_use", "num_blocks", "parent", "num_users")
+    __slots__ = ("backed", "children", "end", "hit_count", "key", "last_use", "num_blocks",
+                 "on_device", "parent", "num_users")
 
     def __init__(self, key: int, parent: Unit | None, num_blocks: int) -> None:
         self.key = key
@@ -76,6 +77,11 @@ class Unit:
         # it, or a match ended at it (`_split_node`). Eviction takes a leaf node whole: units up
         # to the last one of the node above.
         self.end = False
+        # A hierarchical cache's (`sim.core.hicache`): whether its KV is on the GPU, whether a
+        # copy is in host memory, and the insertions that walked it (SGLang's `hit_count`).
+        self.on_device = True
+        self.backed = False
+        self.hit_count = 0
 
 
 # Keys of the nodes holding a finished request's uncached rest (below the hash ids' range:
@@ -184,8 +190,8 @@ class PrefixCachingKVManager(KVCacheManager):
         hit: list[Unit] = []
         if num_cached_tokens:
             hit = self._match(req)
-            while hit and self._hit_tokens(hit) > num_cached_tokens:
-                hit.pop()
+            while hit and (self._hit_tokens(hit) > num_cached_tokens or not hit[-1].on_device):
+                hit.pop()  # (a hierarchical cache's host-only units come last: not a hit)
             assert self._hit_tokens(hit) == num_cached_tokens, "not a cached prefix"
         computed = req.num_computed_tokens + num_cached_tokens
         held = self._held.get(rid, 0) + num_cached_tokens // self.block_size
@@ -257,8 +263,7 @@ class PrefixCachingKVManager(KVCacheManager):
                 if unit is None:
                     unit = self._new_unit(key, parent, num_blocks)
                 else:  # cached meanwhile by another request: share it, give ours back
-                    self._use(unit)
-                    self.num_free_blocks += num_blocks
+                    self._share_cached(unit, num_blocks)
                 units.append(unit)
                 parent = unit
             if last > done:
@@ -309,8 +314,18 @@ class PrefixCachingKVManager(KVCacheManager):
                 unit.last_use = now
                 if unit.end:
                     break
-        if not unit.num_users and not unit.children:  # an evictable leaf, re-ordered
+        if not unit.num_users and self._is_leaf(unit):  # an evictable leaf, re-ordered
             self._push_leaf(unit)
+
+    def _is_leaf(self, unit: Unit) -> bool:
+        """Whether `unit` ends a path of the cache: the leaves are what eviction takes."""
+        return not unit.children
+
+    def _share_cached(self, unit: Unit, num_blocks: int) -> None:
+        """An insertion meets `unit` already cached: the request shares it and gives back its
+        own `num_blocks` blocks of those tokens (`_insert_cache` frees duplicates)."""
+        self._use(unit)
+        self.num_free_blocks += num_blocks
 
     def _use(self, unit: Unit) -> None:
         """One more request shares `unit` (if it was unused, its blocks stop being free)."""
@@ -325,7 +340,7 @@ class PrefixCachingKVManager(KVCacheManager):
             return
         self.num_free_blocks += unit.num_blocks
         self._num_evictable_blocks += unit.num_blocks
-        if not unit.children:
+        if self._is_leaf(unit):
             self._push_leaf(unit)
 
     def _push_leaf(self, unit: Unit) -> None:

@@ -14,6 +14,7 @@ from sim.config.errors import InputError
 from sim.config.replica import ReplicaConfig
 from sim.config.scenario import Scenario
 from sim.core.block_cache import BlockPrefixCache
+from sim.core.hicache import HierarchicalCache
 from sim.core.kv_cache import KVCacheManager
 from sim.core.radix_cache import Eviction, PrefixCachingKVManager
 from sim.core.request import Request, Status
@@ -23,6 +24,7 @@ from sim.engine.clients import Dispatcher
 from sim.engine.clock import ANSWERED, NORMAL, At, Environment, Progress, simulate
 from sim.engine.cpu_tier import attach_cpu_tier
 from sim.engine.disaggregation import Disaggregation
+from sim.engine.hicache import attach_host_cache, host_cache_blocks, write_threshold
 from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Replica
 from sim.hardware.models import ModelShape
@@ -181,6 +183,7 @@ class Cluster:
                      "num_in_flight": num_in_flight, "placeholders": ahead,
                      "stale_delivered": ahead and scheduler.delivers_stale_tokens}
         copies = attach_cpu_tier(cfg, state, pool, field, str(self.source))
+        host_copies = attach_host_cache(cfg, state, pool, field, str(self.source))
         replica = kind(self.env, len(self.replicas), scheduler, latency, state,
                        horizon_s=self.horizon_s, fast_forward=self.fast_forward, pool=pool,
                        quiet_until=self._next_arrival if pool == "colocated" else None,
@@ -189,6 +192,7 @@ class Cluster:
                        noise=self._noise(cfg, latency, len(self.replicas), field),
                        start=not rank, **extra)
         replica.copies = copies
+        replica.host_copies = host_copies
         self.replicas.append(replica)
         self.frontend_s.append(cfg.frontend_latency_s)
         return replica
@@ -497,6 +501,9 @@ def blocks_beyond_memory(cfg: ReplicaConfig) -> str | None:
 def _manager(cfg: ReplicaConfig, num_blocks: int, eviction: Eviction) -> KVCacheManager:
     if cfg.prefix_caching and eviction in ("lru_block", "fifo_block"):  # vLLM's, by block
         return BlockPrefixCache(num_blocks, cfg.kv_cache.block_size, eviction)
+    if cfg.prefix_caching and getattr(cfg.scheduler, "hierarchical_cache", None) is not None:
+        return HierarchicalCache(num_blocks, cfg.kv_cache.block_size,
+                                 host_cache_blocks(cfg, num_blocks), write_threshold(cfg))
     if cfg.prefix_caching:  # SGLang's radix cache
         return PrefixCachingKVManager(num_blocks, cfg.kv_cache.block_size)
     return KVCacheManager(num_blocks, cfg.kv_cache.block_size)

@@ -108,9 +108,14 @@ class PipelinedReplica(Replica):
         plan = None
         offloading = self.copies is not None
         self._hold = False  # a planning turn: an empty step at the head may be taken now
+        host_copies = self.host_copies
+        if host_copies is not None:
+            host_copies.pass_start(now_s)
         while len(batches) < self.pipeline_depth and (
                 state.running or state.waiting or offloading):
             now_s = max(now_s, self._host_s)
+            if host_copies is not None:
+                host_copies.pass_start(now_s)
             plan = self.poll_plan(now_s) if offloading else self.scheduler.schedule(state, now_s)
             if plan is None:
                 break

@@ -39,6 +39,7 @@ from sim.workloads.base import MAX_SPAN_S
 if TYPE_CHECKING:
     from sim.core.offload import Report
     from sim.engine.fastpath.stretch import Stretch
+    from sim.engine.hicache import HostCacheCopies
     from sim.engine.offload import HostCopies
     from sim.engine.offload_jobs import JobCopies
 
@@ -93,6 +94,8 @@ class Replica(OffloadSteps):
         self.on_dropped: Callable[[list[Request]], None] | None = None
         # The copies to and from the KV cache's CPU tier (`state.offload`), timed.
         self.copies: HostCopies | JobCopies | None = None
+        # The copies of SGLang's hierarchical cache (`state.kv`, a `HierarchicalCache`), timed.
+        self.host_copies: HostCacheCopies | None = None
         self.stalled: str | None = None  # why it stopped for good (`_stall`), if it did
         # Preemptions since the last iteration in which a request decoded, counted with a CPU
         # tier (`OffloadSteps._preempted_in_turn`).
@@ -265,6 +268,8 @@ class Replica(OffloadSteps):
         state = self.state
         if self.copies is not None:
             return self._next_work_offloading(now_s)
+        if self.host_copies is not None:
+            self.host_copies.pass_start(now_s)
         plan = self.scheduler.schedule(state, now_s) if state.running or state.waiting else None
         return plan, self._plan_iteration(plan, now_s) if plan else None
 
@@ -299,6 +304,10 @@ class Replica(OffloadSteps):
         if self.copies is not None and self.copies.busy and plan is not None:
             # Copies to or from the CPU tier hold what the queue needs: poll when the next ends.
             yield from self._wait_copies(now_s)
+            return
+        if self.host_copies is not None and self.host_copies.busy:
+            # A copy's ack to come (it may unlock KV the queue needs): SGLang polls on.
+            yield At(self.env, max(self.host_copies.next_done_s(), now_s), self.turn)
             return
         if self.inbox is not None and self.inbox.pending and plan is not None:
             # The empty plan may have freed KV (SGLang aborting a request its top-up outgrew):
@@ -343,12 +352,17 @@ class Replica(OffloadSteps):
         if self.noise is not None:
             duration_s = duration_s * self.noise.factor(
                 len(self.log) + num_before, shape.num_prefill_tokens, shape.num_decode_tokens)
+        if self.host_copies is not None:
+            duration_s = self.host_copies.duration_s(duration_s)
         end_s = start_s + duration_s
         if not start_s < end_s < MAX_SPAN_S:  # NaN fails too
             self._check_durations(np.array([start_s]), np.array([duration_s]),
                                   np.array([end_s]))
-        return Iteration(plan, shape, start_s, duration_s, end_s, state.kv.num_used_blocks,
-                         len(state.waiting))
+        it = Iteration(plan, shape, start_s, duration_s, end_s, state.kv.num_used_blocks,
+                       len(state.waiting))
+        if self.host_copies is not None:
+            self.host_copies.launched(it)
+        return it
 
     def _commit(self, it: Iteration) -> None:
         since = self.log.last_decode_iteration  # before this one is logged

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sim.core.hicache import HierarchicalCache
 from sim.core.kv_cache import cdiv
 from sim.core.plan import Plan
 from sim.core.request import Request, Status
@@ -265,6 +266,14 @@ class PrefillAdder:
             locked = kv.unused_prefix_tokens(req)
             if not self._paged(extend) + left + self.page < self.free - locked - self.total_offset:
                 return "no_token"
+            if isinstance(kv, HierarchicalCache) and (loaded := kv.load_back(req)):
+                # Its host hit, loaded back: a prefix now, its blocks taken (`init_load_back`).
+                hit += loaded
+                extend -= loaded
+                self.free -= loaded
+                if self.policy.config.priority_preemption:
+                    fill, _, preemptions = self.policy.last_tried[req.request_id]
+                    self.policy.last_tried[req.request_id] = (fill, hit, preemptions)
         num_tokens = extend
         if extend > self.rem_chunk:
             if self.rem_chunk <= 0:

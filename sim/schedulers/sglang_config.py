@@ -3,10 +3,11 @@ defaults SGLang 0.5.23 resolves (speculative decoding's: `sim.schedulers.sglang_
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from sim.config.base import Frozen
 from sim.config.errors import invalid
 from sim.schedulers.base import SchedulerConfig
 from sim.schedulers.sglang_spec import (
@@ -17,6 +18,31 @@ from sim.schedulers.sglang_spec import (
 
 # Releases checked by the golden schedules (`tests/golden/sglang-<version>/`).
 SGLANG_VERSIONS = ("0.5.23",)
+
+
+class SGLangHiCacheConfig(Frozen):
+    """`--enable-hierarchical-cache`: host memory as a second tier below the GPU's radix
+    cache (`sim.core.hicache`), with SGLang 0.5.23's defaults (`arg_groups/fields/memory.py`).
+    The copies each way run over each GPU's own host link, at `host_bandwidth_gb_s`."""
+
+    ratio: float = Field(
+        2.0, gt=0,
+        description=("--hicache-ratio: the host pool's tokens over the GPU pool's (SGLang's "
+                     "default 2; it lowers it where host memory is short: not modelled)"))
+    size_gb: float = Field(
+        0.0, ge=0,
+        description=("--hicache-size: the host pool per rank in GB (10**9 bytes); 0: by the "
+                     "ratio"), json_schema_extra={"unit": "GB"})
+    write_policy: Literal["write_through", "write_through_selective"] = Field(
+        "write_through",
+        description=("--hicache-write-policy: back a node up to the host at its first "
+                     "insertion (write_through), or at its second (write_through_selective); "
+                     "write_back is not modelled"))
+    host_bandwidth_gb_s: float | None = Field(
+        None, gt=0, le=10_000,
+        description=("GB/s one GPU copies KV to or from host memory, each way; None: 80% of "
+                     "its PCIe x16 link, as for vLLM's CPU tier (replica.kv_offload)"),
+        json_schema_extra={"unit": "GB/s"})
 
 
 class SGLangConfig(SchedulerConfig):
@@ -73,6 +99,9 @@ class SGLangConfig(SchedulerConfig):
     speculative: SGLangSpeculativeConfig | None = Field(
         None, description=("--speculative-algorithm and its numbers (rule 12; "
                            "sim.schedulers.sglang_spec); None: off"))
+    hierarchical_cache: SGLangHiCacheConfig | None = Field(
+        None, description=("--enable-hierarchical-cache and its settings (HiCache: host "
+                           "memory below the radix cache, sim.core.hicache); None: off"))
 
     @classmethod
     def for_model(cls, data: dict[str, Any], model_type: str | None) -> dict[str, Any]:
@@ -117,6 +146,15 @@ class SGLangConfig(SchedulerConfig):
                            "replaces SGLang's admission (PrefillAdder), which priority "
                            "preemption is part of: leave it unset, or give "
                            "disable_priority_preemption: true"))
+        if self.hierarchical_cache is not None:
+            if self.speculative is not None:
+                raise invalid(("hierarchical_cache", "set",
+                               "with speculative decoding SGLang keeps the drafter's KV in "
+                               "host pools of its own: not modelled (servesim issue 47)"))
+            if self.decode_reserve_tokens is not None:
+                raise invalid(("decode_reserve_tokens", self.decode_reserve_tokens,
+                               "replaces SGLang's admission, where the hierarchical cache "
+                               "loads prefixes back: leave it unset"))
         if self.speculative is not None:
             if self.mixed_chunk:
                 raise invalid(("mixed_chunk", True,

@@ -109,6 +109,9 @@ class FastReplica(Replica):
             self._quiet_s = self.quiet_until()
             return self._next_work_offloading(now_s)
         state = self.state
+        if self.host_copies is not None:  # (SGLang's hierarchical cache: each step its copies)
+            self._quiet_s = self.quiet_until()
+            return super()._next_work(now_s)
         # A stretch cut short by new work goes on where that work changes no plan.
         work: Stretch | Iteration | None = self._resume() if self._uncut is not None else None
         plan = None

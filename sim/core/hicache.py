@@ -1,0 +1,354 @@
+"""SGLang's hierarchical KV cache (HiCache, `--enable-hierarchical-cache`): its radix tree
+(`sim.core.radix_cache`) with host memory as a second tier, as SGLang 0.5.23 keeps it for a
+dense model with full attention, no storage backend (paths under `sglang/srt/`; URC is
+`mem_cache/unified_radix_cache.py`, UTC `mem_cache/unified_cache/unified_tree_core.py`).
+
+- A unit of the tree is on the GPU, in host memory (`backed`), or both. The host pool holds
+  `hicache_ratio` times the GPU pool's tokens, or `hicache_size` GB per rank, plus a page
+  (`mem_cache/pool_host/base.py` `HostKVCache.__init__`).
+- Write-through (`write_through`, SGLang's default; `write_through_selective`): each insertion
+  (`checkpoint`: a prompt's or a chunk's end, a request's release) counts one hit on every
+  node of its path past what the request inserted before (`cache_inserted_len`; a match does
+  not count), the new leaf included, on the GPU nodes only. A node not yet backed whose hits
+  reach the policy's threshold (1; 2 when selective, URC `init_hicache`) is backed up with
+  its ancestors not yet backed (UTC `_build_backup_kv_action`), node by node; a node that
+  finds no host room even after evicting from the host stops the rest. A backed node counts
+  as backed at once, but it and its path stay locked (not evictable) until the copy's ack
+  (`writing_check`), which the scheduler takes at its first pass after the copy ended
+  (`HostCopy`, timed by the engine: `sim.engine.hicache`).
+- GPU eviction takes unlocked nodes with no child on the GPU (host-only children do not
+  count), least recently used first (UTC `_is_device_leaf`): a backed one leaves the GPU and
+  stays in the tree, host-only; one not backed is dropped (`evict_device_leaf`).
+- Host eviction, only when a backup needs room: host-only nodes with no children at all,
+  least recently used first, leave the tree (UTC `_is_host_leaf`, `evict_host`).
+- A match walks GPU and host nodes (a match touches host-only nodes too): the GPU part is the
+  prefix hit; the host part behind it is loaded back at admission (`init_load_back`) if it
+  is at least `LOAD_BACK_THRESHOLD_TOKENS` and the GPU has room for it after eviction (the
+  request's own prefix locked meanwhile); else it is computed again. Loaded nodes are on the
+  GPU at once and count as prefix in the same batch; they and their path stay locked until
+  the load's ack (`loading_check`), as the engine's copy runs beside the batch's forward.
+- An insertion that meets a host-only node it computed again gives it its GPU copy back with
+  no copy (UTC `_unevict_node_on_insert`).
+
+Not modelled: `write_back` (a synchronous write at eviction), storage backends (L3), host
+auto-sizing below the ratio for lack of host memory (`hicache_auto_size`: the host is assumed
+large enough), speculative decoding's draft pools, disaggregated decode servers.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from sim.core.radix_cache import PrefixCachingKVManager, Unit
+from sim.core.request import Request
+
+# Host hits shorter than this are computed again, not loaded (URC: `load_back_threshold`).
+LOAD_BACK_THRESHOLD_TOKENS = 10
+
+# Hits an insertion counts before a node is backed up, by write policy (URC `init_hicache`).
+WRITE_THRESHOLDS = {"write_through": 1, "write_through_selective": 2}
+
+
+@dataclass(slots=True)
+class HostCopy:
+    """One merged copy between the GPU and host memory: its blocks, and the units it keeps
+    locked until its ack (`locked`, a path from the root, each counted once)."""
+
+    num_blocks: int
+    locked: list[Unit] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class HostCounters:
+    """What a hierarchical cache did over a run (the summary's `kv_offload`)."""
+
+    num_lookups: int = 0  # admissions that found a host hit
+    num_hit_requests: int = 0  # loads (a request loaded back, each admission)
+    num_hit_tokens: int = 0  # tokens loaded back
+    num_first_hit_tokens: int = 0  # ... at a request's first admission
+    num_loaded_blocks: int = 0
+    num_stored_blocks: int = 0  # blocks backed up to the host
+    num_evicted_blocks: int = 0  # blocks evicted from the host
+    num_refused_stores: int = 0  # backups that found no host room
+    num_delayed_lookups: int = 0  # (vLLM's tier's; none here)
+
+
+class HierarchicalCache(PrefixCachingKVManager):
+    """SGLang's radix cache with a host tier (module docstring). `num_host_blocks`: the host
+    pool, in the GPU's blocks; `write_threshold`: hits before a node is backed up."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int,
+                 write_threshold: int = 1) -> None:
+        super().__init__(num_blocks, block_size)
+        self.num_host_blocks = num_host_blocks
+        self.num_host_used_blocks = 0
+        self.write_threshold = write_threshold
+        self._host_leaves: list[tuple[int, int, Unit]] = []  # (last_use, seq, unit)
+        # request id -> the units of its path its insertions have counted (`cache_inserted_len`)
+        self._num_counted: dict[int, int] = {}
+        self._writes: list[HostCopy] = []  # backups queued since the last flush
+        self._load: HostCopy | None = None  # loads queued this pass (one merged copy)
+        self.counters = HostCounters()
+
+    # -- lookups --------------------------------------------------------------------------
+
+    @staticmethod
+    def _num_on_gpu(units: list[Unit]) -> int:
+        """How many of a path's units are on the GPU: they come first (eviction takes a
+        node only once no child is on the GPU)."""
+        n = 0
+        for unit in units:
+            if not unit.on_device:
+                break
+            n += 1
+        return n
+
+    def prefix_hit_tokens(self, req: Request) -> int:
+        units = self._match(req)
+        return self._hit_tokens(units[:self._num_on_gpu(units)])
+
+    def unused_prefix_tokens(self, req: Request) -> int:
+        units = self._match(req)
+        return sum(u.num_blocks for u in units[:self._num_on_gpu(units)]
+                   if not u.num_users) * self.block_size
+
+    def match_prefix(self, req: Request) -> int:
+        units = self._match(req)
+        if units:
+            self._touch_path(units)  # (the host-only part too)
+        return self._hit_tokens(units[:self._num_on_gpu(units)])
+
+    def host_hit_tokens(self, req: Request) -> int:
+        """Tokens of `req`'s match held only in host memory, behind its GPU hit."""
+        units = self._match(req)
+        return self._hit_tokens(units[self._num_on_gpu(units):])
+
+    # -- loading back -----------------------------------------------------------------------
+
+    def load_back(self, req: Request) -> int:
+        """`init_load_back` at `req`'s admission: load its host hit to the GPU if it is long
+        enough and room can be made (evicting, its own prefix locked); return the tokens
+        loaded (0: none, to be computed again)."""
+        units = self._match(req)
+        n = self._num_on_gpu(units)
+        host = units[n:]
+        num_tokens = self._hit_tokens(host)
+        if not host:
+            return 0
+        self.counters.num_lookups += 1
+        if num_tokens < LOAD_BACK_THRESHOLD_TOKENS:
+            return 0
+        num_blocks = sum(u.num_blocks for u in host)
+        gpu = units[:n]
+        for unit in gpu:  # (the request's prefix, locked while room is made)
+            self._use(unit)
+        self.evict_to_free(num_blocks)
+        if self.num_free_blocks - self._num_evictable_blocks < num_blocks:
+            for unit in gpu:
+                self._release(unit)
+            return 0
+        for unit in host:
+            unit.on_device = True
+            unit.num_users = 1  # locked until the load's ack, as is the prefix above it
+        self._num_cached_blocks += num_blocks
+        self.num_free_blocks -= num_blocks
+        load = self._load
+        if load is None:
+            load = self._load = HostCopy(0)
+        load.num_blocks += num_blocks
+        load.locked += units
+        counters = self.counters
+        counters.num_hit_requests += 1
+        counters.num_hit_tokens += num_tokens
+        counters.num_loaded_blocks += num_blocks
+        if req.first_scheduled_s is None and not req.num_preemptions:
+            counters.num_first_hit_tokens += num_tokens
+        return num_tokens
+
+    def take_load(self) -> HostCopy | None:
+        """The loads queued this pass, as one copy (`ready_to_load_host_cache`)."""
+        load, self._load = self._load, None
+        return load
+
+    def take_writes(self) -> HostCopy | None:
+        """The backups queued since the last flush, as one copy (`flush_pending_backups`)."""
+        if not self._writes:
+            return None
+        copy = HostCopy(sum(c.num_blocks for c in self._writes),
+                        [u for c in self._writes for u in c.locked])
+        self._writes = []
+        return copy
+
+    def ack(self, copy: HostCopy) -> None:
+        """A copy's ack (`writing_check`, `loading_check`): its units are unlocked."""
+        for unit in copy.locked:
+            self._release(unit)
+
+    # -- insertion and backup ---------------------------------------------------------------
+
+    def _insert(self, req: Request, num_tokens: int, *, release: bool = False) -> Unit | None:
+        rest = super()._insert(req, num_tokens, release=release)
+        rid = req.request_id
+        path = self._units.get(rid, [])
+        if rest is not None:
+            path = [*path, rest]
+        counted = self._num_counted.get(rid, 0)
+        if len(path) > counted:
+            self._count_hits(path, counted)
+            self._num_counted[rid] = len(path)
+        return rest
+
+    def _count_hits(self, path: list[Unit], start: int) -> None:
+        """An insertion walked `path` (from the root): each GPU node from `start` on counts a
+        hit; nodes reaching the threshold are backed up with their ancestors not backed."""
+        threshold = self.write_threshold
+        last = -1  # the deepest unit to back up
+        for i in range(start, len(path)):
+            unit = path[i]
+            if unit.on_device:
+                unit.hit_count += 1
+                if not unit.backed and unit.hit_count >= threshold:
+                    last = i
+        if last < 0:
+            return
+        # Node by node (a node ends at a unit marked `end`), ancestors first.
+        deepest = -1
+        i = 0
+        while i <= last:
+            j = i
+            while not path[j].end and j + 1 < len(path):
+                j += 1
+            node = path[i:j + 1]
+            if not node[0].backed:
+                num_blocks = sum(u.num_blocks for u in node)
+                if not self._host_room(num_blocks):
+                    self.counters.num_refused_stores += 1
+                    break
+                for unit in node:
+                    unit.backed = True
+                self.num_host_used_blocks += num_blocks
+                self.counters.num_stored_blocks += num_blocks
+                self._writes.append(HostCopy(num_blocks))
+                deepest = j
+            i = j + 1
+        if deepest >= 0:  # locked until the ack: the path down to the deepest backed node
+            locked = path[:deepest + 1]
+            for unit in locked:
+                self._use(unit)
+            self._writes[-1].locked = locked
+
+    def _host_room(self, num_blocks: int) -> bool:
+        """Whether the host pool has `num_blocks` free, after evicting host-only leaves."""
+        short = num_blocks - (self.num_host_blocks - self.num_host_used_blocks)
+        if short > 0:
+            self._evict_host(short)
+        return self.num_host_used_blocks + num_blocks <= self.num_host_blocks
+
+    def _share_cached(self, unit: Unit, num_blocks: int) -> None:
+        if unit.on_device:
+            super()._share_cached(unit, num_blocks)
+            return
+        # Host-only, computed again: the request's blocks are its GPU copy (no copy made).
+        unit.on_device = True
+        unit.num_users += 1
+        self._num_cached_blocks += num_blocks
+
+    def free(self, req: Request, *, preempted: bool = False) -> None:
+        super().free(req, preempted=preempted)
+        self._num_counted.pop(req.request_id, None)  # (`reset_for_retract` too)
+
+    # -- eviction ---------------------------------------------------------------------------
+
+    def _touch_path(self, units: list[Unit]) -> None:
+        super()._touch_path(units)
+        # A path may go on into host-only nodes: its last GPU unit may be a GPU leaf,
+        # re-ordered by the touch too.
+        n = self._num_on_gpu(units)
+        if 0 < n < len(units):
+            unit = units[n - 1]
+            if not unit.num_users and self._is_leaf(unit):
+                self._push_leaf(unit)
+
+    def _is_leaf(self, unit: Unit) -> bool:
+        if unit.on_device:  # (host-only children do not count)
+            return not any(c.on_device for c in unit.children.values())
+        return not unit.children
+
+    def _push_leaf(self, unit: Unit) -> None:
+        if unit.on_device:
+            super()._push_leaf(unit)
+            return
+        self._seq += 1
+        heapq.heappush(self._host_leaves, (unit.last_use, self._seq, unit))
+
+    def _evict_one(self) -> None:
+        """Evict the least recently used GPU leaf node, whole: off the GPU if backed (it
+        stays in the tree), else out of the tree."""
+        while True:
+            last_use, _, unit = heapq.heappop(self._leaves)
+            if (unit.on_device and not unit.num_users and last_use == unit.last_use
+                    and unit.parent is not None and self._is_leaf(unit)):
+                break
+        leaf = unit
+        root = self.root
+        while True:
+            parent = unit.parent
+            assert parent is not None
+            if unit.backed:
+                unit.on_device = False
+                self._num_cached_blocks -= unit.num_blocks
+                self._num_evictable_blocks -= unit.num_blocks
+                self.num_evicted_blocks += unit.num_blocks
+            else:
+                assert not unit.children, "a child is backed only with its ancestors"
+                self._drop(unit)
+            if parent is root or parent.end or parent.num_users or not parent.on_device:
+                break
+            unit = parent
+        if leaf.parent is not None and not leaf.children:
+            self._push_leaf(leaf)  # a host-only leaf now
+        if parent is not root and not parent.num_users and self._is_leaf(parent):
+            self._push_leaf(parent)
+
+    def _evict_host(self, num_blocks: int) -> None:
+        """`evict_host`: drop host-only leaf nodes, least recently used first, until
+        `num_blocks` are free or none is left."""
+        root = self.root
+        freed = 0
+        leaves = self._host_leaves
+        while freed < num_blocks and leaves:
+            last_use, _, unit = heapq.heappop(leaves)
+            if (unit.on_device or unit.parent is None or unit.children
+                    or last_use != unit.last_use):
+                continue  # stale
+            while True:
+                parent = unit.parent
+                assert parent is not None
+                del parent.children[unit.key]
+                unit.parent = None
+                self.num_host_used_blocks -= unit.num_blocks
+                self.counters.num_evicted_blocks += unit.num_blocks
+                freed += unit.num_blocks
+                if (parent is root or parent.end or parent.children or parent.on_device):
+                    break
+                unit = parent
+            if parent is not root and not parent.on_device and not parent.children:
+                self._push_leaf(parent)
+
+    # -- checks -----------------------------------------------------------------------------
+
+    def check(self) -> None:
+        super().check()
+        num_host = 0
+        stack = list(self.root.children.values())
+        while stack:
+            unit = stack.pop()
+            assert unit.on_device or unit.backed, "a unit off the GPU is in host memory"
+            parent = unit.parent
+            assert parent is self.root or parent is not None and (
+                parent.on_device or not unit.on_device), "the GPU holds a path's first units"
+            if unit.backed:
+                num_host += unit.num_blocks
+            stack.extend(unit.children.values())
+        assert num_host == self.num_host_used_blocks <= self.num_host_blocks

@@ -1,0 +1,134 @@
+"""SGLang's hierarchical cache in time (`sim.engine.hicache`): a load-back worked out by hand,
+what it refuses, and nothing lost on random scenarios."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from sim import run_scenario
+from sim.config.errors import InputError
+from sim.config.scenario import parse_scenario
+from sim.core.hicache import HierarchicalCache
+from sim.core.request import Request, Status
+from sim.engine.cluster import Cluster
+from tests.engine.test_fast_path import assert_same_results
+from tests.strategies import assert_nothing_lost, scenarios
+
+BLOCK_BYTES = 131072 * 16  # a 16-token block of the default model (Llama-3-8B), one GPU
+NUM_LAYERS = 32
+
+
+def _scenario(hicache: dict | None = None, **replica):
+    scheduler = {"name": "sglang", "overlap_schedule": False,
+                 **({"hierarchical_cache": hicache} if hicache is not None else {})}
+    return parse_scenario({
+        "name": "hicache", "seed": 0,
+        "workload": {"format": "synthetic", "num_requests": 1,
+                     "arrivals": {"process": "poisson", "qps": 1.0},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                 "output": {"dist": "fixed", "value": 1}}},
+        "replica": {"scheduler": scheduler, "prefix_caching": True,
+                    "latency": {"kind": "constant", "iteration_s": 0.01}, **replica}},
+        "<test>")
+
+
+def test_a_prefix_off_the_gpu_is_loaded_back_beside_its_batch():
+    """A computes a 64-token prompt (4 blocks of 16, 10 ms a step, 10 ms a block over the host
+    link): inserted at its prefill's end, 10 ms, its 4 blocks are backed up, 10-50 ms; A
+    finishes at 20 ms and the idle replica polls at 50 ms, taking the ack. B (128 tokens, 8
+    blocks, 70-80 ms) takes A's blocks off the GPU (kept in host memory); its own backup runs
+    80-160 ms. C at 200 ms finds A's 64 tokens in host memory: loaded back (evicting B's from
+    the GPU), they are a prefix at once, and C's batch computes its own 16 tokens while the 4
+    blocks come in layer by layer: max(10 ms, 40 ms + 10 ms / 32 layers)."""
+    scenario = _scenario({"ratio": 4, "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9},
+                         kv_cache={"block_size": 16, "num_blocks": 9})
+    cluster = Cluster(scenario, fast_forward=True)
+    a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+    b = Request(1, 0.070, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
+    c = Request(2, 0.200, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
+    cluster.run([a, b, c])
+    assert [r.status for r in (a, b, c)] == [Status.FINISHED] * 3
+    assert a.finish_s == pytest.approx(0.020) and b.finish_s == pytest.approx(0.080)
+    assert c.first_scheduled_s == pytest.approx(0.200)
+    assert c.num_cached_tokens == 64
+    assert c.finish_s == pytest.approx(0.200 + 0.040 + 0.010 / NUM_LAYERS)
+    replica = cluster.replicas[0]
+    kv = replica.state.kv
+    assert isinstance(kv, HierarchicalCache)
+    counters = kv.counters
+    assert (counters.num_hit_requests, counters.num_hit_tokens) == (1, 64)
+    assert replica.host_copies is not None
+    assert replica.host_copies.load_busy_s == pytest.approx(0.040)
+    kv.check()
+
+    # Without the host tier C computes its whole prompt in its 10 ms step.
+    plain = Cluster(_scenario(kv_cache={"block_size": 16, "num_blocks": 9}), fast_forward=True)
+    a, b, c = (Request(r.request_id, r.arrival_s, r.num_prompt_tokens,
+                       r.num_target_output_tokens, hash_ids=r.hash_ids, hash_block_tokens=16)
+               for r in (a, b, c))
+    plain.run([a, b, c])
+    assert c.num_cached_tokens == 0 and c.finish_s == pytest.approx(0.210)
+
+
+def test_a_backup_holds_its_blocks_until_its_ack():
+    """As above, but B arrives at 30 ms, while A's backup (10-50 ms) is in flight: A's 4
+    blocks stay locked, B's 8 do not fit beside them, and B waits for the ack, taken at 50 ms
+    (the replica polls when the copy ends)."""
+    scenario = _scenario({"ratio": 4, "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9},
+                         kv_cache={"block_size": 16, "num_blocks": 9})
+    cluster = Cluster(scenario, fast_forward=True)
+    a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+    b = Request(1, 0.030, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
+    cluster.run([a, b])
+    assert b.first_scheduled_s == pytest.approx(0.050)
+    assert b.finish_s == pytest.approx(0.060)
+
+
+@pytest.mark.parametrize(("replica", "message"), [
+    ({"prefix_caching": False}, "set prefix_caching: true"),
+    ({"parallelism": {"pipeline": 2}}, "on a pipeline is not modelled yet"),
+])
+def test_what_is_not_modelled_is_refused_naming_the_field(replica, message):
+    scenario = _scenario({"ratio": 2}, **replica)
+    with pytest.raises(InputError, match=message) as err:
+        Cluster(scenario, fast_forward=True)
+    assert "scheduler.hierarchical_cache" in str(err.value)
+
+
+def test_speculative_decoding_beside_it_is_refused():
+    with pytest.raises(Exception, match="hierarchical_cache"):
+        parse_scenario({"name": "x", "workload": {
+            "format": "synthetic", "num_requests": 1,
+            "arrivals": {"process": "poisson", "qps": 1.0},
+            "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                        "output": {"dist": "fixed", "value": 1}}},
+            "replica": {"scheduler": {"name": "sglang", "hierarchical_cache": {},
+                                      "speculative": {"algorithm": "eagle",
+                                                      "acceptance_rate": 0.5}}}}, "<t>")
+
+
+def test_a_run_says_what_the_host_tier_did():
+    scenario = parse_scenario({
+        "name": "hicache", "seed": 0,
+        "workload": {"format": "shared_prefix", "num_groups": 8, "num_prompts_per_group": 4,
+                     "system_prompt_tokens": 1000, "question_tokens": 100,
+                     "output_tokens": 20, "rate_qps": 4.0, "duration_s": 20},
+        "replica": {"scheduler": {"name": "sglang", "hierarchical_cache": {"ratio": 4}},
+                    "kv_cache": {"block_size": 16, "num_blocks": 300}}}, "<test>")
+    results = run_scenario(scenario)
+    off = results.summary["kv_offload"]
+    assert off["num_loads"] > 0 and off["hit_rate_tokens"]["cpu"] > 0
+    assert off["num_stored_blocks"] > 0
+    assert results.summary["replicas"][0]["kv_blocks_in_use_at_end"] == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(host_cache=True))
+def test_with_a_host_tier_fast_forward_is_exact_and_nothing_is_lost(data):
+    scenario = parse_scenario(data, "hypothesis")
+    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
+    assert_same_results(fast, slow)
+    assert_nothing_lost(data, fast)
+    if (fast.requests["status"] == "finished").any():
+        assert "kv_offload" in fast.summary
