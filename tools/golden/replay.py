@@ -62,6 +62,8 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
             spec = s["speculative"]
             scheduler["speculative"] = {**spec, "algorithm": spec["algorithm"].lower(),
                                         "draft_time_ratio": 0.0}
+        if s.get("enable_hierarchical_cache"):
+            scheduler["hierarchical_cache"] = hicache_config(s)
         prefix_caching = not s["disable_radix_cache"]
     step = w["step_time"]
     return {
@@ -89,6 +91,19 @@ def offload_config(offload: dict[str, Any]) -> dict[str, Any]:
     `bytes_per_block`, the default model's), and the copy rate."""
     return {"size_gib": offload["num_cpu_blocks"] * offload["bytes_per_block"] / 2**30,
             "host_bandwidth_gb_s": offload["host_bandwidth_gb_s"]}
+
+
+def hicache_config(settings: dict[str, Any]) -> dict[str, Any]:
+    """`scheduler.hierarchical_cache` for a fixture's HiCache. The recorder lets a copy read
+    done at the end of the first batch launched after it (`hicache_transfer` "next_batch",
+    the GPU's case: `tools/golden/sglang_hicache.py`): servesim's copies on the fastest link
+    it takes end just after their fence, so each ack is taken at that same pass."""
+    if settings.get("hicache_transfer", "next_batch") != "next_batch":
+        raise ValueError(f"hicache_transfer {settings['hicache_transfer']!r}: only "
+                         "next_batch (a copy hidden behind the next batch) is replayed")
+    return {"ratio": settings.get("hicache_ratio", 2.0),
+            "write_policy": settings.get("hicache_write_policy", "write_through"),
+            "host_bandwidth_gb_s": 10_000}
 
 
 def requests_of(doc: dict[str, Any]) -> list[Any]:
