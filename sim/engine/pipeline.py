@@ -170,14 +170,17 @@ class PipelinedReplica(Replica):
         yield At(self.env, end_s, self.turn)
         return self.env.now
 
-    def _send(self, plan: Plan, now_s: float) -> Iteration:
+    def _send(self, plan: Plan, now_s: float, it: Iteration | None = None) -> Iteration:
         """`plan` sent down the pipeline now: it enters each stage once it has left the one
-        before and the iteration ahead has left this one."""
+        before and the iteration ahead has left this one. `it`: its iteration, where the caller
+        has planned it already (`_plan_iteration`; not with a CPU tier, whose launch comes
+        first)."""
         report = None
         if self.copies is not None:
             now_s, report = self._launch(plan, now_s)
             self._host_s = now_s
-        it = self._plan_iteration(plan, now_s, len(self._batches))
+        if it is None:
+            it = self._plan_iteration(plan, now_s, len(self._batches))
         it.report = report
         free, shares = self._stage_free_s, self._stage_shares
         stages_s = ([it.duration_s / self.num_stages] * self.num_stages

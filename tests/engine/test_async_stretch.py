@@ -62,6 +62,46 @@ def test_async_stretches_equal_stepping(monkeypatch, scheduler, changes, num_str
     assert num_fast < events * num_slow, (num_fast, num_slow)
 
 
+@pytest.mark.parametrize(("scheduler", "arrivals"), [
+    ({"name": "vllm_v1"}, {"process": "poisson", "qps": 5.5}),
+    # (bursts: several prompts in one plan)
+    ({"name": "vllm_v1"}, {"process": "gamma", "qps": 8.0, "cv": 4.0}),
+    # (SGLang's prompts beside the decodes: --enable-mixed-chunk)
+    ({"name": "sglang", "mixed_chunk": True}, {"process": "poisson", "qps": 5.5})],
+    ids=["vllm_v1", "bursts", "sglang-mixed"])
+def test_a_plan_computing_prompts_opens_a_stretch(monkeypatch, scheduler, arrivals):
+    """A plan that gives every running request all its known tokens (a new prompt beside the
+    decodes, or several) opens a stretch: each request samples at the end of its iteration
+    and decodes from the next plan on. Cut at its first plan (the iteration of the prompts in
+    flight) or later, it leaves the replica as stepping does."""
+    data = _default("vllm_v1", workload__arrivals=arrivals)
+    data["replica"]["scheduler"] = scheduler
+    opened = {"prompts": 0, "several": 0, "cut_in_first": 0}
+    plan = fast_pipeline.plan_async_stretch
+    take_back = fast_pipeline.FastPipelinedReplica._take_back
+
+    def counted_plan(*args, **kwargs):
+        stretch = plan(*args, **kwargs)
+        tokens = kwargs.get("first_tokens")
+        if stretch is not None and tokens is not None:
+            opened["prompts"] += 1
+            opened["several"] += sum(t > 1 for t in tokens) > 1
+        return stretch
+
+    def counted_take_back(self, stretch, k, now_s):
+        opened["cut_in_first"] += k == 1 and stretch.first is not None
+        return take_back(self, stretch, k, now_s)
+
+    monkeypatch.setattr(fast_pipeline, "plan_async_stretch", counted_plan)
+    monkeypatch.setattr(fast_pipeline.FastPipelinedReplica, "_take_back", counted_take_back)
+    fast, slow, _, _ = fast_and_stepped(monkeypatch, parse_scenario(data, "t"))
+    assert_same_results(fast, slow)
+    assert opened["prompts"] > 50, opened
+    assert opened["cut_in_first"] > 0, opened
+    if arrivals["process"] == "gamma":
+        assert opened["several"] > 20, opened
+
+
 @pytest.mark.parametrize("router", ["round_robin", "random"])
 def test_replicas_behind_a_router_that_reads_no_loads_take_stretches(monkeypatch, router):
     """Round robin and random routing read no replica's load: an arrival touches only the

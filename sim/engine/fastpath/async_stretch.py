@@ -13,12 +13,19 @@ time ends. `tools/async_stretch_check.py` checks these forms against stepped run
 A stretch here is planned when its first plan is made and committed whole when it is handed
 back: after its K-th plan's turn, the first K - 1 iterations complete and the K-th in flight
 (`hand_off`), exactly as the stepped replica leaves them. Pure: no SimPy.
+
+Its first plan may also compute prompts (`catch_up_tokens`: a new request's, beside the
+decodes), where it gives every running request all its known tokens: each then samples at the
+end of iteration 0 and is steady from plan 1 on, as `is_steady` asks of every policy. Iteration
+0 is then timed as a step times it (the caller's `Iteration`), and each request is counted as
+if it had decoded in it (its computed tokens at plan 0 less its tokens there, plus one).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +61,10 @@ class AsyncStretch:
     free_s: np.ndarray
     num_seqs: int | np.ndarray  # one number where nobody leaves before the last
     kv_tokens: np.ndarray
+    # Where plan 0 computes prompts: iteration 0 as a step plans it (its shape and duration),
+    # and each request's tokens in it, in running order; None: plan 0 decodes (all ones).
+    first: Iteration | None = None
+    first_tokens: list[int] | None = None
 
     def num_used_blocks(self, n: int) -> list[int]:
         """KV blocks in use when each of the first `n` plans is made: plan j adds a block to
@@ -115,17 +126,40 @@ class AsyncStretch:
         return float(self.end_s[k - 2])
 
 
+def catch_up_tokens(state: ReplicaState, plan: Plan) -> list[int] | None:
+    """The tokens `plan` gives each running request, where it gives each all its known tokens
+    not yet computed (or in flight), so that every one samples at the end of its iteration,
+    and lists them in running order (the order stepping sends and completes them in); else
+    None. The plan must schedule every running request (`plan.num_seqs ==
+    len(state.running)`)."""
+    tokens = []
+    for (request_id, num_tokens), req in zip(plan.num_scheduled_tokens.items(), state.running,
+                                             strict=True):
+        if (request_id != req.request_id
+                or req.num_computed_tokens + num_tokens != req.num_tokens):
+            return None
+        tokens.append(num_tokens)
+    return tokens
+
+
 def plan_async_stretch(state: ReplicaState, plan0: Plan, latency: LatencyModel, plan_s: float,
                        free_s: float, pred_end_s: float | None, horizon_s: float | None, *,
-                       noise: IterationNoise | None, first_index: int, max_steps: int
+                       noise: IterationNoise | None, first_index: int, max_steps: int,
+                       first: Iteration | None = None, first_tokens: list[int] | None = None
                        ) -> AsyncStretch | None:
     """The stretch from plan 0 (`plan0`, made at `plan_s` with every running request in it,
     nothing waiting, all decoding; its blocks allocated), through finishes, while the blocks
     last, ending before the horizon; None where fewer than three iterations qualify.
     `free_s`: when the GPU is free; `pred_end_s`: the end of the iteration in flight (None:
-    none)."""
+    none). Where plan 0 computes prompts, `first_tokens` (`catch_up_tokens`) and `first`, its
+    iteration as a step plans it (the latency model is asked once per iteration: some count
+    their predictions)."""
     requests = list(state.running)
-    computed = [r.num_computed_tokens for r in requests]
+    if first_tokens is None:
+        computed = [r.num_computed_tokens for r in requests]
+    else:  # (as if each decoded in iteration 0: `AsyncStretch`)
+        computed = [r.num_computed_tokens + t - 1
+                    for r, t in zip(requests, first_tokens, strict=True)]
     left = [r.num_target_output_tokens - r.num_output_tokens for r in requests]
     n = min(max(left), max_steps)
     kv = state.kv
@@ -135,14 +169,14 @@ def plan_async_stretch(state: ReplicaState, plan0: Plan, latency: LatencyModel, 
     if n < 3:
         return None
     num_seqs, kv_tokens = batch_sizes(computed, left, n)
-    shape = BatchShape.decode_only(num_seqs, kv_tokens)
-    duration = np.asarray(latency.iteration_time_s(shape), dtype=np.float64)
-    if duration.shape != (n,):  # (a model whose time does not depend on the KV read)
-        duration = np.broadcast_to(duration, (n,))
-    host = latency.host_time_s(shape)
-    duration = np.maximum(duration - host, host)
-    if noise is not None:  # iteration `first_index + j`'s own factor, as a step gets it
-        duration = duration * noise.factors_from(first_index, n, 0, num_seqs)
+    if first is None:
+        duration = _durations(latency, num_seqs, kv_tokens, noise, first_index)
+    else:  # iteration 0 as the step timed it; the decodes after it on arrays
+        duration = np.empty(n)
+        duration[0] = first.duration_s
+        duration[1:] = _durations(
+            latency, num_seqs if isinstance(num_seqs, int) else num_seqs[1:], kv_tokens[1:],
+            noise, first_index + 1)
     # Back to back from the first start: iteration j starts where j - 1 is free.
     free = np.add.accumulate(np.concatenate(([max(plan_s, free_s)], duration)))
     starts, free = free[:-1], free[1:]
@@ -171,7 +205,24 @@ def plan_async_stretch(state: ReplicaState, plan0: Plan, latency: LatencyModel, 
     return AsyncStretch(plan0, kv.num_used_blocks, requests, computed, left, first_index,
                         kv.block_size, plans[:n], starts[:n], logged[:n], end[:n], free[:n],
                         num_seqs if isinstance(num_seqs, int) else num_seqs[:n],
-                        kv_tokens[:n])
+                        kv_tokens[:n], first, first_tokens)
+
+
+def _durations(latency: LatencyModel, num_seqs: Any, kv_tokens: np.ndarray,
+               noise: IterationNoise | None, first_index: int) -> np.ndarray:
+    """Durations of decode iterations from iteration `first_index`, as a step times each: the
+    GPU's time or the host's, the larger (the host plans the next one meanwhile), times the
+    iteration's noise factor."""
+    n = len(kv_tokens)
+    shape = BatchShape.decode_only(num_seqs, kv_tokens)
+    duration = np.asarray(latency.iteration_time_s(shape), dtype=np.float64)
+    if duration.shape != (n,):  # (a model whose time does not depend on the KV read)
+        duration = np.broadcast_to(duration, (n,))
+    host = latency.host_time_s(shape)
+    duration = np.maximum(duration - host, host)
+    if noise is not None:  # iteration `first_index + j`'s own factor, as a step gets it
+        duration = duration * noise.factors_from(first_index, n, 0, num_seqs)
+    return duration
 
 
 def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationLog
@@ -193,21 +244,42 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
     used = stretch.num_used_blocks(k)
     if done_k:
         seqs = stretch.num_seqs
-        log.extend_stretch(stretch.starts_s[:done_k], stretch.duration_s[:done_k],
-                           seqs if isinstance(seqs, int) else seqs[:done_k].tolist(),
-                           used[:done_k],
-                           len(stretch.plan0.preempted_ids))
+        num_logged = 0
+        if stretch.first is not None:  # iteration 0 computed prompts: logged as a step logs it
+            shape = stretch.first.shape
+            log.append(float(stretch.starts_s[0]), float(stretch.duration_s[0]),
+                       shape.num_prefill_tokens, shape.num_decode_tokens,
+                       stretch.plan0.num_seqs, used[0], len(stretch.plan0.preempted_ids), 0)
+            num_logged = 1
+        if done_k > num_logged:
+            log.extend_stretch(stretch.starts_s[num_logged:done_k],
+                               stretch.duration_s[num_logged:done_k],
+                               seqs if isinstance(seqs, int) else
+                               seqs[num_logged:done_k].tolist(),
+                               used[num_logged:done_k],
+                               0 if num_logged else len(stretch.plan0.preempted_ids))
         # Each request sampled in each of its iterations complete: one run from the first.
         add_run = log.add_sampled_run
         for req, n_left in zip(requests, left, strict=True):
             add_run(req.request_id, first, first + (done_k if done_k < n_left else n_left))
     num_placeholders = 0
     leaving: list[tuple[int, int]] = []
+    first_tokens = stretch.first_tokens
+    # Iteration 0's tokens still in flight: a prompt's all (k = 1), or one each.
+    in_flight0 = first_tokens if k == 1 and first_tokens is not None else None
+    firsts: list[bool] | None = None
+    if first_tokens is not None:  # requests scheduled for the first time, in iteration 0
+        start0 = float(stretch.starts_s[0])
+        firsts = [r.first_scheduled_s is None for r in requests]
+        for req, is_first in zip(requests, firsts, strict=True):
+            if is_first:
+                req.first_scheduled_s = start0
     for pos, (req, c, n_left) in enumerate(zip(requests, computed, left, strict=True)):
         started = k if k < n_left else n_left
         complete = done_k if done_k < n_left else n_left
-        req.num_computed_tokens += started
-        req.num_in_flight_tokens += started - complete
+        req.num_computed_tokens = c + started  # (c: a prompt's tokens in iteration 0 as one)
+        req.num_in_flight_tokens += (started - complete if in_flight0 is None
+                                     else in_flight0[pos])
         added = started if started < n_left else n_left - 1
         retired = complete if complete < n_left else n_left - 1
         req.num_output_tokens += added
@@ -228,7 +300,26 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
         state.num_running_tokens += 1
         state.leave([req], float(end[n_left - 1]))
         done.append(req)
+    if k == 1 and stretch.first is not None:
+        return done, _first_in_flight(stretch, firsts)
     return done, _in_flight(stretch, k - 1, used[k - 1])
+
+
+def _first_in_flight(stretch: AsyncStretch, firsts: list[bool] | None) -> Iteration:
+    """Iteration 0, which computed prompts, in flight as `ReplicaState.start` leaves it:
+    every request samples at its end (a placeholder, but for a request's last token);
+    `firsts`: which it scheduled for the first time."""
+    it = stretch.first
+    assert it is not None and stretch.first_tokens is not None and firsts is not None
+    it.start_s, it.duration_s, it.end_s = (float(stretch.starts_s[0]),
+                                           float(stretch.duration_s[0]),
+                                           float(stretch.end_s[0]))
+    it.in_flight = [(req, num_tokens, req.num_preemptions,
+                     PLACEHOLDER if n_left > 1 else SAMPLES, is_first)
+                    for req, num_tokens, n_left, is_first in zip(
+                        stretch.requests, stretch.first_tokens, stretch.num_steps_left, firsts,
+                        strict=True)]
+    return it
 
 
 def _in_flight(stretch: AsyncStretch, j: int, num_used_blocks: int) -> Iteration:

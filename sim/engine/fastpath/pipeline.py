@@ -2,7 +2,10 @@
 `PipelinedReplica` of one stage and two iterations in flight with output placeholders (vLLM
 v1's async scheduling, SGLang's overlap loop, both engines' defaults) that, at a steady plan,
 takes that plan and the ones its stretch makes after it instead of stepping them, and hands
-back to stepping at a planning turn, exactly where the stepped replica would stand.
+back to stepping at a planning turn, exactly where the stepped replica would stand. A plan
+that computes prompts beside the decodes opens a stretch too where it catches every running
+request up (`catch_up_tokens`: a new request's prompt whole, most often): the plan after an
+arrival, so each arrival costs one stepped plan, not two.
 
 Where: a colocated replica with no client timeouts and no closed-loop clients, alone or behind
 a router that reads no loads (`unobserved`: `round_robin`, `random`) or one that weighs them
@@ -24,7 +27,12 @@ from sim.core.kv_cache import KVCacheManager
 from sim.core.plan import Plan
 from sim.core.request import Request
 from sim.engine.clock import At
-from sim.engine.fastpath.async_stretch import AsyncStretch, hand_off, plan_async_stretch
+from sim.engine.fastpath.async_stretch import (
+    AsyncStretch,
+    catch_up_tokens,
+    hand_off,
+    plan_async_stretch,
+)
 from sim.engine.fastpath.replica import _ENDED, poke_or_end
 from sim.engine.pipeline import PipelinedReplica
 from sim.routers.base import ReplicaLoad
@@ -67,18 +75,28 @@ class FastPipelinedReplica(PipelinedReplica):
 
     def _dispatch(self, plan: Plan, now_s: float) -> bool:
         state, batches = self.state, self._batches
-        if (len(batches) <= 1 and not state.waiting and not plan.preempted_ids
-                and plan.num_seqs == len(state.running)
-                and plan.total_num_scheduled_tokens == plan.num_seqs
-                and not state.prefilling() and self._eligible()):
-            stretch = plan_async_stretch(
-                state, plan, self.latency, now_s, self._stage_free_s[0],
-                batches[-1].end_s if batches else None, self.horizon_s, noise=self.noise,
-                first_index=len(self.log) + len(batches), max_steps=MAX_STEPS)
-            if stretch is not None:
-                self._stretch = stretch
-                return False
-        return super()._dispatch(plan, now_s)
+        if not (len(batches) <= 1 and not state.waiting and not plan.preempted_ids
+                and plan.num_seqs == len(state.running) and self._eligible()):
+            return super()._dispatch(plan, now_s)
+        first = first_tokens = None
+        if plan.total_num_scheduled_tokens != plan.num_seqs or state.prefilling():
+            # Prompts beside the decodes (a new request's, most often): where the plan
+            # catches every request up, each decodes from the next plan on, and this plan
+            # opens the stretch, its iteration timed as a step times it.
+            first_tokens = catch_up_tokens(state, plan)
+            if first_tokens is None:
+                return super()._dispatch(plan, now_s)
+            first = self._plan_iteration(plan, now_s, len(batches))
+        stretch = plan_async_stretch(
+            state, plan, self.latency, now_s, self._stage_free_s[0],
+            batches[-1].end_s if batches else None, self.horizon_s, noise=self.noise,
+            first_index=len(self.log) + len(batches), max_steps=MAX_STEPS, first=first,
+            first_tokens=first_tokens)
+        if stretch is not None:
+            self._stretch = stretch
+            return False
+        batches.append(self._send(plan, now_s, first))
+        return True
 
     def _next_work(self, now_s: float) -> tuple[Plan | None, Any]:
         # (the work to wait for: the oldest iteration in flight, or a stretch)
@@ -114,6 +132,10 @@ class FastPipelinedReplica(PipelinedReplica):
         self._complete_batches(now_s, inclusive=True)
         assert not self._batches
         done, in_flight = hand_off(self.state, stretch, k, self.log)
+        if k > 1 and stretch.first is not None:
+            # (As a step runs it where its iteration ends: only a plan computing a prompt may
+            # need it, and the later ones decode.)
+            self.scheduler.iteration_ended(stretch.plan0)
         self._left_running(done)
         self._batches.append(in_flight)
         self._stage_free_s[0] = float(stretch.free_s[k - 1])
