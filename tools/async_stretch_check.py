@@ -6,8 +6,10 @@ replicas") checked against stepped runs, bit for bit, apart from the fast path's
         [--scheduler vllm_v1|sglang] [--noise SIGMA] [--num-blocks B --qps Q]
 
 It runs one replica stepped (its scheduler async or overlapped, as the engines default) and
-notes, at every plan that could open a stretch (decode only, nothing waiting, every running
-request in it), what a stretch planner would read. After the run it predicts with numpy, from
+notes, at every plan that could open a stretch (nothing waiting, every running request in it,
+each decoding or given all its known tokens: a new prompt whole beside the decodes), what a
+stretch planner would read; a plan with prompts, its iteration's duration as the step times
+it. After the run it predicts with numpy, from
 those notes alone, every would-be stretch's iterations (starts, logged durations, batch
 sizes, KV blocks in use at each plan: a finished request's blocks come back one plan later
 than on a synchronous replica), its requests' finish times and sampled tokens, and compares
@@ -40,7 +42,7 @@ def record_plans(notes: dict[int, dict[str, Any]], steady: dict[int, tuple[bool,
     nothing waiting, whether it could open a stretch, and then what a planner reads."""
     send = pipeline.PipelinedReplica._send
 
-    def noting(self: Any, plan: Any, now_s: float) -> Any:
+    def noting(self: Any, plan: Any, now_s: float, it: Any = None) -> Any:
         state = self.state
         holder["replica"] = self
         index = len(self.log) + len(self._batches)
@@ -48,9 +50,16 @@ def record_plans(notes: dict[int, dict[str, Any]], steady: dict[int, tuple[bool,
                        and not state.prefilling())
         calm = (not state.waiting and decode_only and not plan.preempted_ids
                 and not self._preempted)
-        steady[index] = (calm, calm and plan.num_seqs == len(state.running))
+        running = list(state.running)
+        tokens = plan.num_scheduled_tokens
+        # Prompts beside the decodes, each given all its known tokens: every request samples
+        # at the end of this iteration, and is counted as if it had decoded in it.
+        catches_up = (not state.waiting and not plan.preempted_ids and not self._preempted
+                      and not decode_only and len(tokens) == len(running)
+                      and all(r.num_computed_tokens + tokens.get(r.request_id, 0)
+                              == r.num_tokens for r in running))
+        steady[index] = (calm, catches_up or (calm and plan.num_seqs == len(state.running)))
         if steady[index][1]:
-            running = list(state.running)
             notes[index] = {
                 "plan_s": now_s, "free_s": self._stage_free_s[0],
                 "pred_end_s": self._batches[-1].end_s if self._batches else None,
@@ -58,7 +67,12 @@ def record_plans(notes: dict[int, dict[str, Any]], steady: dict[int, tuple[bool,
                 "ids": [r.request_id for r in running],
                 "computed": [r.num_computed_tokens for r in running],
                 "left": [r.num_target_output_tokens - r.num_output_tokens for r in running]}
-        return send(self, plan, now_s)
+            if catches_up:
+                notes[index]["computed"] = [r.num_computed_tokens + tokens[r.request_id] - 1
+                                            for r in running]
+                notes[index]["first_s"] = self._plan_iteration(
+                    plan, now_s, len(self._batches)).duration_s
+        return send(self, plan, now_s, it)
 
     pipeline.PipelinedReplica._send = noting  # type: ignore[method-assign]
 
@@ -101,7 +115,7 @@ def main() -> int:
     block_size = replica.state.kv.block_size
     pairs = set(zip(*(a.tolist() for a in replica.log.sampled_tokens()), strict=True))
     finish = dict(zip(res.requests["request_id"], res.requests["finish_s"], strict=True))
-    checked = mismatches = covered = 0
+    checked = mismatches = covered = opened_by_prompts = 0
     i = 0
     while i < num_iterations:
         if not steady[i][1]:
@@ -120,6 +134,9 @@ def main() -> int:
         duration = np.maximum(iteration_s - host_s, host_s)
         if replica.noise is not None:
             duration = duration * replica.noise.factors_from(i, n, 0, num_seqs)
+        prompts = "first_s" in note  # (iteration 0 computed prompts: timed as its step)
+        if prompts:
+            duration = np.concatenate(([note["first_s"]], duration[1:]))
         start0 = max(note["plan_s"], note["free_s"])
         raw_end = np.add.accumulate(np.concatenate(([start0], duration)))[1:]
         starts = np.concatenate(([start0], raw_end[:-1]))
@@ -138,13 +155,13 @@ def main() -> int:
             if k + 1 <= n:  # freed after plan k: from plan k + 1
                 change[k + 1] -= -(-(c + k) // block_size)
         used = note["used"] + np.cumsum(change[:n])
-        rows = slice(i, i + n)
+        rows, decodes = slice(i, i + n), slice(i + prompts, i + n)
+        seqs = np.broadcast_to(num_seqs, (n,))
         ok = (ok and np.array_equal(log["start_s"][rows], starts)
               and np.array_equal(log["duration_s"][rows], logged)
-              and np.array_equal(log["num_seqs"][rows], np.broadcast_to(num_seqs, (n,)))
-              and np.array_equal(log["num_decode_tokens"][rows],
-                                 np.broadcast_to(num_seqs, (n,)))
-              and bool((log["num_prefill_tokens"][rows] == 0).all())
+              and np.array_equal(log["num_seqs"][rows], seqs)
+              and np.array_equal(log["num_decode_tokens"][decodes], seqs[prompts:])
+              and bool((log["num_prefill_tokens"][decodes] == 0).all())
               and np.array_equal(log["num_kv_blocks_used"][rows], used))
         for rid, k in zip(note["ids"], left, strict=True):
             if k <= n and finish[rid] != ends[k - 1]:
@@ -155,11 +172,12 @@ def main() -> int:
             print(f"mismatch: the stretch from iteration {i} ({n} iterations)")
         mismatches += not ok
         checked += 1
+        opened_by_prompts += prompts
         covered += n
         i += n
-    print(f"{args.case} {args.scheduler}: {checked} stretches, {covered} of {num_iterations} "
-          f"iterations ({covered / max(num_iterations, 1):.1%}) predicted; "
-          f"{mismatches} mismatches")
+    print(f"{args.case} {args.scheduler}: {checked} stretches ({opened_by_prompts} opened by "
+          f"prompts), {covered} of {num_iterations} iterations "
+          f"({covered / max(num_iterations, 1):.1%}) predicted; {mismatches} mismatches")
     return 1 if mismatches or not checked else 0
 
 
