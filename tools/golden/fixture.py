@@ -5,7 +5,9 @@
     steps: one [start_s, end_s, scheduled, preempted] per engine step, in order: `scheduled`
         the [request id, tokens] pairs in the scheduler's order, `preempted` the request ids
         preempted while it was built, in order (a step may schedule nothing and only preempt);
-    requests: [first_scheduled_s, first_token_s, finish_s, num_preemptions] by request id.
+    requests: [first_scheduled_s, first_token_s, finish_s, num_preemptions] by request id;
+    hicache (SGLang with --enable-hierarchical-cache only): the host tier's record, per step
+        (`tools/golden/sglang_hicache.py` `HiCacheLog`).
 
 Written with sorted keys and no timestamps of its own, so recording twice gives the same bytes.
 """

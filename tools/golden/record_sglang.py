@@ -61,6 +61,17 @@ that order]]; per request: [first_scheduled_s, first_token_s, finish_s, retracti
 (`Req.retraction_count`), first_token_s and finish_s the end of the step that produced them.
 Nothing in the scheduler, memory pools or caches is replaced; only the request receiver (no
 ZMQ) and the clock.
+
+HiCache (`SGLANG_HICACHE_WORKLOADS`, recorded only when named: `settings.enable_hierarchical_cache`
+with `hicache_ratio` and SGLang's other `--hicache-*` arguments in `HICACHE_SETTINGS`): the same
+scheduler with a host KV pool as a second tier. `sglang_hicache.py` stands in for the
+device <-> host copies, the pinning of the host pool and the copy streams' events; the tree,
+host pool and controller are SGLang's. When a copy reads done is the workload's
+`settings.hicache_transfer` ("next_batch": at the end of the first batch launched after it,
+as on a GPU; see `sglang_hicache.py`). The fixture then also holds `hicache` (`HiCacheLog`):
+the host pool's size, the transfer model, and per step the load-backs ([request id, host hit,
+tokens loaded]), the tokens backed up to host, evicted from the device (and of those, dropped
+with no host copy), evicted from host, the host pool's use and the copies in flight.
 """
 
 from __future__ import annotations
@@ -86,7 +97,10 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tools.golden.fixture import write_fixture  # noqa: E402
 from tools.golden.workloads import Workload, prompt_token_ids  # noqa: E402
-from tools.golden.workloads_sglang import SGLANG_WORKLOADS  # noqa: E402
+from tools.golden.workloads_sglang import (  # noqa: E402
+    SGLANG_HICACHE_WORKLOADS,
+    SGLANG_WORKLOADS,
+)
 
 LLAMA_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
@@ -122,6 +136,11 @@ def build_scheduler(workload: Workload, model_dir: str, **extra: Any) -> Any:
     from sglang.srt.server_args import PortArgs, ServerArgs
 
     s = workload["settings"]
+    hicache = s.get("enable_hierarchical_cache", False)
+    if hicache:  # (before the build: the HiCache modules' device module and copy kernels)
+        from tools.golden import sglang_hicache
+
+        sglang_hicache.install(s["hicache_transfer"])
     server_args = ServerArgs(
         model_path=model_dir, device="cpu", load_format="dummy", skip_tokenizer_init=True,
         attention_backend="torch_native",
@@ -132,7 +151,8 @@ def build_scheduler(workload: Workload, model_dir: str, **extra: Any) -> Any:
         max_running_requests=(None if "max_running_requests" in s.get("unset", ())
                               else s["max_running_requests"]),
         disable_radix_cache=s["disable_radix_cache"], schedule_policy=s["schedule_policy"],
-        random_seed=0, **{k: s[k] for k in PRIORITY_SETTINGS if k in s}, **extra)
+        random_seed=0, **{k: s[k] for k in PRIORITY_SETTINGS + HICACHE_SETTINGS if k in s},
+        **extra)
     port_args = PortArgs.init_new(server_args)
     publish(server_args, role="scheduler",
             ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0),
@@ -147,6 +167,10 @@ def build_scheduler(workload: Workload, model_dir: str, **extra: Any) -> Any:
     assert sched.chunked_prefill_size == s["chunked_prefill_size"], sched.chunked_prefill_size
     assert bool(getattr(sched.tree_cache, "disable", True)) == s["disable_radix_cache"]
     assert sched.enable_priority_scheduling == s.get("enable_priority_scheduling", False)
+    controller = getattr(sched.tree_cache, "cache_controller", None)
+    assert (controller is not None) == hicache, controller
+    if controller is not None:
+        assert controller.write_policy == s.get("hicache_write_policy", "write_through")
     if sched.enable_priority_scheduling:
         assert sched.enable_priority_preemption == (not s.get("disable_priority_preemption"))
         assert sched.priority_scheduling_preemption_threshold == s.get(
@@ -175,6 +199,11 @@ def make_request(workload: Workload, request_id: int) -> Any:
 # SGLang's priority scheduling arguments a workload may set (`--enable-priority-scheduling`...).
 PRIORITY_SETTINGS = ("enable_priority_scheduling", "schedule_low_priority_values_first",
                      "priority_scheduling_preemption_threshold", "disable_priority_preemption")
+# SGLang's HiCache arguments a workload may set (`--enable-hierarchical-cache`...); such a
+# workload also sets `hicache_transfer`, the recorder's model of when a copy is done
+# (`sglang_hicache.py`).
+HICACHE_SETTINGS = ("enable_hierarchical_cache", "hicache_ratio", "hicache_write_policy",
+                    "hicache_mem_layout")
 
 
 class _Receiver:
@@ -205,6 +234,17 @@ class _Recorder:
         self.gpu_free_s = 0.0
         self.next_arrival = 0
         self._passed_again_s = -1.0  # the instant an idle pass with requests waiting passed again
+        self.hicache: Any = None  # sglang_hicache.HiCacheLog with --enable-hierarchical-cache
+
+    def launched(self, end_s: float) -> None:
+        """A batch was just launched (recorded by `launch`), ending at `end_s`."""
+        if self.hicache is not None:
+            self.hicache.on_launch(end_s)
+
+    def idle(self) -> None:
+        """A pass launched nothing, and no batch is in flight."""
+        if self.hicache is not None:
+            self.hicache.on_idle()
 
     def add_arrived(self) -> None:
         arrivals = self.arrivals
@@ -279,6 +319,7 @@ def _loop_normal(rec: _Recorder) -> None:
         batch = plan.batch_to_run
         if batch:
             end_s = rec.launch(batch)
+            rec.launched(end_s)
             result = sched.run_batch(batch)
             sched.process_batch_result(batch, result)
             rec.now_s = end_s
@@ -286,6 +327,7 @@ def _loop_normal(rec: _Recorder) -> None:
         else:
             assert not rec.retracted, rec.retracted
             sched.on_idle()
+            rec.idle()
         sched.last_batch = batch
         if not batch and not rec.wait_for_arrival():
             break
@@ -358,6 +400,7 @@ def _loop_overlap(rec: _Recorder) -> None:
             # Launch the current batch
             if batch:
                 end_s = rec.launch(batch)
+                rec.launched(end_s)
                 reqs = list(batch.reqs)
                 batch_result = sched.run_batch(batch)
                 sched._apply_war_barrier()
@@ -389,6 +432,7 @@ def _loop_overlap(rec: _Recorder) -> None:
 
             if was_idle:
                 assert not sched.result_queue
+                rec.idle()
                 if not rec.wait_for_arrival():
                     break
 
@@ -428,6 +472,11 @@ def record(workload: Workload) -> dict[str, Any]:
     receiver = _Receiver()
     sched.request_receiver = receiver
     rec = _Recorder(workload, sched, receiver, retracted)
+    if workload["settings"].get("enable_hierarchical_cache"):
+        from tools.golden import sglang_hicache
+
+        assert sglang_hicache.CLOCK is not None
+        rec.hicache = sglang_hicache.HiCacheLog(sched, sglang_hicache.CLOCK, rec)
     wall = time.monotonic()
     if workload["settings"]["disable_overlap_schedule"]:
         _loop_normal(rec)
@@ -440,10 +489,15 @@ def record(workload: Workload) -> dict[str, Any]:
         assert len(req.output_ids) == arrivals[rid][2], (rid, len(req.output_ids))
     print(f"{workload['name']}: {len(rec.steps)} steps in {time.monotonic() - wall:.0f} s",
           file=sys.stderr)
-    return {"steps": rec.steps,
-            "requests": [[times[r]["first_scheduled_s"], times[r]["first_token_s"],
-                          times[r]["finish_s"], int(handles[r].retraction_count)]
-                         for r in range(len(arrivals))]}
+    body: dict[str, Any] = {
+        "steps": rec.steps,
+        "requests": [[times[r]["first_scheduled_s"], times[r]["first_token_s"],
+                      times[r]["finish_s"], int(handles[r].retraction_count)]
+                     for r in range(len(arrivals))]}
+    if rec.hicache is not None:
+        body["hicache"] = rec.hicache.body()
+        assert len(body["hicache"]["steps"]) == len(rec.steps)
+    return body
 
 
 def record_fixture(out: Path, workload: Workload, command: str) -> None:
@@ -457,23 +511,26 @@ def record_fixture(out: Path, workload: Workload, command: str) -> None:
 
 
 def _record_one(out: Path, name: str) -> None:
-    record_fixture(out, SGLANG_WORKLOADS[name],
+    record_fixture(out, {**SGLANG_WORKLOADS, **SGLANG_HICACHE_WORKLOADS}[name],
                    f"python tools/golden/record_sglang.py --out {out} {name}")
 
 
 def cli(doc: str, script: str, workloads: Iterable[str],
-        record_one: Callable[[Path, str], Any]) -> None:
+        record_one: Callable[[Path, str], Any], named_only: Iterable[str] = ()) -> None:
     """A recorder's command line: `--out DIR [NAME ...]` records the workloads named (default:
-    all of `workloads`), each in a fresh process of `script` (SGLang's server-args context is
-    process-wide) that calls `record_one(out, name)`."""
-    known = list(workloads)
+    all of `workloads`; those of `named_only` only when named), each in a fresh process of
+    `script` (SGLang's server-args context is process-wide) that calls `record_one(out, name)`."""
+    default = list(workloads)
+    known = default + list(named_only)
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--in-process", action="store_true",
                         help="record one workload in this process (used per workload)")
-    parser.add_argument("names", nargs="*", help="workloads (default: all)")
+    parser.add_argument("names", nargs="*",
+                        help="workloads (default: all but " + (", ".join(named_only) or "none")
+                        + ")")
     args = parser.parse_args()
-    names = args.names or known
+    names = args.names or default
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"unknown workloads: {unknown}")
@@ -487,7 +544,9 @@ def cli(doc: str, script: str, workloads: Iterable[str],
 
 
 def main() -> None:
-    cli(__doc__ or "", __file__, SGLANG_WORKLOADS, _record_one)
+    # (The HiCache workloads only when named: servesim does not model HiCache yet.)
+    cli(__doc__ or "", __file__, SGLANG_WORKLOADS, _record_one,
+        named_only=SGLANG_HICACHE_WORKLOADS)
 
 
 if __name__ == "__main__":

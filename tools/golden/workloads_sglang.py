@@ -27,6 +27,10 @@ import numpy as np
 
 from tools.golden.workloads import Workload, _bursts, _levels, _prefixed, _repeated, _requests
 
+# HiCache (`_sglang_hicache`): SGLang's arguments, and the recorder's `hicache_transfer`.
+HICACHE_KEYS = {"enable_hierarchical_cache", "hicache_ratio", "hicache_write_policy",
+                "hicache_mem_layout", "hicache_transfer"}
+
 
 def _sglang(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 200_000,
             step: tuple[float, float] = (0.004, 2e-5), max_model_len: int = 32_768,
@@ -36,7 +40,7 @@ def _sglang(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: 
             "disable_overlap_schedule": True}
     priority = {"enable_priority_scheduling", "schedule_low_priority_values_first",
                 "priority_scheduling_preemption_threshold", "disable_priority_preemption"}
-    unknown = set(settings) - set(base) - priority
+    unknown = set(settings) - set(base) - priority - HICACHE_KEYS
     assert not unknown, unknown
     return {"name": name, "engine": "sglang", "seed": seed, "settings": {**base, **settings},
             "num_gpu_blocks": num_gpu_blocks, "block_size": 1, "max_model_len": max_model_len,
@@ -336,3 +340,60 @@ def sglang_spec_workloads() -> list[Workload]:
 
 
 SGLANG_SPEC_WORKLOADS = {w["name"]: w for w in sglang_spec_workloads()}
+
+
+def _sglang_hicache(name: str, seed: int, requests: list[list[Any]], *, hicache_ratio: float,
+                    transfer: str = "next_batch", **kwargs: Any) -> Workload:
+    """An SGLang workload with `--enable-hierarchical-cache` (the radix cache on, a host pool of
+    `hicache_ratio` times the device pool, SGLang's default write_through policy and
+    page_first layout) and `hicache_transfer`, when the recorder lets a device <-> host copy
+    read done (`sglang_hicache.py`: "next_batch", the GPU's case; "fence"; "immediate")."""
+    return _sglang(name, seed, requests, disable_radix_cache=False,
+                   enable_hierarchical_cache=True, hicache_ratio=hicache_ratio,
+                   hicache_transfer=transfer, **kwargs)
+
+
+def sglang_hicache_workloads() -> list[Workload]:
+    """HiCache workloads (`record_sglang.py` records them when named; servesim does not model
+    the host tier yet, so none is under tests/golden): device pools that the shared prefixes
+    overflow, so prefixes are demoted to host and loaded back."""
+    def rng(seed: int) -> np.random.Generator:
+        return np.random.default_rng(seed)
+
+    return [
+        # Eight system prompts of 1024-2048 tokens (about 12k in all) on a device pool of 4000,
+        # a host pool of 4x (16k: the prefixes fit, with the suffixes and outputs it fills and
+        # evicts too): prefixes are demoted to host when evicted (write_through backs each up
+        # on insertion) and loaded back when their group returns; chunks of 2048.
+        _sglang_hicache("hicache_prefix_reload", 201,
+                        _prefixed(rng(201), 40, 8.0, 8, (1024, 2048), (16, 256), (16, 64)),
+                        hicache_ratio=4.0, num_gpu_blocks=4000, chunked_prefill_size=2048),
+        # The same requests with the overlap loop: backups flushed one batch later (after the
+        # next batch is launched), so copies read done a batch later too.
+        _sglang_hicache("hicache_prefix_reload_overlap", 201,
+                        _prefixed(rng(201), 40, 8.0, 8, (1024, 2048), (16, 256), (16, 64)),
+                        hicache_ratio=4.0, num_gpu_blocks=4000, chunked_prefill_size=2048,
+                        disable_overlap_schedule=False),
+        # Whole prompts (12 of 512-1536 tokens) repeated in bursts, a device pool of 3000 and a
+        # host pool of 3x, chunks of 512: a repeat finds its prompt on device, on host (loaded
+        # back, all but the last token), or gone.
+        _sglang_hicache("hicache_repeat", 203,
+                        _repeated(rng(203), 60, 12, (32, 96), (8, 64), (2, 6), (0.2, 1.0)),
+                        hicache_ratio=3.0, num_gpu_blocks=3000, chunked_prefill_size=512),
+        # A tight host pool (1.5x the device's 4000: write_through keeps a host copy of nearly
+        # everything on device, so little room is left for host-only prefixes): host
+        # evictions (LRU among host-only leaves) decide which demoted prefixes can be loaded
+        # back; chunks of 512.
+        _sglang_hicache("hicache_host_tight_chunked", 204,
+                        _prefixed(rng(204), 60, 10.0, 8, (512, 1536), (16, 512), (16, 128)),
+                        hicache_ratio=1.5, num_gpu_blocks=4000, chunked_prefill_size=512),
+        # The same pressure with the overlap loop and chunks of 256 (a chunk's prefix is
+        # inserted, and backed up, as the next chunk is scheduled).
+        _sglang_hicache("hicache_host_tight_chunked_overlap", 205,
+                        _prefixed(rng(205), 60, 10.0, 8, (512, 1536), (16, 512), (16, 128)),
+                        hicache_ratio=1.5, num_gpu_blocks=4000, chunked_prefill_size=256,
+                        disable_overlap_schedule=False),
+    ]
+
+
+SGLANG_HICACHE_WORKLOADS = {w["name"]: w for w in sglang_hicache_workloads()}
