@@ -12,15 +12,16 @@ and acks, and the scheduler's admission of load-backs (schedule_policy.py `add_o
 run unchanged. What has no CPU code in the PyPI wheels, and is replaced here, is the data
 movement and the device's stream/event synchronisation:
 
-1. Pinning: `alloc_with_host_register` (pool_host/common.py:336) calls `_cuda_host_register`
+1. Pinning: `alloc_with_host_register` (pool_host/common.py:349) calls `_cuda_host_register`
    (common.py:143, `torch.cuda.cudart().cudaHostRegister`), which needs a CUDA driver. It is
    a no-op here: page-locking changes copy speed, not what is copied.
 2. The copies: with `_is_cuda` false, pool_host/mha.py:59 never imports the `sgl_kernel.kvcacheio`
    transfer ops, and the wheel's op library (CUDA) is not loaded. Registered here as CPU ops
    (`torch.ops.sgl_kernel.*`, as `sglang_cpu_ops.py` does for others) and bound into mha.py:
    `transfer_kv_per_layer_pf_lf` (host page_first -> device, one layer: the load-back,
-   mha.py `load_to_device_per_layer`), `transfer_kv_all_layer_lf_pf` (device -> host
-   page_first, all layers: the backup, mha.py `backup_from_device_all_layer`), and the
+   mha.py:483 in `load_to_device_per_layer`), `transfer_kv_all_layer_lf_pf` (device -> host
+   page_first, all layers: the backup, mha.py:647 in `backup_from_device_all_layer`; without
+   it the first backup fails with a NameError), and the
    layer_first pair `transfer_kv_per_layer` / `transfer_kv_all_layer`. Each copies the
    token rows named by the index tensors (`check()` runs a round trip).
 3. Completion: on a CPU, `get_device_module()` is `torch.cpu`, whose `Event.query()` is always
@@ -36,7 +37,7 @@ movement and the device's stream/event synchronisation:
    it on the recorder's virtual clock, by the workload's `hicache_transfer`:
 
    Backups are queued (`_execute_kv_backup`, `write(..., flush=False)`) and submitted by
-   `flush_pending_backups`: at the end of `process_batch_result` (scheduler.py:5105) and at
+   `flush_pending_backups`: at the end of `process_batch_result` (scheduler.py:5106) and at
    the top of `check_hicache_events`; load-backs queued at admission are submitted by
    `ready_to_load_host_cache` once the batch is built (scheduler.py:4351).
 
