@@ -342,7 +342,8 @@ class HiCacheLog:
             (`cache_controller.write`: write-through backups, or write-back at eviction);
         evicted: tokens evicted from the device pool (`_evict`'s `num_tokens_evicted`);
         dropped: of those, tokens of leaves with no host copy (gone for good; the others stay
-            in the tree as host-only, loadable);
+            in the tree as host-only, loadable): not backed up when evicted (write_through_
+            selective: not hit often enough yet), or write_back's backup found no host room;
         host_evicted: tokens evicted from the host pool (`evict_host`);
         host_used: host pool tokens in use once the batch is built;
         inflight: [writes, loads] copies queued or not yet acknowledged then.
@@ -394,6 +395,15 @@ class HiCacheLog:
                 self.dropped += tracker[full] - before
             return out
 
+        original_drop = cache._drop_subtree_no_host
+
+        def _drop_subtree_no_host(node_id: Any, tracker: dict[Any, int]) -> bool:
+            # (write_back: a leaf whose deferred backup found no host room)
+            before = tracker[full]
+            out = original_drop(node_id, tracker)
+            self.dropped += tracker[full] - before
+            return out
+
         original_evict_host = cache.evict_host
 
         def evict_host(*args: Any, **kwargs: Any) -> int:
@@ -405,6 +415,7 @@ class HiCacheLog:
         controller.write = write
         cache._evict = _evict
         cache._evict_device_leaf = _evict_device_leaf
+        cache._drop_subtree_no_host = _drop_subtree_no_host
         cache.evict_host = evict_host
 
     def _reset(self) -> None:
