@@ -335,9 +335,11 @@ class HiCacheLog:
     was built (since the launch before it; as a step's preemptions), and after the last launch
     (`tail`):
 
-        loaded: [[request id, host hit, tokens loaded], ...] per `init_load_back` that
-            committed a load-back (`req.host_hit_length`, the tokens copied back from host:
-            they are part of the request's prefix, not of its scheduled tokens), in order;
+        loaded: [[request id, host hit, tokens loaded], ...] per `init_load_back` of an
+            admitted request with a host hit (`req.host_hit_length`; the tokens copied back
+            from host are part of the request's prefix, not of its scheduled tokens; 0 when
+            the load was declined, e.g. under `load_back_threshold`, 10 tokens, and the hit
+            is computed again), in order;
         written: tokens given host slots and queued for the device -> host copy
             (`cache_controller.write`: write-through backups, or write-back at eviction);
         evicted: tokens evicted from the device pool (`_evict`'s `num_tokens_evicted`);
@@ -365,7 +367,7 @@ class HiCacheLog:
 
         def init_load_back(params: Any) -> Any:
             out = original_init_load_back(params)
-            if out is not None and out[0] > 0:
+            if out is not None and (out[0] > 0 or params.host_hit_length > 0):
                 self.loaded.append([int(params.req.rid), int(params.host_hit_length),
                                     int(out[0])])
             return out
