@@ -74,6 +74,18 @@ def test_a_divergence_is_reported_with_both_sides():
     assert len(engine_steps(doc)) == len(replayed.steps)
 
 
+def test_a_hierarchical_cache_is_compared_by_its_counts_too():
+    """A fixture of SGLang's hierarchical cache is compared by the totals of its loads,
+    backups and evictions as well: one token more backed up is reported."""
+    doc = read_fixture(GOLDEN / "sglang-0.5.23" / "hicache_host_tight_chunked.json.gz")
+    replayed = replay(doc)
+    assert first_divergence(doc, replayed) is None
+    assert replayed.host is not None
+    replayed.host["written_tokens"] += 1
+    problem = first_divergence(doc, replayed)
+    assert problem is not None and "written_tokens" in problem
+
+
 def _installed_vllm() -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return None

@@ -136,12 +136,14 @@ class Replayed:
     steps: list[Step]
     requests: list[list[Any]]  # first_scheduled_s, first_token_s, finish_s, num_preemptions
     stalled: bool = False  # requests left that servesim says the engine never runs
+    host: dict[str, int] | None = None  # a hierarchical cache's totals (`host_totals`)
 
 
 def replay(doc: dict[str, Any], *, fast_forward: bool = False, policy: str | None = None
            ) -> Replayed:
     """Run servesim on the fixture's workload; every iteration's plan, and request times."""
     from sim.config.scenario import parse_scenario
+    from sim.core.hicache import HierarchicalCache
     from sim.engine.cluster import Cluster
 
     scenario = parse_scenario(scenario_data(doc, policy),
@@ -168,7 +170,31 @@ def replay(doc: dict[str, Any], *, fast_forward: bool = False, policy: str | Non
         times.append([req.first_scheduled_s, None if it is None else taken[it], req.finish_s,
                       req.num_preemptions])
     stalled = any((req.reason or "").startswith("engine_stalled") for req in requests)
-    return Replayed(steps, times, stalled)
+    host = None
+    kv = replica.state.kv
+    if isinstance(kv, HierarchicalCache):
+        c = kv.counters
+        host = {"loads": c.num_hit_requests, "loaded_tokens": c.num_hit_tokens,
+                "written_tokens": c.num_stored_blocks, "host_evicted_tokens":
+                c.num_evicted_blocks, "gpu_evicted_tokens": kv.num_evicted_blocks,
+                "host_used_tokens_at_end": kv.num_host_used_blocks,
+                "host_pool_tokens": kv.num_host_blocks}
+    return Replayed(steps, times, stalled, host)
+
+
+def host_totals(doc: dict[str, Any]) -> dict[str, int]:
+    """What the engine's hierarchical cache did over a fixture (the recorder's per-step
+    `hicache` record, summed; its blocks are tokens): loads, tokens loaded back, written to
+    the host, evicted from the host and from the GPU, the host pool's use at the end."""
+    record = doc["hicache"]
+    steps = [*record["steps"], record["tail"]]
+    loaded = [n for step in steps for _, _, n in step["loaded"]]
+    return {"loads": sum(1 for n in loaded if n), "loaded_tokens": sum(loaded),
+            "written_tokens": sum(step["written"] for step in steps),
+            "host_evicted_tokens": sum(step["host_evicted"] for step in steps),
+            "gpu_evicted_tokens": sum(step["evicted"] for step in steps),
+            "host_used_tokens_at_end": steps[-1]["host_used"],
+            "host_pool_tokens": record["host_pool_tokens"]}
 
 
 def engine_steps(doc: dict[str, Any]) -> list[Step]:
@@ -205,6 +231,11 @@ def first_divergence(doc: dict[str, Any], replayed: Replayed) -> str | None:
     if replayed.stalled != bool(doc["workload"].get("stalls")):
         return (f"{name}: the engine {'waits for ever' if not replayed.stalled else 'ran'} "
                 f"with requests left, servesim {'says so' if replayed.stalled else 'ran on'}")
+    if "hicache" in doc and replayed.host != (want_host := host_totals(doc)):
+        assert replayed.host is not None
+        bad = [f"{k} {v!r} vs {replayed.host[k]!r}" for k, v in want_host.items()
+               if replayed.host[k] != v]
+        return f"{name}: the hierarchical cache differs (engine vs servesim): {'; '.join(bad)}"
     fields = ("first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
     for rid, (w, g) in enumerate(zip(doc["requests"], replayed.requests, strict=True)):
         if list(w) != list(g):
