@@ -68,10 +68,17 @@ scheduler with a host KV pool as a second tier. `sglang_hicache.py` stands in fo
 device <-> host copies, the pinning of the host pool and the copy streams' events; the tree,
 host pool and controller are SGLang's. When a copy reads done is the workload's
 `settings.hicache_transfer` ("next_batch": at the end of the first batch launched after it,
-as on a GPU; see `sglang_hicache.py`). The fixture then also holds `hicache` (`HiCacheLog`):
-the host pool's size, the transfer model, and per step the load-backs ([request id, host hit,
-tokens loaded]), the tokens backed up to host, evicted from the device (and of those, dropped
-with no host copy), evicted from host, the host pool's use and the copies in flight.
+as on a GPU; "bandwidth": timed at `hicache_host_bandwidth_gb_s` as servesim times them, a
+batch that carries a load-back then taking max(its step time, the load + its step time / 32);
+see `sglang_hicache.py`). A workload's `settings.temperature` (default 0, greedy) samples
+instead (`torch.multinomial` from SGLang's generator, seeded by `random_seed` 0: SGLang's
+per-request `sampling_seed` needs `--enable-deterministic-inference`), so outputs differ
+per request and repeated prompts' outputs are not shared in the tree, as in real serving.
+The fixture then also holds `hicache` (`HiCacheLog`): the host pool's size, the transfer
+model (with "bandwidth", its rate, bytes a token and layers), and per step the load-backs
+([request id, host hit, tokens loaded]), the tokens backed up to host, evicted from the device
+(and of those, dropped with no host copy), evicted from host, the host pool's use and the
+copies in flight.
 """
 
 from __future__ import annotations
@@ -140,7 +147,7 @@ def build_scheduler(workload: Workload, model_dir: str, **extra: Any) -> Any:
     if hicache:  # (before the build: the HiCache modules' device module and copy kernels)
         from tools.golden import sglang_hicache
 
-        sglang_hicache.install(s["hicache_transfer"])
+        sglang_hicache.install(s["hicache_transfer"], s.get("hicache_host_bandwidth_gb_s"))
     server_args = ServerArgs(
         model_path=model_dir, device="cpu", load_format="dummy", skip_tokenizer_init=True,
         attention_backend="torch_native",
@@ -185,7 +192,8 @@ def make_request(workload: Workload, request_id: int) -> Any:
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     _, _, num_output, _, _, *rest = workload["requests"][request_id]
-    params = SamplingParams(max_new_tokens=num_output, ignore_eos=True, temperature=0.0)
+    params = SamplingParams(max_new_tokens=num_output, ignore_eos=True,
+                            temperature=workload["settings"].get("temperature", 0.0))
     params.normalize(None)
     params.verify(LLAMA_CONFIG["vocab_size"])
     return TokenizedGenerateReqInput(
@@ -234,6 +242,7 @@ class _Recorder:
         self.gpu_free_s = 0.0
         self.next_arrival = 0
         self._passed_again_s = -1.0  # the instant an idle pass with requests waiting passed again
+        self._copy_pass_s = -1.0  # the last instant an idle pass was for a copy's end
         self.hicache: Any = None  # sglang_hicache.HiCacheLog with --enable-hierarchical-cache
 
     def launched(self, end_s: float) -> None:
@@ -271,7 +280,10 @@ class _Recorder:
             scheduled = [[int(r.rid), 1] for r in batch.reqs]
         total = sum(n for _, n in scheduled)
         start_s = max(self.now_s, self.gpu_free_s)
-        end_s = start_s + (self.base_s + self.per_token_s * total)
+        forward_s = self.base_s + self.per_token_s * total
+        if self.hicache is not None:  # (with "bandwidth", the loads it carries)
+            forward_s = self.hicache.clock.duration_s(forward_s)
+        end_s = start_s + forward_s
         self.gpu_free_s = end_s
         self.steps.append([start_s, end_s, scheduled, list(self.retracted)])
         for rid, _ in scheduled:
@@ -291,8 +303,19 @@ class _Recorder:
     def wait_for_arrival(self) -> bool:
         """Nothing runs: jump to the next arrival; False when none is left. With requests
         waiting, SGLang's loop first passes again at once (a pass that scheduled nothing may
-        have freed KV: speculative decoding's abort), once per instant."""
+        have freed KV: speculative decoding's abort), once per instant. With HiCache copies
+        timed ("bandwidth") and one pending, the loop polls on, and the next pass counted is
+        when the next copy ends, if no arrival comes first (instead of the pass at once: as
+        servesim, whose idle replica waits for the copy first; the passes of the spin
+        between change nothing but SGLang's count of passes, `_waiting_prefix_refresh_calls`,
+        which on a GPU depends on how fast the loop spins)."""
         sched = self.sched
+        copy_s = self.hicache.next_copy_s() if self.hicache is not None else None
+        if copy_s is not None and (self.next_arrival == len(self.arrivals)
+                                   or copy_s <= self.arrivals[self.next_arrival][0]):
+            assert copy_s > self._copy_pass_s, (copy_s, "a copy's ack not taken")
+            self._copy_pass_s = self.now_s = max(self.now_s, copy_s)
+            return True
         if sched.waiting_queue and self._passed_again_s != self.now_s:
             self._passed_again_s = self.now_s
             return True

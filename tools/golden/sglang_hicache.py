@@ -68,8 +68,22 @@ movement and the device's stream/event synchronisation:
      microseconds), and a copy fenced behind the batch in flight starts only at its end:
      this is the earliest check at which a copy shorter than a step reads done, what a
      real engine sees when copies hide behind compute. Copies longer than a step (large
-     prefixes on a slow link) would read done later still; that needs a bandwidth, which
-     this model does not have.
+     prefixes on a slow link) would read done later still: "bandwidth" times them.
+
+   * "bandwidth" (`hicache_host_bandwidth_gb_s`): copies timed as servesim times them
+     (`sim/engine/hicache.py`), each of n tokens taking n * s, s = `BYTES_PER_TOKEN` /
+     (bandwidth * 1e9), the KV of a token of servesim's default model on one GPU
+     (Llama-3-8B: 2 x 8 KV heads x 128 x 32 layers x 2 bytes). A flushed backup (the tokens
+     of `start_writing`'s merged queue) starts at the latest of its flush, the end of the
+     last batch launched so far (the fence on the forward stream) and the end of the backup
+     before it (one D2H stream), and reads done n * s later. A load-back (the tokens of
+     `start_loading`'s merged queue, submitted as a pass builds its batch) runs layer by
+     layer ahead of that batch's forward, whose layers each wait for their own layer's copy,
+     so the batch takes max(forward, n * s + forward / `NUM_LAYERS`) (`duration_s`; the
+     recorder's step time), and the load reads done at that batch's end. An ack is taken by
+     the first check at or after its copy's end; with the engine idle and copies pending,
+     SGLang's loop keeps polling, and the recorder passes again when the next copy ends
+     (`HiCacheLog.next_copy_s`), or at the next arrival if that comes first.
 
    `synchronize()` (SGLang's blocking waits: `writing_check(write_back=True)` for the
    write_back policy, retraction backups) marks the copy done at once and is counted
@@ -86,35 +100,89 @@ place before the batch that reads it: outputs are those of a run without HiCache
 
 from __future__ import annotations
 
+import contextlib
+import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-TRANSFER_MODES = ("immediate", "fence", "next_batch")
+TRANSFER_MODES = ("immediate", "fence", "next_batch", "bandwidth")
+# "bandwidth": a token's KV and the layers of servesim's default model (Llama-3-8B, one GPU:
+# 2 x 8 KV heads x 128 x 32 layers x 2 bytes), as tools/golden/replay.py replays fixtures.
+BYTES_PER_TOKEN = 131072
+NUM_LAYERS = 32
 
 
 class TransferClock:
     """When each HiCache copy reads done, on the recorder's virtual clock (see the module
     docstring). `source` (the recorder) has the time (`now_s`) and the end of the batches
     launched so far (`gpu_free_s`); the recorder reports each launch (`on_launch`) and each
-    idle pass (`on_idle`)."""
+    idle pass (`on_idle`). With "bandwidth", `HiCacheLog` names each copy as it is submitted
+    (`copy`), and the recorder asks each batch's duration (`duration_s`)."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, host_bandwidth_gb_s: float | None = None) -> None:
         assert mode in TRANSFER_MODES, mode
+        assert (host_bandwidth_gb_s is not None) == (mode == "bandwidth"), host_bandwidth_gb_s
         self.mode = mode
         self.source: Any = None
         self.unassigned: list[_Event] = []  # next_batch: recorded, no batch launched since
         self.forced = 0  # synchronize() on a copy not yet done
+        # bandwidth: seconds a token, the copy being submitted ("write" and its end, or
+        # "load"), the end of the last backup, the tokens loaded for the batch being built
+        self.host_bandwidth_gb_s = host_bandwidth_gb_s
+        self.s_per_token = (BYTES_PER_TOKEN / (host_bandwidth_gb_s * 1e9)
+                            if host_bandwidth_gb_s is not None else 0.0)
+        self._copy: tuple[str, float | None] | None = None
+        self._write_free_s = -math.inf
+        self._load_tokens = 0
 
     @property
     def now_s(self) -> float:
         return float(self.source.now_s) if self.source is not None else 0.0
+
+    @contextlib.contextmanager
+    def copy(self, kind: str, num_tokens: int) -> Iterator[None]:
+        """`start_writing` ("write") or `start_loading` ("load") submits a copy of
+        `num_tokens`: with "bandwidth", the events it records read done at its end."""
+        if self.mode != "bandwidth" or num_tokens == 0:
+            yield
+            return
+        assert self._copy is None, self._copy
+        if kind == "write":
+            fence_s = float(self.source.gpu_free_s)
+            start_s = max(self.now_s, fence_s, self._write_free_s)
+            self._write_free_s = start_s + num_tokens * self.s_per_token
+            self._copy = (kind, self._write_free_s)
+        else:
+            assert kind == "load", kind
+            self._load_tokens += num_tokens
+            self._copy = (kind, None)
+        try:
+            yield
+        finally:
+            self._copy = None
+
+    def duration_s(self, forward_s: float) -> float:
+        """The batch being launched, of `forward_s`, with the loads its pass submitted copied
+        layer by layer ahead of its layers (servesim's `HostCacheCopies.duration_s`)."""
+        if self.mode != "bandwidth" or not self._load_tokens:
+            return forward_s
+        load_s = self._load_tokens * self.s_per_token
+        self._load_tokens = 0
+        return max(forward_s, load_s + forward_s / NUM_LAYERS)
 
     def on_record(self, event: _Event) -> None:
         if self.mode == "immediate":
             event.done_s = -1.0
         elif self.mode == "fence":
             event.done_s = float(self.source.gpu_free_s) if self.source is not None else 0.0
+        elif self.mode == "bandwidth":
+            assert self._copy is not None, "an event recorded outside a copy"
+            kind, end_s = self._copy
+            event.done_s = end_s
+            if kind == "load":  # (done when the batch that carries it ends)
+                self.unassigned.append(event)
         else:
             event.done_s = None
             self.unassigned.append(event)
@@ -126,7 +194,11 @@ class TransferClock:
         self.unassigned.clear()
 
     def on_idle(self) -> None:
-        """A pass launched nothing and nothing is in flight: the copies end in the idle spin."""
+        """A pass launched nothing and nothing is in flight: the copies end in the idle spin
+        (with "bandwidth", each at its own end; a load goes only with a batch)."""
+        if self.mode == "bandwidth":
+            assert not self.unassigned and not self._load_tokens
+            return
         for event in self.unassigned:
             event.done_s = self.now_s
         self.unassigned.clear()
@@ -252,11 +324,11 @@ def _register_ops() -> None:
 _INSTALLED = False
 
 
-def install(mode: str) -> TransferClock:
+def install(mode: str, host_bandwidth_gb_s: float | None = None) -> TransferClock:
     """Patch SGLang's HiCache for a CPU (before the scheduler is built); the clock the
     recorder drives."""
     global CLOCK, _INSTALLED
-    CLOCK = TransferClock(mode)
+    CLOCK = TransferClock(mode, host_bandwidth_gb_s)
     if _INSTALLED:
         return CLOCK
     import sgl_kernel.kvcacheio as kvcacheio
@@ -413,8 +485,24 @@ class HiCacheLog:
             self.host_evicted += int(out)
             return out
 
+        original_start_writing = controller.start_writing
+
+        def start_writing() -> None:
+            num_tokens = sum(len(op.device_indices) for op in controller.write_queue)
+            with clock.copy("write", num_tokens):
+                original_start_writing()
+
+        original_start_loading = controller.start_loading
+
+        def start_loading() -> int:
+            num_tokens = sum(len(op.device_indices) for op in controller.load_queue)
+            with clock.copy("load", num_tokens):
+                return original_start_loading()
+
         cache.init_load_back = init_load_back
         controller.write = write
+        controller.start_writing = start_writing
+        controller.start_loading = start_loading
         cache._evict = _evict
         cache._evict_device_leaf = _evict_device_leaf
         cache._drop_subtree_no_host = _drop_subtree_no_host
@@ -440,7 +528,24 @@ class HiCacheLog:
     def on_idle(self) -> None:
         self.clock.on_idle()
 
+    def next_copy_s(self) -> float | None:
+        """With "bandwidth": when the next ack can be taken (a backup still queued: now, the
+        next pass flushes it); None with none pending."""
+        c = self.controller
+        if self.clock.mode != "bandwidth":
+            return None
+        if c.write_queue:
+            return self.clock.now_s
+        ends = [queue[0].finish_event.done_s for queue in (c.ack_write_queue, c.ack_load_queue)
+                if queue]
+        assert None not in ends, ends
+        return min(ends) if ends else None
+
     def body(self) -> dict[str, Any]:
+        clock = self.clock
         return {"host_pool_tokens": int(self.host_pool.size),
-                "transfer": self.clock.mode, "forced_waits": self.clock.forced,
+                "transfer": clock.mode, "forced_waits": clock.forced,
+                **({"host_bandwidth_gb_s": clock.host_bandwidth_gb_s,
+                    "bytes_per_token": BYTES_PER_TOKEN, "num_layers": NUM_LAYERS}
+                   if clock.mode == "bandwidth" else {}),
                 "steps": self.steps, "tail": self.entry()}

@@ -28,8 +28,10 @@ import numpy as np
 from tools.golden.workloads import Workload, _bursts, _levels, _prefixed, _repeated, _requests
 
 # HiCache (`_sglang_hicache`): SGLang's arguments, and the recorder's `hicache_transfer`.
+# `temperature`: the requests' sampling temperature (default 0, greedy).
 HICACHE_KEYS = {"enable_hierarchical_cache", "hicache_ratio", "hicache_write_policy",
-                "hicache_mem_layout", "hicache_transfer"}
+                "hicache_mem_layout", "hicache_transfer", "hicache_host_bandwidth_gb_s",
+                "temperature"}
 
 
 def _sglang(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 200_000,
@@ -347,7 +349,8 @@ def _sglang_hicache(name: str, seed: int, requests: list[list[Any]], *, hicache_
     """An SGLang workload with `--enable-hierarchical-cache` (the radix cache on, a host pool of
     `hicache_ratio` times the device pool, SGLang's default write_through policy and
     page_first layout) and `hicache_transfer`, when the recorder lets a device <-> host copy
-    read done (`sglang_hicache.py`: "next_batch", the GPU's case; "fence"; "immediate")."""
+    read done (`sglang_hicache.py`: "next_batch", the GPU's case; "fence"; "immediate";
+    "bandwidth", with `hicache_host_bandwidth_gb_s`)."""
     return _sglang(name, seed, requests, disable_radix_cache=False,
                    enable_hierarchical_cache=True, hicache_ratio=hicache_ratio,
                    hicache_transfer=transfer, **kwargs)
@@ -396,4 +399,24 @@ def sglang_hicache_workloads() -> list[Workload]:
     ]
 
 
-SGLANG_HICACHE_WORKLOADS = {w["name"]: w for w in sglang_hicache_workloads()}
+def sglang_hicache_bandwidth_workloads() -> list[Workload]:
+    """The HiCache workloads with copies timed at a host link's bandwidth ("bandwidth", as
+    servesim times them), outputs sampled (temperature 1: each request's outputs its own,
+    as in real serving, where greedy decoding of a repeated prompt would share them in the
+    tree): at 25 GB/s (5.2 us a token: a 2048-token prefix loads in 11 ms, beside steps of
+    4-45 ms), `_bw`; and `hicache_prefix_reload_slow` at 1 GB/s (131 us a token), where
+    load-backs stretch the batches that carry them and backups lag many steps."""
+    out = []
+    for w in sglang_hicache_workloads():
+        variants = [("_bw", 25.0)] + ([("_slow", 1.0)] if w["name"] == "hicache_prefix_reload"
+                                      else [])
+        for suffix, gb_s in variants:
+            out.append({**w, "name": w["name"] + suffix,
+                        "settings": {**w["settings"], "hicache_transfer": "bandwidth",
+                                     "hicache_host_bandwidth_gb_s": gb_s,
+                                     "temperature": 1.0}})
+    return out
+
+
+SGLANG_HICACHE_WORKLOADS = {w["name"]: w for w in (sglang_hicache_workloads()
+                                                   + sglang_hicache_bandwidth_workloads())}
