@@ -97,13 +97,20 @@ def hicache_config(settings: dict[str, Any]) -> dict[str, Any]:
     """`scheduler.hierarchical_cache` for a fixture's HiCache. The recorder lets a copy read
     done at the end of the first batch launched after it (`hicache_transfer` "next_batch",
     the GPU's case: `tools/golden/sglang_hicache.py`): servesim's copies on the fastest link
-    it takes end just after their fence, so each ack is taken at that same pass."""
-    if settings.get("hicache_transfer", "next_batch") != "next_batch":
-        raise ValueError(f"hicache_transfer {settings['hicache_transfer']!r}: only "
-                         "next_batch (a copy hidden behind the next batch) is replayed")
+    it takes end just after their fence, so each ack is taken at that same pass. With
+    "bandwidth" the recorder times copies as servesim does, at the fixture's
+    `hicache_host_bandwidth_gb_s`, a token's KV that of servesim's default model."""
+    transfer = settings.get("hicache_transfer", "next_batch")
+    if transfer == "bandwidth":
+        bandwidth = settings["hicache_host_bandwidth_gb_s"]
+    elif transfer == "next_batch":
+        bandwidth = 10_000
+    else:
+        raise ValueError(f"hicache_transfer {transfer!r}: only next_batch (a copy hidden "
+                         "behind the next batch) and bandwidth are replayed")
     return {"ratio": settings.get("hicache_ratio", 2.0),
             "write_policy": settings.get("hicache_write_policy", "write_through"),
-            "host_bandwidth_gb_s": 10_000}
+            "host_bandwidth_gb_s": bandwidth}
 
 
 def requests_of(doc: dict[str, Any]) -> list[Any]:
