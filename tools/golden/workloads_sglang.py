@@ -357,9 +357,10 @@ def _sglang_hicache(name: str, seed: int, requests: list[list[Any]], *, hicache_
 
 
 def sglang_hicache_workloads() -> list[Workload]:
-    """HiCache workloads (`record_sglang.py` records them when named; servesim does not model
-    the host tier yet, so none is under tests/golden): device pools that the shared prefixes
-    overflow, so prefixes are demoted to host and loaded back."""
+    """HiCache workloads (`record_sglang.py` records them when named): device pools that the
+    shared prefixes overflow, so prefixes are demoted to host and loaded back. Under
+    tests/golden: the two `hicache_host_tight_chunked` ones (the others' copies, read done at
+    an idle pass at once, have no duration servesim can give them: the `_bw` ones below)."""
     def rng(seed: int) -> np.random.Generator:
         return np.random.default_rng(seed)
 
