@@ -25,6 +25,14 @@ if TYPE_CHECKING:
 HOST_PAGE_BYTES = 4096
 
 
+def host_rate_bytes_s(cfg: ReplicaConfig, host_bandwidth_gb_s: float | None) -> float:
+    """Bytes/s one GPU of `cfg` copies KV to or from host memory: the rate given (GB/s), or
+    its PCIe link's default (`host_link_bytes_s`). Shared by vLLM's CPU tier and SGLang's
+    hierarchical cache (`sim.engine.hicache`)."""
+    return (host_bandwidth_gb_s * 1e9 if host_bandwidth_gb_s is not None
+            else host_link_bytes_s(cfg.measured_gpu))
+
+
 def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: str,
                     source: str) -> HostCopies | JobCopies | None:
     """The replica's CPU tier (`replica.kv_offload`), on `state`, and its copies' timing; None
@@ -67,9 +75,7 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
         raise InputError(source, f"{where}.size_gib", offload.size_gib,
                          f"holds no KV block of {model.name} "
                          f"({block_bytes_per_gpu * par.num_gpus / 2**20:.1f} MiB each)")
-    bandwidth = (offload.host_bandwidth_gb_s * 1e9 if offload.host_bandwidth_gb_s is not None
-                 else host_link_bytes_s(cfg.measured_gpu))
-    seconds_per_block = block_bytes_per_gpu / bandwidth
+    seconds_per_block = block_bytes_per_gpu / host_rate_bytes_s(cfg, offload.host_bandwidth_gb_s)
     if version == "0.33.0":
         assert isinstance(state.kv, BlockPrefixCache)
         spec = getattr(cfg.scheduler, "speculative", None)

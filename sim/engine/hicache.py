@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from sim.config.errors import InputError
 from sim.core.hicache import WRITE_THRESHOLDS, HierarchicalCache, HostCopy
-from sim.hardware.gpus import host_link_bytes_s
+from sim.engine.cpu_tier import host_rate_bytes_s
 
 if TYPE_CHECKING:
     from sim.config.replica import ReplicaConfig
@@ -141,8 +141,7 @@ def attach_host_cache(cfg: ReplicaConfig, state: ReplicaState, pool: str, field:
     if kv.num_host_blocks < 1:
         raise InputError(source, f"{where}.size_gb", hicache.size_gb,
                          f"holds no KV block of {cfg.model_shape.name}")
-    par = cfg.parallelism
-    block_bytes_per_gpu = par.kv_bytes_per_token_per_gpu(cfg.model_shape) * cfg.kv_cache.block_size
-    bandwidth = (hicache.host_bandwidth_gb_s * 1e9 if hicache.host_bandwidth_gb_s is not None
-                 else host_link_bytes_s(cfg.measured_gpu))
-    return HostCacheCopies(kv, block_bytes_per_gpu / bandwidth, cfg.model_shape.num_layers)
+    block_bytes_per_gpu = (cfg.parallelism.kv_bytes_per_token_per_gpu(cfg.model_shape)
+                           * cfg.kv_cache.block_size)
+    return HostCacheCopies(kv, block_bytes_per_gpu / host_rate_bytes_s(
+        cfg, hicache.host_bandwidth_gb_s), cfg.model_shape.num_layers)

@@ -5,25 +5,15 @@ back. Token-level (block and unit of 1), as SGLang's tree."""
 from __future__ import annotations
 
 from sim.core.hicache import LOAD_BACK_THRESHOLD_TOKENS, HierarchicalCache
-from sim.core.request import Request
 from sim.core.state import ReplicaState
+from tests.core.test_radix_cache import fill, finish, token_request
 
 
-def token_request(request_id: int, ids: tuple[int, ...], output: int = 1) -> Request:
-    return Request(request_id, 0.0, len(ids), output, ids, 1)
-
-
-def finish(state: ReplicaState, req: Request, *, hit: int = 0) -> None:
-    """Run `req` through its prompt and outputs and let it go (inserted at release)."""
-    kv = state.kv
-    state.add(req)
-    assert kv.try_allocate(req, req.num_prompt_tokens - hit, 0, hit)
-    state.admit(req, hit)
-    req.num_computed_tokens = req.num_prompt_tokens + req.num_target_output_tokens - 1
-    req.num_output_tokens = req.num_target_output_tokens
-    assert kv.try_allocate(req, 0)
-    state.finish(req, 0.0)
-    kv.check()
+def hicache(num_blocks: int, num_host_blocks: int, write_threshold: int = 1
+            ) -> tuple[ReplicaState, HierarchicalCache]:
+    """A state on a token-level hierarchical cache, and that cache."""
+    kv = HierarchicalCache(num_blocks, 1, num_host_blocks, write_threshold)
+    return ReplicaState(kv), kv
 
 
 def ack_all(kv: HierarchicalCache) -> None:
@@ -33,23 +23,12 @@ def ack_all(kv: HierarchicalCache) -> None:
     kv.check()
 
 
-def fill(state: ReplicaState, request_id: int, num_tokens: int) -> Request:
-    """A request with no ids takes `num_tokens` blocks (evicting what it must)."""
-    req = Request(request_id, 0.0, num_tokens, 1, None, 0)
-    state.add(req)
-    assert state.kv.try_allocate(req, num_tokens)
-    state.admit(req)
-    return req
-
-
 PROMPT = tuple(range(100, 112))  # 12 tokens: above the load-back threshold
 assert len(PROMPT) >= LOAD_BACK_THRESHOLD_TOKENS
 
 
 def test_write_through_backs_a_node_up_at_insertion_locked_until_its_ack():
-    state = ReplicaState(HierarchicalCache(40, 1, 40))
-    kv = state.kv
-    assert isinstance(kv, HierarchicalCache)
+    state, kv = hicache(40, 40)
     finish(state, token_request(0, PROMPT))
     # Its 12 tokens cached and written at release; the copy's lock keeps them off the free list.
     assert kv.num_host_used_blocks == 12 and kv.counters.num_stored_blocks == 12
@@ -62,9 +41,7 @@ def test_write_through_backs_a_node_up_at_insertion_locked_until_its_ack():
 
 
 def test_gpu_eviction_keeps_a_backed_node_in_host_memory_and_it_loads_back():
-    state = ReplicaState(HierarchicalCache(20, 1, 40))
-    kv = state.kv
-    assert isinstance(kv, HierarchicalCache)
+    state, kv = hicache(20, 40)
     finish(state, token_request(0, PROMPT))
     ack_all(kv)
     filler = fill(state, 10, 20)  # every block: the prefix leaves the GPU
@@ -88,9 +65,7 @@ def test_gpu_eviction_keeps_a_backed_node_in_host_memory_and_it_loads_back():
 
 
 def test_a_short_host_hit_is_computed_again_and_its_insertion_puts_it_back_on_the_gpu():
-    state = ReplicaState(HierarchicalCache(20, 1, 40))
-    kv = state.kv
-    assert isinstance(kv, HierarchicalCache)
+    state, kv = hicache(20, 40)
     short = PROMPT[:LOAD_BACK_THRESHOLD_TOKENS - 1]
     finish(state, token_request(0, short))
     ack_all(kv)
@@ -113,9 +88,7 @@ def test_a_short_host_hit_is_computed_again_and_its_insertion_puts_it_back_on_th
 
 
 def test_host_eviction_drops_host_only_leaves_least_recently_used_first():
-    state = ReplicaState(HierarchicalCache(20, 1, 24))
-    kv = state.kv
-    assert isinstance(kv, HierarchicalCache)
+    state, kv = hicache(20, 24)
     a, b, c = (tuple(range(base, base + 12)) for base in (100, 200, 300))
     finish(state, token_request(0, a))
     ack_all(kv)
@@ -132,9 +105,7 @@ def test_host_eviction_drops_host_only_leaves_least_recently_used_first():
 
 
 def test_a_node_on_the_gpu_is_no_host_eviction_candidate_so_a_backup_can_be_refused():
-    state = ReplicaState(HierarchicalCache(40, 1, 12))
-    kv = state.kv
-    assert isinstance(kv, HierarchicalCache)
+    state, kv = hicache(40, 12)
     finish(state, token_request(0, PROMPT))
     ack_all(kv)
     finish(state, token_request(1, tuple(range(200, 212))))
@@ -149,9 +120,7 @@ def test_a_node_on_the_gpu_is_no_host_eviction_candidate_so_a_backup_can_be_refu
 
 
 def test_write_through_selective_backs_up_at_the_second_insertion():
-    state = ReplicaState(HierarchicalCache(40, 1, 40, write_threshold=2))
-    kv = state.kv
-    assert isinstance(kv, HierarchicalCache)
+    state, kv = hicache(40, 40, write_threshold=2)
     finish(state, token_request(0, PROMPT))
     assert kv.num_host_used_blocks == 0
     # A second request sharing it: its insertion walks the node again (a hit), which is

@@ -27,12 +27,13 @@ def finish(state: ReplicaState, req: Request, *, hit: int = 0) -> None:
     kv.check()
 
 
-def fill(state: ReplicaState, request_id: int, num_tokens: int) -> None:
-    """A request with no ids takes `num_tokens` blocks (evicting what it must)."""
+def fill(state: ReplicaState, request_id: int, num_tokens: int) -> Request:
+    """A request with no ids takes `num_tokens` blocks (evicting what it must); returned."""
     req = Request(request_id, 0.0, num_tokens, 1, None, 0)
     state.add(req)
     assert state.kv.try_allocate(req, num_tokens)
     state.admit(req)
+    return req
 
 
 def test_a_schedulers_match_is_a_use_a_routers_lookup_is_not():

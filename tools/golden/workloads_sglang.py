@@ -364,18 +364,17 @@ def sglang_hicache_workloads() -> list[Workload]:
     def rng(seed: int) -> np.random.Generator:
         return np.random.default_rng(seed)
 
+    reload = _prefixed(rng(201), 40, 8.0, 8, (1024, 2048), (16, 256), (16, 64))
     return [
         # Eight system prompts of 1024-2048 tokens (about 12k in all) on a device pool of 4000,
         # a host pool of 4x (16k: the prefixes fit, with the suffixes and outputs it fills and
         # evicts too): prefixes are demoted to host when evicted (write_through backs each up
         # on insertion) and loaded back when their group returns; chunks of 2048.
-        _sglang_hicache("hicache_prefix_reload", 201,
-                        _prefixed(rng(201), 40, 8.0, 8, (1024, 2048), (16, 256), (16, 64)),
+        _sglang_hicache("hicache_prefix_reload", 201, reload,
                         hicache_ratio=4.0, num_gpu_blocks=4000, chunked_prefill_size=2048),
         # The same requests with the overlap loop: backups flushed one batch later (after the
         # next batch is launched), so copies read done a batch later too.
-        _sglang_hicache("hicache_prefix_reload_overlap", 201,
-                        _prefixed(rng(201), 40, 8.0, 8, (1024, 2048), (16, 256), (16, 64)),
+        _sglang_hicache("hicache_prefix_reload_overlap", 201, reload,
                         hicache_ratio=4.0, num_gpu_blocks=4000, chunked_prefill_size=2048,
                         disable_overlap_schedule=False),
         # Whole prompts (12 of 512-1536 tokens) repeated in bursts, a device pool of 3000 and a
