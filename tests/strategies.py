@@ -232,8 +232,10 @@ def assert_nothing_lost(data, res):
     # (A CPU tier may stall the engine, as it stalls vLLM 0.15.1: the queue's head waits for
     # blocks that loaded requests behind it hold.)
     # (A later turn of a session then never goes: "after_horizon: never sent".)
+    replicas = [data["replica"]] if "replica" in data else [
+        data["cluster"][pool]["replica"] for pool in ("prefill", "decode")]
     stalled = (("engine_stalled", "after_horizon: never sent")
-               if "kv_offload" in data.get("replica", {}) else ())
+               if any("kv_offload" in r for r in replicas) else ())
     if data["horizon_s"] is None:  # only a session's turns after one that got no answer, or
         # requests the clients never sent in their duration
         assert req.loc[req["status"] == "unfinished", "reason"].str.startswith(
@@ -249,8 +251,6 @@ def assert_nothing_lost(data, res):
         counts = res.tokens.groupby("request_id").size().reindex(
             req["request_id"], fill_value=0).to_numpy()
         generated = req["num_generated_tokens"].to_numpy()
-        replicas = [data["replica"]] if "replica" in data else [
-            data["cluster"][pool]["replica"] for pool in ("prefill", "decode")]
         if any("speculative" in r["scheduler"] for r in replicas):
             # A row per streamed chunk: a step's sampled token and the drafts it accepted.
             assert (counts <= generated).all()
@@ -277,21 +277,34 @@ def without_speculative(replica: dict, *, speculative: bool = True) -> None:
 
 
 @st.composite
-def clusters(draw):
-    """A small workload through a random colocated or disaggregated cluster."""
-    data = draw(scenarios())
+def clusters(draw, host_tier: bool = False):
+    """A small workload through a random colocated or disaggregated cluster; `host_tier`:
+    always disaggregated, a KV cache's host tier on the prefill pool (vLLM's CPU tier or
+    SGLang's hierarchical cache)."""
+    if host_tier:
+        data = draw(st.one_of(scenarios(offload=True), scenarios(host_cache=True)))
+    else:
+        data = draw(scenarios())
     replica = data["replica"]
     if replica["scheduler"]["name"] == "prefill_first":
         # Keep whole prompts within a replica's reach in every pool.
         replica["scheduler"]["max_num_batched_tokens"] = None
-    if draw(st.booleans()):
+    if not host_tier and draw(st.booleans()):
         data["cluster"] = {"replicas": draw(st.integers(1, 3)),
                            "router": {"name": draw(st.sampled_from(
                                ["round_robin", "least_outstanding", "least_kv_load", "random",
                                 "prefix_affinity"]))}}
     else:
-        without_speculative(replica, speculative=False)  # (refused on disaggregated pools)
-        decode = {**replica, "kv_cache": {**replica["kv_cache"]}}
+        # (refused on disaggregated pools; a host tier on the prefill pool only)
+        tiers = {"kv_offload": replica.get("kv_offload"),
+                 "hierarchical_cache": replica["scheduler"].get("hierarchical_cache")}
+        without_speculative(replica, speculative=False)
+        decode = {**replica, "kv_cache": {**replica["kv_cache"]},
+                  "scheduler": {**replica["scheduler"]}}
+        if tiers["kv_offload"] is not None:
+            replica["kv_offload"] = tiers["kv_offload"]
+        if tiers["hierarchical_cache"] is not None:
+            replica["scheduler"]["hierarchical_cache"] = tiers["hierarchical_cache"]
         decode["kv_cache"]["num_blocks"] = replica["kv_cache"]["num_blocks"] + draw(
             st.integers(0, 50))
         data["cluster"] = {

@@ -269,6 +269,9 @@ class OffloadState:
         self.loaded: set[int] = set()
         # Finished (or aborted) requests whose GPU blocks wait for their stores.
         self.delayed: dict[int, Request] = {}
+        # Handed-off requests whose KV transfer runs (prefill replica): whether their stores
+        # are done (the worker's report held back until the transfer ends).
+        self.sending: dict[int, bool] = {}
         # Requests finished since the last plan: the worker learns of them with the next.
         self.finished_ids: list[int] = []
         # Loads started since the last plan: (request id, blocks), in order.
@@ -277,20 +280,43 @@ class OffloadState:
     busy = False  # (0.15.1's engine steps on for finished requests only: `finished_ids`)
     defers_frees = False  # (0.15.1 frees at once, or once a finished request's stores end)
 
-    def finished(self, state: ReplicaState, req: Request) -> None:
-        """`req` finished or was aborted: its blocks are freed now, or once its stores are."""
+    def finished(self, state: ReplicaState, req: Request, *, held: bool = False) -> None:
+        """`req` finished or was aborted: its blocks are freed now, or once its stores are.
+        `held`: a prefill replica's request handed off, its blocks held for the KV transfer
+        to a decode replica (`released`). vLLM's transfer connector beside this one (a
+        `MultiConnector`) reports the request finished sending only once both are done: its
+        stores complete, and its blocks go back, then."""
         rid = req.request_id
         self.finished_ids.append(rid)
         self.loading.pop(rid, None)
         self.loaded.discard(rid)
+        if held:
+            self.sending[rid] = False
         if self.tier.request_finished(rid):
             self.delayed[rid] = req
-        else:
+        elif not held:
             state.kv.free(req)
+
+    def released(self, state: ReplicaState, req: Request) -> None:
+        """A handed-off request's KV has reached its decode replica: its blocks go back, its
+        stores complete, unless its stores are still running (`apply` frees them then)."""
+        rid = req.request_id
+        if self.sending.pop(rid):  # its stores done: the report held back goes now
+            self.tier.transfers_done((rid,), ())
+            self.delayed.pop(rid, None)
+        elif rid in self.delayed:
+            return
+        state.kv.free(req)
 
     def apply(self, state: ReplicaState, report: Report) -> None:
         """The worker's report, with a step's output (`_update_from_kv_xfer_finished`)."""
         finished_sending, finished_recving = report.finished_sending, report.finished_recving
+        sending = self.sending
+        if sending:  # (held back while their KV transfers run: `finished`)
+            for rid in finished_sending:
+                if rid in sending:
+                    sending[rid] = True
+            finished_sending = [rid for rid in finished_sending if rid not in sending]
         self.tier.transfers_done(finished_sending, finished_recving)
         for rid in finished_recving:
             if rid in self.loading:

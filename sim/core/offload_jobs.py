@@ -235,9 +235,12 @@ class JobOffloadState:
 
     # -- a request's end ----------------------------------------------------------------------
 
-    def finished(self, state: ReplicaState, req: Request) -> None:
+    def finished(self, state: ReplicaState, req: Request, *, held: bool = False) -> None:
         """`req` finished or was aborted: its GPU blocks are freed now (an aborted load's once
-        the load is reported), its pending stores' blocks watched (`request_finished`)."""
+        the load is reported), its pending stores' blocks watched (`request_finished`).
+        `held`: a prefill replica's request handed off, its blocks held for the KV transfer
+        to a decode replica and freed when it ends (`released`): vLLM's transfer connector
+        beside this one delays the free (a `MultiConnector`), this one does not."""
         rid = req.request_id
         self.finished_ids.append(rid)
         rs = self._reqs.get(rid)
@@ -257,8 +260,15 @@ class JobOffloadState:
                 self.delayed[rid] = req  # (its load still writes its blocks)
                 return
             self.loaded.discard(rid)
+        if held:
+            return
         self.free_blocks(req)
         self._last_sched.pop(rid, None)
+
+    def released(self, state: ReplicaState, req: Request) -> None:
+        """A handed-off request's KV has reached its decode replica: its blocks go back."""
+        self.free_blocks(req)
+        self._last_sched.pop(req.request_id, None)
 
     def frees_now(self, req: Request) -> bool:
         """Whether `req`'s blocks would go back to the pool at once (no step in flight

@@ -314,6 +314,8 @@ class ReplicaState:
                 req.status = Status.TRANSFERRING
                 req.prefill_end_s = end_s
                 self.num_transferring += 1
+                if self.offload is not None:  # (the connector is told; the blocks stay)
+                    self.offload.finished(self, req, held=True)
 
     def start(self, plan: Plan, start_s: float, *, placeholders: bool = False
               ) -> list[InFlight]:
@@ -352,8 +354,12 @@ class ReplicaState:
         cancel_pipelined(self, in_flight)
 
     def release(self, req: Request) -> None:
-        """A handed-off request's KV has reached its decode replica: free its blocks here."""
-        self.kv.free(req)
+        """A handed-off request's KV has reached its decode replica: free its blocks here
+        (with a CPU tier, perhaps once its stores are done)."""
+        if self.offload is None:
+            self.kv.free(req)
+        else:
+            self.offload.released(self, req)
         self.num_transferring -= 1
 
     def decoded(self, num_tokens: int) -> None:

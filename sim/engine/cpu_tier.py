@@ -48,8 +48,8 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
         problem = f"the CPU tier is vLLM's offloading connector: scheduler {cfg.scheduler.name!r}"
     elif not cfg.prefix_caching:
         problem = "the CPU tier keys blocks by their prefix: set prefix_caching: true"
-    elif pool != "colocated":
-        problem = "on a disaggregated pool"
+    elif pool == "decode":
+        problem = "on a decode pool"
     elif cfg.parallelism.pipeline > 1:
         problem = "on a pipeline"
     elif getattr(cfg.scheduler, "decode_reserve_tokens", 0) != 0:

@@ -130,8 +130,8 @@ def attach_host_cache(cfg: ReplicaConfig, state: ReplicaState, pool: str, field:
     problem = None
     if not cfg.prefix_caching:
         problem = "is the radix cache's host tier: set prefix_caching: true"
-    elif pool != "colocated":
-        problem = "on a disaggregated pool is not modelled yet (servesim issue 47)"
+    elif pool == "decode":
+        problem = "on a decode pool is not modelled yet (servesim issue 47)"
     elif cfg.parallelism.pipeline > 1:
         problem = "on a pipeline is not modelled yet (servesim issue 47)"
     if problem is not None:

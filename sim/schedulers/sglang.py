@@ -278,7 +278,8 @@ class SGLang(Scheduler):
     def iteration_ended(self, plan: Plan) -> None:
         # `process_batch_result_prefill`: a request whose prefill ended is inserted in the
         # radix cache (`checkpoint_kv_cache`), in the batch's order; one that finished was
-        # at its release.
+        # at its release. A prefill server's, handed off, too (`checkpoint_disagg_prefill`,
+        # before its KV is sent): later prompts match it while the transfer runs.
         pending = self._prompts_ending
         if self._state is None or not any(p is plan for p, _ in pending):
             return  # (no prompt ends in it)
@@ -286,7 +287,8 @@ class SGLang(Scheduler):
             pending.popleft()  # older plans: ended without this hook, or never ran
         kv = self._state.kv
         for req, num_preemptions, num_tokens in pending.popleft()[1]:
-            if req.status is Status.RUNNING and req.num_preemptions == num_preemptions:
+            if (req.status is Status.RUNNING or req.status is Status.TRANSFERRING) and \
+                    req.num_preemptions == num_preemptions:
                 kv.checkpoint(req, num_tokens)
 
     def _stash_chunked(self, state: ReplicaState) -> None:

@@ -85,6 +85,47 @@ def test_a_backup_holds_its_blocks_until_its_ack():
     assert b.finish_s == pytest.approx(0.060)
 
 
+def test_on_a_prefill_server_a_prompt_is_backed_up_at_its_end_and_loaded_back():
+    """Disaggregated, the hierarchical cache on the prefill server (as above: 10 ms a step,
+    10 ms a block over the host link, 9 blocks). A's 64-token prompt is computed 0-10 ms and
+    inserted in the tree at once (`checkpoint_disagg_prefill`), its backup 10-50 ms, while
+    its KV crosses a slow link, 10-110 ms, holding its 4 blocks. B (128 tokens, 8 blocks,
+    60 ms) waits for them: 110-120 ms, taking A's blocks off the GPU (kept in host memory);
+    its own KV crosses the link 120-320 ms. C at 400 ms finds A's 64 tokens in host memory:
+    its prompt ends at 400 ms + 40 ms + 10 ms / 32 layers (loaded back beside its batch)."""
+    side = {"scheduler": {"name": "sglang", "overlap_schedule": False},
+            "prefix_caching": True, "latency": {"kind": "constant", "iteration_s": 0.01},
+            "kv_cache": {"block_size": 16, "num_blocks": 9}}
+    prefill = {**side, "scheduler": {**side["scheduler"], "hierarchical_cache": {
+        "ratio": 4, "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9}}}
+    scenario = parse_scenario({
+        "name": "hicache_pd", "seed": 0,
+        "workload": {"format": "synthetic", "num_requests": 1,
+                     "arrivals": {"process": "poisson", "qps": 1.0},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                 "output": {"dist": "fixed", "value": 1}}},
+        "cluster": {"prefill": {"replicas": 1, "replica": prefill},
+                    "decode": {"replicas": 1, "replica": {
+                        **side, "kv_cache": {"block_size": 16, "num_blocks": 200}}},
+                    "link": {"bandwidth_gb_s": 64 * BLOCK_BYTES / 16 / 0.100 / 1e9,
+                             "latency_s": 0.0}}}, "<test>")
+    cluster = Cluster(scenario, fast_forward=True)
+    a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+    b = Request(1, 0.060, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
+    c = Request(2, 0.400, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
+    cluster.run([a, b, c])
+    assert [r.status for r in (a, b, c)] == [Status.FINISHED] * 3
+    assert a.prefill_end_s == pytest.approx(0.010)
+    assert a.transfer_end_s == pytest.approx(0.110)
+    assert b.first_scheduled_s == pytest.approx(0.110)
+    assert c.num_cached_tokens == 64
+    assert c.prefill_end_s == pytest.approx(0.400 + 0.040 + 0.010 / NUM_LAYERS)
+    kv = cluster.replicas[0].state.kv
+    assert isinstance(kv, HierarchicalCache)
+    assert (kv.counters.num_hit_requests, kv.counters.num_hit_tokens) == (1, 64)
+    kv.check()
+
+
 @pytest.mark.parametrize(("replica", "message"), [
     ({"prefix_caching": False}, "set prefix_caching: true"),
     ({"parallelism": {"pipeline": 2}}, "on a pipeline is not modelled yet"),

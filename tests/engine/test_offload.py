@@ -12,11 +12,12 @@ from sim import run_scenario
 from sim.config.errors import InputError
 from sim.config.scenario import parse_scenario
 from sim.core.offload import NOT_READY, CpuTier
+from sim.core.offload_lru import PENDING
 from sim.core.request import Request, Status
 from sim.engine.cluster import Cluster
 from tests.engine.test_fast_path import assert_same_results
 from tests.helpers import run_cli_out
-from tests.strategies import assert_nothing_lost, scenarios
+from tests.strategies import assert_nothing_lost, clusters, scenarios
 
 BLOCK_BYTES = 131072 * 16  # a 16-token block of the default model (Llama-3-8B), one GPU
 
@@ -105,6 +106,71 @@ def test_a_finished_request_that_stored_keeps_its_blocks_until_its_stores_are_do
     assert not tier.request_finished(2)  # stored nothing
 
 
+def _prefill_with_tier(wire_s: float, horizon_s: float, version: str) -> Cluster:
+    """One prefill replica with a CPU tier (vLLM, sync engine, 10 ms a step, a block stored
+    in 1 ms) and one decode replica; a 64-token prompt's KV crosses the link in `wire_s`."""
+    sync = {"name": "vllm_v1", "async_scheduling": False, "engine_version": version}
+    plain = {"scheduler": sync, "latency": {"kind": "constant", "iteration_s": 0.01},
+             "prefix_caching": True, "kv_cache": {"block_size": 16, "num_blocks": 9}}
+    tier = {"size_gib": 16 * BLOCK_BYTES / 2**30,
+            "host_bandwidth_gb_s": BLOCK_BYTES / 1e-3 / 1e9}
+    return Cluster(parse_scenario({
+        "name": "pd_offload", "seed": 0, "horizon_s": horizon_s,
+        "workload": {"format": "synthetic", "num_requests": 1,
+                     "arrivals": {"process": "poisson", "qps": 1.0},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                 "output": {"dist": "fixed", "value": 1}}},
+        "cluster": {"prefill": {"replicas": 1, "replica": {**plain, "kv_offload": tier}},
+                    "decode": {"replicas": 1, "replica": plain},
+                    "link": {"bandwidth_gb_s": 64 * BLOCK_BYTES / 16 / wire_s / 1e9,
+                             "latency_s": 0.0}}}, "<test>"), fast_forward=False)
+
+
+def _host_states(tier) -> list:
+    """Each host block's state: "stored" while its store is not complete, else the loads
+    reading it (0.15.1's tier and 0.33.0's keep them apart)."""
+    states = tier._blocks.values() if isinstance(tier, CpuTier) else tier._ref.values()
+    return ["stored" if s in (NOT_READY, PENDING) else s for s in states]
+
+
+@pytest.mark.parametrize("version", ["0.15.1", "0.33.0"])
+@pytest.mark.parametrize("wire_s", [0.002, 0.030])
+def test_a_prefill_replica_frees_a_handed_off_prompt_once_sent_and_stored(version, wire_s):
+    """A's 64-token prompt (4 blocks) is computed 0-10 ms on the prefill replica and handed
+    off; its 4 stores run 10-14 ms (after the step that computed them) while its KV crosses
+    the link, 10-12 ms or 10-40 ms. B (8 tokens, one out: it finishes there) arrives at 15
+    ms, so the engine steps (15-25 ms) and polls: an idle 0.15.1 engine polls no copy. Looked
+    at 27 ms: vLLM frees A's blocks only once both are done (its transfer connector and the
+    tier's, side by side in a `MultiConnector`, each delay the free). 0.15.1's tier
+    completes A's stores, its host blocks loadable, only when A is reported finished
+    sending (with B's step's output, at 25 ms), which `MultiConnector` holds back until the
+    transfer has ended too; 0.33.0's completes each store when its copy ends."""
+    cluster = _prefill_with_tier(wire_s, 0.027, version)
+    a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+    b = Request(1, 0.015, 8, 1)
+    cluster.run([a, b])
+    state = cluster.replicas[0].state
+    assert a.prefill_end_s == pytest.approx(0.010)
+    sent = a.transfer_end_s is not None
+    assert sent == (wire_s < 0.005)
+    assert state.kv.num_held_blocks(a.request_id) == (0 if sent else 4)
+    assert state.offload.tier.counters.num_stored_blocks == 4
+    assert _host_states(state.offload.tier) == [0 if sent or version == "0.33.0" else
+                                                "stored"] * 4
+    state.check()
+
+    # Run on: at 40 ms both are done whichever ended last.
+    cluster = _prefill_with_tier(wire_s, 0.5, version)
+    a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+    b = Request(1, 0.015, 8, 1)
+    cluster.run([a, b])
+    state = cluster.replicas[0].state
+    assert a.status is b.status is Status.FINISHED
+    assert state.kv.num_held_blocks(a.request_id) == 0 and not state.offload.delayed
+    assert _host_states(state.offload.tier) == [0] * 4
+    state.check()
+
+
 @pytest.mark.parametrize(("replica", "field", "words"), [
     ({"scheduler": {"name": "sglang"}}, "replica.kv_offload", "offloading connector"),
     ({"prefix_caching": False}, "replica.kv_offload", "prefix_caching"),
@@ -121,6 +187,19 @@ def test_what_the_tier_refuses_is_named(replica, field, words):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(offload=True))
 def test_with_a_cpu_tier_fast_forward_is_exact_and_nothing_is_lost(data):
+    scenario = parse_scenario(data, "hypothesis")
+    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
+    assert_same_results(fast, slow)
+    assert_nothing_lost(data, fast)
+    if (fast.requests["status"] == "finished").any():
+        assert "kv_offload" in fast.summary
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(host_tier=True))
+def test_with_a_host_tier_on_the_prefill_pool_fast_forward_is_exact_and_nothing_is_lost(data):
+    """Disaggregated, a CPU tier (vLLM) or a hierarchical cache (SGLang) on the prefill pool:
+    hand-offs hold blocks the tier's copies read."""
     scenario = parse_scenario(data, "hypothesis")
     fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
     assert_same_results(fast, slow)
