@@ -264,14 +264,22 @@ def assert_nothing_lost(data, res):
         assert replica["busy_fraction"] is None or 0 <= replica["busy_fraction"] <= 1 + 1e-12
 
 
-def without_speculative(replica: dict, *, speculative: bool = True) -> None:
+def without_speculative(replica: dict, *, speculative: bool = True,
+                        cpu_tier: bool = False) -> None:
     """Take speculative decoding (and the async setting drawn with it; not with `speculative`
     false), the KV cache's host tiers and SGLang's priority scheduling off a replica: refused
     where they are not modelled yet (pipelines; data-parallel ranks and disaggregated pools
-    but speculative decoding)."""
+    but speculative decoding). `cpu_tier`: keep vLLM's CPU tier (pipelines take it), its
+    engine synchronous (vLLM's is on a pipeline)."""
     if speculative and replica["scheduler"].pop("speculative", None) is not None:
         replica["scheduler"].pop("async_scheduling", None)
-    replica.pop("kv_offload", None)
+    if cpu_tier and "kv_offload" in replica:
+        replica["scheduler"]["async_scheduling"] = False
+        # (a pipeline stage's GPU holds its share of the layers: up to 11 of 32 on 3)
+        replica["kv_offload"] = {**replica["kv_offload"],
+                                 "size_gib": replica["kv_offload"]["size_gib"] * 1.5}
+    else:
+        replica.pop("kv_offload", None)
     replica["scheduler"].pop("hierarchical_cache", None)
     replica["scheduler"].pop("enable_priority_scheduling", None)  # (SGLang's: colocated only)
 

@@ -50,8 +50,6 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
         problem = "the CPU tier keys blocks by their prefix: set prefix_caching: true"
     elif pool == "decode":
         problem = "on a decode pool"
-    elif cfg.parallelism.pipeline > 1:
-        problem = "on a pipeline"
     elif getattr(cfg.scheduler, "decode_reserve_tokens", 0) != 0:
         problem = ("queued requests hold the blocks they load; with blocks kept for running "
                    "requests' future tokens (decode_reserve_tokens, which vLLM does not have) "

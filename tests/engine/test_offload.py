@@ -78,6 +78,28 @@ def test_a_prefix_evicted_from_the_gpu_is_loaded_from_the_cpu_tier():
     assert c.first_scheduled_s == pytest.approx(0.050) and c.num_cached_tokens == 0
 
 
+def test_on_a_pipeline_each_stage_copies_its_share_after_the_step():
+    """The case above on two pipeline stages (5 ms each; vLLM's engine synchronous there):
+    each stage's GPU copies its half of a block's KV over its own host link, side by side,
+    0.5 ms a block, a step's stores starting once its last stage is done. A's stores run
+    10-12 ms, B's 40-44 ms; C's load of 4 blocks 50-52 ms, its last 16 tokens 52-62 ms."""
+    scenario = _scenario(kv_cache={"block_size": 16, "num_blocks": 9},
+                         kv_offload={"size_gib": 16 * BLOCK_BYTES / 2**30,
+                                     "host_bandwidth_gb_s": BLOCK_BYTES / 1e-3 / 1e9},
+                         parallelism={"pipeline": 2})
+    cluster = Cluster(scenario, fast_forward=False)
+    a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+    b = Request(1, 0.030, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
+    c = Request(2, 0.050, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
+    cluster.run([a, b, c])
+    assert a.finish_s == pytest.approx(0.020) and b.finish_s == pytest.approx(0.040)
+    assert c.first_scheduled_s == pytest.approx(0.052)
+    assert c.finish_s == pytest.approx(0.062) and c.num_cached_tokens == 64
+    replica = cluster.replicas[0]
+    assert replica.copies.load_busy_s == pytest.approx(4 * 0.0005)
+    assert replica.copies.store_busy_s == pytest.approx((4 + 8 + 1) * 0.0005)
+
+
 def test_the_tier_evicts_least_recently_used_and_pins_what_loads():
     tier = CpuTier(3)
     assert tier.store(7, [1, 2, 3], 3) == 3
@@ -174,7 +196,6 @@ def test_a_prefill_replica_frees_a_handed_off_prompt_once_sent_and_stored(versio
 @pytest.mark.parametrize(("replica", "field", "words"), [
     ({"scheduler": {"name": "sglang"}}, "replica.kv_offload", "offloading connector"),
     ({"prefix_caching": False}, "replica.kv_offload", "prefix_caching"),
-    ({"parallelism": {"tensor": 1, "pipeline": 2}}, "replica.kv_offload", "pipeline"),
     ({"kv_offload": {"size_gib": 1e-6}}, "replica.kv_offload.size_gib", "holds no KV block"),
 ])
 def test_what_the_tier_refuses_is_named(replica, field, words):
