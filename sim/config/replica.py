@@ -66,6 +66,11 @@ class KVOffloadConfig(Frozen):
         description="GB/s one GPU copies KV to or from host memory, each way; None: 80% of "
                     "its PCIe x16 link (Gen5 64 GB/s raw on H100, H200, B200, RTX PRO 6000, "
                     "MI300X; Gen4 32 GB/s elsewhere)")
+    eviction_policy: Literal["lru", "arc"] = Field(
+        "lru", description="which host blocks go first when a store needs room: lru (vLLM's "
+                           "default) or arc (adaptive replacement: blocks reused once outlive "
+                           "those stored once), the connector's extra config "
+                           "`eviction_policy`; arc with engine_version 0.33.0 only")
 
 
 class ReplicaConfig(Frozen):

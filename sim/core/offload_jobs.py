@@ -38,6 +38,7 @@ from sim.core.offload import Report
 from sim.core.offload_lru import PENDING, RankedTier
 
 if TYPE_CHECKING:
+    from sim.core.offload_arc import ArcTier
     from sim.core.plan import Plan
     from sim.core.request import Request
     from sim.core.state import ReplicaState
@@ -81,7 +82,7 @@ class JobOffloadState:
     """A replica's 0.33.0 CPU tier with the connector's and scheduler's bookkeeping around it
     (module docstring). Duck-typed like `sim.core.offload.OffloadState`."""
 
-    def __init__(self, tier: RankedTier, kv: BlockPrefixCache,
+    def __init__(self, tier: RankedTier | ArcTier, kv: BlockPrefixCache,
                  defers_frees: bool = False, num_spec_step_tokens: int = 0,
                  drops_last_hit_block: bool = False) -> None:
         self.tier = tier

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from sim.config.errors import InputError
 from sim.core.block_cache import BlockPrefixCache
 from sim.core.offload import CpuTier, OffloadState
+from sim.core.offload_arc import ArcTier
 from sim.core.offload_jobs import JobOffloadState
 from sim.core.offload_lru import RankedTier
 from sim.engine.offload import HostCopies
@@ -58,10 +59,16 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
                                                                               "0.33.0"):
         problem = (f"the CPU tier follows vLLM 0.15.1's and 0.33.0's offloading connectors, "
                    f"not {version}'s")
+    elif offload.eviction_policy == "arc" and version == "0.15.1":
+        where = f"{where}.eviction_policy"
+        problem = ("vLLM 0.15.1's ARC manager raises KeyError at the first store it makes "
+                   "(`ARCOffloadingManager.touch` pops a block still being stored, then moves "
+                   "it): use lru, or engine_version 0.33.0, whose ARC works")
     if problem is not None:
         if problem.startswith(("with", "on")):
             problem = f"a CPU tier {problem} is not modelled yet (servesim issue 47)"
-        raise InputError(source, where, offload.size_gib, problem)
+        raise InputError(source, where, offload.eviction_policy if where.endswith(
+            "eviction_policy") else offload.size_gib, problem)
     model, par = cfg.model_shape, cfg.parallelism
     block_size = cfg.kv_cache.block_size
     block_bytes_per_gpu = par.kv_bytes_per_token_per_gpu(model) * block_size
@@ -77,8 +84,9 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
     if version == "0.33.0":
         assert isinstance(state.kv, BlockPrefixCache)
         spec = getattr(cfg.scheduler, "speculative", None)
+        tier = ArcTier(num_blocks) if offload.eviction_policy == "arc" else RankedTier(num_blocks)
         state.offload = JobOffloadState(
-            RankedTier(num_blocks), state.kv,
+            tier, state.kv,
             defers_frees=bool(getattr(cfg.scheduler, "async_scheduling", False)),
             num_spec_step_tokens=(0 if spec is None else
                                   1 + spec.num_speculative_tokens + spec.num_lookahead_tokens),

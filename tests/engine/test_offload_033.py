@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from sim.config.errors import InputError
+from sim.core.offload_arc import ArcTier
 from sim.core.offload_lru import PENDING, RankedTier
 from sim.core.request import Request, Status
 from sim.engine.cluster import Cluster
@@ -52,6 +54,69 @@ def test_a_load_pins_its_blocks_until_it_is_done():
     tier.complete_load([1])
     assert tier.prepare_store(3, [(7, 16), (8, 32)]) == [7, 8]
     tier.check()
+
+
+def test_arc_keeps_reused_blocks_over_blocks_stored_once():
+    """A 4-block tier under ARC. Request 1 stores block 1 (into T1); request 2 loads it and
+    finishes: 1 moves to T2. Request 3 stores 3, 4 and finishes (a finished request's blocks
+    go to the recent end tail first: T1 = [4, 3]). Request 4 stores 5, 6, one block short:
+    T1 holds at least its target (0), so T1's least recent block goes (4, into B1) and the
+    reused block 1 stays, where LRU by request evicts 1, the least recently used. Request 5
+    offers 4 again (a miss found in B1): T1's target grows by max(1, |B2| / |B1|) = 1 before
+    its store evicts T1's least recent block, 3."""
+    def run(tier):
+        tier.prepare_store(1, [(1, 16)])
+        tier.complete_store([1])
+        tier.request_finished(1)
+        tier.prepare_load(2, [(1, 16)])
+        tier.complete_load([1])
+        tier.request_finished(2)
+        tier.prepare_store(3, [(3, 16), (4, 32)])
+        tier.complete_store([3, 4])
+        tier.request_finished(3)
+        assert tier.prepare_store(4, [(5, 16), (6, 32)]) == [5, 6]
+        tier.complete_store([5, 6])
+        tier.request_finished(4)
+        return tier
+
+    tier = run(ArcTier(4))
+    assert tier.state_of(4) is None and tier.state_of(1) == 0
+    assert list(tier._t1) == [3, 6, 5] and list(tier._t2) == [1] and list(tier._b1) == [4]
+    assert tier.prepare_store(5, [(4, 16)]) == [4]
+    assert tier.target_t1_size == 1.0
+    assert tier.state_of(3) is None and list(tier._b1) == [3]  # (4 left B1 when stored)
+    assert list(tier._t1) == [6, 5, 4] and tier.counters.num_evicted_blocks == 2
+    tier.check()
+
+    lru = run(RankedTier(4))
+    assert lru.state_of(1) is None and lru.state_of(4) == 0
+    lru.check()
+
+
+def test_arc_evicts_from_t2_below_its_target_and_nothing_when_short():
+    """With T1 below its target ARC evicts from T2; a store that cannot find room in
+    either list evicts nothing (and keeps what a load reads and what the store offers)."""
+    tier = ArcTier(2)
+    tier.prepare_store(1, [(1, 16), (2, 32)])
+    tier.complete_store([1, 2])
+    tier.prepare_load(2, [(1, 16), (2, 32)])
+    tier.complete_load([1, 2])
+    tier.request_finished(2)  # both reused: T2 = [2, 1] (tail first, head most recent)
+    assert list(tier._t2) == [2, 1]
+    tier.target_t1_size = 1.0  # (as a ghost hit in B1 would set it)
+    assert tier.prepare_store(3, [(3, 16)]) == [3]
+    assert tier.state_of(2) is None and list(tier._b2) == [2]
+    tier.prepare_load(4, [(1, 16)])  # 1 is read, 3 still being stored
+    assert tier.prepare_store(5, [(4, 16)]) is None
+    assert tier.state_of(1) == 1 and tier.state_of(3) == PENDING
+    tier.check()
+
+
+def test_vllm_0151s_arc_is_refused_naming_why():
+    with pytest.raises(InputError, match="KeyError") as err:
+        Cluster(_scenario(kv_offload={"size_gib": 1.0, "eviction_policy": "arc"},
+                          scheduler={**SYNC_033, "engine_version": "0.15.1"}))
+    assert err.value.field == "replica.kv_offload.eviction_policy"
 
 
 def test_a_block_a_pending_store_reads_flushes_it_when_handed_out_again():

@@ -11,6 +11,9 @@ time. On 2026-11-29, seeds 0-59 with vLLM 0.15.1 and 0.33.0: 120 of 120 identica
 With `--ngram`, each also gets n-gram speculative decoding (k, acceptance, and lookups that
 miss: `match_rate`), drawn from a generator of its own, so that the rest is the seed's
 workload as without it; async only where the release allows it with n-gram (0.33.0).
+With `--arc` (0.33.0), prefix caching and a CPU tier under ARC, its size (a tenth of the GPU
+blocks to twice them) and copy rate from a generator of its own. On 2026-12-01, seeds 0-39:
+40 of 40 identical.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from tools.golden import workloads as W  # noqa: E402
 from tools.golden.fixture import write_fixture  # noqa: E402
 
 
-def make(seed: int, ngram: bool = False, version: str = "0.33.0") -> dict[str, Any]:
+def make(seed: int, ngram: bool = False, version: str = "0.33.0", arc: bool = False
+         ) -> dict[str, Any]:
     rng = np.random.default_rng(1000 + seed)
     n = 120
     kind = seed % 3
@@ -63,6 +67,13 @@ def make(seed: int, ngram: bool = False, version: str = "0.33.0") -> dict[str, A
             match_rate=round(float(spec_rng.uniform(0.2, 0.95)), 3))
         if version.startswith("0.15."):
             settings["async_scheduling"] = False  # (0.15.1 refuses async with n-gram)
+    if arc:
+        tier_rng = np.random.default_rng(7000 + seed)
+        blocks = min(blocks, 2000)  # (a tier that evicts)
+        settings["enable_prefix_caching"] = True
+        settings["kv_offload"] = W._offload(
+            int(tier_rng.integers(blocks // 10, 2 * blocks)),
+            float(tier_rng.choice([0.5, 4.0, 25.0])), "arc")
     return W._vllm(f"heldout_{seed}", 1000 + seed, reqs, num_gpu_blocks=blocks, step=step,
                    max_model_len=max_model_len, **settings)
 
@@ -76,15 +87,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--ngram", action="store_true",
                         help="n-gram speculative decoding, lookups missing now and then")
+    parser.add_argument("--arc", action="store_true",
+                        help="prefix caching and a CPU tier under ARC (vLLM 0.33.0)")
     parser.add_argument("seeds", type=int, nargs="+")
     args = parser.parse_args()
     for seed in args.seeds:
-        workload = make(seed, args.ngram, vllm.__version__)
+        workload = make(seed, args.ngram, vllm.__version__, args.arc)
         body = record(workload)
         path = write_fixture(args.out, workload, body, engine="vllm",
                              engine_version=vllm.__version__,
                              command="python tools/golden/heldout_vllm.py --out DIR "
-                                     f"{'--ngram ' if args.ngram else ''}{seed}")
+                                     f"{'--ngram ' if args.ngram else ''}"
+                                     f"{'--arc ' if args.arc else ''}{seed}")
         print(f"{seed}: {len(body['steps'])} steps -> {path}")
 
 

@@ -103,7 +103,10 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
             page = -(-page // mmap.PAGESIZE) * mmap.PAGESIZE
         kv_transfer_config = KVTransferConfig(
             kv_connector="OffloadingConnector", kv_role="kv_both",
-            kv_connector_extra_config={"cpu_bytes_to_use": offload["num_cpu_blocks"] * page})
+            kv_connector_extra_config={
+                "cpu_bytes_to_use": offload["num_cpu_blocks"] * page,
+                **({"eviction_policy": offload["eviction_policy"]}
+                   if "eviction_policy" in offload else {})})
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, device_config=DeviceConfig("cpu"),
                              speculative_config=speculative_config(workload, model_config),
@@ -568,6 +571,11 @@ def main() -> None:
     names = args.names or list(WORKLOADS)
     for name in names:
         workload = WORKLOADS[name]
+        only = workload.get("only_release")
+        if only is not None and only != vllm.__version__:
+            if args.names:
+                sys.exit(f"{name}: recorded with vLLM {only} only, not {vllm.__version__}")
+            continue
         if isinstance(workload.get("stalls"), str):  # (stalls on the release named only)
             workload = {**workload, "stalls": workload["stalls"] == vllm.__version__}
             if not workload["stalls"]:

@@ -90,7 +90,9 @@ def offload_config(offload: dict[str, Any]) -> dict[str, Any]:
     """`replica.kv_offload` for a fixture's CPU tier: the host memory of its blocks (each
     `bytes_per_block`, the default model's), and the copy rate."""
     return {"size_gib": offload["num_cpu_blocks"] * offload["bytes_per_block"] / 2**30,
-            "host_bandwidth_gb_s": offload["host_bandwidth_gb_s"]}
+            "host_bandwidth_gb_s": offload["host_bandwidth_gb_s"],
+            **({"eviction_policy": offload["eviction_policy"]}
+               if "eviction_policy" in offload else {})}
 
 
 def hicache_config(settings: dict[str, Any]) -> dict[str, Any]:

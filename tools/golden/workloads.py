@@ -103,7 +103,8 @@ def _levels(rng: np.random.Generator, requests: list[list[Any]], levels: tuple[i
 
 def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 20_000,
           step: tuple[float, float] = (0.004, 2e-5), max_model_len: int = 32_768,
-          stalls: bool | str = False, block_size: int = 16, **settings: Any) -> Workload:
+          stalls: bool | str = False, block_size: int = 16, only_release: str | None = None,
+          **settings: Any) -> Workload:
     base = {"max_num_batched_tokens": 8192, "max_num_seqs": 256, "enable_chunked_prefill": True,
             "long_prefill_token_threshold": 0, "enable_prefix_caching": False,
             "async_scheduling": False}
@@ -114,6 +115,8 @@ def _vllm(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: in
                 "num_gpu_blocks": num_gpu_blocks, "block_size": block_size,
                 "max_model_len": max_model_len,
                 "step_time": {"base_s": step[0], "per_token_s": step[1]}, "requests": requests}
+    if only_release is not None:  # (recorded with that release only: `record_vllm.main`)
+        workload["only_release"] = only_release
     if stalls:  # (the engine waits for ever: the fixture ends there, `record_vllm.record`;
         # a release named: that one only)
         workload["stalls"] = stalls
@@ -133,12 +136,15 @@ def _spec(method: str, k: int, rate: float | list[float], match_rate: float = 1.
     return spec
 
 
-def _offload(num_cpu_blocks: int, host_bandwidth_gb_s: float) -> dict[str, Any]:
+def _offload(num_cpu_blocks: int, host_bandwidth_gb_s: float,
+             eviction_policy: str = "lru") -> dict[str, Any]:
     """vLLM's CPU tier (`--kv-offloading-size`): its blocks, and how fast one is copied:
     `bytes_per_block` (a 16-token block of servesim's default model, Llama-3-8B: 2 MiB) over
-    the host link, each way."""
+    the host link, each way; ARC where `eviction_policy` says so (the connector's extra
+    config: recorded with 0.33.0 only, `only_release`)."""
     return {"num_cpu_blocks": num_cpu_blocks, "bytes_per_block": 2 * 2**20,
-            "host_bandwidth_gb_s": host_bandwidth_gb_s}
+            "host_bandwidth_gb_s": host_bandwidth_gb_s,
+            **({"eviction_policy": eviction_policy} if eviction_policy != "lru" else {})}
 
 
 def vllm_workloads() -> list[Workload]:
@@ -360,6 +366,26 @@ def vllm_workloads() -> list[Workload]:
               _repeated(rng(48), 200, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
               num_gpu_blocks=400, enable_prefix_caching=True, kv_offload=_offload(512, 2.0),
               speculative=_spec("ngram", 3, 0.75)),
+        # The tier under ARC (0.33.0: 0.15.1's ARC manager fails at its first store): shared
+        # system prompts reused (into T2) beside one-off questions (T1) in a tier that
+        # evicts, evicted prefixes coming back (ghost hits moving T1's target); sync, async,
+        # KV-starved, and whole prompts repeated in bursts.
+        _vllm("offload_arc_prefix", 400,
+              _prefixed(rng(400), 300, 8.0, 12, (512, 3000), (16, 512), (8, 64)),
+              num_gpu_blocks=800, enable_prefix_caching=True, only_release="0.33.0",
+              kv_offload=_offload(512, 25.0, "arc")),
+        _vllm("offload_arc_prefix_async", 401,
+              _prefixed(rng(401), 300, 8.0, 12, (512, 3000), (16, 512), (8, 64)),
+              num_gpu_blocks=800, enable_prefix_caching=True, async_scheduling=True,
+              only_release="0.33.0", kv_offload=_offload(512, 25.0, "arc")),
+        _vllm("offload_arc_kv_starved", 402,
+              _prefixed(rng(402), 300, 16.0, 6, (256, 1024), (64, 1024), (64, 384)),
+              num_gpu_blocks=500, enable_prefix_caching=True, only_release="0.33.0",
+              kv_offload=_offload(256, 8.0, "arc")),
+        _vllm("offload_arc_repeated_prompts", 403,
+              _repeated(rng(403), 300, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
+              num_gpu_blocks=400, enable_prefix_caching=True, only_release="0.33.0",
+              kv_offload=_offload(384, 2.0, "arc")),
         # Blocks of one token (found by held-out workloads, 0.33.0): a one-token prompt whose
         # block the tier holds loads it, has nothing computed after (its token is computed
         # again), is taken for new and asked again, "loads" no block, ... until another
