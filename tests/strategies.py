@@ -171,8 +171,10 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
         num_cpu_blocks = draw(st.integers(1, 3 * num_blocks))
         cpu_tier = {"size_gib": num_cpu_blocks * block_size * 2**17 / 2**30,
                    "host_bandwidth_gb_s": draw(st.sampled_from([0.2, 2.0, 50.0]))}
-        if scheduler.get("engine_version") == "0.33.0" and draw(st.booleans()):
-            cpu_tier["eviction_policy"] = "arc"  # (0.15.1's fails: refused)
+        if scheduler.get("engine_version") == "0.33.0":  # (0.15.1 has neither: refused)
+            if draw(st.booleans()):
+                cpu_tier["eviction_policy"] = "arc"
+            cpu_tier["store_threshold"] = draw(st.sampled_from([0, 0, 2, 3]))
     # SGLang's hierarchical cache sometimes: a host pool from the GPU's size to four times it,
     # backed up at the first or the second insertion, copies slow or fast.
     if (scheduler["name"] == "sglang" and prefix_caching and "speculative" not in scheduler

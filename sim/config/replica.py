@@ -71,6 +71,12 @@ class KVOffloadConfig(Frozen):
                            "default) or arc (adaptive replacement: blocks reused once outlive "
                            "those stored once), the connector's extra config "
                            "`eviction_policy`; arc with engine_version 0.33.0 only")
+    store_threshold: int = Field(
+        0, ge=0, le=1_000_000,
+        description="a block is stored only once offered this many times (by requests "
+                    "computing it; 0 or 1: every block), the connector's extra config "
+                    "`store_threshold` (vLLM 0.33.0; it forgets the least recently offered "
+                    "past 64,000 blocks)")
 
 
 class ReplicaConfig(Frozen):

@@ -60,6 +60,7 @@ class TierCounters:
     num_stored_blocks: int = 0
     num_evicted_blocks: int = 0
     num_refused_stores: int = 0  # stores refused for want of room (tried again)
+    num_skipped_stores: int = 0  # blocks not stored: offered fewer than `store_threshold` times
     num_delayed_lookups: int = 0  # lookups deferred: the blocks were being loaded
 
 

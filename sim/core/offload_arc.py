@@ -14,6 +14,7 @@ extra config: `v1/kv_offload/cpu/manager.py`, `CPUOffloadingManager`, with
 - A store short of room evicts: from T1 while T1 holds at least the target, else from T2
   (falling back to T1), the least recent evictable block (no load reading it, stored, not
   offered by the store), each list scanned once; none evicted if not enough are found.
+- With a `store_threshold` (`OfferCounts`) a block is stored only once offered that often.
 Only hashes and counts are kept: no object per token.
 """
 
@@ -24,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from sim.core.offload import TierCounters
-from sim.core.offload_lru import PENDING
+from sim.core.offload_lru import PENDING, OfferCounts
 
 
 @dataclass(slots=True)
@@ -42,10 +43,11 @@ class ArcTier:
     """The host's blocks under 0.33.0's ARC (module docstring): chain hash -> loads reading
     it (PENDING while stored), in T1 or T2."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, offers: OfferCounts | None = None) -> None:
         if num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
         self.num_blocks = num_blocks
+        self.offers = offers  # (`store_threshold` of 2 or more)
         self.target_t1_size = 0.0
         self._t1: OrderedDict[int, int] = OrderedDict()  # hash -> ref, least recent first
         self._t2: OrderedDict[int, int] = OrderedDict()
@@ -94,8 +96,15 @@ class ArcTier:
     def prepare_store(self, request_id: int, blocks: list[tuple[int, int]]) -> list[int] | None:
         """The request offers these (hash, end position) blocks: the hashes to store (those
         not held), room made by eviction; None if there is not room enough."""
+        offers = self.offers
+        if offers is not None:
+            offers.offered([h for h, _ in blocks])
         to_store = [h for h, _ in blocks if self.state_of(h) is None]
         ready = [h for h, _ in blocks if self.state_of(h) not in (None, PENDING)]
+        if offers is not None:
+            allowed = [h for h in to_store if offers.allows(h)]
+            self.counters.num_skipped_stores += len(to_store) - len(allowed)
+            to_store = allowed
         access = self._access.setdefault(request_id, _Access())
         misses = [h for h in to_store if h not in access.missed]
         for h in reversed(misses):  # (`on_store_miss`, once per block and request)

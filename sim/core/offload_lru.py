@@ -11,25 +11,62 @@ connector around it is `sim.core.offload_jobs`.
   it saw gets a fresh rank, tail first, so its head is evicted last. Lookups rank nothing.
 - A store evicts the lowest-ranked evictable blocks but never one it offers, and is refused
   (None) if there are not so many.
+- With a `store_threshold` (`OfferCounts`) a block is stored only once offered that often.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 
 from sim.core.offload import TierCounters
 
 PENDING = -1  # a block whose store job is not reported done: not loadable, not evictable
 
 
+class OfferCounts:
+    """`store_threshold` (`CPUOffloadingManager._record_accesses`, 0.33.0): how many times
+    each block has been offered for storing, held or not; a block the tier lacks is stored
+    only from its `threshold`-th offer. Past `max_tracked` blocks the least recently offered
+    is forgotten, but never one the offer at hand counts again."""
+
+    def __init__(self, threshold: int, max_tracked: int = 64_000) -> None:
+        self.threshold = threshold
+        self.max_tracked = max_tracked
+        self._counts: OrderedDict[int, int] = OrderedDict()
+
+    def offered(self, hashes: list[int]) -> None:
+        counts = self._counts
+        num_counted_again = 0
+        for h in hashes:
+            if h in counts:
+                counts.move_to_end(h)
+                counts[h] += 1
+                num_counted_again += 1
+        num_unprotected = len(counts) - num_counted_again
+        for h in hashes:
+            if h in counts:
+                continue
+            if len(counts) >= self.max_tracked:
+                if num_unprotected == 0:
+                    continue
+                counts.popitem(last=False)
+                num_unprotected -= 1
+            counts[h] = 1
+
+    def allows(self, block_hash: int) -> bool:
+        return self._counts.get(block_hash, 0) >= self.threshold
+
+
 class RankedTier:
     """The host's blocks under 0.33.0's LRU by request (`CPUOffloadingManager` with
     `LRUCachePolicy`): chain hash -> users (PENDING while stored), ranked for eviction."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, offers: OfferCounts | None = None) -> None:
         if num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
         self.num_blocks = num_blocks
+        self.offers = offers  # (`store_threshold` of 2 or more)
         self._ref: dict[int, int] = {}  # chain hash -> loads reading it, or PENDING
         self._rank: dict[int, tuple[int, int]] = {}
         self._evictable: set[int] = set()
@@ -127,8 +164,13 @@ class RankedTier:
     def prepare_store(self, request_id: int, blocks: list[tuple[int, int]]) -> list[int] | None:
         """The request offers these (hash, end position) blocks: the hashes to store (those
         not held), room made by eviction; None if there is not room enough."""
-        ref = self._ref
+        ref, offers = self._ref, self.offers
         to_store = [h for h, _ in blocks if h not in ref]
+        if offers is not None:
+            offers.offered([h for h, _ in blocks])
+            allowed = [h for h in to_store if offers.allows(h)]
+            self.counters.num_skipped_stores += len(to_store) - len(allowed)
+            to_store = allowed
         fresh = set(to_store)
         self._access(request_id, [(h, pos) for h, pos in blocks
                                   if h in fresh or ref.get(h, PENDING) != PENDING])

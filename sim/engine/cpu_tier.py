@@ -12,7 +12,7 @@ from sim.core.block_cache import BlockPrefixCache
 from sim.core.offload import CpuTier, OffloadState
 from sim.core.offload_arc import ArcTier
 from sim.core.offload_jobs import JobOffloadState
-from sim.core.offload_lru import RankedTier
+from sim.core.offload_lru import OfferCounts, RankedTier
 from sim.engine.offload import HostCopies
 from sim.engine.offload_jobs import JobCopies
 from sim.hardware.gpus import host_link_bytes_s
@@ -64,11 +64,18 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
         problem = ("vLLM 0.15.1's ARC manager raises KeyError at the first store it makes "
                    "(`ARCOffloadingManager.touch` pops a block still being stored, then moves "
                    "it): use lru, or engine_version 0.33.0, whose ARC works")
+    elif offload.store_threshold >= 2 and version == "0.15.1":
+        where = f"{where}.store_threshold"
+        problem = ("vLLM 0.15.1's offloading connector stores every block it is offered "
+                   "(store_threshold came with the rewritten connector): leave it at 0, or "
+                   "give engine_version 0.33.0")
     if problem is not None:
         if problem.startswith(("with", "on")):
             problem = f"a CPU tier {problem} is not modelled yet (servesim issue 47)"
-        raise InputError(source, where, offload.eviction_policy if where.endswith(
-            "eviction_policy") else offload.size_gib, problem)
+        field_name = where.rsplit(".", 1)[-1]
+        raise InputError(source, where, getattr(offload, field_name)
+                         if field_name in ("eviction_policy", "store_threshold")
+                         else offload.size_gib, problem)
     model, par = cfg.model_shape, cfg.parallelism
     block_size = cfg.kv_cache.block_size
     block_bytes_per_gpu = par.kv_bytes_per_token_per_gpu(model) * block_size
@@ -84,7 +91,10 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
     if version == "0.33.0":
         assert isinstance(state.kv, BlockPrefixCache)
         spec = getattr(cfg.scheduler, "speculative", None)
-        tier = ArcTier(num_blocks) if offload.eviction_policy == "arc" else RankedTier(num_blocks)
+        offers = (OfferCounts(offload.store_threshold) if offload.store_threshold >= 2
+                  else None)
+        tier = (ArcTier(num_blocks, offers) if offload.eviction_policy == "arc"
+                else RankedTier(num_blocks, offers))
         state.offload = JobOffloadState(
             tier, state.kv,
             defers_frees=bool(getattr(cfg.scheduler, "async_scheduling", False)),

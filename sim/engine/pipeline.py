@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Generator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import simpy
 
@@ -37,8 +37,15 @@ from sim.engine.offload_steps import idle_step
 from sim.engine.replica import Iteration, Replica
 from sim.latency.base import BatchShape
 
-if TYPE_CHECKING:
-    from sim.engine.fastpath.stretch import Stretch
+
+class HostBusy:
+    """The engine's host is busy until `end_s` (a launch that waited for copies): nothing is
+    planned before, and requests arriving meanwhile are there when it plans again."""
+
+    __slots__ = ("end_s",)
+
+    def __init__(self, end_s: float) -> None:
+        self.end_s = end_s
 
 
 class PipelinedReplica(Replica):
@@ -75,6 +82,10 @@ class PipelinedReplica(Replica):
         # stores: nothing is scheduled or taken before).
         self._hold = False
         self._host_s = -math.inf
+        # When a launch that had to wait for copies (`_launch`) let the engine go on: it takes
+        # the requests that arrived meanwhile before it plans again (vLLM's loop adds them
+        # between steps). None: no launch waited since the last plan.
+        self._blocked_until: float | None = None
 
     def sync(self, *, before_s: float | None = None) -> None:
         """Complete the iterations that have left the last stage by now (or strictly before
@@ -101,9 +112,10 @@ class PipelinedReplica(Replica):
     # The reference step (`Replica.run`) with its planning, waiting and commit (`sync`)
     # overridden: several iterations in flight, each completed when it leaves the last stage.
 
-    def _next_work(self, now_s: float) -> tuple[Plan | None, Iteration | None]:
+    def _next_work(self, now_s: float) -> tuple[Plan | None, Any]:
         """Schedule and send iterations while fewer than the pipeline's depth are in flight;
-        the work to wait for is the oldest in flight (None: none)."""
+        the work to wait for is the oldest in flight (None: none), or the engine's host busy
+        with a launch that waited for copies (`HostBusy`)."""
         state, batches = self.state, self._batches
         plan = None
         offloading = self.copies is not None
@@ -113,6 +125,9 @@ class PipelinedReplica(Replica):
             host_copies.pass_start(now_s)
         while len(batches) < self.pipeline_depth and (
                 state.running or state.waiting or offloading):
+            blocked_s, self._blocked_until = self._blocked_until, None
+            if blocked_s is not None and blocked_s > self.env.now:
+                return plan, HostBusy(blocked_s)
             now_s = max(now_s, self._host_s)
             if host_copies is not None:
                 host_copies.pass_start(now_s)
@@ -150,11 +165,17 @@ class PipelinedReplica(Replica):
         self._batches.append(self._send(plan, now_s))
         return True
 
-    def _wait(self, work: Iteration | Stretch) -> Generator[simpy.Event, Any, float]:
+    def _wait(self, work: Any) -> Generator[simpy.Event, Any, float]:
         """Blocked on the oldest result: no poke (`wake` finds none), as vLLM's engine reads
         new requests only between steps. Nothing outside this replica can look at it or change
         it before `quiet_until()`: a result due before then is taken at once, with no event
-        (run-ahead, as `FastReplica` commits its iterations)."""
+        (run-ahead, as `FastReplica` commits its iterations). `HostBusy`: until the engine's
+        launch is done, taking no result."""
+        if isinstance(work, HostBusy):
+            end_s = work.end_s
+            if end_s > self.env.now and not (self.fast_forward and end_s < self.quiet_until()):
+                yield At(self.env, end_s, self.turn)
+            return max(end_s, self.env.now)
         assert isinstance(work, Iteration)
         # (With a CPU tier a launch may have blocked the engine past the result's end: it is
         # taken once the engine is free.)
@@ -177,8 +198,11 @@ class PipelinedReplica(Replica):
         first)."""
         report = None
         if self.copies is not None:
+            asked_s = now_s
             now_s, report = self._launch(plan, now_s)
             self._host_s = now_s
+            if now_s > asked_s:
+                self._blocked_until = now_s
         if it is None:
             it = self._plan_iteration(plan, now_s, len(self._batches))
         it.report = report

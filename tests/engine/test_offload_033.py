@@ -9,7 +9,7 @@ import pytest
 
 from sim.config.errors import InputError
 from sim.core.offload_arc import ArcTier
-from sim.core.offload_lru import PENDING, RankedTier
+from sim.core.offload_lru import PENDING, OfferCounts, RankedTier
 from sim.core.request import Request, Status
 from sim.engine.cluster import Cluster
 from tests.engine.test_offload import BLOCK_BYTES, _scenario
@@ -112,11 +112,32 @@ def test_arc_evicts_from_t2_below_its_target_and_nothing_when_short():
     tier.check()
 
 
-def test_vllm_0151s_arc_is_refused_naming_why():
-    with pytest.raises(InputError, match="KeyError") as err:
-        Cluster(_scenario(kv_offload={"size_gib": 1.0, "eviction_policy": "arc"},
+@pytest.mark.parametrize(("setting", "words"), [({"eviction_policy": "arc"}, "KeyError"),
+                                                ({"store_threshold": 2}, "every block")])
+def test_what_vllm_0151s_tier_lacks_is_refused_naming_why(setting, words):
+    with pytest.raises(InputError, match=words) as err:
+        Cluster(_scenario(kv_offload={"size_gib": 1.0, **setting},
                           scheduler={**SYNC_033, "engine_version": "0.15.1"}))
-    assert err.value.field == "replica.kv_offload.eviction_policy"
+    assert err.value.field == f"replica.kv_offload.{next(iter(setting))}"
+
+
+def test_a_store_threshold_stores_a_block_from_its_nth_offer():
+    """`store_threshold` 2: request 1 offers blocks 1, 2 (once each: nothing stored);
+    request 2 offers 1, 3: 1 is stored, 3 is not. With room for 3 blocks tracked, request 3
+    offering 4, 5 forgets the least recently offered, 2 then 1; an offer never forgets a
+    block it counts again, so with every tracked block in it a new one goes untracked."""
+    offers = OfferCounts(2, max_tracked=3)
+    tier = RankedTier(4, offers)
+    assert tier.prepare_store(1, [(1, 16), (2, 32)]) == []
+    assert tier.prepare_store(2, [(1, 16), (3, 32)]) == [1]
+    assert tier.counters.num_skipped_stores == 3
+    assert list(offers._counts.items()) == [(2, 1), (1, 2), (3, 1)]
+    assert tier.prepare_store(3, [(4, 16), (5, 32)]) == []
+    assert list(offers._counts.items()) == [(3, 1), (4, 1), (5, 1)]
+    offers.offered([3, 4, 5, 6])
+    assert list(offers._counts.items()) == [(3, 2), (4, 2), (5, 2)]
+    arc = ArcTier(4, OfferCounts(2))
+    assert arc.prepare_store(1, [(1, 16)]) == [] and arc.prepare_store(2, [(1, 16)]) == [1]
 
 
 def test_a_block_a_pending_store_reads_flushes_it_when_handed_out_again():

@@ -12,8 +12,8 @@ With `--ngram`, each also gets n-gram speculative decoding (k, acceptance, and l
 miss: `match_rate`), drawn from a generator of its own, so that the rest is the seed's
 workload as without it; async only where the release allows it with n-gram (0.33.0).
 With `--arc` (0.33.0), prefix caching and a CPU tier under ARC, its size (a tenth of the GPU
-blocks to twice them) and copy rate from a generator of its own. On 2026-12-01, seeds 0-39:
-40 of 40 identical.
+blocks to twice them), copy rate and `store_threshold` (0, 2 or 3) from a generator of its
+own. On 2026-12-01, seeds 0-79: 80 of 80 identical.
 """
 
 from __future__ import annotations
@@ -70,10 +70,15 @@ def make(seed: int, ngram: bool = False, version: str = "0.33.0", arc: bool = Fa
     if arc:
         tier_rng = np.random.default_rng(7000 + seed)
         blocks = min(blocks, 2000)  # (a tier that evicts)
+        # (vLLM refuses to start with a max_model_len its KV cache cannot hold: every request
+        # fits it, as in the other held-out workloads by their sizes)
+        for r in reqs:
+            r[1] = max(1, min(r[1], (blocks - 1) * 16 - r[2] - 1))  # (less the null block)
         settings["enable_prefix_caching"] = True
         settings["kv_offload"] = W._offload(
             int(tier_rng.integers(blocks // 10, 2 * blocks)),
-            float(tier_rng.choice([0.5, 4.0, 25.0])), "arc")
+            float(tier_rng.choice([0.5, 4.0, 25.0])), "arc",
+            store_threshold=int(tier_rng.choice([0, 0, 2, 3])))
     return W._vllm(f"heldout_{seed}", 1000 + seed, reqs, num_gpu_blocks=blocks, step=step,
                    max_model_len=max_model_len, **settings)
 

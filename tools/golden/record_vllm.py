@@ -105,8 +105,8 @@ def build_scheduler(workload: Workload, model_dir: str) -> Any:
             kv_connector="OffloadingConnector", kv_role="kv_both",
             kv_connector_extra_config={
                 "cpu_bytes_to_use": offload["num_cpu_blocks"] * page,
-                **({"eviction_policy": offload["eviction_policy"]}
-                   if "eviction_policy" in offload else {})})
+                **{key: offload[key] for key in ("eviction_policy", "store_threshold")
+                   if key in offload}})
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, device_config=DeviceConfig("cpu"),
                              speculative_config=speculative_config(workload, model_config),

@@ -91,8 +91,8 @@ def offload_config(offload: dict[str, Any]) -> dict[str, Any]:
     `bytes_per_block`, the default model's), and the copy rate."""
     return {"size_gib": offload["num_cpu_blocks"] * offload["bytes_per_block"] / 2**30,
             "host_bandwidth_gb_s": offload["host_bandwidth_gb_s"],
-            **({"eviction_policy": offload["eviction_policy"]}
-               if "eviction_policy" in offload else {})}
+            **{key: offload[key] for key in ("eviction_policy", "store_threshold")
+               if key in offload}}
 
 
 def hicache_config(settings: dict[str, Any]) -> dict[str, Any]:

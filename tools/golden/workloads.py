@@ -137,14 +137,16 @@ def _spec(method: str, k: int, rate: float | list[float], match_rate: float = 1.
 
 
 def _offload(num_cpu_blocks: int, host_bandwidth_gb_s: float,
-             eviction_policy: str = "lru") -> dict[str, Any]:
+             eviction_policy: str = "lru", store_threshold: int = 0) -> dict[str, Any]:
     """vLLM's CPU tier (`--kv-offloading-size`): its blocks, and how fast one is copied:
     `bytes_per_block` (a 16-token block of servesim's default model, Llama-3-8B: 2 MiB) over
-    the host link, each way; ARC where `eviction_policy` says so (the connector's extra
-    config: recorded with 0.33.0 only, `only_release`)."""
+    the host link, each way; ARC where `eviction_policy` says so, blocks stored from their
+    `store_threshold`-th offer (the connector's extra config: recorded with 0.33.0 only,
+    `only_release`)."""
     return {"num_cpu_blocks": num_cpu_blocks, "bytes_per_block": 2 * 2**20,
             "host_bandwidth_gb_s": host_bandwidth_gb_s,
-            **({"eviction_policy": eviction_policy} if eviction_policy != "lru" else {})}
+            **({"eviction_policy": eviction_policy} if eviction_policy != "lru" else {}),
+            **({"store_threshold": store_threshold} if store_threshold else {})}
 
 
 def vllm_workloads() -> list[Workload]:
@@ -386,6 +388,21 @@ def vllm_workloads() -> list[Workload]:
               _repeated(rng(403), 300, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
               num_gpu_blocks=400, enable_prefix_caching=True, only_release="0.33.0",
               kv_offload=_offload(384, 2.0, "arc")),
+        # Blocks stored only from their second (third) offer (`store_threshold`, 0.33.0):
+        # one-off questions never reach the tier, shared prefixes do; sync, async, and
+        # repeated whole prompts under ARC.
+        _vllm("offload_threshold_prefix", 404,
+              _prefixed(rng(404), 300, 8.0, 12, (512, 3000), (16, 512), (8, 64)),
+              num_gpu_blocks=800, enable_prefix_caching=True, only_release="0.33.0",
+              kv_offload=_offload(512, 25.0, store_threshold=2)),
+        _vllm("offload_threshold_prefix_async", 405,
+              _prefixed(rng(405), 300, 8.0, 12, (512, 3000), (16, 512), (8, 64)),
+              num_gpu_blocks=800, enable_prefix_caching=True, async_scheduling=True,
+              only_release="0.33.0", kv_offload=_offload(512, 25.0, store_threshold=2)),
+        _vllm("offload_threshold_arc_repeated_prompts", 406,
+              _repeated(rng(406), 300, 24, (16, 120), (4, 48), (1, 6), (0.05, 0.6)),
+              num_gpu_blocks=400, enable_prefix_caching=True, only_release="0.33.0",
+              kv_offload=_offload(384, 2.0, "arc", store_threshold=3)),
         # Blocks of one token (found by held-out workloads, 0.33.0): a one-token prompt whose
         # block the tier holds loads it, has nothing computed after (its token is computed
         # again), is taken for new and asked again, "loads" no block, ... until another
@@ -423,6 +440,22 @@ def vllm_workloads() -> list[Workload]:
               max_model_len=4096, enable_chunked_prefill=False, max_num_batched_tokens=4096,
               enable_prefix_caching=True, async_scheduling=True,
               speculative=_spec("eagle3", 1, 0.54), kv_offload=_offload(32, 1.0)),
+        # Found by held-out workloads of the tier under ARC (short; LRU here): async, a slow
+        # host link; a request's allocation hands out blocks that a finished request's
+        # pending stores read, so the step's launch waits ~90 ms for them (0.33.0), and a
+        # request arriving meanwhile is in the next step vLLM schedules, at once.
+        _vllm("offload_blocked_launch_async", 1066,
+              [[0.048965, 554, 38, -1, 0], [0.068786, 4178, 2, -1, 0],
+               [0.154772, 1382, 17, -1, 0], [0.178315, 3921, 35, -1, 0],
+               [0.259882, 1507, 22, -1, 0], [0.273738, 3824, 9, -1, 0],
+               [0.328919, 3310, 15, -1, 0], [0.49669, 2698, 53, -1, 0],
+               [0.582344, 2597, 38, -1, 0], [0.60546, 2602, 2, -1, 0],
+               [0.672759, 3183, 19, -1, 0], [0.719898, 611, 9, -1, 0],
+               [0.882242, 627, 49, -1, 0], [1.204833, 3968, 49, -1, 0],
+               [1.246823, 2506, 17, -1, 0], [1.443323, 487, 51, -1, 0]],
+              num_gpu_blocks=2000, step=(0.002, 1e-5), max_num_batched_tokens=4096,
+              enable_prefix_caching=True, async_scheduling=True,
+              kv_offload=_offload(2115, 0.5)),
         _vllm("no_chunking_constant_step", 10,
               _requests(rng(10), 300, 12.0, (64, 6000), (8, 64)), step=(0.02, 0.0),
               enable_chunked_prefill=False, max_num_batched_tokens=8192, max_model_len=8192),

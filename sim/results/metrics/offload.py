@@ -39,6 +39,7 @@ def offload_stats(requests: Table, facts: Sequence[dict[str, float]]) -> dict[st
         "num_stored_blocks": int(total["num_stored_blocks"]),
         "num_evicted_blocks": int(total["num_evicted_blocks"]),
         "num_refused_stores": int(total["num_refused_stores"]),
+        "num_skipped_stores": int(total.get("num_skipped_stores", 0)),
         "num_delayed_lookups": int(total["num_delayed_lookups"]),
         "load_busy_s": total["load_busy_s"],
         "store_busy_s": total["store_busy_s"],
