@@ -173,10 +173,14 @@ class OffloadSteps:
         self._stop_for_good(reason)
         yield self.env.event()  # never triggered
 
-    def _wait_copies(self, now_s: float) -> Generator[simpy.Event, Any, None]:
-        """Wait until the next copy to or from the CPU tier ends, or work arrives."""
-        assert self.copies is not None
-        done_s = max(self.copies.next_done_s(), now_s)
+    def _wait_copies(self, now_s: float, next_done_s: float | None = None
+                     ) -> Generator[simpy.Event, Any, None]:
+        """Wait until the next copy to or from the CPU tier (or SGLang's host memory:
+        `next_done_s`) ends, or work arrives."""
+        if next_done_s is None:
+            assert self.copies is not None
+            next_done_s = self.copies.next_done_s()
+        done_s = max(next_done_s, now_s)
         poke = self._poke = self.env.event()
         timer = At(self.env, done_s, self.turn)
 

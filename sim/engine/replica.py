@@ -306,8 +306,9 @@ class Replica(OffloadSteps):
             yield from self._wait_copies(now_s)
             return
         if self.host_copies is not None and self.host_copies.busy:
-            # A copy's ack to come (it may unlock KV the queue needs): SGLang polls on.
-            yield At(self.env, max(self.host_copies.next_done_s(), now_s), self.turn)
+            # A copy's ack to come (it may unlock KV the queue needs): SGLang polls on, and
+            # takes a request that arrives first.
+            yield from self._wait_copies(now_s, self.host_copies.next_done_s())
             return
         if self.inbox is not None and self.inbox.pending and plan is not None:
             # The empty plan may have freed KV (SGLang aborting a request its top-up outgrew):

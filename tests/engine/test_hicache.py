@@ -85,6 +85,20 @@ def test_a_backup_holds_its_blocks_until_its_ack():
     assert b.finish_s == pytest.approx(0.060)
 
 
+def test_a_request_arriving_while_a_copy_runs_is_taken_at_once():
+    """As above, but B (32 tokens, 2 blocks) arrives at 30 ms, while A's backup (10-50 ms) is
+    in flight, and fits beside A's locked blocks: SGLang's idle loop, polling for the ack,
+    takes B at its arrival (not when the copy ends)."""
+    scenario = _scenario({"ratio": 4, "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9},
+                         kv_cache={"block_size": 16, "num_blocks": 9})
+    cluster = Cluster(scenario, fast_forward=True)
+    a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+    b = Request(1, 0.030, 32, 1, hash_ids=(20, 21), hash_block_tokens=16)
+    cluster.run([a, b])
+    assert b.first_scheduled_s == pytest.approx(0.030)
+    assert b.finish_s == pytest.approx(0.040)
+
+
 def test_on_a_prefill_server_a_prompt_is_backed_up_at_its_end_and_loaded_back():
     """Disaggregated, the hierarchical cache on the prefill server (as above: 10 ms a step,
     10 ms a block over the host link, 9 blocks). A's 64-token prompt is computed 0-10 ms and
