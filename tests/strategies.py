@@ -97,8 +97,10 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
                              priority_scheduling_preemption_threshold=draw(
                                  st.sampled_from([0, 2, 10])))
         # Speculative decoding sometimes (rule 12): D tokens verified, 2L slots held, retraction.
-        elif not host_cache and draw(st.integers(0, 3)) == 0:
-            algorithm = draw(st.sampled_from(["eagle", "ngram", "standalone"]))
+        # (With the hierarchical cache: not a draft model, whose KV's size is not known.)
+        elif draw(st.integers(0, 3)) == 0:
+            algorithm = draw(st.sampled_from(
+                ["eagle", "ngram"] if host_cache else ["eagle", "ngram", "standalone"]))
             steps, topk = draw(st.integers(1, 4)), draw(st.sampled_from([1, 1, 2]))
             if algorithm == "standalone":
                 topk = 1
@@ -176,8 +178,10 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
                 cpu_tier["eviction_policy"] = "arc"
             cpu_tier["store_threshold"] = draw(st.sampled_from([0, 0, 2, 3]))
     # SGLang's hierarchical cache sometimes: a host pool from the GPU's size to four times it,
-    # backed up at the first or the second insertion, copies slow or fast.
-    if (scheduler["name"] == "sglang" and prefix_caching and "speculative" not in scheduler
+    # backed up at the first or the second insertion, copies slow or fast; with speculative
+    # decoding sometimes (EAGLE's drafter layer copied too).
+    if (scheduler["name"] == "sglang" and prefix_caching
+            and scheduler.get("speculative", {}).get("algorithm") != "standalone"
             and scheduler.get("decode_reserve_tokens") is None
             and (host_cache or draw(st.integers(0, 2)) == 0)):
         scheduler["hierarchical_cache"] = {

@@ -30,9 +30,19 @@ dense model with full attention, no storage backend (paths under `sglang/srt/`; 
 - An insertion that meets a host-only node it computed again gives it its GPU copy back with
   no copy (UTC `_unevict_node_on_insert`).
 
+With speculative decoding the tree is the same (`UnifiedRadixCache` serves both), keyed by
+token pairs for the EAGLE family (`bigram_keys`, host-only nodes too: a host hit is counted in
+those keys, `mem_cache/unified_radix_cache.py` `cache_unfinished_req`'s `is_bigram`), and the
+scheduler's rules compose unchanged: the decode step's top-ups and retractions evict through
+`evict_to_free` (a backed node leaves the GPU and stays in the tree), a retracted request's
+counts start again (`reset_for_retract`); only a decode server backs a retracted request's KV
+up (`managers/schedule_batch.py` `release_req`, disaggregated: not modelled). The drafter's
+KV rides with the target's copies (`sim.engine.hicache`).
+
 Not modelled: `write_back` (a synchronous write at eviction), storage backends (L3), host
 auto-sizing below the ratio for lack of host memory (`hicache_auto_size`: the host is assumed
-large enough), speculative decoding's draft pools, disaggregated decode servers.
+large enough), a standalone draft model's host pool (its KV's size is not known),
+disaggregated decode servers.
 """
 
 from __future__ import annotations

@@ -14,7 +14,19 @@ cache controller runs them (`managers/cache_controller.py`, `mem_cache/l2_transf
 
 Each GPU copies its share of a block over its own host link (tensor-parallel ranks side by
 side), at `host_bandwidth_gb_s`, or 80% of the GPU's PCIe rate (`host_link_bytes_s`; SGLang's
-copy kernels' own rate was not measured here)."""
+copy kernels' own rate was not measured here).
+
+With speculative decoding a one-layer drafter's KV (EAGLE, EAGLE-3, NEXTN) is copied with the
+target's, token for token, in the same copies (`speculative/base_spec_worker.py`
+`_build_hicache_draft_plan`): EAGLE's and EAGLE-3's in a host pool of its own beside the
+target's ("sidecar", `mem_cache/hybrid_cache/hybrid_pool_assembler.py`
+`build_full_draft_pools`: as many tokens as the target's host pool, indexed as it is), an MTP
+head's as one more layer of the target's host pool ("packed", `build_kv_only_group`,
+`pool_host/mha.py`: `layer_num` counts it, so `--hicache-size` buys fewer tokens). A copy
+moves every pool's bytes (`HybridCacheController._transfer_num_bytes`), so a block takes
+(L + 1) / L of the target's time; a load still ends with its batch's last target layer (the
+draft layer is copied in the first layer's stage, `l2_transfer.py` `submit_host_to_device`).
+n-gram has no draft KV."""
 
 from __future__ import annotations
 
@@ -109,10 +121,24 @@ def host_cache_blocks(cfg: ReplicaConfig, num_gpu_blocks: int) -> int:
     hicache = cfg.scheduler.hierarchical_cache  # type: ignore[attr-defined]
     if hicache.size_gb > 0:
         bytes_per_token = cfg.parallelism.kv_bytes_per_token_per_gpu(cfg.model_shape)
+        draft_layers, packed = draft_kv_layers(cfg)
+        if packed:  # (an MTP head's layer is one of the host pool's: its size buys fewer)
+            bytes_per_token += draft_layers * cfg.parallelism.kv_bytes_per_layer_token_per_gpu(
+                cfg.model_shape)
         num_tokens = int(hicache.size_gb * 1e9 // bytes_per_token)
     else:
         num_tokens = int(num_gpu_blocks * cfg.kv_cache.block_size * hicache.ratio)
     return (num_tokens + 1) // cfg.kv_cache.block_size
+
+
+def draft_kv_layers(cfg: ReplicaConfig) -> tuple[int, bool]:
+    """The drafter's KV layers the hierarchical cache copies beside the target's, and whether
+    they are packed into the target's host pool (an MTP head) rather than a pool of their own
+    (module docstring); (0, False) without a drafter's KV."""
+    spec = getattr(cfg.scheduler, "speculative", None)
+    if spec is None or not spec.bigram_keys:  # (n-gram: no draft KV; a draft model: refused)
+        return 0, False
+    return 1, spec.algorithm == "nextn"
 
 
 def write_threshold(cfg: ReplicaConfig) -> int:
@@ -141,7 +167,9 @@ def attach_host_cache(cfg: ReplicaConfig, state: ReplicaState, pool: str, field:
     if kv.num_host_blocks < 1:
         raise InputError(source, f"{where}.size_gb", hicache.size_gb,
                          f"holds no KV block of {cfg.model_shape.name}")
-    block_bytes_per_gpu = (cfg.parallelism.kv_bytes_per_token_per_gpu(cfg.model_shape)
-                           * cfg.kv_cache.block_size)
+    bytes_per_token = (cfg.parallelism.kv_bytes_per_token_per_gpu(cfg.model_shape)
+                       + draft_kv_layers(cfg)[0]
+                       * cfg.parallelism.kv_bytes_per_layer_token_per_gpu(cfg.model_shape))
+    block_bytes_per_gpu = bytes_per_token * cfg.kv_cache.block_size
     return HostCacheCopies(kv, block_bytes_per_gpu / host_rate_bytes_s(
         cfg, hicache.host_bandwidth_gb_s), cfg.model_shape.num_layers)

@@ -23,7 +23,8 @@ SGLANG_VERSIONS = ("0.5.23",)
 class SGLangHiCacheConfig(Frozen):
     """`--enable-hierarchical-cache`: host memory as a second tier below the GPU's radix
     cache (`sim.core.hicache`), with SGLang 0.5.23's defaults (`arg_groups/fields/memory.py`).
-    The copies each way run over each GPU's own host link, at `host_bandwidth_gb_s`."""
+    The copies each way run over each GPU's own host link, at `host_bandwidth_gb_s`; with
+    speculative decoding they carry the drafter's KV layer too (`sim.engine.hicache`)."""
 
     ratio: float = Field(
         2.0, gt=0,
@@ -31,7 +32,8 @@ class SGLangHiCacheConfig(Frozen):
                      "default 2; it lowers it where host memory is short: not modelled)"))
     size_gb: float = Field(
         0.0, ge=0,
-        description=("--hicache-size: the host pool per rank in GB (10**9 bytes); 0: by the "
+        description=("--hicache-size: the host pool per rank in GB (10**9 bytes; a token's "
+                     "bytes count an MTP head's layer, packed beside the target's); 0: by the "
                      "ratio"), json_schema_extra={"unit": "GB"})
     write_policy: Literal["write_through", "write_through_selective"] = Field(
         "write_through",
@@ -101,7 +103,9 @@ class SGLangConfig(SchedulerConfig):
                            "sim.schedulers.sglang_spec); None: off"))
     hierarchical_cache: SGLangHiCacheConfig | None = Field(
         None, description=("--enable-hierarchical-cache and its settings (HiCache: host "
-                           "memory below the radix cache, sim.core.hicache); None: off"))
+                           "memory below the radix cache, sim.core.hicache; with speculative "
+                           "decoding the drafter's KV layer is copied beside the target's, "
+                           "a draft model refused); None: off"))
 
     @classmethod
     def for_model(cls, data: dict[str, Any], model_type: str | None) -> dict[str, Any]:
@@ -147,10 +151,11 @@ class SGLangConfig(SchedulerConfig):
                            "preemption is part of: leave it unset, or give "
                            "disable_priority_preemption: true"))
         if self.hierarchical_cache is not None:
-            if self.speculative is not None:
-                raise invalid(("hierarchical_cache", "set",
-                               "with speculative decoding SGLang keeps the drafter's KV in "
-                               "host pools of its own: not modelled (servesim issue 47)"))
+            if self.speculative is not None and self.speculative.algorithm == "standalone":
+                raise invalid(("speculative.algorithm", "standalone",
+                               "with the hierarchical cache SGLang backs up the draft model's "
+                               "KV beside the target's, whose size servesim does not know: "
+                               "not modelled (servesim issue 47)"))
             if self.decode_reserve_tokens is not None:
                 raise invalid(("decode_reserve_tokens", self.decode_reserve_tokens,
                                "replaces SGLang's admission, where the hierarchical cache "

@@ -19,9 +19,15 @@ BLOCK_BYTES = 131072 * 16  # a 16-token block of the default model (Llama-3-8B),
 NUM_LAYERS = 32
 
 
-def _scenario(hicache: dict | None = None, **replica):
+# EAGLE's (S, K, D) = (3, 1, 4), its drafter's time left out of the steps.
+EAGLE = {"algorithm": "eagle", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4,
+         "acceptance_rate": 0.5, "draft_time_ratio": 0}
+
+
+def _scenario(hicache: dict | None = None, spec: dict | None = None, **replica):
     scheduler = {"name": "sglang", "overlap_schedule": False,
-                 **({"hierarchical_cache": hicache} if hicache is not None else {})}
+                 **({"hierarchical_cache": hicache} if hicache is not None else {}),
+                 **({"speculative": spec} if spec is not None else {})}
     return parse_scenario({
         "name": "hicache", "seed": 0,
         "workload": {"format": "synthetic", "num_requests": 1,
@@ -99,6 +105,65 @@ def test_a_request_arriving_while_a_copy_runs_is_taken_at_once():
     assert b.finish_s == pytest.approx(0.040)
 
 
+def test_with_eagle_the_drafter_layer_is_copied_too():
+    """The first test's run with EAGLE (its drafter's time left out): keys are token pairs,
+    so A's 80-token prompt (5 ids of 16) caches the KV of 79 tokens, 4 whole blocks (the
+    first id holds none), and each block's copy moves the drafter's layer beside the
+    target's 32: 10 ms x 33 / 32 = 10.3125 ms. A (0-10 ms) is backed up 10-51.25 ms; B (128
+    tokens, 70-80 ms) takes A's blocks off the GPU (kept in host memory) and backs up its 7
+    (111 tokens' KV) 80-152.19 ms. C at 200 ms (96 tokens, A's 5 ids and one of its own)
+    finds A's 64 tokens in host memory: loaded back beside its batch, which takes
+    max(10 ms, 4 x 10.3125 ms + 10 ms / 32 layers) = 41.5625 ms. C's prefill then backs up
+    its own block: 12 in all."""
+    scenario = _scenario({"ratio": 4, "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9},
+                         EAGLE, kv_cache={"block_size": 16, "num_blocks": 9})
+    cluster = Cluster(scenario, fast_forward=True)
+    a = Request(0, 0.0, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
+    b = Request(1, 0.070, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
+    c = Request(2, 0.200, 96, 1, hash_ids=(1, 2, 3, 4, 5, 99), hash_block_tokens=16)
+    cluster.run([a, b, c])
+    assert [r.status for r in (a, b, c)] == [Status.FINISHED] * 3
+    assert b.first_scheduled_s == pytest.approx(0.070)
+    assert c.num_cached_tokens == 64
+    assert c.finish_s == pytest.approx(0.2415625)
+    replica = cluster.replicas[0]
+    copies = replica.host_copies
+    assert copies is not None
+    assert copies.s_per_block == pytest.approx(0.0103125)
+    assert copies.load_busy_s == pytest.approx(0.04125)
+    kv = replica.state.kv
+    assert isinstance(kv, HierarchicalCache)
+    assert (kv.counters.num_hit_tokens, kv.counters.num_stored_blocks) == (64, 12)
+    assert copies.store_busy_s == pytest.approx(12 * 0.0103125)
+    kv.check()
+
+
+@pytest.mark.parametrize(("spec", "s_per_block", "num_host_blocks"), [
+    # No drafter: the target's 32 layers, 10 ms a block; 0.2162688 GB holds 1,650 tokens
+    # of 131,072 bytes, plus a page: 103 blocks.
+    (None, 0.010, 103),
+    # n-gram keeps no draft KV.
+    ({"algorithm": "ngram", "acceptance_rate": 0.5}, 0.010, 103),
+    # EAGLE's layer sits in a host pool of its own, as many tokens as the target's.
+    (EAGLE, 0.0103125, 103),
+    # An MTP head's layer is packed into the target's host pool: 135,168 bytes a token,
+    # 1,600 tokens, 100 blocks.
+    ({**EAGLE, "algorithm": "nextn"}, 0.0103125, 100),
+])
+def test_a_drafter_layer_adds_to_copies_and_maybe_to_the_host_pool(spec, s_per_block,
+                                                                   num_host_blocks):
+    scenario = _scenario({"size_gb": 1650 * 131072 / 1e9,
+                          "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9},
+                         spec, kv_cache={"block_size": 16, "num_blocks": 9})
+    replica = Cluster(scenario, fast_forward=True).replicas[0]
+    assert replica.host_copies is not None
+    assert replica.host_copies.s_per_block == pytest.approx(s_per_block)
+    kv = replica.state.kv
+    assert isinstance(kv, HierarchicalCache)
+    assert kv.num_host_blocks == num_host_blocks
+    assert kv.bigram_keys == (spec is not None and spec["algorithm"] != "ngram")
+
+
 def test_on_a_prefill_server_a_prompt_is_backed_up_at_its_end_and_loaded_back():
     """Disaggregated, the hierarchical cache on the prefill server (as above: 10 ms a step,
     10 ms a block over the host link, 9 blocks). A's 64-token prompt is computed 0-10 ms and
@@ -151,16 +216,12 @@ def test_what_is_not_modelled_is_refused_naming_the_field(replica, message):
     assert "scheduler.hierarchical_cache" in str(err.value)
 
 
-def test_speculative_decoding_beside_it_is_refused():
-    with pytest.raises(Exception, match="hierarchical_cache"):
-        parse_scenario({"name": "x", "workload": {
-            "format": "synthetic", "num_requests": 1,
-            "arrivals": {"process": "poisson", "qps": 1.0},
-            "lengths": {"prompt": {"dist": "fixed", "value": 1},
-                        "output": {"dist": "fixed", "value": 1}}},
-            "replica": {"scheduler": {"name": "sglang", "hierarchical_cache": {},
-                                      "speculative": {"algorithm": "eagle",
-                                                      "acceptance_rate": 0.5}}}}, "<t>")
+def test_a_draft_model_beside_it_is_refused():
+    """SGLang backs up a draft model's KV too, whose size servesim does not know."""
+    with pytest.raises(InputError, match="speculative.algorithm") as err:
+        _scenario({}, {"algorithm": "standalone", "acceptance_rate": 0.5,
+                       "draft_time_ratio": 0.1})
+    assert "the draft model's KV" in str(err.value)
 
 
 def test_a_run_says_what_the_host_tier_did():

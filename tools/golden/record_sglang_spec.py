@@ -59,6 +59,11 @@ Recorded as `record_sglang.py` records (steps, requests), with a decode step's e
 run is not cut at the limit), and `aborted`: the request ids `retract_decode` aborted (their
 finish_s is null).
 
+With `settings.enable_hierarchical_cache` (`SGLANG_SPEC_HICACHE_WORKLOADS`) the scheduler is
+built with HiCache as `record_sglang.py` builds it (`sglang_hicache.py`'s patches, its copies
+timed at the workload's bandwidth with the drafter's KV layers SGLang's spec worker gave a
+host pool), and the fixture holds `hicache` too.
+
 With the radix cache on (`disable_radix_cache` false) SGLang's own tree (`UnifiedRadixCache`,
 keyed by token pairs for the EAGLE family, by tokens for NGRAM) matches, inserts and evicts as
 it does; its evictions are logged (stderr), not recorded. At the end every KV slot must be free
@@ -88,9 +93,12 @@ from sim.core.speculative import Acceptance  # noqa: E402  (pure Python)
 from tools.golden import record_sglang as R  # noqa: E402
 from tools.golden.fixture import write_fixture  # noqa: E402
 from tools.golden.workloads import Workload  # noqa: E402
-from tools.golden.workloads_sglang import SGLANG_SPEC_WORKLOADS  # noqa: E402
+from tools.golden.workloads_sglang import (  # noqa: E402
+    SGLANG_SPEC_HICACHE_WORKLOADS,
+    SGLANG_SPEC_WORKLOADS,
+)
 
-WORKLOADS = SGLANG_SPEC_WORKLOADS
+WORKLOADS = {**SGLANG_SPEC_WORKLOADS, **SGLANG_SPEC_HICACHE_WORKLOADS}
 
 # The draft model of each algorithm that has one (one layer, the target's config otherwise).
 DRAFT_ARCHITECTURES = {"EAGLE": "LlamaForCausalLMEagle", "EAGLE3": "LlamaForCausalLMEagle3",
@@ -173,7 +181,10 @@ class SpecRecorder(R._Recorder):
             scheduled = [[int(r.rid), self.num_draft_tokens] for r in batch.reqs]
         total = sum(n for _, n in scheduled)
         start_s = max(self.now_s, self.gpu_free_s)
-        end_s = start_s + (self.base_s + self.per_token_s * total)
+        forward_s = self.base_s + self.per_token_s * total
+        if self.hicache is not None:  # (with "bandwidth", the loads it carries)
+            forward_s = self.hicache.clock.duration_s(forward_s)
+        end_s = start_s + forward_s
         self.gpu_free_s = end_s
         self.steps.append([start_s, end_s, scheduled, list(self.retracted)])
         self.accepted.append([])
@@ -222,6 +233,11 @@ def record(workload: Workload) -> dict[str, Any]:
     sched.request_receiver = receiver
     rec = SpecRecorder(workload, sched, receiver, retracted)
     P.impose_acceptance(rec.draw, rec.on_verify)
+    if workload["settings"].get("enable_hierarchical_cache"):
+        from tools.golden import sglang_hicache
+
+        assert sglang_hicache.CLOCK is not None
+        rec.hicache = sglang_hicache.HiCacheLog(sched, sglang_hicache.CLOCK, rec)
     original_retract = ScheduleBatch.retract_decode
 
     def retract_decode(self: Any) -> Any:
@@ -276,11 +292,15 @@ def record(workload: Workload) -> dict[str, Any]:
         if rid not in aborted:  # a verify may run past max_new_tokens, by fewer than D tokens
             assert want <= n < want + rec.num_draft_tokens, (rid, n, want)
         overshoot.append(max(0, n - want))
-    return {"steps": rec.steps,
+    body = {"steps": rec.steps,
             "requests": [[times[r]["first_scheduled_s"], times[r]["first_token_s"],
                           times[r]["finish_s"], int(handles[r].retraction_count)]
                          for r in range(len(arrivals))],
             "accepted": rec.accepted, "output_overshoot": overshoot, "aborted": rec.aborted}
+    if rec.hicache is not None:
+        body["hicache"] = rec.hicache.body()
+        assert len(body["hicache"]["steps"]) == len(rec.steps)
+    return body
 
 
 def check_pools_idle(sched: Any, total: int) -> None:

@@ -146,6 +146,9 @@ class Replayed:
     requests: list[list[Any]]  # first_scheduled_s, first_token_s, finish_s, num_preemptions
     stalled: bool = False  # requests left that servesim says the engine never runs
     host: dict[str, int] | None = None  # a hierarchical cache's totals (`host_totals`)
+    # The bytes a token's copy to or from the host moves (a drafter's layers too), by the
+    # hierarchical cache's copy rate
+    copy_bytes_per_token: float | None = None
 
 
 def replay(doc: dict[str, Any], *, fast_forward: bool = False, policy: str | None = None
@@ -188,7 +191,12 @@ def replay(doc: dict[str, Any], *, fast_forward: bool = False, policy: str | Non
                 c.num_evicted_blocks, "gpu_evicted_tokens": kv.num_evicted_blocks,
                 "host_used_tokens_at_end": kv.num_host_used_blocks,
                 "host_pool_tokens": kv.num_host_blocks}
-    return Replayed(steps, times, stalled, host)
+    copy_bytes = None
+    if replica.host_copies is not None:
+        bandwidth = scenario.replica.scheduler.hierarchical_cache.host_bandwidth_gb_s
+        copy_bytes = (replica.host_copies.s_per_block * bandwidth * 1e9
+                      / scenario.replica.kv_cache.block_size)
+    return Replayed(steps, times, stalled, host, copy_bytes)
 
 
 def host_totals(doc: dict[str, Any]) -> dict[str, int]:
@@ -245,6 +253,10 @@ def first_divergence(doc: dict[str, Any], replayed: Replayed) -> str | None:
         bad = [f"{k} {v!r} vs {replayed.host[k]!r}" for k, v in want_host.items()
                if replayed.host[k] != v]
         return f"{name}: the hierarchical cache differs (engine vs servesim): {'; '.join(bad)}"
+    want_bytes = doc.get("hicache", {}).get("bytes_per_token")
+    if want_bytes is not None and round(replayed.copy_bytes_per_token or 0) != want_bytes:
+        return (f"{name}: a token's copy moves {want_bytes} bytes in the engine (its drafter's "
+                f"layers too), {replayed.copy_bytes_per_token!r} in servesim")
     fields = ("first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
     for rid, (w, g) in enumerate(zip(doc["requests"], replayed.requests, strict=True)):
         if list(w) != list(g):

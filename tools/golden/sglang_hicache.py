@@ -73,7 +73,9 @@ movement and the device's stream/event synchronisation:
    * "bandwidth" (`hicache_host_bandwidth_gb_s`): copies timed as servesim times them
      (`sim/engine/hicache.py`), each of n tokens taking n * s, s = `BYTES_PER_TOKEN` /
      (bandwidth * 1e9), the KV of a token of servesim's default model on one GPU
-     (Llama-3-8B: 2 x 8 KV heads x 128 x 32 layers x 2 bytes). A flushed backup (the tokens
+     (Llama-3-8B: 2 x 8 KV heads x 128 x 32 layers x 2 bytes), and with a drafter's KV
+     host pool beside the target's (speculative decoding: `draft_layers`) that many layers
+     more (`TransferClock.set_draft_layers`). A flushed backup (the tokens
      of `start_writing`'s merged queue) starts at the latest of its flush, the end of the
      last batch launched so far (the fence on the forward stream) and the end of the backup
      before it (one D2H stream), and reads done n * s later. A load-back (the tokens of
@@ -131,11 +133,20 @@ class TransferClock:
         # bandwidth: seconds a token, the copy being submitted ("write" and its end, or
         # "load"), the end of the last backup, the tokens loaded for the batch being built
         self.host_bandwidth_gb_s = host_bandwidth_gb_s
-        self.s_per_token = (BYTES_PER_TOKEN / (host_bandwidth_gb_s * 1e9)
-                            if host_bandwidth_gb_s is not None else 0.0)
+        self.bytes_per_token = BYTES_PER_TOKEN
+        self.s_per_token = 0.0
+        self.set_draft_layers(0)
         self._copy: tuple[str, float | None] | None = None
         self._write_free_s = -math.inf
         self._load_tokens = 0
+
+    def set_draft_layers(self, num_layers: int) -> None:
+        """A drafter's KV layers copied with the target's (its host pools beside the
+        target's): a token's bytes are those of `NUM_LAYERS` + `num_layers` layers of the
+        default model's."""
+        self.bytes_per_token = BYTES_PER_TOKEN * (NUM_LAYERS + num_layers) // NUM_LAYERS
+        if self.host_bandwidth_gb_s is not None:
+            self.s_per_token = self.bytes_per_token / (self.host_bandwidth_gb_s * 1e9)
 
     @property
     def now_s(self) -> float:
@@ -352,11 +363,29 @@ def install(mode: str, host_bandwidth_gb_s: float | None = None) -> TransferCloc
 
 def register_buffers(sched: Any) -> Any:
     """Name the device and host KV buffers the all-layer ops get as pointers; the host pool."""
-    host_pool = sched.tree_cache.cache_controller.mem_pool_host.anchor_entry.host_pool
-    for buf in (*host_pool.device_k_buffers, *host_pool.device_v_buffers,
-                *host_pool.k_data_refs, *host_pool.v_data_refs):
-        _BUFFERS[buf.data_ptr()] = buf
-    return host_pool
+    group = sched.tree_cache.cache_controller.mem_pool_host
+    for entry in group.entry_map.values():  # (a drafter's sidecar pool too)
+        pool = entry.host_pool
+        for buf in (*pool.device_k_buffers, *pool.device_v_buffers, *pool.k_data_refs,
+                    *pool.v_data_refs):
+            _BUFFERS[buf.data_ptr()] = buf
+    return group.anchor_entry.host_pool
+
+
+def draft_layers(sched: Any) -> int:
+    """The drafter's KV layers SGLang's host pools hold beside the target's, as the spec
+    worker's plan (`_build_hicache_draft_plan`) set them up: a sidecar pool's layers (EAGLE,
+    EAGLE-3, a draft model), or those packed into the target's host pool (an MTP head)."""
+    group = sched.tree_cache.cache_controller.mem_pool_host
+    anchor = group.anchor_entry
+    packed = anchor.host_pool.layer_num - anchor.host_pool.target_layer_num
+    sidecars = sum(entry.host_pool.layer_num for entry in group.entry_map.values()
+                   if entry is not anchor)
+    draft = getattr(sched, "draft_worker", None)
+    mode = draft.hicache_draft_plan.mode.value if draft is not None else "none"
+    assert (mode == "sidecar") == (sidecars > 0) and (mode == "packed") == (packed > 0), (
+        mode, sidecars, packed)
+    return packed + sidecars
 
 
 def check() -> None:
@@ -431,6 +460,8 @@ class HiCacheLog:
         self.cache = cache = sched.tree_cache
         self.controller = controller = cache.cache_controller
         self.host_pool = register_buffers(sched)
+        self.draft_layers = draft_layers(sched)
+        clock.set_draft_layers(self.draft_layers)
         self.steps: list[dict[str, Any]] = []
         self._reset()
         full = ComponentType.FULL
@@ -546,6 +577,7 @@ class HiCacheLog:
         return {"host_pool_tokens": int(self.host_pool.size),
                 "transfer": clock.mode, "forced_waits": clock.forced,
                 **({"host_bandwidth_gb_s": clock.host_bandwidth_gb_s,
-                    "bytes_per_token": BYTES_PER_TOKEN, "num_layers": NUM_LAYERS}
+                    "bytes_per_token": clock.bytes_per_token, "num_layers": NUM_LAYERS}
                    if clock.mode == "bandwidth" else {}),
+                **({"draft_layers": self.draft_layers} if self.draft_layers else {}),
                 "steps": self.steps, "tail": self.entry()}

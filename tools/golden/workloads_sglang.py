@@ -16,7 +16,8 @@ The speculative-decoding workloads (`SGLANG_SPEC_WORKLOADS`, recorded by
 `record_sglang_spec.py`) add `settings.speculative` = {algorithm (SGLang's name: EAGLE,
 EAGLE3, STANDALONE, NGRAM), num_steps, eagle_topk, num_draft_tokens, acceptance_rate} and
 `settings.unset`, the SGLang arguments the recorder leaves for SGLang to pick (the workload
-holds what SGLang picks, checked when recording).
+holds what SGLang picks, checked when recording); `SGLANG_SPEC_HICACHE_WORKLOADS` the
+hierarchical cache's settings too.
 """
 
 from __future__ import annotations
@@ -420,3 +421,52 @@ def sglang_hicache_bandwidth_workloads() -> list[Workload]:
 
 SGLANG_HICACHE_WORKLOADS = {w["name"]: w for w in (sglang_hicache_workloads()
                                                    + sglang_hicache_bandwidth_workloads())}
+
+
+def _sglang_spec_hicache(name: str, seed: int, requests: list[list[Any]], *, spec: dict[str, Any],
+                         hicache_ratio: float, gb_s: float = 25.0, **kwargs: Any) -> Workload:
+    """A speculative-decoding workload with `--enable-hierarchical-cache` too (recorded by
+    `record_sglang_spec.py`), its copies timed at `gb_s` ("bandwidth"); greedy outputs (the
+    recorder sets the verify's logits)."""
+    return _sglang_spec(name, seed, requests, disable_radix_cache=False,
+                        enable_hierarchical_cache=True, hicache_ratio=hicache_ratio,
+                        hicache_transfer="bandwidth", hicache_host_bandwidth_gb_s=gb_s,
+                        **spec, **kwargs)
+
+
+def sglang_spec_hicache_workloads() -> list[Workload]:
+    """Speculative decoding with the hierarchical cache: shared prefixes that overflow the
+    device pool, demoted to host and loaded back, with the draft's KV copied beside the
+    target's (EAGLE: one more layer a token; NGRAM: none)."""
+    def rng(seed: int) -> np.random.Generator:
+        return np.random.default_rng(seed)
+
+    eagle, ngram = _numbers("EAGLE", 3, 1, 4), _numbers("NGRAM", 1, 10, 12)
+    reload = _prefixed(rng(801), 30, 8.0, 6, (512, 1024), (16, 128), (8, 48))
+    overlap: dict[str, Any] = {"disable_overlap_schedule": False}
+    return [
+        # Six system prompts of 512-1024 tokens on a device pool of 2500, a host pool of 3x:
+        # prefixes demoted to host and loaded back (EAGLE: 33 layers a token copied), at
+        # 25 GB/s and at 1 GB/s (loads stretch their batches; an arrival while a backup runs
+        # is taken at once); n-gram (no draft KV) with the overlap loop.
+        _sglang_spec_hicache("spec_hicache_eagle_reload_bw", 801, reload, spec=eagle,
+                             hicache_ratio=3.0, num_gpu_blocks=2500, chunked_prefill_size=1024,
+                             max_running_requests=64),
+        _sglang_spec_hicache("spec_hicache_eagle_reload_slow", 801, reload, spec=eagle,
+                             hicache_ratio=3.0, num_gpu_blocks=2500, chunked_prefill_size=1024,
+                             max_running_requests=64, gb_s=1.0),
+        _sglang_spec_hicache("spec_hicache_ngram_reload_overlap_bw", 802,
+                             _prefixed(rng(802), 30, 8.0, 6, (512, 1024), (16, 128), (8, 48)),
+                             spec=ngram, hicache_ratio=3.0, num_gpu_blocks=2500,
+                             chunked_prefill_size=1024, max_running_requests=64, **overlap),
+        # Three short prefixes, many short requests in a tight pool: the decode step's
+        # top-ups retract requests and evict (backed prefixes stay in host memory, which
+        # evicts too), loads back beside prefills.
+        _sglang_spec_hicache("spec_hicache_eagle_retract_bw", 803,
+                             _prefixed(rng(803), 60, 400.0, 3, (96, 160), (4, 24), (4, 12)),
+                             spec=eagle, hicache_ratio=2.0, num_gpu_blocks=350,
+                             chunked_prefill_size=64, max_running_requests=64),
+    ]
+
+
+SGLANG_SPEC_HICACHE_WORKLOADS = {w["name"]: w for w in sglang_spec_hicache_workloads()}
