@@ -273,12 +273,13 @@ def assert_nothing_lost(data, res):
 
 
 def without_speculative(replica: dict, *, speculative: bool = True,
-                        cpu_tier: bool = False) -> None:
+                        cpu_tier: bool = False, priority: bool = True) -> None:
     """Take speculative decoding (and the async setting drawn with it; not with `speculative`
-    false), the KV cache's host tiers and SGLang's priority scheduling off a replica: refused
-    where they are not modelled yet (pipelines; data-parallel ranks and disaggregated pools
-    but speculative decoding). `cpu_tier`: keep vLLM's CPU tier (pipelines take it), its
-    engine synchronous (vLLM's is on a pipeline)."""
+    false), the KV cache's host tiers and SGLang's priority scheduling (not with `priority`
+    false) off a replica: refused where they are not modelled yet (pipelines; data-parallel
+    ranks and disaggregated pools but speculative decoding and, on those pools, SGLang's
+    priorities). `cpu_tier`: keep vLLM's CPU tier (pipelines take it), its engine
+    synchronous (vLLM's is on a pipeline)."""
     if speculative and replica["scheduler"].pop("speculative", None) is not None:
         replica["scheduler"].pop("async_scheduling", None)
     if cpu_tier and "kv_offload" in replica:
@@ -289,7 +290,8 @@ def without_speculative(replica: dict, *, speculative: bool = True,
     else:
         replica.pop("kv_offload", None)
     replica["scheduler"].pop("hierarchical_cache", None)
-    replica["scheduler"].pop("enable_priority_scheduling", None)  # (SGLang's: colocated only)
+    if priority:  # (SGLang's: not on pipelines)
+        replica["scheduler"].pop("enable_priority_scheduling", None)
 
 
 @st.composite
@@ -314,7 +316,7 @@ def clusters(draw, host_tier: bool = False):
         # (refused on disaggregated pools; a host tier on the prefill pool only)
         tiers = {"kv_offload": replica.get("kv_offload"),
                  "hierarchical_cache": replica["scheduler"].get("hierarchical_cache")}
-        without_speculative(replica, speculative=False)
+        without_speculative(replica, speculative=False, priority=False)
         decode = {**replica, "kv_cache": {**replica["kv_cache"]},
                   "scheduler": {**replica["scheduler"]}}
         if tiers["kv_offload"] is not None:

@@ -128,15 +128,14 @@ class Cluster:
         scheduler = make_scheduler(cfg)
         field = _field(pool)
         latency = make_latency(cfg, model, self.source, field)
-        waiting = scheduler.waiting_queue()
-        if waiting is not None and (pool != "colocated" or cfg.parallelism.pipeline > 1):
-            where = "a disaggregated pool" if pool != "colocated" else "pipeline stages"
+        if getattr(cfg.scheduler, "enable_priority_scheduling", False) and \
+                cfg.parallelism.pipeline > 1:
             raise InputError(self.source, f"{field}.scheduler.enable_priority_scheduling", True,
-                             f"SGLang's priority scheduling on {where} is not modelled yet "
-                             "(servesim issue 47)")
+                             "SGLang's priority scheduling on pipeline stages is not modelled "
+                             "yet (servesim issue 47)")
         state = ReplicaState(kv_cache_for(cfg, model, field, self.source, scheduler),
                              prefill_only=pool == "prefill", decode_only=pool == "decode",
-                             by_priority=scheduler.by_priority, waiting=waiting)
+                             waiting=scheduler.waiting_queue(pool))
         if pool == "prefill":
             state.first_token_dropped = scheduler.prefill_first_token == "dropped"
             state.first_token_held = scheduler.prefill_first_token == "held"

@@ -30,7 +30,6 @@ import simpy
 from sim.config.errors import InputError
 from sim.core.request import Request
 from sim.core.state import fail_timeout
-from sim.core.waiting import priority_key
 from sim.routers.base import ReplicaLoad, Router
 from sim.workloads.base import MAX_SPAN_S
 
@@ -43,9 +42,10 @@ if TYPE_CHECKING:
 
 
 class DecodeInbox:
-    """A decode replica's transfers waiting for KV blocks there, first come first served (by
-    priority where its policy orders by them: vLLM's decode side puts a request whose KV is
-    remote in its waiting queue like any other)."""
+    """A decode replica's transfers waiting for KV blocks there, first come first served, or
+    in its policy's order (`Scheduler.transfer_order`: vLLM's priority policy puts a request
+    whose KV is remote in its waiting queue like any other; SGLang's decode server sorts its
+    preallocation queue by priority), each taken while the policy takes them."""
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
@@ -64,10 +64,11 @@ class DecodeInbox:
     def reserve_then(self, req: Request, then: Callable[[], Any]) -> None:
         """Call `then` as soon as the replica's scheduler has taken `req` and allocated blocks
         for its prompt's KV (within its planning turn, before it plans)."""
-        if self.replica.scheduler.by_priority:
-            insort(self.pending, (req, then), key=lambda entry: priority_key(entry[0]))
-        else:
+        order = self.replica.scheduler.transfer_order
+        if order(req) is None:
             self.pending.append((req, then))
+        else:  # (after those of its rank: ties keep the order they came in)
+            insort(self.pending, (req, then), key=lambda entry: order(entry[0]) or ())
         self.num_tokens += req.num_prompt_tokens
         # Blocks are taken when the replica plans (a stretch in progress is cut), so every
         # iteration's plan sees the KV it was scheduled with.

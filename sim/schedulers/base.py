@@ -22,10 +22,10 @@ from sim.core.plan import Plan
 from sim.core.registry import Registry
 from sim.core.request import Request, Status
 from sim.core.state import ReplicaState
+from sim.core.waiting import PriorityWaiting, priority_key
 from sim.schedulers.admission import future_blocks, reserved_blocks
 
 if TYPE_CHECKING:
-    from sim.core.waiting import PriorityWaiting
     from sim.hardware.gpus import GPUSpec
 
 
@@ -107,10 +107,18 @@ class Scheduler(ABC):
         per stage: `sim.engine.pipeline`); more where the engine schedules ahead (async)."""
         return pipeline_size
 
-    def waiting_queue(self) -> PriorityWaiting | None:
-        """The policy's own waiting queue where it orders one otherwise than vLLM's priority
-        policy (`sim.core.waiting`); None: FCFS, or vLLM's order with `by_priority`."""
-        return None
+    def waiting_queue(self, pool: str = "colocated") -> PriorityWaiting | None:
+        """The waiting queue of this policy's replica in `pool` (`colocated`, `prefill` or
+        `decode`): vLLM's priority order with `by_priority`, or the policy's own
+        (`sim.core.waiting`); None: FCFS."""
+        return PriorityWaiting() if self.by_priority else None
+
+    def transfer_order(self, req: Request) -> tuple[float, ...] | None:
+        """Decode side of a disaggregated cluster: where `req`, waiting for KV blocks here,
+        goes in that queue (sorted by this, ties in the order they came); None: in the order
+        they came. vLLM's decode side puts a request whose KV is remote in its waiting queue
+        like any other: by `priority_key` under its priority policy."""
+        return priority_key(req) if self.by_priority else None
 
     @property
     def by_priority(self) -> bool:
@@ -222,7 +230,8 @@ class Scheduler(ABC):
     def admit_transfer(self, state: ReplicaState, req: Request) -> bool:
         """Decode side of a disaggregated cluster: take `req`, whose prompt KV is to arrive by
         transfer, now? If so, allocate blocks for its prompt and return True (the caller then
-        counts it in `state.incoming`). Called FCFS on the requests waiting for a decode slot.
+        counts it in `state.incoming`). Called on the requests waiting for a decode slot in
+        their order (`transfer_order`), until one is refused.
 
         The default is this policy's admission rule for a prompt already computed: a running
         slot (`max_num_seqs`, counting the requests on their way) and blocks for the prompt

@@ -97,6 +97,14 @@ class SGLang(Scheduler):
        `EntryOrderWaiting`). With preemption (on unless `disable_priority_preemption`) the
        full-batch latch is cleared before every pass and, where the batch is full by count,
        the request at the head preempts running ones (`PrefillAdder.preempt_to_schedule`).
+       Disaggregated (`disaggregation/prefill.py`, `decode.py`): a prefill server's waiting
+       queue is ordered so too, each request entering it when its bootstrap ends
+       (`pop_bootstrapped`), but it never preempts: its running batch stays empty (its
+       batches go to the inflight queue), so `preempt_to_schedule` finds no victim. A decode
+       server's preallocation queue is sorted by priority alone, stably, at every pass, and
+       stops at the first request that does not fit (`pop_preallocated`, `transfer_order`);
+       it runs no `PrefillAdder`, so nothing is preempted there either: the requests it
+       retracts (speculative decoding) wait first come first served (`retracted_queue`).
 
     12. Speculative decoding (`speculative`, SGLang's `--speculative-algorithm`;
        `sim.schedulers.sglang_spec`): every decode verifies `num_draft_tokens` (D) tokens and
@@ -152,11 +160,22 @@ class SGLang(Scheduler):
     def by_priority(self) -> bool:
         return self.config.enable_priority_scheduling
 
-    def waiting_queue(self) -> EntryOrderWaiting | None:
+    def waiting_queue(self, pool: str = "colocated") -> EntryOrderWaiting | None:
+        cfg = self.config
+        if not cfg.enable_priority_scheduling or pool == "decode":
+            # (A decode server's queue here holds only the requests it retracted, which
+            # SGLang resumes first come first served: `retracted_queue`, rule 11.)
+            return None
+        return EntryOrderWaiting(low_first=cfg.schedule_low_priority_values_first)
+
+    def transfer_order(self, req: Request) -> tuple[float, ...] | None:
+        """`DecodePreallocQueue.pop_preallocated` sorts its queue by priority alone at every
+        pass, stably (`disaggregation/decode.py`, "Sort by priority before any index-based
+        bookkeeping"): a level's requests keep the order they came in."""
         cfg = self.config
         if not cfg.enable_priority_scheduling:
             return None
-        return EntryOrderWaiting(low_first=cfg.schedule_low_priority_values_first)
+        return (req.priority * (1 if cfg.schedule_low_priority_values_first else -1),)
 
     def num_batches_in_flight(self, pipeline_size: int) -> int:
         # The overlap loop (`event_loop_overlap`): batch k is decided when k-1 is launched and

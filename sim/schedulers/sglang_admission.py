@@ -57,6 +57,11 @@ Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check thes
   request (never a candidate) where servesim counts it as decoding (a candidate, a pass
   early); and the order in which the victims of one preemption re-enter (a set's, in SGLang:
   arbitrary; here the running batch's).
+- Disaggregated: a prefill server's pass runs as above (the latch cleared before each pass, as
+  its loop also does for every request, `get_next_disagg_prefill_batch_to_run`), but it never
+  preempts: its running batch is empty. A decode server runs no `PrefillAdder` (transferred
+  requests join its running batch as their KV lands): the requests it retracted and servesim
+  computes again here are admitted without preemption.
 """
 
 from __future__ import annotations
@@ -138,7 +143,9 @@ class PrefillAdder:
 
     def _run(self) -> None:
         policy, state = self.policy, self.state
-        preempting = policy.config.priority_preemption
+        # (A decode server runs no `PrefillAdder`: its retracted requests, computed again
+        # here, take the pass without preemption, as without priorities.)
+        preempting = policy.config.priority_preemption and not state.decode_only
         if preempting:
             policy.latch([])  # cleared before every pass, to try preemption
         full = policy.batch_is_full(state, self.decoding)
@@ -177,6 +184,11 @@ class PrefillAdder:
     def _preempt_for(self, req: Request) -> bool:
         """`preempt_to_schedule`: preempt running requests to make room for `req` (module
         docstring); whether it did."""
+        if self.prefill_only:
+            # A prefill server's running batch is always empty (`get_next_disagg_prefill_
+            # batch_to_run` never merges its batches into it: they go to the inflight
+            # queue): `preempt_to_schedule` finds no victim.
+            return False
         cfg = self.policy.config
         state = self.state
         waiting = state.waiting

@@ -87,15 +87,17 @@ class SGLangConfig(SchedulerConfig):
         False, description=("--enable-priority-scheduling: the waiting queue by the requests' "
                             "priority (their class's), higher values first, then by when each "
                             "entered it; a waiting request preempts running ones when the "
-                            "batch is full by count"))
+                            "batch is full by count; on a decode pool, the preallocation "
+                            "queue by priority; disaggregated pools never preempt"))
     schedule_low_priority_values_first: bool = Field(
-        False, description="--schedule-low-priority-values-first: lower values first")
+        False, description=("--schedule-low-priority-values-first: lower values first (a decode "
+                            "pool's preallocation queue too)"))
     priority_scheduling_preemption_threshold: int = Field(
         10, ge=0,
         description=("--priority-scheduling-preemption-threshold: a waiting request preempts a "
                      "running one whose priority it beats by more than this (SGLang takes a "
                      "negative one too: requests of one level then preempt each other, "
-                     "possibly for ever; refused here)"))
+                     "possibly for ever; refused here); no effect on disaggregated pools"))
     disable_priority_preemption: bool = Field(
         False, description="--disable-priority-preemption: the queue by priority, no preemption")
     speculative: SGLangSpeculativeConfig | None = Field(

@@ -487,3 +487,129 @@ def test_sglang_a_give_up_at_the_head_of_the_preallocation_queue_lets_the_next_i
     df = res.requests.set_index("request_id")
     assert df.loc[1, "failed_s"] == 0.51 and df["first_scheduled_s"].isna().tolist()[1]
     assert df.loc[2, "first_scheduled_s"] == 0.51
+
+
+# SGLang's priority scheduling on disaggregated pools (`enable_priority_scheduling`): a step of
+# 10 ms, a link fast enough that a transfer takes 33 ns (16 tokens' KV), requests given their
+# priorities directly.
+PRIORITY_STEP_S = 0.01
+
+
+def _sglang_priority_side(priority: bool = True, **scheduler) -> dict:
+    return {"model": "tiny",
+            "scheduler": {"name": "sglang", "overlap_schedule": False,
+                          "enable_priority_scheduling": priority, **scheduler},
+            "latency": {"kind": "constant", "iteration_s": PRIORITY_STEP_S},
+            "kv_cache": {"block_size": 16, "num_blocks": 1000}, "engine": "none"}
+
+
+def _run_pools(requests: list[Request], prefill: dict, decode: dict) -> list[Request]:
+    """`requests` through one prefill and one decode replica, fast and stepped (which must
+    agree); the fast run's requests back."""
+    import copy
+
+    from sim.config.scenario import parse_scenario
+    from sim.core.request import Status
+    from sim.engine.cluster import Cluster
+
+    data = {"name": "p", "workload": {"format": "synthetic", "num_requests": 1,
+                                      "arrivals": {"process": "poisson", "qps": 1.0},
+                                      "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                                  "output": {"dist": "fixed", "value": 1}}},
+            "cluster": {"prefill": {"replicas": 1, "replica": prefill},
+                        "decode": {"replicas": 1, "replica": decode},
+                        "link": {"bandwidth_gb_s": 1000.0, "latency_s": 0.0}}}
+    stepped = copy.deepcopy(requests)
+    Cluster(parse_scenario(data, "test"), fast_forward=True).run(requests)
+    Cluster(parse_scenario(data, "test"), fast_forward=False).run(stepped)
+
+    def times(r: Request) -> tuple:
+        return (r.first_scheduled_s, r.prefill_end_s, r.transfer_end_s, r.finish_s,
+                r.num_preemptions)
+
+    assert [times(r) for r in requests] == [times(r) for r in stepped]
+    assert all(r.status is Status.FINISHED for r in requests)
+    return requests
+
+
+def _prio(request_id: int, arrival_s: float, priority: int, prompt: int = 16,
+          output: int = 3) -> Request:
+    return Request(request_id, arrival_s, prompt, output, priority=priority)
+
+
+@pytest.mark.parametrize("low_first", [False, True])
+def test_sglang_prefill_server_serves_its_queue_by_priority(low_first):
+    """The prefill server's waiting queue is SGLang's priority order (`calc_priority`: higher
+    values first, or lower with `schedule_low_priority_values_first`, then when each entered
+    it, at its bootstrap's end). One 16-token prompt a prefill batch (`chunked_prefill_size`
+    16): A runs in [0, 10 ms]; B (level 0), C and D (level 5) queue behind it and are
+    prefilled C, D, B (B, C, D low values first), each ending 10 ms after the one before."""
+    reqs = _run_pools([_prio(0, 0.0, 0), _prio(1, 0.001, 0), _prio(2, 0.002, 5),
+                       _prio(3, 0.003, 5)],
+                      _sglang_priority_side(chunked_prefill_size=16,
+                                            schedule_low_priority_values_first=low_first),
+                      _sglang_priority_side(schedule_low_priority_values_first=low_first))
+    ends = [r.prefill_end_s for r in reqs]
+    assert ends == pytest.approx([0.01, 0.02, 0.03, 0.04] if low_first
+                                 else [0.01, 0.04, 0.02, 0.03])
+    assert all(r.num_preemptions == 0 for r in reqs)
+
+
+def test_sglang_prefill_server_never_preempts():
+    """A prefill server's running batch stays empty (its batches go to the inflight queue), so
+    `preempt_to_schedule` finds no victim, whatever the levels and the threshold. With the
+    overlap loop and one request slot, A's last chunk (of four, 16 tokens each) is in flight
+    when B, 50 levels above it (threshold 0), is tried: A is not preempted, its prefill ends
+    at 40 ms and B's 10 ms later. (Taken for a running request, A would be preempted there
+    and prefilled again after B: its prefill ending at 90 ms.)"""
+    prefill = _sglang_priority_side(overlap_schedule=True, max_running_requests=1,
+                                    chunked_prefill_size=16,
+                                    priority_scheduling_preemption_threshold=0)
+    a, b = _run_pools([_prio(0, 0.0, 0, prompt=64), _prio(1, 0.005, 50)], prefill,
+                      _sglang_priority_side())
+    assert (a.num_preemptions, b.num_preemptions) == (0, 0)
+    assert (a.prefill_end_s, b.prefill_end_s) == pytest.approx((0.04, 0.05))
+
+
+@pytest.mark.parametrize("order", ["priority", "low_first", "fcfs"])
+def test_sglang_decode_server_preallocates_by_priority(order):
+    """The decode server's preallocation queue is sorted by priority at every pass
+    (`pop_preallocated`), stably: a level's requests keep their order. Its pool (two blocks of
+    16 tokens, `num_reserved_decode_tokens` 0) holds one request at a time: A (level 0) runs
+    to 30 ms; B (level 0) and C (level 5) wait unprefilled for their KV to be preallocated.
+    C is preallocated as A finishes, prefilled [30, 40 ms] and finishes at 60 ms; B then.
+    Low values first, or without priorities on the decode pool (the prefill pool's order
+    changes nothing: one request reaches it at a time), B goes first."""
+    decode = _sglang_priority_side(order != "fcfs", num_reserved_decode_tokens=0,
+                                   schedule_low_priority_values_first=order == "low_first")
+    decode["kv_cache"] = {"block_size": 16, "num_blocks": 2}
+    a, b, c = _run_pools([_prio(0, 0.0, 0), _prio(1, 0.001, 0), _prio(2, 0.002, 5)],
+                         _sglang_priority_side(), decode)
+    first, second = (c, b) if order == "priority" else (b, c)
+    assert a.finish_s == pytest.approx(0.03, abs=1e-6)
+    assert first.first_scheduled_s == pytest.approx(0.03, abs=1e-6)
+    assert first.finish_s == pytest.approx(0.06, abs=1e-6)
+    assert second.first_scheduled_s == pytest.approx(0.06, abs=1e-6)
+    assert second.finish_s == pytest.approx(0.09, abs=1e-6)
+    assert all(r.num_preemptions == 0 for r in (a, b, c))
+
+
+@pytest.mark.parametrize("priority", [True, False])
+def test_sglang_decode_preallocation_stops_at_the_first_by_priority(priority):
+    """`pop_preallocated` stops at the first request that does not fit, in its order. The
+    decode pool holds 48 tokens (blocks of one); A (16 + 10 tokens) decodes from 10 to 100 ms.
+    B (4 + 2, level 0) arrives at 21 ms and C (32 + 2, level 5) at 22 ms, during a decode step:
+    at the pass of 30 ms C comes first and does not fit beside A, and B, which would, waits
+    behind it; both are preallocated as A finishes and prefilled together. First come first
+    served, B is preallocated at 30 ms and finishes at 60 ms. Nothing is preempted on the
+    decode server (it runs no `PrefillAdder`)."""
+    decode = _sglang_priority_side(priority, num_reserved_decode_tokens=0)
+    decode["kv_cache"] = {"block_size": 1, "num_blocks": 48}
+    a, b, c = _run_pools([_prio(0, 0.0, 0, output=10), _prio(1, 0.021, 0, prompt=4, output=2),
+                          _prio(2, 0.022, 5, prompt=32, output=2)],
+                         _sglang_priority_side(priority), decode)
+    assert a.finish_s == pytest.approx(0.10, abs=1e-6)
+    assert c.first_scheduled_s == pytest.approx(0.10, abs=1e-6)
+    assert b.first_scheduled_s == pytest.approx(0.10 if priority else 0.03, abs=1e-6)
+    assert b.finish_s == pytest.approx(0.13 if priority else 0.06, abs=1e-6)
+    assert all(r.num_preemptions == 0 for r in (a, b, c))

@@ -188,18 +188,29 @@ def test_through_the_simulator_with_preemption():
 
 
 def with_sglang(data: dict, draw) -> dict:
-    """`data` with every replica's scheduler replaced by a random `sglang` one (its classes,
-    if any, of one priority: SGLang's policy here is FCFS; no CPU tier for the KV cache,
-    which is vLLM's connector)."""
+    """`data` with every replica's scheduler replaced by a random `sglang` one, each pool's
+    drawn apart: sometimes with priority scheduling (the classes' priorities, if any, drawn
+    again: levels within and beyond the preemption threshold); no CPU tier for the KV cache,
+    which is vLLM's connector."""
     data.pop("kv_offload", None)
     for key, value in list(data.items()):
         if key == "classes":
-            data[key] = [{**c, "priority": 0} for c in value]
+            data[key] = [{**c, "priority": draw(st.sampled_from([0, 0, 3, 12]))}
+                         for c in value]
         elif key == "scheduler":
             data[key] = {"name": "sglang", "chunked_prefill_size": draw(st.integers(8, 1024)),
                          "mixed_chunk": draw(st.booleans()),
                          "max_running_requests": draw(st.integers(1, 64)),
                          "decode_reserve_tokens": value["decode_reserve_tokens"]}
+            if draw(st.integers(0, 2)) == 0:  # (on either pool, or both)
+                preempting = draw(st.booleans())
+                data[key].update(
+                    enable_priority_scheduling=True,
+                    schedule_low_priority_values_first=draw(st.booleans()),
+                    priority_scheduling_preemption_threshold=draw(st.sampled_from([0, 2, 10])),
+                    disable_priority_preemption=not preempting)
+                if preempting:  # (SGLang's own admission: its preemption is part of it)
+                    data[key]["decode_reserve_tokens"] = None
         elif isinstance(value, dict):
             with_sglang(value, draw)
     return data

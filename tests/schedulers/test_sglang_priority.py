@@ -116,8 +116,9 @@ def test_a_victim_leaves_a_mixed_batch():
 @pytest.mark.parametrize(("change", "field", "needle"), [
     ({"replica": {"parallelism": {"pipeline": 2}}}, "scheduler.enable_priority_scheduling",
      "pipeline stages"),
-    ({"cluster": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}},
-     "scheduler.enable_priority_scheduling", "disaggregated"),
+    ({"cluster": {"prefill": {"replicas": 1},
+                  "decode": {"replicas": 1, "replica": {"parallelism": {"pipeline": 2}}}}},
+     "cluster.decode.replica.scheduler.enable_priority_scheduling", "pipeline stages"),
     ({"replica": {"scheduler": {"decode_reserve_tokens": 0}}},
      "scheduler.decode_reserve_tokens", "disable_priority_preemption"),
     ({"replica": {"scheduler": {"priority_scheduling_preemption_threshold": -1}}},

@@ -146,6 +146,23 @@ def test_priorities_under_fcfs_are_ignored_and_said_so(tmp_path, monkeypatch, ca
     assert "priorities_ignored" not in same.summary["run"]
 
 
+def test_sglang_priority_pools_are_not_said_to_ignore_priorities():
+    """SGLang with `enable_priority_scheduling` orders by the priorities (colocated, or a
+    disaggregated pool): only a pool that serves in arrival order is named."""
+    from sim.results.metrics.classes import priorities_ignored
+
+    sglang = {"name": "sglang", "enable_priority_scheduling": True}
+    data = scenario()
+    data["replica"]["scheduler"] = sglang
+    assert priorities_ignored(parse_scenario(data, "t")) is None
+    data["cluster"] = {"prefill": {"replicas": 1, "replica": {"scheduler": sglang}},
+                       "decode": {"replicas": 1, "replica": {"scheduler": {
+                           "name": "sglang", "enable_priority_scheduling": False}}}}
+    note = priorities_ignored(parse_scenario(data, "t"))
+    assert note is not None and "cluster.decode.replica.scheduler (sglang)" in note
+    assert "cluster.prefill" not in note
+
+
 def tagged_trace(tmp_path, names):
     rows = ["t,prompt,output,kind"] + [f"{0.05 * i:.2f},{200 + 10 * i},{20 + i},{n}"
                                        for i, n in enumerate(names)]

@@ -123,9 +123,10 @@ def priorities_ignored(scenario: Scenario) -> str | None:
     whose policy serves in arrival order (vLLM's FCFS accepts priorities and ignores them)."""
     levels = sorted({c.priority for c in scenario.workload.classes or []})
     fcfs = [f"{pool.field}.scheduler ({pool.replica.scheduler.name})" for pool in scenario.pools()
-            if getattr(pool.replica.scheduler, "scheduling_policy", None) != "priority"]
+            if getattr(pool.replica.scheduler, "scheduling_policy", None) != "priority"
+            and not getattr(pool.replica.scheduler, "enable_priority_scheduling", False)]
     if len(levels) < 2 or not fcfs:
         return None
     return (f"the classes' priorities {levels} are ignored by {', '.join(fcfs)}, which serves "
             "in arrival order (vLLM's FCFS ignores them too): vllm_v1 with scheduling_policy: "
-            "priority orders by them")
+            "priority, or sglang with enable_priority_scheduling, orders by them")
