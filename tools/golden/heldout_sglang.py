@@ -28,7 +28,7 @@ from tools.golden import workloads as W  # noqa: E402
 from tools.golden.workloads_sglang import _sglang  # noqa: E402
 
 
-def make(seed: int) -> dict[str, Any]:
+def make(seed: int, hicache: bool = False) -> dict[str, Any]:
     rng = np.random.default_rng(2000 + seed)
     n = 40
     kind = seed % 4
@@ -49,14 +49,27 @@ def make(seed: int) -> dict[str, Any]:
                     disable_overlap_schedule=bool(rng.random() < 0.5))
     tokens = int(largest * float(rng.uniform(1.2, 6.0))) + 16
     step = (float(rng.choice([0.002, 0.01])), float(rng.choice([0.0, 1e-5, 5e-5])))
+    if hicache:
+        # (from a generator of its own: the rest is the seed's workload as without it)
+        tier_rng = np.random.default_rng(9000 + seed)
+        tokens = int(largest * float(tier_rng.uniform(1.2, 3.0))) + 16  # (a GPU that evicts)
+        settings.update(
+            disable_radix_cache=False, enable_hierarchical_cache=True,
+            hicache_ratio=float(tier_rng.choice([1.5, 2.0, 4.0])),
+            hicache_write_policy=str(tier_rng.choice(["write_through",
+                                                      "write_through_selective"])),
+            hicache_transfer="bandwidth",
+            hicache_host_bandwidth_gb_s=float(tier_rng.choice([1.0, 5.0, 25.0])),
+            temperature=1.0)  # (sampled: a repeated prompt's outputs its own)
     return _sglang(f"heldout_{seed}", 2000 + seed, reqs, num_gpu_blocks=tokens, step=step,
                    **settings)
 
 
-def _record_one(out: Path, seed: int) -> None:
+def _record_one(out: Path, seed: int, hicache: bool = False) -> None:
     from tools.golden.record_sglang import record_fixture
 
-    record_fixture(out, make(seed), f"python tools/golden/heldout_sglang.py --out DIR {seed}")
+    record_fixture(out, make(seed, hicache), "python tools/golden/heldout_sglang.py --out DIR "
+                   f"{'--hicache ' if hicache else ''}{seed}")
 
 
 def main() -> None:
@@ -64,16 +77,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--in-process", action="store_true",
                         help="record one seed in this process (used per seed)")
+    parser.add_argument("--hicache", action="store_true",
+                        help="the radix cache with the hierarchical cache (its copies timed "
+                             "at a host link's rate), a GPU pool that evicts, sampled outputs")
     parser.add_argument("seeds", type=int, nargs="+")
     args = parser.parse_args()
     if args.in_process:
         assert len(args.seeds) == 1, "--in-process records one seed"
-        _record_one(args.out, args.seeds[0])
+        _record_one(args.out, args.seeds[0], args.hicache)
         return
     for seed in args.seeds:
         try:
             subprocess.run([sys.executable, __file__, "--out", str(args.out), "--in-process",
-                            str(seed)], check=False, timeout=900)
+                            *(["--hicache"] if args.hicache else []), str(seed)],
+                           check=False, timeout=900)
         except subprocess.TimeoutExpired:
             print(f"{seed}: not recorded in 15 minutes (skipped)", flush=True)
 
