@@ -393,6 +393,10 @@ class SGLang(Scheduler):
         if budget <= 0:  # mixed decodes took the whole budget
             return
         if self.config.decode_reserve_tokens is None:
+            if (not prefilling and not state.waiting and self._full is None
+                    and not self.config.priority_preemption):
+                self._last_extend = []  # (the pass would stop at once: a decode batch)
+                return
             adder = PrefillAdder(self, state, plan, prefilling, budget)
             adder.run()
             self.prompts_ending(plan, adder.completing)
