@@ -272,6 +272,9 @@ class Cluster:
             self.env.process(self._timeouts())
         self.reacting = self.reacting or sessions is not None
         if not self.reacting:
+            if (len(self.front) == 1 and self.disaggregation is None
+                    and self.timeout_s is None and isinstance(self.front[0], Replica)):
+                self.front[0].alone = True  # (only the trace's arrivals come to it)
             simulate(self.env, requests, self.route, self.horizon_s, on_progress)
         else:
             self._dispatch(requests, on_progress, sessions)

@@ -114,6 +114,11 @@ class Replica(OffloadSteps):
         # lookups), with no timeouts or clients: an async replica's stretches then run on,
         # their loads read without a commit (`sim.engine.fastpath.pipeline`).
         self.read_by_loads = False
+        # The only replica, fed by the trace alone (no clients, sessions or timeouts): nothing
+        # but the next arrival (`Environment.next_arrival_s`), which comes to it, reads or
+        # changes it. A stretch then knows when new work cuts it (`sim.engine.fastpath.
+        # pipeline`).
+        self.alone = False
         # The earliest time anything outside this replica may read or change it, asked when it
         # plans: its iterations ending before then commit without an event each. By default
         # the next event of any kind; never for a prefill replica, whose hand-offs start

@@ -112,6 +112,17 @@ class FastPipelinedReplica(PipelinedReplica):
         k = len(stretch)
         end_s = stretch.hand_off_s(k)
         if not end_s < self.quiet_until():  # (else nothing can arrive before its end)
+            if self.alone:
+                # The next arrival, known now, comes to this replica: the first plan made
+                # after it takes the stretch back, with no event for the arrival's poke (one
+                # rejected cuts it all the same: a cut anywhere gives the same results).
+                arrival_s = self.env.next_arrival_s
+                if arrival_s <= end_s:
+                    k = max(1, stretch.num_planned_before(arrival_s))
+                    end_s = stretch.hand_off_s(k)
+                yield At(self.env, end_s, self.turn)
+                self._take_back(stretch, k, end_s)
+                return end_s
             # Work may arrive before the stretch ends: wait for it, or for the end.
             ended = yield poke_or_end(self, end_s)
             self._poke = None
