@@ -102,6 +102,15 @@ class KVCacheManager:
         self.num_free_blocks -= num_blocks
         self._held[request_id] = self._held.get(request_id, 0) + num_blocks
 
+    def grow_to(self, request_id: int, num_blocks: int) -> None:
+        """Hold at least `num_blocks` blocks for the request, adding blocks known to be free
+        (an async replica's fast-forward)."""
+        held = self._held.get(request_id, 0)
+        if num_blocks > held:
+            assert num_blocks - held <= self.num_free_blocks
+            self.num_free_blocks -= num_blocks - held
+            self._held[request_id] = num_blocks
+
     def free(self, req: Request, *, preempted: bool = False) -> None:
         """Give back `req`'s blocks: it finished, or it was `preempted` (SGLang keeps in its
         radix cache only what a finished request computed)."""

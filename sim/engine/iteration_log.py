@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from sim.core.request import Request
 
 COLUMNS = {
     "start_s": "d",
@@ -95,6 +100,22 @@ class IterationLog:
             self.sampled_ends[row] = end_iter
         else:
             self._open(request_id, first_iter, end_iter)
+
+    def add_sampled_runs(self, requests: Sequence[Request], first_iter: int,
+                         num_iters: Sequence[int]) -> None:
+        """`add_sampled_run` for each of `requests` (in order): it sampled a token at the end
+        of each of its `num_iters` iterations from `first_iter` (an async replica's stretch)."""
+        latest, ends = self._latest_run, self.sampled_ends
+        for req, n in zip(requests, num_iters, strict=True):
+            if n <= 0:
+                continue
+            request_id = req.request_id
+            row = latest.get(request_id)
+            if row is not None and ends[row] == first_iter:
+                ends[row] = first_iter + n
+            else:
+                self._open(request_id, first_iter, first_iter + n)
+                latest = self._latest_run  # (`_open` may have made it anew)
 
     def _open(self, request_id: int, first_iter: int, end_iter: int) -> None:
         latest = self._latest_run

@@ -184,6 +184,15 @@ def plan_async_stretch(state: ReplicaState, plan0: Plan, latency: LatencyModel, 
     end = starts + logged
     plans = np.concatenate(([plan_s, plan_s if pred_end_s is None else pred_end_s],
                             end[:-2]))
+    planned_end = plans + duration
+    if (((plans <= starts) & (planned_end > plans) & (end > starts)).all()
+            and free[-1] < MAX_SPAN_S and (horizon_s is None or end[-1] < horizon_s)):
+        # Every check below passes (what is usual), whole: each plan before its GPU time,
+        # each plan's end after it and below the last free time (a plan's time plus its
+        # duration is at most its start's), the ends after the starts, and all finite.
+        return AsyncStretch(plan0, kv.num_used_blocks, requests, computed, left, first_index,
+                            kv.block_size, plans, starts, logged, end, free, num_seqs,
+                            kv_tokens, first, first_tokens)
     if not (plans <= starts).all():  # (each plan before its GPU time: always seen so)
         return None
     if horizon_s is not None and end[-1] >= horizon_s:
@@ -258,10 +267,6 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
                                seqs[num_logged:done_k].tolist(),
                                used[num_logged:done_k],
                                0 if num_logged else len(stretch.plan0.preempted_ids))
-        # Each request sampled in each of its iterations complete: one run from the first.
-        add_run = log.add_sampled_run
-        for req, n_left in zip(requests, left, strict=True):
-            add_run(req.request_id, first, first + (done_k if done_k < n_left else n_left))
     num_placeholders = 0
     leaving: list[tuple[int, int]] = []
     first_tokens = stretch.first_tokens
@@ -274,9 +279,12 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
         for req, is_first in zip(requests, firsts, strict=True):
             if is_first:
                 req.first_scheduled_s = start0
+    completes = []  # iterations complete of each request's, all with a token of it
+    grow_to = kv.grow_to
     for pos, (req, c, n_left) in enumerate(zip(requests, computed, left, strict=True)):
         started = k if k < n_left else n_left
         complete = done_k if done_k < n_left else n_left
+        completes.append(complete)
         req.num_computed_tokens = c + started  # (c: a prompt's tokens in iteration 0 as one)
         req.num_in_flight_tokens += (started - complete if in_flight0 is None
                                      else in_flight0[pos])
@@ -285,12 +293,12 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
         req.num_output_tokens += added
         req.num_placeholders += added - retired
         num_placeholders += added
-        grow = -(-(c + started) // bs) - kv.num_held_blocks(req.request_id)
-        if grow > 0:
-            kv.grow_blocks(req.request_id, grow)
+        grow_to(req.request_id, -(-(c + started) // bs))
         if complete == n_left:
             leaving.append((n_left, pos))
     state.num_running_tokens += num_placeholders
+    if done_k:  # each request sampled in each of its iterations complete: one run
+        log.add_sampled_runs(requests, first, completes)
     done = []
     end = stretch.end_s
     leaving.sort()
