@@ -55,8 +55,8 @@ sys.path.insert(0, str(REPO / "bench"))
 from cluster_scaling import CONV_LENGTHS, ROUTER, generated  # noqa: E402
 from sim_speed import CHUNKED, DEFAULT_TRACE, DISAGGREGATED, REPLICA  # noqa: E402
 
-CASES = ("azure", "azure_v1", "colocated4", "disagg", "cluster16", "cluster64", "overload",
-         "overload_sglang")
+CASES = ("azure", "azure_v1", "azure_sglang", "colocated4", "disagg", "cluster16", "cluster64",
+         "overload", "overload_sglang")
 BASELINE_REQUESTS = 10
 
 
@@ -70,6 +70,8 @@ def scenario(case: str, num_requests: int) -> dict[str, Any]:
                      "num_requests": num_requests}}
     if case == "azure_v1":
         data["replica"] = {**REPLICA, "scheduler": {"name": "vllm_v1"}}
+    elif case == "azure_sglang":
+        data["replica"] = {**REPLICA, "scheduler": {"name": "sglang"}}
     elif case == "colocated4":
         data["workload"]["rate_scale"] = 4.0
         data["cluster"] = {"replicas": 4, "router": ROUTER}
