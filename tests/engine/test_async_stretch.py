@@ -62,6 +62,21 @@ def test_async_stretches_equal_stepping(monkeypatch, scheduler, changes, num_str
     assert num_fast < events * num_slow, (num_fast, num_slow)
 
 
+@pytest.mark.parametrize("scheduler", ["vllm_v1", "sglang"])
+def test_a_lone_replica_cuts_its_stretch_at_the_next_arrival_even_one_rejected(
+        monkeypatch, scheduler):
+    # A lone replica fed by the trace alone knows, when it plans a stretch, the arrival that
+    # will cut it, and waits for that plan's turn with no poke; one rejected (beyond the
+    # context window) cuts it all the same, and stepping again gives the same results.
+    data = _default(scheduler, replica__max_model_len=1500)
+    counts = _counting(monkeypatch)
+    fast, slow, num_fast, num_slow = fast_and_stepped(monkeypatch, parse_scenario(data, "t"))
+    assert_same_results(fast, slow)
+    assert (fast.requests["status"] == "rejected").sum() >= 50
+    assert counts["cut"] >= 100, counts
+    assert num_fast < num_slow
+
+
 @pytest.mark.parametrize(("scheduler", "arrivals"), [
     ({"name": "vllm_v1"}, {"process": "poisson", "qps": 5.5}),
     # (bursts: several prompts in one plan)
