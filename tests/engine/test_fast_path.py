@@ -53,6 +53,51 @@ def test_fast_forward_matches_stepping_every_iteration(scheduler):
     assert np.isfinite(fast.requests["e2e_s"]).all()
 
 
+@pytest.mark.parametrize("scheduler", [
+    {"name": "chunked_prefill", "token_budget": 256},
+    {"name": "prefill_first"},
+    {"name": "vllm_v1", "async_scheduling": False},
+    {"name": "sglang", "overlap_schedule": False},
+])
+def test_a_lone_replica_cuts_its_stretch_at_the_next_arrival_even_one_rejected(
+        monkeypatch, scheduler):
+    # A lone replica fed by the trace alone knows, when it runs a stretch, the arrival that
+    # will cut it, and waits for the end of the iteration in progress then with no poke; one
+    # rejected (beyond the context window) cuts it all the same, and the rest resumes.
+    data = {
+        "seed": 5,
+        "workload": {"format": "synthetic", "num_requests": 400,
+                     "arrivals": {"process": "poisson", "qps": 6},
+                     "lengths": {"prompt": {"dist": "lognormal", "mean": 600, "std": 600,
+                                            "max": 3000},
+                                 "output": {"dist": "uniform", "low": 1, "high": 300}}},
+        "replica": {"scheduler": scheduler, "latency": {"kind": "roofline"},
+                    "max_model_len": 1500},
+        "record_token_times": True,
+    }
+    cuts = {"cut": 0, "resumed": 0}
+    alone = sim.engine.fastpath.replica.FastReplica._run_stretch_alone
+    resume = sim.engine.fastpath.replica.FastReplica._resume
+
+    def counted(self, stretch, end_s):
+        assert self.alone
+        cuts["cut"] += self.env.next_arrival_s <= end_s
+        return alone(self, stretch, end_s)
+
+    def resumed(self):
+        rest = resume(self)
+        cuts["resumed"] += rest is not None
+        return rest
+
+    monkeypatch.setattr(sim.engine.fastpath.replica.FastReplica, "_run_stretch_alone", counted)
+    monkeypatch.setattr(sim.engine.fastpath.replica.FastReplica, "_resume", resumed)
+    fast, slow, num_fast, num_slow = fast_and_stepped(monkeypatch, parse_scenario(data, "t"))
+    assert_same_results(fast, slow)
+    assert (fast.requests["status"] == "rejected").sum() >= 20
+    assert cuts["cut"] >= 100 and cuts["resumed"] >= 10, cuts
+    assert num_fast < num_slow
+
+
 @pytest.mark.parametrize("cluster", [
     {"replicas": 2, "router": {"name": "least_kv_load"}},
     {"prefill": {"replicas": 1, "replica": None}, "decode": {"replicas": 2, "replica": None},

@@ -208,18 +208,42 @@ class FastReplica(Replica):
     def _run_stretch(self, stretch: Stretch) -> Generator[Any, Any, None]:
         """A stretch's iterations until its end (a finish or a KV shortfall), or new work."""
         self._inflight = stretch
-        ended = yield poke_or_end(self, float(stretch.end_s[-1]))
+        end_s = float(stretch.end_s[-1])
+        if self.alone:
+            yield from self._run_stretch_alone(stretch, end_s)
+            return
+        ended = yield poke_or_end(self, end_s)
         self._poke = None
         if ended is _ENDED:
             return  # the stretch has ended; this is the replica's turn to plan
         # New work: stop after the iteration in progress, then plan with it at that turn. An
         # iteration starting now is in progress only if this replica's planning turn at this
         # instant has passed (a step-by-step run would have planned it already).
-        rest, cut_s = self._inflight, self.env.now
+        cut_s = self._cut(self.env.now, started_now=self.env.reached(self.turn))
+        yield At(self.env, cut_s, self.turn)
+
+    def _run_stretch_alone(self, stretch: Stretch, end_s: float) -> Generator[Any, Any, None]:
+        """`_run_stretch` on a lone replica (`Replica.alone`): the next arrival, known now,
+        comes to it, and nothing else reads or changes it, so the stretch is cut after the
+        iteration in progress then (work arriving is handled before the replica's turn at an
+        instant), and that turn waited for with one event, no poke (one rejected cuts it all
+        the same: the rest resumes, `_resume`)."""
+        arrival_s = self.env.next_arrival_s
+        if not arrival_s <= end_s:
+            yield At(self.env, end_s, self.turn)
+            return
+        keep = int(stretch.starts_s.searchsorted(arrival_s, side="left"))
+        yield At(self.env, float(stretch.end_s[keep - 1]) if keep else arrival_s, self.turn)
+        self._cut(arrival_s, started_now=False)
+
+    def _cut(self, now_s: float, *, started_now: bool) -> float:
+        """Cut the stretch in progress after the iteration in progress at `now_s` (one
+        starting then, if `started_now`); returns when the replica plans next."""
+        rest, cut_s = self._inflight, now_s
         if isinstance(rest, Stretch):
-            self._inflight = rest.cut_at(cut_s, started_now=self.env.reached(self.turn))
+            self._inflight = rest.cut_at(now_s, started_now=started_now)
             if self._inflight is not None:
                 cut_s = float(self._inflight.end_s[-1])
                 if not self.state.waiting:  # a request waiting here changes the plan
                     self._uncut = (rest, len(self._inflight))
-        yield At(self.env, cut_s, self.turn)
+        return cut_s
