@@ -12,8 +12,8 @@ from sim.config.scenario import parse_scenario
 from sim.core.hicache import HierarchicalCache
 from sim.core.request import Request, Status
 from sim.engine.cluster import Cluster
-from tests.engine.test_fast_path import assert_same_results
-from tests.strategies import assert_nothing_lost, scenarios
+from tests.engine.test_offload import assert_tier_run_exact
+from tests.strategies import scenarios
 
 BLOCK_BYTES = 131072 * 16  # a 16-token block of the default model (Llama-3-8B), one GPU
 NUM_LAYERS = 32
@@ -242,9 +242,4 @@ def test_a_run_says_what_the_host_tier_did():
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(host_cache=True))
 def test_with_a_host_tier_fast_forward_is_exact_and_nothing_is_lost(data):
-    scenario = parse_scenario(data, "hypothesis")
-    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
-    assert_same_results(fast, slow)
-    assert_nothing_lost(data, fast)
-    if (fast.requests["status"] == "finished").any():
-        assert "kv_offload" in fast.summary
+    assert_tier_run_exact(data)

@@ -205,15 +205,21 @@ def test_what_the_tier_refuses_is_named(replica, field, words):
     assert err.value.field == field and words in str(err.value)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios(offload=True))
-def test_with_a_cpu_tier_fast_forward_is_exact_and_nothing_is_lost(data):
+def assert_tier_run_exact(data: dict) -> None:
+    """A run with a host tier: fast-forward equal to stepping, nothing lost, the tier's facts
+    in the summary once a request finished."""
     scenario = parse_scenario(data, "hypothesis")
     fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
     assert_same_results(fast, slow)
     assert_nothing_lost(data, fast)
     if (fast.requests["status"] == "finished").any():
         assert "kv_offload" in fast.summary
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(offload=True))
+def test_with_a_cpu_tier_fast_forward_is_exact_and_nothing_is_lost(data):
+    assert_tier_run_exact(data)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -221,12 +227,7 @@ def test_with_a_cpu_tier_fast_forward_is_exact_and_nothing_is_lost(data):
 def test_with_a_host_tier_on_the_prefill_pool_fast_forward_is_exact_and_nothing_is_lost(data):
     """Disaggregated, a CPU tier (vLLM) or a hierarchical cache (SGLang) on the prefill pool:
     hand-offs hold blocks the tier's copies read."""
-    scenario = parse_scenario(data, "hypothesis")
-    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
-    assert_same_results(fast, slow)
-    assert_nothing_lost(data, fast)
-    if (fast.requests["status"] == "finished").any():
-        assert "kv_offload" in fast.summary
+    assert_tier_run_exact(data)
 
 
 LIVELOCK = {  # found by a fuzzer; vLLM 0.15.1's own scheduler loops on it too
