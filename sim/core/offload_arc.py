@@ -96,15 +96,10 @@ class ArcTier:
     def prepare_store(self, request_id: int, blocks: list[tuple[int, int]]) -> list[int] | None:
         """The request offers these (hash, end position) blocks: the hashes to store (those
         not held), room made by eviction; None if there is not room enough."""
-        offers = self.offers
-        if offers is not None:
-            offers.offered([h for h, _ in blocks])
         to_store = [h for h, _ in blocks if self.state_of(h) is None]
         ready = [h for h, _ in blocks if self.state_of(h) not in (None, PENDING)]
-        if offers is not None:
-            allowed = [h for h in to_store if offers.allows(h)]
-            self.counters.num_skipped_stores += len(to_store) - len(allowed)
-            to_store = allowed
+        if self.offers is not None:
+            to_store = self.offers.admit(blocks, to_store, self.counters)
         access = self._access.setdefault(request_id, _Access())
         misses = [h for h in to_store if h not in access.missed]
         for h in reversed(misses):  # (`on_store_miss`, once per block and request)

@@ -54,8 +54,15 @@ class OfferCounts:
                 num_unprotected -= 1
             counts[h] = 1
 
-    def allows(self, block_hash: int) -> bool:
-        return self._counts.get(block_hash, 0) >= self.threshold
+    def admit(self, offered: list[tuple[int, int]], to_store: list[int],
+              counters: TierCounters) -> list[int]:
+        """Count an offer of these (hash, end position) blocks; of `to_store` (those the tier
+        lacks), the ones offered often enough, the others counted as skipped."""
+        self.offered([h for h, _ in offered])
+        counts, threshold = self._counts, self.threshold
+        allowed = [h for h in to_store if counts.get(h, 0) >= threshold]
+        counters.num_skipped_stores += len(to_store) - len(allowed)
+        return allowed
 
 
 class RankedTier:
@@ -167,10 +174,7 @@ class RankedTier:
         ref, offers = self._ref, self.offers
         to_store = [h for h, _ in blocks if h not in ref]
         if offers is not None:
-            offers.offered([h for h, _ in blocks])
-            allowed = [h for h in to_store if offers.allows(h)]
-            self.counters.num_skipped_stores += len(to_store) - len(allowed)
-            to_store = allowed
+            to_store = offers.admit(blocks, to_store, self.counters)
         fresh = set(to_store)
         self._access(request_id, [(h, pos) for h, pos in blocks
                                   if h in fresh or ref.get(h, PENDING) != PENDING])

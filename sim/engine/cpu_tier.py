@@ -44,6 +44,7 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
     if offload is None:
         return None
     where = f"{field}.kv_offload"
+    value: object = offload.size_gib  # (the value the refusal names)
     problem = None
     if cfg.scheduler.name != "vllm_v1":
         problem = f"the CPU tier is vLLM's offloading connector: scheduler {cfg.scheduler.name!r}"
@@ -60,22 +61,19 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
         problem = (f"the CPU tier follows vLLM 0.15.1's and 0.33.0's offloading connectors, "
                    f"not {version}'s")
     elif offload.eviction_policy == "arc" and version == "0.15.1":
-        where = f"{where}.eviction_policy"
+        where, value = f"{where}.eviction_policy", offload.eviction_policy
         problem = ("vLLM 0.15.1's ARC manager raises KeyError at the first store it makes "
                    "(`ARCOffloadingManager.touch` pops a block still being stored, then moves "
                    "it): use lru, or engine_version 0.33.0, whose ARC works")
     elif offload.store_threshold >= 2 and version == "0.15.1":
-        where = f"{where}.store_threshold"
+        where, value = f"{where}.store_threshold", offload.store_threshold
         problem = ("vLLM 0.15.1's offloading connector stores every block it is offered "
                    "(store_threshold came with the rewritten connector): leave it at 0, or "
                    "give engine_version 0.33.0")
     if problem is not None:
         if problem.startswith(("with", "on")):
             problem = f"a CPU tier {problem} is not modelled yet (servesim issue 47)"
-        field_name = where.rsplit(".", 1)[-1]
-        raise InputError(source, where, getattr(offload, field_name)
-                         if field_name in ("eviction_policy", "store_threshold")
-                         else offload.size_gib, problem)
+        raise InputError(source, where, value, problem)
     model, par = cfg.model_shape, cfg.parallelism
     block_size = cfg.kv_cache.block_size
     block_bytes_per_gpu = par.kv_bytes_per_token_per_gpu(model) * block_size
