@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 
 from sim.config.replica import ReplicaConfig
-from sim.config.scenario import Scenario, load_scenario, with_prefix_caching
+from sim.config.scenario import Scenario, load_scenario, with_prefix_caching, with_replicas
 from sim.core.kv_cache import KVCacheManager
 from sim.core.request import Request
 from sim.core.speculative import Acceptance
 from sim.engine.clock import Progress
-from sim.engine.cluster import Cluster, blocks_beyond_memory
+from sim.engine.cluster import Cluster, blocks_beyond_memory, resolved_scheduler
 from sim.engine.cpu_tier import offload_facts
 from sim.engine.iteration_log import IterationLog
 from sim.hardware.gpus import measured_on
@@ -211,6 +211,10 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
         check_out_dir(Path(out_dir))
     workload = load_workload(scenario)
     given, scenario = scenario, with_prefix_caching(scenario, workload.hash_ids is not None)
+    # The defaults an engine derives from its KV pool (SGLang's running limit), spelled out
+    # in the resolved scenario as the replicas will have them.
+    scenario = with_replicas(scenario, lambda replica: replica.model_copy(
+        update={"scheduler": resolved_scheduler(replica)}))
     # Pools whose engine caches prefixes by default, left off for want of hash ids.
     left_off = [(pool.field, pool.replica.scheduler.name)
                 for pool, was in zip(scenario.pools(), given.pools(), strict=True)

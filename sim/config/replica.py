@@ -25,7 +25,9 @@ from sim.schedulers import SCHEDULERS, SchedulerConfig
 
 class KVCacheConfig(Frozen):
     # Bounds keep block counts times block sizes (KV slots) well inside int64.
-    block_size: int = Field(16, gt=0, le=65_536, description="token slots per KV block (tokens)")
+    block_size: int = Field(16, gt=0, le=65_536,
+                            description="token slots per KV block (tokens); unset, the "
+                                        "engine's: vLLM's 16, SGLang's page of 1")
     num_blocks: int | None = Field(
         None, gt=0, le=10**12, description="blocks per replica; None: derived from GPU memory"
     )
@@ -242,16 +244,25 @@ class ReplicaConfig(Frozen):
         if not isinstance(name, str) or name not in SCHEDULERS or type(pipeline) is not int:
             return data  # reported by the fields' own validators
         config = SCHEDULERS.get(name).Config
+        gpu = _gpu_spec(data.get("gpu", cls.model_fields["gpu"].default))
         try:
             scheduler = data["scheduler"]
-            if (gpu := _gpu_spec(data.get("gpu", cls.model_fields["gpu"].default))) is not None:
+            if gpu is not None:
                 scheduler = config.for_gpu(scheduler, gpu, _context_len(data))
             scheduler = config.for_pipeline(scheduler, pipeline)
             scheduler = config.for_model(scheduler, _model_type(data))
         except ValidationError as exc:  # located within the scheduler's settings
             raise invalid(*[(".".join(["scheduler", *map(str, e["loc"])]), e["input"], e["msg"])
                             for e in exc.errors()]) from None
-        return {**data, "scheduler": scheduler}
+        data = {**data, "scheduler": scheduler}
+        if (page := config.page_size(scheduler, gpu)) is not None:
+            # The engine's own page where the scenario gives no block size (SGLang's 1).
+            kv = data.get("kv_cache", {})
+            if isinstance(kv, dict) and "block_size" not in kv:
+                data["kv_cache"] = {**kv, "block_size": page}
+            elif isinstance(kv, KVCacheConfig) and "block_size" not in kv.model_fields_set:
+                data["kv_cache"] = kv.model_copy(update={"block_size": page})
+        return data
 
     @field_validator("latency", mode="before")
     @classmethod

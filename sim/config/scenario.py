@@ -317,7 +317,7 @@ def _resolve_paths(scenario: Scenario, base_dir: Path) -> Scenario:
         updates["lengths"] = lengths.model_copy(update={"file": _absolute(base_dir, file)})
     if updates:
         scenario = scenario.model_copy(update={"workload": workload.model_copy(update=updates)})
-    return _with_replicas(scenario, lambda replica: _resolve_latency(replica, base_dir))
+    return with_replicas(scenario, lambda replica: _resolve_latency(replica, base_dir))
 
 
 def with_prefix_caching(scenario: Scenario, keyed: bool) -> Scenario:
@@ -338,10 +338,10 @@ def with_prefix_caching(scenario: Scenario, keyed: bool) -> Scenario:
         on = (keyed or tiered) and type(replica.scheduler).prefix_caching_default
         return replica.model_copy(update={"prefix_caching": on})
 
-    return _with_replicas(scenario, resolve)
+    return with_replicas(scenario, resolve)
 
 
-def _with_replicas(scenario: Scenario, change: Callable[[ReplicaConfig], ReplicaConfig]
+def with_replicas(scenario: Scenario, change: Callable[[ReplicaConfig], ReplicaConfig]
                    ) -> Scenario:
     """`scenario` with `change` applied to its replica and to each pool's."""
     scenario = scenario.model_copy(update={"replica": change(scenario.replica)})

@@ -40,7 +40,7 @@ from sim.latency.base import (
 from sim.latency.noise import IterationNoise
 from sim.routers import ROUTERS
 from sim.routers.base import ReplicaLoad
-from sim.schedulers import SCHEDULERS, Scheduler
+from sim.schedulers import SCHEDULERS, Scheduler, SchedulerConfig
 from sim.workloads.base import Sessions
 
 # A request in one of these states can no longer time out.
@@ -426,8 +426,47 @@ def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
 
 
 def make_scheduler(cfg: ReplicaConfig) -> Scheduler:
-    """The replica's scheduler, knowing the context window in force."""
-    return SCHEDULERS.get(cfg.scheduler.name)(cfg.scheduler, max_model_len=cfg.context_len)
+    """The replica's scheduler, knowing the context window in force, with the defaults its
+    engine derives from the KV pool (`resolved_scheduler`)."""
+    return SCHEDULERS.get(cfg.scheduler.name)(resolved_scheduler(cfg),
+                                              max_model_len=cfg.context_len)
+
+
+def resolved_scheduler(cfg: ReplicaConfig) -> SchedulerConfig:
+    """The replica's scheduler settings with the defaults its engine derives from its KV pool
+    filled in (`SchedulerConfig.for_kv`: SGLang's running limit); as given where the pool
+    has no room (`kv_cache_for` says why)."""
+    scheduler = cfg.scheduler
+    if not scheduler.derives_from_kv:
+        return scheduler
+    num_null = SCHEDULERS.get(scheduler.name).num_null_blocks
+    num_blocks = num_kv_blocks(cfg, cfg.model_shape, num_null)
+    if num_blocks <= 0:
+        return scheduler
+    return scheduler.for_kv(num_blocks * cfg.kv_cache.block_size, cfg.context_len)
+
+
+def num_kv_blocks(cfg: ReplicaConfig, model: ModelShape, num_null: int) -> int:
+    """The replica's KV blocks the engine allocates: those given, or what GPU memory holds
+    after the weights (`kv_cache_for`), less `num_null` it never allocates; at most 0 where
+    there is no room."""
+    kv = cfg.kv_cache
+    if kv.num_blocks is not None:
+        return kv.num_blocks - num_null
+    par = cfg.parallelism
+    weight_bytes = par.weight_bytes_per_gpu(model)
+    kv_bytes = par.kv_bytes_per_token_per_gpu(model)
+    spec = getattr(cfg.scheduler, "speculative", None)
+    if spec is not None and spec.method in ("eagle", "eagle3", "mtp"):
+        # A one-layer drafter keeps its KV in the same pool, a slot per token slot (SGLang's
+        # pool configurator: the cell grows by draft layers / target layers; vLLM's KV cache
+        # groups), and its layer's weights beside the target's (EAGLE-3's own small LM head
+        # and input projection left out). A draft model's are its own: not counted.
+        kv_bytes *= 1 + 1 / model.num_layers
+        weight_bytes += par.dense_layer_bytes_per_gpu(model)
+    usable_bytes = cfg.gpu_spec.memory_bytes * kv.gpu_memory_utilization
+    free_bytes = usable_bytes - weight_bytes - kv.activation_reserve_gb * 1e9
+    return int(free_bytes // (kv.block_size * kv_bytes)) - num_null
 
 
 def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
@@ -460,20 +499,12 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
                              f"the engine keeps {num_null} block(s) it never allocates (vLLM's "
                              f"null block): give more than {num_null}")
         return _manager(cfg, kv.num_blocks - num_null, eviction)
-    kv_bytes = par.kv_bytes_per_token_per_gpu(model)
-    spec = getattr(cfg.scheduler, "speculative", None)
-    if spec is not None and spec.method in ("eagle", "eagle3", "mtp"):
-        # A one-layer drafter keeps its KV in the same pool, a slot per token slot (SGLang's
-        # pool configurator: the cell grows by draft layers / target layers; vLLM's KV cache
-        # groups), and its layer's weights beside the target's (EAGLE-3's own small LM head
-        # and input projection left out). A draft model's are its own: not counted.
-        kv_bytes *= 1 + 1 / model.num_layers
-        weight_bytes += par.dense_layer_bytes_per_gpu(model)
-    usable_bytes = gpu.memory_bytes * kv.gpu_memory_utilization
-    free_bytes = usable_bytes - weight_bytes - kv.activation_reserve_gb * 1e9
-    num_blocks = int(free_bytes // (kv.block_size * kv_bytes))
-    num_blocks -= num_null
+    num_blocks = num_kv_blocks(cfg, model, num_null)
     if num_blocks <= 0:
+        spec = getattr(cfg.scheduler, "speculative", None)
+        if spec is not None and spec.method in ("eagle", "eagle3", "mtp"):
+            weight_bytes += par.dense_layer_bytes_per_gpu(model)  # (the drafter's layer)
+        usable_bytes = gpu.memory_bytes * kv.gpu_memory_utilization
         split = f" split {par.num_gpus} ways (TP{par.tensor} x PP{par.pipeline})" \
             if par.num_gpus > 1 else ""
         raise InputError(source, f"{field}.kv_cache", f"{model.name} on {gpu.name}",

@@ -72,6 +72,23 @@ class SchedulerConfig(BaseModel):
         that split. As given by default."""
         return data
 
+    @classmethod
+    def page_size(cls, data: dict[str, Any], gpu: GPUSpec | None) -> int | None:
+        """The KV block size (page) the engine picks for these settings on `gpu` where
+        `kv_cache.block_size` is not given; None: `KVCacheConfig`'s (vLLM's 16)."""
+        return None
+
+    @property
+    def derives_from_kv(self) -> bool:
+        """Whether a default is left for the engine to derive from its KV pool (`for_kv`):
+        known only once the pool is sized, after validation. None by default."""
+        return False
+
+    def for_kv(self, num_kv_tokens: int, context_len: int | None) -> SchedulerConfig:
+        """These settings with the defaults the engine derives from its KV pool
+        (`num_kv_tokens` token slots) and context window filled in. As given by default."""
+        return self
+
 
 class Scheduler(ABC):
     """Decides, iteration by iteration, which requests compute how many tokens."""

@@ -3,7 +3,7 @@ defaults SGLang 0.5.23 resolves (speculative decoding's: `sim.schedulers.sglang_
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -16,8 +16,13 @@ from sim.schedulers.sglang_spec import (
     auto_params,
 )
 
+if TYPE_CHECKING:
+    from sim.hardware.gpus import GPUSpec
+
 # Releases checked by the golden schedules (`tests/golden/sglang-<version>/`).
 SGLANG_VERSIONS = ("0.5.23",)
+# `chunked_prefill_size` by the GPU's memory: (below this many GiB, tokens), else 16384.
+CHUNK_BY_MEMORY_GIB = ((20, 2048), (60, 4096), (160, 8192))
 
 
 class SGLangHiCacheConfig(Frozen):
@@ -56,9 +61,10 @@ class SGLangConfig(SchedulerConfig):
 
     chunked_prefill_size: int = Field(
         8192, gt=0,
-        description=("most new tokens in one prefill (extend) batch; SGLang's default on "
-                     "A100/H100/H200 (2048 below 35 GB, 16384 on B200/MI300); Mini-SGLang's "
-                     "max_extend_tokens"),
+        description=("--chunked-prefill-size: most new tokens in one prefill (extend) "
+                     "batch; unset, SGLang's by the GPU's memory: 2048 below 20 GiB, 4096 "
+                     "below 60 (RTX 4090, A10G, L40S), 8192 below 160 (A100, H100, H200, RTX "
+                     "PRO 6000), else 16384 (B200, MI300X)"),
         json_schema_extra={"unit": "tokens"},
     )
     decode_reserve_tokens: int | None = Field(
@@ -108,6 +114,50 @@ class SGLangConfig(SchedulerConfig):
                            "memory below the radix cache, sim.core.hicache; with speculative "
                            "decoding the drafter's KV layer is copied beside the target's, "
                            "a draft model refused); None: off"))
+
+    max_num_seqs: int = Field(
+        256, gt=0,
+        description=("--max-running-requests: most requests running at once; unset, SGLang "
+                     "derives it from the KV pool: tokens / context window x 512, within "
+                     "2048-4096 (48 with speculative decoding); at most half the pool's "
+                     "tokens, given or not"),
+        json_schema_extra={"unit": "requests"})
+
+    @classmethod
+    def for_gpu(cls, data: dict[str, Any], gpu: GPUSpec, context_len: int | None = None
+                ) -> dict[str, Any]:
+        # SGLang's chunk size by the GPU's memory (`arg_groups/memory_hook.py`
+        # `_handle_gpu_memory_settings`: the device's MiB, 2k below 20 GiB, 4k below 60,
+        # 8k below 160, else 16k), spelled out in the resolved scenario.
+        if "chunked_prefill_size" in data:
+            return data
+        memory_gib = gpu.memory_bytes / 2**30
+        size = next((s for below_gib, s in CHUNK_BY_MEMORY_GIB if memory_gib < below_gib),
+                    16384)
+        return {**data, "chunked_prefill_size": size}
+
+    @classmethod
+    def page_size(cls, data: dict[str, Any], gpu: GPUSpec | None) -> int | None:
+        # `--page-size` unset is 1 (`arg_groups/overrides.py` `_page_size_default`) for the
+        # attention backends SGLang picks on these GPUs (FA3 on Hopper, FlashInfer or Triton
+        # elsewhere); B200's TensorRT-LLM MHA would take 64, pages servesim does not model.
+        return 1
+
+    @property
+    def derives_from_kv(self) -> bool:
+        return True  # the running limit, given or not: at most half the pool (`for_kv`)
+
+    def for_kv(self, num_kv_tokens: int, context_len: int | None) -> SGLangConfig:
+        # `KVCacheConfigurator.resolve_max_num_reqs` (`mem_cache/kv_cache_configurator.py`):
+        # unset, the pool's tokens over the context window times 512, within 2048-4096;
+        # given or not, at most half the pool's tokens (one data-parallel worker).
+        num_seqs = self.max_num_seqs
+        if "max_num_seqs" not in self.model_fields_set and context_len:
+            num_seqs = max(min(int(num_kv_tokens / context_len * 512), 4096), 2048)
+        num_seqs = max(1, min(num_seqs, num_kv_tokens // 2))
+        if num_seqs == self.max_num_seqs and "max_num_seqs" in self.model_fields_set:
+            return self
+        return self.model_copy(update={"max_num_seqs": num_seqs})
 
     @classmethod
     def for_model(cls, data: dict[str, Any], model_type: str | None) -> dict[str, Any]:
