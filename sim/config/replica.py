@@ -27,7 +27,8 @@ class KVCacheConfig(Frozen):
     # Bounds keep block counts times block sizes (KV slots) well inside int64.
     block_size: int = Field(16, gt=0, le=65_536,
                             description="token slots per KV block (tokens); unset, the "
-                                        "engine's: vLLM's 16, SGLang's page of 1")
+                                        "engine's: vLLM's 16 (64 or 32 for DeepSeek's MLA on "
+                                        "Hopper and B200), SGLang's page of 1")
     num_blocks: int | None = Field(
         None, gt=0, le=10**12, description="blocks per replica; None: derived from GPU memory"
     )
@@ -255,12 +256,19 @@ class ReplicaConfig(Frozen):
             raise invalid(*[(".".join(["scheduler", *map(str, e["loc"])]), e["input"], e["msg"])
                             for e in exc.errors()]) from None
         data = {**data, "scheduler": scheduler}
-        if (page := config.page_size(scheduler, gpu)) is not None:
+        mla = _uses_mla(data)
+        kv = data.get("kv_cache", {})
+        given = kv.get("block_size") if isinstance(kv, dict) else (
+            kv.block_size if isinstance(kv, KVCacheConfig)
+            and "block_size" in kv.model_fields_set else None)
+        if type(given) is int and given > 0:
+            if (why := config.page_refused(scheduler, gpu, mla, given)) is not None:
+                raise invalid(("kv_cache.block_size", given, why))
+        elif given is None and (page := config.page_size(scheduler, gpu, mla)) is not None:
             # The engine's own page where the scenario gives no block size (SGLang's 1).
-            kv = data.get("kv_cache", {})
-            if isinstance(kv, dict) and "block_size" not in kv:
+            if isinstance(kv, dict):
                 data["kv_cache"] = {**kv, "block_size": page}
-            elif isinstance(kv, KVCacheConfig) and "block_size" not in kv.model_fields_set:
+            elif isinstance(kv, KVCacheConfig):
                 data["kv_cache"] = kv.model_copy(update={"block_size": page})
         return data
 
@@ -286,22 +294,35 @@ def _context_len(data: dict[str, Any]) -> int | None:
 
 
 def _model_type(data: dict[str, Any]) -> str | None:
-    """The `model_type` of the model a replica's raw fields name: a committed config.json's
-    (a registered model) or the one at a path (as given: relative to the working directory);
-    None where neither gives one."""
+    """The `model_type` of the model a replica's raw fields name (`_model_config`); None where
+    it gives none."""
+    value = _model_config(data).get("model_type")
+    return value if isinstance(value, str) else None
+
+
+def _uses_mla(data: dict[str, Any]) -> bool:
+    """Whether the model a replica's raw fields name keeps DeepSeek's latent KV (MLA)."""
+    rank = _model_config(data).get("kv_lora_rank")
+    return type(rank) is int and rank > 0
+
+
+def _model_config(data: dict[str, Any]) -> dict[str, Any]:
+    """The config.json of the model a replica's raw fields name: a committed one (a
+    registered model) or the one at a path (as given: relative to the working directory);
+    empty where neither is read."""
     from sim.hardware.models import DATA_DIR
 
     model = data.get("model", _default_model())
     if not isinstance(model, str):
-        return None
+        return {}
     path = DATA_DIR / f"{model}.json" if model in MODELS.names() else Path(model).expanduser()
     if path.is_dir():
         path = path / "config.json"
     try:
-        value = json.loads(path.read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) else None
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _default_model() -> Any:

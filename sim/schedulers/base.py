@@ -73,9 +73,17 @@ class SchedulerConfig(BaseModel):
         return data
 
     @classmethod
-    def page_size(cls, data: dict[str, Any], gpu: GPUSpec | None) -> int | None:
-        """The KV block size (page) the engine picks for these settings on `gpu` where
-        `kv_cache.block_size` is not given; None: `KVCacheConfig`'s (vLLM's 16)."""
+    def page_size(cls, data: dict[str, Any], gpu: GPUSpec | None, mla: bool) -> int | None:
+        """The KV block size (page) the engine picks for these settings on `gpu` (for a model
+        with DeepSeek's latent attention, `mla`) where `kv_cache.block_size` is not given;
+        None: `KVCacheConfig`'s (vLLM's 16)."""
+        return None
+
+    @classmethod
+    def page_refused(cls, data: dict[str, Any], gpu: GPUSpec | None, mla: bool,
+                     block_size: int) -> str | None:
+        """Why the engine would not run with the KV block size given (it would take another),
+        or None."""
         return None
 
     @property

@@ -137,7 +137,7 @@ class SGLangConfig(SchedulerConfig):
         return {**data, "chunked_prefill_size": size}
 
     @classmethod
-    def page_size(cls, data: dict[str, Any], gpu: GPUSpec | None) -> int | None:
+    def page_size(cls, data: dict[str, Any], gpu: GPUSpec | None, mla: bool) -> int | None:
         # `--page-size` unset is 1 (`arg_groups/overrides.py` `_page_size_default`) for the
         # attention backends SGLang picks on these GPUs (FA3 on Hopper, FlashInfer or Triton
         # elsewhere); B200's TensorRT-LLM MHA would take 64, pages servesim does not model.

@@ -64,6 +64,15 @@ class EngineRules:
         return 2048, 256
 
 
+# KV block sizes of DeepSeek's latent attention (MLA) by (release, GPU) where not 16, as each
+# release's attention backend for it needs them: 0.15.1 forces FlashMLA's 64 on Hopper and
+# FlashInfer MLA's 64 on B200 (`platforms/cuda.py` `check_and_update_config`); 0.33.0 takes its
+# backend's preferred size (`update_block_size_for_backend`): FlashAttention MLA's 16 on Hopper,
+# FlashInfer MLA's smallest, 32, on B200. Elsewhere (A100, Ada, RTX PRO 6000: Triton MLA) 16.
+MLA_BLOCK_SIZES = {("0.15.1", "h100-sxm"): 64, ("0.15.1", "h200"): 64, ("0.15.1", "b200"): 64,
+                   ("0.33.0", "b200"): 32}
+
+
 # Checked against each release's own scheduler code by the golden schedules (`tools/golden/`).
 ENGINE_VERSIONS: dict[str, EngineRules] = {
     # The release the public H100 measurements ran (`../shared/realruns/`): async scheduling
@@ -279,6 +288,29 @@ class VllmV1Config(SchedulerConfig):
         if "max_num_seqs" not in data and type(out["max_num_batched_tokens"]) is int:
             out["max_num_seqs"] = max(1, min(num_seqs, out["max_num_batched_tokens"]))
         return out
+
+    @classmethod
+    def page_size(cls, data: dict[str, Any], gpu: GPUSpec | None, mla: bool) -> int | None:
+        # DeepSeek's latent attention takes the block size of the backend vLLM picks for it
+        # (`MLA_BLOCK_SIZES`); other models vLLM's 16.
+        if not mla or gpu is None:
+            return None
+        version = data.get("engine_version", DEFAULT_ENGINE_VERSION)
+        return MLA_BLOCK_SIZES.get((version, gpu.measured_as)) if isinstance(version, str) \
+            else None
+
+    @classmethod
+    def page_refused(cls, data: dict[str, Any], gpu: GPUSpec | None, mla: bool,
+                     block_size: int) -> str | None:
+        # 0.15.1 replaces a size its MLA backend cannot take, given or not (0.33.0 keeps a
+        # given one and picks a backend that takes it).
+        page = cls.page_size(data, gpu, mla)
+        if page is None or data.get("engine_version", DEFAULT_ENGINE_VERSION) != "0.15.1" \
+                or block_size % page == 0:
+            return None
+        return (f"vLLM 0.15.1 runs DeepSeek's latent attention on {gpu.name if gpu else ''} "
+                f"with blocks of {page} whatever is given: give a multiple of {page}, or leave "
+                "it unset")
 
     @classmethod
     def for_pipeline(cls, data: dict[str, Any], pipeline_size: int) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from sim.config.errors import InputError
 from sim.config.scenario import parse_scenario
 from tests.helpers import assert_one_line_error, run_cli
 
@@ -48,3 +49,30 @@ def test_a_bad_engine_version_is_one_line(tmp_path, monkeypatch, capsys):
                     "\nreplica: {scheduler: {name: vllm_v1, engine_version: [1]}}\n")
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path))
     assert_one_line_error(code, err, "engine_version", "unknown vLLM version")
+
+
+@pytest.mark.parametrize("model,gpu,version,block_size", [
+    ("deepseek-v2-lite", "h100-sxm", "0.15.1", 64), ("deepseek-v2-lite", "h200", "0.15.1", 64),
+    ("deepseek-v2-lite", "b200", "0.15.1", 64), ("deepseek-v2-lite", "a100-80gb", "0.15.1", 16),
+    ("deepseek-v2-lite", "h100-sxm", "0.33.0", 16), ("deepseek-v2-lite", "b200", "0.33.0", 32),
+    ("llama-3.1-8b", "h100-sxm", "0.15.1", 16), ("llama-3.1-8b", "b200", "0.33.0", 16)])
+def test_the_block_size_is_the_one_vllms_attention_backend_takes(model, gpu, version,
+                                                                 block_size):
+    """DeepSeek's latent attention runs on FlashMLA (0.15.1 on Hopper: blocks of 64) or
+    FlashInfer MLA (B200: 64 in 0.15.1, its smallest, 32, in 0.33.0); given, a size stays."""
+    def kv(**given):
+        data = {"name": "d", "workload": {"format": "synthetic", "num_requests": 1,
+                                          "arrivals": {"process": "poisson", "qps": 1.0},
+                                          "lengths": {"prompt": {"dist": "fixed", "value": 8},
+                                                      "output": {"dist": "fixed", "value": 2}}},
+                "replica": {"model": model, "gpu": gpu, "kv_cache": given,
+                            "scheduler": {"name": "vllm_v1", "engine_version": version}}}
+        return parse_scenario(data, "t").replica.kv_cache
+    assert kv().block_size == block_size
+    assert kv(block_size=128).block_size == 128
+    if (version, block_size) == ("0.15.1", 64):  # a size it would replace: refused, one line
+        with pytest.raises(InputError, match=r"replica.kv_cache.block_size=16: vLLM 0.15.1 "
+                                             r"runs DeepSeek's latent attention"):
+            kv(block_size=16)
+    else:
+        assert kv(block_size=16).block_size == 16
