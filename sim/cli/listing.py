@@ -218,6 +218,8 @@ def parameter_rows(config: Any, prefix: str = "") -> dict[str, tuple[str, str]]:
                  else f"{default:g}" if isinstance(default, float) else str(default))
         if unit and isinstance(default, int | float) and not isinstance(default, bool):
             shown += f" {singular(unit) if default == 1 else unit}"
+        if "shown_default" in extra:  # a default resolved from the deployment, said so
+            shown = str(extra["shown_default"])
         meaning = "; ".join(part for part in ((info.description or "").rstrip("."),
                                               allowed(info)) if part)
         rows[prefix + key] = (shown, meaning)

@@ -65,7 +65,7 @@ class SGLangConfig(SchedulerConfig):
                      "batch; unset, SGLang's by the GPU's memory: 2048 below 20 GiB, 4096 "
                      "below 60 (RTX 4090, A10G, L40S), 8192 below 160 (A100, H100, H200, RTX "
                      "PRO 6000), else 16384 (B200, MI300X)"),
-        json_schema_extra={"unit": "tokens"},
+        json_schema_extra={"unit": "tokens", "shown_default": "by the GPU"},
     )
     decode_reserve_tokens: int | None = Field(
         None, ge=0,
@@ -121,7 +121,7 @@ class SGLangConfig(SchedulerConfig):
                      "derives it from the KV pool: tokens / context window x 512, within "
                      "2048-4096 (48 with speculative decoding); at most half the pool's "
                      "tokens, given or not"),
-        json_schema_extra={"unit": "requests"})
+        json_schema_extra={"unit": "requests", "shown_default": "from the KV pool"})
 
     @classmethod
     def for_gpu(cls, data: dict[str, Any], gpu: GPUSpec, context_len: int | None = None
