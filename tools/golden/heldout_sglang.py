@@ -34,7 +34,9 @@ from tools.golden import workloads as W  # noqa: E402
 from tools.golden.workloads_sglang import _sglang  # noqa: E402
 
 
-def make(seed: int, hicache: bool = False) -> dict[str, Any]:
+def make(seed: int, hicache: bool = False, page_size: int | str = 1) -> dict[str, Any]:
+    """Seed `seed`'s workload; `page_size` SGLang's `--page-size` ("random": 4, 16 or 64
+    from a generator of its own), its pool then rounded up to whole pages."""
     rng = np.random.default_rng(2000 + seed)
     n = 40
     kind = seed % 4
@@ -67,15 +69,21 @@ def make(seed: int, hicache: bool = False) -> dict[str, Any]:
             hicache_transfer="bandwidth",
             hicache_host_bandwidth_gb_s=float(tier_rng.choice([1.0, 5.0, 25.0])),
             temperature=1.0)  # (sampled: a repeated prompt's outputs its own)
+    if page_size == "random":
+        page_size = int(np.random.default_rng(7000 + seed).choice([4, 16, 64]))
+    assert isinstance(page_size, int) and not (hicache and page_size > 1), page_size
+    tokens = -(-tokens // page_size) * page_size
     return _sglang(f"heldout_{seed}", 2000 + seed, reqs, num_gpu_blocks=tokens, step=step,
-                   **settings)
+                   page_size=page_size, **settings)
 
 
-def _record_one(out: Path, seed: int, hicache: bool = False) -> None:
+def _record_one(out: Path, seed: int, hicache: bool = False, page_size: str = "1") -> None:
     from tools.golden.record_sglang import record_fixture
 
-    record_fixture(out, make(seed, hicache), "python tools/golden/heldout_sglang.py --out DIR "
-                   f"{'--hicache ' if hicache else ''}{seed}")
+    page: int | str = page_size if page_size == "random" else int(page_size)
+    record_fixture(out, make(seed, hicache, page), "python tools/golden/heldout_sglang.py "
+                   f"--out DIR {'--hicache ' if hicache else ''}"
+                   f"{f'--page-size {page_size} ' if page != 1 else ''}{seed}")
 
 
 def main() -> None:
@@ -86,16 +94,19 @@ def main() -> None:
     parser.add_argument("--hicache", action="store_true",
                         help="the radix cache with the hierarchical cache (its copies timed "
                              "at a host link's rate), a GPU pool that evicts, sampled outputs")
+    parser.add_argument("--page-size", default="1",
+                        help="SGLang's --page-size: tokens, or 'random' (4, 16 or 64 a seed)")
     parser.add_argument("seeds", type=int, nargs="+")
     args = parser.parse_args()
     if args.in_process:
         assert len(args.seeds) == 1, "--in-process records one seed"
-        _record_one(args.out, args.seeds[0], args.hicache)
+        _record_one(args.out, args.seeds[0], args.hicache, args.page_size)
         return
     for seed in args.seeds:
         try:
             subprocess.run([sys.executable, __file__, "--out", str(args.out), "--in-process",
-                            *(["--hicache"] if args.hicache else []), str(seed)],
+                            *(["--hicache"] if args.hicache else []),
+                            "--page-size", args.page_size, str(seed)],
                            check=False, timeout=900)
         except subprocess.TimeoutExpired:
             print(f"{seed}: not recorded in 15 minutes (skipped)", flush=True)

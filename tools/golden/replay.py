@@ -78,7 +78,10 @@ def scenario_data(doc: dict[str, Any], policy: str | None = None) -> dict[str, A
             "scheduler": scheduler,
             "latency": {"kind": "linear", "base_s": step["base_s"],
                         "per_token_s": step["per_token_s"]},
-            "kv_cache": {"block_size": w["block_size"], "num_blocks": w["num_gpu_blocks"]},
+            # (An SGLang workload's pool is in tokens, whole pages of `block_size`.)
+            "kv_cache": {"block_size": w["block_size"],
+                         "num_blocks": (w["num_gpu_blocks"] // w["block_size"]
+                                        if doc["engine"] == "sglang" else w["num_gpu_blocks"])},
             "max_model_len": w["max_model_len"],
             "prefix_caching": prefix_caching,
             **({"kv_offload": offload_config(s["kv_offload"])} if s.get("kv_offload") else {}),

@@ -8,7 +8,9 @@ holding SGLang server arguments by SGLang's names:
     event_loop_normal, false its overlap scheduler, event_loop_overlap),
 
 and `num_gpu_blocks` the KV token pool (`--max-total-tokens`, SGLang's max_total_num_tokens:
-every one of those token slots is usable, no null slot), `block_size` 1 (`--page-size 1`).
+every one of those token slots is usable, no null slot), `block_size` SGLang's `--page-size`
+(1, or 16 and 64 for the `page*` workloads: the pool is then in tokens still, a multiple of the
+page).
 Each workload has 40-80 requests: the recorder runs SGLang's real model forward on a CPU,
 about 0.05-0.4 s a step. No SGLang or servesim import.
 
@@ -37,7 +39,7 @@ HICACHE_KEYS = {"enable_hierarchical_cache", "hicache_ratio", "hicache_write_pol
 
 def _sglang(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: int = 200_000,
             step: tuple[float, float] = (0.004, 2e-5), max_model_len: int = 32_768,
-            **settings: Any) -> Workload:
+            page_size: int = 1, **settings: Any) -> Workload:
     base = {"chunked_prefill_size": 8192, "max_running_requests": 256,
             "disable_radix_cache": True, "schedule_policy": "fcfs",
             "disable_overlap_schedule": True}
@@ -45,8 +47,12 @@ def _sglang(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: 
                 "priority_scheduling_preemption_threshold", "disable_priority_preemption"}
     unknown = set(settings) - set(base) - priority - HICACHE_KEYS
     assert not unknown, unknown
+    # (SGLang floors its pool to whole pages and asks for chunks of whole pages.)
+    assert num_gpu_blocks % page_size == 0, (num_gpu_blocks, page_size)
+    assert {**base, **settings}["chunked_prefill_size"] % page_size == 0, page_size
     return {"name": name, "engine": "sglang", "seed": seed, "settings": {**base, **settings},
-            "num_gpu_blocks": num_gpu_blocks, "block_size": 1, "max_model_len": max_model_len,
+            "num_gpu_blocks": num_gpu_blocks, "block_size": page_size,
+            "max_model_len": max_model_len,
             "step_time": {"base_s": step[0], "per_token_s": step[1]}, "requests": requests}
 
 
@@ -180,7 +186,53 @@ def sglang_workloads() -> list[Workload]:
     ]
 
 
-SGLANG_WORKLOADS = {w["name"]: w for w in sglang_workloads()}
+def sglang_paged_workloads() -> list[Workload]:
+    """Workloads with pages of 16 and 64 tokens (`--page-size`), each the page-1 workload of
+    the same rule again, its pool rounded up to whole pages of 64 (3008 and 4032 tokens)."""
+    def rng(seed: int) -> np.random.Generator:
+        return np.random.default_rng(seed)
+
+    def starved(name: str, page: int, seed: int, chunk: int = 8192, **kw: Any) -> Workload:
+        return _sglang(name, seed, _requests(rng(seed), 60, 20.0, (128, 768 if chunk > 256
+                                                                   else 1024), (32, 256)),
+                       num_gpu_blocks=3008, chunked_prefill_size=chunk, page_size=page, **kw)
+
+    def prefixed(name: str, page: int, seed: int, **kw: Any) -> Workload:
+        return _sglang(name, seed,
+                       _prefixed(rng(seed), 60, 15.0, 6, (256, 2048), (16, 512), (16, 128)),
+                       num_gpu_blocks=4032, chunked_prefill_size=512,
+                       disable_radix_cache=False, page_size=page, **kw)
+    return [
+        # Little queueing: pages only round what admission reserves.
+        _sglang("page16_light", 101, _requests(rng(101), 60, 4.0, (32, 1024), (8, 96)),
+                page_size=16),
+        # A small pool, radix cache off: the in-order check with paged prompts, a decode
+        # taking a page only when it starts one.
+        starved("page16_kv_starved", 16, 104),
+        starved("page64_kv_starved", 64, 104),
+        # Small chunks: a chunk (not page-aligned without the radix cache) and its pages.
+        starved("page16_kv_starved_chunked", 16, 108, chunk=256),
+        starved("page64_kv_starved_chunked", 64, 108, chunk=256),
+        # The overlap loop on a small pool.
+        starved("page16_overlap_kv_starved", 16, 114, disable_overlap_schedule=False),
+        # max_running_requests binding.
+        _sglang("page16_max_running_requests", 105,
+                _requests(rng(105), 60, 10.0, (64, 512), (16, 128)),
+                max_running_requests=6, page_size=16),
+        # Shared system prompts, the radix cache on: hits of whole pages only.
+        _sglang("page16_prefix_shared", 106,
+                _prefixed(rng(106), 60, 6.0, 4, (256, 1536), (16, 256), (8, 48)),
+                disable_radix_cache=False, page_size=16),
+        # The radix cache under eviction with chunks: page-aligned chunk ends, evictions for
+        # a page more per request of a batch.
+        prefixed("page16_prefix_kv_starved_chunked", 16, 108),
+        prefixed("page64_prefix_kv_starved_chunked", 64, 108),
+        prefixed("page64_overlap_prefix_kv_starved_chunked", 64, 116,
+                 disable_overlap_schedule=False),
+    ]
+
+
+SGLANG_WORKLOADS = {w["name"]: w for w in sglang_workloads() + sglang_paged_workloads()}
 
 
 # SGLang arguments a speculative workload may leave unset (`settings.unset`): SGLang resolves
