@@ -72,6 +72,10 @@ class KVCacheManager:
         """Evict cached blocks nobody uses until `num_blocks` blocks hold nothing (SGLang's
         decode-memory check and retraction do, at once); nothing is cached here."""
 
+    def evict_before_paged_allocation(self, num_blocks: int) -> None:
+        """SGLang's paged allocator evicting for `num_blocks` blocks before a batch's
+        allocations (`sim.core.radix_cache`); nothing is cached here."""
+
     def deferred_evictions(self) -> AbstractContextManager[None]:
         """Within it, allocations take evictable cached blocks without evicting yet; leaving it
         evicts what they took, at once (SGLang evicts once for a whole prefill batch, after

@@ -40,6 +40,10 @@ What is modelled (rule, and where it comes from; paths under `sglang/srt/`):
 - A finished request caches what SGLang counts as its own (`owned_kv_len`): its committed KV,
   not a verification still in flight, and, where its last verification accepted past its
   last token, one token more (`min(kv_committed_len, prompt + outputs through the stop)`).
+- Pages (SGLang's `--page-size`, the block size): only whole blocks are matched and cached
+  (`RadixKey.page_aligned`: a key cut to whole pages; a partial last page stays its request's
+  and is freed with it), and a paged allocation (pages > 1) evicts first until its batch's
+  tokens and a page a request are free (`evict_before_paged_allocation`).
 - Eager eviction (`evict_to_free`): SGLang's decode-memory check evicts what it is short of
   (`check_decode_capacity`) and a retraction evicts for 20 tokens a request still running
   (`release_req`, `SGLANG_RETRACT_DECODE_STEPS`), whether or not the step then fits.
@@ -109,6 +113,7 @@ class PrefixCachingKVManager(KVCacheManager):
         self._clock = 0  # orders touches (SGLang's `last_access_time`)
         self._seq = 0  # orders heap entries of equal times
         self._deferring = False
+        self._num_deferred_blocks = 0  # blocks allocations took while deferring evictions
         self.num_evicted_blocks = 0
         self.bigram_keys = False  # EAGLE's token-pair keys (the module docstring)
 
@@ -351,7 +356,9 @@ class PrefixCachingKVManager(KVCacheManager):
         """Use `num_blocks` free blocks, evicting unused cached units if the others run out
         (later, when deferred)."""
         self.num_free_blocks -= num_blocks
-        if not self._deferring:
+        if self._deferring:
+            self._num_deferred_blocks += num_blocks
+        else:
             self._settle()
 
     def _settle(self) -> None:
@@ -366,9 +373,21 @@ class PrefixCachingKVManager(KVCacheManager):
                and self._num_evictable_blocks):
             self._evict_one()
 
+    def evict_before_paged_allocation(self, num_blocks: int) -> None:
+        """Inside `deferred_evictions`, after a batch's allocations: evict, least recently
+        used leaf first, until `num_blocks` blocks held nothing before those allocations.
+        SGLang's paged allocator (pages > 1) evicts for a page more per request of the batch
+        than its tokens, before allocating (`mem_cache/allocation.py`
+        `alloc_paged_token_slots_extend` 190-202: its tokens plus a page a request;
+        `alloc_paged_token_slots_decode` 584-585: a page a request; `evict_to_free_tokens`,
+        `allocator/base.py` 155-169); with pages of one token it evicts only what it
+        allocates, as `_settle` does."""
+        self.evict_to_free(num_blocks - self._num_deferred_blocks)
+
     @contextmanager
     def deferred_evictions(self) -> Iterator[None]:
         self._deferring = True
+        self._num_deferred_blocks = 0
         try:
             yield
         finally:

@@ -118,12 +118,26 @@ class SGLang(Scheduler):
        With the radix cache, EAGLE's tree is keyed by token pairs (one token less per hit),
        and the memory check and each retraction evict at once (`sim.core.radix_cache`).
 
-    Not modelled: `--prefill-decode-interval` (default 0), pages other than SGLang's default
-    of 1 token, `retract_decode`'s choice and order without speculative decoding (with the
-    in-order admission check and outputs below 4096 tokens SGLang then never retracts),
-    requests without `ignore_eos` (their `new_token_ratio` estimate: here every output length
-    is known); with speculative decoding, mixed chunks (refused) and the overshoot
-    verifications' rows in the acceptance counts (SGLang's global ones count them).
+    13. Pages (`--page-size`: the KV block, `kv_cache.block_size`): a request holds whole pages
+       (`allocator/paged.py`: an extend takes the pages its tokens reach, a decode a page only
+       when its tokens fill the ones it holds); admission rounds each extend up to pages in
+       its budgets and keeps a page spare a request (`_update_prefill_budget`,
+       `schedule_policy.py` 895-944; `PrefillBudget.reserve`, `prefill_budget.py` 156-169),
+       counts the extend unrounded in the radix cache's total (`add_one_req` 1407-1412) and, with the radix cache, ends
+       a new request's chunk on a page (1665-1671); the radix cache matches and caches whole
+       pages only (`RadixKey.page_aligned`, `mem_cache/radix_cache.py` 147-151, 406, 438);
+       and with it each paged allocation first evicts until the batch's tokens and a page a
+       request are free (`alloc_paged_token_slots_extend`, `_decode`,
+       `mem_cache/allocation.py` 190-202, 584-585). Chunk sizes must be whole pages.
+
+    Not modelled: `--prefill-decode-interval` (default 0), `retract_decode`'s choice and order
+    without speculative decoding (with the in-order admission check and outputs below 4096
+    tokens SGLang then never retracts), requests without `ignore_eos` (their
+    `new_token_ratio` estimate: here every output length is known); with speculative
+    decoding, mixed chunks (refused) and the overshoot verifications' rows in the acceptance
+    counts (SGLang's global ones count them); pages of more than 1 token with speculative
+    decoding, the hierarchical cache or mixed chunks (a block size given is refused), and on
+    a disaggregated decode pool (its preallocation, read for pages of 1 token).
     """
 
     Config = SGLangConfig
@@ -189,14 +203,26 @@ class SGLang(Scheduler):
         # The next decode is scheduled with a future token (`FutureMap`) while one runs.
         return self.config.overlap_schedule
 
+    def reject_reason(self, req: Request, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
+        return self.context_reason(req) or self._capacity_reason(kv, num_kv_tokens,
+                                                                 req.num_prompt_tokens)
+
     def capacity_reason(self, kv: KVCacheManager, num_kv_tokens: int) -> str | None:
+        return self._capacity_reason(kv, num_kv_tokens, None)
+
+    def _capacity_reason(self, kv: KVCacheManager, num_kv_tokens: int,
+                         num_prompt_tokens: int | None) -> str | None:
         reason = super().capacity_reason(kv, num_kv_tokens)
         if reason is not None or self.config.decode_reserve_tokens is not None:
             return reason
         # Admission needs, on an empty replica, the prompt, every output token and spare
-        # tokens: a page and, without a radix cache, 1 more for the in-order check, plus 1
-        # (`sim.schedulers.sglang_admission`); a request that never fits would wait for ever.
-        spare = 2 if kv.caches_prefixes else 3
+        # tokens: a page and, without a radix cache, the prompt rounded up to pages and 1
+        # more for the in-order check, plus 1 (`sim.schedulers.sglang_admission`); a request
+        # that never fits would wait for ever.
+        page = kv.block_size
+        spare = page + 1
+        if not kv.caches_prefixes:
+            spare += 1 + (-(num_prompt_tokens or 0)) % page
         if num_kv_tokens + 1 + spare > kv.capacity_tokens:
             return (f"kv_capacity: SGLang admits a request with room for its prompt, its "
                     f"output and {spare} spare tokens: needs {num_kv_tokens + 1 + spare} KV "
@@ -384,8 +410,22 @@ class SGLang(Scheduler):
         if not plan and self._spec is not None:
             self._aborted = schedule_spec_decodes(state, plan, self._spec, self._now_s)
         elif not plan:
-            schedule_decodes(state, plan)
+            self._decode(state, plan)
         return plan
+
+    def _decode(self, state: ReplicaState, plan: Plan) -> None:
+        """A decode batch of every running request. With pages > 1 and the radix cache,
+        SGLang evicts before allocating until a page per request of the batch is free
+        (`alloc_paged_token_slots_decode`, `mem_cache/allocation.py` 584-585), though a
+        request takes a page only when its tokens fill the pages it holds
+        (`new_tokens_required_next_decode`, `schedule_batch.py` 3403-3418)."""
+        kv = state.kv
+        if kv.block_size == 1 or not kv.caches_prefixes:
+            schedule_decodes(state, plan)
+            return
+        with kv.deferred_evictions():
+            schedule_decodes(state, plan)
+            kv.evict_before_paged_allocation(len(plan.num_scheduled_tokens))
 
     def _prefill(self, state: ReplicaState, plan: Plan, prefilling: list[Request],
                  budget: int) -> None:

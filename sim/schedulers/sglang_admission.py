@@ -9,7 +9,9 @@ Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check thes
   `PrefillAdder._get_running_request_total_token_offset`, ratio 1 for `ignore_eos`), and
   `current_offset`, which starts at 0. Each request this pass takes adds `extend + page +
   min(max_new_tokens, 4096)` to the first (its output: 0 for a chunk that does not finish its
-  prompt) and `extend + page` to the second (`reserve`; page: SGLang's default 1). Free KV is
+  prompt) and `extend + page` to the second (`reserve`; page: `--page-size`, servesim's KV
+  block; the extend rounded up to pages, `_update_prefill_budget`, which charges the chunk
+  and input budgets the rounded extend too). Free KV is
   read live (`PrefillBudget._available_and_evictable`), but SGLang allocates after the pass,
   so within it only locks move it: an admitted request's matched prefix is no longer
   evictable.
@@ -26,11 +28,12 @@ Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check thes
     token a step for everyone still running, counting what those before it freed
     (`IGNORE_EOS_RESERVE_TOKENS` = 1 per request kept spare; `schedule_policy.py` ~1259-1303,
     its insertion order kept, quirk included);
-  - with a radix cache (`add_one_req`, `_select_prefill_admission`): extend + min(output
-    left, 4096) + page must be strictly below the total remainder, its matched prefix locked
-    (not evictable) while it is checked;
+  - with a radix cache (`add_one_req`, `_select_prefill_admission`): extend (unrounded) +
+    min(output left, 4096) + page must be strictly below the total remainder, its matched
+    prefix locked (not evictable) while it is checked;
   - what does not fit the chunk budget becomes the chunked request (its output reserved only
-    with its last chunk); after each request, the pass stops when a remainder is spent (no
+    with its last chunk; with a radix cache its chunk ends on a page, `_chunk_end`); after
+    each request, the pass stops when a remainder is spent (no
     token: latches the batch as full if anything runs) or the chunk budget or
     `max_prefill_tokens` (16384) is.
 - The latch (`running_batch.batch_is_full`, `scheduler.py`): while set and no request is being
@@ -98,9 +101,9 @@ class PrefillAdder:
         self.rem_chunk = budget
         self.rem_input = MAX_PREFILL_TOKENS
         kv = state.kv
-        # SGLang's page (`--page-size`, 1 by default): its admission arithmetic; servesim's
-        # KV blocks only count memory (free tokens: free blocks x block size).
-        self.page = 1
+        # SGLang's page (`--page-size`, 1 by default) is servesim's KV block: admission
+        # rounds extends up to it and keeps one spare a request (`_update_prefill_budget`).
+        self.page = kv.block_size
         chunked = {id(r) for r in prefilling}
         # SGLang's running batch: the requests past their prefill.
         self.decoding = [r for r in state.running if id(r) not in chunked]
@@ -160,26 +163,37 @@ class PrefillAdder:
         if kv.caches_prefixes and state.waiting:
             policy.refresh_waiting_prefixes(state)
         with kv.deferred_evictions():  # one allocation for the batch (`prepare_for_extend`)
-            for req in self.prefilling:  # the chunked request
-                if not self._continue_chunk(req):
-                    return
-            while state.waiting:
-                if full and not preempting:
-                    return
-                if self.rem_input <= 0 or self.rem_chunk <= 0:
-                    return  # `budget_state()` OTHER: stop before matching anyone
-                max_new_reqs = (policy.config.max_num_seqs - len(self.decoding)
-                                - len(state.incoming))
-                if len(self.can_run) >= max_new_reqs:
+            self._fill(full, preempting)
+            if self.page > 1 and self.can_run:
+                # (Pages > 1: evictions for the batch's tokens and a page a request.)
+                scheduled = self.plan.num_scheduled_tokens
+                num_tokens = sum(scheduled[r.request_id] for r in self.can_run)
+                kv.evict_before_paged_allocation(
+                    cdiv(num_tokens + len(self.can_run) * self.page, self.page))
+
+    def _fill(self, full: bool, preempting: bool) -> None:
+        """The pass itself: the chunked request, then the queue (module docstring)."""
+        policy, state = self.policy, self.state
+        for req in self.prefilling:  # the chunked request
+            if not self._continue_chunk(req):
+                return
+        while state.waiting:
+            if full and not preempting:
+                return
+            if self.rem_input <= 0 or self.rem_chunk <= 0:
+                return  # `budget_state()` OTHER: stop before matching anyone
+            max_new_reqs = (policy.config.max_num_seqs - len(self.decoding)
+                            - len(state.incoming))
+            if len(self.can_run) >= max_new_reqs:
+                policy.latch(self.decoding)
+                full = True  # (`batch_is_full` holds for the rest of the pass)
+            if full and not (preempting and self._preempt_for(state.waiting[0])):
+                return  # (the latch stops the loop at once: `batch_is_full`, break)
+            result = self._add(state.waiting[0])
+            if result != "continue":
+                if result == "no_token" and (self.can_run or self.decoding):
                     policy.latch(self.decoding)
-                    full = True  # (`batch_is_full` holds for the rest of the pass)
-                if full and not (preempting and self._preempt_for(state.waiting[0])):
-                    return  # (the latch stops the loop at once: `batch_is_full`, break)
-                result = self._add(state.waiting[0])
-                if result != "continue":
-                    if result == "no_token" and (self.can_run or self.decoding):
-                        policy.latch(self.decoding)
-                    return
+                return
 
     def _preempt_for(self, req: Request) -> bool:
         """`preempt_to_schedule`: preempt running requests to make room for `req` (module
@@ -267,6 +281,7 @@ class PrefillAdder:
         extend = req.num_uncomputed_tokens - hit
         max_new = min(self._target(req), CLIP_MAX_NEW_TOKENS)
         locked = 0
+        paged = kv.caches_prefixes  # (its chunk ends on a page: `_select_prefill_admission`)
         if not kv.caches_prefixes:
             paged_input = self._paged(extend) + self.page
             if paged_input > min(self.free - self.current_offset, self.free - self.total_offset):
@@ -276,7 +291,8 @@ class PrefillAdder:
         else:
             left = min(max(self._target(req) - output_ids_len(req), 0), CLIP_MAX_NEW_TOKENS)
             locked = kv.unused_prefix_tokens(req)
-            if not self._paged(extend) + left + self.page < self.free - locked - self.total_offset:
+            # (The extend unrounded: `add_one_req`'s `total_tokens`.)
+            if not extend + left + self.page < self.free - locked - self.total_offset:
                 return "no_token"
             if isinstance(kv, HierarchicalCache) and (loaded := kv.load_back(req)):
                 # Its host hit, loaded back: a prefix now, its blocks taken (`init_load_back`).
@@ -287,10 +303,10 @@ class PrefillAdder:
                     fill, _, preemptions = self.policy.last_tried[req.request_id]
                     self.policy.last_tried[req.request_id] = (fill, hit, preemptions)
         num_tokens = extend
-        if extend > self.rem_chunk:
+        if (self._paged(extend) if paged else extend) > self.rem_chunk:
             if self.rem_chunk <= 0:
                 return "other"
-            num_tokens = self.rem_chunk // self.page * self.page
+            num_tokens = self._chunk_end(hit, self.rem_chunk) - hit if paged else self.rem_chunk
             if num_tokens <= 0:
                 return "other"
             max_new = 0
@@ -308,6 +324,14 @@ class PrefillAdder:
         if self.rem_input <= 0 or self.rem_chunk <= 0:
             return "other"
         return "continue"
+
+    def _chunk_end(self, prefix: int, budget: int) -> int:
+        """Where a chunk of a request with a radix cache ends: at most `budget` tokens past
+        its `prefix`, on a page boundary (`_select_prefill_admission`, `schedule_policy.py`
+        1665-1671: the budget floored to pages, then the end). Without a radix cache the
+        chunk is the budget, unaligned (`add_one_req_ignore_eos` 1352-1375), and so is a
+        continuing chunk's (`add_chunked_req` 1139-1171)."""
+        return (prefix + budget // self.page * self.page) // self.page * self.page
 
     def _everyone_finishes(self, req: Request, paged_input: int) -> bool:
         """The in-order check of `add_one_req_ignore_eos`: `req` and everyone running or taken
