@@ -180,6 +180,23 @@ class Scenario(Frozen):
         return dispatch(FORMATS, "format", value)
 
     @model_validator(mode="after")
+    def _scheduler_fits_blocks(self) -> Scenario:
+        """A scheduler whose engine's rules are not modelled with the replica's KV block size
+        (SGLang's page) refuses it (`SchedulerConfig.kv_block_problems`). Only a block size
+        given is checked: one left unset is for the engine's default to decide."""
+        problems = []
+        for _, field, _, replica in self.pools():
+            if "block_size" not in replica.kv_cache.model_fields_set:
+                continue
+            where = {"kv_cache.block_size": f"{field}.kv_cache.block_size"}
+            problems += [(where.get(name, f"{field}.scheduler.{name}"), value, why)
+                         for name, value, why in replica.scheduler.kv_block_problems(
+                             replica.kv_cache.block_size)]
+        if problems:
+            raise invalid(*problems)
+        return self
+
+    @model_validator(mode="after")
     def _clients_pace(self) -> Scenario:
         """Unpaced clients send as answers come back, whatever times the workload gives: the
         fields that only set those times would silently do nothing."""

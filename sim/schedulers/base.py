@@ -50,6 +50,12 @@ class SchedulerConfig(BaseModel):
         ),
     )
 
+    def kv_block_problems(self, block_size: int) -> list[tuple[str, Any, str]]:
+        """What these settings cannot be run with on KV blocks of `block_size` tokens: (a
+        field of these settings, or `kv_cache.block_size`, its value, why). None by
+        default."""
+        return []
+
     @classmethod
     def for_gpu(cls, data: dict[str, Any], gpu: GPUSpec, context_len: int | None = None
                 ) -> dict[str, Any]:

@@ -224,6 +224,25 @@ class SGLangConfig(SchedulerConfig):
                                "rule is modelled with: leave it unset"))
         return self
 
+    def kv_block_problems(self, block_size: int) -> list[tuple[str, Any, str]]:
+        # SGLang's page is servesim's KV block. Its paged rules are golden-checked without
+        # speculative decoding, the hierarchical cache and mixed chunks only.
+        if block_size == 1:
+            return []
+        if self.chunked_prefill_size % block_size:
+            return [("chunked_prefill_size", self.chunked_prefill_size,
+                     f"SGLang asks for whole pages of kv_cache.block_size ({block_size}) "
+                     "(`chunked_prefill_size must be divisible by page_size`)")]
+        unmodelled = [name for name, on in (
+            ("speculative decoding", self.speculative is not None),
+            ("the hierarchical cache", self.hierarchical_cache is not None),
+            ("mixed_chunk", self.mixed_chunk)) if on]
+        if not unmodelled:
+            return []
+        return [("kv_cache.block_size", block_size,
+                 f"SGLang pages of more than 1 token with {' and '.join(unmodelled)} are not "
+                 "modelled: give block_size 1")]
+
     @property
     def max_running_requests(self) -> int:
         return self.max_num_seqs
