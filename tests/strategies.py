@@ -188,6 +188,14 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
             "ratio": draw(st.sampled_from([1.0, 2.0, 4.0])),
             "write_policy": draw(st.sampled_from(["write_through", "write_through_selective"])),
             "host_bandwidth_gb_s": draw(st.sampled_from([0.2, 2.0, 50.0]))}
+    if scheduler["name"] == "sglang" and block_size > 1:
+        # SGLang's page: chunks of whole pages; pages of one token where its paged rules are
+        # not modelled (refused), the same token slots.
+        scheduler["chunked_prefill_size"] = -(-scheduler["chunked_prefill_size"]
+                                               // block_size) * block_size
+        if (scheduler.get("speculative") or scheduler.get("hierarchical_cache")
+                or scheduler["mixed_chunk"]):
+            num_blocks, block_size = num_blocks * block_size, 1
     return {
         "seed": draw(st.integers(0, 2**16)),
         **({"clients": clients} if clients is not None else {}),

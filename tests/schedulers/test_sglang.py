@@ -45,7 +45,7 @@ def test_chunked_request_continues_first_and_decodes_wait_for_it():
     a = make_request(0, prompt=250, output=3)
     b = make_request(1, prompt=30, output=3)
     c = make_request(2, prompt=30, output=3)
-    state = make_state(waiting=(a, b, c))
+    state = make_state(num_blocks=16_000, block_size=1, waiting=(a, b, c))
     run = Stepper(sglang(chunked_prefill_size=100), state)
     assert run.step().num_scheduled_tokens == {0: 100}
     late = make_request(3, prompt=10, output=3)
@@ -87,9 +87,9 @@ def test_admission_needs_everyone_to_finish_in_order():
 
 
 def test_fcfs_stops_at_the_first_request_refused():
-    big = make_request(0, prompt=60, output=10)  # 18 blocks of 4 at most: more than 10 free
+    big = make_request(0, prompt=60, output=10)  # 72 tokens at most: more than 40 free
     small = make_request(1, prompt=4, output=2)
-    state = make_state(num_blocks=20, block_size=4,
+    state = make_state(num_blocks=80, block_size=1,
                        running=(make_request(9, prompt=40, output=3, generated=1),),
                        waiting=(big, small))
     run = Stepper(sglang(), state)
@@ -159,7 +159,7 @@ def scenario(mixed: bool, **scheduler) -> dict:
         "replica": {"scheduler": {"name": "sglang", "chunked_prefill_size": 512,
                                   "mixed_chunk": mixed, **scheduler},
                     "latency": {"kind": "constant", "iteration_s": 0.01},
-                    "kv_cache": {"block_size": 16, "num_blocks": 400}},
+                    "kv_cache": {"block_size": 1, "num_blocks": 6400}},
     }
 
 
@@ -181,7 +181,7 @@ def test_through_the_simulator(mixed):
 
 def test_through_the_simulator_with_preemption():
     data = scenario(False, decode_reserve_tokens=0, max_running_requests=64)
-    data["replica"]["kv_cache"]["num_blocks"] = 110
+    data["replica"]["kv_cache"]["num_blocks"] = 1760
     res = run_scenario(parse_scenario(data, "test"))
     assert (res.requests["status"] == "finished").all()
     assert res.iterations["num_preempted"].sum() > 0
@@ -213,6 +213,17 @@ def with_sglang(data: dict, draw) -> dict:
                     data[key]["decode_reserve_tokens"] = None
         elif isinstance(value, dict):
             with_sglang(value, draw)
+    kv = data.get("kv_cache")
+    if "scheduler" in data and isinstance(kv, dict) and kv.get("block_size", 16) > 1:
+        # SGLang's page: chunks of whole pages; with mixed chunks (not modelled on pages of
+        # more than a token: refused) pages of one token, the same token slots.
+        page = kv.get("block_size", 16)
+        scheduler = data["scheduler"]
+        scheduler["chunked_prefill_size"] = -(-scheduler["chunked_prefill_size"] // page) * page
+        if scheduler["mixed_chunk"] and "num_blocks" in kv:
+            data["kv_cache"] = {**kv, "block_size": 1, "num_blocks": kv["num_blocks"] * page}
+        elif scheduler["mixed_chunk"]:
+            scheduler["mixed_chunk"] = False
     return data
 
 
