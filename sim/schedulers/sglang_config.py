@@ -226,8 +226,9 @@ class SGLangConfig(SchedulerConfig):
 
     def kv_block_problems(self, block_size: int) -> list[tuple[str, Any, str]]:
         # SGLang's page is servesim's KV block. Its paged rules are golden-checked without
-        # speculative decoding, the hierarchical cache and mixed chunks only.
-        if block_size == 1:
+        # speculative decoding, the hierarchical cache and mixed chunks only. (An integer
+        # `decode_reserve_tokens` replaces its admission: no page there.)
+        if block_size == 1 or self.decode_reserve_tokens is not None:
             return []
         if self.chunked_prefill_size % block_size:
             return [("chunked_prefill_size", self.chunked_prefill_size,

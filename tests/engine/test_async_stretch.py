@@ -91,6 +91,8 @@ def test_a_plan_computing_prompts_opens_a_stretch(monkeypatch, scheduler, arriva
     flight) or later, it leaves the replica as stepping does."""
     data = _default("vllm_v1", workload__arrivals=arrivals)
     data["replica"]["scheduler"] = scheduler
+    if scheduler["name"] == "sglang":  # (SGLang's mixed chunks: on pages of one token)
+        data["replica"]["kv_cache"]["block_size"] = 1
     opened = {"prompts": 0, "several": 0, "cut_in_first": 0}
     plan = fast_pipeline.plan_async_stretch
     take_back = fast_pipeline.FastPipelinedReplica._take_back

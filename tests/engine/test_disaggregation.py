@@ -574,15 +574,15 @@ def test_sglang_prefill_server_never_preempts():
 @pytest.mark.parametrize("order", ["priority", "low_first", "fcfs"])
 def test_sglang_decode_server_preallocates_by_priority(order):
     """The decode server's preallocation queue is sorted by priority at every pass
-    (`pop_preallocated`), stably: a level's requests keep their order. Its pool (two blocks of
-    16 tokens, `num_reserved_decode_tokens` 0) holds one request at a time: A (level 0) runs
+    (`pop_preallocated`), stably: a level's requests keep their order. Its pool (32 tokens in
+    pages of one, `num_reserved_decode_tokens` 0) holds one request at a time: A (level 0) runs
     to 30 ms; B (level 0) and C (level 5) wait unprefilled for their KV to be preallocated.
     C is preallocated as A finishes, prefilled [30, 40 ms] and finishes at 60 ms; B then.
     Low values first, or without priorities on the decode pool (the prefill pool's order
     changes nothing: one request reaches it at a time), B goes first."""
     decode = _sglang_priority_side(order != "fcfs", num_reserved_decode_tokens=0,
                                    schedule_low_priority_values_first=order == "low_first")
-    decode["kv_cache"] = {"block_size": 16, "num_blocks": 2}
+    decode["kv_cache"] = {"block_size": 1, "num_blocks": 32}
     a, b, c = _run_pools([_prio(0, 0.0, 0), _prio(1, 0.001, 0), _prio(2, 0.002, 5)],
                          _sglang_priority_side(), decode)
     first, second = (c, b) if order == "priority" else (b, c)

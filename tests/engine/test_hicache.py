@@ -15,7 +15,10 @@ from sim.engine.cluster import Cluster
 from tests.engine.test_offload import assert_tier_run_exact
 from tests.strategies import scenarios
 
-BLOCK_BYTES = 131072 * 16  # a 16-token block of the default model (Llama-3-8B), one GPU
+# 16 tokens of the default model (Llama-3-8B), one GPU: the bandwidths below copy them in
+# 10 ms. (SGLang's pages of more than one token with HiCache are refused: these run on
+# pages of one, the prompts' ids still of 16 tokens.)
+BLOCK_BYTES = 131072 * 16
 NUM_LAYERS = 32
 
 
@@ -40,15 +43,16 @@ def _scenario(hicache: dict | None = None, spec: dict | None = None, **replica):
 
 
 def test_a_prefix_off_the_gpu_is_loaded_back_beside_its_batch():
-    """A computes a 64-token prompt (4 blocks of 16, 10 ms a step, 10 ms a block over the host
-    link): inserted at its prefill's end, 10 ms, its 4 blocks are backed up, 10-50 ms; A
-    finishes at 20 ms and the idle replica polls at 50 ms, taking the ack. B (128 tokens, 8
-    blocks, 70-80 ms) takes A's blocks off the GPU (kept in host memory); its own backup runs
-    80-160 ms. C at 200 ms finds A's 64 tokens in host memory: loaded back (evicting B's from
-    the GPU), they are a prefix at once, and C's batch computes its own 16 tokens while the 4
-    blocks come in layer by layer: max(10 ms, 40 ms + 10 ms / 32 layers)."""
+    """A computes a 64-token prompt (4 ids of 16 tokens, a pool of 144, 10 ms a step, 10 ms
+    for 16 tokens over the host link): inserted at its prefill's end, 10 ms, its 64 tokens
+    are backed up, 10-50 ms; A finishes at 20 ms and the idle replica polls as the copies
+    end, taking the acks. B (128 tokens, 70-80 ms) takes A's KV off the GPU (kept in host
+    memory); its own backup runs 80-160 ms. C at 200 ms finds A's 64 tokens in host memory:
+    loaded back (evicting B's from the GPU), they are a prefix at once, and C's batch
+    computes its own 16 tokens while the 64 come in layer by layer: max(10 ms, 40 ms +
+    10 ms / 32 layers)."""
     scenario = _scenario({"ratio": 4, "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9},
-                         kv_cache={"block_size": 16, "num_blocks": 9})
+                         kv_cache={"block_size": 1, "num_blocks": 144})
     cluster = Cluster(scenario, fast_forward=True)
     a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
     b = Request(1, 0.070, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
@@ -69,7 +73,7 @@ def test_a_prefix_off_the_gpu_is_loaded_back_beside_its_batch():
     kv.check()
 
     # Without the host tier C computes its whole prompt in its 10 ms step.
-    plain = Cluster(_scenario(kv_cache={"block_size": 16, "num_blocks": 9}), fast_forward=True)
+    plain = Cluster(_scenario(kv_cache={"block_size": 1, "num_blocks": 144}), fast_forward=True)
     a, b, c = (Request(r.request_id, r.arrival_s, r.num_prompt_tokens,
                        r.num_target_output_tokens, hash_ids=r.hash_ids, hash_block_tokens=16)
                for r in (a, b, c))
@@ -78,25 +82,26 @@ def test_a_prefix_off_the_gpu_is_loaded_back_beside_its_batch():
 
 
 def test_a_backup_holds_its_blocks_until_its_ack():
-    """As above, but B arrives at 30 ms, while A's backup (10-50 ms) is in flight: A's 4
-    blocks stay locked, B's 8 do not fit beside them, and B waits for the ack, taken at 50 ms
-    (the replica polls when the copy ends)."""
+    """As above, but B arrives at 30 ms, while A's backup (10-50 ms) is in flight: A's 64
+    tokens stay locked, and so does its first output's KV, cached when A finishes (20 ms)
+    and backed up behind, 50-50.625 ms; B's 128 do not fit beside them, and B waits for the
+    acks, taken at 50.625 ms (the replica polls when the copies end)."""
     scenario = _scenario({"ratio": 4, "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9},
-                         kv_cache={"block_size": 16, "num_blocks": 9})
+                         kv_cache={"block_size": 1, "num_blocks": 144})
     cluster = Cluster(scenario, fast_forward=True)
     a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
     b = Request(1, 0.030, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
     cluster.run([a, b])
-    assert b.first_scheduled_s == pytest.approx(0.050)
-    assert b.finish_s == pytest.approx(0.060)
+    assert b.first_scheduled_s == pytest.approx(0.050625)
+    assert b.finish_s == pytest.approx(0.060625)
 
 
 def test_a_request_arriving_while_a_copy_runs_is_taken_at_once():
-    """As above, but B (32 tokens, 2 blocks) arrives at 30 ms, while A's backup (10-50 ms) is
-    in flight, and fits beside A's locked blocks: SGLang's idle loop, polling for the ack,
+    """As above, but B (32 tokens) arrives at 30 ms, while A's backup (10-50 ms) is in
+    flight, and fits beside A's locked KV: SGLang's idle loop, polling for the ack,
     takes B at its arrival (not when the copy ends)."""
     scenario = _scenario({"ratio": 4, "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9},
-                         kv_cache={"block_size": 16, "num_blocks": 9})
+                         kv_cache={"block_size": 1, "num_blocks": 144})
     cluster = Cluster(scenario, fast_forward=True)
     a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
     b = Request(1, 0.030, 32, 1, hash_ids=(20, 21), hash_block_tokens=16)
@@ -107,16 +112,15 @@ def test_a_request_arriving_while_a_copy_runs_is_taken_at_once():
 
 def test_with_eagle_the_drafter_layer_is_copied_too():
     """The first test's run with EAGLE (its drafter's time left out): keys are token pairs,
-    so A's 80-token prompt (5 ids of 16) caches the KV of 79 tokens, 4 whole blocks (the
-    first id holds none), and each block's copy moves the drafter's layer beside the
-    target's 32: 10 ms x 33 / 32 = 10.3125 ms. A (0-10 ms) is backed up 10-51.25 ms; B (128
-    tokens, 70-80 ms) takes A's blocks off the GPU (kept in host memory) and backs up its 7
-    (111 tokens' KV) 80-152.19 ms. C at 200 ms (96 tokens, A's 5 ids and one of its own)
-    finds A's 64 tokens in host memory: loaded back beside its batch, which takes
-    max(10 ms, 4 x 10.3125 ms + 10 ms / 32 layers) = 41.5625 ms. C's prefill then backs up
-    its own block: 12 in all."""
+    so A's 80-token prompt (5 ids of 16) caches the KV of 79 tokens, and each token's copy
+    moves the drafter's layer beside the target's 32: 0.625 ms x 33 / 32 = 0.64453125 ms.
+    A (0-10 ms) is backed up 10-60.92 ms; B (128 tokens, 70-80 ms) takes A's KV off the GPU
+    (kept in host memory) and backs up its 127 tokens' KV. C at 200 ms (96 tokens, A's 5
+    ids and one of its own) finds A's 79 tokens in host memory: loaded back beside its
+    batch, which takes max(10 ms, 79 x 0.64453125 ms + 10 ms / 32 layers) = 51.23 ms. C's
+    prefill then backs up its own 16: 222 tokens in all."""
     scenario = _scenario({"ratio": 4, "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9},
-                         EAGLE, kv_cache={"block_size": 16, "num_blocks": 9})
+                         EAGLE, kv_cache={"block_size": 1, "num_blocks": 144})
     cluster = Cluster(scenario, fast_forward=True)
     a = Request(0, 0.0, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
     b = Request(1, 0.070, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
@@ -124,37 +128,37 @@ def test_with_eagle_the_drafter_layer_is_copied_too():
     cluster.run([a, b, c])
     assert [r.status for r in (a, b, c)] == [Status.FINISHED] * 3
     assert b.first_scheduled_s == pytest.approx(0.070)
-    assert c.num_cached_tokens == 64
-    assert c.finish_s == pytest.approx(0.2415625)
+    assert c.num_cached_tokens == 79
+    assert c.finish_s == pytest.approx(0.200 + 79 * 0.00064453125 + 0.010 / NUM_LAYERS)
     replica = cluster.replicas[0]
     copies = replica.host_copies
     assert copies is not None
-    assert copies.s_per_block == pytest.approx(0.0103125)
-    assert copies.load_busy_s == pytest.approx(0.04125)
+    assert copies.s_per_block == pytest.approx(0.00064453125)
+    assert copies.load_busy_s == pytest.approx(79 * 0.00064453125)
     kv = replica.state.kv
     assert isinstance(kv, HierarchicalCache)
-    assert (kv.counters.num_hit_tokens, kv.counters.num_stored_blocks) == (64, 12)
-    assert copies.store_busy_s == pytest.approx(12 * 0.0103125)
+    assert (kv.counters.num_hit_tokens, kv.counters.num_stored_blocks) == (79, 222)
+    assert copies.store_busy_s == pytest.approx(222 * 0.00064453125)
     kv.check()
 
 
 @pytest.mark.parametrize(("spec", "s_per_block", "num_host_blocks"), [
-    # No drafter: the target's 32 layers, 10 ms a block; 0.2162688 GB holds 1,650 tokens
-    # of 131,072 bytes, plus a page: 103 blocks.
-    (None, 0.010, 103),
+    # No drafter: the target's 32 layers, 0.625 ms a token; 0.2162688 GB holds 1,650
+    # tokens of 131,072 bytes, plus a page: 1,651 blocks of one token.
+    (None, 0.000625, 1651),
     # n-gram keeps no draft KV.
-    ({"algorithm": "ngram", "acceptance_rate": 0.5}, 0.010, 103),
+    ({"algorithm": "ngram", "acceptance_rate": 0.5}, 0.000625, 1651),
     # EAGLE's layer sits in a host pool of its own, as many tokens as the target's.
-    (EAGLE, 0.0103125, 103),
+    (EAGLE, 0.00064453125, 1651),
     # An MTP head's layer is packed into the target's host pool: 135,168 bytes a token,
-    # 1,600 tokens, 100 blocks.
-    ({**EAGLE, "algorithm": "nextn"}, 0.0103125, 100),
+    # 1,600 tokens, plus a page.
+    ({**EAGLE, "algorithm": "nextn"}, 0.00064453125, 1601),
 ])
 def test_a_drafter_layer_adds_to_copies_and_maybe_to_the_host_pool(spec, s_per_block,
                                                                    num_host_blocks):
     scenario = _scenario({"size_gb": 1650 * 131072 / 1e9,
                           "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9},
-                         spec, kv_cache={"block_size": 16, "num_blocks": 9})
+                         spec, kv_cache={"block_size": 1, "num_blocks": 144})
     replica = Cluster(scenario, fast_forward=True).replicas[0]
     assert replica.host_copies is not None
     assert replica.host_copies.s_per_block == pytest.approx(s_per_block)
@@ -166,15 +170,15 @@ def test_a_drafter_layer_adds_to_copies_and_maybe_to_the_host_pool(spec, s_per_b
 
 def test_on_a_prefill_server_a_prompt_is_backed_up_at_its_end_and_loaded_back():
     """Disaggregated, the hierarchical cache on the prefill server (as above: 10 ms a step,
-    10 ms a block over the host link, 9 blocks). A's 64-token prompt is computed 0-10 ms and
-    inserted in the tree at once (`checkpoint_disagg_prefill`), its backup 10-50 ms, while
-    its KV crosses a slow link, 10-110 ms, holding its 4 blocks. B (128 tokens, 8 blocks,
-    60 ms) waits for them: 110-120 ms, taking A's blocks off the GPU (kept in host memory);
+    10 ms for 16 tokens over the host link, 144 tokens). A's 64-token prompt is computed
+    0-10 ms and inserted in the tree at once (`checkpoint_disagg_prefill`), its backup
+    10-50 ms, while its KV crosses a slow link, 10-110 ms, holding its 64 slots. B (128
+    tokens, 60 ms) waits for them: 110-120 ms, taking A's blocks off the GPU (kept in host memory);
     its own KV crosses the link 120-320 ms. C at 400 ms finds A's 64 tokens in host memory:
     its prompt ends at 400 ms + 40 ms + 10 ms / 32 layers (loaded back beside its batch)."""
     side = {"scheduler": {"name": "sglang", "overlap_schedule": False},
             "prefix_caching": True, "latency": {"kind": "constant", "iteration_s": 0.01},
-            "kv_cache": {"block_size": 16, "num_blocks": 9}}
+            "kv_cache": {"block_size": 1, "num_blocks": 144}}
     prefill = {**side, "scheduler": {**side["scheduler"], "hierarchical_cache": {
         "ratio": 4, "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9}}}
     scenario = parse_scenario({
@@ -185,7 +189,7 @@ def test_on_a_prefill_server_a_prompt_is_backed_up_at_its_end_and_loaded_back():
                                  "output": {"dist": "fixed", "value": 1}}},
         "cluster": {"prefill": {"replicas": 1, "replica": prefill},
                     "decode": {"replicas": 1, "replica": {
-                        **side, "kv_cache": {"block_size": 16, "num_blocks": 200}}},
+                        **side, "kv_cache": {"block_size": 1, "num_blocks": 3200}}},
                     "link": {"bandwidth_gb_s": 64 * BLOCK_BYTES / 16 / 0.100 / 1e9,
                              "latency_s": 0.0}}}, "<test>")
     cluster = Cluster(scenario, fast_forward=True)
@@ -231,7 +235,7 @@ def test_a_run_says_what_the_host_tier_did():
                      "system_prompt_tokens": 1000, "question_tokens": 100,
                      "output_tokens": 20, "rate_qps": 4.0, "duration_s": 20},
         "replica": {"scheduler": {"name": "sglang", "hierarchical_cache": {"ratio": 4}},
-                    "kv_cache": {"block_size": 16, "num_blocks": 300}}}, "<test>")
+                    "kv_cache": {"block_size": 1, "num_blocks": 4800}}}, "<test>")
     results = run_scenario(scenario)
     off = results.summary["kv_offload"]
     assert off["num_loads"] > 0 and off["hit_rate_tokens"]["cpu"] > 0
