@@ -123,12 +123,13 @@ class SGLang(Scheduler):
        when its tokens fill the ones it holds); admission rounds each extend up to pages in
        its budgets and keeps a page spare a request (`_update_prefill_budget`,
        `schedule_policy.py` 895-944; `PrefillBudget.reserve`, `prefill_budget.py` 156-169),
-       counts the extend unrounded in the radix cache's total (`add_one_req` 1407-1412) and, with the radix cache, ends
-       a new request's chunk on a page (1665-1671); the radix cache matches and caches whole
-       pages only (`RadixKey.page_aligned`, `mem_cache/radix_cache.py` 147-151, 406, 438);
-       and with it each paged allocation first evicts until the batch's tokens and a page a
-       request are free (`alloc_paged_token_slots_extend`, `_decode`,
-       `mem_cache/allocation.py` 190-202, 584-585). Chunk sizes must be whole pages.
+       counts the extend unrounded in the radix cache's total (`add_one_req` 1407-1412) and,
+       with the radix cache, ends a new request's chunk on a page (1665-1671); the radix
+       cache matches and caches whole pages only (`RadixKey.page_aligned`,
+       `mem_cache/radix_cache.py` 147-151, 406, 438); and with it each paged allocation
+       first evicts until the batch's tokens and a page a request are free
+       (`alloc_paged_token_slots_extend`, `_decode`, `mem_cache/allocation.py` 190-202,
+       584-585). Chunk sizes must be whole pages.
 
     Not modelled: `--prefill-decode-interval` (default 0), `retract_decode`'s choice and order
     without speculative decoding (with the in-order admission check and outputs below 4096
@@ -136,7 +137,8 @@ class SGLang(Scheduler):
     `new_token_ratio` estimate: here every output length is known); with speculative
     decoding, mixed chunks (refused) and the overshoot verifications' rows in the acceptance
     counts (SGLang's global ones count them); pages of more than 1 token with speculative
-    decoding, the hierarchical cache or mixed chunks (a block size given is refused), and on
+    decoding, the hierarchical cache or mixed chunks (refused where a block size is given and
+    SGLang's own admission runs), and on
     a disaggregated decode pool (its preallocation, read for pages of 1 token).
     """
 
