@@ -138,8 +138,8 @@ class SGLang(Scheduler):
     decoding, mixed chunks (refused) and the overshoot verifications' rows in the acceptance
     counts (SGLang's global ones count them); pages of more than 1 token with speculative
     decoding, the hierarchical cache or mixed chunks (refused where a block size is given and
-    SGLang's own admission runs), and on
-    a disaggregated decode pool (its preallocation, read for pages of 1 token).
+    SGLang's own admission runs), and on a disaggregated decode pool (its preallocation,
+    read for pages of 1 token).
     """
 
     Config = SGLangConfig
