@@ -28,7 +28,7 @@ class KVCacheConfig(Frozen):
     block_size: int = Field(16, gt=0, le=65_536,
                             description="token slots per KV block (tokens); unset, the "
                                         "engine's: vLLM's 16 (64 or 32 for DeepSeek's MLA on "
-                                        "Hopper and B200), SGLang's page of 1",
+                                        "Hopper and B200), SGLang's page: 1, 64 on a B200",
                             json_schema_extra={"shown_default": "the engine's (16)"})
     num_blocks: int | None = Field(
         None, gt=0, le=10**12, description="blocks per replica; None: derived from GPU memory"

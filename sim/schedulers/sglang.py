@@ -73,7 +73,8 @@ class SGLang(Scheduler):
        (`iteration_ended`) and a chunk at the next pass (`stash_chunked_request`), a batch
        evicts once, after matching.
     7. `max_running_requests` (= `max_num_seqs`) caps running requests, the chunked one
-       included (`get_num_allocatable_reqs`); SGLang derives its default from memory, 256 here.
+       included (`get_num_allocatable_reqs`); unset, derived from the KV pool
+       (`SGLangConfig.for_kv`).
     8. `mixed_chunk`: running decodes join a prefill batch (`mix_with_running`) and the budget
        shrinks by their number (`PrefillAdder(num_mixed_decode_tokens=running_bs)`); with no
        prefill to run the iteration is decodes only, as without it.

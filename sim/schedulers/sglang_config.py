@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 # Releases checked by the golden schedules (`tests/golden/sglang-<version>/`).
 SGLANG_VERSIONS = ("0.5.23",)
+# Blackwell data-centre GPUs (SM100), where SGLang defaults to TensorRT-LLM's attention.
+SM100_GPUS = frozenset({"b200"})
 # `chunked_prefill_size` by the GPU's memory: (below this many GiB, tokens), else 16384.
 CHUNK_BY_MEMORY_GIB = ((20, 2048), (60, 4096), (160, 8192))
 
@@ -139,9 +141,15 @@ class SGLangConfig(SchedulerConfig):
     @classmethod
     def page_size(cls, data: dict[str, Any], gpu: GPUSpec | None, mla: bool) -> int | None:
         # `--page-size` unset is 1 (`arg_groups/overrides.py` `_page_size_default`) for the
-        # attention backends SGLang picks on these GPUs (FA3 on Hopper, FlashInfer or Triton
-        # elsewhere); B200's TensorRT-LLM MHA would take 64, pages servesim does not model.
-        return 1
+        # attention backends SGLang picks on most GPUs (FA3 on Hopper, FlashInfer or Triton
+        # elsewhere, FlashInfer for MLA on a B200); on a B200 (SM100) a model without MLA
+        # gets TensorRT-LLM's MHA unless speculation drafts a tree (`model_override_base.py`
+        # `get_default_attn_backend`), which takes pages of 64 (`_mla_backend_page_
+        # constraints`).
+        spec = data.get("speculative")
+        tree = isinstance(spec, dict) and spec.get("eagle_topk", 1) != 1
+        sm100 = gpu is not None and gpu.measured_as in SM100_GPUS
+        return 64 if sm100 and not mla and not tree else 1
 
     @property
     def derives_from_kv(self) -> bool:

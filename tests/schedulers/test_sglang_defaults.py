@@ -77,3 +77,16 @@ def test_the_resolved_scenario_spells_the_limit_out(tmp_path):
 def test_the_chunk_size_is_sglangs_for_the_gpus_memory(gpu, size):
     assert scenario(gpu).replica.scheduler.chunked_prefill_size == size
     assert scenario(gpu, chunked_prefill_size=512).replica.scheduler.chunked_prefill_size == 512
+
+
+@pytest.mark.parametrize("model,gpu,speculative,page", [
+    ("llama-3.1-8b", "h100-sxm", None, 1), ("llama-3.1-8b", "b200", None, 64),
+    ("deepseek-v2-lite", "b200", None, 1), ("llama-3.1-8b", "rtxpro6000", None, 1),
+    ("llama-3.1-8b", "b200", {"algorithm": "eagle", "acceptance_rate": 0.7}, 1)])
+def test_the_page_is_sglangs_for_the_gpu_and_model(model, gpu, speculative, page):
+    """SGLang's page is 1 but on a B200 where TensorRT-LLM's MHA runs (no MLA, no draft
+    tree: EAGLE's default for a Llama drafts 4 wide)."""
+    data = scenario(gpu).model_dump(mode="json")
+    data["replica"] = {"model": model, "gpu": gpu, "scheduler": {
+        "name": "sglang", **({"speculative": speculative} if speculative else {})}}
+    assert parse_scenario(data, "t").replica.kv_cache.block_size == page
