@@ -155,7 +155,9 @@ class SGLang(Scheduler):
        to 0.7: here, when a pass finds that everything the last pass left running has left,
        and every request now came after the last of them left. It over-admits: rule 9
        retracts. (Decode stretches, the fast path's, run only while the ratio is at its floor,
-       which a decode step leaves as it is.)
+       which a decode step leaves as it is, or before any request without `ignore_eos` came
+       to admission: nothing reads it then. A run mixing the two kinds would miss, in
+       stretches before the first such request, decays that stepping counts.)
 
     Not modelled: `--prefill-decode-interval` (default 0), pages other than SGLang's default
     of 1 token, requests stopping on EOS before their trace's output length; with speculative

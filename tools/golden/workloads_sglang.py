@@ -206,12 +206,13 @@ def sglang_eos_workloads(rng: Any) -> list[Workload]:
                 _prefixed(rng(606), 40, 15.0, 6, (256, 1024), (16, 256), (32, 250)),
                 num_gpu_blocks=2500, disable_radix_cache=False, disable_overlap_schedule=False,
                 ignore_eos=False),
-        # Bursts with quiet spells: the ratio is reset while the scheduler idles.
-        _sglang("eos_bursts_idle", 621,
-                _bursts(rng(621), 40, (5, 10), (0.5, 1.5), (64, 400), (64, 300)),
+        # Bursts with quiet spells, each burst more than the pool holds: the scheduler idles
+        # between them and the ratio is reset (servesim without the reset differs).
+        _sglang("eos_bursts_idle", 633,
+                _bursts(rng(633), 40, (6, 10), (3.0, 5.0), (128, 512), (64, 200)),
                 num_gpu_blocks=1500, ignore_eos=False),
-        _sglang("eos_overlap_bursts_idle", 608,
-                _bursts(rng(608), 40, (4, 8), (0.5, 2.0), (128, 512), (32, 250)),
+        _sglang("eos_overlap_bursts_idle", 633,
+                _bursts(rng(633), 40, (6, 10), (3.0, 5.0), (128, 512), (64, 200)),
                 num_gpu_blocks=1500, disable_overlap_schedule=False, ignore_eos=False),
     ]
 
