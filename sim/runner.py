@@ -147,8 +147,10 @@ def pool_configs(scenario: Scenario) -> dict[str, ReplicaConfig]:
     return {pool.name: pool.replica for pool in scenario.pools()}
 
 
-def make_requests(workload: Workload, priorities: Sequence[int] = ()) -> list[Request]:
-    """The workload's requests; `priorities[c]`: the priority of class c (`request_class`)."""
+def make_requests(workload: Workload, priorities: Sequence[int] = (), *,
+                  ignore_eos: bool = True) -> list[Request]:
+    """The workload's requests; `priorities[c]`: the priority of class c (`request_class`);
+    `ignore_eos`: the client's (`WorkloadConfig.ignore_eos`)."""
     hash_ids = workload.hash_ids
     hash_block_tokens = workload.hash_block_tokens
     requests = [
@@ -162,6 +164,9 @@ def make_requests(workload: Workload, priorities: Sequence[int] = ()) -> list[Re
         for req, c in zip(requests, workload.request_class.tolist(), strict=True):
             req.request_class = c
             req.priority = priorities[c] if priorities else 0
+    if not ignore_eos:
+        for req in requests:
+            req.ignore_eos = False
     return requests
 
 
@@ -224,7 +229,8 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     # goes over; making them starts one per 25% more objects (2.7 s of 3.7 for a million).
     classes = scenario.workload.classes or []
     with collector_paused():
-        requests = make_requests(workload, [c.priority for c in classes])
+        requests = make_requests(workload, [c.priority for c in classes],
+                                 ignore_eos=scenario.workload.ignore_eos)
     stage, sessions = workload.stage, workload.sessions
     del workload
     cluster = Cluster(scenario, fast_forward=fast_forward)

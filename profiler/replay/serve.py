@@ -244,7 +244,8 @@ def replay(scenario: Scenario, *, device: str = "cpu", threads: int | None = Non
         raise InputError(scenario.source, "workload.wait_for_answer", True,
                          "replay sends every request at its arrival time: turns that wait for "
                          "answers are simulated only; set it to false")
-    requests = make_requests(workload, [c.priority for c in scenario.workload.classes or []])
+    requests = make_requests(workload, [c.priority for c in scenario.workload.classes or []],
+                             ignore_eos=scenario.workload.ignore_eos)
     check_span(scenario, requests)
     torch, dtype = torch_setup(device, threads)
     attention = attention or default_attention(device)

@@ -38,6 +38,10 @@ class Request:
     # the request's class (an index into `workload.classes`; -1: none).
     priority: int = 0
     request_class: int = -1
+    # The client's `ignore_eos`: False, its output length is unknown to the engine (it may stop
+    # on EOS; SGLang then estimates it, `new_token_ratio`). It still stops after
+    # `num_target_output_tokens`. Only the sglang policy reads it.
+    ignore_eos: bool = True
 
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_output_tokens: int = 0  # tokens sampled so far

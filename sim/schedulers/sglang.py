@@ -34,11 +34,25 @@ from sim.schedulers.sglang_admission import (
     output_ids_len,
 )
 from sim.schedulers.sglang_config import SGLangConfig
-from sim.schedulers.sglang_spec import SGLangSpecRules, schedule_spec_decodes
+from sim.schedulers.sglang_spec import (
+    SGLangSpecRules,
+    _check_decode_mem,
+    _retract,
+    ratio_after_retract,
+    schedule_spec_decodes,
+)
 
 # `schedule_policy.py`: how often, and how many of, the waiting requests' prefixes are refreshed.
 WAITING_PREFIX_REFRESH_INTERVAL = 32
 WAITING_QUEUE_PREFIX_MATCH_MAX = 128
+
+# `NewTokenRatioTracker.from_config` (`managers/scheduler_components/new_token_ratio_tracker.py`)
+# with `environ.py`'s defaults (SGLANG_INIT_NEW_TOKEN_RATIO 0.7, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+# 0.14, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS 600) and `--schedule-conservativeness` 1.0, computed
+# as SGLang computes them.
+NEW_TOKEN_RATIO_INIT = min(0.7 * 1.0, 1.0)
+NEW_TOKEN_RATIO_MIN = min(NEW_TOKEN_RATIO_INIT * 0.14, 1.0)
+NEW_TOKEN_RATIO_DECAY = (NEW_TOKEN_RATIO_INIT - NEW_TOKEN_RATIO_MIN) / 600
 
 
 @SCHEDULERS.register("sglang")
@@ -62,10 +76,11 @@ class SGLang(Scheduler):
        left of the KV budget, or a whole chunk if nothing is (`available_chunk_tokens`).
     5. Admission, first come first served (SGLang's default `schedule_policy` fcfs), stopping at
        the first request refused: SGLang's `PrefillAdder` for requests of known output length
-       (`ignore_eos`), every rule in `sim.schedulers.sglang_admission` (budget remainders,
-       the in-order check without a radix cache, the strict check with one, the full-batch
-       latch). An integer `decode_reserve_tokens` replaces it by Mini-SGLang's rule capped:
-       extend plus that many output tokens beside as many for every running request.
+       (`ignore_eos`; without it, rule 14), every rule in `sim.schedulers.sglang_admission`
+       (budget remainders, the in-order check without a radix cache, the strict check with
+       one, the full-batch latch). An integer `decode_reserve_tokens` replaces it by
+       Mini-SGLang's rule capped: extend plus that many output tokens beside as many for every
+       running request.
     6. Prefix cache: a waiting request's cached prefix (`match_prefix`, 0 without caching)
        is reused, and only the rest is chunked and computed. The radix cache is SGLang's
        (`sim.core.radix_cache`): every request the pass tries is matched (a use), every 32nd pass
@@ -78,10 +93,18 @@ class SGLang(Scheduler):
     8. `mixed_chunk`: running decodes join a prefill batch (`mix_with_running`) and the budget
        shrinks by their number (`PrefillAdder(num_mixed_decode_tokens=running_bs)`); with no
        prefill to run the iteration is decodes only, as without it.
-    9. KV shortfall: a decode without a block preempts the newest running request by recompute
-       (base `schedule_decodes`; SGLang's `retract_decode` takes the one with the fewest
-       outputs and longest prompt instead). If nothing at all can run while requests hold KV
-       (only with `decode_reserve_tokens` set), the newest running request is preempted.
+    9. KV shortfall at a decode step (`update_running_batch`): `check_decode_mem` asks a page
+       (a block here) for every decoding request whose KV fills its last, after evicting that
+       much from the radix cache; short, `retract_decode` retracts requests, the fewest
+       outputs first (the longest prompt among equals, the later in the batch among those),
+       each evicting room for 20 tokens per request kept, until the rest fit, keeping one
+       (aborted if even it does not fit); they go to the back of the queue and are computed
+       again, and the batch runs on in the order kept. In the overlap loop, if a request whose
+       last token is in flight will free its KV at the step's end, nobody decodes this step
+       instead. (With `ignore_eos` and outputs below 4096 tokens the admission rules never let
+       it come to this.) With `decode_reserve_tokens` set, a decode without a block preempts
+       the newest running request by recompute (base `schedule_decodes`), and if nothing at
+       all can run while requests hold KV, the newest running request is preempted.
 
     10. The overlap event loop (`event_loop_overlap`, SGLang's default; `overlap_schedule`):
        batch k is decided right after k-1 is launched and runs after it (two in flight,
@@ -132,15 +155,32 @@ class SGLang(Scheduler):
        (`alloc_paged_token_slots_extend`, `_decode`, `mem_cache/allocation.py` 190-202,
        584-585). Chunk sizes must be whole pages.
 
-    Not modelled: `--prefill-decode-interval` (default 0), `retract_decode`'s choice and order
-    without speculative decoding (with the in-order admission check and outputs below 4096
-    tokens SGLang then never retracts), requests without `ignore_eos` (their
-    `new_token_ratio` estimate: here every output length is known); with speculative
-    decoding, mixed chunks (refused) and the overshoot verifications' rows in the acceptance
-    counts (SGLang's global ones count them); pages of more than 1 token with speculative
-    decoding, the hierarchical cache or mixed chunks (refused where a block size is given and
-    SGLang's own admission runs), and on a disaggregated decode pool (its preallocation,
-    read for pages of 1 token).
+    14. Requests without `ignore_eos` (`Request.ignore_eos`, the workload's client: `vllm bench
+       serve`'s and `sglang.bench_serving`'s default): their output length is unknown to
+       SGLang (`max_new_tokens` is the trace's output, where they stop here). Admission
+       reserves a running one's outputs left (clipped at 4096) times `new_token_ratio`, a float
+       (`PrefillAdder._get_running_request_total_token_offset`), and takes a waiting one by the
+       general `add_one_req` path (prompt + output + page strictly below the remainder) even
+       without a radix cache; the in-order check of an `ignore_eos` request counts one as
+       `max_new_tokens * ratio - outputs` left. The ratio (`NewTokenRatioTracker`) starts at
+       0.7, decays by (0.7 - 0.098) / 600 at each decode step that retracts nobody, down to
+       0.098; a retraction sets it to min(1, (outputs kept + 20 x requests kept) / (their
+       max_new_tokens + 1)); the scheduler idling (`on_idle` when `is_fully_idle`) resets it
+       to 0.7: here, when a pass finds that everything the last pass left running has left,
+       and every request now came after the last of them left. It over-admits: rule 9
+       retracts. (Decode stretches, the fast path's, run only while the ratio is at its floor,
+       which a decode step leaves as it is, or before any request without `ignore_eos` came
+       to admission: nothing reads it then. A run mixing the two kinds would miss, in
+       stretches before the first such request, decays that stepping counts.)
+
+    Not modelled: `--prefill-decode-interval` (default 0), requests stopping on EOS before
+    their trace's output length; with speculative decoding, mixed chunks (refused) and the
+    overshoot verifications' rows in the acceptance counts (SGLang's global ones count them);
+    with mixed chunks, the decode step's retraction (a decode without a block preempts the
+    newest, base `schedule_decodes`); pages of more than 1 token with speculative decoding,
+    the hierarchical cache or mixed chunks (refused where a block size is given and SGLang's
+    own admission runs), and on a disaggregated decode pool (its preallocation, read for
+    pages of 1 token).
     """
 
     Config = SGLangConfig
@@ -172,6 +212,14 @@ class SGLang(Scheduler):
             self.allows_stretches = False  # (decode stretches assume one token a step)
         self._now_s = 0.0
         self._aborted = False  # the last decode pass aborted a request (rule 12)
+        # Rule 14: `new_token_ratio`, and what the last pass left running (to tell an idle
+        # pass between two passes here).
+        self.new_token_ratio = NEW_TOKEN_RATIO_INIT
+        self._last_running: list[Request] = []
+        # Whether a request without `ignore_eos` came to admission: only such a request's
+        # reservations read the ratio.
+        self.reads_ratio = False
+        self._settled()
 
     @property
     def by_priority(self) -> bool:
@@ -247,6 +295,8 @@ class SGLang(Scheduler):
         cfg = self.config
         if cfg.decode_reserve_tokens is not None:
             return super().admit_transfer(state, req)
+        if not req.ignore_eos:
+            self.reads_ratio = True  # (rule 14: a request retracted here reads it)
         running = state.running
         num_active = len(running) + len(state.incoming)
         if num_active >= cfg.max_num_seqs:
@@ -357,7 +407,41 @@ class SGLang(Scheduler):
         per_decode = self._spec.num_draft_tokens if self._spec is not None else 1
         return max(self.config.chunked_prefill_size, self.config.max_num_seqs * per_decode)
 
+    def _settled(self) -> None:
+        # Decode stretches (the fast path) plan no pass: only while every decode step leaves
+        # the ratio as it is (at its floor) or nothing reads it (every request so far with
+        # `ignore_eos`, or Mini-SGLang's rule), and not with speculative decoding. (A stretch
+        # runs only with nothing waiting: a request without `ignore_eos` running has been
+        # through admission, and set `reads_ratio`, before it.)
+        self.allows_stretches = self._spec is None and (
+            self.new_token_ratio == NEW_TOKEN_RATIO_MIN or not self.reads_ratio
+            or self.config.decode_reserve_tokens is not None)
+
+    def _idled_since(self, state: ReplicaState, now_s: float) -> bool:
+        """Whether SGLang's loop passed fully idle (`is_fully_idle`: nothing running or
+        waiting, no batch in flight) since the last pass here: everything that ran then has
+        left, and every request here now came after the last of them left (one that came at
+        that instant is taken in before the pass). servesim plans no pass while a replica is
+        idle."""
+        if state.running:
+            return False  # (admitted at a pass here: there since)
+        left_s = self._now_s
+        for req in self._last_running:
+            if req.status in (Status.WAITING, Status.RUNNING, Status.TRANSFERRING):
+                return False
+            if req.finish_s is not None and req.finish_s > left_s:
+                left_s = req.finish_s
+        return now_s > left_s and all(req.arrival_s > left_s for req in state.waiting)
+
     def decide(self, state: ReplicaState, now_s: float) -> Plan:
+        if self.new_token_ratio != NEW_TOKEN_RATIO_INIT and self._idled_since(state, now_s):
+            self.new_token_ratio = NEW_TOKEN_RATIO_INIT  # `on_idle`: the tracker's `reset`
+        plan = self._decide(state, now_s)
+        self._last_running = list(state.running)
+        self._settled()
+        return plan
+
+    def _decide(self, state: ReplicaState, now_s: float) -> Plan:
         self._state = state
         self._now_s = now_s
         tried = self.last_tried
@@ -411,12 +495,63 @@ class SGLang(Scheduler):
         prefilling = schedule_decodes(state, plan) if cfg.mixed_chunk else state.prefilling()
         self._prefill(state, plan, prefilling, cfg.chunked_prefill_size - plan.num_seqs)
         if not plan and self._spec is not None:
-            self._aborted = schedule_spec_decodes(state, plan, self._spec, self._now_s)
-        elif not plan:
+            self._aborted = schedule_spec_decodes(state, plan, self._spec, self._now_s, self)
+        elif not plan and cfg.decode_reserve_tokens is None and not state.prefill_only:
             self._decode(state, plan)
+        elif not plan:
+            self._decode_newest(state, plan)
         return plan
 
     def _decode(self, state: ReplicaState, plan: Plan) -> None:
+        """SGLang's decode step without speculative decoding (`update_running_batch`): every
+        running request past its prefill decodes a token, but one whose last token is in
+        flight (`_reqs_finishing_inflight`); `check_decode_mem` asks a page (here a block)
+        for each request whose KV fills its last (`new_tokens_required_next_decode`), after
+        evicting that much from the radix cache; short, `retract_decode` (rule 9) unless a
+        finishing request's KV comes back at the step's end (then nobody decodes). Sets
+        `new_token_ratio` (rule 14)."""
+        kv = state.kv
+        block_size = kv.block_size
+        prefilling = {id(r) for r in state.prefilling()}
+        batch: list[Request] = []
+        finishing = False
+        for req in state.running:
+            if id(req) in prefilling:
+                continue
+            if state.pipelined and req.is_caught_up:  # (its last token in flight)
+                finishing = True
+                continue
+            batch.append(req)
+        if not batch:
+            return
+
+        def top_up(req: Request) -> int:
+            return 1 if req.num_computed_tokens % block_size == 0 else 0
+
+        if not _check_decode_mem(state, batch, top_up):
+            if finishing:
+                return
+            batch, self._aborted = _retract(state, plan, batch, top_up, self._now_s)
+            self.new_token_ratio = ratio_after_retract(batch)
+        else:
+            self.decay_new_token_ratio()
+        scheduled = plan.num_scheduled_tokens
+        # (With pages > 1 and the radix cache, the allocation first evicts until a page per
+        # request of the batch is free: `_decode_newest`'s docstring.)
+        with kv.deferred_evictions():
+            for req in batch:
+                ok = kv.try_allocate(req, 1)
+                assert ok
+                scheduled[req.request_id] = 1
+            if block_size > 1 and kv.caches_prefixes:
+                kv.evict_before_paged_allocation(len(batch))
+
+    def decay_new_token_ratio(self) -> None:
+        """A decode step without retraction: `NewTokenRatioTracker.decay_step`."""
+        self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY,
+                                   NEW_TOKEN_RATIO_MIN)
+
+    def _decode_newest(self, state: ReplicaState, plan: Plan) -> None:
         """A decode batch of every running request. With pages > 1 and the radix cache,
         SGLang evicts before allocating until a page per request of the batch is free
         (`alloc_paged_token_slots_decode`, `mem_cache/allocation.py` 584-585), though a

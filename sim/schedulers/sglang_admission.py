@@ -6,7 +6,8 @@ Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check thes
 - The budget of one pass (`mem_cache/prefill_budget.py`): `available + evictable` tokens (free
   KV, and cached prefixes nobody uses), less two offsets: `total_offset`, which starts as every
   running (decoding) request's remaining output, clipped at 4096 (`CLIP_MAX_NEW_TOKENS`;
-  `PrefillAdder._get_running_request_total_token_offset`, ratio 1 for `ignore_eos`), and
+  `PrefillAdder._get_running_request_total_token_offset`, ratio 1 for `ignore_eos`, else
+  `new_token_ratio`, a float: rule 14 of `sim.schedulers.sglang`), and
   `current_offset`, which starts at 0. Each request this pass takes adds `extend + page +
   min(max_new_tokens, 4096)` to the first (its output: 0 for a chunk that does not finish its
   prompt) and `extend + page` to the second (`reserve`; page: `--page-size`, servesim's KV
@@ -22,7 +23,8 @@ Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check thes
 - The waiting queue, FCFS, stops at the first request refused:
   - at `max_running_requests` (the pass's requests, the chunked one included, beside the
     running ones; `get_num_allocatable_reqs`), which latches the batch as full;
-  - without a radix cache (`add_one_req_ignore_eos`): its whole remaining prompt plus a page
+  - without a radix cache, for an `ignore_eos` request (`add_one_req_ignore_eos`; the others
+    take the next rule): its whole remaining prompt plus a page
     must fit both remainders (`can_allocate_prefill`), and every request, it included, must be
     able to finish in order: sorted by outputs left, each in turn must find room for one
     token a step for everyone still running, counting what those before it freed
@@ -112,15 +114,18 @@ class PrefillAdder:
         self.prefill_only = state.prefill_only
         # (`_offset` summed, written out: a pass over every running request at every pass.)
         clip = CLIP_MAX_NEW_TOKENS
-        self.total_offset = (
+        # A request without `ignore_eos` reserves its outputs left times `new_token_ratio`,
+        # a float (`policy.new_token_ratio`): the offsets are then floats, as SGLang's.
+        ratio = policy.new_token_ratio
+        self.total_offset: float = (
             sum(min(1 - r.num_output_tokens + r.num_placeholders, clip) for r in self.decoding)
             if self.prefill_only else
             sum(min(r.num_target_output_tokens - r.num_output_tokens + r.num_placeholders, clip)
-                for r in self.decoding))
+                * (1 if r.ignore_eos else ratio) for r in self.decoding))
         self.current_offset = 0
         self.can_run: list[Request] = []
         self.completing: list[Request] = []  # of those, the ones whose prompt ends here
-        self.req_states: list[tuple[int, int]] | None = None
+        self.req_states: list[tuple[float, int]] | None = None
         self.preempted: list[Request] = []  # by priority this pass, back in the queue after
 
     def _target(self, req: Request) -> int:
@@ -250,14 +255,15 @@ class PrefillAdder:
         self.free += (kv.num_free_blocks - before) * kv.block_size
         return True
 
-    def _offset(self, req: Request) -> int:
+    def _offset(self, req: Request) -> float:
         """A running request's reserved future tokens (`_get_running_request_total_token_
-        offset`): its outputs left, clipped (ratio 1: `ignore_eos`)."""
-        return min(self._target(req) - output_ids_len(req), CLIP_MAX_NEW_TOKENS)
+        offset`): its outputs left, clipped, times `new_token_ratio` without `ignore_eos`."""
+        left = min(self._target(req) - output_ids_len(req), CLIP_MAX_NEW_TOKENS)
+        return left if req.ignore_eos or self.prefill_only else left * self.policy.new_token_ratio
 
     def _continue_chunk(self, req: Request) -> bool:
         left = req.num_uncomputed_tokens
-        rem = min(self.rem_chunk, self.free - self.total_offset)
+        rem = min(self.rem_chunk, int(self.free - self.total_offset))
         if rem <= 0:
             rem = self.rem_chunk
         num_tokens = min(left, rem)
@@ -274,6 +280,8 @@ class PrefillAdder:
     def _add(self, req: Request) -> str:
         """`add_one_req` for the head of the queue: 'continue', 'no_token' or 'other'."""
         kv = self.state.kv
+        if not req.ignore_eos:
+            self.policy.reads_ratio = True  # (rule 14 of `sim.schedulers.sglang`)
         hit = kv.match_prefix(req)  # (`init_next_round_input`: a use, even if refused)
         if self.policy.config.priority_preemption:  # (`full_untruncated_fill_ids`, `prefix_len`)
             self.policy.last_tried[req.request_id] = (
@@ -281,8 +289,10 @@ class PrefillAdder:
         extend = req.num_uncomputed_tokens - hit
         max_new = min(self._target(req), CLIP_MAX_NEW_TOKENS)
         locked = 0
-        paged = kv.caches_prefixes  # (its chunk ends on a page: `_select_prefill_admission`)
-        if not kv.caches_prefixes:
+        # The general path (a radix cache, or no `ignore_eos`): its chunk ends on a page
+        # (`_select_prefill_admission`).
+        paged = kv.caches_prefixes or not req.ignore_eos
+        if not paged:
             paged_input = self._paged(extend) + self.page
             if paged_input > min(self.free - self.current_offset, self.free - self.total_offset):
                 return "no_token"
@@ -336,9 +346,13 @@ class PrefillAdder:
     def _everyone_finishes(self, req: Request, paged_input: int) -> bool:
         """The in-order check of `add_one_req_ignore_eos`: `req` and everyone running or taken
         this pass, by outputs left, can each finish with one token a step for those after."""
-        def state_of(r: Request) -> tuple[int, int] | None:
+        ratio = self.policy.new_token_ratio
+
+        def state_of(r: Request) -> tuple[float, int] | None:
             out = output_ids_len(r)
-            left = self._target(r) - out
+            # (`max_new_tokens * new_token_ratio - len(output_ids)` without `ignore_eos`.)
+            left = (self._target(r) - out if r.ignore_eos or self.prefill_only
+                    else self._target(r) * ratio - out)
             return (left, r.num_prompt_tokens + out) if left > 0 else None
 
         states = self.req_states
@@ -348,7 +362,9 @@ class PrefillAdder:
             add = states.append
             for r in [req, *self.decoding, *self.can_run]:
                 out = r.num_output_tokens - r.num_placeholders
-                left = (1 if self.prefill_only else r.num_target_output_tokens) - out
+                left: float = (1 if self.prefill_only else r.num_target_output_tokens) - out
+                if not r.ignore_eos and not self.prefill_only:
+                    left = r.num_target_output_tokens * ratio - out
                 if left > 0:
                     add((left, r.num_prompt_tokens + out))
             states.sort(key=_left)
@@ -372,7 +388,7 @@ class PrefillAdder:
         return True
 
 
-def _left(state: tuple[int, int]) -> int:
+def _left(state: tuple[float, int]) -> float:
     return state[0]
 
 

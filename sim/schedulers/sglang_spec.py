@@ -213,8 +213,16 @@ def _committed(req: Request) -> int:
     return req.num_prompt_tokens + _known_outputs(req) - (not prefill_in_flight)
 
 
+def ratio_after_retract(kept: list[Request]) -> float:
+    """`NewTokenRatioTracker.estimate_new_token_ratio_after_retract` over the requests kept
+    (their known outputs; `max_new_tokens` their output lengths)."""
+    decoded = sum(_known_outputs(r) for r in kept)
+    max_new = sum(r.num_target_output_tokens for r in kept)
+    return min(1.0, (decoded + RETRACT_DECODE_STEPS * len(kept)) / (max_new + 1))
+
+
 def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRules,
-                          now_s: float) -> bool:
+                          now_s: float, tracker: Any = None) -> bool:
     """SGLang's decode step with speculative decoding (`update_running_batch`,
     `check_decode_mem`, `retract_decode`, `eagle_prepare_for_decode`): every running request
     not prefilling verifies D tokens, each topped up to its committed KV plus 2L slots; where
@@ -247,6 +255,10 @@ def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRule
         if finishing:
             return False  # their KV comes back at this step's end: decode the rest next step
         batch, aborted = _retract(state, plan, batch, top_up, now_s)
+        if tracker is not None:
+            tracker.new_token_ratio = ratio_after_retract(batch)
+    elif tracker is not None:
+        tracker.decay_new_token_ratio()
     scheduled = plan.num_scheduled_tokens
     for req in batch:
         grow = top_up(req)

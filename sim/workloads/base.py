@@ -181,8 +181,23 @@ class WorkloadConfig(BaseModel):
                     "the engine aborts it (its KV freed) and it counts as failed "
                     "(inference-perf's client: 300 s, aiohttp's default); none: never")
     classes: list[RequestClassConfig] | None = CLASSES_FIELD
+    ignore_eos: bool = Field(
+        False, description="the client's ignore_eos: true, the engine knows each output's length "
+                           "(it runs to max_tokens); false, it may stop on EOS (SGLang then "
+                           "estimates outputs: new_token_ratio). Each request still stops at its "
+                           "output length. Unset: the format's client (true for shared_prefix, "
+                           "inference-perf's; false otherwise, as vllm bench serve and "
+                           "sglang.bench_serving send)")
     # The scenario file, named by errors of the selection (set by `parse_scenario`).
     _source: str = PrivateAttr("<scenario>")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ignore_eos(cls, data: Any) -> Any:
+        # Unset: the format's client's (spelled out in the resolved scenario).
+        if isinstance(data, dict) and data.get("ignore_eos") is None:
+            data = {**data, "ignore_eos": data.get("format") == "shared_prefix"}
+        return data
 
     @model_validator(mode="after")
     def _classes(self) -> WorkloadConfig:

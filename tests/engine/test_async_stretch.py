@@ -21,6 +21,8 @@ def _default(scheduler: str, **changes) -> dict:
     data = load_scenario().model_dump(mode="json")
     data["replica"]["scheduler"] = {"name": scheduler}
     data["workload"]["num_requests"] = 400
+    # (Outputs known: SGLang's decode stretches wait for new_token_ratio's floor otherwise.)
+    data["workload"]["ignore_eos"] = True
     data["record_token_times"] = True
     for key, value in changes.items():
         section, field = key.split("__")

@@ -86,6 +86,45 @@ def test_admission_needs_everyone_to_finish_in_order():
     assert sglang().reject_reason(w, KVCacheManager(25, 1), 21) is None
 
 
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_without_ignore_eos_admission_estimates_outputs_and_decodes_retract(ignore_eos):
+    """Without `ignore_eos` SGLang reserves a running request's outputs left times
+    new_token_ratio (0.7 at first) and admits by the general `add_one_req` path (no radix
+    cache): W (2 + 22) joins R (10 + 21, one token out). 40 free; R reserves 20 x 0.7 = 14:
+    2 + 22 + 1 = 25 < 40 - 14. With `ignore_eos` R reserves 20 (2 + 1 fits 40 - 20), but the
+    in-order check refuses W: 40 - 3 - 20 x 2 = -3, not above 2. Admitted, the two outgrow
+    the pool: at the 20th decode step (12 + 2 x 19 = 50 held) both have 20 outputs and
+    `retract_decode` retracts R (equal outputs: the shorter prompt is kept), and the ratio
+    becomes min(1, (20 + 20) / (22 + 1)); each of the 19 decode steps before decayed it."""
+    from sim.schedulers.sglang import NEW_TOKEN_RATIO_DECAY, NEW_TOKEN_RATIO_MIN
+
+    r = make_request(0, prompt=10, output=21, generated=1)
+    w = make_request(1, prompt=2, output=22)
+    r.ignore_eos = w.ignore_eos = ignore_eos
+    state = make_state(num_blocks=50, block_size=1, running=(r,), waiting=(w,))
+    policy = sglang()
+    run = Stepper(policy, state)
+    first = run.step()
+    if ignore_eos:
+        assert first.num_scheduled_tokens == {0: 1}
+        return
+    assert first.num_scheduled_tokens == {1: 2}
+    assert policy.new_token_ratio == 0.7
+    ratio = 0.7
+    for step in range(19):
+        assert run.step().num_scheduled_tokens == {0: 1, 1: 1}, f"step {step}"
+        ratio = max(ratio - NEW_TOKEN_RATIO_DECAY, NEW_TOKEN_RATIO_MIN)
+    assert policy.new_token_ratio == ratio < 0.7
+    assert state.kv.num_free_blocks == 0
+    plan = run.step()
+    assert plan.preempted_ids == [0] and plan.num_scheduled_tokens == {1: 1}
+    assert (r.num_preemptions, r.num_output_tokens, list(state.waiting)) == (1, 20, [r])
+    assert policy.new_token_ratio == 1.0  # min(1, 40 / 23)
+    while state.running or state.waiting:
+        run.step()
+    assert is_finished(r) and is_finished(w)
+
+
 def test_fcfs_stops_at_the_first_request_refused():
     big = make_request(0, prompt=60, output=10)  # 72 tokens at most: more than 40 free
     small = make_request(1, prompt=4, output=2)

@@ -42,7 +42,8 @@ def scenario(spec: dict[str, Any] | None, requests: list[tuple[float, int, int]]
     return {"name": "sglang-spec", "seed": 5,
             "workload": {"format": "csv", "path": str(path), "time_unit": "s",
                          "columns": {"arrival": "t", "prompt_tokens": "p",
-                                     "output_tokens": "o"}},
+                                     "output_tokens": "o"},
+                         "ignore_eos": True},  # (outputs known, as the golden workloads')
             "replica": {"scheduler": sched,
                         "latency": {"kind": "linear", "base_s": BASE_S,
                                     "per_token_s": PER_TOKEN_S},

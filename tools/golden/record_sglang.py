@@ -22,7 +22,8 @@ arguments into a process-wide context):
   pool, radix cache / chunk cache, PrefillAdder and retraction are SGLang's own.
 * Requests enter through `Scheduler.ingest_requests`, whose `request_receiver` is replaced by
   one returning `TokenizedGenerateReqInput`s (prompt ids from `workloads.prompt_token_ids`,
-  `SamplingParams(max_new_tokens=output length, ignore_eos=True, temperature=0)`, normalized
+  `SamplingParams(max_new_tokens=output length, ignore_eos=settings.ignore_eos (default true),
+  temperature=0)`, normalized
   and verified as the tokenizer manager does) for the requests whose `arrival_s <= now`.
 * With disable_overlap_schedule true, the loop is `event_loop_normal`'s body, on a virtual
   clock: `ingest_requests`, `get_next_batch_to_run`, then `run_batch` + `process_batch_result`
@@ -192,7 +193,8 @@ def make_request(workload: Workload, request_id: int) -> Any:
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     _, _, num_output, _, _, *rest = workload["requests"][request_id]
-    params = SamplingParams(max_new_tokens=num_output, ignore_eos=True,
+    params = SamplingParams(max_new_tokens=num_output,
+                            ignore_eos=workload["settings"].get("ignore_eos", True),
                             temperature=workload["settings"].get("temperature", 0.0))
     params.normalize(None)
     params.verify(LLAMA_CONFIG["vocab_size"])
@@ -465,9 +467,15 @@ def _loop_overlap(rec: _Recorder) -> None:
 
 def record(workload: Workload) -> dict[str, Any]:
     """Drive SGLang's scheduler through `workload`; the fixture's body (see `fixture.py`)."""
+    ignore_eos = workload["settings"].get("ignore_eos", True)
     with tempfile.TemporaryDirectory() as model_dir:
-        Path(model_dir, "config.json").write_text(json.dumps(LLAMA_CONFIG))
+        # Without ignore_eos, a model that can never end on EOS (none set: transformers'
+        # LlamaConfig would default it to 2): each request runs to its max_new_tokens, its
+        # output length, checked below.
+        config = LLAMA_CONFIG if ignore_eos else {**LLAMA_CONFIG, "eos_token_id": None}
+        Path(model_dir, "config.json").write_text(json.dumps(config))
         sched = build_scheduler(workload, model_dir)
+    assert ignore_eos or not sched.model_config.hf_eos_token_id, sched.model_config.hf_eos_token_id
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
     retracted: list[int] = []
@@ -508,8 +516,10 @@ def record(workload: Workload) -> dict[str, Any]:
     times, handles, arrivals = rec.times, rec.handles, rec.arrivals
     unfinished = [rid for rid, t in times.items() if t["finish_s"] is None]
     assert not unfinished and len(times) == len(arrivals), unfinished[:5]
+    assert len(handles) == len(arrivals), len(handles)
     for rid, req in handles.items():
         assert len(req.output_ids) == arrivals[rid][2], (rid, len(req.output_ids))
+        assert req.sampling_params.ignore_eos == ignore_eos
     print(f"{workload['name']}: {len(rec.steps)} steps in {time.monotonic() - wall:.0f} s",
           file=sys.stderr)
     body: dict[str, Any] = {

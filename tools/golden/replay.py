@@ -139,7 +139,8 @@ def requests_of(doc: dict[str, Any]) -> list[Any]:
                 ids.append(last)
             hash_ids = tuple(ids)
         reqs.append(Request(rid, arrival_s, num_prompt, num_output, hash_ids,
-                            block if hash_ids else 0, priority=rest[0] if rest else 0))
+                            block if hash_ids else 0, priority=rest[0] if rest else 0,
+                            ignore_eos=w["settings"].get("ignore_eos", True)))
     return reqs
 
 

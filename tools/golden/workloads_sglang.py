@@ -45,7 +45,7 @@ def _sglang(name: str, seed: int, requests: list[list[Any]], *, num_gpu_blocks: 
             "disable_overlap_schedule": True}
     priority = {"enable_priority_scheduling", "schedule_low_priority_values_first",
                 "priority_scheduling_preemption_threshold", "disable_priority_preemption"}
-    unknown = set(settings) - set(base) - priority - HICACHE_KEYS
+    unknown = set(settings) - set(base) - priority - HICACHE_KEYS - {"ignore_eos"}
     assert not unknown, unknown
     # (SGLang floors its pool to whole pages and asks for chunks of whole pages.)
     assert num_gpu_blocks % page_size == 0, (num_gpu_blocks, page_size)
@@ -183,6 +183,43 @@ def sglang_workloads() -> list[Workload]:
                 [[*r, int(p)] for r, p in zip(_requests(rng(411), 30, 20.0, (16, 64), (60, 250)),
                                               rng(412).permutation(30) * 11, strict=True)],
                 num_gpu_blocks=900, max_running_requests=4, enable_priority_scheduling=True),
+        *sglang_eos_workloads(rng),
+    ]
+
+
+def sglang_eos_workloads(rng: Any) -> list[Workload]:
+    """Requests without ignore_eos (`settings.ignore_eos` false: vllm bench serve's and
+    sglang.bench_serving's default): admission reserves a running request's outputs left
+    times new_token_ratio (0.7 at first, decaying each decode step to 0.098, set after a
+    retraction, reset when the scheduler idles) and takes the general add_one_req path even
+    without a radix cache; small pools, so it over-admits and decodes run out:
+    retract_decode. (The recorder's model has no EOS: each runs to its output length.)"""
+    return [
+        _sglang("eos_kv_starved", 601, _requests(rng(601), 50, 20.0, (128, 768), (64, 400)),
+                num_gpu_blocks=3000, ignore_eos=False),
+        _sglang("eos_overlap_kv_starved", 602,
+                _requests(rng(602), 50, 20.0, (128, 768), (64, 400)),
+                num_gpu_blocks=3000, disable_overlap_schedule=False, ignore_eos=False),
+        # Chunks: a continuing chunk takes KV beyond the reservations.
+        _sglang("eos_kv_starved_chunked", 603,
+                _requests(rng(603), 40, 20.0, (128, 1024), (32, 300)),
+                num_gpu_blocks=2000, chunked_prefill_size=256, ignore_eos=False),
+        # The radix cache on: shared prefixes evicted, by the memory check and retractions too.
+        _sglang("eos_prefix_kv_starved", 612,
+                _prefixed(rng(612), 40, 20.0, 6, (128, 512), (16, 128), (64, 300)),
+                num_gpu_blocks=2000, disable_radix_cache=False, ignore_eos=False),
+        _sglang("eos_overlap_prefix_kv_starved", 606,
+                _prefixed(rng(606), 40, 15.0, 6, (256, 1024), (16, 256), (32, 250)),
+                num_gpu_blocks=2500, disable_radix_cache=False, disable_overlap_schedule=False,
+                ignore_eos=False),
+        # Bursts with quiet spells, each burst more than the pool holds: the scheduler idles
+        # between them and the ratio is reset (servesim without the reset differs).
+        _sglang("eos_bursts_idle", 633,
+                _bursts(rng(633), 40, (6, 10), (3.0, 5.0), (128, 512), (64, 200)),
+                num_gpu_blocks=1500, ignore_eos=False),
+        _sglang("eos_overlap_bursts_idle", 633,
+                _bursts(rng(633), 40, (6, 10), (3.0, 5.0), (128, 512), (64, 200)),
+                num_gpu_blocks=1500, disable_overlap_schedule=False, ignore_eos=False),
     ]
 
 
