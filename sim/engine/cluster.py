@@ -453,6 +453,14 @@ def num_kv_blocks(cfg: ReplicaConfig, model: ModelShape, num_null: int) -> int:
     kv = cfg.kv_cache
     if kv.num_blocks is not None:
         return kv.num_blocks - num_null
+    weight_bytes, kv_bytes = _bytes_per_gpu(cfg, model)
+    usable_bytes = cfg.gpu_spec.memory_bytes * kv.gpu_memory_utilization
+    free_bytes = usable_bytes - weight_bytes - kv.activation_reserve_gb * 1e9
+    return int(free_bytes // (kv.block_size * kv_bytes)) - num_null
+
+
+def _bytes_per_gpu(cfg: ReplicaConfig, model: ModelShape) -> tuple[float, float]:
+    """The busiest GPU's weight bytes and KV bytes per token slot, a drafter's included."""
     par = cfg.parallelism
     weight_bytes = par.weight_bytes_per_gpu(model)
     kv_bytes = par.kv_bytes_per_token_per_gpu(model)
@@ -464,9 +472,7 @@ def num_kv_blocks(cfg: ReplicaConfig, model: ModelShape, num_null: int) -> int:
         # and input projection left out). A draft model's are its own: not counted.
         kv_bytes *= 1 + 1 / model.num_layers
         weight_bytes += par.dense_layer_bytes_per_gpu(model)
-    usable_bytes = cfg.gpu_spec.memory_bytes * kv.gpu_memory_utilization
-    free_bytes = usable_bytes - weight_bytes - kv.activation_reserve_gb * 1e9
-    return int(free_bytes // (kv.block_size * kv_bytes)) - num_null
+    return weight_bytes, kv_bytes
 
 
 def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
@@ -501,14 +507,12 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
         return _manager(cfg, kv.num_blocks - num_null, eviction)
     num_blocks = num_kv_blocks(cfg, model, num_null)
     if num_blocks <= 0:
-        spec = getattr(cfg.scheduler, "speculative", None)
-        if spec is not None and spec.method in ("eagle", "eagle3", "mtp"):
-            weight_bytes += par.dense_layer_bytes_per_gpu(model)  # (the drafter's layer)
+        need_bytes = _bytes_per_gpu(cfg, model)[0]
         usable_bytes = gpu.memory_bytes * kv.gpu_memory_utilization
         split = f" split {par.num_gpus} ways (TP{par.tensor} x PP{par.pipeline})" \
             if par.num_gpus > 1 else ""
         raise InputError(source, f"{field}.kv_cache", f"{model.name} on {gpu.name}",
-                         f"no room for KV: weights{split} need {weight_bytes / 2**30:.1f} GiB "
+                         f"no room for KV: weights{split} need {need_bytes / 2**30:.1f} GiB "
                          f"per GPU plus {kv.activation_reserve_gb * 1e9 / 2**30:.1f} GiB for "
                          f"activations (activation_reserve_gb {kv.activation_reserve_gb:g}), "
                          f"{usable_bytes / 2**30:.1f} GiB usable of {gpu.memory_bytes / 2**30:.1f}"
