@@ -109,12 +109,14 @@ def offload_facts(state: ReplicaState, copies: HostCopies | JobCopies) -> dict[s
     """A replica's CPU tier after a run: its size, counters and copy times, as numbers (the
     results add them up over replicas: `sim.results.metrics.offload`)."""
     assert state.offload is not None
-    tier = state.offload.tier
+    tier, kv = state.offload.tier, state.kv
+    assert isinstance(kv, BlockPrefixCache)
     return {"num_cpu_blocks": tier.num_blocks, "num_cpu_blocks_used": tier.num_used_blocks,
             **{name: getattr(tier.counters, name) for name in tier.counters.__slots__},
             "load_busy_s": copies.load_busy_s, "store_busy_s": copies.store_busy_s,
             "load_s_per_block": copies.load_s_per_block,
             # Finished requests' GPU blocks held until their stores are reported done: vLLM's
             # engine idles with them held until its next step (a new request).
-            "num_blocks_awaiting_stores": sum(state.kv.num_held_blocks(rid)
-                                              for rid in state.offload.delayed)}
+            # (Blocks, not references: finished requests share their prefix's blocks.)
+            "num_blocks_awaiting_stores": len({id(block) for rid in state.offload.delayed
+                                               for block in kv.blocks_of(rid)})}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
+from sim.core.block_cache import BlockPrefixCache
 from sim.core.offload_jobs import JobTransfers
 from sim.core.plan import Plan
 from sim.engine.clock import At
@@ -165,7 +166,9 @@ class OffloadSteps:
         queue). The replica stops; its requests stay unfinished, saying why."""
         state = self.state
         kv = state.kv
-        held = sum(kv.num_held_blocks(r.request_id) for r in state.waiting)
+        assert isinstance(kv, BlockPrefixCache)  # (vLLM's tier: blocks keyed by prefix)
+        # Blocks, not references: queued requests share their prefix's cached blocks.
+        held = len({id(block) for r in state.waiting for block in kv.blocks_of(r.request_id)})
         reason = (f"engine_stalled: the queue's head cannot get its KV blocks "
                   f"({kv.num_free_blocks:,} free of {kv.num_blocks:,}) while queued requests "
                   f"behind it hold {held:,} with KV loaded from the CPU tier; vLLM 0.15.1 "

@@ -126,7 +126,8 @@ class PipelinedReplica(Replica):
         while len(batches) < self.pipeline_depth and (
                 state.running or state.waiting or offloading):
             blocked_s, self._blocked_until = self._blocked_until, None
-            if blocked_s is not None and blocked_s > self.env.now:
+            # (The replica's clock, `now_s`: ahead of the environment's while it runs ahead.)
+            if blocked_s is not None and blocked_s > now_s:
                 return plan, HostBusy(blocked_s)
             now_s = max(now_s, self._host_s)
             if host_copies is not None:
@@ -175,6 +176,10 @@ class PipelinedReplica(Replica):
             end_s = work.end_s
             if end_s > self.env.now and not (self.fast_forward and end_s < self.quiet_until()):
                 yield At(self.env, end_s, self.turn)
+            elif end_s > self.env.now:
+                # Run ahead: what the next step's `sync` would complete once the clock is
+                # there (it reads the environment's, which stays behind).
+                self._complete_batches(end_s, inclusive=True)
             return max(end_s, self.env.now)
         assert isinstance(work, Iteration)
         # (With a CPU tier a launch may have blocked the engine past the result's end: it is
