@@ -24,7 +24,7 @@ from sim.hardware.gpus import measured_on
 from sim.results.columns import Columns, Table, column
 from sim.results.metrics.arrived import arrived_stats
 from sim.results.metrics.classes import class_columns, class_gaps, class_summary, priorities_ignored
-from sim.results.metrics.offload import offload_stats
+from sim.results.metrics.offload import offload_stats, pool_offload_stats
 from sim.results.metrics.overload import overload
 from sim.results.metrics.sessions import session_stats
 from sim.results.metrics.speculative import speculative_stats
@@ -450,6 +450,12 @@ def collect_frames(scenario: Scenario, frames: RequestResults,
                 eagle_topk=spec.eagle_topk, num_draft_tokens=spec.num_draft_tokens)
     if facts := [r.offload for r in replicas if r.offload is not None]:
         summary["kv_offload"] = offload_stats(request_cols, facts)
+        by_pool: dict[str, list[dict[str, float]]] = {}
+        for r in replicas:
+            if r.offload is not None:
+                by_pool.setdefault(r.pool, []).append(r.offload)
+        if "decode" in by_pool:  # (its tier's own counts beside the prefill pool's)
+            summary["kv_offload"]["pools"] = pool_offload_stats(by_pool)
     summary["run"] = {
         "scenario": scenario.name,
         "seed": scenario.seed,

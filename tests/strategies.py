@@ -304,9 +304,9 @@ def without_speculative(replica: dict, *, speculative: bool = True,
 
 @st.composite
 def clusters(draw, host_tier: bool = False):
-    """A small workload through a random colocated or disaggregated cluster; `host_tier`:
-    always disaggregated, a KV cache's host tier on the prefill pool (vLLM's CPU tier or
-    SGLang's hierarchical cache)."""
+    """A small workload through a random colocated or disaggregated cluster (whose decode pool
+    may keep vLLM's CPU tier); `host_tier`: always disaggregated, a KV cache's host tier on
+    the prefill pool (vLLM's CPU tier or SGLang's hierarchical cache)."""
     if host_tier:
         data = draw(st.one_of(scenarios(offload=True), scenarios(host_cache=True)))
     else:
@@ -333,6 +333,30 @@ def clusters(draw, host_tier: bool = False):
             replica["scheduler"]["hierarchical_cache"] = tiers["hierarchical_cache"]
         decode["kv_cache"]["num_blocks"] = replica["kv_cache"]["num_blocks"] + draw(
             st.integers(0, 50))
+        # A CPU tier on the decode pool sometimes (vLLM's connector beside the transfer one:
+        # it stores the prompt blocks that arrive, and loads for requests preempted there),
+        # either connector, the prefill pool's tier or one of its own.
+        tiered = host_tier and tiers["kv_offload"] is not None
+        if (decode["scheduler"]["name"] == "vllm_v1" and "speculative" not in decode["scheduler"]
+                and draw(st.integers(0, 1 if tiered else 2)) == 0):
+            dec = decode["scheduler"]
+            dec["decode_reserve_tokens"] = 0  # (the tier refuses others)
+            decode["prefix_caching"] = True
+            if draw(st.booleans()):
+                dec.update(engine_version="0.33.0", async_scheduling=draw(st.booleans()))
+            else:
+                dec.update(engine_version="0.15.1")
+            num_cpu_blocks = draw(st.integers(1, 3 * decode["kv_cache"]["num_blocks"]))
+            block_size = decode["kv_cache"]["block_size"]
+            decode["kv_offload"] = tiers["kv_offload"] if tiered and draw(st.booleans()) else {
+                "size_gib": num_cpu_blocks * block_size * 2**17 / 2**30,
+                "host_bandwidth_gb_s": draw(st.sampled_from([0.2, 2.0, 50.0]))}
+            if dec["engine_version"] == "0.15.1":  # (0.15.1 has neither: refused)
+                decode["kv_offload"] = {key: value for key, value in decode["kv_offload"].items()
+                                        if key not in ("eviction_policy", "store_threshold")}
+            elif draw(st.booleans()):
+                decode["kv_offload"] = {**decode["kv_offload"], "eviction_policy": "arc",
+                                        "store_threshold": draw(st.sampled_from([0, 2]))}
         data["cluster"] = {
             "prefill": {"replicas": draw(st.integers(1, 2)), "replica": replica},
             "decode": {"replicas": draw(st.integers(1, 2)), "replica": decode},

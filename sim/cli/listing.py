@@ -72,7 +72,9 @@ def list_registered(
     from sim.config.replica import KVOffloadConfig
 
     console.print(params_table("replica.kv_offload (a CPU tier for the KV cache: vllm_v1 "
-                               "0.15.1 with prefix caching)", parameter_rows(KVOffloadConfig)))
+                               "0.15.1 or 0.33.0 with prefix caching; a colocated replica, "
+                               "a prefill or a decode pool; not data-parallel ranks)",
+                               parameter_rows(KVOffloadConfig)))
     from sim.hardware.parallelism import Parallelism
 
     console.print(params_table("replica.parallelism (GPUs: tensor x pipeline x data)",

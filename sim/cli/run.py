@@ -242,11 +242,17 @@ def offload_line(summary: dict[str, Any]) -> str | None:
     if hits["cpu"] is None:
         return None
     mean = off["mean_load_s"]
-    return (f"KV CPU tier ({', '.join(f'{n:,}' for n in off['num_cpu_blocks'])} blocks): prompt "
+    line = (f"KV CPU tier ({', '.join(f'{n:,}' for n in off['num_cpu_blocks'])} blocks): prompt "
             f"tokens hit on GPU {100 * hits['gpu']:.1f}%, loaded from CPU {100 * hits['cpu']:.1f}% "
             f"({off['num_loads']:,} loads" + (f", {1e3 * mean:.3g} ms each" if mean else "")
             + f"); {off['num_stored_blocks']:,} blocks stored, {off['num_evicted_blocks']:,} "
             "evicted")
+    decode = off.get("pools", {}).get("decode")
+    if decode:  # (a disaggregated cluster's decode pool keeps a tier of its own)
+        line += (f"; of those, on the decode pool: {decode['num_stored_blocks']:,} stored, "
+                 f"{decode['num_evicted_blocks']:,} evicted, {decode['num_loads']:,} reloads "
+                 f"after preemption, stores busy {decode['store_busy_s']:.3g} s")
+    return line
 
 
 def overload_line(verdict: dict[str, Any]) -> str:

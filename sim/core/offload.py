@@ -26,6 +26,21 @@ The rules, from vLLM 0.15.1 (`distributed/kv_transfer/kv_connector/v1/offloading
   waits (None: skipped this step). Otherwise it gets GPU blocks for hit plus load, holds them
   in the queue while the copy runs (`WAITING_FOR_REMOTE_KVS`), and stores from the end of
   what it loads.
+- On a disaggregated cluster's decode replica vLLM runs this connector beside the
+  KV-transfer one (a `MultiConnector`, NIXL listed first). Paths below are 0.15.1's under
+  `distributed/kv_transfer/kv_connector/v1/`. The queue asks both connectors for every
+  request (`multi_connector.py:284-303`): this one looks up and touches, and a None skips
+  the request; but NIXL has the whole prompt (`nixl_connector.py:632-637`), so the request
+  is NIXL's and this connector is told of its blocks with no tokens to load
+  (`multi_connector.py:305-316`; `offloading_connector.py:268` returns there, setting no
+  `_next_stored_block_idx`). At the request's first step there (the prompt's last token
+  computed again), its full prompt blocks are therefore stored from block 0
+  (`offloading_connector.py:324`): the KV the transfer brought. Its decode blocks follow as
+  above; its finish waits for its stores (`offloading_connector.py:437`; NIXL delays
+  nothing on a decode instance). NIXL clears the request's remote flag after its one
+  transfer (`nixl_connector.py:696`), so a request preempted there is looked up as any
+  other and may load from this tier. Such a request is a new one to vLLM's scheduler when
+  its KV has arrived (`scheduled_new_reqs`): its stores come first (`build`).
 Only counts and hashes are kept: no object per token.
 """
 
@@ -277,8 +292,25 @@ class OffloadState:
         self.finished_ids: list[int] = []
         # Loads started since the last plan: (request id, blocks), in order.
         self.loads: list[tuple[int, int]] = []
+        # Decode replica: requests whose KV a transfer brings, taken (`remote_lookup`) and
+        # not yet scheduled here (`build` stores their prompt blocks at their first step).
+        self.remote: set[int] = set()
 
     busy = False  # (0.15.1's engine steps on for finished requests only: `finished_ids`)
+
+    def remote_lookup(self, state: ReplicaState, req: Request) -> bool:
+        """Decode replica: `req`, whose KV a transfer is to bring, is asked for by the queue.
+        vLLM runs this connector beside the transfer one there (a `MultiConnector`), which
+        asks every connector (`MultiConnector.get_num_new_matched_tokens`,
+        `multi_connector.py:284-303` in 0.15.1): the tier is looked up after the GPU hit and
+        touched, its hit dropped (the transfer connector, first, claims the request), and
+        None, a load of those blocks in progress, skips the request this step (False)."""
+        kv = state.kv
+        assert isinstance(kv, BlockPrefixCache)
+        block_size = kv.block_size
+        num_blocks = req.num_prompt_tokens // block_size
+        return self.tier.lookup(kv.chain_hashes(req, num_blocks)[:num_blocks],
+                                kv.prefix_hit_tokens(req), block_size) is not None
     defers_frees = False  # (0.15.1 frees at once, or once a finished request's stores end)
 
     def finished(self, state: ReplicaState, req: Request, *, held: bool = False) -> None:
@@ -291,6 +323,7 @@ class OffloadState:
         self.finished_ids.append(rid)
         self.loading.pop(rid, None)
         self.loaded.discard(rid)
+        self.remote.discard(rid)
         if held:
             self.sending[rid] = False
         if self.tier.request_finished(rid):
@@ -339,9 +372,19 @@ class OffloadState:
         block_size = kv.block_size
         scheduled, requests, tier = plan.num_scheduled_tokens, state.requests, self.tier
         order = list(scheduled)
-        if len(order) > num_running:  # requests admitted: the new ones first, resumed last
+        remote = self.remote
+        for rid in plan.preempted_ids:
+            remote.discard(rid)
+        joined: list[int] = []
+        if remote:  # (decode replica: the KV that arrived is a new request's in vLLM)
+            joined = [r for r in order[:num_running] if r in remote]
+            if joined:
+                remote.difference_update(joined)
+                order = [r for r in order if r not in joined]
+                num_running -= len(joined)
+        if len(order) > num_running or joined:  # admitted: the new ones first, resumed last
             admitted = order[num_running:]
-            order = ([r for r in admitted if not requests[r].num_preemptions]
+            order = (joined + [r for r in admitted if not requests[r].num_preemptions]
                      + order[:num_running]
                      + [r for r in admitted if requests[r].num_preemptions])
         stores = []

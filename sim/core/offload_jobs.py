@@ -23,6 +23,18 @@ full-attention group whose tier blocks are the GPU's:
   prefilling (or loading) needs for its whole prompt (`_inflight_prefill_reserved_blocks`).
 - With steps in flight, drafters, and one-token prompts: `free_blocks`, `inflight_blocks`,
   `lookup` and `reload` say what changes.
+- On a disaggregated cluster's decode replica, beside the KV-transfer connector (a
+  `MultiConnector`, NIXL listed first; paths under `distributed/kv_transfer/kv_connector/v1/`
+  of 0.33.0): every connector is asked (`multi_connector.py:451-470`); this one's lookup
+  sets the request's next block to offer back to 0 (`offloading/scheduler.py:1245`) and may
+  make it wait, but NIXL takes the request (`nixl/pull_scheduler.py:59-65`) and this one is
+  told of its blocks with no tokens to load (`multi_connector.py:484-494`, returning at
+  `offloading/scheduler.py:1362`). So the prompt blocks the transfer brought are stored,
+  from block 0, at its first step there (`_build_store_jobs`, line 1866). Once its KV has
+  arrived (`v1/core/sched/scheduler.py:3467`) it waits in the holding queue
+  (`kv_holding_waiting`, drained after the running requests, line 1065), so its stores
+  follow the running requests' (`build`). NIXL clears its remote flag after the transfer
+  (`nixl/pull_scheduler.py:188`): preempted there, it may load from this tier.
 Only counts, hashes and the GPU blocks of pending stores are kept: no object per token.
 """
 
@@ -117,6 +129,9 @@ class JobOffloadState:
         self.delayed: dict[int, Request] = {}
         self.finished_ids: list[int] = []
         self.loads: list[tuple[int, int, int]] = []
+        # Decode replica: requests whose KV a transfer brings, taken (`remote_lookup`) and
+        # not yet scheduled here.
+        self.remote: set[int] = set()
 
     @property
     def busy(self) -> bool:
@@ -168,6 +183,16 @@ class JobOffloadState:
             counters.num_delayed_lookups += 1
             return None
         return hits * block_size
+
+    def remote_lookup(self, state: ReplicaState, req: Request) -> bool:
+        """Decode replica: `req`, whose KV a transfer is to bring, is asked for by the queue.
+        vLLM's `MultiConnector` asks every connector (`multi_connector.py:451-470` in 0.33.0):
+        this one looks the tier up after the GPU hit (`get_num_new_matched_tokens` in
+        `offloading/scheduler.py:1210-1277`, which also sets its next block to offer back to
+        the first), its hit dropped (the transfer connector, first, claims the request), and
+        None (blocks being stored or loaded) skips the request this step (False). Told of the
+        allocation with no tokens to load (`multi_connector.py:484-494`), it loads nothing."""
+        return self.lookup(req, state.kv.prefix_hit_tokens(req)) is not None
 
     def inflight_blocks(self, state: ReplicaState) -> int:
         """Blocks the requests still prefilling, or loading, need for their whole prompt
@@ -244,6 +269,7 @@ class JobOffloadState:
         beside this one delays the free (a `MultiConnector`), this one does not."""
         rid = req.request_id
         self.finished_ids.append(rid)
+        self.remote.discard(rid)
         rs = self._reqs.get(rid)
         if rs is not None:
             rs.finished = True
@@ -354,8 +380,19 @@ class JobOffloadState:
                 if pending:
                     flush.update(pending)
         tier, counters = self.tier, self.tier.counters
+        order = list(scheduled)
+        remote = self.remote
+        for rid in plan.preempted_ids:
+            remote.discard(rid)
+        if remote:  # (decode replica: requests whose KV arrived wait in vLLM's holding queue,
+            # drained after the running pass and before the waiting queue)
+            joined = [r for r in order[:num_running] if r in remote]
+            if joined:
+                remote.difference_update(joined)
+                running = [r for r in order[:num_running] if r not in joined]
+                order = running + joined + order[num_running:]
         stores = []
-        for rid, finished in [*((r, False) for r in scheduled),
+        for rid, finished in [*((r, False) for r in order),
                               *((r, True) for r in finished_ids)]:
             rs = self._reqs.get(rid)
             if rs is None:

@@ -1,7 +1,9 @@
 """A replica's CPU tier for the KV cache (`replica.kv_offload`): which of vLLM's offloading
 connectors it follows (0.15.1's, `sim.core.offload` timed by `sim.engine.offload`; 0.33.0's,
 `sim.core.offload_jobs` timed by `sim.engine.offload_jobs`), its size, and its facts after a
-run."""
+run. A colocated replica, or either pool of a disaggregated cluster (the decode pool's stores
+the prompt blocks each transfer brings: `sim.core.offload`); not data-parallel ranks
+(`sim.engine.cluster`)."""
 
 from __future__ import annotations
 
@@ -50,8 +52,9 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
         problem = f"the CPU tier is vLLM's offloading connector: scheduler {cfg.scheduler.name!r}"
     elif not cfg.prefix_caching:
         problem = "the CPU tier keys blocks by their prefix: set prefix_caching: true"
-    elif pool == "decode":
-        problem = "on a decode pool"
+    elif pool == "decode" and (spec := getattr(cfg.scheduler, "speculative", None)):
+        where, value = f"{field}.scheduler.speculative.method", spec.method
+        problem = "with speculative decoding on a decode pool"
     elif getattr(cfg.scheduler, "decode_reserve_tokens", 0) != 0:
         problem = ("queued requests hold the blocks they load; with blocks kept for running "
                    "requests' future tokens (decode_reserve_tokens, which vLLM does not have) "

@@ -76,13 +76,20 @@ class DecodeInbox:
 
     def admit(self) -> None:
         """At the replica's planning turn: hand transfers to the scheduler, in order, while it
-        takes them. A taken request counts in `state.incoming` until its KV arrives."""
+        takes them (passing over those it skips this time: a CPU tier's lookup that must wait).
+        A taken request counts in `state.incoming` until its KV arrives."""
         state, scheduler = self.replica.state, self.replica.scheduler
-        while self.pending:
-            req, then = self.pending[0]
-            if not scheduler.admit_transfer(state, req):
+        pending = self.pending
+        index = 0
+        while index < len(pending):
+            req, then = pending[index]
+            taken = scheduler.admit_transfer(state, req)
+            if taken is None:
+                index += 1
+                continue
+            if not taken:
                 return
-            self.pending.popleft()
+            del pending[index]
             state.incoming[req.request_id] = req
             then()
 

@@ -258,7 +258,7 @@ class Scheduler(ABC):
         (beyond `reject_reason`); None if it could."""
         return None
 
-    def admit_transfer(self, state: ReplicaState, req: Request) -> bool:
+    def admit_transfer(self, state: ReplicaState, req: Request) -> bool | None:
         """Decode side of a disaggregated cluster: take `req`, whose prompt KV is to arrive by
         transfer, now? If so, allocate blocks for its prompt and return True (the caller then
         counts it in `state.incoming`). Called on the requests waiting for a decode slot in
@@ -268,14 +268,25 @@ class Scheduler(ABC):
         slot (`max_num_seqs`, counting the requests on their way) and blocks for the prompt
         beside `decode_reserve_tokens` of future tokens for every request here and on its way
         (vLLM v1, reserving 0, allocates while blocks last; Mini-SGLang reserves every future
-        token)."""
+        token).
+
+        With a CPU tier (vLLM's offloading connector beside the transfer one) the tier is
+        looked up first (`remote_lookup`): None skips `req` this time, those behind it may be
+        taken."""
         if len(state.running) + len(state.incoming) >= self.config.max_num_seqs:
             return False
+        offload = state.offload
+        if offload is not None and not offload.remote_lookup(state, req):
+            return None
         cap = self.config.decode_reserve_tokens
         reserve = reserved_blocks(state, cap)
         reserve += sum(future_blocks(state, r, cap) for r in state.incoming.values())
         own_future = future_blocks(state, req, cap) - state.kv.num_blocks_to_grow(req, 0)
-        return state.kv.try_allocate(req, 0, reserve + own_future)
+        if not state.kv.try_allocate(req, 0, reserve + own_future):
+            return False
+        if offload is not None:
+            offload.remote.add(req.request_id)
+        return True
 
 
 SCHEDULERS: Registry[type[Scheduler]] = Registry("scheduler", "sim.schedulers", "SCHEDULERS")

@@ -283,7 +283,7 @@ class SGLang(Scheduler):
         # aborts it at the decode step they do not fit, rule 12.)
         return None
 
-    def admit_transfer(self, state: ReplicaState, req: Request) -> bool:
+    def admit_transfer(self, state: ReplicaState, req: Request) -> bool | None:
         """SGLang's decode server preallocating `req`'s KV (`DecodePreallocQueue.
         pop_preallocated`, no radix cache on the decode side, its default; page 1): a request
         slot, and room for its prompt once the free KV has kept R tokens (R =

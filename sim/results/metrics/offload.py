@@ -20,18 +20,33 @@ def offload_stats(requests: Table, facts: Sequence[dict[str, float]]) -> dict[st
     admitted = ~np.isnan(column(requests, "first_scheduled_s"))
     num_prompt = int(column(requests, "num_prompt_tokens")[admitted].sum())
     num_cached = int(column(requests, "num_cached_tokens")[admitted].sum())
-    num_cpu = int(total["num_hit_tokens"])
     num_first_cpu = int(total["num_first_hit_tokens"])
-    num_loads = int(total["num_hit_requests"])
 
     def share(n: int) -> float | None:
         return n / num_prompt if num_prompt else None
 
+    return {"hit_rate_tokens": {"gpu": share(num_cached - num_first_cpu),
+                                "cpu": share(num_first_cpu)},
+            **tier_stats(facts)}
+
+
+def pool_offload_stats(facts: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    """Each pool's tiers (`tier_stats`), where a disaggregated cluster's decode pool has one:
+    its tier loads only for requests preempted there (their first admission is the prefill
+    pool's), so it has no hit rate of its own; what it stores and how long the copies kept
+    its host links busy are its own."""
+    return {pool: tier_stats(pool_facts) for pool, pool_facts in facts.items()}
+
+
+def tier_stats(facts: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """What the tiers of `facts` did, summed: lookups, loads, stores, evictions, the copies'
+    busy time."""
+    total = {key: sum(f[key] for f in facts) for key in facts[0]}
+    num_cpu = int(total["num_hit_tokens"])
+    num_loads = int(total["num_hit_requests"])
     return {
         "num_cpu_blocks": [int(f["num_cpu_blocks"]) for f in facts],
         "num_cpu_blocks_used_at_end": [int(f["num_cpu_blocks_used"]) for f in facts],
-        "hit_rate_tokens": {"gpu": share(num_cached - num_first_cpu),
-                            "cpu": share(num_first_cpu)},
         "num_lookups": int(total["num_lookups"]),
         "num_loads": num_loads,
         "num_loaded_tokens": num_cpu,
