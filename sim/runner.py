@@ -7,12 +7,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from sim.config.replica import ReplicaConfig
-from sim.config.scenario import Scenario, load_scenario, with_prefix_caching, with_replicas
+from sim.config.scenario import Scenario, load_scenario, with_pool_replicas, with_prefix_caching
 from sim.core.kv_cache import KVCacheManager
 from sim.core.request import Request
 from sim.core.speculative import Acceptance
@@ -52,6 +52,7 @@ from sim.results.records import (
 )
 from sim.results.run_dir import Results
 from sim.schedulers import SCHEDULERS
+from sim.schedulers.sglang_memory import Role
 from sim.workloads import Workload
 from sim.workloads.base import Sessions
 from sim.workloads.load import load_workload
@@ -218,8 +219,9 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
     given, scenario = scenario, with_prefix_caching(scenario, workload.hash_ids is not None)
     # The defaults an engine derives from its KV pool (SGLang's running limit), spelled out
     # in the resolved scenario as the replicas will have them.
-    scenario = with_replicas(scenario, lambda replica: replica.model_copy(
-        update={"scheduler": resolved_scheduler(replica)}))
+    # (SGLang's static memory fraction first: each pool's, as its server resolves it.)
+    scenario = with_pool_replicas(scenario, lambda replica, pool: replica.model_copy(
+        update={"scheduler": resolved_scheduler(replica, cast(Role, pool))}))
     # Pools whose engine caches prefixes by default, left off for want of hash ids.
     left_off = [(pool.field, pool.replica.scheduler.name)
                 for pool, was in zip(scenario.pools(), given.pools(), strict=True)

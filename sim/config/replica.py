@@ -278,6 +278,27 @@ class ReplicaConfig(Frozen):
     def _latency(cls, value: Any) -> Any:
         return dispatch(LATENCY_MODELS, "kind", value)
 
+    @model_validator(mode="after")
+    def _sglang_memory(self) -> ReplicaConfig:
+        """SGLang sizes its KV pool by `scheduler.mem_fraction_static` (weights and pool; its
+        activations and CUDA graphs outside): vLLM's memory settings would mean something
+        else there, and are refused rather than mapped; the fraction has no effect beside
+        blocks given."""
+        if self.scheduler.name != "sglang":
+            return self
+        fraction = getattr(self.scheduler, "mem_fraction_static", None)
+        if self.kv_cache.num_blocks is not None and fraction is not None:
+            raise invalid(("scheduler.mem_fraction_static", fraction,
+                           "has no effect when kv_cache.num_blocks is given"))
+        vllm = changed_fields(self.kv_cache, "gpu_memory_utilization", "activation_reserve_gb")
+        if vllm:
+            raise invalid(*[(f"kv_cache.{name}", value,
+                             "vLLM's memory setting; SGLang sizes its KV pool by "
+                             "--mem-fraction-static (weights and KV pool, activations and "
+                             "CUDA graphs outside it): give scheduler.mem_fraction_static")
+                            for name, value in vllm])
+        return self
+
 
 def _context_len(data: dict[str, Any]) -> int | None:
     """The context window a replica's raw fields give (`max_model_len`, else a registered

@@ -35,7 +35,7 @@ from sim.routers import ROUTERS, RouterConfig
 from sim.workloads import FORMATS, WorkloadConfig
 
 __all__ = ["Scenario", "load_scenario", "merge_mappings", "parse_scenario", "read_mapping",
-           "read_yaml", "scenario_yaml"]
+           "read_yaml", "scenario_yaml", "with_pool_replicas"]
 
 DEFAULT_SCENARIO = "default.yaml"
 MAX_REPLICAS = 10_000  # per pool: each is a SimPy process with its own queues and KV state
@@ -361,10 +361,17 @@ def with_prefix_caching(scenario: Scenario, keyed: bool) -> Scenario:
 def with_replicas(scenario: Scenario, change: Callable[[ReplicaConfig], ReplicaConfig]
                    ) -> Scenario:
     """`scenario` with `change` applied to its replica and to each pool's."""
-    scenario = scenario.model_copy(update={"replica": change(scenario.replica)})
+    return with_pool_replicas(scenario, lambda replica, _: change(replica))
+
+
+def with_pool_replicas(scenario: Scenario,
+                       change: Callable[[ReplicaConfig, str], ReplicaConfig]) -> Scenario:
+    """`scenario` with `change(replica, pool)` applied to its replica ("colocated") and to
+    each pool's ("prefill", "decode")."""
+    scenario = scenario.model_copy(update={"replica": change(scenario.replica, "colocated")})
     cluster = scenario.cluster
     if cluster.prefill is not None and cluster.decode is not None:
-        pools = {name: pool.model_copy(update={"replica": change(pool.replica)})
+        pools = {name: pool.model_copy(update={"replica": change(pool.replica, name)})
                  for name, pool in (("prefill", cluster.prefill), ("decode", cluster.decode))}
         scenario = scenario.model_copy(update={"cluster": cluster.model_copy(update=pools)})
     return scenario

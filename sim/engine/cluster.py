@@ -41,6 +41,14 @@ from sim.latency.noise import IterationNoise
 from sim.routers import ROUTERS
 from sim.routers.base import ReplicaLoad
 from sim.schedulers import SCHEDULERS, Scheduler, SchedulerConfig
+from sim.schedulers.sglang_config import SGLangConfig
+from sim.schedulers.sglang_memory import (
+    MemoryInputs,
+    Role,
+    default_mem_fraction_static,
+    kv_pool_tokens,
+    pre_load_bytes,
+)
 from sim.workloads.base import Sessions
 
 # A request in one of these states can no longer time out.
@@ -125,8 +133,8 @@ class Cluster:
 
     def _replica(self, cfg: ReplicaConfig, pool: str, rank: bool = False) -> Replica:
         model = cfg.model_shape
-        scheduler = make_scheduler(cfg)
         field = _field(pool)
+        scheduler = make_scheduler(cfg, role_of(field))
         latency = make_latency(cfg, model, self.source, field)
         if getattr(cfg.scheduler, "enable_priority_scheduling", False) and \
                 cfg.parallelism.pipeline > 1:
@@ -425,35 +433,70 @@ def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
         raise exc.moved(source, lambda name: f"{field}.{name}") from None
 
 
-def make_scheduler(cfg: ReplicaConfig) -> Scheduler:
+def make_scheduler(cfg: ReplicaConfig, role: Role = "colocated") -> Scheduler:
     """The replica's scheduler, knowing the context window in force, with the defaults its
-    engine derives from the KV pool (`resolved_scheduler`)."""
-    return SCHEDULERS.get(cfg.scheduler.name)(resolved_scheduler(cfg),
+    engine derives from the KV pool (`resolved_scheduler`) in its pool (`role`)."""
+    return SCHEDULERS.get(cfg.scheduler.name)(resolved_scheduler(cfg, role),
                                               max_model_len=cfg.context_len)
 
 
-def resolved_scheduler(cfg: ReplicaConfig) -> SchedulerConfig:
-    """The replica's scheduler settings with the defaults its engine derives from its KV pool
-    filled in (`SchedulerConfig.for_kv`: SGLang's running limit); as given where the pool
-    has no room (`kv_cache_for` says why)."""
+def resolved_scheduler(cfg: ReplicaConfig, role: Role = "colocated") -> SchedulerConfig:
+    """The replica's scheduler settings with the defaults its engine derives from GPU memory
+    and its KV pool filled in (SGLang's `mem_fraction_static`, `sglang_mem_fraction`; then
+    `SchedulerConfig.for_kv`: SGLang's running limit); as given where the pool has no room
+    (`kv_cache_for` says why)."""
     scheduler = cfg.scheduler
+    fraction = sglang_mem_fraction(cfg, role)
+    if fraction is not None and getattr(scheduler, "mem_fraction_static", 0) is None:
+        scheduler = scheduler.model_copy(update={"mem_fraction_static": fraction})
     if not scheduler.derives_from_kv:
         return scheduler
     num_null = SCHEDULERS.get(scheduler.name).num_null_blocks
-    num_blocks = num_kv_blocks(cfg, cfg.model_shape, num_null)
+    num_blocks = num_kv_blocks(cfg, cfg.model_shape, num_null, role)
     if num_blocks <= 0:
         return scheduler
     return scheduler.for_kv(num_blocks * cfg.kv_cache.block_size, cfg.context_len)
 
 
-def num_kv_blocks(cfg: ReplicaConfig, model: ModelShape, num_null: int) -> int:
+def role_of(field: str) -> Role:
+    """The pool a replica's field names (`_field`): colocated, prefill or decode."""
+    if field == "cluster.prefill.replica":
+        return "prefill"
+    return "decode" if field == "cluster.decode.replica" else "colocated"
+
+
+def sglang_mem_fraction(cfg: ReplicaConfig, role: Role = "colocated") -> float | None:
+    """An `sglang` replica's `--mem-fraction-static` where its KV pool is sized from memory:
+    given, or SGLang 0.5.23's default for its GPU, chunk, TP x PP and pool
+    (`sim.schedulers.sglang_memory`); None for other schedulers or blocks given."""
+    scheduler = cfg.scheduler
+    if not isinstance(scheduler, SGLangConfig) or cfg.kv_cache.num_blocks is not None:
+        return None
+    if scheduler.mem_fraction_static is not None:
+        return scheduler.mem_fraction_static
+    model, par, spec = cfg.model_shape, cfg.parallelism, scheduler.speculative
+    return default_mem_fraction_static(MemoryInputs(
+        gpu=cfg.gpu_spec, tensor=par.tensor, pipeline=par.pipeline,
+        chunked_prefill_size=scheduler.chunked_prefill_size,
+        max_running_requests=scheduler.given_max_running_requests,
+        num_draft_tokens=None if spec is None else spec.num_draft_tokens,
+        mla=model.is_mla, llama2="llama-2" in cfg.model_name.lower(),
+        context_len=cfg.context_len, role=role))
+
+
+def num_kv_blocks(cfg: ReplicaConfig, model: ModelShape, num_null: int,
+                  role: Role = "colocated") -> int:
     """The replica's KV blocks the engine allocates: those given, or what GPU memory holds
-    after the weights (`kv_cache_for`), less `num_null` it never allocates; at most 0 where
-    there is no room."""
+    after the weights (`kv_cache_for`; SGLang's rule for `sglang`, `sglang_mem_fraction`),
+    less `num_null` it never allocates; at most 0 where there is no room."""
     kv = cfg.kv_cache
     if kv.num_blocks is not None:
         return kv.num_blocks - num_null
     weight_bytes, kv_bytes = _bytes_per_gpu(cfg, model)
+    fraction = sglang_mem_fraction(cfg, role)
+    if fraction is not None:
+        tokens = kv_pool_tokens(cfg.gpu_spec, fraction, weight_bytes, kv_bytes, kv.block_size)
+        return tokens // kv.block_size - num_null
     usable_bytes = cfg.gpu_spec.memory_bytes * kv.gpu_memory_utilization
     free_bytes = usable_bytes - weight_bytes - kv.activation_reserve_gb * 1e9
     return int(free_bytes // (kv.block_size * kv_bytes)) - num_null
@@ -505,12 +548,22 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
                              f"the engine keeps {num_null} block(s) it never allocates (vLLM's "
                              f"null block): give more than {num_null}")
         return _manager(cfg, kv.num_blocks - num_null, eviction)
-    num_blocks = num_kv_blocks(cfg, model, num_null)
+    role = role_of(field)
+    num_blocks = num_kv_blocks(cfg, model, num_null, role)
     if num_blocks <= 0:
         need_bytes = _bytes_per_gpu(cfg, model)[0]
-        usable_bytes = gpu.memory_bytes * kv.gpu_memory_utilization
         split = f" split {par.num_gpus} ways (TP{par.tensor} x PP{par.pipeline})" \
             if par.num_gpus > 1 else ""
+        fraction = sglang_mem_fraction(cfg, role)
+        if fraction is not None:
+            static_bytes = pre_load_bytes(gpu) * fraction
+            raise InputError(source, f"{field}.kv_cache", f"{model.name} on {gpu.name}",
+                             f"no room for KV: weights{split} need {need_bytes / 2**30:.1f} "
+                             f"GiB per GPU, SGLang's static memory is "
+                             f"{static_bytes / 2**30:.1f} GiB (scheduler.mem_fraction_static "
+                             f"{fraction:g} of the {pre_load_bytes(gpu) / 2**30:.1f} GiB free "
+                             "before loading); raise parallelism.tensor or pick a larger GPU")
+        usable_bytes = gpu.memory_bytes * kv.gpu_memory_utilization
         raise InputError(source, f"{field}.kv_cache", f"{model.name} on {gpu.name}",
                          f"no room for KV: weights{split} need {need_bytes / 2**30:.1f} GiB "
                          f"per GPU plus {kv.activation_reserve_gb * 1e9 / 2**30:.1f} GiB for "

@@ -117,6 +117,15 @@ class SGLangConfig(SchedulerConfig):
                            "decoding the drafter's KV layer is copied beside the target's, "
                            "a draft model refused); None: off"))
 
+    mem_fraction_static: float | None = Field(
+        None, gt=0, le=1,
+        description=("--mem-fraction-static: the fraction of each GPU's memory for the weights "
+                     "and the KV pool (the rest for activations and CUDA graphs), where "
+                     "kv_cache.num_blocks is not given; unset, SGLang's own from the GPU's "
+                     "memory, chunked_prefill_size, its decode CUDA graphs and TP x PP "
+                     "(sim.schedulers.sglang_memory), spelled out in the resolved scenario"),
+        json_schema_extra={"shown_default": "derived (by the GPU, chunk, TP x PP)"})
+
     max_num_seqs: int = Field(
         256, gt=0,
         description=("--max-running-requests: most requests running at once; unset, SGLang "
@@ -254,6 +263,16 @@ class SGLangConfig(SchedulerConfig):
 
     @property
     def max_running_requests(self) -> int:
+        return self.max_num_seqs
+
+    @property
+    def given_max_running_requests(self) -> int | None:
+        """`--max-running-requests` as the scenario gives it, None where SGLang derives it
+        (speculative decoding's 48 is SGLang's own: set after the memory settings are)."""
+        if "max_num_seqs" not in self.model_fields_set:
+            return None
+        if self.speculative is not None and self.max_num_seqs == SPEC_MAX_RUNNING_REQUESTS:
+            return None
         return self.max_num_seqs
 
     @property

@@ -53,7 +53,7 @@ def test_a_replica_gets_the_limit_of_its_pool():
     assert s.replica.scheduler.max_num_seqs == 256  # (as validated: the pool is not sized yet)
     assert resolved_scheduler(s.replica).max_num_seqs == 1500
     assert make_scheduler(s.replica).config.max_num_seqs == 1500
-    # From memory: an H100 holds about 450k tokens of Llama-3.1-8B: 2048.
+    # From memory: an H100 holds about 410k tokens of Llama-3.1-8B (SGLang's rule): 2048.
     assert make_scheduler(scenario().replica).config.max_num_seqs == 2048
     # vLLM's limit is not derived from the pool.
     vllm = parse_scenario({**scenario().model_dump(mode="json"),
