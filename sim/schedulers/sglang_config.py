@@ -124,7 +124,7 @@ class SGLangConfig(SchedulerConfig):
                      "kv_cache.num_blocks is not given; unset, SGLang's own from the GPU's "
                      "memory, chunked_prefill_size, its decode CUDA graphs and TP x PP "
                      "(sim.schedulers.sglang_memory), spelled out in the resolved scenario"),
-        json_schema_extra={"shown_default": "derived (by the GPU, chunk, TP x PP)"})
+        json_schema_extra={"shown_default": "derived by the GPU"})
 
     max_num_seqs: int = Field(
         256, gt=0,

@@ -17,21 +17,22 @@ memory as nvidia-smi reports it (`gpu_mem`, MiB: `utils/common.py:802-832`
 `decode_max_bs` (the decode CUDA graphs' largest batch) is 8 below 20 GiB, 48 below 35 (160 from
 TP4), 32 below 60 (160 from TP4), 256 below 160 GiB (512 from TP4), else 512 (:89-170), at most
 a `--max-running-requests` given (:182-188). The prefill ("breakable") CUDA graphs are on by
-default on CUDA only (`model_executor/cuda_graph_config.py` `default_prefill_backend`), off on
-a pipeline (`cuda_graph_hook.py` `apply_cuda_graph_compatibility`); their sizes are
+default on CUDA only (`model_executor/cuda_graph_config.py:119` `default_prefill_backend`),
+off on a pipeline (`cuda_graph_hook.py:136` `apply_cuda_graph_compatibility`); their sizes are
 `generate_prefill_cuda_graph_batch_sizes` (`cuda_graph_hook.py:480-497`) up to the chunk (8192
 with MLA; 4096 for a Llama-2, by its path: memory_hook.py:233-263). A disaggregated prefill
 server has no decode graphs, a decode server no prefill graphs (`cuda_graph_hook.py:557-576`),
 and a decode server's activations scale with its running requests times the draft tokens
 (memory_hook.py:298-303) instead of the chunk. On AMD (AITER attention for a model without
 MLA), a context window above 8192 scales the fraction by 0.85 (`attention_hook.py:244-269`).
-Speculative decoding's cap of 48 requests is set after this (`speculative_hook.py`), so it
-does not lower `decode_max_bs`.
+Speculative decoding's cap of 48 requests is set after this (`speculative_hook.py:442`), so
+it does not lower `decode_max_bs`.
 
 The pool then holds what the fraction leaves after the weights
 (`mem_cache/kv_cache_configurator.py:2990-3040` `_profile_available_bytes`): the free memory
 measured after loading them, less `pre_model_load_memory * (1 - mem_fraction_static)`, where
-`pre_model_load_memory` is the free memory measured before loading them; divided by the cell
+`pre_model_load_memory` is the free memory measured before loading them
+(`distributed/bootstrap.py:193`); divided by the cell
 (a token's K and V on this GPU, a one-layer drafter's too: `model_executor/pool_configurator.py:
 259-314`, 340-535) and rounded down to whole pages (:637-647). So the pool's bytes are
 `pre_model_load_memory * mem_fraction_static - weights`.
@@ -44,7 +45,9 @@ What servesim cannot measure, it approximates:
   on an H100 80GB (81,559 MiB; `Load weight begin. avail mem=78.43 GB`, SGLang's documentation
   notebooks, 2026-02, Llama-3.1-8B at TP1): memory the driver keeps from torch, the CUDA context,
   torch.distributed's set-up. NCCL's buffers on a TP or PP group (a few hundred MiB) are not
-  counted, nor anything else loaded beside the weights.
+  counted, nor anything else loaded beside the weights. Where the weights fill most of the
+  static memory the pool is a small difference of large numbers: on an RTX 4090 with
+  Llama-3.1-8B (0.704, 8.8k tokens), 100 MiB more or less free is 800 tokens, 9%.
 - Weights as servesim counts them (`Parallelism.weight_bytes_per_gpu`, a drafter's layer
   added): the log above measured 15.02 GiB for Llama-3.1-8B, servesim counts 14.96.
 - DP attention, DeepEP, multimodal models, hybrid (Mamba) and sliding-window pools: not
