@@ -197,12 +197,12 @@ class HierarchicalCache(PrefixCachingKVManager):
 
     # -- insertion and backup ---------------------------------------------------------------
 
-    def _insert(self, req: Request, num_tokens: int, *, release: bool = False) -> Unit | None:
+    def _insert(self, req: Request, num_tokens: int, *, release: bool = False) -> list[Unit]:
         rest = super()._insert(req, num_tokens, release=release)
         rid = req.request_id
         path = self._units.get(rid, [])
-        if rest is not None:
-            path = [*path, rest]
+        if rest:
+            path = [*path, *rest]
         counted = self._num_counted.get(rid, 0)
         if len(path) > counted:
             self._count_hits(path, counted)
@@ -254,6 +254,34 @@ class HierarchicalCache(PrefixCachingKVManager):
         if short > 0:
             self._evict_host(short)
         return self.num_host_used_blocks + num_blocks <= self.num_host_blocks
+
+    def _own_nodes(self, own: int, parent: Unit, num_blocks: int) -> list[Unit]:
+        """A retracted request computed again what it had cached of its own, which may be in
+        host memory only (evicted from the GPU, and not loaded back: too short, or no room):
+        the insertion meets those nodes and gives them their GPU copy back with no copy (UTC
+        `_unevict_node_on_insert`), splitting the last where the insertion ends inside it
+        (`_split_node`); what lies past them is a new node."""
+        nodes: list[Unit] = []
+        while num_blocks > 0 and (unit := parent.children.get(own)) is not None:
+            assert not unit.on_device and not unit.num_users, "its own GPU nodes were matched"
+            if unit.num_blocks > num_blocks:  # split: the part below stays in host memory
+                below = Unit(own, unit, unit.num_blocks - num_blocks)
+                below.children, unit.children = unit.children, {own: below}
+                for child in below.children.values():
+                    child.parent = below
+                below.backed, below.on_device, below.end = True, False, unit.end
+                below.last_use, below.hit_count = unit.last_use, unit.hit_count
+                unit.num_blocks = num_blocks
+                if not below.children:
+                    self._push_leaf(below)
+            unit.on_device, unit.num_users, unit.end = True, 1, True
+            self._num_cached_blocks += unit.num_blocks
+            num_blocks -= unit.num_blocks
+            nodes.append(unit)
+            parent = unit
+        if num_blocks > 0:
+            nodes += super()._own_nodes(own, parent, num_blocks)
+        return nodes
 
     def _share_cached(self, unit: Unit, num_blocks: int) -> None:
         if unit.on_device:

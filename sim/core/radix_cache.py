@@ -229,28 +229,28 @@ class PrefixCachingKVManager(KVCacheManager):
         rid = req.request_id
         if rid not in self._held:
             return
-        rest = None
+        rest: list[Unit] = []
         if not preempted:  # SGLang's `release_kv_cache(checkpoint=True)`, its `owned_kv_len`
             num_owned = (req.num_computed_tokens - req.num_in_flight_tokens
                          + min(req.num_overshoot_tokens, 1))
             rest = self._insert(req, num_owned, release=True)
         units = self._units.pop(rid, [])
-        owned = sum(u.num_blocks for u in units) + (rest.num_blocks if rest else 0)
+        owned = sum(u.num_blocks for u in units) + sum(u.num_blocks for u in rest)
         self.num_free_blocks += self._held.pop(rid) - owned
         for unit in units:
             self._release(unit)
-        if rest is not None:
-            self._release(rest)
+        for unit in rest:
+            self._release(unit)
 
     # -- the cache ------------------------------------------------------------------------
 
-    def _insert(self, req: Request, num_tokens: int, *, release: bool = False) -> Unit | None:
+    def _insert(self, req: Request, num_tokens: int, *, release: bool = False) -> list[Unit]:
         """SGLang's `checkpoint`: cache `req`'s full units within its first `num_tokens`
         tokens, from its blocks, and touch its path. Past its ids (a retracted request's
         prompt and outputs, computed again) its blocks become a node of its own under them,
         which only it can match. At its release (`num_tokens` what it owns) its blocks past
-        those become a node of their own too, returned (`release`: in use by `req` until it
-        lets go)."""
+        those become a node (or nodes) of their own too, returned (`release`: in use by `req`
+        until it lets go)."""
         rid = req.request_id
         ids = req.hash_ids or ()
         units = self._units.setdefault(rid, [])
@@ -277,21 +277,27 @@ class PrefixCachingKVManager(KVCacheManager):
                     - sum(u.num_blocks for u in units))
         if not release and last == len(ids) and num_rest > 0:  # a retracted one's outputs
             parent.end = True
-            unit = self._new_unit(own, parent, num_rest)
-            unit.end = True
-            units.append(unit)
+            units += self._own_nodes(own, parent, num_rest)
         if units:
             self._touch_path(units)  # split where the insertion ends inside a node
-        rest = None
+        rest: list[Unit] = []
         if release and num_rest > 0:  # split at the prompt's end (`split_prompt`), touched
-            rest = self._new_unit(own, parent, num_rest)
-            rest.end = True
+            rest = self._own_nodes(own, parent, num_rest)
             if not units:
                 self._clock += 1
-            rest.last_use = self._clock
+            for unit in rest:
+                unit.last_use = self._clock
         if not units:
             del self._units[rid]
         return rest
+
+    def _own_nodes(self, own: int, parent: Unit, num_blocks: int) -> list[Unit]:
+        """`num_blocks` of a request's own (past its ids), cached under `parent` as nodes in
+        use by it: one new node (a hierarchical cache may find those tokens in host memory
+        from before its retraction: `sim.core.hicache`)."""
+        unit = self._new_unit(own, parent, num_blocks)
+        unit.end = True
+        return [unit]
 
     def _new_unit(self, key: int, parent: Unit, num_blocks: int) -> Unit:
         """A unit of blocks a request held, now cached under `parent`, in use by it."""
