@@ -39,7 +39,7 @@ from sim.latency.base import (
 )
 from sim.latency.noise import IterationNoise
 from sim.routers import ROUTERS
-from sim.routers.base import ReplicaLoad
+from sim.routers.base import LazyLoads, ReplicaLoad
 from sim.schedulers import SCHEDULERS, Scheduler, SchedulerConfig
 from sim.schedulers.sglang_config import SGLangConfig
 from sim.schedulers.sglang_memory import (
@@ -350,7 +350,7 @@ class Cluster:
             front[index].submit(req)
 
 
-class Loads(Sequence[ReplicaLoad]):
+class Loads(LazyLoads):
     """The replicas' loads as a router reads them, each taken when first read: reading a
     replica's load commits the work it has finished (`Replica.sync`), which a router that does
     not look (round robin, random) need not pay for."""
@@ -371,6 +371,12 @@ class Loads(Sequence[ReplicaLoad]):
             if load is None:
                 load = loads[i] = replicas[i].load(req)
             yield load
+
+    def load_tokens(self) -> list[int]:
+        if self.req is not None:  # (prefix hits: each whole load, as read)
+            return super().load_tokens()
+        return [replica.load_tokens() if load is None else load.num_load_tokens
+                for replica, load in zip(self.replicas, self.loads, strict=True)]
 
     @overload
     def __getitem__(self, index: int) -> ReplicaLoad: ...

@@ -145,6 +145,9 @@ class DataParallelGroup:
                            sum(x.num_running for x in loads),
                            sum(x.kv_usage for x in loads) / len(loads))
 
+    def load_tokens(self) -> int:
+        return self.load().num_load_tokens
+
     def wake(self) -> None:
         if self._poke is not None and not self._poke.triggered:
             self._poke.succeed()

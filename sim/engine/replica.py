@@ -196,16 +196,28 @@ class Replica(OffloadSteps):
         self.sync()  # prefix hits read the cache as the ended iterations left it
         return self._load(req, 0, 0)
 
+    def load_tokens(self) -> int:
+        """`load().num_load_tokens` (a router weighing tokens reads no more)."""
+        return self.load().num_load_tokens
+
+    def _load_tokens(self, decoded: int) -> int:
+        """`num_load_tokens`, given tokens decoded in work not yet committed (less the known
+        tokens of requests that finished in it)."""
+        state = self.state
+        tokens = state.num_waiting_tokens + state.num_running_tokens + decoded
+        if self.inbox is not None:
+            tokens += self.inbox.num_tokens
+        return tokens
+
     def _load(self, req: Request | None, decoded: int, num_finished: int,
               num_used_blocks: int | None = None) -> ReplicaLoad:
         """The load, given tokens decoded and requests finished in work not yet committed
         (and the KV blocks in use then, where that work changed them)."""
         state = self.state
-        tokens = state.num_waiting_tokens + state.num_running_tokens + decoded
+        tokens = self._load_tokens(decoded)
         num_waiting = len(state.waiting)
         num_outstanding = num_waiting + len(state.running) - num_finished  # (`num_outstanding`)
         if self.inbox is not None:
-            tokens += self.inbox.num_tokens
             num_outstanding += self.inbox.num_requests
             # (vLLM's decode engine keeps them in its waiting queue, blocks or KV to come:
             # so its published counts say.)

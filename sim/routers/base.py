@@ -61,6 +61,23 @@ class Router(ABC):
 ROUTERS: Registry[type[Router]] = Registry("router", "sim.routers", "ROUTERS")
 
 
+class LazyLoads(Sequence[ReplicaLoad]):
+    """The loads the engine gives a router (`sim.engine.cluster.Loads`): each replica's made
+    when first read, and `load_tokens`, each one's `num_load_tokens` alone."""
+
+    def load_tokens(self) -> list[int]:
+        """Each replica's `num_load_tokens`, without making its whole `ReplicaLoad` where the
+        engine can (a router weighing tokens reads every replica at every arrival)."""
+        return [load.num_load_tokens for load in self]
+
+
+def load_tokens(loads: Sequence[ReplicaLoad]) -> list[int]:
+    """Each replica's `num_load_tokens`: from the engine's `LazyLoads` at its cost, else read."""
+    if isinstance(loads, LazyLoads):
+        return loads.load_tokens()
+    return [load.num_load_tokens for load in loads]
+
+
 def argmin_first(values: Sequence[int]) -> int:
     """Index of the smallest value; ties go to the lowest index (deterministic)."""
     return values.index(min(values))

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sim.core.request import Request
-from sim.routers.base import ROUTERS, ReplicaLoad, Router, argmin_first
+from sim.routers.base import ROUTERS, ReplicaLoad, Router, argmin_first, load_tokens
 
 
 @ROUTERS.register("least_kv_load")
 class LeastKVLoad(Router):
     def choose(self, req: Request, loads: Sequence[ReplicaLoad]) -> int:
-        return argmin_first([load.num_load_tokens for load in loads])
+        return argmin_first(load_tokens(loads))
