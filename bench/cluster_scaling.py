@@ -38,6 +38,9 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
+# This checkout's sim in each case's process, not the installed one (a venv's editable install
+# points at one checkout: timing another worktree against it would time the same code twice).
+sys.path.insert(0, str(ROOT))
 TRACES = (ROOT / ".." / "shared" / "traces").resolve()
 AZURE_CONV = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
 CONV_LENGTHS = TRACES / "vidur" / "splitwise_conv.csv"
