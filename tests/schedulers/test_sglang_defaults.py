@@ -12,19 +12,11 @@ from sim import run_scenario
 from sim.config.scenario import parse_scenario
 from sim.engine.cluster import make_scheduler, resolved_scheduler
 from sim.schedulers import SCHEDULERS
+from tests.schedulers.test_sglang_memory import scenario
 
 SGLANG = SCHEDULERS.get("sglang").Config
 
 
-def scenario(gpu: str = "h100-sxm", kv_cache: dict | None = None, **scheduler) -> object:
-    data = {"name": "d", "workload": {"format": "synthetic", "num_requests": 4,
-                                      "arrivals": {"process": "poisson", "qps": 1.0},
-                                      "lengths": {"prompt": {"dist": "fixed", "value": 8},
-                                                  "output": {"dist": "fixed", "value": 2}}},
-            "replica": {"model": "llama-3.1-8b", "gpu": gpu,
-                        "scheduler": {"name": "sglang", **scheduler},
-                        **({"kv_cache": kv_cache} if kv_cache else {})}}
-    return parse_scenario(data, "t")
 
 
 # (pool tokens, context window, given or 0: unset) -> SGLang 0.5.23's Scheduler's limit.
