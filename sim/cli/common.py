@@ -14,7 +14,7 @@ from sim.results.labels import fmt, pct  # noqa: F401  (the commands' number for
 
 
 class _Typer(typer.Typer):
-    """typer (0.29) prints a command's docstring with its line breaks kept after the first
+    """typer (0.28, 0.29) prints a command's docstring with its line breaks kept after the first
     paragraph, and in the command list within the first too, so text broken at 100 columns in
     the source is broken twice on a terminal: each paragraph is made one line here, for the
     terminal's width to wrap."""

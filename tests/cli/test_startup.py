@@ -52,6 +52,15 @@ def test_commands_start_without_heavy_imports(args):
     assert imported_by(cli(*args), HEAVY) == []
 
 
+@pytest.mark.parametrize("args", [("--help",), ("simulate", "--help"), ("sweep", "--help"),
+                                  ("plan", "--help")], ids=" ".join)
+def test_help_imports_no_pydantic(args):
+    """A command's help validates nothing: pydantic (30-40 ms to import, more to build a model)
+    stays out. typer 0.29 imports it and builds a TypeAdapter for the help option itself (80-90
+    ms on `simulate --help`): pyproject.toml keeps typer below 0.29."""
+    assert imported_by(cli(*args), ("pydantic",)) == []
+
+
 def test_list_builds_no_scenario_model():
     assert imported_by(cli("list"), ("sim.config.scenario", *HEAVY)) == []
 
