@@ -26,6 +26,9 @@ SPEC_COLUMN = "num_spec_tokens"
 # A data-parallel rank's iterations also log the seconds each MoE layer spent exchanging tokens
 # with the other ranks (`sim.engine.data_parallel`).
 ALL_TO_ALL_COLUMN = "all_to_all_per_layer_s"
+# Iterations after a request's one sampled token within which its second may still set its
+# run's stride (`IterationLog.add_sampled`); a later one opens a run of its own.
+STRIDE_WINDOW = 256
 
 
 class IterationLog:
@@ -40,14 +43,18 @@ class IterationLog:
         # Each column's bound `append`, in COLUMNS order: `append` runs for every stepped
         # iteration, and eight dictionary look-ups cost as much as the appends.
         self._appends = tuple(self.columns[name].append for name in COLUMNS)
-        # Tokens sampled by a pipelined replica's iterations, as runs (request id, first
-        # iteration, end iteration) of consecutive iterations, each with a token of it: an
-        # async replica's decode samples in every iteration (one run a stretch), a pipeline's
-        # in every k-th (one run a token). `Request.token_runs` would not do: its runs go on
-        # through iterations without a token of the request while others decode.
+        # Tokens sampled by a pipelined replica's iterations, as strided runs: request id, first
+        # iteration, the iteration its next token would extend it at, stride (tokens at first,
+        # first + stride, ... before that). An async replica's decode samples in every iteration
+        # (stride 1: one run a stretch); a pipeline of P stages keeps its batches' turns while
+        # steady, a request sampling in every P-th iteration (stride P: one run while it lasts,
+        # not one a token). `Request.token_runs` would not do: its runs go on through
+        # iterations without a token of the request while others decode. `sampled_runs` gives
+        # them as the results need them: runs of consecutive iterations.
         self.sampled_request_ids = array("q")
         self.sampled_starts = array("q")
         self.sampled_ends = array("q")
+        self.sampled_strides = array("q")
         self._latest_run: dict[int, int] = {}  # request id -> its latest run's row
         self._num_kept = 1024  # runs `_latest_run` holds before the ended ones are dropped
         # The last iteration in which any request decoded (-1: none yet): a request's run of
@@ -82,13 +89,20 @@ class IterationLog:
 
     def add_sampled(self, iteration: int, request_ids: list[int]) -> None:
         """Requests that sampled a token at the end of `iteration` (a pipelined replica)."""
-        ends, latest = self.sampled_ends, self._latest_run
+        ends, strides, latest = self.sampled_ends, self.sampled_strides, self._latest_run
         for rid in request_ids:
             row = latest.get(rid)
-            if row is not None and ends[row] == iteration:
-                ends[row] = iteration + 1  # its run goes on
-            else:
-                self._open(rid, iteration, iteration + 1)
+            if row is not None:
+                end = ends[row]
+                if end == iteration:
+                    ends[row] = end + strides[row]  # its run goes on
+                    continue
+                if end == self.sampled_starts[row] + 1 and strides[row] == 1:
+                    # One token so far: its second sets the stride.
+                    strides[row] = stride = iteration - end + 1
+                    ends[row] = iteration + stride
+                    continue
+            self._open(rid, iteration, iteration + 1)
 
     def add_sampled_run(self, request_id: int, first_iter: int, end_iter: int) -> None:
         """A request that sampled a token at the end of each iteration in [first_iter,
@@ -96,7 +110,8 @@ class IterationLog:
         if end_iter <= first_iter:
             return
         row = self._latest_run.get(request_id)
-        if row is not None and self.sampled_ends[row] == first_iter:
+        if row is not None and self.sampled_ends[row] == first_iter \
+                and self.sampled_strides[row] == 1:
             self.sampled_ends[row] = end_iter
         else:
             self._open(request_id, first_iter, end_iter)
@@ -105,13 +120,13 @@ class IterationLog:
                          num_iters: Sequence[int]) -> None:
         """`add_sampled_run` for each of `requests` (in order): it sampled a token at the end
         of each of its `num_iters` iterations from `first_iter` (an async replica's stretch)."""
-        latest, ends = self._latest_run, self.sampled_ends
+        latest, ends, strides = self._latest_run, self.sampled_ends, self.sampled_strides
         for req, n in zip(requests, num_iters, strict=True):
             if n <= 0:
                 continue
             request_id = req.request_id
             row = latest.get(request_id)
-            if row is not None and ends[row] == first_iter:
+            if row is not None and ends[row] == first_iter and strides[row] == 1:
                 ends[row] = first_iter + n
             else:
                 self._open(request_id, first_iter, first_iter + n)
@@ -120,23 +135,52 @@ class IterationLog:
     def _open(self, request_id: int, first_iter: int, end_iter: int) -> None:
         latest = self._latest_run
         if len(latest) > self._num_kept:
-            # A run that ended before this iteration never goes on (iterations come in
-            # order): forget those, so the map holds about the requests running.
-            ends = self.sampled_ends
-            self._latest_run = latest = {r: k for r, k in latest.items() if ends[k] >= first_iter}
+            # A run whose next token would be before this iteration never goes on
+            # (iterations come in order), unless it holds one token, whose second may come
+            # any time: forget those within `STRIDE_WINDOW` too, so the map holds about the
+            # requests running.
+            ends, window = self.sampled_ends, first_iter - STRIDE_WINDOW
+            self._latest_run = latest = {r: k for r, k in latest.items() if ends[k] >= window}
             self._num_kept = max(1024, 2 * len(latest))
         latest[request_id] = len(self.sampled_ends)
         self.sampled_request_ids.append(request_id)
         self.sampled_starts.append(first_iter)
         self.sampled_ends.append(end_iter)
+        self.sampled_strides.append(1)
+
+    def sampled_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The sampled tokens as runs of consecutive iterations, each as long as it goes (no
+        two of a request's touch): (request ids, first iterations, end iterations), by
+        request, then in time."""
+        ids = np.frombuffer(self.sampled_request_ids, dtype=np.int64)
+        starts = np.frombuffer(self.sampled_starts, dtype=np.int64)
+        ends = np.frombuffer(self.sampled_ends, dtype=np.int64)
+        strides = np.frombuffer(self.sampled_strides, dtype=np.int64)
+        # A strided run is one run a token; a run of stride 1 stays whole.
+        apart = strides != 1
+        pieces = np.where(apart, (ends - starts) // strides, 1)
+        row = np.repeat(np.arange(len(ids)), pieces)
+        k = np.arange(len(row)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+        run_start = starts[row] + k * strides[row]
+        run_end = np.where(apart[row], run_start + 1, ends[row])
+        run_id = ids[row]
+        order = np.lexsort((run_start, run_id))
+        run_id, run_start, run_end = run_id[order], run_start[order], run_end[order]
+        # Runs of a request that touch are one: a strided run's tokens and a run beside them.
+        joins = (run_id[1:] == run_id[:-1]) & (run_end[:-1] == run_start[1:])
+        if joins.any():
+            first = np.concatenate(([True], ~joins))
+            last = np.concatenate((~joins, [True]))
+            run_id, run_start, run_end = run_id[first], run_start[first], run_end[last]
+        return run_id, run_start, run_end
 
     def sampled_tokens(self) -> tuple[np.ndarray, np.ndarray]:
-        """The sampled runs one token each: (request ids, iterations), run by run."""
-        starts = np.frombuffer(self.sampled_starts, dtype=np.int64)
-        counts = np.frombuffer(self.sampled_ends, dtype=np.int64) - starts
-        ids = np.repeat(np.frombuffer(self.sampled_request_ids, dtype=np.int64), counts)
+        """The sampled tokens one entry each: (request ids, iterations), run by run."""
+        ids, starts, ends = self.sampled_runs()
+        counts = ends - starts
         offsets = np.repeat(np.cumsum(counts) - counts, counts)
-        return ids, np.repeat(starts, counts) + np.arange(len(ids)) - offsets
+        return (np.repeat(ids, counts),
+                np.repeat(starts, counts) + np.arange(int(counts.sum())) - offsets)
 
     def set_duration(self, index: int, duration_s: float) -> None:
         """Correct an iteration's duration once its end is known (a replay ends an iteration

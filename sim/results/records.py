@@ -144,12 +144,12 @@ def _with_sampled(requests: Sequence[Request], logs: Sequence[IterationLog],
     for offset, log in zip(offsets.tolist(), logs, strict=False):
         if not len(log.sampled_starts):
             continue
-        rid = np.frombuffer(log.sampled_request_ids, dtype=np.int64)
+        rid, run_start, run_end = log.sampled_runs()
         at = np.minimum(np.searchsorted(sorted_ids, rid), len(ids) - 1)
         mine = sorted_ids[at] == rid  # runs of the requests given
         owners.append(order[at[mine]])
-        starts.append(np.frombuffer(log.sampled_starts, dtype=np.int64)[mine] + offset)
-        ends.append(np.frombuffer(log.sampled_ends, dtype=np.int64)[mine] + offset)
+        starts.append(run_start[mine] + offset)
+        ends.append(run_end[mine] + offset)
     owner, start, end = np.concatenate(owners), np.concatenate(starts), np.concatenate(ends)
     # Each request's runs by the time of their first token (strictly increasing per request).
     by = np.lexsort((end_times(logs)[start], owner))

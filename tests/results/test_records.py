@@ -129,11 +129,26 @@ def test_sampled_runs_hold_every_token_once(iterations, as_run, num_kept):
         j += 1
     ids, its = log.sampled_tokens()
     assert sorted(zip(ids.tolist(), its.tolist(), strict=True)) == sorted(expected)
-    starts = np.frombuffer(log.sampled_starts, dtype=np.int64)
-    ends = np.frombuffer(log.sampled_ends, dtype=np.int64)
+    run_ids, starts, ends = log.sampled_runs()
     assert (ends > starts).all()
-    # Runs are maximal: forgetting only ended runs, no two of a request's runs touch.
+    # Runs are maximal: no two of a request's runs touch, nor overlap.
     last_end: dict[int, int] = {}
-    for rid, s, e in zip(log.sampled_request_ids, starts.tolist(), ends.tolist(), strict=True):
-        assert last_end.get(rid) != s
+    for rid, s, e in zip(run_ids.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        assert last_end.get(rid, -1) < s
         last_end[rid] = e
+
+
+def test_a_steady_pipeline_logs_a_run_a_request_not_a_token():
+    """Four batches taking turns down a pipeline of four stages: each request samples in every
+    fourth iteration, logged as one strided run (not one a token), and given back token for
+    token as one-token runs; a request that breaks its stride opens a run of its own."""
+    log = IterationLog()
+    for j in range(400):
+        log.add_sampled(j, [10 * (j % 4) + i for i in range(3)])
+    log.add_sampled(401, [0])  # its stride broken (400 would have been its turn)
+    assert len(log.sampled_starts) == 13  # 12 requests' runs, and the broken one's second
+    ids, its = log.sampled_tokens()
+    assert sorted(zip(ids.tolist(), its.tolist(), strict=True)) == sorted(
+        [(10 * (j % 4) + i, j) for j in range(400) for i in range(3)] + [(0, 401)])
+    run_ids, starts, ends = log.sampled_runs()
+    assert len(run_ids) == 1201 and (ends - starts == 1).all()
