@@ -33,6 +33,9 @@ Cases:
   (`bench/sim_speed.py --overload`): queues never drain, every iteration is stepped with a
   full batch and a prompt's chunk beside its decodes; `overload_sglang`: the same under
   SGLang, whose batches mostly only decode. Where the per-request loops cost most.
+- `pipeline4`: the Azure trace on one replica of four pipeline stages with chunked prefill,
+  every iteration stepped (no stretches for several stages): the per-token cost of a
+  pipeline, what most of a `servesim plan` over pipeline sizes spends.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from cluster_scaling import CONV_LENGTHS, ROUTER, generated  # noqa: E402
 from sim_speed import CHUNKED, DEFAULT_TRACE, DISAGGREGATED, REPLICA  # noqa: E402
 
 CASES = ("azure", "azure_v1", "azure_sglang", "colocated4", "disagg", "cluster16", "cluster64",
-         "overload", "overload_sglang")
+         "overload", "overload_sglang", "pipeline4")
 BASELINE_REQUESTS = 10
 
 
@@ -81,6 +84,8 @@ def scenario(case: str, num_requests: int) -> dict[str, Any]:
     elif case == "cluster64":
         data["workload"]["rate_scale"] = 64.0
         data["cluster"] = {"replicas": 64, "router": ROUTER}
+    elif case == "pipeline4":
+        data["replica"] = {**REPLICA, "scheduler": CHUNKED, "parallelism": {"pipeline": 4}}
     elif case.startswith("overload"):
         data["workload"]["rate_scale"] = 8.0
         if case == "overload_sglang":
