@@ -168,7 +168,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
         scheduler["decode_reserve_tokens"] = 0  # (the tier refuses others)
     if (scheduler["name"] == "vllm_v1" and prefix_caching
             and (scheduler.get("engine_version", "0.15.1") == "0.15.1" or offload)
-            and scheduler.get("decode_reserve_tokens") == 0 and not data_parallel
+            and scheduler.get("decode_reserve_tokens") == 0
             and (offload or draw(st.integers(0, 2)) == 0)):
         num_cpu_blocks = draw(st.integers(1, 3 * num_blocks))
         cpu_tier = {"size_gib": num_cpu_blocks * block_size * 2**17 / 2**30,
@@ -177,6 +177,8 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
             if draw(st.booleans()):
                 cpu_tier["eviction_policy"] = "arc"
             cpu_tier["store_threshold"] = draw(st.sampled_from([0, 0, 2, 3]))
+        if data_parallel:  # (ranks take a tier with vLLM's synchronous engine only)
+            scheduler["async_scheduling"] = False
     # SGLang's hierarchical cache sometimes: a host pool from the GPU's size to four times it,
     # backed up at the first or the second insertion, copies slow or fast; with speculative
     # decoding sometimes (EAGLE's drafter layer copied too).
@@ -371,16 +373,21 @@ def clusters(draw, host_tier: bool = False):
 
 
 @st.composite
-def data_parallel_clusters(draw):
+def data_parallel_clusters(draw, offload: bool = False):
     """A small workload through a disaggregated cluster whose prefill pool, decode pool or
-    both are replicas of data-parallel ranks (vLLM v1, an MoE model)."""
-    data = draw(scenarios(data_parallel=True))
+    both are replicas of data-parallel ranks (vLLM v1, an MoE model); `offload`: a CPU tier
+    for the KV cache on both pools (but a decode pool's beside speculative decoding)."""
+    data = draw(scenarios(data_parallel=True, offload=offload))
     replica = data.pop("replica")
-    without_speculative(replica, speculative=False)  # (speculative decoding: either pool)
+    # (speculative decoding: either pool; a CPU tier too, but not beside speculative
+    # decoding on the decode pool)
+    without_speculative(replica, speculative=False, cpu_tier="kv_offload" in replica)
     ranked = draw(st.sampled_from(["prefill", "decode", "both"]))
     pools = {}
     for pool in ("prefill", "decode"):
         own = {**replica, "kv_cache": {**replica["kv_cache"]}}
+        if pool == "decode" and "speculative" in replica["scheduler"]:
+            own.pop("kv_offload", None)
         if ranked not in (pool, "both"):
             own["parallelism"] = {}
         if pool == "decode":

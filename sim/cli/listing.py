@@ -73,7 +73,7 @@ def list_registered(
 
     console.print(params_table("replica.kv_offload (a CPU tier for the KV cache: vllm_v1 "
                                "0.15.1 or 0.33.0 with prefix caching; a colocated replica, "
-                               "a prefill or a decode pool; not data-parallel ranks)",
+                               "a prefill or a decode pool; data-parallel ranks, synchronous)",
                                parameter_rows(KVOffloadConfig)))
     from sim.hardware.parallelism import Parallelism
 

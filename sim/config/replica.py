@@ -64,7 +64,8 @@ class KVOffloadConfig(Frozen):
 
     size_gib: float = Field(
         gt=0, le=2**20, description="host memory for KV blocks (GiB), all the replica's GPUs "
-                                    "together, as vLLM's --kv-offloading-size")
+                                    "together, as vLLM's --kv-offloading-size (each "
+                                    "data-parallel rank holds this much)")
     host_bandwidth_gb_s: float | None = Field(
         None, gt=0, le=10_000,
         description="GB/s one GPU copies KV to or from host memory, each way; None: 80% of "

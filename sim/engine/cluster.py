@@ -164,11 +164,6 @@ class Cluster:
         kind: type[Replica] = Replica
         if rank:
             from sim.engine.data_parallel import Rank
-
-            if cfg.kv_offload is not None:
-                raise InputError(self.source, f"{field}.parallelism.data",
-                                 cfg.parallelism.data, "kv_offload with data-parallel ranks is "
-                                 "not modelled yet (servesim issue 47)")
         elif self.fast_forward:
             from sim.engine.fastpath.replica import FastReplica  # not needed to step
 

@@ -2,8 +2,8 @@
 connectors it follows (0.15.1's, `sim.core.offload` timed by `sim.engine.offload`; 0.33.0's,
 `sim.core.offload_jobs` timed by `sim.engine.offload_jobs`), its size, and its facts after a
 run. A colocated replica, or either pool of a disaggregated cluster (the decode pool's stores
-the prompt blocks each transfer brings: `sim.core.offload`); not data-parallel ranks
-(`sim.engine.cluster`)."""
+the prompt blocks each transfer brings: `sim.core.offload`), or each data-parallel rank, a
+tier of the whole size (`sim.engine.data_parallel`)."""
 
 from __future__ import annotations
 
@@ -80,14 +80,17 @@ def attach_cpu_tier(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: s
     model, par = cfg.model_shape, cfg.parallelism
     block_size = cfg.kv_cache.block_size
     block_bytes_per_gpu = par.kv_bytes_per_token_per_gpu(model) * block_size
-    tier_block_bytes = block_bytes_per_gpu * par.num_gpus
+    # (One rank's GPUs: vLLM's `world_size` counts tensor and pipeline ranks, not data-parallel
+    # ones, so every data-parallel rank's engine core holds a tier of the whole size.)
+    tier_block_bytes = block_bytes_per_gpu * par.num_gpus_per_rank
     if version == "0.33.0":  # (`CPUOffloadingSpec`: a block's bytes up to a memory page)
         tier_block_bytes = -(-tier_block_bytes // HOST_PAGE_BYTES) * HOST_PAGE_BYTES
     num_blocks = int(offload.size_gib * 2**30 // tier_block_bytes)
     if num_blocks < 1:
         raise InputError(source, f"{where}.size_gib", offload.size_gib,
                          f"holds no KV block of {model.name} "
-                         f"({block_bytes_per_gpu * par.num_gpus / 2**20:.1f} MiB each)")
+                         f"({block_bytes_per_gpu * par.num_gpus_per_rank / 2**20:.1f} MiB "
+                         "each)")
     seconds_per_block = block_bytes_per_gpu / host_rate_bytes_s(cfg, offload.host_bandwidth_gb_s)
     if version == "0.33.0":
         assert isinstance(state.kv, BlockPrefixCache)

@@ -37,12 +37,28 @@ them together, because every MoE layer exchanges tokens between all ranks:
   has (every 32 steps in vLLM 0.15-0.19; at the first step of a wave and every 16 in 0.33);
   then they stop until a request arrives.
 
+- With a CPU tier for the KV cache (`kv_offload`), each rank's engine core runs its own
+  connector (`OffloadingConnector`, built from the same `--kv-transfer-config`) with a tier of
+  the whole size (`sim.engine.cpu_tier`: vLLM's `CPUOffloadingSpec` divides
+  `cpu_bytes_to_use` by a block's bytes on `parallel_config.world_size` GPUs, tensor x
+  pipeline, not data-parallel ranks). Each step every rank schedules, then launches with its
+  copies and polls (`OffloadSteps.poll_plan`, `_launch`), an empty step too
+  (`kv_connector_no_forward`), its report applied with its output. A rank that computes
+  nothing while its requests are unfinished (waiting for a load) runs a dummy batch
+  (`DPEngineCoreProc.run_busy_loop`: `executed` is false, `has_unfinished_requests` true) and
+  keeps every rank stepping: it polls once a lockstep step, where one replica plans again at
+  once. A launch that waits for copies (a preempted request's stores, 0.15.1's
+  `handle_preemptions`; flushed jobs, 0.33.0's) holds the step back for every rank, the MoE
+  layers' exchange waiting for it; stores (and 0.33.0's loads) start once the lockstep step
+  is computed. Synchronous engines only (async scheduling with a tier is refused where the
+  group is built: `build_group`).
+
 In a disaggregated cluster a pool's replica may be such a group: a prefill rank hands its
 requests off as a prefill replica does, and a decode rank admits KV transfers at each step
 (`DecodeInbox.admit`), the decode router picking the group and its balancer the rank (`pick`).
 
-Stepped one step at a time (no fast path); no CPU tier or pipeline stages here (refused where
-the replica is built).
+Stepped one step at a time (no fast path); no pipeline stages here (refused where the replica
+is built).
 """
 
 from __future__ import annotations
@@ -57,10 +73,12 @@ import simpy
 
 from sim.config.errors import InputError
 from sim.config.replica import ReplicaConfig
+from sim.core.offload import Report
 from sim.core.plan import Plan
 from sim.core.request import Request
 from sim.engine.clock import PLAN, At, Environment
 from sim.engine.iteration_log import IterationLog
+from sim.engine.offload_steps import idle_step, reload_only
 from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Iteration
 from sim.latency.base import BatchShape, LatencyModel
@@ -117,6 +135,10 @@ class DataParallelGroup:
         self._num_steps = 0  # lockstep steps sent (each its own noise draw)
         self.noise = ranks[0].noise
         self._poke: simpy.Event | None = None
+        # Ranks with a CPU tier whose last plan polled it with copies running, and ranks
+        # whose one-token prompts reload for ever (`_launch`).
+        self._polling: list[Rank] = []
+        self._spinning: list[Rank] = []
         self.num_dummy_forwards = 0  # rank-steps that ran a dummy batch
         self.process = env.process(self.run())
 
@@ -169,10 +191,27 @@ class DataParallelGroup:
                 yield At(env, self._steps.popleft(), self.turn)
                 continue
             self._counter = 0  # every rank idle, and all know it: the wave ends
-            self._poke = env.event()
-            yield self._poke
-            self._poke = None
-            yield At(env, env.now, self.turn)  # plan after all else at this instant
+            yield from self._idle()
+
+    def _idle(self) -> Generator[simpy.Event, Any, None]:
+        """No step is due: wait for work, or for the next copy of a rank that polls its CPU
+        tier (`_polling`, as one replica waits: `_wait_copies`)."""
+        env = self.env
+        poke = self._poke = env.event()
+        done_s = min((rank.copies.next_done_s() for rank in self._polling
+                      if rank.copies is not None), default=math.inf)
+        if done_s < math.inf:
+            def on_done(_: Any) -> None:
+                if not poke.triggered:
+                    poke.succeed()
+
+            At(env, max(done_s, env.now), self.turn).callbacks.append(on_done)
+        unmark = [rank.mark_reloading() for rank in self._spinning]
+        yield poke
+        self._poke = None
+        for undo in unmark:
+            undo()
+        yield At(env, env.now, self.turn)  # plan after all else at this instant
 
     def _send(self, now_s: float) -> bool:
         """Schedule every rank and send the step (dummy batches where a rank has none);
@@ -180,14 +219,19 @@ class DataParallelGroup:
         plans: list[Plan | None] = []
         for rank in self.ranks:
             state = rank.state
-            plans.append(rank.scheduler.schedule(state, now_s)
-                         if state.running or state.waiting else None)
-        busy = any(plans)
+            if rank.copies is not None:  # (a CPU tier: an empty plan still launches, polls)
+                plans.append(rank.poll_plan(now_s))
+            else:
+                plans.append(rank.scheduler.schedule(state, now_s)
+                             if state.running or state.waiting else None)
+        launch_s, reports, waits = self._launch(plans, now_s)
+        busy = any(plans) or waits
         if not busy and not self._trailing():
             for rank, plan in zip(self.ranks, plans, strict=True):
                 if plan is not None:
                     rank._preempted += plan.preempted_ids  # logged with its next plan
-            if (any(plan is not None for plan in plans) and not self._steps
+            if (any(plan is not None and rank.copies is None
+                    for rank, plan in zip(self.ranks, plans, strict=True)) and not self._steps
                     and not any(rank.state.num_transferring or rank.state.incoming
                                 for rank in self.ranks)):
                 # Requests queued that no rank can run, with nothing in flight and no KV on its
@@ -214,15 +258,17 @@ class DataParallelGroup:
                                         sum(int(shape.num_prefill_tokens) for shape in shapes),
                                         sum(int(shape.num_decode_tokens) for shape in shapes))
         self._num_steps += 1
-        start_s = max(now_s, self._free_s)
+        start_s = max(launch_s, self._free_s)  # (every rank launched: a collective)
         end_s = start_s + step_s
         if not start_s < end_s < MAX_SPAN_S:  # NaN fails too (`Replica._check_durations`)
             self.ranks[0]._check_durations(np.array([start_s]), np.array([step_s]),
                                            np.array([end_s]))
         self._free_s = end_s
-        for rank, plan, shape in zip(self.ranks, plans, shapes, strict=True):
+        for rank, plan, shape, report in zip(self.ranks, plans, shapes, reports, strict=True):
             if plan is None:
                 continue
+            if rank.copies is not None and plan:
+                rank.copies.computed_by(end_s)
             if not plan:
                 rank._preempted += plan.preempted_ids
                 continue
@@ -232,10 +278,48 @@ class DataParallelGroup:
             state = rank.state
             it = Iteration(plan, shape, start_s, step_s, end_s, state.kv.num_used_blocks,
                            len(state.waiting), all_to_all_s=all_to_all_s)
+            it.report = report  # (applied with the step's output, `_complete_batches`)
             it.in_flight = state.start(plan, start_s, placeholders=rank.placeholders)
             rank._batches.append(it)
         self._steps.append(end_s)
         return True
+
+    def _launch(self, plans: list[Plan | None], now_s: float
+                ) -> tuple[float, list[Report | None], bool]:
+        """Each rank with a CPU tier launches its plan with its copies, an empty one too
+        (vLLM's `kv_connector_no_forward`), and polls: when the last launch happens (a rank
+        waiting for a preempted request's stores holds the collective back), each rank's
+        report (an empty plan's is applied now, with its step's output), and whether a rank
+        with nothing to compute waits on its copies (vLLM: its requests are unfinished, so
+        it runs dummy batches and every rank steps). Ranks that wait for ever stop
+        (`stall_now`) or, looping on one-token reloads, wait for work (`_spinning`)."""
+        launch_s, waits = now_s, False
+        reports: list[Report | None] = []
+        self._polling, self._spinning = [], []
+        for rank, plan in zip(self.ranks, plans, strict=True):
+            copies, state = rank.copies, rank.state
+            if copies is None or plan is None:
+                reports.append(None)
+                continue
+            at_s, report = rank._launch(plan, now_s)
+            launch_s = max(launch_s, at_s)
+            reports.append(report)
+            if plan:
+                continue
+            assert state.offload is not None
+            state.offload.apply(state, report)
+            if copies.busy:
+                self._polling.append(rank)  # (idle, it polls when the next copy ends)
+            if not (state.waiting or state.running):
+                continue
+            if report and reload_only(plan) and getattr(copies, "polled_empty_only", False):
+                if not state.running:
+                    self._spinning.append(rank)
+            elif report or not idle_step(plan) or copies.busy:
+                waits = True
+            elif not (state.num_transferring or state.incoming):
+                rank.stall_now()  # (vLLM steps on, dummy batches, for ever)
+        return launch_s, reports, waits
 
     def _trailing(self) -> bool:
         """Whether the ranks, all idle, still run a dummy step: they learn that every rank is
@@ -295,6 +379,12 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
                          "vLLM turns dynamic speculative decoding off with data-parallel ranks "
                          "(they could choose different drafts and deadlock): drop it, k "
                          "drafts a step as vLLM falls back to")
+    if cfg.kv_offload is not None and getattr(scheduler, "async_scheduling", False):
+        # (vLLM's batch queue holds a CPU tier's empty steps beside the ranks' dummy batches,
+        # and later releases give an engine a second step before its dummy: not modelled.)
+        raise InputError(source, f"{field}.scheduler.async_scheduling", True,
+                         "a CPU tier (kv_offload) on data-parallel ranks is modelled with "
+                         "vLLM's synchronous engine only: set async_scheduling: false")
     ranks = [make_rank() for _ in range(cfg.parallelism.data)]
     if ranks[0].latency.sequential:
         raise InputError(source, f"{field}.latency.kind", cfg.latency.kind,

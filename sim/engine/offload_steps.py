@@ -6,7 +6,7 @@ else can change; a queue that can never move again stops the replica (`_stall`).
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from sim.core.block_cache import BlockPrefixCache
@@ -132,18 +132,27 @@ class OffloadSteps:
         tier again and again (`JobOffloadState.reload`): vLLM 0.33.0 loops so for ever,
         unless a request arrives (its stores may evict their block from the tier). Its
         requests say so until one does."""
-        state = self.state
+        unmark = self.mark_reloading()
+        yield from self._wait_for_work()  # type: ignore[attr-defined]
+        unmark()
+
+    def mark_reloading(self) -> Callable[[], None]:
+        """The queue's requests say why they wait (`_reload_loop`) until the returned call,
+        made once work arrives, takes it back."""
         reason = ("engine_stalled: one-token prompts whose block the CPU tier holds load "
                   "it again at every step (their token is computed again after a load, so "
                   "the queue takes them for new); vLLM 0.33.0 loops there for ever")
-        waiting = list(state.waiting)
+        waiting = list(self.state.waiting)
         for req in waiting:
             if req.reason is None:
                 req.reason = reason
-        yield from self._wait_for_work()  # type: ignore[attr-defined]
-        for req in waiting:
-            if req.reason == reason:
-                req.reason = None
+
+        def unmark() -> None:
+            for req in waiting:
+                if req.reason == reason:
+                    req.reason = None
+
+        return unmark
 
     def _stop_for_good(self, reason: str) -> None:
         """The replica will never run again: it and its requests say why (`stalled`; a
@@ -164,6 +173,11 @@ class OffloadSteps:
         """Nothing can run and nothing will change: queued requests hold KV loaded from the
         CPU tier that the queue's head needs (vLLM waits for ever here: its head blocks the
         queue). The replica stops; its requests stay unfinished, saying why."""
+        self.stall_now()
+        yield self.env.event()  # never triggered
+
+    def stall_now(self) -> None:
+        """`_stall`'s verdict, given at once (data-parallel ranks: the group steps on)."""
         state = self.state
         kv = state.kv
         assert isinstance(kv, BlockPrefixCache)  # (vLLM's tier: blocks keyed by prefix)
@@ -174,7 +188,6 @@ class OffloadSteps:
                   f"behind it hold {held:,} with KV loaded from the CPU tier; vLLM 0.15.1 "
                   "waits for ever there")
         self._stop_for_good(reason)
-        yield self.env.event()  # never triggered
 
     def _wait_copies(self, now_s: float, next_done_s: float | None = None
                      ) -> Generator[simpy.Event, Any, None]:

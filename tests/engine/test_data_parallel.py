@@ -407,17 +407,18 @@ def test_a_disaggregated_pool_of_ranks_refuses_what_ranks_do_not_model(tmp_path,
 
     raw = _raw()
     raw["replica"] = {**raw["replica"], "parallelism": {"data": 2, "expert": 2}}
-    for pool, change, needle in [
-            ("decode", {"scheduler": {"name": "sglang"}}, "vllm_v1"),
-            ("prefill", {"prefix_caching": True, "kv_offload": {"size_gib": 1.0}},
-             "kv_offload with data-parallel ranks")]:
+    for pool, change, field, needle in [
+            ("decode", {"scheduler": {"name": "sglang"}}, "parallelism.data", "vllm_v1"),
+            ("prefill", {"prefix_caching": True, "kv_offload": {"size_gib": 1.0},
+                         "scheduler": {"name": "vllm_v1", "async_scheduling": True}},
+             "scheduler.async_scheduling", "synchronous engine only")]:
         raw["cluster"] = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
         raw["cluster"][pool]["replica"] = change
         path = tmp_path / "s.yaml"
         path.write_text(yaml.safe_dump(raw))
         code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
                             str(tmp_path / "o"))
-        assert_one_line_error(code, err, f"cluster.{pool}.replica.parallelism.data", needle)
+        assert_one_line_error(code, err, f"cluster.{pool}.replica.{field}", needle)
 
 
 def test_kv_moves_between_ranks_of_a_prefill_and_a_decode_pool():
