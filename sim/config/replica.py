@@ -63,9 +63,9 @@ class KVOffloadConfig(Frozen):
     instead of computing them."""
 
     size_gib: float = Field(
-        gt=0, le=2**20, description="host memory for KV blocks (GiB), all the replica's GPUs "
-                                    "together, as vLLM's --kv-offloading-size (each "
-                                    "data-parallel rank holds this much)")
+        gt=0, le=2**20, description="host memory for KV blocks (GiB), all of an engine core's "
+                                    "GPUs together, as vLLM's --kv-offloading-size (on "
+                                    "data-parallel ranks: each rank this much)")
     host_bandwidth_gb_s: float | None = Field(
         None, gt=0, le=10_000,
         description="GB/s one GPU copies KV to or from host memory, each way; None: 80% of "

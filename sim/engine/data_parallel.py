@@ -380,8 +380,8 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
                          "(they could choose different drafts and deadlock): drop it, k "
                          "drafts a step as vLLM falls back to")
     if cfg.kv_offload is not None and getattr(scheduler, "async_scheduling", False):
-        # (vLLM's batch queue holds a CPU tier's empty steps beside the ranks' dummy batches,
-        # and later releases give an engine a second step before its dummy: not modelled.)
+        # (vLLM's batch queue, `step_with_batch_queue`, would hold a CPU tier's empty steps
+        # beside the ranks' dummy batches: not modelled.)
         raise InputError(source, f"{field}.scheduler.async_scheduling", True,
                          "a CPU tier (kv_offload) on data-parallel ranks is modelled with "
                          "vLLM's synchronous engine only: set async_scheduling: false")
