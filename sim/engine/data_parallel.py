@@ -36,7 +36,6 @@ them together, because every MoE layer exchanges tokens between all ranks:
 - Once no rank has work the ranks go on with dummy steps until the next check of whether any
   has (every 32 steps in vLLM 0.15-0.19; at the first step of a wave and every 16 in 0.33);
   then they stop until a request arrives.
-
 - With a CPU tier for the KV cache (`kv_offload`), each rank's engine core runs its own
   connector (`OffloadingConnector`, built from the same `--kv-transfer-config`) with a tier of
   the whole size (`sim.engine.cpu_tier`: vLLM's `CPUOffloadingSpec` divides
@@ -45,13 +44,15 @@ them together, because every MoE layer exchanges tokens between all ranks:
   copies and polls (`OffloadSteps.poll_plan`, `_launch`), an empty step too
   (`kv_connector_no_forward`), its report applied with its output. A rank that computes
   nothing while its requests are unfinished (waiting for a load) runs a dummy batch
-  (`DPEngineCoreProc.run_busy_loop`: `executed` is false, `has_unfinished_requests` true) and
-  keeps every rank stepping: it polls once a lockstep step, where one replica plans again at
-  once. A launch that waits for copies (a preempted request's stores, 0.15.1's
-  `handle_preemptions`; flushed jobs, 0.33.0's) holds the step back for every rank, the MoE
-  layers' exchange waiting for it; stores (and 0.33.0's loads) start once the lockstep step
-  is computed. Synchronous engines only (async scheduling with a tier is refused where the
-  group is built: `build_group`).
+  (`DPEngineCoreProc.run_busy_loop`: `EngineCore.step` ran the scheduler and the connector's
+  poll, `executed` is false, `has_unfinished_requests` true; the dummy batch,
+  `Worker.execute_dummy_batch` -> `_dummy_run`, binds no connector metadata: it neither
+  copies nor polls) and keeps every rank stepping: it polls once a lockstep step, where one
+  replica plans again at once. A launch that waits for copies (a preempted request's
+  stores, 0.15.1's `handle_preemptions`; flushed jobs, 0.33.0's) holds the step back for
+  every rank, the MoE layers' exchange waiting for it; stores (and 0.33.0's loads) start
+  once the lockstep step is computed. Synchronous engines only (async scheduling with a
+  tier is refused where the group is built: `build_group`).
 
 In a disaggregated cluster a pool's replica may be such a group: a prefill rank hands its
 requests off as a prefill replica does, and a decode rank admits KV transfers at each step
