@@ -56,8 +56,10 @@ from sim.core.request import Request
 # Host hits shorter than this are computed again, not loaded (URC: `load_back_threshold`).
 LOAD_BACK_THRESHOLD_TOKENS = 10
 
-# Hits an insertion counts before a node is backed up, by write policy (URC `init_hicache`).
+# Hits an insertion counts before a node is backed up, by write policy (URC `init_hicache`);
+# write_back backs a node up only when it is evicted from the GPU (no threshold).
 WRITE_THRESHOLDS = {"write_through": 1, "write_through_selective": 2}
+WRITE_POLICIES = (*WRITE_THRESHOLDS, "write_back")
 
 
 @dataclass(slots=True)
@@ -67,6 +69,8 @@ class HostCopy:
 
     num_blocks: int
     locked: list[Unit] = field(default_factory=list)
+    # A load's: each request's units loaded, in order (write_back: duplicates at the ack).
+    loaded: list[list[Unit]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -86,18 +90,28 @@ class HostCounters:
 
 class HierarchicalCache(PrefixCachingKVManager):
     """SGLang's radix cache with a host tier (module docstring). `num_host_blocks`: the host
-    pool, in the GPU's blocks; `write_threshold`: hits before a node is backed up."""
+    pool, in the GPU's blocks; `write_threshold`: hits before a node is backed up
+    (write-through); `write_back`: backed up at its GPU eviction instead."""
 
     def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int,
-                 write_threshold: int = 1) -> None:
+                 write_threshold: int = 1, *, write_back: bool = False) -> None:
         super().__init__(num_blocks, block_size)
         self.num_host_blocks = num_host_blocks
         self.num_host_used_blocks = 0
         self.write_threshold = write_threshold
+        self.write_back = write_back
+        # write_back: the blocks of each synchronous backup made since the engine last took
+        # them (`take_sync_writes`), in order; nodes on the GPU and in host memory (by their
+        # last unit, in the order they became so: `full_host_duplicates`), reclaimed first
+        # when the host needs room.
+        self._sync_writes: list[int] = []
+        self._dups: dict[Unit, None] = {}
         self._host_leaves: list[tuple[int, int, Unit]] = []  # (last_use, seq, unit)
         # request id -> the units of its path its insertions have counted (`cache_inserted_len`)
         self._num_counted: dict[int, int] = {}
         self._writes: list[HostCopy] = []  # backups queued since the last flush
+        self._loading: set[Unit] = set()  # units loaded, their load not acknowledged yet
+        self._pinned: Unit | None = None  # a host leaf a load-back holds (not evictable)
         self._load: HostCopy | None = None  # loads queued this pass (one merged copy)
         self.counters = HostCounters()
 
@@ -153,7 +167,10 @@ class HierarchicalCache(PrefixCachingKVManager):
         gpu = units[:n]
         for unit in gpu:  # (the request's prefix, locked while room is made)
             self._use(unit)
+        # (Its host part too: write_back's backups may evict from the host meanwhile.)
+        self._pinned = host[-1]
         self.evict_to_free(num_blocks)
+        self._pinned = None
         if self.num_free_blocks - self._num_evictable_blocks < num_blocks:
             for unit in gpu:
                 self._release(unit)
@@ -168,6 +185,8 @@ class HierarchicalCache(PrefixCachingKVManager):
             load = self._load = HostCopy(0)
         load.num_blocks += num_blocks
         load.locked += units
+        load.loaded.append(host)
+        self._loading.update(host)
         counters = self.counters
         counters.num_hit_requests += 1
         counters.num_hit_tokens += num_tokens
@@ -190,10 +209,24 @@ class HierarchicalCache(PrefixCachingKVManager):
         self._writes = []
         return copy
 
+    def take_sync_writes(self) -> list[int]:
+        """write_back: the blocks of each backup made at an eviction since the last call, in
+        order (each copied while the scheduler waits: `writing_check(write_back=True)`)."""
+        writes, self._sync_writes = self._sync_writes, []
+        return writes
+
     def ack(self, copy: HostCopy) -> None:
-        """A copy's ack (`writing_check`, `loading_check`): its units are unlocked."""
+        """A copy's ack (`writing_check`, `loading_check`): its units are unlocked; with
+        write_back, the nodes a load brought back are duplicates from now (UTC
+        `finish_load_back`: each load's, its deepest node first)."""
         for unit in copy.locked:
             self._release(unit)
+        for host in copy.loaded:
+            self._loading.difference_update(host)
+            if self.write_back:
+                for unit in reversed(host):
+                    if unit.end and unit.parent is not None:
+                        self._dups.setdefault(unit, None)
 
     # -- insertion and backup ---------------------------------------------------------------
 
@@ -204,7 +237,7 @@ class HierarchicalCache(PrefixCachingKVManager):
         if rest:
             path = [*path, *rest]
         counted = self._num_counted.get(rid, 0)
-        if len(path) > counted:
+        if len(path) > counted and not self.write_back:  # (UTC `_inc_hit_count_and_check`)
             self._count_hits(path, counted)
             self._num_counted[rid] = len(path)
         return rest
@@ -249,11 +282,84 @@ class HierarchicalCache(PrefixCachingKVManager):
             self._writes[-1].locked = locked
 
     def _host_room(self, num_blocks: int) -> bool:
-        """Whether the host pool has `num_blocks` free, after evicting host-only leaves."""
+        """Whether the host pool has `num_blocks` free, after evicting host-only leaves (with
+        write_back, the host copies of nodes on the GPU first: `_reclaim_duplicates`)."""
         short = num_blocks - (self.num_host_blocks - self.num_host_used_blocks)
         if short > 0:
-            self._evict_host(short)
+            if self.write_back:
+                short -= self._reclaim_duplicates(short)
+            if short > 0:
+                self._evict_host(short)
         return self.num_host_used_blocks + num_blocks <= self.num_host_blocks
+
+    def _node_of(self, unit: Unit) -> list[Unit]:
+        """The units of the node `unit` ends (or is in), from `unit` up."""
+        units = [unit]
+        root = self.root
+        while (parent := units[-1].parent) is not root and parent is not None and not parent.end:
+            units.append(parent)
+        return units
+
+    def _reclaim_duplicates(self, num_blocks: int) -> int:
+        """write_back: free the host copies of nodes also on the GPU, in the order they became
+        so, until `num_blocks` are freed; first sparing the GPU's evictable leaves (about to be
+        evicted, they would be written back again), then not; none being loaded (UTC
+        `_reclaim_full_host_duplicates`). A node's entry stays when it leaves the GPU until a
+        reclaim walks past it (`full_host_duplicates` is cleaned lazily). Return the blocks
+        freed."""
+        freed = 0
+        swept: list[Unit] = []
+        dups = self._dups
+        for spare_leaves in (True, False):
+            for unit in dups:
+                if freed >= num_blocks:
+                    break
+                if unit.parent is None or not unit.on_device or not unit.backed:
+                    swept.append(unit)  # stale: gone, or in one tier only
+                    continue
+                if spare_leaves and not unit.num_users and self._is_leaf(unit):
+                    continue
+                if unit in self._loading:
+                    continue
+                node = self._node_of(unit)
+                n = sum(u.num_blocks for u in node)
+                for u in node:
+                    u.backed = False
+                self.num_host_used_blocks -= n
+                self.counters.num_evicted_blocks += n
+                freed += n
+                swept.append(unit)
+            if freed >= num_blocks:
+                break
+        for unit in swept:
+            dups.pop(unit, None)
+        return freed
+
+    def _write_back(self, leaf: Unit) -> None:
+        """write_back at the GPU eviction of `leaf`'s node, not backed up: back the node (only
+        it) up, making host room; the scheduler waits for the copy (URC `_evict_components`,
+        `_execute_and_commit_kv_backup(write_back=True)`, `writing_check(write_back=True)`).
+        With no room the node is dropped, and its host-only nodes below it with it (UTC
+        `drop_subtree_no_host`)."""
+        node = self._node_of(leaf)
+        num_blocks = sum(u.num_blocks for u in node)
+        if self._host_room(num_blocks):
+            for unit in node:
+                unit.backed = True
+            self.num_host_used_blocks += num_blocks
+            self.counters.num_stored_blocks += num_blocks
+            self._sync_writes.append(num_blocks)
+            self._dups.setdefault(leaf, None)  # (at the ack, before it leaves the GPU)
+            return
+        self.counters.num_refused_stores += 1
+        stack = list(leaf.children.values())
+        while stack:
+            unit = stack.pop()
+            assert not unit.on_device and not unit.num_users and unit is not self._pinned
+            stack.extend(unit.children.values())
+            unit.parent = None
+            self.num_host_used_blocks -= unit.num_blocks
+        leaf.children = {}
 
     def _own_nodes(self, own: int, parent: Unit, num_blocks: int) -> list[Unit]:
         """A retracted request computed again what it had cached of its own, which may be in
@@ -276,6 +382,8 @@ class HierarchicalCache(PrefixCachingKVManager):
                     self._push_leaf(below)
             unit.on_device, unit.num_users, unit.end = True, 1, True
             self._num_cached_blocks += unit.num_blocks
+            if self.write_back:  # (a duplicate at once)
+                self._dups.setdefault(unit, None)
             num_blocks -= unit.num_blocks
             nodes.append(unit)
             parent = unit
@@ -287,10 +395,13 @@ class HierarchicalCache(PrefixCachingKVManager):
         if unit.on_device:
             super()._share_cached(unit, num_blocks)
             return
-        # Host-only, computed again: the request's blocks are its GPU copy (no copy made).
+        # Host-only, computed again: the request's blocks are its GPU copy (no copy made);
+        # with write_back a duplicate at once (UTC `_unevict_node_on_insert`).
         unit.on_device = True
         unit.num_users += 1
         self._num_cached_blocks += num_blocks
+        if self.write_back and unit.end:
+            self._dups.setdefault(unit, None)
 
     def free(self, req: Request, *, preempted: bool = False) -> None:
         super().free(req, preempted=preempted)
@@ -328,6 +439,8 @@ class HierarchicalCache(PrefixCachingKVManager):
             if (unit.on_device and not unit.num_users and last_use == unit.last_use
                     and unit.parent is not None and self._is_leaf(unit)):
                 break
+        if self.write_back and not unit.backed:
+            self._write_back(unit)
         leaf = unit
         root = self.root
         while True:
@@ -355,11 +468,15 @@ class HierarchicalCache(PrefixCachingKVManager):
         root = self.root
         freed = 0
         leaves = self._host_leaves
+        pinned = None
         while freed < num_blocks and leaves:
             last_use, _, unit = heapq.heappop(leaves)
             if (unit.on_device or unit.parent is None or unit.children
                     or last_use != unit.last_use):
                 continue  # stale
+            if unit is self._pinned:  # (held by a load-back: back in the heap after)
+                pinned = unit
+                continue
             while True:
                 parent = unit.parent
                 assert parent is not None
@@ -373,6 +490,8 @@ class HierarchicalCache(PrefixCachingKVManager):
                 unit = parent
             if parent is not root and not parent.on_device and not parent.children:
                 self._push_leaf(parent)
+        if pinned is not None:
+            self._push_leaf(pinned)
 
     # -- checks -----------------------------------------------------------------------------
 

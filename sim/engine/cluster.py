@@ -593,8 +593,10 @@ def _manager(cfg: ReplicaConfig, num_blocks: int, eviction: Eviction) -> KVCache
     if cfg.prefix_caching and eviction in ("lru_block", "fifo_block"):  # vLLM's, by block
         return BlockPrefixCache(num_blocks, cfg.kv_cache.block_size, eviction)
     if cfg.prefix_caching and getattr(cfg.scheduler, "hierarchical_cache", None) is not None:
+        threshold = write_threshold(cfg)
         return HierarchicalCache(num_blocks, cfg.kv_cache.block_size,
-                                 host_cache_blocks(cfg, num_blocks), write_threshold(cfg))
+                                 host_cache_blocks(cfg, num_blocks), threshold,
+                                 write_back=not threshold)
     if cfg.prefix_caching:  # SGLang's radix cache
         return PrefixCachingKVManager(num_blocks, cfg.kv_cache.block_size)
     return KVCacheManager(num_blocks, cfg.kv_cache.block_size)

@@ -76,6 +76,22 @@ class HostCacheCopies:
         while loads and loads[0][0].end_s <= now_s:
             kv.ack(loads.popleft()[1])
 
+    def wait_writes(self, now_s: float) -> float:
+        """write_back: the backups the pass that began at `now_s` made as it evicted, each
+        copied while the scheduler waits for it (`writing_check(write_back=True)`): after the
+        forward work launched (the fence) and the copies before it; when the pass can go on
+        (`now_s` if none)."""
+        writes = self.kv.take_sync_writes()
+        if not writes:
+            return now_s
+        fence_s = self._last.end_s if self._last is not None else -math.inf
+        for num_blocks in writes:
+            start_s = max(now_s, fence_s, self._write_free_s)
+            copy_s = num_blocks * self.s_per_block
+            self.store_busy_s += copy_s
+            now_s = self._write_free_s = start_s + copy_s
+        return now_s
+
     def duration_s(self, forward_s: float) -> float:
         """The iteration being planned, of `forward_s` on the GPU, with the loads its pass
         queued (taken now) copied layer by layer ahead of its layers."""
@@ -142,7 +158,8 @@ def draft_kv_layers(cfg: ReplicaConfig) -> tuple[int, bool]:
 
 
 def write_threshold(cfg: ReplicaConfig) -> int:
-    return WRITE_THRESHOLDS[cfg.scheduler.hierarchical_cache.write_policy]  # type: ignore[attr-defined]
+    """Hits before a node is backed up at insertion (write-through; 0: write_back)."""
+    return WRITE_THRESHOLDS.get(cfg.scheduler.hierarchical_cache.write_policy, 0)  # type: ignore[attr-defined]
 
 
 def attach_host_cache(cfg: ReplicaConfig, state: ReplicaState, pool: str, field: str,

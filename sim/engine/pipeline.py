@@ -208,6 +208,13 @@ class PipelinedReplica(Replica):
             self._host_s = now_s
             if now_s > asked_s:
                 self._blocked_until = now_s
+        if self.host_copies is not None:
+            # write_back: the pass waited for the backups it made as it evicted (a CPU tier's
+            # blocked launch, as above: the results taken after it, at the earliest).
+            free_s = self.host_copies.wait_writes(now_s)
+            if free_s > now_s:
+                self._host_s = max(self._host_s, free_s)
+                self._blocked_until = now_s = free_s
         if it is None:
             it = self._plan_iteration(plan, now_s, len(self._batches))
         it.report = report

@@ -288,6 +288,8 @@ class Replica(OffloadSteps):
         if self.host_copies is not None:
             self.host_copies.pass_start(now_s)
         plan = self.scheduler.schedule(state, now_s) if state.running or state.waiting else None
+        if self.host_copies is not None:  # (write_back: the pass waited for its backups)
+            now_s = self.host_copies.wait_writes(now_s)
         return plan, self._plan_iteration(plan, now_s) if plan else None
 
     def _wait(self, work: Iteration | Stretch) -> Generator[simpy.Event, Any, float]:

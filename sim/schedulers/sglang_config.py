@@ -42,11 +42,13 @@ class SGLangHiCacheConfig(Frozen):
         description=("--hicache-size: the host pool per rank in GB (10**9 bytes; a token's "
                      "bytes count an MTP head's layer, packed beside the target's); 0: by the "
                      "ratio"), json_schema_extra={"unit": "GB"})
-    write_policy: Literal["write_through", "write_through_selective"] = Field(
+    write_policy: Literal["write_through", "write_through_selective", "write_back"] = Field(
         "write_through",
         description=("--hicache-write-policy: back a node up to the host at its first "
-                     "insertion (write_through), or at its second (write_through_selective); "
-                     "write_back is not modelled"))
+                     "insertion (write_through), or at its second (write_through_selective), "
+                     "or only when it is evicted from the GPU (write_back: the scheduler "
+                     "waits for each such copy; a full host first frees its copies of "
+                     "prefixes on the GPU, then drops what it cannot take)"))
     host_bandwidth_gb_s: float | None = Field(
         None, gt=0, le=10_000,
         description=("GB/s one GPU copies KV to or from host memory, each way; None: 80% of "

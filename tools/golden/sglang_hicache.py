@@ -88,8 +88,11 @@ movement and the device's stream/event synchronisation:
      (`HiCacheLog.next_copy_s`), or at the next arrival if that comes first.
 
    `synchronize()` (SGLang's blocking waits: `writing_check(write_back=True)` for the
-   write_back policy, retraction backups) marks the copy done at once and is counted
-   (`TransferClock.forced`); the virtual clock does not wait for it.
+   write_back policy, retraction backups) on a copy not yet done: with "bandwidth", the
+   scheduler waits for its end, the virtual clock moved there (`TransferClock.wait`, counted
+   as the fixture's `blocking_waits`; a batch launched by that pass starts then at the
+   earliest, the results it processes after are taken then); otherwise the copy is marked
+   done at once and counted (`TransferClock.forced`), the virtual clock not waiting.
 
    The events replaced are those of `cache_controller.py` (`LayerLoadingEvent`, whose reuse
    `LayerDoneCounter.update_producer` asserts is done) and `l2_transfer.py` (each ack's
@@ -129,7 +132,8 @@ class TransferClock:
         self.mode = mode
         self.source: Any = None
         self.unassigned: list[_Event] = []  # next_batch: recorded, no batch launched since
-        self.forced = 0  # synchronize() on a copy not yet done
+        self.forced = 0  # synchronize() on a copy not yet done, marked done at once
+        self.waits = 0  # synchronize() on a timed copy not yet done ("bandwidth"), waited for
         # bandwidth: seconds a token, the copy being submitted ("write" and its end, or
         # "load"), the end of the last backup, the tokens loaded for the batch being built
         self.host_bandwidth_gb_s = host_bandwidth_gb_s
@@ -214,6 +218,13 @@ class TransferClock:
             event.done_s = self.now_s
         self.unassigned.clear()
 
+    def wait(self, end_s: float) -> None:
+        """With "bandwidth", a blocking wait for a copy that ends at `end_s` (write_back's
+        `writing_check(write_back=True)`): the scheduler's host waits, its clock moves on."""
+        assert self.source is not None and end_s > self.now_s, end_s
+        self.waits += 1
+        self.source.now_s = end_s
+
     def done(self, event: _Event) -> bool:
         return event.done_s is not None and event.done_s <= self.now_s
 
@@ -238,7 +249,9 @@ class _Event:
 
     def synchronize(self) -> None:
         assert CLOCK is not None
-        if not CLOCK.done(self):
+        if not CLOCK.done(self) and CLOCK.mode == "bandwidth" and self.done_s is not None:
+            CLOCK.wait(self.done_s)  # a timed write: the scheduler waits for its end
+        elif not CLOCK.done(self):
             CLOCK.forced += 1
             if self in CLOCK.unassigned:
                 CLOCK.unassigned.remove(self)
@@ -576,6 +589,7 @@ class HiCacheLog:
         clock = self.clock
         return {"host_pool_tokens": int(self.host_pool.size),
                 "transfer": clock.mode, "forced_waits": clock.forced,
+                **({"blocking_waits": clock.waits} if clock.waits else {}),
                 **({"host_bandwidth_gb_s": clock.host_bandwidth_gb_s,
                     "bytes_per_token": clock.bytes_per_token, "num_layers": NUM_LAYERS}
                    if clock.mode == "bandwidth" else {}),

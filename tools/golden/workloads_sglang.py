@@ -508,8 +508,27 @@ def sglang_hicache_bandwidth_workloads() -> list[Workload]:
     return out
 
 
+def sglang_hicache_write_back_workloads() -> list[Workload]:
+    """HiCache with `--hicache-write-policy write_back` (a node is copied to the host only when
+    evicted from the device, the scheduler waiting for the copy), copies timed at 25 GB/s
+    ("bandwidth") and outputs sampled, as the `_bw` ones: the write_through workloads'
+    requests and pools, where evictions now wait for their copies, a full host drops what it
+    cannot take and reclaims the host copies of prefixes loaded back."""
+    by_name = {w["name"]: w for w in sglang_hicache_workloads()}
+    out = []
+    for base in ("hicache_host_tight_chunked", "hicache_host_tight_chunked_overlap",
+                 "hicache_prefix_reload", "hicache_prefix_reload_overlap"):
+        w = by_name[base]
+        out.append({**w, "name": base.replace("hicache_", "hicache_write_back_", 1),
+                    "settings": {**w["settings"], "hicache_write_policy": "write_back",
+                                 "hicache_transfer": "bandwidth",
+                                 "hicache_host_bandwidth_gb_s": 25.0, "temperature": 1.0}})
+    return out
+
+
 SGLANG_HICACHE_WORKLOADS = {w["name"]: w for w in (sglang_hicache_workloads()
-                                                   + sglang_hicache_bandwidth_workloads())}
+                                                   + sglang_hicache_bandwidth_workloads()
+                                                   + sglang_hicache_write_back_workloads())}
 
 
 def _sglang_spec_hicache(name: str, seed: int, requests: list[list[Any]], *, spec: dict[str, Any],
