@@ -128,3 +128,82 @@ def test_write_through_selective_backs_up_at_the_second_insertion():
     finish(state, token_request(1, (*PROMPT, 1, 2, 3)), hit=12)
     assert kv.num_host_used_blocks == 12
     ack_all(kv)
+
+
+# -- write_back ---------------------------------------------------------------------------
+
+
+def write_back(num_blocks: int, num_host_blocks: int) -> tuple[ReplicaState, HierarchicalCache]:
+    """A state on a token-level hierarchical cache with the write_back policy."""
+    kv = HierarchicalCache(num_blocks, 1, num_host_blocks, 0, write_back=True)
+    return ReplicaState(kv), kv
+
+
+def test_write_back_copies_a_node_to_the_host_only_when_it_leaves_the_gpu():
+    state, kv = write_back(20, 40)
+    finish(state, token_request(0, PROMPT))
+    # Cached, not backed up: no copy, nothing locked, no hit counted.
+    assert kv.num_host_used_blocks == 0 and kv.take_writes() is None
+    assert kv.num_free_blocks == 20
+    state.finish(fill(state, 10, 20), 0.0)
+    # Its eviction backed it up (a copy the scheduler waits for), and it stays in host memory.
+    assert kv.take_sync_writes() == [12] and kv.take_sync_writes() == []
+    assert kv.num_host_used_blocks == kv.counters.num_stored_blocks == 12
+    assert kv.take_writes() is None and kv.num_free_blocks == 20  # (nothing left locked)
+    probe = token_request(1, (*PROMPT, 7))
+    assert (kv.prefix_hit_tokens(probe), kv.host_hit_tokens(probe)) == (0, 12)
+    kv.check()
+
+
+def test_write_back_copies_the_evicted_node_alone_its_parent_when_it_goes_in_turn():
+    state, kv = write_back(30, 40)
+    finish(state, token_request(0, PROMPT))
+    finish(state, token_request(1, (*PROMPT, *range(200, 212))), hit=12)
+    state.finish(fill(state, 10, 30), 0.0)
+    # The leaf node first, then its parent, each its own copy (write-through would have
+    # backed the parent up first, with the leaf).
+    assert kv.take_sync_writes() == [12, 12]
+    assert kv.host_hit_tokens(token_request(2, (*PROMPT, *range(200, 212), 1))) == 24
+    kv.check()
+
+
+def test_write_back_frees_the_host_copies_of_prefixes_on_the_gpu_before_host_only_ones():
+    state, kv = write_back(40, 24)
+    a, b, c = (tuple(range(base, base + 12)) for base in (100, 200, 300))
+    for rid, prompt in ((0, a), (1, b)):  # both written back, the host full
+        finish(state, token_request(rid, prompt))
+        state.finish(fill(state, 10 + rid, 40), 0.0)
+    assert kv.take_sync_writes() == [12, 12] and kv.num_host_used_blocks == 24
+    finish(state, token_request(2, c))
+    # a loaded back: on the GPU and in host memory from its load's ack.
+    probe = token_request(3, (*a, 7))
+    state.add(probe)
+    kv.match_prefix(probe)
+    assert kv.load_back(probe) == 12
+    assert kv.try_allocate(probe, 1, 0, 12)
+    state.admit(probe, 12)
+    load = kv.take_load()
+    assert load is not None
+    kv.ack(load)
+    probe.num_computed_tokens = 13
+    probe.num_output_tokens = 1
+    state.finish(probe, 0.0)
+    # c, least recently used, leaves the GPU: its 12 blocks take a's host copy (a stays on
+    # the GPU), not b's, host-only, which is older.
+    kv.evict_to_free(40 - kv.num_cached_blocks + 1)  # (one leaf node)
+    assert kv.take_sync_writes() == [12]
+    assert kv.counters.num_evicted_blocks == 12 and kv.num_host_used_blocks == 24
+    assert kv.host_hit_tokens(token_request(4, (*b, 1))) == 12
+    assert kv.host_hit_tokens(token_request(5, (*c, 1))) == 12
+    assert kv.prefix_hit_tokens(token_request(6, (*a, 1))) == 12
+    kv.check()
+
+
+def test_write_back_drops_a_node_the_host_cannot_take():
+    state, kv = write_back(40, 10)
+    finish(state, token_request(0, PROMPT))
+    state.finish(fill(state, 10, 40), 0.0)
+    assert kv.take_sync_writes() == [] and kv.counters.num_refused_stores == 1
+    assert kv.num_host_used_blocks == 0 and kv.num_cached_blocks == 0
+    assert kv.host_hit_tokens(token_request(1, (*PROMPT, 1))) == 0
+    kv.check()
