@@ -16,11 +16,30 @@ dense model with full attention, no storage backend (paths under `sglang/srt/`; 
   as backed at once, but it and its path stay locked (not evictable) until the copy's ack
   (`writing_check`), which the scheduler takes at its first pass after the copy ended
   (`HostCopy`, timed by the engine: `sim.engine.hicache`).
+- Write-back (`write_back`): an insertion counts no hit and backs nothing up (UTC
+  `_inc_hit_count_and_check`, `_should_backup_after_insert`); a node is backed up only when
+  GPU eviction takes it, below.
 - GPU eviction takes unlocked nodes with no child on the GPU (host-only children do not
   count), least recently used first (UTC `_is_device_leaf`): a backed one leaves the GPU and
-  stays in the tree, host-only; one not backed is dropped (`evict_device_leaf`).
+  stays in the tree, host-only; one not backed is dropped (`evict_device_leaf`), or, with
+  write_back, backed up first, that node alone (not its ancestors: `_build_backup_kv_action`
+  `write_back=True`), host room made as for any backup, and the scheduler waits for the copy
+  before it leaves the GPU (URC `_evict_components`: `_execute_and_commit_kv_backup`, then
+  `writing_check(write_back=True)`, blocking, then `_demote`; the copy's time:
+  `sim.engine.hicache`); its parent, a GPU leaf now, may follow in the same walk. A node the
+  host cannot take is dropped, with the host-only nodes below it (UTC `drop_subtree_no_host`).
+- With write_back the host room a backup needs comes first from the host copies of nodes
+  also on the GPU (UTC `drive_host_eviction` -> `_reclaim_full_host_duplicates`): in the
+  order they became so (`full_host_duplicates`: at a write-back's ack, just before the node
+  leaves the GPU; at a load's ack, each load's deepest node first, `finish_load_back`; when an
+  insertion gives a host-only node its GPU copy back), an entry staying, and its place, until a
+  reclaim walks past it stale (`setdefault`; swept lazily); a first pass spares the GPU's
+  evictable leaves, a second does not; nodes still loading are skipped. The node stays on the
+  GPU, no longer backed (written again if evicted). Then host-only leaves, as below.
 - Host eviction, only when a backup needs room: host-only nodes with no children at all,
-  least recently used first, leave the tree (UTC `_is_host_leaf`, `evict_host`).
+  least recently used first, leave the tree (UTC `_is_host_leaf`, `evict_host`); not the
+  one a load-back being admitted holds (`_lock_node(..., lock_host=True)`,
+  `inc_host_lock_ref`: its evictions may back nodes up with write_back).
 - A match walks GPU and host nodes (a match touches host-only nodes too): the GPU part is the
   prefix hit; the host part behind it is loaded back at admission (`init_load_back`) if it
   is at least `LOAD_BACK_THRESHOLD_TOKENS` and the GPU has room for it after eviction (the
@@ -39,7 +58,7 @@ counts start again (`reset_for_retract`); only a decode server backs a retracted
 up (`managers/schedule_batch.py` `release_req`, disaggregated: not modelled). The drafter's
 KV rides with the target's copies (`sim.engine.hicache`).
 
-Not modelled: `write_back` (a synchronous write at eviction), storage backends (L3), host
+Not modelled: storage backends (L3), host
 auto-sizing below the ratio for lack of host memory (`hicache_auto_size`: the host is assumed
 large enough), a standalone draft model's host pool (its KV's size is not known),
 disaggregated decode servers.

@@ -5,6 +5,11 @@ cache controller runs them (`managers/cache_controller.py`, `mem_cache/l2_transf
   (`flush_pending_backups`, at the end of a batch's results and at the start of a pass): on a
   stream of their own, after the forward work already queued (the fence on the forward
   stream: with the overlap loop, the batch in flight), one after another.
+- With write_back a backup is made as a pass evicts, and the pass waits for it
+  (`writing_check(write_back=True)` synchronises on its event): each on the same stream,
+  after the forward work already launched (with the overlap loop, the batch in flight) and
+  the copies before it; the batch the pass launches starts when the last ends at the
+  earliest, and with the overlap loop the batch in flight's results are taken then too.
 - Loads queued by a pass's admissions go as one copy to the GPU with the batch that needs
   them, layer by layer ahead of its forward: each attention layer waits for its own layer's
   copy, so the batch takes `max(forward, load + forward / layers)`.
