@@ -279,3 +279,32 @@ def test_a_retracted_request_meets_its_own_nodes_in_host_memory(monkeypatch):
                     "kv_cache": {"block_size": 1, "num_blocks": 58},
                     "prefix_caching": True}})
     assert met, met  # (positive: split; 0: given back whole; negative: a new node below)
+
+
+def test_write_back_copies_at_eviction_while_the_scheduler_waits():
+    """write_back, as the first test: A's 64 tokens and its first output's KV (its own node)
+    are cached at 20 ms, not copied. B (128 tokens) at 70 ms needs room: its pass evicts
+    A's two nodes, each copied to the host as it goes, the pass waiting for them (1 token,
+    0.625 ms, then 64, 40 ms): B's batch starts at 110.625 ms. C at 300 ms finds A's 64
+    tokens in host memory; loading them back evicts B's 128 (80 ms of copy, waited for
+    again), so C's batch starts at 380 ms and takes max(10 ms, 40 ms + 10 ms / 32)."""
+    scenario = _scenario({"ratio": 4, "write_policy": "write_back",
+                          "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9},
+                         kv_cache={"block_size": 1, "num_blocks": 144})
+    for fast_forward in (True, False):
+        cluster = Cluster(scenario, fast_forward=fast_forward)
+        a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+        b = Request(1, 0.070, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
+        c = Request(2, 0.300, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
+        cluster.run([a, b, c])
+        assert a.finish_s == pytest.approx(0.020)
+        assert b.first_scheduled_s == pytest.approx(0.110625)
+        assert b.finish_s == pytest.approx(0.120625)
+        assert c.first_scheduled_s == pytest.approx(0.380) and c.num_cached_tokens == 64
+        assert c.finish_s == pytest.approx(0.380 + 0.040 + 0.010 / NUM_LAYERS)
+        replica = cluster.replicas[0]
+        kv = replica.state.kv
+        assert isinstance(kv, HierarchicalCache) and replica.host_copies is not None
+        assert kv.counters.num_stored_blocks == 65 + 128
+        assert replica.host_copies.store_busy_s == pytest.approx(0.120625)
+        kv.check()

@@ -281,6 +281,8 @@ def record(workload: Workload) -> dict[str, Any]:
     aborted = set(rec.aborted)
     unfinished = [rid for rid, t in times.items() if t["finish_s"] is None and rid not in aborted]
     assert not unfinished and len(times) == len(arrivals), unfinished[:5]
+    # (Before the idle check, whose eviction of the whole tree backs nodes up with write_back.)
+    hicache = rec.hicache.body() if rec.hicache is not None else None
     check_pools_idle(sched, workload["num_gpu_blocks"])
     if not workload["settings"]["disable_radix_cache"]:
         print(f"{workload['name']}: radix cache: {evictions[0]} evictions of "
@@ -297,9 +299,9 @@ def record(workload: Workload) -> dict[str, Any]:
                           times[r]["finish_s"], int(handles[r].retraction_count)]
                          for r in range(len(arrivals))],
             "accepted": rec.accepted, "output_overshoot": overshoot, "aborted": rec.aborted}
-    if rec.hicache is not None:
-        body["hicache"] = rec.hicache.body()
-        assert len(body["hicache"]["steps"]) == len(rec.steps)
+    if hicache is not None:
+        body["hicache"] = hicache
+        assert len(hicache["steps"]) == len(rec.steps)
     return body
 
 

@@ -512,8 +512,9 @@ def sglang_hicache_write_back_workloads() -> list[Workload]:
     """HiCache with `--hicache-write-policy write_back` (a node is copied to the host only when
     evicted from the device, the scheduler waiting for the copy), copies timed at 25 GB/s
     ("bandwidth") and outputs sampled, as the `_bw` ones: the write_through workloads'
-    requests and pools, where evictions now wait for their copies, a full host drops what it
-    cannot take and reclaims the host copies of prefixes loaded back."""
+    requests and pools (a host 1.5x and 4x the device's), normal and overlap loops, where
+    evictions wait for their copies (with the overlap loop, behind the batch in flight) and a
+    full host frees its copies of prefixes loaded back first."""
     by_name = {w["name"]: w for w in sglang_hicache_workloads()}
     out = []
     for base in ("hicache_host_tight_chunked", "hicache_host_tight_chunked_overlap",
