@@ -180,7 +180,8 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
         if data_parallel:  # (ranks take a tier with vLLM's synchronous engine only)
             scheduler["async_scheduling"] = False
     # SGLang's hierarchical cache sometimes: a host pool from the GPU's size to four times it,
-    # backed up at the first or the second insertion, copies slow or fast; with speculative
+    # backed up at the first or the second insertion or at eviction (write_back, the
+    # scheduler waiting for each copy), copies slow or fast; with speculative
     # decoding sometimes (EAGLE's drafter layer copied too).
     if (scheduler["name"] == "sglang" and prefix_caching
             and scheduler.get("speculative", {}).get("algorithm") != "standalone"
@@ -188,7 +189,8 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
             and (host_cache or draw(st.integers(0, 2)) == 0)):
         scheduler["hierarchical_cache"] = {
             "ratio": draw(st.sampled_from([1.0, 2.0, 4.0])),
-            "write_policy": draw(st.sampled_from(["write_through", "write_through_selective"])),
+            "write_policy": draw(st.sampled_from(["write_through", "write_through_selective",
+                                                  "write_back"])),
             "host_bandwidth_gb_s": draw(st.sampled_from([0.2, 2.0, 50.0]))}
     if scheduler["name"] == "sglang" and block_size > 1:
         # SGLang's page: chunks of whole pages; pages of one token where its paged rules are
