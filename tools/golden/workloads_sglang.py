@@ -514,7 +514,8 @@ def sglang_hicache_write_back_workloads() -> list[Workload]:
     ("bandwidth") and outputs sampled, as the `_bw` ones: the write_through workloads'
     requests and pools (a host 1.5x and 4x the device's), normal and overlap loops, where
     evictions wait for their copies (with the overlap loop, behind the batch in flight) and a
-    full host frees its copies of prefixes loaded back first."""
+    full host frees its copies of prefixes loaded back first; and a host pool too small for
+    some prefixes, which are dropped."""
     by_name = {w["name"]: w for w in sglang_hicache_workloads()}
     out = []
     for base in ("hicache_host_tight_chunked", "hicache_host_tight_chunked_overlap",
@@ -524,6 +525,11 @@ def sglang_hicache_write_back_workloads() -> list[Workload]:
                     "settings": {**w["settings"], "hicache_write_policy": "write_back",
                                  "hicache_transfer": "bandwidth",
                                  "hicache_host_bandwidth_gb_s": 25.0, "temperature": 1.0}})
+    # The shared prefixes with a host pool of 0.4x (1,600 tokens): a prefix of more finds no
+    # room even with the host emptied, and is dropped (`drop_subtree_no_host`).
+    reload = out[2]
+    out.append({**reload, "name": "hicache_write_back_host_small",
+                "settings": {**reload["settings"], "hicache_ratio": 0.4}})
     return out
 
 
