@@ -70,7 +70,8 @@ device <-> host copies, the pinning of the host pool and the copy streams' event
 host pool and controller are SGLang's. When a copy reads done is the workload's
 `settings.hicache_transfer` ("next_batch": at the end of the first batch launched after it,
 as on a GPU; "bandwidth": timed at `hicache_host_bandwidth_gb_s` as servesim times them, a
-batch that carries a load-back then taking max(its step time, the load + its step time / 32);
+batch that carries a load-back then taking max(its step time, the load + its step time / 32),
+and a copy the scheduler blocks on, write_back's at eviction, moving the clock to its end;
 see `sglang_hicache.py`). A workload's `settings.temperature` (default 0, greedy) samples
 instead (`torch.multinomial` from SGLang's generator, seeded by `random_seed` 0: SGLang's
 per-request `sampling_seed` needs `--enable-deterministic-inference`), so outputs differ
