@@ -8,7 +8,10 @@ import typing
 from typing import Annotated, Any
 
 import typer
+from rich.console import Group
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from sim.cli.common import app, console
 
@@ -166,14 +169,31 @@ def params_tables(groups: list[tuple[str, Any, Any]]) -> list[Table | str]:
     return shown
 
 
+# The narrowest meaning column a parameters table is drawn with; in a narrower terminal each
+# parameter's meaning goes beneath it (at 80 columns a scheduler's long names and defaults left
+# the meaning 12 columns, a word or two a line).
+MIN_MEANING_COLUMNS = 40
+
+
 def params_table(title: str, rows: dict[str, tuple[str, str]]) -> Table:
-    """parameter | default | meaning: two narrow columns, the meaning wraps."""
+    """parameter | default | meaning, the meaning wrapping; where the terminal leaves the
+    meaning fewer than MIN_MEANING_COLUMNS, one column: each parameter and its default on a
+    line, its meaning indented beneath, the terminal's whole width."""
     table = Table(title=title, title_justify="left")
-    table.add_column("parameter", no_wrap=True)
-    table.add_column("default", no_wrap=True)
-    table.add_column("meaning", overflow="fold")  # (a long flag's name folds, not cut)
+    widest_key = max((len(key) for key in rows), default=0)
+    widest_default = max((len(default) for default, _ in rows.values()), default=0)
+    # (Three columns' borders and padding: 10 characters.)
+    if console.width - widest_key - widest_default - 10 >= MIN_MEANING_COLUMNS:
+        table.add_column("parameter", no_wrap=True)
+        table.add_column("default", no_wrap=True)
+        table.add_column("meaning", overflow="fold")  # (a long flag's name folds, not cut)
+        for key, (default, meaning) in rows.items():
+            table.add_row(key, default, meaning)
+        return table
+    table.add_column("parameter = default, then its meaning", overflow="fold")
     for key, (default, meaning) in rows.items():
-        table.add_row(key, default, meaning)
+        table.add_row(Group(Text.assemble((key, "bold"), " = ", default),
+                            Padding(Text(meaning, overflow="fold"), (0, 0, 0, 4))))
     return table
 
 

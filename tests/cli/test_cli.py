@@ -188,13 +188,23 @@ def test_list_params_give_units_and_allowed_values_in_80_columns(monkeypatch, ca
     assert code == 0
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "…" not in out  # a long word (an engine flag's name) folds, it is not cut
+    from sim.cli.listing import MIN_MEANING_COLUMNS
+
     lines: dict[str, str] = {}  # parameter -> its row, wrapped lines joined
     last = ""
     for line in out.splitlines():
-        cells = [c.strip() for c in line.split("│")[1:-1]]
-        if len(cells) == 3:
+        raw = line.split("│")[1:-1]
+        cells = [c.strip() for c in raw]
+        if len(cells) == 3:  # parameter | default | meaning, the meaning wide enough to read
+            assert len(raw[2]) >= MIN_MEANING_COLUMNS + 2
             last = cells[0] or last
             lines[last] = " ".join(filter(None, (lines.get(last, ""), *cells[1:])))
+        elif len(cells) == 1 and raw[0].startswith(" " * 5):  # a meaning, beneath its parameter
+            lines[last] += " " + cells[0]
+        elif len(cells) == 1 and " = " in cells[0]:  # a parameter = its default
+            last, default = cells[0].split(" = ", 1)
+            lines[last] = " ".join(filter(None, (lines.get(last, ""), default)))
+    assert "hierarchical_cache.write_policy" in lines  # (SGLang's long names: stacked)
     assert "0.002 s" in lines["overhead_s"] and "0<=x<=1" in lines["overhead_s"]
     assert "one of: calibrated, naive" in lines["linear"]  # from its Literal type
     assert "8192 tokens" in lines["max_num_batched_tokens"]
