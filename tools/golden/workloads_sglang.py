@@ -584,4 +584,18 @@ def sglang_spec_hicache_workloads() -> list[Workload]:
     ]
 
 
-SGLANG_SPEC_HICACHE_WORKLOADS = {w["name"]: w for w in sglang_spec_hicache_workloads()}
+def sglang_spec_hicache_write_back_workloads() -> list[Workload]:
+    """Three of those with `--hicache-write-policy write_back`: nothing backed up at
+    insertion; each node the device pool evicts is copied to host first, the scheduler
+    waiting for the copy (EAGLE's draft KV with it), then loaded back where a prompt
+    shares it; the decode step's retractions evict so too."""
+    picked = ("spec_hicache_eagle_reload_bw", "spec_hicache_ngram_reload_overlap_bw",
+              "spec_hicache_eagle_retract_bw")
+    return [{**w, "name": w["name"].replace("spec_hicache_", "spec_hicache_write_back_"),
+             "settings": {**w["settings"], "hicache_write_policy": "write_back"}}
+            for w in sglang_spec_hicache_workloads() if w["name"] in picked]
+
+
+SGLANG_SPEC_HICACHE_WORKLOADS = {
+    w["name"]: w
+    for w in sglang_spec_hicache_workloads() + sglang_spec_hicache_write_back_workloads()}
