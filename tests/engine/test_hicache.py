@@ -220,6 +220,28 @@ def test_what_is_not_modelled_is_refused_naming_the_field(replica, message):
     assert "scheduler.hierarchical_cache" in str(err.value)
 
 
+def test_write_back_on_a_prefill_pool_is_refused_naming_the_field():
+    """A prefill pass blocked on its write_back copies takes the batch in flight's results
+    late, and the hand-off does not wait for that yet (found by the property test with
+    `--hypothesis-seed=7`: a decode side's tokens before the prefill's result was taken)."""
+    side = {"scheduler": {"name": "sglang"}, "prefix_caching": True,
+            "latency": {"kind": "constant", "iteration_s": 0.01},
+            "kv_cache": {"block_size": 1, "num_blocks": 144}}
+    prefill = {**side, "scheduler": {"name": "sglang", "hierarchical_cache": {
+        "ratio": 2, "write_policy": "write_back"}}}
+    scenario = parse_scenario({
+        "name": "wb_pd", "seed": 0,
+        "workload": {"format": "synthetic", "num_requests": 1,
+                     "arrivals": {"process": "poisson", "qps": 1.0},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                 "output": {"dist": "fixed", "value": 1}}},
+        "cluster": {"prefill": {"replicas": 1, "replica": prefill},
+                    "decode": {"replicas": 1, "replica": side}}}, "<test>")
+    with pytest.raises(InputError, match="write_back on a prefill pool") as err:
+        Cluster(scenario, fast_forward=True)
+    assert "prefill.replica.scheduler.hierarchical_cache.write_policy" in str(err.value)
+
+
 def test_a_draft_model_beside_it_is_refused():
     """SGLang backs up a draft model's KV too, whose size servesim does not know."""
     with pytest.raises(InputError, match="speculative.algorithm") as err:
