@@ -492,17 +492,23 @@ def test_a_decode_ranks_balancer_reads_counts_by_the_hand_off_clock():
     assert rank.load().num_waiting == 1 and rank.load().num_outstanding == 1
 
 
+def assert_exact_and_repeats(data: dict) -> None:
+    """A random run on ranks: every request accounted for, the same results stepped or not
+    and run twice."""
+    scenario = parse_scenario(data, "hypothesis")
+    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
+    assert_same_results(fast, slow)
+    assert_same_results(fast, run_scenario(scenario))
+    assert_nothing_lost(data, fast)
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data_parallel_clusters())
 def test_pools_of_ranks_lose_nothing_and_repeat_exactly(data):
     """Random workloads through disaggregated clusters whose prefill pool, decode pool or both
     are replicas of ranks: every request accounted for, the same results stepped or not (the
     pools without ranks fast-forward) and run twice."""
-    scenario = parse_scenario(data, "hypothesis")
-    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
-    assert_same_results(fast, slow)
-    assert_same_results(fast, run_scenario(scenario))
-    assert_nothing_lost(data, fast)
+    assert_exact_and_repeats(data)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -511,8 +517,4 @@ def test_data_parallel_ranks_lose_nothing_and_repeat_exactly(data):
     """Random workloads (prefixes, priorities, timeouts, clients, a horizon) on 2 or 4 ranks:
     every request accounted for, the same results stepped or not (the group always steps) and
     run twice."""
-    scenario = parse_scenario(data, "hypothesis")
-    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
-    assert_same_results(fast, slow)
-    assert_same_results(fast, run_scenario(scenario))
-    assert_nothing_lost(data, fast)
+    assert_exact_and_repeats(data)

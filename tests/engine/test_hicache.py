@@ -168,20 +168,15 @@ def test_a_drafter_layer_adds_to_copies_and_maybe_to_the_host_pool(spec, s_per_b
     assert kv.bigram_keys == (spec is not None and spec["algorithm"] != "ngram")
 
 
-def test_on_a_prefill_server_a_prompt_is_backed_up_at_its_end_and_loaded_back():
-    """Disaggregated, the hierarchical cache on the prefill server (as above: 10 ms a step,
-    10 ms for 16 tokens over the host link, 144 tokens). A's 64-token prompt is computed
-    0-10 ms and inserted in the tree at once (`checkpoint_disagg_prefill`), its backup
-    10-50 ms, while its KV crosses a slow link, 10-110 ms, holding its 64 slots. B (128
-    tokens, 60 ms) waits for them: 110-120 ms, taking A's blocks off the GPU (kept in host memory);
-    its own KV crosses the link 120-320 ms. C at 400 ms finds A's 64 tokens in host memory:
-    its prompt ends at 400 ms + 40 ms + 10 ms / 32 layers (loaded back beside its batch)."""
+def _prefill_pool_scenario(hicache: dict):
+    """Disaggregated: one SGLang prefill server with the hierarchical cache `hicache` (144
+    GPU slots, 10 ms a step, the normal loop), one decode server of 3,200, a link carrying
+    64 tokens in 100 ms."""
     side = {"scheduler": {"name": "sglang", "overlap_schedule": False},
             "prefix_caching": True, "latency": {"kind": "constant", "iteration_s": 0.01},
             "kv_cache": {"block_size": 1, "num_blocks": 144}}
-    prefill = {**side, "scheduler": {**side["scheduler"], "hierarchical_cache": {
-        "ratio": 4, "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9}}}
-    scenario = parse_scenario({
+    prefill = {**side, "scheduler": {**side["scheduler"], "hierarchical_cache": hicache}}
+    return parse_scenario({
         "name": "hicache_pd", "seed": 0,
         "workload": {"format": "synthetic", "num_requests": 1,
                      "arrivals": {"process": "poisson", "qps": 1.0},
@@ -192,6 +187,18 @@ def test_on_a_prefill_server_a_prompt_is_backed_up_at_its_end_and_loaded_back():
                         **side, "kv_cache": {"block_size": 1, "num_blocks": 3200}}},
                     "link": {"bandwidth_gb_s": 64 * BLOCK_BYTES / 16 / 0.100 / 1e9,
                              "latency_s": 0.0}}}, "<test>")
+
+
+def test_on_a_prefill_server_a_prompt_is_backed_up_at_its_end_and_loaded_back():
+    """Disaggregated, the hierarchical cache on the prefill server (as above: 10 ms a step,
+    10 ms for 16 tokens over the host link, 144 tokens). A's 64-token prompt is computed
+    0-10 ms and inserted in the tree at once (`checkpoint_disagg_prefill`), its backup
+    10-50 ms, while its KV crosses a slow link, 10-110 ms, holding its 64 slots. B (128
+    tokens, 60 ms) waits for them: 110-120 ms, taking A's blocks off the GPU (kept in host memory);
+    its own KV crosses the link 120-320 ms. C at 400 ms finds A's 64 tokens in host memory:
+    its prompt ends at 400 ms + 40 ms + 10 ms / 32 layers (loaded back beside its batch)."""
+    scenario = _prefill_pool_scenario({"ratio": 4,
+                                       "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9})
     cluster = Cluster(scenario, fast_forward=True)
     a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
     b = Request(1, 0.060, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
@@ -224,19 +231,7 @@ def test_write_back_on_a_prefill_pool_is_refused_naming_the_field():
     """A prefill pass blocked on its write_back copies takes the batch in flight's results
     late, and the hand-off does not wait for that yet (found by the property test with
     `--hypothesis-seed=7`: a decode side's tokens before the prefill's result was taken)."""
-    side = {"scheduler": {"name": "sglang"}, "prefix_caching": True,
-            "latency": {"kind": "constant", "iteration_s": 0.01},
-            "kv_cache": {"block_size": 1, "num_blocks": 144}}
-    prefill = {**side, "scheduler": {"name": "sglang", "hierarchical_cache": {
-        "ratio": 2, "write_policy": "write_back"}}}
-    scenario = parse_scenario({
-        "name": "wb_pd", "seed": 0,
-        "workload": {"format": "synthetic", "num_requests": 1,
-                     "arrivals": {"process": "poisson", "qps": 1.0},
-                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
-                                 "output": {"dist": "fixed", "value": 1}}},
-        "cluster": {"prefill": {"replicas": 1, "replica": prefill},
-                    "decode": {"replicas": 1, "replica": side}}}, "<test>")
+    scenario = _prefill_pool_scenario({"ratio": 2, "write_policy": "write_back"})
     with pytest.raises(InputError, match="write_back on a prefill pool") as err:
         Cluster(scenario, fast_forward=True)
     assert "prefill.replica.scheduler.hierarchical_cache.write_policy" in str(err.value)

@@ -17,6 +17,7 @@ from sim import run_scenario
 from sim.config.scenario import parse_scenario
 from sim.core.request import Request, Status
 from sim.engine.cluster import Cluster
+from tests.engine.test_data_parallel import assert_exact_and_repeats
 from tests.engine.test_fast_path import assert_same_results
 from tests.helpers import assert_one_line_error, run_cli
 from tests.strategies import assert_nothing_lost, data_parallel_clusters, scenarios
@@ -188,11 +189,7 @@ def test_async_scheduling_with_a_tier_on_ranks_is_refused(tmp_path, monkeypatch,
 def test_ranks_with_a_cpu_tier_lose_nothing_and_repeat_exactly(data):
     """Random workloads on 2 or 4 ranks, each with either release's connector: every request
     finished or reported with its reason, the same results stepped or not and run twice."""
-    scenario = parse_scenario(data, "hypothesis")
-    fast, slow = run_scenario(scenario), run_scenario(scenario, fast_forward=False)
-    assert_same_results(fast, slow)
-    assert_same_results(fast, run_scenario(scenario))
-    assert_nothing_lost(data, fast)
+    assert_exact_and_repeats(data)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
