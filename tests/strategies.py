@@ -333,11 +333,8 @@ def clusters(draw, host_tier: bool = False):
                   "scheduler": {**replica["scheduler"]}}
         if tiers["kv_offload"] is not None:
             replica["kv_offload"] = tiers["kv_offload"]
-        if tiers["hierarchical_cache"] is not None:  # (write_back: refused on a prefill pool)
-            replica["scheduler"]["hierarchical_cache"] = {
-                **tiers["hierarchical_cache"],
-                "write_policy": draw(st.sampled_from(["write_through",
-                                                      "write_through_selective"]))}
+        if tiers["hierarchical_cache"] is not None:
+            replica["scheduler"]["hierarchical_cache"] = tiers["hierarchical_cache"]
         decode["kv_cache"]["num_blocks"] = replica["kv_cache"]["num_blocks"] + draw(
             st.integers(0, 50))
         # A CPU tier on the decode pool sometimes (vLLM's connector beside the transfer one:

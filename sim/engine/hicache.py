@@ -184,12 +184,6 @@ def attach_host_cache(cfg: ReplicaConfig, state: ReplicaState, pool: str, field:
         problem = "on a pipeline is not modelled yet (servesim issue 47)"
     if problem is not None:
         raise InputError(source, where, "set", f"SGLang's hierarchical cache {problem}")
-    if pool == "prefill" and hicache.write_policy == "write_back":
-        # (A pass blocked on its backups takes the batch in flight's results late; a prefill
-        # replica's hand-off does not wait for that yet: its decode side started first.)
-        raise InputError(source, f"{where}.write_policy", "write_back",
-                         "write_back on a prefill pool is not modelled yet (servesim issue "
-                         "47): write_through or write_through_selective")
     kv = state.kv
     assert isinstance(kv, HierarchicalCache)
     if kv.num_host_blocks < 1:

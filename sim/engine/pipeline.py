@@ -235,7 +235,15 @@ class PipelinedReplica(Replica):
     def _complete_batches(self, now_s: float, *, inclusive: bool) -> None:
         """Log and apply the iterations that have left the last stage by `now_s`."""
         batches = self._batches
-        while batches and (batches[0].end_s < now_s or (inclusive and batches[0].end_s == now_s)):
+        while batches:
+            # Taken when it has ended and the engine is free: a launch that waited for copies
+            # (a CPU tier's, write_back's backups) holds its results back until then, from
+            # every reader (a router's load, a client's deadline, a prefill replica's
+            # hand-off).
+            end_s = batches[0].end_s
+            taken_s = end_s if end_s >= self._host_s else self._host_s
+            if not (taken_s < now_s or (inclusive and taken_s == now_s)):
+                break
             if self._hold and not batches[0].plan:
                 break  # an empty step is taken after the next planning turn (`_next_work`)
             it = batches.popleft()
@@ -253,8 +261,6 @@ class PipelinedReplica(Replica):
             iteration = self._log(it)
             assert it.in_flight is not None
             state = self.state
-            # (Taken after its end where a launch blocked the engine past it: a CPU tier.)
-            taken_s = it.end_s if it.end_s >= self._host_s else self._host_s
             if taken_s != it.end_s:
                 self.log.taken_s[iteration] = taken_s
             if isinstance(state.offload, JobOffloadState) and state.offload.defers_frees:

@@ -227,14 +227,50 @@ def test_what_is_not_modelled_is_refused_naming_the_field(replica, message):
     assert "scheduler.hierarchical_cache" in str(err.value)
 
 
-def test_write_back_on_a_prefill_pool_is_refused_naming_the_field():
-    """A prefill pass blocked on its write_back copies takes the batch in flight's results
-    late, and the hand-off does not wait for that yet (found by the property test with
-    `--hypothesis-seed=7`: a decode side's tokens before the prefill's result was taken)."""
-    scenario = _prefill_pool_scenario({"ratio": 2, "write_policy": "write_back"})
-    with pytest.raises(InputError, match="write_back on a prefill pool") as err:
-        Cluster(scenario, fast_forward=True)
-    assert "prefill.replica.scheduler.hierarchical_cache.write_policy" in str(err.value)
+def test_on_a_prefill_server_write_back_holds_the_hand_off_until_the_result_is_taken():
+    """Two SGLang prefill servers with the overlap loop and write_back (144 GPU slots, 10 ms a
+    step, 16 tokens a 10 ms backup, chunks of 64), a router reading loads. A's 64 tokens stay
+    in replica 0's tree after their transfer, on the GPU only. D (16 tokens) and C (112) at
+    200 ms: D and C's first 48 run 200-210 ms; the next pass, planned meanwhile, must evict
+    A for C's other 64 and backs A up first: 210-250 ms, behind the batch in flight. The
+    engine takes D's first token at 250 ms, and only then hands D to the decode side. E's
+    arrival at 230 ms has the router read the loads, the engine still blocked: before
+    2026-12-02 that read took D's result early and sent its KV at 230 ms (found by the
+    property test)."""
+    side = {"scheduler": {"name": "sglang", "chunked_prefill_size": 64},
+            "prefix_caching": True, "latency": {"kind": "constant", "iteration_s": 0.01},
+            "kv_cache": {"block_size": 1, "num_blocks": 144}}
+    prefill = {**side, "scheduler": {**side["scheduler"], "hierarchical_cache": {
+        "ratio": 4, "write_policy": "write_back",
+        "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9}}}
+    scenario = parse_scenario({
+        "name": "wb_pd", "seed": 0,
+        "workload": {"format": "synthetic", "num_requests": 1,
+                     "arrivals": {"process": "poisson", "qps": 1.0},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                 "output": {"dist": "fixed", "value": 1}}},
+        "cluster": {"router": {"name": "least_outstanding"},
+                    "prefill": {"replicas": 2, "replica": prefill},
+                    "decode": {"replicas": 1, "replica": {
+                        **side, "kv_cache": {"block_size": 1, "num_blocks": 3200}}},
+                    "link": {"bandwidth_gb_s": 64 * BLOCK_BYTES / 16 / 0.100 / 1e9,
+                             "latency_s": 0.0}}}, "<test>")
+    for fast_forward in (True, False):
+        a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+        b = Request(1, 0.001, 16, 2, hash_ids=(50,), hash_block_tokens=16)
+        d = Request(2, 0.200, 16, 2, hash_ids=(60,), hash_block_tokens=16)
+        c = Request(3, 0.200, 112, 2, hash_ids=tuple(range(70, 77)), hash_block_tokens=16)
+        e = Request(4, 0.230, 16, 2, hash_ids=(90,), hash_block_tokens=16)
+        cluster = Cluster(scenario, fast_forward=fast_forward)
+        cluster.run([a, b, d, c, e])
+        assert all(r.status is Status.FINISHED for r in (a, b, c, d, e))
+        assert [r.prefill_replica_id for r in (a, b, d, c, e)] == [0, 1, 0, 0, 1]
+        assert d.prefill_end_s == pytest.approx(0.250)
+        assert d.transfer_start_s == d.prefill_end_s
+        assert d.transfer_end_s == pytest.approx(0.275)
+        assert c.prefill_end_s == pytest.approx(0.260)
+        for r in (a, b, c, d, e):
+            assert r.transfer_start_s >= r.prefill_end_s
 
 
 def test_a_draft_model_beside_it_is_refused():

@@ -214,6 +214,10 @@ def assert_tier_run_exact(data: dict) -> None:
     assert_nothing_lost(data, fast)
     if (fast.requests["status"] == "finished").any():
         assert "kv_offload" in fast.summary
+    # A prefill replica hands a request off once the engine has taken its first token (a
+    # launch blocked on copies takes it late).
+    moved = fast.requests[fast.requests["transfer_start_s"].notna()]
+    assert (moved["prefill_end_s"] <= moved["transfer_start_s"]).all()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
