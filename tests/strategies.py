@@ -177,8 +177,6 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
             if draw(st.booleans()):
                 cpu_tier["eviction_policy"] = "arc"
             cpu_tier["store_threshold"] = draw(st.sampled_from([0, 0, 2, 3]))
-        if data_parallel:  # (ranks take a tier with vLLM's synchronous engine only)
-            scheduler["async_scheduling"] = False
     # SGLang's hierarchical cache sometimes: a host pool from the GPU's size to four times it,
     # backed up at the first or the second insertion or at eviction (write_back, the
     # scheduler waiting for each copy), copies slow or fast; with speculative
@@ -384,6 +382,8 @@ def data_parallel_clusters(draw, offload: bool = False):
     # (speculative decoding: either pool; a CPU tier too, but not beside speculative
     # decoding on the decode pool)
     without_speculative(replica, speculative=False, cpu_tier="kv_offload" in replica)
+    if "kv_offload" in replica:  # (ranks take a tier with either engine loop)
+        replica["scheduler"]["async_scheduling"] = draw(st.booleans())
     ranked = draw(st.sampled_from(["prefill", "decode", "both"]))
     pools = {}
     for pool in ("prefill", "decode"):

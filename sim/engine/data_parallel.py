@@ -51,8 +51,10 @@ them together, because every MoE layer exchanges tokens between all ranks:
   replica plans again at once. A launch that waits for copies (a preempted request's
   stores, 0.15.1's `handle_preemptions`; flushed jobs, 0.33.0's) holds the step back for
   every rank, the MoE layers' exchange waiting for it; stores (and 0.33.0's loads) start
-  once the lockstep step is computed. Synchronous engines only (async scheduling with a
-  tier is refused where the group is built: `build_group`).
+  once the lockstep step is computed. With async scheduling a rank's empty step joins its
+  batch queue (`step_with_batch_queue`) and its report is applied when the rank takes it,
+  at the step's end; a rank whose launch waited for copies takes the step in flight's
+  results only once that launch is done, and the ranks plan again from then.
 
 In a disaggregated cluster a pool's replica may be such a group: a prefill rank hands its
 requests off as a prefill replica does, and a decode rank admits KV transfers at each step
@@ -190,6 +192,14 @@ class DataParallelGroup:
                 pass
             if self._steps:
                 yield At(env, self._steps.popleft(), self.turn)
+                # With steps in flight (async scheduling) a rank whose launch waited for
+                # copies takes its results once that launch is done, and the ranks plan
+                # again from then (the others have taken theirs at the step's end).
+                host_s = max(rank._host_s for rank in ranks)
+                if host_s > env.now:
+                    for rank in ranks:
+                        rank.sync()
+                    yield At(env, host_s, self.turn)
                 continue
             self._counter = 0  # every rank idle, and all know it: the wave ends
             yield from self._idle()
@@ -221,6 +231,7 @@ class DataParallelGroup:
         for rank in self.ranks:
             state = rank.state
             if rank.copies is not None:  # (a CPU tier: an empty plan still launches, polls)
+                rank._hold = False  # (a planning turn: `PipelinedReplica._complete_batches`)
                 plans.append(rank.poll_plan(now_s))
             else:
                 plans.append(rank.scheduler.schedule(state, now_s)
@@ -228,9 +239,14 @@ class DataParallelGroup:
         launch_s, reports, waits = self._launch(plans, now_s)
         busy = any(plans) or waits
         if not busy and not self._trailing():
-            for rank, plan in zip(self.ranks, plans, strict=True):
+            for rank, plan, report in zip(self.ranks, plans, reports, strict=True):
                 if plan is not None:
                     rank._preempted += plan.preempted_ids  # logged with its next plan
+                if self.depth > 1 and report:
+                    # (No step: the engine, with nothing more to schedule, takes the empty
+                    # step's output at once.)
+                    assert rank.state.offload is not None
+                    rank.state.offload.apply(rank.state, report)
             if (any(plan is not None and rank.copies is None
                     for rank, plan in zip(self.ranks, plans, strict=True)) and not self._steps
                     and not any(rank.state.num_transferring or rank.state.incoming
@@ -272,6 +288,11 @@ class DataParallelGroup:
                 rank.copies.computed_by(end_s)
             if not plan:
                 rank._preempted += plan.preempted_ids
+                if self.depth > 1 and report is not None and (report or not idle_step(plan)):
+                    # Async scheduling: the empty step joins the rank's batch queue, its
+                    # report applied when the rank takes it, at this step's end.
+                    rank._batches.append(Iteration(plan, cast(BatchShape, None), start_s, 0.0,
+                                                   end_s, 0, 0, [], report))
                 continue
             if rank._preempted:
                 plan.preempted_ids[:0] = rank._preempted
@@ -303,12 +324,14 @@ class DataParallelGroup:
                 reports.append(None)
                 continue
             at_s, report = rank._launch(plan, now_s)
+            rank._host_s = at_s  # (its results are taken once its launch is done)
             launch_s = max(launch_s, at_s)
             reports.append(report)
             if plan:
                 continue
             assert state.offload is not None
-            state.offload.apply(state, report)
+            if self.depth == 1:  # (async: applied when the rank takes the step, `_send`)
+                state.offload.apply(state, report)
             if copies.busy:
                 self._polling.append(rank)  # (idle, it polls when the next copy ends)
             if not (state.waiting or state.running):
@@ -316,8 +339,8 @@ class DataParallelGroup:
             if report and reload_only(plan) and getattr(copies, "polled_empty_only", False):
                 if not state.running:
                     self._spinning.append(rank)
-            elif report or not idle_step(plan) or copies.busy:
-                waits = True
+            elif report or not idle_step(plan) or copies.busy or rank._batches:
+                waits = True  # (with steps in flight: an empty one's report is still to come)
             elif not (state.num_transferring or state.incoming):
                 rank.stall_now()  # (vLLM steps on, dummy batches, for ever)
         return launch_s, reports, waits
@@ -380,12 +403,6 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
                          "vLLM turns dynamic speculative decoding off with data-parallel ranks "
                          "(they could choose different drafts and deadlock): drop it, k "
                          "drafts a step as vLLM falls back to")
-    if cfg.kv_offload is not None and getattr(scheduler, "async_scheduling", False):
-        # (vLLM's batch queue, `step_with_batch_queue`, would hold a CPU tier's empty steps
-        # beside the ranks' dummy batches: not modelled.)
-        raise InputError(source, f"{field}.scheduler.async_scheduling", True,
-                         "a CPU tier (kv_offload) on data-parallel ranks is modelled with "
-                         "vLLM's synchronous engine only: set async_scheduling: false")
     ranks = [make_rank() for _ in range(cfg.parallelism.data)]
     if ranks[0].latency.sequential:
         raise InputError(source, f"{field}.latency.kind", cfg.latency.kind,

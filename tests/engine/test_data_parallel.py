@@ -409,9 +409,8 @@ def test_a_disaggregated_pool_of_ranks_refuses_what_ranks_do_not_model(tmp_path,
     raw["replica"] = {**raw["replica"], "parallelism": {"data": 2, "expert": 2}}
     for pool, change, field, needle in [
             ("decode", {"scheduler": {"name": "sglang"}}, "parallelism.data", "vllm_v1"),
-            ("prefill", {"prefix_caching": True, "kv_offload": {"size_gib": 1.0},
-                         "scheduler": {"name": "vllm_v1", "async_scheduling": True}},
-             "scheduler.async_scheduling", "synchronous engine only")]:
+            ("prefill", {"parallelism": {"data": 2, "expert": 2, "pipeline": 2}},
+             "parallelism.data", "without pipeline stages")]:
         raw["cluster"] = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
         raw["cluster"][pool]["replica"] = change
         path = tmp_path / "s.yaml"

@@ -139,8 +139,6 @@ def test_a_request_preempted_on_the_decode_replica_loads_its_prompt_back(version
      "with speculative decoding on a decode pool is not modelled yet"),
     ({"scheduler": {"name": "vllm_v1", "decode_reserve_tokens": 8}},
      "cluster.decode.replica.kv_offload", "leave decode_reserve_tokens at 0"),
-    ({"parallelism": {"data": 2, "expert": 2}},  # (vLLM 0.15.1's default: async)
-     "cluster.decode.replica.scheduler.async_scheduling", "synchronous engine only"),
 ])
 def test_what_a_decode_pool_tier_refuses_is_named(replica, field, words):
     base = {"prefix_caching": True, "kv_offload": {"size_gib": 1.0}, **replica}

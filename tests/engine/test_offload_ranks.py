@@ -2,8 +2,10 @@
 `parallelism.data > 1`, `sim.engine.data_parallel`): each rank's engine core runs its own
 connector and a tier of the whole size; a rank whose requests wait on copies polls once a
 lockstep step, running dummy batches beside the others' work; a rank whose launch waits for a
-preempted request's stores holds every rank's step back. Times worked out by hand on a constant
-latency (10 ms a step), then (hypothesis) nothing lost and the same results run twice."""
+preempted request's stores holds every rank's step back (with async scheduling, that rank's
+results too), and an empty step's report waits in the rank's batch queue. Times worked out by
+hand on a constant latency (10 ms a step), then (hypothesis) nothing lost and the same results
+run twice."""
 
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ from sim.core.request import Request, Status
 from sim.engine.cluster import Cluster
 from tests.engine.test_data_parallel import assert_exact_and_repeats
 from tests.engine.test_fast_path import assert_same_results
-from tests.helpers import assert_one_line_error, run_cli
 from tests.strategies import assert_nothing_lost, data_parallel_clusters, scenarios
 
 # A 16-token block of Qwen3-30B-A3B on one GPU (48 layers, 4 KV heads of 128, bf16).
@@ -171,23 +172,64 @@ def test_the_summary_gives_the_ranks_tiers_as_one_replicas(version, tmp_path):
             assert first.read_bytes() == second.read_bytes()
 
 
-def test_async_scheduling_with_a_tier_on_ranks_is_refused(tmp_path, monkeypatch, capsys):
-    import yaml
-
-    raw = _raw()
+def test_with_async_scheduling_a_blocked_launch_holds_back_that_ranks_results():
+    """The case above with async scheduling: step 1 is planned at 0 ms, while step 0 runs,
+    and rank 0's launch of it waits for B's stores (10-50 ms, once step 0 is computed). Its
+    engine is blocked meanwhile, so it takes step 0's results at 50 ms: A's first token
+    comes then, not at 10 ms. Rank 1 takes D's at 10 ms; D's second token waits for the
+    collective, 50-60 ms, and the ranks plan again from 50 ms."""
+    raw = _raw(num_blocks=6, copy_s=10e-3)
     raw["replica"]["scheduler"]["async_scheduling"] = True
-    path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
-                        str(tmp_path / "o"))
-    assert_one_line_error(code, err, "replica.scheduler.async_scheduling",
-                          "synchronous engine only")
+    cluster = Cluster(parse_scenario(raw, "<test>"), fast_forward=False)
+    a = Request(0, 0.0, 32, 40, hash_ids=(1, 2), hash_block_tokens=16)
+    d = Request(1, 0.0, 16, 10, hash_ids=(9,), hash_block_tokens=16)
+    b = Request(2, 0.0, 32, 2, hash_ids=(3, 4), hash_block_tokens=16)
+    cluster.run([a, d, b])
+    assert all(r.status == Status.FINISHED for r in (a, b, d))
+    assert [r.replica_id for r in (a, b, d)] == [0, 0, 1]
+    assert b.num_preemptions == 1
+    assert _token_times(cluster, a)[:3] == pytest.approx([0.050, 0.060, 0.070])
+    assert _token_times(cluster, d)[:3] == pytest.approx([0.010, 0.060, 0.070])
+    rank0, rank1 = cluster.replicas
+    assert rank0.log.taken_s == pytest.approx({0: 0.050})
+    assert rank1.log.taken_s == {}
+
+
+def test_with_async_scheduling_an_empty_steps_report_is_applied_when_the_rank_takes_it():
+    """The reload case above (vLLM 0.33.0) with async scheduling: each step is planned while
+    the one before runs, and a step that runs nothing on rank 0 (a dummy batch) joins its
+    batch queue, the poll's report applied when the rank takes the step, at its end. C
+    (50 ms) finds A's blocks on the CPU; its load ends before the poll of the step planned
+    at 70 ms (run 80-90 ms), which is applied at 90 ms: the plan made then computes C,
+    100-110 ms. Synchronous, C computes at 70 ms. D's tokens come every 10 ms throughout,
+    from 30 ms (its prompt planned at 10 ms, run 20-30 ms behind A's step in flight)."""
+    firsts = []
+    for asynchronous in (False, True):
+        raw = _raw("0.33.0")
+        raw["replica"]["scheduler"]["async_scheduling"] = asynchronous
+        cluster = Cluster(parse_scenario(raw, "<test>"), fast_forward=False)
+        a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+        d = Request(1, 0.001, 16, 20, hash_ids=(40,), hash_block_tokens=16)
+        b = Request(2, 0.030, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
+        e = Request(3, 0.040, 16, 1, hash_ids=(50,), hash_block_tokens=16)
+        c = Request(4, 0.050, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
+        cluster.run([a, d, b, e, c])
+        assert all(r.status == Status.FINISHED for r in (a, b, c, d, e))
+        assert [r.replica_id for r in (a, b, c, d, e)] == [0, 0, 0, 1, 1]
+        assert c.num_cached_tokens == 64
+        assert c.finish_s == pytest.approx(c.first_scheduled_s + STEP_S)
+        firsts.append(c.first_scheduled_s)
+        first_token_s = 0.030 if asynchronous else 0.020
+        assert _token_times(cluster, d) == pytest.approx(
+            [first_token_s + k * STEP_S for k in range(20)])
+    assert firsts == pytest.approx([0.070, 0.100])
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(offload=True, data_parallel=True))
 def test_ranks_with_a_cpu_tier_lose_nothing_and_repeat_exactly(data):
-    """Random workloads on 2 or 4 ranks, each with either release's connector: every request
+    """Random workloads on 2 or 4 ranks, each with either release's connector, synchronous
+    or with async scheduling: every request
     finished or reported with its reason, the same results stepped or not and run twice."""
     assert_exact_and_repeats(data)
 
