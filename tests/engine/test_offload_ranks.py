@@ -55,6 +55,20 @@ def _token_times(cluster: Cluster, req: Request) -> list[float]:
     return log.output_s()[iterations[ids == req.request_id]].tolist()
 
 
+def _run_reload(cluster: Cluster) -> tuple[Request, ...]:
+    """The reload case below on `cluster` (two ranks): A, B and C go to rank 0, D and E to
+    rank 1, and all finish; returns (A, B, C, D, E)."""
+    a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+    d = Request(1, 0.001, 16, 20, hash_ids=(40,), hash_block_tokens=16)
+    b = Request(2, 0.030, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
+    e = Request(3, 0.040, 16, 1, hash_ids=(50,), hash_block_tokens=16)
+    c = Request(4, 0.050, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
+    cluster.run([a, d, b, e, c])
+    assert all(r.status == Status.FINISHED for r in (a, b, c, d, e))
+    assert [r.replica_id for r in (a, b, c, d, e)] == [0, 0, 0, 1, 1]
+    return a, b, c, d, e
+
+
 def test_each_rank_holds_a_tier_of_the_whole_size():
     """vLLM's `CPUOffloadingSpec` divides `cpu_bytes_to_use` by a block's bytes on its
     engine's `world_size` GPUs (tensor x pipeline, not data-parallel ranks): every rank's
@@ -85,14 +99,7 @@ def test_a_reload_on_one_rank_polls_once_a_step_while_the_other_decodes(version,
     vLLM 0.33.0's connector frees B's blocks when it finishes, so C's load starts at 50 ms
     (50-54 ms, beside a dummy batch); the 60 ms poll finds it done, and C computes at 70 ms."""
     cluster = _cluster(version=version)
-    a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
-    d = Request(1, 0.001, 16, 20, hash_ids=(40,), hash_block_tokens=16)
-    b = Request(2, 0.030, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
-    e = Request(3, 0.040, 16, 1, hash_ids=(50,), hash_block_tokens=16)
-    c = Request(4, 0.050, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
-    cluster.run([a, d, b, e, c])
-    assert all(r.status == Status.FINISHED for r in (a, b, c, d, e))
-    assert [r.replica_id for r in (a, b, c, d, e)] == [0, 0, 0, 1, 1]
+    a, b, c, d, e = _run_reload(cluster)
     assert c.first_scheduled_s == pytest.approx(first_s)
     assert c.finish_s == pytest.approx(first_s + STEP_S)
     assert c.num_cached_tokens == 64
@@ -208,14 +215,7 @@ def test_with_async_scheduling_an_empty_steps_report_is_applied_when_the_rank_ta
         raw = _raw("0.33.0")
         raw["replica"]["scheduler"]["async_scheduling"] = asynchronous
         cluster = Cluster(parse_scenario(raw, "<test>"), fast_forward=False)
-        a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
-        d = Request(1, 0.001, 16, 20, hash_ids=(40,), hash_block_tokens=16)
-        b = Request(2, 0.030, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
-        e = Request(3, 0.040, 16, 1, hash_ids=(50,), hash_block_tokens=16)
-        c = Request(4, 0.050, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
-        cluster.run([a, d, b, e, c])
-        assert all(r.status == Status.FINISHED for r in (a, b, c, d, e))
-        assert [r.replica_id for r in (a, b, c, d, e)] == [0, 0, 0, 1, 1]
+        a, b, c, d, e = _run_reload(cluster)
         assert c.num_cached_tokens == 64
         assert c.finish_s == pytest.approx(c.first_scheduled_s + STEP_S)
         firsts.append(c.first_scheduled_s)
