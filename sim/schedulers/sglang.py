@@ -34,13 +34,7 @@ from sim.schedulers.sglang_admission import (
     output_ids_len,
 )
 from sim.schedulers.sglang_config import SGLangConfig
-from sim.schedulers.sglang_spec import (
-    SGLangSpecRules,
-    _check_decode_mem,
-    _retract,
-    ratio_after_retract,
-    schedule_spec_decodes,
-)
+from sim.schedulers.sglang_spec import SGLangSpecRules, decode_batch, schedule_spec_decodes
 
 # `schedule_policy.py`: how often, and how many of, the waiting requests' prefixes are refreshed.
 WAITING_PREFIX_REFRESH_INTERVAL = 32
@@ -512,29 +506,16 @@ class SGLang(Scheduler):
         `new_token_ratio` (rule 14)."""
         kv = state.kv
         block_size = kv.block_size
-        prefilling = {id(r) for r in state.prefilling()}
-        batch: list[Request] = []
-        finishing = False
-        for req in state.running:
-            if id(req) in prefilling:
-                continue
-            if state.pipelined and req.is_caught_up:  # (its last token in flight)
-                finishing = True
-                continue
-            batch.append(req)
-        if not batch:
-            return
 
         def top_up(req: Request) -> int:
             return 1 if req.num_computed_tokens % block_size == 0 else 0
 
-        if not _check_decode_mem(state, batch, top_up):
-            if finishing:
-                return
-            batch, self._aborted = _retract(state, plan, batch, top_up, self._now_s)
-            self.new_token_ratio = ratio_after_retract(batch)
-        else:
-            self.decay_new_token_ratio()
+        # (A request whose last token is in flight finishes with it.)
+        batch, self._aborted = decode_batch(
+            state, plan, lambda req: state.pipelined and req.is_caught_up, top_up,
+            self._now_s, self)
+        if not batch:
+            return
         scheduled = plan.num_scheduled_tokens
         # (With pages > 1 and the radix cache, the allocation first evicts until a page per
         # request of the batch is free: `_decode_newest`'s docstring.)

@@ -233,32 +233,16 @@ def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRule
     kv = state.kv
     block_size = kv.block_size
     reserve = rules.reserve_tokens
-    prefilling = {id(r) for r in state.prefilling()}
-    batch: list[Request] = []
-    finishing = False
-    for req in state.running:
-        if id(req) in prefilling:
-            continue
-        if req.num_in_flight_tokens and _known_outputs(req) + 1 >= req.num_target_output_tokens:
-            finishing = True  # its queued result finishes it (`_reqs_finishing_inflight`)
-            continue
-        batch.append(req)
-    if not batch:
-        return False
+
+    def finishing(req: Request) -> bool:  # its queued result finishes it
+        return bool(req.num_in_flight_tokens) and \
+            _known_outputs(req) + 1 >= req.num_target_output_tokens
 
     def top_up(req: Request) -> int:
         return max(0, cdiv(_committed(req) + reserve, block_size)
                    - kv.num_held_blocks(req.request_id))
 
-    aborted = False
-    if not _check_decode_mem(state, batch, top_up):
-        if finishing:
-            return False  # their KV comes back at this step's end: decode the rest next step
-        batch, aborted = _retract(state, plan, batch, top_up, now_s)
-        if tracker is not None:
-            tracker.new_token_ratio = ratio_after_retract(batch)
-    elif tracker is not None:
-        tracker.decay_new_token_ratio()
+    batch, aborted = decode_batch(state, plan, finishing, top_up, now_s, tracker)
     scheduled = plan.num_scheduled_tokens
     for req in batch:
         grow = top_up(req)
@@ -266,6 +250,39 @@ def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRule
             kv.grow_blocks(req.request_id, grow)
         scheduled[req.request_id] = rules.num_draft_tokens
     return aborted
+
+
+def decode_batch(state: ReplicaState, plan: Plan, finishing: Callable[[Request], bool],
+                 top_up: Callable[[Request], int], now_s: float, tracker: Any = None
+                 ) -> tuple[list[Request], bool]:
+    """The requests of SGLang's decode step (`update_running_batch`): every running request
+    past its prefill but those whose result in flight finishes them (`finishing`:
+    `_reqs_finishing_inflight`); where their top-ups do not all fit (`check_decode_mem`),
+    none if a finishing request's KV comes back at the step's end, else those left after
+    `retract_decode`, `tracker`'s new-token ratio set from them (decayed where all fit).
+    Returns them in the batch's order, and whether one was aborted."""
+    prefilling = {id(r) for r in state.prefilling()}
+    batch: list[Request] = []
+    any_finishing = False
+    for req in state.running:
+        if id(req) in prefilling:
+            continue
+        if finishing(req):
+            any_finishing = True
+            continue
+        batch.append(req)
+    if not batch:
+        return batch, False
+    aborted = False
+    if not _check_decode_mem(state, batch, top_up):
+        if any_finishing:
+            return [], False  # their KV comes back at this step's end: the rest next step
+        batch, aborted = _retract(state, plan, batch, top_up, now_s)
+        if tracker is not None:
+            tracker.new_token_ratio = ratio_after_retract(batch)
+    elif tracker is not None:
+        tracker.decay_new_token_ratio()
+    return batch, aborted
 
 
 def _check_decode_mem(state: ReplicaState, batch: list[Request],
