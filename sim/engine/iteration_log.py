@@ -104,6 +104,22 @@ class IterationLog:
                     continue
             self._open(rid, iteration, iteration + 1)
 
+    def add_sampled_strided(self, request_id: int, first_iter: int, num_tokens: int,
+                            stride: int) -> None:
+        """`add_sampled` of one request at `first_iter`, `first_iter + stride`, ...
+        (`num_tokens` of them, a pipeline's stretch), the same rows: each token as a step
+        adds it until its run goes on at this stride, then the rest at once."""
+        last = first_iter + stride * (num_tokens - 1)
+        iteration = first_iter
+        while iteration <= last:
+            row = self._latest_run.get(request_id)
+            if (row is not None and self.sampled_ends[row] == iteration
+                    and self.sampled_strides[row] == stride):
+                self.sampled_ends[row] = last + stride
+                return
+            self.add_sampled(iteration, [request_id])
+            iteration += stride
+
     def add_sampled_run(self, request_id: int, first_iter: int, end_iter: int) -> None:
         """A request that sampled a token at the end of each iteration in [first_iter,
         end_iter) (an async replica's stretch); iterations are added in order."""

@@ -197,7 +197,7 @@ def pipelined(data: dict, pipeline: int) -> dict:
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(clusters(), st.integers(2, 3))
+@given(clusters(), st.integers(2, 4))
 def test_pipelined_run_ahead_equals_stepping(data, pipeline):
     """A pipelined replica takes the results due before anything else can touch it without an
     event each, as any replica does: every cluster kind gives the files of a run that waits

@@ -20,6 +20,7 @@ landing). Elsewhere every iteration is stepped, as before.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 from typing import Any
 
@@ -33,6 +34,12 @@ from sim.engine.fastpath.async_stretch import (
     hand_off,
     plan_async_stretch,
 )
+from sim.engine.fastpath.pipeline_stretch import (
+    PipelineStretch,
+    plan_pipeline_stretch,
+    steady_groups,
+)
+from sim.engine.fastpath.pipeline_stretch import hand_off as pipeline_hand_off
 from sim.engine.fastpath.replica import _ENDED, poke_or_end
 from sim.engine.pipeline import PipelinedReplica
 from sim.routers.base import ReplicaLoad
@@ -44,15 +51,29 @@ class FastPipelinedReplica(PipelinedReplica):
     """A `PipelinedReplica` with stretches (module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._stretch: AsyncStretch | None = None
+        self._stretch: AsyncStretch | PipelineStretch | None = None
         super().__init__(*args, **kwargs)
 
     def _eligible(self) -> bool:
-        state = self.state
         return ((self.unobserved or self.read_by_loads) and self.fast_forward
                 and self.num_stages == 1
                 and self.pipeline_depth == 2 and self.placeholders and self.overlaps_host
-                and self.copies is None and state.acceptance is None
+                and self._plain())
+
+    def _eligible_stages(self) -> bool:
+        """Whether a pipeline of several stages may run stretches (`sim.engine.fastpath.
+        pipeline_stretch`): one iteration in flight per stage, no placeholders, and nothing
+        reading it between arrivals (no loads read: a stretch is not read mid-way)."""
+        return (self.unobserved and self.fast_forward and self.num_stages > 1
+                and self.pipeline_depth == self.num_stages and not self.placeholders
+                and not self.overlaps_host and self._plain())
+
+    def _plain(self) -> bool:
+        """No CPU tier, speculative decoding, prefix or hierarchical cache, transfer
+        waiting, closed-loop client, kept plans, clock-reading policy or sequential latency
+        model: every plan of a steady state repeats the one before."""
+        state = self.state
+        return (self.copies is None and self.host_copies is None and state.acceptance is None
                 and not (self.inbox is not None and self.inbox.pending)
                 and type(state.kv) is KVCacheManager and state.on_finish is None
                 and self.plans is None and self.scheduler.allows_stretches
@@ -63,6 +84,7 @@ class FastPipelinedReplica(PipelinedReplica):
         if stretch is None:
             return super().load(req)
         assert req is None, "a router reading prefix hits reads no stretch in progress"
+        assert isinstance(stretch, AsyncStretch), "nothing reads a pipeline's stretch"
         # The iteration in flight before the stretch completes as stepping completes it;
         # the stretch's own are read, not committed (a router reads every replica at every
         # arrival).
@@ -75,6 +97,8 @@ class FastPipelinedReplica(PipelinedReplica):
 
     def _dispatch(self, plan: Plan, now_s: float) -> bool:
         state, batches = self.state, self._batches
+        if self.num_stages > 1:
+            return self._dispatch_stages(plan, now_s)
         if not (len(batches) <= 1 and not state.waiting and not plan.preempted_ids
                 and plan.num_seqs == len(state.running) and self._eligible()):
             return super()._dispatch(plan, now_s)
@@ -98,6 +122,24 @@ class FastPipelinedReplica(PipelinedReplica):
         batches.append(self._send(plan, now_s, first))
         return True
 
+    def _dispatch_stages(self, plan: Plan, now_s: float) -> bool:
+        """`_dispatch` on a pipeline of several stages: a steady plan (every request in it or
+        in flight, all decoding, nothing waiting) opens a stretch where one qualifies."""
+        state, batches = self.state, self._batches
+        if (state.waiting or plan.preempted_ids or plan.total_num_scheduled_tokens != plan.num_seqs
+                or not self._eligible_stages()):
+            return super()._dispatch(plan, now_s)
+        groups = steady_groups(state, plan, batches)
+        stretch = None if groups is None else plan_pipeline_stretch(
+            state, plan, groups, batches, self.latency, now_s, self._stage_free_s,
+            self._stage_shares, self.horizon_s, noise=self.noise,
+            first_index=len(self.log) + len(batches), max_steps=MAX_STEPS,
+            until_s=self.env.next_arrival_s if self.alone else math.inf)
+        if stretch is None:
+            return super()._dispatch(plan, now_s)
+        self._stretch = stretch
+        return False
+
     def _next_work(self, now_s: float) -> tuple[Plan | None, Any]:
         # (the work to wait for: the oldest iteration in flight, or a stretch)
         plan, work = super()._next_work(now_s)
@@ -106,7 +148,7 @@ class FastPipelinedReplica(PipelinedReplica):
         return plan, work
 
     def _wait(self, work: Any) -> Generator[Any, Any, float]:
-        if not isinstance(work, AsyncStretch):
+        if not isinstance(work, AsyncStretch | PipelineStretch):
             return (yield from super()._wait(work))
         stretch = work
         k = len(stretch)
@@ -137,10 +179,20 @@ class FastPipelinedReplica(PipelinedReplica):
         self._take_back(stretch, k, end_s)
         return end_s if end_s > self.env.now else self.env.now
 
-    def _take_back(self, stretch: AsyncStretch, k: int, now_s: float) -> None:
+    def _take_back(self, stretch: AsyncStretch | PipelineStretch, k: int, now_s: float
+                   ) -> None:
         """Hand the stretch back at plan k's turn (`now_s`): the iteration in flight before it
-        completes, then the stretch's first k - 1, and its k-th is in flight."""
+        completes, then the stretch's first k - 1, and its k-th is in flight (on several
+        stages: those in flight before it that have ended, then the stretch's that have,
+        and its last G - 1 in flight)."""
         self._complete_batches(now_s, inclusive=True)
+        if isinstance(stretch, PipelineStretch):
+            done, sent = pipeline_hand_off(self.state, stretch, k, self.log)
+            self._left_running(done)
+            self._batches.extend(sent)
+            self._stage_free_s = list(stretch.stage_free_s[k - 1])
+            self._stretch = None
+            return
         assert not self._batches
         done, in_flight = hand_off(self.state, stretch, k, self.log)
         if k > 1 and stretch.first is not None:

@@ -1,0 +1,329 @@
+"""Fast-forward on a replica of P > 1 pipeline stages (`sim.engine.pipeline`, vLLM v1's batch
+queue, no output placeholders): a stretch of its iterations planned at once, exactly as
+stepping plans them.
+
+In a steady state (every running request decoding, nothing waiting) such a replica keeps G
+batches (G <= P) taking turns: the requests of the plan just made (group 0) and those of each
+iteration in flight (groups 1 .. G - 1, oldest first), every one of which samples at its end.
+With no placeholders a request waits for its own token, so iteration j is planned when
+iteration j - G leaves the last stage (the engine blocks on the oldest; a plan made while
+fewer than P are in flight finds every other request caught up, and is empty), and its batch
+is the requests of iteration j - G less those that sampled their last token there. A request
+of group g is in iterations g, g + G, g + 2G, ..., reading one more KV token each time, and
+adds a KV block where its computed tokens fill its last; stage times follow `_send`'s tandem
+recursion. The stretch ends before a group would be empty (the turns would change), where its
+block growth could exceed the blocks free at its first plan (so no plan in it can preempt),
+after `max_steps` iterations, and before the horizon.
+
+It is handed back at a planning turn k (1 <= k <= N, `hand_off`): the iterations that left
+the last stage by then complete, the last G - 1 planned are in flight, as the stepped replica
+holds them, and stepping plans iteration k with whatever arrived. Pure: no SimPy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
+
+import numpy as np
+
+from sim.core.kv_cache import cdiv
+from sim.core.plan import Plan
+from sim.core.request import Request
+from sim.core.state import SAMPLES, ReplicaState
+from sim.engine.fastpath.stretch import batch_sizes
+from sim.engine.iteration_log import IterationLog
+from sim.engine.replica import Iteration
+from sim.latency.base import BatchShape, LatencyModel
+from sim.latency.noise import IterationNoise
+from sim.workloads.base import MAX_SPAN_S
+
+
+@dataclass(slots=True)
+class PipelineStretch:
+    """Iterations 0..N-1 of a steady pipeline from its plan 0 (made, its blocks allocated, not
+    yet sent), G = `num_groups` batches taking turns. Per request (running order): its first
+    iteration (its group), its computed tokens when planned there, and the iterations it is
+    in (it samples its last token in the last). Per iteration j: when it is planned
+    (`plan_s`), its start, logged duration and end, each stage's free time after it
+    (`stage_free_s`, N x P), its batch, KV read and blocks in use when planned."""
+
+    plan0: Plan
+    requests: list[Request]
+    first_steps: list[int]
+    num_computed: list[int]
+    num_steps_left: list[int]
+    num_groups: int
+    first_index: int  # iteration number of plan 0
+    block_size: int
+    plan_s: np.ndarray
+    starts_s: np.ndarray
+    duration_s: np.ndarray
+    end_s: np.ndarray
+    stage_free_s: list[list[float]]
+    num_seqs: np.ndarray
+    kv_tokens: np.ndarray
+    num_used_blocks: list[int]
+
+    def __len__(self) -> int:
+        return len(self.end_s)
+
+    def num_planned_before(self, now_s: float, *, inclusive: bool = False) -> int:
+        """Plans made before `now_s` (work arriving then is seen by the next), or by it where
+        the replica's planning turn at `now_s` has passed (`inclusive`)."""
+        return int(np.searchsorted(self.plan_s, now_s, side="right" if inclusive else "left"))
+
+    def hand_off_s(self, k: int) -> float:
+        """When plan k is made: the planning turn that takes the replica back."""
+        if k < len(self.plan_s):
+            return float(self.plan_s[k])
+        return float(self.end_s[k - self.num_groups])
+
+
+def steady_groups(state: ReplicaState, plan0: Plan, batches: Any) -> list[list[Request]] | None:
+    """The G batches of a steady pipeline at plan 0: its requests (each decoding, one token),
+    then those of each iteration in flight (`batches`, oldest first) that will decode after
+    it (every request there samples at its end), each in running order; None where the
+    pipeline is not steady (a request in none of them or in a prompt's chunk, a plan with
+    a report or preemptions, a request there preempted since)."""
+    requests = state.requests
+    num_in = plan0.num_seqs
+    groups: list[list[Request]] = [[]]
+    for request_id, num_tokens in plan0.num_scheduled_tokens.items():
+        req = requests[request_id]
+        if num_tokens != 1 or not req.is_decoding:
+            return None
+        groups[0].append(req)
+    for it in batches:
+        in_flight = it.in_flight
+        if not it.plan or it.report is not None or in_flight is None or it.plan.preempted_ids:
+            return None
+        group = []
+        for req, _, num_preemptions, samples, _ in in_flight:
+            if samples != SAMPLES or req.num_preemptions != num_preemptions:
+                return None
+            num_in += 1
+            # (Its last token there: it leaves when that iteration ends.)
+            if req.num_output_tokens + 1 < req.num_target_output_tokens:
+                group.append(req)
+        groups.append(group)
+    if num_in != len(state.running):
+        return None
+    # Each plan lists its requests in running order, as the policies walk the running list.
+    order = {id(req): i for i, req in enumerate(state.running)}
+    for group in groups:
+        if any(id(req) not in order for req in group):
+            return None
+        group.sort(key=lambda req: order[id(req)])
+    return groups
+
+
+def plan_pipeline_stretch(state: ReplicaState, plan0: Plan, groups: list[list[Request]],
+                          batches: Any, latency: LatencyModel, plan_s: float,
+                          stage_free_s: list[float], stage_shares: list[float] | None,
+                          horizon_s: float | None, *, noise: IterationNoise | None,
+                          first_index: int, max_steps: int, until_s: float = np.inf
+                          ) -> PipelineStretch | None:
+    """The stretch from plan 0 (`plan0`, made at `plan_s`, its blocks allocated), `groups`
+    from `steady_groups`, `batches` the iterations in flight (oldest first),
+    `stage_free_s` when each stage is next free, `stage_shares` each stage's share of a pass
+    (None: even); None where fewer than G + 1 iterations qualify. The latency model is asked
+    once, on arrays; the noise factor of iteration j is the one stepping gives it.
+    `until_s`: work known to arrive then takes the replica back at the first plan made at or
+    after it: no iteration is timed past that plan."""
+    num_groups = len(groups)
+    if batches and batches[-1].end_s >= until_s:
+        return None  # (taken back before the stretch completes an iteration)
+    num_stages = len(stage_free_s)
+    kv = state.kv
+    bs = kv.block_size
+    requests: list[Request] = []
+    firsts: list[int] = []
+    computed: list[int] = []
+    left: list[int] = []
+    freed_by_batch = [0] * num_groups  # blocks freed as each iteration in flight ends
+    for g, group in enumerate(groups):
+        for req in group:
+            c = req.num_computed_tokens  # (an iteration in flight: its token counted)
+            # Blocks as a decode's plan leaves them (plan 0's allocated): one per block of
+            # tokens; else stepping would allocate otherwise than counted here.
+            if kv.num_held_blocks(req.request_id) != cdiv(c + 1 if g == 0 else c, bs):
+                return None
+            requests.append(req)
+            firsts.append(g)
+            computed.append(c)
+            left.append(req.num_target_output_tokens - req.num_output_tokens - (g > 0))
+    for g, it in enumerate(batches, start=1):
+        assert it.in_flight is not None
+        for req, _, _, _, _ in it.in_flight:
+            if req.num_output_tokens + 1 == req.num_target_output_tokens:
+                freed_by_batch[g] += kv.num_held_blocks(req.request_id)
+    # Until a group would be empty (stepping's turns change there).
+    n = max_steps
+    longest = [0] * num_groups
+    for g, k in zip(firsts, left, strict=True):
+        if k > longest[g]:
+            longest[g] = k
+    n = min(n, min(g + num_groups * k for g, k in enumerate(longest)))
+    if n <= num_groups:
+        return None
+    # Blocks: plan j adds one to each request in it whose computed tokens fill its blocks;
+    # a request leaves with those of its tokens, freed before plan last + G. Stop where the
+    # blocks added could exceed those free at plan 0 (frees not counted: no plan in the
+    # stretch can preempt).
+    added = [0] * (n + 1)
+    change = [0] * (n + 1)
+    change[0] = kv.num_used_blocks
+    for g in range(1, num_groups):
+        change[g] -= freed_by_batch[g]
+    for f, c, k in zip(firsts, computed, left, strict=True):
+        m = -c % bs
+        if m == 0 and f == 0:
+            m = bs  # (plan 0's allocated)
+        while m < k:
+            j = f + num_groups * m
+            if j >= n:
+                break
+            added[j] += 1
+            m += bs
+        last = f + num_groups * (k - 1) + num_groups
+        if last < n:
+            change[last] -= cdiv(c + k, bs)
+    if sum(added) > kv.num_free_blocks:
+        cum = list(accumulate(added))
+        n = int(np.searchsorted(cum, kv.num_free_blocks, side="right"))
+        if n <= num_groups:
+            return None
+    used = list(accumulate(a + b for a, b in zip(change[:n], added[:n], strict=True)))
+    # Each group's batch sizes and KV reads, turn by turn, interleaved.
+    num_seqs = np.empty(n, dtype=np.int64)
+    kv_tokens = np.empty(n, dtype=np.int64)
+    for g in range(num_groups):
+        turns = len(range(g, n, num_groups))
+        sel = [i for i, f in enumerate(firsts) if f == g]
+        seqs, tokens = batch_sizes([computed[i] for i in sel], [left[i] for i in sel], turns)
+        num_seqs[g::num_groups] = seqs
+        kv_tokens[g::num_groups] = tokens
+    seqs_per_step: Any = num_seqs  # (an array: the latency model is element-wise)
+    shape = BatchShape.decode_only(seqs_per_step, kv_tokens)
+    duration = np.asarray(latency.iteration_time_s(shape), dtype=np.float64)
+    if duration.shape != (n,):  # (a model whose time does not depend on the KV read)
+        duration = np.broadcast_to(duration, (n,))
+    if noise is not None:  # iteration `first_index + j`'s own factor, as a step gets it
+        duration = duration * noise.factors_from(first_index, n, 0, num_seqs)
+    # `_send`'s tandem recursion, iteration by iteration (each plan waits for the end of the
+    # iteration G before it): the same float operations in the same order.
+    if stage_shares is None:
+        stage = (duration / num_stages).tolist()
+        stages = [[s] * num_stages for s in stage]
+    else:
+        stages = (duration[:, None] * np.array(stage_shares)).tolist()
+    plans = [plan_s] + [it.end_s for it in batches] + [0.0] * (n - num_groups)
+    free = list(stage_free_s)
+    starts = [0.0] * n
+    logged = [0.0] * n
+    ends = [0.0] * n
+    frees: list[list[float]] = []
+    for j in range(n):
+        start = end = max(plans[j], free[0])
+        for k, stage_s in enumerate(stages[j]):
+            end = max(end, free[k]) + stage_s
+            free[k] = end
+        frees.append(list(free))
+        starts[j] = start
+        logged[j] = end - start
+        ends[j] = start + logged[j]  # as the log will compute it
+        if j + num_groups < n:
+            plans[j + num_groups] = ends[j]
+        if plans[j] >= until_s:
+            n = j + 1  # (plan j takes the replica back)
+            break
+    plans_a = np.array(plans[:n])
+    ends_a = np.array(ends[:n])
+    # Each plan's time plus its duration after it and within 2**32 s, as a step checks it
+    # (`Replica._plan_iteration`); the ends strictly in turn (one result taken per turn);
+    # the hand-off before the horizon. Where not, cut short: stepping says what is wrong.
+    planned_end = plans_a + duration[:n]
+    ok = (planned_end > plans_a) & (planned_end < MAX_SPAN_S)
+    ok[1:] &= ends_a[1:] > ends_a[:-1]
+    if batches:
+        ok[0] &= ends_a[0] > batches[-1].end_s
+    if not ok.all():
+        n = int(ok.argmin())
+    if horizon_s is not None:
+        # Hand-off at plan n, when iteration n - G ends: before the horizon.
+        n = min(n, int(np.searchsorted(ends_a[:n], horizon_s, side="left")) + num_groups - 1)
+    if n <= num_groups:
+        return None
+    return PipelineStretch(plan0, requests, firsts, computed, left, num_groups, first_index, bs,
+                           plans_a[:n], np.array(starts[:n]), np.array(logged[:n]), ends_a[:n],
+                           frees[:n], num_seqs[:n], kv_tokens[:n], used[:n])
+
+
+def hand_off(state: ReplicaState, stretch: PipelineStretch, k: int, log: IterationLog
+             ) -> tuple[list[Request], list[Iteration]]:
+    """Commit the stretch as the stepped replica stands at plan k's turn (1 <= k <= N), the
+    iterations in flight before it complete already where they ended by then: iterations
+    0..k-G complete (logged, their tokens sampled, requests finished), plans up to k - 1
+    sent (tokens computed, blocks grown); return the requests that left, and iterations
+    k-G+1..k-1 (those of them in the stretch), in flight."""
+    kv = state.kv
+    bs = stretch.block_size
+    g_n = stretch.num_groups
+    done_k = max(0, k - g_n + 1)  # iterations complete
+    first = stretch.first_index
+    if done_k:
+        assert len(log) == first
+        log.extend_stretch(stretch.starts_s[:done_k], stretch.duration_s[:done_k],
+                           stretch.num_seqs[:done_k].tolist(), stretch.num_used_blocks[:done_k],
+                           len(stretch.plan0.preempted_ids))
+    leaving: list[tuple[int, int]] = []
+    num_sampled = 0
+    grow_to = kv.grow_to
+    add_sampled = log.add_sampled_strided
+    for pos, (req, f, c, n_left) in enumerate(zip(stretch.requests, stretch.first_steps,
+                                                  stretch.num_computed,
+                                                  stretch.num_steps_left, strict=True)):
+        started = min(n_left, max(0, -(-(k - f) // g_n)))
+        complete = min(n_left, max(0, -(-(done_k - f) // g_n)))
+        req.num_computed_tokens = c + started
+        req.num_in_flight_tokens += started - complete
+        if complete:
+            req.num_output_tokens += complete
+            num_sampled += complete
+            add_sampled(req.request_id, first + f, complete, g_n)
+        if complete == n_left:
+            leaving.append((f + g_n * (n_left - 1), pos))
+        else:
+            grow_to(req.request_id, cdiv(c + started, bs))
+    state.decoded(num_sampled)
+    done = []
+    end = stretch.end_s
+    leaving.sort()  # by the iteration that ends it, then running order
+    for j, pos in leaving:
+        req = stretch.requests[pos]
+        state.leave([req], float(end[j]))
+        done.append(req)
+    return done, [_in_flight(stretch, j) for j in range(done_k, k)]
+
+
+def _in_flight(stretch: PipelineStretch, j: int) -> Iteration:
+    """Iteration j as the stepped replica holds it in flight: its plan, shape and times, and
+    what `ReplicaState.start` returned for it."""
+    g_n = stretch.num_groups
+    g = j % g_n
+    turn = j // g_n
+    in_flight = []
+    scheduled: dict[int, int] = {}
+    for req, f, n_left in zip(stretch.requests, stretch.first_steps, stretch.num_steps_left,
+                              strict=True):
+        if f == g and turn < n_left:
+            scheduled[req.request_id] = 1
+            in_flight.append((req, 1, req.num_preemptions, SAMPLES, False))
+    plan = stretch.plan0 if j == 0 else Plan(scheduled)
+    shape = BatchShape.decode_only(int(stretch.num_seqs[j]), int(stretch.kv_tokens[j]))
+    it = Iteration(plan, shape, float(stretch.starts_s[j]), float(stretch.duration_s[j]),
+                   float(stretch.end_s[j]), stretch.num_used_blocks[j], 0)
+    it.in_flight = in_flight
+    return it
