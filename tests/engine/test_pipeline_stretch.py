@@ -162,10 +162,15 @@ def steady_pipelines(draw):
     replica["prefix_caching"] = False
     replica["parallelism"] = {"pipeline": draw(st.integers(2, 4))}
     data.pop("clients", None)
-    data["workload"].pop("timeout_s", None)
-    if data["workload"]["format"] == "prefix":  # (turns: a client waits for each answer)
-        data["workload"].pop("num_turns", None)
-        data["workload"].pop("think_time_s", None)
+    workload = data["workload"]
+    workload.pop("timeout_s", None)
+    if workload["format"] == "prefix":  # (turns: a client waits for each answer)
+        workload.pop("num_turns", None)
+        workload.pop("think_time_s", None)
+    elif draw(st.booleans()):
+        # Long answers, arrivals apart: long steady runs between them.
+        workload["lengths"]["output"]["high"] = draw(st.integers(20, 300))
+        workload["arrivals"]["qps"] = draw(st.floats(0.5, 20))
     replicas = draw(st.integers(1, 2))
     if replicas > 1:
         data["cluster"] = {"replicas": replicas, "router": {

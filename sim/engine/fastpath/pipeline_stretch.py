@@ -61,10 +61,12 @@ class PipelineStretch:
     starts_s: np.ndarray
     duration_s: np.ndarray
     end_s: np.ndarray
-    stage_free_s: list[list[float]]
+    stage_free_s: list[tuple[float, ...]]
     num_seqs: np.ndarray
     kv_tokens: np.ndarray
     num_used_blocks: list[int]
+    # Where each group's requests start in `requests` (they come group by group), and end.
+    group_bounds: list[int]
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -82,40 +84,40 @@ class PipelineStretch:
 
 
 def steady_groups(state: ReplicaState, plan0: Plan, batches: Any) -> list[list[Request]] | None:
-    """The G batches of a steady pipeline at plan 0: its requests (each decoding, one token),
-    then those of each iteration in flight (`batches`, oldest first) that will decode after
-    it (every request there samples at its end), each in running order; None where the
-    pipeline is not steady (a request in none of them or in a prompt's chunk, a plan with
-    a report or preemptions, a request there preempted since)."""
-    requests = state.requests
+    """The G batches of a steady pipeline at plan 0 (which gives each of its requests one
+    token): its requests, then those of each iteration in flight (`batches`, oldest first)
+    that will decode after it (every request there samples at its end), each in running
+    order; None where the pipeline is not steady (a running request with prompt tokens left
+    or in none of them, a plan with a report or preemptions, a request there preempted
+    since)."""
+    if state.prefilling():  # (else every request of plan 0 decodes: it is not caught up)
+        return None
     num_in = plan0.num_seqs
-    groups: list[list[Request]] = [[]]
-    for request_id, num_tokens in plan0.num_scheduled_tokens.items():
-        req = requests[request_id]
-        if num_tokens != 1 or not req.is_decoding:
-            return None
-        groups[0].append(req)
     for it in batches:
         in_flight = it.in_flight
-        if not it.plan or it.report is not None or in_flight is None or it.plan.preempted_ids:
+        # (A request not sampling at its end, a prompt's chunk, most often: told by the shape.)
+        if (not it.plan or it.report is not None or in_flight is None or it.plan.preempted_ids
+                or it.shape.num_sampled_tokens != len(in_flight)):
             return None
-        group = []
-        for req, _, num_preemptions, samples, _ in in_flight:
+        num_in += len(in_flight)
+    running = state.running
+    if num_in != len(running):
+        return None
+    group_of = dict.fromkeys(plan0.num_scheduled_tokens, 0)
+    for g, it in enumerate(batches, start=1):
+        for req, _, num_preemptions, samples, _ in it.in_flight:
             if samples != SAMPLES or req.num_preemptions != num_preemptions:
                 return None
-            num_in += 1
-            # (Its last token there: it leaves when that iteration ends.)
-            if req.num_output_tokens + 1 < req.num_target_output_tokens:
-                group.append(req)
-        groups.append(group)
-    if num_in != len(state.running):
-        return None
+            group_of[req.request_id] = g
     # Each plan lists its requests in running order, as the policies walk the running list.
-    order = {id(req): i for i, req in enumerate(state.running)}
-    for group in groups:
-        if any(id(req) not in order for req in group):
+    groups: list[list[Request]] = [[] for _ in range(len(batches) + 1)]
+    for req in running:
+        which = group_of.get(req.request_id)
+        if which is None:
             return None
-        group.sort(key=lambda req: order[id(req)])
+        # (Its last token in flight: it leaves when that iteration ends.)
+        if not which or req.num_output_tokens + 1 < req.num_target_output_tokens:
+            groups[which].append(req)
     return groups
 
 
@@ -138,61 +140,65 @@ def plan_pipeline_stretch(state: ReplicaState, plan0: Plan, groups: list[list[Re
     num_stages = len(stage_free_s)
     kv = state.kv
     bs = kv.block_size
+    held = kv.num_held_blocks
     requests: list[Request] = []
     firsts: list[int] = []
     computed: list[int] = []
     left: list[int] = []
-    freed_by_batch = [0] * num_groups  # blocks freed as each iteration in flight ends
+    group_computed: list[list[int]] = []
+    group_left: list[list[int]] = []
+    # Until a group would be empty (stepping's turns change there).
+    n = max_steps
     for g, group in enumerate(groups):
-        for req in group:
-            c = req.num_computed_tokens  # (an iteration in flight: its token counted)
-            # Blocks as a decode's plan leaves them (plan 0's allocated): one per block of
-            # tokens; else stepping would allocate otherwise than counted here.
-            if kv.num_held_blocks(req.request_id) != cdiv(c + 1 if g == 0 else c, bs):
+        cs = [req.num_computed_tokens for req in group]  # (in flight: its token counted)
+        # Iterations each is in: it has sampled its token in flight by its first.
+        ks = [req.num_target_output_tokens - req.num_output_tokens - (g > 0) for req in group]
+        ahead = 1 if g == 0 else 0  # (plan 0's blocks allocated)
+        for req, c in zip(group, cs, strict=True):
+            # Blocks as a decode's plan leaves them, one per block of tokens; else stepping
+            # would allocate otherwise than counted here.
+            if held(req.request_id) != -(-(c + ahead) // bs):
                 return None
-            requests.append(req)
-            firsts.append(g)
-            computed.append(c)
-            left.append(req.num_target_output_tokens - req.num_output_tokens - (g > 0))
+        if not ks:
+            return None
+        n = min(n, g + num_groups * max(ks))
+        requests += group
+        firsts += [g] * len(group)
+        computed += cs
+        left += ks
+        group_computed.append(cs)
+        group_left.append(ks)
+    if n <= num_groups:
+        return None
+    # Blocks: plan j adds one to each request in it whose computed tokens fill its blocks;
+    # a request leaves with those of its tokens, freed before plan last + G; a request of
+    # an iteration in flight that leaves there, with what it holds. Stop where the blocks
+    # added could exceed those free at plan 0 (frees not counted: no plan in the stretch
+    # can preempt).
+    added = [0] * n
+    change = [0] * n
+    change[0] = kv.num_used_blocks
     for g, it in enumerate(batches, start=1):
         assert it.in_flight is not None
         for req, _, _, _, _ in it.in_flight:
             if req.num_output_tokens + 1 == req.num_target_output_tokens:
-                freed_by_batch[g] += kv.num_held_blocks(req.request_id)
-    # Until a group would be empty (stepping's turns change there).
-    n = max_steps
-    longest = [0] * num_groups
-    for g, k in zip(firsts, left, strict=True):
-        if k > longest[g]:
-            longest[g] = k
-    n = min(n, min(g + num_groups * k for g, k in enumerate(longest)))
-    if n <= num_groups:
-        return None
-    # Blocks: plan j adds one to each request in it whose computed tokens fill its blocks;
-    # a request leaves with those of its tokens, freed before plan last + G. Stop where the
-    # blocks added could exceed those free at plan 0 (frees not counted: no plan in the
-    # stretch can preempt).
-    added = [0] * (n + 1)
-    change = [0] * (n + 1)
-    change[0] = kv.num_used_blocks
-    for g in range(1, num_groups):
-        change[g] -= freed_by_batch[g]
+                change[g] -= held(req.request_id)
+    step = num_groups * bs
     for f, c, k in zip(firsts, computed, left, strict=True):
         m = -c % bs
         if m == 0 and f == 0:
             m = bs  # (plan 0's allocated)
-        while m < k:
-            j = f + num_groups * m
-            if j >= n:
-                break
+        j = f + num_groups * m
+        stop = f + num_groups * k
+        if stop > n:
+            stop = n
+        while j < stop:
             added[j] += 1
-            m += bs
-        last = f + num_groups * (k - 1) + num_groups
-        if last < n:
-            change[last] -= cdiv(c + k, bs)
+            j += step
+        if stop < n:
+            change[stop] -= -(-(c + k) // bs)
     if sum(added) > kv.num_free_blocks:
-        cum = list(accumulate(added))
-        n = int(np.searchsorted(cum, kv.num_free_blocks, side="right"))
+        n = int(np.searchsorted(list(accumulate(added)), kv.num_free_blocks, side="right"))
         if n <= num_groups:
             return None
     used = list(accumulate(a + b for a, b in zip(change[:n], added[:n], strict=True)))
@@ -200,23 +206,22 @@ def plan_pipeline_stretch(state: ReplicaState, plan0: Plan, groups: list[list[Re
     num_seqs = np.empty(n, dtype=np.int64)
     kv_tokens = np.empty(n, dtype=np.int64)
     for g in range(num_groups):
-        turns = len(range(g, n, num_groups))
-        sel = [i for i, f in enumerate(firsts) if f == g]
-        seqs, tokens = batch_sizes([computed[i] for i in sel], [left[i] for i in sel], turns)
+        seqs, tokens = batch_sizes(group_computed[g], group_left[g], len(range(g, n, num_groups)))
         num_seqs[g::num_groups] = seqs
         kv_tokens[g::num_groups] = tokens
     seqs_per_step: Any = num_seqs  # (an array: the latency model is element-wise)
-    shape = BatchShape.decode_only(seqs_per_step, kv_tokens)
-    duration = np.asarray(latency.iteration_time_s(shape), dtype=np.float64)
+    duration = np.asarray(latency.iteration_time_s(BatchShape.decode_only(seqs_per_step,
+                                                                          kv_tokens)),
+                          dtype=np.float64)
     if duration.shape != (n,):  # (a model whose time does not depend on the KV read)
         duration = np.broadcast_to(duration, (n,))
     if noise is not None:  # iteration `first_index + j`'s own factor, as a step gets it
         duration = duration * noise.factors_from(first_index, n, 0, num_seqs)
     # `_send`'s tandem recursion, iteration by iteration (each plan waits for the end of the
-    # iteration G before it): the same float operations in the same order.
+    # iteration G before it): the same float operations in the same order (`a if a > b
+    # else b` is `max(b, a)`, NaN included).
     if stage_shares is None:
-        stage = (duration / num_stages).tolist()
-        stages = [[s] * num_stages for s in stage]
+        stages = [[s] * num_stages for s in (duration / num_stages).tolist()]
     else:
         stages = (duration[:, None] * np.array(stage_shares)).tolist()
     plans = [plan_s] + [it.end_s for it in batches] + [0.0] * (n - num_groups)
@@ -224,19 +229,24 @@ def plan_pipeline_stretch(state: ReplicaState, plan0: Plan, groups: list[list[Re
     starts = [0.0] * n
     logged = [0.0] * n
     ends = [0.0] * n
-    frees: list[list[float]] = []
+    frees: list[tuple[float, ...]] = []
+    stage_range = range(num_stages)
     for j in range(n):
-        start = end = max(plans[j], free[0])
-        for k, stage_s in enumerate(stages[j]):
-            end = max(end, free[k]) + stage_s
+        p = plans[j]
+        free_s = free[0]
+        start = end = free_s if free_s > p else p
+        stage = stages[j]
+        for k in stage_range:
+            free_s = free[k]
+            end = (free_s if free_s > end else end) + stage[k]
             free[k] = end
-        frees.append(list(free))
+        frees.append(tuple(free))
         starts[j] = start
-        logged[j] = end - start
-        ends[j] = start + logged[j]  # as the log will compute it
+        logged[j] = d = end - start
+        ends[j] = e = start + d  # as the log will compute it
         if j + num_groups < n:
-            plans[j + num_groups] = ends[j]
-        if plans[j] >= until_s:
+            plans[j + num_groups] = e
+        if p >= until_s:
             n = j + 1  # (plan j takes the replica back)
             break
     plans_a = np.array(plans[:n])
@@ -258,7 +268,8 @@ def plan_pipeline_stretch(state: ReplicaState, plan0: Plan, groups: list[list[Re
         return None
     return PipelineStretch(plan0, requests, firsts, computed, left, num_groups, first_index, bs,
                            plans_a[:n], np.array(starts[:n]), np.array(logged[:n]), ends_a[:n],
-                           frees[:n], num_seqs[:n], kv_tokens[:n], used[:n])
+                           frees[:n], num_seqs[:n], kv_tokens[:n], used[:n],
+                           [0, *accumulate(len(group) for group in groups)])
 
 
 def hand_off(state: ReplicaState, stretch: PipelineStretch, k: int, log: IterationLog
@@ -285,8 +296,13 @@ def hand_off(state: ReplicaState, stretch: PipelineStretch, k: int, log: Iterati
     for pos, (req, f, c, n_left) in enumerate(zip(stretch.requests, stretch.first_steps,
                                                   stretch.num_computed,
                                                   stretch.num_steps_left, strict=True)):
-        started = min(n_left, max(0, -(-(k - f) // g_n)))
-        complete = min(n_left, max(0, -(-(done_k - f) // g_n)))
+        # Its iterations f, f + G, ... among the first k sent and the first done_k complete.
+        started = (k - f + g_n - 1) // g_n if k > f else 0
+        if started > n_left:
+            started = n_left
+        complete = (done_k - f + g_n - 1) // g_n if done_k > f else 0
+        if complete > n_left:
+            complete = n_left
         req.num_computed_tokens = c + started
         req.num_in_flight_tokens += started - complete
         if complete:
@@ -314,11 +330,11 @@ def _in_flight(stretch: PipelineStretch, j: int) -> Iteration:
     g_n = stretch.num_groups
     g = j % g_n
     turn = j // g_n
+    lo, hi = stretch.group_bounds[g], stretch.group_bounds[g + 1]
     in_flight = []
     scheduled: dict[int, int] = {}
-    for req, f, n_left in zip(stretch.requests, stretch.first_steps, stretch.num_steps_left,
-                              strict=True):
-        if f == g and turn < n_left:
+    for req, n_left in zip(stretch.requests[lo:hi], stretch.num_steps_left[lo:hi], strict=True):
+        if turn < n_left:
             scheduled[req.request_id] = 1
             in_flight.append((req, 1, req.num_preemptions, SAMPLES, False))
     plan = stretch.plan0 if j == 0 else Plan(scheduled)
