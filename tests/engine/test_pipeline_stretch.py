@@ -117,6 +117,47 @@ def test_round_robin_replicas_cut_stretches_at_each_arrival(tmp_path, monkeypatc
     assert (res.requests["status"] == "finished").all()
 
 
+@pytest.mark.parametrize("router", ["least_kv_load", "least_outstanding"])
+def test_routers_weighing_loads_read_stretches_mid_way(tmp_path, monkeypatch, router):
+    # Three replicas on four stages behind a router reading every replica at every arrival:
+    # a stretch's counts (tokens, requests left, blocks in use) are read without a commit,
+    # each load exactly as a stepped replica shows it then; small blocks, so the counts move.
+    from sim.engine.fastpath.pipeline import FastPipelinedReplica
+    from sim.engine.fastpath.pipeline_stretch import PipelineStretch
+    from sim.engine.replica import Replica
+
+    loads: list[tuple] = []
+    mid_way = [0]
+    depth = [0]  # (the fast replica's `load` may call the stepped one's)
+
+    def recording(load):
+        def read(self, req=None):
+            if getattr(self, "_stretch", None) is not None:
+                mid_way[0] += isinstance(self._stretch, PipelineStretch)
+            depth[0] += 1
+            seen = load(self, req)
+            depth[0] -= 1
+            if not depth[0]:
+                loads.append((self.replica_id, self.env.now, seen))
+            return seen
+        return read
+
+    monkeypatch.setattr(FastPipelinedReplica, "load", recording(FastPipelinedReplica.load))
+    monkeypatch.setattr(Replica, "load", recording(Replica.load))
+    rows = "".join(f"{0.3 * i:.2f},{16 + 9 * i},{5 + 11 * (i % 7)}\n" for i in range(40))
+    data = scenario(tmp_path, rows, pipeline=4, replicas=3)
+    data["cluster"]["router"]["name"] = router
+    data["replica"]["kv_cache"] = {"block_size": 4, "num_blocks": 400}
+    lengths = stretches_taken(monkeypatch)
+    scen = parse_scenario(data, "test")
+    fast = run_scenario(scen)
+    fast_loads, loads[:] = list(loads), []
+    slow = run_scenario(scen, fast_forward=False)
+    assert_same_results(fast, slow)
+    assert fast_loads == loads
+    assert lengths and mid_way[0] > 10
+
+
 @pytest.mark.parametrize("horizon_s", [0.9, 1.7, 2.3, 3.05, 4.4])
 def test_a_horizon_inside_a_steady_pipeline(tmp_path, horizon_s):
     data = scenario(tmp_path, "0.0,100,20\n0.0625,16,12\n0.4,40,9\n", pipeline=2)
@@ -155,7 +196,7 @@ def test_strided_tokens_make_the_rows_tokens_one_by_one_make(calls, stride):
 def steady_pipelines(draw):
     """A random scenario on 2 to 4 stages that stretches may cover: a plain KV cache, no
     client timeouts or closed-loop clients, one replica or several behind a router that
-    reads no loads."""
+    reads no loads or weighs them (reading a stretch's counts mid-way)."""
     data = draw(scenarios())
     replica = data["replica"]
     without_speculative(replica)
@@ -171,10 +212,11 @@ def steady_pipelines(draw):
         # Long answers, arrivals apart: long steady runs between them.
         workload["lengths"]["output"]["high"] = draw(st.integers(20, 300))
         workload["arrivals"]["qps"] = draw(st.floats(0.5, 20))
-    replicas = draw(st.integers(1, 2))
+    replicas = draw(st.integers(1, 3))
     if replicas > 1:
         data["cluster"] = {"replicas": replicas, "router": {
-            "name": draw(st.sampled_from(["round_robin", "random"]))}}
+            "name": draw(st.sampled_from(["round_robin", "random", "least_kv_load",
+                                          "least_outstanding"]))}}
     return data
 
 

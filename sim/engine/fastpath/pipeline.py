@@ -62,9 +62,11 @@ class FastPipelinedReplica(PipelinedReplica):
 
     def _eligible_stages(self) -> bool:
         """Whether a pipeline of several stages may run stretches (`sim.engine.fastpath.
-        pipeline_stretch`): one iteration in flight per stage, no placeholders, and nothing
-        reading it between arrivals (no loads read: a stretch is not read mid-way)."""
-        return (self.unobserved and self.fast_forward and self.num_stages > 1
+        pipeline_stretch`): a colocated replica, one iteration in flight per stage, no
+        placeholders, and nothing reading it between arrivals but a router weighing loads
+        (a decode replica's transfers, landing mid-stretch, are left to stepping)."""
+        return ((self.unobserved or self.read_by_loads) and self.pool == "colocated"
+                and self.fast_forward and self.num_stages > 1
                 and self.pipeline_depth == self.num_stages and not self.placeholders
                 and not self.overlaps_host and self._plain())
 
@@ -84,7 +86,6 @@ class FastPipelinedReplica(PipelinedReplica):
         if stretch is None:
             return super().load(req)
         assert req is None, "a router reading prefix hits reads no stretch in progress"
-        assert isinstance(stretch, AsyncStretch), "nothing reads a pipeline's stretch"
         # The iteration in flight before the stretch completes as stepping completes it;
         # the stretch's own are read, not committed (a router reads every replica at every
         # arrival).

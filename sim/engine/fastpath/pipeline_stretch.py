@@ -67,6 +67,8 @@ class PipelineStretch:
     num_used_blocks: list[int]
     # Where each group's requests start in `requests` (they come group by group), and end.
     group_bounds: list[int]
+    # KV blocks freed just before plan j (0 .. N): by the iteration that ended then.
+    freed_blocks: list[int]
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -81,6 +83,33 @@ class PipelineStretch:
         if k < len(self.plan_s):
             return float(self.plan_s[k])
         return float(self.end_s[k - self.num_groups])
+
+    def counts_at(self, now_s: float, *, inclusive: bool = False) -> tuple[int, int, int]:
+        """What a router reading the replica at `now_s` sees changed by the stretch, without a
+        commit (the iterations in flight before it complete as stepping completes them,
+        first): the iterations ended by `now_s` complete (each request in one samples a
+        token; one sampling its last leaves, with its tokens), and the blocks in use are
+        those of the last plan made (by `now_s` where its planning turn has passed:
+        `inclusive`), less those freed since. Returns (running tokens added, requests left,
+        KV blocks in use)."""
+        num_planned = max(1, self.num_planned_before(now_s, inclusive=inclusive))
+        num_ended = int(np.searchsorted(self.end_s, now_s, side="right"))
+        g_n = self.num_groups
+        tokens = num_left = 0
+        for req, f, n_left in zip(self.requests, self.first_steps, self.num_steps_left,
+                                  strict=True):
+            if num_ended <= f:
+                continue
+            complete = (num_ended - f + g_n - 1) // g_n
+            if complete >= n_left:  # its last token sampled: it left
+                num_left += 1
+                tokens -= req.num_tokens
+            else:
+                tokens += complete
+        used = self.num_used_blocks[num_planned - 1]
+        if self.hand_off_s(num_planned) <= now_s:  # (ended at this instant, not yet planned)
+            used -= self.freed_blocks[num_planned]
+        return tokens, num_left, used
 
 
 def steady_groups(state: ReplicaState, plan0: Plan, batches: Any) -> list[list[Request]] | None:
@@ -176,7 +205,7 @@ def plan_pipeline_stretch(state: ReplicaState, plan0: Plan, groups: list[list[Re
     # added could exceed those free at plan 0 (frees not counted: no plan in the stretch
     # can preempt).
     added = [0] * n
-    change = [0] * n
+    change = [0] * (n + 1)
     change[0] = kv.num_used_blocks
     for g, it in enumerate(batches, start=1):
         assert it.in_flight is not None
@@ -189,14 +218,14 @@ def plan_pipeline_stretch(state: ReplicaState, plan0: Plan, groups: list[list[Re
         if m == 0 and f == 0:
             m = bs  # (plan 0's allocated)
         j = f + num_groups * m
-        stop = f + num_groups * k
+        stop = last = f + num_groups * k  # (freed before plan `last`)
         if stop > n:
             stop = n
         while j < stop:
             added[j] += 1
             j += step
-        if stop < n:
-            change[stop] -= -(-(c + k) // bs)
+        if last <= n:
+            change[last] -= -(-(c + k) // bs)
     if sum(added) > kv.num_free_blocks:
         n = int(np.searchsorted(list(accumulate(added)), kv.num_free_blocks, side="right"))
         if n <= num_groups:
@@ -269,7 +298,8 @@ def plan_pipeline_stretch(state: ReplicaState, plan0: Plan, groups: list[list[Re
     return PipelineStretch(plan0, requests, firsts, computed, left, num_groups, first_index, bs,
                            plans_a[:n], np.array(starts[:n]), np.array(logged[:n]), ends_a[:n],
                            frees[:n], num_seqs[:n], kv_tokens[:n], used[:n],
-                           [0, *accumulate(len(group) for group in groups)])
+                           [0, *accumulate(len(group) for group in groups)],
+                           [-b for b in change[:n + 1]])
 
 
 def hand_off(state: ReplicaState, stretch: PipelineStretch, k: int, log: IterationLog
