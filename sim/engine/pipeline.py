@@ -17,8 +17,7 @@ approximation: they belong to the engine step, the last stage and the stage send
 It runs the reference step (`Replica.run`) with its planning, waiting and commit overridden.
 Iterations ending before anything outside the replica can look at it complete without an event
 each, as on a `FastReplica`. Stretches (several iterations at once) exist for one stage that
-schedules ahead (`sim.engine.fastpath.pipeline`), not for pipelines of several stages: each
-of their iterations is scheduled and shaped on its own.
+schedules ahead and for a steady pipeline of several stages (`sim.engine.fastpath.pipeline`).
 """
 
 from __future__ import annotations

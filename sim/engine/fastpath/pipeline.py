@@ -16,6 +16,13 @@ replica of a disaggregated cluster so placed, behind its decode router, while no
 waits for its blocks. A stretch is taken back at the first planning turn after work arrives
 for it (a request arriving; on a decode replica, a transfer asking for blocks or its KV
 landing). Elsewhere every iteration is stepped, as before.
+
+A replica of P > 1 stages (one iteration in flight per stage, no placeholders) has stretches
+of its own (`sim.engine.fastpath.pipeline_stretch`): at a plan where every running request is
+in it or in an iteration in flight, all decoding, nothing waiting, the batches take turns,
+and the stretch is planned there and handed back at the first planning turn after work
+arrives, as above; on a colocated replica alone or behind a router that reads no loads or
+weighs them (`PipelineStretch.counts_at`).
 """
 
 from __future__ import annotations
