@@ -18,6 +18,10 @@ after `max_steps` iterations, and before the horizon.
 It is handed back at a planning turn k (1 <= k <= N, `hand_off`): the iterations that left
 the last stage by then complete, the last G - 1 planned are in flight, as the stepped replica
 holds them, and stepping plans iteration k with whatever arrived. Pure: no SimPy.
+
+Output placeholders on several stages do not arise: vLLM's async scheduling keeps P
+iterations in flight on P stages (`max_concurrent_batches`), so it runs as this synchronous
+pipeline, and SGLang overlaps on one stage only; a pipeline deeper than its stages steps.
 """
 
 from __future__ import annotations
@@ -43,11 +47,12 @@ from sim.workloads.base import MAX_SPAN_S
 @dataclass(slots=True)
 class PipelineStretch:
     """Iterations 0..N-1 of a steady pipeline from its plan 0 (made, its blocks allocated, not
-    yet sent), G = `num_groups` batches taking turns. Per request (running order): its first
-    iteration (its group), its computed tokens when planned there, and the iterations it is
-    in (it samples its last token in the last). Per iteration j: when it is planned
-    (`plan_s`), its start, logged duration and end, each stage's free time after it
-    (`stage_free_s`, N x P), its batch, KV read and blocks in use when planned."""
+    yet sent), G = `num_groups` batches taking turns. Per request (group by group, each in
+    running order): its first iteration (its group), its computed tokens when planned there,
+    and the iterations it is in (it samples its last token in the last). Per iteration j:
+    when it is planned (`plan_s`), its start, logged duration and end, each stage's free
+    time after it (`stage_free_s`, N x P), its batch, KV read and blocks in use when
+    planned."""
 
     plan0: Plan
     requests: list[Request]
