@@ -382,7 +382,9 @@ def data_parallel_clusters(draw, offload: bool = False):
     # (speculative decoding: either pool; a CPU tier too, but not beside speculative
     # decoding on the decode pool)
     without_speculative(replica, speculative=False, cpu_tier="kv_offload" in replica)
-    if "kv_offload" in replica:  # (ranks take a tier with either engine loop)
+    if "kv_offload" in replica and "speculative" not in replica["scheduler"]:
+        # (ranks take a tier with either engine loop; the drafters' rules are the scenario
+        # generator's)
         replica["scheduler"]["async_scheduling"] = draw(st.booleans())
     ranked = draw(st.sampled_from(["prefill", "decode", "both"]))
     pools = {}
