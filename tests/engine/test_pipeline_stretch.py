@@ -117,11 +117,15 @@ def test_round_robin_replicas_cut_stretches_at_each_arrival(tmp_path, monkeypatc
     assert (res.requests["status"] == "finished").all()
 
 
+@pytest.mark.parametrize("spacing_s", [0.3, 0.5])
 @pytest.mark.parametrize("router", ["least_kv_load", "least_outstanding"])
-def test_routers_weighing_loads_read_stretches_mid_way(tmp_path, monkeypatch, router):
+def test_routers_weighing_loads_read_stretches_mid_way(tmp_path, monkeypatch, router,
+                                                       spacing_s):
     # Three replicas on four stages behind a router reading every replica at every arrival:
     # a stretch's counts (tokens, requests left, blocks in use) are read without a commit,
     # each load exactly as a stepped replica shows it then; small blocks, so the counts move.
+    # Every 0.5 s an arrival comes as an iteration leaves the last stage, before the
+    # replica's planning turn: its blocks are read freed (`counts_at`'s last branch).
     from sim.engine.fastpath.pipeline import FastPipelinedReplica
     from sim.engine.fastpath.pipeline_stretch import PipelineStretch
     from sim.engine.replica import Replica
@@ -144,7 +148,8 @@ def test_routers_weighing_loads_read_stretches_mid_way(tmp_path, monkeypatch, ro
 
     monkeypatch.setattr(FastPipelinedReplica, "load", recording(FastPipelinedReplica.load))
     monkeypatch.setattr(Replica, "load", recording(Replica.load))
-    rows = "".join(f"{0.3 * i:.2f},{16 + 9 * i},{5 + 11 * (i % 7)}\n" for i in range(40))
+    rows = "".join(f"{spacing_s * i:.2f},{16 + 9 * i},{5 + 11 * (i % 7)}\n"
+                   for i in range(40))
     data = scenario(tmp_path, rows, pipeline=4, replicas=3)
     data["cluster"]["router"]["name"] = router
     data["replica"]["kv_cache"] = {"block_size": 4, "num_blocks": 400}
