@@ -69,6 +69,19 @@ def _run_reload(cluster: Cluster) -> tuple[Request, ...]:
     return a, b, c, d, e
 
 
+def _run_preemption(cluster: Cluster) -> tuple[Request, ...]:
+    """The preemption case below on `cluster` (two ranks, 6 GPU blocks): A and B go to rank
+    0, D to rank 1, B is preempted once, and all finish; returns (A, B, D)."""
+    a = Request(0, 0.0, 32, 40, hash_ids=(1, 2), hash_block_tokens=16)
+    d = Request(1, 0.0, 16, 10, hash_ids=(9,), hash_block_tokens=16)
+    b = Request(2, 0.0, 32, 2, hash_ids=(3, 4), hash_block_tokens=16)
+    cluster.run([a, d, b])
+    assert all(r.status == Status.FINISHED for r in (a, b, d))
+    assert [r.replica_id for r in (a, b, d)] == [0, 0, 1]
+    assert b.num_preemptions == 1
+    return a, b, d
+
+
 def test_each_rank_holds_a_tier_of_the_whole_size():
     """vLLM's `CPUOffloadingSpec` divides `cpu_bytes_to_use` by a block's bytes on its
     engine's `world_size` GPUs (tensor x pipeline, not data-parallel ranks): every rank's
@@ -132,13 +145,7 @@ def test_a_launch_waiting_for_a_preempted_requests_stores_holds_every_rank_back(
     50 ms, and the collective holds rank 1 until then: D's second token comes at 60 ms, not
     20 ms."""
     cluster = _cluster(num_blocks=6, copy_s=10e-3)
-    a = Request(0, 0.0, 32, 40, hash_ids=(1, 2), hash_block_tokens=16)
-    d = Request(1, 0.0, 16, 10, hash_ids=(9,), hash_block_tokens=16)
-    b = Request(2, 0.0, 32, 2, hash_ids=(3, 4), hash_block_tokens=16)
-    cluster.run([a, d, b])
-    assert all(r.status == Status.FINISHED for r in (a, b, d))
-    assert [r.replica_id for r in (a, b, d)] == [0, 0, 1]
-    assert b.num_preemptions == 1
+    a, b, d = _run_preemption(cluster)
     times = _token_times(cluster, d)
     assert times[:3] == pytest.approx([0.010, 0.060, 0.070])
     assert _token_times(cluster, a)[:2] == pytest.approx([0.010, 0.060])
@@ -188,13 +195,7 @@ def test_with_async_scheduling_a_blocked_launch_holds_back_that_ranks_results():
     raw = _raw(num_blocks=6, copy_s=10e-3)
     raw["replica"]["scheduler"]["async_scheduling"] = True
     cluster = Cluster(parse_scenario(raw, "<test>"), fast_forward=False)
-    a = Request(0, 0.0, 32, 40, hash_ids=(1, 2), hash_block_tokens=16)
-    d = Request(1, 0.0, 16, 10, hash_ids=(9,), hash_block_tokens=16)
-    b = Request(2, 0.0, 32, 2, hash_ids=(3, 4), hash_block_tokens=16)
-    cluster.run([a, d, b])
-    assert all(r.status == Status.FINISHED for r in (a, b, d))
-    assert [r.replica_id for r in (a, b, d)] == [0, 0, 1]
-    assert b.num_preemptions == 1
+    a, b, d = _run_preemption(cluster)
     assert _token_times(cluster, a)[:3] == pytest.approx([0.050, 0.060, 0.070])
     assert _token_times(cluster, d)[:3] == pytest.approx([0.010, 0.060, 0.070])
     rank0, rank1 = cluster.replicas
