@@ -215,6 +215,15 @@ def _run_ray(jobs: list[Job], address: str | None, workers: int | None,
             ready, _ = ray.wait(list(pending), num_returns=1)
             finished(pending.pop(ready[0]), ray.get(ready[0]))
     except BaseException:
-        for ref in pending:  # a running task gets a KeyboardInterrupt and unwinds
+        refs = list(pending)
+        for ref in refs:  # a running task gets a KeyboardInterrupt and unwinds
             ray.cancel(ref)
+        if refs:
+            # Wait for them to end: one still writing would leave its temporary directory
+            # after the caller has removed the partial runs (seen on a loaded machine).
+            _, left = ray.wait(refs, num_returns=len(refs), timeout=30)
+            for ref in left:
+                ray.cancel(ref, force=True)
+            if left:
+                ray.wait(left, num_returns=len(left), timeout=10)
         raise
