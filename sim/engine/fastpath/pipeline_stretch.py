@@ -36,7 +36,7 @@ from sim.core.kv_cache import cdiv
 from sim.core.plan import Plan
 from sim.core.request import Request
 from sim.core.state import SAMPLES, ReplicaState
-from sim.engine.fastpath.stretch import batch_sizes
+from sim.engine.fastpath.stretch import batch_sizes, decode_durations
 from sim.engine.iteration_log import IterationLog
 from sim.engine.replica import Iteration
 from sim.latency.base import BatchShape, LatencyModel
@@ -243,14 +243,7 @@ def plan_pipeline_stretch(state: ReplicaState, plan0: Plan, groups: list[list[Re
         seqs, tokens = batch_sizes(group_computed[g], group_left[g], len(range(g, n, num_groups)))
         num_seqs[g::num_groups] = seqs
         kv_tokens[g::num_groups] = tokens
-    seqs_per_step: Any = num_seqs  # (an array: the latency model is element-wise)
-    duration = np.asarray(latency.iteration_time_s(BatchShape.decode_only(seqs_per_step,
-                                                                          kv_tokens)),
-                          dtype=np.float64)
-    if duration.shape != (n,):  # (a model whose time does not depend on the KV read)
-        duration = np.broadcast_to(duration, (n,))
-    if noise is not None:  # iteration `first_index + j`'s own factor, as a step gets it
-        duration = duration * noise.factors_from(first_index, n, 0, num_seqs)
+    duration = decode_durations(latency, num_seqs, kv_tokens, noise, first_index)
     # `_send`'s tandem recursion, iteration by iteration (each plan waits for the end of the
     # iteration G before it): the same float operations in the same order (`a if a > b
     # else b` is `max(b, a)`, NaN included).

@@ -292,14 +292,14 @@ def plan_stretch(state: ReplicaState, plan: Plan, latency: LatencyModel, start_s
 
     if prefill_tokens is None:
         num_seqs, kv_tokens = batch_sizes(computed, left, max_steps)
-        duration = _decode_durations(latency, num_seqs, kv_tokens, noise, first_index)
+        duration = decode_durations(latency, num_seqs, kv_tokens, noise, first_index)
     elif num_chunks == max_steps:
         duration = np.array(first)
     else:  # the decodes after its chunks: on arrays, as any stretch's
         num_seqs, kv_tokens = batch_sizes(computed, left, max_steps)
         duration = np.empty(max_steps)
         duration[:num_chunks] = first
-        duration[num_chunks:] = _decode_durations(
+        duration[num_chunks:] = decode_durations(
             latency, num_seqs[num_chunks:] if isinstance(num_seqs, np.ndarray) else num_seqs,
             kv_tokens[num_chunks:], noise, first_index + num_chunks)
     # Sequential accumulation, so each end equals start + duration exactly as one step would be.
@@ -316,7 +316,7 @@ def plan_stretch(state: ReplicaState, plan: Plan, latency: LatencyModel, start_s
                    prefill_pos, num_prefill_steps)
 
 
-def _decode_durations(latency: LatencyModel, num_seqs: Any, kv_tokens: np.ndarray,
+def decode_durations(latency: LatencyModel, num_seqs: Any, kv_tokens: np.ndarray,
                       noise: IterationNoise | None, first_index: int) -> np.ndarray:
     """Durations of decode-only iterations (`batch_sizes`' arrays), from iteration
     `first_index` of the replica: one call on arrays of shapes (a latency model is
