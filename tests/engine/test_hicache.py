@@ -168,25 +168,30 @@ def test_a_drafter_layer_adds_to_copies_and_maybe_to_the_host_pool(spec, s_per_b
     assert kv.bigram_keys == (spec is not None and spec["algorithm"] != "ngram")
 
 
-def _prefill_pool_scenario(hicache: dict):
-    """Disaggregated: one SGLang prefill server with the hierarchical cache `hicache` (144
-    GPU slots, 10 ms a step, the normal loop), one decode server of 3,200, a link carrying
-    64 tokens in 100 ms."""
-    side = {"scheduler": {"name": "sglang", "overlap_schedule": False},
+def _prefill_pool_scenario(hicache: dict, scheduler: dict | None = None,
+                           prefill_replicas: int = 1, router: str | None = None):
+    """Disaggregated: one SGLang prefill server (or `prefill_replicas` behind `router`) with
+    the hierarchical cache `hicache` (144 GPU slots, 10 ms a step, the normal loop unless
+    `scheduler` says otherwise), one decode server of 3,200, a link carrying 64 tokens in
+    100 ms."""
+    side = {"scheduler": scheduler or {"name": "sglang", "overlap_schedule": False},
             "prefix_caching": True, "latency": {"kind": "constant", "iteration_s": 0.01},
             "kv_cache": {"block_size": 1, "num_blocks": 144}}
     prefill = {**side, "scheduler": {**side["scheduler"], "hierarchical_cache": hicache}}
+    cluster = {"prefill": {"replicas": prefill_replicas, "replica": prefill},
+               "decode": {"replicas": 1, "replica": {
+                   **side, "kv_cache": {"block_size": 1, "num_blocks": 3200}}},
+               "link": {"bandwidth_gb_s": 64 * BLOCK_BYTES / 16 / 0.100 / 1e9,
+                        "latency_s": 0.0}}
+    if router is not None:
+        cluster["router"] = {"name": router}
     return parse_scenario({
         "name": "hicache_pd", "seed": 0,
         "workload": {"format": "synthetic", "num_requests": 1,
                      "arrivals": {"process": "poisson", "qps": 1.0},
                      "lengths": {"prompt": {"dist": "fixed", "value": 1},
                                  "output": {"dist": "fixed", "value": 1}}},
-        "cluster": {"prefill": {"replicas": 1, "replica": prefill},
-                    "decode": {"replicas": 1, "replica": {
-                        **side, "kv_cache": {"block_size": 1, "num_blocks": 3200}}},
-                    "link": {"bandwidth_gb_s": 64 * BLOCK_BYTES / 16 / 0.100 / 1e9,
-                             "latency_s": 0.0}}}, "<test>")
+        "cluster": cluster}, "<test>")
 
 
 def test_on_a_prefill_server_a_prompt_is_backed_up_at_its_end_and_loaded_back():
@@ -237,24 +242,11 @@ def test_on_a_prefill_server_write_back_holds_the_hand_off_until_the_result_is_t
     arrival at 230 ms has the router read the loads, the engine still blocked: before
     2026-12-02 that read took D's result early and sent its KV at 230 ms (found by the
     property test)."""
-    side = {"scheduler": {"name": "sglang", "chunked_prefill_size": 64},
-            "prefix_caching": True, "latency": {"kind": "constant", "iteration_s": 0.01},
-            "kv_cache": {"block_size": 1, "num_blocks": 144}}
-    prefill = {**side, "scheduler": {**side["scheduler"], "hierarchical_cache": {
-        "ratio": 4, "write_policy": "write_back",
-        "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9}}}
-    scenario = parse_scenario({
-        "name": "wb_pd", "seed": 0,
-        "workload": {"format": "synthetic", "num_requests": 1,
-                     "arrivals": {"process": "poisson", "qps": 1.0},
-                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
-                                 "output": {"dist": "fixed", "value": 1}}},
-        "cluster": {"router": {"name": "least_outstanding"},
-                    "prefill": {"replicas": 2, "replica": prefill},
-                    "decode": {"replicas": 1, "replica": {
-                        **side, "kv_cache": {"block_size": 1, "num_blocks": 3200}}},
-                    "link": {"bandwidth_gb_s": 64 * BLOCK_BYTES / 16 / 0.100 / 1e9,
-                             "latency_s": 0.0}}}, "<test>")
+    scenario = _prefill_pool_scenario(
+        {"ratio": 4, "write_policy": "write_back",
+         "host_bandwidth_gb_s": BLOCK_BYTES / 0.010 / 1e9},
+        scheduler={"name": "sglang", "chunked_prefill_size": 64}, prefill_replicas=2,
+        router="least_outstanding")
     for fast_forward in (True, False):
         a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
         b = Request(1, 0.001, 16, 2, hash_ids=(50,), hash_block_tokens=16)
