@@ -101,12 +101,13 @@ def comparison_table(title: str, df: Any) -> Table:
 
     rows = ("pools", "scheduler", "overload", "finished", "ttft_p50_s", "ttft_p99_s",
             "tbt_p50_s", "tbt_p99_s", "tpot_p50_s", "acceptance_length", "e2e_p99_s",
-            "output_tokens_per_s", "slo_attainment",
-            "transfer_p99_s", "num_gpus", "usd_per_million_tokens",
+            "output_tokens_per_s", "slo_attainment", "prefix_hit_rate", "cpu_hit_rate",
+            "mean_load_s", "transfer_p99_s", "num_gpus", "usd_per_million_tokens",
             *[c for c in df.columns if str(c).startswith("class:")])
     numbers = {"ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "tpot_p50_s",
                "acceptance_length", "e2e_p99_s",
-               "output_tokens_per_s", "transfer_p99_s", "usd_per_million_tokens"}
+               "output_tokens_per_s", "mean_load_s", "transfer_p99_s",
+               "usd_per_million_tokens"}
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     # Labels wrap (a class's name too, character by character), not the variants' names.
     table.add_column("variant", max_width=18, overflow="fold")
@@ -120,7 +121,7 @@ def comparison_table(title: str, df: Any) -> Table:
         who = f"{column_name.split(':')[1]}: " if column_name.startswith("class:") else ""
         values = df[column_name]
         shown = unit(key)
-        if key == "slo_attainment":
+        if key in ("slo_attainment", "prefix_hit_rate", "cpu_hit_rate"):
             cells = [pct(v) for v in values]
         elif key in numbers:
             cells = [fmt(v, shown.scale) for v in values]

@@ -62,6 +62,10 @@ METRICS: dict[str, tuple[str, Unit]] = {
     "num_gpus": ("GPUs", NONE),
     "acceptance_length": ("acceptance length", Unit("tokens/step", 1.0)),
     "slo_attainment": ("SLO attainment", PERCENT),
+    # Shares of the prompt tokens admitted: found cached in any tier / loaded from the host's.
+    "prefix_hit_rate": ("prefix hits", PERCENT),
+    "cpu_hit_rate": ("host-tier hits", PERCENT),
+    "mean_load_s": ("host-tier load", MS),  # a load's mean time
     "all_attainment": ("SLO attainment", PERCENT),
     "ttft_attainment": ("TTFT SLO attainment", PERCENT),
     "tbt_attainment": ("TBT SLO attainment (worst gap per request)", PERCENT),

@@ -162,6 +162,7 @@ CLASS_KEYS = ("ttft_p99_s", "slo_attainment")
 def row(variant: str, res: Results) -> dict[str, Any]:
     s = res.summary
     transfer = s.get("transfer", {}).get("transfer_s", {})
+    offload = s.get("kv_offload") or {}
     per_class = {}
     for c in s.get("classes") or []:
         per_class[f"class:{c['name']}:ttft_p99_s"] = c["ttft_s"]["p99"]
@@ -191,5 +192,11 @@ def row(variant: str, res: Results) -> dict[str, Any]:
         "acceptance_length": (s.get("speculative") or {}).get("acceptance_length"),
         # Disaggregated: whether the first token came before the hand-off (the prefill's).
         "first_token_from": s.get("transfer", {}).get("first_token_from"),
+        # Prefix caching: prompt tokens found cached, in any tier; with a host tier (vLLM's
+        # CPU tier, SGLang's hierarchical cache), the share loaded from it and a load's mean
+        # time (`summary.kv_offload`).
+        "prefix_hit_rate": (s.get("prefix_cache") or {}).get("hit_rate_tokens"),
+        "cpu_hit_rate": offload.get("hit_rate_tokens", {}).get("cpu"),
+        "mean_load_s": offload.get("mean_load_s"),
         **per_class,
     }

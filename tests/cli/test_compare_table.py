@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 from rich.console import Console
 
 from sim.cli.compare import comparison_tables
@@ -50,3 +51,45 @@ def test_a_disaggregated_variant_says_its_attainment_counts_the_hand_off():
     text = shown(comparison_tables("cmp", df, 80))
     assert "KV transfer" in text
     assert "TBT gaps include its KV hand-off" in " ".join(text.split())
+
+
+def test_a_host_tier_s_hits_and_loads_are_in_the_comparison(tmp_path):
+    """The comparison of CPU tiers (as `scenarios/compare_kv_offload.yaml`, shortened): the
+    table and `comparison.csv` carry each variant's prompt tokens cached (any tier), those
+    loaded from the host and a load's mean time, read from its `summary.json`; a variant
+    without a tier has none loaded."""
+    from sim.config.scenario import parse_scenario
+    from sim.studies.compare import compare
+
+    base = {"seed": 0,
+            "workload": {"format": "shared_prefix", "num_groups": 24,
+                         "num_prompts_per_group": 4, "system_prompt_tokens": 2000,
+                         "question_tokens": 200, "output_tokens": 20, "rate_qps": 3.0,
+                         "duration_s": 30},
+            "replica": {"model": "llama-3.1-8b", "gpu": "rtx4090",
+                        "scheduler": {"name": "vllm_v1", "engine_version": "0.15.1"},
+                        "prefix_caching": True, "kv_cache": {"num_blocks": 1000}}}
+    scenarios = {name: parse_scenario(
+        {**base, "name": f"cmp/{name}",
+         "replica": {**base["replica"], **({"kv_offload": {"size_gib": 32}} if tier else {})}},
+        "<test>") for name, tier in (("no_tier", False), ("cpu_32gib", True))}
+    table, results = compare(scenarios, tmp_path / "cmp")
+    saved = pd.read_csv(tmp_path / "cmp" / "comparison.csv").set_index("variant")
+    for variant, res in results.items():
+        offload = res.summary.get("kv_offload") or {}
+        assert saved.loc[variant, "prefix_hit_rate"] == pytest.approx(
+            res.summary["prefix_cache"]["hit_rate_tokens"])
+        if variant == "no_tier":
+            assert pd.isna(saved.loc[variant, "cpu_hit_rate"])
+        else:
+            assert saved.loc[variant, "cpu_hit_rate"] == pytest.approx(
+                offload["hit_rate_tokens"]["cpu"])
+            assert saved.loc[variant, "mean_load_s"] == pytest.approx(offload["mean_load_s"])
+    # The tier brings back prefixes the GPU's 1,000 blocks evicted.
+    assert saved.loc["cpu_32gib", "cpu_hit_rate"] > 0.2
+    assert saved.loc["cpu_32gib", "prefix_hit_rate"] > saved.loc["no_tier", "prefix_hit_rate"]
+    text = shown(comparison_tables("cmp", table, 80))
+    hits = next(line for line in text.splitlines() if line.startswith("host-tier hits %"))
+    assert hits.split()[-2] == "-"  # (no tier: nothing loaded)
+    assert "prefix hits %" in text and "host-tier load ms" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
