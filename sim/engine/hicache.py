@@ -183,7 +183,8 @@ def attach_host_cache(cfg: ReplicaConfig, state: ReplicaState, pool: str, field:
     elif cfg.parallelism.pipeline > 1:
         problem = "on a pipeline is not modelled yet (servesim issue 47)"
     if problem is not None:
-        raise InputError(source, where, "set", f"SGLang's hierarchical cache {problem}")
+        raise InputError(source, where, hicache.model_dump(exclude_defaults=True),
+                         f"SGLang's hierarchical cache {problem}")
     kv = state.kv
     assert isinstance(kv, HierarchicalCache)
     if kv.num_host_blocks < 1:

@@ -22,8 +22,9 @@ class AcceptanceSettings(BaseModel):
     engine: ClassVar[str]  # whose drafter: "vllm" or "sglang" (its time: `sim.latency.base`)
 
     acceptance_rate: float | list[float] | None = Field(
-        None, description="chance a draft is accepted given that the drafts before it were: one "
-                    "rate, or one per position (conditional)")
+        None, description="required, or per_position_acceptance instead: chance a draft is "
+                    "accepted given that the drafts before it were: one rate, or one per "
+                    "position (conditional)")
     per_position_acceptance: list[float] | None = Field(
         None, description="instead of acceptance_rate: the engine's printed per-position "
                           "acceptance rates (unconditional, non-increasing), one per position")
