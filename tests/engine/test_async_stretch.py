@@ -6,12 +6,16 @@ a closed-loop client), no stretch."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import sim.engine.fastpath.pipeline as fast_pipeline
 from sim import load_scenario, run_scenario
 from sim.config.scenario import parse_scenario
+from sim.core.plan import Plan
+from sim.engine.fastpath.async_stretch import AsyncStretch
 from tests.engine.fastpath_helpers import assert_same_results, fast_and_stepped
 from tests.strategies import assert_nothing_lost, scenarios
 
@@ -217,3 +221,34 @@ def test_a_stretch_past_2_to_the_32_seconds_is_refused_as_a_step_is():
             run_scenario(scenario, fast_forward=fast)
         messages.append(str(err.value))
     assert messages[0] == messages[1]
+
+
+def _blocks_plan_by_plan(num_used0: int, computed: list[int], left: list[int], n: int,
+                         block_size: int) -> list[int]:
+    """Blocks in use at each of plans 0..n-1, one plan and one request at a time: a request
+    with `c` tokens (the one in flight counted) is in plans j < `left`, adds a block at each
+    where c + j fills its last, and frees all it holds before plan left + 1."""
+    used = []
+    for j in range(n):
+        total = num_used0
+        for c, k in zip(computed, left, strict=True):
+            total += sum(1 for i in range(1, min(j, k - 1) + 1) if (c + i) % block_size == 0)
+            if j >= k + 1:
+                total -= -(-(c + k) // block_size)
+        used.append(total)
+    return used
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 100), st.sampled_from([1, 2, 3, 16, 64]), st.integers(0, 500),
+       st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 90)), max_size=40))
+def test_blocks_in_use_at_each_plan_counted_plan_by_plan(n, block_size, num_used0, requests):
+    """`AsyncStretch.num_used_blocks` (runs of blocks summed along each residue) against a
+    count made plan by plan, for pages of one token (SGLang's) and larger, fewer plans than
+    a page and more."""
+    computed = [c for c, _ in requests]
+    left = [k for _, k in requests]
+    stretch = AsyncStretch(Plan({}), num_used0, [], computed, left, 0, block_size,
+                           *(np.zeros(1),) * 5, 0, np.zeros(1))
+    assert stretch.num_used_blocks(n) == _blocks_plan_by_plan(num_used0, computed, left, n,
+                                                              block_size)

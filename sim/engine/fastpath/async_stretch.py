@@ -76,15 +76,37 @@ class AsyncStretch:
         block_size = self.block_size
         change = [0] * n
         change[0] = self.num_used_blocks0
+        if len(self.num_computed) * (n // block_size) <= 2 * n:  # few: added one by one
+            for c, k in zip(self.num_computed, self.num_steps_left, strict=True):
+                j = -c % block_size or block_size
+                stop = k if k < n else n
+                while j < stop:
+                    change[j] += 1
+                    j += block_size
+                if k + 1 < n:
+                    change[k + 1] -= -(-(c + k) // block_size)
+            return list(accumulate(change))
+        # A request adds a block at j, j + block_size, ... before it leaves: marked where its
+        # run starts and just past where it stops, then summed along each residue, so the
+        # cost grows with requests plus plans, not their product (SGLang's pages of one
+        # token add a block a plan each: `bench/README.md`, 2026-12-02).
+        adds = [0] * n
         for c, k in zip(self.num_computed, self.num_steps_left, strict=True):
             j = -c % block_size or block_size
             stop = k if k < n else n
-            while j < stop:
-                change[j] += 1
-                j += block_size
+            if j < stop:
+                adds[j] += 1
+                past = stop + (j - stop) % block_size  # the first of j's residue from stop
+                if past < n:
+                    adds[past] -= 1
             if k + 1 < n:
                 change[k + 1] -= -(-(c + k) // block_size)
-        return list(accumulate(change))
+        if block_size == 1:
+            adds = list(accumulate(adds))
+        else:
+            for j in range(block_size, n):
+                adds[j] += adds[j - block_size]
+        return list(accumulate(map(int.__add__, change, adds)))
 
     def __len__(self) -> int:
         return len(self.end_s)
