@@ -62,6 +62,9 @@ class SGLang(Scheduler):
     3. Chunking: the request that does not fit what is left of the budget takes the rest of it
        and becomes *the* chunked request; it samples only after its last chunk (doc 001,
        `ChunkedReq`; SGLang `add_one_req` sets `new_chunked_req`). At most one is in progress.
+       A request computed again after a retraction or preemption extends its prompt and
+       outputs so: a last chunk of one token is still its extend, in a prefill batch, where
+       it samples (`add_chunked_req`), not a decode (`_prefilling`).
     4. The chunked request continues first, ahead of the waiting queue, in the very next
        iteration: `_get_new_batch_prefill_raw` skips its early exits while `self.chunked_req`
        is set and calls `add_chunked_req` before the waiting queue, so the next batch is a
@@ -198,6 +201,9 @@ class SGLang(Scheduler):
         self._state: ReplicaState | None = None
         self._num_prefill_passes = 0  # passes with a queue: SGLang refreshes every 32nd
         self._last_extend: list[Request] = []  # the requests of the last batch, a prefill
+        # SGLang's chunked request (`self.chunked_req`), its preemptions and outputs when it was
+        # chunked: its extend goes on in prefill batches until it samples (`_prefilling`).
+        self._chunked: tuple[Request, int, int] | None = None
         # Priority preemption: each request's fill ids and prefix when last tried in a pass
         # (`full_untruncated_fill_ids`, `prefix_len`), and its preemptions then.
         self.last_tried: dict[int, tuple[int, int, int]] = {}
@@ -387,7 +393,7 @@ class SGLang(Scheduler):
         """`stash_chunked_request`: the chunked request's tokens computed since the last pass
         are inserted in the radix cache before the next batch is built."""
         stashed = {}
-        for req in state.prefilling():
+        for req in self._prefilling(state):
             progress = (req.num_preemptions, req.num_computed_tokens)
             if req.num_computed_tokens and self._stashed.get(req.request_id) != progress:
                 state.kv.checkpoint(req)
@@ -400,6 +406,30 @@ class SGLang(Scheduler):
         # (D tokens each, speculative).
         per_decode = self._spec.num_draft_tokens if self._spec is not None else 1
         return max(self.config.chunked_prefill_size, self.config.max_num_seqs * per_decode)
+
+    def _prefilling(self, state: ReplicaState) -> list[Request]:
+        """The running requests whose extend has tokens left, in running order: those of
+        `state.prefilling()` and the chunked request with only its last token left. A request
+        computed again after a retraction or preemption extends its prompt and outputs, and
+        where its chunks leave one token, `Request.is_decoding` reads it as decoding; SGLang
+        extends that token in a prefill batch of its own, its chunked request's last
+        (`add_chunked_req`, `schedule_policy.py` 1140-1185), and samples there (rule 3)."""
+        prefilling = state.prefilling()
+        chunked = self._chunked
+        if chunked is None:
+            return prefilling
+        req, num_preemptions, num_outputs = chunked
+        if (req.status is not Status.RUNNING or req.num_preemptions != num_preemptions
+                or req.num_output_tokens != num_outputs):
+            # Retracted, preempted or aborted since, or it sampled: its extend ended (the
+            # fast path's stretches compute a prompt's last chunks without a pass here).
+            self._chunked = None
+            return prefilling
+        if not req.is_decoding:
+            return prefilling  # (in the list if tokens are left)
+        ids = {id(r) for r in prefilling}
+        ids.add(id(req))
+        return [r for r in state.running if id(r) in ids]
 
     def _settled(self) -> None:
         # Decode stretches (the fast path) plan no pass: only while every decode step leaves
@@ -455,7 +485,7 @@ class SGLang(Scheduler):
         if self._full is not None and last:
             # `get_next_batch_to_run` filters the last batch, a prefill, of the requests that
             # finished and of the one still chunked: if it shrank, the latch clears.
-            prefilling = {id(r) for r in state.prefilling()}
+            prefilling = {id(r) for r in self._prefilling(state)}
             if any(r.status is not Status.RUNNING or id(r) in prefilling for r in last):
                 self._full = None
         if state.kv.caches_prefixes:
@@ -486,10 +516,11 @@ class SGLang(Scheduler):
         cfg = self.config
         plan = Plan()
         # Mixed: the decodes first, in the prefill's batch; else only the chunked request(s).
-        prefilling = schedule_decodes(state, plan) if cfg.mixed_chunk else state.prefilling()
+        prefilling = schedule_decodes(state, plan) if cfg.mixed_chunk else self._prefilling(state)
         self._prefill(state, plan, prefilling, cfg.chunked_prefill_size - plan.num_seqs)
         if not plan and self._spec is not None:
-            self._aborted = schedule_spec_decodes(state, plan, self._spec, self._now_s, self)
+            self._aborted = schedule_spec_decodes(state, plan, self._spec, self._now_s, self,
+                                                  self._prefilling(state))
         elif not plan and cfg.decode_reserve_tokens is None and not state.prefill_only:
             self._decode(state, plan)
         elif not plan:
@@ -513,7 +544,7 @@ class SGLang(Scheduler):
         # (A request whose last token is in flight finishes with it.)
         batch, self._aborted = decode_batch(
             state, plan, lambda req: state.pipelined and req.is_caught_up, top_up,
-            self._now_s, self)
+            self._now_s, self, self._prefilling(state))
         if not batch:
             return
         scheduled = plan.num_scheduled_tokens
@@ -560,6 +591,12 @@ class SGLang(Scheduler):
             adder.run()
             self.prompts_ending(plan, adder.completing)
             self._last_extend = adder.can_run
+            for req in adder.can_run:  # (SGLang chunks one request at a time)
+                if any(r is req for r in adder.completing):
+                    if self._chunked is not None and self._chunked[0] is req:
+                        self._chunked = None
+                else:
+                    self._chunked = (req, req.num_preemptions, req.num_output_tokens)
         else:
             self._prefill_reserving(state, plan, prefilling, budget)
 

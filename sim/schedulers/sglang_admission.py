@@ -57,11 +57,11 @@ Paths are under `sglang/srt/`; the golden schedules (`tools/golden/`) check thes
   victim's KV is freed (`release_req`: nothing inserted in the radix cache), its outputs
   kept (it is prefilled again with them), its offset given back, and it re-enters the queue
   after the pass, at the end of its level; after each victim's release the radix cache
-  evicts room for 20 tokens per request left in the batch (`evict_from_tree_cache`). Not
-  modelled: a victim's prefill again, chunked so that one token is left, is still SGLang's chunked
-  request (never a candidate) where servesim counts it as decoding (a candidate, a pass
-  early); and the order in which the victims of one preemption re-enter (a set's, in SGLang:
-  arbitrary; here the running batch's).
+  evicts room for 20 tokens per request left in the batch (`evict_from_tree_cache`). A
+  victim's prefill again, chunked so that one token is left, is still SGLang's chunked
+  request (never a candidate: `SGLang._prefilling`). Not modelled: the order in which the
+  victims of one preemption re-enter (a set's, in SGLang: arbitrary; here the running
+  batch's).
 - Disaggregated: a prefill server's pass runs as above (the latch cleared before each pass, as
   its loop also does for every request, `get_next_disagg_prefill_batch_to_run`), but it never
   preempts: its running batch is empty. A decode server runs no `PrefillAdder` (transferred

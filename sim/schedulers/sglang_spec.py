@@ -222,11 +222,13 @@ def ratio_after_retract(kept: list[Request]) -> float:
 
 
 def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRules,
-                          now_s: float, tracker: Any = None) -> bool:
+                          now_s: float, tracker: Any = None,
+                          prefilling: list[Request] | None = None) -> bool:
     """SGLang's decode step with speculative decoding (`update_running_batch`,
     `check_decode_mem`, `retract_decode`, `eagle_prepare_for_decode`): every running request
     not prefilling verifies D tokens, each topped up to its committed KV plus 2L slots; where
-    the top-ups do not all fit, requests are retracted (see the module docstring). Returns
+    the top-ups do not all fit, requests are retracted (see the module docstring).
+    `prefilling`: the running requests still extending (default `state.prefilling()`). Returns
     whether it aborted one."""
     if state.prefill_only:
         return False  # (a prefill replica samples each request's first token, then hands off)
@@ -242,7 +244,7 @@ def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRule
         return max(0, cdiv(_committed(req) + reserve, block_size)
                    - kv.num_held_blocks(req.request_id))
 
-    batch, aborted = decode_batch(state, plan, finishing, top_up, now_s, tracker)
+    batch, aborted = decode_batch(state, plan, finishing, top_up, now_s, tracker, prefilling)
     scheduled = plan.num_scheduled_tokens
     for req in batch:
         grow = top_up(req)
@@ -253,19 +255,20 @@ def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRule
 
 
 def decode_batch(state: ReplicaState, plan: Plan, finishing: Callable[[Request], bool],
-                 top_up: Callable[[Request], int], now_s: float, tracker: Any = None
-                 ) -> tuple[list[Request], bool]:
+                 top_up: Callable[[Request], int], now_s: float, tracker: Any = None,
+                 prefilling: list[Request] | None = None) -> tuple[list[Request], bool]:
     """The requests of SGLang's decode step (`update_running_batch`): every running request
     past its prefill but those whose result in flight finishes them (`finishing`:
     `_reqs_finishing_inflight`); where their top-ups do not all fit (`check_decode_mem`),
     none if a finishing request's KV comes back at the step's end, else those left after
     `retract_decode`, `tracker`'s new-token ratio set from them (decayed where all fit).
-    Returns them in the batch's order, and whether one was aborted."""
-    prefilling = {id(r) for r in state.prefilling()}
+    `prefilling` (default `state.prefilling()`) are left out: still extending. Returns them in
+    the batch's order, and whether one was aborted."""
+    extending = {id(r) for r in (state.prefilling() if prefilling is None else prefilling)}
     batch: list[Request] = []
     any_finishing = False
     for req in state.running:
-        if id(req) in prefilling:
+        if id(req) in extending:
             continue
         if finishing(req):
             any_finishing = True

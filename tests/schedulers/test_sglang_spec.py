@@ -122,6 +122,29 @@ def test_retraction_takes_fewest_outputs_then_longest_prompt_to_the_queues_back(
     assert (it["num_kv_blocks_used"] <= 230).all()
 
 
+def test_a_retracted_requests_last_token_left_is_extended_alone():
+    """The retraction above with chunks of 82: D (10 tokens) and B again (its prompt and 39
+    outputs, 73 tokens) share a prefill of 82, which leaves B one token. That token is the
+    last extend of SGLang's chunked request, a prefill batch of its own where B samples its
+    40th and last output, not a verify of D tokens beside D's (`spec_eos_ngram_chunked`)."""
+    requests = [(0.0, 30, 40), (0.0, 34, 40), (0.0, 30, 40), (0.5, 10, 5)]
+    res = run(scenario(eagle(0.0), requests, num_blocks=230, chunked_prefill_size=82))
+    req = res.requests.set_index("request_id")
+    it = res.iterations.reset_index(drop=True)
+    assert req.loc[1, "num_preemptions"] == 1
+    # (The first prefill is 82 tokens too: A, B and 18 of C's.)
+    i = it.index[it["num_prefill_tokens"] == 82].tolist()
+    assert len(i) == 2 and it.loc[i[1], "num_seqs"] == 2
+    i = i[1:]
+    last = it.loc[i[0] + 1]
+    assert (last["num_seqs"], last["num_spec_tokens"]) == (1, 0)
+    assert last["duration_s"] == pytest.approx(BASE_S + 1 * PER_TOKEN_S)
+    assert req.loc[1, "finish_s"] == pytest.approx(last["start_s"] + last["duration_s"])
+    # D's four verifies follow, one at a time.
+    assert it.loc[i[0] + 2:, "num_spec_tokens"].tolist() == [3, 3, 3, 3]
+    assert req.loc[3, "status"] == "finished"
+
+
 def test_a_request_the_top_up_outgrows_is_aborted_and_the_queue_starts_at_once():
     """Admission counts a prompt, its outputs and 3 spare slots (372 + 9 + 3 = 384), not the
     decode step's top-up: with no draft accepted, the sixth decode would need 377 + 8 > 384
