@@ -431,7 +431,62 @@ def sglang_spec_workloads() -> list[Workload]:
     ]
 
 
-SGLANG_SPEC_WORKLOADS = {w["name"]: w for w in sglang_spec_workloads()}
+def sglang_spec_eos_workloads() -> list[Workload]:
+    """Speculative decoding with requests without ignore_eos (`settings.ignore_eos` false, as
+    the `eos_*` workloads): admission reserves a running request's outputs left times
+    new_token_ratio and takes the general add_one_req path; under small pools the decode
+    step's top-ups (2L slots a request, which admission does not count) and the decaying
+    ratio over-admit, and `retract_decode` retracts, setting the ratio. (The recorder's model
+    has no EOS: each request runs to its output length.)"""
+    def rng(seed: int) -> np.random.Generator:
+        return np.random.default_rng(seed)
+
+    ngram = {**_numbers("NGRAM", 1, 10, 12), "unset": SPEC_UNSETTABLE[1:]}
+    eagle = _numbers("EAGLE", 3, 1, 4)
+    overlap: dict[str, Any] = {"disable_overlap_schedule": False}
+    eos: dict[str, Any] = {"ignore_eos": False, "max_running_requests": 64,
+                           "chunked_prefill_size": 512}
+    return [
+        # EAGLE (3, 1, 4) and NGRAM (SGLang's numbers: a top-up of 2 * 12 slots): 30 requests
+        # with outputs of 100-400 tokens on a pool of 800, each with the synchronous loop and
+        # the overlap one.
+        _sglang_spec("spec_eos_eagle_kv_starved", 901,
+                     _requests(rng(901), 30, 20.0, (64, 192), (100, 400)),
+                     num_gpu_blocks=800, **eagle, **eos),
+        _sglang_spec("spec_eos_eagle_overlap_kv_starved", 901,
+                     _requests(rng(901), 30, 20.0, (64, 192), (100, 400)),
+                     num_gpu_blocks=800, **eagle, **eos, **overlap),
+        _sglang_spec("spec_eos_ngram_kv_starved", 911,
+                     _requests(rng(911), 30, 20.0, (64, 192), (100, 400)),
+                     num_gpu_blocks=800, **ngram, **eos),
+        _sglang_spec("spec_eos_ngram_overlap_kv_starved", 911,
+                     _requests(rng(911), 30, 20.0, (64, 192), (100, 400)),
+                     num_gpu_blocks=800, **ngram, **eos, **overlap),
+        # The radix cache on: four shared system prompts, evicted by admission, the memory
+        # check and retractions.
+        _sglang_spec("spec_eos_eagle_prefix_kv_starved", 903,
+                     _prefixed(rng(903), 30, 20.0, 4, (64, 256), (16, 64), (100, 400)),
+                     num_gpu_blocks=800, disable_radix_cache=False, **eagle, **eos),
+        # Bursts with quiet spells: the scheduler idles between them and the ratio is reset.
+        _sglang_spec("spec_eos_eagle_bursts_idle", 903,
+                     _bursts(rng(903), 30, (6, 10), (3.0, 5.0), (64, 192), (100, 300)),
+                     num_gpu_blocks=800, **eagle, **eos),
+        # An EAGLE tree (3, 2, 6: a top-up of 2 * 6 slots) on shared prefixes with the overlap
+        # loop.
+        _sglang_spec("spec_eos_eagle_tree_prefix_overlap", 915,
+                     _prefixed(rng(915), 30, 20.0, 4, (64, 256), (16, 64), (100, 400)),
+                     num_gpu_blocks=800, disable_radix_cache=False,
+                     **_numbers("EAGLE", 3, 2, 6), **eos, **overlap),
+        # NGRAM with chunks of 64: prompts of 2-6 chunks, a continuing chunk taking KV beyond
+        # the reservations.
+        _sglang_spec("spec_eos_ngram_chunked", 915,
+                     _requests(rng(915), 30, 20.0, (128, 384), (100, 400)),
+                     num_gpu_blocks=800, **ngram, **{**eos, "chunked_prefill_size": 64}),
+    ]
+
+
+SGLANG_SPEC_WORKLOADS = {w["name"]: w for w in sglang_spec_workloads()
+                         + sglang_spec_eos_workloads()}
 
 
 def _sglang_hicache(name: str, seed: int, requests: list[list[Any]], *, hicache_ratio: float,
