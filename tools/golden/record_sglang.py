@@ -119,6 +119,15 @@ LLAMA_CONFIG = {
 }
 
 
+def model_config(workload: Workload) -> dict[str, Any]:
+    """The model's config (`LLAMA_CONFIG`), without an EOS token for requests without
+    ignore_eos (none set: transformers' LlamaConfig would default it to 2), so that each runs
+    to its max_new_tokens, its output length (checked by the recorders)."""
+    if workload["settings"].get("ignore_eos", True):
+        return LLAMA_CONFIG
+    return {**LLAMA_CONFIG, "eos_token_id": None}
+
+
 def _stub_sgl_kernel_ops() -> None:
     """Import sgl_kernel without its CUDA ops library (there is no libcuda)."""
     if "sgl_kernel" in sys.modules:
@@ -470,11 +479,7 @@ def record(workload: Workload) -> dict[str, Any]:
     """Drive SGLang's scheduler through `workload`; the fixture's body (see `fixture.py`)."""
     ignore_eos = workload["settings"].get("ignore_eos", True)
     with tempfile.TemporaryDirectory() as model_dir:
-        # Without ignore_eos, a model that can never end on EOS (none set: transformers'
-        # LlamaConfig would default it to 2): each request runs to its max_new_tokens, its
-        # output length, checked below.
-        config = LLAMA_CONFIG if ignore_eos else {**LLAMA_CONFIG, "eos_token_id": None}
-        Path(model_dir, "config.json").write_text(json.dumps(config))
+        Path(model_dir, "config.json").write_text(json.dumps(model_config(workload)))
         sched = build_scheduler(workload, model_dir)
     assert ignore_eos or not sched.model_config.hf_eos_token_id, sched.model_config.hf_eos_token_id
     from sglang.srt.managers.schedule_batch import ScheduleBatch

@@ -66,7 +66,7 @@ host pool), and the fixture holds `hicache` too.
 
 With `settings.ignore_eos` false (the `spec_eos_*` workloads) the requests are sent without
 ignore_eos, as `record_sglang.py` sends them, and the target and draft models have no EOS
-token (`model_config`), so each request still runs to its max_new_tokens (checked).
+token (`record_sglang.model_config`), so each request still runs to its max_new_tokens (checked).
 
 With the radix cache on (`disable_radix_cache` false) SGLang's own tree (`UnifiedRadixCache`,
 keyed by token pairs for the EAGLE family, by tokens for NGRAM) matches, inserts and evicts as
@@ -121,15 +121,6 @@ def acceptance_draws(spec: dict[str, Any]) -> list[float]:
     return [rate] * steps + [0.0] * (draft - 1 - steps)
 
 
-def model_config(workload: Workload) -> dict[str, Any]:
-    """The target's (and a draft model's) config: `record_sglang.LLAMA_CONFIG`, without an EOS
-    token for requests without ignore_eos (none set: transformers' LlamaConfig would default
-    it to 2), so that each runs to its max_new_tokens, its output length (checked)."""
-    if workload["settings"].get("ignore_eos", True):
-        return R.LLAMA_CONFIG
-    return {**R.LLAMA_CONFIG, "eos_token_id": None}
-
-
 def build_spec_scheduler(workload: Workload, model_dir: str) -> Any:
     """SGLang's Scheduler for the workload, as `record_sglang.build_scheduler` builds it, with
     speculative decoding on; the numbers SGLang resolves are checked against the workload."""
@@ -159,7 +150,7 @@ def build_spec_scheduler(workload: Workload, model_dir: str) -> Any:
         draft_dir = Path(model_dir, "draft")
         draft_dir.mkdir()
         (draft_dir / "config.json").write_text(json.dumps(
-            {**model_config(workload), "architectures": [DRAFT_ARCHITECTURES[algorithm]],
+            {**R.model_config(workload), "architectures": [DRAFT_ARCHITECTURES[algorithm]],
              "draft_vocab_size": R.LLAMA_CONFIG["vocab_size"]}))
         kw["speculative_draft_model_path"] = str(draft_dir)
     sched = R.build_scheduler(workload, model_dir, **kw)
@@ -235,7 +226,7 @@ def record(workload: Workload) -> dict[str, Any]:
     """Drive SGLang's scheduler through `workload`; the fixture's body."""
     ignore_eos = workload["settings"].get("ignore_eos", True)
     with tempfile.TemporaryDirectory() as model_dir:
-        Path(model_dir, "config.json").write_text(json.dumps(model_config(workload)))
+        Path(model_dir, "config.json").write_text(json.dumps(R.model_config(workload)))
         sched = build_spec_scheduler(workload, model_dir)
     assert ignore_eos or not sched.model_config.hf_eos_token_id, sched.model_config.hf_eos_token_id
     from sglang.srt.managers.schedule_batch import ScheduleBatch
