@@ -198,7 +198,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
         if (scheduler.get("speculative") or scheduler.get("hierarchical_cache")
                 or scheduler["mixed_chunk"]):
             num_blocks, block_size = num_blocks * block_size, 1
-    return {
+    data = {
         "seed": draw(st.integers(0, 2**16)),
         **({"clients": clients} if clients is not None else {}),
         "workload": workload,
@@ -229,6 +229,14 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
         "horizon_s": draw(st.sampled_from([None, None, 0.5, 3.0])),
         "record_token_times": True,
     }
+    replica = data["replica"]
+    if (data_parallel and replica["latency"]["kind"] == "roofline"
+            and replica["parallelism"]["expert"] > 1):
+        # vLLM's all-to-all backends for experts spread over the ranks (DeepEP's normal
+        # kernels turn CUDA graphs off: no step padded).
+        replica["latency"]["all2all_backend"] = draw(st.sampled_from(
+            ["allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency"]))
+    return data
 
 
 def assert_nothing_lost(data, res):
@@ -394,6 +402,9 @@ def data_parallel_clusters(draw, offload: bool = False):
             own.pop("kv_offload", None)
         if ranked not in (pool, "both"):
             own["parallelism"] = {}
+            # (no ranks: no all-to-all backend to choose)
+            own["latency"] = {key: value for key, value in own["latency"].items()
+                              if key != "all2all_backend"}
         if pool == "decode":
             own["kv_cache"]["num_blocks"] += draw(st.integers(0, 50))
         pools[pool] = {"replicas": draw(st.integers(1, 2)), "replica": own}

@@ -414,6 +414,17 @@ def _replica_problems(scenario: Scenario) -> list[tuple[str, Any, str]]:
             continue
         problems += [(f"{field}.parallelism.{name}", value, why)
                      for name, value, why in replica.parallelism.problems(shape)]
+        backend = getattr(replica.latency, "all2all_backend", "allgather_reducescatter")
+        par = replica.parallelism
+        if backend != "allgather_reducescatter" and not (
+                shape.num_experts and par.data > 1 and par.expert == par.data * par.tensor):
+            # vLLM runs its all-to-all kernels only for experts spread over data-parallel
+            # ranks (`FusedMoEParallelConfig.use_all2all_kernels`); elsewhere the option
+            # would do nothing, silently.
+            problems.append((f"{field}.latency.all2all_backend", backend, (
+                "an all-to-all backend exchanges tokens between data-parallel ranks whose GPUs "
+                "hold whole experts: give an MoE model, parallelism.data > 1 and "
+                "parallelism.expert = data x tensor, or drop it")))
     return problems
 
 

@@ -418,11 +418,16 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
     width = 1 + k if latest else 1  # (`execute_dummy_batch`: 0.33.0's uniform decode)
     dummy = BatchShape(num_decode_tokens=1, num_spec_tokens=width - 1,
                        num_drafting_seqs=width if spec is not None else 0)
+    # DeepEP's normal kernels cannot be captured: vLLM turns CUDA graphs off with them and
+    # data-parallel ranks (`CompilationConfig`: cudagraph_mode NONE), so no step is padded.
+    graphs = getattr(cfg.latency, "all2all_backend", None) != "deepep_high_throughput"
     return DataParallelGroup(env, cast(list[Rank], ranks), ranks[0].latency, balancer,
                              max_num_seqs=int(scheduler.max_num_seqs),
                              capture_limit=capture_ceiling(
                                  int(scheduler.max_num_seqs), k,
-                                 budget if type(budget) is int else None, latest),
+                                 budget if type(budget) is int else None, latest)
+                             if graphs else 0,
                              dummy=dummy,
                              sync_interval=16 if latest else 32, sync_first_step=latest,
-                             pads_every_step=bool(getattr(scheduler, "pads_every_step", False)))
+                             pads_every_step=graphs and bool(getattr(scheduler,
+                                                                     "pads_every_step", False)))

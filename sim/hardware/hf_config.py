@@ -241,12 +241,25 @@ class _Config:
         freq = self.integer("moe_layer_freq", 1)
         moe = tuple(i for i in range(layers) if i >= first and i % freq == 0)
         width = self.integer("moe_intermediate_size")
-        return {"num_experts": experts,
-                "num_experts_per_token": self.integer("num_experts_per_tok"),
-                "moe_intermediate_size": width,
-                "shared_expert_intermediate_size":
-                    width * self.integer("n_shared_experts", 0, minimum=0),
-                "moe_layers": None if len(moe) == layers else moe}
+        fields = {"num_experts": experts,
+                  "num_experts_per_token": self.integer("num_experts_per_tok"),
+                  "moe_intermediate_size": width,
+                  "shared_expert_intermediate_size":
+                      width * self.integer("n_shared_experts", 0, minimum=0),
+                  "moe_layers": None if len(moe) == layers else moe}
+        # Group-limited routing: V2's `group_limited_greedy`, V3's `noaux_tc` (vLLM's
+        # `use_grouped_topk`); V2-Lite's `greedy` ignores its n_group.
+        if self.data.get("topk_method") in ("group_limited_greedy", "noaux_tc"):
+            groups = self.integer("n_group", 1)
+            chosen = self.integer("topk_group", 1)
+            if groups > 1:
+                if experts % groups:
+                    raise self.fail("n_group", groups, f"does not divide n_routed_experts "
+                                                       f"({experts})")
+                if chosen > groups:
+                    raise self.fail("topk_group", chosen, f"more than n_group ({groups})")
+                fields.update(num_expert_groups=groups, expert_groups_per_token=chosen)
+        return fields
 
     def _mla(self) -> dict[str, Any]:
         return {"kv_lora_rank": self.integer("kv_lora_rank"),

@@ -7,14 +7,15 @@ run of layers and hands the activations on between stages; expert parallelism pl
 routed experts of an MoE layer on `expert` of the tensor-parallel GPUs instead of slicing every
 expert (vLLM's `enable_expert_parallel` inside the tensor-parallel group).
 
-Data parallelism (`data`, vLLM's `--data-parallel-size` on one node) makes a replica of `data`
-engine cores (ranks), each with its own scheduler and KV cache on `tensor` GPUs. For an MoE
-model the ranks step in lockstep, each MoE layer gathering every rank's tokens and scattering
-the results back (`sim.engine.data_parallel`). With `expert = data * tensor` (`--enable-expert-
-parallel`) whole experts are spread over all the replica's GPUs; with `expert: 1`, vLLM's
-default, every GPU holds a 1/(data * tensor) slice of every expert (`FusedMoEParallelConfig`
-flattens the tensor group across the ranks). Attention, dense and shared-expert layers are
-split over a rank's own `tensor` GPUs either way.
+Data parallelism (`data`, vLLM's `--data-parallel-size`, on one node or filling several)
+makes a replica of `data` engine cores (ranks), each with its own scheduler and KV cache on
+`tensor` GPUs. For an MoE model the ranks step in lockstep, each MoE layer exchanging tokens
+between the ranks (`sim.engine.data_parallel`; how, by `latency.all2all_backend`:
+`sim.latency.all_to_all`). With `expert = data * tensor` (`--enable-expert-parallel`) whole
+experts are spread over all the replica's GPUs; with `expert: 1`, vLLM's default, every GPU
+holds a 1/(data * tensor) slice of every expert (`FusedMoEParallelConfig` flattens the tensor
+group across the ranks). Attention, dense and shared-expert layers are split over a rank's own
+`tensor` GPUs either way.
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ class Parallelism(BaseModel):
                                     "data > 1 all data x tensor GPUs; 1: every expert sliced "
                                     "over the tensor group (with data > 1, over every rank's "
                                     "GPUs)")
-    data: int = Field(1, ge=1, le=GPUS_PER_NODE,
+    data: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA,
                       description="data-parallel ranks (engine cores), each on `tensor` GPUs "
                                   "with its own scheduler and KV cache (vLLM's "
-                                  "--data-parallel-size, one node; MoE models only)")
+                                  "--data-parallel-size; across nodes of 8 GPUs where data x "
+                                  "tensor is a multiple of 8; MoE models only)")
 
     @property
     def num_gpus(self) -> int:
@@ -128,10 +130,17 @@ class Parallelism(BaseModel):
             found.append(("data", d, f"{model.name} is dense: vLLM runs a dense model's "
                                      "data-parallel ranks as independent engines; give "
                                      "cluster.replicas with router vllm_dp instead"))
-        elif d > 1 and (self.pipeline > 1 or d * t > GPUS_PER_NODE):
-            found.append(("data", d, f"data-parallel ranks on one node of {GPUS_PER_NODE} "
-                                     "GPUs without pipeline stages are modelled; "
-                                     f"{d} x tensor {t} x pipeline {self.pipeline} is not"))
+        elif d > 1 and self.pipeline > 1:
+            found.append(("data", d, "data-parallel ranks without pipeline stages are "
+                                     f"modelled; {d} x tensor {t} x pipeline "
+                                     f"{self.pipeline} is not"))
+        elif d * t > GPUS_PER_NODE and d * t % GPUS_PER_NODE:
+            found.append(("data", d, f"data-parallel ranks across nodes fill nodes of "
+                                     f"{GPUS_PER_NODE} GPUs: data x tensor ({d * t}) must be "
+                                     f"a multiple of {GPUS_PER_NODE}"))
+        elif d * t > MAX_GPUS_PER_REPLICA:
+            found.append(("data", d, f"data x tensor ({d * t}) is more than "
+                                     f"{MAX_GPUS_PER_REPLICA} GPUs"))
         return found
 
     def kv_heads_per_gpu(self, model: ModelShape) -> int:

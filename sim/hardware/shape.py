@@ -61,6 +61,10 @@ class ModelShape:
     moe_intermediate_size: int = 0  # one routed expert's width
     shared_expert_intermediate_size: int = 0  # all shared experts' width together
     moe_layers: tuple[int, ...] | None = None  # MoE layer indices; None: every layer (if MoE)
+    # Group-limited routing (DeepSeek's `n_group`, `topk_group`): the experts in equal groups,
+    # each token's k experts from its `expert_groups_per_token` best groups; 1: no groups.
+    num_expert_groups: int = 1
+    expert_groups_per_token: int = 1
     # Multi-head latent attention (kv_lora_rank == 0: GQA/MHA).
     kv_lora_rank: int = 0
     q_lora_rank: int | None = None

@@ -53,10 +53,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from sim.config.errors import INPUT_MODEL
+from sim.config.errors import INPUT_MODEL, InputError
 from sim.hardware.gpus import GPUSpec
 from sim.hardware.models import ModelShape
-from sim.hardware.parallelism import SINGLE_GPU, Parallelism
+from sim.hardware.parallelism import GPUS_PER_NODE, SINGLE_GPU, Parallelism
+from sim.latency.all_to_all import DEEPEP_BACKENDS, All2AllBackend, ExpertExchange
 from sim.latency.base import (
     LATENCY_MODELS,
     BatchShape,
@@ -109,6 +110,12 @@ class RooflineConfig(LatencyConfig):
     send_recv_latency_s: float = Field(8e-6, ge=0, le=1, description="start-up per hand-off")
     network_latency_s: float = Field(17e-6, ge=0, le=1,
                                      description="start-up per hand-off between nodes")
+    all2all_backend: All2AllBackend = Field(
+        "allgather_reducescatter", description=(
+            "vLLM's --all2all-backend for the MoE exchange between data-parallel ranks "
+            "with experts spread over them: allgather_reducescatter (vLLM's default), "
+            "deepep_high_throughput or deepep_low_latency (DeepEP's kernels, timed from "
+            "their published benchmarks)"))
 
 
 # How far the roofline is from real runs (docs/fidelity.md), said in every run's summary; the
@@ -155,7 +162,7 @@ class RooflineLatency(LatencyModel):
             m = shape.num_tokens
             total = self.tables.parallelism.data * m
             return (self._rank_s(shape, m) + self.tables.moe_s(total)
-                    + self.tables.model.num_moe_layers * self.tables.all_to_all_s(total))
+                    + self.tables.model.num_moe_layers * self.tables.exchange_s(total, m))
         return self._rank_s(shape, shape.num_tokens)
 
     def host_time_s(self, shape: BatchShape) -> Num:
@@ -187,7 +194,7 @@ class RooflineLatency(LatencyModel):
         if tables.moe_s is None:  # (not data-parallel: no MoE layer spans the ranks)
             return super().lockstep_time_s(shapes, num_tokens)
         total = sum(num_tokens)
-        all_to_all_s = float(tables.all_to_all_s(total))
+        all_to_all_s = float(tables.exchange_s(total, max(num_tokens)))
         step_s = (max(float(self._rank_s(shape, n)) for shape, n in zip(shapes, num_tokens,
                                                                           strict=True))
                   + float(tables.moe_s(total))
@@ -217,10 +224,14 @@ class RooflineLatency(LatencyModel):
                 "logits_gather": "link bandwidth",
                 "send_recv": "measured table" if tables.comm.send_recv_table is not None
                 else "link bandwidth"}
-            if tables.moe_s is not None:
+            if tables.exchange is not None:
+                facts["communication"]["all_to_all"] = tables.exchange.describe()
+            elif tables.moe_s is not None:
                 facts["communication"]["all_to_all"] = (
                     "all-gather and reduce-scatter between data-parallel ranks per MoE layer "
-                    "(vLLM's allgather_reducescatter), link bandwidth")
+                    "(vLLM's allgather_reducescatter), "
+                    + ("network bandwidth between nodes" if tables.spans_nodes
+                       else "link bandwidth"))
         return facts
 
 
@@ -251,9 +262,34 @@ class _Tables:
         # shared experts among them, on its own tokens).
         self.moe_s: TokenTable | None = None
         self.all_to_all_s: TokenTable = TokenTable(lambda m: np.zeros_like(m))
+        self.exchange: ExpertExchange | None = None
+        self.spans_nodes = parallelism.data * parallelism.tensor > GPUS_PER_NODE
+        if self.spans_nodes and gpu.network_bandwidth_bytes_s is None:
+            raise InputError("<scenario>", "gpu.network_bandwidth_bytes_s", None, (
+                f"data-parallel ranks on {parallelism.data * parallelism.tensor} GPUs span "
+                f"nodes of {GPUS_PER_NODE}, and this GPU has no network bandwidth to time "
+                "their exchange: give gpu.network_bandwidth_bytes_s"))
         if parallelism.data > 1 and model.num_moe_layers:
             self.moe_s = TokenTable(lambda m: model.num_moe_layers * self._routed_s(m))
             self.all_to_all_s = TokenTable(self._all_to_all_s)
+            if config.all2all_backend in DEEPEP_BACKENDS:  # (experts spread: checked)
+                self.exchange = ExpertExchange(
+                    config.all2all_backend, num_experts=model.num_experts,
+                    experts_per_token=model.num_experts_per_token,
+                    hidden_size=model.hidden_size, dtype_bytes=model.dtype_bytes,
+                    fp8_dispatch=self.quantized, num_ranks=parallelism.data,
+                    tensor=parallelism.tensor,
+                    nvlink_bytes_s=gpu.interconnect_bandwidth_bytes_s,
+                    network_bytes_s=gpu.network_bandwidth_bytes_s,
+                    imbalance=config.expert_imbalance, groups=model.num_expert_groups,
+                    groups_per_token=model.expert_groups_per_token)
+
+    def exchange_s(self, total: Num, most: Num) -> Num:
+        """Seconds of one MoE layer's exchange between the data-parallel ranks for `total`
+        tokens over all ranks, `most` on the busiest (`sim.latency.all_to_all`)."""
+        if self.exchange is not None:
+            return self.exchange.layer_s(total, most)
+        return self.all_to_all_s(total)
 
     def _tokens_s(self, m: np.ndarray) -> np.ndarray:
         time = self._linear_s(m)
@@ -358,7 +394,9 @@ class _Tables:
         model, ranks = self.model, self.parallelism.data
         hidden_bytes = m * model.hidden_size * model.dtype_bytes
         logits_bytes = m * model.num_experts * model.dtype_bytes
-        bandwidth = self.comm.bandwidth
+        # Between nodes the rings run through the NICs (one per GPU), the slower links.
+        bandwidth = self.comm.network if self.spans_nodes else self.comm.bandwidth
+        assert bandwidth is not None, "checked when built"
         return (bandwidth.all_gather_s(hidden_bytes + logits_bytes, ranks)
                 + bandwidth.all_gather_s(hidden_bytes, ranks))
 

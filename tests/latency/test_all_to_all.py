@@ -1,0 +1,191 @@
+"""The MoE exchange between data-parallel ranks by vLLM's `--all2all-backend`
+(`sim.latency.all_to_all`): DeepEP's published kernel benchmarks reproduced, the routing
+probabilities against sampled routing, low-latency rounds, the all-gather through the NICs
+across nodes, and the inputs refused."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from sim import run_scenario
+from sim.config.scenario import parse_scenario
+from sim.latency.all_to_all import (
+    CHUNK_TOKENS,
+    DEEPEP_LOW_LATENCY,
+    ExpertExchange,
+    _reached,
+)
+from tests.helpers import assert_one_line_error, run_cli
+
+# An H100 as a scenario describes it with no network figure.
+ISLAND = {"name": "island", "peak_bf16_flops": 989.4e12, "memory_bandwidth_bytes_s": 3.35e12,
+          "memory_bytes": 80 * 2**30, "interconnect_bandwidth_bytes_s": 450e9}
+H800 = {"nvlink_bytes_s": 200e9, "network_bytes_s": 50e9}  # one CX7 (400 Gb/s) per GPU
+HIDDEN, FP8_ROW, BF16_ROW = 7168, 7168 + 4 * 7168 // 128, 2 * 7168
+
+# deepseek-ai/DeepEP docs/legacy.md (MIT): low-latency kernels on H800, 128 tokens per GPU,
+# hidden 7168, top-8 of 288 experts (its test's), fp8 dispatch, bf16 combine: EP size,
+# dispatch us, combine us.
+LOW_LATENCY_US = [(8, 77, 114), (16, 118, 195), (32, 155, 273), (64, 173, 314),
+                  (128, 192, 369), (256, 194, 360)]
+# The same README's normal kernels, 4096 tokens per GPU, top-8 of 256 experts, groups = nodes
+# and 4 of them per token (its test's routing): EP size, dispatch and combine bottleneck GB/s,
+# and which link's bytes they count (NVLink: one row per (token, GPU); RDMA: one per (token,
+# node), the token's own node included).
+NORMAL_GB_S = [(8, 153, 158, "nvlink"), (16, 43, 43, "rdma"), (32, 58, 57, "rdma"),
+               (64, 51, 50, "rdma")]
+
+
+def _exchange(backend, ranks, num_experts=256, groups=1, groups_per_token=1, **kwargs):
+    args = dict(num_experts=num_experts, experts_per_token=8, hidden_size=HIDDEN,
+                dtype_bytes=2, fp8_dispatch=True, num_ranks=ranks, tensor=1, imbalance=1.0,
+                groups=groups, groups_per_token=groups_per_token, **H800)
+    return ExpertExchange(backend, **{**args, **kwargs})
+
+
+@pytest.mark.parametrize(("ep", "dispatch_us", "combine_us"), LOW_LATENCY_US)
+def test_low_latency_kernels_take_deepeps_published_times(ep, dispatch_us, combine_us):
+    """Dispatch and combine of 128 tokens per GPU within 10% of DeepEP's table at every EP
+    size (one start-up and two link efficiencies fitted to all twelve figures)."""
+    seconds = _exchange("deepep_low_latency", ep, num_experts=288).layer_s(ep * 128, 128)
+    assert seconds == pytest.approx((dispatch_us + combine_us) * 1e-6, rel=0.10)
+
+
+@pytest.mark.parametrize(("ep", "dispatch_gb_s", "combine_gb_s", "link"), NORMAL_GB_S)
+def test_normal_kernels_move_deepeps_published_bandwidth(ep, dispatch_gb_s, combine_gb_s, link):
+    """4096 tokens per GPU: the time DeepEP's bottleneck bandwidths imply for the bytes its
+    test counts, within 10%."""
+    nodes = max(ep // 8, 1)
+    chosen = min(nodes, 4)
+    if link == "nvlink":
+        rows = ep * _reached(256, 8, ep, nodes, chosen)
+    else:
+        rows = nodes * _reached(256, 8, nodes, nodes, chosen)
+    measured_s = 4096 * rows * (FP8_ROW / (dispatch_gb_s * 1e9) + BF16_ROW / (combine_gb_s * 1e9))
+    exchange = _exchange("deepep_high_throughput", ep, groups=nodes, groups_per_token=chosen)
+    assert exchange.layer_s(ep * 4096, 4096) == pytest.approx(measured_s, rel=0.10)
+
+
+@pytest.mark.parametrize(("units", "groups", "chosen"), [
+    (8, 1, 1), (64, 1, 1), (2, 8, 4), (8, 8, 4), (32, 8, 4), (64, 8, 4), (4, 8, 3)])
+def test_reach_probabilities_match_sampled_routing(units, groups, chosen):
+    """P(a GPU or node is reached by a token) against 40,000 sampled tokens: `chosen` of
+    `groups` groups uniformly, then 8 distinct experts uniformly among theirs (uniform over
+    all 256 with no groups)."""
+    rng = np.random.default_rng(7)
+    n, k, tokens = 256, 8, 40_000
+    size = n // groups
+    reached = np.zeros(units)
+    for _ in range(tokens):
+        picked = rng.choice(groups, chosen, replace=False)
+        pool = (picked[:, None] * size + np.arange(size)).ravel()
+        experts = rng.choice(pool, k, replace=False)
+        reached[np.unique(experts // (n // units))] += 1
+    p = _reached(n, k, units, groups, chosen)
+    # (within four standard errors of the mean over units, and each unit about alike)
+    assert reached.mean() / tokens == pytest.approx(p, abs=4 * math.sqrt(p * (1 - p) / tokens))
+
+
+def test_low_latency_pays_a_round_per_chunk_of_the_busiest_rank():
+    """A 600-token rank takes three rounds of 256 (vLLM's chunk), each with both kernels'
+    start-up; the bytes go once whatever the rounds."""
+    exchange = _exchange("deepep_low_latency", 16)
+    start = 2 * DEEPEP_LOW_LATENCY.start_s
+    assert math.ceil(600 / CHUNK_TOKENS) == 3
+    assert exchange.layer_s(600 * 16, 600) == pytest.approx(
+        3 * start + 600 * exchange.token_s, rel=1e-12)
+    assert exchange.layer_s(256 * 16, 256) == pytest.approx(start + 256 * exchange.token_s,
+                                                            rel=1e-12)
+    assert exchange.layer_s(0, 0) == 0.0
+    # Arrays and scalars alike, entry by entry.
+    most = np.array([0, 1, 255, 256, 257, 600])
+    assert exchange.layer_s(most * 16, most).tolist() == [
+        exchange.layer_s(int(m) * 16, int(m)) for m in most]
+
+
+def test_the_busiest_gpu_receives_its_share_times_the_imbalance():
+    """A rank of 10 tokens beside ranks of 1,000: what it receives, not what it sends, sets its
+    time; `expert_imbalance` scales the share received."""
+    even = _exchange("deepep_high_throughput", 16)
+    skewed = _exchange("deepep_high_throughput", 16, imbalance=1.5)
+    total = 10 + 15 * 1000
+    assert even.layer_s(total, 1000) == pytest.approx(even.start_s + 1000 * even.token_s)
+    assert skewed.layer_s(total, 1000) == pytest.approx(
+        even.start_s + 1.5 * total / 16 * even.token_s)
+
+
+def _scenario(parallelism, latency=None, gpu="h100-sxm", num_requests=40):
+    return {"name": "ep", "seed": 0,
+            "workload": {"format": "synthetic", "num_requests": num_requests,
+                         "arrivals": {"process": "poisson", "qps": 40.0},
+                         "lengths": {"prompt": {"dist": "fixed", "value": 600},
+                                     "output": {"dist": "fixed", "value": 20}}},
+            "replica": {"model": "qwen3-30b-a3b", "gpu": gpu, "parallelism": parallelism,
+                        "scheduler": {"name": "vllm_v1", "engine_version": "0.15.1"},
+                        "latency": {"kind": "roofline", **(latency or {})}}}
+
+
+def test_ranks_across_nodes_gather_through_the_nics():
+    """Sixteen ranks fill two H100 nodes: the default exchange all-gathers every rank's tokens
+    over the network (50 GB/s per GPU), not NVLink; DeepEP's kernels send each token only where
+    its experts are and take less than half of it at 16 ranks of 64 tokens each."""
+    from sim.engine.cluster import make_latency
+
+    timed = {}
+    for backend in ("allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency"):
+        cfg = parse_scenario(_scenario({"data": 16, "expert": 16},
+                                       {"all2all_backend": backend}), "<test>").replica
+        latency = make_latency(cfg, cfg.model_shape, "<test>")
+        _, timed[backend] = latency.lockstep_time_s([latency_shape()] * 16, [64] * 16)
+        if backend == "allgather_reducescatter":
+            tables, model = latency.tables, cfg.model_shape
+            h, e = model.hidden_size, model.num_experts
+            network = tables.comm.network
+            expected = (network.all_gather_s(1024 * (2 * h + 2 * e), 16)
+                        + network.all_gather_s(1024 * 2 * h, 16))
+            assert timed[backend] == pytest.approx(float(expected), rel=1e-12)
+            assert "network" in latency.describe()["communication"]["all_to_all"]
+    assert timed["deepep_low_latency"] < timed["allgather_reducescatter"] / 2
+    assert timed["deepep_high_throughput"] < timed["allgather_reducescatter"] / 2
+
+
+def latency_shape():
+    from sim.latency.base import BatchShape
+
+    return BatchShape.decode_only(64, 64 * 600)
+
+
+def test_a_two_node_replica_serves_with_every_backend_and_logs_its_exchange():
+    """DP16 x EP16 on two nodes: every request finishes with each backend, the iteration log
+    holds each step's exchange per layer, and the summary names the backend's method."""
+    for backend in ("allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency"):
+        res = run_scenario(parse_scenario(_scenario({"data": 16, "expert": 16},
+                                                    {"all2all_backend": backend}), "<test>"))
+        assert res.summary["requests"]["finished"] == 40
+        assert res.summary["cost"]["num_gpus"] == 16
+        assert (res.iterations["all_to_all_per_layer_s"] > 0).all()
+        described = res.summary["latency_model"]["communication"]["all_to_all"]
+        assert ("DeepEP" in described) == backend.startswith("deepep")
+
+
+@pytest.mark.parametrize(("parallelism", "latency", "gpu", "field", "needle"), [
+    ({"data": 2, "expert": 1}, {"all2all_backend": "deepep_low_latency"}, "h100-sxm",
+     "replica.latency.all2all_backend", "hold whole experts"),
+    ({"tensor": 2, "expert": 2}, {"all2all_backend": "deepep_high_throughput"}, "h100-sxm",
+     "replica.latency.all2all_backend", "parallelism.data > 1"),
+    ({"data": 12, "expert": 1}, {}, "h100-sxm", "replica.parallelism.data",
+     "multiple of 8"),
+    ({"data": 16, "expert": 16}, {}, ISLAND,
+     "gpu.network_bandwidth_bytes_s", "span nodes"),
+])
+def test_what_the_exchange_cannot_time_is_refused(tmp_path, monkeypatch, capsys, parallelism,
+                                                  latency, gpu, field, needle):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_scenario(parallelism, latency, gpu=gpu)))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                        str(tmp_path / "o"))
+    assert_one_line_error(code, err, field, needle)
