@@ -43,6 +43,9 @@ COMMITTED: dict[str, str] = {
     "qwen3-32b": "Qwen/Qwen3-32B",
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
     "deepseek-v2-lite": "deepseek-ai/DeepSeek-V2-Lite",
+    # The fp8 checkpoint (block-quantized linear weights, `quantization_config`); 61 layers,
+    # the multi-token-prediction layer (`num_nextn_predict_layers`) not among them.
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
 }
 # Written from the published values rather than copied (no copy of the file was found).
 RECONSTRUCTED = frozenset({"llama-3.1-70b", "qwen2.5-72b", "deepseek-v2-lite"})

@@ -12,7 +12,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -65,6 +65,9 @@ PUBLISHED_TOTAL = {
     "qwen3-32b": 32.8e9,
     "qwen3-30b-a3b": 30.5e9,
     "deepseek-v2-lite": 15.7e9,
+    # 671B: the main model's 61 layers, as `num_hidden_layers` counts them; the checkpoint's
+    # multi-token-prediction layer (its 11.5B more make Hugging Face's 685B) is not among them.
+    "deepseek-v3": 671e9,
 }
 
 
@@ -94,6 +97,12 @@ def test_active_parameters_of_the_moe_models() -> None:
     embed = lite.vocab_size * lite.hidden_size
     assert lite.num_active_params - embed == pytest.approx(2.4e9, rel=0.025)
     assert lite.num_active_params == pytest.approx(2.66e9, rel=0.01)
+    # DeepSeek-V3: "37B activated", 36.6B by its weights' documentation (README_WEIGHTS.md:
+    # the LM head in, the embedding table out); 37.6B with the table.
+    v3 = MODELS.get("deepseek-v3")
+    embed = v3.vocab_size * v3.hidden_size
+    assert v3.num_active_params - embed == pytest.approx(36.6e9, rel=0.01)
+    assert v3.num_active_params == pytest.approx(37e9, rel=0.02)
 
 
 def test_kv_bytes_per_token_by_hand() -> None:
@@ -104,6 +113,7 @@ def test_kv_bytes_per_token_by_hand() -> None:
     assert MODELS.get("llama-2-7b").kv_bytes_per_token == 2 * 32 * 32 * 128 * 2 == 524_288
     # MLA: the latent (kv_lora_rank) and the shared RoPE key, per layer, 2 bytes each.
     assert MODELS.get("deepseek-v2-lite").kv_bytes_per_token == 27 * (512 + 64) * 2 == 31_104
+    assert MODELS.get("deepseek-v3").kv_bytes_per_token == 61 * (512 + 64) * 2 == 70_272
 
 
 def test_moe_layouts() -> None:
@@ -122,6 +132,11 @@ def test_moe_layouts() -> None:
     assert lite.shared_expert_intermediate_size == 2 * 1408
     assert lite.shared_expert_params == 3 * 2048 * 2 * 1408
     assert lite.is_moe and lite.is_mla and not mixtral.is_mla
+    v3 = MODELS.get("deepseek-v3")  # first_k_dense_replace = 3: layers 0-2 are dense
+    assert v3.moe_layer_indices == tuple(range(3, 61)) and v3.num_dense_layers == 3
+    assert (v3.num_experts, v3.num_experts_per_token, v3.moe_intermediate_size) \
+        == (256, 8, 2048)
+    assert v3.shared_expert_intermediate_size == 2048 and v3.intermediate_size == 18432
     assert not MODELS.get("llama-3-8b").is_moe
 
 
@@ -135,6 +150,24 @@ def test_mla_attention_by_hand() -> None:
     assert lite.attn_params_per_layer == q_proj + kv_a + kv_b + o_proj == 13_762_560
     assert lite.attn_flops_per_pair_per_layer == 2 * heads * (128 + 64) + 2 * heads * 128
     assert lite.num_linear_params_per_layer == 13_762_560 + 3 * h * 10944
+    v3 = MODELS.get("deepseek-v3")
+    h, heads, r = 7168, 128, 1536
+    q = h * r + r * heads * (128 + 64)  # q_a_proj and q_b_proj through q_lora_rank
+    kv_a, kv_b = h * (512 + 64), 512 * heads * (128 + 128)
+    assert v3.attn_params_per_layer == q + kv_a + kv_b + heads * 128 * h == 187_105_280
+    assert v3.norm_params == (2 * 61 + 1) * h + 61 * (512 + r)
+
+
+def test_deepseek_v3_is_an_fp8_checkpoint() -> None:
+    # Its quantization_config (fp8, 128 x 128 blocks): the linear layers in one byte, the
+    # embedding table, LM head, norms and routers in bf16.
+    v3 = MODELS.get("deepseek-v3")
+    assert v3.checkpoint_fp8 and v3.dtype_bytes == 2 and v3.max_model_len == 163_840
+    fp8 = replace(v3, linear_dtype_bytes=1)
+    kept = v3.embedding_params + v3.norm_params + 58 * 7168 * 256
+    assert fp8.num_unquantized_params == kept
+    assert fp8.weight_bytes == 2 * kept + (v3.num_params - kept)
+    assert fp8.weight_bytes == pytest.approx(673e9, rel=0.001)
 
 
 def test_gqa_attention_and_the_per_layer_meaning() -> None:

@@ -45,6 +45,29 @@ def test_weight_bytes_by_hand() -> None:
     assert cfg.parallelism.weight_bytes_per_gpu(shape) == shape.weight_bytes
 
 
+
+def test_deepseek_v3_runs_as_fp8_and_its_weights_per_gpu_at_dp8_ep8() -> None:
+    """The committed DeepSeek-V3 config.json is its fp8 checkpoint's: refused in bf16; at DP8 x
+    EP8 (one GPU a rank, 32 of the 256 routed experts on each) every GPU holds the whole
+    attention, the dense MLPs, the shared expert, the embedding table and the LM head."""
+    with pytest.raises(InputError, match="an fp8 checkpoint: set replica.quantization: fp8"):
+        replica_cfg("deepseek-v3", "h200")
+    wide = {"tensor": 1, "data": 8, "expert": 8}
+    cfg = replica_cfg("deepseek-v3", "h200", quantization="fp8", parallelism=wide).replica
+    shape = cfg.model_shape
+    h, vocab = 7168, 129_280
+    attention = 187_105_280  # q_a, q_b, kv_a, kv_b, o (test_mla_attention_by_hand)
+    norms = 2 * h + 512 + 1536  # two RMSNorms, the kv_a and q_a latents' norms
+    dense = attention + 3 * h * 18_432
+    moe = attention + (32 + 1) * 3 * h * 2048  # 32 routed experts and the shared one
+    fp8 = 3 * dense + 58 * moe
+    # Norms, routers, the table, the LM head and the final norm, in bf16.
+    bf16 = 61 * norms + 58 * h * 256 + 2 * vocab * h + h
+    assert cfg.parallelism.weight_bytes_per_gpu(shape) == fp8 + 2 * bf16 == 100_817_025_024
+    # 94 of the H200's 141 GiB.
+    assert (fp8 + 2 * bf16) / GPUS.get("h200").memory_bytes == pytest.approx(0.666, abs=0.001)
+
+
 def test_moe_routers_stay_in_the_models_dtype() -> None:
     shape = replica_cfg("mixtral-8x7b", quantization="fp8").replica.model_shape
     routers = shape.num_moe_layers * shape.router_params_per_layer
