@@ -69,13 +69,16 @@ class Kind:
     data: int = 1
     base_expert: int = 1  # the base's expert parallelism, for a kind without ranks
     sliced: bool = False
+    # (prefill or colocated, decode) `latency.all2all_backend` of a kind with ranks whose
+    # GPUs hold whole experts; None: the base's
+    all2all: tuple[str, str] | None = None
 
     def __hash__(self) -> int:
         # (A scheduler change's value may be a mapping: a speculative config, say.)
         return hash((self.gpu, self.tensor, self.pipeline, self.quantization,
                      json.dumps(self.scheduler, sort_keys=True), self.ratio, self.link,
                      json.dumps(self.decode_scheduler, sort_keys=True), self.data,
-                     self.base_expert, self.sliced))
+                     self.base_expert, self.sliced, self.all2all))
 
     @property
     def gpus_per_replica(self) -> int:
@@ -102,6 +105,9 @@ class Kind:
     def label(self) -> str:
         parts = [self.gpu.name] + ([f"DP{self.data}"] if self.data > 1 else []) + [
             f"TP{self.tensor}"] + (["no-EP"] if self.sliced else [])
+        if self.all2all is not None:
+            prefill, decode = (ALL2ALL_LABELS[b] for b in self.all2all)
+            parts.append(prefill if prefill == decode else f"{prefill}:{decode}")
         if self.pipeline > 1:
             parts.append(f"PP{self.pipeline}")
         if self.quantization != "none":
@@ -135,6 +141,8 @@ class Kind:
         out["replica.parallelism.expert"] = (
             (1 if self.sliced else self.data * self.tensor) if self.data > 1
             else self.base_expert)
+        if self.all2all is not None:
+            out["replica.latency.all2all_backend"] = self.all2all[0]
         out |= {f"replica.scheduler.{k}": v for k, v in self.scheduler}
         if self.ratio is None:
             out["cluster.replicas"] = units
@@ -152,6 +160,8 @@ class Kind:
                     decode["parallelism"]["expert"] = 1 if self.sliced else self.data * tensor
             if self.decode_scheduler:
                 decode["scheduler"] = dict(self.decode_scheduler)
+            if self.all2all is not None and self.all2all[1] != self.all2all[0]:
+                decode["latency"] = {"all2all_backend": self.all2all[1]}
             if decode:
                 out["cluster.decode"]["replica"] = decode
             if self.link is not None:
@@ -222,15 +232,37 @@ def kinds(plan: Plan) -> list[Kind]:
                             links: list[LinkChoice | None] = (
                                 [None] if ratio is None or not cfg.links else list(cfg.links))
                             decodes = [{}] if ratio is None else cfg.decode_schedulers
+                            backends = _backends(cfg.all2all_backends, data, sliced, ratio)
                             for link in links:
                                 for decode in decodes:
-                                    kind = Kind(gpu, tp, pp, quant,
-                                                tuple(sorted(sched.items())), ratio, link,
-                                                tuple(sorted(decode.items())), data,
-                                                expert, sliced)
-                                    if kind not in out:  # (listed twice, searched once)
-                                        out.append(kind)
+                                    for backend in backends:
+                                        kind = Kind(gpu, tp, pp, quant,
+                                                    tuple(sorted(sched.items())), ratio, link,
+                                                    tuple(sorted(decode.items())), data,
+                                                    expert, sliced, backend)
+                                        if kind not in out:  # (listed twice, searched once)
+                                            out.append(kind)
     return out
+
+
+ALL2ALL_LABELS = {"allgather_reducescatter": "AG/RS", "deepep_high_throughput": "DeepEP-HT",
+                  "deepep_low_latency": "DeepEP-LL"}
+
+
+def _backends(choices: list[Any] | None, data: int, sliced: bool,
+              ratio: Ratio | None) -> list[tuple[str, str] | None]:
+    """The (prefill or colocated, decode) all-to-all backends a kind is tried with: the
+    search's where its ranks hold whole experts (a pool pair for disaggregated kinds only),
+    else the base's (None)."""
+    if not choices or data == 1 or sliced:
+        return [None]
+    out: list[tuple[str, str] | None] = []
+    for choice in choices:
+        if isinstance(choice, str):
+            out.append((choice, choice))
+        elif ratio is not None:
+            out.append((choice.prefill, choice.decode))
+    return out or [None]
 
 
 class Searcher:

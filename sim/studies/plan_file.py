@@ -39,7 +39,8 @@ from sim.config.errors import InputError, invalid
 from sim.config.overrides import resolved_defaults, set_path
 from sim.config.scenario import MAX_REPLICAS, Scenario, parse_scenario
 from sim.config.yaml_input import read_base, read_yaml
-from sim.hardware.parallelism import GPUS_PER_NODE, MAX_GPUS_PER_REPLICA
+from sim.hardware.parallelism import MAX_GPUS_PER_REPLICA
+from sim.latency.all_to_all import All2AllBackend
 
 # SLO metric -> (summary distribution over finished requests, over every arrived request)
 METRICS = {"ttft": ("ttft_s", "ttft_all_arrived_s"), "tbt": ("tbt_s", None),
@@ -91,6 +92,14 @@ class LinkChoice(Frozen):
     latency_s: float = Field(5e-6, ge=0, le=1, description="seconds per transfer")
 
 
+class BackendPair(Frozen):
+    """The all-to-all backend of each pool of a disaggregated kind (DeepEP's normal kernels
+    for prefill and its low-latency ones for decode, say)."""
+
+    prefill: All2AllBackend
+    decode: All2AllBackend
+
+
 def _base_scheduler() -> list[dict[str, Any]]:
     return [{}]
 
@@ -112,6 +121,12 @@ class PlanSearch(Frozen):
                     "(true: --enable-expert-parallel), or every expert sliced over them "
                     "(false: vLLM's default); each choice its own kind; none: the base's "
                     "(true for a base without ranks)")
+    all2all_backends: list[All2AllBackend | BackendPair] | None = Field(
+        None, min_length=1, max_length=8,
+        description="with data-parallel ranks and experts spread over them: vLLM's "
+                    "--all2all-backend to try (latency.all2all_backend), each its own kind; "
+                    "{prefill: ..., decode: ...} sets each pool's (disaggregated kinds "
+                    "only); none: the base's")
     quantization: list[Literal["none", "fp8"]] | None = Field(
         None, min_length=1, max_length=2, description="none: the base's")
     schedulers: list[dict[str, Any]] = Field(
@@ -143,7 +158,7 @@ class PlanSearch(Frozen):
     def _sizes(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
         if value is None:
             return None
-        most = GPUS_PER_NODE if info.field_name == "data" else MAX_GPUS_PER_REPLICA
+        most = MAX_GPUS_PER_REPLICA  # (ranks over nodes: the split's own rules say more)
         bad = [v for v in value if not 1 <= v <= most]
         if bad:
             raise ValueError(f"{bad[0]}: each in [1, {most}]")
@@ -161,6 +176,11 @@ class PlanSearch(Frozen):
             raise invalid(("decode_schedulers", self.decode_schedulers,
                            "a decode pool's scheduler needs disaggregated kinds: add ratios "
                            "to search.disaggregated"))
+        pairs = [c for c in self.all2all_backends or [] if isinstance(c, BackendPair)]
+        if pairs and not self.disaggregated:
+            raise invalid(("all2all_backends", [c.model_dump() for c in pairs],
+                           "a backend for each pool needs disaggregated kinds: add ratios to "
+                           "search.disaggregated, or name one backend"))
         names = [link.name for link in self.links]
         if len(set(names)) != len(names):
             raise invalid(("links", names, "each link needs a name of its own"))

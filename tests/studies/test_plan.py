@@ -526,6 +526,46 @@ def test_experts_sliced_over_ranks_are_a_search_choice(tmp_path, monkeypatch, ca
         "TP1", "DP2xTP1", "DP2xTP1xEP2"}
 
 
+def test_all_to_all_backends_are_a_search_dimension(tmp_path, monkeypatch, capsys):
+    """`search.all2all_backends`: each backend its own kind for ranks holding whole experts
+    (colocated and disaggregated), a pair of them for a disaggregated kind's pools; kinds
+    without ranks keep the base's; each run timed its exchange by the kind's backend."""
+    base = dict(BASE, replica={**BASE["replica"], "model": "qwen3-30b-a3b"})
+    pair = {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency"}
+    path = write_plan(tmp_path, base=base, search={
+        "data": [1, 2], "max_replicas": 4, "disaggregated": [{"prefill": 1, "decode": 1}],
+        "all2all_backends": ["allgather_reducescatter", "deepep_low_latency", pair]},
+        band="none", seeds=1)
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "out")
+    found = {k["kind"]: k for k in record["kinds"]}
+    assert set(found) == {
+        "h100-sxm TP1", "h100-sxm TP1 P:D 1:1",
+        "h100-sxm DP2 TP1 AG/RS", "h100-sxm DP2 TP1 DeepEP-LL",
+        "h100-sxm DP2 TP1 AG/RS P:D 1:1", "h100-sxm DP2 TP1 DeepEP-LL P:D 1:1",
+        "h100-sxm DP2 TP1 DeepEP-HT:DeepEP-LL P:D 1:1"}
+    assert found["h100-sxm DP2 TP1 DeepEP-LL"]["refused"] is None
+    described = set()
+    for run in (tmp_path / "out" / "runs").glob("*/summary.json"):
+        facts = json.loads(run.read_text())["latency_model"].get("communication") or {}
+        described.add(facts.get("all_to_all", "").split(" dispatch")[0])
+    assert {"all-gather and reduce-scatter between data-parallel ranks per MoE layer "
+            "(vLLM's allgather_reducescatter), link bandwidth", "DeepEP low-latency"} <= described
+    from sim.studies.plan import Kind
+    from sim.studies.plan_file import GPUChoice, Ratio
+
+    kind = Kind(GPUChoice(name="h100-sxm"), 1, 1, "none", (), Ratio(prefill=1, decode=1),
+                data=2, all2all=("deepep_high_throughput", "deepep_low_latency"))
+    changes = kind.changes(1)
+    assert changes["replica.latency.all2all_backend"] == "deepep_high_throughput"
+    assert changes["cluster.decode"]["replica"]["latency"] == {
+        "all2all_backend": "deepep_low_latency"}
+    code, err = run_cli(monkeypatch, capsys, "plan", str(write_plan(
+        tmp_path, base=base, search={"data": [2], "all2all_backends": [pair]})),
+        "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "plan.yaml", "search.all2all_backends",
+                          "needs disaggregated kinds")
+
+
 def test_speculative_decoding_is_a_scheduler_choice(tmp_path, monkeypatch, capsys):
     """A speculative config among `search.schedulers`: labelled by its fields (not a dict
     dump), searched as its own kind, colocated and on P:D pools (the decode pool drafts)."""
