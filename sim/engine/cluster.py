@@ -504,7 +504,8 @@ def num_kv_blocks(cfg: ReplicaConfig, model: ModelShape, num_null: int,
 
 
 def _bytes_per_gpu(cfg: ReplicaConfig, model: ModelShape) -> tuple[float, float]:
-    """The busiest GPU's weight bytes and KV bytes per token slot, a drafter's included."""
+    """The busiest GPU's weight bytes (a drafter's and DeepEP's buffers included) and KV bytes
+    per token slot."""
     par = cfg.parallelism
     weight_bytes = par.weight_bytes_per_gpu(model)
     kv_bytes = par.kv_bytes_per_token_per_gpu(model)
@@ -516,6 +517,14 @@ def _bytes_per_gpu(cfg: ReplicaConfig, model: ModelShape) -> tuple[float, float]
         # and input projection left out). A draft model's are its own: not counted.
         kv_bytes *= 1 + 1 / model.num_layers
         weight_bytes += par.dense_layer_bytes_per_gpu(model)
+    backend = getattr(cfg.latency, "all2all_backend", None)
+    if backend is not None and par.data > 1 and model.num_experts:
+        # DeepEP's buffers, allocated before vLLM sizes its KV cache.
+        from sim.latency.all_to_all import deepep_buffer_bytes
+
+        weight_bytes += deepep_buffer_bytes(backend, hidden_size=model.hidden_size,
+                                            num_experts=model.num_experts,
+                                            num_gpus=par.data * par.tensor)
     return weight_bytes, kv_bytes
 
 

@@ -163,3 +163,30 @@ def _reached(num_experts: int, k: int, units: int, groups: int = 1, chosen: int 
         return 1.0 - sum(math.comb(per, c) * math.comb(groups - per, chosen - c) / total
                          * missed(pool, c * size) for c in range(min(per, chosen) + 1))
     return 1.0 - missed(n, held)
+
+
+# vLLM's VLLM_DEEPEP_BUFFER_SIZE_MB: each DeepEP buffer's NVLink part, and with ranks on
+# several nodes the normal kernels' RDMA part.
+DEEPEP_BUFFER_BYTES = 1024 * 2**20
+
+
+def deepep_buffer_bytes(backend: str, *, hidden_size: int, num_experts: int,
+                        num_gpus: int) -> int:
+    """GPU memory one GPU gives DeepEP's buffers as vLLM sizes them (0 for the all-gather):
+    the NVLink buffer of `VLLM_DEEPEP_BUFFER_SIZE_MB`, and the RDMA buffer: as large again for
+    the normal kernels across nodes (none on one node), or for the low-latency kernels
+    DeepEP's `LowLatencyLayout` for `CHUNK_TOKENS` tokens a rank (`get_low_latency_rdma_size_
+    hint`: odd and even send and receive buffers, each message room for every expert). Taken
+    before the KV cache is sized, as vLLM's memory profiling sees them."""
+    if backend not in DEEPEP_BACKENDS:
+        return 0
+    if backend == "deepep_high_throughput":
+        return DEEPEP_BUFFER_BYTES * (2 if num_gpus > GPUS_PER_NODE else 1)
+    h, tokens, scales = hidden_size, CHUNK_TOKENS, hidden_size // FP8_BLOCK
+    dispatch = 16 + max(2 * h, h + 4 * scales)  # (an int4 header, bf16 or fp8 and scales)
+    combine = 4 * scales + 2 * h  # (bf16, and a min/max pair per 128 for LogFMT)
+    send = max(tokens * dispatch, num_experts * tokens * combine)
+    receive = num_experts * tokens * max(dispatch, combine)
+    signals = 4 * num_experts
+    return DEEPEP_BUFFER_BYTES + 2 * (send + receive + signals)
+

@@ -189,3 +189,37 @@ def test_what_the_exchange_cannot_time_is_refused(tmp_path, monkeypatch, capsys,
     code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
                         str(tmp_path / "o"))
     assert_one_line_error(code, err, field, needle)
+
+
+def test_deepeps_buffers_come_out_of_the_kv_cache():
+    """vLLM allocates DeepEP's buffers before it sizes the KV cache: 1 GiB of NVLink buffer
+    (and 1 GiB of RDMA buffer across nodes) for the normal kernels; for the low-latency ones
+    that and DeepEP's `LowLatencyLayout` for 256 tokens a rank (about 3.5 GiB for DeepSeek-V3's
+    256 experts of hidden 7,168). Each GPU's KV blocks shrink by as many bytes."""
+    from sim.engine.cluster import num_kv_blocks
+    from sim.latency.all_to_all import deepep_buffer_bytes
+
+    h, e = 7168, 256
+    dispatch, combine = 16 + 2 * h, 4 * (h // 128) + 2 * h
+    layout = 2 * (e * 256 * combine + e * 256 * max(dispatch, combine) + 4 * e)
+    assert deepep_buffer_bytes("deepep_low_latency", hidden_size=h, num_experts=e,
+                               num_gpus=16) == 2**30 + layout
+    assert 3.4 < layout / 2**30 < 3.7
+    assert deepep_buffer_bytes("deepep_high_throughput", hidden_size=h, num_experts=e,
+                               num_gpus=8) == 2**30
+    assert deepep_buffer_bytes("deepep_high_throughput", hidden_size=h, num_experts=e,
+                               num_gpus=16) == 2 * 2**30
+    assert deepep_buffer_bytes("allgather_reducescatter", hidden_size=h, num_experts=e,
+                               num_gpus=16) == 0
+    blocks = {}
+    for backend in ("allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency"):
+        cfg = parse_scenario(_scenario({"data": 16, "expert": 16},
+                                       {"all2all_backend": backend}), "<test>").replica
+        blocks[backend] = num_kv_blocks(cfg, cfg.model_shape, 0)
+    model = cfg.model_shape
+    block_bytes = cfg.kv_cache.block_size * cfg.parallelism.kv_bytes_per_token_per_gpu(model)
+    for backend in ("deepep_high_throughput", "deepep_low_latency"):
+        lost = deepep_buffer_bytes(backend, hidden_size=model.hidden_size,
+                                   num_experts=model.num_experts, num_gpus=16)
+        assert blocks["allgather_reducescatter"] - blocks[backend] == pytest.approx(
+            lost / block_bytes, abs=1)
