@@ -160,7 +160,7 @@ class _Config:
 
     def shape(self, name: str) -> ModelShape:
         family = DECODERS[self.model_type()][0]
-        checkpoint_fp8 = False
+        checkpoint_fp8 = fp8_blocks = False
         if "quantization_config" in self.data:
             config = self.data["quantization_config"]
             method = config.get("quant_method") if isinstance(config, dict) else None
@@ -169,6 +169,9 @@ class _Config:
                                  f"quantized checkpoints other than fp8 ({', '.join(FP8_METHODS)}"
                                  ") are not modelled (their weights would be mis-sized)")
             checkpoint_fp8 = True
+            # DeepSeek-style block scales, one per 128 x 128 tile (what vLLM's DeepEP paths
+            # dispatch in fp8: `DEEPEP_QUANT_BLOCK_SHAPE`).
+            fp8_blocks = config.get("weight_block_size") == [128, 128]
         layers = self.integer("num_hidden_layers")
         hidden = self.integer("hidden_size")
         heads = self.integer("num_attention_heads")
@@ -197,7 +200,7 @@ class _Config:
             "dtype_bytes": DTYPE_BYTES[dtype],
             "max_model_len": self.integer("max_position_embeddings", None),
             "source": self.path,
-            "checkpoint_fp8": checkpoint_fp8,
+            "checkpoint_fp8": checkpoint_fp8, "fp8_block_scales": fp8_blocks,
         }
         if fields["num_kv_heads"] > heads or heads % fields["num_kv_heads"]:
             raise self.fail("num_key_value_heads", fields["num_kv_heads"],

@@ -52,6 +52,8 @@ class ModelShape:
     # A config.json whose `quantization_config` says its linear layers are stored in fp8: a
     # replica must run it with `quantization: fp8`.
     checkpoint_fp8: bool = False
+    # ... with a scale per 128 x 128 block of weights (`weight_block_size`, DeepSeek-V3's)
+    fp8_block_scales: bool = False
     # Context window, prompt plus output (`max_position_embeddings`, vLLM's default max_model_len).
     max_model_len: int | None = None
     source: str = ""

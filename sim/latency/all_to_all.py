@@ -14,8 +14,9 @@ GPUs hold whole experts), by vLLM's `--all2all-backend`.
   later vLLM makes 256 the step's default budget instead), each round paying the kernels'
   start-up again: a long prompt chunk takes several.
 
-Dispatch is fp8 (a float32 scale per 128 elements) for block-fp8 models (`quantization: fp8`,
-vLLM's DeepEP paths quantize first for [128, 128] block scales only), else the model's dtype;
+Dispatch is fp8 (a float32 scale per 128 elements) for block-fp8 checkpoints run in fp8
+(DeepSeek-V3's `weight_block_size` [128, 128]: vLLM's DeepEP paths quantize first for those
+only), else in the model's dtype;
 combine always in the model's dtype. Routing is uniform in expectation: each token's k distinct
 experts a uniform draw, experts in equal contiguous runs over the GPUs (vLLM's `linear`
 placement). The busiest GPU sends for its rank's tokens (split over its tensor group: vLLM's

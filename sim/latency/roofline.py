@@ -277,7 +277,9 @@ class _Tables:
                     config.all2all_backend, num_experts=model.num_experts,
                     experts_per_token=model.num_experts_per_token,
                     hidden_size=model.hidden_size, dtype_bytes=model.dtype_bytes,
-                    fp8_dispatch=self.quantized, num_ranks=parallelism.data,
+                    # (vLLM's DeepEP paths quantize first for block-fp8 weights only)
+                    fp8_dispatch=self.quantized and model.fp8_block_scales,
+                    num_ranks=parallelism.data,
                     tensor=parallelism.tensor,
                     nvlink_bytes_s=gpu.interconnect_bandwidth_bytes_s,
                     network_bytes_s=gpu.network_bandwidth_bytes_s,

@@ -223,3 +223,25 @@ def test_deepeps_buffers_come_out_of_the_kv_cache():
                                    num_experts=model.num_experts, num_gpus=16)
         assert blocks["allgather_reducescatter"] - blocks[backend] == pytest.approx(
             lost / block_bytes, abs=1)
+
+
+@pytest.mark.parametrize(("model", "fp8_dispatch"), [("deepseek-v3", True),
+                                                     ("qwen3-30b-a3b", False)])
+def test_only_block_fp8_checkpoints_dispatch_in_fp8(model, fp8_dispatch):
+    """vLLM's DeepEP paths quantize before the dispatch for weights with 128 x 128 block scales
+    (DeepSeek-V3's checkpoint) only; `quantization: fp8` of a bf16 checkpoint dispatches
+    bf16."""
+    from sim.engine.cluster import make_latency
+
+    raw = _scenario({"data": 16, "expert": 16}, {"all2all_backend": "deepep_low_latency"},
+                    gpu="h200")
+    raw["replica"] |= {"model": model, "quantization": "fp8"}
+    cfg = parse_scenario(raw, "<test>").replica
+    exchange = make_latency(cfg, cfg.model_shape, "<test>").tables.exchange
+    shape = cfg.model_shape
+    expected = ExpertExchange(
+        "deepep_low_latency", num_experts=shape.num_experts,
+        experts_per_token=shape.num_experts_per_token, hidden_size=shape.hidden_size,
+        dtype_bytes=2, fp8_dispatch=fp8_dispatch, num_ranks=16, tensor=1, imbalance=1.0,
+        nvlink_bytes_s=450e9, network_bytes_s=50e9)
+    assert exchange.token_s == expected.token_s
