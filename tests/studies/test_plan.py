@@ -262,6 +262,32 @@ def test_the_shipped_70b_plan_answers_its_question(tmp_path, monkeypatch, capsys
     assert record["counts"]["candidates"] >= 8 * 8
 
 
+def test_the_shipped_wide_ep_plan_splits_prefill_from_decode(tmp_path, monkeypatch, capsys):
+    """scenarios/plan_deepseek_v3_wide_ep.yaml, narrowed to run in CI (replicas of 8 ranks,
+    the three backend choices, colocated and 1:1, 600 requests at 20 req/s): colocated ranks
+    cannot hold the ITL target (a prompt on one rank stalls every rank's decode step), so the
+    answer is a prefill:decode deployment whose prefill pool runs DeepEP's normal kernels, and
+    it holds at every seed."""
+    shipped = Path(__file__).parents[2] / "scenarios" / "plan_deepseek_v3_wide_ep.yaml"
+    data = yaml.safe_load(shipped.read_text())
+    data["base"]["workload"] |= {"num_requests": 600}
+    data["target_qps"] = 20.0
+    data["search"] |= {"tensor": [1], "data": [8], "max_replicas": 8,
+                       "disaggregated": [{"prefill": 1, "decode": 1}]}
+    data |= {"seeds": 2, "band": "none"}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(data))
+    record, _ = run_plan(monkeypatch, capsys, path, tmp_path / "out", workers=2)
+    found = {k["kind"]: k for k in record["kinds"]}
+    assert {"h200 DP8 TP1 DeepEP-HT fp8", "h200 DP8 TP1 DeepEP-LL fp8",
+            "h200 DP8 TP1 DeepEP-HT:DeepEP-LL fp8 P:D 1:1"} <= set(found)
+    assert found["h200 DP8 TP1 DeepEP-LL fp8"]["units"] is None
+    chosen = record["answer"]["chosen"]
+    assert chosen is not None and "P:D 1:1" in chosen["kind"]
+    assert "DP8 TP1 DeepEP-HT" in chosen["kind"]
+    assert record["answer"]["seeds"]["all_hold"]
+
+
 @pytest.mark.slow
 def test_the_shipped_vidur_plan_ranks_by_load_per_dollar(tmp_path, monkeypatch, capsys, traces):
     """scenarios/plan_vidur_llama2_70b_arxiv.yaml (Vidur-Search's question), narrowed to run
