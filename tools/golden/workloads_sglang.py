@@ -269,7 +269,52 @@ def sglang_paged_workloads() -> list[Workload]:
     ]
 
 
-SGLANG_WORKLOADS = {w["name"]: w for w in sglang_workloads() + sglang_paged_workloads()}
+def sglang_one_token_chunk_workloads() -> list[Workload]:
+    """Extends whose last chunk is one token, without speculative decoding (chunks of 16 or
+    64). A request computed again after a retraction or a priority preemption extends its
+    prompt and outputs: where its chunks leave it one token, SGLang extends that token as
+    its chunked request's last, in a prefill batch, and samples there (servesim's
+    `SGLang._prefilling`; `Request.is_decoding` reads such a request as decoding). Small:
+    8-20 requests, 90-610 steps."""
+    def rng(seed: int) -> np.random.Generator:
+        return np.random.default_rng(seed)
+
+    def levels(seed: int, n: int) -> list[list[Any]]:
+        g = rng(seed)  # (one generator: the lengths, then the levels)
+        return _levels(g, _requests(g, n, 20.0, (32, 160), (16, 120)), (0, 20, 40))
+
+    # Prompts of k x 64 + 1 tokens (ignore_eos): alone (64, 64, 1), two sharing a budget
+    # (64 | 36 + 28 | 64 | 1 beside the next prompt's first chunk), decodes waiting
+    # through chunks of 64 x 3 + 1 and 64 x 4 + 1.
+    fresh = [[0.0, 129, 8, -1, 0], [0.2, 100, 24, -1, 0], [0.2, 93, 24, -1, 0],
+             [0.21, 65, 16, -1, 0], [0.5, 40, 40, -1, 0], [0.52, 193, 8, -1, 0],
+             [0.8, 257, 4, -1, 0], [0.8, 2, 4, -1, 0]]
+    return [
+        _sglang("one_token_chunk", 0, fresh, chunked_prefill_size=64),
+        _sglang("one_token_chunk_overlap", 0, fresh, chunked_prefill_size=64,
+                disable_overlap_schedule=False),
+        # Without ignore_eos, a pool of 500 and chunks of 16: `retract_decode` retracts a
+        # request whose prompt and outputs come to 16k + 1 tokens.
+        _sglang("eos_one_token_chunk", 2, _requests(rng(2), 15, 20.0, (32, 160), (16, 120)),
+                num_gpu_blocks=500, chunked_prefill_size=16, max_running_requests=64,
+                ignore_eos=False),
+        _sglang("eos_overlap_one_token_chunk", 56,
+                _requests(rng(56), 15, 20.0, (32, 160), (16, 120)),
+                num_gpu_blocks=500, chunked_prefill_size=16, max_running_requests=64,
+                ignore_eos=False,
+                disable_overlap_schedule=False),
+        # ignore_eos, levels 20 apart, chunks of 16: priority preemptions whose victims
+        # (prompt and outputs) come to 16k + 1 tokens.
+        _sglang("priority_one_token_chunk", 0, levels(0, 20), chunked_prefill_size=16,
+                max_running_requests=4, enable_priority_scheduling=True),
+        _sglang("priority_overlap_one_token_chunk", 24, levels(24, 12),
+                chunked_prefill_size=16, max_running_requests=6,
+                enable_priority_scheduling=True, disable_overlap_schedule=False),
+    ]
+
+
+SGLANG_WORKLOADS = {w["name"]: w for w in sglang_workloads() + sglang_paged_workloads()
+                    + sglang_one_token_chunk_workloads()}
 
 
 # SGLang arguments a speculative workload may leave unset (`settings.unset`): SGLang resolves
