@@ -88,9 +88,8 @@ class ExpertExchange:
                  hidden_size: int, dtype_bytes: int, fp8_dispatch: bool, num_ranks: int,
                  tensor: int, nvlink_bytes_s: float, network_bytes_s: float | None,
                  imbalance: float, groups: int = 1, groups_per_token: int = 1) -> None:
-        self.backend = backend
         self.low_latency = backend == "deepep_low_latency"
-        self.fit = DEEPEP_LOW_LATENCY if self.low_latency else DEEPEP_HIGH_THROUGHPUT
+        fit = DEEPEP_LOW_LATENCY if self.low_latency else DEEPEP_HIGH_THROUGHPUT
         g = num_ranks * tensor
         local = min(g, GPUS_PER_NODE)
         nodes = g // local
@@ -110,7 +109,6 @@ class ExpertExchange:
             pairs_nvlink = g * _reached(n, k, g, groups, groups_per_token)
             pairs_network = (nodes - 1) * _reached(n, k, nodes, groups, groups_per_token)
             dispatch, combine = payload, h * dtype_bytes
-        fit = self.fit
         nvlink_s = nvlink_bytes_s * fit.nvlink_efficiency
         # (one node: nothing crosses the network; several: checked that the GPU has one)
         network_s = (network_bytes_s or math.inf) * fit.network_efficiency

@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from sim.config.base import Frozen
 from sim.config.errors import InputError, invalid
@@ -155,13 +155,13 @@ class PlanSearch(Frozen):
 
     @field_validator("tensor", "pipeline", "data")
     @classmethod
-    def _sizes(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
+    def _sizes(cls, value: list[int] | None) -> list[int] | None:
         if value is None:
             return None
-        most = MAX_GPUS_PER_REPLICA  # (ranks over nodes: the split's own rules say more)
-        bad = [v for v in value if not 1 <= v <= most]
+        # (ranks over nodes too: the split's own rules say more)
+        bad = [v for v in value if not 1 <= v <= MAX_GPUS_PER_REPLICA]
         if bad:
-            raise ValueError(f"{bad[0]}: each in [1, {most}]")
+            raise ValueError(f"{bad[0]}: each in [1, {MAX_GPUS_PER_REPLICA}]")
         return sorted(set(value))
 
     @model_validator(mode="after")

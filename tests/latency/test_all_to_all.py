@@ -5,6 +5,7 @@ across nodes, and the inputs refused."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import numpy as np
@@ -19,35 +20,26 @@ from sim.latency.all_to_all import (
     ExpertExchange,
     _reached,
 )
-from tests.helpers import assert_one_line_error, run_cli
+from tests.helpers import REPO, assert_one_line_error, run_cli
 
 # An H100 as a scenario describes it with no network figure.
 ISLAND = {"name": "island", "peak_bf16_flops": 989.4e12, "memory_bandwidth_bytes_s": 3.35e12,
           "memory_bytes": 80 * 2**30, "interconnect_bandwidth_bytes_s": 450e9}
-H800 = {"nvlink_bytes_s": 200e9, "network_bytes_s": 50e9}  # one CX7 (400 Gb/s) per GPU
-HIDDEN, FP8_ROW, BF16_ROW = 7168, 7168 + 4 * 7168 // 128, 2 * 7168
-
-# deepseek-ai/DeepEP docs/legacy.md (MIT): low-latency kernels on H800, 128 tokens per GPU,
-# hidden 7168, top-8 of 288 experts (its test's), fp8 dispatch, bf16 combine: EP size,
-# dispatch us, combine us.
-LOW_LATENCY_US = [(8, 77, 114), (16, 118, 195), (32, 155, 273), (64, 173, 314),
-                  (128, 192, 369), (256, 194, 360)]
-# The same README's normal kernels, 4096 tokens per GPU, top-8 of 256 experts, groups = nodes
-# and 4 of them per token (its test's routing): EP size, dispatch and combine bottleneck GB/s,
-# and which link's bytes they count (NVLink: one row per (token, GPU); RDMA: one per (token,
-# node), the token's own node included).
-NORMAL_GB_S = [(8, 153, 158, "nvlink"), (16, 43, 43, "rdma"), (32, 58, 57, "rdma"),
-               (64, 51, 50, "rdma")]
+# DeepEP's published benchmarks and the bytes they count: kept once, in the validation script.
+_spec = importlib.util.spec_from_file_location("wide_ep",
+                                               REPO / "validation" / "public" / "wide_ep.py")
+assert _spec is not None and _spec.loader is not None
+wide_ep = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(wide_ep)
+H800 = wide_ep.H800
 
 
 def _exchange(backend, ranks, num_experts=256, groups=1, groups_per_token=1, **kwargs):
-    args = dict(num_experts=num_experts, experts_per_token=8, hidden_size=HIDDEN,
-                dtype_bytes=2, fp8_dispatch=True, num_ranks=ranks, tensor=1, imbalance=1.0,
-                groups=groups, groups_per_token=groups_per_token, **H800)
-    return ExpertExchange(backend, **{**args, **kwargs})
+    return wide_ep.deepep_exchange(backend, ranks, num_experts, groups, groups_per_token,
+                                   **kwargs)
 
 
-@pytest.mark.parametrize(("ep", "dispatch_us", "combine_us"), LOW_LATENCY_US)
+@pytest.mark.parametrize(("ep", "dispatch_us", "combine_us"), wide_ep.LOW_LATENCY_US)
 def test_low_latency_kernels_take_deepeps_published_times(ep, dispatch_us, combine_us):
     """Dispatch and combine of 128 tokens per GPU within 10% of DeepEP's table at every EP
     size (one start-up and two link efficiencies fitted to all twelve figures)."""
@@ -55,18 +47,14 @@ def test_low_latency_kernels_take_deepeps_published_times(ep, dispatch_us, combi
     assert seconds == pytest.approx((dispatch_us + combine_us) * 1e-6, rel=0.10)
 
 
-@pytest.mark.parametrize(("ep", "dispatch_gb_s", "combine_gb_s", "link"), NORMAL_GB_S)
+@pytest.mark.parametrize(("ep", "dispatch_gb_s", "combine_gb_s", "link"), wide_ep.NORMAL_GB_S)
 def test_normal_kernels_move_deepeps_published_bandwidth(ep, dispatch_gb_s, combine_gb_s, link):
     """4096 tokens per GPU: the time DeepEP's bottleneck bandwidths imply for the bytes its
     test counts, within 10%."""
     nodes = max(ep // 8, 1)
-    chosen = min(nodes, 4)
-    if link == "nvlink":
-        rows = ep * _reached(256, 8, ep, nodes, chosen)
-    else:
-        rows = nodes * _reached(256, 8, nodes, nodes, chosen)
-    measured_s = 4096 * rows * (FP8_ROW / (dispatch_gb_s * 1e9) + BF16_ROW / (combine_gb_s * 1e9))
-    exchange = _exchange("deepep_high_throughput", ep, groups=nodes, groups_per_token=chosen)
+    measured_s = wide_ep.normal_published_s(ep, dispatch_gb_s, combine_gb_s, link)
+    exchange = _exchange("deepep_high_throughput", ep, groups=nodes,
+                         groups_per_token=min(nodes, 4))
     assert exchange.layer_s(ep * 4096, 4096) == pytest.approx(measured_s, rel=0.10)
 
 

@@ -45,30 +45,44 @@ PREFILL_PERFECT_EPLB_4K = 59_337
 DECODE_PER_NODE = 22_282
 
 
+def deepep_exchange(backend: str, ep: int, experts: int, groups: int = 1, chosen: int = 1,
+                    **kwargs: float):
+    """servesim's exchange for DeepEP's benchmark setting: H800 links, hidden 7,168, top-8,
+    fp8 dispatch, one GPU a rank (`kwargs` change any of it, `imbalance` say)."""
+    from sim.latency.all_to_all import ExpertExchange
+
+    args = {"num_experts": experts, "experts_per_token": 8, "hidden_size": HIDDEN,
+            "dtype_bytes": 2, "fp8_dispatch": True, "num_ranks": ep, "tensor": 1,
+            "imbalance": 1.0, "groups": groups, "groups_per_token": chosen, **H800}
+    return ExpertExchange(backend, **{**args, **kwargs})
+
+
+def normal_published_s(ep: int, dispatch_gb_s: float, combine_gb_s: float, link: str) -> float:
+    """The dispatch and combine time DeepEP's normal-kernel bandwidths imply at 4,096 tokens a
+    GPU, for the bytes its test counts with its routing (256 experts, a group per node, 4
+    groups a token): one row per (token, GPU) over NVLink, one per (token, node, its own
+    included) over RDMA."""
+    from sim.latency.all_to_all import _reached
+
+    nodes = max(ep // 8, 1)
+    units = ep if link == "NVLink" else nodes
+    rows_per_token = units * _reached(256, 8, units, nodes, min(nodes, 4))
+    return 4096 * rows_per_token * (FP8_ROW / (dispatch_gb_s * 1e9)
+                                    + BF16_ROW / (combine_gb_s * 1e9))
+
+
 def _deepep_rows() -> list[str]:
-    from sim.latency.all_to_all import ExpertExchange, _reached
-
-    def exchange(backend: str, ep: int, experts: int, groups: int = 1, chosen: int = 1):
-        return ExpertExchange(backend, num_experts=experts, experts_per_token=8,
-                              hidden_size=HIDDEN, dtype_bytes=2, fp8_dispatch=True,
-                              num_ranks=ep, tensor=1, imbalance=1.0, groups=groups,
-                              groups_per_token=chosen, **H800)
-
     rows = []
     for ep, dispatch_us, combine_us in LOW_LATENCY_US:
         measured = (dispatch_us + combine_us) * 1e-6
-        simulated = exchange("deepep_low_latency", ep, 288).layer_s(ep * 128, 128)
+        simulated = deepep_exchange("deepep_low_latency", ep, 288).layer_s(ep * 128, 128)
         rows.append(_row(f"DeepEP low latency, EP{ep}, 128 tokens/GPU", "us",
                          measured * 1e6, simulated * 1e6))
     for ep, dispatch_gb_s, combine_gb_s, link in NORMAL_GB_S:
         nodes = max(ep // 8, 1)
-        chosen = min(nodes, 4)
-        units = ep if link == "NVLink" else nodes
-        rows_per_token = units * _reached(256, 8, units, nodes, chosen)
-        measured = 4096 * rows_per_token * (FP8_ROW / (dispatch_gb_s * 1e9)
-                                            + BF16_ROW / (combine_gb_s * 1e9))
-        simulated = exchange("deepep_high_throughput", ep, 256, nodes, chosen).layer_s(
-            ep * 4096, 4096)
+        measured = normal_published_s(ep, dispatch_gb_s, combine_gb_s, link)
+        simulated = deepep_exchange("deepep_high_throughput", ep, 256, nodes,
+                                    min(nodes, 4)).layer_s(ep * 4096, 4096)
         rows.append(_row(f"DeepEP normal, EP{ep}, 4,096 tokens/GPU ({link})", "us",
                          measured * 1e6, simulated * 1e6))
     return rows
