@@ -270,9 +270,9 @@ def run_scenario(scenario: Scenario | str | Path | None = None, *, seed: int | N
             "ranks_per_replica": max(ranks.values()),
             **({"ranks_per_pool": ranks} if len(ranks) > 1 else {}),
             "num_dummy_forwards": dummy,
-            "note": "a rank's dummy batches (another rank ran, or the ranks had yet to find "
-                    "all idle) are not rows of iterations.parquet: busy fractions leave them "
-                    "out"}
+            "note": "a rank's dummy batches (vLLM) or idle forwards (SGLang), while another "
+                    "rank ran or, in vLLM, the ranks had yet to find all idle, are not rows of "
+                    "iterations.parquet: busy fractions leave them out"}
     if out_dir is not None:
         results.write(out_dir)
     return results

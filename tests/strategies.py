@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 def scenarios(draw, offload: bool = False, data_parallel: bool = False,
               host_cache: bool = False):
     """A random scenario; `offload`: always vLLM v1 (0.15.1 or 0.33.0) with prefix caching and
-    a CPU tier for the KV cache (elsewhere the tier is drawn now and then); `data_parallel`: vLLM v1
-    on 2 or 4 data-parallel ranks of an MoE model, experts spread over them; `host_cache`:
-    always SGLang with its hierarchical cache (elsewhere drawn now and then)."""
+    a CPU tier for the KV cache (elsewhere the tier is drawn now and then); `data_parallel`:
+    vLLM v1 or SGLang on 2 or 4 data-parallel ranks of an MoE model, experts spread over them
+    or not; `host_cache`: always SGLang with its hierarchical cache (elsewhere drawn now and
+    then)."""
     block_size = draw(st.sampled_from([1, 4, 16]))
     max_prompt = draw(st.integers(1, 800))
     max_output = draw(st.integers(1, 80))
@@ -20,7 +21,8 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
     min_blocks = -(-(max_prompt + max_output) // block_size)
     num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
     reserve = draw(st.sampled_from([None, 0, 8]))
-    policy = "vllm_v1" if offload or data_parallel else "sglang" if host_cache else draw(
+    policy = "vllm_v1" if offload else draw(st.sampled_from(["vllm_v1", "sglang"])) \
+        if data_parallel else "sglang" if host_cache else draw(
         st.sampled_from(["chunked_prefill", "prefill_first", "vllm_v1", "sglang"]))
     if policy == "chunked_prefill":
         budget = draw(st.integers(8, 1024))
@@ -98,7 +100,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
                                  st.sampled_from([0, 2, 10])))
         # Speculative decoding sometimes (rule 12): D tokens verified, 2L slots held, retraction.
         # (With the hierarchical cache: not a draft model, whose KV's size is not known.)
-        elif draw(st.integers(0, 3)) == 0:
+        elif not data_parallel and draw(st.integers(0, 3)) == 0:  # (refused on ranks)
             algorithm = draw(st.sampled_from(
                 ["eagle", "ngram"] if host_cache else ["eagle", "ngram", "standalone"]))
             steps, topk = draw(st.integers(1, 4)), draw(st.sampled_from([1, 1, 2]))
@@ -183,8 +185,8 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
     # decoding sometimes (EAGLE's drafter layer copied too).
     if (scheduler["name"] == "sglang" and prefix_caching
             and scheduler.get("speculative", {}).get("algorithm") != "standalone"
-            and scheduler.get("decode_reserve_tokens") is None
-            and (host_cache or draw(st.integers(0, 2)) == 0)):
+            and scheduler.get("decode_reserve_tokens") is None and not data_parallel
+            and (host_cache or draw(st.integers(0, 2)) == 0)):  # (not on ranks: refused)
         scheduler["hierarchical_cache"] = {
             "ratio": draw(st.sampled_from([1.0, 2.0, 4.0])),
             "write_policy": draw(st.sampled_from(["write_through", "write_through_selective",
@@ -230,6 +232,14 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
         "record_token_times": True,
     }
     replica = data["replica"]
+    if data_parallel and policy == "sglang":
+        # DP attention: each rank prefills a ranks'th of the chunk, in whole pages; the
+        # controller's balancer by each of its methods.
+        ranks = replica["parallelism"]["data"]
+        scheduler["chunked_prefill_size"] = ranks * block_size * draw(st.integers(1, 64))
+        scheduler["load_balance_method"] = draw(st.sampled_from(
+            ["auto", "round_robin", "follow_bootstrap_room", "total_requests",
+             "total_tokens"]))
     if (data_parallel and replica["latency"]["kind"] == "roofline"
             and replica["parallelism"]["expert"] > 1):
         # vLLM's all-to-all backends for experts spread over the ranks (DeepEP's normal

@@ -128,13 +128,15 @@ class Cluster:
             return self._replica(cfg, pool)
         from sim.engine.data_parallel import build_group
 
+        # (A group's balancer draws from the scenario's seed and the group's first rank.)
+        seed = np.random.SeedSequence((self.seed, len(self.replicas)))
         return build_group(self.env, cfg, str(self.source),
-                           lambda: self._replica(cfg, pool, rank=True), _field(pool))
+                           lambda: self._replica(cfg, pool, rank=True), _field(pool), seed)
 
     def _replica(self, cfg: ReplicaConfig, pool: str, rank: bool = False) -> Replica:
         model = cfg.model_shape
         field = _field(pool)
-        scheduler = make_scheduler(cfg, role_of(field))
+        scheduler = make_scheduler(cfg, role_of(field), rank)
         latency = make_latency(cfg, model, self.source, field)
         if getattr(cfg.scheduler, "enable_priority_scheduling", False) and \
                 cfg.parallelism.pipeline > 1:
@@ -434,11 +436,15 @@ def make_latency(cfg: ReplicaConfig, model: ModelShape, source: str,
         raise exc.moved(source, lambda name: f"{field}.{name}") from None
 
 
-def make_scheduler(cfg: ReplicaConfig, role: Role = "colocated") -> Scheduler:
-    """The replica's scheduler, knowing the context window in force, with the defaults its
-    engine derives from the KV pool (`resolved_scheduler`) in its pool (`role`)."""
-    return SCHEDULERS.get(cfg.scheduler.name)(resolved_scheduler(cfg, role),
-                                              max_model_len=cfg.context_len)
+def make_scheduler(cfg: ReplicaConfig, role: Role = "colocated", rank: bool = False
+                   ) -> Scheduler:
+    """The replica's scheduler (with `rank`, one data-parallel rank's: `for_rank`), knowing
+    the context window in force, with the defaults its engine derives from the KV pool
+    (`resolved_scheduler`) in its pool (`role`)."""
+    config = resolved_scheduler(cfg, role)
+    if rank:
+        config = config.for_rank(cfg.parallelism.data)
+    return SCHEDULERS.get(cfg.scheduler.name)(config, max_model_len=cfg.context_len)
 
 
 def resolved_scheduler(cfg: ReplicaConfig, role: Role = "colocated") -> SchedulerConfig:
@@ -456,7 +462,8 @@ def resolved_scheduler(cfg: ReplicaConfig, role: Role = "colocated") -> Schedule
     num_blocks = num_kv_blocks(cfg, cfg.model_shape, num_null, role)
     if num_blocks <= 0:
         return scheduler
-    return scheduler.for_kv(num_blocks * cfg.kv_cache.block_size, cfg.context_len)
+    return scheduler.for_kv(num_blocks * cfg.kv_cache.block_size, cfg.context_len,
+                            cfg.parallelism.data)
 
 
 def role_of(field: str) -> Role:
@@ -477,12 +484,12 @@ def sglang_mem_fraction(cfg: ReplicaConfig, role: Role = "colocated") -> float |
         return scheduler.mem_fraction_static
     model, par, spec = cfg.model_shape, cfg.parallelism, scheduler.speculative
     return default_mem_fraction_static(MemoryInputs(
-        gpu=cfg.gpu_spec, tensor=par.tensor, pipeline=par.pipeline,
+        gpu=cfg.gpu_spec, tensor=par.tensor * par.data, pipeline=par.pipeline,
         chunked_prefill_size=scheduler.chunked_prefill_size,
         max_running_requests=scheduler.given_max_running_requests,
         num_draft_tokens=None if spec is None else spec.num_draft_tokens,
         mla=model.is_mla, llama2="llama-2" in cfg.model_name.lower(),
-        context_len=cfg.context_len, role=role))
+        context_len=cfg.context_len, role=role, num_dp_ranks=par.data))
 
 
 def num_kv_blocks(cfg: ReplicaConfig, model: ModelShape, num_null: int,

@@ -56,6 +56,12 @@ them together, because every MoE layer exchanges tokens between all ranks:
   at the step's end; a rank whose launch waited for copies takes the step in flight's
   results only once that launch is done, and the ranks plan again from then.
 
+SGLang's DP attention (`scheduler.name: sglang`, `_sglang_group`) runs the same lockstep by
+SGLang 0.5.23's rules: its controller's balancer (`sim.routers.sglang_dp`), each rank's share
+of the replica's limits (`SGLangConfig.for_rank`), an idle forward of no tokens for a rank
+without work while another has some and no step once none has (the ranks gather their token
+counts every iteration), and its CUDA graphs' padding (`_sglang_counts`).
+
 In a disaggregated cluster a pool's replica may be such a group: a prefill rank hands its
 requests off as a prefill replica does, and a decode rank admits KV transfers at each step
 (`DecodeInbox.admit`), the decode router picking the group and its balancer the rank (`pick`).
@@ -67,6 +73,7 @@ is built).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, cast
@@ -86,8 +93,21 @@ from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Iteration
 from sim.latency.base import BatchShape, LatencyModel
 from sim.routers.base import ReplicaLoad
+from sim.routers.sglang_dp import SGLangDataParallel, SGLangDataParallelConfig
 from sim.routers.vllm_dp import VllmDataParallel, VllmDataParallelConfig
+from sim.schedulers.sglang_config import SGLangConfig
+from sim.schedulers.sglang_memory import (
+    HIP_GPUS,
+    decode_graph_max_bs,
+    decode_graph_sizes,
+    prefill_graph_sizes,
+    total_mib,
+)
 from sim.workloads.base import MAX_SPAN_S
+
+# SGLang's `load_snapshot_publish_interval` (`fields/observability.py`): a scheduler
+# publishes its load every this many batches, and at once after a prompt step.
+SGLANG_PUBLISH_INTERVAL = 15
 
 # vLLM's capture ceiling for CUDA graphs (`max_cudagraph_capture_size`'s default): steps of
 # more tokens on any rank run eagerly, unpadded.
@@ -109,10 +129,10 @@ class DataParallelGroup:
     are the cluster's replicas for results and timeouts."""
 
     def __init__(self, env: Environment, ranks: list[Rank], latency: LatencyModel,
-                 balancer: VllmDataParallel, *, max_num_seqs: int, sync_interval: int,
-                 sync_first_step: bool, pads_every_step: bool = False,
-                 capture_limit: int = MAX_GRAPH_TOKENS, dummy: BatchShape | None = None
-                 ) -> None:
+                 balancer: VllmDataParallel | SGLangDataParallel, *, max_num_seqs: int,
+                 sync_interval: int, sync_first_step: bool, pads_every_step: bool = False,
+                 capture_limit: int = MAX_GRAPH_TOKENS, dummy: BatchShape | None = None,
+                 graph_sizes: tuple[list[int], list[int]] | None = None) -> None:
         self.env = env
         self.ranks = ranks
         self.latency = latency
@@ -121,6 +141,9 @@ class DataParallelGroup:
         self.turn = PLAN + ranks[0].replica_id
         # Steps padded alike up to this many tokens on the busiest rank (every step: inf).
         self.pad_limit = math.inf if pads_every_step else capture_limit
+        # SGLang: the sizes its decode and prefill CUDA graphs are captured at (steps padded
+        # to the next, `_sglang_counts`); None: vLLM's rule, to the most of any rank's.
+        self.graph_sizes = graph_sizes
         # An idle rank's dummy batch (with a drafter: its dummy passes, `num_drafting_seqs`).
         self.dummy = dummy or BatchShape(num_decode_tokens=1)
         self.sync_interval = sync_interval
@@ -143,6 +166,10 @@ class DataParallelGroup:
         self._polling: list[Rank] = []
         self._spinning: list[Rank] = []
         self.num_dummy_forwards = 0  # rank-steps that ran a dummy batch
+        # SGLang's ranks publish their loads to its balancer (`SGLangDataParallel.publish`):
+        # each rank's batches since it last did.
+        self.publishes = isinstance(balancer, SGLangDataParallel)
+        self._unpublished = [0] * len(ranks)
         self.process = env.process(self.run())
 
     # -- what the cluster sees ---------------------------------------------------------------
@@ -158,8 +185,15 @@ class DataParallelGroup:
         """The rank vLLM's balancer gives `req` (a request the cluster routed here, or, on a
         decode pool, whose KV is to come here)."""
         ranks = self.ranks
-        return ranks[0 if len(ranks) == 1 else self.balancer.choose_at(
-            req, [rank.load() for rank in ranks], self.env.now)]
+        if len(ranks) == 1:
+            return ranks[0]
+        loads = [rank.load() for rank in ranks]
+        if self.publishes and self._free_s <= self.env.now:
+            # No step in flight: SGLang's schedulers loop idle (or stalled), publishing at
+            # every pass (`on_idle`; a stall's every 50 ms).
+            for index, load in enumerate(loads):
+                cast(SGLangDataParallel, self.balancer).publish(index, load, self.env.now)
+        return ranks[self.balancer.choose_at(req, loads, self.env.now)]
 
     def load(self, req: Request | None = None) -> ReplicaLoad:
         loads = [rank.load(req) for rank in self.ranks]
@@ -264,9 +298,11 @@ class DataParallelGroup:
                 self.num_dummy_forwards += 1
                 shapes.append(self.dummy)
         own = [int(shape.num_tokens) for shape in shapes]
-        padded = max(own) <= self.pad_limit
-        step_s, all_to_all_s = self.latency.lockstep_time_s(
-            shapes, [max(own)] * len(own) if padded else own)
+        if self.graph_sizes is not None:
+            counts = self._sglang_counts(shapes, own)
+        else:
+            counts = [max(own)] * len(own) if max(own) <= self.pad_limit else own
+        step_s, all_to_all_s = self.latency.lockstep_time_s(shapes, counts)
         if self.overlaps_host:
             host_s = max(float(self.latency.host_time_s(shape)) for shape in shapes)
             step_s = max(step_s - host_s, host_s)
@@ -303,8 +339,42 @@ class DataParallelGroup:
             it.report = report  # (applied with the step's output, `_complete_batches`)
             it.in_flight = state.start(plan, start_s, placeholders=rank.placeholders)
             rank._batches.append(it)
+        if self.publishes:
+            self._publish(shapes, plans, now_s)
         self._steps.append(end_s)
         return True
+
+    def _publish(self, shapes: list[BatchShape], plans: list[Plan | None], now_s: float
+                 ) -> None:
+        """SGLang's ranks publish their loads as each processes its batch's result
+        (`process_batch_result` -> `publish_load_snapshot`): at once after a prompt step,
+        else every 15th batch, an idle forward's too (`load_snapshot_publish_interval`).
+        Taken here as the step is planned (with the overlap scheduler a batch's result is
+        processed as the next is launched)."""
+        balancer = cast(SGLangDataParallel, self.balancer)
+        for index, (rank, shape, plan) in enumerate(zip(self.ranks, shapes, plans,
+                                                        strict=True)):
+            extend = bool(plan) and bool(shape.num_prefill_tokens)
+            self._unpublished[index] += 1
+            if extend or self._unpublished[index] >= SGLANG_PUBLISH_INTERVAL:
+                self._unpublished[index] = 0
+                balancer.publish(index, rank.load(), now_s)
+
+    def _sglang_counts(self, shapes: list[BatchShape], own: list[int]) -> list[int]:
+        """The tokens each SGLang rank runs a step at (`prepare_mlp_sync_batch`): where no
+        rank extends, the decode graph captured for the most of any rank's requests, on
+        every rank; where one does and no rank is idle, the prefill graph for the most of any
+        rank's tokens (a decoding rank's batch converted to one-token extends); each rank's
+        own where the step fits no graph (eager, SUM_LEN)."""
+        decode_sizes, prefill_sizes = cast(tuple[list[int], list[int]], self.graph_sizes)
+        most = max(own)
+        if any(shape.num_prefill_tokens for shape in shapes):
+            sizes = prefill_sizes if min(own) > 0 else []
+        else:
+            sizes = decode_sizes
+        if not sizes or most > sizes[-1]:
+            return own
+        return [sizes[bisect_left(sizes, most)]] * len(own)
 
     def _launch(self, plans: list[Plan | None], now_s: float
                 ) -> tuple[float, list[Report | None], bool]:
@@ -386,15 +456,19 @@ def capture_ceiling(max_num_seqs: int, k: int, max_num_batched_tokens: int | Non
 
 
 def build_group(env: Environment, cfg: ReplicaConfig, source: str,
-                make_rank: Callable[[], Any], field: str = "replica") -> DataParallelGroup:
+                make_rank: Callable[[], Any], field: str = "replica",
+                seed: np.random.SeedSequence | None = None) -> DataParallelGroup:
     """The replica `cfg` (at `field`: a pool's, in a disaggregated cluster) describes, of
     `cfg.parallelism.data` ranks (`make_rank` builds each); what the ranks do not model is
-    refused, one line naming the field."""
+    refused, one line naming the field; `seed`: a balancer's draws (SGLang's bootstrap
+    rooms)."""
     scheduler = cfg.scheduler
-    if scheduler.name != "vllm_v1":
+    if scheduler.name not in ("vllm_v1", "sglang"):
         raise InputError(source, f"{field}.parallelism.data", cfg.parallelism.data,
-                         "data-parallel ranks are modelled as vLLM runs them: give "
-                         "scheduler.name vllm_v1")
+                         "data-parallel ranks are modelled as vLLM and SGLang run them: give "
+                         "scheduler.name vllm_v1 or sglang")
+    if isinstance(scheduler, SGLangConfig):
+        return _sglang_group(env, cfg, source, make_rank, field, scheduler, seed)
     spec = getattr(scheduler, "speculative", None)
     if spec is not None and spec.num_speculative_tokens_per_batch_size is not None:
         raise InputError(source, f"{field}.scheduler.speculative."
@@ -431,3 +505,68 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
                              sync_interval=16 if latest else 32, sync_first_step=latest,
                              pads_every_step=graphs and bool(getattr(scheduler,
                                                                      "pads_every_step", False)))
+
+
+def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
+                  make_rank: Callable[[], Any], field: str, scheduler: SGLangConfig,
+                  seed: np.random.SeedSequence | None) -> DataParallelGroup:
+    """SGLang 0.5.23's DP attention (`--tp D x T --dp D --enable-dp-attention`): a scheduler
+    per rank with its share of the replica's limits (`SGLangConfig.for_rank`), the
+    controller's balancer (`sim.routers.sglang_dp`), and every scheduler iteration an
+    all-gather of the ranks' token counts (`prepare_mlp_sync_batch`): where any rank has
+    tokens, every rank without runs an idle forward of none, so no step trails the last work.
+    A step where no rank extends replays the decode CUDA graphs at the most requests of any
+    rank (up to their largest size); one where a rank extends replays the prefill graphs at
+    its most tokens where no rank is idle and the all-to-all is SGLang's gather (a decoding
+    rank converts its batch to one-token extends: `maybe_convert_decode_to_extend`), else
+    runs eagerly, each rank at its own count."""
+    if scheduler.speculative is not None:
+        raise InputError(source, f"{field}.scheduler.speculative",
+                         scheduler.speculative.algorithm,
+                         "SGLang's speculative decoding on data-parallel ranks (no rank "
+                         "decodes while any prefills) is not modelled yet (servesim issue 47)")
+    if scheduler.hierarchical_cache is not None:
+        raise InputError(source, f"{field}.scheduler.hierarchical_cache", "on",
+                         "SGLang's hierarchical cache on data-parallel ranks is not modelled "
+                         "yet (servesim issue 47)")
+    ranks = [make_rank() for _ in range(cfg.parallelism.data)]
+    if ranks[0].latency.sequential:
+        raise InputError(source, f"{field}.latency.kind", cfg.latency.kind,
+                         "a recording replays one replica's iterations in order; "
+                         "data-parallel ranks would share it (not modelled)")
+    method = scheduler.load_balance_method
+    if method == "auto":  # (`serving_hook.py`: by the server's disaggregation mode)
+        method = ("follow_bootstrap_room" if field.startswith("cluster.prefill")
+                  else "round_robin")
+    balancer = SGLangDataParallel(
+        SGLangDataParallelConfig(name="sglang_dp", load_balance_method=method),
+        np.random.default_rng(seed), published=True)
+    per_rank = ranks[0].scheduler.config
+    block_size = cfg.kv_cache.block_size
+    if (block_size > 1 and per_rank.chunked_prefill_size % block_size
+            and per_rank.decode_reserve_tokens is None and not field.startswith("cluster.decode")):
+        raise InputError(source, f"{field}.scheduler.chunked_prefill_size",
+                         scheduler.chunked_prefill_size,
+                         f"each of the {len(ranks)} ranks prefills {len(ranks)}th of it "
+                         f"({per_rank.chunked_prefill_size} tokens), which SGLang asks to be "
+                         f"whole pages of kv_cache.block_size ({block_size})")
+    backend = getattr(cfg.latency, "all2all_backend", None)
+    gathers = backend in (None, "allgather_reducescatter")
+    gpu = cfg.gpu_spec
+    # The decode graphs' largest batch by the GPU and the whole TP group (`memory_hook.py`;
+    # its clamp to a given running limit, the replica's, is never below a rank's), captured
+    # up to a rank's request pool; DeepEP's normal kernels turn the graphs off
+    # (`moe_hook.py`). The prefill graphs
+    # up to a rank's chunk (`parallel_hook.py`), replayed across ranks only with SGLang's
+    # gather (a decoding rank converts its batch only without an all-to-all backend); AMD
+    # GPUs capture none.
+    decode_sizes = [] if backend == "deepep_high_throughput" else decode_graph_sizes(
+        decode_graph_max_bs(total_mib(gpu), cfg.parallelism.data * cfg.parallelism.tensor),
+        per_rank.max_num_seqs)
+    prefill_sizes = (prefill_graph_sizes(per_rank.chunked_prefill_size)
+                     if gathers and gpu.measured_as not in HIP_GPUS else [])
+    return DataParallelGroup(env, cast(list[Rank], ranks), ranks[0].latency, balancer,
+                             max_num_seqs=per_rank.max_num_seqs,
+                             capture_limit=decode_sizes[-1] if decode_sizes else 0,
+                             dummy=BatchShape(), sync_interval=1, sync_first_step=False,
+                             graph_sizes=(decode_sizes, prefill_sizes))

@@ -128,8 +128,9 @@ class Parallelism(BaseModel):
                                        f"{model.num_experts} experts"))
         if d > 1 and not model.num_experts:
             found.append(("data", d, f"{model.name} is dense: vLLM runs a dense model's "
-                                     "data-parallel ranks as independent engines; give "
-                                     "cluster.replicas with router vllm_dp instead"))
+                                     "data-parallel ranks as independent engines (SGLang "
+                                     "its --dp without DP attention); give cluster.replicas "
+                                     "with router vllm_dp (or sglang_dp) instead"))
         elif d > 1 and self.pipeline > 1:
             found.append(("data", d, "data-parallel ranks without pipeline stages are "
                                      f"modelled; {d} x tensor {t} x pipeline "

@@ -98,9 +98,16 @@ class SchedulerConfig(BaseModel):
         known only once the pool is sized, after validation. None by default."""
         return False
 
-    def for_kv(self, num_kv_tokens: int, context_len: int | None) -> SchedulerConfig:
+    def for_kv(self, num_kv_tokens: int, context_len: int | None, num_ranks: int = 1
+               ) -> SchedulerConfig:
         """These settings with the defaults the engine derives from its KV pool
-        (`num_kv_tokens` token slots) and context window filled in. As given by default."""
+        (`num_kv_tokens` token slots, one rank's of `num_ranks` data-parallel ones) and
+        context window filled in. As given by default."""
+        return self
+
+    def for_rank(self, num_ranks: int) -> SchedulerConfig:
+        """The settings one of `num_ranks` data-parallel ranks schedules by, where the engine
+        splits the replica's among them. As given by default (vLLM's are per engine core)."""
         return self
 
 

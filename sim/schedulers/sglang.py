@@ -44,9 +44,16 @@ WAITING_QUEUE_PREFIX_MATCH_MAX = 128
 # with `environ.py`'s defaults (SGLANG_INIT_NEW_TOKEN_RATIO 0.7, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
 # 0.14, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS 600) and `--schedule-conservativeness` 1.0, computed
 # as SGLang computes them.
-NEW_TOKEN_RATIO_INIT = min(0.7 * 1.0, 1.0)
-NEW_TOKEN_RATIO_MIN = min(NEW_TOKEN_RATIO_INIT * 0.14, 1.0)
-NEW_TOKEN_RATIO_DECAY = (NEW_TOKEN_RATIO_INIT - NEW_TOKEN_RATIO_MIN) / 600
+
+
+def new_token_ratios(conservativeness: float) -> tuple[float, float, float]:
+    """`new_token_ratio`'s start, floor and decay per step for `--schedule-conservativeness`."""
+    init = min(0.7 * conservativeness, 1.0)
+    floor = min(init * 0.14, 1.0)
+    return init, floor, (init - floor) / 600
+
+
+NEW_TOKEN_RATIO_INIT, NEW_TOKEN_RATIO_MIN, NEW_TOKEN_RATIO_DECAY = new_token_ratios(1.0)
 
 
 @SCHEDULERS.register("sglang")
@@ -214,7 +221,9 @@ class SGLang(Scheduler):
         self._aborted = False  # the last decode pass aborted a request (rule 12)
         # Rule 14: `new_token_ratio`, and what the last pass left running (to tell an idle
         # pass between two passes here).
-        self.new_token_ratio = NEW_TOKEN_RATIO_INIT
+        self.ratio_init, self.ratio_min, self.ratio_decay = new_token_ratios(
+            config.schedule_conservativeness)
+        self.new_token_ratio = self.ratio_init
         self._last_running: list[Request] = []
         # Whether a request without `ignore_eos` came to admission: only such a request's
         # reservations read the ratio.
@@ -438,7 +447,7 @@ class SGLang(Scheduler):
         # runs only with nothing waiting: a request without `ignore_eos` running has been
         # through admission, and set `reads_ratio`, before it.)
         self.allows_stretches = self._spec is None and (
-            self.new_token_ratio == NEW_TOKEN_RATIO_MIN or not self.reads_ratio
+            self.new_token_ratio == self.ratio_min or not self.reads_ratio
             or self.config.decode_reserve_tokens is not None)
 
     def _idled_since(self, state: ReplicaState, now_s: float) -> bool:
@@ -458,8 +467,8 @@ class SGLang(Scheduler):
         return now_s > left_s and all(req.arrival_s > left_s for req in state.waiting)
 
     def decide(self, state: ReplicaState, now_s: float) -> Plan:
-        if self.new_token_ratio != NEW_TOKEN_RATIO_INIT and self._idled_since(state, now_s):
-            self.new_token_ratio = NEW_TOKEN_RATIO_INIT  # `on_idle`: the tracker's `reset`
+        if self.new_token_ratio != self.ratio_init and self._idled_since(state, now_s):
+            self.new_token_ratio = self.ratio_init  # `on_idle`: the tracker's `reset`
         plan = self._decide(state, now_s)
         self._last_running = list(state.running)
         self._settled()
@@ -560,8 +569,7 @@ class SGLang(Scheduler):
 
     def decay_new_token_ratio(self) -> None:
         """A decode step without retraction: `NewTokenRatioTracker.decay_step`."""
-        self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY,
-                                   NEW_TOKEN_RATIO_MIN)
+        self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.ratio_min)
 
     def _decode_newest(self, state: ReplicaState, plan: Plan) -> None:
         """A decode batch of every running request. With pages > 1 and the radix cache,

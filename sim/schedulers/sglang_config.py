@@ -25,6 +25,8 @@ SGLANG_VERSIONS = ("0.5.23",)
 SM100_GPUS = frozenset({"b200"})
 # `chunked_prefill_size` by the GPU's memory: (below this many GiB, tokens), else 16384.
 CHUNK_BY_MEMORY_GIB = ((20, 2048), (60, 4096), (160, 8192))
+# `handle_data_parallelism` (`arg_groups/parallel_hook.py`): DP attention's conservativeness.
+DP_CONSERVATIVENESS_FACTOR = 0.3
 
 
 class SGLangHiCacheConfig(Frozen):
@@ -128,6 +130,20 @@ class SGLangConfig(SchedulerConfig):
                      "(sim.schedulers.sglang_memory), spelled out in the resolved scenario"),
         json_schema_extra={"shown_default": "derived by the GPU"})
 
+    schedule_conservativeness: float = Field(
+        1.0, gt=0,
+        description=("--schedule-conservativeness: scales the share of a running request's "
+                     "outputs left that admission reserves KV for (`new_token_ratio`, 0.7 "
+                     "times this at first, decaying to 0.14 of that); SGLang multiplies it "
+                     "by 0.3 on data-parallel ranks (DP attention)"))
+    load_balance_method: Literal["auto", "round_robin", "follow_bootstrap_room",
+                                 "total_requests", "total_tokens"] = Field(
+        "auto",
+        description=("--load-balance-method: which rank of data-parallel ones (DP attention, "
+                     "parallelism.data) takes each request (sim.routers.sglang_dp); auto: "
+                     "round_robin, on a disaggregated prefill pool follow_bootstrap_room (a "
+                     "rank at random)"))
+
     max_num_seqs: int = Field(
         256, gt=0,
         description=("--max-running-requests: most requests running at once; unset, SGLang "
@@ -166,17 +182,36 @@ class SGLangConfig(SchedulerConfig):
     def derives_from_kv(self) -> bool:
         return True  # the running limit, given or not: at most half the pool (`for_kv`)
 
-    def for_kv(self, num_kv_tokens: int, context_len: int | None) -> SGLangConfig:
+    def for_kv(self, num_kv_tokens: int, context_len: int | None, num_ranks: int = 1
+               ) -> SGLangConfig:
         # `KVCacheConfigurator.resolve_max_num_reqs` (`mem_cache/kv_cache_configurator.py`):
         # unset, the pool's tokens over the context window times 512, within 2048-4096;
-        # given or not, at most half the pool's tokens (one data-parallel worker).
+        # given, a DP-attention rank's share of it (`// attn_dp_size`); either way at most
+        # half one rank's pool. Spelled out as the replica's total (the share times the
+        # ranks), as `--max-running-requests` is given.
         num_seqs = self.max_num_seqs
-        if "max_num_seqs" not in self.model_fields_set and context_len:
+        given = "max_num_seqs" in self.model_fields_set
+        if given:
+            num_seqs = max(1, num_seqs // num_ranks)
+        elif context_len:
             num_seqs = max(min(int(num_kv_tokens / context_len * 512), 4096), 2048)
-        num_seqs = max(1, min(num_seqs, num_kv_tokens // 2))
-        if num_seqs == self.max_num_seqs and "max_num_seqs" in self.model_fields_set:
+        num_seqs = max(1, min(num_seqs, num_kv_tokens // 2)) * num_ranks
+        if num_seqs == self.max_num_seqs and given:
             return self
         return self.model_copy(update={"max_num_seqs": num_seqs})
+
+    def for_rank(self, num_ranks: int) -> SGLangConfig:
+        # DP attention (`arg_groups/parallel_hook.py` `handle_data_parallelism`): each rank
+        # prefills `--chunked-prefill-size // attn_dp_size` tokens at most, runs its share of
+        # `--max-running-requests` (`for_kv`) and reserves for decodes at 0.3 times the
+        # conservativeness.
+        if num_ranks == 1:
+            return self
+        return self.model_copy(update={
+            "chunked_prefill_size": max(1, self.chunked_prefill_size // num_ranks),
+            "max_num_seqs": max(1, self.max_num_seqs // num_ranks),
+            "schedule_conservativeness": self.schedule_conservativeness
+            * DP_CONSERVATIVENESS_FACTOR})
 
     @classmethod
     def for_model(cls, data: dict[str, Any], model_type: str | None) -> dict[str, Any]:

@@ -50,8 +50,10 @@ What servesim cannot measure, it approximates:
   Llama-3.1-8B (0.704, 8.8k tokens), 100 MiB more or less free is 800 tokens, 9%.
 - Weights as servesim counts them (`Parallelism.weight_bytes_per_gpu`, a drafter's layer
   added): the log above measured 15.02 GiB for Llama-3.1-8B, servesim counts 14.96.
-- DP attention, DeepEP, multimodal models, hybrid (Mamba) and sliding-window pools: not
-  modelled (servesim's `parallelism.data` ranks are sized as separate engines).
+- DP attention (`parallelism.data` with `sglang`): SGLang's `--tp` is every rank's GPUs
+  (data x tensor) and the decode graphs reserve `max_bs x ranks x 3` MiB more (4.5 above a
+  `max_bs` of 300: memory_hook.py:370-378); each rank's pool then holds what its GPU has left.
+- DeepEP, multimodal models, hybrid (Mamba) and sliding-window pools: not modelled.
 - Whether `--max-running-requests` was given is read from the scenario; with speculative
   decoding a given 48 is taken for SGLang's own (the same number: the decode graphs' cap then
   stays 256 where SGLang would lower it to 48, 0.4 GiB more reserve).
@@ -116,13 +118,33 @@ def decode_graph_max_bs(gpu_mib: float, tp: int) -> int:
     return 512
 
 
-def num_prefill_graphs(max_bs: int) -> int:
-    """How many prefill CUDA graphs SGLang captures up to `max_bs` tokens
+def prefill_graph_sizes(max_bs: int) -> list[int]:
+    """The token counts SGLang captures prefill CUDA graphs at, up to `max_bs`
     (`generate_prefill_cuda_graph_batch_sizes`, cuda_graph_hook.py:480-497)."""
     sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
              + list(range(576, 1025, 64)) + list(range(1280, 4097, 256))
              + list(range(4608, max_bs + 1, 512)))
-    return sum(1 for s in sizes if s <= max_bs)
+    return [s for s in sizes if s <= max_bs]
+
+
+def num_prefill_graphs(max_bs: int) -> int:
+    """How many prefill CUDA graphs SGLang captures up to `max_bs` tokens."""
+    return len(prefill_graph_sizes(max_bs))
+
+
+def decode_graph_sizes(max_bs: int, num_max_requests: int) -> list[int]:
+    """The batch sizes SGLang captures decode CUDA graphs at without speculative decoding:
+    its grid up to `max_bs` and `max_bs` itself (`generate_decode_cuda_graph_batch_sizes`,
+    cuda_graph_hook.py:500-532), then at most a scheduler's request pool, which is added
+    where smaller (`base_cuda_graph_runner.py:77-101`; alignment to the attention TP size
+    left out)."""
+    sizes = [bs for bs in [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16),
+                           *range(512, max_bs + 1, 32)] if bs <= max_bs]
+    if max_bs not in sizes:
+        sizes.append(max_bs)
+    if max(sizes) > num_max_requests:
+        sizes.append(num_max_requests)
+    return sorted({bs for bs in sizes if bs <= num_max_requests})
 
 
 @dataclass(frozen=True)
@@ -139,6 +161,7 @@ class MemoryInputs:
     llama2: bool  # the model's name holds "llama-2" (SGLang reads its path)
     context_len: int | None
     role: Role = "colocated"
+    num_dp_ranks: int = 1  # DP attention's ranks (`tensor` is then SGLang's whole --tp)
 
 
 def default_mem_fraction_static(m: MemoryInputs) -> float:
@@ -156,6 +179,8 @@ def default_mem_fraction_static(m: MemoryInputs) -> float:
     reserved = 512 + activation_tokens * 1.5 + m.tensor * m.pipeline / 8 * 1024
     if m.role != "prefill":  # decode CUDA graphs
         reserved += max_bs * 2
+        if m.num_dp_ranks > 1:  # DP attention's padding (`reserve_for_graph_mb`)
+            reserved += max_bs * m.num_dp_ranks * (4.5 if max_bs > 300 else 3)
     if m.role != "decode" and not hip and m.pipeline == 1:  # prefill ("breakable") graphs
         if m.mla:
             reserved += 1.5 * 1024

@@ -395,7 +395,13 @@ def test_vllm_balancer_scores_as_each_release():
      "--enable-expert-parallel), or 1, each expert sliced"),
     ({"parallelism": {"data": 2, "expert": 2, "pipeline": 2}}, "replica.parallelism.data",
      "without pipeline stages"),
-    ({"scheduler": {"name": "sglang"}}, "replica.parallelism.data", "vllm_v1"),
+    ({"scheduler": {"name": "chunked_prefill"}}, "replica.parallelism.data",
+     "vllm_v1 or sglang"),
+    ({"scheduler": {"name": "sglang", "speculative": {"algorithm": "eagle3",
+                                                      "acceptance_rate": 0.5}}},
+     "replica.scheduler.speculative", "no rank decodes while any prefills"),
+    ({"scheduler": {"name": "sglang", "hierarchical_cache": {"ratio": 2.0}}},
+     "replica.scheduler.hierarchical_cache", "not modelled yet"),
     ({"latency": {"kind": "linear", "base_s": 1e-30}}, "replica.latency",
      "does not move the clock"),
 ])
@@ -420,7 +426,10 @@ def test_a_disaggregated_pool_of_ranks_refuses_what_ranks_do_not_model(tmp_path,
     raw = _raw()
     raw["replica"] = {**raw["replica"], "parallelism": {"data": 2, "expert": 2}}
     for pool, change, field, needle in [
-            ("decode", {"scheduler": {"name": "sglang"}}, "parallelism.data", "vllm_v1"),
+            ("decode", {"scheduler": {"name": "prefill_first"}}, "parallelism.data",
+             "vllm_v1 or sglang"),
+            ("decode", {"scheduler": {"name": "sglang", "hierarchical_cache": {"ratio": 2.0}}},
+             "scheduler.hierarchical_cache", "not modelled yet"),
             ("prefill", {"parallelism": {"data": 2, "expert": 2, "pipeline": 2}},
              "parallelism.data", "without pipeline stages")]:
         raw["cluster"] = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}

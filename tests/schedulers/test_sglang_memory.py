@@ -56,7 +56,18 @@ MEASURED = [
     ((46_068, 1, 1, {}), 0.843), ((24_564, 1, 1, {}), 0.704), ((23_028, 4, 1, {}), 0.657),
     ((183_359, 1, 1, {}), 0.854), ((97_887, 1, 1, {}), 0.858),
     ((81_559, 1, 1, {"disaggregation_mode": "prefill"}), 0.836),
-    ((81_559, 1, 1, {"disaggregation_mode": "decode"}), 0.874)]
+    ((81_559, 1, 1, {"disaggregation_mode": "decode"}), 0.874),
+    # DP attention (2026-12-03): SGLang's --tp is every rank's GPUs; its decode graphs
+    # reserve max_bs x ranks x 3 MiB more (x 4.5 above 300).
+    ((143_771, 8, 1, {"enable_dp_attention": True, "dp_size": 8}), 0.765),
+    ((81_559, 4, 1, {"enable_dp_attention": True, "dp_size": 4}), 0.706),
+    ((81_559, 8, 1, {"enable_dp_attention": True, "dp_size": 8, "max_running_requests": 64}),
+     0.804),
+    ((143_771, 8, 1, {"enable_dp_attention": True, "dp_size": 8,
+                      "disaggregation_mode": "decode"}), 0.833),
+    ((143_771, 8, 1, {"enable_dp_attention": True, "dp_size": 8,
+                      "disaggregation_mode": "prefill"}), 0.901),
+    ((143_771, 8, 1, {"enable_dp_attention": True, "dp_size": 2}), 0.861)]
 
 
 @pytest.mark.parametrize("case,fraction", MEASURED)
@@ -69,7 +80,8 @@ def test_the_fraction_is_the_one_sglang_resolves(case, fraction):
         chunked_prefill_size=extra.get("chunked_prefill_size", chunk),
         max_running_requests=extra.get("max_running_requests"), num_draft_tokens=None,
         mla=False, llama2=False, context_len=131_072,
-        role=extra.get("disaggregation_mode", "colocated"))
+        role=extra.get("disaggregation_mode", "colocated"),
+        num_dp_ranks=extra.get("dp_size", 1))
     assert default_mem_fraction_static(inputs) == fraction
 
 

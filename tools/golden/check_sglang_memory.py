@@ -42,6 +42,15 @@ CASES: list[tuple[int, int, int, dict[str, Any]]] = [
     (97_887, 1, 1, {}),  # RTX PRO 6000
     (81_559, 1, 1, {"disaggregation_mode": "prefill"}),
     (81_559, 1, 1, {"disaggregation_mode": "decode"}),
+    # DP attention (`--tp T --dp D --enable-dp-attention`: servesim's data D x tensor T / D)
+    (143_771, 8, 1, {"enable_dp_attention": True, "dp_size": 8}),
+    (81_559, 4, 1, {"enable_dp_attention": True, "dp_size": 4}),
+    (81_559, 8, 1, {"enable_dp_attention": True, "dp_size": 8, "max_running_requests": 64}),
+    (143_771, 8, 1, {"enable_dp_attention": True, "dp_size": 8,
+                     "disaggregation_mode": "decode"}),
+    (143_771, 8, 1, {"enable_dp_attention": True, "dp_size": 8,
+                     "disaggregation_mode": "prefill"}),
+    (143_771, 8, 1, {"enable_dp_attention": True, "dp_size": 2}),
 ]
 LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
             "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -69,6 +78,17 @@ def resolve(gpu_mib: int, tp: int, pp: int, extra: dict[str, Any]) -> float:
         args.resolve_once()
     fractions = [fields["mem_fraction_static"] for _, fields in args._resolved_overrides
                  if "mem_fraction_static" in fields]
+    if extra.get("enable_dp_attention"):
+        # What DP attention changed (`handle_data_parallelism`): each rank's chunk, the
+        # conservativeness, the graphs' largest sizes (`sim.schedulers.sglang_config.for_rank`,
+        # `sim.engine.data_parallel`).
+        last = {key: value for _, fields in args._resolved_overrides
+                for key, value in fields.items()}
+        graphs = last["cuda_graph_config"]
+        print("DP", json.dumps({"chunked_prefill_size": last["chunked_prefill_size"],
+                                "schedule_conservativeness": last["schedule_conservativeness"],
+                                "prefill_graph_max_bs": graphs.prefill.max_bs,
+                                "decode_graph_max_bs": graphs.decode.max_bs}))
     return float(fractions[-1])
 
 
@@ -82,6 +102,9 @@ def main() -> None:
                              capture_output=True, text=True, check=False)
         lines = [line for line in out.stdout.splitlines() if line.startswith("RESOLVED")]
         print(case, lines[-1].split()[1] if lines else out.stderr[-2000:], flush=True)
+        for line in out.stdout.splitlines():
+            if line.startswith("DP "):
+                print("   ", line[3:], flush=True)
 
 
 if __name__ == "__main__":

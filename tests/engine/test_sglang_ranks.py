@@ -1,0 +1,340 @@
+"""SGLang's DP attention (`scheduler.name: sglang` with `replica.parallelism.data`): times
+worked out by hand on a linear latency model (an idle rank's forward of no tokens while another
+works, and no step once none has any), the controller's balancers, each rank's share of the
+replica's limits, and which steps the ranks pad alike on the roofline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim import run_scenario
+from sim.config.scenario import parse_scenario
+from sim.core.request import Request, Status
+from sim.engine.cluster import Cluster
+from sim.engine.data_parallel import DataParallelGroup
+from sim.latency.base import BatchShape
+from sim.routers.base import ReplicaLoad
+from sim.routers.sglang_dp import SGLangDataParallel, SGLangDataParallelConfig
+from tests.engine.test_fast_path import assert_same_results
+from tests.helpers import assert_one_line_error, run_cli
+
+BASE_S, PER_TOKEN_S = 0.01, 1e-5
+
+
+def _raw(data=2, num_requests=1, **scheduler):
+    return {"name": "dp", "seed": 0,
+            "workload": {"format": "synthetic", "num_requests": num_requests,
+                         "arrivals": {"process": "poisson", "qps": 40.0},
+                         "lengths": {"prompt": {"dist": "uniform", "low": 10, "high": 900},
+                                     "output": {"dist": "uniform", "low": 1, "high": 60}}},
+            "replica": {"model": "qwen3-30b-a3b", "gpu": "h100-sxm",
+                        "parallelism": {"data": data, "expert": data},
+                        "scheduler": {"name": "sglang", "overlap_schedule": False,
+                                      **scheduler},
+                        "latency": {"kind": "linear", "base_s": BASE_S,
+                                    "per_token_s": PER_TOKEN_S}}}
+
+
+def _cluster(raw):
+    return Cluster(parse_scenario(raw, "<test>"), fast_forward=False)
+
+
+def _times(cluster, req):
+    """When `req`'s tokens came out: the ends of the iterations its rank sampled it in."""
+    log = cluster.replicas[req.replica_id].log
+    ids, iterations = log.sampled_tokens()
+    return log.output_s()[iterations[ids == req.request_id]]
+
+
+def test_an_idle_rank_runs_an_empty_forward_and_no_step_trails_the_work():
+    """A (8-token prompt, 5 out) alone on rank 0: rank 1 runs an idle forward (no tokens) in
+    each of A's 5 steps, and once A is done the ranks stop at once (SGLang gathers every
+    rank's token count every iteration: all zero, no forward), where vLLM's ranks run dummy
+    steps to their next check. C, arriving 2.5 steps later, starts at its arrival. On the
+    linear model the busy rank sets each step: A's prompt 10.08 ms, a decode 10.01."""
+    cluster = _cluster(_raw())
+    (group,) = cluster.front
+    assert isinstance(group, DataParallelGroup)
+    a = Request(0, 0.0, 8, 5)
+    cluster.run([a])
+    assert group.num_dummy_forwards == 5
+    first_s, decode_s = BASE_S + 8 * PER_TOKEN_S, BASE_S + PER_TOKEN_S
+    assert a.finish_s == pytest.approx(first_s + 4 * decode_s, abs=1e-12)
+    cluster = _cluster(_raw())
+    a = Request(0, 0.0, 8, 5)
+    c_arrival = first_s + 4 * decode_s + 2.5 * decode_s
+    c = Request(1, c_arrival, 8, 1)
+    cluster.run([a, c])
+    # (round robin: C goes to rank 1, whatever the load)
+    assert (a.replica_id, c.replica_id) == (0, 1)
+    assert _times(cluster, c)[0] == pytest.approx(c_arrival + first_s, abs=1e-12)
+    assert cluster.front[0].num_dummy_forwards == 5 + 1
+
+
+def test_a_prompt_on_one_rank_stretches_the_other_ranks_decode_step():
+    """A (8 tokens, 20 out) on rank 0, B (1,000-token prompt) at 50 ms on rank 1: the step of
+    B's prompt takes 20 ms for both ranks, A's other steps 10.01 ms."""
+    cluster = _cluster(_raw())
+    a, b = Request(0, 0.0, 8, 20), Request(1, 0.050, 1000, 2)
+    cluster.run([a, b])
+    assert [r.status for r in (a, b)] == [Status.FINISHED] * 2
+    gaps = np.diff(_times(cluster, a))
+    assert max(gaps) == pytest.approx(BASE_S + 1000 * PER_TOKEN_S, abs=1e-12)
+    assert sorted(gaps)[:-1] == pytest.approx([BASE_S + PER_TOKEN_S] * 18, abs=1e-12)
+
+
+def _loads(*counts):
+    """Ranks' loads from (waiting, running, tokens) each."""
+    return [ReplicaLoad(w + r, tokens, 0, w, r, 0.0) for w, r, tokens in counts]
+
+
+def _balancer(method):
+    return SGLangDataParallel(SGLangDataParallelConfig(name="sglang_dp",
+                                                       load_balance_method=method),
+                              np.random.default_rng(0))
+
+
+def test_sglang_balancers_choose_as_the_controller_does():
+    """round_robin takes turns whatever the loads; follow_bootstrap_room draws a rank at
+    random (a random bootstrap room modulo the ranks); total_requests the fewest running and
+    waiting (ties to the lowest rank), total_tokens the fewest tokens (then requests, then the
+    lowest rank), each bumped by its own dispatches until the loads are read again (20 ms
+    on)."""
+    rr = _balancer("round_robin")
+    busy = _loads((9, 9, 9000), (0, 0, 0), (0, 0, 0))
+    assert [rr.choose(Request(i, 0.0, 8, 1), busy) for i in range(5)] == [0, 1, 2, 0, 1]
+    rooms = _balancer("follow_bootstrap_room")
+    picks = [rooms.choose(Request(i, 0.0, 8, 1), busy) for i in range(300)]
+    assert set(picks) == {0, 1, 2} and max(np.bincount(picks)) < 130  # (at random: ~100)
+    by_requests = _balancer("total_requests")
+    loads = _loads((1, 1, 10), (0, 1, 5000), (3, 0, 30))
+    # rank 1 (1 request) twice, bumped to 2 and 3; then rank 0 (2: the lowest of the tied).
+    assert [by_requests.choose(Request(i, 0.001 * i, 8, 1), loads) for i in range(3)] == [
+        1, 0, 1]
+    # 20 ms after the last read: the loads again, not the bumps.
+    assert by_requests.choose(Request(3, 0.020, 8, 1), loads) == 1
+    by_tokens = _balancer("total_tokens")
+    loads = _loads((1, 1, 100), (0, 1, 100), (0, 0, 400))
+    # ranks 0 and 1 tie on tokens: rank 1 has fewer requests; its 400-token prompt makes it
+    # 500, then rank 0 (100), 450; then rank 2 (400) and rank 0 (450) again.
+    prompts = [400, 350, 10, 10]
+    assert [by_tokens.choose(Request(i, 0.0, n, 1), loads)
+            for i, n in enumerate(prompts)] == [1, 0, 2, 2]
+
+
+def test_a_replicas_limits_are_split_between_its_ranks():
+    """SGLang divides `--chunked-prefill-size` and a given `--max-running-requests` by the
+    ranks (DP attention) and scales the conservativeness by 0.3: with 4 ranks a 5,000-token
+    prompt takes chunks of 2,048 (8,192 / 4), and 12 requests at once, 3 a rank, run 2 at a
+    time on each (8 / 4). The resolved scenario keeps the replica's totals, and runs the same
+    again."""
+    raw = _raw(data=4, max_running_requests=8)
+    cluster = _cluster(raw)
+    (group,) = cluster.front
+    for rank in group.ranks:
+        config = rank.scheduler.config
+        assert (config.chunked_prefill_size, config.max_num_seqs) == (2048, 2)
+        assert rank.scheduler.ratio_init == pytest.approx(0.7 * 0.3)
+    requests = [Request(0, 0.0, 5000, 2)] + [Request(i, 0.0, 8, 30) for i in range(1, 12)]
+    cluster.run(requests)
+    assert all(r.status is Status.FINISHED for r in requests)
+    log = cluster.replicas[0].log
+    # (The last chunk, 904 tokens, beside the 8 of rank 0's next request: 4, in turn.)
+    assert list(log.columns["num_prefill_tokens"])[:3] == [2048, 2048, 904 + 8]
+    for rank in group.ranks:
+        assert max(rank.log.columns["num_seqs"]) == 2
+    res = run_scenario(parse_scenario({**raw, "record_token_times": True, "workload": {
+        **raw["workload"], "num_requests": 40}}, "<test>"))
+    resolved = res.scenario.replica.scheduler
+    assert (resolved.max_num_seqs, resolved.chunked_prefill_size) == (8, 8192)
+    again = run_scenario(parse_scenario(res.scenario.model_dump(mode="json"), "<resolved>"))
+    assert_same_results(res, again)
+
+
+def test_an_unset_running_limit_is_each_ranks_own():
+    """Unset, `--max-running-requests` is SGLang's default for each rank, not divided: the
+    resolved scenario spells it out as the replica's total (the ranks' sum), which divides
+    back to each rank's."""
+    raw = _raw(data=2, num_requests=5)
+    (group,) = _cluster(raw).front
+    scenario = parse_scenario(raw, "<test>")
+    rank_tokens = group.ranks[0].state.kv.num_blocks * scenario.replica.kv_cache.block_size
+    per_rank = max(min(int(rank_tokens / scenario.replica.context_len * 512), 4096), 2048)
+    assert [rank.scheduler.config.max_num_seqs for rank in group.ranks] == [per_rank] * 2
+    res = run_scenario(scenario)
+    assert res.scenario.replica.scheduler.max_num_seqs == 2 * per_rank
+    cluster = _cluster(res.scenario.model_dump(mode="json"))
+    assert [rank.scheduler.config.max_num_seqs for rank in cluster.front[0].ranks] == [
+        per_rank] * 2
+
+
+class _Recorder:
+    """The ranks' latency model, recording the token counts each lockstep step runs at."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, []
+
+    def lockstep_time_s(self, shapes, num_tokens):
+        self.calls.append(([int(s.num_prefill_tokens) for s in shapes], list(num_tokens)))
+        return self.model.lockstep_time_s(shapes, num_tokens)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+@pytest.mark.parametrize(("backend", "pads_decode", "pads_mixed"), [
+    ("allgather_reducescatter", True, True),
+    ("deepep_low_latency", True, False),
+    ("deepep_high_throughput", False, False)])
+def test_which_steps_the_ranks_pad_alike(backend, pads_decode, pads_mixed):
+    """On the roofline: A's prompt (8 tokens) beside an idle rank runs eagerly, each rank at
+    its own count (an idle rank stops the prefill graphs); A's decodes beside an idle rank
+    replay the decode graphs at A's one request on both (not with DeepEP's normal kernels,
+    which turn graphs off); B's 1,000-token prompt beside A's decode replays the prefill
+    graphs, A's batch converted to a one-token extend, both at 1,024 tokens, the next size
+    captured (not with an all-to-all backend: eager)."""
+    raw = _raw()
+    raw["replica"]["latency"] = {"kind": "roofline", "all2all_backend": backend}
+    cluster = _cluster(raw)
+    (group,) = cluster.front
+    recorder = group.latency = _Recorder(group.latency)
+    a, b = Request(0, 0.0, 8, 40), Request(1, 0.050, 1000, 2)
+    cluster.run([a, b])
+    assert (a.replica_id, b.replica_id) == (0, 1)
+    calls = recorder.calls
+    assert calls[0] == ([8, 0], [8, 0])
+    decode_alone = calls[1]
+    assert decode_alone == ([0, 0], [1, 1] if pads_decode else [1, 0])
+    (mixed,) = [counts for prompts, counts in calls if prompts == [0, 1000]]
+    assert mixed == ([1024, 1024] if pads_mixed else [1, 1000])
+
+
+def test_auto_balances_a_prefill_pool_by_bootstrap_room():
+    """`auto` is round_robin but on a disaggregated prefill pool, where SGLang follows the
+    request's bootstrap room (a rank at random): 40 requests through a prefill pool of 4
+    ranks land unevenly, and as the scenario's seed draws them."""
+    raw = _raw(data=4, num_requests=40)
+    replica = raw.pop("replica")
+    raw["cluster"] = {"prefill": {"replicas": 1, "replica": replica},
+                      "decode": {"replicas": 1, "replica": replica}}
+
+    def ranks(seed):
+        cluster = Cluster(parse_scenario({**raw, "seed": seed}, "<test>"), fast_forward=False)
+        return [g.balancer.method for g in (*cluster.front, *cluster.decode)]
+
+    assert ranks(0) == ["follow_bootstrap_room", "round_robin"]
+    a = run_scenario(parse_scenario({**raw, "seed": 1}, "<test>")).requests
+    b = run_scenario(parse_scenario({**raw, "seed": 2}, "<test>")).requests
+    assert (a["status"] == "finished").all() and (b["status"] == "finished").all()
+    # Prefill ranks are replicas 0-3 (their shares drawn), decode ranks 4-7 (in turn).
+    shares_a, shares_b = (np.bincount(r["replica_id"], minlength=4).tolist() for r in (a, b))
+    assert shares_a != shares_b and [10] * 4 not in (shares_a, shares_b)
+    assert np.bincount(a["decode_replica_id"] - 4).tolist() == [10] * 4
+
+
+@pytest.mark.parametrize(("change", "field", "needle"), [
+    ({"chunked_prefill_size": 8192 + 8}, "replica.scheduler.chunked_prefill_size",
+     "whole pages of kv_cache.block_size (16)"),
+])
+def test_what_sglang_ranks_refuse(tmp_path, monkeypatch, capsys, change, field, needle):
+    """A rank's chunk must be whole pages (SGLang checks the divided size)."""
+    import yaml
+
+    raw = _raw(data=4, **change)
+    raw["replica"]["kv_cache"] = {"block_size": 16}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                        str(tmp_path / "o"))
+    assert_one_line_error(code, err, field, needle)
+
+
+def test_graph_sizes_are_sglangs():
+    """The decode graphs SGLang captures (its grid to the largest batch, then at most a
+    scheduler's request pool, which is added where smaller) and the prefill graphs (to a
+    rank's chunk); a step pads to the next size captured, and one past the largest runs
+    eagerly, each rank at its own count."""
+    from sim.schedulers.sglang_memory import decode_graph_sizes, prefill_graph_sizes
+
+    assert decode_graph_sizes(512, 4096)[:8] == [1, 2, 4, 8, 12, 16, 24, 32]
+    assert decode_graph_sizes(512, 4096)[-3:] == [480, 496, 512]
+    assert decode_graph_sizes(256, 100)[-3:] == [88, 96, 100]
+    assert decode_graph_sizes(100, 4096)[-2:] == [96, 100]
+    assert prefill_graph_sizes(1024)[-2:] == [960, 1024]
+    assert prefill_graph_sizes(1000)[-1] == 960
+    cluster = _cluster(_raw())
+    (group,) = cluster.front
+    group.graph_sizes = ([1, 2, 4], [4, 8, 16])
+    shapes = [BatchShape.decode_only(3, 30), BatchShape()]
+    assert group._sglang_counts(shapes, [3, 0]) == [4, 4]
+    assert group._sglang_counts(shapes, [5, 0]) == [5, 0]  # (past the largest: eager)
+    prompt = BatchShape(num_prefill_tokens=9, num_prefill_seqs=1, num_sampled_tokens=1,
+                        prefill_attn_pairs=45, prefill_kv_tokens=9)
+    assert group._sglang_counts([prompt, shapes[0]], [9, 3]) == [16, 16]
+    assert group._sglang_counts([prompt, shapes[1]], [9, 0]) == [9, 0]  # (a rank idle)
+
+
+# What SGLang 0.5.23's server-argument resolution printed for DP attention
+# (`tools/golden/check_sglang_memory.py`, 2026-12-03): (GPU, --tp, --dp, more arguments) ->
+# each rank's chunk, the conservativeness, the prefill and decode graphs' largest sizes.
+RESOLVED_DP = [
+    (("h200", 8, 8, {}), (1024, 0.3, 1024, 512)),
+    (("h100-sxm", 4, 4, {}), (2048, 0.3, 2048, 512)),
+    (("h200", 8, 2, {}), (4096, 0.3, 4096, 512)),
+    (("h200", 8, 8, {"max_running_requests": 64}), (1024, 0.3, 1024, 64)),
+]
+
+
+@pytest.mark.parametrize(("case", "resolved"), RESOLVED_DP)
+def test_a_ranks_settings_are_those_sglang_resolves(case, resolved):
+    """Each rank's chunk and conservativeness, and the graphs' largest sizes, as SGLang
+    resolved them; the decode graphs are then captured up to a rank's request pool (a given
+    running limit's share: 8 of 64)."""
+    gpu, tp, dp, extra = case
+    chunk, conservativeness, prefill_max_bs, decode_max_bs = resolved
+    raw = _raw(data=dp, **extra)
+    raw["replica"].update(gpu=gpu, parallelism={"data": dp, "tensor": tp // dp, "expert": 1},
+                          latency={"kind": "roofline"})
+    (group,) = _cluster(raw).front
+    config = group.ranks[0].scheduler.config
+    assert config.chunked_prefill_size == chunk
+    assert config.schedule_conservativeness == pytest.approx(conservativeness)
+    decode_sizes, prefill_sizes = group.graph_sizes
+    assert prefill_sizes[-1] == prefill_max_bs
+    assert decode_sizes[-1] == min(decode_max_bs, config.max_num_seqs)
+    if "max_running_requests" in extra:
+        assert config.max_num_seqs == extra["max_running_requests"] // dp
+
+
+def test_ranks_publish_their_loads_as_sglangs_schedulers_do():
+    """A (8-token prompt, 40 out) alone on rank 0 of two: at the first pick the ranks are idle
+    and publish; then each publishes after its batch every 15th step (rank 1's idle forwards
+    count too), rank 0 at once after its prompt step. B, arriving at 0.3 s with
+    `total_requests`, goes to rank 1: rank 0's last snapshot holds A."""
+    raw = _raw(load_balance_method="total_requests")
+    cluster = _cluster(raw)
+    (group,) = cluster.front
+    published = []
+    publish = group.balancer.publish
+
+    def spy(index, load, now_s):
+        published.append((index, round(now_s, 9), load.num_running + load.num_waiting))
+        publish(index, load, now_s)
+
+    group.balancer.publish = spy
+    a, b = Request(0, 0.0, 8, 40), Request(1, 0.3, 8, 2)
+    cluster.run([a, b])
+    assert (a.replica_id, b.replica_id) == (0, 1)
+    first_s, decode_s = BASE_S + 8 * PER_TOKEN_S, BASE_S + PER_TOKEN_S
+    step_starts = [0.0] + [first_s + k * decode_s for k in range(40)]
+    rank0 = [at for index, at, _ in published if index == 0]
+    # At A's arrival (idle), after its prompt step (planned at 0), then at every 15th batch
+    # after it (planned at the start of steps 15 and 30); rank 1 at its 15th batch and 30th
+    # (idle forwards, from step 0), then B's prompt step.
+    assert rank0[:4] == pytest.approx([0.0, 0.0, step_starts[15], step_starts[30]])
+    rank1 = [at for index, at, _ in published if index == 1]
+    assert rank1[:4] == pytest.approx([0.0, step_starts[14], step_starts[29],
+                                       step_starts[30]])
+    # B arrived while a step was in flight: no rank published then.
+    assert all(at != 0.3 for _, at, _ in published)
