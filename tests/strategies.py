@@ -100,7 +100,7 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
                                  st.sampled_from([0, 2, 10])))
         # Speculative decoding sometimes (rule 12): D tokens verified, 2L slots held, retraction.
         # (With the hierarchical cache: not a draft model, whose KV's size is not known.)
-        elif not data_parallel and draw(st.integers(0, 3)) == 0:  # (refused on ranks)
+        elif draw(st.integers(0, 3)) == 0:
             algorithm = draw(st.sampled_from(
                 ["eagle", "ngram"] if host_cache else ["eagle", "ngram", "standalone"]))
             steps, topk = draw(st.integers(1, 4)), draw(st.sampled_from([1, 1, 2]))

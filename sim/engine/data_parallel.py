@@ -60,7 +60,8 @@ SGLang's DP attention (`scheduler.name: sglang`, `_sglang_group`) runs the same 
 SGLang 0.5.23's rules: its controller's balancer (`sim.routers.sglang_dp`), each rank's share
 of the replica's limits (`SGLangConfig.for_rank`), an idle forward of no tokens for a rank
 without work while another has some and no step once none has (the ranks gather their token
-counts every iteration), and its CUDA graphs' padding (`_sglang_counts`).
+counts every iteration), its CUDA graphs' padding (`_sglang_counts`), and with speculative
+decoding no decode on any rank while one prefills (`_decode_unless_prefilling`).
 
 In a disaggregated cluster a pool's replica may be such a group: a prefill rank hands its
 requests off as a prefill replica does, and a decode rank admits KV transfers at each step
@@ -132,7 +133,8 @@ class DataParallelGroup:
                  balancer: VllmDataParallel | SGLangDataParallel, *, max_num_seqs: int,
                  sync_interval: int, sync_first_step: bool, pads_every_step: bool = False,
                  capture_limit: int = MAX_GRAPH_TOKENS, dummy: BatchShape | None = None,
-                 graph_sizes: tuple[list[int], list[int]] | None = None) -> None:
+                 graph_sizes: tuple[list[int], list[int]] | None = None,
+                 spec_width: int = 1) -> None:
         self.env = env
         self.ranks = ranks
         self.latency = latency
@@ -144,6 +146,7 @@ class DataParallelGroup:
         # SGLang: the sizes its decode and prefill CUDA graphs are captured at (steps padded
         # to the next, `_sglang_counts`); None: vLLM's rule, to the most of any rank's.
         self.graph_sizes = graph_sizes
+        self.spec_width = spec_width
         # An idle rank's dummy batch (with a drafter: its dummy passes, `num_drafting_seqs`).
         self.dummy = dummy or BatchShape(num_decode_tokens=1)
         self.sync_interval = sync_interval
@@ -169,6 +172,10 @@ class DataParallelGroup:
         # SGLang's ranks publish their loads to its balancer (`SGLangDataParallel.publish`):
         # each rank's batches since it last did.
         self.publishes = isinstance(balancer, SGLangDataParallel)
+        # SGLang's speculative decoding: no rank decodes while one prefills (`_send`).
+        self.defers_decodes = self.publishes and ranks[0].state.drafting
+        for rank in ranks if self.defers_decodes else ():
+            cast(Any, rank.scheduler).defer_decodes = True
         self._unpublished = [0] * len(ranks)
         self.process = env.process(self.run())
 
@@ -270,6 +277,8 @@ class DataParallelGroup:
             else:
                 plans.append(rank.scheduler.schedule(state, now_s)
                              if state.running or state.waiting else None)
+        if self.defers_decodes:
+            self._decode_unless_prefilling(plans, now_s)
         launch_s, reports, waits = self._launch(plans, now_s)
         busy = any(plans) or waits
         if not busy and not self._trailing():
@@ -360,6 +369,26 @@ class DataParallelGroup:
                 self._unpublished[index] = 0
                 balancer.publish(index, rank.load(), now_s)
 
+    def _decode_unless_prefilling(self, plans: list[Plan | None], now_s: float) -> None:
+        """SGLang with speculative decoding on DP attention (`get_next_batch_to_run`: the
+        ranks sync on their new prefill batches first): where any rank prefills, the others
+        run idle forwards, their decodes waiting; else each rank that would decode does."""
+        ranks = self.ranks
+        if any(plan and BatchShape.of_replica(plan, rank.state).num_prefill_tokens
+               for rank, plan in zip(ranks, plans, strict=True)):
+            return
+        for index, (rank, plan) in enumerate(zip(ranks, plans, strict=True)):
+            scheduler = cast(Any, rank.scheduler)
+            if plan is None or not scheduler.decode_deferred:
+                continue
+            scheduler.defer_decodes = False
+            try:
+                decode = scheduler.schedule(rank.state, now_s)
+            finally:
+                scheduler.defer_decodes = True
+            decode.preempted_ids[:0] = plan.preempted_ids
+            plans[index] = decode
+
     def _sglang_counts(self, shapes: list[BatchShape], own: list[int]) -> list[int]:
         """The tokens each SGLang rank runs a step at (`prepare_mlp_sync_batch`): where no
         rank extends, the decode graph captured for the most of any rank's requests, on
@@ -367,14 +396,14 @@ class DataParallelGroup:
         rank's tokens (a decoding rank's batch converted to one-token extends); each rank's
         own where the step fits no graph (eager, SUM_LEN)."""
         decode_sizes, prefill_sizes = cast(tuple[list[int], list[int]], self.graph_sizes)
-        most = max(own)
         if any(shape.num_prefill_tokens for shape in shapes):
-            sizes = prefill_sizes if min(own) > 0 else []
-        else:
-            sizes = decode_sizes
+            sizes, most, width = (prefill_sizes if min(own) > 0 else []), max(own), 1
+        else:  # (decode graphs by requests, each verifying `spec_width` tokens)
+            sizes, width = decode_sizes, self.spec_width
+            most = max(int(shape.num_decode_tokens) for shape in shapes)
         if not sizes or most > sizes[-1]:
             return own
-        return [sizes[bisect_left(sizes, most)]] * len(own)
+        return [sizes[bisect_left(sizes, most)] * width] * len(own)
 
     def _launch(self, plans: list[Plan | None], now_s: float
                 ) -> tuple[float, list[Report | None], bool]:
@@ -520,11 +549,6 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
     its most tokens where no rank is idle and the all-to-all is SGLang's gather (a decoding
     rank converts its batch to one-token extends: `maybe_convert_decode_to_extend`), else
     runs eagerly, each rank at its own count."""
-    if scheduler.speculative is not None:
-        raise InputError(source, f"{field}.scheduler.speculative",
-                         scheduler.speculative.algorithm,
-                         "SGLang's speculative decoding on data-parallel ranks (no rank "
-                         "decodes while any prefills) is not modelled yet (servesim issue 47)")
     if scheduler.hierarchical_cache is not None:
         raise InputError(source, f"{field}.scheduler.hierarchical_cache", "on",
                          "SGLang's hierarchical cache on data-parallel ranks is not modelled "
@@ -560,13 +584,15 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
     # up to a rank's chunk (`parallel_hook.py`), replayed across ranks only with SGLang's
     # gather (a decoding rank converts its batch only without an all-to-all backend); AMD
     # GPUs capture none.
+    spec = scheduler.speculative
     decode_sizes = [] if backend == "deepep_high_throughput" else decode_graph_sizes(
         decode_graph_max_bs(total_mib(gpu), cfg.parallelism.data * cfg.parallelism.tensor),
-        per_rank.max_num_seqs)
+        per_rank.max_num_seqs, spec=spec is not None)
     prefill_sizes = (prefill_graph_sizes(per_rank.chunked_prefill_size)
                      if gathers and gpu.measured_as not in HIP_GPUS else [])
     return DataParallelGroup(env, cast(list[Rank], ranks), ranks[0].latency, balancer,
                              max_num_seqs=per_rank.max_num_seqs,
                              capture_limit=decode_sizes[-1] if decode_sizes else 0,
                              dummy=BatchShape(), sync_interval=1, sync_first_step=False,
-                             graph_sizes=(decode_sizes, prefill_sizes))
+                             graph_sizes=(decode_sizes, prefill_sizes),
+                             spec_width=1 if spec is None else spec.num_draft_tokens or 1)

@@ -373,9 +373,31 @@ class EagleDraftingLatency:
 
     def lockstep_time_s(self, shapes: Sequence[BatchShape], num_tokens: Sequence[int]
                         ) -> tuple[float, float]:
-        # (Data-parallel ranks are modelled as vLLM runs them: SGLang's worker never steps
-        # them; the target's lockstep alone would leave the drafter out.)
-        raise NotImplementedError("SGLang's EAGLE worker on data-parallel ranks")
+        """The target's lockstep step, then the drafter's passes in lockstep too (SGLang's
+        DP attention syncs the draft's forwards alike: a rank without requests runs idle
+        ones), each pass at the ranks' own tokens, or at the most of any rank's where the
+        step was padded. The all-to-all returned is the target's per MoE layer."""
+        model = self._model
+        step_s, all_to_all_s = model.lockstep_time_s(shapes, num_tokens)
+        padded = len(set(num_tokens)) == 1
+
+        def together(passes: list[BatchShape]) -> float:
+            own = [int(shape.num_tokens) for shape in passes]
+            return model.lockstep_time_s(passes, [max(own)] * len(own) if padded else own)[0]
+
+        if self._prompt_ratio and any(shape.num_prefill_tokens for shape in shapes):
+            step_s += self._prompt_ratio * together([shape.prompts_only() for shape in shapes])
+        if self._ratio and any(shape.num_decode_tokens for shape in shapes):
+            extend = together([BatchShape(
+                num_decode_tokens=shape.num_decode_tokens,
+                num_sampled_tokens=shape.num_decode_tokens,
+                decode_kv_tokens=shape.decode_kv_tokens, num_spec_tokens=shape.num_spec_tokens)
+                for shape in shapes])
+            drafts = (self._num_steps - 1) * together([BatchShape.decode_only(
+                shape.num_decode_tokens * self._topk, shape.decode_kv_tokens)
+                for shape in shapes]) if self._num_steps > 1 else 0.0
+            step_s += self._ratio * (extend + drafts)
+        return step_s, all_to_all_s
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)

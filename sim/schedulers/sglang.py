@@ -217,6 +217,12 @@ class SGLang(Scheduler):
         self._spec = SGLangSpecRules.of(config.speculative)  # rule 12
         if self._spec is not None:
             self.allows_stretches = False  # (decode stretches assume one token a step)
+        # A data-parallel rank with speculative decoding (`sim.engine.data_parallel`) first
+        # tries a prefill only (`defer_decodes`): SGLang syncs the ranks on it before any
+        # decodes, and runs none while one prefills. `decode_deferred`: the pass found no
+        # prefill and would decode.
+        self.defer_decodes = False
+        self.decode_deferred = False
         self._now_s = 0.0
         self._aborted = False  # the last decode pass aborted a request (rule 12)
         # Rule 14: `new_token_ratio`, and what the last pass left running (to tell an idle
@@ -502,10 +508,13 @@ class SGLang(Scheduler):
         preempted: list[int] = []
         # (Before an abort takes its request's verify away; only speculative decodes abort.)
         in_flight = self._spec is not None and any_in_flight(state)
+        self.decode_deferred = False
         while True:
             self._aborted = False
             plan = self._build(state)
             preempted += plan.preempted_ids
+            if self.decode_deferred:
+                break
             if not plan and self._aborted and not in_flight:
                 # The last decode aborted: SGLang's loop passes again at once, and its queue
                 # may start on the KV freed. (With a batch in flight, the overlap loop first
@@ -527,7 +536,9 @@ class SGLang(Scheduler):
         # Mixed: the decodes first, in the prefill's batch; else only the chunked request(s).
         prefilling = schedule_decodes(state, plan) if cfg.mixed_chunk else self._prefilling(state)
         self._prefill(state, plan, prefilling, cfg.chunked_prefill_size - plan.num_seqs)
-        if not plan and self._spec is not None:
+        if not plan and self._spec is not None and self.defer_decodes:
+            self.decode_deferred = True  # (an empty plan: the group decides, then decodes)
+        elif not plan and self._spec is not None:
             self._aborted = schedule_spec_decodes(state, plan, self._spec, self._now_s, self,
                                                   self._prefilling(state))
         elif not plan and cfg.decode_reserve_tokens is None and not state.prefill_only:

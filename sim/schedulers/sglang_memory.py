@@ -132,14 +132,17 @@ def num_prefill_graphs(max_bs: int) -> int:
     return len(prefill_graph_sizes(max_bs))
 
 
-def decode_graph_sizes(max_bs: int, num_max_requests: int) -> list[int]:
-    """The batch sizes SGLang captures decode CUDA graphs at without speculative decoding:
-    its grid up to `max_bs` and `max_bs` itself (`generate_decode_cuda_graph_batch_sizes`,
-    cuda_graph_hook.py:500-532), then at most a scheduler's request pool, which is added
-    where smaller (`base_cuda_graph_runner.py:77-101`; alignment to the attention TP size
-    left out)."""
-    sizes = [bs for bs in [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16),
-                           *range(512, max_bs + 1, 32)] if bs <= max_bs]
+def decode_graph_sizes(max_bs: int, num_max_requests: int, spec: bool = False) -> list[int]:
+    """The batch sizes SGLang captures decode CUDA graphs at: its grid up to `max_bs` (finer
+    for small batches with speculative decoding) and `max_bs` itself
+    (`generate_decode_cuda_graph_batch_sizes`, cuda_graph_hook.py:500-532), then at most a
+    scheduler's request pool, which is added where smaller (`base_cuda_graph_runner.py:
+    77-101`; alignment to the attention TP size left out)."""
+    grid = ([*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8),
+             *range(272, max_bs + 1, 16)] if spec else
+            [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16),
+             *range(512, max_bs + 1, 32)])
+    sizes = [bs for bs in grid if bs <= max_bs]
     if max_bs not in sizes:
         sizes.append(max_bs)
     if max(sizes) > num_max_requests:

@@ -261,6 +261,8 @@ def test_graph_sizes_are_sglangs():
     assert decode_graph_sizes(512, 4096)[-3:] == [480, 496, 512]
     assert decode_graph_sizes(256, 100)[-3:] == [88, 96, 100]
     assert decode_graph_sizes(100, 4096)[-2:] == [96, 100]
+    assert decode_graph_sizes(512, 4096, spec=True)[:10] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12]
+    assert decode_graph_sizes(512, 24, spec=True)[-2:] == [22, 24]
     assert prefill_graph_sizes(1024)[-2:] == [960, 1024]
     assert prefill_graph_sizes(1000)[-1] == 960
     cluster = _cluster(_raw())
@@ -268,7 +270,13 @@ def test_graph_sizes_are_sglangs():
     group.graph_sizes = ([1, 2, 4], [4, 8, 16])
     shapes = [BatchShape.decode_only(3, 30), BatchShape()]
     assert group._sglang_counts(shapes, [3, 0]) == [4, 4]
-    assert group._sglang_counts(shapes, [5, 0]) == [5, 0]  # (past the largest: eager)
+    five = [BatchShape.decode_only(5, 50), BatchShape()]
+    assert group._sglang_counts(five, [5, 0]) == [5, 0]  # (past the largest: eager)
+    group.spec_width = 3  # (verifying 3 tokens a request: graphs by requests)
+    verify = [BatchShape(num_decode_tokens=3, num_spec_tokens=6, num_sampled_tokens=9,
+                         decode_kv_tokens=30), BatchShape()]
+    assert group._sglang_counts(verify, [9, 0]) == [12, 12]
+    group.spec_width = 1
     prompt = BatchShape(num_prefill_tokens=9, num_prefill_seqs=1, num_sampled_tokens=1,
                         prefill_attn_pairs=45, prefill_kv_tokens=9)
     assert group._sglang_counts([prompt, shapes[0]], [9, 3]) == [16, 16]
@@ -338,3 +346,45 @@ def test_ranks_publish_their_loads_as_sglangs_schedulers_do():
                                        step_starts[30]])
     # B arrived while a step was in flight: no rank published then.
     assert all(at != 0.3 for _, at, _ in published)
+
+
+SPEC = {"algorithm": "eagle", "num_steps": 2, "eagle_topk": 1, "num_draft_tokens": 3,
+        "acceptance_rate": 0.0}
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_with_speculative_decoding_no_rank_decodes_while_one_prefills(speculative):
+    """SGLang syncs the ranks on their prefill batches first when drafting: where one rank
+    prefills, the others run idle forwards. A (8 tokens, 20 out, each step verifying 3
+    tokens) on rank 0, B's 1,000-token prompt on rank 1 at 50 ms: A's decode waits out B's
+    prompt step (20 ms), a 30.03 ms gap; without drafting A decodes beside it (20 ms).
+    SGLang's cap of 48 running requests (for speculative decoding) is the replica's: 24 a
+    rank."""
+    raw = _raw(**({"speculative": {**SPEC, "draft_time_ratio": 0.0}} if speculative else {}))
+    cluster = _cluster(raw)
+    (group,) = cluster.front
+    a, b = Request(0, 0.0, 8, 20), Request(1, 0.050, 1000, 2)
+    cluster.run([a, b])
+    assert [r.status for r in (a, b)] == [Status.FINISHED] * 2
+    prompt_s = BASE_S + 1000 * PER_TOKEN_S
+    decode_s = BASE_S + (3 if speculative else 1) * PER_TOKEN_S
+    gaps = np.diff(_times(cluster, a))
+    assert max(gaps) == pytest.approx(decode_s + prompt_s if speculative else prompt_s,
+                                      abs=1e-12)
+    assert sorted(gaps)[:-1] == pytest.approx([decode_s] * 18, abs=1e-12)
+    if speculative:
+        assert [rank.scheduler.config.max_num_seqs for rank in group.ranks] == [24, 24]
+
+
+def test_the_drafters_passes_run_in_lockstep():
+    """EAGLE's passes after each verify run on every rank together (an idle rank's idle
+    ones): A alone on rank 0, each decode step the target's verify of 3 tokens, then at half
+    the target's time the draft extend over those 3 and one draft pass of 1 token; rank 1's
+    idle passes are shorter, so A's take the time."""
+    raw = _raw(speculative={**SPEC, "draft_time_ratio": 0.5})
+    cluster = _cluster(raw)
+    a = Request(0, 0.0, 8, 10)
+    cluster.run([a])
+    verify_s, draft_s = BASE_S + 3 * PER_TOKEN_S, BASE_S + PER_TOKEN_S
+    gaps = np.diff(_times(cluster, a))
+    assert gaps == pytest.approx([verify_s + 0.5 * (verify_s + draft_s)] * 9, abs=1e-12)
