@@ -109,6 +109,8 @@ from sim.workloads.base import MAX_SPAN_S
 # SGLang's `load_snapshot_publish_interval` (`fields/observability.py`): a scheduler
 # publishes its load every this many batches, and at once after a prompt step.
 SGLANG_PUBLISH_INTERVAL = 15
+# `LOAD_STALL_REFRESH_S` (`managers/scheduler.py`): a stalled scheduler's publishing floor.
+SGLANG_STALL_PUBLISH_S = 0.05
 
 # vLLM's capture ceiling for CUDA graphs (`max_cudagraph_capture_size`'s default): steps of
 # more tokens on any rank run eagerly, unpadded.
@@ -134,7 +136,7 @@ class DataParallelGroup:
                  sync_interval: int, sync_first_step: bool, pads_every_step: bool = False,
                  capture_limit: int = MAX_GRAPH_TOKENS, dummy: BatchShape | None = None,
                  graph_sizes: tuple[list[int], list[int]] | None = None,
-                 spec_width: int = 1) -> None:
+                 spec_width: int = 1, decodes_extend: bool = True) -> None:
         self.env = env
         self.ranks = ranks
         self.latency = latency
@@ -147,6 +149,9 @@ class DataParallelGroup:
         # to the next, `_sglang_counts`); None: vLLM's rule, to the most of any rank's.
         self.graph_sizes = graph_sizes
         self.spec_width = spec_width
+        # Whether a decoding rank joins a prompt step's prefill graphs as one-token extends.
+        self.decodes_extend = decodes_extend
+        self._converted: list[bool] = []  # (the step's decoding ranks SGLang converted)
         # An idle rank's dummy batch (with a drafter: its dummy passes, `num_drafting_seqs`).
         self.dummy = dummy or BatchShape(num_decode_tokens=1)
         self.sync_interval = sync_interval
@@ -176,6 +181,10 @@ class DataParallelGroup:
         self.defers_decodes = self.publishes and ranks[0].state.drafting
         for rank in ranks if self.defers_decodes else ():
             cast(Any, rank.scheduler).defer_decodes = True
+        self.idle_s = 0.0  # when the ranks last passed with no tokens on any (SGLang)
+        self._stall_published_s = [-math.inf] * len(ranks)
+        for rank in ranks if self.publishes else ():
+            cast(Any, rank.scheduler).group_idle_since = lambda at_s: self.idle_s >= at_s
         self._unpublished = [0] * len(ranks)
         self.process = env.process(self.run())
 
@@ -195,12 +204,19 @@ class DataParallelGroup:
         if len(ranks) == 1:
             return ranks[0]
         loads = [rank.load() for rank in ranks]
-        if self.publishes and self._free_s <= self.env.now:
-            # No step in flight: SGLang's schedulers loop idle (or stalled), publishing at
-            # every pass (`on_idle`; a stall's every 50 ms).
-            for index, load in enumerate(loads):
-                cast(SGLangDataParallel, self.balancer).publish(index, load, self.env.now)
-        return ranks[self.balancer.choose_at(req, loads, self.env.now)]
+        now_s = self.env.now
+        if self.publishes and self._free_s <= now_s:
+            # No step in flight: SGLang's schedulers loop with no batch, a fully idle one
+            # publishing at every pass (`on_idle`), one with requests it cannot run at most
+            # every 50 ms (`LOAD_STALL_REFRESH_S`).
+            stalled = self._stall_published_s
+            for index, (rank, load) in enumerate(zip(ranks, loads, strict=True)):
+                if rank.state.running or rank.state.waiting:
+                    if now_s - stalled[index] < SGLANG_STALL_PUBLISH_S:
+                        continue
+                    stalled[index] = now_s
+                cast(SGLangDataParallel, self.balancer).publish(index, load, now_s)
+        return ranks[self.balancer.choose_at(req, loads, now_s)]
 
     def load(self, req: Request | None = None) -> ReplicaLoad:
         loads = [rank.load(req) for rank in self.ranks]
@@ -243,6 +259,7 @@ class DataParallelGroup:
                     yield At(env, host_s, self.turn)
                 continue
             self._counter = 0  # every rank idle, and all know it: the wave ends
+            self.idle_s = env.now
             yield from self._idle()
 
     def _idle(self) -> Generator[simpy.Event, Any, None]:
@@ -363,7 +380,8 @@ class DataParallelGroup:
         balancer = cast(SGLangDataParallel, self.balancer)
         for index, (rank, shape, plan) in enumerate(zip(self.ranks, shapes, plans,
                                                         strict=True)):
-            extend = bool(plan) and bool(shape.num_prefill_tokens)
+            extend = bool(plan) and bool(shape.num_prefill_tokens) or (
+                bool(self._converted) and self._converted[index])
             self._unpublished[index] += 1
             if extend or self._unpublished[index] >= SGLANG_PUBLISH_INTERVAL:
                 self._unpublished[index] = 0
@@ -381,23 +399,33 @@ class DataParallelGroup:
             scheduler = cast(Any, rank.scheduler)
             if plan is None or not scheduler.decode_deferred:
                 continue
-            scheduler.defer_decodes = False
+            scheduler.decode_pass = True
             try:
                 decode = scheduler.schedule(rank.state, now_s)
             finally:
-                scheduler.defer_decodes = True
+                scheduler.decode_pass = False
             decode.preempted_ids[:0] = plan.preempted_ids
             plans[index] = decode
 
     def _sglang_counts(self, shapes: list[BatchShape], own: list[int]) -> list[int]:
         """The tokens each SGLang rank runs a step at (`prepare_mlp_sync_batch`): where no
         rank extends, the decode graph captured for the most of any rank's requests, on
-        every rank; where one does and no rank is idle, the prefill graph for the most of any
-        rank's tokens (a decoding rank's batch converted to one-token extends); each rank's
-        own where the step fits no graph (eager, SUM_LEN)."""
+        every rank; where one does, the prefill graph captured for the most of any rank's
+        tokens, on every rank (an idle rank's a dummy extend of as many), unless a decoding
+        rank cannot run as one-token extends (speculative decoding, an all-to-all backend:
+        its vote fails); each rank's own where the step fits no graph (eager, SUM_LEN).
+        Which decoding ranks SGLang converts to extends (none with an idle rank:
+        `maybe_convert_decode_to_extend`) is kept for `_publish`."""
         decode_sizes, prefill_sizes = cast(tuple[list[int], list[int]], self.graph_sizes)
+        self._converted = []
         if any(shape.num_prefill_tokens for shape in shapes):
-            sizes, most, width = (prefill_sizes if min(own) > 0 else []), max(own), 1
+            decoding = [not shape.num_prefill_tokens and bool(shape.num_decode_tokens)
+                        for shape in shapes]
+            sizes, most, width = prefill_sizes, max(own), 1
+            if any(decoding) and not self.decodes_extend:
+                sizes = []
+            elif sizes and most <= sizes[-1] and min(own) > 0:
+                self._converted = decoding
         else:  # (decode graphs by requests, each verifying `spec_width` tokens)
             sizes, width = decode_sizes, self.spec_width
             most = max(int(shape.num_decode_tokens) for shape in shapes)
@@ -544,11 +572,8 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
     controller's balancer (`sim.routers.sglang_dp`), and every scheduler iteration an
     all-gather of the ranks' token counts (`prepare_mlp_sync_batch`): where any rank has
     tokens, every rank without runs an idle forward of none, so no step trails the last work.
-    A step where no rank extends replays the decode CUDA graphs at the most requests of any
-    rank (up to their largest size); one where a rank extends replays the prefill graphs at
-    its most tokens where no rank is idle and the all-to-all is SGLang's gather (a decoding
-    rank converts its batch to one-token extends: `maybe_convert_decode_to_extend`), else
-    runs eagerly, each rank at its own count."""
+    Steps are padded to SGLang's CUDA graphs (`_sglang_counts`); with speculative decoding
+    no rank decodes while one prefills (`_decode_unless_prefilling`)."""
     if scheduler.hierarchical_cache is not None:
         raise InputError(source, f"{field}.scheduler.hierarchical_cache", "on",
                          "SGLang's hierarchical cache on data-parallel ranks is not modelled "
@@ -577,22 +602,27 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
     backend = getattr(cfg.latency, "all2all_backend", None)
     gathers = backend in (None, "allgather_reducescatter")
     gpu = cfg.gpu_spec
-    # The decode graphs' largest batch by the GPU and the whole TP group (`memory_hook.py`;
-    # its clamp to a given running limit, the replica's, is never below a rank's), captured
-    # up to a rank's request pool; DeepEP's normal kernels turn the graphs off
-    # (`moe_hook.py`). The prefill graphs
-    # up to a rank's chunk (`parallel_hook.py`), replayed across ranks only with SGLang's
-    # gather (a decoding rank converts its batch only without an all-to-all backend); AMD
-    # GPUs capture none.
+    # The decode graphs' largest batch by the GPU and the whole TP group, at most a given
+    # running limit, the replica's (`memory_hook.py`), captured up to a rank's request pool;
+    # the prefill graphs up to a rank's chunk (`parallel_hook.py`). DeepEP's normal kernels
+    # turn both off (`moe_hook.py`); AMD GPUs capture no prefill graphs. A decoding rank
+    # joins a prompt step's prefill graphs only without an all-to-all backend or speculative
+    # decoding (`_local_prefill_cuda_graph_vote`).
     spec = scheduler.speculative
-    decode_sizes = [] if backend == "deepep_high_throughput" else decode_graph_sizes(
-        decode_graph_max_bs(total_mib(gpu), cfg.parallelism.data * cfg.parallelism.tensor),
-        per_rank.max_num_seqs, spec=spec is not None)
+    graphs = backend != "deepep_high_throughput"
+    decode_max_bs = decode_graph_max_bs(total_mib(gpu),
+                                        cfg.parallelism.data * cfg.parallelism.tensor)
+    given = scheduler.given_max_running_requests
+    if given is not None:
+        decode_max_bs = min(decode_max_bs, given)
+    decode_sizes = decode_graph_sizes(decode_max_bs, per_rank.max_num_seqs,
+                                      spec=spec is not None) if graphs else []
     prefill_sizes = (prefill_graph_sizes(per_rank.chunked_prefill_size)
-                     if gathers and gpu.measured_as not in HIP_GPUS else [])
+                     if graphs and gpu.measured_as not in HIP_GPUS else [])
     return DataParallelGroup(env, cast(list[Rank], ranks), ranks[0].latency, balancer,
                              max_num_seqs=per_rank.max_num_seqs,
                              capture_limit=decode_sizes[-1] if decode_sizes else 0,
                              dummy=BatchShape(), sync_interval=1, sync_first_step=False,
                              graph_sizes=(decode_sizes, prefill_sizes),
-                             spec_width=1 if spec is None else spec.num_draft_tokens or 1)
+                             spec_width=1 if spec is None else spec.num_draft_tokens or 1,
+                             decodes_extend=gathers and spec is None)

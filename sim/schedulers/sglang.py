@@ -13,6 +13,8 @@ Sources: SGLang `python/sglang/srt/managers/scheduler.py` (`get_next_batch_to_ru
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from typing import cast
 
 from sim.core.kv_cache import KVCacheManager
 from sim.core.plan import Plan
@@ -223,6 +225,13 @@ class SGLang(Scheduler):
         # prefill and would decode.
         self.defer_decodes = False
         self.decode_deferred = False
+        # Then, where no rank prefills, the decode alone (`decode_pass`: no second admission,
+        # as SGLang's `update_running_batch` follows its one `get_new_batch_prefill`).
+        self.decode_pass = False
+        # On data-parallel ranks: whether the ranks all passed idle at or after a time (the
+        # group's), for `on_idle`, which SGLang reaches only when no rank has tokens (else an
+        # empty rank runs an idle batch); None: one replica, its own passes say.
+        self.group_idle_since: Callable[[float], bool] | None = None
         self._now_s = 0.0
         self._aborted = False  # the last decode pass aborted a request (rule 12)
         # Rule 14: `new_token_ratio`, and what the last pass left running (to tell an idle
@@ -470,6 +479,8 @@ class SGLang(Scheduler):
                 return False
             if req.finish_s is not None and req.finish_s > left_s:
                 left_s = req.finish_s
+        if self.group_idle_since is not None and not self.group_idle_since(left_s):
+            return False
         return now_s > left_s and all(req.arrival_s > left_s for req in state.waiting)
 
     def decide(self, state: ReplicaState, now_s: float) -> Plan:
@@ -483,6 +494,8 @@ class SGLang(Scheduler):
     def _decide(self, state: ReplicaState, now_s: float) -> Plan:
         self._state = state
         self._now_s = now_s
+        if self.decode_pass:
+            return self._decode_after_deferring(state)
         tried = self.last_tried
         if len(tried) > 2 * (len(state.waiting) + len(state.running)) + 64:
             # The requests that left go (SGLang keeps these on each request, for its life): so
@@ -528,6 +541,15 @@ class SGLang(Scheduler):
             if state.running:
                 preempt_newest(state, preempted)
         plan.preempted_ids = preempted
+        return plan
+
+    def _decode_after_deferring(self, state: ReplicaState) -> Plan:
+        """The decode a pass deferred (`defer_decodes`), now that no rank prefills: the
+        speculative decode step alone (a decode that aborts its request leaves the step
+        empty: the next pass is the ranks' next synced iteration)."""
+        plan = Plan()
+        self._aborted = schedule_spec_decodes(state, plan, cast(SGLangSpecRules, self._spec),
+                                              self._now_s, self, self._prefilling(state))
         return plan
 
     def _build(self, state: ReplicaState) -> Plan:

@@ -183,17 +183,18 @@ class _Recorder:
         return getattr(self.model, name)
 
 
-@pytest.mark.parametrize(("backend", "pads_decode", "pads_mixed"), [
+@pytest.mark.parametrize(("backend", "graphs", "pads_mixed"), [
     ("allgather_reducescatter", True, True),
     ("deepep_low_latency", True, False),
     ("deepep_high_throughput", False, False)])
-def test_which_steps_the_ranks_pad_alike(backend, pads_decode, pads_mixed):
-    """On the roofline: A's prompt (8 tokens) beside an idle rank runs eagerly, each rank at
-    its own count (an idle rank stops the prefill graphs); A's decodes beside an idle rank
-    replay the decode graphs at A's one request on both (not with DeepEP's normal kernels,
-    which turn graphs off); B's 1,000-token prompt beside A's decode replays the prefill
-    graphs, A's batch converted to a one-token extend, both at 1,024 tokens, the next size
-    captured (not with an all-to-all backend: eager)."""
+def test_which_steps_the_ranks_pad_alike(backend, graphs, pads_mixed):
+    """On the roofline: A's prompt (8 tokens) beside an idle rank replays the prefill graph
+    for 8 tokens on both ranks (the idle one runs a dummy extend of as many); A's decodes
+    beside the idle rank replay the decode graphs at A's one request on both; B's
+    1,000-token prompt beside A's decode replays the prefill graphs at 1,024 tokens on both,
+    A's batch converted to one-token extends, but with an all-to-all backend A's decode
+    cannot join them (its vote fails) and the step runs eagerly, each rank at its own
+    count. DeepEP's normal kernels turn both kinds of graph off."""
     raw = _raw()
     raw["replica"]["latency"] = {"kind": "roofline", "all2all_backend": backend}
     cluster = _cluster(raw)
@@ -203,9 +204,8 @@ def test_which_steps_the_ranks_pad_alike(backend, pads_decode, pads_mixed):
     cluster.run([a, b])
     assert (a.replica_id, b.replica_id) == (0, 1)
     calls = recorder.calls
-    assert calls[0] == ([8, 0], [8, 0])
-    decode_alone = calls[1]
-    assert decode_alone == ([0, 0], [1, 1] if pads_decode else [1, 0])
+    assert calls[0] == ([8, 0], [8, 8] if graphs else [8, 0])
+    assert calls[1] == ([0, 0], [1, 1] if graphs else [1, 0])
     (mixed,) = [counts for prompts, counts in calls if prompts == [0, 1000]]
     assert mixed == ([1024, 1024] if pads_mixed else [1, 1000])
 
@@ -280,7 +280,10 @@ def test_graph_sizes_are_sglangs():
     prompt = BatchShape(num_prefill_tokens=9, num_prefill_seqs=1, num_sampled_tokens=1,
                         prefill_attn_pairs=45, prefill_kv_tokens=9)
     assert group._sglang_counts([prompt, shapes[0]], [9, 3]) == [16, 16]
-    assert group._sglang_counts([prompt, shapes[1]], [9, 0]) == [9, 0]  # (a rank idle)
+    assert group._sglang_counts([prompt, shapes[1]], [9, 0]) == [16, 16]  # (a dummy extend)
+    group.decodes_extend = False  # (an all-to-all backend, or drafting: the decode votes no)
+    assert group._sglang_counts([prompt, shapes[0]], [9, 3]) == [9, 3]
+    assert group._sglang_counts([prompt, shapes[1]], [9, 0]) == [16, 16]
 
 
 # What SGLang 0.5.23's server-argument resolution printed for DP attention
@@ -388,3 +391,32 @@ def test_the_drafters_passes_run_in_lockstep():
     verify_s, draft_s = BASE_S + 3 * PER_TOKEN_S, BASE_S + PER_TOKEN_S
     gaps = np.diff(_times(cluster, a))
     assert gaps == pytest.approx([verify_s + 0.5 * (verify_s + draft_s)] * 9, abs=1e-12)
+
+
+@pytest.mark.parametrize("a_output", [60, 5])
+def test_a_ranks_token_ratio_resets_only_when_every_rank_went_idle(a_output):
+    """SGLang resets `new_token_ratio` in `on_idle`, which a rank reaches only when no rank
+    has tokens (else it runs idle batches). B (5 tokens out) on rank 1 finishes early; D
+    comes to rank 1 at 0.2 s. While A (60 tokens out) keeps rank 0 busy, rank 1's ratio
+    at D's first pass is still the one its decodes decayed; with A done early (5 tokens),
+    the ranks all went idle before D and it is back at its start (0.7 x 0.3)."""
+    cluster = _cluster(_raw())
+    (group,) = cluster.front
+    scheduler = group.ranks[1].scheduler
+    seen = []
+    decide = scheduler.decide
+
+    def spy(state, now_s):
+        plan = decide(state, now_s)
+        seen.append((now_s, scheduler.new_token_ratio))
+        return plan
+
+    scheduler.decide = spy
+    a, b = Request(0, 0.0, 8, a_output), Request(1, 0.0, 8, 5)
+    c, d = Request(2, 0.15, 8, 2), Request(3, 0.2, 8, 2)
+    cluster.run([a, b, c, d])
+    assert [r.replica_id for r in (a, b, c, d)] == [0, 1, 0, 1]
+    before = [ratio for at, ratio in seen if at < 0.2][-1]
+    at_d = next(ratio for at, ratio in seen if at >= 0.2)
+    assert before < scheduler.ratio_init
+    assert at_d == (before if a_output == 60 else pytest.approx(scheduler.ratio_init))

@@ -9,11 +9,12 @@ Each case is a random stream of requests (arrival times, prompt lengths) over 2-
 loads (running, waiting, tokens) drift at random, each rank publishing its load now and then.
 SGLang's own `DPBudget` (its `update_budget`, which skips a snapshot whose timestamp it has
 seen, and its `dispatch` with the optimistic bumps) picks the rank for `total_requests` and
-`total_tokens`, named by `LoadBalanceMethod.from_str`; the controller's loop around it is
-followed as it reads: `refresh_load_budget` reads the ranks' latest snapshots before a
-dispatch at most every 20 ms, and `round_robin_scheduler`'s counter goes over the ranks in
-turn. Each request is written with the snapshots published since the one before (rank,
-running, waiting, tokens) and the rank picked.
+`total_tokens`, named by `LoadBalanceMethod.from_str`. The controller's throttle around it
+(`refresh_load_budget`: the ranks' latest snapshots read before a dispatch at most every
+20 ms) is written out here as it reads, not run (its clock is `time.perf_counter`), and
+`round_robin` (a counter) is left to servesim's unit tests. Each request is written with the
+snapshots published since the one before (rank, running, waiting, tokens) and the rank
+picked.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ def record_case(seed: int, method: str) -> dict:
     budget = DPBudget(num_ranks)
     lb = LoadBalanceMethod.from_str(method)
     last_refresh = -1.0
-    counter = 0
     now = 1.0  # (SGLang's clock, perf_counter, is never 0: its first timestamps are 0.0)
     events = []
     for _ in range(num_requests):
@@ -65,14 +65,10 @@ def record_case(seed: int, method: str) -> dict:
                 latest[rank] = Snapshot(rank, now, *load)
                 published.append([rank, *load])
         prompt = rng.randint(1, 8000)
-        if method == "round_robin":
-            pick = counter % num_ranks
-            counter = (counter + 1) % num_ranks
-        else:
-            if now - last_refresh >= REFRESH_S:
-                last_refresh = now
-                budget.update_budget(list(latest.values()))
-            pick = budget.dispatch(lb, estimated_tokens=prompt)
+        if now - last_refresh >= REFRESH_S:
+            last_refresh = now
+            budget.update_budget(list(latest.values()))
+        pick = budget.dispatch(lb, estimated_tokens=prompt)
         events.append({"t": now, "prompt": prompt, "published": published, "pick": pick})
     return {"seed": seed, "method": method, "num_ranks": num_ranks, "events": events}
 
@@ -83,9 +79,8 @@ def main() -> None:
     args = parser.parse_args()
     import sglang
 
-    cases = [record_case(seed, method) for method in ("round_robin", "total_requests",
-                                                      "total_tokens")
-             for seed in range(12)]
+    cases = [record_case(seed, method) for method in ("total_requests", "total_tokens")
+             for seed in range(16)]
     args.out.write_text(json.dumps({"sglang": sglang.__version__, "cases": cases},
                                    separators=(",", ":")) + "\n")
     print(f"{len(cases)} cases, {sum(len(c['events']) for c in cases)} picks -> {args.out}")
