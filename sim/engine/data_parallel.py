@@ -99,7 +99,7 @@ from sim.routers.vllm_dp import VllmDataParallel, VllmDataParallelConfig
 from sim.schedulers.sglang_config import SGLangConfig
 from sim.schedulers.sglang_memory import (
     HIP_GPUS,
-    decode_graph_max_bs,
+    decode_graph_limit,
     decode_graph_sizes,
     prefill_graph_sizes,
     total_mib,
@@ -534,11 +534,7 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
                          "vLLM turns dynamic speculative decoding off with data-parallel ranks "
                          "(they could choose different drafts and deadlock): drop it, k "
                          "drafts a step as vLLM falls back to")
-    ranks = [make_rank() for _ in range(cfg.parallelism.data)]
-    if ranks[0].latency.sequential:
-        raise InputError(source, f"{field}.latency.kind", cfg.latency.kind,
-                         "a recording replays one replica's iterations in order; "
-                         "data-parallel ranks would share it (not modelled)")
+    ranks = _make_ranks(cfg, source, make_rank, field)
     version = getattr(scheduler, "engine_version", None) or "0.15.1"
     balancer = VllmDataParallel(
         VllmDataParallelConfig(name="vllm_dp", engine_version=version,
@@ -552,7 +548,7 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
     # DeepEP's normal kernels cannot be captured: vLLM turns CUDA graphs off with them and
     # data-parallel ranks (`CompilationConfig`: cudagraph_mode NONE), so no step is padded.
     graphs = getattr(cfg.latency, "all2all_backend", None) != "deepep_high_throughput"
-    return DataParallelGroup(env, cast(list[Rank], ranks), ranks[0].latency, balancer,
+    return DataParallelGroup(env, ranks, ranks[0].latency, balancer,
                              max_num_seqs=int(scheduler.max_num_seqs),
                              capture_limit=capture_ceiling(
                                  int(scheduler.max_num_seqs), k,
@@ -562,6 +558,17 @@ def build_group(env: Environment, cfg: ReplicaConfig, source: str,
                              sync_interval=16 if latest else 32, sync_first_step=latest,
                              pads_every_step=graphs and bool(getattr(scheduler,
                                                                      "pads_every_step", False)))
+
+
+def _make_ranks(cfg: ReplicaConfig, source: str, make_rank: Callable[[], Any], field: str
+                ) -> list[Rank]:
+    """The replica's `cfg.parallelism.data` ranks; a recording refused (one replica's)."""
+    ranks = [make_rank() for _ in range(cfg.parallelism.data)]
+    if ranks[0].latency.sequential:
+        raise InputError(source, f"{field}.latency.kind", cfg.latency.kind,
+                         "a recording replays one replica's iterations in order; "
+                         "data-parallel ranks would share it (not modelled)")
+    return cast(list[Rank], ranks)
 
 
 def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
@@ -578,11 +585,7 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
         raise InputError(source, f"{field}.scheduler.hierarchical_cache", "on",
                          "SGLang's hierarchical cache on data-parallel ranks is not modelled "
                          "yet (servesim issue 47)")
-    ranks = [make_rank() for _ in range(cfg.parallelism.data)]
-    if ranks[0].latency.sequential:
-        raise InputError(source, f"{field}.latency.kind", cfg.latency.kind,
-                         "a recording replays one replica's iterations in order; "
-                         "data-parallel ranks would share it (not modelled)")
+    ranks = _make_ranks(cfg, source, make_rank, field)
     method = scheduler.load_balance_method
     if method == "auto":  # (`serving_hook.py`: by the server's disaggregation mode)
         method = ("follow_bootstrap_room" if field.startswith("cluster.prefill")
@@ -590,7 +593,7 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
     balancer = SGLangDataParallel(
         SGLangDataParallelConfig(name="sglang_dp", load_balance_method=method),
         np.random.default_rng(seed), published=True)
-    per_rank = ranks[0].scheduler.config
+    per_rank = cast(SGLangConfig, ranks[0].scheduler.config)
     block_size = cfg.kv_cache.block_size
     if (block_size > 1 and per_rank.chunked_prefill_size % block_size
             and per_rank.decode_reserve_tokens is None and not field.startswith("cluster.decode")):
@@ -610,16 +613,14 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
     # decoding (`_local_prefill_cuda_graph_vote`).
     spec = scheduler.speculative
     graphs = backend != "deepep_high_throughput"
-    decode_max_bs = decode_graph_max_bs(total_mib(gpu),
-                                        cfg.parallelism.data * cfg.parallelism.tensor)
-    given = scheduler.given_max_running_requests
-    if given is not None:
-        decode_max_bs = min(decode_max_bs, given)
+    decode_max_bs = decode_graph_limit(total_mib(gpu),
+                                       cfg.parallelism.data * cfg.parallelism.tensor,
+                                       scheduler.given_max_running_requests)
     decode_sizes = decode_graph_sizes(decode_max_bs, per_rank.max_num_seqs,
                                       spec=spec is not None) if graphs else []
     prefill_sizes = (prefill_graph_sizes(per_rank.chunked_prefill_size)
                      if graphs and gpu.measured_as not in HIP_GPUS else [])
-    return DataParallelGroup(env, cast(list[Rank], ranks), ranks[0].latency, balancer,
+    return DataParallelGroup(env, ranks, ranks[0].latency, balancer,
                              max_num_seqs=per_rank.max_num_seqs,
                              capture_limit=decode_sizes[-1] if decode_sizes else 0,
                              dummy=BatchShape(), sync_interval=1, sync_first_step=False,

@@ -363,13 +363,23 @@ class EagleDraftingLatency:
         num_decodes = shape.num_decode_tokens
         if not np.any(num_decodes):
             return time
-        kv = shape.decode_kv_tokens
-        extend = model.iteration_time_s(BatchShape(
-            num_decode_tokens=num_decodes, num_sampled_tokens=num_decodes, decode_kv_tokens=kv,
-            num_spec_tokens=shape.num_spec_tokens))
+        extend = model.iteration_time_s(self._draft_extend(shape))
         drafts = (self._num_steps - 1) * model.iteration_time_s(
-            BatchShape.decode_only(num_decodes * self._topk, kv)) if self._num_steps > 1 else 0
+            self._draft_pass(shape)) if self._num_steps > 1 else 0
         return time + self._ratio * (extend + drafts) * (num_decodes > 0)
+
+    @staticmethod
+    def _draft_extend(shape: BatchShape) -> BatchShape:
+        """The draft extend over a step's decodes' verified tokens (the last row sampled)."""
+        return BatchShape(num_decode_tokens=shape.num_decode_tokens,
+                          num_sampled_tokens=shape.num_decode_tokens,
+                          decode_kv_tokens=shape.decode_kv_tokens,
+                          num_spec_tokens=shape.num_spec_tokens)
+
+    def _draft_pass(self, shape: BatchShape) -> BatchShape:
+        """One draft pass of `topk` tokens per decode of a step."""
+        return BatchShape.decode_only(shape.num_decode_tokens * self._topk,
+                                      shape.decode_kv_tokens)
 
     def lockstep_time_s(self, shapes: Sequence[BatchShape], num_tokens: Sequence[int]
                         ) -> tuple[float, float]:
@@ -388,14 +398,9 @@ class EagleDraftingLatency:
         if self._prompt_ratio and any(shape.num_prefill_tokens for shape in shapes):
             step_s += self._prompt_ratio * together([shape.prompts_only() for shape in shapes])
         if self._ratio and any(shape.num_decode_tokens for shape in shapes):
-            extend = together([BatchShape(
-                num_decode_tokens=shape.num_decode_tokens,
-                num_sampled_tokens=shape.num_decode_tokens,
-                decode_kv_tokens=shape.decode_kv_tokens, num_spec_tokens=shape.num_spec_tokens)
-                for shape in shapes])
-            drafts = (self._num_steps - 1) * together([BatchShape.decode_only(
-                shape.num_decode_tokens * self._topk, shape.decode_kv_tokens)
-                for shape in shapes]) if self._num_steps > 1 else 0.0
+            extend = together([self._draft_extend(shape) for shape in shapes])
+            drafts = (self._num_steps - 1) * together(
+                [self._draft_pass(shape) for shape in shapes]) if self._num_steps > 1 else 0.0
             step_s += self._ratio * (extend + drafts)
         return step_s, all_to_all_s
 

@@ -118,6 +118,15 @@ def decode_graph_max_bs(gpu_mib: float, tp: int) -> int:
     return 512
 
 
+def decode_graph_limit(gpu_mib: float, tp: int, max_running_requests: int | None) -> int:
+    """The decode CUDA graphs' largest batch: by the GPU's memory and TP, at most a given
+    `--max-running-requests` (memory_hook.py:182-188)."""
+    max_bs = decode_graph_max_bs(gpu_mib, tp)
+    if max_running_requests is not None and max_bs > max_running_requests:
+        max_bs = max_running_requests
+    return max_bs
+
+
 def prefill_graph_sizes(max_bs: int) -> list[int]:
     """The token counts SGLang captures prefill CUDA graphs at, up to `max_bs`
     (`generate_prefill_cuda_graph_batch_sizes`, cuda_graph_hook.py:480-497)."""
@@ -171,9 +180,7 @@ def default_mem_fraction_static(m: MemoryInputs) -> float:
     """SGLang 0.5.23's `--mem-fraction-static` when unset (module docstring)."""
     gpu_mib = total_mib(m.gpu)
     hip = m.gpu.measured_as in HIP_GPUS
-    max_bs = decode_graph_max_bs(gpu_mib, m.tensor)
-    if m.max_running_requests is not None and max_bs > m.max_running_requests:
-        max_bs = m.max_running_requests
+    max_bs = decode_graph_limit(gpu_mib, m.tensor, m.max_running_requests)
     if m.role == "decode":
         running = m.max_running_requests or max_bs or 1
         activation_tokens = max(running * (m.num_draft_tokens or 1), 2048)
