@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sim.core.offload import Report
     from sim.core.state import ReplicaState
     from sim.engine.clock import Environment
+    from sim.engine.disaggregation import DecodeInbox
     from sim.engine.iteration_log import IterationLog
     from sim.engine.offload import HostCopies
     from sim.engine.offload_jobs import JobCopies
@@ -47,6 +48,7 @@ class OffloadSteps:
     _blocked: tuple[float, Report] | None
     _carried: list[int]
     _poke: simpy.Event | None
+    inbox: DecodeInbox | None
 
     def _plan_iteration(self, plan: Plan, start_s: float, num_before: int = 0) -> Iteration:
         raise NotImplementedError
@@ -100,8 +102,13 @@ class OffloadSteps:
                 return None
             return plan
         offload = state.offload
-        # (vLLM 0.33.0's engine also steps while copy jobs are not reported done.)
-        if offload is not None and (offload.finished_ids or offload.busy):
+        # (vLLM 0.33.0's engine also steps while copy jobs are not reported done; and either
+        # steps while a transfer waits for blocks on a decode replica: it is in the waiting
+        # queue there, and each empty step's poll may free the blocks finished requests hold
+        # until their stores are reported done.)
+        inbox = self.inbox
+        if offload is not None and (offload.finished_ids or offload.busy or (
+                inbox is not None and inbox.pending)):
             plan = Plan()
             offload.build(state, plan, 0)
             return plan

@@ -234,6 +234,42 @@ def test_with_a_host_tier_on_the_prefill_pool_fast_forward_is_exact_and_nothing_
     assert_tier_run_exact(data)
 
 
+def _vllm_replica(version: str, num_blocks: int, tier_blocks: int, **tier) -> dict:
+    return {"scheduler": {"name": "vllm_v1", "max_num_batched_tokens": 8, "max_num_seqs": 1,
+                          "engine_version": version, "async_scheduling": False},
+            "latency": {"kind": "roofline", "noise": {"kind": "none"}},
+            "kv_cache": {"block_size": 1, "num_blocks": num_blocks}, "prefix_caching": True,
+            "kv_offload": {"size_gib": tier_blocks * 131072 / 2**30,
+                           "host_bandwidth_gb_s": 0.2, **tier}}
+
+
+def test_an_idle_decode_replica_polls_its_tier_for_a_transfer_waiting_for_blocks():
+    """Found by the property test below: a decode replica (vLLM 0.15.1, 5 usable one-token
+    blocks, a CPU tier) goes idle holding its last request's 3 blocks until a poll reports
+    their stores done (vLLM's engine idles so). A transfer that needs 3 of the 5 then waits
+    there: vLLM keeps it in its waiting queue, so the engine steps, empty, and the first
+    step's poll frees the blocks. Before, the replica waited for work that never came and
+    the request was left unfinished ("transferring_at_horizon") with no horizon."""
+    data = {"name": "idle-decode-poll", "seed": 0, "horizon_s": None, "record_token_times": True,
+            "workload": {"format": "prefix", "num_conversations": 6, "num_requests": 6,
+                         "arrivals": {"process": "gamma", "qps": 1.0, "cv": 1.0},
+                         "question_tokens": {"dist": "uniform", "low": 1, "high": 3},
+                         "output_tokens": {"dist": "uniform", "low": 1, "high": 1},
+                         "hash_block_tokens": 4},
+            "cluster": {"prefill": {"replicas": 1, "replica": _vllm_replica(
+                            "0.33.0", 6, 1, store_threshold=0)},
+                        "decode": {"replicas": 2, "replica": _vllm_replica("0.15.1", 6, 3)},
+                        "link": {"bandwidth_gb_s": 0.001, "latency_s": 0.0},
+                        "router": {"name": "round_robin"}}}
+    assert_tier_run_exact(data)
+    reqs = run_scenario(parse_scenario(data, "<test>")).requests
+    assert (reqs["status"] == "finished").all()
+    last = reqs.iloc[-1]
+    # Its decode replica idled since 2.22 s with the blocks held; its stores were long done.
+    assert last["decode_replica_id"] == 1
+    assert last["transfer_start_s"] == last["prefill_end_s"]
+
+
 LIVELOCK = {  # found by a fuzzer; vLLM 0.15.1's own scheduler loops on it too
     "name": "livelock", "seed": 511, "record_token_times": True,
     "workload": {"format": "synthetic", "num_requests": 16,
