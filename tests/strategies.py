@@ -243,9 +243,10 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
     if (data_parallel and replica["latency"]["kind"] == "roofline"
             and replica["parallelism"]["expert"] > 1):
         # vLLM's all-to-all backends for experts spread over the ranks (DeepEP's normal
-        # kernels turn CUDA graphs off: no step padded).
+        # kernels turn CUDA graphs off: no step padded); SGLang's auto mode too.
         replica["latency"]["all2all_backend"] = draw(st.sampled_from(
-            ["allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency"]))
+            ["allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency",
+             *(["deepep_auto"] if scheduler["name"] == "sglang" else [])]))
     return data
 
 

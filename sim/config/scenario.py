@@ -425,6 +425,11 @@ def _replica_problems(scenario: Scenario) -> list[tuple[str, Any, str]]:
                 "an all-to-all backend exchanges tokens between data-parallel ranks whose GPUs "
                 "hold whole experts: give an MoE model, parallelism.data > 1 and "
                 "parallelism.expert = data x tensor, or drop it")))
+        elif backend == "deepep_auto" and replica.scheduler.name != "sglang":
+            problems.append((f"{field}.latency.all2all_backend", backend, (
+                "DeepEP's auto mode (kernels chosen step by step) is SGLang's --deepep-mode "
+                "auto; vLLM runs one family for every step: give deepep_high_throughput or "
+                "deepep_low_latency, or scheduler.name sglang")))
     return problems
 
 

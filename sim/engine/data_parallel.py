@@ -92,6 +92,7 @@ from sim.engine.iteration_log import IterationLog
 from sim.engine.offload_steps import idle_step, reload_only
 from sim.engine.pipeline import PipelinedReplica
 from sim.engine.replica import Iteration
+from sim.latency.all_to_all import DEEPEP_BACKENDS
 from sim.latency.base import BatchShape, LatencyModel
 from sim.routers.base import ReplicaLoad
 from sim.routers.sglang_dp import SGLangDataParallel, SGLangDataParallelConfig
@@ -607,10 +608,12 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
     gpu = cfg.gpu_spec
     # The decode graphs' largest batch by the GPU and the whole TP group, at most a given
     # running limit, the replica's (`memory_hook.py`), captured up to a rank's request pool;
-    # the prefill graphs up to a rank's chunk (`parallel_hook.py`). DeepEP's normal kernels
-    # turn both off (`moe_hook.py`); AMD GPUs capture no prefill graphs. A decoding rank
-    # joins a prompt step's prefill graphs only without an all-to-all backend or speculative
-    # decoding (`_local_prefill_cuda_graph_vote`).
+    # the prefill graphs up to a rank's chunk (`parallel_hook.py`), with DeepEP at sizes
+    # rounded up to multiples of 8 (`apply_deepep_adjustments`). DeepEP's normal kernels
+    # turn both off (`moe_hook.py`); in auto mode both stay, a prompt step's exchange run
+    # eagerly between the graph's pieces with the normal kernels (`EPMoE.forward`); AMD GPUs
+    # capture no prefill graphs. A decoding rank joins a prompt step's prefill graphs only
+    # without an all-to-all backend or speculative decoding (`_local_prefill_cuda_graph_vote`).
     spec = scheduler.speculative
     graphs = backend != "deepep_high_throughput"
     decode_max_bs = decode_graph_limit(total_mib(gpu),
@@ -618,7 +621,8 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
                                        scheduler.given_max_running_requests)
     decode_sizes = decode_graph_sizes(decode_max_bs, per_rank.max_num_seqs,
                                       spec=spec is not None) if graphs else []
-    prefill_sizes = (prefill_graph_sizes(per_rank.chunked_prefill_size)
+    prefill_sizes = (prefill_graph_sizes(per_rank.chunked_prefill_size,
+                                         align_8=backend in DEEPEP_BACKENDS)
                      if graphs and gpu.measured_as not in HIP_GPUS else [])
     return DataParallelGroup(env, ranks, ranks[0].latency, balancer,
                              max_num_seqs=per_rank.max_num_seqs,

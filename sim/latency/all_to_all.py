@@ -8,6 +8,10 @@ GPUs hold whole experts), by vLLM's `--all2all-backend`.
 - `deepep_high_throughput` (DeepEP's normal kernels): a token's hidden state goes once to each
   other node holding one of its k experts (RDMA), and once to each GPU holding one (NVLink,
   forwarded on arrival); the weighted results come back the same way (combine).
+- `deepep_auto` (SGLang's `--moe-a2a-backend deepep --deepep-mode auto`, its default mode):
+  per step, the normal kernels where any rank's batch extends (a prompt or a chunk of one:
+  `DeepEPMode.resolve` on the ranks' gathered `is_extend_in_batch`), else the low-latency ones;
+  SGLang only (vLLM picks one kernel family for every step).
 - `deepep_low_latency` (DeepEP's low-latency kernels, made for decode under CUDA graphs): one
   message per (token, expert) pair, not de-duplicated: over NVLink to the node's GPUs, RDMA to
   the rest. At most `CHUNK_TOKENS` tokens per rank a round (vLLM's `VLLM_MOE_DP_CHUNK_SIZE`;
@@ -40,8 +44,8 @@ from sim.hardware.parallelism import GPUS_PER_NODE
 from sim.latency.base import Num
 
 All2AllBackend = Literal["allgather_reducescatter", "deepep_high_throughput",
-                         "deepep_low_latency"]
-DEEPEP_BACKENDS = ("deepep_high_throughput", "deepep_low_latency")
+                         "deepep_low_latency", "deepep_auto"]
+DEEPEP_BACKENDS = ("deepep_high_throughput", "deepep_low_latency", "deepep_auto")
 
 # vLLM's VLLM_MOE_DP_CHUNK_SIZE: tokens per rank per round of the low-latency kernels.
 CHUNK_TOKENS = 256
@@ -179,13 +183,18 @@ def deepep_buffer_bytes(backend: str, *, hidden_size: int, num_experts: int,
     before the KV cache is sized, as vLLM's memory profiling sees them."""
     if backend not in DEEPEP_BACKENDS:
         return 0
+    normal_rdma = DEEPEP_BUFFER_BYTES if num_gpus > GPUS_PER_NODE else 0
     if backend == "deepep_high_throughput":
-        return DEEPEP_BUFFER_BYTES * (2 if num_gpus > GPUS_PER_NODE else 1)
+        return DEEPEP_BUFFER_BYTES + normal_rdma
     h, tokens, scales = hidden_size, CHUNK_TOKENS, hidden_size // FP8_BLOCK
     dispatch = 16 + max(2 * h, h + 4 * scales)  # (an int4 header, bf16 or fp8 and scales)
     combine = 4 * scales + 2 * h  # (bf16, and a min/max pair per 128 for LogFMT)
     send = max(tokens * dispatch, num_experts * tokens * combine)
     receive = num_experts * tokens * max(dispatch, combine)
     signals = 4 * num_experts
-    return DEEPEP_BUFFER_BYTES + 2 * (send + receive + signals)
+    low_latency_rdma = 2 * (send + receive + signals)
+    # (Auto mode sizes one buffer for both families: each part the larger of their needs,
+    # as SGLang's `DeepEPBuffer.get_deepep_buffer` does.)
+    return DEEPEP_BUFFER_BYTES + (max(normal_rdma, low_latency_rdma)
+                                  if backend == "deepep_auto" else low_latency_rdma)
 

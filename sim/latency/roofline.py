@@ -115,7 +115,9 @@ class RooflineConfig(LatencyConfig):
             "vLLM's --all2all-backend for the MoE exchange between data-parallel ranks "
             "with experts spread over them: allgather_reducescatter (vLLM's default), "
             "deepep_high_throughput or deepep_low_latency (DeepEP's kernels, timed from "
-            "their published benchmarks)"))
+            "their published benchmarks); with scheduler sglang also deepep_auto (SGLang's "
+            "--deepep-mode auto: normal kernels for steps where a rank extends, "
+            "low-latency ones for decode-only steps)"))
 
 
 # How far the roofline is from real runs (docs/fidelity.md), said in every run's summary; the
@@ -162,7 +164,8 @@ class RooflineLatency(LatencyModel):
             m = shape.num_tokens
             total = self.tables.parallelism.data * m
             return (self._rank_s(shape, m) + self.tables.moe_s(total)
-                    + self.tables.model.num_moe_layers * self.tables.exchange_s(total, m))
+                    + self.tables.model.num_moe_layers * self.tables.exchange_s(
+                        total, m, shape.num_prefill_tokens > 0))
         return self._rank_s(shape, shape.num_tokens)
 
     def host_time_s(self, shape: BatchShape) -> Num:
@@ -194,7 +197,9 @@ class RooflineLatency(LatencyModel):
         if tables.moe_s is None:  # (not data-parallel: no MoE layer spans the ranks)
             return super().lockstep_time_s(shapes, num_tokens)
         total = sum(num_tokens)
-        all_to_all_s = float(tables.exchange_s(total, max(num_tokens)))
+        # (SGLang's ranks gather whether any extends: every rank then takes the same kernels.)
+        extends = any(shape.num_prefill_tokens > 0 for shape in shapes)
+        all_to_all_s = float(tables.exchange_s(total, max(num_tokens), extends))
         step_s = (max(float(self._rank_s(shape, n)) for shape, n in zip(shapes, num_tokens,
                                                                           strict=True))
                   + float(tables.moe_s(total))
@@ -226,6 +231,11 @@ class RooflineLatency(LatencyModel):
                 else "link bandwidth"}
             if tables.exchange is not None:
                 facts["communication"]["all_to_all"] = tables.exchange.describe()
+                if tables.decode_exchange is not None:
+                    facts["communication"]["all_to_all"] = (
+                        "SGLang's DeepEP auto mode: steps where a rank extends, "
+                        + tables.exchange.describe() + "; decode-only steps, "
+                        + tables.decode_exchange.describe())
             elif tables.moe_s is not None:
                 facts["communication"]["all_to_all"] = (
                     "all-gather and reduce-scatter between data-parallel ranks per MoE layer "
@@ -263,6 +273,9 @@ class _Tables:
         self.moe_s: TokenTable | None = None
         self.all_to_all_s: TokenTable = TokenTable(lambda m: np.zeros_like(m))
         self.exchange: ExpertExchange | None = None
+        # SGLang's DeepEP auto mode: `exchange` (normal kernels) for steps where a rank
+        # extends, this (low-latency) for the rest.
+        self.decode_exchange: ExpertExchange | None = None
         self.spans_nodes = parallelism.data * parallelism.tensor > GPUS_PER_NODE
         if self.spans_nodes and gpu.network_bandwidth_bytes_s is None:
             raise InputError("<scenario>", "gpu.network_bandwidth_bytes_s", None, (
@@ -272,23 +285,40 @@ class _Tables:
         if parallelism.data > 1 and model.num_moe_layers:
             self.moe_s = TokenTable(lambda m: model.num_moe_layers * self._routed_s(m))
             self.all_to_all_s = TokenTable(self._all_to_all_s)
-            if config.all2all_backend in DEEPEP_BACKENDS:  # (experts spread: checked)
-                self.exchange = ExpertExchange(
-                    config.all2all_backend, num_experts=model.num_experts,
-                    experts_per_token=model.num_experts_per_token,
-                    hidden_size=model.hidden_size, dtype_bytes=model.dtype_bytes,
-                    # (vLLM's DeepEP paths quantize first for block-fp8 weights only)
-                    fp8_dispatch=self.quantized and model.fp8_block_scales,
-                    num_ranks=parallelism.data,
-                    tensor=parallelism.tensor,
-                    nvlink_bytes_s=gpu.interconnect_bandwidth_bytes_s,
-                    network_bytes_s=gpu.network_bandwidth_bytes_s,
-                    imbalance=config.expert_imbalance, groups=model.num_expert_groups,
-                    groups_per_token=model.expert_groups_per_token)
+            backend = config.all2all_backend
+            if backend in DEEPEP_BACKENDS:  # (experts spread: checked)
+                def exchange(kind: str) -> ExpertExchange:
+                    return ExpertExchange(
+                        kind, num_experts=model.num_experts,
+                        experts_per_token=model.num_experts_per_token,
+                        hidden_size=model.hidden_size, dtype_bytes=model.dtype_bytes,
+                        # (vLLM's DeepEP paths quantize first for block-fp8 weights only)
+                        fp8_dispatch=self.quantized and model.fp8_block_scales,
+                        num_ranks=parallelism.data,
+                        tensor=parallelism.tensor,
+                        nvlink_bytes_s=gpu.interconnect_bandwidth_bytes_s,
+                        network_bytes_s=gpu.network_bandwidth_bytes_s,
+                        imbalance=config.expert_imbalance, groups=model.num_expert_groups,
+                        groups_per_token=model.expert_groups_per_token)
 
-    def exchange_s(self, total: Num, most: Num) -> Num:
+                if backend == "deepep_auto":
+                    self.exchange = exchange("deepep_high_throughput")
+                    self.decode_exchange = exchange("deepep_low_latency")
+                else:
+                    self.exchange = exchange(backend)
+
+    def exchange_s(self, total: Num, most: Num, extends: Num = True) -> Num:
         """Seconds of one MoE layer's exchange between the data-parallel ranks for `total`
-        tokens over all ranks, `most` on the busiest (`sim.latency.all_to_all`)."""
+        tokens over all ranks, `most` on the busiest, in steps where a rank `extends` (a
+        prompt's tokens; SGLang's auto mode picks its kernels by it) or not
+        (`sim.latency.all_to_all`)."""
+        if self.decode_exchange is not None:
+            assert self.exchange is not None
+            normal = self.exchange.layer_s(total, most)
+            low_latency = self.decode_exchange.layer_s(total, most)
+            if isinstance(normal, np.ndarray) or isinstance(extends, np.ndarray):
+                return np.where(extends, normal, low_latency)
+            return normal if extends else low_latency
         if self.exchange is not None:
             return self.exchange.layer_s(total, most)
         return self.all_to_all_s(total)

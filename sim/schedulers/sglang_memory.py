@@ -127,13 +127,16 @@ def decode_graph_limit(gpu_mib: float, tp: int, max_running_requests: int | None
     return max_bs
 
 
-def prefill_graph_sizes(max_bs: int) -> list[int]:
+def prefill_graph_sizes(max_bs: int, align_8: bool = False) -> list[int]:
     """The token counts SGLang captures prefill CUDA graphs at, up to `max_bs`
-    (`generate_prefill_cuda_graph_batch_sizes`, cuda_graph_hook.py:480-497)."""
+    (`generate_prefill_cuda_graph_batch_sizes`, cuda_graph_hook.py:480-497); with `align_8`
+    (DeepEP, whose capture can hang otherwise) each rounded up to a multiple of 8
+    (`apply_deepep_adjustments`, cuda_graph_hook.py:315-346)."""
     sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
              + list(range(576, 1025, 64)) + list(range(1280, 4097, 256))
              + list(range(4608, max_bs + 1, 512)))
-    return [s for s in sizes if s <= max_bs]
+    sizes = [s for s in sizes if s <= max_bs]
+    return sorted({-(-s // 8) * 8 for s in sizes}) if align_8 else sizes
 
 
 def num_prefill_graphs(max_bs: int) -> int:

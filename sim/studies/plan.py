@@ -246,7 +246,7 @@ def kinds(plan: Plan) -> list[Kind]:
 
 
 ALL2ALL_LABELS = {"allgather_reducescatter": "AG/RS", "deepep_high_throughput": "DeepEP-HT",
-                  "deepep_low_latency": "DeepEP-LL"}
+                  "deepep_low_latency": "DeepEP-LL", "deepep_auto": "DeepEP-auto"}
 
 
 def _backends(choices: list[Any] | None, data: int, sliced: bool,

@@ -186,6 +186,7 @@ class _Recorder:
 @pytest.mark.parametrize(("backend", "graphs", "pads_mixed"), [
     ("allgather_reducescatter", True, True),
     ("deepep_low_latency", True, False),
+    ("deepep_auto", True, False),
     ("deepep_high_throughput", False, False)])
 def test_which_steps_the_ranks_pad_alike(backend, graphs, pads_mixed):
     """On the roofline: A's prompt (8 tokens) beside an idle rank replays the prefill graph
@@ -194,7 +195,8 @@ def test_which_steps_the_ranks_pad_alike(backend, graphs, pads_mixed):
     1,000-token prompt beside A's decode replays the prefill graphs at 1,024 tokens on both,
     A's batch converted to one-token extends, but with an all-to-all backend A's decode
     cannot join them (its vote fails) and the step runs eagerly, each rank at its own
-    count. DeepEP's normal kernels turn both kinds of graph off."""
+    count. DeepEP's normal kernels turn both kinds of graph off; its auto mode keeps them
+    (its normal kernels run eagerly inside a prefill graph's replay)."""
     raw = _raw()
     raw["replica"]["latency"] = {"kind": "roofline", "all2all_backend": backend}
     cluster = _cluster(raw)
@@ -208,6 +210,23 @@ def test_which_steps_the_ranks_pad_alike(backend, graphs, pads_mixed):
     assert calls[1] == ([0, 0], [1, 1] if graphs else [1, 0])
     (mixed,) = [counts for prompts, counts in calls if prompts == [0, 1000]]
     assert mixed == ([1024, 1024] if pads_mixed else [1, 1000])
+
+
+@pytest.mark.parametrize(("backend", "padded"), [
+    ("allgather_reducescatter", [4, 4]), ("deepep_low_latency", [8, 8]),
+    ("deepep_auto", [8, 8])])
+def test_deepep_rounds_the_prefill_graphs_up_to_multiples_of_8(backend, padded):
+    """SGLang captures prefill graphs at 4, 8, 12, ... 32 tokens, then coarser; with DeepEP
+    each size is rounded up to a multiple of 8 (`apply_deepep_adjustments`: capture can hang
+    otherwise), so a 3-token prompt beside an idle rank replays the 8-token graph, not the
+    4-token one."""
+    raw = _raw()
+    raw["replica"]["latency"] = {"kind": "roofline", "all2all_backend": backend}
+    cluster = _cluster(raw)
+    (group,) = cluster.front
+    recorder = group.latency = _Recorder(group.latency)
+    cluster.run([Request(0, 0.0, 3, 2)])
+    assert recorder.calls[0] == ([3, 0], padded)
 
 
 def test_auto_balances_a_prefill_pool_by_bootstrap_room():

@@ -233,3 +233,93 @@ def test_only_block_fp8_checkpoints_dispatch_in_fp8(model, fp8_dispatch):
         dtype_bytes=2, fp8_dispatch=fp8_dispatch, num_ranks=16, tensor=1, imbalance=1.0,
         nvlink_bytes_s=450e9, network_bytes_s=50e9)
     assert exchange.token_s == expected.token_s
+
+
+def _sglang_auto(backend="deepep_auto", data=16):
+    raw = _scenario({"data": data, "expert": data}, {"all2all_backend": backend})
+    raw["replica"]["scheduler"] = {"name": "sglang"}
+    return raw
+
+
+def test_sglangs_auto_mode_takes_the_normal_kernels_where_a_rank_extends():
+    """SGLang's `--deepep-mode auto` resolves the kernels per step from the ranks' gathered
+    `is_extend_in_batch`: a step where any of 16 ranks computes a prompt's tokens exchanges
+    with the normal kernels (as `deepep_high_throughput` times it), a step where all only
+    decode with the low-latency ones; on arrays row by row too. vLLM has no such mode."""
+    from sim.engine.cluster import make_latency
+
+    models = {}
+    for backend in ("deepep_auto", "deepep_high_throughput", "deepep_low_latency"):
+        cfg = parse_scenario(_sglang_auto(backend), "<test>").replica
+        models[backend] = make_latency(cfg, cfg.model_shape, "<test>")
+    auto, normal, low = (models[b] for b in ("deepep_auto", "deepep_high_throughput",
+                                             "deepep_low_latency"))
+    from sim.latency.base import BatchShape
+
+    decodes = [BatchShape(num_decode_tokens=32, decode_kv_tokens=32 * 600)] * 16
+    prompt = BatchShape(num_prefill_tokens=600, prefill_attn_pairs=600 * 601 // 2,
+                        prefill_kv_tokens=600)
+    mixed = [prompt, *decodes[1:]]
+    counts_decode, counts_mixed = [32] * 16, [600] + [32] * 15
+    assert auto.lockstep_time_s(decodes, counts_decode) == low.lockstep_time_s(
+        decodes, counts_decode)
+    assert auto.lockstep_time_s(mixed, counts_mixed) == normal.lockstep_time_s(
+        mixed, counts_mixed)
+    # (the kernels differ on these counts, so the test can tell them apart)
+    assert low.lockstep_time_s(mixed, counts_mixed) != normal.lockstep_time_s(
+        mixed, counts_mixed)
+    rows = BatchShape(num_prefill_tokens=np.array([0, 600, 0]),
+                      num_decode_tokens=np.array([32, 0, 8]),
+                      prefill_attn_pairs=np.array([0, 600 * 601 // 2, 0]),
+                      prefill_kv_tokens=np.array([0, 600, 0]),
+                      decode_kv_tokens=np.array([32 * 600, 0, 8 * 600]))
+    expected = np.where([False, True, False], normal.iteration_time_s(rows),
+                        low.iteration_time_s(rows))
+    assert auto.iteration_time_s(rows).tolist() == expected.tolist()
+    described = auto.describe()["communication"]["all_to_all"]
+    assert "auto" in described and "low-latency" in described and "normal" in described
+    # DeepEP's buffer in auto mode: each part the larger of the two families' (16 GPUs: the
+    # normal kernels' RDMA gigabyte against the low-latency layout, which is larger).
+    from sim.latency.all_to_all import deepep_buffer_bytes
+
+    sizes = {b: deepep_buffer_bytes(b, hidden_size=7168, num_experts=256, num_gpus=g)
+             for b in ("deepep_auto", "deepep_high_throughput", "deepep_low_latency")
+             for g in (16,)}
+    assert sizes["deepep_auto"] == sizes["deepep_low_latency"] > sizes["deepep_high_throughput"]
+    assert deepep_buffer_bytes("deepep_auto", hidden_size=64, num_experts=8,
+                               num_gpus=16) == 2 * 2**30  # (a tiny layout: the normal RDMA)
+
+
+def test_a_replica_in_auto_mode_serves_and_logs_each_steps_kernels(tmp_path, monkeypatch,
+                                                                    capsys):
+    """Served end to end on 16 SGLang ranks in auto mode: every request finishes; each step
+    the ranks take together exchanges with the normal kernels where a rank ran a prompt's
+    tokens and with the low-latency ones where all only decoded (both kinds occur), and the
+    iteration log holds those times. vLLM refuses the mode, in one line."""
+    from sim.latency.roofline import RooflineLatency
+
+    steps = []
+    lockstep = RooflineLatency.lockstep_time_s
+
+    def recorded(self, shapes, counts):
+        step_s, all_to_all_s = lockstep(self, shapes, counts)
+        tables = self.tables
+        extends = any(shape.num_prefill_tokens for shape in shapes)
+        kernels = tables.exchange if extends else tables.decode_exchange
+        assert all_to_all_s == kernels.layer_s(sum(counts), max(counts))
+        steps.append((extends, all_to_all_s))
+        return step_s, all_to_all_s
+
+    monkeypatch.setattr(RooflineLatency, "lockstep_time_s", recorded)
+    res = run_scenario(parse_scenario(_sglang_auto(), "<test>"), fast_forward=False)
+    assert res.summary["requests"]["finished"] == 40
+    assert {extends for extends, _ in steps} == {True, False}
+    logged = set(res.iterations["all_to_all_per_layer_s"])
+    assert logged <= {all_to_all_s for _, all_to_all_s in steps}
+    path = tmp_path / "s.yaml"
+    raw = _sglang_auto()
+    raw["replica"]["scheduler"] = {"name": "vllm_v1"}
+    path.write_text(yaml.safe_dump(raw))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                        str(tmp_path / "o"))
+    assert_one_line_error(code, err, "replica.latency.all2all_backend", "--deepep-mode auto")
