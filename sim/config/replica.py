@@ -156,6 +156,21 @@ class ReplicaConfig(Frozen):
         return shape
 
     @property
+    def lm_head_ranks(self) -> int:
+        """Data-parallel ranks whose GPUs split the LM head between them: SGLang's DP
+        attention splits it over all D x T GPUs (`ParallelLMHead` over the whole TP group:
+        each GPU a D x T'th of the vocabulary, every rank's sampled rows gathered to it)
+        unless `--enable-dp-lm-head` keeps it to each rank's own attention TP group, or the
+        model ties it to the embedding table (split within the rank); 1 (each rank its own
+        LM head over its T GPUs) otherwise, vLLM's ranks too."""
+        data = self.parallelism.data
+        if (data > 1 and self.scheduler.name == "sglang"
+                and not getattr(self.scheduler, "enable_dp_lm_head", False)
+                and not self.model_shape.tie_embeddings):
+            return data
+        return 1
+
+    @property
     def gpu_spec(self) -> GPUSpec:
         return self.gpu.to_spec() if isinstance(self.gpu, GPUSpecInput) else GPUS.get(self.gpu)
 

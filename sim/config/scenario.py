@@ -430,6 +430,10 @@ def _replica_problems(scenario: Scenario) -> list[tuple[str, Any, str]]:
                 "DeepEP's auto mode (kernels chosen step by step) is SGLang's --deepep-mode "
                 "auto; vLLM runs one family for every step: give deepep_high_throughput or "
                 "deepep_low_latency, or scheduler.name sglang")))
+        if getattr(replica.scheduler, "enable_dp_lm_head", False) and par.data == 1:
+            problems.append((f"{field}.scheduler.enable_dp_lm_head", True, (
+                "--enable-dp-lm-head requires DP attention (SGLang asserts it): give "
+                "parallelism.data > 1, or drop it")))
     return problems
 
 

@@ -514,7 +514,7 @@ def _bytes_per_gpu(cfg: ReplicaConfig, model: ModelShape) -> tuple[float, float]
     """The busiest GPU's weight bytes (a drafter's and DeepEP's buffers included) and KV bytes
     per token slot."""
     par = cfg.parallelism
-    weight_bytes = par.weight_bytes_per_gpu(model)
+    weight_bytes = par.weight_bytes_per_gpu(model, cfg.lm_head_ranks)
     kv_bytes = par.kv_bytes_per_token_per_gpu(model)
     spec = getattr(cfg.scheduler, "speculative", None)
     if spec is not None and spec.method in ("eagle", "eagle3", "mtp"):
@@ -547,7 +547,8 @@ def kv_cache_for(cfg: ReplicaConfig, model: ModelShape, field: str = "replica",
     num_null = 0 if scheduler is None else scheduler.num_null_blocks
     kv = cfg.kv_cache
     gpu, par = cfg.gpu_spec, cfg.parallelism
-    weight_bytes = par.weight_bytes_per_gpu(model)  # the busiest GPU's, as vLLM shards them
+    # (the busiest GPU's, as vLLM shards them)
+    weight_bytes = par.weight_bytes_per_gpu(model, cfg.lm_head_ranks)
     if kv.num_blocks is not None:
         # Blocks given (vLLM's `num_gpu_blocks_override`) skip the memory budget; the weights
         # must still fit, or the deployment could not exist. More blocks than the rest of
@@ -597,7 +598,7 @@ def blocks_beyond_memory(cfg: ReplicaConfig) -> str | None:
     kv, gpu, par, model = cfg.kv_cache, cfg.gpu_spec, cfg.parallelism, cfg.model_shape
     if kv.num_blocks is None:
         return None
-    need_bytes = (par.weight_bytes_per_gpu(model)
+    need_bytes = (par.weight_bytes_per_gpu(model, cfg.lm_head_ranks)
                   + kv.num_blocks * kv.block_size * par.kv_bytes_per_token_per_gpu(model))
     if need_bytes <= gpu.memory_bytes:
         return None

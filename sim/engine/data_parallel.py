@@ -624,6 +624,15 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
     prefill_sizes = (prefill_graph_sizes(per_rank.chunked_prefill_size,
                                          align_8=backend in DEEPEP_BACKENDS)
                      if graphs and gpu.measured_as not in HIP_GPUS else [])
+    if cfg.lm_head_ranks > 1:
+        # The LM head over all D x T GPUs (`ReplicaConfig.lm_head_ranks`); on a decode pool
+        # of one GPU a rank SGLang exchanges the logits all-to-all where the ranks' rows are
+        # alike (`_tp_lm_head_all_to_all_default`, `_can_use_tp_lm_head_all_to_all`).
+        all_to_all = field.startswith("cluster.decode") and cfg.parallelism.tensor == 1
+        for latency in {id(rank.latency): rank.latency for rank in ranks}.values():
+            split = getattr(latency, "split_lm_head", None)
+            if split is not None:  # (a model that times the LM head: the roofline)
+                split(cfg.lm_head_ranks, all_to_all)
     return DataParallelGroup(env, ranks, ranks[0].latency, balancer,
                              max_num_seqs=per_rank.max_num_seqs,
                              capture_limit=decode_sizes[-1] if decode_sizes else 0,

@@ -173,21 +173,23 @@ class Parallelism(BaseModel):
         starts = [sum(sizes[:i]) for i in range(self.pipeline)]
         return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
 
-    def vocab_rows_per_gpu(self, model: ModelShape) -> int:
-        """Rows of the embedding table and of the LM head on each GPU of the tensor group:
+    def vocab_rows_per_gpu(self, model: ModelShape, ranks: int = 1) -> int:
+        """Rows of the embedding table and of the LM head on each GPU of the tensor group
+        (of `ranks` data-parallel ranks' GPUs together: SGLang's LM head under DP attention):
         vLLM pads the vocabulary to a multiple of 64 and splits it evenly
         (`VocabParallelEmbedding`, `ParallelLMHead`)."""
         padded = -(-model.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
-        return -(-padded // self.tensor)
+        return -(-padded // (self.tensor * ranks))
 
-    def weight_bytes_per_gpu(self, model: ModelShape) -> int:
+    def weight_bytes_per_gpu(self, model: ModelShape, lm_head_ranks: int = 1) -> int:
         """Weight bytes on the busiest GPU (the largest pipeline stage's), as vLLM shards
         them: sliced weights divided by `tensor`; K/V projections of at least one KV head per
         GPU (replicated when there are fewer KV heads than GPUs); replicated norms, MoE routers
         and MLA's down-projections (`q_a_proj`, `kv_a_proj_with_mqa`, `ReplicatedLinear`); the
         embedding table on the first stage, the LM head (and, tied, a copy of the table) on the
-        last. One GPU: `model.weight_bytes` where the vocabulary is a multiple of 64 (every
-        committed model's)."""
+        last (split over `lm_head_ranks` ranks' GPUs: `ReplicaConfig.lm_head_ranks`). One
+        GPU: `model.weight_bytes` where the vocabulary is a multiple of 64 (every committed
+        model's)."""
         moe = set(model.moe_layer_indices)
         layer = {False: self._layer_bytes(model, moe=False),
                  True: self._layer_bytes(model, moe=True) if moe else 0}
@@ -202,7 +204,9 @@ class Parallelism(BaseModel):
             if index == len(stages) - 1:
                 num_bytes += model.hidden_size * b  # the final norm
                 if not (model.tie_embeddings and len(stages) == 1):
-                    num_bytes += table  # the LM head (tied on one stage: the table itself)
+                    # the LM head (tied on one stage: the table itself)
+                    num_bytes += (table if lm_head_ranks == 1 else self.vocab_rows_per_gpu(
+                        model, lm_head_ranks) * model.hidden_size * b)
             busiest = max(busiest, num_bytes)
         return busiest
 

@@ -157,31 +157,74 @@ class RooflineLatency(LatencyModel):
                          if m.is_mla else self.attn_pair_s)
         self.decode_kv_token_s = max(decode_pair_s, self.kv_token_s)
 
+    def split_lm_head(self, ranks: int, all_to_all: bool = False) -> None:
+        """Data-parallel ranks whose GPUs split the LM head between them
+        (`ReplicaConfig.lm_head_ranks`): each GPU computes its slice of the vocabulary for
+        every rank's sampled rows, gathered to it, and the logits are gathered back (with
+        `all_to_all`, where the ranks' row counts are equal, each rank gets only its own rows:
+        SGLang's LM-head all-to-all on a decode pool of one GPU a rank)."""
+        self.lm_head_ranks = ranks
+        self.lm_head_all_to_all = all_to_all
+
+    lm_head_ranks = 1  # (each rank's own LM head)
+    lm_head_all_to_all = False
+
     def iteration_time_s(self, shape: BatchShape) -> Num:
-        if self.tables.moe_s is not None:
+        if self.tables.moe_s is not None or self.lm_head_ranks > 1:
             # One data-parallel rank, as if every rank ran the same batch (the engine times
             # the ranks' steps together: `lockstep_time_s`).
             m = shape.num_tokens
-            total = self.tables.parallelism.data * m
-            return (self._rank_s(shape, m) + self.tables.moe_s(total)
+            ranks = self.tables.parallelism.data
+            total = ranks * m
+            time = self._rank_s(shape, m, own_lm_head=self.lm_head_ranks == 1)
+            if self.lm_head_ranks > 1:
+                sampled = shape.num_sampled_tokens
+                time = time + self._lm_head_s(ranks * np.asarray(sampled), sampled)
+            if self.tables.moe_s is None:
+                return time
+            return (time + self.tables.moe_s(total)
                     + self.tables.model.num_moe_layers * self.tables.exchange_s(
                         total, m, shape.num_prefill_tokens > 0))
         return self._rank_s(shape, shape.num_tokens)
 
+    def _lm_head_s(self, total: Num, most: Num, alike: bool = True) -> Num:
+        """The LM head split over `lm_head_ranks` ranks' GPUs for `total` sampled rows of all
+        ranks, `most` on the busiest: their hidden states gathered over the ranks, each GPU's
+        vocabulary slice for all of them, the logits gathered back to every GPU (or each
+        rank's own rows, all-to-all, where the ranks ran `alike` counts)."""
+        tables = self.tables
+        model, par = tables.model, tables.parallelism
+        num_gpus = par.tensor * self.lm_head_ranks
+        rows = par.vocab_rows_per_gpu(model, self.lm_head_ranks)
+        bandwidth = tables.comm.network if tables.spans_nodes else tables.comm.bandwidth
+        assert bandwidth is not None, "checked when built"
+        total = np.asarray(total, dtype=np.float64)
+        row_bytes = rows * num_gpus * model.dtype_bytes  # a row's logits, every slice
+        logits_s = (bandwidth.all_gather_s(np.asarray(most) * row_bytes, num_gpus)
+                    if self.lm_head_all_to_all and alike
+                    else bandwidth.all_gather_s(total * row_bytes, num_gpus))
+        time = (tables.gemm_kept(total, model.hidden_size, rows)
+                + bandwidth.all_gather_s(total * model.hidden_size * model.dtype_bytes,
+                                         self.lm_head_ranks)
+                + logits_s)
+        return time if isinstance(time, np.ndarray) and time.ndim else float(time)
+
     def host_time_s(self, shape: BatchShape) -> Num:
         return self.overhead_s
 
-    def _rank_s(self, shape: BatchShape, num_tokens: Num) -> Num:
+    def _rank_s(self, shape: BatchShape, num_tokens: Num, own_lm_head: bool = True) -> Num:
         """The step of `shape` with its token-count terms at `num_tokens` (its own, or a
         data-parallel rank's padded to the most of any rank's): all of it, but for
         data-parallel ranks the MoE layers, which `_Tables.tokens_s` then leaves out (timed on
-        every rank's tokens)."""
+        every rank's tokens), and an LM head split over the ranks (`own_lm_head` False:
+        `_lm_head_s`)."""
         prefill_attn = maximum(
             self.attn_pair_s * shape.prefill_attn_pairs, self.kv_token_s * shape.prefill_kv_tokens
         )
         time = (self.overhead_s + self.tables.tokens_s(num_tokens) + prefill_attn
-                + self.decode_kv_token_s * shape.decode_kv_tokens
-                + self.tables.sampled_s(shape.num_sampled_tokens))
+                + self.decode_kv_token_s * shape.decode_kv_tokens)
+        if own_lm_head:
+            time = time + self.tables.sampled_s(shape.num_sampled_tokens)
         if self.attn_fixed_s:  # 0 by default: predictions stay bit-for-bit as before
             time = time + self.attn_fixed_s * (num_tokens > 0)
         if self.tables.context_s is not None:  # MLA: the chunks' cached context, up-projected
@@ -194,15 +237,24 @@ class RooflineLatency(LatencyModel):
         the local experts' GEMMs and the all-gather and reduce-scatter around them
         (`_Tables.all_to_all_s`), which no rank passes alone."""
         tables = self.tables
-        if tables.moe_s is None:  # (not data-parallel: no MoE layer spans the ranks)
+        own = self.lm_head_ranks == 1
+        if tables.moe_s is None and own:  # (no MoE layer, no LM head spans the ranks)
             return super().lockstep_time_s(shapes, num_tokens)
+        if tables.moe_s is None:  # (each rank at its own tokens, as without the split)
+            num_tokens = [shape.num_tokens for shape in shapes]
+        step_s = max(float(self._rank_s(shape, n, own)) for shape, n in zip(shapes, num_tokens,
+                                                                             strict=True))
+        if not own:
+            sampled = [int(shape.num_sampled_tokens) for shape in shapes]
+            step_s += float(self._lm_head_s(sum(sampled), max(sampled),
+                                            alike=len(set(num_tokens)) == 1))
+        if tables.moe_s is None:
+            return step_s, 0.0
         total = sum(num_tokens)
         # (SGLang's ranks gather whether any extends: every rank then takes the same kernels.)
         extends = any(shape.num_prefill_tokens > 0 for shape in shapes)
         all_to_all_s = float(tables.exchange_s(total, max(num_tokens), extends))
-        step_s = (max(float(self._rank_s(shape, n)) for shape, n in zip(shapes, num_tokens,
-                                                                          strict=True))
-                  + float(tables.moe_s(total))
+        step_s = (step_s + float(tables.moe_s(total))
                   + self.tables.model.num_moe_layers * all_to_all_s)
         return step_s, all_to_all_s
 

@@ -144,6 +144,14 @@ class SGLangConfig(SchedulerConfig):
                      "round_robin, on a disaggregated prefill pool follow_bootstrap_room (a "
                      "rank at random)"))
 
+    enable_dp_lm_head: bool = Field(
+        False,
+        description=("--enable-dp-lm-head (DP attention, parallelism.data > 1): each rank's "
+                     "LM head over its own attention TP group, on its own sampled rows; off, "
+                     "SGLang splits it over all D x T GPUs (a D x T'th of the vocabulary and "
+                     "of its weights each), every rank's rows gathered and their logits "
+                     "gathered back (an all-to-all on a decode pool of one GPU a rank)"))
+
     max_num_seqs: int = Field(
         256, gt=0,
         description=("--max-running-requests: most requests running at once; unset, SGLang "

@@ -439,3 +439,73 @@ def test_a_ranks_token_ratio_resets_only_when_every_rank_went_idle(a_output):
     at_d = next(ratio for at, ratio in seen if at >= 0.2)
     assert before < scheduler.ratio_init
     assert at_d == (before if a_output == 60 else pytest.approx(scheduler.ratio_init))
+
+
+def _deepseek_dp8(**scheduler):
+    return {"name": "lm", "seed": 0,
+            "workload": {"format": "synthetic", "num_requests": 1,
+                         "arrivals": {"process": "poisson", "qps": 1.0},
+                         "lengths": {"prompt": {"dist": "fixed", "value": 100},
+                                     "output": {"dist": "fixed", "value": 2}}},
+            "replica": {"model": "deepseek-v3", "quantization": "fp8", "gpu": "h200",
+                        "parallelism": {"data": 8, "expert": 1},
+                        "scheduler": {"name": "sglang", **scheduler},
+                        "latency": {"kind": "roofline"}}}
+
+
+def test_sglangs_lm_head_spans_every_gpu_of_the_ranks():
+    """Under DP attention SGLang splits the LM head over all D x T GPUs (`ParallelLMHead`
+    over the TP group; `--enable-dp-lm-head` keeps it to each rank's attention TP group):
+    DeepSeek-V3 on 8 H200s (DP8, T=1) holds 16,160 of the 129,280 vocabulary rows a GPU, not
+    all, 1.62 GB of bf16 weights less, which the KV pool gets. A decode step gathers the
+    ranks' rows (8 x 32 here), computes its slice for all and gathers the logits back: faster
+    than each rank reading the whole head for its own 32 rows. On a decode pool of one GPU
+    a rank, logits go all-to-all where the ranks' rows are alike (each GPU gets only its
+    rank's). vLLM's ranks each hold their own head."""
+    from sim.engine.cluster import make_latency, num_kv_blocks
+    from sim.latency.base import BatchShape
+
+    split = parse_scenario(_deepseek_dp8(), "<test>").replica
+    own = parse_scenario(_deepseek_dp8(enable_dp_lm_head=True), "<test>").replica
+    vllm = _deepseek_dp8()
+    vllm["replica"]["scheduler"] = {"name": "vllm_v1"}
+    assert (split.lm_head_ranks, own.lm_head_ranks,
+            parse_scenario(vllm, "<test>").replica.lm_head_ranks) == (8, 1, 1)
+    model, par = split.model_shape, split.parallelism
+    assert (par.vocab_rows_per_gpu(model), par.vocab_rows_per_gpu(model, 8)) == (129280, 16160)
+    saved = par.weight_bytes_per_gpu(model) - par.weight_bytes_per_gpu(model, 8)
+    assert saved == (129280 - 16160) * 7168 * 2
+    kv_per_token = par.kv_bytes_per_token_per_gpu(model)
+    gained = num_kv_blocks(split, model, 0) - num_kv_blocks(own, model, 0)
+    assert gained == pytest.approx(saved / kv_per_token, abs=1)
+
+    shapes = [BatchShape.decode_only(32, 32 * 2000)] * 8
+    counts = [32] * 8
+    timed = {}
+    for name, cfg in (("split", split), ("own", own)):
+        latency = make_latency(cfg, model, "<test>")
+        if cfg.lm_head_ranks > 1:
+            latency.split_lm_head(cfg.lm_head_ranks)
+        timed[name] = latency.lockstep_time_s(shapes, counts)[0]
+    tables = latency.tables
+    head = timed["split"] - timed["own"]
+    split_latency = make_latency(split, model, "<test>")
+    split_latency.split_lm_head(8)
+    lm_head_s = split_latency._lm_head_s(256, 32)
+    assert head == pytest.approx(lm_head_s - float(tables.sampled_s(32)), rel=1e-9)
+    assert head < 0  # (one eighth of the head's weights read a step)
+    split_latency.split_lm_head(8, all_to_all=True)
+    assert split_latency._lm_head_s(256, 32) < lm_head_s  # (own rows' logits only)
+    assert split_latency._lm_head_s(256, 32, alike=False) == lm_head_s
+
+
+def test_sglang_refuses_a_dp_lm_head_without_ranks(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    raw = _deepseek_dp8(enable_dp_lm_head=True)
+    raw["replica"]["parallelism"] = {"tensor": 8}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    code, err = run_cli(monkeypatch, capsys, "simulate", str(path), "--out",
+                        str(tmp_path / "o"))
+    assert_one_line_error(code, err, "replica.scheduler.enable_dp_lm_head", "DP attention")
