@@ -21,8 +21,8 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
     min_blocks = -(-(max_prompt + max_output) // block_size)
     num_blocks = min_blocks + draw(st.integers(0, 3 * min_blocks))
     reserve = draw(st.sampled_from([None, 0, 8]))
-    policy = "vllm_v1" if offload else draw(st.sampled_from(["vllm_v1", "sglang"])) \
-        if data_parallel else "sglang" if host_cache else draw(
+    policy = "vllm_v1" if offload else "sglang" if host_cache else draw(
+        st.sampled_from(["vllm_v1", "sglang"])) if data_parallel else draw(
         st.sampled_from(["chunked_prefill", "prefill_first", "vllm_v1", "sglang"]))
     if policy == "chunked_prefill":
         budget = draw(st.integers(8, 1024))
@@ -185,8 +185,8 @@ def scenarios(draw, offload: bool = False, data_parallel: bool = False,
     # decoding sometimes (EAGLE's drafter layer copied too).
     if (scheduler["name"] == "sglang" and prefix_caching
             and scheduler.get("speculative", {}).get("algorithm") != "standalone"
-            and scheduler.get("decode_reserve_tokens") is None and not data_parallel
-            and (host_cache or draw(st.integers(0, 2)) == 0)):  # (not on ranks: refused)
+            and scheduler.get("decode_reserve_tokens") is None
+            and (host_cache or draw(st.integers(0, 2)) == 0)):  # (on ranks too: each its own)
         scheduler["hierarchical_cache"] = {
             "ratio": draw(st.sampled_from([1.0, 2.0, 4.0])),
             "write_policy": draw(st.sampled_from(["write_through", "write_through_selective",
@@ -411,6 +411,10 @@ def data_parallel_clusters(draw, offload: bool = False):
         own = {**replica, "kv_cache": {**replica["kv_cache"]}}
         if pool == "decode" and "speculative" in replica["scheduler"]:
             own.pop("kv_offload", None)
+        if pool == "decode" and "hierarchical_cache" in replica["scheduler"]:
+            # (SGLang's hierarchical cache on a decode pool: refused, not modelled)
+            own["scheduler"] = {key: value for key, value in replica["scheduler"].items()
+                                if key != "hierarchical_cache"}
         if ranked not in (pool, "both"):
             own["parallelism"] = {}
             # (no ranks: no all-to-all backend to choose)

@@ -107,6 +107,10 @@ from sim.schedulers.sglang_memory import (
 )
 from sim.workloads.base import MAX_SPAN_S
 
+# SGLang's default largest prefill graph, which `apply_deepep_adjustments` rounds the sizes to
+# before DP attention's own limit is set (`cuda_graph_hook.py`, `parallel_hook.py`).
+DEEPEP_PREFILL_GRAPH_MAX = 2048
+
 # SGLang's `load_snapshot_publish_interval` (`fields/observability.py`): a scheduler
 # publishes its load every this many batches, and at once after a prompt step.
 SGLANG_PUBLISH_INTERVAL = 15
@@ -270,6 +274,10 @@ class DataParallelGroup:
         poke = self._poke = env.event()
         done_s = min((rank.copies.next_done_s() for rank in self._polling
                       if rank.copies is not None), default=math.inf)
+        # (A rank's hierarchical cache: an ack to take may unlock what its queue needs; SGLang
+        # polls on, `Replica._wait_idle`.)
+        done_s = min([done_s] + [rank.host_copies.next_done_s() for rank in self.ranks
+                                 if rank.host_copies is not None and rank.host_copies.busy])
         if done_s < math.inf:
             def on_done(_: Any) -> None:
                 if not poke.triggered:
@@ -289,6 +297,8 @@ class DataParallelGroup:
         plans: list[Plan | None] = []
         for rank in self.ranks:
             state = rank.state
+            if rank.host_copies is not None:  # (SGLang's hierarchical cache: a pass starts)
+                rank.host_copies.pass_start(now_s)
             if rank.copies is not None:  # (a CPU tier: an empty plan still launches, polls)
                 rank._hold = False  # (a planning turn: `PipelinedReplica._complete_batches`)
                 plans.append(rank.poll_plan(now_s))
@@ -298,6 +308,16 @@ class DataParallelGroup:
         if self.defers_decodes:
             self._decode_unless_prefilling(plans, now_s)
         launch_s, reports, waits = self._launch(plans, now_s)
+        passes_s = [rank.host_copies.wait_writes(now_s) for rank in self.ranks
+                    if rank.host_copies is not None]
+        if passes_s and max(passes_s) > now_s:
+            # write_back: a rank's pass waits for the backups it made as it evicted; the
+            # ranks then gather their batches' sizes (`prepare_mlp_sync_batch`, which blocks
+            # each until the last arrives) and launch, and only then does each take the
+            # results of the step in flight (the overlap loop's `process_batch_result`).
+            launch_s = max(launch_s, *passes_s)
+            for rank in self.ranks:
+                rank._host_s = max(rank._host_s, launch_s)
         busy = any(plans) or waits
         if not busy and not self._trailing():
             for rank, plan, report in zip(self.ranks, plans, reports, strict=True):
@@ -311,9 +331,11 @@ class DataParallelGroup:
             if (any(plan is not None and rank.copies is None
                     for rank, plan in zip(self.ranks, plans, strict=True)) and not self._steps
                     and not any(rank.state.num_transferring or rank.state.incoming
+                                or (rank.host_copies is not None and rank.host_copies.busy)
                                 for rank in self.ranks)):
-                # Requests queued that no rank can run, with nothing in flight and no KV on its
-                # way in or out (a disaggregated pool's): they never will.
+                # Requests queued that no rank can run, with nothing in flight, no KV on its
+                # way in or out (a disaggregated pool's) and no copy of a hierarchical cache
+                # to acknowledge (`_idle` waits for it): they never will.
                 raise RuntimeError("data-parallel ranks: requests queued, none can run")
             return False
         self._counter += 1
@@ -337,6 +359,10 @@ class DataParallelGroup:
             step_s *= self.noise.factor(self._num_steps,
                                         sum(int(shape.num_prefill_tokens) for shape in shapes),
                                         sum(int(shape.num_decode_tokens) for shape in shapes))
+        # A rank's loads from its hierarchical cache are copied layer by layer ahead of its
+        # layers (`HostCacheCopies.duration_s`): the slowest rank's sets the step.
+        step_s = max([step_s] + [rank.host_copies.duration_s(step_s) for rank in self.ranks
+                                 if rank.host_copies is not None])
         self._num_steps += 1
         start_s = max(launch_s, self._free_s)  # (every rank launched: a collective)
         end_s = start_s + step_s
@@ -344,7 +370,9 @@ class DataParallelGroup:
             self.ranks[0]._check_durations(np.array([start_s]), np.array([step_s]),
                                            np.array([end_s]))
         self._free_s = end_s
+        launched: list[Iteration | None] = []  # each rank's iteration of the step, if any
         for rank, plan, shape, report in zip(self.ranks, plans, shapes, reports, strict=True):
+            launched.append(None)
             if plan is None:
                 continue
             if rank.copies is not None and plan:
@@ -366,6 +394,13 @@ class DataParallelGroup:
             it.report = report  # (applied with the step's output, `_complete_batches`)
             it.in_flight = state.start(plan, start_s, placeholders=rank.placeholders)
             rank._batches.append(it)
+            launched[-1] = it
+        step = next((mine for mine in launched if mine is not None), None)
+        for rank, mine in zip(self.ranks, launched, strict=True):
+            if rank.host_copies is not None and step is not None:
+                # Every rank ran the step (an idle forward too): the fence for its backups; a
+                # rank's loads (its admissions', so it has an iteration) end with the step.
+                rank.host_copies.launched(mine or step)
         if self.publishes:
             self._publish(shapes, plans, now_s)
         self._steps.append(end_s)
@@ -582,10 +617,6 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
     tokens, every rank without runs an idle forward of none, so no step trails the last work.
     Steps are padded to SGLang's CUDA graphs (`_sglang_counts`); with speculative decoding
     no rank decodes while one prefills (`_decode_unless_prefilling`)."""
-    if scheduler.hierarchical_cache is not None:
-        raise InputError(source, f"{field}.scheduler.hierarchical_cache", "on",
-                         "SGLang's hierarchical cache on data-parallel ranks is not modelled "
-                         "yet (servesim issue 47)")
     ranks = _make_ranks(cfg, source, make_rank, field)
     method = scheduler.load_balance_method
     if method == "auto":  # (`serving_hook.py`: by the server's disaggregation mode)
@@ -608,10 +639,11 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
     gpu = cfg.gpu_spec
     # The decode graphs' largest batch by the GPU and the whole TP group, at most a given
     # running limit, the replica's (`memory_hook.py`), captured up to a rank's request pool;
-    # the prefill graphs up to a rank's chunk (`parallel_hook.py`), with DeepEP at sizes
-    # rounded up to multiples of 8 (`apply_deepep_adjustments`). DeepEP's normal kernels
+    # the prefill graphs up to a rank's chunk (`parallel_hook.py`), with DeepEP and a chunk
+    # of 2048 or more at sizes rounded up to multiples of 8, to 2048 (`apply_deepep_
+    # adjustments`). DeepEP's normal kernels
     # turn both off (`moe_hook.py`); in auto mode both stay, a prompt step's exchange run
-    # eagerly between the graph's pieces with the normal kernels (`EPMoE.forward`); AMD GPUs
+    # eagerly between the graph's pieces with the normal kernels (`DeepEPMoE.forward`); AMD GPUs
     # capture no prefill graphs. A decoding rank joins a prompt step's prefill graphs only
     # without an all-to-all backend or speculative decoding (`_local_prefill_cuda_graph_vote`).
     spec = scheduler.speculative
@@ -621,8 +653,13 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
                                        scheduler.given_max_running_requests)
     decode_sizes = decode_graph_sizes(decode_max_bs, per_rank.max_num_seqs,
                                       spec=spec is not None) if graphs else []
-    prefill_sizes = (prefill_graph_sizes(per_rank.chunked_prefill_size,
-                                         align_8=backend in DEEPEP_BACKENDS)
+    chunk = per_rank.chunked_prefill_size
+    # (DeepEP's rounding runs before DP attention sets the graphs' limit, at SGLang's default
+    # 2048: a rank's chunk below it rebuilds the sizes unrounded, one above keeps the
+    # rounded ones up to 2048.)
+    deepep_rounds = backend in DEEPEP_BACKENDS and chunk >= DEEPEP_PREFILL_GRAPH_MAX
+    prefill_sizes = (prefill_graph_sizes(min(chunk, DEEPEP_PREFILL_GRAPH_MAX) if deepep_rounds
+                                         else chunk, align_8=deepep_rounds)
                      if graphs and gpu.measured_as not in HIP_GPUS else [])
     if cfg.lm_head_ranks > 1:
         # The LM head over all D x T GPUs (`ReplicaConfig.lm_head_ranks`); on a decode pool

@@ -397,8 +397,6 @@ def test_vllm_balancer_scores_as_each_release():
      "without pipeline stages"),
     ({"scheduler": {"name": "chunked_prefill"}}, "replica.parallelism.data",
      "vllm_v1 or sglang"),
-    ({"scheduler": {"name": "sglang", "hierarchical_cache": {"ratio": 2.0}}},
-     "replica.scheduler.hierarchical_cache", "not modelled yet"),
     ({"latency": {"kind": "linear", "base_s": 1e-30}}, "replica.latency",
      "does not move the clock"),
 ])

@@ -353,3 +353,65 @@ def test_write_back_copies_at_eviction_while_the_scheduler_waits():
         assert kv.counters.num_stored_blocks == 65 + 128
         assert replica.host_copies.store_busy_s == pytest.approx(0.120625)
         kv.check()
+
+
+def _ranks(hicache: dict) -> Cluster:
+    return Cluster(parse_scenario({
+        "name": "hicache-ranks", "seed": 0,
+        "workload": {"format": "synthetic", "num_requests": 1,
+                     "arrivals": {"process": "poisson", "qps": 1.0},
+                     "lengths": {"prompt": {"dist": "fixed", "value": 1},
+                                 "output": {"dist": "fixed", "value": 1}}},
+        "replica": {"model": "qwen3-30b-a3b", "parallelism": {"data": 2, "expert": 1},
+                    "scheduler": {"name": "sglang", "overlap_schedule": False,
+                                  "hierarchical_cache": hicache},
+                    "prefix_caching": True, "kv_cache": {"block_size": 1, "num_blocks": 144},
+                    "latency": {"kind": "constant", "iteration_s": 0.01}}}, "<test>"),
+        fast_forward=False)
+
+
+@pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
+def test_each_rank_has_its_own_host_tier_and_its_copies_hold_the_step(write_policy):
+    """SGLang's DP attention with the hierarchical cache: each rank its own host pool and
+    copies, the step a collective. The first test's requests on rank 0 (round robin: A, B,
+    C) beside short ones on rank 1 (Z with A, W with B, Y with C; one-token prompts, one
+    token out). Qwen3-30B-A3B's KV is 96 KiB a token: 40 ms for A's 64 tokens here.
+    - C loads A's 64 tokens from rank 0's host pool: its step takes max(10 ms, 40 ms +
+      10 ms / 48 layers), and Y, on rank 1 in the same step, finishes with C, not 10 ms
+      after its arrival.
+    - write_back: A's tokens are backed up only as B's pass evicts them, the pass waiting
+      40.625 ms for the copy (65 tokens: A's prompt and the token it decoded), so the step
+      starts then for both ranks: W finishes at 120.625 ms, where write-through (A backed up
+      at insertion) has it at 80 ms; and C's pass, evicting
+      B's 128 tokens for A's, first waits 80 ms for their backup: C and Y start at 280 ms."""
+    block_bytes = 98304 * 16  # (16 tokens of Qwen3-30B-A3B's KV, one GPU)
+    cluster = _ranks({"ratio": 4, "write_policy": write_policy,
+                      "host_bandwidth_gb_s": block_bytes / 0.010 / 1e9})
+    a = Request(0, 0.0, 64, 2, hash_ids=(1, 2, 3, 4), hash_block_tokens=16)
+    z = Request(1, 0.0, 1, 1)
+    b = Request(2, 0.070, 128, 1, hash_ids=tuple(range(10, 18)), hash_block_tokens=16)
+    w = Request(3, 0.070, 1, 1)
+    c = Request(4, 0.200, 80, 1, hash_ids=(1, 2, 3, 4, 5), hash_block_tokens=16)
+    y = Request(5, 0.200, 1, 1)
+    cluster.run([a, z, b, w, c, y])
+    assert [r.replica_id for r in (a, z, b, w, c, y)] == [0, 1, 0, 1, 0, 1]
+    assert all(r.status is Status.FINISHED for r in (a, z, b, w, c, y))
+    assert c.num_cached_tokens == 64
+    back = write_policy == "write_back"
+    load_step_s = max(0.010, 0.040 + 0.010 / 48)
+    assert c.finish_s == pytest.approx(0.200 + (0.080 if back else 0.0) + load_step_s)
+    assert y.finish_s == pytest.approx(c.finish_s, abs=1e-12)
+    assert w.finish_s == pytest.approx(0.070 + (0.040625 if back else 0.0) + 0.010)
+    rank0, rank1 = cluster.replicas
+    assert rank0.host_copies.load_busy_s == pytest.approx(0.040)
+    assert rank1.host_copies.load_busy_s == 0.0
+    for rank in (rank0, rank1):
+        rank.state.kv.check()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(host_cache=True, data_parallel=True))
+def test_on_ranks_repeated_runs_are_exact_and_nothing_is_lost(data):
+    """SGLang's ranks (DP attention), each with its hierarchical cache: fast-forward (the
+    ranks are stepped either way) equal to stepping, nothing lost."""
+    assert_tier_run_exact(data)
