@@ -370,9 +370,8 @@ class DataParallelGroup:
             self.ranks[0]._check_durations(np.array([start_s]), np.array([step_s]),
                                            np.array([end_s]))
         self._free_s = end_s
-        launched: list[Iteration | None] = []  # each rank's iteration of the step, if any
+        step: Iteration | None = None  # (the step's first iteration: its end is every rank's)
         for rank, plan, shape, report in zip(self.ranks, plans, shapes, reports, strict=True):
-            launched.append(None)
             if plan is None:
                 continue
             if rank.copies is not None and plan:
@@ -394,13 +393,12 @@ class DataParallelGroup:
             it.report = report  # (applied with the step's output, `_complete_batches`)
             it.in_flight = state.start(plan, start_s, placeholders=rank.placeholders)
             rank._batches.append(it)
-            launched[-1] = it
-        step = next((mine for mine in launched if mine is not None), None)
-        for rank, mine in zip(self.ranks, launched, strict=True):
+            step = step or it
+        for rank in self.ranks:
             if rank.host_copies is not None and step is not None:
-                # Every rank ran the step (an idle forward too): the fence for its backups; a
-                # rank's loads (its admissions', so it has an iteration) end with the step.
-                rank.host_copies.launched(mine or step)
+                # Every rank ran the step (an idle forward too): its end is the fence for the
+                # rank's backups and when the rank's loads end.
+                rank.host_copies.launched(step)
         if self.publishes:
             self._publish(shapes, plans, now_s)
         self._steps.append(end_s)
@@ -641,11 +639,11 @@ def _sglang_group(env: Environment, cfg: ReplicaConfig, source: str,
     # running limit, the replica's (`memory_hook.py`), captured up to a rank's request pool;
     # the prefill graphs up to a rank's chunk (`parallel_hook.py`), with DeepEP and a chunk
     # of 2048 or more at sizes rounded up to multiples of 8, to 2048 (`apply_deepep_
-    # adjustments`). DeepEP's normal kernels
-    # turn both off (`moe_hook.py`); in auto mode both stay, a prompt step's exchange run
-    # eagerly between the graph's pieces with the normal kernels (`DeepEPMoE.forward`); AMD GPUs
-    # capture no prefill graphs. A decoding rank joins a prompt step's prefill graphs only
-    # without an all-to-all backend or speculative decoding (`_local_prefill_cuda_graph_vote`).
+    # adjustments`). DeepEP's normal kernels turn both off (`moe_hook.py`); in auto mode both
+    # stay, a prompt step's exchange run eagerly between the graph's pieces with the normal
+    # kernels (`DeepEPMoE.forward`); AMD GPUs capture no prefill graphs. A decoding rank joins
+    # a prompt step's prefill graphs only without an all-to-all backend or speculative
+    # decoding (`_local_prefill_cuda_graph_vote`).
     spec = scheduler.speculative
     graphs = backend != "deepep_high_throughput"
     decode_max_bs = decode_graph_limit(total_mib(gpu),

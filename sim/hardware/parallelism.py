@@ -205,8 +205,8 @@ class Parallelism(BaseModel):
                 num_bytes += model.hidden_size * b  # the final norm
                 if not (model.tie_embeddings and len(stages) == 1):
                     # the LM head (tied on one stage: the table itself)
-                    num_bytes += (table if lm_head_ranks == 1 else self.vocab_rows_per_gpu(
-                        model, lm_head_ranks) * model.hidden_size * b)
+                    num_bytes += (self.vocab_rows_per_gpu(model, lm_head_ranks)
+                                  * model.hidden_size * b)
             busiest = max(busiest, num_bytes)
         return busiest
 

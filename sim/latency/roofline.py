@@ -196,8 +196,7 @@ class RooflineLatency(LatencyModel):
         model, par = tables.model, tables.parallelism
         num_gpus = par.tensor * self.lm_head_ranks
         rows = par.vocab_rows_per_gpu(model, self.lm_head_ranks)
-        bandwidth = tables.comm.network if tables.spans_nodes else tables.comm.bandwidth
-        assert bandwidth is not None, "checked when built"
+        bandwidth = tables.between_ranks
         total = np.asarray(total, dtype=np.float64)
         row_bytes = rows * num_gpus * model.dtype_bytes  # a row's logits, every slice
         logits_s = (bandwidth.all_gather_s(np.asarray(most) * row_bytes, num_gpus)
@@ -359,6 +358,14 @@ class _Tables:
                 else:
                     self.exchange = exchange(backend)
 
+    @property
+    def between_ranks(self) -> BandwidthCollectives:
+        """The links collectives between data-parallel ranks take: between nodes the rings run
+        through the NICs (one per GPU), the slower links."""
+        bandwidth = self.comm.network if self.spans_nodes else self.comm.bandwidth
+        assert bandwidth is not None, "checked when built"
+        return bandwidth
+
     def exchange_s(self, total: Num, most: Num, extends: Num = True) -> Num:
         """Seconds of one MoE layer's exchange between the data-parallel ranks for `total`
         tokens over all ranks, `most` on the busiest, in steps where a rank `extends` (a
@@ -366,11 +373,10 @@ class _Tables:
         (`sim.latency.all_to_all`)."""
         if self.decode_exchange is not None:
             assert self.exchange is not None
-            normal = self.exchange.layer_s(total, most)
-            low_latency = self.decode_exchange.layer_s(total, most)
-            if isinstance(normal, np.ndarray) or isinstance(extends, np.ndarray):
-                return np.where(extends, normal, low_latency)
-            return normal if extends else low_latency
+            if not isinstance(extends, np.ndarray) and not isinstance(most, np.ndarray):
+                return (self.exchange if extends else self.decode_exchange).layer_s(total, most)
+            return np.where(extends, self.exchange.layer_s(total, most),
+                            self.decode_exchange.layer_s(total, most))
         if self.exchange is not None:
             return self.exchange.layer_s(total, most)
         return self.all_to_all_s(total)
@@ -478,9 +484,7 @@ class _Tables:
         model, ranks = self.model, self.parallelism.data
         hidden_bytes = m * model.hidden_size * model.dtype_bytes
         logits_bytes = m * model.num_experts * model.dtype_bytes
-        # Between nodes the rings run through the NICs (one per GPU), the slower links.
-        bandwidth = self.comm.network if self.spans_nodes else self.comm.bandwidth
-        assert bandwidth is not None, "checked when built"
+        bandwidth = self.between_ranks
         return (bandwidth.all_gather_s(hidden_bytes + logits_bytes, ranks)
                 + bandwidth.all_gather_s(hidden_bytes, ranks))
 
