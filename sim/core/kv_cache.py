@@ -100,6 +100,28 @@ class KVCacheManager:
             self._held[req.request_id] = self._held.get(req.request_id, 0) + grow
         return True
 
+    def allocate_one_token_each(self, requests: list[Request]) -> None:
+        """`try_allocate(req, 1)` for each of `requests`, in order, which the caller has found
+        to fit (SGLang's decode step, after `check_decode_mem`). One loop here; a prefix cache,
+        whose allocations take and register blocks, makes each through its `try_allocate`."""
+        if self.caches_prefixes:
+            for req in requests:
+                ok = self.try_allocate(req, 1)
+                assert ok
+            return
+        held = self._held
+        block_size = self.block_size
+        free = self.num_free_blocks
+        for req in requests:
+            request_id = req.request_id
+            has = held.get(request_id, 0)
+            grow = -(-(req.num_computed_tokens + 1) // block_size) - has
+            if grow > 0:
+                free -= grow
+                held[request_id] = has + grow
+        assert free >= 0
+        self.num_free_blocks = free
+
     def grow_blocks(self, request_id: int, num_blocks: int) -> None:
         """Add blocks known to be free (used by the engine's decode fast-forward)."""
         assert 0 <= num_blocks <= self.num_free_blocks

@@ -176,6 +176,12 @@ class Scheduler(ABC):
         """The iteration of `plan` has ended and its outcome is committed to the state (a
         policy wrapping an engine's scheduler feeds the engine its output here)."""
 
+    def decodes_repeated(self, num_plans: int) -> None:  # noqa: B027  (a hook)
+        """The engine made `num_plans` plans of a stretch (`sim.engine.fastpath`) without
+        asking, each giving every running request one decode token, as `decide` would have
+        made them. A policy whose own state moves at every such plan (SGLang's new-token
+        ratio) moves it here; most need nothing."""
+
     def requests_aborted(self, requests: list[Request]) -> None:  # noqa: B027  (a hook)
         """`requests` were aborted (their client timed out: `ReplicaState.expire`) and have
         left the state, their KV freed (a policy wrapping an engine's scheduler aborts them

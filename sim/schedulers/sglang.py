@@ -36,7 +36,11 @@ from sim.schedulers.sglang_admission import (
     output_ids_len,
 )
 from sim.schedulers.sglang_config import SGLangConfig
-from sim.schedulers.sglang_spec import SGLangSpecRules, decode_batch, schedule_spec_decodes
+from sim.schedulers.sglang_spec import (
+    SGLangSpecRules,
+    fit_decode_batch,
+    schedule_spec_decodes,
+)
 
 # `schedule_policy.py`: how often, and how many of, the waiting requests' prefixes are refreshed.
 WAITING_PREFIX_REFRESH_INTERVAL = 32
@@ -174,10 +178,8 @@ class SGLang(Scheduler):
        max_new_tokens + 1)); the scheduler idling (`on_idle` when `is_fully_idle`) resets it
        to 0.7: here, when a pass finds that everything the last pass left running has left,
        and every request now came after the last of them left. It over-admits: rule 9
-       retracts. (Decode stretches, the fast path's, run only while the ratio is at its floor,
-       which a decode step leaves as it is, or before any request without `ignore_eos` came
-       to admission: nothing reads it then. A run mixing the two kinds would miss, in
-       stretches before the first such request, decays that stepping counts.)
+       retracts. (The fast path's decode stretches decay it as stepping would, a step at a
+       time: `decodes_repeated`.)
 
     Not modelled: `--prefill-decode-interval` (default 0), requests stopping on EOS before
     their trace's output length; with speculative decoding, mixed chunks (refused) and the
@@ -240,10 +242,6 @@ class SGLang(Scheduler):
             config.schedule_conservativeness)
         self.new_token_ratio = self.ratio_init
         self._last_running: list[Request] = []
-        # Whether a request without `ignore_eos` came to admission: only such a request's
-        # reservations read the ratio.
-        self.reads_ratio = False
-        self._settled()
 
     @property
     def by_priority(self) -> bool:
@@ -319,8 +317,6 @@ class SGLang(Scheduler):
         cfg = self.config
         if cfg.decode_reserve_tokens is not None:
             return super().admit_transfer(state, req)
-        if not req.ignore_eos:
-            self.reads_ratio = True  # (rule 14: a request retracted here reads it)
         running = state.running
         num_active = len(running) + len(state.incoming)
         if num_active >= cfg.max_num_seqs:
@@ -455,16 +451,6 @@ class SGLang(Scheduler):
         ids.add(id(req))
         return [r for r in state.running if id(r) in ids]
 
-    def _settled(self) -> None:
-        # Decode stretches (the fast path) plan no pass: only while every decode step leaves
-        # the ratio as it is (at its floor) or nothing reads it (every request so far with
-        # `ignore_eos`, or Mini-SGLang's rule), and not with speculative decoding. (A stretch
-        # runs only with nothing waiting: a request without `ignore_eos` running has been
-        # through admission, and set `reads_ratio`, before it.)
-        self.allows_stretches = self._spec is None and (
-            self.new_token_ratio == self.ratio_min or not self.reads_ratio
-            or self.config.decode_reserve_tokens is not None)
-
     def _idled_since(self, state: ReplicaState, now_s: float) -> bool:
         """Whether SGLang's loop passed fully idle (`is_fully_idle`: nothing running or
         waiting, no batch in flight) since the last pass here: everything that ran then has
@@ -488,7 +474,6 @@ class SGLang(Scheduler):
             self.new_token_ratio = self.ratio_init  # `on_idle`: the tracker's `reset`
         plan = self._decide(state, now_s)
         self._last_running = list(state.running)
-        self._settled()
         return plan
 
     def _decide(self, state: ReplicaState, now_s: float) -> Plan:
@@ -578,31 +563,56 @@ class SGLang(Scheduler):
         finishing request's KV comes back at the step's end (then nobody decodes). Sets
         `new_token_ratio` (rule 14)."""
         kv = state.kv
-        block_size = kv.block_size
-
-        def top_up(req: Request) -> int:
-            return 1 if req.num_computed_tokens % block_size == 0 else 0
-
-        # (A request whose last token is in flight finishes with it.)
-        batch, self._aborted = decode_batch(
-            state, plan, lambda req: state.pipelined and req.is_caught_up, top_up,
-            self._now_s, self, self._prefilling(state))
+        # The batch: every running request but those extending and, in the overlap loop, those
+        # whose last token is in flight (they finish with it). Written out, not
+        # `decode_batch`'s calls per request: this runs for every request at every step.
+        prefilling = self._prefilling(state)
+        pipelined = state.pipelined
+        finishing = False
+        if not prefilling and not pipelined:
+            batch = list(state.running)
+        else:
+            extending = {id(r) for r in prefilling}
+            batch = []
+            for req in state.running:
+                if id(req) in extending:
+                    continue
+                if pipelined and (req.num_computed_tokens
+                                  == req.num_prompt_tokens + req.num_output_tokens):
+                    finishing = True  # (`is_caught_up`)
+                    continue
+                batch.append(req)
+        batch, self._aborted = fit_decode_batch(state, plan, batch, finishing, None,
+                                                self._now_s, self)
         if not batch:
             return
         scheduled = plan.num_scheduled_tokens
         # (With pages > 1 and the radix cache, the allocation first evicts until a page per
         # request of the batch is free: `_decode_newest`'s docstring.)
         with kv.deferred_evictions():
-            for req in batch:
-                ok = kv.try_allocate(req, 1)
-                assert ok
-                scheduled[req.request_id] = 1
-            if block_size > 1 and kv.caches_prefixes:
+            kv.allocate_one_token_each(batch)
+            if kv.block_size > 1 and kv.caches_prefixes:
                 kv.evict_before_paged_allocation(len(batch))
+        for req in batch:
+            scheduled[req.request_id] = 1
 
     def decay_new_token_ratio(self) -> None:
         """A decode step without retraction: `NewTokenRatioTracker.decay_step`."""
         self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.ratio_min)
+
+    def decodes_repeated(self, num_plans: int) -> None:
+        # Each of a stretch's decode steps decays the ratio as `_decode` does (one step at a
+        # time, as SGLang subtracts: `num_plans` x decay would round differently), down to
+        # its floor. With mixed chunks or Mini-SGLang's rule a decode step leaves it as is.
+        cfg = self.config
+        if cfg.mixed_chunk or cfg.decode_reserve_tokens is not None:
+            return
+        ratio, floor, decay = self.new_token_ratio, self.ratio_min, self.ratio_decay
+        for _ in range(num_plans):
+            if ratio == floor:
+                break
+            ratio = max(ratio - decay, floor)
+        self.new_token_ratio = ratio
 
     def _decode_newest(self, state: ReplicaState, plan: Plan) -> None:
         """A decode batch of every running request. With pages > 1 and the radix cache,

@@ -280,8 +280,6 @@ class PrefillAdder:
     def _add(self, req: Request) -> str:
         """`add_one_req` for the head of the queue: 'continue', 'no_token' or 'other'."""
         kv = self.state.kv
-        if not req.ignore_eos:
-            self.policy.reads_ratio = True  # (rule 14 of `sim.schedulers.sglang`)
         hit = kv.match_prefix(req)  # (`init_next_round_input`: a use, even if refused)
         if self.policy.config.priority_preemption:  # (`full_untruncated_fill_ids`, `prefix_len`)
             self.policy.last_tried[req.request_id] = (

@@ -259,11 +259,9 @@ def decode_batch(state: ReplicaState, plan: Plan, finishing: Callable[[Request],
                  prefilling: list[Request] | None = None) -> tuple[list[Request], bool]:
     """The requests of SGLang's decode step (`update_running_batch`): every running request
     past its prefill but those whose result in flight finishes them (`finishing`:
-    `_reqs_finishing_inflight`); where their top-ups do not all fit (`check_decode_mem`),
-    none if a finishing request's KV comes back at the step's end, else those left after
-    `retract_decode`, `tracker`'s new-token ratio set from them (decayed where all fit).
-    `prefilling` (default `state.prefilling()`) are left out: still extending. Returns them in
-    the batch's order, and whether one was aborted."""
+    `_reqs_finishing_inflight`), fitted by `fit_decode_batch`. `prefilling` (default
+    `state.prefilling()`) are left out: still extending. Returns them in the batch's order,
+    and whether one was aborted."""
     extending = {id(r) for r in (state.prefilling() if prefilling is None else prefilling)}
     batch: list[Request] = []
     any_finishing = False
@@ -274,6 +272,18 @@ def decode_batch(state: ReplicaState, plan: Plan, finishing: Callable[[Request],
             any_finishing = True
             continue
         batch.append(req)
+    return fit_decode_batch(state, plan, batch, any_finishing, top_up, now_s, tracker)
+
+
+def fit_decode_batch(state: ReplicaState, plan: Plan, batch: list[Request],
+                     any_finishing: bool, top_up: Callable[[Request], int] | None,
+                     now_s: float, tracker: Any = None) -> tuple[list[Request], bool]:
+    """`batch` as SGLang's decode step runs it: where its top-ups do not all fit
+    (`check_decode_mem`), none if a request finishing in flight (`any_finishing`) gives its
+    KV back at the step's end, else those left after `retract_decode`, `tracker`'s new-token
+    ratio set from them (decayed where all fit). `top_up` None: a block for each request
+    whose KV fills its last (a decode's one token). Returns the batch and whether one was
+    aborted."""
     if not batch:
         return batch, False
     aborted = False
@@ -289,17 +299,23 @@ def decode_batch(state: ReplicaState, plan: Plan, finishing: Callable[[Request],
 
 
 def _check_decode_mem(state: ReplicaState, batch: list[Request],
-                      top_up: Callable[[Request], int]) -> bool:
+                      top_up: Callable[[Request], int] | None) -> bool:
     """`check_decode_mem`: whether every request of `batch` can be topped up, after evicting
     what they are short of from the radix cache (which it does whether they then fit or
-    not)."""
-    need = sum(top_up(r) for r in batch)
+    not). `top_up` None: a block where a request's KV fills its last, counted here (the
+    decode step's test, once per request at every step: no call each)."""
+    if top_up is not None:
+        need = sum(top_up(r) for r in batch)
+    elif (block_size := state.kv.block_size) == 1:
+        need = len(batch)
+    else:
+        need = sum(1 for r in batch if r.num_computed_tokens % block_size == 0)
     state.kv.evict_to_free(need)
     return need <= state.kv.num_free_blocks
 
 
 def _retract(state: ReplicaState, plan: Plan, batch: list[Request],
-             top_up: Callable[[Request], int], now_s: float) -> tuple[list[Request], bool]:
+             top_up: Callable[[Request], int] | None, now_s: float) -> tuple[list[Request], bool]:
     """`retract_decode`: retract the requests SGLang keeps least (fewest known outputs, then
     the longest prompt; among equals the later in the batch) until the others' top-ups fit,
     at least one, keeping one; abort that one if even it does not fit. The kept requests run

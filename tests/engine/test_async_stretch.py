@@ -16,6 +16,7 @@ from sim import load_scenario, run_scenario
 from sim.config.scenario import parse_scenario
 from sim.core.plan import Plan
 from sim.engine.fastpath.async_stretch import AsyncStretch
+from sim.schedulers.sglang import SGLang
 from tests.engine.fastpath_helpers import assert_same_results, fast_and_stepped
 from tests.strategies import assert_nothing_lost, scenarios
 
@@ -25,8 +26,7 @@ def _default(scheduler: str, **changes) -> dict:
     data = load_scenario().model_dump(mode="json")
     data["replica"]["scheduler"] = {"name": scheduler}
     data["workload"]["num_requests"] = 400
-    # (Outputs known: SGLang's decode stretches wait for new_token_ratio's floor otherwise.)
-    data["workload"]["ignore_eos"] = True
+    data["workload"]["ignore_eos"] = True  # (outputs known; SGLang's ratio: below)
     data["record_token_times"] = True
     for key, value in changes.items():
         section, field = key.split("__")
@@ -66,6 +66,36 @@ def test_async_stretches_equal_stepping(monkeypatch, scheduler, changes, num_str
     assert counts["whole"] + counts["cut"] >= num_stretches, counts
     # Most iterations need no step of their own (the default: about 40% of the events).
     assert num_fast < events * num_slow, (num_fast, num_slow)
+
+
+@pytest.mark.parametrize(("overlap", "num_blocks", "qps"), [
+    (True, 12_000, 5.5), (False, 12_000, 5.5), (False, 6_000, 2.0)],
+    ids=["overlap", "synchronous", "synchronous-tight"])
+def test_sglang_stretches_decay_its_new_token_ratio_as_stepping_does(
+        monkeypatch, overlap, num_blocks, qps):
+    """Outputs unknown to SGLang (no `ignore_eos`): admission reserves outputs times
+    `new_token_ratio`, which each decode step decays from 0.7 to its floor and an idle pass
+    resets. A stretch made while it decays tells the policy of every decode plan it made
+    (`Scheduler.decodes_repeated`), so later admissions see the ratio stepping leaves. (The
+    cases were chosen where one decay fewer a stretch changes who is admitted when.)"""
+    data = _default("sglang", workload__arrivals={"process": "poisson", "qps": qps},
+                    replica__kv_cache={"num_blocks": num_blocks})
+    data["replica"]["scheduler"]["overlap_schedule"] = overlap
+    data["workload"].update(num_requests=300, ignore_eos=False)
+    decaying = []
+    repeated = SGLang.decodes_repeated
+
+    def counted(self, num_plans):
+        if self.new_token_ratio > self.ratio_min:
+            decaying.append(num_plans)
+        return repeated(self, num_plans)
+
+    monkeypatch.setattr(SGLang, "decodes_repeated", counted)
+    fast, slow, num_fast, num_slow = fast_and_stepped(monkeypatch, parse_scenario(data, "t"))
+    assert_same_results(fast, slow)
+    # (Stretches while it decays: 17-79 of them, 470-4,666 plans, in these cases.)
+    assert len(decaying) >= 10 and sum(decaying) >= 300, decaying
+    assert num_fast < num_slow
 
 
 @pytest.mark.parametrize("scheduler", ["vllm_v1", "sglang"])

@@ -194,6 +194,8 @@ class FastPipelinedReplica(PipelinedReplica):
         stages: those in flight before it that have ended, then the stretch's that have,
         and its last G - 1 in flight)."""
         self._complete_batches(now_s, inclusive=True)
+        if k > 1:  # plans 1 .. k - 1, made for the policy (its own, plan 0)
+            self.scheduler.decodes_repeated(k - 1)
         if isinstance(stretch, PipelineStretch):
             done, sent = pipeline_hand_off(self.state, stretch, k, self.log)
             self._left_running(done)

@@ -104,7 +104,7 @@ class FastReplica(Replica):
         num_steps = work.num_ended_by(now, inclusive=inclusive)
         rest: Stretch | None = work
         if num_steps:
-            done, rest = commit_stretch(self.state, work, num_steps, self.log)
+            done, rest = self._commit_stretch(work, num_steps)
             self._inflight = rest
             self._left_running(done)
         # With prefix caching, the blocks the iteration in progress allocated may have evicted
@@ -168,7 +168,7 @@ class FastReplica(Replica):
         # Work ending before anything outside can look is committed now, with no event.
         if isinstance(work, Stretch):
             if work.end_s[-1] < self._quiet_s:
-                self._left_running(commit_stretch(self.state, work, len(work), self.log)[0])
+                self._left_running(self._commit_stretch(work, len(work))[0])
                 return float(work.end_s[-1])
             yield from self._run_stretch(work)
             return self.env.now
@@ -176,6 +176,14 @@ class FastReplica(Replica):
             self._commit(work)
             return work.end_s
         return (yield from super()._wait(work))
+
+    def _commit_stretch(self, stretch: Stretch, num_steps: int
+                        ) -> tuple[list[Request], Stretch | None]:
+        """`commit_stretch`, the policy told of the plans the stretch made for it."""
+        committed = commit_stretch(self.state, stretch, num_steps, self.log)
+        if num_steps > stretch.planned_first:
+            self.scheduler.decodes_repeated(num_steps - stretch.planned_first)
+        return committed
 
     def _admission_may_pass(self) -> bool:
         """Whether a transfer waiting here may be taken after any step, finish or not

@@ -71,6 +71,9 @@ class Stretch:
     prefill_tokens: list[int] | None = None
     prefill_pos: int = -1
     num_prefill_steps: int = 0
+    # Whether the first iteration's plan is the policy's (`plan_stretch`'s), not one the
+    # stretch made for it (the rest of a stretch after a commit): `Scheduler.decodes_repeated`.
+    planned_first: bool = False
     # `ended_counts` for every number of iterations, made on the first read past a finish.
     _ended: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False,
                                                                     compare=False)
@@ -108,7 +111,7 @@ class Stretch:
                        self.block_size, self.first_allocated, self.num_steps_left,
                        self.min_steps_left, self.num_preempted,
                        None if prefill is None else prefill[:num_steps], self.prefill_pos,
-                       self.num_prefill_steps)
+                       self.num_prefill_steps, self.planned_first)
 
     def after(self, num_steps: int, num_used_blocks: int) -> Stretch:
         """The iterations after the first `num_steps` (fewer than all), once those are
@@ -313,7 +316,7 @@ def plan_stretch(state: ReplicaState, plan: Plan, latency: LatencyModel, start_s
             prefill_tokens = prefill_tokens[:max_steps]
     return Stretch(requests, computed, starts, duration, end, kv.num_used_blocks,
                    kv.block_size, True, left, min_left, num_preempted, prefill_tokens,
-                   prefill_pos, num_prefill_steps)
+                   prefill_pos, num_prefill_steps, True)
 
 
 def decode_durations(latency: LatencyModel, num_seqs: Any, kv_tokens: np.ndarray,
