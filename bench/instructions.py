@@ -11,11 +11,15 @@ the difference between a run of N requests and one of 10 (imports, reading the t
 building the scenario cancel out).
 
     python bench/instructions.py [--case azure ...] [--num-requests N]
-                                 [--checkout DIR ...]
+                                 [--checkout DIR ...] [--record FILE | --against FILE]
 
 Each checkout (default: this one) runs each case; with two or more the table adds each
-one's ratio to the first. Checkouts run two at a time (one per core: counts do not depend on
-it). Instructions are not time: a numpy call's instructions and a Python loop's do not cost
+one's ratio to the first. `--record FILE` keeps one checkout's counts (with its commit, Python
+and numpy); `--against FILE` counts that file's cases again and exits 1 where one grew by more
+than 2%: `bench/instructions.json` holds the last recorded, so a slower hot path is seen before
+it lands (a change of 7c5189f's made SGLang's Azure hour 25% costlier, unseen for two days).
+Checkouts run two at a time (one per core: counts do not depend on it). Instructions are not
+time: a numpy call's instructions and a Python loop's do not cost
 the same per instruction, so confirm a change that moves the count by a few percent against
 wall time too (`bench/sim_speed.py`, alternated runs). Needs valgrind (Debian: `valgrind`).
 
@@ -139,7 +143,22 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=3000)
     parser.add_argument("--checkout", type=Path, action="append",
                         help="a checkout of servesim (repeatable; default this one)")
+    parser.add_argument("--record", type=Path, metavar="FILE",
+                        help="write the counts (one checkout) to FILE, with the commit and "
+                             "the Python and numpy they were counted under")
+    parser.add_argument("--against", type=Path, metavar="FILE",
+                        help="compare with FILE's counts (its cases by default; exit 1 where "
+                             "one grew by more than --tolerance)")
+    parser.add_argument("--tolerance", type=float, default=0.02,
+                        help="--against: the growth allowed (default 0.02: counts repeat to "
+                             "about 0.1%%)")
     args = parser.parse_args()
+    recorded = json.loads(args.against.read_text()) if args.against else None
+    if recorded is not None:
+        args.num_requests = recorded["num_requests"]
+        args.case = args.case or list(recorded["instructions"])
+    if (args.record or args.against) and len(args.checkout or [REPO]) > 1:
+        parser.error("--record and --against take one checkout")
     if args.num_requests <= BASELINE_REQUESTS:
         parser.error(f"--num-requests {args.num_requests}: must exceed {BASELINE_REQUESTS}")
     for checkout in args.checkout or []:
@@ -165,6 +184,46 @@ def main() -> None:
             count = result[(case, checkout)]
             print(f"{case:<12} {str(checkout)[-40:]:<40} {count / 1e6:>12,.0f} "
                   f"{count / first:>7.3f}")
+    counts_now = {case: result[(case, checkouts[0])] for case in cases}
+    if args.record:
+        args.record.write_text(json.dumps({**environment(checkouts[0]),
+                                           "num_requests": args.num_requests,
+                                           "instructions": counts_now}, indent=1) + "\n")
+    if recorded is not None:
+        raise SystemExit(compare(recorded, counts_now, environment(checkouts[0]),
+                                 args.tolerance))
+
+
+def environment(checkout: Path) -> dict[str, str]:
+    """What a count depends on besides the code: the commit, Python and numpy."""
+    import numpy as np
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout,
+                            capture_output=True, text=True).stdout.strip()
+    return {"commit": commit, "python": sys.version.split()[0], "numpy": np.__version__}
+
+
+def compare(recorded: dict[str, Any], counts: dict[str, int], env: dict[str, str],
+            tolerance: float) -> int:
+    """Print each case's count against the recorded one; 1 where one grew past `tolerance`
+    (counts from another Python or numpy are not comparable: said, and not judged)."""
+    print(f"against {recorded['commit']} (Python {recorded['python']}, numpy "
+          f"{recorded['numpy']}):")
+    if (recorded["python"], recorded["numpy"]) != (env["python"], env["numpy"]):
+        print(f"  not comparable: counted here under Python {env['python']}, numpy "
+              f"{env['numpy']}")
+        return 0
+    grew = False
+    for case, count in counts.items():
+        before = recorded["instructions"].get(case)
+        if before is None:
+            print(f"  {case:<16} not recorded")
+            continue
+        ratio = count / before
+        flag = "  GREW" if ratio > 1 + tolerance else ""
+        grew = grew or bool(flag)
+        print(f"  {case:<16} {ratio:7.3f}{flag}")
+    return int(grew)
 
 
 if __name__ == "__main__":

@@ -68,11 +68,12 @@ def test_async_stretches_equal_stepping(monkeypatch, scheduler, changes, num_str
     assert num_fast < events * num_slow, (num_fast, num_slow)
 
 
-@pytest.mark.parametrize(("overlap", "num_blocks", "qps"), [
-    (True, 12_000, 5.5), (False, 12_000, 5.5), (False, 6_000, 2.0)],
-    ids=["overlap", "synchronous", "synchronous-tight"])
+@pytest.mark.parametrize(("overlap", "num_blocks", "qps", "pipeline"), [
+    (True, 12_000, 5.5, 1), (False, 12_000, 5.5, 1), (False, 6_000, 2.0, 1),
+    (False, 12_000, 3.0, 2)],
+    ids=["overlap", "synchronous", "synchronous-tight", "two-stages"])
 def test_sglang_stretches_decay_its_new_token_ratio_as_stepping_does(
-        monkeypatch, overlap, num_blocks, qps):
+        monkeypatch, overlap, num_blocks, qps, pipeline):
     """Outputs unknown to SGLang (no `ignore_eos`): admission reserves outputs times
     `new_token_ratio`, which each decode step decays from 0.7 to its floor and an idle pass
     resets. A stretch made while it decays tells the policy of every decode plan it made
@@ -81,6 +82,7 @@ def test_sglang_stretches_decay_its_new_token_ratio_as_stepping_does(
     data = _default("sglang", workload__arrivals={"process": "poisson", "qps": qps},
                     replica__kv_cache={"num_blocks": num_blocks})
     data["replica"]["scheduler"]["overlap_schedule"] = overlap
+    data["replica"]["parallelism"] = {"pipeline": pipeline}
     data["workload"].update(num_requests=300, ignore_eos=False)
     decaying = []
     repeated = SGLang.decodes_repeated
