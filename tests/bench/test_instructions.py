@@ -38,3 +38,25 @@ def test_bad_options_are_refused_in_one_line():
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == (
         "instructions.py: error: --num-requests 5: must exceed 10")
+
+
+def test_recorded_counts_are_current_cases():
+    # The shipped record names cases the script still has, at one request count.
+    import json
+
+    recorded = json.loads((REPO / "bench" / "instructions.json").read_text())
+    assert set(recorded["instructions"]) <= set(load_bench().CASES)
+    assert recorded["num_requests"] > load_bench().BASELINE_REQUESTS
+
+
+def test_a_count_grown_past_the_tolerance_fails_the_comparison(capsys):
+    bench = load_bench()
+    env = {"commit": "abc", "python": "3.11.7", "numpy": "2.4.6"}
+    recorded = {**env, "num_requests": 1500, "instructions": {"azure": 1000, "disagg": 2000}}
+    assert bench.compare(recorded, {"azure": 1019, "disagg": 1900}, env, 0.02) == 0
+    assert bench.compare(recorded, {"azure": 1021, "disagg": 2000}, env, 0.02) == 1
+    assert "azure              1.021  GREW" in capsys.readouterr().out
+    # Counted under another numpy: said, not judged.
+    other = {**env, "numpy": "2.5.0"}
+    assert bench.compare(recorded, {"azure": 5000}, other, 0.02) == 0
+    assert "not comparable" in capsys.readouterr().out
