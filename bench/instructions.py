@@ -4,7 +4,7 @@ that the VM's noise does not move, for judging a change against the code before 
 Wall and CPU times on these VMs move by 20-40% between runs of the same code (`bench/
 sim_speed.py` has taken 3.0 s and 5.2 s minutes apart), more than most single changes to the
 hot path gain or lose. Valgrind's callgrind counts every instruction the process executes,
-the same to a few parts in a thousand run after run, whatever else the machine does. A run
+the same to within about 1% run after run, whatever else the machine does. A run
 under it is about 40x slower, so the cases are the first few thousand requests of
 `bench/sim_speed.py`'s and `bench/cluster_scaling.py`'s workloads, and the count is taken as
 the difference between a run of N requests and one of 10 (imports, reading the trace and
@@ -16,7 +16,7 @@ building the scenario cancel out).
 Each checkout (default: this one) runs each case; with two or more the table adds each
 one's ratio to the first. `--record FILE` keeps one checkout's counts (with its commit, Python
 and numpy); `--against FILE` counts that file's cases again and exits 1 where one grew by more
-than 2%: `bench/instructions.json` holds the last recorded, so a slower hot path is seen before
+than 3%: `bench/instructions.json` holds the last recorded, so a slower hot path is seen before
 it lands (a change of 7c5189f's made SGLang's Azure hour 25% costlier, unseen for two days).
 Checkouts run two at a time (one per core: counts do not depend on it). Instructions are not
 time: a numpy call's instructions and a Python loop's do not cost
@@ -149,9 +149,9 @@ def main() -> None:
     parser.add_argument("--against", type=Path, metavar="FILE",
                         help="compare with FILE's counts (its cases by default; exit 1 where "
                              "one grew by more than --tolerance)")
-    parser.add_argument("--tolerance", type=float, default=0.02,
-                        help="--against: the growth allowed (default 0.02: counts repeat to "
-                             "about 0.1%%)")
+    parser.add_argument("--tolerance", type=float, default=0.03,
+                        help="--against: the growth allowed (default 0.03: counts of one "
+                             "checkout repeated within 1%% on 2026-12-03)")
     args = parser.parse_args()
     recorded = json.loads(args.against.read_text()) if args.against else None
     if recorded is not None:
