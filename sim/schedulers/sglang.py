@@ -36,11 +36,7 @@ from sim.schedulers.sglang_admission import (
     output_ids_len,
 )
 from sim.schedulers.sglang_config import SGLangConfig
-from sim.schedulers.sglang_spec import (
-    SGLangSpecRules,
-    fit_decode_batch,
-    schedule_spec_decodes,
-)
+from sim.schedulers.sglang_spec import SGLangSpecRules, decode_batch, schedule_spec_decodes
 
 # `schedule_policy.py`: how often, and how many of, the waiting requests' prefixes are refreshed.
 WAITING_PREFIX_REFRESH_INTERVAL = 32
@@ -563,27 +559,9 @@ class SGLang(Scheduler):
         finishing request's KV comes back at the step's end (then nobody decodes). Sets
         `new_token_ratio` (rule 14)."""
         kv = state.kv
-        # The batch: every running request but those extending and, in the overlap loop, those
-        # whose last token is in flight (they finish with it). Written out, not
-        # `decode_batch`'s calls per request: this runs for every request at every step.
-        prefilling = self._prefilling(state)
-        pipelined = state.pipelined
-        finishing = False
-        if not prefilling and not pipelined:
-            batch = list(state.running)
-        else:
-            extending = {id(r) for r in prefilling}
-            batch = []
-            for req in state.running:
-                if id(req) in extending:
-                    continue
-                if pipelined and (req.num_computed_tokens
-                                  == req.num_prompt_tokens + req.num_output_tokens):
-                    finishing = True  # (`is_caught_up`)
-                    continue
-                batch.append(req)
-        batch, self._aborted = fit_decode_batch(state, plan, batch, finishing, None,
-                                                self._now_s, self)
+        # (A request whose last token is in flight finishes with it.)
+        batch, self._aborted = decode_batch(state, plan, None, None, self._now_s, self,
+                                            self._prefilling(state))
         if not batch:
             return
         scheduled = plan.num_scheduled_tokens

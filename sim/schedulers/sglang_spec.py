@@ -254,36 +254,35 @@ def schedule_spec_decodes(state: ReplicaState, plan: Plan, rules: SGLangSpecRule
     return aborted
 
 
-def decode_batch(state: ReplicaState, plan: Plan, finishing: Callable[[Request], bool],
-                 top_up: Callable[[Request], int], now_s: float, tracker: Any = None,
+def decode_batch(state: ReplicaState, plan: Plan, finishing: Callable[[Request], bool] | None,
+                 top_up: Callable[[Request], int] | None, now_s: float, tracker: Any = None,
                  prefilling: list[Request] | None = None) -> tuple[list[Request], bool]:
     """The requests of SGLang's decode step (`update_running_batch`): every running request
     past its prefill but those whose result in flight finishes them (`finishing`:
-    `_reqs_finishing_inflight`), fitted by `fit_decode_batch`. `prefilling` (default
-    `state.prefilling()`) are left out: still extending. Returns them in the batch's order,
-    and whether one was aborted."""
-    extending = {id(r) for r in (state.prefilling() if prefilling is None else prefilling)}
-    batch: list[Request] = []
+    `_reqs_finishing_inflight`; None: a decode's, its last token in flight in the overlap
+    loop, `is_caught_up`); where their top-ups do not all fit (`check_decode_mem`), none if a
+    finishing request's KV comes back at the step's end, else those left after
+    `retract_decode`, `tracker`'s new-token ratio set from them (decayed where all fit).
+    `top_up` None: a block for each request whose KV fills its last (a decode's one token).
+    `prefilling` (default `state.prefilling()`) are left out: still extending. Returns them in
+    the batch's order, and whether one was aborted. (The rules for None are written out, not
+    called per request: the decode step runs this for every request at every step.)"""
+    extending = state.prefilling() if prefilling is None else prefilling
+    caught_up = finishing is None and state.pipelined
     any_finishing = False
-    for req in state.running:
-        if id(req) in extending:
-            continue
-        if finishing(req):
-            any_finishing = True
-            continue
-        batch.append(req)
-    return fit_decode_batch(state, plan, batch, any_finishing, top_up, now_s, tracker)
-
-
-def fit_decode_batch(state: ReplicaState, plan: Plan, batch: list[Request],
-                     any_finishing: bool, top_up: Callable[[Request], int] | None,
-                     now_s: float, tracker: Any = None) -> tuple[list[Request], bool]:
-    """`batch` as SGLang's decode step runs it: where its top-ups do not all fit
-    (`check_decode_mem`), none if a request finishing in flight (`any_finishing`) gives its
-    KV back at the step's end, else those left after `retract_decode`, `tracker`'s new-token
-    ratio set from them (decayed where all fit). `top_up` None: a block for each request
-    whose KV fills its last (a decode's one token). Returns the batch and whether one was
-    aborted."""
+    if not extending and finishing is None and not caught_up:
+        batch = list(state.running)
+    else:
+        ids = {id(r) for r in extending}
+        batch = []
+        for req in state.running:
+            if id(req) in ids:
+                continue
+            if (req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens
+                    if caught_up else finishing is not None and finishing(req)):
+                any_finishing = True
+                continue
+            batch.append(req)
     if not batch:
         return batch, False
     aborted = False
