@@ -26,6 +26,8 @@ pipeline, and SGLang overlaps on one stage only; a pipeline deeper than its stag
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -235,7 +237,7 @@ def plan_pipeline_stretch(state: ReplicaState, plan0: Plan, groups: list[list[Re
         n = int(np.searchsorted(list(accumulate(added)), kv.num_free_blocks, side="right"))
         if n <= num_groups:
             return None
-    used = list(accumulate(a + b for a, b in zip(change[:n], added[:n], strict=True)))
+    used = list(accumulate(map(int.__add__, change[:n], added[:n])))
     # Each group's batch sizes and KV reads, turn by turn, interleaved.
     num_seqs = np.empty(n, dtype=np.int64)
     kv_tokens = np.empty(n, dtype=np.int64)
@@ -246,55 +248,67 @@ def plan_pipeline_stretch(state: ReplicaState, plan0: Plan, groups: list[list[Re
     duration = decode_durations(latency, num_seqs, kv_tokens, noise, first_index)
     # `_send`'s tandem recursion, iteration by iteration (each plan waits for the end of the
     # iteration G before it): the same float operations in the same order (`a if a > b
-    # else b` is `max(b, a)`, NaN included).
+    # else b` is `max(b, a)`, NaN included). With even shares every stage of iteration j
+    # takes its duration / P, and its first stage starts it (`start` is at least that
+    # stage's free time): `start + s`.
+    # Checked as it goes, as a step checks it (`Replica._plan_iteration`): each plan's time
+    # plus its duration after it and within 2**32 s, the ends strictly in turn (one result
+    # taken per turn). The first that fails ends the stretch before it: stepping says what
+    # is wrong with it.
+    durations = duration.tolist()
     if stage_shares is None:
-        stages = [[s] * num_stages for s in (duration / num_stages).tolist()]
+        per_stage = (duration / num_stages).tolist()
     else:
         stages = (duration[:, None] * np.array(stage_shares)).tolist()
-    plans = [plan_s] + [it.end_s for it in batches] + [0.0] * (n - num_groups)
+    plans = [plan_s, *(it.end_s for it in batches)]
     free = list(stage_free_s)
-    starts = [0.0] * n
-    logged = [0.0] * n
-    ends = [0.0] * n
+    starts: list[float] = []
+    logged: list[float] = []
+    ends: list[float] = []
     frees: list[tuple[float, ...]] = []
-    stage_range = range(num_stages)
+    later_stages = range(1, num_stages)
+    last_end = batches[-1].end_s if batches else -math.inf
     for j in range(n):
         p = plans[j]
+        planned_end = p + durations[j]
+        if not (planned_end > p and planned_end < MAX_SPAN_S):
+            n = j
+            break
         free_s = free[0]
-        start = end = free_s if free_s > p else p
-        stage = stages[j]
-        for k in stage_range:
-            free_s = free[k]
-            end = (free_s if free_s > end else end) + stage[k]
-            free[k] = end
+        start = free_s if free_s > p else p
+        if stage_shares is None:
+            stage_s = per_stage[j]
+            free[0] = end = start + stage_s
+            for k in later_stages:
+                free_s = free[k]
+                free[k] = end = (free_s if free_s > end else end) + stage_s
+        else:
+            end = start
+            for k, stage_s in enumerate(stages[j]):
+                free_s = free[k]
+                free[k] = end = (free_s if free_s > end else end) + stage_s
+        d = end - start
+        e = start + d  # as the log will compute it
+        if not e > last_end:
+            n = j
+            break
+        last_end = e
         frees.append(tuple(free))
-        starts[j] = start
-        logged[j] = d = end - start
-        ends[j] = e = start + d  # as the log will compute it
-        if j + num_groups < n:
-            plans[j + num_groups] = e
+        starts.append(start)
+        logged.append(d)
+        ends.append(e)
+        plans.append(e)  # (plan j + G)
         if p >= until_s:
             n = j + 1  # (plan j takes the replica back)
             break
-    plans_a = np.array(plans[:n])
-    ends_a = np.array(ends[:n])
-    # Each plan's time plus its duration after it and within 2**32 s, as a step checks it
-    # (`Replica._plan_iteration`); the ends strictly in turn (one result taken per turn);
-    # the hand-off before the horizon. Where not, cut short: stepping says what is wrong.
-    planned_end = plans_a + duration[:n]
-    ok = (planned_end > plans_a) & (planned_end < MAX_SPAN_S)
-    ok[1:] &= ends_a[1:] > ends_a[:-1]
-    if batches:
-        ok[0] &= ends_a[0] > batches[-1].end_s
-    if not ok.all():
-        n = int(ok.argmin())
     if horizon_s is not None:
         # Hand-off at plan n, when iteration n - G ends: before the horizon.
-        n = min(n, int(np.searchsorted(ends_a[:n], horizon_s, side="left")) + num_groups - 1)
+        n = min(n, bisect_left(ends, horizon_s, 0, n) + num_groups - 1)
     if n <= num_groups:
         return None
+    plans_a, ends_a = np.array(plans[:n]), np.array(ends[:n])
     return PipelineStretch(plan0, requests, firsts, computed, left, num_groups, first_index, bs,
-                           plans_a[:n], np.array(starts[:n]), np.array(logged[:n]), ends_a[:n],
+                           plans_a, np.array(starts[:n]), np.array(logged[:n]), ends_a,
                            frees[:n], num_seqs[:n], kv_tokens[:n], used[:n],
                            [0, *accumulate(len(group) for group in groups)],
                            [-b for b in change[:n + 1]])
