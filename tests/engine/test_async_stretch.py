@@ -15,6 +15,7 @@ import sim.engine.fastpath.pipeline as fast_pipeline
 from sim import load_scenario, run_scenario
 from sim.config.scenario import parse_scenario
 from sim.core.plan import Plan
+from sim.core.request import Request
 from sim.engine.fastpath.async_stretch import AsyncStretch
 from sim.schedulers.sglang import SGLang
 from tests.engine.fastpath_helpers import assert_same_results, fast_and_stepped
@@ -178,12 +179,38 @@ def test_routers_read_async_stretches_in_progress_as_stepping_shows_them(
     answers from the stretch's arrays, as the stepped replica stands then (plans made before
     the arrival started, iterations ended by it complete, leavers gone, their blocks freed),
     and goes on; only the replica chosen hands its stretch back."""
+    from sim.engine.fastpath.pipeline import FastPipelinedReplica
+    from sim.engine.replica import Replica
+
     data = _default(scheduler, workload__arrivals={"process": "poisson", "qps": 14.0})
     data["cluster"] = {"replicas": 3, "router": {"name": router}}
     counts = _counting(monkeypatch)
+    reads: list[tuple] = []
+    mid_way = [0]
+    depth = [0]  # (a fast replica's read may call the stepped one's)
+
+    def recording(read_load):
+        # Every load a router reads (`load_tokens` weighing tokens, `load` requests), with
+        # its replica and time, compared read for read with stepping's.
+        def read(self, *args):
+            mid_way[0] += isinstance(getattr(self, "_stretch", None), AsyncStretch)
+            depth[0] += 1
+            seen = read_load(self, *args)
+            depth[0] -= 1
+            if not depth[0]:
+                reads.append((self.replica_id, self.env.now, seen))
+            return seen
+        return read
+
+    for cls in (FastPipelinedReplica, Replica):
+        monkeypatch.setattr(cls, "load", recording(cls.load))
+        monkeypatch.setattr(cls, "load_tokens", recording(cls.load_tokens))
     scenario = parse_scenario(data, "t")
-    assert_same_results(run_scenario(scenario), run_scenario(scenario, fast_forward=False))
-    assert counts["whole"] + counts["cut"] > 50
+    fast = run_scenario(scenario)
+    fast_reads, reads[:] = list(reads), []
+    assert_same_results(fast, run_scenario(scenario, fast_forward=False))
+    assert fast_reads == reads
+    assert counts["whole"] + counts["cut"] > 50 and mid_way[0] > 100, (counts, mid_way)
 
 
 @pytest.mark.parametrize("scheduler", ["vllm_v1", "sglang"])
@@ -284,3 +311,53 @@ def test_blocks_in_use_at_each_plan_counted_plan_by_plan(n, block_size, num_used
                            *(np.zeros(1),) * 5, 0, np.zeros(1))
     assert stretch.num_used_blocks(n) == _blocks_plan_by_plan(num_used0, computed, left, n,
                                                               block_size)
+
+
+def _counts_request_by_request(stretch: AsyncStretch, now_s: float, inclusive: bool
+                               ) -> tuple[int, int, int]:
+    """What a router sees of `stretch` at `now_s`, counted one request at a time: plans
+    made and iterations ended by then (`np.searchsorted`); a request whose last iteration
+    ended left with its known tokens (its blocks freed since the last plan where its last
+    iteration came after that plan's predecessor); every other one has a placeholder for
+    each plan made, but for its last."""
+    num_planned = max(1, int(np.searchsorted(stretch.plan_s, now_s,
+                                             side="right" if inclusive else "left")))
+    num_ended = int(np.searchsorted(stretch.end_s, now_s, side="right"))
+    tokens = num_left = freed = 0
+    for req, c, n in zip(stretch.requests, stretch.num_computed, stretch.num_steps_left,
+                         strict=True):
+        if num_ended >= n:
+            num_left += 1
+            tokens -= req.num_tokens
+            if n + 1 > num_planned - 1:
+                freed += -(-(c + n) // stretch.block_size)
+        else:
+            tokens += num_planned if num_planned < n else n - 1
+    return tokens, num_left, stretch.num_used_blocks(num_planned)[-1] - freed
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 60), st.sampled_from([1, 2, 16]), st.integers(0, 300),
+       st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 90), st.integers(0, 40)),
+                max_size=30),
+       st.lists(st.floats(0.0, 1.0), min_size=4, max_size=12), st.booleans(),
+       st.integers(0, 10**6))
+def test_routers_read_a_stretch_from_tables_as_counted_request_by_request(
+        n, block_size, num_used0, requests, times, inclusive, seed):
+    """`AsyncStretch.counts_at` (a few lookups in tables made at the first read) against a
+    count over the requests at each read, for reads before, inside and past the stretch,
+    at its plan and end times exactly, and requests leaving inside it and past it."""
+    rng = np.random.default_rng(seed)
+    end_s = np.sort(rng.choice(np.linspace(0.01, 0.9, 20), n))  # ties included
+    plan_s = np.sort(np.concatenate(([0.0], rng.choice(np.linspace(0.0, 0.9, 20), n - 1))))
+    reqs = []
+    for i, (prompt, _, output) in enumerate(requests):
+        req = Request(i, 0.0, prompt, output + 100)
+        req.num_output_tokens = output
+        reqs.append(req)
+    stretch = AsyncStretch(Plan({}), num_used0, reqs, [r.num_tokens - 1 for r in reqs],
+                           [k for _, k, _ in requests], 0, block_size, plan_s, plan_s, end_s,
+                           end_s, end_s, 1, np.zeros(n))
+    for now_s in [*times, *plan_s.tolist(), *end_s.tolist()]:
+        assert (stretch.counts_at(now_s, inclusive=inclusive)
+                == _counts_request_by_request(stretch, now_s, inclusive))

@@ -134,20 +134,22 @@ def test_routers_weighing_loads_read_stretches_mid_way(tmp_path, monkeypatch, ro
     mid_way = [0]
     depth = [0]  # (the fast replica's `load` may call the stepped one's)
 
-    def recording(load):
-        def read(self, req=None):
+    def recording(read_load):
+        # (A router weighing tokens reads `load_tokens`, one weighing requests `load`.)
+        def read(self, *args):
             if getattr(self, "_stretch", None) is not None:
                 mid_way[0] += isinstance(self._stretch, PipelineStretch)
             depth[0] += 1
-            seen = load(self, req)
+            seen = read_load(self, *args)
             depth[0] -= 1
             if not depth[0]:
                 loads.append((self.replica_id, self.env.now, seen))
             return seen
         return read
 
-    monkeypatch.setattr(FastPipelinedReplica, "load", recording(FastPipelinedReplica.load))
-    monkeypatch.setattr(Replica, "load", recording(Replica.load))
+    for cls in (FastPipelinedReplica, Replica):
+        monkeypatch.setattr(cls, "load", recording(cls.load))
+        monkeypatch.setattr(cls, "load_tokens", recording(cls.load_tokens))
     rows = "".join(f"{spacing_s * i:.2f},{16 + 9 * i},{5 + 11 * (i % 7)}\n"
                    for i in range(40))
     data = scenario(tmp_path, rows, pipeline=4, replicas=3)

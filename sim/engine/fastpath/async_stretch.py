@@ -23,6 +23,7 @@ if it had decoded in it (its computed tokens at plan 0 less its tokens there, pl
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -38,6 +39,9 @@ from sim.engine.replica import Iteration
 from sim.latency.base import BatchShape, LatencyModel
 from sim.latency.noise import IterationNoise
 from sim.workloads.base import MAX_SPAN_S
+
+# `AsyncStretch.counts_at`'s tables (`AsyncStretch._read_tables`).
+_Reads = tuple[list[float], list[float], list[int], list[int], list[int], list[int]]
 
 
 @dataclass(slots=True)
@@ -65,6 +69,10 @@ class AsyncStretch:
     # and each request's tokens in it, in running order; None: plan 0 decodes (all ones).
     first: Iteration | None = None
     first_tokens: list[int] | None = None
+    # What routers read, made at the first read (`_read_tables`), and the blocks in use at
+    # each plan as far as counted (`num_used_blocks`).
+    _reads: _Reads | None = None
+    _used: list[int] | None = None
 
     def num_used_blocks(self, n: int) -> list[int]:
         """KV blocks in use when each of the first `n` plans is made: plan j adds a block to
@@ -124,22 +132,58 @@ class AsyncStretch:
         whose last one has leaves, its tokens and blocks with it), as the stepped replica
         stands then (`inclusive`: its planning turn at `now_s` has passed, as
         `num_planned_before`). Returns (running tokens added, requests left, KV blocks in
-        use)."""
-        num_planned = max(1, self.num_planned_before(now_s, inclusive=inclusive))
-        num_ended = int(np.searchsorted(self.end_s, now_s, side="right"))
-        tokens = num_left = blocks_freed = 0
-        bs = self.block_size
-        for req, c, n in zip(self.requests, self.num_computed, self.num_steps_left,
-                             strict=True):
-            if num_ended >= n:  # its last token sampled: it left
-                num_left += 1
-                tokens -= req.num_tokens
-                if n + 1 > num_planned - 1:  # (freed since the last plan was made)
-                    blocks_freed += -(-(c + n) // bs)
-            else:
-                tokens += num_planned if num_planned < n else n - 1
-        used = self.num_used_blocks(num_planned)[-1] - blocks_freed
-        return tokens, num_left, used
+        use).
+
+        Read from sums made at the first read (`_read_tables`), a few bisections each:
+        behind a router weighing loads every replica is read at every arrival (16 replicas
+        under vLLM v1: about 23 reads of each stretch, where a pass over its requests at
+        each read took half the run)."""
+        reads = self._reads
+        if reads is None:
+            reads = self._reads = self._read_tables()
+        plans, ends, iterations, iterations_le, tokens_le, blocks_le = reads
+        num_planned = (bisect_right if inclusive else bisect_left)(plans, now_s)
+        if num_planned < 1:
+            num_planned = 1
+        num_ended = bisect_right(ends, now_s)
+        # By their iterations n (`num_steps_left`, ascending): those with n <= num_ended
+        # left, with their known tokens; each other one has a token for each plan made, but
+        # for its last: min(num_planned, n - 1). Those that left with n >= num_planned - 1
+        # did after the last plan was made: their blocks are freed since.
+        num_left = bisect_right(iterations, num_ended)
+        tokens = -tokens_le[num_left]
+        num_requests = len(iterations)
+        if num_planned > num_ended:
+            upto = bisect_right(iterations, num_planned)
+            # (their iterations less one each: n - 1 summed over those between)
+            tokens += (iterations_le[upto] - iterations_le[num_left] - (upto - num_left)
+                       + num_planned * (num_requests - upto))
+        else:
+            tokens += num_planned * (num_requests - num_left)
+        blocks_freed = 0
+        if num_ended >= num_planned - 1:
+            blocks_freed = (blocks_le[num_left]
+                            - blocks_le[bisect_left(iterations, num_planned - 1)])
+        used = self._used
+        if used is None or len(used) < num_planned:
+            # (Counted as far as reads go, doubling: most stretches are cut a few plans in.)
+            used = self._used = self.num_used_blocks(
+                min(len(self), max(num_planned, 2 * len(used or ()), 8)))
+        return tokens, num_left, used[num_planned - 1] - blocks_freed
+
+    def _read_tables(self) -> _Reads:
+        """`counts_at`'s tables: the plan and end times as lists (for `bisect`), the
+        requests' iterations in ascending order, and sums along that order from none: of
+        their iterations, of their known tokens, and of the blocks each holds at its last."""
+        bs, ks = self.block_size, self.num_steps_left
+        rows = sorted(zip(ks, [req.num_tokens for req in self.requests],
+                          [-(-(c + k) // bs) for c, k in zip(self.num_computed, ks, strict=True)],
+                          strict=True))
+        iterations, tokens, blocks = ((list(col) for col in zip(*rows, strict=True)) if rows
+                                      else ([], [], []))
+        return (self.plan_s.tolist(), self.end_s.tolist(), iterations,
+                list(accumulate(iterations, initial=0)), list(accumulate(tokens, initial=0)),
+                list(accumulate(blocks, initial=0)))
 
     def hand_off_s(self, k: int) -> float:
         """When plan k is made: the planning turn that takes the replica back."""
@@ -272,7 +316,10 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
     done_k = k - 1  # iterations complete
     first = stretch.first_index
     assert len(log) == first
-    used = stretch.num_used_blocks(k)
+    # (Counted as far as routers read it, if that far: the same first k.)
+    used = stretch._used
+    if used is None or len(used) < k:
+        used = stretch.num_used_blocks(k)
     if done_k:
         seqs = stretch.num_seqs
         num_logged = 0

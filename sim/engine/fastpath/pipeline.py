@@ -103,6 +103,17 @@ class FastPipelinedReplica(PipelinedReplica):
             now, inclusive=self.env.reached(self.turn))
         return self._load(None, tokens, num_left, num_used_blocks)
 
+    def load_tokens(self) -> int:
+        # `load(None).num_load_tokens`, without the rest of the load: a router weighing
+        # tokens reads every replica at every arrival.
+        stretch = self._stretch
+        if stretch is None:
+            return super().load_tokens()
+        now = self.env.now
+        if self._batches:
+            self._complete_batches(now, inclusive=True)
+        return self._load_tokens(stretch.counts_at(now, inclusive=self.env.reached(self.turn))[0])
+
     def _dispatch(self, plan: Plan, now_s: float) -> bool:
         state, batches = self.state, self._batches
         if self.num_stages > 1:
