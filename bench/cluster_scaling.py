@@ -19,6 +19,7 @@ stopped (and larger sizes with the same replicas are skipped).
     python bench/cluster_scaling.py --num-requests 10000 100000 1000000 --replicas 16
     python bench/cluster_scaling.py --num-requests 100000 --replicas 4 16 64 --skip-azure
     python bench/cluster_scaling.py --azure-only
+    python bench/cluster_scaling.py --num-requests 100000 --scheduler vllm_v1 --skip-azure
 """
 
 from __future__ import annotations
@@ -51,12 +52,13 @@ console = Console(width=170)
 
 
 def generated(num_requests: int, replicas: int, qps_per_replica: float,
-              lengths: Path) -> dict[str, Any]:
+              lengths: Path, scheduler: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Case (a)'s scenario; `scheduler`: the replicas' policy, chunked prefill if None."""
     return {"name": f"gen_{num_requests}_{replicas}", "seed": 0,
             "workload": {"format": "synthetic", "num_requests": num_requests,
                          "arrivals": {"process": "poisson", "qps": qps_per_replica * replicas},
                          "lengths": {"file": str(lengths)}},
-            "replica": REPLICA,
+            "replica": REPLICA if scheduler is None else {**REPLICA, "scheduler": scheduler},
             "cluster": {"replicas": replicas, "router": ROUTER} if replicas > 1 else {}}
 
 
@@ -164,6 +166,9 @@ def main() -> None:
                                                                         1_000_000])
     parser.add_argument("--replicas", type=int, nargs="+", default=[16])
     parser.add_argument("--qps-per-replica", type=float, default=14.0)
+    parser.add_argument("--scheduler", default="chunked_prefill",
+                        help="the generated cases' policy (its defaults; chunked_prefill: a "
+                             "512-token budget)")
     parser.add_argument("--lengths", type=Path, default=CONV_LENGTHS,
                         help="CSV with num_prefill_tokens,num_decode_tokens")
     parser.add_argument("--trace", type=Path, default=AZURE_CONV)
@@ -182,7 +187,8 @@ def main() -> None:
     pin = [] if args.no_taskset or shutil.which("taskset") is None else ["taskset", "-c", "0"]
     limit_mb = args.max_rss_gb * 1024
 
-    table = Table(title="cluster scaling: llama-3.1-8b on h100-sxm, chunked prefill 512, "
+    policy = "chunked prefill 512" if args.scheduler == "chunked_prefill" else args.scheduler
+    table = Table(title=f"cluster scaling: llama-3.1-8b on h100-sxm, {policy} (generated), "
                         f"least_kv_load, roofline; one process per case, "
                         f"{'one core (taskset -c 0)' if pin else 'unpinned'}")
     for col in ("case", "requests", "replicas", "wall s", "sim s", "ms/1k req", "events",
@@ -192,7 +198,9 @@ def main() -> None:
     if not args.azure_only:
         for replicas in args.replicas:
             for n in sorted(args.num_requests):
-                spec = generated(n, replicas, args.qps_per_replica, args.lengths)
+                spec = generated(n, replicas, args.qps_per_replica, args.lengths,
+                                 None if args.scheduler == "chunked_prefill"
+                                 else {"name": args.scheduler})
                 console.print(f"running {n:,} generated requests on {replicas} replicas at "
                               f"{args.qps_per_replica * replicas:g} req/s ...", highlight=False)
                 r = run_case(spec, pin, args.timeout, limit_mb)
