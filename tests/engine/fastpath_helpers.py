@@ -132,3 +132,31 @@ def ended_counts_direct(stretch, num_steps):
                    if stretch.prefill_pos >= 0 else 0)
     return (int(np.minimum(left, num_steps).sum()) - not_sampled, int(gone.sum()),
             int((computed[gone] + 1 + left[gone]).sum()))
+
+
+def record_router_reads(monkeypatch, stretch_type: type) -> tuple[list[tuple], list[int]]:
+    """Every load a router reads of a pipelined replica (`load_tokens` where it weighs
+    tokens, `load` where it weighs requests), with its replica and time, to compare read
+    for read with stepping's; and how many reads found a stretch of `stretch_type` in
+    progress. Returns both lists, filled as the runs go."""
+    from sim.engine.fastpath.pipeline import FastPipelinedReplica
+
+    reads: list[tuple] = []
+    mid_way = [0]
+    depth = [0]  # (a fast replica's read may call the stepped one's)
+
+    def recording(read_load):
+        def read(self, *args):
+            mid_way[0] += isinstance(getattr(self, "_stretch", None), stretch_type)
+            depth[0] += 1
+            seen = read_load(self, *args)
+            depth[0] -= 1
+            if not depth[0]:
+                reads.append((self.replica_id, self.env.now, seen))
+            return seen
+        return read
+
+    for cls in (FastPipelinedReplica, sim.engine.replica.Replica):
+        monkeypatch.setattr(cls, "load", recording(cls.load))
+        monkeypatch.setattr(cls, "load_tokens", recording(cls.load_tokens))
+    return reads, mid_way

@@ -18,7 +18,11 @@ from sim.core.plan import Plan
 from sim.core.request import Request
 from sim.engine.fastpath.async_stretch import AsyncStretch
 from sim.schedulers.sglang import SGLang
-from tests.engine.fastpath_helpers import assert_same_results, fast_and_stepped
+from tests.engine.fastpath_helpers import (
+    assert_same_results,
+    fast_and_stepped,
+    record_router_reads,
+)
 from tests.strategies import assert_nothing_lost, scenarios
 
 
@@ -179,32 +183,10 @@ def test_routers_read_async_stretches_in_progress_as_stepping_shows_them(
     answers from the stretch's arrays, as the stepped replica stands then (plans made before
     the arrival started, iterations ended by it complete, leavers gone, their blocks freed),
     and goes on; only the replica chosen hands its stretch back."""
-    from sim.engine.fastpath.pipeline import FastPipelinedReplica
-    from sim.engine.replica import Replica
-
     data = _default(scheduler, workload__arrivals={"process": "poisson", "qps": 14.0})
     data["cluster"] = {"replicas": 3, "router": {"name": router}}
     counts = _counting(monkeypatch)
-    reads: list[tuple] = []
-    mid_way = [0]
-    depth = [0]  # (a fast replica's read may call the stepped one's)
-
-    def recording(read_load):
-        # Every load a router reads (`load_tokens` weighing tokens, `load` requests), with
-        # its replica and time, compared read for read with stepping's.
-        def read(self, *args):
-            mid_way[0] += isinstance(getattr(self, "_stretch", None), AsyncStretch)
-            depth[0] += 1
-            seen = read_load(self, *args)
-            depth[0] -= 1
-            if not depth[0]:
-                reads.append((self.replica_id, self.env.now, seen))
-            return seen
-        return read
-
-    for cls in (FastPipelinedReplica, Replica):
-        monkeypatch.setattr(cls, "load", recording(cls.load))
-        monkeypatch.setattr(cls, "load_tokens", recording(cls.load_tokens))
+    reads, mid_way = record_router_reads(monkeypatch, AsyncStretch)
     scenario = parse_scenario(data, "t")
     fast = run_scenario(scenario)
     fast_reads, reads[:] = list(reads), []

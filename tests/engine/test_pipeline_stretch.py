@@ -15,7 +15,7 @@ import sim.engine.fastpath.pipeline as fast_pipeline
 from sim import run_scenario
 from sim.config.scenario import parse_scenario
 from sim.engine.iteration_log import IterationLog
-from tests.engine.fastpath_helpers import assert_same_results
+from tests.engine.fastpath_helpers import assert_same_results, record_router_reads
 from tests.strategies import assert_nothing_lost, scenarios, without_speculative
 
 TICK = 0.25  # a whole pass through the pipeline; binary fractions keep sums exact
@@ -126,30 +126,9 @@ def test_routers_weighing_loads_read_stretches_mid_way(tmp_path, monkeypatch, ro
     # each load exactly as a stepped replica shows it then; small blocks, so the counts move.
     # Every 0.5 s an arrival comes as an iteration leaves the last stage, before the
     # replica's planning turn: its blocks are read freed (`counts_at`'s last branch).
-    from sim.engine.fastpath.pipeline import FastPipelinedReplica
     from sim.engine.fastpath.pipeline_stretch import PipelineStretch
-    from sim.engine.replica import Replica
 
-    loads: list[tuple] = []
-    mid_way = [0]
-    depth = [0]  # (the fast replica's `load` may call the stepped one's)
-
-    def recording(read_load):
-        # (A router weighing tokens reads `load_tokens`, one weighing requests `load`.)
-        def read(self, *args):
-            if getattr(self, "_stretch", None) is not None:
-                mid_way[0] += isinstance(self._stretch, PipelineStretch)
-            depth[0] += 1
-            seen = read_load(self, *args)
-            depth[0] -= 1
-            if not depth[0]:
-                loads.append((self.replica_id, self.env.now, seen))
-            return seen
-        return read
-
-    for cls in (FastPipelinedReplica, Replica):
-        monkeypatch.setattr(cls, "load", recording(cls.load))
-        monkeypatch.setattr(cls, "load_tokens", recording(cls.load_tokens))
+    loads, mid_way = record_router_reads(monkeypatch, PipelineStretch)
     rows = "".join(f"{spacing_s * i:.2f},{16 + 9 * i},{5 + 11 * (i % 7)}\n"
                    for i in range(40))
     data = scenario(tmp_path, rows, pipeline=4, replicas=3)

@@ -70,7 +70,7 @@ class AsyncStretch:
     first: Iteration | None = None
     first_tokens: list[int] | None = None
     # What routers read, made at the first read (`_read_tables`), and the blocks in use at
-    # each plan as far as counted (`num_used_blocks`).
+    # each plan as far as counted (`used_blocks_through`).
     _reads: _Reads | None = None
     _used: list[int] | None = None
 
@@ -115,6 +115,16 @@ class AsyncStretch:
             for j in range(block_size, n):
                 adds[j] += adds[j - block_size]
         return list(accumulate(map(int.__add__, change, adds)))
+
+    def used_blocks_through(self, n: int) -> list[int]:
+        """`num_used_blocks` for at least the first `n` plans, counted once as far as reads
+        and the hand-off go (doubling: a router reads a stretch at every arrival, and most
+        stretches are cut a few plans in)."""
+        used = self._used
+        if used is None or len(used) < n:
+            used = self._used = self.num_used_blocks(min(len(self), max(n, 2 * len(used or ()),
+                                                                        8)))
+        return used
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -164,12 +174,8 @@ class AsyncStretch:
         if num_ended >= num_planned - 1:
             blocks_freed = (blocks_le[num_left]
                             - blocks_le[bisect_left(iterations, num_planned - 1)])
-        used = self._used
-        if used is None or len(used) < num_planned:
-            # (Counted as far as reads go, doubling: most stretches are cut a few plans in.)
-            used = self._used = self.num_used_blocks(
-                min(len(self), max(num_planned, 2 * len(used or ()), 8)))
-        return tokens, num_left, used[num_planned - 1] - blocks_freed
+        used = self.used_blocks_through(num_planned)[num_planned - 1]
+        return tokens, num_left, used - blocks_freed
 
     def _read_tables(self) -> _Reads:
         """`counts_at`'s tables: the plan and end times as lists (for `bisect`), the
@@ -316,10 +322,7 @@ def hand_off(state: ReplicaState, stretch: AsyncStretch, k: int, log: IterationL
     done_k = k - 1  # iterations complete
     first = stretch.first_index
     assert len(log) == first
-    # (Counted as far as routers read it, if that far: the same first k.)
-    used = stretch._used
-    if used is None or len(used) < k:
-        used = stretch.num_used_blocks(k)
+    used = stretch.used_blocks_through(k)
     if done_k:
         seqs = stretch.num_seqs
         num_logged = 0

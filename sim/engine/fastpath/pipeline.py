@@ -93,14 +93,7 @@ class FastPipelinedReplica(PipelinedReplica):
         if stretch is None:
             return super().load(req)
         assert req is None, "a router reading prefix hits reads no stretch in progress"
-        # The iteration in flight before the stretch completes as stepping completes it;
-        # the stretch's own are read, not committed (a router reads every replica at every
-        # arrival).
-        now = self.env.now
-        if self._batches:
-            self._complete_batches(now, inclusive=True)
-        tokens, num_left, num_used_blocks = stretch.counts_at(
-            now, inclusive=self.env.reached(self.turn))
+        tokens, num_left, num_used_blocks = self._read(stretch)
         return self._load(None, tokens, num_left, num_used_blocks)
 
     def load_tokens(self) -> int:
@@ -109,10 +102,16 @@ class FastPipelinedReplica(PipelinedReplica):
         stretch = self._stretch
         if stretch is None:
             return super().load_tokens()
+        return self._load_tokens(self._read(stretch)[0])
+
+    def _read(self, stretch: AsyncStretch | PipelineStretch) -> tuple[int, int, int]:
+        """`stretch.counts_at` now: the iteration in flight before the stretch completes as
+        stepping completes it; the stretch's own are read, not committed (a router reads
+        every replica at every arrival)."""
         now = self.env.now
         if self._batches:
             self._complete_batches(now, inclusive=True)
-        return self._load_tokens(stretch.counts_at(now, inclusive=self.env.reached(self.turn))[0])
+        return stretch.counts_at(now, inclusive=self.env.reached(self.turn))
 
     def _dispatch(self, plan: Plan, now_s: float) -> bool:
         state, batches = self.state, self._batches
