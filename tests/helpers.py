@@ -38,6 +38,14 @@ requires_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
 TRACES = traces_dir()  # the rule the notebooks and benchmarks use
 
 
+
+def sigint_default() -> None:
+    """`preexec_fn` for a child a test sends SIGINT: SIGINT at its default, as a shell starts a
+    foreground job. A suite started in the background without job control (`cmd &` in a
+    script, as CI runners may) ignores SIGINT, every child inherits that, and Python then
+    installs no KeyboardInterrupt: the child would run on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 def make_request(request_id: int, prompt: int, output: int, *, arrival_s: float = 0.0,
                  generated: int = 0) -> Request:
     """A request; with `generated` > 0 it has already prefilled and sampled that many tokens."""

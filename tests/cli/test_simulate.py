@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.helpers import assert_one_line_error, read_until, run_cli
+from tests.helpers import assert_one_line_error, read_until, run_cli, sigint_default
 from tests.helpers import run_cli_out as cli
 
 SMALL = """\
@@ -33,10 +33,6 @@ def scenario(tmp_path: Path, *, n: int = 50, qps: float = 4.0, tokens: bool = Fa
     path = tmp_path / f"s{n}_{qps}_{tokens}.yaml"
     path.write_text(SMALL.format(n=n, qps=qps, tokens=str(tokens).lower()))
     return path
-
-
-def _sigint_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_out_that_is_a_file_fails_before_running(tmp_path, monkeypatch, capsys):
@@ -144,12 +140,9 @@ def test_interrupt_keeps_the_previous_run_and_exits_130(tmp_path):
     assert first.returncode == 0, first.stderr
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     long_run = scenario(tmp_path, n=600_000, qps=5.0)  # about a minute to simulate
-    # As a shell starts a foreground job: SIGINT at its default, whatever this process has
-    # (pytest-xdist workers were found with it ignored part way through the suite, which a
-    # child inherits: Python then raises no KeyboardInterrupt at all).
     proc = subprocess.Popen([*servesim, "simulate", str(long_run), "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_sigint_default)
+                            preexec_fn=sigint_default)
     assert proc.stderr is not None
     # Interrupted mid-simulation, as its first progress line (after 10 s when not on a
     # terminal) shows: a fixed wait after the start failed on a busy machine, where the

@@ -17,6 +17,7 @@ from profiler.measure.model import Decoder, SeqInput  # noqa: E402
 from profiler.measure.timing import load  # noqa: E402
 from sim.cli import main  # noqa: E402
 from sim.hardware.models import MODELS  # noqa: E402
+from tests.helpers import sigint_default  # noqa: E402
 
 
 def cli(monkeypatch, *args: str) -> int:
@@ -289,7 +290,7 @@ def test_ctrl_c_keeps_the_mixes_measured_and_says_so(tmp_path):
          "--max-tokens", "512", "--max-batch", "64", "--holdout", "400", "--reps", "3",
          "--warmup", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "COLUMNS": "200"})
+        env={**os.environ, "COLUMNS": "200"}, preexec_fn=sigint_default)
     # Interrupted once it has measured some mixes: the first line of progress it logs (every
     # 10 s when not on a terminal) counts them. Waiting a fixed time failed on a busy machine,
     # where importing torch and building the decoder took longer.

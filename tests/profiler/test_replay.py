@@ -34,6 +34,7 @@ from tests.helpers import (  # noqa: E402
     read_until,
     run_cli,
     run_cli_out,
+    sigint_default,
     within,
 )
 
@@ -222,7 +223,7 @@ def test_interrupt_keeps_what_ran_marked_incomplete(tmp_path):
     out = tmp_path / "replay"
     proc = subprocess.Popen([sys.executable, "-m", "sim", "replay", str(path), "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "COLUMNS": "200"})
+                            env={**os.environ, "COLUMNS": "200"}, preexec_fn=sigint_default)
     assert proc.stderr is not None
     # Interrupted once a request is done, as its progress line (every 10 s when not on a
     # terminal) says: a fixed wait after it started failed on a busy machine, where none had

@@ -23,6 +23,7 @@ from tests.helpers import (
     read_until,
     requires_torch,
     run_cli,
+    sigint_default,
     within,
 )
 
@@ -264,7 +265,8 @@ def test_ctrl_c_leaves_no_table_of_an_earlier_sitting_beside_new_runs(tmp_path):
         [sys.executable, "-m", "sim", "validate", str(scenario), "--loads", "0.5", "--out",
          str(out), "--profile-max-tokens", "64", "--profile-reps", "1", "--profile-holdout", "4"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"})
+        env={**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"},
+        preexec_fn=sigint_default)
     assert proc.stdout is not None
     # Interrupted in the replays at half load, once the capacity run is written (what it
     # says, then the file; a hang guard each, no fixed wait).

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import sigint_default
+
 SCENARIO = """
 name: slow
 workload:
@@ -33,7 +35,7 @@ def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     """`servesim ARGS` in its own process group (as a shell runs a foreground job)."""
     return subprocess.Popen([sys.executable, "-m", "sim", *args], cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=sigint_default)
 
 
 def interrupt_when(proc: subprocess.Popen[str], ready: Callable[[], bool], *,
