@@ -27,7 +27,8 @@ SPEC_COLUMN = "num_spec_tokens"
 # with the other ranks (`sim.engine.data_parallel`).
 ALL_TO_ALL_COLUMN = "all_to_all_per_layer_s"
 # Iterations after a request's one sampled token within which its second may still set its
-# run's stride (`IterationLog.add_sampled`); a later one opens a run of its own.
+# run's stride (`IterationLog.add_sampled`), and without decodes through which a run may go
+# on; past them, a token opens a run of its own.
 STRIDE_WINDOW = 256
 
 
@@ -46,11 +47,13 @@ class IterationLog:
         # Tokens sampled by a pipelined replica's iterations, as strided runs: request id, first
         # iteration, the iteration its next token would extend it at, stride (tokens at first,
         # first + stride, ... before that). An async replica's decode samples in every iteration
-        # (stride 1: one run a stretch); a pipeline of P stages keeps its batches' turns while
-        # steady, a request sampling in every P-th iteration (stride P: one run while it lasts,
-        # not one a token). `Request.token_runs` would not do: its runs go on through
-        # iterations without a token of the request while others decode. `sampled_runs` gives
-        # them as the results need them: runs of consecutive iterations.
+        # (stride 1: one run while it decodes, going on through iterations in which nobody
+        # decoded, SGLang's prefill batches, which hold no token of it); a pipeline of P
+        # stages keeps its batches' turns while steady, a request sampling in every P-th
+        # iteration (stride P: one run while it lasts, not one a token).
+        # `Request.token_runs` would not do: its runs go on through iterations without a
+        # token of the request while others decode. `sampled_runs` gives them as the results
+        # need them: runs of consecutive iterations.
         self.sampled_request_ids = array("q")
         self.sampled_starts = array("q")
         self.sampled_ends = array("q")
@@ -88,21 +91,43 @@ class IterationLog:
         return index
 
     def add_sampled(self, iteration: int, request_ids: list[int]) -> None:
-        """Requests that sampled a token at the end of `iteration` (a pipelined replica)."""
+        """Requests that sampled a token at the end of `iteration` (a pipelined replica),
+        logged already."""
         ends, strides, latest = self.sampled_ends, self.sampled_strides, self._latest_run
+        # A run of stride 1 goes on through iterations in which nobody decoded (SGLang's
+        # prefill batches), those after `since`, into one with decodes (`sampled_runs` leaves
+        # the others out): not one run a request a prefill batch.
+        since = self._since(iteration)
         for rid in request_ids:
             row = latest.get(rid)
             if row is not None:
                 end = ends[row]
-                if end == iteration:
-                    ends[row] = end + strides[row]  # its run goes on
+                stride = strides[row]
+                if stride != 1:
+                    if end == iteration:
+                        ends[row] = end + stride  # its run goes on
+                        continue
+                elif since < end <= iteration:
+                    ends[row] = iteration + 1
                     continue
-                if end == self.sampled_starts[row] + 1 and strides[row] == 1:
+                elif end == self.sampled_starts[row] + 1 and end < iteration:
                     # One token so far: its second sets the stride.
                     strides[row] = stride = iteration - end + 1
                     ends[row] = iteration + stride
                     continue
             self._open(rid, iteration, iteration + 1)
+
+    def _last_decode_before(self, iteration: int) -> int:
+        """The last iteration before `iteration` in which a request decoded (looked for
+        within `STRIDE_WINDOW`; before that, one is assumed, so no run goes on past it)."""
+        decodes = self.columns["num_decode_tokens"]
+        j = iteration - 1
+        stop = iteration - STRIDE_WINDOW
+        while j >= 0 and not decodes[j]:
+            if j <= stop:
+                return j
+            j -= 1
+        return j
 
     def add_sampled_strided(self, request_id: int, first_iter: int, num_tokens: int,
                             stride: int) -> None:
@@ -113,36 +138,36 @@ class IterationLog:
         iteration = first_iter
         while iteration <= last:
             row = self._latest_run.get(request_id)
+            # (Its first token as `add_sampled` takes it: a run of stride 1 goes on into
+            # an iteration only where it has decodes, as those after the first have.)
             if (row is not None and self.sampled_ends[row] == iteration
-                    and self.sampled_strides[row] == stride):
+                    and self.sampled_strides[row] == stride
+                    and (stride != 1 or iteration != first_iter)):
                 self.sampled_ends[row] = last + stride
                 return
             self.add_sampled(iteration, [request_id])
             iteration += stride
 
-    def add_sampled_run(self, request_id: int, first_iter: int, end_iter: int) -> None:
-        """A request that sampled a token at the end of each iteration in [first_iter,
-        end_iter) (an async replica's stretch); iterations are added in order."""
-        if end_iter <= first_iter:
-            return
-        row = self._latest_run.get(request_id)
-        if row is not None and self.sampled_ends[row] == first_iter \
-                and self.sampled_strides[row] == 1:
-            self.sampled_ends[row] = end_iter
-        else:
-            self._open(request_id, first_iter, end_iter)
+    def _since(self, iteration: int) -> int:
+        """A run of stride 1 whose end is after this goes on at `iteration` (logged): the
+        last iteration before it with decodes, or `iteration` itself if it has none."""
+        if self.columns["num_decode_tokens"][iteration]:
+            return self._last_decode_before(iteration)
+        return iteration
 
     def add_sampled_runs(self, requests: Sequence[Request], first_iter: int,
                          num_iters: Sequence[int]) -> None:
-        """`add_sampled_run` for each of `requests` (in order): it sampled a token at the end
-        of each of its `num_iters` iterations from `first_iter` (an async replica's stretch)."""
+        """Each of `requests` (in order) sampled a token at the end of each of its `num_iters`
+        iterations from `first_iter` (an async replica's stretch), logged already, each
+        after the first with decodes (its own)."""
         latest, ends, strides = self._latest_run, self.sampled_ends, self.sampled_strides
+        since = self._since(first_iter)
         for req, n in zip(requests, num_iters, strict=True):
             if n <= 0:
                 continue
             request_id = req.request_id
             row = latest.get(request_id)
-            if row is not None and ends[row] == first_iter and strides[row] == 1:
+            if row is not None and since < ends[row] <= first_iter and strides[row] == 1:
                 ends[row] = first_iter + n
             else:
                 self._open(request_id, first_iter, first_iter + n)
@@ -180,6 +205,13 @@ class IterationLog:
         run_start = starts[row] + k * strides[row]
         run_end = np.where(apart[row], run_start + 1, ends[row])
         run_id = ids[row]
+        # A run of stride 1 holds no token in the iterations without decodes it went through.
+        idle = np.flatnonzero(np.frombuffer(self.columns["num_decode_tokens"],
+                                            dtype=np.int64) == 0)
+        split = split_at_idle(idle, run_start, run_end)
+        if split is not None:
+            piece_of, run_start, run_end = split
+            run_id = run_id[piece_of]
         order = np.lexsort((run_start, run_id))
         run_id, run_start, run_end = run_id[order], run_start[order], run_end[order]
         # Runs of a request that touch are one: a strided run's tokens and a run beside them.
@@ -261,3 +293,28 @@ class IterationLog:
     def arrays(self) -> dict[str, np.ndarray]:
         return {name: np.frombuffer(col, dtype=np.float64 if col.typecode == "d" else np.int64)
                 for name, col in self.columns.items()}
+
+
+def split_at_idle(idle: np.ndarray, start: np.ndarray, end: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Runs [start, end) of a request's tokens, each holding one at its first iteration and at
+    every later one not in `idle` (sorted iterations without decodes), cut into runs of
+    consecutive iterations: (the run each piece is of, its start, its end); None if no run
+    has an idle iteration past its first."""
+    if not len(start) or not len(idle):
+        return None
+    # The idle iterations inside each run, (start, end): a run's first may be idle itself
+    # (the first token, at the end of a prompt's last chunk).
+    lo = np.searchsorted(idle, start, side="right")
+    cuts = np.searchsorted(idle, end, side="left") - lo
+    if not cuts.any():
+        return None
+    pieces = cuts + 1
+    run = np.repeat(np.arange(len(start)), pieces)
+    pos = np.arange(len(run)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    cut = lo[run] + pos  # the idle iteration that ends piece `pos` (all but the last piece)
+    last = len(idle) - 1
+    piece_start = np.where(pos == 0, start[run], idle[np.minimum(cut - 1, last)] + 1)
+    piece_end = np.where(pos == cuts[run], end[run], idle[np.minimum(cut, last)])
+    keep = piece_end > piece_start  # nothing between two idle iterations in a row
+    return run[keep], piece_start[keep], piece_end[keep]

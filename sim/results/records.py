@@ -11,7 +11,13 @@ from itertools import chain
 import numpy as np
 
 from sim.core.request import Request, Status
-from sim.engine.iteration_log import ALL_TO_ALL_COLUMN, COLUMNS, SPEC_COLUMN, IterationLog
+from sim.engine.iteration_log import (
+    ALL_TO_ALL_COLUMN,
+    COLUMNS,
+    SPEC_COLUMN,
+    IterationLog,
+    split_at_idle,
+)
 from sim.results.columns import Categorical, Columns, texts
 from sim.results.metrics.summary import WeightedSample
 
@@ -109,26 +115,13 @@ def split_where_none_decoded(owner: np.ndarray, start: np.ndarray, end: np.ndarr
     otherwise close every running request's run, millions of them under overload). Here it
     is cut before each such iteration and starts again after it: runs of consecutive
     iterations, each with a token, as the tables need. None if no run spans one."""
-    if not len(start):
-        return None
     decodes = np.concatenate([np.frombuffer(log.columns["num_decode_tokens"], dtype=np.int64)
-                              for log in logs])
-    idle = np.flatnonzero(decodes == 0)
-    # The idle iterations inside each run, (start, end): a run's first may be idle itself
-    # (the first token, at the end of a prompt's last chunk).
-    lo = np.searchsorted(idle, start, side="right")
-    cuts = np.searchsorted(idle, end, side="left") - lo
-    if not cuts.any():
+                              for log in logs]) if logs else np.zeros(0, dtype=np.int64)
+    split = split_at_idle(np.flatnonzero(decodes == 0), start, end)
+    if split is None:
         return None
-    pieces = cuts + 1
-    run = np.repeat(np.arange(len(start)), pieces)
-    pos = np.arange(len(run)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
-    cut = lo[run] + pos  # the idle iteration that ends piece `pos` (all but the last piece)
-    last = len(idle) - 1
-    piece_start = np.where(pos == 0, start[run], idle[np.minimum(cut - 1, last)] + 1)
-    piece_end = np.where(pos == cuts[run], end[run], idle[np.minimum(cut, last)])
-    keep = piece_end > piece_start  # nothing between two idle iterations in a row
-    return owner[run][keep], piece_start[keep], piece_end[keep]
+    run, piece_start, piece_end = split
+    return owner[run], piece_start, piece_end
 
 
 def _with_sampled(requests: Sequence[Request], logs: Sequence[IterationLog],

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import sim.engine.fastpath.pipeline as fast_pipeline
@@ -161,21 +161,37 @@ def test_kv_that_runs_short_ends_the_stretch_before_a_preemption(tmp_path, monke
     assert lengths
 
 
-@settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 12), st.integers(1, 4)),
-                min_size=1, max_size=30), st.integers(1, 5))
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 12), st.integers(0, 4),
+                          st.booleans(), st.booleans()), min_size=1, max_size=30),
+       st.integers(1, 5))
+# A request's run goes on into the next call's first iteration, which computed its prompt again
+# (nobody decoded in it): a token there opens a run of its own.
+@example([(0, 2, 0, False, False), (0, 2, 0, False, True)], 1)
 def test_strided_tokens_make_the_rows_tokens_one_by_one_make(calls, stride):
-    """`add_sampled_strided` records the tokens a step records one by one, the same runs."""
+    """`add_sampled_strided` records the tokens a step records one by one, the same runs,
+    whether the iterations before a request's first (`idle_gap`) and that first itself
+    (`idle_first`: a prompt's last chunk) had decodes or not."""
     one, bulk = IterationLog(), IterationLog()
     next_free = 0  # iterations come in order
-    for request_id, num_tokens, gap in calls:
+    expected = []
+    for request_id, num_tokens, gap, idle_gap, idle_first in calls:
         first = next_free + gap
+        last = first + stride * (num_tokens - 1)
+        for log in (one, bulk):
+            for j in range(next_free, last + 1):
+                idle = idle_first if j == first else idle_gap and j < first
+                log.append(0.0, 1.0, 0, 0 if idle else 1, 1, 0, 0, 0)
         for i in range(num_tokens):
             one.add_sampled(first + stride * i, [request_id])
         bulk.add_sampled_strided(request_id, first, num_tokens, stride)
-        next_free = first + stride * (num_tokens - 1) + 1
+        expected += [(request_id, first + stride * i) for i in range(num_tokens)]
+        next_free = last + 1
+    ids, its = bulk.sampled_tokens()
+    assert sorted(zip(ids.tolist(), its.tolist(), strict=True)) == sorted(expected)
     for a, b in zip(one.sampled_runs(), bulk.sampled_runs(), strict=True):
         assert np.array_equal(a, b)
+    assert np.array_equal(one.sampled_request_ids, bulk.sampled_request_ids)
 
 
 @st.composite

@@ -104,14 +104,17 @@ def test_runs_are_cut_at_each_iteration_without_decodes(decodes, data):
     assert got == expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 40), max_size=6), min_size=1, max_size=60),
+       st.lists(st.booleans(), min_size=60, max_size=60),
        st.lists(st.booleans(), min_size=60, max_size=60), st.integers(1, 8))
-def test_sampled_runs_hold_every_token_once(iterations, as_run, num_kept):
+def test_sampled_runs_hold_every_token_once(iterations, as_run, idle, num_kept):
     """A pipelined replica's sampled tokens, logged iteration by iteration (`add_sampled`) or a
-    request's consecutive ones at once (`add_sampled_run`), come back token for token; a run
-    goes on only over consecutive iterations of one request, and forgetting ended runs
-    (`num_kept` small) loses none."""
+    stretch's requests' consecutive ones at once (`add_sampled_runs`), come back token for
+    token; a run
+    goes on over consecutive iterations of one request and through iterations in which nobody
+    decoded (`idle`: SGLang's prefill batches, where a request may still sample its first
+    token), and forgetting ended runs (`num_kept` small) loses none."""
     log = IterationLog()
     log._num_kept = num_kept
     expected: list[tuple[int, int]] = []
@@ -119,11 +122,18 @@ def test_sampled_runs_hold_every_token_once(iterations, as_run, num_kept):
     for step, ids in enumerate(iterations):
         ids = list(dict.fromkeys(ids))  # a request samples once an iteration
         if as_run[step] and ids:
-            # The first id's tokens in this and the next two iterations, as a stretch gives.
-            log.add_sampled_run(ids[0], j, j + 3)
-            expected += [(ids[0], j), (ids[0], j + 1), (ids[0], j + 2)]
+            # A stretch of three iterations: each id's tokens in the first 1, 2 or 3 of them
+            # (by its value). The first iteration may compute prompts (none decodes in it);
+            # in the others every one left decodes.
+            lengths = [1 + rid % 3 for rid in ids]
+            for i in range(3):
+                log.append(0.0, 1.0, 0, 0 if i == 0 and idle[step] else 1, 1, 0, 0, 0)
+            log.add_sampled_runs([Request(rid, 0.0, 10, 10) for rid in ids], j, lengths)
+            expected += [(rid, j + i) for rid, n in zip(ids, lengths, strict=True)
+                         for i in range(n)]
             j += 3
             continue
+        log.append(0.0, 1.0, 0, 0 if idle[step] else max(len(ids), 1), 1, 0, 0, 0)
         log.add_sampled(j, ids)
         expected += [(rid, j) for rid in ids]
         j += 1
@@ -138,13 +148,34 @@ def test_sampled_runs_hold_every_token_once(iterations, as_run, num_kept):
         last_end[rid] = e
 
 
+def test_a_run_goes_on_through_prefill_batches_not_one_a_batch():
+    """SGLang's overlap loop: a prefill batch now and then, in which nobody decodes, between
+    decode batches in which every running request samples. Each request logs one row, not one
+    for each prefill batch that kept it out; its tokens come back without those batches."""
+    log = IterationLog()
+    expected = []
+    for j in range(300):
+        prefill = j % 7 == 3
+        log.append(0.0, 1.0, 100 if prefill else 0, 0 if prefill else 4, 4, 0, 0, 0)
+        if not prefill:
+            log.add_sampled(j, [0, 1, 2, 3])
+            expected += [(rid, j) for rid in range(4)]
+    assert len(log.sampled_starts) == 4
+    ids, its = log.sampled_tokens()
+    assert sorted(zip(ids.tolist(), its.tolist(), strict=True)) == sorted(expected)
+    run_ids, starts, _ = log.sampled_runs()
+    assert len(run_ids) == 4 * len(range(3, 300, 7)) + 4  # cut at each prefill batch
+
+
 def test_a_steady_pipeline_logs_a_run_a_request_not_a_token():
     """Four batches taking turns down a pipeline of four stages: each request samples in every
     fourth iteration, logged as one strided run (not one a token), and given back token for
     token as one-token runs; a request that breaks its stride opens a run of its own."""
     log = IterationLog()
-    for j in range(400):
-        log.add_sampled(j, [10 * (j % 4) + i for i in range(3)])
+    for j in range(402):
+        log.append(0.0, 1.0, 0, 3, 3, 0, 0, 0)
+        if j < 400:
+            log.add_sampled(j, [10 * (j % 4) + i for i in range(3)])
     log.add_sampled(401, [0])  # its stride broken (400 would have been its turn)
     assert len(log.sampled_starts) == 13  # 12 requests' runs, and the broken one's second
     ids, its = log.sampled_tokens()
