@@ -326,9 +326,10 @@ def _counts_request_by_request(stretch: AsyncStretch, now_s: float, inclusive: b
        st.integers(0, 10**6))
 def test_routers_read_a_stretch_from_tables_as_counted_request_by_request(
         n, block_size, num_used0, requests, times, inclusive, seed):
-    """`AsyncStretch.counts_at` (a few lookups in tables made at the first read) against a
-    count over the requests at each read, for reads before, inside and past the stretch,
-    at its plan and end times exactly, and requests leaving inside it and past it."""
+    """`AsyncStretch.counts_at` and `tokens_at` (a few lookups in tables made at the first
+    read) against a count over the requests at each read, for reads before, inside and past
+    the stretch, at its plan and end times exactly, and requests leaving inside it and past
+    it."""
     rng = np.random.default_rng(seed)
     end_s = np.sort(rng.choice(np.linspace(0.01, 0.9, 20), n))  # ties included
     plan_s = np.sort(np.concatenate(([0.0], rng.choice(np.linspace(0.0, 0.9, 20), n - 1))))
@@ -341,5 +342,8 @@ def test_routers_read_a_stretch_from_tables_as_counted_request_by_request(
                            [k for _, k, _ in requests], 0, block_size, plan_s, plan_s, end_s,
                            end_s, end_s, 1, np.zeros(n))
     for now_s in [*times, *plan_s.tolist(), *end_s.tolist()]:
-        assert (stretch.counts_at(now_s, inclusive=inclusive)
-                == _counts_request_by_request(stretch, now_s, inclusive))
+        # (tokens alone first: a read that makes the tables before any block is counted)
+        tokens = stretch.tokens_at(now_s, inclusive=inclusive)
+        counted = _counts_request_by_request(stretch, now_s, inclusive)
+        assert stretch.counts_at(now_s, inclusive=inclusive) == counted
+        assert tokens == counted[0]

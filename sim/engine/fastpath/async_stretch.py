@@ -148,18 +148,37 @@ class AsyncStretch:
         behind a router weighing loads every replica is read at every arrival (16 replicas
         under vLLM v1: about 23 reads of each stretch, where a pass over its requests at
         each read took half the run)."""
+        num_planned, num_ended, num_left, tokens = self._tokens_at(now_s, inclusive)
+        blocks_freed = 0
+        if num_ended >= num_planned - 1:
+            # Those that left with n >= num_planned - 1 did after the last plan was made:
+            # their blocks are freed since.
+            reads = self._reads
+            assert reads is not None  # (made by `_tokens_at`)
+            iterations, blocks_le = reads[2], reads[5]
+            blocks_freed = (blocks_le[num_left]
+                            - blocks_le[bisect_left(iterations, num_planned - 1)])
+        used = self.used_blocks_through(num_planned)[num_planned - 1]
+        return tokens, num_left, used - blocks_freed
+
+    def tokens_at(self, now_s: float, *, inclusive: bool = False) -> int:
+        """`counts_at`'s running tokens added alone (a router weighing tokens reads every
+        replica at every arrival, and the blocks cost as much again)."""
+        return self._tokens_at(now_s, inclusive)[3]
+
+    def _tokens_at(self, now_s: float, inclusive: bool) -> tuple[int, int, int, int]:
+        """(plans made, iterations ended, requests left, running tokens added) at `now_s`."""
         reads = self._reads
         if reads is None:
             reads = self._reads = self._read_tables()
-        plans, ends, iterations, iterations_le, tokens_le, blocks_le = reads
+        plans, ends, iterations, iterations_le, tokens_le, _ = reads
         num_planned = (bisect_right if inclusive else bisect_left)(plans, now_s)
         if num_planned < 1:
             num_planned = 1
         num_ended = bisect_right(ends, now_s)
         # By their iterations n (`num_steps_left`, ascending): those with n <= num_ended
         # left, with their known tokens; each other one has a token for each plan made, but
-        # for its last: min(num_planned, n - 1). Those that left with n >= num_planned - 1
-        # did after the last plan was made: their blocks are freed since.
+        # for its last: min(num_planned, n - 1).
         num_left = bisect_right(iterations, num_ended)
         tokens = -tokens_le[num_left]
         num_requests = len(iterations)
@@ -170,12 +189,7 @@ class AsyncStretch:
                        + num_planned * (num_requests - upto))
         else:
             tokens += num_planned * (num_requests - num_left)
-        blocks_freed = 0
-        if num_ended >= num_planned - 1:
-            blocks_freed = (blocks_le[num_left]
-                            - blocks_le[bisect_left(iterations, num_planned - 1)])
-        used = self.used_blocks_through(num_planned)[num_planned - 1]
-        return tokens, num_left, used - blocks_freed
+        return num_planned, num_ended, num_left, tokens
 
     def _read_tables(self) -> _Reads:
         """`counts_at`'s tables: the plan and end times as lists (for `bisect`), the

@@ -102,7 +102,10 @@ class FastPipelinedReplica(PipelinedReplica):
         stretch = self._stretch
         if stretch is None:
             return super().load_tokens()
-        return self._load_tokens(self._read(stretch)[0])
+        now = self.env.now
+        if self._batches:
+            self._complete_batches(now, inclusive=True)
+        return self._load_tokens(stretch.tokens_at(now, inclusive=self.env.reached(self.turn)))
 
     def _read(self, stretch: AsyncStretch | PipelineStretch) -> tuple[int, int, int]:
         """`stretch.counts_at` now: the iteration in flight before the stretch completes as

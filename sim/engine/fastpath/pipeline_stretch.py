@@ -118,6 +118,10 @@ class PipelineStretch:
             used -= self.freed_blocks[num_planned]
         return tokens, num_left, used
 
+    def tokens_at(self, now_s: float, *, inclusive: bool = False) -> int:
+        """`counts_at`'s running tokens added alone (`AsyncStretch.tokens_at`)."""
+        return self.counts_at(now_s, inclusive=inclusive)[0]
+
 
 def steady_groups(state: ReplicaState, plan0: Plan, batches: Any) -> list[list[Request]] | None:
     """The G batches of a steady pipeline at plan 0 (which gives each of its requests one
