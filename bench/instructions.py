@@ -31,7 +31,8 @@ Cases:
 - `cluster16`: generated requests (Azure conversation lengths) at 14 req/s per replica on 16
   replicas (`bench/cluster_scaling.py`'s case); `cluster16_v1`: the same under vLLM v1, whose
   async stretches the router reads at every arrival (those reads took half its run until
-  2026-12-03).
+  2026-12-03); `cluster16_sglang`: under SGLang, whose prefill batches cut those stretches
+  (and, until 2026-12-03, opened a log row for every running request at each).
 - `cluster64`: the Azure trace at 64x its rate on 64 replicas (`bench/cluster_scaling.py`'s
   Azure case), where a router reads 64 replicas at every arrival: the case a regression of
   those reads slowed by 46% unseen for a day (bench/README.md, "At scale and under overload").
@@ -65,15 +66,18 @@ from cluster_scaling import CONV_LENGTHS, ROUTER, generated  # noqa: E402
 from sim_speed import CHUNKED, DEFAULT_TRACE, DISAGGREGATED, REPLICA  # noqa: E402
 
 CASES = ("azure", "azure_v1", "azure_sglang", "colocated4", "disagg", "cluster16", "cluster16_v1",
-         "cluster64", "overload", "overload_sglang", "pipeline4")
+         "cluster16_sglang", "cluster64", "overload", "overload_sglang", "pipeline4")
 BASELINE_REQUESTS = 10
 
 
 def scenario(case: str, num_requests: int) -> dict[str, Any]:
     """The case's scenario as a mapping (plain data: any checkout's parser reads it)."""
-    if case.startswith("cluster16"):  # (`_v1`: vLLM v1's async stretches, read by the router)
+    if case.startswith("cluster16"):
+        # (`_v1`: vLLM v1's async stretches, read by the router; `_sglang`: SGLang's too, cut
+        # by its prefill batches)
+        policy = {"cluster16_v1": "vllm_v1", "cluster16_sglang": "sglang"}.get(case)
         return generated(num_requests, 16, 14.0, CONV_LENGTHS,
-                         {"name": "vllm_v1"} if case == "cluster16_v1" else None)
+                         None if policy is None else {"name": policy})
     data: dict[str, Any] = {
         "name": case, "replica": {**REPLICA, "scheduler": CHUNKED},
         "workload": {"format": "azure", "path": str(DEFAULT_TRACE),
